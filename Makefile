@@ -1,0 +1,46 @@
+# Sluice — every target creates and uses .venv itself, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv test unit integration lint proto bench demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make proto: regenerate the gRPC stubs from broker/proto/sluice.proto
+proto: $(STAMP)
+	$(PY) -m broker.proto.build
+
+## make lint: ruff + mypy
+lint: $(STAMP)
+	$(VENV)/bin/ruff check broker connector streaming_jobs tests bench
+	$(VENV)/bin/mypy
+
+## make test: lint, then the whole suite (unit + integration)
+test: lint
+	bash scripts/test.sh $(PYTEST_ARGS)
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+integration: $(STAMP)
+	bash scripts/test.sh tests/integration $(PYTEST_ARGS)
+
+## make bench: every benchmark; tables on stdout, JSON in bench/results/
+bench: $(STAMP)
+	$(PY) -m bench
+
+## make demo: the main job on an embedded broker
+demo: $(STAMP)
+	$(PY) -m streaming_jobs.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

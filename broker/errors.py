@@ -1,0 +1,119 @@
+"""One error hierarchy for the whole broker.
+
+Every error carries a RocketMQ-style response code (``ResponseCode``) so that the gRPC layer can map it to a
+status and a client can act on it without parsing text. Messages say what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ResponseCode(enum.IntEnum):
+    """RocketMQ's ``ResponseCode`` values, kept numerically identical so logs read the same."""
+
+    SUCCESS = 0
+    SYSTEM_ERROR = 1
+    SYSTEM_BUSY = 2
+    REQUEST_CODE_NOT_SUPPORTED = 3
+    TRANSACTION_FAILED = 4
+    FLUSH_DISK_TIMEOUT = 10
+    SLAVE_NOT_AVAILABLE = 11
+    FLUSH_SLAVE_TIMEOUT = 12
+    MESSAGE_ILLEGAL = 13
+    SERVICE_NOT_AVAILABLE = 14
+    VERSION_NOT_SUPPORTED = 15
+    NO_PERMISSION = 16
+    TOPIC_NOT_EXIST = 17
+    TOPIC_EXIST_ALREADY = 18
+    PULL_NOT_FOUND = 19
+    PULL_RETRY_IMMEDIATELY = 20
+    PULL_OFFSET_MOVED = 21
+    QUERY_NOT_FOUND = 22
+    SUBSCRIPTION_PARSE_FAILED = 23
+    SUBSCRIPTION_NOT_EXIST = 24
+    SUBSCRIPTION_NOT_LATEST = 25
+    SUBSCRIPTION_GROUP_NOT_EXIST = 26
+    CONSUMER_NOT_ONLINE = 206
+    CONSUME_MSG_TIMEOUT = 207
+    NO_MESSAGE = 208
+    # Sluice additions (RocketMQ has no code for these; numbers kept out of its ranges).
+    STORE_CORRUPTED = 900
+    INVALID_ARGUMENT = 901
+
+
+class BrokerError(Exception):
+    """Base of every error Sluice raises on purpose. ``code`` says what kind; the text says what to do."""
+
+    code: ResponseCode = ResponseCode.SYSTEM_ERROR
+
+    def __init__(self, message: str, code: ResponseCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgumentError(BrokerError):
+    """A caller passed a value outside what the broker accepts (bad offset, unknown option...)."""
+
+    code = ResponseCode.INVALID_ARGUMENT
+
+
+class MessageIllegalError(BrokerError):
+    """A message (or batch buffer) that cannot be stored as sent: bad topic, too big, bad CRC, bad framing."""
+
+    code = ResponseCode.MESSAGE_ILLEGAL
+
+
+class ServiceNotAvailableError(BrokerError):
+    """The store refuses writes: shut down, disk full, or read-only after an I/O error."""
+
+    code = ResponseCode.SERVICE_NOT_AVAILABLE
+
+
+class FlushDiskTimeoutError(BrokerError):
+    """A SYNC_FLUSH write was appended but not confirmed on disk in time; it may or may not survive a crash."""
+
+    code = ResponseCode.FLUSH_DISK_TIMEOUT
+
+
+class TopicNotExistError(BrokerError):
+    code = ResponseCode.TOPIC_NOT_EXIST
+
+
+class TopicExistsError(BrokerError):
+    code = ResponseCode.TOPIC_EXIST_ALREADY
+
+
+class SubscriptionGroupNotExistError(BrokerError):
+    code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+
+
+class SubscriptionParseError(BrokerError):
+    code = ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+class QueryNotFoundError(BrokerError):
+    code = ResponseCode.QUERY_NOT_FOUND
+
+
+class CorruptionError(BrokerError):
+    """Bytes on disk that fail a check (magic, CRC, length). Always names the file and the byte offset."""
+
+    code = ResponseCode.STORE_CORRUPTED
+
+    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
+        where = f" ({path} at byte {offset})" if path else ""
+        super().__init__(message + where)
+        self.path = path
+        self.offset = offset
+
+
+class StoreLockedError(BrokerError):
+    """Another broker process already holds the store directory's ``lock`` file."""
+
+    code = ResponseCode.SERVICE_NOT_AVAILABLE
