@@ -408,7 +408,9 @@ def _host(ip: bytes, port: int) -> str:
     return f"{socket.inet_ntoa(ip)}:{port}"
 
 
-def decode_entry(buf: bytes | memoryview, pos: int = 0, limit: int | None = None, *, verify_crc: bool = False) -> StoredMessage:
+def decode_entry(
+    buf: bytes | memoryview, pos: int = 0, limit: int | None = None, *, verify_crc: bool = False
+) -> StoredMessage:
     """Decode the message entry at ``pos``; raises CorruptionError on bad framing (or CRC when asked)."""
     lim = len(buf) if limit is None else limit
     lay = parse_layout(buf, pos, lim)
