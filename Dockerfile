@@ -1,0 +1,42 @@
+# The standalone Sluice broker.
+#
+# Build with scripts/build-image.sh: it prepares the wheelhouse (.docker-build/wheels: sluice + grpcio, protobuf,
+# numpy, pyarrow) on the host, so nothing inside the build reaches the network. The base is any image with a
+# CPython 3.11 `python3` that can make a venv: the official python:3.11-slim by default, or the Debian bookworm
+# image scripts/ensure-docker.sh builds with debootstrap on machines without a registry.
+#
+#   docker run -d -p 127.0.0.1:10911:10911 -v sluice-store:/var/lib/sluice sluice-broker [--flush sync]
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+
+ARG SLUICE_UID=10001
+ENV PATH=/opt/sluice/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+# Dependencies first, in their own layer: it stays cached while only sluice's source changes.
+COPY .docker-build/wheels/deps/ /tmp/wheels/
+# A venv keeps pip away from the system Python (Debian's is EXTERNALLY-MANAGED, PEP 668).
+RUN python3 -m venv /opt/sluice \
+    && /opt/sluice/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels \
+    && useradd --system --uid "${SLUICE_UID}" --user-group --home-dir /var/lib/sluice --shell /usr/sbin/nologin sluice \
+    && mkdir -p /var/lib/sluice \
+    && chown sluice:sluice /var/lib/sluice
+
+COPY .docker-build/wheels/sluice/ /tmp/wheels/
+RUN /opt/sluice/bin/pip install --no-cache-dir --no-index --no-deps /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels
+
+USER sluice
+WORKDIR /var/lib/sluice
+# The store (commit log, consume queues, index, config) lives on a volume so it survives the container.
+VOLUME /var/lib/sluice
+EXPOSE 10911
+
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["sluice", "stats", "--endpoint", "127.0.0.1:10911"]
+
+# Extra arguments (e.g. `--flush sync`) go after the image name and are appended.
+ENTRYPOINT ["sluice", "broker", "--store", "/var/lib/sluice", "--listen", "0.0.0.0:10911"]
+CMD []
