@@ -1,0 +1,112 @@
+"""BrokerConfig: everything a broker process needs, with RocketMQ's defaults, loadable from JSON or TOML.
+
+A config file holds the field names below at the top level and, optionally, a ``store`` table whose keys are
+``StoreConfig`` field names (for example ``mapped_file_size_commit_log``). Command-line flags override the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.errors import InvalidArgumentError
+
+DEFAULT_PORT = 10911  # RocketMQ's broker listen port
+FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
+
+
+def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """'host:port', ':port' or 'host' -> (host, port); raises InvalidArgumentError saying the expected form."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = text, str(default_port)
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"address {text!r} has a non-numeric port; write HOST:PORT, e.g. 127.0.0.1:10911"
+        ) from None
+    if not 0 <= port <= 65535:
+        raise InvalidArgumentError(f"port {port} in {text!r} is outside 0..65535")
+    return host.strip("[]") or "0.0.0.0", port
+
+
+@dataclass
+class BrokerConfig:
+    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
+    store_path: str = "~/store"
+    flush_disk_type: str = "ASYNC_FLUSH"
+    metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
+    metrics_host: str = "0.0.0.0"
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 8
+    max_topic_queue_nums: int = 1024
+    long_polling_enable: bool = True  # False: short polling, a held pull re-checks every short_polling_time_ms
+    short_polling_time_ms: int = 1000
+    long_polling_recheck_ms: int = 5000  # safety re-check of held pulls even without an arrival notice
+    max_suspend_timeout_ms: int = 60_000  # longest a pull may ask to be held
+    default_pull_max_msgs: int = 32
+    max_pull_msgs: int = 4096
+    max_pull_bytes: int = 16 * 1024 * 1024
+    grpc_max_workers: int = 64  # held pulls occupy a worker each
+    grpc_max_message_bytes: int = 128 * 1024 * 1024
+    consumer_offset_persist_interval_ms: int = 5000
+    consumer_expire_ms: int = 120_000  # a consumer without a heartbeat for this long leaves its group
+    shutdown_grace_s: float = 10.0
+    store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        parse_host_port(self.listen)
+        if self.flush_disk_type not in FLUSH_TYPES:
+            raise InvalidArgumentError(f"flush type {self.flush_disk_type!r} is not one of async, sync")
+        self.flush_disk_type = FLUSH_TYPES[self.flush_disk_type]
+        if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
+            raise InvalidArgumentError(
+                f"default_topic_queue_nums {self.default_topic_queue_nums} must be in 1..{self.max_topic_queue_nums}"
+            )
+        for name in ("short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_host_port(self.listen)
+
+    @property
+    def store_dir(self) -> Path:
+        return Path(os.path.expanduser(self.store_path))
+
+    @property
+    def config_dir(self) -> Path:
+        return self.store_dir / "config"
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> BrokerConfig:
+        """Load a ``.json`` or ``.toml`` file; keyword overrides that are not None win over the file."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read config file {p}: {e.strerror}") from None
+        try:
+            data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as e:
+            raise InvalidArgumentError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'JSON'}: {e}") from None
+        return cls.from_dict(data, source=str(p), **overrides)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config", **overrides: Any) -> BrokerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidArgumentError(f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)}")
+        merged = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+        return cls(**merged)

@@ -1,0 +1,1 @@
+"""The gRPC wire API (``sluice.proto``) and its generated stubs; regenerate with ``make proto``."""

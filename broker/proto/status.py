@@ -1,0 +1,70 @@
+"""How broker errors travel over gRPC: a status code, a message a person can act on, and the RocketMQ-style
+response code in the trailing metadata key ``sluice-response-code`` so a client can rebuild the same error class.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from broker import errors
+from broker.errors import BrokerError, ResponseCode
+
+RESPONSE_CODE_KEY = "sluice-response-code"
+
+_GRPC_CODE = {
+    ResponseCode.SYSTEM_ERROR: grpc.StatusCode.INTERNAL,
+    ResponseCode.SYSTEM_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ResponseCode.REQUEST_CODE_NOT_SUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ResponseCode.FLUSH_DISK_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ResponseCode.MESSAGE_ILLEGAL: grpc.StatusCode.INVALID_ARGUMENT,
+    ResponseCode.SERVICE_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ResponseCode.NO_PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
+    ResponseCode.TOPIC_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    ResponseCode.TOPIC_EXIST_ALREADY: grpc.StatusCode.ALREADY_EXISTS,
+    ResponseCode.QUERY_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ResponseCode.SUBSCRIPTION_PARSE_FAILED: grpc.StatusCode.INVALID_ARGUMENT,
+    ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    ResponseCode.CONSUMER_NOT_ONLINE: grpc.StatusCode.NOT_FOUND,
+    ResponseCode.STORE_CORRUPTED: grpc.StatusCode.DATA_LOSS,
+    ResponseCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def grpc_code_for(code: ResponseCode) -> grpc.StatusCode:
+    return _GRPC_CODE.get(code, grpc.StatusCode.INTERNAL)
+
+
+def _error_classes() -> dict[ResponseCode, type[BrokerError]]:
+    """The most specific BrokerError subclass for each response code (first one declared wins)."""
+    table: dict[ResponseCode, type[BrokerError]] = {}
+    for obj in vars(errors).values():
+        if isinstance(obj, type) and issubclass(obj, BrokerError) and obj is not BrokerError:
+            table.setdefault(obj.code, obj)
+    return table
+
+
+_ERROR_CLASS = _error_classes()
+
+
+def error_from_rpc(e: grpc.RpcError) -> BrokerError:
+    """Rebuild the broker's error from a failed call; transport failures become SERVICE_NOT_AVAILABLE."""
+    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    trailers = e.trailing_metadata() if isinstance(e, grpc.Call) else None
+    raw_code = dict(trailers or ()).get(RESPONSE_CODE_KEY)
+    if raw_code is None:
+        status = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+        if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return errors.ServiceNotAvailableError(
+                f"broker unreachable or too slow ({status.name}: {details}); check the endpoint and that it runs"
+            )
+        return BrokerError(f"gRPC call failed ({status.name}): {details}")
+    try:
+        code = ResponseCode(int(raw_code))
+    except ValueError:
+        return BrokerError(f"{details} (unknown response code {raw_code})")
+    cls = _ERROR_CLASS.get(code)
+    if cls is None:
+        return BrokerError(details or code.name, code)
+    if cls is errors.CorruptionError:
+        return BrokerError(details, code)
+    return cls(details or code.name)
