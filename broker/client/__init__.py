@@ -1,0 +1,26 @@
+"""The Python client: producers, pull and push consumers, and admin operations over gRPC."""
+
+from broker.client.admin import Admin, QueueLag, TopicInfo
+from broker.client.consumer_options import (
+    BROADCASTING,
+    CLUSTERING,
+    FIRST,
+    LAST,
+    TIMESTAMP,
+    ConsumeFrom,
+    ConsumeStatus,
+    MessageModel,
+)
+from broker.client.message import Message, decode_entries, encode_message
+from broker.client.producer import Producer
+from broker.client.pull_consumer import PullConsumer
+from broker.client.push_consumer import PushConsumer
+from broker.client.rebalance import AVERAGELY, CIRCLE
+from broker.client.results import PullResult, PullStatus, RawPullResult, ReceivedMessage, SendResult, SendStatus
+
+__all__ = [
+    "AVERAGELY", "BROADCASTING", "CIRCLE", "CLUSTERING", "FIRST", "LAST", "TIMESTAMP", "Admin", "ConsumeFrom",
+    "ConsumeStatus", "Message", "MessageModel", "Producer", "PullConsumer", "PullResult", "PullStatus",
+    "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus", "TopicInfo",
+    "decode_entries", "encode_message",
+]  # fmt: skip

@@ -1,0 +1,97 @@
+"""Admin: topics, queue offsets, consumer lag and groups, message queries, broker stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.client.connection import Connection
+from broker.client.message import decode_entries
+from broker.client.results import ReceivedMessage
+from broker.proto import sluice_pb2 as pb
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    topic: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+@dataclass(frozen=True)
+class QueueLag:
+    topic: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int  # -1: nothing committed
+    lag: int
+
+
+def _topic(t: pb.TopicInfo) -> TopicInfo:
+    return TopicInfo(t.topic, t.read_queue_nums, t.write_queue_nums, t.perm)
+
+
+class Admin:
+    def __init__(self, endpoint: str | None = None, *, timeout_s: float = 30.0) -> None:
+        self.conn = Connection(endpoint, timeout_s)
+        self.stub = self.conn.stub
+
+    def create_topic(self, topic: str, queues: int = 8, *, if_not_exists: bool = False) -> TopicInfo:
+        request = pb.CreateTopicRequest(topic=topic, queue_nums=queues, if_not_exists=if_not_exists)
+        return _topic(self.conn.call(self.stub.CreateTopic, request))
+
+    def delete_topic(self, topic: str) -> None:
+        self.conn.call(self.stub.DeleteTopic, pb.DeleteTopicRequest(topic=topic))
+
+    def list_topics(self) -> list[TopicInfo]:
+        return [_topic(t) for t in self.conn.call(self.stub.ListTopics, pb.ListTopicsRequest()).topics]
+
+    def topic_info(self, topic: str) -> TopicInfo:
+        return _topic(self.conn.call(self.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic)))
+
+    def queue_offsets(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Queue id -> (min offset, max offset) for every queue of the topic, in one call."""
+        response = self.conn.call(self.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic))
+        return {q.queue_id: (q.min_offset, q.max_offset) for q in response.queues}
+
+    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        request = pb.SearchOffsetByTimestampRequest(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)
+        return self.conn.call(self.stub.SearchOffsetByTimestamp, request).offset
+
+    def consumer_lag(self, group: str, topic: str = "") -> list[QueueLag]:
+        response = self.conn.call(self.stub.GetConsumerLag, pb.GetConsumerLagRequest(consumer_group=group, topic=topic))
+        return [QueueLag(q.topic, q.queue_id, q.broker_offset, q.consumer_offset, q.lag) for q in response.queues]
+
+    def consumer_list(self, group: str) -> list[str]:
+        return list(
+            self.conn.call(self.stub.GetConsumerList, pb.GetConsumerListRequest(consumer_group=group)).client_ids
+        )
+
+    def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+        request = pb.QueryConsumerOffsetRequest(consumer_group=group, topic=topic, queue_id=-1)
+        return {o.queue_id: o.offset for o in self.conn.call(self.stub.QueryConsumerOffset, request).offsets}
+
+    def query_by_key(
+        self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 0
+    ) -> list[ReceivedMessage]:
+        request = pb.QueryMessageByKeyRequest(
+            topic=topic, key=key, max_num=max_num, begin_timestamp_ms=begin_ms, end_timestamp_ms=end_ms
+        )
+        r = self.conn.call(self.stub.QueryMessageByKey, request)
+        return decode_entries(r.entries, r.entry_positions)
+
+    def view_message(self, msg_id: str) -> ReceivedMessage:
+        r = self.conn.call(self.stub.ViewMessageById, pb.ViewMessageByIdRequest(msg_id=msg_id))
+        return decode_entries(r.entries, r.entry_positions)[0]
+
+    def stats(self) -> dict[str, float]:
+        return dict(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,75 @@
+"""One gRPC channel to a broker, with errors turned back into the broker's own BrokerError classes.
+
+An endpoint is ``host:port`` or several comma-separated; with several, the first that answers is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.proto.status import error_from_rpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENDPOINT = "127.0.0.1:10911"
+ENDPOINT_ENV = "SLUICE_ENDPOINT"
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+CONNECT_PROBE_S = 3.0  # how long to try each of several endpoints before moving on
+T = TypeVar("T")
+
+
+def resolve_endpoint(endpoint: str | None) -> str:
+    return endpoint or os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
+
+
+def _channel(target: str) -> grpc.Channel:
+    return grpc.insecure_channel(
+        target,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.enable_retries", 0),
+        ],
+    )
+
+
+class Connection:
+    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0) -> None:
+        self.endpoint = resolve_endpoint(endpoint)
+        targets = [e.strip() for e in self.endpoint.split(",") if e.strip()]
+        if not targets:
+            raise InvalidArgumentError(f"endpoint {endpoint!r} names no broker; write HOST:PORT[,HOST:PORT...]")
+        self.timeout_s = timeout_s
+        self.target, self.channel = self._connect(targets)
+        self.stub = pb_grpc.BrokerStub(self.channel)
+
+    @staticmethod
+    def _connect(targets: list[str]) -> tuple[str, grpc.Channel]:
+        if len(targets) == 1:
+            return targets[0], _channel(targets[0])  # connect lazily; errors surface on the first call
+        for target in targets:
+            channel = _channel(target)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=CONNECT_PROBE_S)
+                return target, channel
+            except grpc.FutureTimeoutError:
+                log.warning("broker %s did not answer within %.0f s; trying the next endpoint", target, CONNECT_PROBE_S)
+                channel.close()
+        raise ServiceNotAvailableError(f"none of the brokers {targets} answered; check they run and the addresses")
+
+    def call(self, method: Callable[..., T], request: Any, timeout_s: float | None = None) -> T:
+        """Invoke a stub method; a failed call raises the broker's BrokerError subclass."""
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    def close(self) -> None:
+        self.channel.close()

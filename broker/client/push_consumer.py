@@ -1,0 +1,332 @@
+"""PushConsumer: subscribe, and a listener is called with messages as they arrive.
+
+Inside: a control thread sends heartbeats, rebalances (every ``rebalance_interval_ms``, and at once when a
+heartbeat shows the group changed) and commits offsets; one worker thread per assigned queue runs a long-polling
+pull loop and calls the listener in queue order. CLUSTERING splits the queues over the group (client-side,
+AVERAGELY or CIRCLE) and keeps offsets on the broker; BROADCASTING gives every consumer every queue and keeps
+offsets on the client (in memory, or in a JSON file when ``offset_store_path`` is given).
+
+The listener returns ``ConsumeStatus.CONSUME_SUCCESS`` (or None) or ``RECONSUME_LATER``; a failed batch (or one
+that raised) is retried on the same queue after ``reconsume_delay_ms`` before later messages, so nothing is
+skipped. The listener is called from several threads (one per queue): it must be thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import grpc
+
+from broker.client.connection import Connection
+from broker.client.consumer_options import (
+    BROADCASTING,
+    CLUSTERING,
+    FIRST,
+    LAST,
+    TIMESTAMP,
+    ConsumeFrom,
+    ConsumeStatus,
+    MessageModel,
+)
+from broker.client.message import decode_entries
+from broker.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
+from broker.client.rebalance import AVERAGELY, STRATEGIES
+from broker.client.results import PullStatus, ReceivedMessage
+from broker.errors import BrokerError, InvalidArgumentError
+from broker.proto import sluice_pb2 as pb
+from broker.proto.status import error_from_rpc
+from broker.proto.subscription import parse_tags, tag_matches
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+
+
+Listener = Callable[[list[ReceivedMessage]], ConsumeStatus | None]
+__all__ = [
+    "BROADCASTING",
+    "CLUSTERING",
+    "FIRST",
+    "LAST",
+    "TIMESTAMP",
+    "ConsumeFrom",
+    "ConsumeStatus",
+    "MessageModel",
+    "PushConsumer",
+]
+
+
+def default_client_id() -> str:
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+class _QueueWorker(threading.Thread):
+    """Pull loop of one queue; stops when dropped (rebalance) or when the consumer shuts down."""
+
+    def __init__(self, owner: PushConsumer, key: QueueKey) -> None:
+        super().__init__(name=f"pull-{key[0]}-{key[1]}", daemon=True)
+        self.owner, self.key = owner, key
+        self.dropped = threading.Event()
+        self._call: grpc.Future | None = None
+        self._lock = threading.Lock()
+
+    def drop(self) -> None:
+        self.dropped.set()
+        with self._lock:
+            if self._call is not None:
+                self._call.cancel()
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # a worker must never die silently: log, and the next rebalance restarts it
+            log.exception("pull loop of %s/%d died", *self.key)
+            self.owner._worker_died(self)
+
+    def _loop(self) -> None:
+        o = self.owner
+        topic, queue_id = self.key
+        offset = o.offsets.initial_offset(topic, queue_id)
+        while not self.dropped.is_set():
+            try:
+                response = self._pull(offset)
+            except BrokerError as e:
+                if self.dropped.is_set():
+                    return
+                log.warning("pull %s/%d at %d failed: %s; retrying in %d ms", topic, queue_id, offset, e.message,
+                            o.pull_backoff_ms)  # fmt: skip
+                self.dropped.wait(o.pull_backoff_ms / 1000)
+                continue
+            if response is None or self.dropped.is_set():
+                return
+            status = PullStatus[pb.PullStatus.Name(response.status)]
+            if status is PullStatus.FOUND:
+                messages = decode_entries(response.entries, response.entry_positions)
+                if not self._consume(messages):
+                    return
+            elif status is PullStatus.OFFSET_ILLEGAL:
+                log.warning("offset %d of %s/%d is illegal (queue holds %d..%d); continuing at %d", offset, topic,
+                            queue_id, response.min_offset, response.max_offset, response.next_begin_offset)  # fmt: skip
+            offset = response.next_begin_offset
+            o.offsets.update(topic, queue_id, offset)
+
+    def _pull(self, offset: int) -> pb.PullResponse | None:
+        o = self.owner
+        topic, queue_id = self.key
+        commit = o.offsets.pending_commit(topic, queue_id) if o.model is CLUSTERING else None
+        request = pb.PullRequest(
+            consumer_group=o.group, topic=topic, queue_id=queue_id, queue_offset=offset, max_msgs=o.pull_batch_size,
+            suspend_timeout_ms=o.long_poll_ms, tag_expression=o.subscription[topic],
+            commit_offset=-1 if commit is None else commit,
+        )  # fmt: skip
+        with self._lock:
+            if self.dropped.is_set():
+                return None
+            call = o.conn.stub.PullMessage.future(request, timeout=o.long_poll_ms / 1000 + 10)
+            self._call = call
+        try:
+            response = call.result()
+        except grpc.FutureCancelledError:
+            return None
+        except grpc.RpcError as e:
+            if self.dropped.is_set():
+                return None
+            raise error_from_rpc(e) from None
+        finally:
+            with self._lock:
+                self._call = None
+        if commit is not None:
+            o.offsets.mark_committed(topic, queue_id, commit)
+        return response
+
+    def _consume(self, messages: list[ReceivedMessage]) -> bool:
+        """Call the listener chunk by chunk; retry a failed chunk until it succeeds. False when dropped."""
+        o = self.owner
+        wanted = o.tag_sets[self.key[0]]
+        messages = [m for m in messages if tag_matches(wanted, m.tags)]
+        for start in range(0, len(messages), o.consume_batch_size):
+            chunk = messages[start : start + o.consume_batch_size]
+            while not self.dropped.is_set():
+                if o._call_listener(chunk):
+                    break
+                self.dropped.wait(o.reconsume_delay_ms / 1000)
+            if self.dropped.is_set():
+                return False
+        return True
+
+
+class PushConsumer:
+    def __init__(
+        self, endpoint: str | None, group: str, subscription: Mapping[str, str], listener: Listener, *,
+        model: MessageModel = CLUSTERING, consume_from: ConsumeFrom = LAST, consume_timestamp_ms: int = 0,
+        allocate: str = AVERAGELY, client_id: str | None = None, pull_batch_size: int = 32,
+        consume_batch_size: int = 1, long_poll_ms: int = 15_000, heartbeat_interval_ms: int = 30_000,
+        rebalance_interval_ms: int = 20_000, persist_interval_ms: int = 5_000, pull_backoff_ms: int = 3_000,
+        reconsume_delay_ms: int = 1_000, offset_store_path: str | Path | None = None, timeout_s: float = 30.0,
+    ) -> None:  # fmt: skip
+        if not subscription:
+            raise InvalidArgumentError("subscription is empty; give {topic: tag expression}, e.g. {'T': '*'}")
+        if allocate not in STRATEGIES:
+            raise InvalidArgumentError(f"allocate {allocate!r} is not one of {sorted(STRATEGIES)}")
+        self.conn = Connection(endpoint, timeout_s)
+        self.group, self.listener, self.model = group, listener, model
+        self.subscription = dict(subscription)
+        self.tag_sets = {t: parse_tags(e) for t, e in self.subscription.items()}  # refuses bad expressions now
+        self.allocate = STRATEGIES[allocate]
+        self.client_id = client_id or default_client_id()
+        self.pull_batch_size, self.consume_batch_size = pull_batch_size, max(1, consume_batch_size)
+        self.long_poll_ms, self.pull_backoff_ms, self.reconsume_delay_ms = (
+            long_poll_ms,
+            pull_backoff_ms,
+            reconsume_delay_ms,
+        )
+        self.heartbeat_interval_ms, self.rebalance_interval_ms = heartbeat_interval_ms, rebalance_interval_ms
+        self.persist_interval_ms = persist_interval_ms
+        self.offsets: OffsetStore = (
+            LocalOffsetStore(self.conn, consume_from, consume_timestamp_ms, offset_store_path)
+            if model is BROADCASTING
+            else RemoteOffsetStore(self.conn, group, consume_from, consume_timestamp_ms)
+        )
+        self._workers: dict[QueueKey, _QueueWorker] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._rebalance_now = threading.Event()
+        self._control: threading.Thread | None = None
+        self._group_version = -1
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+    def start(self) -> PushConsumer:
+        self._heartbeat()
+        self._rebalance()
+        self._control = threading.Thread(target=self._control_loop, name=f"consumer-{self.group}", daemon=True)
+        self._control.start()
+        return self
+
+    def shutdown(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._rebalance_now.set()
+        if self._control is not None:
+            self._control.join()
+        with self._lock:
+            workers = list(self._workers.values())
+            self._workers.clear()
+        for w in workers:
+            w.drop()
+        for w in workers:
+            w.join()
+        self._commit_quietly()
+        try:
+            self.conn.call(self.conn.stub.Heartbeat, self._heartbeat_request(unregister=True))
+        except BrokerError as e:
+            log.warning("could not unregister %s from %s: %s", self.client_id, self.group, e.message)
+        self.conn.close()
+
+    def __enter__(self) -> PushConsumer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def assigned_queues(self) -> set[QueueKey]:
+        with self._lock:
+            return set(self._workers)
+
+    # ------------------------------------------------------------------------------------------------ control
+    def _control_loop(self) -> None:
+        tick_ms = min(self.heartbeat_interval_ms, self.rebalance_interval_ms, self.persist_interval_ms)
+        since = {"heartbeat": 0, "rebalance": 0, "persist": 0}
+        while not self._stop.is_set():
+            triggered = self._rebalance_now.wait(tick_ms / 1000)
+            self._rebalance_now.clear()
+            if self._stop.is_set():
+                return
+            for k in since:
+                since[k] += tick_ms
+            try:
+                if since["heartbeat"] >= self.heartbeat_interval_ms:
+                    since["heartbeat"] = 0
+                    triggered |= self._heartbeat()
+                if triggered or since["rebalance"] >= self.rebalance_interval_ms:
+                    since["rebalance"] = 0
+                    self._rebalance()
+                if since["persist"] >= self.persist_interval_ms:
+                    since["persist"] = 0
+                    self.offsets.commit_all()
+            except BrokerError as e:
+                log.warning("consumer %s of %s: %s; will retry", self.client_id, self.group, e.message)
+
+    def _heartbeat_request(self, unregister: bool = False) -> pb.HeartbeatRequest:
+        model = pb.BROADCASTING if self.model is BROADCASTING else pb.CLUSTERING
+        return pb.HeartbeatRequest(client_id=self.client_id, consumer_group=self.group,
+                                   subscriptions=self.subscription, model=model, unregister=unregister)  # fmt: skip
+
+    def _heartbeat(self) -> bool:
+        """Send a heartbeat; True when the group's membership changed since the last one."""
+        version = self.conn.call(self.conn.stub.Heartbeat, self._heartbeat_request()).group_version
+        changed = version != self._group_version
+        self._group_version = version
+        return changed
+
+    def _rebalance(self) -> None:
+        desired: set[QueueKey] = set()
+        ids: list[str] = []
+        if self.model is CLUSTERING:
+            response = self.conn.call(
+                self.conn.stub.GetConsumerList, pb.GetConsumerListRequest(consumer_group=self.group)
+            )
+            ids = list(response.client_ids)
+        for topic in self.subscription:
+            try:
+                info = self.conn.call(self.conn.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic))
+            except BrokerError as e:
+                log.warning("cannot rebalance topic %s: %s", topic, e.message)
+                continue
+            queues = [(topic, q) for q in range(info.read_queue_nums)]
+            desired |= set(queues if self.model is BROADCASTING else self.allocate(queues, ids, self.client_id))
+        self._apply(desired)
+
+    def _apply(self, desired: set[QueueKey]) -> None:
+        with self._lock:
+            if self._stop.is_set():
+                return
+            current = set(self._workers)
+            dropped = [self._workers.pop(k) for k in sorted(current - desired)]
+            for key in sorted(desired - current):
+                worker = self._workers[key] = _QueueWorker(self, key)
+                worker.start()
+        for w in dropped:
+            w.drop()
+        for w in dropped:
+            w.join()
+            self.offsets.commit_queue(*w.key)
+            self.offsets.forget(*w.key)
+        if dropped or desired - current:
+            log.info("%s of %s now consumes %s", self.client_id, self.group, sorted(desired))
+
+    def _worker_died(self, worker: _QueueWorker) -> None:
+        with self._lock:
+            if self._workers.get(worker.key) is worker:
+                del self._workers[worker.key]
+        self._rebalance_now.set()
+
+    def _call_listener(self, chunk: list[ReceivedMessage]) -> bool:
+        try:
+            status = self.listener(chunk)
+        except Exception:  # the application's code: log it and consume the messages again later
+            log.exception("listener of %s raised on %d messages; will retry them", self.group, len(chunk))
+            return False
+        return status is None or status is ConsumeStatus.CONSUME_SUCCESS
+
+    def _commit_quietly(self) -> None:
+        try:
+            self.offsets.commit_all()
+        except BrokerError as e:
+            log.warning("final offset commit of %s failed: %s", self.group, e.message)

@@ -1,0 +1,144 @@
+"""Administration and queries: topics, queue offsets, consumer offsets and lag, message lookups, broker stats."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from broker.errors import QueryNotFoundError, SubscriptionGroupNotExistError
+from broker.server.consumer_manager import ConsumerManager
+from broker.server.consumer_offsets import ConsumerOffsetManager, QueueKey, validate_group
+from broker.server.pull_hold import PullHoldService
+from broker.server.pull_processor import PullProcessor
+from broker.server.topic_config import TopicConfig, TopicConfigManager
+from broker.store import MessageStore
+from broker.store.message import StoredMessage, encode_entry, encode_properties, parse_msg_id, validate_topic
+
+DEFAULT_QUERY_MAX = 64
+QUERY_MAX_LIMIT = 4096
+
+
+@dataclass
+class QueueLag:
+    topic: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int  # -1: nothing committed
+    lag: int
+
+
+def encode_stored(msg: StoredMessage) -> bytes:
+    """Re-encode a decoded message, store fields included (queries are rare; pulls ship raw bytes instead)."""
+
+    def host(text: str) -> tuple[bytes, int]:
+        ip, _, port = text.rpartition(":")
+        return socket.inet_aton(ip or "127.0.0.1"), int(port or 0)
+
+    born_ip, born_port = host(msg.born_host)
+    store_ip, store_port = host(msg.store_host)
+    return encode_entry(
+        msg.topic.encode("ascii"), msg.queue_id, msg.body, encode_properties(msg.properties), flag=msg.flag,
+        sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp, born_ip=born_ip, born_port=born_port,
+        reconsume_times=msg.reconsume_times, prepared_transaction_offset=msg.prepared_transaction_offset,
+        queue_offset=msg.queue_offset, physical_offset=msg.commitlog_offset, store_timestamp=msg.store_timestamp,
+        store_ip=store_ip, store_port=store_port, max_message_size=max(len(msg.body), 1),
+    )  # fmt: skip
+
+
+def pack_entries(messages: list[StoredMessage]) -> tuple[bytes, list[int]]:
+    parts, positions, pos = [], [], 0
+    for m in messages:
+        raw = encode_stored(m)
+        parts.append(raw)
+        positions.append(pos)
+        pos += len(raw)
+    return b"".join(parts), positions
+
+
+class AdminProcessor:
+    def __init__(
+        self, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager,
+        consumers: ConsumerManager, pulls: PullProcessor, hold: PullHoldService,
+    ) -> None:  # fmt: skip
+        self.store, self.topics, self.offsets, self.consumers = store, topics, offsets, consumers
+        self.pulls, self.hold = pulls, hold
+
+    # ------------------------------------------------------------------------------------------------ topics
+    def create_topic(self, topic: str, queue_nums: int, if_not_exists: bool) -> TopicConfig:
+        return self.topics.create(topic, queue_nums, if_not_exists=if_not_exists)
+
+    def delete_topic(self, topic: str) -> None:
+        self.topics.delete(topic)
+        self.offsets.remove_topic(topic)
+        self.store.delete_topic(topic)
+
+    def topic_route(self, topic: str, auto_create: bool) -> TopicConfig:
+        return self.topics.get_or_create(topic) if auto_create else self.topics.require(topic)
+
+    def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
+        config = self.topics.require(topic)
+        return [
+            (qid, self.store.min_offset(topic, qid), self.store.max_offset(topic, qid))
+            for qid in range(config.read_queue_nums)
+        ]
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        self.topics.check_queue(topic, queue_id, for_write=False)
+        return self.store.offset_by_time(topic, queue_id, timestamp_ms)
+
+    # ------------------------------------------------------------------------------------------------ offsets
+    def query_consumer_offsets(self, group: str, topic: str, queue_id: int) -> dict[int, int]:
+        validate_group(group)
+        validate_topic(topic)
+        found = self.offsets.query(group, topic)
+        return found if queue_id < 0 else {q: o for q, o in found.items() if q == queue_id}
+
+    def update_consumer_offsets(self, group: str, offsets: Mapping[QueueKey, int]) -> int:
+        return self.offsets.commit(group, offsets, self.pulls.check_commit)
+
+    def consumer_lag(self, group: str, topic: str = "") -> list[QueueLag]:
+        validate_group(group)
+        if not self.offsets.has_group(group) and not self.consumers.has_group(group):
+            raise SubscriptionGroupNotExistError(
+                f"consumer group {group!r} has no committed offsets and no live consumers on this broker; "
+                "check the group name (`sluice group lag` needs a group that has consumed or is consuming)"
+            )
+        topics = (
+            [topic] if topic else sorted({*self.offsets.topics_of(group), *self.consumers.subscribed_topics(group)})
+        )
+        lags = []
+        for t in topics:
+            config = self.topics.get(t)
+            if config is None:
+                continue
+            committed = self.offsets.query(group, t)
+            for qid in range(config.read_queue_nums):
+                max_offset = self.store.max_offset(t, qid)
+                consumer_offset = committed.get(qid, -1)
+                base = consumer_offset if consumer_offset >= 0 else self.store.min_offset(t, qid)
+                lags.append(QueueLag(t, qid, max_offset, consumer_offset, max(max_offset - base, 0)))
+        return lags
+
+    # ------------------------------------------------------------------------------------------------ queries
+    def query_by_key(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[StoredMessage]:
+        self.topics.require(topic)
+        limit = min(max_num or DEFAULT_QUERY_MAX, QUERY_MAX_LIMIT)
+        return self.store.query_by_key(topic, key, limit, begin_ms, end_ms or 2**62)
+
+    def view_by_id(self, msg_id: str) -> StoredMessage:
+        parse_msg_id(msg_id)
+        found = self.store.view_by_msg_id(msg_id)
+        if found is None:
+            raise QueryNotFoundError(
+                f"no message with id {msg_id} on this broker (expired, or the id came from another broker)"
+            )
+        return found
+
+    # ------------------------------------------------------------------------------------------------ stats
+    def stats(self, extra: Mapping[str, float]) -> dict[str, float]:
+        values = {f"store_{k}": float(v) for k, v in self.store.stats().items() if isinstance(v, int | float)}
+        values.update(extra)
+        values["topics"] = float(len(self.topics.topics()))
+        values["held_pulls"] = float(self.hold.held_count())
+        return values

@@ -1,0 +1,216 @@
+"""BrokerController: owns the store, the managers, the gRPC server, the metrics endpoint and periodic tasks.
+
+Start-up order follows RocketMQ's BrokerController: load config files, start the store (which recovers), then
+open the network. Shutdown reverses it: release held pulls, stop accepting and let in-flight calls finish, stop
+periodic tasks, persist offsets and topics, shut the store down (flush, remove the abort file, release the lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from broker.config import BrokerConfig
+from broker.errors import ServiceNotAvailableError
+from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.server.admin_processor import AdminProcessor
+from broker.server.consumer_manager import ConsumerManager
+from broker.server.consumer_offsets import ConsumerOffsetManager
+from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
+from broker.server.pull_hold import PullHoldService
+from broker.server.pull_processor import PullProcessor
+from broker.server.send_processor import SendProcessor
+from broker.server.service import BrokerService
+from broker.server.topic_config import TopicConfigManager
+from broker.store import MessageStore, StoreConfig
+
+log = logging.getLogger(__name__)
+
+CONSUMER_EXPIRE_SCAN_MS = 10_000  # RocketMQ's ClientHousekeepingService scans every 10 s
+
+
+def advertised_ip(host: str) -> str:
+    """The IPv4 put in msgIds: the listen host when it is concrete, else this machine's address."""
+    if host not in ("", "0.0.0.0", "::"):
+        try:
+            return socket.gethostbyname(host)
+        except OSError:
+            return "127.0.0.1"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class BrokerController:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.metrics = BrokerMetrics()
+        self.topics = TopicConfigManager(
+            config.config_dir, default_queue_nums=config.default_topic_queue_nums,
+            max_queue_nums=config.max_topic_queue_nums, auto_create=config.auto_create_topic_enable,
+        )  # fmt: skip
+        self.offsets = ConsumerOffsetManager(config.config_dir)
+        self.consumers = ConsumerManager(config.consumer_expire_ms)
+        self.hold = PullHoldService(
+            long_polling_enable=config.long_polling_enable, short_polling_time_ms=config.short_polling_time_ms,
+            recheck_ms=config.long_polling_recheck_ms,
+        )  # fmt: skip
+        self.store: MessageStore | None = None
+        self.server: grpc.Server | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.port = 0
+        self.host = config.listen_address[0]
+        self._stop_tasks = threading.Event()
+        self._tasks: threading.Thread | None = None
+        self._stopped = False
+        self._started_at = 0.0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.metrics_server.port if self.metrics_server else None
+
+    # ------------------------------------------------------------------------------------------------ start
+    def start(self) -> None:
+        cfg = self.config
+        cfg.store_dir.mkdir(parents=True, exist_ok=True)
+        options = [
+            ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
+            ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
+            ("grpc.so_reuseport", 0),  # a second broker on the same port must fail, not share it
+        ]
+        server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options)
+        host, port = cfg.listen_address
+        try:
+            self.port = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as e:
+            raise ServiceNotAvailableError(
+                f"cannot listen on {host}:{port} ({e}); is another broker using it?"
+            ) from None
+        self.server = server
+        self.topics.load()
+        self.offsets.load()
+        self.store = self._start_store(advertised_ip(host), self.port)
+        self._wire(server, self.store)
+        if cfg.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port)
+            self.metrics_server.start()
+        self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
+        self._tasks.start()
+        server.start()
+        self._started_at = time.time()
+        log.info("broker listening on %s (store %s, %s)", self.address, cfg.store_dir, cfg.flush_disk_type)
+
+    def _start_store(self, ip: str, port: int) -> MessageStore:
+        store_config = StoreConfig(store_path=str(self.config.store_dir), flush_disk_type=self.config.flush_disk_type,
+                                   store_host=(ip, port))  # fmt: skip
+        for name, value in self.config.store.items():
+            if not hasattr(store_config, name):
+                raise ServiceNotAvailableError(f"unknown store setting {name!r} in the broker config's store table")
+            setattr(store_config, name, value)
+        store = MessageStore(store_config)
+        store.start()
+        store.add_arrival_listener(self.hold.on_arrival)
+        return store
+
+    def _wire(self, server: grpc.Server, store: MessageStore) -> None:
+        cfg = self.config
+        sends = SendProcessor(store, self.topics, self.metrics, sync_flush=cfg.flush_disk_type == "SYNC_FLUSH")
+        pulls = PullProcessor(
+            store, self.topics, self.offsets, self.hold, self.metrics, default_max_msgs=cfg.default_pull_max_msgs,
+            max_msgs=cfg.max_pull_msgs, max_bytes=cfg.max_pull_bytes, max_suspend_ms=cfg.max_suspend_timeout_ms,
+        )  # fmt: skip
+        self.admin = AdminProcessor(store, self.topics, self.offsets, self.consumers, pulls, self.hold)
+        service = BrokerService(sends, pulls, self.admin, self.consumers, self.metrics, self.stats)
+        pb_grpc.add_BrokerServicer_to_server(service, server)
+        self._register_gauges(store)
+
+    def _register_gauges(self, store: MessageStore) -> None:
+        def queue_max_offsets() -> list[tuple[Labels, float]]:
+            return [
+                ((("topic", t.topic), ("queue", str(q))), float(store.max_offset(t.topic, q)))
+                for t in self.topics.topics()
+                for q in range(t.read_queue_nums)
+            ]
+
+        def group_lags() -> list[tuple[Labels, float]]:
+            out: list[tuple[Labels, float]] = []
+            for group, topic in self.offsets.groups():
+                total = sum(x.lag for x in self.admin.consumer_lag(group, topic))
+                out.append(((("group", group), ("topic", topic)), float(total)))
+            return out
+
+        def disk() -> list[tuple[Labels, float]]:
+            stats = store.stats()
+            return [((("stat", k),), float(v)) for k, v in sorted(stats.items()) if "disk" in k]
+
+        self.metrics.add_gauge("sluice_queue_max_offset", "Max offset (messages) of each queue", queue_max_offsets)
+        self.metrics.add_gauge("sluice_group_lag", "Messages not yet consumed per group and topic", group_lags)
+        self.metrics.add_gauge("sluice_store_disk", "Store disk usage figures from the store's stats", disk)
+        self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
+                               lambda: [((), float(self.hold.held_count()))])  # fmt: skip
+
+    def stats(self) -> dict[str, float]:
+        assert self.store is not None
+        extra: dict[str, Any] = {
+            "broker_put_messages": self.metrics.put_messages.value(),
+            "broker_put_bytes": self.metrics.put_bytes.value(),
+            "broker_get_messages": self.metrics.get_messages.value(),
+            "broker_get_bytes": self.metrics.get_bytes.value(),
+            "broker_uptime_s": time.time() - self._started_at,
+        }
+        return self.admin.stats(extra)
+
+    # ------------------------------------------------------------------------------------------------ periodic
+    def _run_periodic_tasks(self) -> None:
+        persist_s = self.config.consumer_offset_persist_interval_ms / 1000
+        next_persist = time.monotonic() + persist_s
+        next_expire = time.monotonic() + CONSUMER_EXPIRE_SCAN_MS / 1000
+        while not self._stop_tasks.wait(min(persist_s, 1.0)):
+            now = time.monotonic()
+            try:
+                if now >= next_persist:
+                    self.offsets.persist_if_dirty()
+                    next_persist = now + persist_s
+                if now >= next_expire:
+                    self.consumers.expire()
+                    next_expire = now + CONSUMER_EXPIRE_SCAN_MS / 1000
+            except OSError:
+                log.exception("periodic task failed; will retry at the next interval")
+
+    # ------------------------------------------------------------------------------------------------ stop
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        log.info("broker shutting down")
+        self.hold.shutdown()
+        if self.server is not None:
+            self.server.stop(self.config.shutdown_grace_s).wait()
+        self._stop_tasks.set()
+        if self._tasks is not None:
+            self._tasks.join()
+        self.offsets.persist()
+        self.topics.persist()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.store is not None:
+            self.store.shutdown()
+        log.info("broker stopped")
+
+    def __enter__(self) -> BrokerController:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,94 @@
+"""Live consumers per group, from heartbeats. Rebalancing is client-side: each consumer reads the sorted id
+list of its group and takes its share. A group version changes whenever membership changes, so clients that
+see a new version in a heartbeat answer rebalance at once instead of waiting for their periodic rebalance.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+CLUSTERING = "CLUSTERING"
+BROADCASTING = "BROADCASTING"
+
+
+@dataclass
+class ConsumerInfo:
+    client_id: str
+    subscriptions: dict[str, str]  # topic -> tag expression
+    model: str
+    last_heartbeat_ms: int
+
+
+@dataclass
+class ConsumerGroupInfo:
+    consumers: dict[str, ConsumerInfo] = field(default_factory=dict)
+    version: int = 0
+
+
+class ConsumerManager:
+    def __init__(self, expire_ms: int = 120_000) -> None:
+        self.expire_ms = expire_ms
+        self._lock = threading.Lock()
+        self._groups: dict[str, ConsumerGroupInfo] = {}
+        self._versions = itertools.count(1)  # global so a re-created group never repeats a version
+
+    def heartbeat(self, group: str, client_id: str, subscriptions: dict[str, str], model: str) -> int:
+        now = int(time.time() * 1000)
+        with self._lock:
+            info = self._groups.setdefault(group, ConsumerGroupInfo())
+            known = info.consumers.get(client_id)
+            if known is None or known.subscriptions != subscriptions or known.model != model:
+                info.version = next(self._versions)
+                log.info("group %s: consumer %s registered (%s, %s)", group, client_id, model, subscriptions)
+            info.consumers[client_id] = ConsumerInfo(client_id, dict(subscriptions), model, now)
+            return info.version
+
+    def unregister(self, group: str, client_id: str) -> int:
+        with self._lock:
+            info = self._groups.get(group)
+            if info is None or info.consumers.pop(client_id, None) is None:
+                return info.version if info else 0
+            info.version = next(self._versions)
+            log.info("group %s: consumer %s left", group, client_id)
+            return info.version
+
+    def expire(self) -> list[tuple[str, str]]:
+        """Drop consumers silent for longer than ``expire_ms``; returns the (group, client) pairs dropped."""
+        deadline = int(time.time() * 1000) - self.expire_ms
+        dropped = []
+        with self._lock:
+            for group, info in self._groups.items():
+                stale = [cid for cid, c in info.consumers.items() if c.last_heartbeat_ms < deadline]
+                for cid in stale:
+                    del info.consumers[cid]
+                    dropped.append((group, cid))
+                if stale:
+                    info.version = next(self._versions)
+        for group, cid in dropped:
+            log.warning("group %s: consumer %s expired after %d ms without heartbeat", group, cid, self.expire_ms)
+        return dropped
+
+    def consumer_ids(self, group: str) -> tuple[list[str], int]:
+        with self._lock:
+            info = self._groups.get(group)
+            if info is None:
+                return [], 0
+            return sorted(info.consumers), info.version
+
+    def has_group(self, group: str) -> bool:
+        with self._lock:
+            info = self._groups.get(group)
+            return bool(info and info.consumers)
+
+    def subscribed_topics(self, group: str) -> list[str]:
+        with self._lock:
+            info = self._groups.get(group)
+            if info is None:
+                return []
+            return sorted({t for c in info.consumers.values() for t in c.subscriptions})

@@ -1,0 +1,115 @@
+"""Committed consumer offsets per (group, topic, queue), persisted in ``config/consumerOffset.json``.
+
+The file uses RocketMQ's layout: ``{"offsetTable": {"topic@group": {"queueId": offset}}}``. It is written every
+``consumer_offset_persist_interval_ms`` (5 s) and at shutdown, atomically with the previous version kept as
+``.bak``. An update of many queues is validated as a whole first, then applied under one lock: all or nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from broker.errors import InvalidArgumentError
+from broker.server.json_file import read_json, write_json_atomic
+from broker.store.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
+
+log = logging.getLogger(__name__)
+
+TOPIC_GROUP_SEPARATOR = "@"  # RocketMQ's ConsumerOffsetManager key: topic@group
+
+QueueKey = tuple[str, int]  # (topic, queue id)
+
+
+def validate_group(group: str) -> None:
+    """Groups follow the topic naming rule (they become parts of %RETRY%/%DLQ% topic names)."""
+    if not group:
+        raise InvalidArgumentError("consumer group is empty; pass a group name (letters, digits, '_', '-')")
+    if not TOPIC_PATTERN.match(group) or len(group) > MAX_TOPIC_BYTES:
+        raise InvalidArgumentError(
+            f"group {group[:60]!r} must match ^[%|a-zA-Z0-9_-]+$ and be at most {MAX_TOPIC_BYTES} bytes; rename it"
+        )
+
+
+class ConsumerOffsetManager:
+    def __init__(self, config_dir: Path) -> None:
+        self.path = config_dir / "consumerOffset.json"
+        self._lock = threading.Lock()
+        self._table: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue id -> offset
+        self._dirty = False
+
+    def load(self) -> None:
+        raw = read_json(self.path)
+        if raw is None:
+            return
+        table: dict[tuple[str, str], dict[int, int]] = {}
+        for key, queues in raw.get("offsetTable", {}).items():
+            topic, sep, group = key.partition(TOPIC_GROUP_SEPARATOR)
+            if not sep:
+                log.error("skipping malformed key %r in %s (expected topic@group)", key, self.path)
+                continue
+            table[(group, topic)] = {int(qid): int(off) for qid, off in queues.items()}
+        with self._lock:
+            self._table = table
+        log.info("loaded offsets of %d (group, topic) pairs from %s", len(table), self.path)
+
+    def persist(self) -> None:
+        with self._lock:
+            data = {
+                "offsetTable": {
+                    f"{topic}{TOPIC_GROUP_SEPARATOR}{group}": {str(q): off for q, off in sorted(queues.items())}
+                    for (group, topic), queues in sorted(self._table.items())
+                }
+            }
+            self._dirty = False
+        write_json_atomic(self.path, data)
+
+    def persist_if_dirty(self) -> None:
+        if self._dirty:
+            self.persist()
+
+    def commit(
+        self,
+        group: str,
+        offsets: Mapping[QueueKey, int],
+        check: Callable[[str, int, int], None] | None = None,
+    ) -> int:
+        """Store every offset or none. ``check(topic, queue_id, offset)`` raises for an invalid one."""
+        validate_group(group)
+        for (topic, queue_id), offset in offsets.items():
+            if offset < 0:
+                raise InvalidArgumentError(
+                    f"offset {offset} for {topic}/{queue_id} is negative; commit the next offset to consume (>= 0)"
+                )
+            if check is not None:
+                check(topic, queue_id, offset)
+        with self._lock:
+            for (topic, queue_id), offset in offsets.items():
+                self._table.setdefault((group, topic), {})[queue_id] = offset
+            self._dirty = True
+        return len(offsets)
+
+    def query(self, group: str, topic: str) -> dict[int, int]:
+        with self._lock:
+            return dict(self._table.get((group, topic), {}))
+
+    def has_group(self, group: str) -> bool:
+        with self._lock:
+            return any(g == group for g, _ in self._table)
+
+    def topics_of(self, group: str) -> list[str]:
+        with self._lock:
+            return sorted(t for g, t in self._table if g == group)
+
+    def groups(self) -> list[tuple[str, str]]:
+        """Every (group, topic) with offsets."""
+        with self._lock:
+            return sorted(self._table)
+
+    def remove_topic(self, topic: str) -> None:
+        with self._lock:
+            for key in [k for k in self._table if k[1] == topic]:
+                del self._table[key]
+            self._dirty = True

@@ -1,0 +1,173 @@
+"""Prometheus text exposition (format 0.0.4) on ``--metrics-port``, served by an ``http.server`` thread.
+
+Counters and histograms are updated by the request handlers; gauges (per-queue max offset, group lag, disk use)
+are computed at scrape time by collector callbacks, so nothing is stale and nothing is kept twice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = logging.getLogger(__name__)
+
+Labels = tuple[tuple[str, str], ...]
+Sample = tuple[str, Labels, float]  # metric name (with suffix), labels, value
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _fmt_labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+
+
+def _fmt_value(v: float) -> str:
+    if v == float("inf"):
+        return "+Inf"
+    return repr(float(v)) if isinstance(v, float) and not v.is_integer() else str(int(v))
+
+
+class Counter:
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name, self.help = name, help_text
+        self._lock = threading.Lock()
+        self._values: dict[Labels, float] = {}
+
+    def inc(self, amount: float = 1, labels: Labels = ()) -> None:
+        with self._lock:
+            self._values[labels] = self._values.get(labels, 0) + amount
+
+    def value(self, labels: Labels = ()) -> float:
+        return self._values.get(labels, 0)
+
+    def render(self) -> list[str]:
+        with self._lock:
+            items = sorted(self._values.items())
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
+        lines += [f"{self.name}{_fmt_labels(lab)} {_fmt_value(v)}" for lab, v in items]
+        return lines
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
+        self.name, self.help = name, help_text
+        self.buckets = sorted(buckets)
+        self._lock = threading.Lock()
+        self._counts = [0] * (len(self.buckets) + 1)  # last slot: above every bucket
+        self._sum = 0.0
+        self._count = 0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += value
+            self._count += 1
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def render(self) -> list[str]:
+        with self._lock:
+            counts, total, n = list(self._counts), self._sum, self._count
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        running = 0
+        for bound, c in zip([*self.buckets, float("inf")], counts, strict=True):
+            running += c
+            lines.append(f'{self.name}_bucket{{le="{_fmt_value(bound)}"}} {running}')
+        lines += [f"{self.name}_sum {_fmt_value(total)}", f"{self.name}_count {n}"]
+        return lines
+
+
+class GaugeCollector:
+    """A gauge family whose samples come from a callback at scrape time."""
+
+    def __init__(self, name: str, help_text: str, collect: Callable[[], Iterable[tuple[Labels, float]]]) -> None:
+        self.name, self.help, self.collect = name, help_text, collect
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge"]
+        lines += [f"{self.name}{_fmt_labels(lab)} {_fmt_value(v)}" for lab, v in self.collect()]
+        return lines
+
+
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 15, 30, 60)
+
+
+class BrokerMetrics:
+    """Every metric the broker exposes. Handlers call the counters; gauges are registered by the controller."""
+
+    def __init__(self) -> None:
+        self.put_messages = Counter("sluice_put_messages_total", "Messages stored by sends")
+        self.put_bytes = Counter("sluice_put_bytes_total", "Bytes of commit-log entries stored by sends")
+        self.get_messages = Counter("sluice_get_messages_total", "Messages returned by pulls")
+        self.get_bytes = Counter("sluice_get_bytes_total", "Bytes of commit-log entries returned by pulls")
+        self.errors = Counter("sluice_request_errors_total", "Requests answered with an error, by response code")
+        self.put_latency = Histogram(
+            "sluice_put_latency_seconds", "Time to store a send (includes the disk flush under SYNC_FLUSH)",
+            LATENCY_BUCKETS_S,
+        )  # fmt: skip
+        self.flush_latency = Histogram(
+            "sluice_flush_latency_seconds", "Time a SYNC_FLUSH send waited for its group commit", LATENCY_BUCKETS_S
+        )
+        self.long_poll_wait = Histogram(
+            "sluice_long_poll_wait_seconds", "Time held pulls waited before answering", WAIT_BUCKETS_S
+        )
+        self._gauges: list[GaugeCollector] = []
+
+    def add_gauge(self, name: str, help_text: str, collect: Callable[[], Iterable[tuple[Labels, float]]]) -> None:
+        self._gauges.append(GaugeCollector(name, help_text, collect))
+
+    def render(self) -> str:
+        lines: list[str] = []
+        families: list[Counter | Histogram | GaugeCollector] = [
+            self.put_messages, self.put_bytes, self.get_messages, self.get_bytes, self.errors,
+            self.put_latency, self.flush_latency, self.long_poll_wait, *self._gauges,
+        ]  # fmt: skip
+        for family in families:
+            try:
+                lines += family.render()
+            except Exception:  # a failing collector must not take the whole scrape down
+                log.exception("metric %s failed to collect", family.name)
+        return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """``GET /metrics`` (any path, in fact) on a daemon thread."""
+
+    def __init__(self, metrics: BrokerMetrics, host: str, port: int) -> None:
+        render = metrics.render
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                log.debug("metrics: " + format, *args)
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,101 @@
+"""Long polling: pulls that found nothing wait here until the dispatcher reports a new message for their queue.
+
+RocketMQ can leave a pull asleep for its whole 5 s re-check when the message lands between "found nothing" and
+"suspended" (apache/rocketmq 7358). Here a waiter is registered first and the queue re-checked after, so an
+arrival either happens before the re-check (seen by it) or after the registration (wakes the waiter).
+``wait_for`` does both steps; the caller's re-check is its ``has_new`` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    offset: int  # the pull wants a message at this queue offset: woken once max offset > offset
+    event: threading.Event = field(default_factory=threading.Event)
+
+
+class PullHoldService:
+    def __init__(self, *, long_polling_enable: bool = True, short_polling_time_ms: int = 1000,
+                 recheck_ms: int = 5000) -> None:  # fmt: skip
+        self.long_polling_enable = long_polling_enable
+        self.short_polling_time_ms = short_polling_time_ms
+        self.recheck_ms = recheck_ms
+        self._lock = threading.Lock()
+        self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
+        self._stopped = False
+
+    # ---------------------------------------------------------------- called by the store's dispatcher thread
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Arrival listener: wake the pulls of this queue that a message at ``max_offset - 1`` satisfies. Cheap."""
+        key = (topic, queue_id)
+        with self._lock:
+            waiters = self._waiters.get(key)
+            if not waiters:
+                return
+            woken = [w for w in waiters if w.offset < max_offset]
+            if len(woken) == len(waiters):
+                del self._waiters[key]
+            else:
+                self._waiters[key] = [w for w in waiters if w.offset >= max_offset]
+        for w in woken:
+            w.event.set()
+
+    # ---------------------------------------------------------------- called by pull handlers
+    def wait_for(self, topic: str, queue_id: int, offset: int, timeout_ms: int, has_new: Callable[[], bool]) -> bool:
+        """Hold until a message at ``offset`` may exist or ``timeout_ms`` passes; True when worth pulling again.
+
+        Registers the waiter, then calls ``has_new`` (the re-check), then sleeps. Returns at the latest after
+        the polling interval (re-check interval for long polling, short polling time otherwise) so the caller
+        re-checks the store even if a notice was lost.
+        """
+        if self._stopped or timeout_ms <= 0:
+            return False
+        waiter = _Waiter(offset)
+        key = (topic, queue_id)
+        if self.long_polling_enable:
+            with self._lock:
+                self._waiters.setdefault(key, []).append(waiter)
+        try:
+            if has_new():
+                return True
+            interval_ms = self.recheck_ms if self.long_polling_enable else self.short_polling_time_ms
+            woken = waiter.event.wait(min(timeout_ms, interval_ms) / 1000)
+            return woken or has_new()
+        finally:
+            if self.long_polling_enable and not waiter.event.is_set():
+                self._remove(key, waiter)
+
+    def _remove(self, key: tuple[str, int], waiter: _Waiter) -> None:
+        with self._lock:
+            waiters = self._waiters.get(key)
+            if waiters and waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._waiters[key]
+
+    def held_count(self) -> int:
+        with self._lock:
+            return sum(len(ws) for ws in self._waiters.values())
+
+    def shutdown(self) -> None:
+        """Release every held pull (they answer NO_NEW_MSG) so the server can drain in-flight calls."""
+        self._stopped = True
+        with self._lock:
+            waiters = [w for ws in self._waiters.values() for w in ws]
+            self._waiters.clear()
+        for w in waiters:
+            w.event.set()
+        log.info("released %d held pulls", len(waiters))
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)

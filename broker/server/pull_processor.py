@@ -1,0 +1,137 @@
+"""Pulls: the store's get statuses folded into the four pull statuses, offset correction, and long polling.
+
+| store status                              | pull status                                   | next offset |
+|-------------------------------------------|-----------------------------------------------|-------------|
+| FOUND                                     | FOUND                                         | past them   |
+| NO_MATCHED_MESSAGE, OFFSET_FOUND_NULL,    | NO_MATCHED_MSG (pull again at once)           | store's     |
+|   MESSAGE_WAS_REMOVING                    |                                               |             |
+| OFFSET_OVERFLOW_ONE                       | NO_NEW_MSG (held when a timeout is given)     | offset      |
+| NO_MESSAGE_IN_QUEUE, NO_MATCHED_LOGIC_Q.  | NO_NEW_MSG if offset == 0, else OFFSET_ILLEGAL| 0           |
+| OFFSET_TOO_SMALL                          | OFFSET_ILLEGAL                                | min         |
+| OFFSET_OVERFLOW_BADLY                     | OFFSET_ILLEGAL                                | max (*)     |
+
+(*) never rewound to 0: RocketMQ once did, re-consuming days of data (apache/rocketmq 4215).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker.errors import InvalidArgumentError
+from broker.proto.subscription import parse_tags, tag_codes
+from broker.server.consumer_offsets import ConsumerOffsetManager, validate_group
+from broker.server.metrics import BrokerMetrics
+from broker.server.pull_hold import PullHoldService
+from broker.server.topic_config import TopicConfigManager
+from broker.store import GetStatus, MessageStore
+from broker.store.results import GetResult
+
+FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"
+# Held pulls answer this long before the caller's gRPC deadline so the answer is not lost to it.
+DEADLINE_MARGIN_MS = 200
+
+
+@dataclass
+class PullOutcome:
+    status: str
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    buffer: bytes = b""
+    entry_positions: list[int] = field(default_factory=list)
+
+
+def fold_status(result: GetResult, offset: int) -> PullOutcome:
+    s, lo, hi = result.status, result.min_offset, result.max_offset
+    if s is GetStatus.FOUND:
+        return PullOutcome(FOUND, result.next_begin_offset, lo, hi, bytes(result.buffer), list(result.entry_positions))
+    if s in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_FOUND_NULL, GetStatus.MESSAGE_WAS_REMOVING):
+        return PullOutcome(NO_MATCHED_MSG, max(result.next_begin_offset, offset), lo, hi)
+    if s is GetStatus.OFFSET_OVERFLOW_ONE:
+        return PullOutcome(NO_NEW_MSG, offset, lo, hi)
+    if s in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE):
+        return PullOutcome(NO_NEW_MSG if offset == 0 else OFFSET_ILLEGAL, 0, lo, hi)
+    if s is GetStatus.OFFSET_TOO_SMALL:
+        return PullOutcome(OFFSET_ILLEGAL, lo, lo, hi)
+    if s is GetStatus.OFFSET_OVERFLOW_BADLY:
+        return PullOutcome(OFFSET_ILLEGAL, hi, lo, hi)
+    raise AssertionError(f"unhandled get status {s}")
+
+
+@dataclass
+class PullRequestArgs:
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    max_msgs: int = 0
+    max_bytes: int = 0
+    suspend_timeout_ms: int = 0
+    tag_expression: str = ""
+    commit_offset: int = -1
+
+
+class PullProcessor:
+    def __init__(
+        self, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager, hold: PullHoldService,
+        metrics: BrokerMetrics, *, default_max_msgs: int = 32, max_msgs: int = 4096, max_bytes: int = 16 << 20,
+        max_suspend_ms: int = 60_000,
+    ) -> None:  # fmt: skip
+        self.store, self.topics, self.offsets, self.hold, self.metrics = store, topics, offsets, hold, metrics
+        self.default_max_msgs, self.max_msgs, self.max_bytes = default_max_msgs, max_msgs, max_bytes
+        self.max_suspend_ms = max_suspend_ms
+
+    def validate(self, req: PullRequestArgs) -> None:
+        validate_group(req.group)
+        self.topics.check_queue(req.topic, req.queue_id, for_write=False)
+        if req.offset < 0:
+            raise InvalidArgumentError(
+                f"pull offset {req.offset} is negative; start at the queue's min offset (`sluice topic describe`)"
+            )
+        if req.max_msgs < 0 or req.max_bytes < 0 or req.suspend_timeout_ms < 0:
+            raise InvalidArgumentError("max_msgs, max_bytes and suspend_timeout_ms must be >= 0 (0: default)")
+
+    def pull(self, req: PullRequestArgs, time_remaining_s: float | None = None) -> PullOutcome:
+        self.validate(req)
+        codes = tag_codes(parse_tags(req.tag_expression))
+        if req.commit_offset >= 0:
+            self.commit(req.group, req.topic, req.queue_id, req.commit_offset)
+        max_msgs = min(req.max_msgs or self.default_max_msgs, self.max_msgs)
+        max_bytes = min(req.max_bytes or self.max_bytes, self.max_bytes)
+        hold_ms = min(req.suspend_timeout_ms, self.max_suspend_ms)
+        if time_remaining_s is not None:
+            hold_ms = min(hold_ms, int(time_remaining_s * 1000) - DEADLINE_MARGIN_MS)
+        started = time.monotonic()
+        deadline = started + max(hold_ms, 0) / 1000
+        while True:
+            result = self.store.get_message(req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes)
+            outcome = fold_status(result, req.offset)
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if outcome.status != NO_NEW_MSG or remaining_ms <= 0:
+                break
+            self.hold.wait_for(req.topic, req.queue_id, req.offset, remaining_ms, self._has_new(req))
+        if hold_ms > 0:
+            self.metrics.long_poll_wait.observe(time.monotonic() - started)
+        if outcome.entry_positions:
+            self.metrics.get_messages.inc(len(outcome.entry_positions))
+            self.metrics.get_bytes.inc(len(outcome.buffer))
+        return outcome
+
+    def _has_new(self, req: PullRequestArgs) -> Callable[[], bool]:
+        store, topic, queue_id, offset = self.store, req.topic, req.queue_id, req.offset
+        return lambda: store.max_offset(topic, queue_id) > offset
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.offsets.commit(group, {(topic, queue_id): offset}, self.check_commit)
+
+    def check_commit(self, topic: str, queue_id: int, offset: int) -> None:
+        """A committed offset must name a queue that exists and lie within [0, max offset]."""
+        self.topics.check_queue(topic, queue_id, for_write=False)
+        max_offset = self.store.max_offset(topic, queue_id)
+        if offset > max_offset:
+            raise InvalidArgumentError(
+                f"offset {offset} for {topic}/{queue_id} is past the queue's max offset {max_offset}; "
+                "commit the next offset to consume, at most the max offset"
+            )

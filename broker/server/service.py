@@ -1,0 +1,222 @@
+"""The gRPC servicer: turns requests into processor calls and results into responses, nothing more.
+
+Every method runs under ``_answer``, which maps a BrokerError to its gRPC status, puts the RocketMQ-style response
+code in the trailing metadata and counts it; anything unexpected is logged with its traceback and answered as
+INTERNAL (SYSTEM_ERROR) rather than leaking a stack trace to the client.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from broker.errors import BrokerError, ResponseCode
+from broker.proto import sluice_pb2 as pb
+from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
+from broker.server.admin_processor import AdminProcessor, pack_entries
+from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
+from broker.server.consumer_offsets import validate_group
+from broker.server.metrics import BrokerMetrics
+from broker.server.pull_processor import PullProcessor, PullRequestArgs
+from broker.server.send_processor import SendOutcome, SendProcessor
+from broker.server.topic_config import TopicConfig
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Handler = Callable[[Any, Any, grpc.ServicerContext], R]
+
+
+def _answer(method: Handler[R]) -> Handler[R]:
+    @functools.wraps(method)
+    def wrapper(self: BrokerService, request: Any, context: grpc.ServicerContext) -> R:
+        try:
+            return method(self, request, context)
+        except BrokerError as e:
+            self.metrics.errors.inc(labels=(("code", e.code.name),))
+            log.info("%s refused: %s (%s)", method.__name__, e.message, e.code.name)
+            context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
+            context.abort(grpc_code_for(e.code), e.message)
+        except Exception as e:  # the last line of defence: log it, answer INTERNAL, keep serving
+            if isinstance(e, grpc.RpcError):  # context.abort's own exception
+                raise
+            self.metrics.errors.inc(labels=(("code", ResponseCode.SYSTEM_ERROR.name),))
+            log.exception("%s failed unexpectedly", method.__name__)
+            context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(ResponseCode.SYSTEM_ERROR))),))
+            context.abort(grpc.StatusCode.INTERNAL, f"internal broker error ({type(e).__name__}: {e}); see broker log")
+        raise AssertionError("unreachable: context.abort raises")
+
+    return wrapper
+
+
+def _topic_info(t: TopicConfig) -> pb.TopicInfo:
+    return pb.TopicInfo(
+        topic=t.topic, read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums, perm=t.perm
+    )
+
+
+def _send_response(outcome: SendOutcome) -> pb.SendResponse:
+    r = outcome.result
+    prefix = r.msg_ids[0][:16] if r.msg_ids else ""
+    return pb.SendResponse(
+        status=pb.SendStatus.Value(outcome.status), commitlog_offsets=r.commitlog_offsets, queue_ids=r.queue_ids,
+        queue_offsets=r.queue_offsets, msg_id_prefix=prefix, store_timestamp=r.store_timestamp,
+    )  # fmt: skip
+
+
+class BrokerService(pb_grpc.BrokerServicer):
+    def __init__(
+        self, sends: SendProcessor, pulls: PullProcessor, admin: AdminProcessor, consumers: ConsumerManager,
+        metrics: BrokerMetrics, broker_stats: Callable[[], dict[str, float]],
+    ) -> None:  # fmt: skip
+        self.sends, self.pulls, self.admin, self.consumers = sends, pulls, admin, consumers
+        self.metrics = metrics
+        self.broker_stats = broker_stats
+
+    # ---------------------------------------------------------------------------------------------- send / pull
+    @_answer
+    def SendMessage(self, request: pb.SendMessageRequest, context: grpc.ServicerContext) -> pb.SendResponse:
+        outcome = self.sends.send_message(
+            request.topic, request.queue_id, request.body, dict(request.properties), flag=request.flag,
+            sys_flag=request.sys_flag, born_timestamp=request.born_timestamp, reconsume_times=request.reconsume_times,
+        )  # fmt: skip
+        return _send_response(outcome)
+
+    @_answer
+    def SendBatch(self, request: pb.SendBatchRequest, context: grpc.ServicerContext) -> pb.SendResponse:
+        return _send_response(self.sends.send_batch(request.entries, request.count))
+
+    @_answer
+    def PullMessage(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+        args = PullRequestArgs(
+            request.consumer_group, request.topic, request.queue_id, request.queue_offset, request.max_msgs,
+            request.max_bytes, request.suspend_timeout_ms, request.tag_expression, request.commit_offset,
+        )  # fmt: skip
+        out = self.pulls.pull(args, context.time_remaining())
+        return pb.PullResponse(
+            status=pb.PullStatus.Value(out.status), next_begin_offset=out.next_begin_offset,
+            min_offset=out.min_offset, max_offset=out.max_offset, entries=out.buffer,
+            entry_positions=out.entry_positions,
+        )  # fmt: skip
+
+    # ---------------------------------------------------------------------------------------------- offsets
+    @_answer
+    def QueryConsumerOffset(
+        self, request: pb.QueryConsumerOffsetRequest, context: grpc.ServicerContext
+    ) -> pb.QueryConsumerOffsetResponse:
+        found = self.admin.query_consumer_offsets(request.consumer_group, request.topic, request.queue_id)
+        return pb.QueryConsumerOffsetResponse(
+            offsets=[pb.QueueOffset(topic=request.topic, queue_id=q, offset=o) for q, o in sorted(found.items())]
+        )
+
+    @_answer
+    def UpdateConsumerOffsets(
+        self, request: pb.UpdateConsumerOffsetsRequest, context: grpc.ServicerContext
+    ) -> pb.UpdateConsumerOffsetsResponse:
+        offsets = {(o.topic, o.queue_id): o.offset for o in request.offsets}
+        return pb.UpdateConsumerOffsetsResponse(
+            updated=self.admin.update_consumer_offsets(request.consumer_group, offsets)
+        )
+
+    @_answer
+    def GetQueueOffsets(
+        self, request: pb.GetQueueOffsetsRequest, context: grpc.ServicerContext
+    ) -> pb.GetQueueOffsetsResponse:
+        ranges = self.admin.queue_offsets(request.topic)
+        return pb.GetQueueOffsetsResponse(
+            queues=[pb.QueueRange(queue_id=q, min_offset=lo, max_offset=hi) for q, lo, hi in ranges]
+        )
+
+    @_answer
+    def SearchOffsetByTimestamp(
+        self, request: pb.SearchOffsetByTimestampRequest, context: grpc.ServicerContext
+    ) -> pb.SearchOffsetByTimestampResponse:
+        offset = self.admin.search_offset(request.topic, request.queue_id, request.timestamp_ms)
+        return pb.SearchOffsetByTimestampResponse(offset=offset)
+
+    # ---------------------------------------------------------------------------------------------- queries
+    @_answer
+    def QueryMessageByKey(
+        self, request: pb.QueryMessageByKeyRequest, context: grpc.ServicerContext
+    ) -> pb.MessagesResponse:
+        found = self.admin.query_by_key(
+            request.topic, request.key, request.max_num, request.begin_timestamp_ms, request.end_timestamp_ms
+        )
+        buffer, positions = pack_entries(found)
+        return pb.MessagesResponse(entries=buffer, entry_positions=positions)
+
+    @_answer
+    def ViewMessageById(self, request: pb.ViewMessageByIdRequest, context: grpc.ServicerContext) -> pb.MessagesResponse:
+        buffer, positions = pack_entries([self.admin.view_by_id(request.msg_id)])
+        return pb.MessagesResponse(entries=buffer, entry_positions=positions)
+
+    # ---------------------------------------------------------------------------------------------- topics
+    @_answer
+    def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.ServicerContext) -> pb.TopicInfo:
+        return _topic_info(self.admin.create_topic(request.topic, request.queue_nums, request.if_not_exists))
+
+    @_answer
+    def DeleteTopic(self, request: pb.DeleteTopicRequest, context: grpc.ServicerContext) -> pb.DeleteTopicResponse:
+        self.admin.delete_topic(request.topic)
+        return pb.DeleteTopicResponse()
+
+    @_answer
+    def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
+        return pb.ListTopicsResponse(topics=[_topic_info(t) for t in self.admin.topics.topics()])
+
+    @_answer
+    def GetTopicRoute(self, request: pb.GetTopicRouteRequest, context: grpc.ServicerContext) -> pb.TopicInfo:
+        return _topic_info(self.admin.topic_route(request.topic, request.auto_create))
+
+    # ---------------------------------------------------------------------------------------------- consumers
+    @_answer
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        if not request.consumer_group:  # a producer: nothing to track yet
+            return pb.HeartbeatResponse()
+        validate_group(request.consumer_group)
+        if request.unregister:
+            version = self.consumers.unregister(request.consumer_group, request.client_id)
+        else:
+            model = BROADCASTING if request.model == pb.BROADCASTING else CLUSTERING
+            version = self.consumers.heartbeat(
+                request.consumer_group, request.client_id, dict(request.subscriptions), model
+            )
+        return pb.HeartbeatResponse(group_version=version)
+
+    @_answer
+    def GetConsumerList(
+        self, request: pb.GetConsumerListRequest, context: grpc.ServicerContext
+    ) -> pb.GetConsumerListResponse:
+        validate_group(request.consumer_group)
+        ids, version = self.consumers.consumer_ids(request.consumer_group)
+        return pb.GetConsumerListResponse(client_ids=ids, group_version=version)
+
+    @_answer
+    def GetConsumerLag(
+        self, request: pb.GetConsumerLagRequest, context: grpc.ServicerContext
+    ) -> pb.GetConsumerLagResponse:
+        lags = self.admin.consumer_lag(request.consumer_group, request.topic)
+        return pb.GetConsumerLagResponse(
+            queues=[
+                pb.QueueLag(
+                    topic=x.topic,
+                    queue_id=x.queue_id,
+                    broker_offset=x.broker_offset,
+                    consumer_offset=x.consumer_offset,
+                    lag=x.lag,
+                )
+                for x in lags
+            ],
+            total_lag=sum(x.lag for x in lags),
+        )
+
+    @_answer
+    def GetBrokerStats(
+        self, request: pb.GetBrokerStatsRequest, context: grpc.ServicerContext
+    ) -> pb.GetBrokerStatsResponse:
+        return pb.GetBrokerStatsResponse(values=self.broker_stats())

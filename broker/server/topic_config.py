@@ -1,0 +1,141 @@
+"""Topics the broker knows, persisted in ``config/topics.json`` (RocketMQ's ``topicConfigTable`` layout).
+
+A topic is created explicitly or, when auto-create is on, by its first send with the default queue count (8).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.errors import InvalidArgumentError, TopicExistsError, TopicNotExistError
+from broker.server.json_file import read_json, write_json_atomic
+from broker.store.message import validate_topic
+
+log = logging.getLogger(__name__)
+
+PERM_READ = 0x4  # RocketMQ PermName.PERM_READ
+PERM_WRITE = 0x2  # RocketMQ PermName.PERM_WRITE
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    topic: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = PERM_READ_WRITE
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "topicName": self.topic,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+        }
+
+    @staticmethod
+    def from_json(raw: dict[str, object]) -> TopicConfig:
+        return TopicConfig(
+            topic=str(raw["topicName"]),
+            read_queue_nums=int(str(raw["readQueueNums"])),
+            write_queue_nums=int(str(raw["writeQueueNums"])),
+            perm=int(str(raw.get("perm", PERM_READ_WRITE))),
+        )
+
+
+class TopicConfigManager:
+    def __init__(
+        self, config_dir: Path, *, default_queue_nums: int = 8, max_queue_nums: int = 1024, auto_create: bool = True
+    ) -> None:
+        self.path = config_dir / "topics.json"
+        self.default_queue_nums = default_queue_nums
+        self.max_queue_nums = max_queue_nums
+        self.auto_create = auto_create
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicConfig] = {}
+        self._data_version = 0
+
+    def load(self) -> None:
+        raw = read_json(self.path)
+        if raw is None:
+            return
+        table = raw.get("topicConfigTable", {})
+        with self._lock:
+            self._topics = {name: TopicConfig.from_json(item) for name, item in table.items()}
+            self._data_version = int(raw.get("dataVersion", 0))
+        log.info("loaded %d topics from %s", len(self._topics), self.path)
+
+    def persist(self) -> None:
+        with self._lock:
+            data = {
+                "topicConfigTable": {name: t.to_json() for name, t in sorted(self._topics.items())},
+                "dataVersion": self._data_version,
+            }
+        write_json_atomic(self.path, data)
+
+    def _check_queue_nums(self, queue_nums: int) -> None:
+        if not 1 <= queue_nums <= self.max_queue_nums:
+            raise InvalidArgumentError(
+                f"queue count {queue_nums} is outside 1..{self.max_queue_nums}; pick one in range"
+            )
+
+    def create(self, topic: str, queue_nums: int = 0, *, if_not_exists: bool = False) -> TopicConfig:
+        validate_topic(topic)
+        queue_nums = queue_nums or self.default_queue_nums
+        self._check_queue_nums(queue_nums)
+        with self._lock:
+            existing = self._topics.get(topic)
+            if existing is not None:
+                if if_not_exists:
+                    return existing
+                raise TopicExistsError(
+                    f"topic {topic!r} already exists with {existing.read_queue_nums} queues; "
+                    "delete it first or reuse it"
+                )
+            created = TopicConfig(topic, queue_nums, queue_nums)
+            self._topics[topic] = created
+            self._data_version += 1
+        self.persist()
+        log.info("created topic %s with %d queues", topic, queue_nums)
+        return created
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self._topics.get(topic)
+
+    def require(self, topic: str) -> TopicConfig:
+        found = self._topics.get(topic)
+        if found is None:
+            validate_topic(topic)
+            raise TopicNotExistError(
+                f"topic {topic!r} does not exist; create it with `sluice topic create {topic}` or send to it first"
+            )
+        return found
+
+    def get_or_create(self, topic: str) -> TopicConfig:
+        """For sends: the topic, auto-created with the default queue count when allowed."""
+        found = self._topics.get(topic)
+        if found is not None:
+            return found
+        if not self.auto_create:
+            return self.require(topic)
+        return self.create(topic, if_not_exists=True)
+
+    def check_queue(self, topic: str, queue_id: int, *, for_write: bool) -> TopicConfig:
+        config = self.get_or_create(topic) if for_write else self.require(topic)
+        count = config.write_queue_nums if for_write else config.read_queue_nums
+        if not 0 <= queue_id < count:
+            raise InvalidArgumentError(f"queue {queue_id} does not exist: topic {topic!r} has queues 0..{count - 1}")
+        return config
+
+    def delete(self, topic: str) -> None:
+        with self._lock:
+            if self._topics.pop(topic, None) is None:
+                raise TopicNotExistError(f"topic {topic!r} does not exist; `sluice topic list` shows the topics")
+            self._data_version += 1
+        self.persist()
+
+    def topics(self) -> list[TopicConfig]:
+        return sorted(self._topics.values(), key=lambda t: t.topic)
