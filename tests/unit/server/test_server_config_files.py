@@ -48,7 +48,7 @@ def test_config_rejects_bad_values_with_a_reason(data: dict[str, object], needle
 def test_bad_config_file_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{nope")
-    with pytest.raises(InvalidArgumentError, match="bad.json"):
+    with pytest.raises(InvalidArgumentError, match=r"bad\.json"):
         BrokerConfig.from_file(bad)
 
 
