@@ -1,0 +1,23 @@
+"""Sluice's PySpark connector: ``spark.readStream.format("sluice")`` and ``spark.read.format("sluice")``.
+
+from connector import register
+register(spark)
+df = spark.readStream.format("sluice").option("endpoints", "127.0.0.1:10911").option("topic", "orders").load()
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from connector.data_source import SluiceDataSource
+from connector.schema import SCHEMA, SCHEMA_DDL
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SCHEMA", "SCHEMA_DDL", "SluiceDataSource", "register"]
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("sluice")`` available in ``spark`` (executors must run a Python that can import ``connector``)."""
+    spark.dataSource.register(SluiceDataSource)

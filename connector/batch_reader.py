@@ -1,0 +1,49 @@
+"""``spark.read.format("sluice")``: a bounded read of [startingOffsets, endingOffsets) of every queue.
+
+``partitions()`` runs once in the planning worker on the driver (it resolves offsets against the broker there);
+``read()`` runs on executors with a pickled copy of this reader and pulls each range directly from the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from connector.broker_link import link_for
+from connector.data_loss import data_lost
+from connector.offset_resolver import current_topics, ending_positions, snapshot, starting_positions
+from connector.options import SourceOptions
+from connector.partition_reader import SluicePartition, read_partition
+from connector.planning import QueueRange, split_ranges
+
+log = logging.getLogger(__name__)
+
+
+class SluiceBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        link = link_for(self.options)
+        snap = snapshot(link, current_topics(self.options, link))
+        start = starting_positions(self.options, link, snap)
+        end = ending_positions(self.options, snap, start)
+        ranges = []
+        for (topic, qid), s in sorted(start.items()):
+            lo = snap[(topic, qid)][0]
+            e = end[(topic, qid)]
+            if s < lo and e > s:
+                data_lost(self.options, topic, qid, s, f"from {lo}", min(lo, e) - s)
+                s = min(lo, e)
+            ranges.append(QueueRange(topic, qid, s, e))
+        parts = split_ranges(ranges, self.options.min_partitions, self.options.max_messages_per_partition)
+        log.info("sluice batch read: %d partitions over %d queues", len(parts), len(ranges))
+        return [SluicePartition(r.topic, r.queue_id, r.start, r.end) for r in parts]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SluicePartition):
+            return iter(())  # Spark's placeholder partition when there is nothing to read
+        return read_partition(self.options, partition)

@@ -1,0 +1,38 @@
+"""The ``sluice`` Python data source: Spark's entry point, handing out batch and stream readers."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.types import StructType
+
+from connector.batch_reader import SluiceBatchReader
+from connector.errors import SourceOptionError
+from connector.options import parse_options
+from connector.schema import SCHEMA, SCHEMA_DDL
+from connector.stream_reader import SluiceStreamReader
+
+
+class SluiceDataSource(DataSource):
+    """``spark.read(Stream).format("sluice")``; options are validated when the reader is created (query start)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sluice"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        _check_schema(schema)
+        return SluiceBatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _check_schema(schema)
+        return SluiceStreamReader(parse_options(self.options, streaming=True))
+
+
+def _check_schema(schema: StructType) -> None:
+    if schema != SCHEMA:
+        raise SourceOptionError(
+            f"the sluice source has a fixed schema ({SCHEMA_DDL}); drop .schema(...) and select columns instead"
+        )

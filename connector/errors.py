@@ -1,0 +1,15 @@
+"""Errors the connector raises on purpose; part of the project's one hierarchy (``broker.errors.BrokerError``)."""
+
+from __future__ import annotations
+
+from broker.errors import BrokerError, InvalidArgumentError, ResponseCode
+
+
+class SourceOptionError(InvalidArgumentError):
+    """A ``spark.read(Stream).format("sluice")`` option is missing, unknown or out of range; the text names it."""
+
+
+class DataLossError(BrokerError):
+    """Messages the query still had to read are gone (expired files, deleted queue) and failOnDataLoss=true."""
+
+    code = ResponseCode.PULL_OFFSET_MOVED
