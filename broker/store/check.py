@@ -1,0 +1,186 @@
+"""check(): a consistency oracle over the whole store, called at the end of storage tests.
+
+It re-reads everything from the files and cross-checks: every commit-log entry frames and CRCs correctly and sits
+at its own PHYSICALOFFSET; store times never go back; each queue's offsets are consecutive; every consume-queue
+unit points at the entry with its topic, queue, offset, size and tag hash, and every entry has its unit; the
+in-memory next-offset table matches the queues; every index entry points at a message carrying that key hash.
+Returns one line per inconsistency; [] means consistent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from broker.store.batch import Buffer, scan
+from broker.store.consume_queue import CQ_DTYPE
+from broker.store.dispatcher import _TAGS, message_keys, property_value
+from broker.store.index_file import index_key, key_hash
+from broker.store.message import SysFlag, tag_hash_code
+
+if TYPE_CHECKING:
+    from broker.store.message_store import MessageStore
+
+MAX_PROBLEMS = 200  # a broken store can produce millions of lines; the first ones say enough
+
+
+class _Entry(NamedTuple):
+    topic: str
+    queue_id: int
+    queue_offset: int
+    size: int
+    tag_hash: int
+    counted: bool
+    key_hashes: frozenset[int]
+
+
+def check_store(store: MessageStore) -> list[str]:
+    problems: list[str] = []
+    if not store.wait_dispatched():
+        problems.append(
+            f"dispatcher stuck at {store.dispatcher.dispatched_offset}, "
+            f"commit log ends at {store.commit_log.max_offset}"
+        )
+    entries = _check_commit_log(store, problems)
+    _check_queues(store, entries, problems)
+    _check_index(store, entries, problems)
+    return problems[:MAX_PROBLEMS]
+
+
+def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _Entry]:
+    entries: dict[int, _Entry] = {}
+    last_ts = 0
+    next_qoff: dict[tuple[str, int], int] = {}
+    files = store.commit_log.files.files
+    for f in files:
+        run = scan(f.mm, 0, f.wrote_position, verify_crc=True)
+        if run.stop_reason == "blank":
+            if f.wrote_position != f.file_size:
+                problems.append(f"{f.path}: blank entry at byte {run.end} but write position {f.wrote_position}")
+        elif run.stop_reason or run.end != f.wrote_position:
+            problems.append(f"{f.path}: entries end at byte {run.end} ({run.stop_reason}), written {f.wrote_position}")
+        topics = run.topics(f.mm)
+        props = run.properties(f.mm)
+        phys_field = _phys_fields(f.mm, run.positions)
+        for i in range(len(run)):
+            pos = int(run.positions[i])
+            phys = f.file_from_offset + pos
+            if phys_field[i] != phys:
+                problems.append(f"{f.path} byte {pos}: PHYSICALOFFSET {phys_field[i]} != actual {phys}")
+            ts = int(run.store_timestamps[i])
+            if ts < last_ts:
+                problems.append(f"{f.path} byte {pos}: store time {ts} goes back from {last_ts}")
+            last_ts = max(last_ts, ts)
+            topic = topics[i].decode("ascii", "replace")
+            qid, qoff = int(run.queue_ids[i]), int(run.queue_offsets[i])
+            tx = int(run.sys_flags[i]) & SysFlag.TRANSACTION_MASK
+            counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+            tag = property_value(props[i], _TAGS) if props[i] else None
+            keys = message_keys(props[i]) if props[i] else []
+            entries[phys] = _Entry(
+                topic, qid, qoff, int(run.sizes[i]), tag_hash_code(tag.decode("utf-8", "replace") if tag else None),
+                counted, frozenset(key_hash(index_key(topic, k)) for k in keys),
+            )  # fmt: skip
+            if counted:
+                key = (topic, qid)
+                want = next_qoff.get(key)
+                if want is not None and qoff != want:
+                    problems.append(f"{f.path} byte {pos}: {topic}/{qid} queue offset {qoff}, expected {want}")
+                next_qoff[key] = qoff + 1
+    if files and store.commit_log.max_offset != store.dispatcher.dispatched_offset:
+        problems.append(
+            f"dispatched offset {store.dispatcher.dispatched_offset} != commit log end {store.commit_log.max_offset}"
+        )
+    return entries
+
+
+def _phys_fields(buf: Buffer, positions: np.ndarray) -> list[int]:
+    arr = np.frombuffer(buf, np.uint8)
+    if positions.size == 0:
+        return []
+    out = arr[(positions + 28)[:, None] + np.arange(8)].view(">i8").ravel().tolist()
+    del arr
+    return [int(x) for x in out]
+
+
+def _check_queues(store: MessageStore, entries: dict[int, _Entry], problems: list[str]) -> None:
+    cl_min = store.commit_log.min_offset
+    covered: set[int] = set()
+    for (topic, qid), cq in sorted(store.queues.queues.items()):
+        name = f"consume queue {topic}/{qid}"
+        lo, hi = cq.min_offset, cq.max_offset
+        want = store.commit_log.queue_table.get((topic, qid))
+        if want != hi:
+            problems.append(f"{name}: next-offset table says {want}, queue max offset is {hi}")
+        q = lo
+        prev_phys = -1
+        while q < hi:
+            raw = cq.read_units(q, 65536)
+            if not raw:
+                problems.append(f"{name}: units from {q} unreadable (file missing)")
+                break
+            units = np.frombuffer(raw, CQ_DTYPE)
+            for j, (phys, size, tag) in enumerate(units.tolist()):
+                qo = q + j
+                where = f"{name} unit {qo} ({cq.files.directory} byte {qo * 20})"
+                if size <= 0:
+                    problems.append(f"{where}: empty unit inside [{lo}, {hi})")
+                    continue
+                if phys <= prev_phys:
+                    problems.append(f"{where}: commit-log offset {phys} not after previous {prev_phys}")
+                prev_phys = phys
+                if phys < cl_min:
+                    continue
+                e = entries.get(phys)
+                if e is None:
+                    problems.append(f"{where}: points at {phys}, where no entry starts")
+                    continue
+                covered.add(phys)
+                if (e.topic, e.queue_id, e.queue_offset, e.size, e.tag_hash) != (topic, qid, qo, size, tag):
+                    problems.append(
+                        f"{where}: unit ({phys}, {size}, {tag}) does not match entry "
+                        f"({e.topic}/{e.queue_id} offset {e.queue_offset}, size {e.size}, tag {e.tag_hash})"
+                    )
+            q += units.size
+            if len(problems) > MAX_PROBLEMS:
+                return
+    for phys, e in entries.items():
+        if not e.counted or phys in covered:
+            continue
+        queue = store.queues.find(e.topic, e.queue_id)
+        if queue is None:
+            if (e.topic, e.queue_id) in store.commit_log.queue_table:
+                problems.append(f"entry at {phys} ({e.topic}/{e.queue_id} #{e.queue_offset}) has no consume queue")
+            continue
+        if queue.min_offset <= e.queue_offset:
+            problems.append(f"entry at {phys} ({e.topic}/{e.queue_id} #{e.queue_offset}) has no consume-queue unit")
+        if len(problems) > MAX_PROBLEMS:
+            return
+
+
+def _check_index(store: MessageStore, entries: dict[int, _Entry], problems: list[str]) -> None:
+    if store.index is None:
+        return
+    cl_min = store.commit_log.min_offset
+    for f in store.index.files:
+        h = f.header
+        for number in range(1, h.index_count):
+            e = f.entry(number)
+            where = f"{f.path} entry {number}"
+            if not 0 <= e.prev_index < number:
+                problems.append(f"{where}: previous entry {e.prev_index} is not before it")
+            if e.commitlog_offset < cl_min:
+                continue
+            msg = entries.get(e.commitlog_offset)
+            if msg is None:
+                problems.append(f"{where}: points at commit-log offset {e.commitlog_offset}, where no entry starts")
+            elif e.key_hash not in msg.key_hashes:
+                problems.append(f"{where}: key hash {e.key_hash} is not a key of the message at {e.commitlog_offset}")
+            if len(problems) > MAX_PROBLEMS:
+                return
+        for slot in range(f.slots):
+            v = f.slot(slot)
+            if not 0 <= v < h.index_count:
+                problems.append(f"{f.path} slot {slot}: entry {v} outside [0, {h.index_count})")
+                break

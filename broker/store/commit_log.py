@@ -1,0 +1,175 @@
+"""CommitLog: every message of every topic appended in order, in fixed-size files named by start offset.
+
+All appends take one lock (``append_lock``). Under it the store assigns what only it can know: the physical
+offset, the queue offset (from ``queue_table``: ``(topic, queueId) -> next offset``), and a store timestamp that
+never goes backwards. The entry bytes are then written with one ``pwrite``. An entry that does not fit in the
+rest of a file (keeping 8 bytes for the blank head) goes to the next file; the rest becomes a blank entry.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from broker.errors import BrokerError
+from broker.store.batch import ValidatedBatch, assign_queue_offsets
+from broker.store.config import StoreConfig
+from broker.store.mapped_file import MappedFile, MappedFileQueue
+from broker.store.message import (
+    END_FILE_MIN_BLANK_LENGTH,
+    I32,
+    I64,
+    POS_QUEUE_OFFSET,
+    POS_STORE_HOST,
+    POS_STORE_TIMESTAMP,
+    PREFIX,
+    StoredMessage,
+    decode_entry,
+    encode_blank,
+    pack_ipv4,
+)
+
+_QUEUE_AND_PHYS = struct.Struct(">qq")  # QUEUEOFFSET then PHYSICALOFFSET: adjacent in the entry header
+assert POS_QUEUE_OFFSET + 8 == 28
+_AR8 = np.arange(8, dtype=np.int64)
+_AR16 = np.arange(16, dtype=np.int64)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitLog:
+    def __init__(self, config: StoreConfig, sync: Callable[[int], None]) -> None:
+        self.config = config
+        self.files = MappedFileQueue(config.commit_log_dir, config.mapped_file_size_commit_log, sync)
+        self.append_lock = threading.Lock()
+        self.queue_table: dict[tuple[str, int], int] = {}
+        self.last_store_timestamp = 0
+        host, port = config.store_host
+        self.store_ip = pack_ipv4(host)
+        self.store_port = port
+        self.store_host_bytes = self.store_ip + I32.pack(port)
+
+    # ------------------------------------------------------------------------------------------------ positions
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.files.flushed_offset
+
+    def _store_timestamp(self) -> int:
+        ts = now_ms()
+        if ts < self.last_store_timestamp:  # the wall clock stepped back: keep the log's times monotonic
+            ts = self.last_store_timestamp
+        self.last_store_timestamp = ts
+        return ts
+
+    def _file_with_room(self, n: int) -> MappedFile:
+        """The file the next ``n`` bytes go to, ending the current one with a blank entry if they do not fit.
+
+        OSError (ENOSPC...) from creating a file propagates; the caller maps it to a put status.
+        """
+        f = self.files.last_for_append()
+        free = f.free_bytes
+        if n + END_FILE_MIN_BLANK_LENGTH > free:
+            f.write_at(f.wrote_position, encode_blank(free))
+            f.wrote_position = f.file_size  # the blank's TOTALSIZE covers the rest of the file
+            f = self.files.last_for_append()
+            assert n + END_FILE_MIN_BLANK_LENGTH <= f.free_bytes, (n, f)
+        return f
+
+    # ------------------------------------------------------------------------------------------------ appends
+    def append_entry(self, entry: bytearray, topic: str, queue_id: int, counted: bool) -> tuple[int, int, int]:
+        """Append one encoded entry; return (physical offset, queue offset, store timestamp). Caller holds no lock."""
+        key = (topic, queue_id)
+        with self.append_lock:
+            f = self._file_with_room(len(entry))
+            phys = f.file_from_offset + f.wrote_position
+            qoff = self.queue_table.get(key, 0) if counted else 0
+            ts = self._store_timestamp()
+            _QUEUE_AND_PHYS.pack_into(entry, POS_QUEUE_OFFSET, qoff, phys)
+            I64.pack_into(entry, POS_STORE_TIMESTAMP, ts)
+            f.append(entry)
+            if counted:
+                self.queue_table[key] = qoff + 1
+        return phys, qoff, ts
+
+    def append_batch(self, batch: ValidatedBatch) -> tuple[np.ndarray, np.ndarray, int]:
+        """Patch and append a validated batch with one write; return (physical offsets, queue offsets, timestamp)."""
+        data = batch.data
+        run = batch.run
+        arr = np.frombuffer(data, np.uint8)
+        host_idx = (run.positions + POS_STORE_HOST)[:, None] + _AR8
+        arr[host_idx] = np.frombuffer(self.store_host_bytes, np.uint8)  # constant: patched outside the lock
+        qp_idx = (run.positions + POS_QUEUE_OFFSET)[:, None] + _AR16
+        ts_idx = (run.positions + POS_STORE_TIMESTAMP)[:, None] + _AR8
+        qp = np.empty(run.positions.size, dtype=[("q", ">i8"), ("p", ">i8")])
+        with self.append_lock:
+            f = self._file_with_room(len(data))
+            base = f.file_from_offset + f.wrote_position
+            starts = [self.queue_table.get(k, 0) for k in batch.keys]
+            qoffs, counts = assign_queue_offsets(batch.key_ids, batch.counted, starts)
+            ts = self._store_timestamp()
+            phys = run.positions + base
+            qp["q"] = qoffs
+            qp["p"] = phys
+            arr[qp_idx] = qp.view(np.uint8).reshape(-1, 16)
+            arr[ts_idx] = np.frombuffer(I64.pack(ts), np.uint8)
+            f.append(data)
+            for k, start, c in zip(batch.keys, starts, counts.tolist(), strict=True):
+                if c:
+                    self.queue_table[k] = start + c
+        del arr
+        return phys, qoffs, ts
+
+    # ------------------------------------------------------------------------------------------------ reads
+    def read(self, offset: int, size: int) -> bytes | None:
+        """``size`` bytes at global ``offset`` (one file); None if that file is gone or the range not written."""
+        f = self.files.find(offset)
+        if f is None:
+            return None
+        pos = offset - f.file_from_offset
+        if pos + size > f.wrote_position:
+            return None
+        try:
+            return f.read(pos, size)
+        except ValueError:  # the file was closed by expiry between find() and read()
+            return None
+
+    def entry_size_at(self, offset: int) -> int | None:
+        head = self.read(offset, PREFIX.size)
+        if head is None:
+            return None
+        total, _magic = PREFIX.unpack(head)
+        return int(total)
+
+    def lookup(self, offset: int) -> StoredMessage | None:
+        """Decode the message entry starting at ``offset``; None if there is none there."""
+        total = self.entry_size_at(offset)
+        if total is None or total <= PREFIX.size:
+            return None
+        raw = self.read(offset, total)
+        if raw is None:
+            return None
+        try:
+            return decode_entry(raw)
+        except (BrokerError, struct.error, IndexError):  # no message entry starts at this offset
+            return None
+
+    def store_timestamp_at(self, offset: int) -> int | None:
+        raw = self.read(offset + POS_STORE_TIMESTAMP, 8)
+        return None if raw is None else int(I64.unpack(raw)[0])
+
+    def close(self) -> None:
+        self.files.close()

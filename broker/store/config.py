@@ -1,0 +1,139 @@
+"""StoreConfig: RocketMQ's ``MessageStoreConfig`` names in snake_case, with the unit in every name.
+
+Defaults are RocketMQ's. Every size is configurable so tests can use tiny files. Limits that RocketMQ leaves
+implicit are explicit here, each with the reason it exists.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker.errors import InvalidArgumentError
+from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, END_FILE_MIN_BLANK_LENGTH
+
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+CQ_UNIT_SIZE = 20  # repeated from consume_queue.CQ_UNIT to avoid an import cycle; asserted there
+OS_PAGE_SIZE = 4096  # RocketMQ counts flush "pages" in 4 KiB units
+
+
+def disk_usage_ratio(path: str) -> float:
+    """Fraction (0..1) of the file system holding ``path`` that is used, as ``df`` reports it."""
+    usage = shutil.disk_usage(path)
+    return usage.used / usage.total if usage.total else 0.0
+
+
+@dataclass
+class StoreConfig:
+    store_path: str
+    # --- file sizes
+    mapped_file_size_commit_log: int = 1 << 30
+    mapped_file_size_consume_queue: int = 300_000 * CQ_UNIT_SIZE
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 20_000_000
+    # --- flush
+    flush_disk_type: str = ASYNC_FLUSH
+    flush_interval_commit_log_ms: int = 500
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval_ms: int = 10_000
+    flush_interval_consume_queue_ms: int = 1000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval_ms: int = 60_000
+    sync_flush_timeout_ms: int = 5000
+    # --- messages
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    # A batch is copied and patched under the append lock; bounding it bounds how long other writers wait
+    # (RocketMQ bounds a batch by maxMessageSize too). It must also fit in one commit-log file.
+    max_batch_bytes: int = 4 * 1024 * 1024
+    # --- expiry and disk
+    file_reserved_time_hours: float = 72
+    delete_when: str = "04"  # hours of the day, ';'-separated, as RocketMQ
+    disk_max_used_space_ratio: int = 75  # percent: over this, expired files go at once (not at delete_when)
+    disk_space_clean_forcibly_ratio: int = 85  # percent: over this, the oldest files go even if not expired
+    disk_space_warning_level_ratio: int = 90  # percent: over this, writes are refused until space is freed
+    clean_resource_interval_ms: int = 10_000
+    # Forced cleaning deletes at most this many files per pass so a pass never stalls readers for long.
+    delete_files_batch_max: int = 10
+    # Injectable so tests can simulate a full disk; returns used/total of the store's file system (0..1).
+    disk_usage_probe: Callable[[str], float] = field(default=disk_usage_ratio, repr=False)
+    # --- index
+    message_index_enable: bool = True
+    # --- reads
+    store_host: tuple[str, int] = ("127.0.0.1", 10911)
+    max_transfer_bytes_per_get: int = 256 * 1024
+    # One get decodes at most this many consume-queue units: bounds the work done under one request.
+    max_msgs_per_get: int = 4096
+    # --- recovery
+    check_crc_on_recover: bool = True
+    # Normal recovery re-checks only the last few commit-log files (RocketMQ: 3).
+    recover_normally_file_count: int = 3
+    # --- dispatch
+    dispatch_interval_ms: int = 1  # ReputMessageService wakes every 1 ms when idle
+
+    def validate(self) -> None:
+        """Raise InvalidArgumentError naming the first setting that cannot work."""
+        if not self.store_path:
+            raise InvalidArgumentError("store_path is empty; give the directory the store lives in")
+        if self.mapped_file_size_commit_log < 4096:
+            raise InvalidArgumentError(
+                f"mapped_file_size_commit_log={self.mapped_file_size_commit_log} is below 4096 bytes"
+            )
+        if self.mapped_file_size_consume_queue % CQ_UNIT_SIZE or self.mapped_file_size_consume_queue <= 0:
+            raise InvalidArgumentError(
+                f"mapped_file_size_consume_queue={self.mapped_file_size_consume_queue} must be a positive "
+                f"multiple of {CQ_UNIT_SIZE} (the consume-queue unit size)"
+            )
+        if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
+            raise InvalidArgumentError(f"flush_disk_type={self.flush_disk_type!r}; use ASYNC_FLUSH or SYNC_FLUSH")
+        if self.max_hash_slot_num < 1 or self.max_index_num < 2:
+            raise InvalidArgumentError("max_hash_slot_num must be >= 1 and max_index_num >= 2")
+        if self.max_message_size + 1024 > self.mapped_file_size_commit_log:
+            raise InvalidArgumentError(
+                f"max_message_size={self.max_message_size} does not fit a commit-log file of "
+                f"{self.mapped_file_size_commit_log} bytes; raise the file size or lower the limit"
+            )
+        if not 0 < self.disk_max_used_space_ratio <= self.disk_space_clean_forcibly_ratio:
+            raise InvalidArgumentError("need 0 < disk_max_used_space_ratio <= disk_space_clean_forcibly_ratio")
+        if self.disk_space_clean_forcibly_ratio > self.disk_space_warning_level_ratio:
+            raise InvalidArgumentError("need disk_space_clean_forcibly_ratio <= disk_space_warning_level_ratio")
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flush_disk_type == SYNC_FLUSH
+
+    @property
+    def batch_limit_bytes(self) -> int:
+        """A batch is written into one file, which keeps room for the end-of-file blank."""
+        return min(self.max_batch_bytes, self.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH)
+
+    # --- the disk layout, exactly as the design documents give it
+    @property
+    def commit_log_dir(self) -> str:
+        return os.path.join(self.store_path, "commitlog")
+
+    @property
+    def consume_queue_dir(self) -> str:
+        return os.path.join(self.store_path, "consumequeue")
+
+    @property
+    def index_dir(self) -> str:
+        return os.path.join(self.store_path, "index")
+
+    @property
+    def config_dir(self) -> str:
+        return os.path.join(self.store_path, "config")
+
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.store_path, "checkpoint")
+
+    @property
+    def abort_path(self) -> str:
+        return os.path.join(self.store_path, "abort")
+
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.store_path, "lock")

@@ -1,0 +1,220 @@
+"""ConsumeQueue: one per (topic, queueId), a dense index of that queue's messages in the commit log.
+
+Unit ``i`` (the message with queue offset ``i``) lies at global byte ``i * 20`` of the queue's files::
+
+    0                8        12               20
+    +----------------+--------+----------------+
+    | COMMITLOG OFF  |  SIZE  | TAGS HASH CODE |
+    +----------------+--------+----------------+
+
+Files live in ``consumequeue/{topic}/{queueId}/`` and are named by their first byte's global offset. A unit
+whose SIZE is 0 was never written (files are preallocated with zeros), which is how recovery finds the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from broker.store.config import CQ_UNIT_SIZE
+from broker.store.mapped_file import MappedFile, MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+CQ_UNIT = struct.Struct(
+    ">"
+    "q"  # COMMITLOG OFFSET: where the message's entry starts in the commit log
+    "i"  # SIZE: the entry's TOTALSIZE (0 = no unit here)
+    "q"  # TAGS HASH CODE: Java String.hashCode of the TAGS property, 0 when the message has no tag
+)
+assert CQ_UNIT.size == CQ_UNIT_SIZE == 20, CQ_UNIT.size
+
+# The same layout for numpy: decoding a run of units is one np.frombuffer call.
+CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
+assert CQ_DTYPE.itemsize == CQ_UNIT.size
+
+
+class CqUnit(NamedTuple):
+    commitlog_offset: int
+    size: int
+    tag_hash: int
+
+
+class ConsumeQueue:
+    def __init__(self, root: str, topic: str, queue_id: int, file_size: int, sync: Callable[[int], None]) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.files = MappedFileQueue(os.path.join(root, topic, str(queue_id)), file_size, sync)
+        self.min_offset = 0  # first valid queue offset (moves forward when the commit log expires)
+
+    @property
+    def max_offset(self) -> int:
+        """One past the last unit written: the next queue offset this queue expects."""
+        return self.files.max_offset // CQ_UNIT_SIZE
+
+    # ------------------------------------------------------------------------------------------------ load
+    def load(self, commit_log_min: int, commit_log_end: int) -> None:
+        """Open the files and find the end: the last written unit pointing inside the commit log.
+
+        Tolerates an empty last file (apache/rocketmq issue 9728) and trailing files past the end.
+        """
+        self.files.load()
+        end = self._find_end(commit_log_end)
+        first = self.files.first()
+        if first is None:
+            return
+        if end < first.file_from_offset:
+            end = first.file_from_offset  # nothing valid at all: an empty queue starting at the first file
+        old_max = self.files.last()
+        if old_max is not None and end < old_max.file_from_offset + old_max.file_size:
+            self._truncate_logged(end)
+        self.correct_min_offset(commit_log_min)
+
+    def _find_end(self, commit_log_end: int) -> int:
+        """Global byte offset one past the last unit with SIZE > 0 whose entry ends within the commit log."""
+        for f in reversed(self.files.files):
+            units = np.frombuffer(f.mm, CQ_DTYPE)
+            ok = (units["size"] > 0) & (units["offset"] + units["size"] <= commit_log_end)
+            present = np.flatnonzero(units["size"] > 0)
+            del units
+            if present.size == 0:
+                continue
+            last_ok = np.flatnonzero(ok)
+            if last_ok.size == 0:
+                continue
+            return f.file_from_offset + (int(last_ok[-1]) + 1) * CQ_UNIT_SIZE
+        return -1
+
+    def _truncate_logged(self, end: int) -> None:
+        last = self.files.last()
+        assert last is not None
+        # Only bytes that were really written are worth a warning: preallocated zeros are the normal end.
+        f = self.files.find(end)
+        dirty = False
+        if f is not None:
+            pos = end - f.file_from_offset
+            dirty = f.mm[pos : pos + CQ_UNIT_SIZE].count(0) != CQ_UNIT_SIZE if pos < f.file_size else False
+        if dirty:
+            log.warning(
+                "consume queue %s/%d: dropping units from %s at byte %d (past the commit log's end)",
+                self.topic,
+                self.queue_id,
+                f.path if f else self.files.directory,
+                end - (f.file_from_offset if f else 0),
+            )
+        self.files.truncate(end)
+
+    def correct_min_offset(self, commit_log_min: int) -> None:
+        """min_offset = first unit whose message is still in the commit log (RocketMQ's correctMinOffset)."""
+        first = self.files.first()
+        if first is None:
+            self.min_offset = 0
+            return
+        start_unit = first.file_from_offset // CQ_UNIT_SIZE
+        end_unit = self.max_offset
+        n = end_unit - start_unit
+        if n <= 0:
+            self.min_offset = end_unit
+            return
+        units = np.frombuffer(first.mm, CQ_DTYPE, count=min(n, first.file_size // CQ_UNIT_SIZE))
+        valid = (units["size"] > 0) & (units["offset"] >= commit_log_min)
+        idx = np.flatnonzero(valid)
+        del units
+        if idx.size:
+            self.min_offset = start_unit + int(idx[0])
+        else:
+            self.min_offset = min(end_unit, first.file_from_offset // CQ_UNIT_SIZE + first.file_size // CQ_UNIT_SIZE)
+
+    # ------------------------------------------------------------------------------------------------ write
+    def put_units(self, queue_offset: int, units: bytes) -> None:
+        """Write consecutive units starting at ``queue_offset``, splitting across file boundaries."""
+        assert len(units) % CQ_UNIT_SIZE == 0
+        pos = queue_offset * CQ_UNIT_SIZE
+        data = memoryview(units)
+        while data:
+            f = self._file_for_write(pos)
+            rel = pos - f.file_from_offset
+            n = min(len(data), f.file_size - rel)
+            f.write_at(rel, data[:n])
+            data = data[n:]
+            pos += n
+
+    def _file_for_write(self, pos: int) -> MappedFile:
+        last = self.files.last()
+        if last is None:
+            # an empty queue starting past 0 (after expiry or a gap): its first file starts mid-way
+            f = self.files.create(pos - pos % self.files.file_size)
+            f.set_positions(pos - f.file_from_offset)
+            self.min_offset = pos // CQ_UNIT_SIZE
+            return f
+        while pos >= last.file_from_offset + last.file_size:
+            last = self.files.create(last.file_from_offset + last.file_size)
+        found = self.files.find(pos)
+        assert found is not None, (self.topic, self.queue_id, pos)
+        return found
+
+    def flush(self) -> None:
+        self.files.flush()
+
+    # ------------------------------------------------------------------------------------------------ read
+    def read_units(self, queue_offset: int, count: int) -> bytes | None:
+        """Up to ``count`` units from ``queue_offset`` within one file; None if that file is gone."""
+        pos = queue_offset * CQ_UNIT_SIZE
+        f = self.files.find(pos)
+        if f is None:
+            return None
+        rel = pos - f.file_from_offset
+        end = min(f.wrote_position, rel + count * CQ_UNIT_SIZE)
+        try:
+            return f.read(rel, max(0, end - rel))
+        except ValueError:  # closed by expiry between find() and read()
+            return None
+
+    def unit(self, queue_offset: int) -> CqUnit | None:
+        raw = self.read_units(queue_offset, 1)
+        if not raw:
+            return None
+        return CqUnit._make(CQ_UNIT.unpack(raw))
+
+    def roll_next_file(self, queue_offset: int) -> int:
+        """The first queue offset of the file after the one holding ``queue_offset``."""
+        per_file = self.files.file_size // CQ_UNIT_SIZE
+        return queue_offset + per_file - queue_offset % per_file
+
+    # ------------------------------------------------------------------------------------------------ expiry
+    def delete_expired(self, commit_log_min: int) -> int:
+        """Delete files whose every unit points below ``commit_log_min`` (never the last file)."""
+        doomed = 0
+        files = self.files.files
+        for f in files[:-1]:
+            last_unit = CqUnit._make(CQ_UNIT.unpack_from(f.mm, f.file_size - CQ_UNIT_SIZE))
+            if last_unit.size > 0 and last_unit.commitlog_offset + last_unit.size <= commit_log_min:
+                doomed += 1
+            else:
+                break
+        if doomed:
+            self.files.delete_first(doomed)
+        self.correct_min_offset(commit_log_min)
+        return doomed
+
+    def truncate_to_commit_log(self, commit_log_end: int) -> None:
+        """Drop units pointing past the commit log's end (after the commit log lost its tail)."""
+        end = self._find_end(commit_log_end)
+        last = self.files.last()
+        if last is not None and end < self.files.max_offset:
+            self._truncate_logged(max(end, self.min_offset * CQ_UNIT_SIZE))
+
+    def close(self) -> None:
+        self.files.close()
+
+    def destroy(self) -> None:
+        self.files.destroy()
+        try:
+            os.rmdir(self.files.directory)
+        except OSError:
+            pass

@@ -1,0 +1,222 @@
+"""Dispatcher (RocketMQ's ReputMessageService): builds consume-queue units and index entries from the commit log.
+
+It follows the commit log from ``dispatched_offset`` to the write position, a run of entries at a time: the run is
+scanned with numpy (batch.scan), its units grouped by queue and written with one write per queue per pass, keys
+indexed, and arrival listeners told each queue's new max offset. Dispatch is idempotent: a unit whose queue
+offset the consume queue already has is skipped, and so is an index entry below the index's end, so recovery may
+re-dispatch from any earlier point.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from broker.store.batch import Buffer, EntryRun, scan
+from broker.store.commit_log import CommitLog
+from broker.store.consume_queue import CQ_DTYPE, ConsumeQueue
+from broker.store.index_file import IndexService
+from broker.store.message import Prop, SysFlag, tag_hash_code
+
+log = logging.getLogger(__name__)
+
+ArrivalListener = Callable[[str, int, int], None]
+# One pass reads at most this much of the commit log, so listeners hear of new messages at least this often
+# and a long backlog (recovery) is processed in bounded memory.
+DISPATCH_CHUNK_BYTES = 8 * 1024 * 1024
+_TAGS = (Prop.TAGS + "\x01").encode()
+_KEYS = (Prop.KEYS + "\x01").encode()
+_UNIQ = (Prop.UNIQ_KEY + "\x01").encode()
+
+
+def property_value(props: bytes, name: bytes) -> bytes | None:
+    """The raw value of one property (``name`` ends with \\x01) without decoding the others."""
+    if props.startswith(name):
+        i = len(name)
+    else:
+        i = props.find(b"\x02" + name)
+        if i < 0:
+            return None
+        i += len(name) + 1
+    j = props.find(b"\x02", i)
+    return props[i : j if j >= 0 else len(props)]
+
+
+def message_keys(props: bytes) -> list[str]:
+    """KEYS (space-separated) and UNIQ_KEY: what the index holds for a message."""
+    keys: list[str] = []
+    raw = property_value(props, _KEYS)
+    if raw:
+        keys.extend(k for k in raw.decode("utf-8", "replace").split(" ") if k)
+    uniq = property_value(props, _UNIQ)
+    if uniq:
+        keys.append(uniq.decode("utf-8", "replace"))
+    return keys
+
+
+class ConsumeQueueTable:
+    """Every consume queue, by (topic, queue id); created on first use."""
+
+    def __init__(self, root: str, file_size: int, sync: Callable[[int], None]) -> None:
+        self.root = root
+        self.file_size = file_size
+        self._sync = sync
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.lock = threading.Lock()
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            with self.lock:
+                cq = self.queues.get((topic, queue_id))
+                if cq is None:
+                    cq = ConsumeQueue(self.root, topic, queue_id, self.file_size, self._sync)
+                    self.queues = {**self.queues, (topic, queue_id): cq}
+        return cq
+
+    def remove_topic(self, topic: str) -> list[ConsumeQueue]:
+        with self.lock:
+            gone = [cq for k, cq in self.queues.items() if k[0] == topic]
+            self.queues = {k: cq for k, cq in self.queues.items() if k[0] != topic}
+        return gone
+
+
+class Dispatcher:
+    def __init__(self, commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService | None) -> None:
+        self.commit_log = commit_log
+        self.queues = queues
+        self.index = index
+        self.dispatched_offset = 0
+        self.last_dispatched_timestamp = 0
+        self.listeners: list[ArrivalListener] = []
+        self._topic_names: dict[bytes, str] = {}
+        self.lock = threading.Lock()  # one dispatch pass at a time (thread, recovery, check)
+
+    # ------------------------------------------------------------------------------------------------ passes
+    def dispatch_available(self, notify: bool = True) -> int:
+        """Dispatch everything written so far; return how many entries were dispatched."""
+        total = 0
+        with self.lock:
+            while True:
+                n = self._dispatch_chunk(notify)
+                if n < 0:
+                    break
+                total += n
+        return total
+
+    def _dispatch_chunk(self, notify: bool) -> int:
+        """One pass over at most DISPATCH_CHUNK_BYTES of one file; -1 when there is nothing to do."""
+        start = self.dispatched_offset
+        files = self.commit_log.files
+        f = files.find(start)
+        if f is None:
+            first = files.first()
+            if first is not None and start < first.file_from_offset:  # expired under us: skip ahead
+                self.dispatched_offset = first.file_from_offset
+                return 0
+            return -1
+        rel = start - f.file_from_offset
+        wrote = f.wrote_position
+        if rel >= wrote:
+            if wrote >= f.file_size and files.find(f.file_from_offset + f.file_size) is not None:
+                self.dispatched_offset = f.file_from_offset + f.file_size
+                return 0
+            return -1
+        limit = min(wrote, rel + DISPATCH_CHUNK_BYTES)
+        run = scan(f.mm, rel, limit, verify_crc=False)
+        if run.stop_reason == "blank":
+            end = f.file_size  # the rest of the file is the end-of-file blank
+        elif run.stop_reason in ("", "partial"):
+            end = run.end  # "partial": the next entry crosses the chunk limit; the next pass takes it
+        else:
+            if len(run) == 0:
+                log.error("dispatcher stuck at %s byte %d: %s", f.path, run.end, run.stop_reason)
+                return -1
+            end = run.end
+        if len(run):
+            self._dispatch_run(run, f.mm, f.file_from_offset, notify)
+        self.dispatched_offset = f.file_from_offset + end
+        return len(run)
+
+    def _dispatch_run(self, run: EntryRun, buf: Buffer, base: int, notify: bool) -> None:
+        names = self._topic_names
+        raw_topics = run.topics(buf)
+        topics = [names.get(t) or names.setdefault(t, t.decode("ascii", "replace")) for t in raw_topics]
+        n = len(run)
+        tags = np.zeros(n, np.int64)
+        with_props = np.flatnonzero(run.props_lengths > 0)
+        props: dict[int, bytes] = {}
+        if with_props.size:
+            starts = run.props_starts[with_props].tolist()
+            lengths = run.props_lengths[with_props].tolist()
+            for i, s, ln in zip(with_props.tolist(), starts, lengths, strict=True):
+                p = bytes(buf[s : s + ln])
+                props[i] = p
+                tag = property_value(p, _TAGS)
+                if tag:
+                    tags[i] = tag_hash_code(tag.decode("utf-8", "replace"))
+        phys = run.positions + base
+        self._write_units(run, topics, phys, tags, notify)
+        if self.index is not None and props:
+            for i, p in props.items():
+                keys = message_keys(p)
+                if keys:
+                    self.index.put(topics[i], keys, int(phys[i]), int(run.store_timestamps[i]))
+        self.last_dispatched_timestamp = int(run.store_timestamps[-1])
+
+    def _write_units(self, run: EntryRun, topics: list[str], phys: np.ndarray, tags: np.ndarray, notify: bool) -> None:
+        tx = run.sys_flags & SysFlag.TRANSACTION_MASK
+        counted = (tx != SysFlag.TRANSACTION_PREPARED_TYPE) & (tx != SysFlag.TRANSACTION_ROLLBACK_TYPE)
+        units = np.empty(len(run), CQ_DTYPE)
+        units["offset"] = phys
+        units["size"] = run.sizes
+        units["tag"] = tags
+        key_index: dict[tuple[str, int], int] = {}
+        pairs = zip(topics, run.queue_ids.tolist(), strict=True)
+        key_ids = np.array([key_index.setdefault(k, len(key_index)) for k in pairs], np.int64)
+        if len(key_index) == 1:
+            groups = [np.flatnonzero(counted)] if not counted.all() else [np.arange(len(run))]
+        else:
+            ids = np.where(counted, key_ids, len(key_index))
+            order = np.argsort(ids, kind="stable")
+            bounds = np.cumsum(np.bincount(ids, minlength=len(key_index) + 1))[:-1]
+            groups = np.split(order, bounds)[: len(key_index)]
+        keys = list(key_index)
+        for idx in groups:
+            if idx.size == 0:
+                continue
+            topic, qid = keys[int(key_ids[idx[0]])]
+            cq = self.queues.find_or_create(topic, qid)
+            self._put_group(cq, run.queue_offsets[idx], units[idx])
+            if notify:
+                for fn in self.listeners:
+                    fn(topic, qid, cq.max_offset)
+
+    @staticmethod
+    def _put_group(cq: ConsumeQueue, qoffs: np.ndarray, units: np.ndarray) -> None:
+        have = cq.max_offset
+        fresh = qoffs >= have  # re-dispatch after recovery: units already there are skipped
+        if not fresh.all():
+            qoffs, units = qoffs[fresh], units[fresh]
+            if qoffs.size == 0:
+                return
+        first = int(qoffs[0])
+        if first > have:
+            log.error(
+                "consume queue %s/%d: unit %d follows max offset %d; the units between are missing",
+                cq.topic,
+                cq.queue_id,
+                first,
+                have,
+            )
+        if int(qoffs[-1]) - first == qoffs.size - 1:
+            cq.put_units(first, units.tobytes())
+        else:  # not consecutive (damaged log): one unit at a time at its own position
+            for q, u in zip(qoffs.tolist(), units, strict=True):
+                cq.put_units(q, u.tobytes())

@@ -1,0 +1,317 @@
+"""MappedFile and MappedFileQueue: fixed-size, preallocated files named by their first byte's global offset.
+
+A MappedFileQueue is a directory of files of one size, ``00000000000000000000``, ``00000000001073741824``, ...
+so the file holding global offset ``o`` is found by ``o // file_size``. Writes go through ``os.pwrite`` on the
+file descriptor; reads through a read-only shared ``mmap`` of the whole file (Linux keeps both views of the page
+cache coherent). Files are preallocated with ``posix_fallocate`` so that a full disk shows up as ENOSPC when a
+file is created (SERVICE_NOT_AVAILABLE) rather than as SIGBUS when a mapped page is first touched.
+
+Positions: ``wrote_position`` (bytes appended, relative to the file start) and ``flushed_position`` (bytes known
+to be on disk). ``flushed_position`` only moves after fdatasync returned without error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import itertools
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Callable
+
+from broker.errors import CorruptionError
+
+log = logging.getLogger(__name__)
+
+FILE_NAME_DIGITS = 20
+ZERO_CHUNK = bytes(1 << 20)
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def file_name(offset: int) -> str:
+    return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Zero a range without writing it (Linux fallocate PUNCH_HOLE); False if the file system cannot."""
+    fallocate = getattr(_libc, "fallocate", None)
+    if fallocate is None or length <= 0:
+        return False
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    rc = fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length)
+    return bool(rc == 0)
+
+
+class MappedFile:
+    """One preallocated file of ``file_size`` bytes whose first byte is global offset ``file_from_offset``."""
+
+    def __init__(self, path: str, file_size: int, sync: Callable[[int], None], *, create: bool) -> None:
+        self.path = path
+        self.file_size = file_size
+        self.file_from_offset = int(os.path.basename(path))
+        self._sync = sync
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        try:
+            if create:
+                os.posix_fallocate(self.fd, 0, file_size)
+            actual = os.fstat(self.fd).st_size
+            if actual != file_size:
+                raise CorruptionError(f"file is {actual} bytes, expected {file_size}", path, 0)
+            self.mm = mmap.mmap(self.fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except BaseException:
+            os.close(self.fd)
+            if create:
+                os.unlink(path)
+            raise
+        self.wrote_position = 0 if create else file_size
+        self.flushed_position = self.wrote_position
+        self.closed = False
+
+    # ------------------------------------------------------------------------------------------------ writes
+    @property
+    def free_bytes(self) -> int:
+        return self.file_size - self.wrote_position
+
+    @property
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Write ``data`` at the write position; return the global offset it landed at."""
+        pos = self.wrote_position
+        n = len(data)
+        assert pos + n <= self.file_size, (self.path, pos, n)
+        written = os.pwrite(self.fd, data, pos)
+        if written != n:  # pwrite to a preallocated regular file writes everything or raises
+            raise OSError(f"short write {written}/{n} to {self.path} at byte {pos}")
+        self.wrote_position = pos + n
+        return self.file_from_offset + pos
+
+    def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Overwrite bytes below the end (consume-queue units written out of order after a gap)."""
+        assert pos >= 0 and pos + len(data) <= self.file_size, (self.path, pos, len(data))
+        os.pwrite(self.fd, data, pos)
+        self.wrote_position = max(self.wrote_position, pos + len(data))
+
+    def flush(self) -> int:
+        """fdatasync if anything is unflushed; return the flushed position. Raises OSError, leaving it unchanged."""
+        target = self.wrote_position
+        if self.flushed_position < target:
+            self._sync(self.fd)
+            self.flushed_position = target
+        return self.flushed_position
+
+    def set_positions(self, pos: int) -> None:
+        """After recovery: everything up to ``pos`` is valid and (as far as we know) on disk."""
+        assert 0 <= pos <= self.file_size, pos
+        self.wrote_position = self.flushed_position = pos
+
+    def zero_from(self, pos: int) -> None:
+        """Erase ``[pos, file end)`` so stale bytes past a truncation point can never parse as entries."""
+        length = self.file_size - pos
+        if length <= 0:
+            return
+        if _punch_hole(self.fd, pos, length):
+            os.posix_fallocate(self.fd, pos, length)  # take the blocks back so later writes cannot hit ENOSPC
+            return
+        while pos < self.file_size:  # no hole punching: overwrite chunks that are not already zero
+            n = min(len(ZERO_CHUNK), self.file_size - pos)
+            if self.mm[pos : pos + n] != ZERO_CHUNK[:n]:
+                os.pwrite(self.fd, ZERO_CHUNK[:n], pos)
+            pos += n
+
+    # ------------------------------------------------------------------------------------------------ reads
+    def read(self, pos: int, size: int) -> bytes:
+        """Bytes ``[pos, pos+size)`` of this file (a copy; ValueError if the file was closed meanwhile)."""
+        return self.mm[pos : pos + size]
+
+    # ------------------------------------------------------------------------------------------------ life
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.mm.close()
+        except BufferError:
+            # a reader still holds a view (numpy array); the mapping goes when that view is collected
+            log.debug("mmap of %s still exported; left to the garbage collector", self.path)
+        os.close(self.fd)
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path}, wrote={self.wrote_position}, flushed={self.flushed_position})"
+
+
+class MappedFileQueue:
+    """The files of one directory, in offset order. Not thread-safe for writers: callers hold their own lock.
+
+    Readers may run concurrently with appends and with deletion of the oldest files: ``files`` is replaced,
+    never mutated in place, so a reader's snapshot stays consistent.
+    """
+
+    def __init__(self, directory: str, file_size: int, sync: Callable[[int], None]) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        self._sync = sync
+        self.files: list[MappedFile] = []
+        self._lock = threading.Lock()  # guards replacing ``files``
+        os.makedirs(directory, exist_ok=True)
+
+    def load(self) -> None:
+        """Open every file in the directory; positions are set to full until recovery says otherwise."""
+        names = sorted(n for n in os.listdir(self.directory) if n.isdigit() and len(n) == FILE_NAME_DIGITS)
+        if names:
+            last_path = os.path.join(self.directory, names[-1])
+            size = os.path.getsize(last_path)
+            if size < self.file_size:
+                # A file cut short (torn tail, copied store): restore its size; recovery finds where data ends.
+                log.warning("%s is %d bytes, expected %d: extending it with zeros", last_path, size, self.file_size)
+                fd = os.open(last_path, os.O_RDWR)
+                try:
+                    os.posix_fallocate(fd, 0, self.file_size)
+                finally:
+                    os.close(fd)
+        files = [MappedFile(os.path.join(self.directory, n), self.file_size, self._sync, create=False) for n in names]
+        for prev, nxt in itertools.pairwise(files):
+            if nxt.file_from_offset != prev.file_from_offset + self.file_size:
+                raise CorruptionError(
+                    f"files are not contiguous: {os.path.basename(prev.path)} is followed by "
+                    f"{os.path.basename(nxt.path)}; restore the missing file or move the later ones away",
+                    nxt.path,
+                    0,
+                )
+        for f in files:
+            if f.file_from_offset % self.file_size:
+                raise CorruptionError(f"file name is not a multiple of the file size {self.file_size}", f.path, 0)
+        self.files = files
+
+    # ------------------------------------------------------------------------------------------------ lookup
+    def last(self) -> MappedFile | None:
+        files = self.files
+        return files[-1] if files else None
+
+    def first(self) -> MappedFile | None:
+        files = self.files
+        return files[0] if files else None
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The file containing global ``offset`` (or None if deleted / not yet created)."""
+        files = self.files
+        if not files:
+            return None
+        i = offset // self.file_size - files[0].file_from_offset // self.file_size
+        if 0 <= i < len(files):
+            return files[i]
+        return None
+
+    @property
+    def min_offset(self) -> int:
+        f = self.first()
+        return f.file_from_offset if f else 0
+
+    @property
+    def max_offset(self) -> int:
+        """Global offset one past the last written byte."""
+        f = self.last()
+        return f.file_from_offset + f.wrote_position if f else 0
+
+    @property
+    def flushed_offset(self) -> int:
+        files = self.files
+        for f in files:
+            if f.flushed_position < f.file_size:
+                return f.file_from_offset + f.flushed_position
+        return files[-1].file_from_offset + files[-1].file_size if files else 0
+
+    # ------------------------------------------------------------------------------------------------ growth
+    def create(self, start_offset: int) -> MappedFile:
+        """Create the file starting at ``start_offset`` (must follow the last one). OSError (e.g. ENOSPC) propagates."""
+        assert start_offset % self.file_size == 0, start_offset
+        last = self.last()
+        assert last is None or start_offset == last.file_from_offset + self.file_size, (start_offset, last)
+        f = MappedFile(os.path.join(self.directory, file_name(start_offset)), self.file_size, self._sync, create=True)
+        with self._lock:
+            self.files = [*self.files, f]
+        return f
+
+    def last_for_append(self, start_offset: int = 0) -> MappedFile:
+        """The file to append to, creating the first or the next one when needed."""
+        last = self.last()
+        if last is None:
+            return self.create(start_offset - start_offset % self.file_size)
+        if last.is_full:
+            return self.create(last.file_from_offset + self.file_size)
+        return last
+
+    # ------------------------------------------------------------------------------------------------ flush
+    def flush(self) -> int:
+        """fdatasync every file with unflushed bytes, oldest first; return the flushed global offset.
+
+        An OSError from fdatasync propagates and leaves that file's flushed position where it was.
+        """
+        for f in self.files:
+            if f.flushed_position < f.wrote_position and not f.closed:
+                f.flush()
+        return self.flushed_offset
+
+    def dirty_bytes(self) -> int:
+        return self.max_offset - self.flushed_offset
+
+    # ------------------------------------------------------------------------------------------------ shrink
+    def truncate(self, offset: int) -> None:
+        """Make ``offset`` the end: later files are deleted, the file holding it is zeroed after it."""
+        keep: list[MappedFile] = []
+        for f in self.files:
+            if f.file_from_offset + self.file_size <= offset:
+                keep.append(f)
+            elif f.file_from_offset <= offset:
+                pos = offset - f.file_from_offset
+                f.zero_from(pos)
+                f.set_positions(pos)
+                keep.append(f)
+            else:
+                log.warning(
+                    "truncating: deleting %s (starts at %d, past the end %d)", f.path, f.file_from_offset, offset
+                )
+                f.destroy()
+        with self._lock:
+            self.files = keep
+
+    def delete_first(self, count: int) -> list[MappedFile]:
+        """Remove the ``count`` oldest files from the queue and delete them from disk."""
+        with self._lock:
+            gone, self.files = self.files[:count], self.files[count:]
+        for f in gone:
+            f.destroy()
+        return gone
+
+    def reset_to(self, offset: int) -> None:
+        """Delete everything and make the queue start empty at ``offset`` (rounded to its file)."""
+        with self._lock:
+            gone, self.files = self.files, []
+        for f in gone:
+            f.destroy()
+        f = self.create(offset - offset % self.file_size)
+        f.set_positions(offset - f.file_from_offset)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def destroy(self) -> None:
+        with self._lock:
+            gone, self.files = self.files, []
+        for f in gone:
+            f.destroy()

@@ -1,0 +1,659 @@
+"""MessageStore: the facade the broker server uses (RocketMQ's DefaultMessageStore).
+
+Owns the commit log, consume queues, index, checkpoint and the service threads (dispatch, flush, cleanup), and
+turns their outcomes into PutResult / GetResult statuses. Lifecycle: ``start()`` takes the ``lock`` file, recovers
+(abnormally if an ``abort`` file was left behind), writes ``abort``, starts the threads; ``shutdown()`` stops them,
+flushes everything, writes the checkpoint, removes ``abort`` and releases the lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
+from broker.store.batch import MAX_QUEUE_ID, validate_batch
+from broker.store.checkpoint import Checkpoint
+from broker.store.cleanup import CleanupService
+from broker.store.commit_log import CommitLog, now_ms
+from broker.store.config import StoreConfig
+from broker.store.consume_queue import CQ_DTYPE, ConsumeQueue
+from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher
+from broker.store.faults import FaultInjector
+from broker.store.flush import (
+    AsyncFlushService,
+    ConsumeQueueFlushService,
+    GroupCommitService,
+    ServiceThread,
+    flush_commit_log,
+)
+from broker.store.index_file import IndexService
+from broker.store.message import (
+    MAX_PROPERTIES_BYTES,
+    TOPIC_PATTERN,
+    Prop,
+    StoredMessage,
+    SysFlag,
+    encode_entry,
+    encode_properties,
+    pack_ipv4,
+    parse_msg_id,
+    validate_topic,
+)
+from broker.store.recovery import RecoveryReport, recover
+from broker.store.results import GetResult, GetStatus, PutResult, PutStatus
+
+log = logging.getLogger(__name__)
+
+# A caller may ask for more than max_transfer_bytes_per_get, but never more than this in one get: the buffer is
+# built in memory and shipped in one response.
+MAX_BYTES_PER_GET = 64 * 1024 * 1024
+# check() waits this long for the dispatcher to reach the end of the commit log.
+CHECK_DISPATCH_WAIT_S = 10.0
+
+
+class DispatchService(ServiceThread):
+    name = "reput-dispatch"
+
+    def __init__(self, dispatcher: Dispatcher, interval_ms: int) -> None:
+        super().__init__()
+        self.dispatcher = dispatcher
+        self.interval_s = interval_ms / 1000
+
+    def run_once(self) -> None:
+        try:
+            n = self.dispatcher.dispatch_available()
+        except OSError as e:
+            log.error("dispatch failed: %s; retrying", e)
+            n = 0
+        if n == 0:
+            self.wait(self.interval_s)
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig) -> None:
+        config.validate()
+        self.config = config
+        self.faults = FaultInjector()
+        sync = self.faults.fdatasync
+        self.commit_log = CommitLog(config, sync)
+        self.queues = ConsumeQueueTable(config.consume_queue_dir, config.mapped_file_size_consume_queue, sync)
+        self.index: IndexService | None = (
+            IndexService(config.index_dir, config.max_hash_slot_num, config.max_index_num, sync)
+            if config.message_index_enable
+            else None
+        )
+        self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index)
+        self.checkpoint: Checkpoint | None = None
+        self.recovery_report: RecoveryReport | None = None
+        self._lock_fd = -1
+        self._running = False
+        self._disk_full = False
+        self._write_error = ""
+        self._services: list[ServiceThread] = []
+        self._group_commit: GroupCommitService | None = None
+        self._async_flush: AsyncFlushService | None = None
+        self._cq_flush: ConsumeQueueFlushService | None = None
+        self._dispatch_service: DispatchService | None = None
+        self.cleanup: CleanupService | None = None
+        self._topic_cache: dict[str, bytes] = {}
+        self._born_ip_cache: dict[str, bytes] = {}
+        self._counters = {"put_msgs": 0, "put_bytes": 0, "put_errors": 0, "get_msgs": 0, "get_bytes": 0, "gets": 0}
+
+    # ================================================================================================ lifecycle
+    def start(self) -> None:
+        cfg = self.config
+        os.makedirs(cfg.store_path, exist_ok=True)
+        os.makedirs(cfg.config_dir, exist_ok=True)
+        self._take_lock()
+        try:
+            abnormal = os.path.exists(cfg.abort_path)
+            self.checkpoint = Checkpoint(cfg.checkpoint_path, self.faults.fdatasync)
+            self.recovery_report = recover(
+                cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal
+            )
+            with open(cfg.abort_path, "wb") as f:
+                os.fsync(f.fileno())
+            self._start_services()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._running = True
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"store {self.config.store_path} is locked by another broker process (lock file "
+                f"{self.config.lock_path}); stop it or use another store directory"
+            ) from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _start_services(self) -> None:
+        cfg = self.config
+        assert self.checkpoint is not None
+        self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms)
+        if cfg.sync_flush:
+            self._group_commit = GroupCommitService(self.commit_log, self.checkpoint, self._on_io_error)
+        else:
+            self._async_flush = AsyncFlushService(cfg, self.commit_log, self.checkpoint, self._on_io_error)
+        self._cq_flush = ConsumeQueueFlushService(
+            cfg, self.queues, self.index, self.dispatcher, self.checkpoint, self._on_io_error
+        )
+        self.cleanup = CleanupService(
+            cfg, self.commit_log, self.queues, self.index, self.dispatcher, self._set_disk_full
+        )
+        services: list[ServiceThread | None] = [
+            self._dispatch_service, self._group_commit, self._async_flush, self._cq_flush, self.cleanup,
+        ]  # fmt: skip
+        self._services = [s for s in services if s is not None]
+        for s in self._services:
+            s.start()
+
+    def shutdown(self) -> None:
+        """Stop taking writes, dispatch and flush everything, write the checkpoint, remove ``abort``."""
+        if not self._running:
+            return
+        with self.commit_log.append_lock:
+            self._running = False  # no append is in flight once we hold the lock
+        for s in reversed(self._services):
+            s.stop()
+        clean = not self._write_error
+        try:
+            self.dispatcher.dispatch_available(notify=False)
+            assert self.checkpoint is not None
+            clean = clean and flush_commit_log(self.commit_log, self.checkpoint, self._on_io_error)
+            clean = clean and self._cq_flush is not None and self._cq_flush.flush_all()
+        finally:
+            self._close_files()
+            if clean:
+                os.unlink(self.config.abort_path)
+            else:
+                log.error("store shut down after an I/O error; the next start recovers abnormally")
+            self._release_lock()
+
+    def abandon(self) -> None:
+        """Stop threads and close files without flushing or removing ``abort``: what a crash leaves behind.
+
+        The page cache keeps what was written (as after SIGKILL), so tests can restart on the same directory.
+        """
+        self._running = False
+        for s in reversed(self._services):
+            s.stop()
+        self._close_files()
+        self._release_lock()
+
+    def _close_files(self) -> None:
+        self.commit_log.close()
+        for cq in list(self.queues.queues.values()):
+            cq.close()
+        if self.index is not None:
+            self.index.close()
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+
+    def __enter__(self) -> MessageStore:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ================================================================================================ state
+    def _on_io_error(self, reason: str) -> None:
+        if not self._write_error:
+            log.error("store is now read-only: %s", reason)
+        self._write_error = reason
+
+    def _set_disk_full(self, full: bool) -> None:
+        if full != self._disk_full:
+            if full:
+                log.error("disk use over %d%%: refusing writes", self.config.disk_space_warning_level_ratio)
+            else:
+                log.warning("disk use back under %d%%: accepting writes", self.config.disk_space_warning_level_ratio)
+        self._disk_full = full
+
+    def is_writable(self) -> bool:
+        return self._running and not self._disk_full and not self._write_error
+
+    def _refusal(self) -> PutResult | None:
+        if not self._running:
+            return PutResult(
+                PutStatus.SERVICE_NOT_AVAILABLE, error="the store is not running (shut down or not started)"
+            )
+        if self._disk_full:
+            return PutResult(
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                error=f"disk is over {self.config.disk_space_warning_level_ratio}% full; writes resume once "
+                "expired files are deleted or space is freed",
+            )
+        if self._write_error:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"store is read-only: {self._write_error}")
+        return None
+
+    def _append_failed(self, e: OSError) -> PutResult:
+        self._counters["put_errors"] += 1
+        if e.errno == errno.ENOSPC:
+            self._set_disk_full(True)
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"disk full while appending: {e}")
+        if isinstance(e, FileExistsError) or getattr(e, "filename", None):
+            return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=f"could not create a commit-log file: {e}")
+        self._on_io_error(f"commit log write failed: {e}")
+        return PutResult(PutStatus.UNKNOWN_ERROR, error=f"commit log write failed: {e}")
+
+    def _await_flush(self, end_offset: int, wait: bool) -> str:
+        """SYNC_FLUSH: wait for the group commit (unless the message said WAIT=false). "" = durable or ASYNC."""
+        gc = self._group_commit
+        if gc is None:
+            if self._async_flush is not None and self.commit_log.files.dirty_bytes() >= (
+                self.config.flush_commit_log_least_pages * 4096
+            ):
+                self._async_flush.wakeup()
+            return ""
+        if not wait:
+            gc.wait_flushed(end_offset, 0)  # registers the request, returns at once
+            return ""
+        return gc.wait_flushed(end_offset, self.config.sync_flush_timeout_ms / 1000)
+
+    # ================================================================================================ puts
+    def put_message(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: Mapping[str, str] | None = None,
+        *,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp: int = 0,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+        wait_store_ok: bool | None = None,
+    ) -> PutResult:
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        try:
+            topic_raw = self._topic_cache.get(topic) or self._topic_cache.setdefault(topic, validate_topic(topic))
+            if not 0 <= queue_id < MAX_QUEUE_ID:
+                raise MessageIllegalError(f"queue id {queue_id} is outside 0..{MAX_QUEUE_ID - 1}")
+            props_raw = encode_properties(properties) if properties else b""
+        except MessageIllegalError as e:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=e.message)
+        if len(props_raw) > MAX_PROPERTIES_BYTES:
+            return PutResult(
+                PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                error=f"properties are {len(props_raw)} bytes, over {MAX_PROPERTIES_BYTES}; "
+                "move big values to the body",
+            )
+        if len(body) > self.config.max_message_size:
+            return PutResult(
+                PutStatus.MESSAGE_ILLEGAL,
+                error=f"MESSAGE_SIZE_EXCEEDED: body is {len(body)} bytes, over maxMessageSize "
+                f"{self.config.max_message_size}; split it or raise the limit",
+            )
+        if sys_flag & (SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6):
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error="IPv6 host flags are not supported by this store")
+        born_ip = self._born_ip_cache.get(born_host[0])
+        if born_ip is None:
+            born_ip = self._born_ip_cache.setdefault(born_host[0], pack_ipv4(born_host[0]))
+        entry = bytearray(
+            encode_entry(
+                topic_raw, queue_id, body, props_raw, flag=flag, sys_flag=sys_flag,
+                born_timestamp=born_timestamp or now_ms(), born_ip=born_ip, born_port=born_host[1],
+                reconsume_times=reconsume_times, prepared_transaction_offset=prepared_transaction_offset,
+                store_ip=self.commit_log.store_ip, store_port=self.commit_log.store_port,
+                max_message_size=self.config.max_message_size,
+            )
+        )  # fmt: skip
+        tx = sys_flag & SysFlag.TRANSACTION_MASK
+        counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+        try:
+            phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
+        except OSError as e:
+            return self._append_failed(e)
+        if self._dispatch_service is not None:
+            self._dispatch_service.wakeup()
+        self._counters["put_msgs"] += 1
+        self._counters["put_bytes"] += len(entry)
+        wait = wait_store_ok if wait_store_ok is not None else (properties or {}).get(Prop.WAIT, "true") != "false"
+        why = self._await_flush(phys + len(entry), wait)
+        return PutResult(
+            PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
+            msg_ids=[self._msg_id(phys)],
+            commitlog_offsets=[phys],
+            queue_ids=[queue_id],
+            queue_offsets=[qoff],
+            store_timestamp=ts,
+            wrote_bytes=len(entry),
+            error=why,
+        )
+
+    def _msg_id(self, phys: int) -> str:
+        return (self.commit_log.store_host_bytes + phys.to_bytes(8, "big")).hex().upper()
+
+    def put_batch(self, buffer: bytes | bytearray | memoryview, *, wait_store_ok: bool | None = None) -> PutResult:
+        """Append client-encoded entries (store fields zero) with one write; see batch.validate_batch."""
+        refused = self._refusal()
+        if refused is not None:
+            return refused
+        try:
+            batch = validate_batch(buffer, self.config.batch_limit_bytes, self.config.max_message_size)
+        except MessageIllegalError as e:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=e.message)
+        try:
+            phys, qoffs, ts = self.commit_log.append_batch(batch)
+        except OSError as e:
+            return self._append_failed(e)
+        if self._dispatch_service is not None:
+            self._dispatch_service.wakeup()
+        n = len(batch.run)
+        self._counters["put_msgs"] += n
+        self._counters["put_bytes"] += len(batch.data)
+        why = self._await_flush(int(phys[-1] + batch.run.sizes[-1]), True if wait_store_ok is None else wait_store_ok)
+        return PutResult(
+            PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
+            msg_ids=self._msg_ids(phys),
+            commitlog_offsets=phys.tolist(),
+            queue_ids=batch.run.queue_ids.tolist(),
+            queue_offsets=qoffs.tolist(),
+            store_timestamp=ts,
+            wrote_bytes=len(batch.data),
+            error=why,
+        )
+
+    def _msg_ids(self, phys: np.ndarray) -> list[str]:
+        """Vectorised make_msg_id: store host + big-endian offset, hex, split every 32 characters."""
+        raw = np.empty((phys.size, 16), np.uint8)
+        raw[:, :8] = np.frombuffer(self.commit_log.store_host_bytes, np.uint8)
+        raw[:, 8:] = phys.astype(">i8").view(np.uint8).reshape(-1, 8)
+        text = raw.tobytes().hex().upper()
+        return [text[i : i + 32] for i in range(0, len(text), 32)]
+
+    # ================================================================================================ gets
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = 32,
+        max_bytes: int | None = None,
+        tag_codes: set[int] | None = None,
+        message_filter: Callable[[StoredMessage], bool] | None = None,
+    ) -> GetResult:
+        if not self._running:
+            raise ServiceNotAvailableError("the store is not running; retry once the broker has started")
+        self._counters["gets"] += 1
+        if queue_id < 0 or not topic or not TOPIC_PATTERN.match(topic):
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        cq = self.queues.find(topic, queue_id)
+        if cq is None:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+        if offset > hi:
+            # corrected to the max offset, never rewound to 0 (apache/rocketmq issue 4215)
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+        max_msgs = max(1, min(max_msgs, self.config.max_msgs_per_get))
+        limit = min(max_bytes or self.config.max_transfer_bytes_per_get, MAX_BYTES_PER_GET)
+        return self._read_queue(cq, offset, max_msgs, limit, tag_codes, message_filter, lo, hi)
+
+    def _read_queue(
+        self,
+        cq: ConsumeQueue,
+        offset: int,
+        max_msgs: int,
+        limit_bytes: int,
+        tag_codes: set[int] | None,
+        message_filter: Callable[[StoredMessage], bool] | None,
+        lo: int,
+        hi: int,
+    ) -> GetResult:
+        raw = cq.read_units(offset, min(max_msgs, hi - offset))
+        if not raw:
+            return GetResult(GetStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), lo, hi)
+        units = np.frombuffer(raw, CQ_DTYPE)
+        phys = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        usable = (sizes > 0) & (phys >= self.commit_log.min_offset)
+        removing = not usable.all()
+        if tag_codes:
+            usable &= np.isin(units["tag"], np.fromiter(tag_codes, np.int64, len(tag_codes)))
+        cand = np.flatnonzero(usable)
+        if message_filter is not None:
+            return self._read_filtered(cq, offset, units.size, cand, phys, sizes, limit_bytes, message_filter, lo, hi)
+        if cand.size == 0:
+            status = GetStatus.MESSAGE_WAS_REMOVING if removing else GetStatus.NO_MATCHED_MESSAGE
+            return GetResult(status, offset + units.size, lo, hi)
+        csum = np.cumsum(sizes[cand])
+        take = max(1, int(np.searchsorted(csum, limit_bytes, side="right")))
+        consumed = units.size if take == cand.size else int(cand[take])  # stop before the first unit not taken
+        cand = cand[:take]
+        p, s = phys[cand], sizes[cand]
+        buf = self._read_entries(p, s)
+        if buf is None:
+            return GetResult(GetStatus.MESSAGE_WAS_REMOVING, offset + consumed, lo, hi)
+        positions = np.concatenate(([0], np.cumsum(s)[:-1]))
+        self._counters["get_msgs"] += int(cand.size)
+        self._counters["get_bytes"] += len(buf)
+        return GetResult(GetStatus.FOUND, offset + consumed, lo, hi, buf, positions.tolist(), (cand + offset).tolist())
+
+    def _read_entries(self, phys: np.ndarray, sizes: np.ndarray) -> bytes | None:
+        """The entries' bytes: one slice when they are contiguous in one file, else one slice per run."""
+        file_size = self.config.mapped_file_size_commit_log
+        first, last_end = int(phys[0]), int(phys[-1] + sizes[-1])
+        contiguous = phys.size == 1 or bool(np.all(phys[1:] == phys[:-1] + sizes[:-1]))
+        if contiguous and first // file_size == (last_end - 1) // file_size:
+            return self.commit_log.read(first, last_end - first)
+        breaks = np.flatnonzero(
+            (phys[1:] != phys[:-1] + sizes[:-1]) | (phys[1:] // file_size != phys[:-1] // file_size)
+        )
+        starts = np.concatenate(([0], breaks + 1)).tolist()
+        ends = np.concatenate((breaks + 1, [phys.size])).tolist()
+        parts = []
+        for a, b in zip(starts, ends, strict=True):
+            chunk = self.commit_log.read(int(phys[a]), int(phys[b - 1] + sizes[b - 1] - phys[a]))
+            if chunk is None:
+                return None
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _read_filtered(
+        self,
+        cq: ConsumeQueue,
+        offset: int,
+        n_units: int,
+        cand: np.ndarray,
+        phys: np.ndarray,
+        sizes: np.ndarray,
+        limit_bytes: int,
+        message_filter: Callable[[StoredMessage], bool],
+        lo: int,
+        hi: int,
+    ) -> GetResult:
+        from broker.store.message import decode_entry
+
+        parts: list[bytes] = []
+        positions: list[int] = []
+        qoffs: list[int] = []
+        total = 0
+        consumed = n_units
+        removing = False
+        for i in cand.tolist():
+            if parts and total + int(sizes[i]) > limit_bytes:
+                consumed = i
+                break
+            raw = self.commit_log.read(int(phys[i]), int(sizes[i]))
+            if raw is None:
+                removing = True
+                continue
+            if not message_filter(decode_entry(raw)):
+                continue
+            positions.append(total)
+            parts.append(raw)
+            qoffs.append(offset + i)
+            total += len(raw)
+        if not parts:
+            status = GetStatus.MESSAGE_WAS_REMOVING if removing else GetStatus.NO_MATCHED_MESSAGE
+            return GetResult(status, offset + consumed, lo, hi)
+        self._counters["get_msgs"] += len(parts)
+        self._counters["get_bytes"] += total
+        return GetResult(GetStatus.FOUND, offset + consumed, lo, hi, b"".join(parts), positions, qoffs)
+
+    # ================================================================================================ queries
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        return cq.max_offset if cq else 0
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(q for t, q in self.queues.queues if t == topic)
+
+    def topics(self) -> list[str]:
+        return sorted({t for t, _ in self.queues.queues})
+
+    def dispatched_offset(self) -> int:
+        return self.dispatcher.dispatched_offset
+
+    def max_phys_offset(self) -> int:
+        return self.commit_log.max_offset
+
+    def min_phys_offset(self) -> int:
+        return self.commit_log.min_offset
+
+    def lookup_message(self, commitlog_offset: int) -> StoredMessage | None:
+        if commitlog_offset < self.commit_log.min_offset:
+            return None
+        return self.commit_log.lookup(commitlog_offset)
+
+    def view_by_msg_id(self, msg_id: str) -> StoredMessage | None:
+        parts = parse_msg_id(msg_id)
+        return self.lookup_message(parts.commitlog_offset)
+
+    def _unit_timestamp(self, cq: ConsumeQueue, queue_offset: int) -> int | None:
+        unit = cq.unit(queue_offset)
+        if unit is None or unit.size <= 0:
+            return None
+        return self.commit_log.store_timestamp_at(unit.commitlog_offset)
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms`` (max offset if none)."""
+        cq = self.queues.find(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:  # binary search: store timestamps grow with queue offset
+            mid = (lo + hi) // 2
+            ts = self._unit_timestamp(cq, mid)
+            if ts is None or ts < timestamp_ms:  # None: expired while we looked, so everything below is gone
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def earliest_message_time(self, topic: str, queue_id: int) -> int:
+        """Store time of the queue's oldest message, -1 if the queue is empty."""
+        cq = self.queues.find(topic, queue_id)
+        if cq is None or cq.max_offset <= cq.min_offset:
+            return -1
+        ts = self._unit_timestamp(cq, cq.min_offset)
+        return -1 if ts is None else ts
+
+    def query_by_key(
+        self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 2**62
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` with ``key`` in KEYS or UNIQ_KEY, stored in [begin_ms, end_ms], oldest first."""
+        if self.index is None:
+            raise InvalidArgumentError("the message index is disabled (message_index_enable=False)")
+        max_num = max(1, min(max_num, 4096))  # bounded: each candidate costs a commit-log read
+        found: list[StoredMessage] = []
+        for off in self.index.lookup(topic, key, max_num, begin_ms, end_ms):
+            msg = self.lookup_message(off)
+            if msg is None or msg.topic != topic:
+                continue
+            has_key = key in msg.keys or msg.properties.get(Prop.UNIQ_KEY) == key  # hash collisions stop here
+            if has_key and begin_ms <= msg.store_timestamp <= end_ms:
+                found.append(msg)
+        found.sort(key=lambda m: m.commitlog_offset)
+        return found[-max_num:]
+
+    # ================================================================================================ admin
+    def delete_topic(self, topic: str) -> None:
+        """Delete the topic's consume queues and forget its queue offsets; commit-log entries expire as usual."""
+        with self.commit_log.append_lock, self.dispatcher.lock:
+            for cq in self.queues.remove_topic(topic):
+                cq.destroy()
+            self.commit_log.queue_table = {k: v for k, v in self.commit_log.queue_table.items() if k[0] != topic}
+        try:
+            os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
+        except OSError:
+            pass
+
+    def add_arrival_listener(self, fn: ArrivalListener) -> None:
+        self.dispatcher.listeners.append(fn)
+
+    def wait_dispatched(self, timeout_s: float = CHECK_DISPATCH_WAIT_S) -> bool:
+        """Block until the dispatcher has reached the commit log's end; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.dispatcher.dispatched_offset < self.commit_log.max_offset:
+            if time.monotonic() > deadline:
+                return False
+            if self._dispatch_service is None or not self._running:
+                self.dispatcher.dispatch_available()
+            else:
+                self._dispatch_service.wakeup()
+                time.sleep(0.001)
+        return True
+
+    def flush(self) -> None:
+        """Force the commit log, consume queues, index and checkpoint to disk now (OSError if a sync fails)."""
+        assert self.checkpoint is not None
+        self.wait_dispatched()
+        if not flush_commit_log(self.commit_log, self.checkpoint, self._on_io_error):
+            raise OSError(errno.EIO, self._write_error)
+        if self._cq_flush is not None and not self._cq_flush.flush_all():
+            raise OSError(errno.EIO, self._write_error)
+
+    def check(self) -> list[str]:
+        from broker.store.check import check_store
+
+        return check_store(self)
+
+    def stats(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = dict(self._counters)
+        out.update(
+            commit_log_min_offset=self.commit_log.min_offset,
+            commit_log_max_offset=self.commit_log.max_offset,
+            commit_log_flushed_offset=self.commit_log.flushed_offset,
+            dispatched_offset=self.dispatcher.dispatched_offset,
+            commit_log_files=len(self.commit_log.files.files),
+            consume_queues=len(self.queues.queues),
+            disk_usage_ratio=self.config.disk_usage_probe(self.config.store_path),
+            writable=int(self.is_writable()),
+        )
+        return out

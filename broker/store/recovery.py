@@ -1,0 +1,185 @@
+"""Recovery: find where the commit log really ends, make consume queues and index agree, rebuild queue offsets.
+
+* Normal (no ``abort`` file: the last run shut down cleanly): re-check the last ``recover_normally_file_count`` (3)
+  commit-log files entry by entry.
+* Abnormal (``abort`` present): re-check from the file holding the checkpoint's dispatch offset (everything before
+  it was dispatched and flushed), with CRC on.
+
+In both, the commit log ends at the first entry that fails a check; bytes after it are erased and a line naming the
+file and byte offset is logged. Then consume-queue units pointing past the end are dropped, index files holding
+entries past it are rebuilt, everything after the checkpoint is re-dispatched (dispatch is idempotent), and the
+``topic-queueId -> next offset`` table is rebuilt from the consume queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from broker.store.batch import scan
+from broker.store.checkpoint import Checkpoint
+from broker.store.commit_log import CommitLog
+from broker.store.config import StoreConfig
+from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
+from broker.store.index_file import IndexService
+from broker.store.mapped_file import MappedFile
+from broker.store.message import TOPIC_PATTERN
+
+log = logging.getLogger(__name__)
+
+# The commit log is CRC-checked in pieces of this size so a 1 GiB file never needs 1 GiB of scan arrays.
+RECOVERY_CHUNK_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class RecoveryReport:
+    abnormal: bool
+    scanned_bytes: int = 0
+    commit_log_end: int = 0
+    truncated_at: int = -1  # global offset where bad bytes were cut, -1 if none
+    reason: str = ""
+    redispatched_from: int = 0
+    redispatched_entries: int = 0
+
+
+def scan_file(f: MappedFile, start: int, verify_crc: bool) -> tuple[int, str]:
+    """Walk ``f`` from ``start``: (position after its last valid entry, why it stopped).
+
+    Reasons: "blank" (the file is complete), "zeros" / "" (end of written data), anything else is damage.
+    """
+    pos = start
+    while pos < f.file_size:
+        limit = min(f.file_size, pos + RECOVERY_CHUNK_BYTES)
+        run = scan(f.mm, pos, limit, verify_crc=verify_crc)
+        at_chunk_edge = run.stop_reason in ("partial", "entry head cut short") and limit < f.file_size
+        if at_chunk_edge and len(run):
+            pos = run.end  # an entry crosses the chunk boundary: continue from it
+            continue
+        if run.stop_reason == "partial":
+            return run.end, "TOTALSIZE runs past the end of the file (torn write or damaged length)"
+        if run.stop_reason == "entry head cut short":
+            return run.end, "zeros" if f.mm[run.end : f.file_size].count(0) == f.file_size - run.end else "bad tail"
+        if run.stop_reason == "":
+            pos = run.end
+            continue
+        return run.end, run.stop_reason
+    return pos, ""
+
+
+def recover_commit_log(
+    config: StoreConfig, commit_log: CommitLog, checkpoint: Checkpoint, abnormal: bool
+) -> RecoveryReport:
+    report = RecoveryReport(abnormal)
+    files = commit_log.files.files
+    if not files:
+        return report
+    if abnormal and checkpoint.valid:
+        start_file = commit_log.files.find(checkpoint.data.min_dispatch_offset) or files[-1]
+        if checkpoint.data.min_dispatch_offset < files[0].file_from_offset:
+            start_file = files[0]
+        start = files.index(start_file)
+    elif abnormal:
+        start = 0
+    else:
+        start = max(0, len(files) - config.recover_normally_file_count)
+    verify = config.check_crc_on_recover
+    end = files[start].file_from_offset
+    for f in files[start:]:
+        pos, reason = scan_file(f, 0, verify)
+        report.scanned_bytes += pos
+        end = f.file_from_offset + pos
+        if reason == "blank":
+            end = f.file_from_offset + f.file_size
+            continue
+        if reason not in ("", "zeros"):
+            report.truncated_at = end
+            report.reason = reason
+            log.warning(
+                "recovery: commit log %s is damaged at byte %d (%s); truncating the log there (global offset %d)",
+                f.path,
+                pos,
+                reason,
+                end,
+            )
+        elif any(g.file_from_offset > f.file_from_offset for g in files):
+            later = [os.path.basename(g.path) for g in files if g.file_from_offset > f.file_from_offset]
+            nonempty = [g for g in files if g.file_from_offset > f.file_from_offset and g.mm[:8] != bytes(8)]
+            if nonempty:
+                report.truncated_at = end
+                report.reason = f"data in later files {later} after the end of {os.path.basename(f.path)}"
+                log.warning("recovery: commit log %s ends at byte %d but later files hold data; deleting %s",
+                            f.path, pos, later)  # fmt: skip
+        break
+    commit_log.files.truncate(end)
+    report.commit_log_end = end
+    last_ts = 0
+    last = commit_log.files.last()
+    if last is not None and end > commit_log.files.min_offset:
+        last_ts = _last_store_timestamp(commit_log, end)
+    commit_log.last_store_timestamp = last_ts
+    return report
+
+
+def _last_store_timestamp(commit_log: CommitLog, end: int) -> int:
+    """Store timestamp of the last entry before ``end`` (found by scanning its file; 0 if none)."""
+    for f in reversed(commit_log.files.files):
+        if f.file_from_offset >= end:
+            continue
+        run = scan(f.mm, 0, min(end - f.file_from_offset, f.file_size), verify_crc=False)
+        if len(run):
+            return int(run.store_timestamps[-1])
+    return 0
+
+
+def load_consume_queues(queues: ConsumeQueueTable, commit_log: CommitLog) -> None:
+    root = queues.root
+    os.makedirs(root, exist_ok=True)
+    for topic in sorted(os.listdir(root)):
+        tdir = os.path.join(root, topic)
+        if not (os.path.isdir(tdir) and TOPIC_PATTERN.match(topic)):
+            continue
+        for q in sorted(os.listdir(tdir)):
+            if not q.isdigit():
+                continue
+            cq = queues.find_or_create(topic, int(q))
+            cq.load(commit_log.min_offset, commit_log.max_offset)
+
+
+def recover(
+    config: StoreConfig,
+    commit_log: CommitLog,
+    queues: ConsumeQueueTable,
+    index: IndexService | None,
+    dispatcher: Dispatcher,
+    checkpoint: Checkpoint,
+    abnormal: bool,
+) -> RecoveryReport:
+    commit_log.files.load()
+    report = recover_commit_log(config, commit_log, checkpoint, abnormal)
+    end = report.commit_log_end
+    load_consume_queues(queues, commit_log)
+    start = checkpoint.data.min_dispatch_offset if checkpoint.valid else commit_log.min_offset
+    if index is not None:
+        index.load()
+        cut = end if not abnormal else min(end, checkpoint.data.index_offset if checkpoint.valid else 0)
+        rebuild = index.drop_from(cut) if report.truncated_at >= 0 or abnormal else -1
+        if rebuild >= 0:
+            start = min(start, rebuild)
+    start = max(commit_log.min_offset, min(start, end))
+    dispatcher.dispatched_offset = start
+    report.redispatched_from = start
+    report.redispatched_entries = dispatcher.dispatch_available(notify=False)
+    table: dict[tuple[str, int], int] = {}
+    for key, cq in queues.queues.items():
+        table[key] = cq.max_offset
+    commit_log.queue_table = table
+    log.info(
+        "recovery (%s) done: commit log ends at %d, re-dispatched %d entries from %d, %d queues",
+        "abnormal" if abnormal else "normal",
+        end,
+        report.redispatched_entries,
+        start,
+        len(table),
+    )
+    return report
