@@ -69,7 +69,10 @@ def scan_batch(buffer: bytes, count: int) -> dict[tuple[bytes, int], int]:
     unpack_prefix, unpack_i32 = PREFIX.unpack_from, I32.unpack_from
     while pos < end:
         if pos + BODY_START + 1 > end:
-            raise MessageIllegalError(f"SendBatch entry {n} at byte {pos} is truncated: fewer bytes than a header")
+            raise MessageIllegalError(
+                f"SendBatch entry {n} at byte {pos} is truncated: fewer bytes than an entry header; "
+                "encode messages with broker.store.message.encode_entry"
+            )
         total, magic = unpack_prefix(buffer, pos)
         body_len = unpack_i32(buffer, pos + POS_BODY_LENGTH)[0]
         topic_at = pos + BODY_START + body_len

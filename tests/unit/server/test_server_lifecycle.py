@@ -1,0 +1,96 @@
+"""Restarts keep offsets, topics and messages; SIGTERM shuts down cleanly; metrics are served."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from broker.client import Admin, Message, Producer, PullConsumer
+from broker.server.broker_controller import BrokerController
+from broker.server.process import BrokerProcess
+
+BrokerFactory = Callable[..., BrokerController]
+
+
+def test_offsets_topics_and_messages_survive_restart(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    store = tmp_path / "restart"
+    first = broker_factory(store)
+    ep = f"127.0.0.1:{first.port}"
+    with Producer(ep) as p, PullConsumer(ep, "g1") as c, Admin(ep) as admin:
+        admin.create_topic("Four", 4)
+        p.send_batch([Message("Four", f"{i}".encode()) for i in range(12)], queue_id=2)
+        c.commit_offsets({("Four", 2): 7, ("Four", 0): 0})
+    assert first.store is not None and first.store.check() == []
+    first.shutdown()
+    assert not (store / "abort").exists()
+    saved = json.loads((store / "config" / "consumerOffset.json").read_text())
+    assert saved["offsetTable"]["Four@g1"] == {"0": 0, "2": 7}
+
+    second = broker_factory(store)
+    ep = f"127.0.0.1:{second.port}"
+    with PullConsumer(ep, "g1") as c, Admin(ep) as admin:
+        assert c.committed_offsets("Four") == {0: 0, 2: 7}
+        assert {t.topic: t.read_queue_nums for t in admin.list_topics()}["Four"] == 4
+        r = c.pull("Four", 2, 7, max_msgs=100)
+        assert [m.body for m in r.messages] == [b"7", b"8", b"9", b"10", b"11"]
+        lag = {x.queue_id: x.lag for x in admin.consumer_lag("g1", "Four")}
+        assert lag[2] == 5
+
+
+def test_offsets_persisted_periodically_without_shutdown(broker_factory: BrokerFactory) -> None:
+    b = broker_factory(consumer_offset_persist_interval_ms=100)
+    ep = f"127.0.0.1:{b.port}"
+    with Producer(ep) as p, PullConsumer(ep, "gp") as c:
+        p.send(Message("P", b"x"), queue_id=0)
+        c.commit_offsets({("P", 0): 1})
+    path = b.config.config_dir / "consumerOffset.json"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not (path.exists() and "P@gp" in path.read_text()):
+        time.sleep(0.05)
+    assert json.loads(path.read_text())["offsetTable"]["P@gp"] == {"0": 1}
+
+
+def test_sigterm_is_a_clean_shutdown(tmp_path: Path) -> None:
+    store = tmp_path / "proc"
+    broker = BrokerProcess(store, metrics_port=0).start()
+    try:
+        with Producer(broker.endpoint) as p:
+            p.send(Message("Term", b"bye"), queue_id=0)
+        assert (store / "abort").exists()
+        assert broker.stop() == 0
+    finally:
+        if broker.proc and broker.proc.poll() is None:
+            broker.kill()
+    assert not (store / "abort").exists()
+    assert (store / "config" / "topics.json").exists()
+
+
+def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
+    b = broker_factory(metrics_port=0)
+    ep = f"127.0.0.1:{b.port}"
+    with Producer(ep) as p, PullConsumer(ep, "mg") as c:
+        p.send_batch([Message("M", b"x" * 10) for _ in range(5)], queue_id=1)
+        c.pull("M", 1, 0)
+        c.pull("M", 1, 5, timeout_ms=50)
+        c.commit_offsets({("M", 1): 2})
+    with urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "sluice_put_messages_total 5" in text
+    assert "sluice_get_messages_total 5" in text
+    assert 'sluice_queue_max_offset{topic="M",queue="1"} 5' in text
+    assert 'sluice_group_lag{group="mg",topic="M"} 3' in text
+    assert "sluice_long_poll_wait_seconds_count 1" in text
+    assert "sluice_put_latency_seconds_count 1" in text
+    assert "sluice_store_disk" in text
+
+
+def test_python_dash_m_broker_shows_every_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "broker", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for command in ("broker", "topic", "send", "consume", "query", "group", "stats"):
+        assert command in out.stdout

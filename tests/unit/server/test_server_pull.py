@@ -1,0 +1,89 @@
+"""Every pull status, offset correction, tag filtering, long polling, and commit offsets carried by pulls."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
+from broker.client.results import PullResult
+from broker.server.broker_controller import BrokerController
+
+
+def fill(endpoint: str, topic: str, n: int, queue_id: int = 0, tags: str | None = None) -> None:
+    with Producer(endpoint) as p:
+        p.send_batch([Message(topic, f"m{i}".encode(), tags=tags) for i in range(n)], queue_id=queue_id)
+
+
+def test_every_pull_status(broker: BrokerController, endpoint: str) -> None:
+    with Admin(endpoint) as admin:
+        admin.create_topic("S", 2)
+    fill(endpoint, "S", 10)
+    with PullConsumer(endpoint, "g") as c:
+        r = c.pull("S", 0, 0, max_msgs=4)
+        assert (r.status, len(r.messages), r.next_begin_offset, r.min_offset, r.max_offset) == (
+            PullStatus.FOUND, 4, 4, 0, 10)  # fmt: skip
+        r = c.pull("S", 0, 10)  # at the end: nothing new
+        assert (r.status, r.next_begin_offset, r.max_offset) == (PullStatus.NO_NEW_MSG, 10, 10)
+        r = c.pull("S", 1, 0)  # empty queue at offset 0
+        assert (r.status, r.next_begin_offset) == (PullStatus.NO_NEW_MSG, 0)
+        r = c.pull("S", 1, 5)  # empty queue, offset beyond it
+        assert (r.status, r.next_begin_offset) == (PullStatus.OFFSET_ILLEGAL, 0)
+        r = c.pull("S", 0, 1_000_000)  # far past the end: corrected to max, never rewound to 0
+        assert (r.status, r.next_begin_offset) == (PullStatus.OFFSET_ILLEGAL, 10)
+        r = c.pull("S", 0, 11)
+        assert (r.status, r.next_begin_offset) == (PullStatus.OFFSET_ILLEGAL, 10)
+
+
+def test_tag_filter_hash_on_broker_exact_in_client(broker: BrokerController, endpoint: str) -> None:
+    fill(endpoint, "Tags", 5, tags="TagB")
+    fill(endpoint, "Tags", 3, tags="TagA")
+    with PullConsumer(endpoint, "g") as c:
+        r = c.pull("Tags", 0, 0, max_msgs=5, tags="TagA || TagC")
+        assert r.status is PullStatus.NO_MATCHED_MSG and r.next_begin_offset == 5 and r.messages == []
+        r = c.pull("Tags", 0, r.next_begin_offset, tags="TagA || TagC")
+        assert r.status is PullStatus.FOUND and [m.tags for m in r.messages] == ["TagA"] * 3
+        r = c.pull("Tags", 0, 0, max_msgs=100, tags="*")
+        assert len(r.messages) == 8
+
+
+def test_long_poll_wakes_on_arrival_and_not_before(broker: BrokerController, endpoint: str) -> None:
+    fill(endpoint, "LP", 2)
+    results: list[tuple[float, PullResult]] = []
+    with PullConsumer(endpoint, "g") as c:
+
+        def held_pull() -> None:
+            started = time.monotonic()
+            r = c.pull("LP", 0, 2, timeout_ms=10_000)
+            results.append((time.monotonic() - started, r))
+
+        t = threading.Thread(target=held_pull)
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive() and not results, "a held pull answered before any message arrived"
+        sent_at = time.monotonic()
+        fill(endpoint, "LP", 1)
+        t.join(5)
+        woke_after = time.monotonic() - sent_at
+    waited, r = results[0]
+    assert r.status is PullStatus.FOUND and [m.body for m in r.messages] == [b"m0"]
+    assert waited >= 0.5 and woke_after < 1.0, (waited, woke_after)
+
+
+def test_long_poll_times_out_with_no_new_msg(broker: BrokerController, endpoint: str) -> None:
+    fill(endpoint, "LPT", 1)
+    with PullConsumer(endpoint, "g") as c:
+        started = time.monotonic()
+        r = c.pull("LPT", 0, 1, timeout_ms=300)
+        waited = time.monotonic() - started
+    assert r.status is PullStatus.NO_NEW_MSG and 0.25 < waited < 3
+
+
+def test_pull_carries_commit_offset(broker: BrokerController, endpoint: str) -> None:
+    fill(endpoint, "C", 5)
+    with PullConsumer(endpoint, "cg") as c:
+        assert c.committed_offsets("C") == {}
+        c.pull("C", 0, 3, commit_offset=3)
+        assert c.committed_offsets("C") == {0: 3}
+        c.commit_offsets({("C", 0): 5, ("C", 1): 0})
+        assert c.committed_offsets("C") == {0: 5, 1: 0}
