@@ -107,8 +107,9 @@ def _layout(buf: pa.Buffer, raw: np.ndarray, pos: np.ndarray, topic_len: int) ->
     total = header["total_size"].astype(np.int64)
     body_len = header["body_length"].astype(np.int64)
     end = pos + total
-    bad = (header["magic"] != MESSAGE_MAGIC) | (body_len < 0) | (end > len(raw))
-    _raise_first(bad | (pos + BODY_START + body_len + 3 > end), pos, "bad magic or a body that does not fit the entry")
+    _raise_first(header["magic"] != MESSAGE_MAGIC, pos, f"bad magic, expected {MESSAGE_MAGIC & 0xFFFFFFFF:#x}")
+    _raise_first(end > len(raw), pos, f"TOTALSIZE runs past the end of the {len(raw)}-byte response")
+    _raise_first((body_len < 0) | (pos + BODY_START + body_len + 3 > end), pos, "body length does not fit the entry")
     body_start = pos + BODY_START
     body_end = body_start + body_len
     tlen = raw[body_end].astype(np.int64)

@@ -1,0 +1,48 @@
+"""Shared fixtures for the connector tests: one local SparkSession and one broker subprocess per test session.
+
+Spark's Python workers must be this interpreter (they import ``connector``), so PYSPARK_PYTHON is set before the
+session starts. Parallelism is kept low (local[2], 2 shuffle partitions): the machine is shared.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+from connector_helpers import start_broker
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc = start_broker(tmp_path_factory.mktemp("connector-broker") / "store")
+    yield proc.endpoint
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    from connector import register
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sluice-connector-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()

@@ -1,0 +1,123 @@
+"""Option validation (every bad value names its option) and the pure planning arithmetic."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from connector.errors import SourceOptionError
+from connector.offsets import SourceOffset
+from connector.options import parse_options
+from connector.planning import QueueRange, share_budget, split_ranges
+
+BASE = {"endpoints": "127.0.0.1:10911", "topic": "orders"}
+
+
+def stream(**extra: str) -> object:
+    return parse_options({**BASE, **extra}, streaming=True)
+
+
+def test_defaults() -> None:
+    o = parse_options(BASE, streaming=True)
+    assert o.starting.mode == "latest" and o.fail_on_data_loss and o.tag_set is None and not o.include_properties
+    assert parse_options({**BASE, "consumerGroup": "g"}, streaming=True).starting.mode == "committed"
+    assert parse_options(BASE, streaming=False).starting.mode == "earliest"
+
+
+def test_option_names_are_case_insensitive_and_values_parsed() -> None:
+    o = parse_options(
+        {**BASE, "MAXOFFSETSPERTRIGGER": "10", "maxBytesPerTrigger": "64m", "maxTriggerDelay": "30s",
+         "tags": "A||B", "startingOffsets": '{"orders": {"broker-a:0": -2, "broker-a:1": 5}}'},
+        streaming=True,
+    )  # fmt: skip
+    assert o.max_messages_per_trigger == 10 and o.max_bytes_per_trigger == 64 << 20
+    assert o.max_trigger_delay_ms == 30_000 and o.tag_set == {"A", "B"} and o.tag_expression == "A || B"
+    assert o.starting.offsets == {"orders": {"broker-a:0": -2, "broker-a:1": 5}}
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"endpoints": None}, "endpoints"),
+        ({"endpoints": "localhost"}, "endpoints"),
+        ({"topics": "a,b"}, "topic"),
+        ({"topic": "bad topic!"}, "topic"),
+        ({"topic": None, "topicPattern": "("}, "topicPattern"),
+        ({"consumerGroup": "bad group"}, "consumerGroup"),
+        ({"startingOffsets": "committed"}, "consumerGroup"),
+        ({"startingOffsets": "nonsense"}, "startingOffsets"),
+        ({"startingOffsets": '{"orders": {"broker-a:x": 1}}'}, "startingOffsets"),
+        ({"startingOffsets": '{"orders": {"broker-a:0": -3}}'}, "startingOffsets"),
+        ({"startingTimestamp": "yesterday"}, "startingTimestamp"),
+        ({"startingTimestamp": "1", "startingOffsets": "earliest"}, "startingTimestamp"),
+        ({"startingOffsetsFallback": "middle"}, "startingOffsetsFallback"),
+        ({"startingOffsetsByTimestampStrategy": "guess"}, "startingOffsetsByTimestampStrategy"),
+        ({"endingOffsets": "latest"}, "endingOffsets"),
+        ({"failOnDataLoss": "yes"}, "failOnDataLoss"),
+        ({"maxMessagesPerTrigger": "0"}, "maxMessagesPerTrigger"),
+        ({"maxMessagesPerTrigger": "5", "maxOffsetsPerTrigger": "6"}, "maxOffsetsPerTrigger"),
+        ({"maxBytesPerTrigger": "lots"}, "maxBytesPerTrigger"),
+        ({"minMessagesPerTrigger": "-1"}, "minMessagesPerTrigger"),
+        ({"minMessagesPerTrigger": "10", "maxMessagesPerTrigger": "5"}, "minMessagesPerTrigger"),
+        ({"maxTriggerDelay": "soon"}, "maxTriggerDelay"),
+        ({"minPartitions": "x"}, "minPartitions"),
+        ({"maxMessagesPerPartition": "0"}, "maxMessagesPerPartition"),
+        ({"tags": "A || "}, "tags"),
+        ({"pullBatchSize": "1000000"}, "pullBatchSize"),
+        ({"pollTimeoutMs": "0"}, "pollTimeoutMs"),
+        ({"includeProperties": "1"}, "includeProperties"),
+        ({"brokerName": "a:b"}, "brokerName"),
+        ({"startingOffset": "earliest"}, "startingOffset"),  # a typo is an unknown option, not ignored
+    ],
+)
+def test_bad_options_fail_naming_the_option(options: dict[str, str | None], named: str) -> None:
+    merged = {k: v for k, v in {**BASE, **options}.items() if v is not None}
+    with pytest.raises(SourceOptionError) as err:
+        parse_options(merged, streaming=True)
+    assert named in str(err.value)
+
+
+def test_batch_only_and_stream_only_rules() -> None:
+    with pytest.raises(SourceOptionError, match="startingOffsets"):
+        parse_options({**BASE, "startingOffsets": "latest"}, streaming=False)
+    ending = parse_options({**BASE, "endingOffsets": '{"orders": {"broker-a:0": 3}}'}, streaming=False).ending
+    assert ending == {"orders": {"broker-a:0": 3}}
+
+
+def test_offset_json_round_trip_and_broker_check() -> None:
+    off = SourceOffset("broker-a", {("t", 1): 5, ("t", 0): 7, ("s", 3): 0})
+    data = off.to_json()
+    assert data == {"s": {"broker-a:3": 0}, "t": {"broker-a:0": 7, "broker-a:1": 5}}
+    assert SourceOffset.from_json("broker-a", data) == off
+    with pytest.raises(SourceOptionError, match="brokerName"):
+        SourceOffset.from_json("broker-b", data)
+
+
+def test_share_budget_is_proportional_and_exact() -> None:
+    start = {("t", 0): 0, ("t", 1): 0, ("t", 2): 10, ("t", 3): 5}
+    latest = {("t", 0): 40, ("t", 1): 40, ("t", 2): 30, ("t", 3): 5}
+    end = share_budget(start, latest, 25)
+    assert {k: end[k] - start[k] for k in end} == {("t", 0): 10, ("t", 1): 10, ("t", 2): 5, ("t", 3): 0}
+    for budget in range(1, 101):
+        end = share_budget(start, latest, budget)
+        assert sum(end[k] - start[k] for k in end) == budget
+        assert all(start[k] <= end[k] <= latest[k] for k in end)
+    assert share_budget(start, latest, 1000) == latest
+    # a queue not in start (new queue) counts from 0
+    assert share_budget({}, {("t", 0): 4}, 3) == {("t", 0): 3}
+
+
+def test_split_ranges_by_max_and_min_partitions() -> None:
+    ranges = [QueueRange("t", 0, 0, 100), QueueRange("t", 1, 50, 60), QueueRange("t", 2, 5, 5)]
+    assert split_ranges(ranges, None, None) == ranges[:2]
+    parts = split_ranges(ranges, None, 30)
+    assert [(p.queue_id, p.start, p.end) for p in parts] == [
+        (0, 0, 25), (0, 25, 50), (0, 50, 75), (0, 75, 100), (1, 50, 60),
+    ]  # fmt: skip
+    parts = split_ranges(ranges, 11, None)
+    assert len(parts) >= 10 and all(p.size > 0 for p in parts)
+    for qid, lo, hi in ((0, 0, 100), (1, 50, 60)):
+        mine = [p for p in parts if p.queue_id == qid]
+        assert mine[0].start == lo and mine[-1].end == hi
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
