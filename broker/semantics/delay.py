@@ -1,0 +1,315 @@
+"""Delay levels: RocketMQ's ``ScheduleMessageService``.
+
+A message sent with property ``DELAY`` = level (1..N) is not stored in its topic. ``rewrite_for_delay`` (or the
+``put_message`` wrapper) stores it in ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, with its real topic and queue
+in ``REAL_TOPIC`` / ``REAL_QID``; levels above the highest are clamped to it. One timer thread per level reads
+its queue in order (every message of a queue has the same delay and store timestamps never go back, so due times
+are ordered too) and, once ``store_timestamp + delay`` has passed, re-stores the message in its real topic: new
+msgId, same body, flag, keys, properties (minus ``DELAY``), born time/host and reconsume count. The next queue
+offset to deliver per level is kept in ``config/delayOffset.json`` (RocketMQ's file and shape), written atomically
+after every delivered batch. A crash between a delivery and the write delivers that batch again on restart:
+at-least-once, as in RocketMQ.
+
+Server wiring::
+
+    schedule = ScheduleMessageService(store, store_config.config_dir, levels="1s 5s ...")
+    schedule.start()                                   # after store.start(), before serving
+    topic, qid, props = schedule.rewrite_for_delay(topic, qid, props)   # before every single put
+    # or: schedule.put_message(topic, qid, body, props, **put_kwargs)
+    schedule.shutdown()                                # before store.shutdown()
+
+RocketMQ puts the due time into the consume-queue tag field of ``SCHEDULE_TOPIC_XXXX`` so its timer reads only the
+consume queue. Sluice's timer reads the messages themselves (their store timestamp gives the due time), which
+works with any dispatcher; see ``due_time_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from broker.errors import InvalidArgumentError, MessageIllegalError
+from broker.semantics.json_file import read_json, write_json_atomic
+from broker.semantics.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
+from broker.store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.store.message import Prop, StoredMessage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+DELAY_OFFSET_FILE = "delayOffset.json"
+# RocketMQ's timeUnitTable, plus "ms" (a Sluice extension, so that tests and demos need not wait whole seconds)
+UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+MAX_LEVELS = 64  # a thread per level: bound them
+DELIVER_BATCH = 32  # messages read per get: bounds the work between two progress writes
+IDLE_POLL_S = 0.5  # re-check an idle level this often even if no arrival was signalled
+RETRY_AFTER_FAILURE_S = 1.0  # after the store refused a re-store (disk full, shutting down)
+
+_LEVEL_TOKEN = re.compile(r"([1-9][0-9]*)(ms|s|m|h|d)\Z")
+
+
+class DelayLevels:
+    """The level table parsed from RocketMQ's ``messageDelayLevel`` string (``"1s 5s 10s ..."``)."""
+
+    def __init__(self, spec: str = DEFAULT_DELAY_LEVELS) -> None:
+        delays: list[int] = []
+        for token in spec.split():
+            m = _LEVEL_TOKEN.match(token)
+            if m is None:
+                raise InvalidArgumentError(
+                    f"delay level {token!r} in {spec!r}: write a positive integer and a unit ms, s, m, h or d (e.g. 5s)"
+                )
+            delays.append(int(m.group(1)) * UNIT_MS[m.group(2)])
+        if not 1 <= len(delays) <= MAX_LEVELS:
+            raise InvalidArgumentError(f"delay levels {spec!r}: give between 1 and {MAX_LEVELS} levels")
+        self.spec = spec
+        self.delays_ms = delays
+
+    @property
+    def max_level(self) -> int:
+        return len(self.delays_ms)
+
+    def delay_ms(self, level: int) -> int:
+        assert 1 <= level <= self.max_level, level
+        return self.delays_ms[level - 1]
+
+    def clamp(self, level: int) -> int:
+        return min(level, self.max_level)
+
+
+class DelayRewrite(NamedTuple):
+    topic: str
+    queue_id: int
+    properties: dict[str, str]
+
+
+def parse_delay_level(props: Mapping[str, str]) -> int:
+    """The DELAY property as an int (0 when absent); MessageIllegalError when it is not an integer."""
+    raw = props.get(Prop.DELAY)
+    if raw is None or raw == "":
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise MessageIllegalError(f"property DELAY={raw!r} is not an integer; give a delay level 1..18") from None
+
+
+def due_time_ms(store_timestamp_ms: int, delay_ms: int, now_ms: int) -> int:
+    """When a scheduled message is due; a due time further away than the delay itself (the clock went back
+    since it was stored) counts as due now, as RocketMQ's ``correctDeliverTimestamp`` does."""
+    due = store_timestamp_ms + delay_ms
+    return now_ms if due > now_ms + delay_ms else due
+
+
+def _host_tuple(host: str) -> tuple[str, int]:
+    ip, _, port = host.rpartition(":")
+    return (ip or "127.0.0.1", int(port) if port.isdigit() else 0)
+
+
+def restore_properties(msg: StoredMessage) -> dict[str, str]:
+    """Properties of the message re-stored in its real topic: all of them except DELAY (RocketMQ keeps
+    REAL_TOPIC/REAL_QID for tracing)."""
+    props = dict(msg.properties)
+    props.pop(Prop.DELAY, None)
+    return props
+
+
+class ScheduleMessageService:
+    """Delivers delayed messages when due. Thread-safe; one timer thread per level while started."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        config_dir: str,
+        levels: str | DelayLevels = DEFAULT_DELAY_LEVELS,
+    ) -> None:
+        self.store = store
+        self.levels = levels if isinstance(levels, DelayLevels) else DelayLevels(levels)
+        self.path = os.path.join(config_dir, DELAY_OFFSET_FILE)
+        self._lock = threading.Lock()
+        self._offsets: dict[int, int] = {}  # level -> next schedule-queue offset to deliver
+        self._extra: dict[str, Any] = {}  # levels present in the file but not configured now: kept as they were
+        self._wake = {level: threading.Event() for level in range(1, self.levels.max_level + 1)}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._delivered = 0
+        self._load()
+
+    # ------------------------------------------------------------------------------------------ send side
+
+    def rewrite_for_delay(self, topic: str, queue_id: int, properties: Mapping[str, str] | None) -> DelayRewrite:
+        """Where a message must be stored: unchanged without DELAY (or DELAY <= 0), else the schedule queue of its
+        (clamped) level with REAL_TOPIC / REAL_QID recorded. Call before the store put of a new message."""
+        props = dict(properties or {})
+        level = parse_delay_level(props)
+        if level <= 0:
+            return DelayRewrite(topic, queue_id, props)
+        level = self.levels.clamp(level)
+        props[Prop.DELAY] = str(level)
+        props[Prop.REAL_TOPIC] = topic
+        props[Prop.REAL_QID] = str(queue_id)
+        return DelayRewrite(SCHEDULE_TOPIC, level - 1, props)
+
+    def put_message(
+        self, topic: str, queue_id: int, body: bytes, properties: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> PutResult:
+        """``store.put_message`` after ``rewrite_for_delay``; keyword arguments go to the store unchanged."""
+        t, q, props = self.rewrite_for_delay(topic, queue_id, properties)
+        return self.store.put_message(t, q, body, props, **kwargs)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        assert not self._threads, "already started"
+        self._stop.clear()
+        self.store.add_arrival_listener(self._on_arrival)
+        for level in range(1, self.levels.max_level + 1):
+            t = threading.Thread(target=self._run_level, args=(level,), name=f"schedule-level-{level}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for ev in self._wake.values():
+            ev.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads.clear()
+        self.persist()
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def offsets(self) -> dict[int, int]:
+        """Next schedule-queue offset to deliver, per level."""
+        with self._lock:
+            return dict(self._offsets)
+
+    @property
+    def delivered_count(self) -> int:
+        return self._delivered
+
+    def _load(self) -> None:
+        data = read_json(self.path)
+        if data is None:
+            return
+        table = data.get("offsetTable", {}) if isinstance(data, dict) else None
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(f"{self.path}: expected {{'offsetTable': {{level: offset}}}}; fix or delete it")
+        for key, value in table.items():
+            level = int(key)
+            if 1 <= level <= self.levels.max_level:
+                self._offsets[level] = int(value)
+            else:
+                self._extra[str(key)] = value
+
+    def persist(self) -> None:
+        with self._lock:
+            table: dict[str, Any] = dict(self._extra)
+            table.update({str(level): off for level, off in sorted(self._offsets.items())})
+            write_json_atomic(self.path, {"offsetTable": table})
+
+    # ------------------------------------------------------------------------------------------ timers
+
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        if topic == SCHEDULE_TOPIC:
+            ev = self._wake.get(queue_id + 1)
+            if ev is not None:
+                ev.set()
+
+    def _run_level(self, level: int) -> None:
+        wake = self._wake[level]
+        while not self._stop.is_set():
+            try:
+                wait_s = self._deliver_due(level)
+            except Exception:
+                log.exception("schedule level %d: delivery failed; retrying in %.1f s", level, RETRY_AFTER_FAILURE_S)
+                wait_s = RETRY_AFTER_FAILURE_S
+            wake.wait(wait_s)
+            wake.clear()
+
+    def _deliver_due(self, level: int) -> float:
+        """Deliver every due message of one level; return how long to sleep before the next one is due."""
+        delay_ms = self.levels.delay_ms(level)
+        while not self._stop.is_set():
+            with self._lock:
+                start = self._offsets.get(level, 0)
+            offset = start
+            res = self.store.get_message(SCHEDULE_READER_GROUP, SCHEDULE_TOPIC, level - 1, offset, DELIVER_BATCH)
+            if res.status is not GetStatus.FOUND:
+                offset = self._corrected_offset(level, offset, res.status, res.next_begin_offset, res.max_offset)
+                if offset != start:
+                    self._advance(level, offset)
+                    continue
+                return IDLE_POLL_S
+            wait_s: float | None = None
+            for msg in res.messages():
+                now = int(time.time() * 1000)
+                due = due_time_ms(msg.store_timestamp, delay_ms, now)
+                if due > now:
+                    wait_s = (due - now) / 1000
+                    break
+                if not self._deliver(msg):
+                    wait_s = RETRY_AFTER_FAILURE_S
+                    break
+                offset = msg.queue_offset + 1
+            else:
+                offset = max(offset, res.next_begin_offset)
+            if offset != start:
+                self._advance(level, offset)
+            if wait_s is not None:
+                return wait_s
+        return 0.0
+
+    def _corrected_offset(self, level: int, offset: int, status: GetStatus, next_begin: int, max_offset: int) -> int:
+        if status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_FOUND_NULL, GetStatus.MESSAGE_WAS_REMOVING):
+            if next_begin != offset:
+                log.warning("schedule level %d: offset %d unreadable (%s); moving to %d", level, offset, status.name,
+                            next_begin)  # fmt: skip
+            return next_begin
+        if status is GetStatus.OFFSET_OVERFLOW_BADLY and offset > max_offset:
+            log.warning("schedule level %d: offset %d past the queue end %d; moving back", level, offset, max_offset)
+            return max_offset
+        return offset
+
+    def _advance(self, level: int, offset: int) -> None:
+        with self._lock:
+            self._offsets[level] = offset
+        self.persist()
+
+    def _deliver(self, msg: StoredMessage) -> bool:
+        """Re-store one due message in its real topic. False: retry later (the store refused for now)."""
+        real_topic = msg.properties.get(Prop.REAL_TOPIC)
+        real_qid = msg.properties.get(Prop.REAL_QID, "")
+        if not real_topic or not real_qid.isdigit():
+            log.error("scheduled message %s has no valid REAL_TOPIC/REAL_QID (%r, %r); skipped", msg.msg_id,
+                      real_topic, real_qid)  # fmt: skip
+            return True
+        try:
+            res = self.store.put_message(
+                real_topic,
+                int(real_qid),
+                msg.body,
+                restore_properties(msg),
+                flag=msg.flag,
+                sys_flag=msg.sys_flag,
+                born_timestamp=msg.born_timestamp,
+                born_host=_host_tuple(msg.born_host),
+                reconsume_times=msg.reconsume_times,
+                wait_store_ok=False,
+            )
+        except MessageIllegalError as e:
+            log.error("scheduled message %s cannot be re-stored in %s: %s; skipped", msg.msg_id, real_topic, e)
+            return True
+        if res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):  # stored either way
+            self._delivered += 1
+            return True
+        if res.status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
+            log.error("scheduled message %s refused by %s: %s; skipped", msg.msg_id, real_topic, res.error)
+            return True
+        log.warning("re-storing scheduled message %s: %s %s; will retry", msg.msg_id, res.status.name, res.error)
+        return False

@@ -1,0 +1,167 @@
+"""Subscription group settings: RocketMQ's ``SubscriptionGroupManager`` and ``config/subscriptionGroup.json``.
+
+The file has RocketMQ's shape (``{"subscriptionGroupTable": {group: {...}}, "dataVersion": {...}}``) with RocketMQ's
+field names, so a file from either broker reads the same. Every change is written at once, atomically.
+
+Server wiring::
+
+    groups = SubscriptionGroupManager(store_config.config_dir)       # loads the file
+    cfg = groups.find(group)            # None if unknown (auto_create=True makes it with defaults instead)
+    groups.update(SubscriptionGroupConfig(group, retry_max_times=3))
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from broker.errors import InvalidArgumentError, SubscriptionGroupNotExistError
+from broker.semantics.json_file import read_json, write_json_atomic
+
+SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
+MAX_GROUP_NAME_CHARS = 255  # RocketMQ's CHARACTER_MAX_LENGTH for group names
+MAX_RETRY_QUEUE_NUMS = 64  # retry queues per group; each is a consume queue on disk
+MAX_RETRY_MAX_TIMES = 100  # more would exceed the delay levels by far; RocketMQ's default is 16
+
+# snake_case field -> RocketMQ's JSON name
+_JSON_NAMES = {
+    "group_name": "groupName",
+    "consume_enable": "consumeEnable",
+    "consume_from_min_enable": "consumeFromMinEnable",
+    "consume_broadcast_enable": "consumeBroadcastEnable",
+    "retry_queue_nums": "retryQueueNums",
+    "retry_max_times": "retryMaxTimes",
+    "broker_id": "brokerId",
+    "which_broker_when_consume_slowly": "whichBrokerWhenConsumeSlowly",
+    "notify_consumer_ids_changed_enable": "notifyConsumerIdsChangedEnable",
+}
+
+
+@dataclass(frozen=True)
+class SubscriptionGroupConfig:
+    group_name: str
+    consume_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_queue_nums: int = 1
+    retry_max_times: int = 16
+    broker_id: int = 0
+    which_broker_when_consume_slowly: int = 1
+    notify_consumer_ids_changed_enable: bool = True
+
+    def validate(self) -> None:
+        if not self.group_name or len(self.group_name) > MAX_GROUP_NAME_CHARS:
+            raise InvalidArgumentError(f"group name {self.group_name[:40]!r}: give 1..{MAX_GROUP_NAME_CHARS} chars")
+        if not 1 <= self.retry_queue_nums <= MAX_RETRY_QUEUE_NUMS:
+            raise InvalidArgumentError(
+                f"retryQueueNums={self.retry_queue_nums} for group {self.group_name}: use 1..{MAX_RETRY_QUEUE_NUMS}"
+            )
+        if not 0 <= self.retry_max_times <= MAX_RETRY_MAX_TIMES:
+            raise InvalidArgumentError(
+                f"retryMaxTimes={self.retry_max_times} for group {self.group_name}: use 0..{MAX_RETRY_MAX_TIMES}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {_JSON_NAMES[k]: v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SubscriptionGroupConfig:
+        known = {f.name for f in fields(cls)}
+        by_json = {v: k for k, v in _JSON_NAMES.items() if k in known}
+        kwargs = {by_json[k]: v for k, v in data.items() if k in by_json}
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+
+class SubscriptionGroupManager:
+    """Thread-safe table of group settings, persisted on every change."""
+
+    def __init__(self, config_dir: str, *, auto_create: bool = True) -> None:
+        self.path = os.path.join(config_dir, SUBSCRIPTION_GROUP_FILE)
+        self.auto_create = auto_create  # RocketMQ's autoCreateSubscriptionGroup (default true)
+        self._lock = threading.Lock()
+        self._table: dict[str, SubscriptionGroupConfig] = {}
+        self._data_version = {"counter": 0, "timestamp": 0}
+        self._load()
+
+    def _load(self) -> None:
+        data = read_json(self.path)
+        if data is None:
+            return
+        table = data.get("subscriptionGroupTable") if isinstance(data, dict) else None
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(f"{self.path}: no 'subscriptionGroupTable' object; fix or delete the file")
+        for name, raw in table.items():
+            cfg = SubscriptionGroupConfig.from_json({**raw, "groupName": raw.get("groupName", name)})
+            self._table[cfg.group_name] = cfg
+        version = data.get("dataVersion")
+        if isinstance(version, dict):
+            self._data_version = {
+                "counter": int(version.get("counter", 0)),
+                "timestamp": int(version.get("timestamp", 0)),
+            }
+
+    def _persist_locked(self) -> None:
+        self._data_version = {"counter": self._data_version["counter"] + 1, "timestamp": int(time.time() * 1000)}
+        write_json_atomic(
+            self.path,
+            {
+                "subscriptionGroupTable": {name: cfg.to_json() for name, cfg in sorted(self._table.items())},
+                "dataVersion": self._data_version,
+            },
+        )
+
+    def find(self, group: str) -> SubscriptionGroupConfig | None:
+        """The group's settings; created with defaults (and persisted) when unknown and auto_create is on."""
+        with self._lock:
+            cfg = self._table.get(group)
+            if cfg is None and self.auto_create:
+                cfg = SubscriptionGroupConfig(group)
+                cfg.validate()
+                self._table[group] = cfg
+                self._persist_locked()
+            return cfg
+
+    def get(self, group: str) -> SubscriptionGroupConfig:
+        """Like ``find`` but SubscriptionGroupNotExistError when the group is unknown and not auto-created."""
+        cfg = self.find(group)
+        if cfg is None:
+            raise SubscriptionGroupNotExistError(
+                f"subscription group {group!r} does not exist; create it first (auto-creation is off)"
+            )
+        return cfg
+
+    def update(self, cfg: SubscriptionGroupConfig) -> None:
+        cfg.validate()
+        with self._lock:
+            self._table[cfg.group_name] = cfg
+            self._persist_locked()
+
+    def update_fields(self, group: str, **changes: Any) -> SubscriptionGroupConfig:
+        """Change some settings of a group (created with defaults first if unknown)."""
+        with self._lock:
+            cfg = replace(self._table.get(group) or SubscriptionGroupConfig(group), **changes)
+            cfg.validate()
+            self._table[group] = cfg
+            self._persist_locked()
+            return cfg
+
+    def delete(self, group: str) -> bool:
+        with self._lock:
+            if self._table.pop(group, None) is None:
+                return False
+            self._persist_locked()
+            return True
+
+    def groups(self) -> list[SubscriptionGroupConfig]:
+        with self._lock:
+            return [self._table[name] for name in sorted(self._table)]
+
+    @property
+    def data_version(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._data_version)

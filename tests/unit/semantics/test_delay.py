@@ -1,0 +1,132 @@
+"""Delay levels on a real store: rewriting onto SCHEDULE_TOPIC_XXXX, delivery when due, restart, progress file."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from broker.errors import InvalidArgumentError, MessageIllegalError
+from broker.semantics.delay import DEFAULT_DELAY_LEVELS, DelayLevels, ScheduleMessageService, due_time_ms
+from broker.semantics.system_topics import SCHEDULE_TOPIC
+from broker.store.message import Prop
+
+if TYPE_CHECKING:
+    from conftest import StoreBox
+
+FAST_LEVELS = "300ms 600ms 900ms"
+LATE_TOLERANCE_MS = 1000
+
+
+def test_level_table_parsing() -> None:
+    levels = DelayLevels(DEFAULT_DELAY_LEVELS)
+    assert levels.max_level == 18
+    assert levels.delay_ms(1) == 1000 and levels.delay_ms(5) == 60_000 and levels.delay_ms(18) == 7_200_000
+    assert levels.clamp(40) == 18
+    assert DelayLevels("250ms 1d").delays_ms == [250, 86_400_000]
+    for bad in ("", "5", "5x", "0s", "-1s", "1.5s"):
+        with pytest.raises(InvalidArgumentError):
+            DelayLevels(bad)
+
+
+def test_due_time_corrects_a_clock_that_went_back() -> None:
+    assert due_time_ms(1000, 500, now_ms=1200) == 1500
+    assert due_time_ms(10_000, 500, now_ms=1200) == 1200  # stored "in the future": deliver now
+
+
+def test_rewrite_for_delay(box: StoreBox) -> None:
+    sched = ScheduleMessageService(box.s, os.path.join(box.path, "config"))
+    assert sched.rewrite_for_delay("T", 3, {"a": "b"}) == ("T", 3, {"a": "b"})
+    assert sched.rewrite_for_delay("T", 3, {Prop.DELAY: "0"}).topic == "T"
+    topic, qid, props = sched.rewrite_for_delay("T", 3, {Prop.DELAY: "2", "a": "b"})
+    assert (topic, qid) == (SCHEDULE_TOPIC, 1)
+    assert props == {Prop.DELAY: "2", "a": "b", Prop.REAL_TOPIC: "T", Prop.REAL_QID: "3"}
+    topic, qid, props = sched.rewrite_for_delay("T", 0, {Prop.DELAY: "99"})
+    assert (qid, props[Prop.DELAY]) == (17, "18")  # clamped to the highest level
+    with pytest.raises(MessageIllegalError, match="DELAY"):
+        sched.rewrite_for_delay("T", 0, {Prop.DELAY: "soon"})
+
+
+def test_messages_are_delivered_when_due_not_before(box: StoreBox) -> None:
+    sched = ScheduleMessageService(box.s, os.path.join(box.path, "config"), FAST_LEVELS)
+    sched.start()
+    try:
+        sent = {}
+        for i, level in enumerate([1, 2, 3, 1, 7]):  # 7 is clamped to 3
+            props = {Prop.DELAY: str(level), Prop.KEYS: f"k{i}", Prop.TAGS: "TagA", "n": str(i)}
+            res = sched.put_message("Orders", i % 2, f"body-{i}".encode(), props, reconsume_times=2)
+            assert res.ok
+            sent[str(i)] = (res.store_timestamp, min(level, 3), res.msg_ids[0])
+        assert box.s.max_offset("Orders", 0) == 0  # nothing visible yet
+        box.wait_for(lambda: len(box.read_topic("Orders")) == 5, 5, "5 delayed messages")
+        got = box.read_topic("Orders")
+    finally:
+        sched.shutdown()
+    for m in got:
+        stored_at, level, old_id = sent[m.properties["n"]]
+        delay_ms = [300, 600, 900][level - 1]
+        assert m.store_timestamp >= stored_at + delay_ms, (m.properties, m.store_timestamp - stored_at)
+        assert m.store_timestamp <= stored_at + delay_ms + LATE_TOLERANCE_MS
+        assert m.body == f"body-{m.properties['n']}".encode()
+        assert m.keys == [f"k{m.properties['n']}"] and m.tags == "TagA"
+        assert Prop.DELAY not in m.properties
+        assert m.properties[Prop.REAL_TOPIC] == "Orders"
+        assert m.queue_id == int(m.properties["n"]) % 2
+        assert m.reconsume_times == 2
+        assert m.msg_id != old_id
+    assert sched.delivered_count == 5
+    with open(os.path.join(box.path, "config", "delayOffset.json")) as f:
+        table = json.load(f)["offsetTable"]
+    assert table == {"1": 2, "2": 1, "3": 2}
+
+
+def test_pending_delay_survives_restart_and_is_delivered_once(box: StoreBox) -> None:
+    config_dir = os.path.join(box.path, "config")
+    sched = ScheduleMessageService(box.s, config_dir, FAST_LEVELS)
+    sched.start()
+    assert sched.put_message("T", 0, b"early", {Prop.DELAY: "1"}).ok
+    box.wait_for(lambda: len(box.read_topic("T")) == 1, 5, "first delivery")
+    res = sched.put_message("T", 0, b"late", {Prop.DELAY: "3"})
+    sched.shutdown()
+    box.crash()  # the broker dies while the message waits
+    time.sleep(1.0)  # it becomes due while the broker is down
+    box.open()
+    sched = ScheduleMessageService(box.s, config_dir, FAST_LEVELS)
+    assert sched.offsets() == {1: 1}
+    sched.start()
+    try:
+        box.wait_for(lambda: len(box.read_topic("T")) == 2, 5, "delivery after restart")
+        time.sleep(0.3)  # would a second copy come?
+        bodies = [m.body for m in box.read_topic("T")]
+    finally:
+        sched.shutdown()
+    assert bodies == [b"early", b"late"]
+    assert box.read_topic("T")[1].store_timestamp >= res.store_timestamp + 900
+
+
+def test_unknown_levels_in_the_file_are_kept(box: StoreBox) -> None:
+    config_dir = os.path.join(box.path, "config")
+    os.makedirs(config_dir, exist_ok=True)
+    with open(os.path.join(config_dir, "delayOffset.json"), "w") as f:
+        json.dump({"offsetTable": {"1": 0, "17": 5}}, f)
+    sched = ScheduleMessageService(box.s, config_dir, FAST_LEVELS)
+    sched.persist()
+    with open(os.path.join(config_dir, "delayOffset.json")) as f:
+        assert json.load(f)["offsetTable"] == {"1": 0, "17": 5}
+
+
+def test_bad_real_topic_is_skipped_not_stuck(box: StoreBox) -> None:
+    # A hand-made schedule entry whose REAL_TOPIC is invalid must not block the level forever.
+    props = {Prop.DELAY: "1", Prop.REAL_TOPIC: "bad topic!", Prop.REAL_QID: "0"}
+    assert box.s.put_message(SCHEDULE_TOPIC, 0, b"x", props).ok
+    sched = ScheduleMessageService(box.s, os.path.join(box.path, "config"), FAST_LEVELS)
+    sched.start()
+    try:
+        assert sched.put_message("T", 0, b"good", {Prop.DELAY: "1"}).ok
+        box.wait_for(lambda: len(box.read_topic("T")) == 1, 5, "the good message")
+    finally:
+        sched.shutdown()
+    assert sched.offsets()[1] == 2
