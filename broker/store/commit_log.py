@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from broker.errors import BrokerError
 from broker.store.batch import ValidatedBatch, assign_queue_offsets
@@ -35,8 +36,7 @@ from broker.store.message import (
 
 _QUEUE_AND_PHYS = struct.Struct(">qq")  # QUEUEOFFSET then PHYSICALOFFSET: adjacent in the entry header
 assert POS_QUEUE_OFFSET + 8 == 28
-_AR8 = np.arange(8, dtype=np.int64)
-_AR16 = np.arange(16, dtype=np.int64)
+assert POS_STORE_TIMESTAMP + 8 == POS_STORE_HOST  # STORETIMESTAMP then STOREHOST: adjacent too
 
 
 def now_ms() -> int:
@@ -106,15 +106,18 @@ class CommitLog:
         return phys, qoff, ts
 
     def append_batch(self, batch: ValidatedBatch) -> tuple[np.ndarray, np.ndarray, int]:
-        """Patch and append a validated batch with one write; return (physical offsets, queue offsets, timestamp)."""
+        """Patch and append a validated batch with one write; return (physical offsets, queue offsets, timestamp).
+
+        The store fields come in two adjacent 16-byte pairs (QUEUEOFFSET+PHYSICALOFFSET, STORETIMESTAMP+STOREHOST),
+        so patching is two row-wise numpy assignments through a strided view of the buffer.
+        """
         data = batch.data
         run = batch.run
-        arr = np.frombuffer(data, np.uint8)
-        host_idx = (run.positions + POS_STORE_HOST)[:, None] + _AR8
-        arr[host_idx] = np.frombuffer(self.store_host_bytes, np.uint8)  # constant: patched outside the lock
-        qp_idx = (run.positions + POS_QUEUE_OFFSET)[:, None] + _AR16
-        ts_idx = (run.positions + POS_STORE_TIMESTAMP)[:, None] + _AR8
-        qp = np.empty(run.positions.size, dtype=[("q", ">i8"), ("p", ">i8")])
+        n = run.positions.size
+        rows = as_strided(np.frombuffer(data, np.uint8), shape=(len(data) - 15, 16), strides=(1, 1))
+        qp = np.empty(n, dtype=[("q", ">i8"), ("p", ">i8")])
+        th = np.empty(n, dtype=[("t", ">i8"), ("h", "S8")])
+        th["h"] = self.store_host_bytes
         with self.append_lock:
             f = self._file_with_room(len(data))
             base = f.file_from_offset + f.wrote_position
@@ -124,13 +127,14 @@ class CommitLog:
             phys = run.positions + base
             qp["q"] = qoffs
             qp["p"] = phys
-            arr[qp_idx] = qp.view(np.uint8).reshape(-1, 16)
-            arr[ts_idx] = np.frombuffer(I64.pack(ts), np.uint8)
+            th["t"] = ts
+            rows[run.positions + POS_QUEUE_OFFSET] = qp.view(np.uint8).reshape(n, 16)
+            rows[run.positions + POS_STORE_TIMESTAMP] = th.view(np.uint8).reshape(n, 16)
             f.append(data)
             for k, start, c in zip(batch.keys, starts, counts.tolist(), strict=True):
                 if c:
                     self.queue_table[k] = start + c
-        del arr
+        del rows
         return phys, qoffs, ts
 
     # ------------------------------------------------------------------------------------------------ reads

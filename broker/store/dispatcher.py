@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from broker.store.batch import Buffer, EntryRun, scan
+from broker.store.batch import Buffer, EntryRun, queue_keys, scan
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, ConsumeQueue
 from broker.store.index_file import IndexService
@@ -95,7 +95,7 @@ class Dispatcher:
         self.dispatched_offset = 0
         self.last_dispatched_timestamp = 0
         self.listeners: list[ArrivalListener] = []
-        self._topic_names: dict[bytes, str] = {}
+        self._topic_names: dict[bytes, str] = {}  # decoded once: topics repeat endlessly
         self.lock = threading.Lock()  # one dispatch pass at a time (thread, recovery, check)
 
     # ------------------------------------------------------------------------------------------------ passes
@@ -145,49 +145,54 @@ class Dispatcher:
         return len(run)
 
     def _dispatch_run(self, run: EntryRun, buf: Buffer, base: int, notify: bool) -> None:
+        key_ids, raw_keys = queue_keys(buf, run)
         names = self._topic_names
-        raw_topics = run.topics(buf)
-        topics = [names.get(t) or names.setdefault(t, t.decode("ascii", "replace")) for t in raw_topics]
+        keys = [(names.get(t) or names.setdefault(t, t.decode("ascii", "replace")), q) for t, q in raw_keys]
         n = len(run)
         tags = np.zeros(n, np.int64)
         with_props = np.flatnonzero(run.props_lengths > 0)
         props: dict[int, bytes] = {}
         if with_props.size:
             starts = run.props_starts[with_props].tolist()
-            lengths = run.props_lengths[with_props].tolist()
-            for i, s, ln in zip(with_props.tolist(), starts, lengths, strict=True):
-                p = bytes(buf[s : s + ln])
+            ends = (run.props_starts[with_props] + run.props_lengths[with_props]).tolist()
+            for i, a, b in zip(with_props.tolist(), starts, ends, strict=True):
+                p = bytes(buf[a:b])
                 props[i] = p
                 tag = property_value(p, _TAGS)
                 if tag:
                     tags[i] = tag_hash_code(tag.decode("utf-8", "replace"))
         phys = run.positions + base
-        self._write_units(run, topics, phys, tags, notify)
+        self._write_units(run, key_ids, keys, phys, tags, notify)
         if self.index is not None and props:
             for i, p in props.items():
-                keys = message_keys(p)
-                if keys:
-                    self.index.put(topics[i], keys, int(phys[i]), int(run.store_timestamps[i]))
+                msg_keys = message_keys(p)
+                if msg_keys:
+                    topic = keys[int(key_ids[i])][0]
+                    self.index.put(topic, msg_keys, int(phys[i]), int(run.store_timestamps[i]))
         self.last_dispatched_timestamp = int(run.store_timestamps[-1])
 
-    def _write_units(self, run: EntryRun, topics: list[str], phys: np.ndarray, tags: np.ndarray, notify: bool) -> None:
+    def _write_units(
+        self,
+        run: EntryRun,
+        key_ids: np.ndarray,
+        keys: list[tuple[str, int]],
+        phys: np.ndarray,
+        tags: np.ndarray,
+        notify: bool,
+    ) -> None:
         tx = run.sys_flags & SysFlag.TRANSACTION_MASK
         counted = (tx != SysFlag.TRANSACTION_PREPARED_TYPE) & (tx != SysFlag.TRANSACTION_ROLLBACK_TYPE)
         units = np.empty(len(run), CQ_DTYPE)
         units["offset"] = phys
         units["size"] = run.sizes
         units["tag"] = tags
-        key_index: dict[tuple[str, int], int] = {}
-        pairs = zip(topics, run.queue_ids.tolist(), strict=True)
-        key_ids = np.array([key_index.setdefault(k, len(key_index)) for k in pairs], np.int64)
-        if len(key_index) == 1:
+        if len(keys) == 1:
             groups = [np.flatnonzero(counted)] if not counted.all() else [np.arange(len(run))]
         else:
-            ids = np.where(counted, key_ids, len(key_index))
+            ids = np.where(counted, key_ids, len(keys))
             order = np.argsort(ids, kind="stable")
-            bounds = np.cumsum(np.bincount(ids, minlength=len(key_index) + 1))[:-1]
-            groups = np.split(order, bounds)[: len(key_index)]
-        keys = list(key_index)
+            bounds = np.cumsum(np.bincount(ids, minlength=len(keys) + 1))[:-1]
+            groups = np.split(order, bounds)[: len(keys)]
         for idx in groups:
             if idx.size == 0:
                 continue

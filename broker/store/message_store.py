@@ -328,8 +328,6 @@ class MessageStore:
             phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
         except OSError as e:
             return self._append_failed(e)
-        if self._dispatch_service is not None:
-            self._dispatch_service.wakeup()
         self._counters["put_msgs"] += 1
         self._counters["put_bytes"] += len(entry)
         wait = wait_store_ok if wait_store_ok is not None else (properties or {}).get(Prop.WAIT, "true") != "false"
@@ -361,8 +359,6 @@ class MessageStore:
             phys, qoffs, ts = self.commit_log.append_batch(batch)
         except OSError as e:
             return self._append_failed(e)
-        if self._dispatch_service is not None:
-            self._dispatch_service.wakeup()
         n = len(batch.run)
         self._counters["put_msgs"] += n
         self._counters["put_bytes"] += len(batch.data)
