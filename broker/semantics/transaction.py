@@ -1,0 +1,643 @@
+"""Transactional messages, single (RocketMQ) and batch (Sluice), crash-safe.
+
+A transaction is named by an id (``__transactionId__``; RocketMQ's producer uses the message's UNIQ_KEY). Its
+half messages wait, invisible, in ``RMQ_SYS_TRANS_HALF_TOPIC``; they may come one by one (``prepare_half``) or in
+batches (``put_half_batch``) from any number of processes. ``end_transaction(id, commit)`` decides for all of them:
+
+1. new halves for the id are refused from now on, and in-flight half puts are waited for;
+2. one op message (tag ``d``) is stored with the decision and the half offsets it covers, waiting for the store
+   (SYNC_FLUSH: on disk) -- this is the commit point: before it nothing is visible, after it everything will be;
+3. on commit, the halves are re-stored in their real topics (``put_batch``, in chunks), each recording its half's
+   commit-log offset in PREPARED TRANSACTION OFFSET;
+4. an op message with tag ``f`` marks the re-store finished.
+
+After a crash anywhere, ``start()`` scans the op and half queues, and for every commit decision without its ``f``
+marker it scans the real queues from the offsets recorded in the decision, skips halves already re-stored (their
+commit-log offsets appear as PREPARED TRANSACTION OFFSET there) and re-stores the rest: each message once, all or
+nothing. Ending an ended transaction returns the first outcome. Open transactions idle for ``transaction_timeout_ms``
+are checked back with the producer group through ``checker`` every ``check_interval_ms``; after ``check_max``
+unanswered checks they are rolled back (RocketMQ: transactionTimeOut 6 s, transactionCheckMax 15).
+
+Server wiring::
+
+    tx = TransactionService(store, store_config.config_dir, checker=fn)  # fn(group, txn_id, half) -> TxState|None
+    tx.start()                                            # recovery; before serving any request
+    res, txn_id = tx.prepare_half(topic, qid, body, props, producer_group)            # SEND with TRAN_MSG=true
+    res = tx.put_half_batch(buffer, producer_group, txn_id)                           # SendBatch in a transaction
+    out = tx.end_transaction(txn_id, commit=True)         # or end_transaction_by_offset(half_commitlog_offset, ..)
+    tx.list_transactions(prefix="query-1:"); tx.end_transactions(prefix="query-1:", commit=False)
+    tx.shutdown()                                         # before store.shutdown()
+
+The checker is called from the check thread; it may answer at once (return TxState) or later through
+``end_transaction(..., from_check=True)`` (RocketMQ's CHECK_TRANSACTION_STATE is one-way); None means "asked".
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
+from broker.semantics.json_file import read_json, write_json_atomic
+from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
+from broker.semantics.transaction_codec import (
+    ATTEMPT,
+    COMMIT,
+    COMMIT_START,
+    COMMITTED_ATTEMPTS,
+    DECISION,
+    FINISHED_TAG,
+    REMOVE_TAG,
+    ROLLBACK,
+    check_transaction_id,
+    committed_entry,
+    decode_commit_start,
+    decode_offsets,
+    encode_commit_start,
+    encode_offsets,
+    half_properties,
+    half_sys_flag,
+    real_queue_of,
+    rewrite_batch_as_half,
+)
+from broker.store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.store.message import Prop, StoredMessage
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "transactionState.json"
+DEFAULT_TRANSACTION_TIMEOUT_MS = 6_000
+DEFAULT_CHECK_INTERVAL_MS = 60_000
+DEFAULT_CHECK_MAX = 15
+DEFAULT_OUTCOME_RETENTION_MS = 24 * 3_600_000  # ended transactions are remembered (and re-read at start) this long
+DEFAULT_PUT_CHUNK_BYTES = 1 << 20  # re-store batches: well under the store's batch limit
+SCAN_BATCH = 1024  # messages per get while scanning a queue
+DISPATCH_WAIT_S = 30.0  # how long start-up recovery waits for the store's dispatcher to reach the log end
+MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in one property (limit 32767)
+
+
+class TxState(enum.Enum):
+    """A producer's answer (RocketMQ's LocalTransactionState)."""
+
+    COMMIT = "COMMIT_MESSAGE"
+    ROLLBACK = "ROLLBACK_MESSAGE"
+    UNKNOWN = "UNKNOW"
+
+
+class TxStatus(enum.Enum):
+    OPEN = "OPEN"
+    ENDING = "ENDING"  # a decision is being written; new halves refused
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+
+
+Checker = Callable[[str, str, StoredMessage], "TxState | None"]
+
+
+class TransactionError(BrokerError):
+    code = ResponseCode.TRANSACTION_FAILED
+
+
+@dataclass
+class _Txn:
+    txn_id: str
+    producer_group: str
+    first_ms: int
+    last_ms: int
+    halves: dict[int, int] = field(default_factory=dict)  # half queue offset -> half commit-log offset
+    status: TxStatus = TxStatus.OPEN
+    inflight: int = 0  # half puts under way
+    check_times: int = 0
+    ended_ms: int = 0
+    decision_op_offset: int = -1
+    finished: bool = True  # False while a commit's re-store is incomplete
+    decided: frozenset[int] = frozenset()  # half queue offsets the decision covers
+    restoring: bool = False  # a thread is re-storing this commit's halves: no one else may
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    txn_id: str
+    producer_group: str
+    status: TxStatus
+    half_count: int
+    first_store_ms: int
+    last_activity_ms: int
+    check_times: int
+    ended_ms: int
+    complete: bool  # for a commit: every half is in its real topic
+
+
+@dataclass(frozen=True)
+class EndResult:
+    txn_id: str
+    status: TxStatus  # the transaction's outcome (the first one, if it had ended before)
+    already_ended: bool  # this call changed nothing
+    half_count: int  # halves the decision covers
+    restored: int  # messages this call re-stored in real topics
+    complete: bool  # False: committed, but the re-store will be finished in the background / at restart
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionService:
+    def __init__(
+        self,
+        store: MessageStore,
+        config_dir: str,
+        *,
+        checker: Checker | None = None,
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
+        check_interval_ms: int = DEFAULT_CHECK_INTERVAL_MS,
+        check_max: int = DEFAULT_CHECK_MAX,
+        outcome_retention_ms: int = DEFAULT_OUTCOME_RETENTION_MS,
+        put_chunk_bytes: int = DEFAULT_PUT_CHUNK_BYTES,
+    ) -> None:
+        if transaction_timeout_ms <= 0 or check_interval_ms <= 0 or check_max < 1 or put_chunk_bytes < 4096:
+            raise InvalidArgumentError("transaction timeout, check interval, check max and chunk size must be positive")
+        self.store = store
+        self.path = os.path.join(config_dir, STATE_FILE)
+        self.checker = checker
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.check_interval_ms = check_interval_ms
+        self.check_max = check_max
+        self.outcome_retention_ms = outcome_retention_ms
+        self.put_chunk_bytes = put_chunk_bytes
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._txns: dict[str, _Txn] = {}
+        self._by_half_cl_offset: dict[int, str] = {}  # half commit-log offset -> txn id (end by offset)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Recover (finish interrupted commits), then start the check-back thread. Call before serving."""
+        assert not self._started, "already started"
+        self.recover()
+        self._started = True
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run_checks, name="transaction-check", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._started = False
+        self.persist()
+
+    # ------------------------------------------------------------------------------------------ half messages
+
+    def _begin_put(self, txn_id: str, producer_group: str) -> _Txn:
+        check_transaction_id(txn_id)
+        now = _now_ms()
+        with self._lock:
+            txn = self._txns.get(txn_id)
+            if txn is None:
+                txn = self._txns[txn_id] = _Txn(txn_id, producer_group, now, now)
+            if txn.status is not TxStatus.OPEN:
+                raise TransactionError(
+                    f"transaction {txn_id!r} is {txn.status.value}; no more half messages can join it "
+                    "(start a new transaction id)"
+                )
+            txn.inflight += 1
+            txn.last_ms = now
+            return txn
+
+    def _end_put(self, txn: _Txn, res: PutResult | None) -> None:
+        with self._lock:
+            if res is not None and res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+                for qoff, cloff in zip(res.queue_offsets, res.commitlog_offsets, strict=True):
+                    txn.halves[qoff] = cloff
+                    self._by_half_cl_offset[cloff] = txn.txn_id
+            txn.inflight -= 1
+            txn.last_ms = _now_ms()
+            self._changed.notify_all()
+
+    def prepare_half(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: Mapping[str, str] | None,
+        producer_group: str,
+        txn_id: str | None = None,
+        **put_kwargs: Any,
+    ) -> tuple[PutResult, str]:
+        """Store one half message (RocketMQ's prepared send). The id defaults to the message's
+        ``__transactionId__``, else its UNIQ_KEY, else a new one. Returns (store result, transaction id)."""
+        props = dict(properties or {})
+        txn_id = txn_id or props.get(Prop.TRANSACTION_ID) or props.get(Prop.UNIQ_KEY) or uuid.uuid4().hex.upper()
+        props = half_properties(props, topic, queue_id, producer_group, txn_id)
+        put_kwargs["sys_flag"] = half_sys_flag(int(put_kwargs.get("sys_flag", 0)))
+        txn = self._begin_put(txn_id, producer_group)
+        res: PutResult | None = None
+        try:
+            res = self.store.put_message(TRANS_HALF_TOPIC, 0, body, props, **put_kwargs)
+        finally:
+            self._end_put(txn, res)
+        return res, txn_id
+
+    def put_half_batch(
+        self, buffer: bytes | memoryview, producer_group: str, txn_id: str, *, wait_store_ok: bool | None = None
+    ) -> PutResult:
+        """Store a client batch (entries encoded for their real topics) as half messages of ``txn_id``.
+        The result's offsets are the halves' (in the half topic); all of the batch joins, or none."""
+        half_buffer, _count = rewrite_batch_as_half(buffer, producer_group, txn_id)
+        txn = self._begin_put(txn_id, producer_group)
+        res: PutResult | None = None
+        try:
+            res = self.store.put_batch(half_buffer, wait_store_ok=wait_store_ok)
+        finally:
+            self._end_put(txn, res)
+        return res
+
+    # ------------------------------------------------------------------------------------------ ending
+
+    def end_transaction(
+        self,
+        txn_id: str,
+        commit: bool,
+        *,
+        from_check: bool = False,
+        committed_attempts: Collection[str] | None = None,
+        producer_group: str = "",
+    ) -> EndResult:
+        """Commit or roll back every half of the transaction, atomically; a no-op reporting the first outcome if it
+        has ended already. ``committed_attempts``: commit only halves whose ``TRAN_ATTEMPT`` property is listed (the
+        others are dropped), so a writer's failed attempts never become visible. An id with no halves is recorded
+        as ended too, so that asking again reports the outcome."""
+        check_transaction_id(txn_id)
+        attempts = None if committed_attempts is None else sorted(set(committed_attempts))
+        if attempts is not None and len(",".join(attempts)) > MAX_ATTEMPTS_PROPERTY_CHARS:
+            raise InvalidArgumentError(f"committed_attempts: over {MAX_ATTEMPTS_PROPERTY_CHARS} characters in all")
+        with self._lock:
+            txn = self._txns.get(txn_id)
+            if txn is None:
+                now = _now_ms()
+                txn = self._txns[txn_id] = _Txn(txn_id, producer_group, now, now)
+            while txn.status is TxStatus.ENDING:  # another call is deciding: report its outcome
+                self._changed.wait()
+            if txn.status is not TxStatus.OPEN:
+                return EndResult(txn_id, txn.status, True, len(txn.decided), 0, txn.finished)
+            txn.status = TxStatus.ENDING  # from here new halves are refused ...
+            while txn.inflight:  # ... and the ones already sent land before the decision lists them
+                self._changed.wait()
+            halves = dict(txn.halves)
+        if from_check:
+            log.info("transaction %s: check-back answered %s", txn_id, COMMIT if commit else ROLLBACK)
+        try:
+            return self._decide(txn, halves, commit, attempts)
+        except BaseException:
+            with self._lock:
+                if txn.status is TxStatus.ENDING:  # the decision was not stored: still open
+                    txn.status = TxStatus.OPEN
+                self._changed.notify_all()
+            raise
+
+    def end_transaction_by_offset(self, half_commitlog_offset: int, commit: bool, **kwargs: Any) -> EndResult:
+        """RocketMQ's END_TRANSACTION, which names the half message by its commit-log offset."""
+        with self._lock:
+            txn_id = self._by_half_cl_offset.get(half_commitlog_offset)
+        if txn_id is None:
+            half = self.store.lookup_message(half_commitlog_offset)
+            if half is None or half.topic != TRANS_HALF_TOPIC:
+                raise QueryNotFoundError(f"no half message at commit-log offset {half_commitlog_offset}")
+            txn_id = half.properties.get(Prop.TRANSACTION_ID) or half.properties.get(Prop.UNIQ_KEY) or half.msg_id
+        return self.end_transaction(txn_id, commit, **kwargs)
+
+    def end_transactions(
+        self, commit: bool, *, prefix: str | None = None, txn_ids: Collection[str] = (), open_only: bool = True
+    ) -> list[EndResult]:
+        """End many transactions: every listed id and every (open) one whose id starts with ``prefix``."""
+        ids = list(txn_ids)
+        if prefix is not None:
+            ids += [t.txn_id for t in self.list_transactions(prefix) if not open_only or t.status is TxStatus.OPEN]
+        return [self.end_transaction(i, commit) for i in dict.fromkeys(ids)]
+
+    def _decide(self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None) -> EndResult:
+        msgs = self._read_halves(sorted(halves)) if commit else []
+        if attempts is not None:
+            allowed = set(attempts)
+            msgs = [m for m in msgs if m.properties.get(ATTEMPT) in allowed]
+        props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK}
+        if txn.producer_group:
+            props[Prop.PGROUP] = txn.producer_group
+        if attempts is not None:
+            props[COMMITTED_ATTEMPTS] = ",".join(attempts)
+        if commit:
+            start = {q: self.store.max_offset(*q) for q in {real_queue_of(m) for m in msgs}}
+            props[COMMIT_START] = encode_commit_start(start)
+        res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(
+                f"transaction {txn.txn_id!r}: the decision could not be stored ({res.status.name}: {res.error}); "
+                "nothing changed, end it again later"
+            )
+        with self._lock:
+            txn.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
+            txn.ended_ms = _now_ms()
+            txn.decision_op_offset = res.queue_offsets[0]
+            txn.decided = frozenset(halves)
+            txn.finished = not commit
+            txn.restoring = commit
+            self._changed.notify_all()
+        restored, complete = 0, True
+        try:
+            if len(halves) > 1:
+                # A batch decision is acknowledged to a writer that will never send its rows again: force it to disk
+                # (under ASYNC_FLUSH too). Atomicity needs no flush: the re-stored entries follow the decision in
+                # the commit log, and recovery truncates at the first bad entry, so they cannot outlive it.
+                self.store.flush()
+            if commit:
+                restored = self._restore(txn, msgs)
+        except (BrokerError, OSError) as e:
+            complete = False
+            log.error("transaction %s decided but not completed (%s); the check thread retries", txn.txn_id, e)
+        finally:
+            with self._lock:
+                txn.restoring = False
+        return EndResult(txn.txn_id, txn.status, False, len(halves), restored, complete)
+
+    def _restore(self, txn: _Txn, msgs: list[StoredMessage]) -> int:
+        """Re-store halves in their real topics, then write the finished marker."""
+        chunk: list[bytes] = []
+        size = restored = 0
+        for m in msgs:
+            entry = committed_entry(m)
+            if chunk and size + len(entry) > self.put_chunk_bytes:
+                restored += self._put_chunk(txn.txn_id, chunk)
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += len(entry)
+        if chunk:
+            restored += self._put_chunk(txn.txn_id, chunk)
+        res = self.store.put_message(
+            TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
+            wait_store_ok=False,
+        )  # fmt: skip
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
+        with self._lock:
+            txn.finished = True
+        return restored
+
+    def _put_chunk(self, txn_id: str, entries: list[bytes]) -> int:
+        res = self.store.put_batch(b"".join(entries), wait_store_ok=False)
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(f"re-store of {txn_id!r} refused: {res.status.name} {res.error}")
+        return len(entries)
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    def _scan(self, topic: str, queue_id: int, start: int, end: int | None = None) -> Iterator[StoredMessage]:
+        """Messages of a queue from ``start`` (corrected up to the minimum) to ``end`` (default: the current max)."""
+        offset = max(start, self.store.min_offset(topic, queue_id))
+        stop = self.store.max_offset(topic, queue_id) if end is None else end
+        while offset < stop:
+            res = self.store.get_message(TRANS_READER_GROUP, topic, queue_id, offset, min(SCAN_BATCH, stop - offset))
+            if res.status is GetStatus.FOUND:
+                for m in res.messages():
+                    if m.queue_offset >= stop:
+                        return
+                    yield m
+                offset = res.next_begin_offset
+            elif res.next_begin_offset > offset:
+                offset = res.next_begin_offset  # expired or removed range: skip it
+            else:
+                return
+
+    def _read_halves(self, queue_offsets: list[int]) -> list[StoredMessage]:
+        """The half messages at these half-queue offsets (sorted), read in contiguous runs."""
+        out: list[StoredMessage] = []
+        if queue_offsets and self.store.max_offset(TRANS_HALF_TOPIC, 0) <= queue_offsets[-1]:
+            self._wait_for_dispatch()  # halves just put may not have their consume-queue units yet
+        i = 0
+        while i < len(queue_offsets):
+            j = i
+            while j + 1 < len(queue_offsets) and queue_offsets[j + 1] == queue_offsets[j] + 1:
+                j += 1
+            wanted = set(queue_offsets[i : j + 1])
+            got = [m for m in self._scan(TRANS_HALF_TOPIC, 0, queue_offsets[i], queue_offsets[j] + 1)]
+            out += [m for m in got if m.queue_offset in wanted]
+            i = j + 1
+        if len(out) != len(queue_offsets):
+            missing = sorted(set(queue_offsets) - {m.queue_offset for m in out})
+            raise TransactionError(
+                f"{len(missing)} half messages are gone from {TRANS_HALF_TOPIC} (expired?), first at queue offset "
+                f"{missing[0]}; the transaction cannot be committed"
+            )
+        return out
+
+    # ------------------------------------------------------------------------------------------ queries
+
+    def _info(self, t: _Txn) -> TransactionInfo:
+        count = len(t.decided) if t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) else len(t.halves)
+        return TransactionInfo(t.txn_id, t.producer_group, t.status, count, t.first_ms, t.last_ms, t.check_times,
+                               t.ended_ms, t.finished)  # fmt: skip
+
+    def transaction(self, txn_id: str) -> TransactionInfo | None:
+        with self._lock:
+            t = self._txns.get(txn_id)
+            return None if t is None else self._info(t)
+
+    def list_transactions(self, prefix: str = "", status: TxStatus | None = None) -> list[TransactionInfo]:
+        with self._lock:
+            return [
+                self._info(t)
+                for tid, t in sorted(self._txns.items())
+                if tid.startswith(prefix) and (status is None or t.status is status)
+            ]
+
+    # ------------------------------------------------------------------------------------------ check-back
+
+    def _run_checks(self) -> None:
+        next_persist = time.monotonic()
+        while not self._stop.wait(self.check_interval_ms / 1000):
+            try:
+                self.check_once()
+                if time.monotonic() >= next_persist:
+                    self.persist()
+                    next_persist = time.monotonic() + 5
+            except Exception:
+                log.exception("transaction check pass failed; next pass in %d ms", self.check_interval_ms)
+
+    def check_once(self) -> int:
+        """One check pass: finish stalled commits, check back idle open transactions, roll back those checked
+        ``check_max`` times. Returns the number of transactions checked back."""
+        now = _now_ms()
+        with self._lock:
+            unfinished = [
+                t for t in self._txns.values() if t.status is TxStatus.COMMITTED and not t.finished and not t.restoring
+            ]
+            for t in unfinished:
+                t.restoring = True
+            idle = [
+                t for t in self._txns.values()
+                if t.status is TxStatus.OPEN and not t.inflight and t.halves
+                and now - t.last_ms >= self.transaction_timeout_ms
+            ]  # fmt: skip
+        for t in unfinished:
+            try:
+                self._finish_commit(t)
+            finally:
+                with self._lock:
+                    t.restoring = False
+        checked = 0
+        for t in idle:
+            if t.check_times >= self.check_max:
+                log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
+                self.end_transaction(t.txn_id, False)
+                continue
+            with self._lock:
+                t.check_times += 1
+            checked += 1
+            answer = self._ask(t)
+            if answer in (TxState.COMMIT, TxState.ROLLBACK):
+                self.end_transaction(t.txn_id, answer is TxState.COMMIT, from_check=True)
+        return checked
+
+    def _ask(self, t: _Txn) -> TxState | None:
+        if self.checker is None:
+            return None
+        with self._lock:
+            first = min(t.halves) if t.halves else None
+        if first is None:
+            return None
+        halves = self._read_halves([first])
+        try:
+            return self.checker(t.producer_group, t.txn_id, halves[0])
+        except Exception:
+            log.exception("transaction %s: checker of group %s failed", t.txn_id, t.producer_group)
+            return None
+
+    # ------------------------------------------------------------------------------------------ recovery
+
+    def _wait_for_dispatch(self) -> None:
+        """Scans read consume queues: let the dispatcher reach the end of the commit log first."""
+        if not self.store.wait_dispatched(DISPATCH_WAIT_S):
+            raise TransactionError(f"the store's dispatcher did not reach the commit-log end in {DISPATCH_WAIT_S} s")
+
+    def recover(self) -> None:
+        """Rebuild the transaction table from the op and half queues; finish interrupted commits."""
+        self._wait_for_dispatch()
+        state = read_json(self.path) or {}
+        half_from = int(state.get("halfScanFrom", 0))
+        op_from = int(state.get("opScanFrom", 0))
+        decisions: dict[str, StoredMessage] = {}
+        finished: set[str] = set()
+        for op in self._scan(TRANS_OP_HALF_TOPIC, 0, op_from):
+            tid = op.properties.get(Prop.TRANSACTION_ID)
+            if tid is None:
+                continue  # a RocketMQ-written op message without an id: not ours to resolve
+            if op.tags == REMOVE_TAG:
+                decisions.setdefault(tid, op)  # the first decision is the outcome
+            elif op.tags == FINISHED_TAG:
+                finished.add(tid)
+        txns: dict[str, _Txn] = {}
+        for half in self._scan(TRANS_HALF_TOPIC, 0, half_from):
+            props = half.properties
+            tid = props.get(Prop.TRANSACTION_ID) or props.get(Prop.UNIQ_KEY) or half.msg_id
+            t = txns.get(tid)
+            if t is None:
+                t = txns[tid] = _Txn(tid, props.get(Prop.PGROUP, ""), half.store_timestamp, half.store_timestamp)
+            t.halves[half.queue_offset] = half.commitlog_offset
+            t.last_ms = max(t.last_ms, half.store_timestamp)
+        for tid, op in decisions.items():
+            t = txns.get(tid) or _Txn(tid, op.properties.get(Prop.PGROUP, ""), op.store_timestamp, op.store_timestamp)
+            txns[tid] = t
+            commit = op.properties.get(DECISION) == COMMIT
+            t.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
+            t.ended_ms = op.store_timestamp
+            t.decision_op_offset = op.queue_offset
+            t.decided = frozenset(o for a, b in decode_offsets(op.body) for o in range(a, b + 1))
+            t.finished = not commit or tid in finished
+        with self._lock:
+            self._txns = txns
+            self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() for cl in t.halves.values()}
+        for t in list(txns.values()):
+            if not t.finished:
+                self._finish_commit(t, decisions[t.txn_id])
+        self.persist()
+        log.info("transactions recovered: %d known, %d open", len(txns),
+                 sum(t.status is TxStatus.OPEN for t in txns.values()))  # fmt: skip
+
+    def _decision_op(self, t: _Txn) -> StoredMessage:
+        for op in self._scan(TRANS_OP_HALF_TOPIC, 0, t.decision_op_offset, t.decision_op_offset + 1):
+            return op
+        raise TransactionError(f"decision of transaction {t.txn_id!r} (op offset {t.decision_op_offset}) is gone")
+
+    def _finish_commit(self, t: _Txn, op: StoredMessage | None = None) -> None:
+        """Re-store the committed halves not yet in their real topics (idempotent), then mark finished."""
+        self._wait_for_dispatch()  # re-stores of an earlier attempt must be in the consume queues we scan
+        op = op or self._decision_op(t)
+        msgs = self._read_halves(sorted(t.decided))
+        attempts = op.properties.get(COMMITTED_ATTEMPTS)
+        if attempts is not None:
+            allowed = set(attempts.split(",")) if attempts else set()
+            msgs = [m for m in msgs if m.properties.get(ATTEMPT) in allowed]
+        wanted = {m.commitlog_offset for m in msgs}
+        done: set[int] = set()
+        for (topic, qid), start in decode_commit_start(op.properties.get(COMMIT_START, "")).items():
+            for m in self._scan(topic, qid, start):
+                if m.prepared_transaction_offset in wanted:
+                    done.add(m.prepared_transaction_offset)
+        todo = [m for m in msgs if m.commitlog_offset not in done]
+        log.warning("transaction %s: finishing an interrupted commit: %d of %d halves already visible, storing %d",
+                    t.txn_id, len(done), len(msgs), len(todo))  # fmt: skip
+        self._restore(t, todo)
+
+    # ------------------------------------------------------------------------------------------ state file
+
+    def persist(self) -> None:
+        """Write where the next start-up scans from: the oldest half still needed, and the oldest op message that
+        still matters (a decision about such halves, an unfinished commit, or one within the retention time)."""
+        now = _now_ms()
+        with self._lock:
+            half_max = self.store.max_offset(TRANS_HALF_TOPIC, 0)
+            op_max = self.store.max_offset(TRANS_OP_HALF_TOPIC, 0)
+            live = [t for t in self._txns.values() if t.status in (TxStatus.OPEN, TxStatus.ENDING) or not t.finished]
+            half_from = min((min(t.halves) for t in live if t.halves), default=half_max)
+            op_from = min(
+                (
+                    t.decision_op_offset
+                    for t in self._txns.values()
+                    if t.decision_op_offset >= 0
+                    and (not t.finished or now - t.ended_ms < self.outcome_retention_ms
+                         or (t.halves and max(t.halves) >= half_from))
+                ),
+                default=op_max,
+            )  # fmt: skip
+            for tid in [
+                tid for tid, t in self._txns.items()
+                if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)
+                and now - t.ended_ms >= self.outcome_retention_ms and (not t.halves or max(t.halves) < half_from)
+            ]:  # fmt: skip
+                for cl in self._txns[tid].halves.values():
+                    self._by_half_cl_offset.pop(cl, None)
+                del self._txns[tid]
+            write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from})
+
+
+__all__ = [
+    "EndResult",
+    "MessageIllegalError",
+    "TransactionError",
+    "TransactionInfo",
+    "TransactionService",
+    "TxState",
+    "TxStatus",
+]

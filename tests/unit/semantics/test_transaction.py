@@ -1,0 +1,297 @@
+"""Transactions on a real store: half messages, commit / rollback, check-back, batch transactions, recovery."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from broker.errors import MessageIllegalError
+from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker.semantics.transaction import TransactionError, TransactionService, TxState, TxStatus
+from broker.semantics.transaction_codec import (
+    ATTEMPT,
+    decode_commit_start,
+    decode_offsets,
+    encode_commit_start,
+    encode_offsets,
+)
+from broker.store.message import Prop, StoredMessage, SysFlag, encode_entry, encode_properties
+
+if TYPE_CHECKING:
+    from conftest import StoreBox
+
+
+def service(box: StoreBox, **kwargs: object) -> TransactionService:
+    tx = TransactionService(box.s, os.path.join(box.path, "config"), **kwargs)  # type: ignore[arg-type]
+    tx.start()
+    return tx
+
+
+def batch(topic: str, bodies: list[bytes], queue_id: int = 0, props: dict[str, str] | None = None) -> bytes:
+    raw_props = encode_properties(props or {})
+    return b"".join(encode_entry(topic.encode(), queue_id, b, raw_props) for b in bodies)
+
+
+def test_offset_runs_codec() -> None:
+    assert encode_offsets([5, 1, 2, 3, 9, 10]) == b"1-3,5,9-10"
+    assert encode_offsets([7]) == b"7"  # RocketMQ 4's body: one offset
+    assert decode_offsets(b"1-3,5,9-10") == [(1, 3), (5, 5), (9, 10)]
+    assert decode_offsets(b"") == []
+    with pytest.raises(ValueError):
+        decode_offsets(b"3-1")
+    start = {("T", 0): 5, ("%RETRY%G", 3): 0}
+    assert decode_commit_start(encode_commit_start(start)) == start
+
+
+def test_single_half_message_commit(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        res, txn_id = tx.prepare_half("Pay", 1, b"debit", {Prop.KEYS: "p1", Prop.UNIQ_KEY: "U1"}, "PG")
+        assert res.ok and txn_id == "U1"
+        assert box.s.max_offset("Pay", 1) == 0  # invisible
+        half = box.read_queue(TRANS_HALF_TOPIC)[0]
+        assert half.properties[Prop.REAL_TOPIC] == "Pay" and half.properties[Prop.REAL_QID] == "1"
+        assert half.properties[Prop.TRAN_MSG] == "true" and half.properties[Prop.PGROUP] == "PG"
+        assert SysFlag.transaction_type(half.sys_flag) == SysFlag.TRANSACTION_NOT_TYPE  # as RocketMQ stores halves
+        out = tx.end_transaction_by_offset(res.commitlog_offsets[0], commit=True)
+        assert out.status is TxStatus.COMMITTED and not out.already_ended and out.restored == 1 and out.complete
+        [m] = box.read_queue("Pay", 1)
+        assert m.body == b"debit" and m.keys == ["p1"]
+        assert m.prepared_transaction_offset == half.commitlog_offset
+        assert m.properties[Prop.TRAN_PREPARED_QUEUE_OFFSET] == str(half.queue_offset)
+        assert SysFlag.transaction_type(m.sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE
+        assert Prop.REAL_TOPIC not in m.properties and Prop.REAL_QID not in m.properties
+        op = box.read_queue(TRANS_OP_HALF_TOPIC)[0]
+        assert op.tags == "d" and op.body == str(half.queue_offset).encode()  # RocketMQ's op message
+        again = tx.end_transaction("U1", commit=False)
+        assert again.already_ended and again.status is TxStatus.COMMITTED  # the first outcome stands
+        assert len(box.read_queue("Pay", 1)) == 1
+    finally:
+        tx.shutdown()
+
+
+def test_rollback_keeps_everything_invisible(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        _res, txn_id = tx.prepare_half("Pay", 0, b"x", {}, "PG", txn_id="T-1")
+        out = tx.end_transaction(txn_id, commit=False)
+        assert out.status is TxStatus.ROLLED_BACK and out.half_count == 1
+        assert tx.end_transaction(txn_id, commit=True).status is TxStatus.ROLLED_BACK
+        with pytest.raises(TransactionError, match="ROLLED_BACK"):
+            tx.prepare_half("Pay", 0, b"late", {}, "PG", txn_id="T-1")
+    finally:
+        tx.shutdown()
+    assert box.s.max_offset("Pay", 0) == 0
+
+
+def test_batch_transaction_from_many_writers_commits_all_at_once(box: StoreBox) -> None:
+    tx = service(box)
+    txn_id = "query-7:batch-3"
+    try:
+
+        def writer(w: int) -> None:
+            for b in range(5):
+                bodies = [f"{w}-{b}-{i}".encode() for i in range(100)]
+                res = tx.put_half_batch(batch("Out", bodies, queue_id=w % 4), "spark", txn_id)
+                assert res.ok, res.error
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        tx.prepare_half("Out", 0, b"single", {}, "spark", txn_id=txn_id)
+        info = tx.transaction(txn_id)
+        assert info is not None and info.status is TxStatus.OPEN and info.half_count == 2001
+        assert box.read_topic("Out") == []
+        out = tx.end_transaction(txn_id, commit=True)
+        assert (out.status, out.half_count, out.restored, out.complete) == (TxStatus.COMMITTED, 2001, 2001, True)
+        got = box.read_topic("Out")
+        assert sorted(m.body for m in got) == sorted(
+            [f"{w}-{b}-{i}".encode() for w in range(4) for b in range(5) for i in range(100)] + [b"single"]
+        )
+        for w in range(4):  # each writer's order is kept within its queue
+            mine = [m.body for m in got if m.body.startswith(f"{w}-".encode())]
+            assert mine == [f"{w}-{b}-{i}".encode() for b in range(5) for i in range(100)]
+        ops = box.read_queue(TRANS_OP_HALF_TOPIC)
+        assert [op.tags for op in ops] == ["d", "f"]
+        assert len(ops[0].body) < 64  # contiguous halves are written as runs
+    finally:
+        tx.shutdown()
+
+
+def test_bad_batches_are_refused_whole(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        good = batch("Out", [b"a", b"b"])
+        with pytest.raises(MessageIllegalError, match="entry 2"):
+            tx.put_half_batch(good + b"\x00" * 10, "spark", "t1")
+        other = batch("Out", [b"c"], props={Prop.TRANSACTION_ID: "other"})
+        with pytest.raises(MessageIllegalError, match="other"):
+            tx.put_half_batch(good + other, "spark", "t1")
+        with pytest.raises(MessageIllegalError):
+            tx.put_half_batch(good, "spark", "")
+        assert box.s.max_offset(TRANS_HALF_TOPIC, 0) == 0
+        res = tx.put_half_batch(batch("Out", [b"x" * 70_000]), "spark", "t1")  # over max_message_size
+        assert not res.ok and "MESSAGE_SIZE_EXCEEDED" in res.error
+        info = tx.transaction("t1")
+        assert info is not None and info.half_count == 0
+    finally:
+        tx.shutdown()
+
+
+def test_list_by_prefix_and_end_in_bulk(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        for i in range(3):
+            tx.put_half_batch(batch("Out", [b"q1"]), "spark", f"q1:{i}")
+        tx.put_half_batch(batch("Out", [b"q2"]), "spark", "q2:0")
+        tx.end_transaction("q1:0", commit=True)
+        assert [t.txn_id for t in tx.list_transactions("q1:")] == ["q1:0", "q1:1", "q1:2"]
+        assert [t.txn_id for t in tx.list_transactions("q1:", TxStatus.OPEN)] == ["q1:1", "q1:2"]
+        ended = tx.end_transactions(commit=False, prefix="q1:")
+        assert [(e.txn_id, e.status) for e in ended] == [("q1:1", TxStatus.ROLLED_BACK), ("q1:2", TxStatus.ROLLED_BACK)]
+        assert [m.body for m in box.read_topic("Out")] == [b"q1"]
+        assert tx.transaction("q2:0").status is TxStatus.OPEN  # type: ignore[union-attr]
+    finally:
+        tx.shutdown()
+
+
+def test_commit_only_the_listed_writer_attempts(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        tx.put_half_batch(batch("Out", [b"p0-a0"], props={ATTEMPT: "0:0"}), "spark", "q:1")
+        tx.put_half_batch(batch("Out", [b"p0-a1"], props={ATTEMPT: "0:1"}), "spark", "q:1")  # a retried task
+        tx.put_half_batch(batch("Out", [b"p1-a0"], props={ATTEMPT: "1:0"}), "spark", "q:1")
+        out = tx.end_transaction("q:1", commit=True, committed_attempts=["0:1", "1:0"])
+        assert out.half_count == 3 and out.restored == 2
+        assert sorted(m.body for m in box.read_topic("Out")) == [b"p0-a1", b"p1-a0"]
+    finally:
+        tx.shutdown()
+
+
+def test_end_of_an_unknown_id_is_recorded(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        out = tx.end_transaction("empty:1", commit=True)
+        assert out.status is TxStatus.COMMITTED and out.half_count == 0
+        assert tx.end_transaction("empty:1", commit=False).already_ended
+    finally:
+        tx.shutdown()
+
+
+def test_check_back_commit_rollback_and_unknown_until_max(box: StoreBox) -> None:
+    answers = {"c": TxState.COMMIT, "r": TxState.ROLLBACK, "u": TxState.UNKNOWN}
+    asked: list[tuple[str, str, bytes]] = []
+
+    def checker(group: str, txn_id: str, half: StoredMessage) -> TxState:
+        asked.append((group, txn_id, half.body))
+        return answers[txn_id]
+
+    tx = service(box, checker=checker, transaction_timeout_ms=1, check_interval_ms=3_600_000, check_max=3)
+    try:
+        for txn_id in answers:
+            tx.prepare_half("Pay", 0, txn_id.encode(), {}, "PG", txn_id=txn_id)
+        time.sleep(0.01)  # older than the 1 ms timeout
+        assert tx.check_once() == 3
+        assert tx.transaction("c").status is TxStatus.COMMITTED  # type: ignore[union-attr]
+        assert tx.transaction("r").status is TxStatus.ROLLED_BACK  # type: ignore[union-attr]
+        assert tx.transaction("u").status is TxStatus.OPEN  # type: ignore[union-attr]
+        assert tx.check_once() == 1 and tx.check_once() == 1
+        assert tx.transaction("u").check_times == 3  # type: ignore[union-attr]
+        assert tx.check_once() == 0  # the 4th pass gives up: rolled back
+        assert tx.transaction("u").status is TxStatus.ROLLED_BACK  # type: ignore[union-attr]
+    finally:
+        tx.shutdown()
+    assert ("PG", "c", b"c") in asked and [a[1] for a in asked].count("u") == 3
+    assert [m.body for m in box.read_topic("Pay")] == [b"c"]
+
+
+def test_check_thread_runs_on_its_own(box: StoreBox) -> None:
+    tx = service(box, checker=lambda g, t, h: TxState.COMMIT, transaction_timeout_ms=50, check_interval_ms=20)
+    try:
+        tx.prepare_half("Pay", 0, b"auto", {}, "PG", txn_id="a")
+        box.wait_for(lambda: box.s.max_offset("Pay", 0) == 1, 5, "commit by check-back")
+    finally:
+        tx.shutdown()
+
+
+def test_state_survives_restart(box: StoreBox) -> None:
+    tx = service(box)
+    tx.put_half_batch(batch("Out", [b"open-1", b"open-2"]), "spark", "open")
+    tx.put_half_batch(batch("Out", [b"done"]), "spark", "done")
+    tx.end_transaction("done", commit=True)
+    tx.put_half_batch(batch("Out", [b"gone"]), "spark", "gone")
+    tx.end_transaction("gone", commit=False)
+    tx.shutdown()
+    box.crash()
+    box.open()
+    tx = service(box)
+    try:
+        assert {t.txn_id: t.status for t in tx.list_transactions()} == {
+            "open": TxStatus.OPEN, "done": TxStatus.COMMITTED, "gone": TxStatus.ROLLED_BACK,
+        }  # fmt: skip
+        assert tx.end_transaction("done", commit=False).status is TxStatus.COMMITTED
+        assert tx.end_transaction("gone", commit=True).status is TxStatus.ROLLED_BACK
+        out = tx.end_transaction("open", commit=True)
+        assert out.restored == 2
+        assert sorted(m.body for m in box.read_topic("Out")) == [b"done", b"open-1", b"open-2"]
+    finally:
+        tx.shutdown()
+
+
+def test_interrupted_commit_is_finished_at_start_without_duplicates(box: StoreBox) -> None:
+    tx = service(box, put_chunk_bytes=4096)
+    bodies = [f"m{i:04d}".encode() * 10 for i in range(300)]
+    for i in range(0, 300, 50):
+        assert tx.put_half_batch(batch("Out", bodies[i : i + 50], queue_id=i // 50 % 2), "spark", "big").ok
+    chunks = {"n": 0}
+    real_put_chunk = tx._put_chunk
+
+    def dying_put_chunk(txn_id: str, entries: list[bytes]) -> int:
+        chunks["n"] += 1
+        if chunks["n"] == 3:
+            raise OSError("simulated crash in the middle of the re-store")
+        return real_put_chunk(txn_id, entries)
+
+    tx._put_chunk = dying_put_chunk  # type: ignore[method-assign]
+    out = tx.end_transaction("big", commit=True)
+    assert out.status is TxStatus.COMMITTED and not out.complete
+    partial = len(box.read_topic("Out"))
+    assert 0 < partial < 300
+    box.crash()  # the broker dies with the commit half done
+    box.open()
+    tx = service(box)
+    try:
+        got = sorted(m.body for m in box.read_topic("Out"))
+        assert got == sorted(bodies)  # finished at start-up, nothing twice
+        info = tx.transaction("big")
+        assert info is not None and info.status is TxStatus.COMMITTED and info.complete
+    finally:
+        tx.shutdown()
+
+
+def test_stalled_commit_is_finished_by_the_check_thread(box: StoreBox) -> None:
+    tx = service(box, put_chunk_bytes=4096, check_interval_ms=20)
+    try:
+        tx.put_half_batch(batch("Out", [f"x{i}".encode() * 20 for i in range(200)]), "spark", "s")
+        real_put_chunk = tx._put_chunk
+        calls = {"n": 0}
+
+        def flaky(txn_id: str, entries: list[bytes]) -> int:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise TransactionError("store refused for now")
+            return real_put_chunk(txn_id, entries)
+
+        tx._put_chunk = flaky  # type: ignore[method-assign]
+        assert not tx.end_transaction("s", commit=True).complete
+        box.wait_for(lambda: tx.transaction("s").complete, 5, "the background finish")  # type: ignore[union-attr]
+        assert len(box.read_topic("Out")) == 200
+        assert len({m.body for m in box.read_topic("Out")}) == 200
+    finally:
+        tx.shutdown()
