@@ -49,6 +49,9 @@ with open("pyproject.toml", "rb") as f:
     print("\n".join(tomllib.load(f)["project"]["dependencies"]))
 EOF
 )
+# The CLI's progress bars (sluice send) import tqdm, which pyproject.toml lists only under dev for now.
+IMAGE_EXTRA_REQUIREMENTS=("tqdm>=4.66,<5")
+deps=$(printf '%s\n' "$deps" "${IMAGE_EXTRA_REQUIREMENTS[@]}" | sort -u)
 host_py=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 arch=$(uname -m)
 deps_key=$(printf '%s\n%s\n%s\n' "$deps" "$IMAGE_PYTHON_VERSION" "$arch" | sha256sum | cut -c1-16)

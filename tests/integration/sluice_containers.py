@@ -1,0 +1,181 @@
+"""Broker containers for the integration suite: the image's `sluice broker` on a named volume, its port published
+on 127.0.0.1, and one-off containers that run tools (the store's check()) on a stopped broker's volume.
+
+Testcontainers' reaper (Ryuk) image cannot be pulled on machines without a registry, so it is disabled here and
+whoever makes a container or volume removes it (the fixtures in conftest.py do, whatever the test's outcome).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import docker
+import docker.errors
+import pytest
+from docker.models.containers import Container
+from testcontainers.core.config import testcontainers_config
+from testcontainers.core.container import DockerContainer
+
+BROKER_PORT = 10911
+STORE_DIR = "/var/lib/sluice"  # the image's store volume
+READY_LINE = "ready"  # `sluice broker` prints a line containing this once it accepts connections
+START_TIMEOUT_S = 60.0
+LABEL = "sluice.integration"  # on every container and volume the suite makes
+STALE_AFTER_S = 3 * 3600  # leftovers of a killed earlier run (no reaper) older than this are removed
+SESSION = uuid.uuid4().hex[:12]
+
+# No reaper: its image can't be pulled here. Both the variable (read by testcontainers and anything it starts) and
+# the already-loaded configuration object are set.
+os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
+testcontainers_config.ryuk_disabled = True
+
+
+class BrokerContainer:
+    """One broker container: `sluice broker` on the image, its store on a named volume, port on 127.0.0.1."""
+
+    def __init__(self, image: str, volume: str, flush: str = "async", extra_args: tuple[str, ...] = ()) -> None:
+        self.image = image
+        self.volume = volume
+        self.flush = flush
+        self._tc = DockerContainer(image).with_command(["--flush", flush, *extra_args])
+        # Published on loopback only, on a port Docker picks.
+        self._tc.ports[f"{BROKER_PORT}/tcp"] = ("127.0.0.1", None)  # type: ignore[assignment]
+        self._tc.with_volume_mapping(volume, STORE_DIR, "rw")
+        self._tc.with_kwargs(labels={LABEL: SESSION})
+        self._starts = 0
+
+    @property
+    def container(self) -> Container:
+        return self._tc.get_wrapped_container()
+
+    @property
+    def id(self) -> str:
+        return str(self.container.id)
+
+    @property
+    def endpoint(self) -> str:
+        self.container.reload()
+        bindings = self.container.attrs["NetworkSettings"]["Ports"][f"{BROKER_PORT}/tcp"]
+        port = next(int(b["HostPort"]) for b in bindings if b["HostIp"] == "127.0.0.1")
+        return f"127.0.0.1:{port}"
+
+    def start(self) -> BrokerContainer:
+        self._tc.start()
+        self._starts = 1
+        self.wait_ready()
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the broker (docker kill): no shutdown hook runs, as in a power cut of the process."""
+        self.container.kill(signal="SIGKILL")
+        self.container.wait(timeout=30)
+
+    def stop(self, timeout_s: int = 20) -> None:
+        """SIGTERM, then SIGKILL after timeout_s (docker stop)."""
+        self.container.stop(timeout=timeout_s)
+
+    def restart(self) -> None:
+        """Start the same container again (same volume, same arguments) and wait for its next `ready` line."""
+        self.container.start()
+        self._starts += 1
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Until the log holds one `ready` line per start; fails early with the logs if the broker exits."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            logs = self.logs()
+            if sum(READY_LINE in line for line in logs.splitlines()) >= self._starts:
+                return
+            self.container.reload()
+            if self.container.status in ("exited", "dead"):
+                pytest.fail(f"broker container exited before `{READY_LINE}`:\n{logs[-4000:]}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"broker not `{READY_LINE}` within {START_TIMEOUT_S}s:\n{logs[-4000:]}", pytrace=False)
+            time.sleep(0.1)
+
+    def logs(self) -> str:
+        return bytes(self.container.logs(stdout=True, stderr=True)).decode(errors="replace")
+
+    def exec(self, *cmd: str) -> tuple[int, str]:
+        """Run a command inside the running container (as its user `sluice`): (exit code, stdout+stderr)."""
+        result = self.container.exec_run(list(cmd), stdout=True, stderr=True)
+        return int(result.exit_code), bytes(result.output).decode(errors="replace")
+
+    def remove(self) -> None:
+        try:
+            self._tc.stop(force=True, delete_volume=False)
+        except docker.errors.NotFound:
+            pass
+
+
+# Runs in a one-off container on a stopped broker's volume: opens the store (recovering it as the broker would
+# after a crash), runs its consistency oracle, prints every problem and exits 1 when there is any.
+STORE_CHECK_PY = f"""
+import sys
+from broker.store import MessageStore, StoreConfig
+store = MessageStore(StoreConfig(store_path={STORE_DIR!r}))
+store.start()
+try:
+    problems = store.check()
+finally:
+    store.shutdown()
+for p in problems:
+    print("PROBLEM", p)
+print("check:", len(problems), "problem(s)")
+sys.exit(1 if problems else 0)
+"""
+
+
+def run_in_volume(
+    client: docker.DockerClient, image: str, volume: str, *cmd: str, timeout_s: float = 120
+) -> tuple[int, str]:
+    """Run `cmd` in a one-off container of `image` with `volume` on the store path; (exit code, output)."""
+    container = client.containers.create(
+        image,
+        entrypoint=list(cmd[:1]),
+        command=list(cmd[1:]),
+        volumes={volume: {"bind": STORE_DIR, "mode": "rw"}},
+        labels={LABEL: SESSION},
+    )
+    try:
+        container.start()
+        status = container.wait(timeout=timeout_s)
+        output = bytes(container.logs(stdout=True, stderr=True)).decode(errors="replace")
+        return int(status["StatusCode"]), output
+    finally:
+        container.remove(force=True, v=False)
+
+
+def check_store(client: docker.DockerClient, image: str, volume: str) -> list[str]:
+    """The store's check() on a volume whose broker is stopped: [] when consistent, else the problems."""
+    code, output = run_in_volume(client, image, volume, "/opt/sluice/bin/python", "-c", STORE_CHECK_PY)
+    problems = [line.removeprefix("PROBLEM ") for line in output.splitlines() if line.startswith("PROBLEM ")]
+    assert code == (1 if problems else 0), f"store check exited {code}:\n{output[-4000:]}"
+    return problems
+
+
+BrokerFactory = Callable[..., BrokerContainer]
+
+
+def remove_stale(client: docker.DockerClient) -> None:
+    """Containers and volumes an earlier, killed run could not remove (there is no reaper)."""
+    now = time.time()
+    for c in client.containers.list(all=True, filters={"label": LABEL}):
+        if now - docker_time(c.attrs.get("Created", "")) > STALE_AFTER_S:
+            c.remove(force=True, v=True)
+    for v in client.volumes.list(filters={"label": LABEL, "dangling": True}):
+        if now - docker_time(v.attrs.get("CreatedAt", "")) > STALE_AFTER_S:
+            v.remove(force=True)
+
+
+def docker_time(text: str) -> float:
+    """Docker's RFC 3339 timestamps (UTC, nanoseconds) -> epoch seconds; 0 when unreadable."""
+    try:
+        return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
