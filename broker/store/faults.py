@@ -10,25 +10,40 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
+from collections.abc import Callable
 
 
 class FaultInjector:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fsync_failures = 0
+        self._fail_kind: str | None = None
+        self._fsync_delay_s = 0.0
         self.fsync_calls = 0
 
-    def fail_next_fsyncs(self, count: int = 1) -> None:
-        """Make the next ``count`` fdatasync calls raise OSError(EIO) instead of syncing."""
+    def fail_next_fsyncs(self, count: int = 1, kind: str | None = "commitlog") -> None:
+        """Make the next ``count`` fdatasync calls on ``kind`` files (None: any) raise OSError(EIO)."""
         with self._lock:
             self._fsync_failures = count
+            self._fail_kind = kind
 
-    def fdatasync(self, fd: int) -> None:
+    def syncer(self, kind: str) -> Callable[[int], None]:
+        """The fdatasync function for one kind of file: commitlog, consumequeue, index, checkpoint."""
+        return lambda fd: self.fdatasync(fd, kind)
+
+    def delay_fsyncs(self, seconds: float) -> None:
+        """Make every fdatasync take at least ``seconds`` longer (a slow disk), until set back to 0."""
+        self._fsync_delay_s = seconds
+
+    def fdatasync(self, fd: int, kind: str = "") -> None:
         with self._lock:
             self.fsync_calls += 1
-            fail = self._fsync_failures > 0
+            fail = self._fsync_failures > 0 and self._fail_kind in (None, kind)
             if fail:
                 self._fsync_failures -= 1
+        if self._fsync_delay_s:
+            time.sleep(self._fsync_delay_s)
         if fail:
             raise OSError(errno.EIO, "injected fdatasync failure")
         os.fdatasync(fd)

@@ -81,11 +81,12 @@ class MessageStore:
         config.validate()
         self.config = config
         self.faults = FaultInjector()
-        sync = self.faults.fdatasync
-        self.commit_log = CommitLog(config, sync)
-        self.queues = ConsumeQueueTable(config.consume_queue_dir, config.mapped_file_size_consume_queue, sync)
+        self.commit_log = CommitLog(config, self.faults.syncer("commitlog"))
+        self.queues = ConsumeQueueTable(
+            config.consume_queue_dir, config.mapped_file_size_consume_queue, self.faults.syncer("consumequeue")
+        )
         self.index: IndexService | None = (
-            IndexService(config.index_dir, config.max_hash_slot_num, config.max_index_num, sync)
+            IndexService(config.index_dir, config.max_hash_slot_num, config.max_index_num, self.faults.syncer("index"))
             if config.message_index_enable
             else None
         )
@@ -114,7 +115,7 @@ class MessageStore:
         self._take_lock()
         try:
             abnormal = os.path.exists(cfg.abort_path)
-            self.checkpoint = Checkpoint(cfg.checkpoint_path, self.faults.fdatasync)
+            self.checkpoint = Checkpoint(cfg.checkpoint_path, self.faults.syncer("checkpoint"))
             self.recovery_report = recover(
                 cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal
             )

@@ -62,5 +62,7 @@ class GetResult:
 
     def messages(self) -> list[StoredMessage]:
         """Decode ``buffer``; entries are checked for framing (the CRC was checked when they were stored)."""
+        if not self.entry_positions:
+            return []
         ends = [*self.entry_positions[1:], len(self.buffer)]
         return [decode_entry(self.buffer, p, e) for p, e in zip(self.entry_positions, ends, strict=True)]

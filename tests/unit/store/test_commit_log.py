@@ -1,0 +1,80 @@
+"""Commit log through the store: entry fields filled at append, END_OF_FILE rolling, monotonic store time."""
+
+from __future__ import annotations
+
+import struct
+
+from broker.store import MessageStore, PutStatus
+from broker.store.message import BLANK_MAGIC, MESSAGE_MAGIC, SysFlag, decode_entry
+
+
+def test_put_fills_store_fields(store: MessageStore) -> None:
+    r = store.put_message("TopicA", 2, b"body", {"TAGS": "a"}, born_timestamp=5, born_host=("10.1.2.3", 777))
+    assert r.status is PutStatus.PUT_OK
+    raw = store.commit_log.read(r.commitlog_offsets[0], r.wrote_bytes)
+    assert raw is not None
+    m = decode_entry(raw, verify_crc=True)
+    assert (m.topic, m.queue_id, m.queue_offset, m.commitlog_offset) == ("TopicA", 2, 0, r.commitlog_offsets[0])
+    assert m.born_host == "10.1.2.3:777" and m.born_timestamp == 5
+    assert m.store_host == "127.0.0.1:10911" and m.store_timestamp == r.store_timestamp
+    assert m.msg_id == r.msg_ids[0]
+    assert store.check() == []
+
+
+def test_end_of_file_rolls_with_a_blank_entry(store: MessageStore) -> None:
+    size = store.config.mapped_file_size_commit_log
+    offsets = []
+    for i in range(40):  # ~ 500 B entries in 16 KiB files: several rolls
+        r = store.put_message("Roll", 0, bytes([i]) * 400)
+        assert r.ok
+        offsets.append(r.commitlog_offsets[0])
+    files = store.commit_log.files.files
+    assert len(files) >= 2
+    first = files[0]
+    # walk file 0 entry by entry: it must end with a blank whose TOTALSIZE covers the rest of the file
+    pos = 0
+    while True:
+        total, magic = struct.unpack_from(">ii", first.mm, pos)
+        if magic == BLANK_MAGIC:
+            assert pos + total == size
+            assert size - pos < 400 + 8 + 100  # the next entry did not fit
+            break
+        assert magic == MESSAGE_MAGIC
+        pos += total
+    assert offsets[-1] // size == len(files) - 1
+    assert any(o % size == 0 and o > 0 for o in offsets)  # some entry starts a new file
+    store.wait_dispatched()
+    got = store.get_message("g", "Roll", 0, 0, 64)
+    assert [m.body[0] for m in got.messages()] == list(range(40))[: got.message_count]
+    assert store.check() == []
+
+
+def test_store_timestamps_never_go_back(store: MessageStore) -> None:
+    store.commit_log.last_store_timestamp = 2**50  # as if the clock had stepped back
+    r1 = store.put_message("T", 0, b"a")
+    r2 = store.put_message("T", 0, b"b")
+    assert r1.store_timestamp == r2.store_timestamp == 2**50
+
+
+def test_prepared_transactions_do_not_take_queue_offsets(store: MessageStore) -> None:
+    a = store.put_message("Tx", 0, b"a")
+    half = store.put_message("Tx", 0, b"half", sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE)
+    b = store.put_message("Tx", 0, b"b")
+    assert (a.queue_offsets, half.queue_offsets, b.queue_offsets) == ([0], [0], [1])
+    store.wait_dispatched()
+    assert [m.body for m in store.get_message("g", "Tx", 0, 0).messages()] == [b"a", b"b"]
+    assert store.lookup_message(half.commitlog_offsets[0]) is not None
+    assert store.check() == []
+
+
+def test_put_validation_statuses(store: MessageStore) -> None:
+    assert store.put_message("bad topic!", 0, b"x").status is PutStatus.MESSAGE_ILLEGAL
+    assert store.put_message("T" * 128, 0, b"x").status is PutStatus.MESSAGE_ILLEGAL
+    big = store.put_message("T", 0, b"x" * 5000)
+    assert big.status is PutStatus.MESSAGE_ILLEGAL and "MESSAGE_SIZE_EXCEEDED" in big.error
+    props = store.put_message("T", 0, b"x", {"k": "v" * 40000})
+    assert props.status is PutStatus.PROPERTIES_SIZE_EXCEEDED
+    assert store.put_message("T", -1, b"x").status is PutStatus.MESSAGE_ILLEGAL
+    assert store.commit_log.max_offset == 0
+    store.shutdown()
+    assert store.put_message("T", 0, b"x").status is PutStatus.SERVICE_NOT_AVAILABLE

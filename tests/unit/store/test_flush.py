@@ -1,0 +1,128 @@
+"""Flush: SYNC group commit, per-message WAIT, FLUSH_DISK_TIMEOUT, failed fsync (apache/rocketmq 2706, 3129),
+ASYNC least pages, and the checkpoint file."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+from broker.store import MessageStore, PutStatus
+from broker.store.checkpoint import CHECKPOINT, Checkpoint
+
+
+def test_sync_flush_acks_only_what_is_on_disk(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(flush_disk_type="SYNC_FLUSH")
+    r = s.put_message("S", 0, b"durable")
+    assert r.status is PutStatus.PUT_OK
+    assert s.commit_log.flushed_offset >= r.commitlog_offsets[0] + r.wrote_bytes
+    assert s.check() == []
+
+
+def test_group_commit_serves_many_writers_per_fsync(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(flush_disk_type="SYNC_FLUSH", mapped_file_size_commit_log=1 << 20)
+    s.faults.delay_fsyncs(0.002)  # a disk with 2 ms syncs makes writers pile up behind each one
+    statuses: list[PutStatus] = []
+
+    def writer(k: int) -> None:
+        for i in range(20):
+            statuses.append(s.put_message("GC", k % 4, b"%d-%d" % (k, i)).status)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(32)]
+    before = s.faults.fsync_calls
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [PutStatus.PUT_OK] * 640
+    assert s.faults.fsync_calls - before < 640 / 2  # group commit: far fewer syncs than messages
+    s.faults.delay_fsyncs(0)
+    assert s.check() == []
+
+
+def test_failed_fsync_does_not_ack_nor_advance(make_store: Callable[..., MessageStore]) -> None:
+    """apache/rocketmq 2706 / 3129: an fsync error must not be taken for success."""
+    s = make_store(flush_disk_type="SYNC_FLUSH")
+    ok = s.put_message("F", 0, b"first")
+    flushed_before = s.commit_log.flushed_offset
+    s.faults.fail_next_fsyncs(1)
+    r = s.put_message("F", 0, b"second")
+    assert r.status is PutStatus.FLUSH_DISK_TIMEOUT
+    assert "fdatasync failed" in r.error
+    assert s.commit_log.flushed_offset == flushed_before < r.commitlog_offsets[0] + r.wrote_bytes
+    # the store is read-only now: the kernel may have dropped the dirty pages
+    assert not s.is_writable()
+    after = s.put_message("F", 0, b"third")
+    assert after.status is PutStatus.SERVICE_NOT_AVAILABLE and "read-only" in after.error
+    s.wait_dispatched()
+    assert [m.body for m in s.get_message("g", "F", 0, 0).messages()] == [b"first", b"second"]  # reads go on
+    assert ok.ok
+    s.shutdown()  # keeps the abort file: the next start re-checks the log
+    s2 = make_store(flush_disk_type="SYNC_FLUSH")
+    assert s2.recovery_report is not None and s2.recovery_report.abnormal
+    assert s2.put_message("F", 0, b"after restart").ok
+    assert s2.check() == []
+
+
+def test_flush_timeout_then_recovers(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=50)
+    s.faults.delay_fsyncs(0.3)
+    r = s.put_message("T", 0, b"slow")
+    assert r.status is PutStatus.FLUSH_DISK_TIMEOUT and "sync_flush_timeout_ms" in r.error
+    s.faults.delay_fsyncs(0)
+    deadline = time.monotonic() + 5
+    while s.commit_log.flushed_offset < r.commitlog_offsets[0] + r.wrote_bytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.commit_log.flushed_offset >= r.commitlog_offsets[0] + r.wrote_bytes
+    assert s.is_writable() and s.put_message("T", 0, b"fast").ok
+
+
+def test_wait_false_does_not_wait_for_the_disk(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(flush_disk_type="SYNC_FLUSH", sync_flush_timeout_ms=50)
+    s.faults.delay_fsyncs(0.3)
+    fire_and_forget = s.put_message("W", 0, b"x", {"WAIT": "false"})
+    assert fire_and_forget.status is PutStatus.PUT_OK
+    assert s.put_message("W", 0, b"y", wait_store_ok=False).status is PutStatus.PUT_OK
+    assert s.put_message("W", 0, b"z").status is PutStatus.FLUSH_DISK_TIMEOUT
+    s.faults.delay_fsyncs(0)
+
+
+def test_async_flush_waits_for_least_pages(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(flush_commit_log_thorough_interval_ms=60_000, mapped_file_size_commit_log=1 << 20)
+    s.put_message("A", 0, b"small")
+    time.sleep(0.15)  # several 20 ms intervals: fewer than 4 dirty pages, no thorough flush due
+    assert s.commit_log.flushed_offset == 0
+    for _ in range(20):
+        s.put_message("A", 0, b"x" * 1000)  # > 4 pages now
+    deadline = time.monotonic() + 5
+    while s.commit_log.flushed_offset == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.commit_log.flushed_offset > 16 * 1024
+
+
+def test_checkpoint_records_flushes(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store()
+    r = s.put_message("C", 0, b"x")
+    s.flush()
+    s.shutdown()
+    with open(s.config.checkpoint_path, "rb") as f:
+        raw = f.read(CHECKPOINT.size)
+    physic_ts, logics_ts, index_ts, physic_off, logics_off, index_off, crc = struct.unpack(">qqqqqqI", raw)
+    assert physic_ts == logics_ts == index_ts == r.store_timestamp
+    assert physic_off == logics_off == index_off == r.wrote_bytes
+    assert crc == zlib.crc32(raw[:48])
+
+
+def test_torn_checkpoint_is_ignored(tmp_path: object) -> None:
+    path = f"{tmp_path}/checkpoint"
+    cp = Checkpoint(path, lambda fd: None)
+    cp.update(physic_offset=123, logics_offset=100, index_offset=90)
+    cp.close()
+    assert Checkpoint(path, lambda fd: None).data.min_dispatch_offset == 90
+    with open(path, "r+b") as f:
+        f.seek(30)
+        f.write(b"\xff")
+    torn = Checkpoint(path, lambda fd: None)
+    assert not torn.valid and torn.data.physic_offset == 0

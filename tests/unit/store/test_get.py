@@ -1,0 +1,164 @@
+"""get_message: every status of the digest's table, limits, filters, raw buffers; offset by time; lookups."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from broker.errors import ServiceNotAvailableError
+from broker.store import GetStatus, MessageStore
+from broker.store.message import tag_hash_code
+
+
+def _fill(store: MessageStore, topic: str, n: int, qid: int = 0) -> None:
+    for i in range(n):
+        assert store.put_message(topic, qid, b"m%d" % i, {"TAGS": "TagA" if i % 3 == 0 else "TagB"}).ok
+    assert store.wait_dispatched()
+
+
+def test_found_returns_raw_entries_in_one_slice(store: MessageStore) -> None:
+    _fill(store, "G", 8)
+    got = store.get_message("grp", "G", 0, 2, max_msgs=4)
+    assert got.status is GetStatus.FOUND
+    assert (got.next_begin_offset, got.min_offset, got.max_offset) == (6, 0, 8)
+    msgs = got.messages()
+    assert [m.body for m in msgs] == [b"m2", b"m3", b"m4", b"m5"]
+    assert [m.queue_offset for m in msgs] == got.queue_offsets == [2, 3, 4, 5]
+    first = msgs[0].commitlog_offset
+    assert got.buffer == store.commit_log.read(first, len(got.buffer))  # exactly as on disk
+    assert got.entry_positions[0] == 0 and got.entry_positions[1] == msgs[0].store_size
+    assert store.check() == []
+
+
+def test_empty_and_unknown_queues(store: MessageStore) -> None:
+    r = store.get_message("grp", "Nope", 0, 5)
+    assert (r.status, r.next_begin_offset) == (GetStatus.NO_MESSAGE_IN_QUEUE, 0)
+    assert store.get_message("grp", "bad topic", 0, 0).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
+    assert store.get_message("grp", "G", -1, 0).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
+
+
+def test_overflow_statuses(store: MessageStore) -> None:
+    _fill(store, "O", 3)
+    one = store.get_message("grp", "O", 0, 3)
+    assert (one.status, one.next_begin_offset) == (GetStatus.OFFSET_OVERFLOW_ONE, 3)
+    badly = store.get_message("grp", "O", 0, 100)
+    # corrected to the max offset, never rewound to 0 (apache/rocketmq 4215)
+    assert (badly.status, badly.next_begin_offset, badly.max_offset) == (GetStatus.OFFSET_OVERFLOW_BADLY, 3, 3)
+
+
+def test_offset_too_small_after_expiry(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(file_reserved_time_hours=0)
+    for i in range(60):
+        assert s.put_message("Exp", 0, b"%d" % i + b"." * 400).ok
+    s.flush()
+    assert s.cleanup is not None
+    report = s.cleanup.clean_once(manual=True)
+    assert report.deleted_commit_log_files >= 1
+    lo = s.min_offset("Exp", 0)
+    assert lo > 0
+    r = s.get_message("grp", "Exp", 0, 0)
+    assert (r.status, r.next_begin_offset) == (GetStatus.OFFSET_TOO_SMALL, lo)
+    ok = s.get_message("grp", "Exp", 0, r.next_begin_offset)
+    assert ok.status is GetStatus.FOUND and ok.messages()[0].body.startswith(b"%d." % lo)
+    assert s.check() == []
+
+
+def test_tag_filter_and_no_matched_message(store: MessageStore) -> None:
+    _fill(store, "F", 9)
+    a = store.get_message("grp", "F", 0, 0, 32, tag_codes={tag_hash_code("TagA")})
+    assert [m.body for m in a.messages()] == [b"m0", b"m3", b"m6"] and a.next_begin_offset == 9
+    none = store.get_message("grp", "F", 0, 0, 32, tag_codes={tag_hash_code("TagZ")})
+    assert (none.status, none.next_begin_offset) == (GetStatus.NO_MATCHED_MESSAGE, 9)
+    f = store.get_message("grp", "F", 0, 0, 32, message_filter=lambda m: m.body.endswith(b"4"))
+    assert [m.body for m in f.messages()] == [b"m4"]
+    f0 = store.get_message("grp", "F", 0, 0, 32, message_filter=lambda m: False)
+    assert f0.status is GetStatus.NO_MATCHED_MESSAGE
+
+
+def test_limits_by_count_and_bytes(store: MessageStore) -> None:
+    _fill(store, "L", 9)
+    assert store.get_message("grp", "L", 0, 0, max_msgs=2).message_count == 2
+    one_size = store.get_message("grp", "L", 0, 0, max_msgs=1).messages()[0].store_size
+    by_bytes = store.get_message("grp", "L", 0, 0, max_msgs=32, max_bytes=one_size * 2 + 1)
+    assert by_bytes.message_count == 2 and by_bytes.next_begin_offset == 2
+    tiny = store.get_message("grp", "L", 0, 0, max_msgs=32, max_bytes=1)
+    assert tiny.message_count == 1  # the first message is always returned
+
+
+def test_files_gone_under_the_reader(store: MessageStore) -> None:
+    _fill(store, "Gone", 15)  # 2 consume-queue files
+    cq = store.queues.find("Gone", 0)
+    assert cq is not None
+    cq.files.delete_first(1)  # the first consume-queue file disappears, min offset not yet corrected
+    r = store.get_message("grp", "Gone", 0, 3)
+    assert (r.status, r.next_begin_offset) == (GetStatus.OFFSET_FOUND_NULL, 10)
+
+
+def test_commit_log_file_gone_under_the_reader(store: MessageStore) -> None:
+    for i in range(60):
+        assert store.put_message("Rm", 0, b"%d" % i + b"." * 400).ok
+    store.flush()
+    store.commit_log.files.delete_first(1)  # consume queue still points into it
+    r = store.get_message("grp", "Rm", 0, 0, 4)
+    assert (r.status, r.next_begin_offset) == (GetStatus.MESSAGE_WAS_REMOVING, 4)
+
+
+def test_get_after_shutdown_raises(store: MessageStore) -> None:
+    store.shutdown()
+    with pytest.raises(ServiceNotAvailableError):
+        store.get_message("grp", "G", 0, 0)
+
+
+def test_offset_by_time_and_earliest_time(store: MessageStore) -> None:
+    t0 = time.time_ns() // 1_000_000 + 10**6  # in the future, so the clock never overtakes it
+    for i in range(10):
+        store.commit_log.last_store_timestamp = t0 + 1000 * i  # store time t0 + i s (never goes back)
+        assert store.put_message("Time", 0, b"%d" % i).store_timestamp == t0 + 1000 * i
+    store.wait_dispatched()
+    assert store.offset_by_time("Time", 0, 0) == 0
+    assert store.offset_by_time("Time", 0, t0 + 3000) == 3
+    assert store.offset_by_time("Time", 0, t0 + 3001) == 4
+    assert store.offset_by_time("Time", 0, t0 + 10**7) == 10
+    assert store.offset_by_time("None", 0, t0) == 0
+    assert store.earliest_message_time("Time", 0) == t0
+    assert store.earliest_message_time("None", 0) == -1
+
+
+def test_lookups_by_offset_and_msg_id(store: MessageStore) -> None:
+    r = store.put_message("Look", 0, b"payload", {"KEYS": "k1"})
+    m = store.view_by_msg_id(r.msg_ids[0])
+    assert m is not None and m.body == b"payload" and m.msg_id == r.msg_ids[0]
+    assert store.lookup_message(r.commitlog_offsets[0] + 1) is None
+    assert store.lookup_message(10**9) is None
+
+
+def test_arrival_listener_and_topic_listing(store: MessageStore) -> None:
+    seen: list[tuple[str, int, int]] = []
+    event = threading.Event()
+
+    def on_arrival(topic: str, qid: int, max_offset: int) -> None:
+        seen.append((topic, qid, max_offset))
+        event.set()
+
+    store.add_arrival_listener(on_arrival)
+    store.put_message("Arr", 3, b"x")
+    assert event.wait(5)
+    assert ("Arr", 3, 1) in seen
+    assert store.queue_ids("Arr") == [3] and "Arr" in store.topics()
+    assert store.dispatched_offset() == store.commit_log.max_offset
+    stats = store.stats()
+    assert stats["put_msgs"] == 1 and 0 <= stats["disk_usage_ratio"] <= 1
+
+
+def test_delete_topic(store: MessageStore) -> None:
+    _fill(store, "Del", 3)
+    _fill(store, "Keep", 2)
+    store.delete_topic("Del")
+    assert "Del" not in store.topics() and store.max_offset("Del", 0) == 0
+    assert store.get_message("grp", "Del", 0, 0).status is GetStatus.NO_MESSAGE_IN_QUEUE
+    assert store.put_message("Del", 0, b"again").queue_offsets == [0]
+    store.wait_dispatched()
+    assert store.get_message("grp", "Keep", 0, 0).message_count == 2

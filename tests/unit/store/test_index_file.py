@@ -1,0 +1,64 @@
+"""Index: key lookups with forced hash collisions (8 slots), index-file rolling, header layout."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+
+from broker.store import MessageStore
+from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, key_hash
+from broker.store.message import Prop
+
+
+def test_layout_sizes() -> None:
+    assert (INDEX_HEADER.size, INDEX_ENTRY.size) == (40, 20)
+
+
+def test_lookups_with_forced_collisions(store: MessageStore) -> None:
+    # 8 slots and 30 keys: every slot chain holds several keys
+    for i in range(30):
+        assert store.put_message("Idx", i % 3, b"v%d" % i, {Prop.KEYS: f"order-{i} common"}).ok
+    store.wait_dispatched()
+    slots = {key_hash(f"Idx#order-{i}") % 8 for i in range(30)}
+    assert len(slots) < 30  # collisions are certain
+    for i in range(30):
+        found = store.query_by_key("Idx", f"order-{i}")
+        assert [m.body for m in found] == [b"v%d" % i]
+    common = store.query_by_key("Idx", "common", max_num=64)
+    assert sorted(m.body for m in common) == sorted(b"v%d" % i for i in range(30))
+    assert store.query_by_key("Idx", "common", max_num=5)[-1].body == b"v29"
+    assert store.query_by_key("Other", "order-1") == []
+    assert store.query_by_key("Idx", "missing") == []
+    assert store.check() == []
+
+
+def test_unique_key_and_time_range(store: MessageStore) -> None:
+    r = store.put_message("Uq", 0, b"x", {Prop.UNIQ_KEY: "ABCDEF"})
+    store.wait_dispatched()
+    found = store.query_by_key("Uq", "ABCDEF")
+    assert [m.msg_id for m in found] == r.msg_ids
+    ts = r.store_timestamp
+    assert store.query_by_key("Uq", "ABCDEF", begin_ms=ts + 5000) == []
+    assert store.query_by_key("Uq", "ABCDEF", end_ms=ts - 5000) == []
+
+
+def test_index_files_roll_when_full(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(max_index_num=10)
+    for i in range(40):
+        assert s.put_message("Roll", 0, b"%d" % i, {Prop.KEYS: f"k{i}"}).ok
+    s.wait_dispatched()
+    assert s.index is not None and len(s.index.files) >= 4
+    # header of the first file, decoded independently
+    with open(s.index.files[0].path, "rb") as f:
+        raw = f.read(40)
+    begin_ts, end_ts, begin_phy, end_phy, slots, count = struct.unpack(">qqqqii", raw)
+    assert slots == 8 and count == 10 and begin_phy == 0 and end_phy > begin_phy and end_ts >= begin_ts
+    assert [m.body for m in s.query_by_key("Roll", "k0")] == [b"0"]
+    assert [m.body for m in s.query_by_key("Roll", "k39")] == [b"39"]
+    assert s.check() == []
+    s.shutdown()
+    s2 = make_store(max_index_num=10)
+    assert [m.body for m in s2.query_by_key("Roll", "k21")] == [b"21"]
+    assert len(os.listdir(s2.config.index_dir)) >= 4
+    assert s2.check() == []
