@@ -58,5 +58,7 @@ def encode_message(
 
 def decode_entries(buffer: bytes, positions: Iterable[int]) -> list[StoredMessage]:
     pos_list = list(positions)
+    if not pos_list:
+        return []
     ends = [*pos_list[1:], len(buffer)]
     return [decode_entry(buffer, p, e) for p, e in zip(pos_list, ends, strict=True)]

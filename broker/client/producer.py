@@ -10,12 +10,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 from broker.client.connection import Connection
 from broker.client.message import Message, encode_message
 from broker.client.results import SendResult, SendStatus
-from broker.errors import MessageIllegalError
+from broker.errors import BrokerError, MessageIllegalError
 from broker.proto import sluice_pb2 as pb
 from broker.store.message import java_string_hash, validate_topic
 
@@ -23,13 +24,37 @@ from broker.store.message import java_string_hash, validate_topic
 DEFAULT_BATCH_LIMIT_BYTES = 4 * 1024 * 1024 - 64 * 1024
 
 
-def send_results(resp: pb.SendResponse) -> list[SendResult]:
-    status = SendStatus[pb.SendStatus.Name(resp.status)]
-    prefix = resp.msg_id_prefix
-    return [
-        SendResult(status, f"{prefix}{off:016X}", qid, qoff)
-        for off, qid, qoff in zip(resp.commitlog_offsets, resp.queue_ids, resp.queue_offsets, strict=True)
-    ]
+class SendResults(Sequence[SendResult]):
+    """One SendResult per message of a batch, built on access: a 2,000-message batch costs no 2,000 objects
+    unless the caller looks at them. Indexable, iterable and sized like the list it stands for."""
+
+    def __init__(self, resp: pb.SendResponse) -> None:
+        self.status = SendStatus[pb.SendStatus.Name(resp.status)]
+        self.msg_id_prefix = resp.msg_id_prefix
+        self.commitlog_offsets: list[int] = list(resp.commitlog_offsets)
+        self.queue_ids: list[int] = list(resp.queue_ids)
+        self.queue_offsets: list[int] = list(resp.queue_offsets)
+        if not len(self.commitlog_offsets) == len(self.queue_ids) == len(self.queue_offsets):
+            raise BrokerError("broker answered a send with mismatched result lists; this is a broker bug")
+
+    def __len__(self) -> int:
+        return len(self.commitlog_offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return SendResult(self.status, f"{self.msg_id_prefix}{self.commitlog_offsets[index]:016X}",
+                          self.queue_ids[index], self.queue_offsets[index])  # fmt: skip
+
+    def __iter__(self) -> Iterator[SendResult]:
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"SendResults({len(self)} messages, {self.status.value})"
 
 
 class Producer:
@@ -70,7 +95,7 @@ class Producer:
             producer_group=self.group, topic=msg.topic, queue_id=qid, body=bytes(msg.body),
             properties=msg.all_properties(), flag=msg.flag, born_timestamp=int(time.time() * 1000),
         )  # fmt: skip
-        return send_results(self.conn.call(self.conn.stub.SendMessage, request))[0]
+        return SendResults(self.conn.call(self.conn.stub.SendMessage, request))[0]
 
     def send_batch(
         self, msgs: Sequence[Message], queue_id: int | None = None, *, sharding_key: str | None = None
@@ -100,10 +125,12 @@ class Producer:
         results += self.send_encoded(b"".join(chunk), len(chunk))
         return results
 
-    def send_encoded(self, buffer: bytes, count: int) -> list[SendResult]:
-        """Send entries already encoded with ``encode_entry`` (the fast path); stored all-or-nothing."""
+    def send_encoded(self, buffer: bytes, count: int) -> SendResults:
+        """Send entries already encoded with ``encode_entry`` (the fast path); stored all-or-nothing.
+
+        Returns a lazy sequence of SendResult (one per entry, in order)."""
         request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count)
-        return send_results(self.conn.call(self.conn.stub.SendBatch, request))
+        return SendResults(self.conn.call(self.conn.stub.SendBatch, request))
 
     def close(self) -> None:
         self.conn.close()

@@ -40,6 +40,7 @@ def snapshot(endpoint: str) -> list[tuple[int, int, bytes, str | None]]:
 def stored(broker: BrokerController, endpoint: str) -> list[tuple[int, int, bytes, str | None]]:
     with Producer(endpoint) as p:
         p.send_batch([Message(TOPIC, f"keep{i}".encode(), tags="T") for i in range(40)])
+    assert broker.store is not None and broker.store.wait_dispatched()
     before = snapshot(endpoint)
     assert len(before) == 40
     return before

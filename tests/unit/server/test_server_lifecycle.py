@@ -24,6 +24,7 @@ def test_offsets_topics_and_messages_survive_restart(broker_factory: BrokerFacto
     with Producer(ep) as p, PullConsumer(ep, "g1") as c, Admin(ep) as admin:
         admin.create_topic("Four", 4)
         p.send_batch([Message("Four", f"{i}".encode()) for i in range(12)], queue_id=2)
+        assert first.store is not None and first.store.wait_dispatched()
         c.commit_offsets({("Four", 2): 7, ("Four", 0): 0})
     assert first.store is not None and first.store.check() == []
     first.shutdown()
@@ -47,6 +48,7 @@ def test_offsets_persisted_periodically_without_shutdown(broker_factory: BrokerF
     ep = f"127.0.0.1:{b.port}"
     with Producer(ep) as p, PullConsumer(ep, "gp") as c:
         p.send(Message("P", b"x"), queue_id=0)
+        assert b.store is not None and b.store.wait_dispatched()
         c.commit_offsets({("P", 0): 1})
     path = b.config.config_dir / "consumerOffset.json"
     deadline = time.monotonic() + 5
@@ -75,6 +77,7 @@ def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     ep = f"127.0.0.1:{b.port}"
     with Producer(ep) as p, PullConsumer(ep, "mg") as c:
         p.send_batch([Message("M", b"x" * 10) for _ in range(5)], queue_id=1)
+        assert b.store is not None and b.store.wait_dispatched()
         c.pull("M", 1, 0)
         c.pull("M", 1, 5, timeout_ms=50)
         c.commit_offsets({("M", 1): 2})

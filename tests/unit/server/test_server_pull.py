@@ -10,15 +10,17 @@ from broker.client.results import PullResult
 from broker.server.broker_controller import BrokerController
 
 
-def fill(endpoint: str, topic: str, n: int, queue_id: int = 0, tags: str | None = None) -> None:
-    with Producer(endpoint) as p:
+def fill(broker: BrokerController, topic: str, n: int, queue_id: int = 0, tags: str | None = None) -> None:
+    """Send, then wait until the dispatcher made the messages visible to pulls (it runs just after the send)."""
+    with Producer(f"127.0.0.1:{broker.port}") as p:
         p.send_batch([Message(topic, f"m{i}".encode(), tags=tags) for i in range(n)], queue_id=queue_id)
+    assert broker.store is not None and broker.store.wait_dispatched()
 
 
 def test_every_pull_status(broker: BrokerController, endpoint: str) -> None:
     with Admin(endpoint) as admin:
         admin.create_topic("S", 2)
-    fill(endpoint, "S", 10)
+    fill(broker, "S", 10)
     with PullConsumer(endpoint, "g") as c:
         r = c.pull("S", 0, 0, max_msgs=4)
         assert (r.status, len(r.messages), r.next_begin_offset, r.min_offset, r.max_offset) == (
@@ -36,8 +38,8 @@ def test_every_pull_status(broker: BrokerController, endpoint: str) -> None:
 
 
 def test_tag_filter_hash_on_broker_exact_in_client(broker: BrokerController, endpoint: str) -> None:
-    fill(endpoint, "Tags", 5, tags="TagB")
-    fill(endpoint, "Tags", 3, tags="TagA")
+    fill(broker, "Tags", 5, tags="TagB")
+    fill(broker, "Tags", 3, tags="TagA")
     with PullConsumer(endpoint, "g") as c:
         r = c.pull("Tags", 0, 0, max_msgs=5, tags="TagA || TagC")
         assert r.status is PullStatus.NO_MATCHED_MSG and r.next_begin_offset == 5 and r.messages == []
@@ -48,7 +50,7 @@ def test_tag_filter_hash_on_broker_exact_in_client(broker: BrokerController, end
 
 
 def test_long_poll_wakes_on_arrival_and_not_before(broker: BrokerController, endpoint: str) -> None:
-    fill(endpoint, "LP", 2)
+    fill(broker, "LP", 2)
     results: list[tuple[float, PullResult]] = []
     with PullConsumer(endpoint, "g") as c:
 
@@ -62,7 +64,7 @@ def test_long_poll_wakes_on_arrival_and_not_before(broker: BrokerController, end
         time.sleep(0.5)
         assert t.is_alive() and not results, "a held pull answered before any message arrived"
         sent_at = time.monotonic()
-        fill(endpoint, "LP", 1)
+        fill(broker, "LP", 1)
         t.join(5)
         woke_after = time.monotonic() - sent_at
     waited, r = results[0]
@@ -71,7 +73,7 @@ def test_long_poll_wakes_on_arrival_and_not_before(broker: BrokerController, end
 
 
 def test_long_poll_times_out_with_no_new_msg(broker: BrokerController, endpoint: str) -> None:
-    fill(endpoint, "LPT", 1)
+    fill(broker, "LPT", 1)
     with PullConsumer(endpoint, "g") as c:
         started = time.monotonic()
         r = c.pull("LPT", 0, 1, timeout_ms=300)
@@ -80,7 +82,7 @@ def test_long_poll_times_out_with_no_new_msg(broker: BrokerController, endpoint:
 
 
 def test_pull_carries_commit_offset(broker: BrokerController, endpoint: str) -> None:
-    fill(endpoint, "C", 5)
+    fill(broker, "C", 5)
     with PullConsumer(endpoint, "cg") as c:
         assert c.committed_offsets("C") == {}
         c.pull("C", 0, 3, commit_offset=3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections import defaultdict
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
@@ -56,6 +57,7 @@ def test_ten_thousand_mixed_messages_round_trip_byte_exact(broker: BrokerControl
             assert len(results) == len(chunk)
             sent.update({r.msg_id: m for r, m in zip(results, chunk, strict=True)})
     assert len(sent) == 10_000
+    assert broker.store is not None and broker.store.wait_dispatched()
     with PullConsumer(endpoint, "rt") as consumer:
         got = drain(consumer, topic, 8)
     received = [m for q in got.values() for m in q]
@@ -78,9 +80,13 @@ def test_queries_by_key_and_id_and_offsets(broker: BrokerController, endpoint: s
     topic = "Queries"
     with Producer(endpoint) as producer, Admin(endpoint) as admin:
         results = producer.send_batch([Message(topic, f"body{i}".encode(), keys=[f"id-{i}", "all"]) for i in range(20)])
+        deadline = time.monotonic() + 5  # the index is built by the dispatcher, just after the send returns
+        while len(admin.query_by_key(topic, "all", max_num=64)) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(admin.query_by_key(topic, "all", max_num=64)) == 20
         by_key = admin.query_by_key(topic, "id-3")
         assert [m.body for m in by_key] == [b"body3"]
-        assert len(admin.query_by_key(topic, "all", max_num=64)) == 20
+        assert admin.query_by_key(topic, "no-such-key") == []
         viewed = admin.view_message(results[5].msg_id)
         assert viewed.body == b"body5" and viewed.msg_id == results[5].msg_id
         offsets = admin.queue_offsets(topic)

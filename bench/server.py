@@ -1,0 +1,225 @@
+"""Broker over gRPC on loopback: `python -m bench.server` prints a table and writes bench/results/server.json.
+
+Each case runs against a broker subprocess (`python -m broker broker`) in a fresh temporary store:
+SendBatch throughput (pre-encoded buffers through Producer.send_encoded, 100 B and 1 KiB bodies), single-send
+latency (ASYNC_FLUSH and SYNC_FLUSH brokers), raw pull throughput, and long-poll wake-up latency (send start to
+the held pull's answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from broker.client import Message, Producer, PullConsumer
+from broker.client.message import encode_message
+from broker.server.process import BrokerProcess
+
+RESULTS = Path(__file__).resolve().parent / "results" / "server.json"
+TOPIC = "Bench"
+QUEUES = 8
+
+TARGETS = {
+    "send_batch_100B_msgs_per_s": 300_000,
+    "send_batch_1KiB_MB_per_s": 150,
+    "pull_msgs_per_s": 500_000,
+    "send_async_p99_ms": 2.0,
+    "wakeup_p99_ms": 5.0,
+}
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+
+
+def encoded_batches(body_size: int, batch_msgs: int, batches: int) -> list[bytes]:
+    body = bytes(range(256)) * (body_size // 256 + 1)
+    out = []
+    for b in range(batches):
+        qid = b % QUEUES
+        entry = encode_message(Message(TOPIC, body[:body_size], tags="T"), qid)
+        out.append(entry * batch_msgs)
+    return out
+
+
+def run_threads(n: int, fn: Callable[[int], int], duration_s: float) -> tuple[int, float]:
+    """Run fn(i) repeatedly in n threads for duration_s; returns (units done, seconds)."""
+    done = [0] * n
+    stop = time.monotonic() + duration_s
+
+    def loop(i: int) -> None:
+        while time.monotonic() < stop:
+            done[i] += fn(i)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(n)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done), time.perf_counter() - started
+
+
+def bench_send_batch(endpoint: str, body_size: int, batch_msgs: int, duration_s: float, threads: int) -> dict[str, Any]:
+    batches = encoded_batches(body_size, batch_msgs, QUEUES)
+    producers = [Producer(endpoint) for _ in range(threads)]
+    producers[0].send_encoded(batches[0], batch_msgs)  # warm up: topic auto-created, channels connected
+    counter = [0] * threads
+
+    def one(i: int) -> int:
+        counter[i] += 1
+        producers[i].send_encoded(batches[counter[i] % len(batches)], batch_msgs)
+        return batch_msgs
+
+    msgs, seconds = run_threads(threads, one, duration_s)
+    for p in producers:
+        p.close()
+    entry_bytes = len(batches[0]) / batch_msgs
+    return {"msgs_per_s": msgs / seconds, "MB_per_s": msgs * body_size / seconds / 1e6,
+            "entry_MB_per_s": msgs * entry_bytes / seconds / 1e6, "batch_msgs": batch_msgs,
+            "threads": threads}  # fmt: skip
+
+
+def bench_single_send(endpoint: str, count: int) -> dict[str, float]:
+    with Producer(endpoint) as p:
+        msg = Message(TOPIC, b"x" * 100)
+        for _ in range(200):
+            p.send(msg, queue_id=0)
+        latencies = []
+        for _ in range(count):
+            started = time.perf_counter()
+            p.send(msg, queue_id=0)
+            latencies.append((time.perf_counter() - started) * 1000)
+    return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99), "count": count}
+
+
+def bench_pull(endpoint: str, body_size: int, per_queue: int, max_msgs: int) -> dict[str, float]:
+    batches = encoded_batches(body_size, 1000, QUEUES)
+    with Producer(endpoint) as p:
+        for _ in range(per_queue // 1000):
+            for b in batches:
+                p.send_encoded(b, 1000)
+    time.sleep(0.5)  # let the dispatcher finish building consume queues
+    total = 0
+    with PullConsumer(endpoint, "bench") as c:
+        c.pull_raw(TOPIC, 0, 0, max_msgs=10)
+        started = time.perf_counter()
+        for qid in range(QUEUES):
+            offset = 0
+            while True:
+                r = c.pull_raw(TOPIC, qid, offset, max_msgs=max_msgs, max_bytes=8 << 20)
+                if not r.entry_positions:
+                    break
+                total += len(r.entry_positions)
+                offset = r.next_begin_offset
+        raw_s = time.perf_counter() - started
+        started = time.perf_counter()
+        decoded, offset = 0, 0
+        while decoded < 50_000:
+            res = c.pull(TOPIC, 1, offset, max_msgs=max_msgs, max_bytes=8 << 20)
+            if not res.messages:
+                break
+            decoded += len(res.messages)
+            offset = res.next_begin_offset
+        decoded_s = time.perf_counter() - started
+    return {"raw_msgs_per_s": total / raw_s, "raw_msgs": total, "decoded_msgs_per_s": decoded / decoded_s}
+
+
+def held_pull(c: PullConsumer, offset: int, result: list[float], answered: threading.Event) -> None:
+    r = c.pull_raw("Wake", 0, offset, timeout_ms=5000)
+    result.append(time.perf_counter())
+    assert r.entry_positions, r.status
+    answered.set()
+
+
+def bench_wakeup(endpoint: str, rounds: int) -> dict[str, float]:
+    latencies = []
+    with Producer(endpoint) as p, PullConsumer(endpoint, "wake") as c:
+        offset = p.send(Message("Wake", b"w"), queue_id=0).queue_offset + 1
+        for _ in range(rounds):
+            answered = threading.Event()
+            result: list[float] = []
+            t = threading.Thread(target=held_pull, args=(c, offset, result, answered))
+            t.start()
+            time.sleep(0.01)  # let the pull reach the broker and be held
+            started = time.perf_counter()
+            p.send(Message("Wake", b"w"), queue_id=0)
+            answered.wait(10)
+            t.join()
+            latencies.append((result[0] - started) * 1000)
+            offset += 1
+    return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99), "rounds": rounds}
+
+
+def with_broker(flush: str, fn: Callable[[str], Any]) -> Any:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "store", flush=flush).start()
+        try:
+            return fn(broker.endpoint)
+        finally:
+            broker.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per throughput case")
+    parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    args = parser.parse_args()
+    duration = 1.0 if args.quick else args.duration
+    results: dict[str, Any] = {}
+    results["send_batch_100B"] = with_broker("async", lambda ep: bench_send_batch(ep, 100, 2000, duration, 2))
+    results["send_batch_1KiB"] = with_broker("async", lambda ep: bench_send_batch(ep, 1024, 1000, duration, 2))
+    results["send_async"] = with_broker("async", lambda ep: bench_single_send(ep, 500 if args.quick else 3000))
+    results["send_sync"] = with_broker("sync", lambda ep: bench_single_send(ep, 300 if args.quick else 1000))
+    per_queue = 10_000 if args.quick else 40_000
+    results["pull_100B"] = with_broker("async", lambda ep: bench_pull(ep, 100, per_queue, 4096))
+    results["wakeup"] = with_broker("async", lambda ep: bench_wakeup(ep, 100 if args.quick else 300))
+    measured = {
+        "send_batch_100B_msgs_per_s": results["send_batch_100B"]["msgs_per_s"],
+        "send_batch_1KiB_MB_per_s": results["send_batch_1KiB"]["MB_per_s"],
+        "pull_msgs_per_s": results["pull_100B"]["raw_msgs_per_s"],
+        "send_async_p99_ms": results["send_async"]["p99_ms"],
+        "wakeup_p99_ms": results["wakeup"]["p99_ms"],
+    }
+    rows = [
+        ("SendBatch 100 B", f"{results['send_batch_100B']['msgs_per_s']:,.0f} msg/s",
+         f"{results['send_batch_100B']['MB_per_s']:.1f} MB/s", ">= 300,000 msg/s"),
+        ("SendBatch 1 KiB", f"{results['send_batch_1KiB']['msgs_per_s']:,.0f} msg/s",
+         f"{results['send_batch_1KiB']['MB_per_s']:.1f} MB/s", ">= 150 MB/s"),
+        ("send ASYNC", f"p50 {results['send_async']['p50_ms']:.3f} ms", f"p99 {results['send_async']['p99_ms']:.3f} ms",
+         "p99 <= 2 ms"),
+        ("send SYNC", f"p50 {results['send_sync']['p50_ms']:.3f} ms",
+         f"p99 {results['send_sync']['p99_ms']:.3f} ms", ""),
+        ("pull raw 100 B", f"{results['pull_100B']['raw_msgs_per_s']:,.0f} msg/s",
+         f"decoded {results['pull_100B']['decoded_msgs_per_s']:,.0f} msg/s", ">= 500,000 msg/s"),
+        ("long-poll wake-up", f"p50 {results['wakeup']['p50_ms']:.3f} ms", f"p99 {results['wakeup']['p99_ms']:.3f} ms",
+         "p99 <= 5 ms"),
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    print(f"Sluice broker over gRPC on loopback ({platform.machine()}, python {platform.python_version()})")
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    report = {
+        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "results": results,
+        "measured": measured,
+        "targets": TARGETS,
+        "met": {k: (measured[k] <= v if k.endswith("_ms") else measured[k] >= v) for k, v in TARGETS.items()},
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2, sort_keys=True))
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

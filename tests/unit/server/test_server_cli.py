@@ -1,0 +1,74 @@
+"""The `sluice` command line, run as a subprocess against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from broker.client import Message, Producer
+from broker.server.broker_controller import BrokerController
+
+
+def sluice(endpoint: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
+    return subprocess.run([sys.executable, "-m", "broker", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+
+
+def test_topic_commands(broker: BrokerController, endpoint: str) -> None:
+    out = sluice(endpoint, "topic", "create", "CliT", "--queues", "3")
+    assert out.returncode == 0, out.stderr
+    assert "CliT" in out.stdout and "queues" in out.stdout
+    again = sluice(endpoint, "topic", "create", "CliT")
+    assert again.returncode == 1 and "already exists" in again.stderr and "TOPIC_EXIST_ALREADY" in again.stderr
+    listed = json.loads(sluice(endpoint, "topic", "list", "--json", "--endpoint", endpoint).stdout)
+    assert {"topic": "CliT", "read_queue_nums": 3, "write_queue_nums": 3, "perm": 6} in listed
+    with Producer(endpoint) as p:
+        p.send_batch([Message("CliT", b"x")] * 5, queue_id=1)
+    assert broker.store is not None and broker.store.wait_dispatched()
+    described = json.loads(sluice(endpoint, "topic", "describe", "CliT", "--json").stdout)
+    assert described["queues"][1] == {"queue_id": 1, "min_offset": 0, "max_offset": 5}
+    human = sluice(endpoint, "topic", "describe", "CliT").stdout
+    assert "max_offset" in human.splitlines()[0]
+    assert sluice(endpoint, "topic", "delete", "CliT").returncode == 0
+    gone = sluice(endpoint, "topic", "describe", "CliT")
+    assert gone.returncode == 1 and "does not exist" in gone.stderr
+
+
+def test_send_consume_query_lag_stats(broker: BrokerController, endpoint: str) -> None:
+    sent = sluice(endpoint, "send", "CliS", "--tags", "A", "--keys", "k1,k2", "--property", "p=v", "--body", "hello",
+                  "--json")  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    first = json.loads(sent.stdout)["results"][0]
+    from_stdin = sluice(endpoint, "send", "CliS", "--queue", "0", stdin="line one\nline two\n")
+    assert "sent 2 messages" in from_stdin.stdout
+    many = sluice(endpoint, "send", "CliS", "--count", "3000", "--size", "100", "--queue", "2")
+    assert "sent 3000 messages" in many.stdout and "msg/s" in many.stdout
+    assert broker.store is not None and broker.store.wait_dispatched()
+    consumed = sluice(endpoint, "consume", "CliS", "--group", "cg", "--from", "earliest", "--json")
+    assert consumed.returncode == 0, consumed.stderr
+    lines = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert len(lines) == 3003
+    hello = next(m for m in lines if m["msg_id"] == first["msg_id"])
+    assert (hello["body"], hello["tags"], hello["keys"], hello["properties"]["p"]) == ("hello", "A", ["k1", "k2"], "v")
+    assert {m["body"] for m in lines if m["queue_id"] == 0} >= {"line one", "line two"}
+    again = sluice(endpoint, "consume", "CliS", "--group", "cg", "--json")  # from committed offsets: nothing left
+    assert again.stdout.strip() == ""
+    by_key = json.loads(sluice(endpoint, "query", "key", "CliS", "k2", "--json").stdout)
+    assert [m["msg_id"] for m in by_key] == [first["msg_id"]]
+    by_id = sluice(endpoint, "query", "id", first["msg_id"])
+    assert first["msg_id"] in by_id.stdout
+    missing = sluice(endpoint, "query", "id", "7F00000100002A9F00000000DEADBEEF")
+    assert missing.returncode == 1 and "no message with id" in missing.stderr
+    lag = json.loads(sluice(endpoint, "group", "lag", "cg", "--json").stdout)
+    assert lag["total_lag"] == 0 and len(lag["queues"]) == 8
+    assert "total lag: 0" in sluice(endpoint, "group", "lag", "cg").stdout
+    stats = json.loads(sluice(endpoint, "stats", "--json").stdout)
+    assert stats["broker_put_messages"] >= 3003
+
+
+def test_unreachable_endpoint_is_a_clear_error() -> None:
+    out = sluice("127.0.0.1:1", "topic", "list")
+    assert out.returncode == 1 and "unreachable" in out.stderr
