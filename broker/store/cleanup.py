@@ -66,6 +66,8 @@ class CleanupService(ServiceThread):
 
     def run_once(self) -> None:
         self.wait(DISK_PROBE_INTERVAL_S)
+        if self.stopped:
+            return
         now = time.monotonic()
         due = (now - self._last_clean) * 1000 >= self.config.clean_resource_interval_ms
         if due:

@@ -84,9 +84,11 @@ class AsyncFlushService(ServiceThread):
 
     def run_once(self) -> None:
         self.wait(self.config.flush_interval_commit_log_ms / 1000)
+        if self.stopped:  # shutdown flushes by itself; a crash (abandon) must not flush at all
+            return
         now = time.monotonic()
         thorough = (now - self._last_thorough) * 1000 >= self.config.flush_commit_log_thorough_interval_ms
-        least = 0 if thorough or self.stopped else self.config.flush_commit_log_least_pages * OS_PAGE_SIZE
+        least = 0 if thorough else self.config.flush_commit_log_least_pages * OS_PAGE_SIZE
         if self.commit_log.files.dirty_bytes() > max(least - 1, 0):
             if flush_commit_log(self.commit_log, self.checkpoint, self.on_error) and thorough:
                 self._last_thorough = now
@@ -141,7 +143,7 @@ class GroupCommitService(ServiceThread):
         with self._cond:
             while self._requested <= self.flushed and not self.stopped:
                 self._cond.wait(0.01)
-            if self.failed:
+            if self.failed or self.stopped:
                 self._cond.wait(0.05)
                 return
         if not flush_commit_log(self.commit_log, self.checkpoint, self._fail):
@@ -187,7 +189,8 @@ class ConsumeQueueFlushService(ServiceThread):
 
     def run_once(self) -> None:
         self.wait(self.config.flush_interval_consume_queue_ms / 1000)
-        self.flush_all()
+        if not self.stopped:
+            self.flush_all()
 
     def flush_all(self) -> bool:
         # Snapshot first: everything dispatched before this point is in the files we are about to sync.

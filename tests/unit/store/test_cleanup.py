@@ -1,0 +1,123 @@
+"""Expiry by time (at delete_when) and by disk ratio (75% expired-only, 85% forced, 90% refuse writes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from broker.store import GetStatus, MessageStore, PutStatus
+from broker.store.message import Prop
+
+HOUR_MS = 3600 * 1000
+
+
+class DiskProbe:
+    """The injectable disk-usage probe: tests set the ratio the store sees."""
+
+    def __init__(self) -> None:
+        self.ratio = 0.10
+
+    def __call__(self, path: str) -> float:
+        return self.ratio
+
+
+def _fill(s: MessageStore, n: int = 140) -> None:
+    for i in range(n):
+        assert s.put_message("E", 0, b"%04d" % i + b"." * 400, {Prop.KEYS: f"k{i}"}).ok
+    s.flush()
+
+
+def _age_files(s: MessageStore, count: int, hours: float) -> None:
+    """Make the oldest ``count`` commit-log files look ``hours`` old (expiry uses mtime, as RocketMQ)."""
+    old = time.time() - hours * 3600
+    for f in s.commit_log.files.files[:count]:
+        os.utime(f.path, (old, old))
+
+
+def test_expired_files_go_at_delete_when(make_store: Callable[..., MessageStore]) -> None:
+    probe = DiskProbe()
+    hour = time.localtime().tm_hour
+    s = make_store(file_reserved_time_hours=1, delete_when=f"{(hour + 12) % 24:02d}", disk_usage_probe=probe)
+    _fill(s)
+    n_files = len(s.commit_log.files.files)
+    assert n_files >= 4
+    _age_files(s, 2, hours=2)
+    assert s.cleanup is not None
+    now = time.time_ns() // 1_000_000
+    assert s.cleanup.clean_once(now).deleted_commit_log_files == 0  # not the hour, disk fine
+    s.config.delete_when = f"{(hour + 1) % 24:02d};{hour:02d}"
+    report = s.cleanup.clean_once(now)
+    assert report.deleted_commit_log_files == 2  # only the two expired ones
+    assert len(s.commit_log.files.files) == n_files - 2
+    lo = s.min_offset("E", 0)
+    r = s.get_message("g", "E", 0, 0)
+    assert (r.status, r.next_begin_offset) == (GetStatus.OFFSET_TOO_SMALL, lo)
+    assert s.get_message("g", "E", 0, lo).status is GetStatus.FOUND
+    assert report.deleted_consume_queue_files >= 1
+    assert s.query_by_key("E", "k0") == []
+    assert s.check() == []
+
+
+def test_disk_ratio_over_75_deletes_expired_files_at_once(make_store: Callable[..., MessageStore]) -> None:
+    probe = DiskProbe()
+    s = make_store(file_reserved_time_hours=1, delete_when="", disk_usage_probe=probe)
+    _fill(s)
+    _age_files(s, 1, hours=2)
+    assert s.cleanup is not None
+    probe.ratio = 0.80
+    assert s.cleanup.clean_once().deleted_commit_log_files == 1  # expired only, not forced yet
+    assert s.cleanup.clean_once().deleted_commit_log_files == 0
+    assert s.is_writable()
+    assert s.check() == []
+
+
+def test_disk_ratio_over_85_deletes_even_unexpired_files(make_store: Callable[..., MessageStore]) -> None:
+    probe = DiskProbe()
+    s = make_store(file_reserved_time_hours=72, delete_when="", disk_usage_probe=probe, delete_files_batch_max=2)
+    _fill(s)
+    n_files = len(s.commit_log.files.files)
+    assert s.cleanup is not None
+    probe.ratio = 0.87
+    assert s.cleanup.clean_once().deleted_commit_log_files == 2  # at most delete_files_batch_max per pass
+    for _ in range(10):
+        s.cleanup.clean_once()
+    assert len(s.commit_log.files.files) == 1  # never the file being written
+    assert n_files > 1 and s.is_writable()
+    assert s.check() == []
+
+
+def test_writes_refused_over_90_and_accepted_after_freeing(make_store: Callable[..., MessageStore]) -> None:
+    probe = DiskProbe()
+    s = make_store(file_reserved_time_hours=72, delete_when="", disk_usage_probe=probe, delete_files_batch_max=1)
+    _fill(s, 40)
+    assert s.cleanup is not None
+    probe.ratio = 0.95
+    report = s.cleanup.clean_once()
+    assert report.disk_full and report.deleted_commit_log_files == 1  # forced cleaning runs too
+    assert not s.is_writable()
+    refused = s.put_message("E", 0, b"no room")
+    assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE and "90%" in refused.error
+    assert s.put_batch(b"anything").status is PutStatus.SERVICE_NOT_AVAILABLE
+    lo = s.min_offset("E", 0)
+    assert s.get_message("g", "E", 0, lo).status is GetStatus.FOUND  # reads go on
+    probe.ratio = 0.60  # space freed
+    assert not s.cleanup.clean_once(clean=False).disk_full
+    assert s.is_writable()
+    assert s.put_message("E", 0, b"room again").status is PutStatus.PUT_OK
+    assert s.check() == []
+
+
+def test_background_service_notices_a_full_disk(make_store: Callable[..., MessageStore]) -> None:
+    probe = DiskProbe()
+    s = make_store(disk_usage_probe=probe, delete_when="")
+    probe.ratio = 0.99
+    deadline = time.monotonic() + 5
+    while s.is_writable() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not s.is_writable()
+    probe.ratio = 0.2
+    deadline = time.monotonic() + 5
+    while not s.is_writable() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.is_writable()
