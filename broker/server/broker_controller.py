@@ -98,18 +98,33 @@ class BrokerController:
                 f"cannot listen on {host}:{port} ({e}); is another broker using it?"
             ) from None
         self.server = server
-        self.topics.load()
-        self.offsets.load()
-        self.store = self._start_store(advertised_ip(host), self.port)
-        self._wire(server, self.store)
-        if cfg.metrics_port is not None:
-            self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port)
-            self.metrics_server.start()
-        self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
-        self._tasks.start()
-        server.start()
+        try:
+            self.topics.load()
+            self.offsets.load()
+            self.store = self._start_store(advertised_ip(host), self.port)
+            self._wire(server, self.store)
+            if cfg.metrics_port is not None:
+                self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port)
+                self.metrics_server.start()
+            self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
+            self._tasks.start()
+            server.start()
+        except BaseException:
+            self._abort_start()
+            raise
         self._started_at = time.time()
         log.info("broker listening on %s (store %s, %s)", self.address, cfg.store_dir, cfg.flush_disk_type)
+
+    def _abort_start(self) -> None:
+        """Undo a half-done start (port taken, store locked, bad config...) so nothing is left running."""
+        self._stopped = True
+        self._stop_tasks.set()
+        if self.server is not None:
+            self.server.stop(0)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.store is not None:
+            self.store.shutdown()
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
         store_config = StoreConfig(store_path=str(self.config.store_dir), flush_disk_type=self.config.flush_disk_type,
@@ -150,13 +165,17 @@ class BrokerController:
                 out.append(((("group", group), ("topic", topic)), float(total)))
             return out
 
-        def disk() -> list[tuple[Labels, float]]:
+        def disk_ratio() -> list[tuple[Labels, float]]:
+            return [((), float(store.stats().get("disk_usage_ratio", 0.0)))]
+
+        def commit_log_bytes() -> list[tuple[Labels, float]]:
             stats = store.stats()
-            return [((("stat", k),), float(v)) for k, v in sorted(stats.items()) if "disk" in k]
+            return [((), float(stats.get("commit_log_max_offset", 0)) - float(stats.get("commit_log_min_offset", 0)))]
 
         self.metrics.add_gauge("sluice_queue_max_offset", "Max offset (messages) of each queue", queue_max_offsets)
         self.metrics.add_gauge("sluice_group_lag", "Messages not yet consumed per group and topic", group_lags)
-        self.metrics.add_gauge("sluice_store_disk", "Store disk usage figures from the store's stats", disk)
+        self.metrics.add_gauge("sluice_store_disk_usage_ratio", "Used fraction of the store's file system", disk_ratio)
+        self.metrics.add_gauge("sluice_store_commit_log_bytes", "Bytes held in commit-log files", commit_log_bytes)
         self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
                                lambda: [((), float(self.hold.held_count()))])  # fmt: skip
 

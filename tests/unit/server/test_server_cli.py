@@ -6,8 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 
-from broker.client import Message, Producer
+from broker.client import Admin, Message, Producer
 from broker.server.broker_controller import BrokerController
 
 
@@ -72,3 +73,26 @@ def test_send_consume_query_lag_stats(broker: BrokerController, endpoint: str) -
 def test_unreachable_endpoint_is_a_clear_error() -> None:
     out = sluice("127.0.0.1:1", "topic", "list")
     assert out.returncode == 1 and "unreachable" in out.stderr
+
+
+def test_consume_follow_waits_for_new_messages(broker: BrokerController, endpoint: str) -> None:
+    with Admin(endpoint) as admin:
+        admin.create_topic("CliF", 2)
+    env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "broker", "consume", "CliF", "--group", "fg", "--from", "latest", "--follow",
+         "--max", "3", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # the follower starts, reads the (empty) queues and holds its pulls
+        assert follower.poll() is None, follower.stderr.read() if follower.stderr else ""
+        with Producer(endpoint) as p:
+            for i in range(3):
+                p.send(Message("CliF", f"late{i}".encode()), queue_id=i % 2)
+        out, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0, err
+    assert sorted(json.loads(line)["body"] for line in out.splitlines()) == ["late0", "late1", "late2"]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import Admin, Message, Producer, PullConsumer
+from broker.errors import BrokerError
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
 
@@ -89,7 +90,7 @@ def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
     assert 'sluice_group_lag{group="mg",topic="M"} 3' in text
     assert "sluice_long_poll_wait_seconds_count 1" in text
     assert "sluice_put_latency_seconds_count 1" in text
-    assert "sluice_store_disk" in text
+    assert "sluice_store_disk_usage_ratio " in text and "sluice_store_commit_log_bytes " in text
 
 
 def test_python_dash_m_broker_shows_every_command() -> None:
@@ -97,3 +98,13 @@ def test_python_dash_m_broker_shows_every_command() -> None:
     assert out.returncode == 0
     for command in ("broker", "topic", "send", "consume", "query", "group", "stats"):
         assert command in out.stdout
+
+
+def test_second_broker_on_a_locked_store_fails_cleanly(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    broker_factory(tmp_path / "locked")
+    proc = BrokerProcess(tmp_path / "locked")
+    try:
+        proc.start(timeout_s=30)
+        raise AssertionError("a second broker started on a locked store")
+    except BrokerError as e:
+        assert "lock" in e.message.lower(), e.message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.client.results import PullResult
@@ -89,3 +90,20 @@ def test_pull_carries_commit_offset(broker: BrokerController, endpoint: str) -> 
         assert c.committed_offsets("C") == {0: 3}
         c.commit_offsets({("C", 0): 5, ("C", 1): 0})
         assert c.committed_offsets("C") == {0: 5, 1: 0}
+
+
+def test_expired_offset_is_illegal_and_moves_to_min(broker_factory: Callable[..., BrokerController]) -> None:
+    small = {"mapped_file_size_commit_log": 64 * 1024, "max_message_size": 16 * 1024, "file_reserved_time_hours": 0}
+    broker = broker_factory(store=small)
+    with Producer(f"127.0.0.1:{broker.port}") as p:
+        for _ in range(8):  # ~7 commit-log files of 64 KiB
+            p.send_batch([Message("Exp", b"e" * 1000) for _ in range(50)], queue_id=0)
+    store = broker.store
+    assert store is not None and store.wait_dispatched()
+    store.flush()
+    assert store.cleanup is not None and store.cleanup.clean_once(manual=True).deleted_commit_log_files > 0
+    with PullConsumer(f"127.0.0.1:{broker.port}", "g") as c:
+        r = c.pull("Exp", 0, 0)
+        assert r.status is PullStatus.OFFSET_ILLEGAL and r.next_begin_offset == r.min_offset > 0
+        r = c.pull("Exp", 0, r.next_begin_offset)
+        assert r.status is PullStatus.FOUND and r.messages[0].queue_offset == r.next_begin_offset - len(r.messages)
