@@ -21,7 +21,7 @@ import pytest
 from broker.store import MessageStore, StoreConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
-from crash_child import CRASH_CONFIG, QUEUES, TOPIC  # noqa: E402
+from crash_child import CRASH_CONFIG, QUEUES, TOPIC
 
 CHILD = os.path.join(os.path.dirname(__file__), "crash_child.py")
 CYCLES = 22
