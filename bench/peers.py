@@ -1,0 +1,854 @@
+"""Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
+
+    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--no-charts]
+
+Same machine, loopback, same message count and size, each system through its standard Python client:
+
+- **Redis Streams**: Debian's ``redis-server`` (AOF, ``appendfsync everysec``), redis-py; produce = pipelined
+  XADD, consume = XREADGROUP with the previous batch's XACK pipelined in the same round trip.
+- **NATS JetStream**: Debian's ``nats-server -js`` (file storage), nats-py; produce = ``publish_async`` (up to
+  4000 acks pending), consume = pull ``fetch`` with AckAll, acking the last message of each batch.
+- **Sluice**: a broker subprocess (``python -m broker broker``, ASYNC_FLUSH), broker.client; produce =
+  ``Producer.send_batch``, consume = ``PullConsumer.pull`` with the commit offset carried by the next pull.
+
+Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, and flushes to disk
+asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms). End-to-end latency: one
+producer thread (or task) sends single messages with the synchronous API at a fixed rate, one consumer receives
+them; latency = receive time - scheduled send time (so a stalled send counts against the system).
+
+The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
+loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any
+gRPC broker in Python here). Sluice's MB/s are printed as ratios of them.
+
+The peers are started by the benchmark from their Debian packages (installed with apt-get when missing) on free
+loopback ports, in a temporary directory removed at the end. Writes bench/results/peers.json and, with
+matplotlib, bench/results/peers_throughput.png and bench/results/peers_latency.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SIZES_B = (100, 1024)
+COUNT_BY_SIZE = {100: 200_000, 1024: 100_000}  # at scale 1.0
+WARMUP_FRACTION = 10  # each measured run follows an uncounted one of a tenth of its size (caches, first routes)
+BATCH_MSGS = 1000  # pipeline depth / batch / fetch size, the same for every system
+LATENCY_RATE_PER_S = 5000
+LATENCY_DURATION_S = 3.0
+LATENCY_SIZE_B = 100
+LATENCY_WARMUP_MSGS = 500  # dropped from the percentiles: connection set-up, first topic route
+LATENCY_MAX_WALL_S = 12.0  # a sender that can't keep the rate stops after this long (reported as achieved rate)
+IDLE_AFTER_DONE_S = 1.0
+RECEIVE_TIMEOUT_S = 60.0  # a consumer that sees nothing new for this long fails the run
+SERVER_START_TIMEOUT_S = 30.0
+DISK_PROBE_BYTES = 512 * 1024 * 1024
+DISK_BLOCK_BYTES = 1024 * 1024
+DISK_SYNC_EVERY_BYTES = 16 * 1024 * 1024
+GRPC_PROBE_MSG_BYTES = 1024 * 1024
+GRPC_PROBE_CALLS = 512
+MB = 1_000_000
+
+
+# ---- results ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Throughput:
+    size_b: int
+    count: int
+    produce_s: float
+    consume_s: float
+
+    @property
+    def produce_msgs_s(self) -> float:
+        return self.count / self.produce_s
+
+    @property
+    def consume_msgs_s(self) -> float:
+        return self.count / self.consume_s
+
+    @property
+    def produce_mb_s(self) -> float:
+        return self.count * self.size_b / self.produce_s / MB
+
+    @property
+    def consume_mb_s(self) -> float:
+        return self.count * self.size_b / self.consume_s / MB
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "size_b": self.size_b, "count": self.count, "produce_s": round(self.produce_s, 4),
+            "consume_s": round(self.consume_s, 4), "produce_msgs_s": round(self.produce_msgs_s),
+            "consume_msgs_s": round(self.consume_msgs_s), "produce_mb_s": round(self.produce_mb_s, 2),
+            "consume_mb_s": round(self.consume_mb_s, 2),
+        }  # fmt: skip
+
+
+@dataclass
+class Latency:
+    rate_per_s: int  # the rate asked for
+    achieved_rate_per_s: float  # below rate_per_s when single sends can't keep up (then latency grows)
+    size_b: int
+    sent: int
+    received: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass
+class SystemResult:
+    name: str
+    version: str = ""
+    throughput: list[Throughput] = field(default_factory=list)
+    latency: Latency | None = None
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "throughput": {str(t.size_b): t.to_json() for t in self.throughput},
+            "latency": asdict(self.latency) if self.latency else None,
+            "error": self.error,
+        }
+
+
+def latency_of(sent_at: dict[int, float], received_at: dict[int, float], rate: int, size_b: int) -> Latency:
+    keys = [k for k in sorted(received_at) if k >= LATENCY_WARMUP_MSGS and k in sent_at]
+    ms = np.array([(received_at[k] - sent_at[k]) * 1000 for k in keys])
+    if len(ms) == 0:
+        raise RuntimeError(f"no message past the first {LATENCY_WARMUP_MSGS} was received in the latency run")
+    lost = set(sent_at) - set(received_at)
+    if lost:
+        raise RuntimeError(f"{len(lost)} of {len(sent_at)} sent messages never arrived (first {sorted(lost)[:5]})")
+    span_s = max(sent_at.values()) - min(sent_at.values())
+    achieved = (len(sent_at) - 1) / span_s if span_s > 0 else 0.0
+    return Latency(
+        rate, round(achieved, 1), size_b, len(sent_at), len(received_at), float(np.percentile(ms, 50)),
+        float(np.percentile(ms, 99)), float(ms.max()),
+    )  # fmt: skip
+
+
+def stamp(seq: int, size_b: int) -> bytes:
+    """A latency message: its sequence number, then padding up to size_b."""
+    return seq.to_bytes(8, "big") + b"x" * (size_b - 8)
+
+
+def seq_of(body: bytes) -> int:
+    return int.from_bytes(body[:8], "big")
+
+
+def paced(rate_per_s: int, count: int) -> Iterator[tuple[int, float]]:
+    """(sequence, scheduled time) at a fixed rate; sleeps until each scheduled time (monotonic clock). Stops
+    early, after LATENCY_MAX_WALL_S, when the sender can't keep up: the run stays bounded in time."""
+    start = time.monotonic() + 0.05
+    for seq in range(count):
+        due = start + seq / rate_per_s
+        now = time.monotonic()
+        if now - start > LATENCY_MAX_WALL_S:
+            return
+        if due > now:
+            time.sleep(due - now)
+        yield seq, due
+
+
+class LatencyConsumer:
+    """The receiving side of a latency run, in its own process (spawned: no GIL shared with the producer, no
+    forked gRPC state). time.monotonic() is the system-wide CLOCK_MONOTONIC, so times compare across processes.
+
+    The consumer function subscribes, calls ready(), then receives while more(received count) is true and
+    returns {sequence: receive time}. more() turns false when everything arrived, when the producer is done and
+    nothing came for a second, or after RECEIVE_TIMEOUT_S."""
+
+    def __init__(self, fn: Callable[..., dict[int, float]], *args: Any) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._ready = ctx.Event()
+        self._done = ctx.Event()
+        self._results: Any = ctx.Queue()
+        target_args = (fn, args, self._ready, self._done, self._results)
+        self._proc = ctx.Process(target=_consumer_main, args=target_args, daemon=True)
+        self._proc.start()
+        if not self._ready.wait(SERVER_START_TIMEOUT_S):
+            self._proc.kill()
+            raise RuntimeError(f"latency consumer {fn.__name__} did not subscribe within {SERVER_START_TIMEOUT_S}s")
+
+    def received(self) -> dict[int, float]:
+        """Call when the producer is done: the consumer's {sequence: receive time}."""
+        self._done.set()
+        try:
+            result: dict[int, float] | str = self._results.get(timeout=RECEIVE_TIMEOUT_S + 30)
+        finally:
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.kill()
+        if isinstance(result, str):
+            raise RuntimeError(f"latency consumer failed: {result}")
+        return result
+
+
+class _More:
+    def __init__(self, count: int, done: Any) -> None:
+        self.count = count
+        self.done = done
+        self.deadline = time.monotonic() + LATENCY_MAX_WALL_S + RECEIVE_TIMEOUT_S
+        self.last_n = 0
+        self.last_change = time.monotonic()
+
+    def __call__(self, received: int) -> bool:
+        now = time.monotonic()
+        if received != self.last_n:
+            self.last_n, self.last_change = received, now
+        if received >= self.count or now > self.deadline:
+            return False
+        return not (self.done.is_set() and now - self.last_change > IDLE_AFTER_DONE_S)
+
+
+def _consumer_main(
+    fn: Callable[..., dict[int, float]], args: tuple[Any, ...], ready: Any, done: Any, results: Any
+) -> None:
+    *head, count = args
+    try:
+        results.put(fn(*head, ready=ready.set, more=_More(count, done)))
+    except Exception as e:  # noqa: BLE001 -- sent to the parent, which raises it with the system's name
+        results.put(f"{type(e).__name__}: {e}")
+
+
+# ---- processes and packages ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_binary(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None
+    )
+
+
+def ensure_debian_package(binary: str, package: str) -> str:
+    """Path of `binary`; installs Debian's `package` with apt-get first when it is missing."""
+    path = find_binary(binary)
+    if path:
+        return path
+    if os.geteuid() != 0:
+        raise RuntimeError(f"{binary} is missing: install it with `sudo apt-get install {package}`")
+    print(f"  installing {package} (apt-get)...", flush=True)
+    subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
+        check=True, capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )  # fmt: skip
+    path = find_binary(binary)
+    if not path:
+        raise RuntimeError(f"apt-get installed {package} but {binary} is still not found")
+    return path
+
+
+class Server:
+    """A server subprocess with its output in a log file; stopped with SIGTERM, then SIGKILL."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_for(self, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start: {self.log_tail()}")
+            time.sleep(0.05)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self) -> str:
+        return self.log_text()[-2000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+# ---- the systems --------------------------------------------------------------------------------------------
+
+
+class System(Protocol):
+    name: str
+
+    def start(self, workdir: Path) -> str: ...  # returns the server's version
+    def throughput(self, size_b: int, count: int, run: str) -> Throughput: ...
+    def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency: ...
+    def stop(self) -> None: ...
+
+
+class RedisStreams:
+    name = "redis"
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.port = 0
+
+    def start(self, workdir: Path) -> str:
+        binary = ensure_debian_package("redis-server", "redis-server")
+        self.port = free_port()
+        data = workdir / "redis"
+        data.mkdir()
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "yes",
+                "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--protected-mode", "yes"]  # fmt: skip
+        self.server = Server(args, workdir / "redis.log")
+        self.server.wait_for(lambda: port_open(self.port), "redis-server")
+        version = str(self.client().info("server")["redis_version"])
+        return version
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port)
+
+    def throughput(self, size_b: int, count: int, run: str) -> Throughput:
+        key = f"bench-{run}-{size_b}"
+        payload = os.urandom(size_b)
+        r = self.client()
+        t0 = time.perf_counter()
+        for start in range(0, count, BATCH_MSGS):
+            pipe = r.pipeline(transaction=False)
+            for _ in range(min(BATCH_MSGS, count - start)):
+                pipe.xadd(key, {"d": payload})
+            pipe.execute()
+        produce_s = time.perf_counter() - t0
+        r.xgroup_create(key, "g", id="0")
+        t0 = time.perf_counter()
+        received, ids = 0, list[bytes]()
+        while received < count:
+            pipe = r.pipeline(transaction=False)
+            if ids:
+                pipe.xack(key, "g", *ids)
+            pipe.xreadgroup("g", "c", {key: ">"}, count=BATCH_MSGS)
+            reply = pipe.execute()[-1]
+            entries = reply[0][1] if reply else []
+            if not entries:
+                raise RuntimeError(f"redis: stream ended after {received} of {count} messages")
+            assert all(len(fields[b"d"]) == size_b for _, fields in entries)
+            ids = [entry_id for entry_id, _ in entries]
+            received += len(entries)
+        r.xack(key, "g", *ids)
+        consume_s = time.perf_counter() - t0
+        r.delete(key)
+        return Throughput(size_b, count, produce_s, consume_s)
+
+    def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
+        key = "bench-latency"
+        producer = self.client()
+        producer.xgroup_create(key, "g", id="$", mkstream=True)
+        consumer = LatencyConsumer(redis_latency_consumer, self.port, key, count)
+        sent_at: dict[int, float] = {}
+        for seq, due in paced(rate_per_s, count):
+            sent_at[seq] = due
+            producer.xadd(key, {"d": stamp(seq, size_b)})
+        return latency_of(sent_at, consumer.received(), rate_per_s, size_b)
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+
+
+class NatsJetStream:
+    name = "nats"
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.port = 0
+
+    def start(self, workdir: Path) -> str:
+        binary = ensure_debian_package("nats-server", "nats-server")
+        self.port = free_port()
+        store = workdir / "nats"
+        store.mkdir()
+        args = [binary, "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(self.port)]
+        self.server = Server(args, workdir / "nats.log")
+        self.server.wait_for(lambda: port_open(self.port), "nats-server")
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
+        return version.strip().removeprefix("nats-server: ")
+
+    def throughput(self, size_b: int, count: int, run: str) -> Throughput:
+        return asyncio.run(self._throughput(f"BENCH{run.upper()}{size_b}", size_b, count))
+
+    async def _stream(self, name: str) -> tuple[Any, Any, str]:
+        import nats
+        from nats.js.api import StorageType
+
+        nc = await nats.connect(f"nats://127.0.0.1:{self.port}")
+        js = nc.jetstream(publish_async_max_pending=4000)
+        subject = f"{name}.data"
+        await js.add_stream(name=name, subjects=[subject], storage=StorageType.FILE)
+        return nc, js, subject
+
+    async def _consumer(self, js: Any, name: str, subject: str) -> Any:
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        config = ConsumerConfig(ack_policy=AckPolicy.ALL, max_ack_pending=4 * BATCH_MSGS, max_waiting=16)
+        return await js.pull_subscribe(subject, durable="c", stream=name, config=config)
+
+    async def _throughput(self, name: str, size_b: int, count: int) -> Throughput:
+        nc, js, subject = await self._stream(name)
+        payload = os.urandom(size_b)
+        t0 = time.perf_counter()
+        acks = [await js.publish_async(subject, payload) for _ in range(count)]
+        await asyncio.gather(*acks)  # raises if any publish was refused
+        produce_s = time.perf_counter() - t0
+        sub = await self._consumer(js, name, subject)
+        t0 = time.perf_counter()
+        received = 0
+        while received < count:
+            msgs = await sub.fetch(min(BATCH_MSGS, count - received), timeout=RECEIVE_TIMEOUT_S)
+            assert all(len(m.data) == size_b for m in msgs)
+            await msgs[-1].ack()  # AckAll: acknowledges the whole batch
+            received += len(msgs)
+        await nc.flush()
+        consume_s = time.perf_counter() - t0
+        await js.delete_stream(name)
+        await nc.close()
+        return Throughput(size_b, count, produce_s, consume_s)
+
+    def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
+        return asyncio.run(self._latency(rate_per_s, count, size_b))
+
+    async def _latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
+        name = "BENCHLAT"
+        nc, js, subject = await self._stream(name)
+        consumer = LatencyConsumer(nats_latency_consumer, self.port, name, subject, count)
+        sent_at: dict[int, float] = {}
+        start = time.monotonic() + 0.05
+        for seq in range(count):
+            due = start + seq / rate_per_s
+            if time.monotonic() - start > LATENCY_MAX_WALL_S:
+                break  # can't keep the rate: stop, as paced() does
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            sent_at[seq] = due
+            await js.publish(subject, stamp(seq, size_b))
+        received_at = await asyncio.get_running_loop().run_in_executor(None, consumer.received)
+        await js.delete_stream(name)
+        await nc.close()
+        return latency_of(sent_at, received_at, rate_per_s, size_b)
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+
+
+class SluiceBroker:
+    name = "sluice"
+    ready_port = re.compile(r"ready.*?:(\d+)|:(\d+).*ready")
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.endpoint = ""
+
+    def start(self, workdir: Path) -> str:
+        from importlib.metadata import version
+
+        store = workdir / "sluice"
+        args = [sys.executable, "-m", "broker", "broker", "--store", str(store), "--listen", "127.0.0.1:0"]
+        self.server = Server(args, workdir / "sluice.log")
+        self.server.wait_for(lambda: self._ready_port() is not None, "sluice broker")
+        self.endpoint = f"127.0.0.1:{self._ready_port()}"
+        return version("sluice")
+
+    def _ready_port(self) -> int | None:
+        assert self.server is not None
+        for line in self.server.log_text().splitlines():
+            match = self.ready_port.search(line)
+            if match:
+                return int(match.group(1) or match.group(2))
+        return None
+
+    def throughput(self, size_b: int, count: int, run: str) -> Throughput:
+        from broker.client import Admin, Message, Producer, PullConsumer
+
+        topic = f"bench-{run}-{size_b}"
+        with Admin(self.endpoint) as admin:
+            admin.create_topic(topic, queues=1)
+        payload = os.urandom(size_b)
+        with Producer(self.endpoint) as producer:
+            t0 = time.perf_counter()
+            for start in range(0, count, BATCH_MSGS):
+                batch = [Message(topic, payload) for _ in range(min(BATCH_MSGS, count - start))]
+                results = producer.send_batch(batch, queue_id=0)
+                assert len(results) == len(batch)
+            produce_s = time.perf_counter() - t0
+        with PullConsumer(self.endpoint, "bench") as consumer:
+            t0 = time.perf_counter()
+            offset = 0
+            while offset < count:
+                result = consumer.pull(topic, 0, offset, max_msgs=BATCH_MSGS, commit_offset=offset)
+                if not result.messages:
+                    raise RuntimeError(f"sluice: {result.status.name} after {offset} of {count} messages")
+                assert all(len(m.body) == size_b for m in result.messages)
+                offset = result.next_begin_offset
+            consumer.commit_offsets({(topic, 0): offset})
+            consume_s = time.perf_counter() - t0
+        return Throughput(size_b, count, produce_s, consume_s)
+
+    def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
+        from broker.client import Admin, Message, Producer
+
+        topic = "bench-latency"
+        with Admin(self.endpoint) as admin:
+            admin.create_topic(topic, queues=1)
+        consumer = LatencyConsumer(sluice_latency_consumer, self.endpoint, topic, count)
+        sent_at: dict[int, float] = {}
+        with Producer(self.endpoint) as producer:
+            for seq, due in paced(rate_per_s, count):
+                sent_at[seq] = due
+                producer.send(Message(topic, stamp(seq, size_b)), queue_id=0)
+        return latency_of(sent_at, consumer.received(), rate_per_s, size_b)
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+
+
+def redis_latency_consumer(
+    port: int, key: str, *, ready: Callable[[], None], more: Callable[[int], bool]
+) -> dict[int, float]:
+    import redis
+
+    r: Any = redis.Redis(host="127.0.0.1", port=port)  # Any: redis-py's reply types are unions of everything
+    r.ping()
+    ready()
+    received_at: dict[int, float] = {}
+    while more(len(received_at)):
+        reply = r.xreadgroup("g", "c", {key: ">"}, count=100, block=100)
+        now = time.monotonic()
+        entries = reply[0][1] if reply else []
+        for _, fields in entries:
+            received_at[seq_of(fields[b"d"])] = now
+        if entries:
+            r.xack(key, "g", *[entry_id for entry_id, _ in entries])
+    return received_at
+
+
+def nats_latency_consumer(
+    port: int, stream: str, subject: str, *, ready: Callable[[], None], more: Callable[[int], bool]
+) -> dict[int, float]:
+    async def consume() -> dict[int, float]:
+        import nats
+        import nats.errors
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        config = ConsumerConfig(ack_policy=AckPolicy.ALL, max_ack_pending=4 * BATCH_MSGS)
+        sub = await nc.jetstream().pull_subscribe(subject, durable="lat", stream=stream, config=config)
+        ready()
+        received_at: dict[int, float] = {}
+        while more(len(received_at)):
+            try:
+                msgs = await sub.fetch(100, timeout=0.1)
+            except nats.errors.TimeoutError:
+                continue
+            now = time.monotonic()
+            for m in msgs:
+                received_at[seq_of(m.data)] = now
+            if msgs:
+                await msgs[-1].ack()
+        await nc.close()
+        return received_at
+
+    return asyncio.run(consume())
+
+
+def sluice_latency_consumer(
+    endpoint: str, topic: str, *, ready: Callable[[], None], more: Callable[[int], bool]
+) -> dict[int, float]:
+    from broker.client import PullConsumer
+
+    received_at: dict[int, float] = {}
+    with PullConsumer(endpoint, "bench-latency") as consumer:
+        consumer.pull(topic, 0, 0, max_msgs=1)  # connected and routed before the producer starts
+        ready()
+        offset = 0
+        while more(len(received_at)):
+            result = consumer.pull(topic, 0, offset, max_msgs=100, timeout_ms=100, commit_offset=offset)
+            now = time.monotonic()
+            for m in result.messages:
+                received_at[seq_of(m.body)] = now
+            offset = result.next_begin_offset
+    return received_at
+
+
+SYSTEMS: dict[str, Callable[[], System]] = {"sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream}
+
+
+def run_system(system: System, workdir: Path, scale: float) -> SystemResult:
+    result = SystemResult(system.name)
+    print(f"{system.name}: starting", flush=True)
+    try:
+        result.version = system.start(workdir)
+        for size_b in SIZES_B:
+            count = max(BATCH_MSGS, int(COUNT_BY_SIZE[size_b] * scale))
+            system.throughput(size_b, max(BATCH_MSGS, count // WARMUP_FRACTION), "warmup")  # not counted
+            t = system.throughput(size_b, count, "run")
+            print(f"  {size_b} B x {count}: produce {t.produce_msgs_s:,.0f} msgs/s, consume {t.consume_msgs_s:,.0f}")
+            result.throughput.append(t)
+        lat_count = int(LATENCY_RATE_PER_S * LATENCY_DURATION_S)
+        result.latency = system.latency(LATENCY_RATE_PER_S, lat_count, LATENCY_SIZE_B)
+        lat = result.latency
+        print(f"  latency at {lat.rate_per_s}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): p50 {lat.p50_ms:.2f} ms")
+    except Exception as e:  # noqa: BLE001 -- one system failing must not hide the others' figures; reported below
+        result.error = f"{type(e).__name__}: {e}"
+        print(f"  FAILED: {result.error}", flush=True)
+    finally:
+        system.stop()
+    return result
+
+
+# ---- the machine's limits -----------------------------------------------------------------------------------
+
+
+def disk_write_mb_s(directory: Path) -> float:
+    """Sequential 1 MiB writes with fdatasync every 16 MiB and at the end: MB/s that reached the disk."""
+    block = os.urandom(DISK_BLOCK_BYTES)
+    path = directory / "disk-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t0 = time.perf_counter()
+        written = 0
+        while written < DISK_PROBE_BYTES:
+            written += os.write(fd, block)
+            if written % DISK_SYNC_EVERY_BYTES == 0:
+                os.fdatasync(fd)
+        os.fdatasync(fd)
+        elapsed = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+    return written / elapsed / MB
+
+
+GRPC_SINK_SERVER = """
+import sys
+from concurrent import futures
+import grpc
+size_limit = 64 * 1024 * 1024
+def put(request, context):
+    return b""
+def get(request, context):
+    return bytes(int.from_bytes(request, "big"))
+handlers = {
+    "Put": grpc.unary_unary_rpc_method_handler(put, lambda b: b, lambda b: b),
+    "Get": grpc.unary_unary_rpc_method_handler(get, lambda b: b, lambda b: b),
+}
+server = grpc.server(futures.ThreadPoolExecutor(4), options=[
+    ("grpc.max_receive_message_length", size_limit), ("grpc.max_send_message_length", size_limit)])
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Sink", handlers),))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print("ready", port, flush=True)
+server.wait_for_termination()
+"""
+
+
+def grpc_loopback_mb_s(workdir: Path) -> tuple[float, float]:
+    """(upload, download) MB/s of 1 MiB unary calls to a trivial gRPC service in another process."""
+    import grpc
+
+    server = Server([sys.executable, "-c", GRPC_SINK_SERVER], workdir / "grpc-sink.log")
+    try:
+        server.wait_for(lambda: "ready" in server.log_text(), "gRPC sink")
+        port = int(server.log_text().split()[1])
+        limit = 64 * 1024 * 1024
+        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            put = channel.unary_unary("/bench.Sink/Put")
+            get = channel.unary_unary("/bench.Sink/Get")
+            payload = os.urandom(GRPC_PROBE_MSG_BYTES)
+            size_request = GRPC_PROBE_MSG_BYTES.to_bytes(8, "big")
+            put(payload)
+            get(size_request)  # warm-up: connection and first allocation
+            t0 = time.perf_counter()
+            for _ in range(GRPC_PROBE_CALLS):
+                put(payload)
+            upload_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(GRPC_PROBE_CALLS):
+                assert len(get(size_request)) == GRPC_PROBE_MSG_BYTES
+            download_s = time.perf_counter() - t0
+    finally:
+        server.stop()
+    total = GRPC_PROBE_MSG_BYTES * GRPC_PROBE_CALLS
+    return total / upload_s / MB, total / download_s / MB
+
+
+# ---- report -------------------------------------------------------------------------------------------------
+
+
+def print_table(results: list[SystemResult], limits: dict[str, float], ratios: dict[str, float]) -> None:
+    print()
+    print(f"{'system':<8} {'size':>6} {'produce msgs/s':>15} {'MB/s':>8} {'consume msgs/s':>15} {'MB/s':>8}")
+    for r in results:
+        if r.error:
+            print(f"{r.name:<8} FAILED: {r.error}")
+        for t in r.throughput:
+            print(
+                f"{r.name:<8} {t.size_b:>4} B {t.produce_msgs_s:>15,.0f} {t.produce_mb_s:>8.1f} "
+                f"{t.consume_msgs_s:>15,.0f} {t.consume_mb_s:>8.1f}"
+            )
+    print()
+    print(f"end-to-end latency, {LATENCY_SIZE_B} B at {LATENCY_RATE_PER_S} msgs/s, single sends:")
+    for r in results:
+        if r.latency:
+            lat = r.latency
+            print(
+                f"  {r.name:<8} p50 {lat.p50_ms:8.2f} ms   p99 {lat.p99_ms:8.2f} ms   max {lat.max_ms:8.2f} ms"
+                f"   (sent {lat.sent} at {lat.achieved_rate_per_s:,.0f}/s)"
+            )
+    print()
+    print("limits of this machine:")
+    print(f"  disk write with fdatasync      {limits['disk_write_mb_s']:8.0f} MB/s")
+    print(f"  gRPC loopback 1 MiB upload     {limits['grpc_upload_mb_s']:8.0f} MB/s")
+    print(f"  gRPC loopback 1 MiB download   {limits['grpc_download_mb_s']:8.0f} MB/s")
+    for name, value in ratios.items():
+        print(f"  {name:<44} {value:6.2f}")
+
+
+def limit_ratios(results: list[SystemResult], limits: dict[str, float]) -> dict[str, float]:
+    sluice = next((r for r in results if r.name == "sluice" and r.throughput), None)
+    if sluice is None:
+        return {}
+    big = max(sluice.throughput, key=lambda t: t.size_b)
+    return {
+        f"sluice produce {big.size_b} B / disk write": big.produce_mb_s / limits["disk_write_mb_s"],
+        f"sluice produce {big.size_b} B / gRPC upload": big.produce_mb_s / limits["grpc_upload_mb_s"],
+        f"sluice consume {big.size_b} B / gRPC download": big.consume_mb_s / limits["grpc_download_mb_s"],
+    }
+
+
+def write_charts(results: list[SystemResult], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in results if r.throughput]
+    paths: list[Path] = []
+    fig, axes = plt.subplots(1, len(SIZES_B), figsize=(11, 4))
+    for ax, size_b in zip(axes, SIZES_B, strict=True):
+        xs = np.arange(2)
+        width = 0.8 / max(1, len(done))
+        for i, r in enumerate(done):
+            t = next(t for t in r.throughput if t.size_b == size_b)
+            ax.bar(xs + i * width, [t.produce_msgs_s / 1000, t.consume_msgs_s / 1000], width, label=r.name)
+        ax.set_xticks(xs + width * (len(done) - 1) / 2, ["produce", "consume"])
+        ax.set_title(f"{size_b} B messages")
+        ax.set_ylabel("thousand msgs/s")
+        ax.legend()
+    fig.suptitle("Batched throughput on loopback, one stream/queue, standard Python clients")
+    fig.tight_layout()
+    paths.append(out_dir / "peers_throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    with_latency = [r for r in results if r.latency]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = np.arange(len(with_latency))
+    ax.bar(xs - 0.2, [r.latency.p50_ms for r in with_latency if r.latency], 0.4, label="p50")
+    ax.bar(xs + 0.2, [r.latency.p99_ms for r in with_latency if r.latency], 0.4, label="p99")
+    ax.set_xticks(xs, [r.name for r in with_latency])
+    ax.set_ylabel("ms")
+    ax.set_title(f"End-to-end latency at {LATENCY_RATE_PER_S} msgs/s ({LATENCY_SIZE_B} B)")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "peers_latency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--systems", default="sluice,redis,nats", help="comma list of sluice, redis, nats")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
+    parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "peers.json")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")
+
+    with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
+        workdir = Path(tmp)
+        results = [run_system(SYSTEMS[name](), workdir, args.scale) for name in names]
+        print("limits: disk, gRPC loopback", flush=True)
+        upload, download = grpc_loopback_mb_s(workdir)
+        limits = {
+            "disk_write_mb_s": disk_write_mb_s(workdir),
+            "grpc_upload_mb_s": upload,
+            "grpc_download_mb_s": download,
+        }
+    ratios = limit_ratios(results, limits)
+    print_table(results, limits, ratios)
+
+    report = {
+        "benchmark": "peers",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "config": {
+            "batch_msgs": BATCH_MSGS,
+            "scale": args.scale,
+            "latency_rate_per_s": LATENCY_RATE_PER_S,
+            "latency_size_b": LATENCY_SIZE_B,
+            "latency_duration_s": LATENCY_DURATION_S,
+            "queues_or_streams": 1,
+        },
+        "systems": {r.name: r.to_json() for r in results},
+        "limits": {k: round(v, 1) for k, v in limits.items()},
+        "ratios": {k: round(v, 3) for k, v in ratios.items()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    if not args.no_charts:
+        for path in write_charts(results, args.out.parent):
+            print(f"wrote {path}")
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
