@@ -53,7 +53,8 @@ class BrokerConfig:
     default_pull_max_msgs: int = 32
     max_pull_msgs: int = 4096
     max_pull_bytes: int = 16 * 1024 * 1024
-    grpc_max_workers: int = 64  # held pulls occupy a worker each
+    grpc_max_workers: int = 256  # held pulls occupy a worker each (an idle thread costs little)
+    grpc_reserved_workers: int = 32  # never used for held pulls: sends and admin calls always find a worker
     grpc_max_message_bytes: int = 128 * 1024 * 1024
     consumer_offset_persist_interval_ms: int = 5000
     consumer_expire_ms: int = 120_000  # a consumer without a heartbeat for this long leaves its group
@@ -72,6 +73,8 @@ class BrokerConfig:
             raise InvalidArgumentError(
                 f"default_topic_queue_nums {self.default_topic_queue_nums} must be in 1..{self.max_topic_queue_nums}"
             )
+        if not 0 <= self.grpc_reserved_workers < self.grpc_max_workers:
+            raise InvalidArgumentError("grpc_reserved_workers must be in 0..grpc_max_workers-1")
         for name in ("short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs"):
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,6 +47,7 @@ from broker.proto.subscription import parse_tags, tag_matches
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+EARLY_ANSWER_BACKOFF_S = 0.1
 
 
 Listener = Callable[[list[ReceivedMessage]], ConsumeStatus | None]
@@ -94,6 +96,7 @@ class _QueueWorker(threading.Thread):
         topic, queue_id = self.key
         offset = o.offsets.initial_offset(topic, queue_id)
         while not self.dropped.is_set():
+            started = time.monotonic()
             try:
                 response = self._pull(offset)
             except BrokerError as e:
@@ -110,6 +113,9 @@ class _QueueWorker(threading.Thread):
                 messages = decode_entries(response.entries, response.entry_positions)
                 if not self._consume(messages):
                     return
+            elif status is PullStatus.NO_NEW_MSG and time.monotonic() - started < o.long_poll_ms / 2000:
+                # Answered early without news: the broker is out of held-pull capacity. Do not spin.
+                self.dropped.wait(EARLY_ANSWER_BACKOFF_S)
             elif status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("offset %d of %s/%d is illegal (queue holds %d..%d); continuing at %d", offset, topic,
                             queue_id, response.min_offset, response.max_offset, response.next_begin_offset)  # fmt: skip

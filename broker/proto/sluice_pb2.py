@@ -4,116 +4,119 @@
 # source: broker/proto/sluice.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "broker/proto/sluice.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'broker/proto/sluice.proto'
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x19\x62roker/proto/sluice.proto\x12\tsluice.v1"\xa2\x02\n\x12SendMessageRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x41\n\nproperties\x18\x05 \x03(\x0b\x32-.sluice.v1.SendMessageRequest.PropertiesEntry\x12\x0c\n\x04\x66lag\x18\x06 \x01(\x05\x12\x10\n\x08sys_flag\x18\x07 \x01(\x05\x12\x16\n\x0e\x62orn_timestamp\x18\x08 \x01(\x03\x12\x17\n\x0freconsume_times\x18\t \x01(\x05\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"J\n\x10SendBatchRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\x05"\xaa\x01\n\x0cSendResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.sluice.v1.SendStatus\x12\x19\n\x11\x63ommitlog_offsets\x18\x02 \x03(\x03\x12\x11\n\tqueue_ids\x18\x03 \x03(\x05\x12\x15\n\rqueue_offsets\x18\x04 \x03(\x03\x12\x15\n\rmsg_id_prefix\x18\x05 \x01(\t\x12\x17\n\x0fstore_timestamp\x18\x06 \x01(\x03"\xcc\x01\n\x0bPullRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\x12\x10\n\x08max_msgs\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x03\x12\x1a\n\x12suspend_timeout_ms\x18\x07 \x01(\x03\x12\x16\n\x0etag_expression\x18\x08 \x01(\t\x12\x15\n\rcommit_offset\x18\t \x01(\x03"\xa2\x01\n\x0cPullResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.sluice.v1.PullStatus\x12\x19\n\x11next_begin_offset\x18\x02 \x01(\x03\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x05 \x01(\x0c\x12\x17\n\x0f\x65ntry_positions\x18\x06 \x03(\x05">\n\x0bQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03"U\n\x1aQueryConsumerOffsetRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05"F\n\x1bQueryConsumerOffsetResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.sluice.v1.QueueOffset"_\n\x1cUpdateConsumerOffsetsRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\'\n\x07offsets\x18\x02 \x03(\x0b\x32\x16.sluice.v1.QueueOffset"0\n\x1dUpdateConsumerOffsetsResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x05"\'\n\x16GetQueueOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t"F\n\nQueueRange\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03"@\n\x17GetQueueOffsetsResponse\x12%\n\x06queues\x18\x01 \x03(\x0b\x32\x15.sluice.v1.QueueRange"W\n\x1eSearchOffsetByTimestampRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03"1\n\x1fSearchOffsetByTimestampResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03"}\n\x18QueryMessageByKeyRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0f\n\x07max_num\x18\x03 \x01(\x05\x12\x1a\n\x12\x62\x65gin_timestamp_ms\x18\x04 \x01(\x03\x12\x18\n\x10\x65nd_timestamp_ms\x18\x05 \x01(\x03"(\n\x16ViewMessageByIdRequest\x12\x0e\n\x06msg_id\x18\x01 \x01(\t"<\n\x10MessagesResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\x12\x17\n\x0f\x65ntry_positions\x18\x02 \x03(\x05"[\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05"N\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\nqueue_nums\x18\x02 \x01(\x05\x12\x15\n\rif_not_exists\x18\x03 \x01(\x08"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t"\x15\n\x13\x44\x65leteTopicResponse"\x13\n\x11ListTopicsRequest":\n\x12ListTopicsResponse\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.sluice.v1.TopicInfo":\n\x14GetTopicRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x61uto_create\x18\x02 \x01(\x08"\xf6\x01\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x45\n\rsubscriptions\x18\x03 \x03(\x0b\x32..sluice.v1.HeartbeatRequest.SubscriptionsEntry\x12&\n\x05model\x18\x04 \x01(\x0e\x32\x17.sluice.v1.MessageModel\x12\x12\n\nunregister\x18\x05 \x01(\x08\x1a\x34\n\x12SubscriptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"*\n\x11HeartbeatResponse\x12\x15\n\rgroup_version\x18\x01 \x01(\x03"0\n\x16GetConsumerListRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t"D\n\x17GetConsumerListResponse\x12\x12\n\nclient_ids\x18\x01 \x03(\t\x12\x15\n\rgroup_version\x18\x02 \x01(\x03">\n\x15GetConsumerLagRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t"h\n\x08QueueLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x15\n\rbroker_offset\x18\x03 \x01(\x03\x12\x17\n\x0f\x63onsumer_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03"P\n\x16GetConsumerLagResponse\x12#\n\x06queues\x18\x01 \x03(\x0b\x32\x13.sluice.v1.QueueLag\x12\x11\n\ttotal_lag\x18\x02 \x01(\x03"\x17\n\x15GetBrokerStatsRequest"\x86\x01\n\x16GetBrokerStatsResponse\x12=\n\x06values\x18\x01 \x03(\x0b\x32-.sluice.v1.GetBrokerStatsResponse.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*c\n\nSendStatus\x12\x0b\n\x07SEND_OK\x10\x00\x12\x16\n\x12\x46LUSH_DISK_TIMEOUT\x10\x01\x12\x17\n\x13\x46LUSH_SLAVE_TIMEOUT\x10\x02\x12\x17\n\x13SLAVE_NOT_AVAILABLE\x10\x03*O\n\nPullStatus\x12\t\n\x05\x46OUND\x10\x00\x12\x0e\n\nNO_NEW_MSG\x10\x01\x12\x12\n\x0eNO_MATCHED_MSG\x10\x02\x12\x12\n\x0eOFFSET_ILLEGAL\x10\x03*0\n\x0cMessageModel\x12\x0e\n\nCLUSTERING\x10\x00\x12\x10\n\x0c\x42ROADCASTING\x10\x01\x32\x8f\x0b\n\x06\x42roker\x12\x45\n\x0bSendMessage\x12\x1d.sluice.v1.SendMessageRequest\x1a\x17.sluice.v1.SendResponse\x12\x41\n\tSendBatch\x12\x1b.sluice.v1.SendBatchRequest\x1a\x17.sluice.v1.SendResponse\x12>\n\x0bPullMessage\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12\x64\n\x13QueryConsumerOffset\x12%.sluice.v1.QueryConsumerOffsetRequest\x1a&.sluice.v1.QueryConsumerOffsetResponse\x12j\n\x15UpdateConsumerOffsets\x12\'.sluice.v1.UpdateConsumerOffsetsRequest\x1a(.sluice.v1.UpdateConsumerOffsetsResponse\x12X\n\x0fGetQueueOffsets\x12!.sluice.v1.GetQueueOffsetsRequest\x1a".sluice.v1.GetQueueOffsetsResponse\x12p\n\x17SearchOffsetByTimestamp\x12).sluice.v1.SearchOffsetByTimestampRequest\x1a*.sluice.v1.SearchOffsetByTimestampResponse\x12U\n\x11QueryMessageByKey\x12#.sluice.v1.QueryMessageByKeyRequest\x1a\x1b.sluice.v1.MessagesResponse\x12Q\n\x0fViewMessageById\x12!.sluice.v1.ViewMessageByIdRequest\x1a\x1b.sluice.v1.MessagesResponse\x12\x42\n\x0b\x43reateTopic\x12\x1d.sluice.v1.CreateTopicRequest\x1a\x14.sluice.v1.TopicInfo\x12L\n\x0b\x44\x65leteTopic\x12\x1d.sluice.v1.DeleteTopicRequest\x1a\x1e.sluice.v1.DeleteTopicResponse\x12I\n\nListTopics\x12\x1c.sluice.v1.ListTopicsRequest\x1a\x1d.sluice.v1.ListTopicsResponse\x12\x46\n\rGetTopicRoute\x12\x1f.sluice.v1.GetTopicRouteRequest\x1a\x14.sluice.v1.TopicInfo\x12\x46\n\tHeartbeat\x12\x1b.sluice.v1.HeartbeatRequest\x1a\x1c.sluice.v1.HeartbeatResponse\x12X\n\x0fGetConsumerList\x12!.sluice.v1.GetConsumerListRequest\x1a".sluice.v1.GetConsumerListResponse\x12U\n\x0eGetConsumerLag\x12 .sluice.v1.GetConsumerLagRequest\x1a!.sluice.v1.GetConsumerLagResponse\x12U\n\x0eGetBrokerStats\x12 .sluice.v1.GetBrokerStatsRequest\x1a!.sluice.v1.GetBrokerStatsResponseb\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62roker/proto/sluice.proto\x12\tsluice.v1\"\xa2\x02\n\x12SendMessageRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x41\n\nproperties\x18\x05 \x03(\x0b\x32-.sluice.v1.SendMessageRequest.PropertiesEntry\x12\x0c\n\x04\x66lag\x18\x06 \x01(\x05\x12\x10\n\x08sys_flag\x18\x07 \x01(\x05\x12\x16\n\x0e\x62orn_timestamp\x18\x08 \x01(\x03\x12\x17\n\x0freconsume_times\x18\t \x01(\x05\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\x10SendBatchRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"\xaa\x01\n\x0cSendResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.sluice.v1.SendStatus\x12\x19\n\x11\x63ommitlog_offsets\x18\x02 \x03(\x03\x12\x11\n\tqueue_ids\x18\x03 \x03(\x05\x12\x15\n\rqueue_offsets\x18\x04 \x03(\x03\x12\x15\n\rmsg_id_prefix\x18\x05 \x01(\t\x12\x17\n\x0fstore_timestamp\x18\x06 \x01(\x03\"\xcc\x01\n\x0bPullRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\x12\x10\n\x08max_msgs\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x03\x12\x1a\n\x12suspend_timeout_ms\x18\x07 \x01(\x03\x12\x16\n\x0etag_expression\x18\x08 \x01(\t\x12\x15\n\rcommit_offset\x18\t \x01(\x03\"\xa2\x01\n\x0cPullResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.sluice.v1.PullStatus\x12\x19\n\x11next_begin_offset\x18\x02 \x01(\x03\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x05 \x01(\x0c\x12\x17\n\x0f\x65ntry_positions\x18\x06 \x03(\x05\">\n\x0bQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"U\n\x1aQueryConsumerOffsetRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"F\n\x1bQueryConsumerOffsetResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.sluice.v1.QueueOffset\"_\n\x1cUpdateConsumerOffsetsRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\'\n\x07offsets\x18\x02 \x03(\x0b\x32\x16.sluice.v1.QueueOffset\"0\n\x1dUpdateConsumerOffsetsResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x05\"\'\n\x16GetQueueOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"F\n\nQueueRange\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\"@\n\x17GetQueueOffsetsResponse\x12%\n\x06queues\x18\x01 \x03(\x0b\x32\x15.sluice.v1.QueueRange\"W\n\x1eSearchOffsetByTimestampRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"1\n\x1fSearchOffsetByTimestampResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"}\n\x18QueryMessageByKeyRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0f\n\x07max_num\x18\x03 \x01(\x05\x12\x1a\n\x12\x62\x65gin_timestamp_ms\x18\x04 \x01(\x03\x12\x18\n\x10\x65nd_timestamp_ms\x18\x05 \x01(\x03\"(\n\x16ViewMessageByIdRequest\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\"<\n\x10MessagesResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x0c\x12\x17\n\x0f\x65ntry_positions\x18\x02 \x03(\x05\"[\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"N\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\nqueue_nums\x18\x02 \x01(\x05\x12\x15\n\rif_not_exists\x18\x03 \x01(\x08\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"\x13\n\x11ListTopicsRequest\":\n\x12ListTopicsResponse\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.sluice.v1.TopicInfo\":\n\x14GetTopicRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x61uto_create\x18\x02 \x01(\x08\"\xf6\x01\n\x10HeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\x45\n\rsubscriptions\x18\x03 \x03(\x0b\x32..sluice.v1.HeartbeatRequest.SubscriptionsEntry\x12&\n\x05model\x18\x04 \x01(\x0e\x32\x17.sluice.v1.MessageModel\x12\x12\n\nunregister\x18\x05 \x01(\x08\x1a\x34\n\x12SubscriptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"*\n\x11HeartbeatResponse\x12\x15\n\rgroup_version\x18\x01 \x01(\x03\"0\n\x16GetConsumerListRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\"D\n\x17GetConsumerListResponse\x12\x12\n\nclient_ids\x18\x01 \x03(\t\x12\x15\n\rgroup_version\x18\x02 \x01(\x03\">\n\x15GetConsumerLagRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\"h\n\x08QueueLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x15\n\rbroker_offset\x18\x03 \x01(\x03\x12\x17\n\x0f\x63onsumer_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\"P\n\x16GetConsumerLagResponse\x12#\n\x06queues\x18\x01 \x03(\x0b\x32\x13.sluice.v1.QueueLag\x12\x11\n\ttotal_lag\x18\x02 \x01(\x03\"\x17\n\x15GetBrokerStatsRequest\"\x86\x01\n\x16GetBrokerStatsResponse\x12=\n\x06values\x18\x01 \x03(\x0b\x32-.sluice.v1.GetBrokerStatsResponse.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*c\n\nSendStatus\x12\x0b\n\x07SEND_OK\x10\x00\x12\x16\n\x12\x46LUSH_DISK_TIMEOUT\x10\x01\x12\x17\n\x13\x46LUSH_SLAVE_TIMEOUT\x10\x02\x12\x17\n\x13SLAVE_NOT_AVAILABLE\x10\x03*O\n\nPullStatus\x12\t\n\x05\x46OUND\x10\x00\x12\x0e\n\nNO_NEW_MSG\x10\x01\x12\x12\n\x0eNO_MATCHED_MSG\x10\x02\x12\x12\n\x0eOFFSET_ILLEGAL\x10\x03*0\n\x0cMessageModel\x12\x0e\n\nCLUSTERING\x10\x00\x12\x10\n\x0c\x42ROADCASTING\x10\x01\x32\x8f\x0b\n\x06\x42roker\x12\x45\n\x0bSendMessage\x12\x1d.sluice.v1.SendMessageRequest\x1a\x17.sluice.v1.SendResponse\x12\x41\n\tSendBatch\x12\x1b.sluice.v1.SendBatchRequest\x1a\x17.sluice.v1.SendResponse\x12>\n\x0bPullMessage\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12\x64\n\x13QueryConsumerOffset\x12%.sluice.v1.QueryConsumerOffsetRequest\x1a&.sluice.v1.QueryConsumerOffsetResponse\x12j\n\x15UpdateConsumerOffsets\x12\'.sluice.v1.UpdateConsumerOffsetsRequest\x1a(.sluice.v1.UpdateConsumerOffsetsResponse\x12X\n\x0fGetQueueOffsets\x12!.sluice.v1.GetQueueOffsetsRequest\x1a\".sluice.v1.GetQueueOffsetsResponse\x12p\n\x17SearchOffsetByTimestamp\x12).sluice.v1.SearchOffsetByTimestampRequest\x1a*.sluice.v1.SearchOffsetByTimestampResponse\x12U\n\x11QueryMessageByKey\x12#.sluice.v1.QueryMessageByKeyRequest\x1a\x1b.sluice.v1.MessagesResponse\x12Q\n\x0fViewMessageById\x12!.sluice.v1.ViewMessageByIdRequest\x1a\x1b.sluice.v1.MessagesResponse\x12\x42\n\x0b\x43reateTopic\x12\x1d.sluice.v1.CreateTopicRequest\x1a\x14.sluice.v1.TopicInfo\x12L\n\x0b\x44\x65leteTopic\x12\x1d.sluice.v1.DeleteTopicRequest\x1a\x1e.sluice.v1.DeleteTopicResponse\x12I\n\nListTopics\x12\x1c.sluice.v1.ListTopicsRequest\x1a\x1d.sluice.v1.ListTopicsResponse\x12\x46\n\rGetTopicRoute\x12\x1f.sluice.v1.GetTopicRouteRequest\x1a\x14.sluice.v1.TopicInfo\x12\x46\n\tHeartbeat\x12\x1b.sluice.v1.HeartbeatRequest\x1a\x1c.sluice.v1.HeartbeatResponse\x12X\n\x0fGetConsumerList\x12!.sluice.v1.GetConsumerListRequest\x1a\".sluice.v1.GetConsumerListResponse\x12U\n\x0eGetConsumerLag\x12 .sluice.v1.GetConsumerLagRequest\x1a!.sluice.v1.GetConsumerLagResponse\x12U\n\x0eGetBrokerStats\x12 .sluice.v1.GetBrokerStatsRequest\x1a!.sluice.v1.GetBrokerStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "broker.proto.sluice_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'broker.proto.sluice_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_SENDMESSAGEREQUEST_PROPERTIESENTRY"]._loaded_options = None
-    _globals["_SENDMESSAGEREQUEST_PROPERTIESENTRY"]._serialized_options = b"8\001"
-    _globals["_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY"]._loaded_options = None
-    _globals["_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY"]._serialized_options = b"8\001"
-    _globals["_GETBROKERSTATSRESPONSE_VALUESENTRY"]._loaded_options = None
-    _globals["_GETBROKERSTATSRESPONSE_VALUESENTRY"]._serialized_options = b"8\001"
-    _globals["_SENDSTATUS"]._serialized_start = 3075
-    _globals["_SENDSTATUS"]._serialized_end = 3174
-    _globals["_PULLSTATUS"]._serialized_start = 3176
-    _globals["_PULLSTATUS"]._serialized_end = 3255
-    _globals["_MESSAGEMODEL"]._serialized_start = 3257
-    _globals["_MESSAGEMODEL"]._serialized_end = 3305
-    _globals["_SENDMESSAGEREQUEST"]._serialized_start = 41
-    _globals["_SENDMESSAGEREQUEST"]._serialized_end = 331
-    _globals["_SENDMESSAGEREQUEST_PROPERTIESENTRY"]._serialized_start = 282
-    _globals["_SENDMESSAGEREQUEST_PROPERTIESENTRY"]._serialized_end = 331
-    _globals["_SENDBATCHREQUEST"]._serialized_start = 333
-    _globals["_SENDBATCHREQUEST"]._serialized_end = 407
-    _globals["_SENDRESPONSE"]._serialized_start = 410
-    _globals["_SENDRESPONSE"]._serialized_end = 580
-    _globals["_PULLREQUEST"]._serialized_start = 583
-    _globals["_PULLREQUEST"]._serialized_end = 787
-    _globals["_PULLRESPONSE"]._serialized_start = 790
-    _globals["_PULLRESPONSE"]._serialized_end = 952
-    _globals["_QUEUEOFFSET"]._serialized_start = 954
-    _globals["_QUEUEOFFSET"]._serialized_end = 1016
-    _globals["_QUERYCONSUMEROFFSETREQUEST"]._serialized_start = 1018
-    _globals["_QUERYCONSUMEROFFSETREQUEST"]._serialized_end = 1103
-    _globals["_QUERYCONSUMEROFFSETRESPONSE"]._serialized_start = 1105
-    _globals["_QUERYCONSUMEROFFSETRESPONSE"]._serialized_end = 1175
-    _globals["_UPDATECONSUMEROFFSETSREQUEST"]._serialized_start = 1177
-    _globals["_UPDATECONSUMEROFFSETSREQUEST"]._serialized_end = 1272
-    _globals["_UPDATECONSUMEROFFSETSRESPONSE"]._serialized_start = 1274
-    _globals["_UPDATECONSUMEROFFSETSRESPONSE"]._serialized_end = 1322
-    _globals["_GETQUEUEOFFSETSREQUEST"]._serialized_start = 1324
-    _globals["_GETQUEUEOFFSETSREQUEST"]._serialized_end = 1363
-    _globals["_QUEUERANGE"]._serialized_start = 1365
-    _globals["_QUEUERANGE"]._serialized_end = 1435
-    _globals["_GETQUEUEOFFSETSRESPONSE"]._serialized_start = 1437
-    _globals["_GETQUEUEOFFSETSRESPONSE"]._serialized_end = 1501
-    _globals["_SEARCHOFFSETBYTIMESTAMPREQUEST"]._serialized_start = 1503
-    _globals["_SEARCHOFFSETBYTIMESTAMPREQUEST"]._serialized_end = 1590
-    _globals["_SEARCHOFFSETBYTIMESTAMPRESPONSE"]._serialized_start = 1592
-    _globals["_SEARCHOFFSETBYTIMESTAMPRESPONSE"]._serialized_end = 1641
-    _globals["_QUERYMESSAGEBYKEYREQUEST"]._serialized_start = 1643
-    _globals["_QUERYMESSAGEBYKEYREQUEST"]._serialized_end = 1768
-    _globals["_VIEWMESSAGEBYIDREQUEST"]._serialized_start = 1770
-    _globals["_VIEWMESSAGEBYIDREQUEST"]._serialized_end = 1810
-    _globals["_MESSAGESRESPONSE"]._serialized_start = 1812
-    _globals["_MESSAGESRESPONSE"]._serialized_end = 1872
-    _globals["_TOPICINFO"]._serialized_start = 1874
-    _globals["_TOPICINFO"]._serialized_end = 1965
-    _globals["_CREATETOPICREQUEST"]._serialized_start = 1967
-    _globals["_CREATETOPICREQUEST"]._serialized_end = 2045
-    _globals["_DELETETOPICREQUEST"]._serialized_start = 2047
-    _globals["_DELETETOPICREQUEST"]._serialized_end = 2082
-    _globals["_DELETETOPICRESPONSE"]._serialized_start = 2084
-    _globals["_DELETETOPICRESPONSE"]._serialized_end = 2105
-    _globals["_LISTTOPICSREQUEST"]._serialized_start = 2107
-    _globals["_LISTTOPICSREQUEST"]._serialized_end = 2126
-    _globals["_LISTTOPICSRESPONSE"]._serialized_start = 2128
-    _globals["_LISTTOPICSRESPONSE"]._serialized_end = 2186
-    _globals["_GETTOPICROUTEREQUEST"]._serialized_start = 2188
-    _globals["_GETTOPICROUTEREQUEST"]._serialized_end = 2246
-    _globals["_HEARTBEATREQUEST"]._serialized_start = 2249
-    _globals["_HEARTBEATREQUEST"]._serialized_end = 2495
-    _globals["_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY"]._serialized_start = 2443
-    _globals["_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY"]._serialized_end = 2495
-    _globals["_HEARTBEATRESPONSE"]._serialized_start = 2497
-    _globals["_HEARTBEATRESPONSE"]._serialized_end = 2539
-    _globals["_GETCONSUMERLISTREQUEST"]._serialized_start = 2541
-    _globals["_GETCONSUMERLISTREQUEST"]._serialized_end = 2589
-    _globals["_GETCONSUMERLISTRESPONSE"]._serialized_start = 2591
-    _globals["_GETCONSUMERLISTRESPONSE"]._serialized_end = 2659
-    _globals["_GETCONSUMERLAGREQUEST"]._serialized_start = 2661
-    _globals["_GETCONSUMERLAGREQUEST"]._serialized_end = 2723
-    _globals["_QUEUELAG"]._serialized_start = 2725
-    _globals["_QUEUELAG"]._serialized_end = 2829
-    _globals["_GETCONSUMERLAGRESPONSE"]._serialized_start = 2831
-    _globals["_GETCONSUMERLAGRESPONSE"]._serialized_end = 2911
-    _globals["_GETBROKERSTATSREQUEST"]._serialized_start = 2913
-    _globals["_GETBROKERSTATSREQUEST"]._serialized_end = 2936
-    _globals["_GETBROKERSTATSRESPONSE"]._serialized_start = 2939
-    _globals["_GETBROKERSTATSRESPONSE"]._serialized_end = 3073
-    _globals["_GETBROKERSTATSRESPONSE_VALUESENTRY"]._serialized_start = 3028
-    _globals["_GETBROKERSTATSRESPONSE_VALUESENTRY"]._serialized_end = 3073
-    _globals["_BROKER"]._serialized_start = 3308
-    _globals["_BROKER"]._serialized_end = 4731
+  DESCRIPTOR._loaded_options = None
+  _globals['_SENDMESSAGEREQUEST_PROPERTIESENTRY']._loaded_options = None
+  _globals['_SENDMESSAGEREQUEST_PROPERTIESENTRY']._serialized_options = b'8\001'
+  _globals['_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY']._loaded_options = None
+  _globals['_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_GETBROKERSTATSRESPONSE_VALUESENTRY']._loaded_options = None
+  _globals['_GETBROKERSTATSRESPONSE_VALUESENTRY']._serialized_options = b'8\001'
+  _globals['_SENDSTATUS']._serialized_start=3075
+  _globals['_SENDSTATUS']._serialized_end=3174
+  _globals['_PULLSTATUS']._serialized_start=3176
+  _globals['_PULLSTATUS']._serialized_end=3255
+  _globals['_MESSAGEMODEL']._serialized_start=3257
+  _globals['_MESSAGEMODEL']._serialized_end=3305
+  _globals['_SENDMESSAGEREQUEST']._serialized_start=41
+  _globals['_SENDMESSAGEREQUEST']._serialized_end=331
+  _globals['_SENDMESSAGEREQUEST_PROPERTIESENTRY']._serialized_start=282
+  _globals['_SENDMESSAGEREQUEST_PROPERTIESENTRY']._serialized_end=331
+  _globals['_SENDBATCHREQUEST']._serialized_start=333
+  _globals['_SENDBATCHREQUEST']._serialized_end=407
+  _globals['_SENDRESPONSE']._serialized_start=410
+  _globals['_SENDRESPONSE']._serialized_end=580
+  _globals['_PULLREQUEST']._serialized_start=583
+  _globals['_PULLREQUEST']._serialized_end=787
+  _globals['_PULLRESPONSE']._serialized_start=790
+  _globals['_PULLRESPONSE']._serialized_end=952
+  _globals['_QUEUEOFFSET']._serialized_start=954
+  _globals['_QUEUEOFFSET']._serialized_end=1016
+  _globals['_QUERYCONSUMEROFFSETREQUEST']._serialized_start=1018
+  _globals['_QUERYCONSUMEROFFSETREQUEST']._serialized_end=1103
+  _globals['_QUERYCONSUMEROFFSETRESPONSE']._serialized_start=1105
+  _globals['_QUERYCONSUMEROFFSETRESPONSE']._serialized_end=1175
+  _globals['_UPDATECONSUMEROFFSETSREQUEST']._serialized_start=1177
+  _globals['_UPDATECONSUMEROFFSETSREQUEST']._serialized_end=1272
+  _globals['_UPDATECONSUMEROFFSETSRESPONSE']._serialized_start=1274
+  _globals['_UPDATECONSUMEROFFSETSRESPONSE']._serialized_end=1322
+  _globals['_GETQUEUEOFFSETSREQUEST']._serialized_start=1324
+  _globals['_GETQUEUEOFFSETSREQUEST']._serialized_end=1363
+  _globals['_QUEUERANGE']._serialized_start=1365
+  _globals['_QUEUERANGE']._serialized_end=1435
+  _globals['_GETQUEUEOFFSETSRESPONSE']._serialized_start=1437
+  _globals['_GETQUEUEOFFSETSRESPONSE']._serialized_end=1501
+  _globals['_SEARCHOFFSETBYTIMESTAMPREQUEST']._serialized_start=1503
+  _globals['_SEARCHOFFSETBYTIMESTAMPREQUEST']._serialized_end=1590
+  _globals['_SEARCHOFFSETBYTIMESTAMPRESPONSE']._serialized_start=1592
+  _globals['_SEARCHOFFSETBYTIMESTAMPRESPONSE']._serialized_end=1641
+  _globals['_QUERYMESSAGEBYKEYREQUEST']._serialized_start=1643
+  _globals['_QUERYMESSAGEBYKEYREQUEST']._serialized_end=1768
+  _globals['_VIEWMESSAGEBYIDREQUEST']._serialized_start=1770
+  _globals['_VIEWMESSAGEBYIDREQUEST']._serialized_end=1810
+  _globals['_MESSAGESRESPONSE']._serialized_start=1812
+  _globals['_MESSAGESRESPONSE']._serialized_end=1872
+  _globals['_TOPICINFO']._serialized_start=1874
+  _globals['_TOPICINFO']._serialized_end=1965
+  _globals['_CREATETOPICREQUEST']._serialized_start=1967
+  _globals['_CREATETOPICREQUEST']._serialized_end=2045
+  _globals['_DELETETOPICREQUEST']._serialized_start=2047
+  _globals['_DELETETOPICREQUEST']._serialized_end=2082
+  _globals['_DELETETOPICRESPONSE']._serialized_start=2084
+  _globals['_DELETETOPICRESPONSE']._serialized_end=2105
+  _globals['_LISTTOPICSREQUEST']._serialized_start=2107
+  _globals['_LISTTOPICSREQUEST']._serialized_end=2126
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=2128
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=2186
+  _globals['_GETTOPICROUTEREQUEST']._serialized_start=2188
+  _globals['_GETTOPICROUTEREQUEST']._serialized_end=2246
+  _globals['_HEARTBEATREQUEST']._serialized_start=2249
+  _globals['_HEARTBEATREQUEST']._serialized_end=2495
+  _globals['_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY']._serialized_start=2443
+  _globals['_HEARTBEATREQUEST_SUBSCRIPTIONSENTRY']._serialized_end=2495
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2497
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2539
+  _globals['_GETCONSUMERLISTREQUEST']._serialized_start=2541
+  _globals['_GETCONSUMERLISTREQUEST']._serialized_end=2589
+  _globals['_GETCONSUMERLISTRESPONSE']._serialized_start=2591
+  _globals['_GETCONSUMERLISTRESPONSE']._serialized_end=2659
+  _globals['_GETCONSUMERLAGREQUEST']._serialized_start=2661
+  _globals['_GETCONSUMERLAGREQUEST']._serialized_end=2723
+  _globals['_QUEUELAG']._serialized_start=2725
+  _globals['_QUEUELAG']._serialized_end=2829
+  _globals['_GETCONSUMERLAGRESPONSE']._serialized_start=2831
+  _globals['_GETCONSUMERLAGRESPONSE']._serialized_end=2911
+  _globals['_GETBROKERSTATSREQUEST']._serialized_start=2913
+  _globals['_GETBROKERSTATSREQUEST']._serialized_end=2936
+  _globals['_GETBROKERSTATSRESPONSE']._serialized_start=2939
+  _globals['_GETBROKERSTATSRESPONSE']._serialized_end=3073
+  _globals['_GETBROKERSTATSRESPONSE_VALUESENTRY']._serialized_start=3028
+  _globals['_GETBROKERSTATSRESPONSE_VALUESENTRY']._serialized_end=3073
+  _globals['_BROKER']._serialized_start=3308
+  _globals['_BROKER']._serialized_end=4731
 # @@protoc_insertion_point(module_scope)

@@ -60,7 +60,7 @@ class BrokerController:
         self.consumers = ConsumerManager(config.consumer_expire_ms)
         self.hold = PullHoldService(
             long_polling_enable=config.long_polling_enable, short_polling_time_ms=config.short_polling_time_ms,
-            recheck_ms=config.long_polling_recheck_ms,
+            recheck_ms=config.long_polling_recheck_ms, max_held=config.grpc_max_workers - config.grpc_reserved_workers,
         )  # fmt: skip
         self.store: MessageStore | None = None
         self.server: grpc.Server | None = None

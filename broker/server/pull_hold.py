@@ -25,8 +25,12 @@ class _Waiter:
 
 class PullHoldService:
     def __init__(self, *, long_polling_enable: bool = True, short_polling_time_ms: int = 1000,
-                 recheck_ms: int = 5000) -> None:  # fmt: skip
+                 recheck_ms: int = 5000, max_held: int = 1 << 30) -> None:  # fmt: skip
         self.long_polling_enable = long_polling_enable
+        # Each held pull occupies a gRPC worker thread; past this many, pulls are answered at once so that sends
+        # and other calls always find a free worker.
+        self.max_held = max_held
+        self._refused = 0
         self.short_polling_time_ms = short_polling_time_ms
         self.recheck_ms = recheck_ms
         self._lock = threading.Lock()
@@ -50,6 +54,17 @@ class PullHoldService:
             w.event.set()
 
     # ---------------------------------------------------------------- called by pull handlers
+    def can_hold(self) -> bool:
+        """False after shutdown or when the held-pull budget is used up (the pull is answered at once)."""
+        if self._stopped:
+            return False
+        if self.held_count() < self.max_held:
+            return True
+        self._refused += 1
+        if self._refused == 1 or self._refused % 1000 == 0:
+            log.warning("%d pulls held, the limit; answering pulls at once (raise grpc_max_workers)", self.max_held)
+        return False
+
     def wait_for(self, topic: str, queue_id: int, offset: int, timeout_ms: int, has_new: Callable[[], bool]) -> bool:
         """Hold until a message at ``offset`` may exist or ``timeout_ms`` passes; True when worth pulling again.
 

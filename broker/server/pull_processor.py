@@ -109,7 +109,7 @@ class PullProcessor:
             result = self.store.get_message(req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes)
             outcome = fold_status(result, req.offset)
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if outcome.status != NO_NEW_MSG or remaining_ms <= 0:
+            if outcome.status != NO_NEW_MSG or remaining_ms <= 0 or not self.hold.can_hold():
                 break
             self.hold.wait_for(req.topic, req.queue_id, req.offset, remaining_ms, self._has_new(req))
         if hold_ms > 0:

@@ -107,3 +107,25 @@ def test_expired_offset_is_illegal_and_moves_to_min(broker_factory: Callable[...
         assert r.status is PullStatus.OFFSET_ILLEGAL and r.next_begin_offset == r.min_offset > 0
         r = c.pull("Exp", 0, r.next_begin_offset)
         assert r.status is PullStatus.FOUND and r.messages[0].queue_offset == r.next_begin_offset - len(r.messages)
+
+
+def test_held_pulls_never_take_the_workers_sends_need(broker_factory: Callable[..., BrokerController]) -> None:
+    broker = broker_factory(grpc_max_workers=6, grpc_reserved_workers=4)  # at most 2 held pulls
+    ep = f"127.0.0.1:{broker.port}"
+    fill(broker, "Busy", 1)
+    results: list[PullStatus] = []
+    with PullConsumer(ep, "g") as c:
+        holders = [threading.Thread(target=lambda: results.append(c.pull("Busy", 0, 1, timeout_ms=3000).status))
+                   for _ in range(2)]  # fmt: skip
+        for t in holders:
+            t.start()
+        deadline = time.monotonic() + 5
+        while broker.hold.held_count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        r = c.pull("Busy", 0, 1, timeout_ms=3000)  # over the budget: answered at once
+        assert r.status is PullStatus.NO_NEW_MSG and time.monotonic() - started < 1.0
+        fill(broker, "Busy", 1)  # sends still find a worker, and wake the held pulls
+        for t in holders:
+            t.join(5)
+    assert results == [PullStatus.FOUND, PullStatus.FOUND]
