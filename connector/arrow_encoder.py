@@ -1,0 +1,147 @@
+"""Arrow record batches -> commit-log entries, the sink's hot path.
+
+Each row becomes one entry in the commit-log format (``broker.store.message.encode_entry``) so that a task can hand a
+whole buffer to ``SendBatch`` and the broker stores it with one copy. Columns:
+
+    body          binary or string, required, never null
+    topic         string, optional (else the ``topic`` option)
+    tags          string, optional
+    keys          array<string> or a space-separated string, optional
+    properties    map<string,string>, optional
+    sharding_key  string, optional: rows with the same key go to the same queue, in order
+    queue_id      int, optional: an explicit queue (wins over sharding_key)
+
+Unknown columns are an error naming them unless ``ignore_extra_columns`` is set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from broker.errors import MessageIllegalError
+from broker.store.message import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    Prop,
+    encode_entry,
+    encode_properties,
+    java_string_hash,
+    validate_topic,
+)
+
+KNOWN_COLUMNS = ("body", "topic", "tags", "keys", "properties", "sharding_key", "queue_id")
+
+
+def check_columns(names: Sequence[str], ignore_extra_columns: bool) -> None:
+    """Fail at query start, naming the columns that are wrong."""
+    if "body" not in names:
+        raise MessageIllegalError(f"the sink needs a 'body' column (binary or string); the DataFrame has {list(names)}")
+    extra = [n for n in names if n not in KNOWN_COLUMNS]
+    if extra and not ignore_extra_columns:
+        raise MessageIllegalError(
+            f"unknown column(s) {extra} for the sluice sink; expected some of {list(KNOWN_COLUMNS)}. "
+            "Drop them or set ignoreExtraColumns=true"
+        )
+
+
+@dataclass
+class EncodedChunk:
+    """A run of entries ready for one SendBatch call."""
+
+    buffer: bytes
+    count: int
+    topics: dict[str, int] = field(default_factory=dict)  # messages per topic, for the commit message
+
+
+@dataclass
+class RowEncoder:
+    """Encodes rows; ``queue_count(topic)`` says how many queues a topic has (asked once per topic)."""
+
+    default_topic: str | None
+    queue_count: Callable[[str], int]
+    extra_properties: Mapping[str, str] = field(default_factory=dict)
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    batch_messages: int = 4096
+    batch_bytes: int = 4 * 1024 * 1024
+    _round_robin: int = 0
+    _queues: dict[str, int] = field(default_factory=dict)
+    _topic_bytes: dict[str, bytes] = field(default_factory=dict)
+
+    def _topic(self, name: str | None, row: int) -> tuple[str, bytes]:
+        topic = name or self.default_topic
+        if not topic:
+            raise MessageIllegalError(f"row {row} has no topic: set the 'topic' option or fill the 'topic' column")
+        raw = self._topic_bytes.get(topic)
+        if raw is None:
+            raw = self._topic_bytes[topic] = validate_topic(topic)
+            self._queues[topic] = max(1, self.queue_count(topic))
+        return topic, raw
+
+    def _queue(self, topic: str, queue_id: int | None, sharding_key: str | None) -> int:
+        n = self._queues[topic]
+        if queue_id is not None:
+            if not 0 <= queue_id < n:
+                raise MessageIllegalError(f"queue_id {queue_id} is outside topic {topic!r}'s queues 0..{n - 1}")
+            return queue_id
+        if sharding_key is not None:
+            return abs(java_string_hash(sharding_key)) % n
+        self._round_robin += 1
+        return self._round_robin % n
+
+    def encode(self, batch: pa.RecordBatch, first_row: int = 0) -> Iterator[EncodedChunk]:
+        """Yield chunks bounded by ``batch_messages`` and ``batch_bytes``; the row number is in every error."""
+        cols = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
+        bodies = cols["body"]
+        n = len(bodies)
+        none: list[None] = [None] * n
+        topics, tags, keys = cols.get("topic", none), cols.get("tags", none), cols.get("keys", none)
+        props, shard, qids = cols.get("properties", none), cols.get("sharding_key", none), cols.get("queue_id", none)
+        born = int(time.time() * 1000)
+        parts: list[bytes] = []
+        size = 0
+        per_topic: dict[str, int] = {}
+        for i in range(n):
+            row = first_row + i
+            body = bodies[i]
+            if body is None:
+                raise MessageIllegalError(f"row {row}: body is null; every message needs a body")
+            if isinstance(body, str):
+                body = body.encode("utf-8")
+            topic, topic_raw = self._topic(topics[i], row)
+            msg_props = self._properties(props[i], tags[i], keys[i])
+            try:
+                entry = encode_entry(
+                    topic_raw,
+                    self._queue(topic, qids[i], shard[i]),
+                    body,
+                    encode_properties(msg_props),
+                    born_timestamp=born,
+                    max_message_size=self.max_message_size,
+                )
+            except MessageIllegalError as e:
+                raise MessageIllegalError(f"row {row}: {e.message}") from None
+            parts.append(entry)
+            size += len(entry)
+            per_topic[topic] = per_topic.get(topic, 0) + 1
+            if len(parts) >= self.batch_messages or size >= self.batch_bytes:
+                yield EncodedChunk(b"".join(parts), len(parts), per_topic)
+                parts, size, per_topic = [], 0, {}
+        if parts:
+            yield EncodedChunk(b"".join(parts), len(parts), per_topic)
+
+    def _properties(self, props: object, tags: str | None, keys: object) -> dict[str, str]:
+        out: dict[str, str] = dict(self.extra_properties)
+        if props:
+            # Arrow gives a map as a list of (key, value) pairs.
+            items = props.items() if isinstance(props, dict) else props
+            for k, v in items:  # type: ignore[union-attr]
+                if v is not None:
+                    out[str(k)] = str(v)
+        if tags:
+            out[Prop.TAGS] = tags
+        if keys:
+            out[Prop.KEYS] = keys if isinstance(keys, str) else " ".join(k for k in keys if k)  # type: ignore[union-attr]
+        return out

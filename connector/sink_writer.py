@@ -1,0 +1,207 @@
+"""The ``sluice`` sink: Arrow batches -> SendBatch, exactly once through the broker's batch transactions.
+
+Exactly-once protocol (``deliveryGuarantee=exactly-once``, the default):
+
+* One transaction per (query, micro-batch, query run): ``spark:<queryId>:<batchId>:<runId>``. Tasks learn the ids
+  from the local properties Spark gives every task of a micro-batch (``sql.streaming.queryId``,
+  ``streaming.sql.batchId``, and the job group, which Spark sets to the run id). A new run of the query (a restart
+  from the checkpoint) gets a new run id, so a transaction an earlier run rolled back is never reused.
+* A task first asks whether any run already committed this (query, batch): Spark re-runs the last batch after a
+  crash between the sink's commit and its own commit log, and those rows must not be sent again. Otherwise it sends
+  its rows as half messages of the transaction, each tagged with the task attempt's id, and reports the attempt,
+  message and byte counts in its commit message.
+* The driver's ``commit(messages, batchId)`` ends the transaction with COMMIT, naming the attempts that succeeded:
+  halves of failed or speculative attempts are dropped, so no row is committed twice. The broker makes that one
+  atomic decision (finished by its recovery after a crash). Then it rolls back the query's older open transactions,
+  which only a crashed earlier run can have left. ``abort`` rolls the transaction back.
+
+``at-least-once`` sends plain batches: a batch re-run after a crash is sent again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from broker.client import Admin, Producer
+from broker.errors import BrokerError, MessageIllegalError
+from connector.arrow_encoder import RowEncoder, check_columns
+from connector.sink_options import SinkOptions
+
+log = logging.getLogger(__name__)
+
+ATTEMPT_PROPERTY = "TRAN_ATTEMPT"  # the broker keeps only committed attempts' halves (broker.semantics)
+RETRY_BACKOFF_S = (0.05, 0.2, 0.5, 1.0, 2.0)
+# Errors after which the broker surely stored nothing: safe to resend even inside a transaction.
+NOT_STORED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+@dataclass
+class SinkCommitMessage(WriterCommitMessage):
+    transaction_id: str | None
+    attempt: str
+    messages: int
+    bytes: int
+    skipped: bool = False  # the batch was already committed by an earlier run: nothing sent
+
+
+def _task_ids() -> tuple[str, int, str, str]:
+    """(query id, batch id, run id, attempt id) of the running streaming task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise BrokerError("the sluice sink's write() must run inside a Spark task")
+    query_id = ctx.getLocalProperty("sql.streaming.queryId") or ""
+    batch_id = ctx.getLocalProperty("streaming.sql.batchId")
+    run_id = ctx.getLocalProperty("spark.jobGroup.id") or uuid.uuid4().hex
+    if not query_id or batch_id is None:
+        raise BrokerError("no streaming query id / batch id in the task's local properties; is this a stream write?")
+    attempt = f"{ctx.partitionId()}.{ctx.attemptNumber()}.{uuid.uuid4().hex[:12]}"
+    return query_id, int(batch_id), run_id, attempt
+
+
+def _send_all(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str
+) -> tuple[int, int]:
+    """Encode and send every row; returns (messages, bytes). Raises on the first failure, naming the row."""
+    producer = Producer(opts.endpoints, group=opts.producer_group)
+    encoder = RowEncoder(
+        default_topic=opts.topic,
+        queue_count=producer.queue_count,
+        extra_properties={ATTEMPT_PROPERTY: attempt} if txn_id else {},
+        max_message_size=opts.max_message_size,
+        batch_messages=opts.batch_messages,
+        batch_bytes=opts.batch_bytes,
+    )
+    sent = nbytes = rows = 0
+    inflight: list[Future[int]] = []
+    try:
+        with ThreadPoolExecutor(max_workers=opts.max_inflight, thread_name_prefix="sluice-sink") as pool:
+            for batch in batches:
+                check_columns(batch.schema.names, opts.ignore_extra_columns)
+                for chunk in encoder.encode(batch, first_row=rows):
+                    if len(inflight) >= opts.max_inflight:
+                        sent += inflight.pop(0).result()
+                    inflight.append(pool.submit(_send_chunk, producer, opts, chunk.buffer, chunk.count, txn_id))
+                    nbytes += len(chunk.buffer)
+                rows += batch.num_rows
+            for f in inflight:
+                sent += f.result()
+    finally:
+        producer.close()
+    return sent, nbytes
+
+
+def _send_chunk(producer: Producer, opts: SinkOptions, buffer: bytes, count: int, txn_id: str | None) -> int:
+    for attempt in range(opts.send_retries + 1):
+        try:
+            producer.send_encoded(buffer, count, transaction_id=txn_id)
+            return count
+        except grpc.RpcError as e:
+            code = e.code()  # type: ignore[attr-defined]
+            # Inside a transaction only errors that stored nothing may be retried; otherwise the task fails and
+            # Spark's retry sends under a new attempt id (the failed attempt's halves are never committed).
+            retriable = code in NOT_STORED or (txn_id is None and code == grpc.StatusCode.DEADLINE_EXCEEDED)
+            if not retriable or attempt == opts.send_retries:
+                raise
+            delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+            log.warning("SendBatch failed with %s; retry %d in %.2f s", code, attempt + 1, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+class SluiceStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        check_columns(schema.names, opts.ignore_extra_columns)
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        query_id, batch_id, run_id, attempt = _task_ids()
+        if not self.opts.exactly_once:
+            n, b = _send_all(self.opts, iterator, None, attempt)
+            return SinkCommitMessage(None, attempt, n, b)
+        prefix = f"spark:{query_id}:{batch_id}:"
+        with Admin(self.opts.endpoints) as admin:
+            if any(t.status == "COMMITTED" for t in admin.list_transactions(prefix)):
+                log.info(
+                    "batch %d of query %s was committed by an earlier run; not sending it again", batch_id, query_id
+                )
+                return SinkCommitMessage(None, attempt, 0, 0, skipped=True)
+        txn_id = prefix + run_id
+        n, b = _send_all(self.opts, iterator, txn_id, attempt)
+        return SinkCommitMessage(txn_id, attempt, n, b)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        done = [m for m in messages if isinstance(m, SinkCommitMessage)]
+        total, nbytes = sum(m.messages for m in done), sum(m.bytes for m in done)
+        txn_ids = {m.transaction_id for m in done if m.transaction_id}
+        if len(txn_ids) > 1:
+            raise BrokerError(f"batch {batchId}: tasks wrote under different transactions {sorted(txn_ids)}")
+        with Admin(self.opts.endpoints) as admin:
+            for txn_id in txn_ids:
+                attempts = [m.attempt for m in done if m.transaction_id == txn_id]
+                outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts)
+                if outcome != "COMMITTED":
+                    raise BrokerError(f"batch {batchId}: transaction {txn_id} ended as {outcome}, not COMMITTED")
+                query_prefix = txn_id.rsplit(":", 2)[0] + ":"
+                for t in admin.list_transactions(query_prefix):
+                    if t.status == "OPEN" and t.transaction_id != txn_id:
+                        admin.end_transaction(t.transaction_id, commit=False)
+        log.info("sluice sink batch %d: %d messages, %d bytes committed", batchId, total, nbytes)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        txn_ids = {m.transaction_id for m in messages if isinstance(m, SinkCommitMessage) and m.transaction_id}
+        with Admin(self.opts.endpoints) as admin:
+            for txn_id in txn_ids:
+                admin.end_transaction(txn_id, commit=False)
+        log.warning("sluice sink batch %d aborted; rolled back %s", batchId, sorted(txn_ids))
+
+
+class SluiceBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("sluice")``: one transaction for the whole job (exactly-once) or plain sends."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        check_columns(schema.names, opts.ignore_extra_columns)
+        self.opts = opts
+        self.transaction_id = f"spark-batch:{uuid.uuid4().hex}" if opts.exactly_once else None
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        attempt = f"{ctx.partitionId()}.{ctx.attemptNumber()}.{uuid.uuid4().hex[:12]}" if ctx else uuid.uuid4().hex
+        n, b = _send_all(self.opts, iterator, self.transaction_id, attempt)
+        return SinkCommitMessage(self.transaction_id, attempt, n, b)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = [m for m in messages if isinstance(m, SinkCommitMessage)]
+        if self.transaction_id:
+            with Admin(self.opts.endpoints) as admin:
+                outcome = admin.end_transaction(
+                    self.transaction_id, commit=True, committed_attempts=[m.attempt for m in done]
+                )
+            if outcome != "COMMITTED":
+                raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
+        log.info("sluice sink: %d messages committed", sum(m.messages for m in done))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.transaction_id:
+            with Admin(self.opts.endpoints) as admin:
+                admin.end_transaction(self.transaction_id, commit=False)
+
+
+__all__ = ["MessageIllegalError", "SinkCommitMessage", "SluiceBatchWriter", "SluiceStreamWriter"]
