@@ -15,6 +15,15 @@ from connector.stream_reader import SluiceStreamReader
 class SluiceDataSource(DataSource):
     """``spark.read(Stream).format("sluice")``; options are validated when the reader is created (query start)."""
 
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # Spark builds this object in .load(): reject options that are wrong for batch and stream alike right
+        # there; mode-specific rules (e.g. endingOffsets) are checked when the reader is created.
+        try:
+            parse_options(options, streaming=True)
+        except SourceOptionError:
+            parse_options(options, streaming=False)
+
     @classmethod
     def name(cls) -> str:
         return "sluice"
