@@ -268,6 +268,8 @@ class PushConsumer:
                     self.offsets.commit_all()
             except BrokerError as e:
                 log.warning("consumer %s of %s: %s; will retry", self.client_id, self.group, e.message)
+            except Exception:  # the control thread must outlive any surprise: log it and go on
+                log.exception("consumer %s of %s: control loop error; will retry", self.client_id, self.group)
 
     def _heartbeat_request(self, unregister: bool = False) -> pb.HeartbeatRequest:
         model = pb.BROADCASTING if self.model is BROADCASTING else pb.CLUSTERING
