@@ -52,11 +52,12 @@ class PullConsumer:
         wanted = parse_tags(tags)
         r = self._request(topic, queue_id, offset, max_msgs, timeout_ms, tags, max_bytes, commit_offset)
         messages = decode_entries(r.entries, r.entry_positions) if r.entries else []
+        status = PullStatus[pb.PullStatus.Name(r.status)]
         if wanted is not None:
             messages = [m for m in messages if tag_matches(wanted, m.tags)]
-        return PullResult(
-            PullStatus[pb.PullStatus.Name(r.status)], messages, r.next_begin_offset, r.min_offset, r.max_offset
-        )
+            if status is PullStatus.FOUND and not messages:  # only hash collisions came back, as RocketMQ
+                status = PullStatus.NO_MATCHED_MSG
+        return PullResult(status, messages, r.next_begin_offset, r.min_offset, r.max_offset)
 
     def commit_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """Store every (topic, queue) -> next offset to consume, all or nothing."""

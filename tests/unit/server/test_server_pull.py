@@ -129,3 +129,15 @@ def test_held_pulls_never_take_the_workers_sends_need(broker_factory: Callable[.
         for t in holders:
             t.join(5)
     assert results == [PullStatus.FOUND, PullStatus.FOUND]
+
+
+def test_tag_hash_collisions_are_dropped_by_the_client(broker: BrokerController, endpoint: str) -> None:
+    fill(broker, "Coll", 2, tags="BB")  # String.hashCode("BB") == String.hashCode("Aa")
+    fill(broker, "Coll", 1, tags="Aa")
+    with PullConsumer(endpoint, "g") as c:
+        raw = c.pull_raw("Coll", 0, 0, tags="Aa")
+        assert len(raw.entry_positions) == 3  # the broker's hash filter lets the collisions through
+        r = c.pull("Coll", 0, 0, max_msgs=2, tags="Aa")
+        assert r.status is PullStatus.NO_MATCHED_MSG and r.messages == [] and r.next_begin_offset == 2
+        r = c.pull("Coll", 0, 0, tags="Aa")
+        assert [m.tags for m in r.messages] == ["Aa"]
