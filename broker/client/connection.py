@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "127.0.0.1:10911"
 ENDPOINT_ENV = "SLUICE_ENDPOINT"
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
-CONNECT_PROBE_S = 3.0  # how long to try each of several endpoints before moving on
+CONNECT_PROBE_S = 1.0  # how long to try each of several endpoints before moving on
 T = TypeVar("T")
 
 
