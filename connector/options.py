@@ -135,7 +135,9 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         consumer_group=group,
         broker_name=_broker_name(opts.get("brokername", DEFAULT_BROKER_NAME)),
         starting=starting,
-        starting_fallback=_choice(opts, "startingOffsetsFallback", ("earliest", "latest"), "latest"),  # type: ignore[arg-type]
+        starting_fallback=_choice(  # type: ignore[arg-type]
+            opts, "startingOffsetsFallback", ("earliest", "latest"), "latest" if streaming else "earliest"
+        ),
         timestamp_strategy=_choice(opts, "startingOffsetsByTimestampStrategy", ("error", "latest"), "error"),  # type: ignore[arg-type]
         ending=_ending(opts, streaming=streaming),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
