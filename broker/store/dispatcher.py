@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from broker.errors import CorruptionError
 from broker.store.batch import Buffer, EntryRun, queue_keys, scan
 from broker.store.commit_log import CommitLog
-from broker.store.consume_queue import CQ_DTYPE, ConsumeQueue
+from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.index_file import IndexService
-from broker.store.message import Prop, SysFlag, tag_hash_code
+from broker.store.message import BLANK_MAGIC, PREFIX, Prop, SysFlag, parse_layout, tag_hash_code
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,9 @@ ArrivalListener = Callable[[str, int, int], None]
 # One pass reads at most this much of the commit log, so listeners hear of new messages at least this often
 # and a long backlog (recovery) is processed in bounded memory.
 DISPATCH_CHUNK_BYTES = 8 * 1024 * 1024
+# Runs up to this size are parsed entry by entry with struct: for a handful of entries numpy's fixed cost per call
+# (tens of calls per run) is larger than the work itself.
+SCALAR_DISPATCH_BYTES = 4096
 _TAGS = (Prop.TAGS + "\x01").encode()
 _KEYS = (Prop.KEYS + "\x01").encode()
 _UNIQ = (Prop.UNIQ_KEY + "\x01").encode()
@@ -129,6 +133,8 @@ class Dispatcher:
                 return 0
             return -1
         limit = min(wrote, rel + DISPATCH_CHUNK_BYTES)
+        if limit - rel <= SCALAR_DISPATCH_BYTES:
+            return self._dispatch_scalar(f.mm, rel, limit, f.file_from_offset, f.file_size, notify)
         run = scan(f.mm, rel, limit, verify_crc=False)
         if run.stop_reason == "blank":
             end = f.file_size  # the rest of the file is the end-of-file blank
@@ -143,6 +149,57 @@ class Dispatcher:
             self._dispatch_run(run, f.mm, f.file_from_offset, notify)
         self.dispatched_offset = f.file_from_offset + end
         return len(run)
+
+    def _dispatch_scalar(self, buf: Buffer, rel: int, limit: int, base: int, file_size: int, notify: bool) -> int:
+        """A few entries (the steady state of single puts): struct per entry, no numpy per-call overhead."""
+        pos = rel
+        count = 0
+        names = self._topic_names
+        while pos < limit:
+            total, magic = PREFIX.unpack_from(buf, pos)
+            if magic == BLANK_MAGIC:
+                pos = file_size
+                break
+            try:
+                lay = parse_layout(buf, pos, limit)
+            except CorruptionError as e:
+                if count == 0:
+                    log.error("dispatcher stuck at commit-log offset %d: %s", base + pos, e)
+                    return -1
+                break
+            h = lay.header
+            raw_topic = bytes(buf[lay.topic_start : lay.topic_start + lay.topic_len])
+            topic = names.get(raw_topic) or names.setdefault(raw_topic, raw_topic.decode("ascii", "replace"))
+            props = bytes(buf[lay.props_start : lay.props_start + lay.props_len]) if lay.props_len else b""
+            tag = property_value(props, _TAGS) if props else None
+            tx = h.sys_flag & SysFlag.TRANSACTION_MASK
+            if tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE):
+                cq = self.queues.find_or_create(topic, h.queue_id)
+                unit = CQ_UNIT.pack(base + pos, total, tag_hash_code(tag.decode("utf-8", "replace")) if tag else 0)
+                self._put_one(cq, h.queue_offset, unit)
+                if notify:
+                    for fn in self.listeners:
+                        fn(topic, h.queue_id, cq.max_offset)
+            if self.index is not None and props:
+                msg_keys = message_keys(props)
+                if msg_keys:
+                    self.index.put(topic, msg_keys, base + pos, h.store_timestamp)
+            self.last_dispatched_timestamp = h.store_timestamp
+            pos += total
+            count += 1
+        self.dispatched_offset = base + pos
+        return count
+
+    @staticmethod
+    def _put_one(cq: ConsumeQueue, qoff: int, unit: bytes) -> None:
+        have = cq.max_offset
+        if qoff < have:
+            return  # re-dispatch after recovery: already there
+        if qoff > have:
+            log.error(
+                "consume queue %s/%d: unit %d follows max offset %d; units missing", cq.topic, cq.queue_id, qoff, have
+            )
+        cq.put_units(qoff, unit)
 
     def _dispatch_run(self, run: EntryRun, buf: Buffer, base: int, notify: bool) -> None:
         key_ids, raw_keys = queue_keys(buf, run)

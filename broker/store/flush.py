@@ -108,8 +108,25 @@ def flush_commit_log(commit_log: CommitLog, checkpoint: Checkpoint, on_error: Er
     return True
 
 
+class _Waiter:
+    __slots__ = ("end", "event", "lead")
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+        self.event = threading.Event()
+        self.lead = False  # set (with the event) when this waiter is handed the next sync
+
+
 class GroupCommitService(ServiceThread):
-    """SYNC_FLUSH: one fdatasync per round serves every writer that appended before it started."""
+    """SYNC_FLUSH group commit, leader/follower style.
+
+    A writer that needs its entry on disk and finds no sync in progress becomes the leader and runs fdatasync
+    itself over everything written so far; writers arriving meanwhile queue up. When the sync returns, exactly the
+    waiters it covered are woken, and if some are left the first of them is handed the next sync. So one
+    fdatasync serves every writer that appended before it started, no hand-off to another thread sits on the
+    latency path, and no writer is woken only to go back to sleep. The service thread serves writers that asked
+    not to wait (WAIT=false), so their entries still reach the disk promptly.
+    """
 
     name = "group-commit"
 
@@ -118,51 +135,80 @@ class GroupCommitService(ServiceThread):
         self.commit_log = commit_log
         self.checkpoint = checkpoint
         self.on_error = on_error
-        self._cond = threading.Condition()
-        self._requested = 0  # highest end offset a writer waits for
+        self._lock = threading.Lock()
+        self._waiters: list[_Waiter] = []
+        self._requested = 0  # highest end offset anyone asked to be flushed
+        self._syncing = False  # a leader owns the next/current fdatasync
         self.flushed = commit_log.flushed_offset
         self.failed: str = ""
+
+    def request(self, end_offset: int) -> None:
+        """Ask for a flush up to ``end_offset`` without waiting for it."""
+        with self._lock:
+            self._requested = max(self._requested, end_offset)
+        self.wakeup()
 
     def wait_flushed(self, end_offset: int, timeout_s: float) -> str:
         """Block until the commit log is on disk up to ``end_offset``: "" when it is, else why not."""
         deadline = time.monotonic() + timeout_s
-        with self._cond:
-            if end_offset > self._requested:
-                self._requested = end_offset
-                self._cond.notify_all()
-            while self.flushed < end_offset:
-                if self.failed:
-                    return self.failed
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return f"not flushed within {timeout_s * 1000:.0f} ms (sync_flush_timeout_ms)"
-                self._cond.wait(remaining)
+        with self._lock:
+            if self.flushed >= end_offset:
+                return ""
+            if self.failed:
+                return self.failed
+            self._requested = max(self._requested, end_offset)
+            me = _Waiter(end_offset)
+            if self._syncing:
+                self._waiters.append(me)
+            else:
+                self._syncing = me.lead = True
+        while True:
+            if me.lead:
+                self._lead()
+                break
+            if not me.event.wait(max(0.0, deadline - time.monotonic())):
+                with self._lock:
+                    if not me.lead:  # not handed the sync in the meantime: give up waiting
+                        if me in self._waiters:
+                            self._waiters.remove(me)
+                        return f"not flushed within {timeout_s * 1000:.0f} ms (sync_flush_timeout_ms)"
+                continue
+            if not me.lead:
+                break
+        if self.failed and self.flushed < end_offset:
+            return self.failed
+        if time.monotonic() > deadline:
+            return f"flushed, but later than {timeout_s * 1000:.0f} ms (sync_flush_timeout_ms)"
         return ""
 
+    def _lead(self) -> None:
+        """Run one fdatasync for everyone written so far, wake whom it covered, hand the next one on."""
+        ok = flush_commit_log(self.commit_log, self.checkpoint, self._fail)
+        with self._lock:
+            if ok:
+                self.flushed = self.commit_log.flushed_offset
+            done = [w for w in self._waiters if w.end <= self.flushed or not ok]
+            self._waiters = [w for w in self._waiters if w.end > self.flushed and ok]
+            if self._waiters:
+                nxt = self._waiters.pop(0)
+                nxt.lead = True
+                done.append(nxt)
+            else:
+                self._syncing = False
+        for w in done:
+            w.event.set()
+
     def run_once(self) -> None:
-        with self._cond:
-            while self._requested <= self.flushed and not self.stopped:
-                self._cond.wait(0.01)
-            if self.failed or self.stopped:
-                self._cond.wait(0.05)
+        self.wait(0.01)
+        with self._lock:
+            if self._requested <= self.flushed or self._syncing or self.failed or self.stopped:
                 return
-        if not flush_commit_log(self.commit_log, self.checkpoint, self._fail):
-            return
-        with self._cond:
-            self.flushed = self.commit_log.flushed_offset
-            self._cond.notify_all()
+            self._syncing = True
+        self._lead()
 
     def _fail(self, reason: str) -> None:
-        with self._cond:
-            self.failed = reason
-            self._cond.notify_all()
+        self.failed = reason
         self.on_error(reason)
-
-    def stop(self) -> None:
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        super().stop()
 
 
 class ConsumeQueueFlushService(ServiceThread):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from broker.store.batch import scan
@@ -41,6 +42,8 @@ class RecoveryReport:
     reason: str = ""
     redispatched_from: int = 0
     redispatched_entries: int = 0
+    scan_seconds: float = 0.0  # commit-log validation (framing + CRC)
+    dispatch_seconds: float = 0.0  # re-dispatch to consume queues and index
 
 
 def scan_file(f: MappedFile, start: int, verify_crc: bool) -> tuple[int, str]:
@@ -156,7 +159,9 @@ def recover(
     abnormal: bool,
 ) -> RecoveryReport:
     commit_log.files.load()
+    started = time.perf_counter()
     report = recover_commit_log(config, commit_log, checkpoint, abnormal)
+    report.scan_seconds = time.perf_counter() - started
     end = report.commit_log_end
     load_consume_queues(queues, commit_log)
     start = checkpoint.data.min_dispatch_offset if checkpoint.valid else commit_log.min_offset
@@ -169,7 +174,9 @@ def recover(
     start = max(commit_log.min_offset, min(start, end))
     dispatcher.dispatched_offset = start
     report.redispatched_from = start
+    started = time.perf_counter()
     report.redispatched_entries = dispatcher.dispatch_available(notify=False)
+    report.dispatch_seconds = time.perf_counter() - started
     table: dict[tuple[str, int], int] = {}
     for key, cq in queues.queues.items():
         table[key] = cq.max_offset
