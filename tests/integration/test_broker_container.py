@@ -9,9 +9,9 @@ import time
 
 import docker
 import pytest
-from sluice_containers import BrokerContainer, BrokerFactory, check_store
+from sluice_containers import BrokerContainer, BrokerFactory, check_store, wait_dispatched
 
-from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
+from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendResult, SendStatus
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +37,14 @@ def mixed_messages(rng: random.Random, count: int) -> list[Message]:
             )
         )
     return messages
+
+
+def max_offsets(results: list[SendResult]) -> dict[int, int]:
+    """Queue id -> the max offset (one past the last) these acknowledged sends imply."""
+    out: dict[int, int] = {}
+    for r in results:
+        out[r.queue_id] = max(out.get(r.queue_id, 0), r.queue_offset + 1)
+    return out
 
 
 def pull_all(endpoint: str, group: str, topic: str, queues: int) -> dict[int, list]:
@@ -67,6 +75,7 @@ def test_host_producer_and_consumer_round_trip_byte_exact(broker: BrokerContaine
     assert all(r.status is SendStatus.SEND_OK for r in results)
     where = {(r.queue_id, r.queue_offset): m for r, m in zip(results, sent, strict=True)}
     assert len(where) == MESSAGES, "two messages were given the same queue offset"
+    wait_dispatched(broker.endpoint, TOPIC, max_offsets(results))
 
     received = pull_all(broker.endpoint, "it-roundtrip", TOPIC, QUEUES)
     assert sum(len(v) for v in received.values()) == MESSAGES
@@ -85,6 +94,7 @@ def test_host_producer_and_consumer_round_trip_byte_exact(broker: BrokerContaine
 def test_committed_offsets_and_lag_seen_from_the_host(broker: BrokerContainer) -> None:
     with Producer(broker.endpoint) as producer:
         producer.send_batch([Message("lagged", f"m{i}".encode()) for i in range(300)], queue_id=0)
+    wait_dispatched(broker.endpoint, "lagged", {0: 300})
     with PullConsumer(broker.endpoint, "it-lag") as consumer:
         result = consumer.pull("lagged", 0, 0, max_msgs=100)
         assert len(result.messages) == 100
@@ -101,6 +111,7 @@ def test_cli_inside_the_container(broker: BrokerContainer) -> None:
     assert code == 0, out
     code, out = broker.exec("sluice", "send", "cli-topic", "--count", "25", "--size", "64", "--queue", "1", *endpoint)
     assert code == 0, out
+    wait_dispatched(broker.endpoint, "cli-topic", {1: 25})
     code, out = broker.exec("sluice", "topic", "list", "--json", *endpoint)
     assert code == 0, out
     assert "cli-topic" in out
@@ -155,12 +166,14 @@ def test_graceful_stop_and_restart_keep_everything(
     bodies = [f"kept-{i}".encode() for i in range(1000)]
     with Producer(broker.endpoint) as producer:
         producer.send_batch([Message("kept", b) for b in bodies], queue_id=0)
+    wait_dispatched(broker.endpoint, "kept", {0: len(bodies)})
     with PullConsumer(broker.endpoint, "it-kept") as consumer:
         consumer.commit_offsets({("kept", 0): 600})
     broker.stop()  # SIGTERM: the broker flushes and persists offsets
     assert _exit_code(broker) == 0, broker.logs()[-2000:]
     assert check_store(docker_client, broker_image, broker.volume) == []
     broker.restart()
+    wait_dispatched(broker.endpoint, "kept", {0: len(bodies)})
     received = pull_all(broker.endpoint, "it-kept-2", "kept", 1)[0]
     assert [m.body for m in received] == bodies
     with PullConsumer(broker.endpoint, "it-kept") as consumer:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import docker
 import pytest
-from sluice_containers import BrokerContainer, BrokerFactory, check_store
+from sluice_containers import BrokerContainer, BrokerFactory, check_store, wait_dispatched
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
 from broker.errors import BrokerError
@@ -118,6 +118,10 @@ def test_docker_kill_during_sync_flush_sends_loses_no_acknowledged_message(
         # The store recovers after the crash and its oracle finds nothing wrong (broker still down).
         assert check_store(docker_client, broker_image, broker.volume) == []
         broker.restart()
+        expected_max: dict[int, int] = {}
+        for qid, offset in acked.at:
+            expected_max[qid] = max(expected_max.get(qid, 0), offset + 1)
+        wait_dispatched(broker.endpoint, TOPIC, expected_max)
         found = read_everything(broker.endpoint)
         missing = sorted(k for k in acked.at if k not in found)
         assert not missing, f"round {round_no}: {len(missing)} acknowledged message(s) lost, first {missing[:5]}"
