@@ -102,6 +102,10 @@ class BrokerController:
             self.topics.load()
             self.offsets.load()
             self.store = self._start_store(advertised_ip(host), self.port)
+            self.topics.store_queue_ids = self.store.queue_ids
+            for topic in self.store.topics():  # topics with data but no config entry (lost topics.json...)
+                if self.topics.get(topic) is None:
+                    self.topics.adopt(topic, self.store.queue_ids(topic))
             self._wire(server, self.store)
             if cfg.metrics_port is not None:
                 self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,7 @@ class TopicConfigManager:
         self.max_queue_nums = max_queue_nums
         self.auto_create = auto_create
         self._lock = threading.Lock()
+        self.store_queue_ids: Callable[[str], list[int]] | None = None  # set once the store runs
         self._topics: dict[str, TopicConfig] = {}
         self._data_version = 0
 
@@ -105,8 +107,18 @@ class TopicConfigManager:
     def get(self, topic: str) -> TopicConfig | None:
         return self._topics.get(topic)
 
+    def adopt(self, topic: str, queue_ids: list[int]) -> TopicConfig | None:
+        """Register a topic that exists in the store but not here (written by a broker service, or topics.json
+        lost): its queue count covers every queue id the store has."""
+        if not queue_ids:
+            return None
+        log.warning("topic %s found in the store but not in %s; registering it", topic, self.path)
+        return self.create(topic, max(max(queue_ids) + 1, 1), if_not_exists=True)
+
     def require(self, topic: str) -> TopicConfig:
         found = self._topics.get(topic)
+        if found is None and self.store_queue_ids is not None:
+            found = self.adopt(topic, self.store_queue_ids(topic))
         if found is None:
             validate_topic(topic)
             raise TopicNotExistError(

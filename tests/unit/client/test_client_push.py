@@ -26,7 +26,7 @@ from broker.server.broker_controller import BrokerController
 FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_interval_ms": 100, "long_poll_ms": 1000}
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"

@@ -108,3 +108,19 @@ def test_second_broker_on_a_locked_store_fails_cleanly(broker_factory: BrokerFac
         raise AssertionError("a second broker started on a locked store")
     except BrokerError as e:
         assert "lock" in e.message.lower(), e.message
+
+
+def test_topics_in_the_store_but_not_in_topics_json_are_adopted(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    store = tmp_path / "adopt"
+    first = broker_factory(store)
+    ep = f"127.0.0.1:{first.port}"
+    with Admin(ep) as admin, Producer(ep) as p:
+        admin.create_topic("Lost", 12)
+        p.send(Message("Lost", b"kept"), queue_id=11)
+    first.shutdown()
+    for name in ("topics.json", "topics.json.bak"):  # the topic table is lost; the data is not
+        (store / "config" / name).unlink(missing_ok=True)
+    second = broker_factory(store)
+    assert second.topics.require("Lost").read_queue_nums == 12
+    with PullConsumer(f"127.0.0.1:{second.port}", "g") as c:
+        assert [m.body for m in c.pull("Lost", 11, 0).messages] == [b"kept"]
