@@ -92,6 +92,15 @@ else
       # Without NAT rules published ports are still served by docker-proxy on the host, which is all we use.
       net_flags=(--iptables=false --ip-masq=false)
     fi
+    # After an engine was killed (e.g. the session that started it ended), its pid files may name a dead or
+    # zombie process; dockerd would then wait forever for "the running containerd". Drop such stale files.
+    for pidfile in /var/run/docker/containerd/containerd.pid /var/run/docker.pid; do
+      pid=$(cat "$pidfile" 2>/dev/null || true)
+      if [ -n "$pid" ] && { ! kill -0 "$pid" 2>/dev/null || [ "$(ps -o stat= -p "$pid" | cut -c1)" = Z ]; }; then
+        log "removing stale $pidfile (process $pid is gone)"
+        as_root rm -f "$pidfile"
+      fi
+    done
     log "starting dockerd: --storage-driver=$storage_driver ${net_flags[*]} (log: $STATE_DIR/dockerd.log)"
     as_root mkdir -p /var/lib/docker
     # setsid + nohup: the engine outlives this script and the test run that started it.
