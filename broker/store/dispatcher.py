@@ -108,8 +108,9 @@ class Dispatcher:
         total = 0
         with self.lock:
             while True:
+                before = self.dispatched_offset
                 n = self._dispatch_chunk(notify)
-                if n < 0:
+                if n < 0 or (n == 0 and self.dispatched_offset == before):
                     break
                 total += n
         return total
@@ -152,30 +153,33 @@ class Dispatcher:
 
     def _dispatch_scalar(self, buf: Buffer, rel: int, limit: int, base: int, file_size: int, notify: bool) -> int:
         """A few entries (the steady state of single puts): struct per entry, no numpy per-call overhead."""
-        pos = rel
+        data = bytes(buf[rel:limit])  # at most SCALAR_DISPATCH_BYTES: one small copy, then plain bytes parsing
+        pos = 0
         count = 0
         names = self._topic_names
-        while pos < limit:
-            total, magic = PREFIX.unpack_from(buf, pos)
+        end = len(data)
+        while pos < end:
+            total, magic = PREFIX.unpack_from(data, pos) if pos + 8 <= end else (0, 0)
             if magic == BLANK_MAGIC:
-                pos = file_size
+                pos = file_size - rel
                 break
             try:
-                lay = parse_layout(buf, pos, limit)
+                lay = parse_layout(data, pos, end)
             except CorruptionError as e:
                 if count == 0:
-                    log.error("dispatcher stuck at commit-log offset %d: %s", base + pos, e)
+                    log.error("dispatcher stuck at commit-log offset %d: %s", base + rel + pos, e)
                     return -1
-                break
+                break  # the next pass starts at the bad entry and reports it
             h = lay.header
-            raw_topic = bytes(buf[lay.topic_start : lay.topic_start + lay.topic_len])
+            phys = base + rel + pos
+            raw_topic = data[lay.topic_start : lay.topic_start + lay.topic_len]
             topic = names.get(raw_topic) or names.setdefault(raw_topic, raw_topic.decode("ascii", "replace"))
-            props = bytes(buf[lay.props_start : lay.props_start + lay.props_len]) if lay.props_len else b""
+            props = data[lay.props_start : lay.props_start + lay.props_len] if lay.props_len else b""
             tag = property_value(props, _TAGS) if props else None
             tx = h.sys_flag & SysFlag.TRANSACTION_MASK
             if tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE):
                 cq = self.queues.find_or_create(topic, h.queue_id)
-                unit = CQ_UNIT.pack(base + pos, total, tag_hash_code(tag.decode("utf-8", "replace")) if tag else 0)
+                unit = CQ_UNIT.pack(phys, total, tag_hash_code(tag.decode("utf-8", "replace")) if tag else 0)
                 self._put_one(cq, h.queue_offset, unit)
                 if notify:
                     for fn in self.listeners:
@@ -183,11 +187,11 @@ class Dispatcher:
             if self.index is not None and props:
                 msg_keys = message_keys(props)
                 if msg_keys:
-                    self.index.put(topic, msg_keys, base + pos, h.store_timestamp)
+                    self.index.put(topic, msg_keys, phys, h.store_timestamp)
             self.last_dispatched_timestamp = h.store_timestamp
             pos += total
             count += 1
-        self.dispatched_offset = base + pos
+        self.dispatched_offset = base + rel + pos
         return count
 
     @staticmethod
