@@ -8,6 +8,7 @@ rest of a file (keeping 8 bytes for the blank head) goes to the next file; the r
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -39,14 +40,27 @@ assert POS_QUEUE_OFFSET + 8 == 28
 assert POS_STORE_TIMESTAMP + 8 == POS_STORE_HOST  # STORETIMESTAMP then STOREHOST: adjacent too
 
 
+class CreateMappedFileError(BrokerError):
+    """The next commit-log file could not be created (ENOSPC: the disk is full)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(f"could not create the next commit-log file: {cause}")
+        self.errno = cause.errno
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
 class CommitLog:
-    def __init__(self, config: StoreConfig, sync: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        sync: Callable[[int], None],
+        allocate: Callable[[int, int, int], None] = os.posix_fallocate,
+    ) -> None:
         self.config = config
-        self.files = MappedFileQueue(config.commit_log_dir, config.mapped_file_size_commit_log, sync)
+        self.files = MappedFileQueue(config.commit_log_dir, config.mapped_file_size_commit_log, sync, allocate)
         self.append_lock = threading.Lock()
         self.queue_table: dict[tuple[str, int], int] = {}
         self.last_store_timestamp = 0
@@ -80,14 +94,20 @@ class CommitLog:
 
         OSError (ENOSPC...) from creating a file propagates; the caller maps it to a put status.
         """
-        f = self.files.last_for_append()
+        f = self._last_for_append()
         free = f.free_bytes
         if n + END_FILE_MIN_BLANK_LENGTH > free:
             f.write_at(f.wrote_position, encode_blank(free))
             f.wrote_position = f.file_size  # the blank's TOTALSIZE covers the rest of the file
-            f = self.files.last_for_append()
+            f = self._last_for_append()
             assert n + END_FILE_MIN_BLANK_LENGTH <= f.free_bytes, (n, f)
         return f
+
+    def _last_for_append(self) -> MappedFile:
+        try:
+            return self.files.last_for_append()
+        except OSError as e:
+            raise CreateMappedFileError(e) from e
 
     # ------------------------------------------------------------------------------------------------ appends
     def append_entry(self, entry: bytearray, topic: str, queue_id: int, counted: bool) -> tuple[int, int, int]:

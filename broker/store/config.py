@@ -40,8 +40,6 @@ class StoreConfig:
     flush_commit_log_least_pages: int = 4
     flush_commit_log_thorough_interval_ms: int = 10_000
     flush_interval_consume_queue_ms: int = 1000
-    flush_consume_queue_least_pages: int = 2
-    flush_consume_queue_thorough_interval_ms: int = 60_000
     sync_flush_timeout_ms: int = 5000
     # --- messages
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE

@@ -20,6 +20,7 @@ class FaultInjector:
         self._fsync_failures = 0
         self._fail_kind: str | None = None
         self._fsync_delay_s = 0.0
+        self._allocate_error: tuple[int, str] | None = None
         self.fsync_calls = 0
 
     def fail_next_fsyncs(self, count: int = 1, kind: str | None = "commitlog") -> None:
@@ -27,6 +28,22 @@ class FaultInjector:
         with self._lock:
             self._fsync_failures = count
             self._fail_kind = kind
+
+    def fail_allocations(self, errno_value: int | None, kind: str = "commitlog") -> None:
+        """Make creating ``kind`` files fail with ``errno_value`` (e.g. ENOSPC: a full disk) until set to None."""
+        with self._lock:
+            self._allocate_error = None if errno_value is None else (errno_value, kind)
+
+    def allocator(self, kind: str) -> Callable[[int, int, int], None]:
+        """The posix_fallocate function for one kind of file."""
+
+        def allocate(fd: int, offset: int, length: int) -> None:
+            err = self._allocate_error
+            if err is not None and err[1] == kind:
+                raise OSError(err[0], f"injected fallocate failure: {os.strerror(err[0])}")
+            os.posix_fallocate(fd, offset, length)
+
+        return allocate
 
     def syncer(self, kind: str) -> Callable[[int], None]:
         """The fdatasync function for one kind of file: commitlog, consumequeue, index, checkpoint."""

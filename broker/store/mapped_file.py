@@ -52,7 +52,15 @@ def _punch_hole(fd: int, offset: int, length: int) -> bool:
 class MappedFile:
     """One preallocated file of ``file_size`` bytes whose first byte is global offset ``file_from_offset``."""
 
-    def __init__(self, path: str, file_size: int, sync: Callable[[int], None], *, create: bool) -> None:
+    def __init__(
+        self,
+        path: str,
+        file_size: int,
+        sync: Callable[[int], None],
+        *,
+        create: bool,
+        allocate: Callable[[int, int, int], None] = os.posix_fallocate,
+    ) -> None:
         self.path = path
         self.file_size = file_size
         self.file_from_offset = int(os.path.basename(path))
@@ -61,7 +69,7 @@ class MappedFile:
         self.fd = os.open(path, flags, 0o644)
         try:
             if create:
-                os.posix_fallocate(self.fd, 0, file_size)
+                allocate(self.fd, 0, file_size)
             actual = os.fstat(self.fd).st_size
             if actual != file_size:
                 raise CorruptionError(f"file is {actual} bytes, expected {file_size}", path, 0)
@@ -161,10 +169,17 @@ class MappedFileQueue:
     never mutated in place, so a reader's snapshot stays consistent.
     """
 
-    def __init__(self, directory: str, file_size: int, sync: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        directory: str,
+        file_size: int,
+        sync: Callable[[int], None],
+        allocate: Callable[[int, int, int], None] = os.posix_fallocate,
+    ) -> None:
         self.directory = directory
         self.file_size = file_size
         self._sync = sync
+        self._allocate = allocate
         self.files: list[MappedFile] = []
         self._lock = threading.Lock()  # guards replacing ``files``
         os.makedirs(directory, exist_ok=True)
@@ -241,7 +256,8 @@ class MappedFileQueue:
         assert start_offset % self.file_size == 0, start_offset
         last = self.last()
         assert last is None or start_offset == last.file_from_offset + self.file_size, (start_offset, last)
-        f = MappedFile(os.path.join(self.directory, file_name(start_offset)), self.file_size, self._sync, create=True)
+        path = os.path.join(self.directory, file_name(start_offset))
+        f = MappedFile(path, self.file_size, self._sync, create=True, allocate=self._allocate)
         with self._lock:
             self.files = [*self.files, f]
         return f

@@ -21,7 +21,7 @@ from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotA
 from broker.store.batch import MAX_QUEUE_ID, validate_batch
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
-from broker.store.commit_log import CommitLog, now_ms
+from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher
@@ -84,7 +84,7 @@ class MessageStore:
         config.validate()
         self.config = config
         self.faults = FaultInjector()
-        self.commit_log = CommitLog(config, self.faults.syncer("commitlog"))
+        self.commit_log = CommitLog(config, self.faults.syncer("commitlog"), self.faults.allocator("commitlog"))
         self.queues = ConsumeQueueTable(
             config.consume_queue_dir, config.mapped_file_size_consume_queue, self.faults.syncer("consumequeue")
         )
@@ -250,13 +250,15 @@ class MessageStore:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"store is read-only: {self._write_error}")
         return None
 
-    def _append_failed(self, e: OSError) -> PutResult:
+    def _append_failed(self, e: OSError | CreateMappedFileError) -> PutResult:
         self._counters["put_errors"] += 1
         if e.errno == errno.ENOSPC:
-            self._set_disk_full(True)
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"disk full while appending: {e}")
-        if isinstance(e, FileExistsError) or getattr(e, "filename", None):
-            return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=f"could not create a commit-log file: {e}")
+            self._set_disk_full(True)  # the cleanup service's next disk probe lifts this once space is back
+            return PutResult(
+                PutStatus.SERVICE_NOT_AVAILABLE, error=f"disk full: {e}; writes resume once space is freed"
+            )
+        if isinstance(e, CreateMappedFileError):
+            return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=e.message)
         self._on_io_error(f"commit log write failed: {e}")
         return PutResult(PutStatus.UNKNOWN_ERROR, error=f"commit log write failed: {e}")
 
@@ -330,7 +332,7 @@ class MessageStore:
         counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
         try:
             phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
-        except OSError as e:
+        except (OSError, CreateMappedFileError) as e:
             return self._append_failed(e)
         self._counters["put_msgs"] += 1
         self._counters["put_bytes"] += len(entry)
@@ -361,7 +363,7 @@ class MessageStore:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, error=e.message)
         try:
             phys, qoffs, ts = self.commit_log.append_batch(batch)
-        except OSError as e:
+        except (OSError, CreateMappedFileError) as e:
             return self._append_failed(e)
         n = len(batch.run)
         self._counters["put_msgs"] += n

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -121,3 +122,30 @@ def test_background_service_notices_a_full_disk(make_store: Callable[..., Messag
     while not s.is_writable() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert s.is_writable()
+
+
+def test_enospc_creating_a_file_refuses_writes_until_space_returns(make_store: Callable[..., MessageStore]) -> None:
+    probe = DiskProbe()
+    s = make_store(disk_usage_probe=probe, delete_when="")
+    s.faults.fail_allocations(errno.ENOSPC)  # preallocation of the next file fails: the disk is full
+    results = [s.put_message("N", 0, b"." * 1000) for _ in range(20)]  # enough to need a second file
+    statuses = [r.status for r in results]
+    assert PutStatus.SERVICE_NOT_AVAILABLE in statuses
+    failed = results[statuses.index(PutStatus.SERVICE_NOT_AVAILABLE)]
+    assert "disk full" in failed.error
+    assert not s.is_writable()
+    s.faults.fail_allocations(None)
+    assert s.cleanup is not None
+    s.cleanup.clean_once(clean=False)  # the probe says the disk has room again
+    assert s.put_message("N", 0, b"after").ok
+    assert s.check() == []
+
+
+def test_other_create_failures_are_create_mapped_file_failed(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store()
+    s.faults.fail_allocations(errno.EIO)
+    statuses = {s.put_message("N", 0, b"." * 1000).status for _ in range(20)}
+    assert PutStatus.CREATE_MAPPED_FILE_FAILED in statuses
+    s.faults.fail_allocations(None)
+    assert s.put_message("N", 0, b"after").ok
+    assert s.check() == []
