@@ -24,16 +24,29 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+import numpy as np
 
 from broker.errors import CorruptionError, MessageIllegalError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker.store.batch import scan
 from broker.store.message import (
+    BODY_START,
+    ENTRY_HEADER,
+    I32,
+    MAX_PROPERTIES_BYTES,
+    MESSAGE_MAGIC,
+    POS_BODY_LENGTH,
+    PROPS_LEN,
+    TOPIC_LEN,
     Prop,
     StoredMessage,
     SysFlag,
     decode_properties,
     encode_entry,
     encode_properties,
+    entry_size,
     pack_ipv4,
     parse_layout,
     validate_topic,
@@ -119,7 +132,152 @@ def rewrite_batch_as_half(buffer: bytes | memoryview, producer_group: str, txn_i
     return b"".join(out), len(out)
 
 
+def encode_half_entry(
+    topic: str,
+    queue_id: int,
+    body: bytes,
+    properties: Mapping[str, str] | None,
+    producer_group: str,
+    txn_id: str,
+    **fields: int | bytes,
+) -> bytes:
+    """Client side of the fast path: one entry already in half form (``put_half_batch`` then only checks it).
+    ``fields`` are encode_entry's keyword arguments (flag, born_timestamp, born_ip, born_port, ...)."""
+    props = half_properties(properties or {}, topic, queue_id, producer_group, txn_id)
+    return encode_entry(HALF_TOPIC_BYTES, 0, body, encode_properties(props), **fields)  # type: ignore[arg-type]
+
+
+def _has_property(raw: bytes, name_value: bytes) -> bool:
+    """Whether ``name \\x01 value \\x02`` is one of the encoded properties (not the tail of a longer name)."""
+    return raw.startswith(name_value) or (b"\x02" + name_value) in raw
+
+
+def check_half_batch(buffer: bytes | memoryview, producer_group: str, txn_id: str) -> int:
+    """Check a batch the client encoded in half form (``encode_half_entry``); returns the entry count.
+
+    Vectorised framing (the store's scan); per entry only byte-string tests: the half topic, queue 0, NOT_TYPE
+    transaction bits, this transaction id and producer group, and REAL_TOPIC / REAL_QID / TRAN_MSG present.
+    CRCs and sizes are checked by put_batch itself.
+    """
+    n = len(buffer)
+    run = scan(buffer, 0, n, verify_crc=False)
+    if run.end != n or run.stop_reason:
+        raise MessageIllegalError(
+            f"batch entry {len(run)} (at byte {run.end}) is malformed: {run.stop_reason or 'trailing bytes'}"
+        )
+    bad = np.flatnonzero((run.queue_ids != 0) | ((run.sys_flags & SysFlag.TRANSACTION_MASK) != 0))
+    if bad.size:
+        raise MessageIllegalError(f"half entry {int(bad[0])}: queue id must be 0 and transaction type NOT_TYPE")
+    txn_mark = f"{Prop.TRANSACTION_ID}\x01{txn_id}\x02".encode()
+    group_mark = f"{Prop.PGROUP}\x01{producer_group}\x02".encode()
+    tran_mark = f"{Prop.TRAN_MSG}\x01true\x02".encode()
+    topic_mark, qid_mark = f"{Prop.REAL_TOPIC}\x01".encode(), f"{Prop.REAL_QID}\x01".encode()
+    for i, (topic, props) in enumerate(zip(run.topics(buffer), run.properties(buffer), strict=True)):
+        if topic != HALF_TOPIC_BYTES:
+            raise MessageIllegalError(f"half entry {i} is for topic {topic!r}; a half batch is all {TRANS_HALF_TOPIC}")
+        if not (
+            _has_property(props, txn_mark)
+            and _has_property(props, group_mark)
+            and _has_property(props, tran_mark)
+            and _has_property(props, topic_mark)
+            and _has_property(props, qid_mark)
+        ):
+            raise MessageIllegalError(
+                f"half entry {i} lacks __transactionId__={txn_id!r}, PGROUP={producer_group!r}, TRAN_MSG=true, "
+                "REAL_TOPIC or REAL_QID; encode it with encode_half_entry"
+            )
+    return len(run)
+
+
+def is_half_batch(buffer: bytes | memoryview) -> bool:
+    """Whether the first entry is addressed to the half topic (the client used encode_half_entry)."""
+    try:
+        lay = parse_layout(buffer, 0, len(buffer))
+    except (CorruptionError, struct.error, IndexError):
+        return False
+    return bytes(buffer[lay.topic_start : lay.topic_start + lay.topic_len]) == HALF_TOPIC_BYTES
+
+
 # ------------------------------------------------------------------------------------------- committed messages
+
+
+class RawHalf(NamedTuple):
+    """A half message as it lies in the commit log (read without decoding: the commit path is per message)."""
+
+    queue_offset: int
+    commitlog_offset: int
+    entry: bytes
+
+
+class Committed(NamedTuple):
+    real_queue: tuple[str, int]
+    entry: bytes  # ready for put_batch
+    half: RawHalf
+
+
+_topic_cache: dict[bytes, bytes] = {}
+
+
+def _take_property(props: bytes, name: bytes) -> tuple[bytes | None, bytes]:
+    """(value, props without that property) for an encoded property list."""
+    key = name + b"\x01"
+    if props.startswith(key):
+        i = 0
+    else:
+        k = props.find(b"\x02" + key)
+        if k < 0:
+            return None, props
+        i = k + 1
+    j = props.find(b"\x02", i)
+    if j < 0:
+        return None, props
+    return props[i + len(key) : j], props[:i] + props[j + 1 :]
+
+
+def raw_property(entry: bytes, name: str) -> str | None:
+    """One property of a raw entry, without decoding the rest."""
+    body_len = I32.unpack_from(entry, POS_BODY_LENGTH)[0]
+    topic_len = entry[BODY_START + body_len]
+    value, _ = _take_property(entry[BODY_START + body_len + 1 + topic_len + 2 :], name.encode())
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+_REAL_TOPIC = Prop.REAL_TOPIC.encode()
+_REAL_QID = Prop.REAL_QID.encode()
+_PREPARED_QOFF = Prop.TRAN_PREPARED_QUEUE_OFFSET.encode() + b"\x01"
+
+
+def commit_raw(half: RawHalf) -> Committed:
+    """The committed entry of a raw half (as ``committed_entry``, about ten times faster: no full decode, and the
+    body's CRC is carried over since the body is the same bytes)."""
+    e = half.entry
+    h = ENTRY_HEADER.unpack_from(e, 0)
+    body_len = h[-1]
+    topic_at = BODY_START + body_len
+    props = e[topic_at + 1 + e[topic_at] + 2 :]
+    real_topic, props = _take_property(props, _REAL_TOPIC)
+    real_qid, props = _take_property(props, _REAL_QID)
+    if not real_topic or not real_qid or not real_qid.isdigit():
+        raise MessageIllegalError(
+            f"half message at commit-log offset {half.commitlog_offset} has no valid REAL_TOPIC/REAL_QID"
+        )
+    topic = _topic_cache.get(real_topic)
+    if topic is None:
+        topic = _topic_cache.setdefault(real_topic, validate_topic(real_topic.decode("ascii", "replace")))
+    props += _PREPARED_QOFF + str(half.queue_offset).encode() + b"\x02"
+    if len(props) > MAX_PROPERTIES_BYTES:
+        raise MessageIllegalError(f"half message at {half.commitlog_offset}: properties too long once committed")
+    qid = int(real_qid)
+    sys_flag = (h[7] & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE
+    total = entry_size(body_len, len(topic), len(props))
+    head = ENTRY_HEADER.pack(
+        total, MESSAGE_MAGIC, h[2], qid, h[4], 0, 0, sys_flag, h[8], h[9], h[10], 0, b"\x00\x00\x00\x00", 0, h[14],
+        half.commitlog_offset, body_len,
+    )  # fmt: skip
+    entry = b"".join(
+        (head, e[BODY_START:topic_at], TOPIC_LEN.pack(len(topic)), topic, PROPS_LEN.pack(len(props)), props)
+    )
+    return Committed((topic.decode("ascii"), qid), entry, half)
 
 
 def committed_entry(half: StoredMessage) -> bytes:
@@ -208,14 +366,21 @@ __all__ = [
     "OP_TOPIC_BYTES",
     "REMOVE_TAG",
     "ROLLBACK",
+    "Committed",
+    "RawHalf",
+    "check_half_batch",
+    "commit_raw",
     "check_transaction_id",
     "committed_entry",
     "decode_commit_start",
     "decode_offsets",
     "encode_commit_start",
+    "encode_half_entry",
     "encode_offsets",
     "half_properties",
     "half_sys_flag",
+    "is_half_batch",
+    "raw_property",
     "real_queue_of",
     "rewrite_batch_as_half",
 ]

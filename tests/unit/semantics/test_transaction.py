@@ -14,12 +14,17 @@ from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.semantics.transaction import TransactionError, TransactionService, TxState, TxStatus
 from broker.semantics.transaction_codec import (
     ATTEMPT,
+    RawHalf,
+    commit_raw,
+    committed_entry,
     decode_commit_start,
     decode_offsets,
     encode_commit_start,
+    encode_half_entry,
     encode_offsets,
+    raw_property,
 )
-from broker.store.message import Prop, StoredMessage, SysFlag, encode_entry, encode_properties
+from broker.store.message import Prop, StoredMessage, SysFlag, decode_entry, encode_entry, encode_properties
 
 if TYPE_CHECKING:
     from conftest import StoreBox
@@ -295,3 +300,50 @@ def test_stalled_commit_is_finished_by_the_check_thread(box: StoreBox) -> None:
         assert len({m.body for m in box.read_topic("Out")}) == 200
     finally:
         tx.shutdown()
+
+
+def test_message_bigger_than_a_chunk_is_restored_alone(box: StoreBox) -> None:
+    tx = service(box, put_chunk_bytes=4096)
+    try:
+        tx.put_half_batch(batch("Out", [b"small-1", b"B" * 10_000, b"small-2"]), "spark", "big-one")
+        assert tx.end_transaction("big-one", commit=True).restored == 3
+        got = box.read_topic("Out")
+        assert [len(m.body) for m in got] == [7, 10_000, 7]
+        assert all(SysFlag.transaction_type(m.sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE for m in got)
+        assert len({m.prepared_transaction_offset for m in got}) == 3
+    finally:
+        tx.shutdown()
+
+
+def test_fast_path_for_batches_encoded_as_halves(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        buf = b"".join(
+            encode_half_entry("Out", i % 2, f"h{i}".encode(), {"k": "v"}, "spark", "fast") for i in range(50)
+        )
+        assert tx.put_half_batch(buf, "spark", "fast").ok
+        assert box.read_topic("Out") == []
+        wrong_txn = encode_half_entry("Out", 0, b"x", {}, "spark", "other")
+        wrong_group = encode_half_entry("Out", 0, b"x", {}, "flink", "fast")
+        no_real = encode_entry(b"RMQ_SYS_TRANS_HALF_TOPIC", 0, b"x", encode_properties({Prop.TRANSACTION_ID: "fast"}))
+        for bad in (wrong_txn, wrong_group, no_real, buf + b"\x00\x01"):
+            with pytest.raises(MessageIllegalError):
+                tx.put_half_batch(buf + bad, "spark", "fast")
+        assert tx.end_transaction("fast", commit=True).restored == 50
+        got = box.read_topic("Out")
+        assert sorted(m.body for m in got) == sorted(f"h{i}".encode() for i in range(50))
+        assert all(m.properties["k"] == "v" and Prop.REAL_TOPIC not in m.properties for m in got)
+    finally:
+        tx.shutdown()
+
+
+def test_raw_commit_encoding_equals_the_decoded_one() -> None:
+    props = {Prop.KEYS: "a b", "x": "é", Prop.UNIQ_KEY: "U"}
+    half = encode_half_entry("Real", 5, b"body", props, "PG", "t", flag=7, born_timestamp=123, reconsume_times=2)
+    raw = RawHalf(queue_offset=42, commitlog_offset=9000, entry=half)
+    decoded = decode_entry(half)
+    decoded.queue_offset, decoded.commitlog_offset = 42, 9000
+    fast = commit_raw(raw)
+    assert fast.entry == committed_entry(decoded)
+    assert fast.real_queue == ("Real", 5)
+    assert raw_property(half, Prop.PGROUP) == "PG" and raw_property(half, "missing") is None
