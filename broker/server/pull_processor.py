@@ -31,6 +31,8 @@ from broker.store.results import GetResult
 FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"
 # Held pulls answer this long before the caller's gRPC deadline so the answer is not lost to it.
 DEADLINE_MARGIN_MS = 200
+# How long a pull past the end waits for a lagging dispatcher before answering OFFSET_ILLEGAL.
+DISPATCH_LAG_WAIT_MS = 200
 
 
 @dataclass
@@ -105,8 +107,17 @@ class PullProcessor:
             hold_ms = min(hold_ms, int(time_remaining_s * 1000) - DEADLINE_MARGIN_MS)
         started = time.monotonic()
         deadline = started + max(hold_ms, 0) / 1000
+        waited_for_dispatch = False
         while True:
             result = self.store.get_message(req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes)
+            past_end = result.status in (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_OVERFLOW_ONE)
+            if past_end and not waited_for_dispatch and self._dispatch_behind():
+                # The offset may be one a send just returned, not yet dispatched to the consume queue: wait for
+                # the dispatcher rather than answer "nothing new" or, worse, send the consumer back to the max
+                # offset (it would re-read messages). Read-your-writes for a consumer that follows a producer.
+                waited_for_dispatch = True
+                self.hold.wait_for(req.topic, req.queue_id, req.offset, DISPATCH_LAG_WAIT_MS, self._has_new(req))
+                continue
             outcome = fold_status(result, req.offset)
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if outcome.status != NO_NEW_MSG or remaining_ms <= 0 or not self.hold.can_hold():
@@ -118,6 +129,9 @@ class PullProcessor:
             self.metrics.get_messages.inc(len(outcome.entry_positions))
             self.metrics.get_bytes.inc(len(outcome.buffer))
         return outcome
+
+    def _dispatch_behind(self) -> bool:
+        return self.store.dispatched_offset() < int(self.store.stats().get("commit_log_max_offset", 0))
 
     def _has_new(self, req: PullRequestArgs) -> Callable[[], bool]:
         store, topic, queue_id, offset = self.store, req.topic, req.queue_id, req.offset

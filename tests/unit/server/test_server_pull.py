@@ -141,3 +141,13 @@ def test_tag_hash_collisions_are_dropped_by_the_client(broker: BrokerController,
         assert r.status is PullStatus.NO_MATCHED_MSG and r.messages == [] and r.next_begin_offset == 2
         r = c.pull("Coll", 0, 0, tags="Aa")
         assert [m.tags for m in r.messages] == ["Aa"]
+
+
+def test_pull_right_after_send_waits_for_the_dispatcher(broker: BrokerController, endpoint: str) -> None:
+    """An offset a send just returned is past the consume queue's end until the dispatcher catches up; the
+    broker waits for it instead of answering OFFSET_ILLEGAL (which would send the consumer back to the max)."""
+    with Producer(endpoint) as p, PullConsumer(endpoint, "g") as c:
+        for i in range(50):
+            sent = p.send(Message("Fresh", f"{i}".encode()), queue_id=0)
+            r = c.pull("Fresh", 0, sent.queue_offset)
+            assert r.status is PullStatus.FOUND and r.messages[0].body == f"{i}".encode(), (i, r.status)
