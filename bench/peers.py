@@ -77,6 +77,7 @@ class Throughput:
     count: int
     produce_s: float
     consume_s: float
+    consume_raw_s: float | None = None  # Sluice only: pull_raw, entries left encoded (the Spark connector's path)
 
     @property
     def produce_msgs_s(self) -> float:
@@ -95,12 +96,16 @@ class Throughput:
         return self.count * self.size_b / self.consume_s / MB
 
     def to_json(self) -> dict[str, float]:
-        return {
+        out = {
             "size_b": self.size_b, "count": self.count, "produce_s": round(self.produce_s, 4),
             "consume_s": round(self.consume_s, 4), "produce_msgs_s": round(self.produce_msgs_s),
             "consume_msgs_s": round(self.consume_msgs_s), "produce_mb_s": round(self.produce_mb_s, 2),
             "consume_mb_s": round(self.consume_mb_s, 2),
         }  # fmt: skip
+        if self.consume_raw_s is not None:
+            out["consume_raw_s"] = round(self.consume_raw_s, 4)
+            out["consume_raw_msgs_s"] = round(self.count / self.consume_raw_s)
+        return out
 
 
 @dataclass
@@ -132,7 +137,9 @@ class SystemResult:
         }
 
 
-def latency_of(sent_at: dict[int, float], received_at: dict[int, float], rate: int, size_b: int) -> Latency:
+def latency_of(
+    sent_at: dict[int, float], received_at: dict[int, float], rate: int, size_b: int, send_wall_s: float
+) -> Latency:
     keys = [k for k in sorted(received_at) if k >= LATENCY_WARMUP_MSGS and k in sent_at]
     ms = np.array([(received_at[k] - sent_at[k]) * 1000 for k in keys])
     if len(ms) == 0:
@@ -140,8 +147,7 @@ def latency_of(sent_at: dict[int, float], received_at: dict[int, float], rate: i
     lost = set(sent_at) - set(received_at)
     if lost:
         raise RuntimeError(f"{len(lost)} of {len(sent_at)} sent messages never arrived (first {sorted(lost)[:5]})")
-    span_s = max(sent_at.values()) - min(sent_at.values())
-    achieved = (len(sent_at) - 1) / span_s if span_s > 0 else 0.0
+    achieved = len(sent_at) / send_wall_s
     return Latency(
         rate, round(achieved, 1), size_b, len(sent_at), len(received_at), float(np.percentile(ms, 50)),
         float(np.percentile(ms, 99)), float(ms.max()),
@@ -379,10 +385,12 @@ class RedisStreams:
         producer.xgroup_create(key, "g", id="$", mkstream=True)
         consumer = LatencyConsumer(redis_latency_consumer, self.port, key, count)
         sent_at: dict[int, float] = {}
+        t0 = time.monotonic()
         for seq, due in paced(rate_per_s, count):
             sent_at[seq] = due
             producer.xadd(key, {"d": stamp(seq, size_b)})
-        return latency_of(sent_at, consumer.received(), rate_per_s, size_b)
+        send_wall_s = time.monotonic() - t0
+        return latency_of(sent_at, consumer.received(), rate_per_s, size_b, send_wall_s)
 
     def stop(self) -> None:
         if self.server:
@@ -455,7 +463,8 @@ class NatsJetStream:
         nc, js, subject = await self._stream(name)
         consumer = LatencyConsumer(nats_latency_consumer, self.port, name, subject, count)
         sent_at: dict[int, float] = {}
-        start = time.monotonic() + 0.05
+        t0 = time.monotonic()
+        start = t0 + 0.05
         for seq in range(count):
             due = start + seq / rate_per_s
             if time.monotonic() - start > LATENCY_MAX_WALL_S:
@@ -463,10 +472,11 @@ class NatsJetStream:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             sent_at[seq] = due
             await js.publish(subject, stamp(seq, size_b))
+        send_wall_s = time.monotonic() - t0
         received_at = await asyncio.get_running_loop().run_in_executor(None, consumer.received)
         await js.delete_stream(name)
         await nc.close()
-        return latency_of(sent_at, received_at, rate_per_s, size_b)
+        return latency_of(sent_at, received_at, rate_per_s, size_b, send_wall_s)
 
     def stop(self) -> None:
         if self.server:
@@ -500,7 +510,7 @@ class SluiceBroker:
         return None
 
     def throughput(self, size_b: int, count: int, run: str) -> Throughput:
-        from broker.client import Admin, Message, Producer, PullConsumer
+        from broker.client import Admin, Message, Producer
 
         topic = f"bench-{run}-{size_b}"
         with Admin(self.endpoint) as admin:
@@ -513,18 +523,35 @@ class SluiceBroker:
                 results = producer.send_batch(batch, queue_id=0)
                 assert len(results) == len(batch)
             produce_s = time.perf_counter() - t0
-        with PullConsumer(self.endpoint, "bench") as consumer:
+        consume_s = self._consume(topic, count, size_b, raw=False)
+        consume_raw_s = self._consume(topic, count, size_b, raw=True)
+        return Throughput(size_b, count, produce_s, consume_s, consume_raw_s)
+
+    def _consume(self, topic: str, count: int, size_b: int, raw: bool) -> float:
+        """Seconds to pull the whole queue, committing offsets on each pull; decoded messages unless raw."""
+        from broker.client import PullConsumer
+
+        with PullConsumer(self.endpoint, f"bench-raw-{raw}") as consumer:
             t0 = time.perf_counter()
             offset = 0
             while offset < count:
-                result = consumer.pull(topic, 0, offset, max_msgs=BATCH_MSGS, commit_offset=offset)
-                if not result.messages:
-                    raise RuntimeError(f"sluice: {result.status.name} after {offset} of {count} messages")
-                assert all(len(m.body) == size_b for m in result.messages)
-                offset = result.next_begin_offset
+                # A long-poll timeout: the dispatcher may still be indexing the last batch right after produce.
+                if raw:
+                    raw_result = consumer.pull_raw(topic, 0, offset, BATCH_MSGS, timeout_ms=1000, commit_offset=offset)
+                    got, status, next_offset = (
+                        len(raw_result.entry_positions),
+                        raw_result.status,
+                        raw_result.next_begin_offset,
+                    )
+                else:
+                    result = consumer.pull(topic, 0, offset, BATCH_MSGS, timeout_ms=1000, commit_offset=offset)
+                    assert all(len(m.body) == size_b for m in result.messages)
+                    got, status, next_offset = len(result.messages), result.status, result.next_begin_offset
+                if got == 0:
+                    raise RuntimeError(f"sluice: {status.name} after {offset} of {count} messages")
+                offset = next_offset
             consumer.commit_offsets({(topic, 0): offset})
-            consume_s = time.perf_counter() - t0
-        return Throughput(size_b, count, produce_s, consume_s)
+            return time.perf_counter() - t0
 
     def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
         from broker.client import Admin, Message, Producer
@@ -534,11 +561,13 @@ class SluiceBroker:
             admin.create_topic(topic, queues=1)
         consumer = LatencyConsumer(sluice_latency_consumer, self.endpoint, topic, count)
         sent_at: dict[int, float] = {}
+        t0 = time.monotonic()
         with Producer(self.endpoint) as producer:
             for seq, due in paced(rate_per_s, count):
                 sent_at[seq] = due
                 producer.send(Message(topic, stamp(seq, size_b)), queue_id=0)
-        return latency_of(sent_at, consumer.received(), rate_per_s, size_b)
+        send_wall_s = time.monotonic() - t0
+        return latency_of(sent_at, consumer.received(), rate_per_s, size_b, send_wall_s)
 
     def stop(self) -> None:
         if self.server:
@@ -730,6 +759,11 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
                 f"{r.name:<8} {t.size_b:>4} B {t.produce_msgs_s:>15,.0f} {t.produce_mb_s:>8.1f} "
                 f"{t.consume_msgs_s:>15,.0f} {t.consume_mb_s:>8.1f}"
             )
+    for r in results:
+        for t in r.throughput:
+            if t.consume_raw_s is not None:
+                raw = t.count / t.consume_raw_s
+                print(f"{r.name:<8} {t.size_b:>4} B consume with pull_raw (entries not decoded): {raw:,.0f} msgs/s")
     print()
     print(f"end-to-end latency, {LATENCY_SIZE_B} B at {LATENCY_RATE_PER_S} msgs/s, single sends:")
     for r in results:
@@ -813,6 +847,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")
 
+    load_at_start = os.getloadavg()[0]  # other work on the machine skews every figure: recorded with them
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
         workdir = Path(tmp)
         results = [run_system(SYSTEMS[name](), workdir, args.scale) for name in names]
@@ -828,7 +863,13 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "benchmark": "peers",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_avg_1m_at_start": round(load_at_start, 2),
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        },
         "config": {
             "batch_msgs": BATCH_MSGS,
             "scale": args.scale,

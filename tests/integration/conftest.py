@@ -50,6 +50,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _skipped_here and session.exitstatus == 0:
         tr = session.config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None:
+            tr.ensure_newline()
             tr.write_line(f"FAILED: {len(_skipped_here)} integration test(s) skipped; they must run: {_skipped_here}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
