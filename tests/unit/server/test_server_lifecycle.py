@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.client import Admin, Message, Producer, PullConsumer
+from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.errors import BrokerError
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
@@ -124,3 +125,21 @@ def test_topics_in_the_store_but_not_in_topics_json_are_adopted(broker_factory: 
     assert second.topics.require("Lost").read_queue_nums == 12
     with PullConsumer(f"127.0.0.1:{second.port}", "g") as c:
         assert [m.body for m in c.pull("Lost", 11, 0).messages] == [b"kept"]
+
+
+def test_shutdown_answers_held_pulls_and_finishes_in_flight_calls(broker_factory: BrokerFactory) -> None:
+    b = broker_factory()
+    ep = f"127.0.0.1:{b.port}"
+    with Producer(ep) as p:
+        p.send(Message("Held", b"x"), queue_id=0)
+    assert b.store is not None and b.store.wait_dispatched()
+    answers: list[PullStatus] = []
+    with PullConsumer(ep, "g") as c:
+        holder = threading.Thread(target=lambda: answers.append(c.pull("Held", 0, 1, timeout_ms=20_000).status))
+        holder.start()
+        while b.hold.held_count() == 0:
+            time.sleep(0.01)
+        started = time.monotonic()
+        b.shutdown()
+        holder.join(5)
+    assert answers == [PullStatus.NO_NEW_MSG] and time.monotonic() - started < 5
