@@ -171,7 +171,7 @@ class SendBatchRequest(_message.Message):
     entries: _builtins.bytes
     """encode_entry(...) back to back; each carries its topic and queue id"""
     count: _builtins.int
-    """number of entries, checked against the buffer"""
+    """number of entries, checked against the buffer (0: not checked)"""
     def __init__(
         self,
         *,
