@@ -1,0 +1,1 @@
+"""Runnable Spark pipelines on Sluice: ``python -m streaming_jobs.NAME --help``."""

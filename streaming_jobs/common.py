@@ -1,0 +1,75 @@
+"""What every job shares: a Spark session with the sluice source registered, and a clear Java check."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
+
+JAVA_HELP = (
+    "Spark needs Java 17 or newer and none was found (no `java` on PATH, no JAVA_HOME).\n"
+    "Install it, then run the job again:\n"
+    "  Debian/Ubuntu:  sudo apt-get install -y openjdk-17-jre-headless\n"
+    "  macOS:          brew install openjdk@17\n"
+)
+
+
+def require_java() -> None:
+    """Exit with install instructions when Spark could not start for lack of Java."""
+    home = os.environ.get("JAVA_HOME")
+    if (home and os.path.exists(os.path.join(home, "bin", "java"))) or shutil.which("java"):
+        return
+    sys.stderr.write(JAVA_HELP)
+    raise SystemExit(2)
+
+
+def spark_session(app: str, cores: int = 2, shuffle_partitions: int = 4) -> SparkSession:
+    """A local session tuned for a small machine, with ``format("sluice")`` registered."""
+    require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from connector import register
+
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument(
+        "--endpoints", default=os.environ.get("SLUICE_ENDPOINT", "127.0.0.1:10911"), help="broker host:port"
+    )
+    ap.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (keep it to resume exactly once)")
+    ap.add_argument("--trigger", choices=("available-now", "continuous"), default="continuous",
+                    help="available-now: process what is there, then stop; continuous: run until stopped")  # fmt: skip
+    ap.add_argument("--interval", default="1 second", help="micro-batch interval for --trigger continuous")
+    ap.add_argument("--max-messages-per-trigger", type=int, default=None, help="admission limit per micro-batch")
+    ap.add_argument("--log-level", default="WARNING")
+    return ap
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def with_trigger(writer: DataStreamWriter, trigger: str, interval: str) -> DataStreamWriter:
+    """``--trigger available-now`` or a processing-time trigger every ``interval``."""
+    return writer.trigger(availableNow=True) if trigger == "available-now" else writer.trigger(processingTime=interval)
