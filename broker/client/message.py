@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.errors import MessageIllegalError
 from broker.store.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
     Prop,
     StoredMessage,
     decode_entry,
@@ -43,6 +46,33 @@ class Message:
         return props
 
 
+@functools.lru_cache(maxsize=4096)
+def _topic_bytes(topic: str) -> bytes:
+    return validate_topic(topic)
+
+
+def _properties_bytes(msg: Message) -> bytes:
+    """RocketMQ's ``name\x01value\x02`` encoding of user properties, TAGS and KEYS, built in one pass."""
+    props = msg.properties
+    if not props and not msg.tags and not msg.keys:
+        return b""
+    if Prop.TAGS in props or Prop.KEYS in props:  # rare: let the dict merge decide which value wins
+        return encode_properties(msg.all_properties())
+    parts = [f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()]
+    if msg.tags:
+        parts.append(f"{Prop.TAGS}{NAME_VALUE_SEPARATOR}{msg.tags}{PROPERTY_SEPARATOR}")
+    if msg.keys:
+        keys = msg.key_list()
+        joined = " ".join(keys)
+        if "" in keys or joined.count(" ") != len(keys) - 1:
+            msg.all_properties()  # raises, naming the key with a space or the empty one
+        parts.append(f"{Prop.KEYS}{NAME_VALUE_SEPARATOR}{joined}{PROPERTY_SEPARATOR}")
+    text = "".join(parts)
+    if text.count(NAME_VALUE_SEPARATOR) != len(parts) or text.count(PROPERTY_SEPARATOR) != len(parts):
+        return encode_properties(msg.all_properties())  # raises, naming the property with a separator byte
+    return text.encode("utf-8")
+
+
 def encode_message(
     msg: Message, queue_id: int, born_timestamp: int | None = None, max_message_size: int = 4 << 20
 ) -> bytes:
@@ -50,7 +80,7 @@ def encode_message(
     if not isinstance(msg.body, bytes | bytearray | memoryview):
         raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}; encode text first")
     return encode_entry(
-        validate_topic(msg.topic), queue_id, bytes(msg.body), encode_properties(msg.all_properties()), flag=msg.flag,
+        _topic_bytes(msg.topic), queue_id, bytes(msg.body), _properties_bytes(msg), flag=msg.flag,
         born_timestamp=born_timestamp if born_timestamp is not None else int(time.time() * 1000),
         max_message_size=max_message_size,
     )  # fmt: skip
