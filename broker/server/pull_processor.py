@@ -131,7 +131,7 @@ class PullProcessor:
         return outcome
 
     def _dispatch_behind(self) -> bool:
-        return self.store.dispatched_offset() < int(self.store.stats().get("commit_log_max_offset", 0))
+        return self.store.dispatched_offset() < self.store.max_phys_offset()
 
     def _has_new(self, req: PullRequestArgs) -> Callable[[], bool]:
         store, topic, queue_id, offset = self.store, req.topic, req.queue_id, req.offset
