@@ -116,6 +116,10 @@ _ARRAY_FIELDS = [
 ]  # fmt: skip
 
 
+# walk(): the first entries are walked in Python to learn the typical size; the magic search pays off only when
+# entries are small (it touches every byte, the Python walk costs ~0.3 us per entry).
+WALK_PROBE_ENTRIES = 16
+MAGIC_SEARCH_MAX_AVG_BYTES = 512
 _MAGIC_BYTES = tuple(MESSAGE_MAGIC.to_bytes(4, "big", signed=True))
 _EMPTY = np.zeros(0, np.int64)
 
@@ -148,35 +152,67 @@ def _chain_prefix(arr: np.ndarray, start: int, limit: int) -> tuple[np.ndarray, 
     return p[:k] + start, int(nxt[k - 1]) + start
 
 
-def walk(buf: Buffer, start: int, limit: int) -> tuple[np.ndarray, int, str]:
-    """Follow TOTALSIZE from ``start``: entry positions, where the walk stopped and why ("" = at the limit)."""
-    arr = np.frombuffer(buf, np.uint8)
-    fast, pos = _chain_prefix(arr, start, limit)
-    del arr
+def _uniform_prefix(seg: np.ndarray) -> np.ndarray | None:
+    """Positions when every entry has the first one's size and they fill ``seg`` exactly (typical of a batch
+    of same-sized bodies): checked at O(entries) instead of the magic search's O(bytes). None otherwise."""
+    first = int(seg[:4].view(">i4")[0])
+    n = seg.size
+    if first < MIN_ENTRY_SIZE or n % first:
+        return None
+    p = np.arange(0, n, first, dtype=np.int64)
+    heads = _rows(seg, 8)[p].view(">i4")  # (TOTALSIZE, MAGIC) of each supposed entry
+    if (heads[:, 0] == first).all() and (heads[:, 1] == MESSAGE_MAGIC).all():
+        return p
+    return None
+
+
+def _py_walk(buf: Buffer, pos: int, limit: int, max_entries: int) -> tuple[list[int], int, str | None]:
+    """The definition of framing: follow TOTALSIZE. Returns (positions, stop, reason); reason None means
+    ``max_entries`` were taken without stopping, "" that the limit was reached exactly."""
     positions: list[int] = []
     append = positions.append
     unpack = PREFIX.unpack_from
-    reason = ""
     while pos + 8 <= limit:
+        if len(positions) >= max_entries:
+            return positions, pos, None
         total, magic = unpack(buf, pos)
         if magic != MESSAGE_MAGIC or total < MIN_ENTRY_SIZE or pos + total > limit:
             if magic == MESSAGE_MAGIC and total >= MIN_ENTRY_SIZE:
-                reason = "partial"
-            elif magic == BLANK_MAGIC:
-                reason = "blank"
-            elif total == 0 and magic == 0:
-                reason = "zeros"
-            else:
-                reason = f"bad entry head (TOTALSIZE {total}, MAGIC {magic & 0xFFFFFFFF:#x})"
-            break
+                return positions, pos, "partial"
+            if magic == BLANK_MAGIC:
+                return positions, pos, "blank"
+            if total == 0 and magic == 0:
+                return positions, pos, "zeros"
+            return positions, pos, f"bad entry head (TOTALSIZE {total}, MAGIC {magic & 0xFFFFFFFF:#x})"
         append(pos)
         pos += total
-    else:
-        if pos < limit:
-            reason = "entry head cut short"
-    if positions:
-        fast = np.concatenate((fast, np.array(positions, np.int64)))
-    return fast, pos, reason
+    return positions, pos, "entry head cut short" if pos < limit else ""
+
+
+def walk(buf: Buffer, start: int, limit: int) -> tuple[np.ndarray, int, str]:
+    """Follow TOTALSIZE from ``start``: entry positions, where the walk stopped and why ("" = at the limit).
+
+    Strategy by entry size: same-sized entries are proven at once (_uniform_prefix); small entries are found by
+    the magic search (O(bytes) in numpy, cheaper than a Python step per entry); big ones are walked in Python,
+    where a step per entry costs less than touching every byte.
+    """
+    arr = np.frombuffer(buf, np.uint8)
+    seg = arr[start:limit]
+    uniform = _uniform_prefix(seg) if seg.size >= MIN_ENTRY_SIZE else None
+    del seg
+    if uniform is not None:
+        del arr
+        return uniform + start, limit, ""
+    head, pos, reason = _py_walk(buf, start, limit, WALK_PROBE_ENTRIES)
+    parts = [np.array(head, np.int64)]
+    if reason is None:
+        if (pos - start) < WALK_PROBE_ENTRIES * MAGIC_SEARCH_MAX_AVG_BYTES:
+            fast, pos = _chain_prefix(arr, pos, limit)
+            parts.append(fast)
+        rest, pos, reason = _py_walk(buf, pos, limit, 1 << 62)
+        parts.append(np.array(rest, np.int64))
+    del arr
+    return (parts[0] if len(parts) == 1 else np.concatenate(parts)), pos, reason or ""
 
 
 def scan(buf: Buffer, start: int, limit: int, *, verify_crc: bool) -> EntryRun:

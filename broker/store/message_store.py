@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
+import itertools
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable, Mapping
 
@@ -59,6 +62,19 @@ MAX_BYTES_PER_GET = 64 * 1024 * 1024
 SCALAR_GET_UNITS = 64
 # check() waits this long for the dispatcher to reach the end of the commit log.
 CHECK_DISPATCH_WAIT_S = 10.0
+
+
+@functools.lru_cache(maxsize=SCALAR_GET_UNITS + 1)
+def _unit_offsets(n: int) -> struct.Struct:
+    """COMMITLOG OFFSET of ``n`` consecutive consume-queue units in one unpack (derived from CQ_UNIT's layout)."""
+    assert CQ_UNIT.format.lstrip(">") == "qiq"
+    return struct.Struct(">" + "q12x" * n)
+
+
+@functools.lru_cache(maxsize=SCALAR_GET_UNITS + 1)
+def _unit_sizes(n: int) -> struct.Struct:
+    """SIZE of ``n`` consecutive consume-queue units in one unpack."""
+    return struct.Struct(">" + "8xi8x" * n)
 
 
 class DispatchService(ServiceThread):
@@ -403,10 +419,10 @@ class MessageStore:
         if not self._running:
             raise ServiceNotAvailableError("the store is not running; retry once the broker has started")
         self._counters["gets"] += 1
-        if queue_id < 0 or not topic or not TOPIC_PATTERN.match(topic):
-            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
         cq = self.queues.find(topic, queue_id)
         if cq is None:
+            if queue_id < 0 or not topic or not TOPIC_PATTERN.match(topic):
+                return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
         if hi == 0:
@@ -470,6 +486,25 @@ class MessageStore:
         """The same as the numpy path for a few units, where numpy's per-call cost would dominate."""
         cl_min = self.commit_log.min_offset
         file_size = self.config.mapped_file_size_commit_log
+        n = len(raw) // CQ_UNIT.size
+        if not tag_codes:
+            # The common case, with no Python loop: every unit valid and their entries one contiguous run.
+            offs, sizes = _unit_offsets(n).unpack(raw), _unit_sizes(n).unpack(raw)
+            first, end = offs[0], offs[-1] + sizes[-1]
+            total = end - first
+            if (
+                first >= cl_min
+                and min(sizes) > 0
+                and sum(sizes) == total
+                and total <= limit_bytes
+                and first // file_size == (end - 1) // file_size
+            ):
+                buf = self.commit_log.read(first, total)
+                if buf is not None:
+                    self._counters["get_msgs"] += n
+                    self._counters["get_bytes"] += total
+                    starts = list(itertools.accumulate(sizes[:-1], initial=0))
+                    return GetResult(GetStatus.FOUND, offset + n, lo, hi, buf, starts, list(range(offset, offset + n)))
         positions: list[int] = []
         qoffs: list[int] = []
         runs: list[tuple[int, int]] = []  # [start, end) ranges contiguous in one commit-log file
