@@ -645,7 +645,7 @@ def sluice_latency_consumer(
 SYSTEMS: dict[str, Callable[[], System]] = {"sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream}
 
 
-def run_system(system: System, workdir: Path, scale: float) -> SystemResult:
+def run_system(system: System, workdir: Path, scale: float, latency_rate_per_s: int) -> SystemResult:
     result = SystemResult(system.name)
     print(f"{system.name}: starting", flush=True)
     try:
@@ -656,8 +656,8 @@ def run_system(system: System, workdir: Path, scale: float) -> SystemResult:
             t = system.throughput(size_b, count, "run")
             print(f"  {size_b} B x {count}: produce {t.produce_msgs_s:,.0f} msgs/s, consume {t.consume_msgs_s:,.0f}")
             result.throughput.append(t)
-        lat_count = int(LATENCY_RATE_PER_S * LATENCY_DURATION_S)
-        result.latency = system.latency(LATENCY_RATE_PER_S, lat_count, LATENCY_SIZE_B)
+        lat_count = max(LATENCY_WARMUP_MSGS * 2, int(latency_rate_per_s * LATENCY_DURATION_S))
+        result.latency = system.latency(latency_rate_per_s, lat_count, LATENCY_SIZE_B)
         lat = result.latency
         print(f"  latency at {lat.rate_per_s}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): p50 {lat.p50_ms:.2f} ms")
     except Exception as e:  # noqa: BLE001 -- one system failing must not hide the others' figures; reported below
@@ -765,7 +765,8 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
                 raw = t.count / t.consume_raw_s
                 print(f"{r.name:<8} {t.size_b:>4} B consume with pull_raw (entries not decoded): {raw:,.0f} msgs/s")
     print()
-    print(f"end-to-end latency, {LATENCY_SIZE_B} B at {LATENCY_RATE_PER_S} msgs/s, single sends:")
+    rate = next((r.latency.rate_per_s for r in results if r.latency), LATENCY_RATE_PER_S)
+    print(f"end-to-end latency, {LATENCY_SIZE_B} B at {rate} msgs/s asked, single synchronous sends:")
     for r in results:
         if r.latency:
             lat = r.latency
@@ -822,11 +823,17 @@ def write_charts(results: list[SystemResult], out_dir: Path) -> list[Path]:
     with_latency = [r for r in results if r.latency]
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = np.arange(len(with_latency))
-    ax.bar(xs - 0.2, [r.latency.p50_ms for r in with_latency if r.latency], 0.4, label="p50")
-    ax.bar(xs + 0.2, [r.latency.p99_ms for r in with_latency if r.latency], 0.4, label="p99")
-    ax.set_xticks(xs, [r.name for r in with_latency])
-    ax.set_ylabel("ms")
-    ax.set_title(f"End-to-end latency at {LATENCY_RATE_PER_S} msgs/s ({LATENCY_SIZE_B} B)")
+    lats = [r.latency for r in with_latency if r.latency]
+    ax.bar(xs - 0.2, [lat.p50_ms for lat in lats], 0.4, label="p50")
+    ax.bar(xs + 0.2, [lat.p99_ms for lat in lats], 0.4, label="p99")
+    # The achieved send rate under each name: below the asked rate, queueing dominates the latency.
+    ax.set_xticks(
+        xs, [f"{r.name}\nsent {lat.achieved_rate_per_s:,.0f}/s" for r, lat in zip(with_latency, lats, strict=True)]
+    )
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log scale)")
+    rate = lats[0].rate_per_s if lats else LATENCY_RATE_PER_S
+    ax.set_title(f"End-to-end latency, {rate} msgs/s asked ({LATENCY_SIZE_B} B, single sends)")
     ax.legend()
     fig.tight_layout()
     paths.append(out_dir / "peers_latency.png")
@@ -840,6 +847,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="sluice,redis,nats", help="comma list of sluice, redis, nats")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
+    parser.add_argument(
+        "--latency-rate", type=int, default=LATENCY_RATE_PER_S, help=f"msgs/s of the latency run ({LATENCY_RATE_PER_S})"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "peers.json")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
@@ -850,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()[0]  # other work on the machine skews every figure: recorded with them
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
         workdir = Path(tmp)
-        results = [run_system(SYSTEMS[name](), workdir, args.scale) for name in names]
+        results = [run_system(SYSTEMS[name](), workdir, args.scale, args.latency_rate) for name in names]
         print("limits: disk, gRPC loopback", flush=True)
         upload, download = grpc_loopback_mb_s(workdir)
         limits = {
@@ -873,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "batch_msgs": BATCH_MSGS,
             "scale": args.scale,
-            "latency_rate_per_s": LATENCY_RATE_PER_S,
+            "latency_rate_per_s": args.latency_rate,
             "latency_size_b": LATENCY_SIZE_B,
             "latency_duration_s": LATENCY_DURATION_S,
             "queues_or_streams": 1,
