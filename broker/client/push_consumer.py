@@ -143,7 +143,12 @@ class _QueueWorker(threading.Thread):
         except grpc.RpcError as e:
             if self.dropped.is_set():
                 return None
-            raise error_from_rpc(e) from None
+            error = error_from_rpc(e)
+            if commit is not None and isinstance(error, InvalidArgumentError):
+                # The broker refused the piggy-backed commit (say the queue was cut back after a crash): stop
+                # sending it; the pull itself will be corrected by OFFSET_ILLEGAL.
+                o.offsets.mark_committed(topic, queue_id, commit)
+            raise error from None
         finally:
             with self._lock:
                 self._call = None
