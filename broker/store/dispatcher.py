@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,6 +62,22 @@ def message_keys(props: bytes) -> list[str]:
     return keys
 
 
+Grouping = tuple[np.ndarray, list[tuple[str, int]]]  # key id per entry, distinct (topic, queue id)
+# Hints waiting for the dispatcher hold their arrays in memory: beyond this many entries new ones are dropped and
+# the dispatcher scans those batches from the file instead (same result, more work).
+MAX_HINTED_ENTRIES = 256 * 1024
+
+
+@dataclass
+class DispatchHint:
+    """What put_batch learned about one appended batch, so the dispatcher need not scan and group it again."""
+
+    end: int  # commit-log offset after the batch
+    run: EntryRun  # positions relative to the file, queue offsets and store time filled in
+    key_ids: np.ndarray
+    keys: list[tuple[str, int]]
+
+
 class ConsumeQueueTable:
     """Every consume queue, by (topic, queue id); created on first use."""
 
@@ -100,7 +117,24 @@ class Dispatcher:
         self.last_dispatched_timestamp = 0
         self.listeners: list[ArrivalListener] = []
         self._topic_names: dict[bytes, str] = {}  # decoded once: topics repeat endlessly
+        self._hints: dict[int, DispatchHint] = {}  # commit-log offset -> what put_batch already knows there
+        self._hinted_entries = 0
+        self._hint_lock = threading.Lock()  # not self.lock: a put must never wait for a dispatch pass
         self.lock = threading.Lock()  # one dispatch pass at a time (thread, recovery, check)
+
+    def add_hint(self, start: int, hint: DispatchHint) -> None:
+        """Called after put_batch appended at ``start``; ignored once the dispatcher is past it or too many wait."""
+        with self._hint_lock:
+            if start < self.dispatched_offset:
+                return
+            if self._hinted_entries + len(hint.run) > MAX_HINTED_ENTRIES:
+                live = {k: h for k, h in self._hints.items() if k >= self.dispatched_offset}
+                self._hints = live
+                self._hinted_entries = sum(len(h.run) for h in live.values())
+                if self._hinted_entries + len(hint.run) > MAX_HINTED_ENTRIES:
+                    return
+            self._hints[start] = hint
+            self._hinted_entries += len(hint.run)
 
     # ------------------------------------------------------------------------------------------------ passes
     def dispatch_available(self, notify: bool = True) -> int:
@@ -133,6 +167,15 @@ class Dispatcher:
                 self.dispatched_offset = f.file_from_offset + f.file_size
                 return 0
             return -1
+        with self._hint_lock:
+            hint = self._hints.pop(start, None)
+            if hint is not None:
+                self._hinted_entries -= len(hint.run)
+        if hint is not None and f.file_from_offset + wrote >= hint.end:
+            # A batch appended by put_batch: its entries were scanned and grouped before the write.
+            self._dispatch_run(hint.run, f.mm, f.file_from_offset, notify, (hint.key_ids, hint.keys))
+            self.dispatched_offset = hint.end
+            return len(hint.run)
         limit = min(wrote, rel + DISPATCH_CHUNK_BYTES)
         if limit - rel <= SCALAR_DISPATCH_BYTES:
             return self._dispatch_scalar(f.mm, rel, limit, f.file_from_offset, f.file_size, notify)
@@ -205,10 +248,15 @@ class Dispatcher:
             )
         cq.put_units(qoff, unit)
 
-    def _dispatch_run(self, run: EntryRun, buf: Buffer, base: int, notify: bool) -> None:
-        key_ids, raw_keys = queue_keys(buf, run)
-        names = self._topic_names
-        keys = [(names.get(t) or names.setdefault(t, t.decode("ascii", "replace")), q) for t, q in raw_keys]
+    def _dispatch_run(
+        self, run: EntryRun, buf: Buffer, base: int, notify: bool, grouped: Grouping | None = None
+    ) -> None:
+        if grouped is None:
+            key_ids, raw_keys = queue_keys(buf, run)
+            names = self._topic_names
+            keys = [(names.get(t) or names.setdefault(t, t.decode("ascii", "replace")), q) for t, q in raw_keys]
+        else:
+            key_ids, keys = grouped
         n = len(run)
         tags = np.zeros(n, np.int64)
         with_props = np.flatnonzero(run.props_lengths > 0)

@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
-from broker.store.batch import MAX_QUEUE_ID, validate_batch
+from broker.store.batch import MAX_QUEUE_ID, EntryRun, ValidatedBatch, validate_batch
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
 from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
-from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher
+from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher, DispatchHint
 from broker.store.faults import FaultInjector
 from broker.store.flush import (
     AsyncFlushService,
@@ -381,6 +381,7 @@ class MessageStore:
             phys, qoffs, ts = self.commit_log.append_batch(batch)
         except (OSError, CreateMappedFileError) as e:
             return self._append_failed(e)
+        self._hint_dispatcher(batch, phys, qoffs, ts)
         n = len(batch.run)
         self._counters["put_msgs"] += n
         self._counters["put_bytes"] += len(batch.data)
@@ -395,6 +396,21 @@ class MessageStore:
             wrote_bytes=len(batch.data),
             error=why,
         )
+
+    def _hint_dispatcher(self, batch: ValidatedBatch, phys: np.ndarray, qoffs: np.ndarray, ts: int) -> None:
+        """Hand the dispatcher what validation already computed (positions, grouping) for this batch."""
+        run = batch.run
+        start = int(phys[0])
+        shift = start % self.config.mapped_file_size_commit_log  # batch-relative -> file-relative positions
+        end = start + len(batch.data)
+        file_run = EntryRun(
+            positions=run.positions + shift, sizes=run.sizes, queue_ids=run.queue_ids, queue_offsets=qoffs,
+            sys_flags=run.sys_flags, store_timestamps=np.full(run.positions.size, ts, np.int64),
+            body_crcs=run.body_crcs, body_lengths=run.body_lengths, topic_starts=run.topic_starts + shift,
+            topic_lengths=run.topic_lengths, props_starts=run.props_starts + shift, props_lengths=run.props_lengths,
+            end=end, stop_reason="",
+        )  # fmt: skip
+        self.dispatcher.add_hint(start, DispatchHint(end, file_run, batch.key_ids, batch.keys))
 
     def _msg_ids(self, phys: np.ndarray) -> list[str]:
         """Vectorised make_msg_id: store host + big-endian offset, hex, split every 32 characters."""

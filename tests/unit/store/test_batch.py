@@ -8,11 +8,14 @@ import pytest
 
 from broker.store import MessageStore, PutStatus
 from broker.store.batch import scan
-from broker.store.message import SysFlag, encode_entry, encode_properties
+from broker.store.message import SysFlag, encode_entry, encode_properties, tag_hash_code
 
 
-def _entry(topic: bytes = b"B", qid: int = 0, body: bytes = b"body", tags: str = "", **kw: int) -> bytes:
-    return encode_entry(topic, qid, body, encode_properties({"TAGS": tags} if tags else {}), **kw)
+def _entry(
+    topic: bytes = b"B", qid: int = 0, body: bytes = b"body", tags: str = "", keys: str = "", **kw: int
+) -> bytes:
+    props = {k: v for k, v in (("TAGS", tags), ("KEYS", keys)) if v}
+    return encode_entry(topic, qid, body, encode_properties(props), **kw)
 
 
 def _snapshot(store: MessageStore) -> tuple[int, dict[tuple[str, int], int], bytes]:
@@ -22,7 +25,10 @@ def _snapshot(store: MessageStore) -> tuple[int, dict[tuple[str, int], int], byt
 
 def test_batch_assigns_offsets_per_queue_in_order(store: MessageStore) -> None:
     store.put_message("B", 0, b"before")
-    buf = b"".join(_entry(b"B" if i % 2 else b"C", i % 3, b"%d" % i) for i in range(12))
+    buf = b"".join(
+        _entry(b"B" if i % 2 else b"C", i % 3, b"%d" % i, tags=f"t{i % 2}" if i % 4 else "", keys=f"k{i}")
+        for i in range(12)
+    )
     r = store.put_batch(buf)
     assert r.status is PutStatus.PUT_OK and len(r.msg_ids) == 12
     expected: dict[tuple[str, int], int] = {("B", 0): 1}
@@ -36,7 +42,10 @@ def test_batch_assigns_offsets_per_queue_in_order(store: MessageStore) -> None:
         m = store.lookup_message(off)
         assert m is not None and m.body == b"%d" % i and m.queue_offset == r.queue_offsets[i]
         assert m.msg_id == r.msg_ids[i] and m.store_timestamp == r.store_timestamp
-    assert store.check() == []
+    assert [m.body for m in store.query_by_key("C", "k4")] == [b"4"]
+    tagged = store.get_message("g", "B", 1, 0, 32, tag_codes={tag_hash_code("t1")})
+    assert [m.body for m in tagged.messages()] == [b"1", b"7"]
+    assert store.check() == []  # units (with tag hashes) and index built from the batch's dispatch hint
 
 
 def test_batch_with_transaction_halves(store: MessageStore) -> None:
