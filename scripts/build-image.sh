@@ -43,15 +43,26 @@ fi
 base_id=$(docker image inspect --format '{{.Id}}' "$BASE_IMAGE" 2>/dev/null || echo "$BASE_IMAGE")
 
 # ---- cache keys ---------------------------------------------------------------------------------------------
-deps=$("$PYTHON" - <<'EOF'
+# The CLI's progress bars (sluice send) import tqdm, which pyproject.toml lists only under dev for now.
+IMAGE_EXTRA_REQUIREMENTS="tqdm>=4.66,<5"
+# pyproject's runtime dependencies, each pinned to the version installed in the host venv when it is there: the
+# image then runs exactly what the host suite runs, and pip finds the wheels in its cache.
+deps=$(IMAGE_EXTRA_REQUIREMENTS="$IMAGE_EXTRA_REQUIREMENTS" "$PYTHON" - <<'EOF'
+import os
+import re
 import tomllib
+from importlib.metadata import PackageNotFoundError, version
+
 with open("pyproject.toml", "rb") as f:
-    print("\n".join(tomllib.load(f)["project"]["dependencies"]))
+    requirements = tomllib.load(f)["project"]["dependencies"] + os.environ["IMAGE_EXTRA_REQUIREMENTS"].split()
+for requirement in sorted(set(requirements)):
+    name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+    try:
+        print(f"{name}=={version(name)}")
+    except PackageNotFoundError:
+        print(requirement)
 EOF
 )
-# The CLI's progress bars (sluice send) import tqdm, which pyproject.toml lists only under dev for now.
-IMAGE_EXTRA_REQUIREMENTS=("tqdm>=4.66,<5")
-deps=$(printf '%s\n' "$deps" "${IMAGE_EXTRA_REQUIREMENTS[@]}" | sort -u)
 host_py=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 arch=$(uname -m)
 deps_key=$(printf '%s\n%s\n%s\n' "$deps" "$IMAGE_PYTHON_VERSION" "$arch" | sha256sum | cut -c1-16)
@@ -105,8 +116,11 @@ wheels="$WORK/wheels"
 rm -rf "$wheels"
 mkdir -p "$wheels/deps" "$wheels/sluice"
 log "pip wheel sluice (no deps)"
+# Without build isolation the venv's setuptools builds it (no download); with isolation as a fallback.
 "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$wheels/sluice" "$src_copy" \
-  >"$WORK/pip.log" 2>&1 || die "pip wheel of sluice failed (log: $WORK/pip.log)"
+  >"$WORK/pip.log" 2>&1 ||
+  "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$wheels/sluice" "$src_copy" >>"$WORK/pip.log" 2>&1 ||
+  die "pip wheel of sluice failed (log: $WORK/pip.log)"
 ln "$deps_dir"/*.whl "$wheels/deps/" 2>/dev/null || cp "$deps_dir"/*.whl "$wheels/deps/"
 
 # ---- image --------------------------------------------------------------------------------------------------
