@@ -24,7 +24,7 @@ LOCAL_BASE=sluice-base:bookworm
 # debootstrap always builds bookworm: its python3 is 3.11, the version the host wheelhouse is built for.
 LOCAL_BASE_SUITE=bookworm
 DOCKERD_START_TIMEOUT_S=60
-PULL_TIMEOUT_S=25
+PULL_TIMEOUT_S=180 # a registry that is absent fails at once (DNS); a slow one gets time for a first pull
 mkdir -p "$STATE_DIR"
 T0=$(date +%s)
 
