@@ -77,6 +77,7 @@ from broker.store.message import (
     I64,
     POS_PHYSICAL_OFFSET,
     POS_PREPARED_TX_OFFSET,
+    POS_STORE_TIMESTAMP,
     Prop,
     StoredMessage,
     SysFlag,
@@ -604,14 +605,16 @@ class TransactionService:
             elif op.tags == FINISHED_TAG:
                 finished.add(tid)
         txns: dict[str, _Txn] = {}
-        for half in self._scan(TRANS_HALF_TOPIC, 0, half_from):
-            props = half.properties
-            tid = props.get(Prop.TRANSACTION_ID) or props.get(Prop.UNIQ_KEY) or half.msg_id
+        for raw in self._scan_raw(TRANS_HALF_TOPIC, 0, half_from):  # undecoded: there may be millions
+            tid = raw_property(raw.entry, Prop.TRANSACTION_ID) or raw_property(raw.entry, Prop.UNIQ_KEY)
+            if tid is None:
+                tid = decode_entry(raw.entry).msg_id
+            stored_ms = I64.unpack_from(raw.entry, POS_STORE_TIMESTAMP)[0]
             t = txns.get(tid)
             if t is None:
-                t = txns[tid] = _Txn(tid, props.get(Prop.PGROUP, ""), half.store_timestamp, half.store_timestamp)
-            t.halves[half.queue_offset] = half.commitlog_offset
-            t.last_ms = max(t.last_ms, half.store_timestamp)
+                t = txns[tid] = _Txn(tid, raw_property(raw.entry, Prop.PGROUP) or "", stored_ms, stored_ms)
+            t.halves[raw.queue_offset] = raw.commitlog_offset
+            t.last_ms = max(t.last_ms, stored_ms)
         for tid, op in decisions.items():
             t = txns.get(tid) or _Txn(tid, op.properties.get(Prop.PGROUP, ""), op.store_timestamp, op.store_timestamp)
             txns[tid] = t
