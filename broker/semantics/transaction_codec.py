@@ -147,11 +147,6 @@ def encode_half_entry(
     return encode_entry(HALF_TOPIC_BYTES, 0, body, encode_properties(props), **fields)  # type: ignore[arg-type]
 
 
-def _has_property(raw: bytes, name_value: bytes) -> bool:
-    """Whether ``name \\x01 value \\x02`` is one of the encoded properties (not the tail of a longer name)."""
-    return raw.startswith(name_value) or (b"\x02" + name_value) in raw
-
-
 def check_half_batch(buffer: bytes | memoryview, producer_group: str, txn_id: str) -> int:
     """Check a batch the client encoded in half form (``encode_half_entry``); returns the entry count.
 
@@ -168,20 +163,16 @@ def check_half_batch(buffer: bytes | memoryview, producer_group: str, txn_id: st
     bad = np.flatnonzero((run.queue_ids != 0) | ((run.sys_flags & SysFlag.TRANSACTION_MASK) != 0))
     if bad.size:
         raise MessageIllegalError(f"half entry {int(bad[0])}: queue id must be 0 and transaction type NOT_TYPE")
-    txn_mark = f"{Prop.TRANSACTION_ID}\x01{txn_id}\x02".encode()
-    group_mark = f"{Prop.PGROUP}\x01{producer_group}\x02".encode()
-    tran_mark = f"{Prop.TRAN_MSG}\x01true\x02".encode()
-    topic_mark, qid_mark = f"{Prop.REAL_TOPIC}\x01".encode(), f"{Prop.REAL_QID}\x01".encode()
-    for i, (topic, props) in enumerate(zip(run.topics(buffer), run.properties(buffer), strict=True)):
-        if topic != HALF_TOPIC_BYTES:
-            raise MessageIllegalError(f"half entry {i} is for topic {topic!r}; a half batch is all {TRANS_HALF_TOPIC}")
-        if not (
-            _has_property(props, txn_mark)
-            and _has_property(props, group_mark)
-            and _has_property(props, tran_mark)
-            and _has_property(props, topic_mark)
-            and _has_property(props, qid_mark)
-        ):
+    # Each property of an entry is "\x02NAME\x01VALUE\x02" once the entry's list is prefixed with \x02.
+    txn_mark = f"\x02{Prop.TRANSACTION_ID}\x01{txn_id}\x02".encode()
+    group_mark = f"\x02{Prop.PGROUP}\x01{producer_group}\x02".encode()
+    tran_mark = f"\x02{Prop.TRAN_MSG}\x01true\x02".encode()
+    topic_mark, qid_mark = f"\x02{Prop.REAL_TOPIC}\x01".encode(), f"\x02{Prop.REAL_QID}\x01".encode()
+    if not (run.topic_lengths == len(HALF_TOPIC_BYTES)).all() or set(run.topics(buffer)) != {HALF_TOPIC_BYTES}:
+        raise MessageIllegalError(f"a half batch must be all {TRANS_HALF_TOPIC}: encode it with encode_half_entry")
+    for i, props in enumerate(run.properties(buffer)):
+        p = b"\x02" + props
+        if not (txn_mark in p and group_mark in p and tran_mark in p and topic_mark in p and qid_mark in p):
             raise MessageIllegalError(
                 f"half entry {i} lacks __transactionId__={txn_id!r}, PGROUP={producer_group!r}, TRAN_MSG=true, "
                 "REAL_TOPIC or REAL_QID; encode it with encode_half_entry"
