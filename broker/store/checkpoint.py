@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 from typing import NamedTuple
@@ -60,6 +61,7 @@ class Checkpoint:
         if not existed:
             os.posix_fallocate(self.fd, 0, CHECKPOINT_FILE_SIZE)
         self.valid = False
+        self._lock = threading.Lock()  # the commit-log and consume-queue flushers both change it
         self.data = self._read()
 
     def _read(self) -> CheckpointData:
@@ -75,16 +77,21 @@ class Checkpoint:
         self.valid = True
         return CheckpointData(*fields)
 
-    def write(self, data: CheckpointData, flush: bool = True) -> None:
-        body = CHECKPOINT.pack(*data, 0)[:-4]
-        os.pwrite(self.fd, body + struct.pack(">I", zlib.crc32(body)), 0)
-        if flush:
-            self._sync(self.fd)
-        self.data = data
-        self.valid = True
+    def set(self, **fields: int) -> None:
+        """Change fields in memory only (the commit-log flusher); the next ``update``/``write`` persists them."""
+        with self._lock:
+            self.data = self.data._replace(**fields)
 
     def update(self, flush: bool = True, **fields: int) -> None:
-        self.write(self.data._replace(**fields), flush)
+        """Change fields and write the whole checkpoint (fdatasync unless ``flush`` is False)."""
+        with self._lock:
+            data = self.data._replace(**fields)
+            crc = zlib.crc32(CHECKPOINT.pack(*data, 0)[: CHECKPOINT.size - 4])
+            os.pwrite(self.fd, CHECKPOINT.pack(*data, crc), 0)
+            if flush:
+                self._sync(self.fd)
+            self.data = data
+            self.valid = True
 
     def close(self) -> None:
         os.close(self.fd)

@@ -34,15 +34,19 @@ CQ_UNIT = struct.Struct(
 )
 assert CQ_UNIT.size == CQ_UNIT_SIZE == 20, CQ_UNIT.size
 
-# The same layout for numpy: decoding a run of units is one np.frombuffer call.
-CQ_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
-assert CQ_DTYPE.itemsize == CQ_UNIT.size
-
 
 class CqUnit(NamedTuple):
     commitlog_offset: int
     size: int
     tag_hash: int
+
+
+# The same layout for numpy, derived from CQ_UNIT's format: a run of units decodes in one np.frombuffer.
+_NUMPY_CODES = {"q": ">i8", "i": ">i4"}
+CQ_DTYPE = np.dtype(
+    [(name, _NUMPY_CODES[code]) for name, code in zip(("offset", "size", "tag"), CQ_UNIT.format[1:], strict=True)]
+)
+assert CQ_DTYPE.itemsize == CQ_UNIT.size and len(CQ_DTYPE.names or ()) == len(CqUnit._fields)
 
 
 class ConsumeQueue:

@@ -104,7 +104,7 @@ def flush_commit_log(commit_log: CommitLog, checkpoint: Checkpoint, on_error: Er
     except OSError as e:
         on_error(f"commit log fdatasync failed: {e}; the store stops taking writes (restart to recover)")
         return False
-    checkpoint.data = checkpoint.data._replace(physic_msg_timestamp=ts, physic_offset=flushed)
+    checkpoint.set(physic_msg_timestamp=ts, physic_offset=flushed)
     return True
 
 
@@ -247,10 +247,9 @@ class ConsumeQueueFlushService(ServiceThread):
                 cq.flush()
             if self.index is not None:
                 self.index.flush()
-            cp = self.checkpoint.data._replace(
+            self.checkpoint.update(
                 logics_msg_timestamp=ts, logics_offset=offset, index_msg_timestamp=ts, index_offset=offset
             )
-            self.checkpoint.write(cp)
         except OSError as e:
             self.on_error(f"consume queue / index / checkpoint fdatasync failed: {e}; the store stops taking writes")
             return False

@@ -72,6 +72,10 @@ class IndexHeader(NamedTuple):
     index_count: int
 
 
+class IndexSlot(NamedTuple):
+    newest_entry: int
+
+
 class IndexEntry(NamedTuple):
     key_hash: int
     commitlog_offset: int
@@ -128,7 +132,7 @@ class IndexFile:
         return IndexEntry._make(INDEX_ENTRY.unpack_from(self.mm, self._entries_at + number * INDEX_ENTRY.size))
 
     def slot(self, slot: int) -> int:
-        return int(INDEX_SLOT.unpack_from(self.mm, INDEX_HEADER.size + slot * INDEX_SLOT.size)[0])
+        return IndexSlot._make(INDEX_SLOT.unpack_from(self.mm, INDEX_HEADER.size + slot * INDEX_SLOT.size)).newest_entry
 
     def put_message(self, hashes: list[int], phys: int, store_ts: int) -> None:
         """Index one message under every hash; the caller made sure there is room for all of them."""

@@ -38,6 +38,7 @@ from broker.store.flush import (
 )
 from broker.store.index_file import IndexService
 from broker.store.message import (
+    END_FILE_MIN_BLANK_LENGTH,
     MAX_PROPERTIES_BYTES,
     TOPIC_PATTERN,
     Prop,
@@ -344,6 +345,12 @@ class MessageStore:
                 max_message_size=self.config.max_message_size,
             )
         )  # fmt: skip
+        if len(entry) + END_FILE_MIN_BLANK_LENGTH > self.config.mapped_file_size_commit_log:
+            return PutResult(
+                PutStatus.MESSAGE_ILLEGAL,
+                error=f"MESSAGE_SIZE_EXCEEDED: the entry is {len(entry)} bytes and cannot fit one commit-log file of "
+                f"{self.config.mapped_file_size_commit_log} bytes; shrink the body or properties",
+            )
         tx = sys_flag & SysFlag.TRANSACTION_MASK
         counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
         try:

@@ -75,6 +75,8 @@ def test_put_validation_statuses(store: MessageStore) -> None:
     props = store.put_message("T", 0, b"x", {"k": "v" * 40000})
     assert props.status is PutStatus.PROPERTIES_SIZE_EXCEEDED
     assert store.put_message("T", -1, b"x").status is PutStatus.MESSAGE_ILLEGAL
+    too_big = store.put_message("T", 0, b"x" * 4000, {"k": "v" * 13000})  # fits the limits, not a 16 KiB file
+    assert too_big.status is PutStatus.MESSAGE_ILLEGAL and "cannot fit" in too_big.error
     assert store.commit_log.max_offset == 0
     store.shutdown()
     assert store.put_message("T", 0, b"x").status is PutStatus.SERVICE_NOT_AVAILABLE
