@@ -385,7 +385,7 @@ class TransactionService:
             self._changed.notify_all()
         restored, complete = 0, True
         try:
-            if len(halves) > 1:
+            if commit and len(halves) > 1:
                 # A batch decision is acknowledged to a writer that will never send its rows again: force it to disk
                 # (under ASYNC_FLUSH too). Atomicity needs no flush: the re-stored entries follow the decision in
                 # the commit log, and recovery truncates at the first bad entry, so they cannot outlive it.

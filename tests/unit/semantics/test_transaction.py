@@ -347,3 +347,28 @@ def test_raw_commit_encoding_equals_the_decoded_one() -> None:
     assert fast.entry == committed_entry(decoded)
     assert fast.real_queue == ("Real", 5)
     assert raw_property(half, Prop.PGROUP) == "PG" and raw_property(half, "missing") is None
+
+
+def test_ended_transactions_are_forgotten_after_the_retention_time(box: StoreBox) -> None:
+    tx = service(box, outcome_retention_ms=1)
+    tx.put_half_batch(batch("Out", [b"old"]), "spark", "old")
+    tx.end_transaction("old", commit=True)
+    tx.put_half_batch(batch("Out", [b"open"]), "spark", "open")
+    tx.put_half_batch(batch("Out", [b"new"]), "spark", "new")
+    tx.end_transaction("new", commit=False)
+    time.sleep(0.01)
+    tx.persist()  # prunes: "old" is ended, finished, past retention and below every open half
+    assert tx.transaction("old") is None
+    assert tx.transaction("new") is not None  # its half lies above the open one: still needed at start-up
+    tx.shutdown()
+    box.crash()
+    box.open()
+    tx = service(box, outcome_retention_ms=1)
+    try:
+        assert tx.transaction("old") is None
+        assert tx.transaction("open").status is TxStatus.OPEN  # type: ignore[union-attr]
+        assert tx.transaction("new").status is TxStatus.ROLLED_BACK  # type: ignore[union-attr]
+        assert tx.end_transaction("open", commit=True).restored == 1
+        assert sorted(m.body for m in box.read_topic("Out")) == [b"old", b"open"]
+    finally:
+        tx.shutdown()
