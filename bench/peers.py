@@ -1,28 +1,34 @@
 """Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
 
-    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--no-charts]
+    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--latency-rate 5000] [--no-charts]
 
 Same machine, loopback, same message count and size, each system through its standard Python client:
 
-- **Redis Streams**: Debian's ``redis-server`` (AOF, ``appendfsync everysec``), redis-py; produce = pipelined
-  XADD, consume = XREADGROUP with the previous batch's XACK pipelined in the same round trip.
+- **Redis Streams**: Debian's ``redis-server`` (AOF, ``appendfsync everysec``), redis-py with hiredis; produce =
+  pipelined XADD, consume = XREADGROUP with the previous batch's XACK pipelined in the same round trip.
 - **NATS JetStream**: Debian's ``nats-server -js`` (file storage), nats-py; produce = ``publish_async`` (up to
   4000 acks pending), consume = pull ``fetch`` with AckAll, acking the last message of each batch.
 - **Sluice**: a broker subprocess (``python -m broker broker``, ASYNC_FLUSH), broker.client; produce =
-  ``Producer.send_batch``, consume = ``PullConsumer.pull`` with the commit offset carried by the next pull.
+  ``Producer.send_batch``, consume = ``PullConsumer.pull`` carrying the commit offset (and, as a second figure,
+  ``pull_raw``, which leaves entries encoded as the Spark connector reads them).
 
-Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, and flushes to disk
-asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms). End-to-end latency: one
-producer thread (or task) sends single messages with the synchronous API at a fixed rate, one consumer receives
-them; latency = receive time - scheduled send time (so a stalled send counts against the system).
+Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, an uncounted warm-up run, and
+flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms).
+
+End-to-end latency: the producer sends single messages with the synchronous API at a fixed rate; the consumer
+runs in its own process; latency = receive time - scheduled send time, so a sender that falls behind the rate
+counts against its system (the achieved rate is reported beside; a sender that can't keep up stops after
+``LATENCY_MAX_WALL_S``).
 
 The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
 loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any
 gRPC broker in Python here). Sluice's MB/s are printed as ratios of them.
 
 The peers are started by the benchmark from their Debian packages (installed with apt-get when missing) on free
-loopback ports, in a temporary directory removed at the end. Writes bench/results/peers.json and, with
-matplotlib, bench/results/peers_throughput.png and bench/results/peers_latency.png.
+loopback ports, in a temporary directory removed at the end. Their clients are benchmark-only packages
+(``pip install redis hiredis nats-py matplotlib``). Writes bench/results/peers.json and the charts
+bench/results/peers_throughput.png and bench/results/peers_latency.png. Other load on the machine skews every
+figure: the load average at start and end is recorded in the JSON.
 """
 
 from __future__ import annotations
@@ -645,6 +651,16 @@ def sluice_latency_consumer(
 SYSTEMS: dict[str, Callable[[], System]] = {"sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream}
 
 
+# The peers' Python clients (and the charts) are benchmark-only packages, not dependencies of Sluice.
+BENCH_PACKAGES = {"redis": "redis hiredis", "nats": "nats-py", "matplotlib": "matplotlib"}
+
+
+def missing_package_hint(e: ModuleNotFoundError) -> str:
+    top = (e.name or "").split(".")[0]
+    package = BENCH_PACKAGES.get(top, top)
+    return f"{e}: install the benchmark's clients with `.venv/bin/pip install {package}`"
+
+
 def run_system(system: System, workdir: Path, scale: float, latency_rate_per_s: int) -> SystemResult:
     result = SystemResult(system.name)
     print(f"{system.name}: starting", flush=True)
@@ -660,6 +676,9 @@ def run_system(system: System, workdir: Path, scale: float, latency_rate_per_s: 
         result.latency = system.latency(latency_rate_per_s, lat_count, LATENCY_SIZE_B)
         lat = result.latency
         print(f"  latency at {lat.rate_per_s}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): p50 {lat.p50_ms:.2f} ms")
+    except ModuleNotFoundError as e:
+        result.error = missing_package_hint(e)
+        print(f"  FAILED: {result.error}", flush=True)
     except Exception as e:  # noqa: BLE001 -- one system failing must not hide the others' figures; reported below
         result.error = f"{type(e).__name__}: {e}"
         print(f"  FAILED: {result.error}", flush=True)
@@ -896,8 +915,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     if not args.no_charts:
-        for path in write_charts(results, args.out.parent):
-            print(f"wrote {path}")
+        try:
+            for path in write_charts(results, args.out.parent):
+                print(f"wrote {path}")
+        except ModuleNotFoundError as e:
+            print(f"no charts: {missing_package_hint(e)}")
+            return 1
     return 1 if any(r.error for r in results) else 0
 
 
