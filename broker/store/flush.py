@@ -65,7 +65,11 @@ class ServiceThread:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.run_once()
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("%s: pass failed; retrying in 1 s", self.name)
+                self._stop.wait(1.0)
 
     def run_once(self) -> None:
         raise NotImplementedError
