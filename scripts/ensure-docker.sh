@@ -14,7 +14,8 @@
 #      from the Debian mirror named in the machine's apt sources, and imports it (cached: skipped when present);
 #   4. builds the broker image (scripts/build-image.sh, cached by a hash of the source).
 # Environment: SLUICE_DOCKER_DIR (state and logs, default /var/tmp/sluice-docker), BASE_IMAGE (skip the base
-# image logic and use this one), SLUICE_SKIP_IMAGE_BUILD=1 (stop after the engine and base image).
+# image logic and use this one), SLUICE_SKIP_IMAGE_BUILD=1 (stop after the engine and base image),
+# SLUICE_DOCKERD_STORAGE_DRIVER (instead of the probed one; vfs is tried anyway if the engine won't start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,6 +88,7 @@ else
       storage_driver=overlay2
     fi
     rm -rf "$probe"
+    storage_driver=${SLUICE_DOCKERD_STORAGE_DRIVER:-$storage_driver}
     net_flags=()
     if ! command -v iptables >/dev/null || ! as_root iptables -t nat -L -n >/dev/null 2>&1; then
       # Without NAT rules published ports are still served by docker-proxy on the host, which is all we use.
@@ -101,19 +103,35 @@ else
         as_root rm -f "$pidfile"
       fi
     done
-    log "starting dockerd: --storage-driver=$storage_driver ${net_flags[*]} (log: $STATE_DIR/dockerd.log)"
     as_root mkdir -p /var/lib/docker
-    # setsid + nohup: the engine outlives this script and the test run that started it.
-    as_root setsid nohup dockerd --storage-driver="$storage_driver" "${net_flags[@]}" \
-      >>"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
-    deadline=$(($(date +%s) + DOCKERD_START_TIMEOUT_S))
-    until engine_answers; do
-      if [ "$(date +%s)" -ge "$deadline" ] || ! pgrep -x dockerd >/dev/null; then
-        tail -30 "$STATE_DIR/dockerd.log" >&2
-        die "dockerd did not answer within ${DOCKERD_START_TIMEOUT_S}s (full log: $STATE_DIR/dockerd.log)"
+    # The probed settings first; if the engine won't come up with them, the most conservative ones (vfs works on
+    # any filesystem, no iptables needs no netfilter modules).
+    started=0
+    for attempt in "$storage_driver ${net_flags[*]}" "vfs --iptables=false --ip-masq=false"; do
+      read -r -a flags <<<"$attempt"
+      log "starting dockerd: --storage-driver=${flags[*]} (log: $STATE_DIR/dockerd.log)"
+      # setsid + nohup: the engine outlives this script and the test run that started it.
+      as_root setsid nohup dockerd --storage-driver="${flags[0]}" "${flags[@]:1}" \
+        >>"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
+      deadline=$(($(date +%s) + DOCKERD_START_TIMEOUT_S))
+      until engine_answers; do
+        if [ "$(date +%s)" -ge "$deadline" ] || ! pgrep -x dockerd >/dev/null; then break; fi
+        sleep 0.5
+      done
+      if engine_answers; then
+        started=1
+        break
       fi
-      sleep 0.5
+      tail -15 "$STATE_DIR/dockerd.log" >&2
+      log "dockerd did not answer with --storage-driver=${flags[*]}"
+      # Stop the engine this attempt started (by the pid it wrote; none ran before) before the next attempt.
+      pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+      if [ -n "$pid" ]; then
+        as_root kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      fi
     done
+    [ "$started" = 1 ] || die "dockerd did not start (full log: $STATE_DIR/dockerd.log)"
     log "dockerd answers (server $(docker version --format '{{.Server.Version}}' 2>/dev/null))"
   fi
 fi
