@@ -67,7 +67,7 @@ class ServiceThread:
         while not self._stop.is_set():
             try:
                 self.run_once()
-            except Exception:
+            except Exception:  # a service must outlive a bug in one pass; the traceback goes to the log
                 log.exception("%s: pass failed; retrying in 1 s", self.name)
                 self._stop.wait(1.0)
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
 from broker.store.batch import MAX_QUEUE_ID, EntryRun, ValidatedBatch, validate_batch
+from broker.store.check import check_store
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
 from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
@@ -44,6 +45,7 @@ from broker.store.message import (
     Prop,
     StoredMessage,
     SysFlag,
+    decode_entry,
     encode_entry,
     encode_properties,
     pack_ipv4,
@@ -599,8 +601,6 @@ class MessageStore:
         lo: int,
         hi: int,
     ) -> GetResult:
-        from broker.store.message import decode_entry
-
         parts: list[bytes] = []
         positions: list[int] = []
         qoffs: list[int] = []
@@ -746,8 +746,7 @@ class MessageStore:
             raise OSError(errno.EIO, self._write_error)
 
     def check(self) -> list[str]:
-        from broker.store.check import check_store
-
+        """Consistency oracle (see check.py): one line per inconsistency, [] when the store is consistent."""
         return check_store(self)
 
     def stats(self) -> dict[str, int | float]:
