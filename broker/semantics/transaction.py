@@ -309,8 +309,11 @@ class TransactionService:
         as ended too, so that asking again reports the outcome."""
         check_transaction_id(txn_id)
         attempts = None if committed_attempts is None else sorted(set(committed_attempts))
-        if attempts is not None and len(",".join(attempts)) > MAX_ATTEMPTS_PROPERTY_CHARS:
-            raise InvalidArgumentError(f"committed_attempts: over {MAX_ATTEMPTS_PROPERTY_CHARS} characters in all")
+        if attempts is not None:
+            if len(",".join(attempts)) > MAX_ATTEMPTS_PROPERTY_CHARS:
+                raise InvalidArgumentError(f"committed_attempts: over {MAX_ATTEMPTS_PROPERTY_CHARS} characters in all")
+            if any(not a or "," in a or "\x01" in a or "\x02" in a for a in attempts):
+                raise InvalidArgumentError("committed_attempts: each attempt id must be non-empty, without ','")
         with self._lock:
             txn = self._txns.get(txn_id)
             if txn is None:

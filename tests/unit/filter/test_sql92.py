@@ -42,6 +42,7 @@ CASES: list[tuple[str, dict[str, str], bool]] = [
     ("NOT (a > 5)", {}, False),
     ("NOT (a > 5)", {"a": "1"}, True),
     ("a > 3000000000", {"a": "3000000001"}, True),  # long literal: property parsed as a long
+    ("a <> -2147483648", {"a": "2147483648"}, True),  # minus a long literal is a long: "2147483648" parses
     ("a > 5", {"a": "2147483648"}, False),  # int literal: overflow is a conversion error
     ("a > 1.5", {"a": " 2 "}, True),  # Double.valueOf trims
     ("a = 2", {"a": " 2 "}, False),  # Integer.valueOf does not
@@ -297,7 +298,7 @@ def t_eval(node: tuple, props: dict[str, str]) -> bool | None:  # type: ignore[t
     elif isinstance(lit, float):
         c = t_cmp_double(t_double(value), lit)
     else:
-        n = t_int(value, long=not -(2**31) <= lit < 2**31)
+        n = t_int(value, long=abs(lit) > 2**31 - 1)  # "-2147483648" is minus a long literal: a long
         c = (n > lit) - (n < lit)
     return {"=": c == 0, "<>": c != 0, "<": c < 0, ">": c > 0, "<=": c <= 0, ">=": c >= 0}[op]
 
