@@ -296,6 +296,50 @@ class MessageStore:
         refused = self._refusal()
         if refused is not None:
             return refused
+        encoded = self._encode_single(
+            topic, queue_id, body, properties, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
+            born_host=born_host, reconsume_times=reconsume_times,
+            prepared_transaction_offset=prepared_transaction_offset,
+        )  # fmt: skip
+        if isinstance(encoded, PutResult):
+            return encoded
+        entry = encoded
+        tx = sys_flag & SysFlag.TRANSACTION_MASK
+        counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+        try:
+            phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
+        except (OSError, CreateMappedFileError) as e:
+            return self._append_failed(e)
+        self._counters["put_msgs"] += 1
+        self._counters["put_bytes"] += len(entry)
+        wait = wait_store_ok if wait_store_ok is not None else (properties or {}).get(Prop.WAIT, "true") != "false"
+        why = self._await_flush(phys + len(entry), wait)
+        return PutResult(
+            PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
+            msg_ids=[self._msg_id(phys)],
+            commitlog_offsets=[phys],
+            queue_ids=[queue_id],
+            queue_offsets=[qoff],
+            store_timestamp=ts,
+            wrote_bytes=len(entry),
+            error=why,
+        )
+
+    def _encode_single(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: Mapping[str, str] | None,
+        *,
+        flag: int,
+        sys_flag: int,
+        born_timestamp: int,
+        born_host: tuple[str, int],
+        reconsume_times: int,
+        prepared_transaction_offset: int,
+    ) -> bytearray | PutResult:
+        """The encoded entry (queue offset, physical offset, store time still zero), or the PutResult saying why not."""
         try:
             topic_raw = self._topic_cache.get(topic) or self._topic_cache.setdefault(topic, validate_topic(topic))
             if not 0 <= queue_id < MAX_QUEUE_ID:
@@ -335,26 +379,7 @@ class MessageStore:
                 error=f"MESSAGE_SIZE_EXCEEDED: the entry is {len(entry)} bytes and cannot fit one commit-log file of "
                 f"{self.config.mapped_file_size_commit_log} bytes; shrink the body or properties",
             )
-        tx = sys_flag & SysFlag.TRANSACTION_MASK
-        counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
-        try:
-            phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
-        except (OSError, CreateMappedFileError) as e:
-            return self._append_failed(e)
-        self._counters["put_msgs"] += 1
-        self._counters["put_bytes"] += len(entry)
-        wait = wait_store_ok if wait_store_ok is not None else (properties or {}).get(Prop.WAIT, "true") != "false"
-        why = self._await_flush(phys + len(entry), wait)
-        return PutResult(
-            PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
-            msg_ids=[self._msg_id(phys)],
-            commitlog_offsets=[phys],
-            queue_ids=[queue_id],
-            queue_offsets=[qoff],
-            store_timestamp=ts,
-            wrote_bytes=len(entry),
-            error=why,
-        )
+        return entry
 
     def _msg_id(self, phys: int) -> str:
         return (self.commit_log.store_host_bytes + phys.to_bytes(8, "big")).hex().upper()
