@@ -138,6 +138,7 @@ class ScheduleMessageService:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._delivered = 0
+        self._listening = False  # the store has no way to remove a listener: add ours once
         self._load()
 
     # ------------------------------------------------------------------------------------------ send side
@@ -162,12 +163,20 @@ class ScheduleMessageService:
         t, q, props = self.rewrite_for_delay(topic, queue_id, properties)
         return self.store.put_message(t, q, body, props, **kwargs)
 
+    def deliver_tag_code(self, properties: Mapping[str, str], store_timestamp_ms: int) -> int:
+        """What RocketMQ writes in the consume-queue tag field of a SCHEDULE_TOPIC_XXXX unit: the due time in ms
+        (``computeDeliverTimestamp``). For a dispatcher hook; the timers here do not depend on it."""
+        level = self.levels.clamp(max(1, parse_delay_level(properties)))
+        return store_timestamp_ms + self.levels.delay_ms(level)
+
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         assert not self._threads, "already started"
         self._stop.clear()
-        self.store.add_arrival_listener(self._on_arrival)
+        if not self._listening:
+            self.store.add_arrival_listener(self._on_arrival)
+            self._listening = True
         for level in range(1, self.levels.max_level + 1):
             t = threading.Thread(target=self._run_level, args=(level,), name=f"schedule-level-{level}", daemon=True)
             self._threads.append(t)

@@ -130,3 +130,19 @@ def test_bad_real_topic_is_skipped_not_stuck(box: StoreBox) -> None:
     finally:
         sched.shutdown()
     assert sched.offsets()[1] == 2
+
+
+def test_restart_of_the_service_on_one_store(box: StoreBox) -> None:
+    sched = ScheduleMessageService(box.s, os.path.join(box.path, "config"), FAST_LEVELS)
+    assert sched.deliver_tag_code({Prop.DELAY: "2"}, 1_000) == 1_600
+    assert sched.deliver_tag_code({Prop.DELAY: "9"}, 1_000) == 1_900  # clamped like the message
+    for _ in range(2):  # stop and start again: one listener, timers running
+        sched.start()
+        assert sched.put_message("T", 0, b"x", {Prop.DELAY: "1"}).ok
+        sched.shutdown()
+    assert len(box.s.dispatcher.listeners) == 1
+    sched.start()
+    try:
+        box.wait_for(lambda: len(box.read_topic("T")) == 2, 5, "both deliveries")
+    finally:
+        sched.shutdown()
