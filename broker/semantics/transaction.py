@@ -128,6 +128,10 @@ class _Txn:
     halves: dict[int, int] = field(default_factory=dict)  # half queue offset -> half commit-log offset
     status: TxStatus = TxStatus.OPEN
     inflight: int = 0  # half puts under way
+    # Lowest half-queue offset an in-flight put can get, and the op-queue end when a decision began: persist()
+    # must not move the start-up scan past halves or a decision that are being written right now.
+    half_floor: int = 0
+    op_floor: int = 0
     check_times: int = 0
     ended_ms: int = 0
     decision_op_offset: int = -1
@@ -227,6 +231,8 @@ class TransactionService:
                     f"transaction {txn_id!r} is {txn.status.value}; no more half messages can join it "
                     "(start a new transaction id)"
                 )
+            floor = self.store.max_offset(TRANS_HALF_TOPIC, 0)  # the put's halves get offsets at or above this
+            txn.half_floor = min(txn.half_floor, floor) if txn.inflight else floor
             txn.inflight += 1
             txn.last_ms = now
             return txn
@@ -324,6 +330,7 @@ class TransactionService:
             if txn.status is not TxStatus.OPEN:
                 return EndResult(txn_id, txn.status, True, len(txn.decided), 0, txn.finished)
             txn.status = TxStatus.ENDING  # from here new halves are refused ...
+            txn.op_floor = self.store.max_offset(TRANS_OP_HALF_TOPIC, 0)
             while txn.inflight:  # ... and the ones already sent land before the decision lists them
                 self._changed.wait()
             halves = dict(txn.halves)
@@ -673,7 +680,10 @@ class TransactionService:
             half_max = self.store.max_offset(TRANS_HALF_TOPIC, 0)
             op_max = self.store.max_offset(TRANS_OP_HALF_TOPIC, 0)
             live = [t for t in self._txns.values() if t.status in (TxStatus.OPEN, TxStatus.ENDING) or not t.finished]
-            half_from = min((min(t.halves) for t in live if t.halves), default=half_max)
+            half_from = min(
+                [min(t.halves) for t in live if t.halves] + [t.half_floor for t in live if t.inflight],
+                default=half_max,
+            )
             op_from = min(
                 (
                     t.decision_op_offset
@@ -684,6 +694,7 @@ class TransactionService:
                 ),
                 default=op_max,
             )  # fmt: skip
+            op_from = min([op_from] + [t.op_floor for t in self._txns.values() if t.status is TxStatus.ENDING])
             for tid in [
                 tid for tid, t in self._txns.items()
                 if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -370,5 +371,27 @@ def test_ended_transactions_are_forgotten_after_the_retention_time(box: StoreBox
         assert tx.transaction("new").status is TxStatus.ROLLED_BACK  # type: ignore[union-attr]
         assert tx.end_transaction("open", commit=True).restored == 1
         assert sorted(m.body for m in box.read_topic("Out")) == [b"old", b"open"]
+    finally:
+        tx.shutdown()
+
+
+def test_persist_never_skips_halves_or_decisions_being_written(box: StoreBox) -> None:
+    tx = service(box)
+    state_path = os.path.join(box.path, "config", "transactionState.json")
+    try:
+        tx.put_half_batch(batch("Out", [b"a", b"b"]), "spark", "done")
+        tx.end_transaction("done", commit=False)
+        box.s.wait_dispatched()
+        busy = tx._begin_put("busy", "spark")  # a put of "busy" starts: its halves will land at >= 2 ...
+        tx.put_half_batch(batch("Out", [b"c", b"d", b"e"]), "spark", "other")  # ... after these (2..4)
+        tx.end_transaction("other", commit=False)
+        box.s.wait_dispatched()
+        tx.persist()
+        with open(state_path) as f:
+            assert json.load(f)["halfScanFrom"] == 2  # not 5: the busy put's halves may get any offset from 2
+        tx._end_put(busy, None)
+        tx.persist()
+        with open(state_path) as f:
+            assert json.load(f)["halfScanFrom"] == 5  # nothing open or in flight: the end of the half queue
     finally:
         tx.shutdown()
