@@ -119,6 +119,10 @@ class TransactionError(BrokerError):
     code = ResponseCode.TRANSACTION_FAILED
 
 
+class HalvesGoneError(TransactionError):
+    """Half messages a decision needs were deleted (expired files): the commit can never be completed."""
+
+
 @dataclass
 class _Txn:
     txn_id: str
@@ -503,7 +507,7 @@ class TransactionService:
             i = j + 1
         if len(out) != len(queue_offsets):
             missing = sorted(set(queue_offsets) - {h.queue_offset for h in out})
-            raise TransactionError(
+            raise HalvesGoneError(
                 f"{len(missing)} half messages are gone from {TRANS_HALF_TOPIC} (expired?), first at queue offset "
                 f"{missing[0]}; the transaction cannot be committed"
             )
@@ -639,7 +643,13 @@ class TransactionService:
             self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() for cl in t.halves.values()}
         for t in list(txns.values()):
             if not t.finished:
-                self._finish_commit(t, decisions[t.txn_id])
+                try:
+                    self._finish_commit(t, decisions[t.txn_id])
+                except HalvesGoneError as e:
+                    t.finished = True  # nothing can bring them back; do not block start-up over it
+                    log.error("transaction %s: committed, but its interrupted re-store cannot finish: %s", t.txn_id, e)
+                except (BrokerError, OSError) as e:
+                    log.error("transaction %s: finishing the commit failed (%s); the check thread retries", t.txn_id, e)
         self.persist()
         log.info("transactions recovered: %d known, %d open", len(txns),
                  sum(t.status is TxStatus.OPEN for t in txns.values()))  # fmt: skip

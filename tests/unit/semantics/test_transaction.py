@@ -395,3 +395,16 @@ def test_persist_never_skips_halves_or_decisions_being_written(box: StoreBox) ->
             assert json.load(f)["halfScanFrom"] == 5  # nothing open or in flight: the end of the half queue
     finally:
         tx.shutdown()
+
+
+def test_start_up_survives_a_commit_whose_halves_expired(box: StoreBox, caplog: pytest.LogCaptureFixture) -> None:
+    # A commit decision (no finished marker) over halves that no longer exist, as if their files expired.
+    props = {Prop.TAGS: "d", Prop.TRANSACTION_ID: "lost", "TRAN_DECISION": "COMMIT", "TRAN_COMMIT_START": ""}
+    assert box.s.put_message(TRANS_OP_HALF_TOPIC, 0, b"7-9", props).ok
+    tx = service(box)
+    try:
+        info = tx.transaction("lost")
+        assert info is not None and info.status is TxStatus.COMMITTED and info.complete
+        assert "cannot finish" in caplog.text
+    finally:
+        tx.shutdown()
