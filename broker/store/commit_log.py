@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from broker.errors import BrokerError
+from broker.errors import BrokerError, ServiceNotAvailableError
 from broker.store.batch import ValidatedBatch, assign_queue_offsets
 from broker.store.config import StoreConfig
 from broker.store.mapped_file import MappedFile, MappedFileQueue
@@ -68,6 +68,16 @@ class CommitLog:
         self.store_ip = pack_ipv4(host)
         self.store_port = port
         self.store_host_bytes = self.store_ip + I32.pack(port)
+        self.accepting = True  # False once shutdown began: checked under the lock, so no append can slip in
+
+    def stop_appends(self) -> None:
+        """After this returns no append is in flight and none will start."""
+        with self.append_lock:
+            self.accepting = False
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise ServiceNotAvailableError("the store is shutting down; retry on the restarted broker")
 
     # ------------------------------------------------------------------------------------------------ positions
     @property
@@ -114,6 +124,7 @@ class CommitLog:
         """Append one encoded entry; return (physical offset, queue offset, store timestamp). Caller holds no lock."""
         key = (topic, queue_id)
         with self.append_lock:
+            self._check_accepting()
             f = self._file_with_room(len(entry))
             phys = f.file_from_offset + f.wrote_position
             qoff = self.queue_table.get(key, 0) if counted else 0
@@ -139,6 +150,7 @@ class CommitLog:
         th = np.empty(n, dtype=[("t", ">i8"), ("h", "S8")])
         th["h"] = self.store_host_bytes
         with self.append_lock:
+            self._check_accepting()
             f = self._file_with_room(len(data))
             base = f.file_from_offset + f.wrote_position
             starts = [self.queue_table.get(k, 0) for k in batch.keys]

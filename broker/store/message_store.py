@@ -174,8 +174,8 @@ class MessageStore:
         """Stop taking writes, dispatch and flush everything, write the checkpoint, remove ``abort``."""
         if not self._running:
             return
-        with self.commit_log.append_lock:
-            self._running = False  # no append is in flight once we hold the lock
+        self._running = False
+        self.commit_log.stop_appends()  # waits for an append in flight; later ones get SERVICE_NOT_AVAILABLE
         for s in reversed(self._services):
             s.stop()
         clean = not self._write_error
@@ -198,6 +198,7 @@ class MessageStore:
         The page cache keeps what was written (as after SIGKILL), so tests can restart on the same directory.
         """
         self._running = False
+        self.commit_log.stop_appends()
         for s in reversed(self._services):
             s.stop()
         self._close_files()
@@ -310,6 +311,8 @@ class MessageStore:
             phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
         except (OSError, CreateMappedFileError) as e:
             return self._append_failed(e)
+        except ServiceNotAvailableError as e:  # shutdown began while this put waited for the lock
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=e.message)
         self._counters["put_msgs"] += 1
         self._counters["put_bytes"] += len(entry)
         wait = wait_store_ok if wait_store_ok is not None else (properties or {}).get(Prop.WAIT, "true") != "false"
@@ -397,6 +400,8 @@ class MessageStore:
             phys, qoffs, ts = self.commit_log.append_batch(batch)
         except (OSError, CreateMappedFileError) as e:
             return self._append_failed(e)
+        except ServiceNotAvailableError as e:  # shutdown began while this put waited for the lock
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=e.message)
         self._hint_dispatcher(batch, phys, qoffs, ts)
         n = len(batch.run)
         self._counters["put_msgs"] += n

@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from broker.errors import StoreLockedError
-from broker.store import MessageStore, PutResult
+from broker.store import MessageStore, PutResult, PutStatus
 from broker.store.consume_queue import CQ_UNIT
 from broker.store.message import Prop
 
@@ -161,3 +162,23 @@ def test_check_reports_planted_damage(make_store: Callable[..., MessageStore]) -
     cq.put_units(3, CQ_UNIT.pack(unit.commitlog_offset + 1, unit.size, unit.tag_hash))
     problems = s.check()
     assert any("consume queue R/0 unit 3" in p for p in problems), problems
+
+
+def test_puts_racing_shutdown_either_land_or_are_refused(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store()
+
+    def writer(k: int) -> int:
+        acked = 0
+        for i in range(400):
+            r = s.put_message("Race", k, b"%d" % i)
+            assert r.status in (PutStatus.PUT_OK, PutStatus.SERVICE_NOT_AVAILABLE), r
+            acked += r.status is PutStatus.PUT_OK
+        return acked
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(writer, k) for k in range(4)]
+        s.shutdown()
+        acked = [f.result() for f in futures]  # re-raises anything a writer raised
+    s2 = make_store()
+    assert [s2.max_offset("Race", k) for k in range(4)] == acked
+    assert s2.check() == []
