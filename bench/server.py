@@ -69,7 +69,17 @@ def run_threads(n: int, fn: Callable[[int], int], duration_s: float) -> tuple[in
     return sum(done), time.perf_counter() - started
 
 
-def bench_send_batch(endpoint: str, body_size: int, batch_msgs: int, duration_s: float, threads: int) -> dict[str, Any]:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc), to report broker CPU per message."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_send_batch(
+    broker: BrokerProcess, body_size: int, batch_msgs: int, duration_s: float, threads: int
+) -> dict[str, Any]:
+    endpoint = broker.endpoint
+    assert broker.proc is not None
     batches = encoded_batches(body_size, batch_msgs, QUEUES)
     producers = [Producer(endpoint) for _ in range(threads)]
     producers[0].send_encoded(batches[0], batch_msgs)  # warm up: topic auto-created, channels connected
@@ -80,13 +90,16 @@ def bench_send_batch(endpoint: str, body_size: int, batch_msgs: int, duration_s:
         producers[i].send_encoded(batches[counter[i] % len(batches)], batch_msgs)
         return batch_msgs
 
+    cpu_before = process_cpu_s(broker.proc.pid)
     msgs, seconds = run_threads(threads, one, duration_s)
+    broker_cpu = process_cpu_s(broker.proc.pid) - cpu_before
     for p in producers:
         p.close()
     entry_bytes = len(batches[0]) / batch_msgs
     return {"msgs_per_s": msgs / seconds, "MB_per_s": msgs * body_size / seconds / 1e6,
             "entry_MB_per_s": msgs * entry_bytes / seconds / 1e6, "batch_msgs": batch_msgs,
-            "threads": threads}  # fmt: skip
+            "threads": threads, "broker_cpu_us_per_msg": broker_cpu / msgs * 1e6,
+            "msgs_per_broker_cpu_s": msgs / broker_cpu if broker_cpu else 0.0}  # fmt: skip
 
 
 def bench_send_messages(endpoint: str, batch_msgs: int, duration_s: float) -> dict[str, float]:
@@ -170,10 +183,14 @@ def bench_wakeup(endpoint: str, rounds: int) -> dict[str, float]:
 
 
 def with_broker(flush: str, fn: Callable[[str], Any]) -> Any:
+    return with_broker_process(flush, lambda b: fn(b.endpoint))
+
+
+def with_broker_process(flush: str, fn: Callable[[BrokerProcess], Any]) -> Any:
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
         broker = BrokerProcess(Path(tmp) / "store", flush=flush).start()
         try:
-            return fn(broker.endpoint)
+            return fn(broker)
         finally:
             broker.stop()
 
@@ -185,8 +202,8 @@ def main() -> int:
     args = parser.parse_args()
     duration = 1.0 if args.quick else args.duration
     results: dict[str, Any] = {}
-    results["send_batch_100B"] = with_broker("async", lambda ep: bench_send_batch(ep, 100, 2000, duration, 2))
-    results["send_batch_1KiB"] = with_broker("async", lambda ep: bench_send_batch(ep, 1024, 1000, duration, 2))
+    results["send_batch_100B"] = with_broker_process("async", lambda b: bench_send_batch(b, 100, 2000, duration, 2))
+    results["send_batch_1KiB"] = with_broker_process("async", lambda b: bench_send_batch(b, 1024, 1000, duration, 2))
     results["send_batch_messages_100B"] = with_broker("async", lambda ep: bench_send_messages(ep, 1000, duration))
     results["send_async"] = with_broker("async", lambda ep: bench_single_send(ep, 500 if args.quick else 3000))
     results["send_sync"] = with_broker("sync", lambda ep: bench_single_send(ep, 300 if args.quick else 1000))
@@ -203,8 +220,12 @@ def main() -> int:
     rows = [
         ("SendBatch 100 B", f"{results['send_batch_100B']['msgs_per_s']:,.0f} msg/s",
          f"{results['send_batch_100B']['MB_per_s']:.1f} MB/s", ">= 300,000 msg/s"),
+        ("  broker CPU", f"{results['send_batch_100B']['broker_cpu_us_per_msg']:.2f} us/msg",
+         f"{results['send_batch_100B']['msgs_per_broker_cpu_s']:,.0f} msg per CPU s", ""),
         ("SendBatch 1 KiB", f"{results['send_batch_1KiB']['msgs_per_s']:,.0f} msg/s",
          f"{results['send_batch_1KiB']['MB_per_s']:.1f} MB/s", ">= 150 MB/s"),
+        ("  broker CPU", f"{results['send_batch_1KiB']['broker_cpu_us_per_msg']:.2f} us/msg",
+         f"{results['send_batch_1KiB']['msgs_per_broker_cpu_s'] * 1024 / 1e6:,.0f} MB per CPU s", ""),
         ("send_batch(Message) 100 B", f"{results['send_batch_messages_100B']['msgs_per_s']:,.0f} msg/s",
          "client encoding included", ""),
         ("send ASYNC", f"p50 {results['send_async']['p50_ms']:.3f} ms", f"p99 {results['send_async']['p99_ms']:.3f} ms",
@@ -217,11 +238,13 @@ def main() -> int:
          "p99 <= 5 ms"),
     ]  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    print(f"Sluice broker over gRPC on loopback ({platform.machine()}, python {platform.python_version()})")
+    load = os.getloadavg()[0]
+    print(f"Sluice broker over gRPC on loopback ({platform.machine()}, {os.cpu_count()} CPUs, "
+          f"python {platform.python_version()}, load average {load:.1f} at the end)")  # fmt: skip
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     report = {
-        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "load_average_1m": load},
         "results": results,
         "measured": measured,
         "targets": TARGETS,
