@@ -57,7 +57,8 @@ class ServiceThread:
         return self._stop.is_set()
 
     def wakeup(self) -> None:
-        self._wake.set()
+        if not self._wake.is_set():  # set() takes the Event's lock; puts call this often
+            self._wake.set()
 
     def wait(self, seconds: float) -> None:
         self._wake.wait(seconds)
