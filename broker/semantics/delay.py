@@ -28,16 +28,25 @@ from __future__ import annotations
 import logging
 import os
 import re
+import struct
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from broker.errors import InvalidArgumentError, MessageIllegalError
+from broker.errors import CorruptionError, InvalidArgumentError, MessageIllegalError
 from broker.semantics.json_file import read_json, write_json_atomic
 from broker.semantics.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
-from broker.store.message import Prop, StoredMessage
+from broker.store.message import (
+    Prop,
+    StoredMessage,
+    decode_properties,
+    encode_entry,
+    encode_properties,
+    parse_layout,
+    validate_topic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,7 @@ DELIVER_BATCH = 32  # messages read per get: bounds the work between two progres
 IDLE_POLL_S = 0.5  # re-check an idle level this often even if no arrival was signalled
 RETRY_AFTER_FAILURE_S = 1.0  # after the store refused a re-store (disk full, shutting down)
 
+_DELAY_MARK = ("\x02" + Prop.DELAY + "\x01").encode()  # how a DELAY property starts inside a \x02-led list
 _LEVEL_TOKEN = re.compile(r"([1-9][0-9]*)(ms|s|m|h|d)\Z")
 
 
@@ -155,6 +165,38 @@ class ScheduleMessageService:
         props[Prop.REAL_TOPIC] = topic
         props[Prop.REAL_QID] = str(queue_id)
         return DelayRewrite(SCHEDULE_TOPIC, level - 1, props)
+
+    def rewrite_batch_for_delay(self, buffer: bytes) -> bytes:
+        """A client batch with every entry that has DELAY > 0 re-encoded for the schedule queue of its level (the
+        others unchanged, order kept). Without any DELAY property the buffer is returned as is, after one substring
+        search. MessageIllegalError for a malformed entry or DELAY value. (RocketMQ refuses delayed messages in a
+        batch; Sluice delays them one by one.)"""
+        if _DELAY_MARK[1:] not in buffer:  # no "DELAY\x01" anywhere: nothing to do (the common case)
+            return buffer
+        out: list[bytes] = []
+        pos, end = 0, len(buffer)
+        while pos < end:
+            try:
+                lay = parse_layout(buffer, pos, end)
+            except (CorruptionError, struct.error, IndexError) as e:
+                raise MessageIllegalError(f"batch entry {len(out)} (at byte {pos}) is malformed: {e}") from None
+            h = lay.header
+            raw_props = buffer[lay.props_start : lay.props_start + lay.props_len]
+            entry = buffer[pos : pos + h.total_size]
+            if _DELAY_MARK in b"\x02" + raw_props:
+                props = decode_properties(raw_props)
+                topic = buffer[lay.topic_start : lay.topic_start + lay.topic_len].decode("ascii", "replace")
+                t, q, new_props = self.rewrite_for_delay(topic, h.queue_id, props)
+                if t != topic:
+                    body = buffer[lay.body_start : lay.body_start + h.body_length]
+                    entry = encode_entry(
+                        validate_topic(t), q, body, encode_properties(new_props), flag=h.flag, sys_flag=h.sys_flag,
+                        born_timestamp=h.born_timestamp, born_ip=h.born_ip, born_port=h.born_port,
+                        reconsume_times=h.reconsume_times,
+                    )  # fmt: skip
+            out.append(entry)
+            pos += h.total_size
+        return b"".join(out)
 
     def put_message(
         self, topic: str, queue_id: int, body: bytes, properties: Mapping[str, str] | None = None, **kwargs: Any

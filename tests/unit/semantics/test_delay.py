@@ -12,7 +12,7 @@ import pytest
 from broker.errors import InvalidArgumentError, MessageIllegalError
 from broker.semantics.delay import DEFAULT_DELAY_LEVELS, DelayLevels, ScheduleMessageService, due_time_ms
 from broker.semantics.system_topics import SCHEDULE_TOPIC
-from broker.store.message import Prop
+from broker.store.message import Prop, encode_entry, encode_properties
 
 if TYPE_CHECKING:
     from conftest import StoreBox
@@ -146,3 +146,19 @@ def test_restart_of_the_service_on_one_store(box: StoreBox) -> None:
         box.wait_for(lambda: len(box.read_topic("T")) == 2, 5, "both deliveries")
     finally:
         sched.shutdown()
+
+
+def test_batches_with_delayed_entries_are_rewritten_one_by_one(box: StoreBox) -> None:
+    sched = ScheduleMessageService(box.s, os.path.join(box.path, "config"), FAST_LEVELS)
+    plain = encode_entry(b"T", 1, b"now", encode_properties({"k": "v"}))
+    assert sched.rewrite_batch_for_delay(plain * 3) == plain * 3
+    delayed = encode_entry(b"T", 2, b"later", encode_properties({Prop.DELAY: "2", "k": "v"}), flag=5)
+    zero = encode_entry(b"T", 0, b"zero", encode_properties({"a": "1", Prop.DELAY: "0"}))
+    out = sched.rewrite_batch_for_delay(plain + delayed + zero)
+    assert box.s.put_batch(out).ok
+    assert [m.body for m in box.read_topic("T")] == [b"zero", b"now"]
+    [m] = box.read_queue(SCHEDULE_TOPIC, 1)
+    assert m.body == b"later" and m.flag == 5
+    assert m.properties[Prop.REAL_TOPIC] == "T" and m.properties[Prop.REAL_QID] == "2"
+    with pytest.raises(MessageIllegalError):
+        sched.rewrite_batch_for_delay(delayed + b"\x00" * 12)
