@@ -57,6 +57,54 @@ apt_install() {
   }
 }
 
+apt_mirror() {
+  # The Debian mirror the machine already uses: first URI of a source for the main archive (not -security).
+  local uri
+  uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+    awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\//) { print $i; break } }' |
+    grep -E '/debian/?$' | head -1 || true)
+  if [ -z "$uri" ]; then
+    uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '$1 == "URIs:" { for (i = 2; i <= NF; i++) print $i }' |
+      grep -E '/debian/?$' | head -1 || true)
+  fi
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+# The local base image's root filesystem is built by debootstrap in the background (network-bound, about a minute)
+# so that it overlaps the engine's installation on a fresh machine.
+ROOTFS="$STATE_DIR/rootfs-$LOCAL_BASE_SUITE"
+ROOTFS_PID=""
+start_rootfs() {
+  command -v debootstrap >/dev/null || apt_install debootstrap
+  local mirror
+  mirror=$(apt_mirror)
+  as_root rm -rf "$ROOTFS"
+  log "debootstrap --variant=minbase $LOCAL_BASE_SUITE from $mirror, in the background (log: $STATE_DIR/debootstrap.log)"
+  (
+    as_root debootstrap --variant=minbase --include=python3,python3-venv,passwd "$LOCAL_BASE_SUITE" "$ROOTFS" \
+      "$mirror" >"$STATE_DIR/debootstrap.log" 2>&1 || exit 1
+    # Keep the image small: package caches and lists are not needed at run time.
+    as_root rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/log/*.log
+  ) &
+  ROOTFS_PID=$!
+}
+finish_rootfs() {
+  if ! wait "$ROOTFS_PID"; then
+    ROOTFS_PID=""
+    tail -20 "$STATE_DIR/debootstrap.log" >&2
+    die "debootstrap failed (full log: $STATE_DIR/debootstrap.log)"
+  fi
+  ROOTFS_PID=""
+}
+stop_rootfs() {
+  # On an early exit, the background debootstrap this script started is stopped (by its pids).
+  if [ -n "$ROOTFS_PID" ]; then
+    as_root pkill -TERM -P "$ROOTFS_PID" 2>/dev/null || true
+    kill "$ROOTFS_PID" 2>/dev/null || true
+  fi
+}
+trap stop_rootfs EXIT
+
 # ---- 1. the engine's binaries ---------------------------------------------------------------------------------
 engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
 
@@ -64,6 +112,12 @@ if command -v docker >/dev/null && engine_answers; then
   log "Docker engine answers: nothing to install or start"
 else
   if ! command -v dockerd >/dev/null || ! command -v containerd >/dev/null; then
+    # A fresh machine that can't resolve Docker's registry will need the local base image: start building its
+    # root filesystem now, while docker.io installs.
+    if [ -z "${BASE_IMAGE:-}" ] && ! getent hosts registry-1.docker.io >/dev/null 2>&1; then
+      log "no Docker registry reachable (DNS): the local base image will be needed"
+      start_rootfs
+    fi
     apt_install docker.io
   else
     log "dockerd and containerd are installed"
@@ -139,38 +193,6 @@ fi
 # ---- 3. the base image --------------------------------------------------------------------------------------
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
-apt_mirror() {
-  # The Debian mirror the machine already uses: first URI of a source for the main archive (not -security).
-  local uri
-  uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-    awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\//) { print $i; break } }' |
-    grep -E '/debian/?$' | head -1 || true)
-  if [ -z "$uri" ]; then
-    uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '$1 == "URIs:" { for (i = 2; i <= NF; i++) print $i }' |
-      grep -E '/debian/?$' | head -1 || true)
-  fi
-  echo "${uri:-http://deb.debian.org/debian}"
-}
-
-build_local_base() {
-  command -v debootstrap >/dev/null || apt_install debootstrap
-  local mirror root
-  mirror=$(apt_mirror)
-  root="$STATE_DIR/rootfs-$LOCAL_BASE_SUITE"
-  as_root rm -rf "$root"
-  log "debootstrap --variant=minbase $LOCAL_BASE_SUITE from $mirror (log: $STATE_DIR/debootstrap.log)"
-  as_root debootstrap --variant=minbase --include=python3,python3-venv,passwd "$LOCAL_BASE_SUITE" "$root" "$mirror" \
-    >"$STATE_DIR/debootstrap.log" 2>&1 || {
-    tail -20 "$STATE_DIR/debootstrap.log" >&2
-    die "debootstrap failed (full log: $STATE_DIR/debootstrap.log)"
-  }
-  # Keep the image small: package caches and lists are not needed at run time.
-  as_root rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/var/log/*.log
-  log "importing $root as $LOCAL_BASE"
-  as_root tar -C "$root" -c . | docker import --change 'CMD ["/bin/bash"]' - "$LOCAL_BASE" >/dev/null
-  as_root rm -rf "$root"
-}
-
 if [ -n "${BASE_IMAGE:-}" ]; then
   log "BASE_IMAGE=$BASE_IMAGE given: using it"
 elif image_exists "$OFFICIAL_BASE"; then
@@ -184,8 +206,17 @@ elif timeout "$PULL_TIMEOUT_S" docker pull -q "$OFFICIAL_BASE" >"$STATE_DIR/pull
   log "pulled $BASE_IMAGE"
 else
   log "cannot pull $OFFICIAL_BASE ($(tail -1 "$STATE_DIR/pull.log")): building $LOCAL_BASE with debootstrap"
-  build_local_base
+  [ -n "$ROOTFS_PID" ] || start_rootfs
+  finish_rootfs
+  log "importing $ROOTFS as $LOCAL_BASE"
+  as_root tar -C "$ROOTFS" -c . | docker import --change 'CMD ["/bin/bash"]' - "$LOCAL_BASE" >/dev/null
+  as_root rm -rf "$ROOTFS"
   BASE_IMAGE=$LOCAL_BASE
+fi
+if [ -n "$ROOTFS_PID" ]; then
+  log "the base image was found after all: discarding the debootstrap root filesystem"
+  finish_rootfs
+  as_root rm -rf "$ROOTFS"
 fi
 export BASE_IMAGE
 
