@@ -22,6 +22,7 @@ class FaultInjector:
         self._fsync_delay_s = 0.0
         self._allocate_error: tuple[int, str] | None = None
         self.fsync_calls = 0
+        self.fsync_counts: dict[str, int] = {}  # per kind of file
 
     def fail_next_fsyncs(self, count: int = 1, kind: str | None = "commitlog") -> None:
         """Make the next ``count`` fdatasync calls on ``kind`` files (None: any) raise OSError(EIO)."""
@@ -56,6 +57,7 @@ class FaultInjector:
     def fdatasync(self, fd: int, kind: str = "") -> None:
         with self._lock:
             self.fsync_calls += 1
+            self.fsync_counts[kind] = self.fsync_counts.get(kind, 0) + 1
             fail = self._fsync_failures > 0 and self._fail_kind in (None, kind)
             if fail:
                 self._fsync_failures -= 1
