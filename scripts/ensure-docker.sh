@@ -11,7 +11,8 @@
 #      kernel supports (overlay2 when an overlay mount works here, else vfs; --iptables=false when iptables can't
 #      be used), logging to $SLUICE_DOCKER_DIR/dockerd.log;
 #   3. when python:3.11-slim is neither present nor pullable, builds sluice-base:bookworm once with debootstrap
-#      from the Debian mirror named in the machine's apt sources, and imports it (cached: skipped when present);
+#      from the Debian mirror named in the machine's apt sources, and imports it (cached: skipped when present;
+#      on a fresh machine whose DNS doesn't know Docker's registry, debootstrap starts before step 1, in parallel);
 #   4. builds the broker image (scripts/build-image.sh, cached by a hash of the source).
 # Environment: SLUICE_DOCKER_DIR (state and logs, default /var/tmp/sluice-docker), BASE_IMAGE (skip the base
 # image logic and use this one), SLUICE_SKIP_IMAGE_BUILD=1 (stop after the engine and base image),
