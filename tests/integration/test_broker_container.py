@@ -9,7 +9,7 @@ import time
 
 import docker
 import pytest
-from sluice_containers import BrokerContainer, BrokerFactory, check_store, wait_dispatched
+from sluice_containers import STORE_DIR, BrokerContainer, BrokerFactory, check_store, run_in_volume, wait_dispatched
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendResult, SendStatus
 
@@ -183,3 +183,19 @@ def test_graceful_stop_and_restart_keep_everything(
 def _exit_code(broker: BrokerContainer) -> int:
     broker.container.reload()
     return int(broker.container.attrs["State"]["ExitCode"])
+
+
+def test_second_broker_on_the_same_volume_is_refused(
+    broker: BrokerContainer, docker_client: docker.DockerClient, broker_image: str
+) -> None:
+    """The store lock holds across containers: a second broker on a volume in use exits with a clear error,
+    and the first one keeps serving."""
+    code, output = run_in_volume(
+        docker_client, broker_image, broker.volume,
+        "sluice", "broker", "--store", STORE_DIR, "--listen", "0.0.0.0:10911", timeout_s=60,
+    )  # fmt: skip
+    assert code != 0, output
+    assert "locked" in output and STORE_DIR in output, output
+    assert "Traceback" not in output
+    with Producer(broker.endpoint) as producer:
+        assert producer.send(Message("still-up", b"x")).status is SendStatus.SEND_OK
