@@ -7,11 +7,13 @@ whoever makes a container or volume removes it (the fixtures in conftest.py do, 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import docker
 import docker.errors
@@ -101,10 +103,18 @@ class BrokerContainer:
     def logs(self) -> str:
         return bytes(self.container.logs(stdout=True, stderr=True)).decode(errors="replace")
 
-    def exec(self, *cmd: str) -> tuple[int, str]:
-        """Run a command inside the running container (as its user `sluice`): (exit code, stdout+stderr)."""
-        result = self.container.exec_run(list(cmd), stdout=True, stderr=True)
+    def exec(self, *cmd: str, stderr: bool = True) -> tuple[int, str]:
+        """Run a command inside the running container (as its user `sluice`): (exit code, stdout[+stderr])."""
+        result = self.container.exec_run(list(cmd), stdout=True, stderr=stderr)
         return int(result.exit_code), bytes(result.output).decode(errors="replace")
+
+    def exec_json(self, *cmd: str) -> Any:
+        """Run a `--json` CLI command inside the container and parse its stdout; fails with the output if it exits
+        non-zero."""
+        code, out = self.exec(*cmd, stderr=False)
+        if code != 0:
+            pytest.fail(f"{' '.join(cmd)} exited {code}: {self.exec(*cmd)[1][-2000:]}", pytrace=False)
+        return json.loads(out)
 
     def remove(self) -> None:
         try:
