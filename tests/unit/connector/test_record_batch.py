@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
@@ -94,7 +95,8 @@ def test_properties_without_trailing_separator_fall_back() -> None:
 
 def test_row_filter_keeps_the_offset_range_and_exact_tags() -> None:
     # "Aa" and "BB" have the same Java hash code: the broker's filter lets both through, the exact check must not.
-    props: list[dict[str, str] | bytes] = [{"TAGS": t} for t in ["Aa", "BB", "C", "Aa"]] + [{}]
+    props: list[dict[str, str] | bytes] = [{"TAGS": t} for t in ["Aa", "BB", "C", "Aa"]]
+    props.append({})
     buf, pos = make_buffer(props, first_offset=100)
     batch = decode(buf, pos, row_filter=RowFilter(101, 104, frozenset({"Aa", "C"})))
     assert batch.column("queue_offset").to_pylist() == [102, 103]
@@ -114,7 +116,7 @@ def test_empty_response_gives_an_empty_batch() -> None:
         (lambda b: b[:84] + (10_000).to_bytes(4, "big") + b[88:], "does not fit"),
     ],
 )
-def test_corrupt_entries_are_reported_with_their_position(damage, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_corrupt_entries_are_reported_with_their_position(damage: Callable[[bytes], bytes], message: str) -> None:
     buf, pos = make_buffer([{"TAGS": "A"}] * 3)
     last = pos[-1]
     damaged = buf[:last] + damage(buf[last:])

@@ -1,0 +1,45 @@
+"""The streaming query of the exactly-once test, run as its own driver process so the test can SIGKILL it.
+
+python eo_query.py ENDPOINT TOPIC GROUP CHECKPOINT OUTPUT continuous|available-now
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+from pyspark.sql import SparkSession
+
+from connector import register
+
+
+def main() -> int:
+    endpoint, topic, group, checkpoint, output, mode, max_per_trigger = sys.argv[1:8]
+    spark = (
+        SparkSession.builder.master("local[2]").appName("sluice-eo")
+        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "768m").getOrCreate()
+    )  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    df = (
+        spark.readStream.format("sluice").option("endpoints", endpoint).option("topic", topic)
+        .option("consumerGroup", group).option("startingOffsets", "earliest")
+        .option("maxMessagesPerTrigger", max_per_trigger).load()
+        .select("queue_id", "queue_offset", "body")
+    )  # fmt: skip
+    writer = df.writeStream.format("parquet").option("path", output).option("checkpointLocation", checkpoint)
+    if mode == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime="100 milliseconds")
+    query = writer.start()
+    print("started", flush=True)
+    query.awaitTermination()
+    return 0 if query.exception() is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
