@@ -1,6 +1,6 @@
 """Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
 
-    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--latency-rate 5000] [--no-charts]
+    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--latency-rates 5000,250] [--no-charts]
 
 Same machine, loopback, same message count and size, each system through its standard Python client:
 
@@ -15,7 +15,9 @@ Same machine, loopback, same message count and size, each system through its sta
 Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, an uncounted warm-up run, and
 flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms).
 
-End-to-end latency: the producer sends single messages with the synchronous API at a fixed rate; the consumer
+End-to-end latency, at the issue's fixed 5k msgs/s and at 250 msgs/s (a rate every system's single sends
+sustain here, so the figures show the systems rather than queueing behind a saturated sender): the producer
+sends single messages with the synchronous API at a fixed rate; the consumer
 runs in its own process; latency = receive time - scheduled send time, so a sender that falls behind the rate
 counts against its system (the achieved rate is reported beside; a sender that can't keep up stops after
 ``LATENCY_MAX_WALL_S``).
@@ -58,10 +60,11 @@ SIZES_B = (100, 1024)
 COUNT_BY_SIZE = {100: 200_000, 1024: 100_000}  # at scale 1.0
 WARMUP_FRACTION = 10  # each measured run follows an uncounted one of a tenth of its size (caches, first routes)
 BATCH_MSGS = 1000  # pipeline depth / batch / fetch size, the same for every system
-LATENCY_RATE_PER_S = 5000
+LATENCY_RATES_PER_S = (5000, 250)  # the issue's fixed rate, and one every system's single sends sustain here
 LATENCY_DURATION_S = 3.0
 LATENCY_SIZE_B = 100
 LATENCY_WARMUP_MSGS = 500  # dropped from the percentiles: connection set-up, first topic route
+LATENCY_MIN_SAMPLES = 2000  # at low rates the run lasts longer, so that p99 rests on enough samples
 LATENCY_MAX_WALL_S = 12.0  # a sender that can't keep the rate stops after this long (reported as achieved rate)
 IDLE_AFTER_DONE_S = 1.0
 RECEIVE_TIMEOUT_S = 60.0  # a consumer that sees nothing new for this long fails the run
@@ -131,14 +134,14 @@ class SystemResult:
     name: str
     version: str = ""
     throughput: list[Throughput] = field(default_factory=list)
-    latency: Latency | None = None
+    latency: list[Latency] = field(default_factory=list)  # one per asked rate
     error: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "throughput": {str(t.size_b): t.to_json() for t in self.throughput},
-            "latency": asdict(self.latency) if self.latency else None,
+            "latency": {str(lat.rate_per_s): asdict(lat) for lat in self.latency},
             "error": self.error,
         }
 
@@ -386,7 +389,7 @@ class RedisStreams:
         return Throughput(size_b, count, produce_s, consume_s)
 
     def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
-        key = "bench-latency"
+        key = f"bench-latency-{rate_per_s}"
         producer = self.client()
         producer.xgroup_create(key, "g", id="$", mkstream=True)
         consumer = LatencyConsumer(redis_latency_consumer, self.port, key, count)
@@ -465,7 +468,7 @@ class NatsJetStream:
         return asyncio.run(self._latency(rate_per_s, count, size_b))
 
     async def _latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
-        name = "BENCHLAT"
+        name = f"BENCHLAT{rate_per_s}"
         nc, js, subject = await self._stream(name)
         consumer = LatencyConsumer(nats_latency_consumer, self.port, name, subject, count)
         sent_at: dict[int, float] = {}
@@ -562,7 +565,7 @@ class SluiceBroker:
     def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
         from broker.client import Admin, Message, Producer
 
-        topic = "bench-latency"
+        topic = f"bench-latency-{rate_per_s}"
         with Admin(self.endpoint) as admin:
             admin.create_topic(topic, queues=1)
         consumer = LatencyConsumer(sluice_latency_consumer, self.endpoint, topic, count)
@@ -635,7 +638,7 @@ def sluice_latency_consumer(
     from broker.client import PullConsumer
 
     received_at: dict[int, float] = {}
-    with PullConsumer(endpoint, "bench-latency") as consumer:
+    with PullConsumer(endpoint, f"group-{topic}") as consumer:
         consumer.pull(topic, 0, 0, max_msgs=1)  # connected and routed before the producer starts
         ready()
         offset = 0
@@ -661,7 +664,7 @@ def missing_package_hint(e: ModuleNotFoundError) -> str:
     return f"{e}: install the benchmark's clients with `.venv/bin/pip install {package}`"
 
 
-def run_system(system: System, workdir: Path, scale: float, latency_rate_per_s: int) -> SystemResult:
+def run_system(system: System, workdir: Path, scale: float, latency_rates: list[int]) -> SystemResult:
     result = SystemResult(system.name)
     print(f"{system.name}: starting", flush=True)
     try:
@@ -672,10 +675,11 @@ def run_system(system: System, workdir: Path, scale: float, latency_rate_per_s: 
             t = system.throughput(size_b, count, "run")
             print(f"  {size_b} B x {count}: produce {t.produce_msgs_s:,.0f} msgs/s, consume {t.consume_msgs_s:,.0f}")
             result.throughput.append(t)
-        lat_count = max(LATENCY_WARMUP_MSGS * 2, int(latency_rate_per_s * LATENCY_DURATION_S))
-        result.latency = system.latency(latency_rate_per_s, lat_count, LATENCY_SIZE_B)
-        lat = result.latency
-        print(f"  latency at {lat.rate_per_s}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): p50 {lat.p50_ms:.2f} ms")
+        for rate in latency_rates:
+            lat_count = max(LATENCY_WARMUP_MSGS + LATENCY_MIN_SAMPLES, int(rate * LATENCY_DURATION_S))
+            lat = system.latency(rate, lat_count, LATENCY_SIZE_B)
+            result.latency.append(lat)
+            print(f"  latency at {rate}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): p50 {lat.p50_ms:.2f} ms")
     except ModuleNotFoundError as e:
         result.error = missing_package_hint(e)
         print(f"  FAILED: {result.error}", flush=True)
@@ -784,14 +788,12 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
                 raw = t.count / t.consume_raw_s
                 print(f"{r.name:<8} {t.size_b:>4} B consume with pull_raw (entries not decoded): {raw:,.0f} msgs/s")
     print()
-    rate = next((r.latency.rate_per_s for r in results if r.latency), LATENCY_RATE_PER_S)
-    print(f"end-to-end latency, {LATENCY_SIZE_B} B at {rate} msgs/s asked, single synchronous sends:")
+    print(f"end-to-end latency, {LATENCY_SIZE_B} B, single synchronous sends at a fixed rate:")
     for r in results:
-        if r.latency:
-            lat = r.latency
+        for lat in r.latency:
             print(
-                f"  {r.name:<8} p50 {lat.p50_ms:8.2f} ms   p99 {lat.p99_ms:8.2f} ms   max {lat.max_ms:8.2f} ms"
-                f"   (sent {lat.sent} at {lat.achieved_rate_per_s:,.0f}/s)"
+                f"  {r.name:<8} {lat.rate_per_s:>5}/s  p50 {lat.p50_ms:8.2f} ms   p99 {lat.p99_ms:8.2f} ms"
+                f"   max {lat.max_ms:8.2f} ms   (sent {lat.sent} at {lat.achieved_rate_per_s:,.0f}/s)"
             )
     print()
     print("limits of this machine:")
@@ -839,21 +841,20 @@ def write_charts(results: list[SystemResult], out_dir: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    with_latency = [r for r in results if r.latency]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = np.arange(len(with_latency))
-    lats = [r.latency for r in with_latency if r.latency]
-    ax.bar(xs - 0.2, [lat.p50_ms for lat in lats], 0.4, label="p50")
-    ax.bar(xs + 0.2, [lat.p99_ms for lat in lats], 0.4, label="p99")
-    # The achieved send rate under each name: below the asked rate, queueing dominates the latency.
-    ax.set_xticks(
-        xs, [f"{r.name}\nsent {lat.achieved_rate_per_s:,.0f}/s" for r, lat in zip(with_latency, lats, strict=True)]
-    )
-    ax.set_yscale("log")
-    ax.set_ylabel("ms (log scale)")
-    rate = lats[0].rate_per_s if lats else LATENCY_RATE_PER_S
-    ax.set_title(f"End-to-end latency, {rate} msgs/s asked ({LATENCY_SIZE_B} B, single sends)")
-    ax.legend()
+    rates = sorted({lat.rate_per_s for r in results for lat in r.latency}, reverse=True)
+    fig, axes = plt.subplots(1, max(1, len(rates)), figsize=(5.5 * max(1, len(rates)), 4), squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=False):
+        pairs = [(r.name, lat) for r in results for lat in r.latency if lat.rate_per_s == rate]
+        xs = np.arange(len(pairs))
+        ax.bar(xs - 0.2, [lat.p50_ms for _, lat in pairs], 0.4, label="p50")
+        ax.bar(xs + 0.2, [lat.p99_ms for _, lat in pairs], 0.4, label="p99")
+        # The achieved send rate under each name: below the asked rate, queueing dominates the latency.
+        ax.set_xticks(xs, [f"{name}\nsent {lat.achieved_rate_per_s:,.0f}/s" for name, lat in pairs])
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (log scale)")
+        ax.set_title(f"{rate} msgs/s asked")
+        ax.legend()
+    fig.suptitle(f"End-to-end latency, single synchronous sends of {LATENCY_SIZE_B} B")
     fig.tight_layout()
     paths.append(out_dir / "peers_latency.png")
     fig.savefig(paths[-1], dpi=110)
@@ -867,11 +868,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     parser.add_argument(
-        "--latency-rate", type=int, default=LATENCY_RATE_PER_S, help=f"msgs/s of the latency run ({LATENCY_RATE_PER_S})"
-    )
+        "--latency-rates", default=",".join(map(str, LATENCY_RATES_PER_S)),
+        help="comma list of msgs/s for the latency runs (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "peers.json")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    try:
+        latency_rates = [int(r) for r in args.latency_rates.split(",") if r.strip()]
+    except ValueError:
+        parser.error(f"--latency-rates {args.latency_rates!r}: write whole msgs/s, e.g. 5000,250")
+    if any(r <= 0 for r in latency_rates):
+        parser.error("--latency-rates must be positive")
     unknown = sorted(set(names) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")
@@ -879,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()[0]  # other work on the machine skews every figure: recorded with them
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
         workdir = Path(tmp)
-        results = [run_system(SYSTEMS[name](), workdir, args.scale, args.latency_rate) for name in names]
+        results = [run_system(SYSTEMS[name](), workdir, args.scale, latency_rates) for name in names]
         print("limits: disk, gRPC loopback", flush=True)
         upload, download = grpc_loopback_mb_s(workdir)
         limits = {
@@ -902,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "batch_msgs": BATCH_MSGS,
             "scale": args.scale,
-            "latency_rate_per_s": args.latency_rate,
+            "latency_rates_per_s": latency_rates,
             "latency_size_b": LATENCY_SIZE_B,
             "latency_duration_s": LATENCY_DURATION_S,
             "queues_or_streams": 1,
