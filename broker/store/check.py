@@ -76,6 +76,8 @@ def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _En
             qid, qoff = int(run.queue_ids[i]), int(run.queue_offsets[i])
             tx = int(run.sys_flags[i]) & SysFlag.TRANSACTION_MASK
             counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+            if phys < store.deleted_topics.get(topic, -1):
+                counted = False  # an entry of a since-deleted topic: its queue numbering started over
             tag = property_value(props[i], _TAGS) if props[i] else None
             keys = message_keys(props[i]) if props[i] else []
             entries[phys] = _Entry(

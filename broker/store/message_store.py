@@ -109,6 +109,7 @@ class MessageStore:
         self._topic_cache: dict[str, bytes] = {}
         self._born_ip_cache: dict[str, bytes] = {}
         self._counters = {"put_msgs": 0, "put_bytes": 0, "put_errors": 0, "get_msgs": 0, "get_bytes": 0, "gets": 0}
+        self.deleted_topics: dict[str, int] = {}  # topic -> commit-log offset where it was deleted (check())
         self._reader = QueueReader(self.commit_log, config.mapped_file_size_commit_log, self._counters)
 
     # ================================================================================================ lifecycle
@@ -557,11 +558,18 @@ class MessageStore:
 
     # ================================================================================================ admin
     def delete_topic(self, topic: str) -> None:
-        """Delete the topic's consume queues and forget its queue offsets; commit-log entries expire as usual."""
-        with self.commit_log.append_lock, self.dispatcher.lock:
-            for cq in self.queues.remove_topic(topic):
-                cq.destroy()
-            self.commit_log.queue_table = {k: v for k, v in self.commit_log.queue_table.items() if k[0] != topic}
+        """Delete the topic's consume queues and forget its queue offsets; commit-log entries expire as usual.
+
+        A topic created again starts at queue offset 0. (The deletion point is kept in memory only: entries before
+        it are re-dispatched if an abnormal restart re-reads that part of the log, as in RocketMQ.)
+        """
+        with self.commit_log.append_lock:  # no new entries while the topic goes
+            self.dispatcher.dispatch_available(notify=False)  # none of its entries left to recreate a queue later
+            with self.dispatcher.lock:
+                for cq in self.queues.remove_topic(topic):
+                    cq.destroy()
+                self.commit_log.queue_table = {k: v for k, v in self.commit_log.queue_table.items() if k[0] != topic}
+                self.deleted_topics[topic] = self.commit_log.max_offset
         try:
             os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
         except OSError:

@@ -161,7 +161,9 @@ def test_delete_topic(store: MessageStore) -> None:
     assert store.get_message("grp", "Del", 0, 0).status is GetStatus.NO_MESSAGE_IN_QUEUE
     assert store.put_message("Del", 0, b"again").queue_offsets == [0]
     store.wait_dispatched()
+    assert [m.body for m in store.get_message("grp", "Del", 0, 0).messages()] == [b"again"]
     assert store.get_message("grp", "Keep", 0, 0).message_count == 2
+    assert store.check() == []
 
 
 def test_scalar_and_vectorised_get_paths_agree(make_store: Callable[..., MessageStore]) -> None:
