@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
         # Keep the previous version: a hard link is atomic and costs no copy.
         bak = path.with_name(path.name + ".bak")
         bak.unlink(missing_ok=True)
-        os.link(path, bak)
+        try:
+            os.link(path, bak)
+        except OSError:  # a file system without hard links: copy instead
+            shutil.copyfile(path, bak)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 
