@@ -37,6 +37,7 @@ class ConsumerOffsetManager:
     def __init__(self, config_dir: Path) -> None:
         self.path = config_dir / "consumerOffset.json"
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one writer of the file at a time (they share its temp name)
         self._table: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue id -> offset
         self._dirty = False
 
@@ -56,15 +57,16 @@ class ConsumerOffsetManager:
         log.info("loaded offsets of %d (group, topic) pairs from %s", len(table), self.path)
 
     def persist(self) -> None:
-        with self._lock:
-            data = {
-                "offsetTable": {
-                    f"{topic}{TOPIC_GROUP_SEPARATOR}{group}": {str(q): off for q, off in sorted(queues.items())}
-                    for (group, topic), queues in sorted(self._table.items())
+        with self._write_lock:  # snapshot and write under one lock: an older snapshot never overwrites a newer
+            with self._lock:
+                data = {
+                    "offsetTable": {
+                        f"{topic}{TOPIC_GROUP_SEPARATOR}{group}": {str(q): off for q, off in sorted(queues.items())}
+                        for (group, topic), queues in sorted(self._table.items())
+                    }
                 }
-            }
-            self._dirty = False
-        write_json_atomic(self.path, data)
+                self._dirty = False
+            write_json_atomic(self.path, data)
 
     def persist_if_dirty(self) -> None:
         if self._dirty:

@@ -56,6 +56,7 @@ class TopicConfigManager:
         self.max_queue_nums = max_queue_nums
         self.auto_create = auto_create
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one writer of the file at a time (they share its temp name)
         self.store_queue_ids: Callable[[str], list[int]] | None = None  # set once the store runs
         self._topics: dict[str, TopicConfig] = {}
         self._data_version = 0
@@ -71,12 +72,13 @@ class TopicConfigManager:
         log.info("loaded %d topics from %s", len(self._topics), self.path)
 
     def persist(self) -> None:
-        with self._lock:
-            data = {
-                "topicConfigTable": {name: t.to_json() for name, t in sorted(self._topics.items())},
-                "dataVersion": self._data_version,
-            }
-        write_json_atomic(self.path, data)
+        with self._write_lock:  # snapshot and write under one lock: an older snapshot never overwrites a newer
+            with self._lock:
+                data = {
+                    "topicConfigTable": {name: t.to_json() for name, t in sorted(self._topics.items())},
+                    "dataVersion": self._data_version,
+                }
+            write_json_atomic(self.path, data)
 
     def _check_queue_nums(self, queue_nums: int) -> None:
         if not 1 <= queue_nums <= self.max_queue_nums:

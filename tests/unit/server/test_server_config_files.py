@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,15 @@ def test_consumer_offsets_all_or_nothing_and_persisted(tmp_path: Path) -> None:
     again.load()
     assert again.query("g1", "T") == {0: 5, 1: 7}
     assert again.has_group("g1") and not again.has_group("g2")
+
+
+def test_concurrent_topic_creation_persists_every_topic(tmp_path: Path) -> None:
+    topics = TopicConfigManager(tmp_path)
+    threads = [threading.Thread(target=topics.create, args=(f"T{i}",)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reloaded = TopicConfigManager(tmp_path)
+    reloaded.load()
+    assert sorted(t.topic for t in reloaded.topics()) == sorted(f"T{i}" for i in range(16))
