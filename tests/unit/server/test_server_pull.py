@@ -70,7 +70,7 @@ def test_long_poll_wakes_on_arrival_and_not_before(broker: BrokerController, end
         woke_after = time.monotonic() - sent_at
     waited, r = results[0]
     assert r.status is PullStatus.FOUND and [m.body for m in r.messages] == [b"m0"]
-    assert waited >= 0.5 and woke_after < 1.0, (waited, woke_after)
+    assert waited >= 0.5 and woke_after < 2.0, (waited, woke_after)  # a 10 s hold, woken at once
 
 
 def test_long_poll_times_out_with_no_new_msg(broker: BrokerController, endpoint: str) -> None:
