@@ -1,14 +1,22 @@
-"""The ``sluice`` Python data source: Spark's entry point, handing out batch and stream readers."""
+"""The ``sluice`` Python data source: Spark's entry point, handing out batch and stream readers and writers."""
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from connector.batch_reader import SluiceBatchReader
 from connector.errors import SourceOptionError
 from connector.options import parse_options
 from connector.schema import SCHEMA, SCHEMA_DDL
+from connector.sink_options import parse_sink_options
+from connector.sink_writer import SluiceBatchWriter, SluiceStreamWriter
 from connector.stream_reader import SluiceStreamReader
 
 
@@ -38,6 +46,12 @@ class SluiceDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         _check_schema(schema)
         return SluiceStreamReader(parse_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return SluiceBatchWriter(parse_sink_options(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return SluiceStreamWriter(parse_sink_options(self.options), schema)
 
 
 def _check_schema(schema: StructType) -> None:
