@@ -27,8 +27,8 @@ def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
 
     def make(store_dir: Path | None = None, **overrides: Any) -> BrokerController:
         store = {**SMALL_STORE, **overrides.pop("store", {})}
-        config = BrokerConfig(listen="127.0.0.1:0", store_path=str(store_dir or tmp_path / "store"), store=store,
-                              **overrides)  # fmt: skip
+        settings = {"listen": "127.0.0.1:0", "store_path": str(store_dir or tmp_path / "store"), **overrides}
+        config = BrokerConfig(store=store, **settings)
         controller = BrokerController(config)
         controller.start()
         running.append(controller)

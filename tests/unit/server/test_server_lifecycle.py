@@ -143,3 +143,12 @@ def test_shutdown_answers_held_pulls_and_finishes_in_flight_calls(broker_factory
         b.shutdown()
         holder.join(5)
     assert answers == [PullStatus.NO_NEW_MSG] and time.monotonic() - started < 5
+
+
+def test_port_in_use_is_a_clear_error(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    first = broker_factory(tmp_path / "one")
+    try:
+        broker_factory(tmp_path / "two", listen=f"127.0.0.1:{first.port}")
+        raise AssertionError("two brokers listen on one port")
+    except BrokerError as e:
+        assert "cannot listen" in e.message and str(first.port) in e.message
