@@ -1,0 +1,50 @@
+"""Topic A -> transform -> topic B through the sluice sink, as its own driver process so a test can SIGKILL it.
+
+python sink_eo_query.py ENDPOINT SOURCE TARGET CHECKPOINT GUARANTEE MAX_PER_TRIGGER
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from connector import register
+
+
+def main() -> int:
+    endpoint, source, target, checkpoint, guarantee, max_per_trigger = sys.argv[1:7]
+    spark = (
+        SparkSession.builder.master("local[2]").appName("sluice-sink-eo")
+        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "768m").getOrCreate()
+    )  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    df = (
+        spark.readStream.format("sluice").option("endpoints", endpoint).option("topic", source)
+        .option("consumerGroup", f"mirror-{target}").option("startingOffsets", "earliest")
+        .option("maxMessagesPerTrigger", max_per_trigger).load()
+    )  # fmt: skip
+    # The transform: the body gains a suffix, the tag and the source queue are carried over.
+    out = df.select(
+        F.concat(F.col("body").cast("string"), F.lit("|mirrored")).alias("body"),
+        F.col("tags"),
+        F.col("queue_id").cast("string").alias("sharding_key"),
+    )
+    query = (
+        out.writeStream.format("sluice").option("endpoints", endpoint).option("topic", target)
+        .option("deliveryGuarantee", guarantee).option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    print("started", flush=True)
+    query.awaitTermination()
+    return 0 if query.exception() is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

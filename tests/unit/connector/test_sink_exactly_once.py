@@ -1,0 +1,112 @@
+"""Exactly-once end to end: topic A -> transform -> topic B, the driver SIGKILLed at random moments.
+
+The driver runs in its own process (sink_eo_query.py) against a broker of the test's own, which is also killed and
+restarted once mid-run. After the last run finishes, topic B must hold every input message exactly once (each body
+carries a unique id). With at-least-once the same crashes may leave duplicates, never a loss.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_sink import flat, read_all
+
+from broker.client import Admin, Message, Producer
+from broker.server.process import BrokerProcess
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+QUERY = Path(__file__).with_name("sink_eo_query.py")
+SOURCE, TARGET = "eo_source", "eo_target"
+QUEUES = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def produce(endpoint: str, n: int) -> None:
+    with Admin(endpoint) as admin:
+        admin.create_topic(SOURCE, QUEUES, if_not_exists=True)
+        admin.create_topic(TARGET, QUEUES, if_not_exists=True)
+    with Producer(endpoint) as producer:
+        for lo in range(0, n, 5000):
+            msgs = [Message(SOURCE, f"id-{i:07d}".encode(), tags=f"t{i % 3}") for i in range(lo, min(n, lo + 5000))]
+            producer.send_batch(msgs, queue_id=(lo // 5000) % QUEUES)
+
+
+def start_query(
+    endpoint: str, checkpoint: Path, guarantee: str, per_trigger: int, log: Path
+) -> subprocess.Popen[bytes]:
+    args = [sys.executable, str(QUERY), endpoint, SOURCE, TARGET, str(checkpoint), guarantee, str(per_trigger)]
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def target_ids(endpoint: str) -> Counter[str]:
+    ids: Counter[str] = Counter()
+    for m in flat(read_all(endpoint, TARGET)):
+        body = m.body.decode()
+        assert body.endswith("|mirrored"), body
+        ids[body.removesuffix("|mirrored")] += 1
+    return ids
+
+
+def run_with_crashes(tmp_path: Path, guarantee: str, n: int, kills: int, per_trigger: int) -> Counter[str]:
+    rng = random.Random(int(time.time()))
+    listen = f"127.0.0.1:{free_port()}"
+    store, checkpoint, log = tmp_path / "store", tmp_path / "chk", tmp_path / "driver.log"
+    broker = BrokerProcess(store, listen=listen).start()
+    endpoint = broker.endpoint
+    produce(endpoint, n)
+    try:
+        for kill in range(kills):
+            proc = start_query(endpoint, checkpoint, guarantee, per_trigger, log)
+            # Spark needs a few seconds to start; kills then land during reads, task writes and commits.
+            time.sleep(rng.uniform(6.0, 14.0))
+            if kill == kills // 2:
+                broker.kill()  # the broker crashes under the running query ...
+                time.sleep(rng.uniform(0.5, 2.0))
+                broker = BrokerProcess(store, listen=listen).start()  # ... and comes back on its store
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            print(f"{guarantee} kill {kill + 1}: {sum(target_ids(endpoint).values())} messages in {TARGET}")
+        proc = start_query(endpoint, checkpoint, guarantee, per_trigger, log)
+        assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
+        return target_ids(endpoint)
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            assert broker.stop() == 0
+
+
+def test_exactly_once_through_driver_and_broker_crashes(tmp_path: Path) -> None:
+    n = 200_000
+    ids = run_with_crashes(tmp_path, "exactly-once", n, kills=5, per_trigger=25_000)
+    expected = {f"id-{i:07d}" for i in range(n)}
+    missing = expected - set(ids)
+    dupes = {k: c for k, c in ids.items() if c > 1}
+    assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
+    assert not dupes, f"{len(dupes)} messages written more than once, e.g. {list(dupes.items())[:5]}"
+    assert set(ids) == expected
+
+
+def test_at_least_once_loses_nothing_and_may_duplicate(tmp_path: Path) -> None:
+    n = 60_000
+    ids = run_with_crashes(tmp_path, "at-least-once", n, kills=3, per_trigger=10_000)
+    expected = {f"id-{i:07d}" for i in range(n)}
+    assert expected <= set(ids), "at-least-once lost messages"
+    assert set(ids) == expected
+    dupes = sum(c - 1 for c in ids.values())
+    print(f"at-least-once: {dupes} duplicate deliveries after 3 driver kills")
+    assert all(c >= 1 for c in ids.values())
