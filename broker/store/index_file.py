@@ -211,6 +211,17 @@ class IndexService:
 
     def load(self) -> None:
         names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
+        if names:
+            last = os.path.join(self.directory, names[-1])
+            want = file_size(self.slots, self.entries)
+            if os.path.getsize(last) < want:
+                # created but not yet preallocated when the process died: an empty index file
+                log.warning("index %s is %d bytes, expected %d: extending it", last, os.path.getsize(last), want)
+                fd = os.open(last, os.O_RDWR)
+                try:
+                    os.posix_fallocate(fd, 0, want)
+                finally:
+                    os.close(fd)
         self.files = [
             IndexFile(os.path.join(self.directory, n), self.slots, self.entries, self._sync, create=False)
             for n in names

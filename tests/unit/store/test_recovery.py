@@ -182,3 +182,24 @@ def test_puts_racing_shutdown_either_land_or_are_refused(make_store: Callable[..
     s2 = make_store()
     assert [s2.max_offset("Race", k) for k in range(4)] == acked
     assert s2.check() == []
+
+
+def test_files_created_but_not_preallocated_when_killed(make_store: Callable[..., MessageStore]) -> None:
+    """A kill between creating a file and preallocating it leaves a 0-byte file; start-up must cope."""
+    s = make_store()
+    _put(s, 5)
+    assert s.wait_dispatched()
+    s.abandon()
+    cfg = s.config
+    for path in (
+        os.path.join(cfg.commit_log_dir, "00000000000000016384"),
+        os.path.join(cfg.consume_queue_dir, "R", "0", "00000000000000000200"),
+        os.path.join(cfg.index_dir, "99991231235959999"),
+    ):
+        open(path, "wb").close()
+    s2 = make_store()
+    assert _bodies(s2) == [b"msg-%03d" % i for i in range(5)]
+    _put(s2, 30, start=5)
+    assert s2.wait_dispatched()
+    assert [m.body[:7] for m in s2.query_by_key("R", "key33")] == [b"msg-033"]
+    assert s2.check() == []
