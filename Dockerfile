@@ -34,7 +34,8 @@ WORKDIR /var/lib/sluice
 VOLUME /var/lib/sluice
 EXPOSE 10911
 
-HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
+# `sluice stats` is a Python process (gRPC import included): 10 s leaves room on a busy machine.
+HEALTHCHECK --interval=10s --timeout=10s --start-period=20s --retries=3 \
     CMD ["sluice", "stats", "--endpoint", "127.0.0.1:10911"]
 
 # Extra arguments (e.g. `--flush sync`) go after the image name and are appended.
