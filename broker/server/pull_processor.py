@@ -111,18 +111,20 @@ class PullProcessor:
         while True:
             result = self.store.get_message(req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes)
             past_end = result.status in (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_OVERFLOW_ONE)
-            if past_end and not waited_for_dispatch and self._dispatch_behind():
+            has_new = self._has_new(req)
+            # (has_new: the dispatcher may have caught up between the get and the lag check just below)
+            if past_end and not waited_for_dispatch and (self._dispatch_behind() or has_new()):
                 # The offset may be one a send just returned, not yet dispatched to the consume queue: wait for
                 # the dispatcher rather than answer "nothing new" or, worse, send the consumer back to the max
                 # offset (it would re-read messages). Read-your-writes for a consumer that follows a producer.
                 waited_for_dispatch = True
-                self.hold.wait_for(req.topic, req.queue_id, req.offset, DISPATCH_LAG_WAIT_MS, self._has_new(req))
+                self.hold.wait_for(req.topic, req.queue_id, req.offset, DISPATCH_LAG_WAIT_MS, has_new)
                 continue
             outcome = fold_status(result, req.offset)
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if outcome.status != NO_NEW_MSG or remaining_ms <= 0 or not self.hold.can_hold():
                 break
-            self.hold.wait_for(req.topic, req.queue_id, req.offset, remaining_ms, self._has_new(req))
+            self.hold.wait_for(req.topic, req.queue_id, req.offset, remaining_ms, has_new)
         if hold_ms > 0:
             self.metrics.long_poll_wait.observe(time.monotonic() - started)
         if outcome.entry_positions:
