@@ -59,6 +59,13 @@ class BrokerConfig:
     consumer_offset_persist_interval_ms: int = 5000
     consumer_expire_ms: int = 120_000  # a consumer without a heartbeat for this long leaves its group
     shutdown_grace_s: float = 10.0
+    # Broker semantics (RocketMQ names): delay levels, transaction check-back, dead letters, subscription groups
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    transaction_timeout_ms: int = 6_000  # an open transaction idle this long is checked back with its producer
+    transaction_check_interval_ms: int = 60_000
+    transaction_check_max: int = 15  # unanswered checks before a transaction is rolled back
+    dlq_pull_enable: bool = False  # %DLQ% topics are for people: pulls refused unless an admin enables this
+    auto_create_subscription_group: bool = True
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     def __post_init__(self) -> None:

@@ -125,6 +125,8 @@ class SendMessageRequest(_message.Message):
     SYS_FLAG_FIELD_NUMBER: _builtins.int
     BORN_TIMESTAMP_FIELD_NUMBER: _builtins.int
     RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    TRANSACTIONAL_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -135,6 +137,11 @@ class SendMessageRequest(_message.Message):
     born_timestamp: _builtins.int
     """ms since the epoch, producer clock"""
     reconsume_times: _builtins.int
+    transactional: _builtins.bool
+    """A half (prepared) message of a transaction: invisible until EndTransaction(COMMIT). The id defaults to the
+    message's UNIQ_KEY (RocketMQ) when transactional is set and transaction_id is empty.
+    """
+    transaction_id: _builtins.str
     @_builtins.property
     def properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """TAGS, KEYS, UNIQ_KEY, ... (broker.store.message.Prop)"""
@@ -151,10 +158,12 @@ class SendMessageRequest(_message.Message):
         sys_flag: _builtins.int = ...,
         born_timestamp: _builtins.int = ...,
         reconsume_times: _builtins.int = ...,
+        transactional: _builtins.bool = ...,
+        transaction_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_timestamp", b"born_timestamp", "flag", b"flag", "producer_group", b"producer_group", "properties", b"properties", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "sys_flag", b"sys_flag", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_timestamp", b"born_timestamp", "flag", b"flag", "producer_group", b"producer_group", "properties", b"properties", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "sys_flag", b"sys_flag", "topic", b"topic", "transaction_id", b"transaction_id", "transactional", b"transactional"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -167,21 +176,28 @@ class SendBatchRequest(_message.Message):
     PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     entries: _builtins.bytes
     """encode_entry(...) back to back; each carries its topic and queue id"""
     count: _builtins.int
     """number of entries, checked against the buffer (0: not checked)"""
+    transaction_id: _builtins.str
+    """Non-empty: every entry is a half message of this batch transaction (any number of SendBatch calls from any
+    number of processes may join it). Entries may be plain (the broker rewrites them) or already in half form
+    (broker.semantics.transaction_codec.encode_half_entry: only checked, the fast path).
+    """
     def __init__(
         self,
         *,
         producer_group: _builtins.str = ...,
         entries: _builtins.bytes = ...,
         count: _builtins.int = ...,
+        transaction_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "entries", b"entries", "producer_group", b"producer_group"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "entries", b"entries", "producer_group", b"producer_group", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -197,10 +213,13 @@ class SendResponse(_message.Message):
     QUEUE_OFFSETS_FIELD_NUMBER: _builtins.int
     MSG_ID_PREFIX_FIELD_NUMBER: _builtins.int
     STORE_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     msg_id_prefix: _builtins.str
     """store host IPv4 + port, 16 upper-case hex characters"""
     store_timestamp: _builtins.int
+    transaction_id: _builtins.str
+    """for half messages: the transaction they joined"""
     @_builtins.property
     def commitlog_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """One value per message, in the order sent. msg_id = msg_id_prefix + 16 upper-case hex of the commit log offset."""
@@ -218,10 +237,11 @@ class SendResponse(_message.Message):
         queue_offsets: _abc.Iterable[_builtins.int] | None = ...,
         msg_id_prefix: _builtins.str = ...,
         store_timestamp: _builtins.int = ...,
+        transaction_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitlog_offsets", b"commitlog_offsets", "msg_id_prefix", b"msg_id_prefix", "queue_ids", b"queue_ids", "queue_offsets", b"queue_offsets", "status", b"status", "store_timestamp", b"store_timestamp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitlog_offsets", b"commitlog_offsets", "msg_id_prefix", b"msg_id_prefix", "queue_ids", b"queue_ids", "queue_offsets", b"queue_offsets", "status", b"status", "store_timestamp", b"store_timestamp", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -240,6 +260,7 @@ class PullRequest(_message.Message):
     SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
     COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
+    EXPRESSION_TYPE_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -254,6 +275,10 @@ class PullRequest(_message.Message):
     """"*", "" or "TagA || TagB" """
     commit_offset: _builtins.int
     """>= 0: store this consumer offset for (group, topic, queue) first; -1: none"""
+    expression_type: _builtins.str
+    """"TAG" (or empty): tag_expression is a tag expression; "SQL92": it is an SQL92 selector over properties,
+    evaluated on the broker (a bad one is refused with INVALID_ARGUMENT naming the column of the error).
+    """
     def __init__(
         self,
         *,
@@ -266,10 +291,11 @@ class PullRequest(_message.Message):
         suspend_timeout_ms: _builtins.int = ...,
         tag_expression: _builtins.str = ...,
         commit_offset: _builtins.int = ...,
+        expression_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "max_bytes", b"max_bytes", "max_msgs", b"max_msgs", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "suspend_timeout_ms", b"suspend_timeout_ms", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "expression_type", b"expression_type", "max_bytes", b"max_bytes", "max_msgs", b"max_msgs", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "suspend_timeout_ms", b"suspend_timeout_ms", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1018,3 +1044,521 @@ class GetBrokerStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetBrokerStatsResponse: _TypeAlias = GetBrokerStatsResponse  # noqa: Y015
+
+@_typing.final
+class EndTransactionRequest(_message.Message):
+    """------------------------------------------------------------------------------------------------ transactions"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    HALF_COMMITLOG_OFFSET_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    FROM_CHECK_FIELD_NUMBER: _builtins.int
+    COMMITTED_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RESTRICT_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    transaction_id: _builtins.str
+    half_commitlog_offset: _builtins.int
+    """RocketMQ's END_TRANSACTION names a half by its commit-log offset"""
+    commit: _builtins.bool
+    """false: roll back"""
+    from_check: _builtins.bool
+    """the answer to a check-back"""
+    restrict_attempts: _builtins.bool
+    producer_group: _builtins.str
+    @_builtins.property
+    def committed_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Batch transactions: commit only halves whose TRAN_ATTEMPT property is listed (when restrict_attempts)."""
+
+    def __init__(
+        self,
+        *,
+        transaction_id: _builtins.str = ...,
+        half_commitlog_offset: _builtins.int = ...,
+        commit: _builtins.bool = ...,
+        from_check: _builtins.bool = ...,
+        committed_attempts: _abc.Iterable[_builtins.str] | None = ...,
+        restrict_attempts: _builtins.bool = ...,
+        producer_group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["half_commitlog_offset", b"half_commitlog_offset", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "committed_attempts", b"committed_attempts", "from_check", b"from_check", "half_commitlog_offset", b"half_commitlog_offset", "producer_group", b"producer_group", "restrict_attempts", b"restrict_attempts", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["transaction_id", "half_commitlog_offset"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___EndTransactionRequest: _TypeAlias = EndTransactionRequest  # noqa: Y015
+
+@_typing.final
+class EndTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ALREADY_ENDED_FIELD_NUMBER: _builtins.int
+    HALF_COUNT_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    transaction_id: _builtins.str
+    status: _builtins.str
+    """OPEN | ENDING | COMMITTED | ROLLED_BACK: the (first) outcome"""
+    already_ended: _builtins.bool
+    """this call changed nothing"""
+    half_count: _builtins.int
+    complete: _builtins.bool
+    """false: committed, the re-store finishes in the background"""
+    def __init__(
+        self,
+        *,
+        transaction_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        already_ended: _builtins.bool = ...,
+        half_count: _builtins.int = ...,
+        complete: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_ended", b"already_ended", "complete", b"complete", "half_count", b"half_count", "status", b"status", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionResponse: _TypeAlias = EndTransactionResponse  # noqa: Y015
+
+@_typing.final
+class ListTransactionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    status: _builtins.str
+    """empty: any"""
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix", b"prefix", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTransactionsRequest: _TypeAlias = ListTransactionsRequest  # noqa: Y015
+
+@_typing.final
+class TransactionInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    HALF_COUNT_FIELD_NUMBER: _builtins.int
+    FIRST_STORE_MS_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVITY_MS_FIELD_NUMBER: _builtins.int
+    CHECK_TIMES_FIELD_NUMBER: _builtins.int
+    ENDED_MS_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    transaction_id: _builtins.str
+    producer_group: _builtins.str
+    status: _builtins.str
+    half_count: _builtins.int
+    first_store_ms: _builtins.int
+    last_activity_ms: _builtins.int
+    check_times: _builtins.int
+    ended_ms: _builtins.int
+    complete: _builtins.bool
+    def __init__(
+        self,
+        *,
+        transaction_id: _builtins.str = ...,
+        producer_group: _builtins.str = ...,
+        status: _builtins.str = ...,
+        half_count: _builtins.int = ...,
+        first_store_ms: _builtins.int = ...,
+        last_activity_ms: _builtins.int = ...,
+        check_times: _builtins.int = ...,
+        ended_ms: _builtins.int = ...,
+        complete: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_times", b"check_times", "complete", b"complete", "ended_ms", b"ended_ms", "first_store_ms", b"first_store_ms", "half_count", b"half_count", "last_activity_ms", b"last_activity_ms", "producer_group", b"producer_group", "status", b"status", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionInfo: _TypeAlias = TransactionInfo  # noqa: Y015
+
+@_typing.final
+class ListTransactionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def transactions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TransactionInfo]: ...
+    def __init__(
+        self,
+        *,
+        transactions: _abc.Iterable[Global___TransactionInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["transactions", b"transactions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTransactionsResponse: _TypeAlias = ListTransactionsResponse  # noqa: Y015
+
+@_typing.final
+class EndTransactionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    TRANSACTION_IDS_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    """every open transaction whose id starts with it (empty: none by prefix)"""
+    commit: _builtins.bool
+    @_builtins.property
+    def transaction_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        transaction_ids: _abc.Iterable[_builtins.str] | None = ...,
+        commit: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "prefix", b"prefix", "transaction_ids", b"transaction_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionsRequest: _TypeAlias = EndTransactionsRequest  # noqa: Y015
+
+@_typing.final
+class EndTransactionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___EndTransactionResponse]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___EndTransactionResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionsResponse: _TypeAlias = EndTransactionsResponse  # noqa: Y015
+
+@_typing.final
+class TransactionCheckSubscribe(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    client_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "producer_group", b"producer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionCheckSubscribe: _TypeAlias = TransactionCheckSubscribe  # noqa: Y015
+
+@_typing.final
+class TransactionCheckRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    HALF_COMMITLOG_OFFSET_FIELD_NUMBER: _builtins.int
+    CHECK_TIMES_FIELD_NUMBER: _builtins.int
+    HALF_ENTRY_FIELD_NUMBER: _builtins.int
+    transaction_id: _builtins.str
+    producer_group: _builtins.str
+    half_commitlog_offset: _builtins.int
+    check_times: _builtins.int
+    half_entry: _builtins.bytes
+    """the first half message, as stored (REAL_TOPIC / REAL_QID in properties)"""
+    def __init__(
+        self,
+        *,
+        transaction_id: _builtins.str = ...,
+        producer_group: _builtins.str = ...,
+        half_commitlog_offset: _builtins.int = ...,
+        check_times: _builtins.int = ...,
+        half_entry: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_times", b"check_times", "half_commitlog_offset", b"half_commitlog_offset", "half_entry", b"half_entry", "producer_group", b"producer_group", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionCheckRequest: _TypeAlias = TransactionCheckRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerSendMsgBackRequest(_message.Message):
+    """------------------------------------------------------------------------------------------------ retry, locks"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    COMMITLOG_OFFSET_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    DELAY_LEVEL_FIELD_NUMBER: _builtins.int
+    MAX_RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    ORIGIN_MSG_ID_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    commitlog_offset: _builtins.int
+    msg_id: _builtins.str
+    delay_level: _builtins.int
+    """0: 3 + reconsume times; < 0: straight to the DLQ"""
+    max_reconsume_times: _builtins.int
+    """< 0: the group's retryMaxTimes"""
+    origin_msg_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        commitlog_offset: _builtins.int = ...,
+        msg_id: _builtins.str = ...,
+        delay_level: _builtins.int = ...,
+        max_reconsume_times: _builtins.int = ...,
+        origin_msg_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commitlog_offset", b"commitlog_offset", "msg_id", b"msg_id", "target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitlog_offset", b"commitlog_offset", "consumer_group", b"consumer_group", "delay_level", b"delay_level", "max_reconsume_times", b"max_reconsume_times", "msg_id", b"msg_id", "origin_msg_id", b"origin_msg_id", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["commitlog_offset", "msg_id"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___ConsumerSendMsgBackRequest: _TypeAlias = ConsumerSendMsgBackRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerSendMsgBackResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    DEAD_LETTER_FIELD_NUMBER: _builtins.int
+    DELAY_LEVEL_FIELD_NUMBER: _builtins.int
+    RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """%RETRY%{group} or %DLQ%{group}"""
+    queue_id: _builtins.int
+    dead_letter: _builtins.bool
+    delay_level: _builtins.int
+    reconsume_times: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        dead_letter: _builtins.bool = ...,
+        delay_level: _builtins.int = ...,
+        reconsume_times: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_letter", b"dead_letter", "delay_level", b"delay_level", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerSendMsgBackResponse: _TypeAlias = ConsumerSendMsgBackResponse  # noqa: Y015
+
+@_typing.final
+class MessageQueue(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MessageQueue: _TypeAlias = MessageQueue  # noqa: Y015
+
+@_typing.final
+class LockBatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    client_id: _builtins.str
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageQueue]: ...
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        queues: _abc.Iterable[Global___MessageQueue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "consumer_group", b"consumer_group", "queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LockBatchRequest: _TypeAlias = LockBatchRequest  # noqa: Y015
+
+@_typing.final
+class LockBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageQueue]:
+        """lock: the queues this client holds now; unlock: the ones released"""
+
+    def __init__(
+        self,
+        *,
+        queues: _abc.Iterable[Global___MessageQueue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LockBatchResponse: _TypeAlias = LockBatchResponse  # noqa: Y015
+
+@_typing.final
+class GetSubscriptionGroupRequest(_message.Message):
+    """------------------------------------------------------------------------------------------------ groups"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSubscriptionGroupRequest: _TypeAlias = GetSubscriptionGroupRequest  # noqa: Y015
+
+@_typing.final
+class SubscriptionGroup(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_NAME_FIELD_NUMBER: _builtins.int
+    CONSUME_ENABLE_FIELD_NUMBER: _builtins.int
+    CONSUME_FROM_MIN_ENABLE_FIELD_NUMBER: _builtins.int
+    CONSUME_BROADCAST_ENABLE_FIELD_NUMBER: _builtins.int
+    RETRY_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
+    RETRY_MAX_TIMES_FIELD_NUMBER: _builtins.int
+    group_name: _builtins.str
+    consume_enable: _builtins.bool
+    consume_from_min_enable: _builtins.bool
+    consume_broadcast_enable: _builtins.bool
+    retry_queue_nums: _builtins.int
+    retry_max_times: _builtins.int
+    def __init__(
+        self,
+        *,
+        group_name: _builtins.str = ...,
+        consume_enable: _builtins.bool = ...,
+        consume_from_min_enable: _builtins.bool = ...,
+        consume_broadcast_enable: _builtins.bool = ...,
+        retry_queue_nums: _builtins.int = ...,
+        retry_max_times: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "group_name", b"group_name", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscriptionGroup: _TypeAlias = SubscriptionGroup  # noqa: Y015
+
+@_typing.final
+class UpdateSubscriptionGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    CONSUME_ENABLE_FIELD_NUMBER: _builtins.int
+    CONSUME_FROM_MIN_ENABLE_FIELD_NUMBER: _builtins.int
+    CONSUME_BROADCAST_ENABLE_FIELD_NUMBER: _builtins.int
+    RETRY_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
+    RETRY_MAX_TIMES_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    consume_enable: _builtins.bool
+    consume_from_min_enable: _builtins.bool
+    consume_broadcast_enable: _builtins.bool
+    retry_queue_nums: _builtins.int
+    retry_max_times: _builtins.int
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        consume_enable: _builtins.bool | None = ...,
+        consume_from_min_enable: _builtins.bool | None = ...,
+        consume_broadcast_enable: _builtins.bool | None = ...,
+        retry_queue_nums: _builtins.int | None = ...,
+        retry_max_times: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable", "_consume_enable", b"_consume_enable", "_consume_from_min_enable", b"_consume_from_min_enable", "_retry_max_times", b"_retry_max_times", "_retry_queue_nums", b"_retry_queue_nums", "consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable", "_consume_enable", b"_consume_enable", "_consume_from_min_enable", b"_consume_from_min_enable", "_retry_max_times", b"_retry_max_times", "_retry_queue_nums", b"_retry_queue_nums", "consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "consumer_group", b"consumer_group", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__consume_broadcast_enable: _TypeAlias = _typing.Literal["consume_broadcast_enable"]  # noqa: Y015
+    _WhichOneofArgType__consume_broadcast_enable: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable"]  # noqa: Y015
+    _WhichOneofReturnType__consume_enable: _TypeAlias = _typing.Literal["consume_enable"]  # noqa: Y015
+    _WhichOneofArgType__consume_enable: _TypeAlias = _typing.Literal["_consume_enable", b"_consume_enable"]  # noqa: Y015
+    _WhichOneofReturnType__consume_from_min_enable: _TypeAlias = _typing.Literal["consume_from_min_enable"]  # noqa: Y015
+    _WhichOneofArgType__consume_from_min_enable: _TypeAlias = _typing.Literal["_consume_from_min_enable", b"_consume_from_min_enable"]  # noqa: Y015
+    _WhichOneofReturnType__retry_max_times: _TypeAlias = _typing.Literal["retry_max_times"]  # noqa: Y015
+    _WhichOneofArgType__retry_max_times: _TypeAlias = _typing.Literal["_retry_max_times", b"_retry_max_times"]  # noqa: Y015
+    _WhichOneofReturnType__retry_queue_nums: _TypeAlias = _typing.Literal["retry_queue_nums"]  # noqa: Y015
+    _WhichOneofArgType__retry_queue_nums: _TypeAlias = _typing.Literal["_retry_queue_nums", b"_retry_queue_nums"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consume_broadcast_enable) -> _WhichOneofReturnType__consume_broadcast_enable | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consume_enable) -> _WhichOneofReturnType__consume_enable | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consume_from_min_enable) -> _WhichOneofReturnType__consume_from_min_enable | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_max_times) -> _WhichOneofReturnType__retry_max_times | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_queue_nums) -> _WhichOneofReturnType__retry_queue_nums | None: ...
+
+Global___UpdateSubscriptionGroupRequest: _TypeAlias = UpdateSubscriptionGroupRequest  # noqa: Y015

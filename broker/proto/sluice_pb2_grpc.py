@@ -119,6 +119,51 @@ class BrokerStub:
                 request_serializer=broker_dot_proto_dot_sluice__pb2.GetBrokerStatsRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_sluice__pb2.GetBrokerStatsResponse.FromString,
                 _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/sluice.v1.Broker/EndTransaction',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/sluice.v1.Broker/ListTransactions',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
+        self.EndTransactions = channel.unary_unary(
+                '/sluice.v1.Broker/EndTransactions',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.EndTransactionsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.EndTransactionsResponse.FromString,
+                _registered_method=True)
+        self.TransactionCheckStream = channel.unary_stream(
+                '/sluice.v1.Broker/TransactionCheckStream',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.TransactionCheckSubscribe.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.TransactionCheckRequest.FromString,
+                _registered_method=True)
+        self.ConsumerSendMsgBack = channel.unary_unary(
+                '/sluice.v1.Broker/ConsumerSendMsgBack',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ConsumerSendMsgBackRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ConsumerSendMsgBackResponse.FromString,
+                _registered_method=True)
+        self.LockBatchMQ = channel.unary_unary(
+                '/sluice.v1.Broker/LockBatchMQ',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.LockBatchRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.LockBatchResponse.FromString,
+                _registered_method=True)
+        self.UnlockBatchMQ = channel.unary_unary(
+                '/sluice.v1.Broker/UnlockBatchMQ',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.LockBatchRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.LockBatchResponse.FromString,
+                _registered_method=True)
+        self.GetSubscriptionGroup = channel.unary_unary(
+                '/sluice.v1.Broker/GetSubscriptionGroup',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.GetSubscriptionGroupRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.FromString,
+                _registered_method=True)
+        self.UpdateSubscriptionGroup = channel.unary_unary(
+                '/sluice.v1.Broker/UpdateSubscriptionGroup',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.UpdateSubscriptionGroupRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -232,6 +277,68 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndTransaction(self, request, context):
+        """---- broker semantics (delay levels travel as the DELAY property of SendMessage / SendBatch entries)
+        Ends a transaction (named by id or by the commit-log offset of one of its halves); a no-op reporting the
+        first outcome when it has ended already.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransactions(self, request, context):
+        """Ends every open transaction whose id starts with a prefix, and/or the listed ids.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransactionCheckStream(self, request, context):
+        """A transactional producer keeps this stream open; the broker sends a check for each idle half-message
+        transaction of the producer group and the producer answers with EndTransaction(from_check=true).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConsumerSendMsgBack(self, request, context):
+        """Re-store a consumed message in %RETRY%{group} (delayed) or, past the retry maximum, in %DLQ%{group}.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LockBatchMQ(self, request, context):
+        """Orderly consumption: lock (or renew) queues for a group; locks expire 60 s after the last renewal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnlockBatchMQ(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSubscriptionGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSubscriptionGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -319,6 +426,51 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetBrokerStats,
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.GetBrokerStatsRequest.FromString,
                     response_serializer=broker_dot_proto_dot_sluice__pb2.GetBrokerStatsResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.EndTransactionRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'EndTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransactions,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.EndTransactionsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.EndTransactionsResponse.SerializeToString,
+            ),
+            'TransactionCheckStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.TransactionCheckStream,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.TransactionCheckSubscribe.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.TransactionCheckRequest.SerializeToString,
+            ),
+            'ConsumerSendMsgBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerSendMsgBack,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ConsumerSendMsgBackRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ConsumerSendMsgBackResponse.SerializeToString,
+            ),
+            'LockBatchMQ': grpc.unary_unary_rpc_method_handler(
+                    servicer.LockBatchMQ,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.LockBatchRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.LockBatchResponse.SerializeToString,
+            ),
+            'UnlockBatchMQ': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnlockBatchMQ,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.LockBatchRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.LockBatchResponse.SerializeToString,
+            ),
+            'GetSubscriptionGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSubscriptionGroup,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.GetSubscriptionGroupRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.SerializeToString,
+            ),
+            'UpdateSubscriptionGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSubscriptionGroup,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.UpdateSubscriptionGroupRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -780,6 +932,249 @@ class Broker:
             '/sluice.v1.Broker/GetBrokerStats',
             broker_dot_proto_dot_sluice__pb2.GetBrokerStatsRequest.SerializeToString,
             broker_dot_proto_dot_sluice__pb2.GetBrokerStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/EndTransaction',
+            broker_dot_proto_dot_sluice__pb2.EndTransactionRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ListTransactions',
+            broker_dot_proto_dot_sluice__pb2.ListTransactionsRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/EndTransactions',
+            broker_dot_proto_dot_sluice__pb2.EndTransactionsRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.EndTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransactionCheckStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sluice.v1.Broker/TransactionCheckStream',
+            broker_dot_proto_dot_sluice__pb2.TransactionCheckSubscribe.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.TransactionCheckRequest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerSendMsgBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ConsumerSendMsgBack',
+            broker_dot_proto_dot_sluice__pb2.ConsumerSendMsgBackRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ConsumerSendMsgBackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LockBatchMQ(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/LockBatchMQ',
+            broker_dot_proto_dot_sluice__pb2.LockBatchRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.LockBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnlockBatchMQ(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/UnlockBatchMQ',
+            broker_dot_proto_dot_sluice__pb2.LockBatchRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.LockBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSubscriptionGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/GetSubscriptionGroup',
+            broker_dot_proto_dot_sluice__pb2.GetSubscriptionGroupRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSubscriptionGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/UpdateSubscriptionGroup',
+            broker_dot_proto_dot_sluice__pb2.UpdateSubscriptionGroupRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.FromString,
             options,
             channel_credentials,
             insecure,

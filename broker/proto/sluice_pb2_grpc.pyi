@@ -65,6 +65,25 @@ class BrokerStub:
     GetConsumerList: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.GetConsumerListRequest, _sluice_pb2.GetConsumerListResponse]
     GetConsumerLag: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.GetConsumerLagRequest, _sluice_pb2.GetConsumerLagResponse]
     GetBrokerStats: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.GetBrokerStatsRequest, _sluice_pb2.GetBrokerStatsResponse]
+    EndTransaction: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.EndTransactionRequest, _sluice_pb2.EndTransactionResponse]
+    """---- broker semantics (delay levels travel as the DELAY property of SendMessage / SendBatch entries)
+    Ends a transaction (named by id or by the commit-log offset of one of its halves); a no-op reporting the
+    first outcome when it has ended already.
+    """
+    ListTransactions: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ListTransactionsRequest, _sluice_pb2.ListTransactionsResponse]
+    EndTransactions: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.EndTransactionsRequest, _sluice_pb2.EndTransactionsResponse]
+    """Ends every open transaction whose id starts with a prefix, and/or the listed ids."""
+    TransactionCheckStream: _grpc.UnaryStreamMultiCallable[_sluice_pb2.TransactionCheckSubscribe, _sluice_pb2.TransactionCheckRequest]
+    """A transactional producer keeps this stream open; the broker sends a check for each idle half-message
+    transaction of the producer group and the producer answers with EndTransaction(from_check=true).
+    """
+    ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ConsumerSendMsgBackRequest, _sluice_pb2.ConsumerSendMsgBackResponse]
+    """Re-store a consumed message in %RETRY%{group} (delayed) or, past the retry maximum, in %DLQ%{group}."""
+    LockBatchMQ: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]
+    """Orderly consumption: lock (or renew) queues for a group; locks expire 60 s after the last renewal."""
+    UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]
+    GetSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.GetSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]
+    UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.UpdateSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -92,6 +111,25 @@ class BrokerAsyncStub(BrokerStub):
     GetConsumerList: _aio.UnaryUnaryMultiCallable[_sluice_pb2.GetConsumerListRequest, _sluice_pb2.GetConsumerListResponse]  # type: ignore[assignment]
     GetConsumerLag: _aio.UnaryUnaryMultiCallable[_sluice_pb2.GetConsumerLagRequest, _sluice_pb2.GetConsumerLagResponse]  # type: ignore[assignment]
     GetBrokerStats: _aio.UnaryUnaryMultiCallable[_sluice_pb2.GetBrokerStatsRequest, _sluice_pb2.GetBrokerStatsResponse]  # type: ignore[assignment]
+    EndTransaction: _aio.UnaryUnaryMultiCallable[_sluice_pb2.EndTransactionRequest, _sluice_pb2.EndTransactionResponse]  # type: ignore[assignment]
+    """---- broker semantics (delay levels travel as the DELAY property of SendMessage / SendBatch entries)
+    Ends a transaction (named by id or by the commit-log offset of one of its halves); a no-op reporting the
+    first outcome when it has ended already.
+    """
+    ListTransactions: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ListTransactionsRequest, _sluice_pb2.ListTransactionsResponse]  # type: ignore[assignment]
+    EndTransactions: _aio.UnaryUnaryMultiCallable[_sluice_pb2.EndTransactionsRequest, _sluice_pb2.EndTransactionsResponse]  # type: ignore[assignment]
+    """Ends every open transaction whose id starts with a prefix, and/or the listed ids."""
+    TransactionCheckStream: _aio.UnaryStreamMultiCallable[_sluice_pb2.TransactionCheckSubscribe, _sluice_pb2.TransactionCheckRequest]  # type: ignore[assignment]
+    """A transactional producer keeps this stream open; the broker sends a check for each idle half-message
+    transaction of the producer group and the producer answers with EndTransaction(from_check=true).
+    """
+    ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ConsumerSendMsgBackRequest, _sluice_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
+    """Re-store a consumed message in %RETRY%{group} (delayed) or, past the retry maximum, in %DLQ%{group}."""
+    LockBatchMQ: _aio.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]  # type: ignore[assignment]
+    """Orderly consumption: lock (or renew) queues for a group; locks expire 60 s after the last renewal."""
+    UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]  # type: ignore[assignment]
+    GetSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_sluice_pb2.GetSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]  # type: ignore[assignment]
+    UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_sluice_pb2.UpdateSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -218,5 +256,78 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _sluice_pb2.GetBrokerStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sluice_pb2.GetBrokerStatsResponse, _abc.Awaitable[_sluice_pb2.GetBrokerStatsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EndTransaction(
+        self,
+        request: _sluice_pb2.EndTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.EndTransactionResponse, _abc.Awaitable[_sluice_pb2.EndTransactionResponse]]:
+        """---- broker semantics (delay levels travel as the DELAY property of SendMessage / SendBatch entries)
+        Ends a transaction (named by id or by the commit-log offset of one of its halves); a no-op reporting the
+        first outcome when it has ended already.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTransactions(
+        self,
+        request: _sluice_pb2.ListTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ListTransactionsResponse, _abc.Awaitable[_sluice_pb2.ListTransactionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EndTransactions(
+        self,
+        request: _sluice_pb2.EndTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.EndTransactionsResponse, _abc.Awaitable[_sluice_pb2.EndTransactionsResponse]]:
+        """Ends every open transaction whose id starts with a prefix, and/or the listed ids."""
+
+    @_abc_1.abstractmethod
+    def TransactionCheckStream(
+        self,
+        request: _sluice_pb2.TransactionCheckSubscribe,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sluice_pb2.TransactionCheckRequest], _abc.AsyncIterator[_sluice_pb2.TransactionCheckRequest]]:
+        """A transactional producer keeps this stream open; the broker sends a check for each idle half-message
+        transaction of the producer group and the producer answers with EndTransaction(from_check=true).
+        """
+
+    @_abc_1.abstractmethod
+    def ConsumerSendMsgBack(
+        self,
+        request: _sluice_pb2.ConsumerSendMsgBackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ConsumerSendMsgBackResponse, _abc.Awaitable[_sluice_pb2.ConsumerSendMsgBackResponse]]:
+        """Re-store a consumed message in %RETRY%{group} (delayed) or, past the retry maximum, in %DLQ%{group}."""
+
+    @_abc_1.abstractmethod
+    def LockBatchMQ(
+        self,
+        request: _sluice_pb2.LockBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.LockBatchResponse, _abc.Awaitable[_sluice_pb2.LockBatchResponse]]:
+        """Orderly consumption: lock (or renew) queues for a group; locks expire 60 s after the last renewal."""
+
+    @_abc_1.abstractmethod
+    def UnlockBatchMQ(
+        self,
+        request: _sluice_pb2.LockBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.LockBatchResponse, _abc.Awaitable[_sluice_pb2.LockBatchResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetSubscriptionGroup(
+        self,
+        request: _sluice_pb2.GetSubscriptionGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.SubscriptionGroup, _abc.Awaitable[_sluice_pb2.SubscriptionGroup]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateSubscriptionGroup(
+        self,
+        request: _sluice_pb2.UpdateSubscriptionGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.SubscriptionGroup, _abc.Awaitable[_sluice_pb2.SubscriptionGroup]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -19,15 +19,24 @@ import grpc
 from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.semantics import (
+    QueueLockManager,
+    RetryService,
+    ScheduleMessageService,
+    SubscriptionGroupManager,
+    TransactionService,
+)
 from broker.server.admin_processor import AdminProcessor
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
 from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
+from broker.server.retry_processor import RetryProcessor
 from broker.server.send_processor import SendProcessor
 from broker.server.service import BrokerService
 from broker.server.topic_config import TopicConfigManager
+from broker.server.transaction_processor import CheckHub, TransactionProcessor
 from broker.store import MessageStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -63,6 +72,12 @@ class BrokerController:
             recheck_ms=config.long_polling_recheck_ms, max_held=config.grpc_max_workers - config.grpc_reserved_workers,
         )  # fmt: skip
         self.store: MessageStore | None = None
+        # Broker semantics services: started after the store (tx recovery before serving), stopped before it.
+        self.schedule: ScheduleMessageService | None = None
+        self.transactions: TransactionService | None = None
+        self.groups: SubscriptionGroupManager | None = None
+        self.locks = QueueLockManager()
+        self.check_hub = CheckHub()
         self.server: grpc.Server | None = None
         self.metrics_server: MetricsServer | None = None
         self.port = 0
@@ -127,8 +142,29 @@ class BrokerController:
             self.server.stop(0)
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        self._stop_semantics()
         if self.store is not None:
             self.store.shutdown()
+
+    def _start_semantics(self, store: MessageStore) -> None:
+        cfg, config_dir = self.config, str(store.config.config_dir)
+        self.schedule = ScheduleMessageService(store, config_dir, levels=cfg.message_delay_level)
+        self.schedule.start()
+        self.groups = SubscriptionGroupManager(config_dir, auto_create=cfg.auto_create_subscription_group)
+        self.transactions = TransactionService(
+            store, config_dir, checker=self.check_hub.check, transaction_timeout_ms=cfg.transaction_timeout_ms,
+            check_interval_ms=cfg.transaction_check_interval_ms, check_max=cfg.transaction_check_max,
+        )  # fmt: skip
+        self.transactions.start()  # recovery: interrupted commits are finished before any request is served
+
+    def _stop_semantics(self) -> None:
+        self.check_hub.shutdown()
+        if self.transactions is not None:
+            self.transactions.shutdown()
+            self.transactions = None
+        if self.schedule is not None:
+            self.schedule.shutdown()
+            self.schedule = None
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
         store_config = StoreConfig(store_path=str(self.config.store_dir), flush_disk_type=self.config.flush_disk_type,
@@ -151,6 +187,14 @@ class BrokerController:
         )  # fmt: skip
         self.admin = AdminProcessor(store, self.topics, self.offsets, self.consumers, pulls, self.hold)
         service = BrokerService(sends, pulls, self.admin, self.consumers, self.metrics, self.stats)
+        self._start_semantics(store)
+        assert self.schedule is not None and self.transactions is not None and self.groups is not None
+        sends.schedule, sends.transactions = self.schedule, self.transactions
+        retries = RetryProcessor(RetryService(store, self.groups, self.schedule), self.groups, self.topics,
+                                 dlq_pull_enable=cfg.dlq_pull_enable)  # fmt: skip
+        pulls.admit, pulls.message_filter = retries.admit_pull, retries.message_filter
+        service.transactions = TransactionProcessor(self.transactions, self.check_hub)
+        service.retries, service.locks = retries, self.locks
         pb_grpc.add_BrokerServicer_to_server(service, server)
         self._register_gauges(store)
 
@@ -218,6 +262,7 @@ class BrokerController:
         self._stopped = True
         log.info("broker shutting down")
         self.hold.shutdown()
+        self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
         if self.server is not None:
             self.server.stop(self.config.shutdown_grace_s).wait()
         self._stop_tasks.set()
@@ -227,6 +272,7 @@ class BrokerController:
         self.topics.persist()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        self._stop_semantics()
         if self.store is not None:
             self.store.shutdown()
         log.info("broker stopped")

@@ -26,6 +26,7 @@ from broker.server.metrics import BrokerMetrics
 from broker.server.pull_hold import PullHoldService
 from broker.server.topic_config import TopicConfigManager
 from broker.store import GetStatus, MessageStore
+from broker.store.message import StoredMessage
 from broker.store.results import GetResult
 
 FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"
@@ -73,6 +74,7 @@ class PullRequestArgs:
     suspend_timeout_ms: int = 0
     tag_expression: str = ""
     commit_offset: int = -1
+    expression_type: str = ""  # "TAG" (or empty) or "SQL92"
 
 
 class PullProcessor:
@@ -84,6 +86,9 @@ class PullProcessor:
         self.store, self.topics, self.offsets, self.hold, self.metrics = store, topics, offsets, hold, metrics
         self.default_max_msgs, self.max_msgs, self.max_bytes = default_max_msgs, max_msgs, max_bytes
         self.max_suspend_ms = max_suspend_ms
+        # Broker semantics hooks (set by the controller): refuse a pull (consumeEnable, DLQ), build a SQL92 filter.
+        self.admit: Callable[[str, str], None] | None = None
+        self.message_filter: Callable[[str, str], Callable[[StoredMessage], bool] | None] | None = None
 
     def validate(self, req: PullRequestArgs) -> None:
         validate_group(req.group)
@@ -97,7 +102,10 @@ class PullProcessor:
 
     def pull(self, req: PullRequestArgs, time_remaining_s: float | None = None) -> PullOutcome:
         self.validate(req)
-        codes = tag_codes(parse_tags(req.tag_expression))
+        if self.admit is not None:
+            self.admit(req.group, req.topic)
+        selector = self.message_filter(req.expression_type, req.tag_expression) if self.message_filter else None
+        codes = None if selector is not None else tag_codes(parse_tags(req.tag_expression))
         if req.commit_offset >= 0:
             self.commit(req.group, req.topic, req.queue_id, req.commit_offset)
         max_msgs = min(req.max_msgs or self.default_max_msgs, self.max_msgs)
@@ -109,7 +117,9 @@ class PullProcessor:
         deadline = started + max(hold_ms, 0) / 1000
         waited_for_dispatch = False
         while True:
-            result = self.store.get_message(req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes)
+            result = self.store.get_message(
+                req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes, message_filter=selector
+            )
             past_end = result.status in (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_OVERFLOW_ONE)
             has_new = self._has_new(req)
             # (has_new: the dispatcher may have caught up between the get and the lag check just below)

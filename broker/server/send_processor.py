@@ -21,6 +21,8 @@ from broker.errors import (
     ResponseCode,
     ServiceNotAvailableError,
 )
+from broker.semantics import ScheduleMessageService, TransactionService
+from broker.semantics.system_topics import TRANS_HALF_TOPIC, is_system_topic
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
@@ -45,6 +47,7 @@ STORED_STATUSES = {PutStatus.PUT_OK: "SEND_OK", PutStatus.FLUSH_DISK_TIMEOUT: "F
 class SendOutcome:
     status: str  # a SendStatus name
     result: PutResult
+    transaction_id: str = ""  # half messages: the transaction they joined
 
 
 def raise_for_put(result: PutResult, what: str) -> None:
@@ -142,36 +145,61 @@ class SendProcessor:
         self.topics = topics
         self.metrics = metrics
         self._round_robin = itertools.count()
+        # Broker semantics (set by the controller): delay-level rewriting and transactional half messages.
+        self.schedule: ScheduleMessageService | None = None
+        self.transactions: TransactionService | None = None
 
     def send_message(
         self, topic: str, queue_id: int, body: bytes, properties: dict[str, str], *, flag: int = 0,
-        sys_flag: int = 0, born_timestamp: int = 0, reconsume_times: int = 0,
+        sys_flag: int = 0, born_timestamp: int = 0, reconsume_times: int = 0, producer_group: str = "",
+        transactional: bool = False, transaction_id: str = "",
     ) -> SendOutcome:  # fmt: skip
         validate_topic(topic)
+        if is_system_topic(topic):
+            raise MessageIllegalError(f"topic {topic!r} is a system topic written by the broker only; send elsewhere")
         config = self.topics.get_or_create(topic)
         if queue_id < 0:
             queue_id = next(self._round_robin) % config.write_queue_nums
         self.topics.check_queue(topic, queue_id, for_write=True)
         started = time.perf_counter()
-        result = self.store.put_message(
-            topic, queue_id, body, properties, flag=flag, sys_flag=sys_flag,
-            born_timestamp=born_timestamp or int(time.time() * 1000), reconsume_times=reconsume_times,
-        )  # fmt: skip
+        kwargs = {"flag": flag, "sys_flag": sys_flag, "born_timestamp": born_timestamp or int(time.time() * 1000),
+                  "reconsume_times": reconsume_times}  # fmt: skip
+        if transactional or transaction_id:
+            if self.transactions is None:
+                raise ServiceNotAvailableError("transactions are not enabled on this broker")
+            result, txn_id = self.transactions.prepare_half(
+                topic, queue_id, body, properties, producer_group, txn_id=transaction_id or None, **kwargs
+            )
+            return self._finish(result, started, "half message", txn_id)
+        if self.schedule is not None:
+            topic, queue_id, properties = self.schedule.rewrite_for_delay(topic, queue_id, properties)
+        result = self.store.put_message(topic, queue_id, body, properties, **kwargs)  # type: ignore[arg-type]
         return self._finish(result, started, "message")
 
-    def send_batch(self, buffer: bytes, count: int) -> SendOutcome:
+    def send_batch(self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "") -> SendOutcome:
         for topic, (min_queue_id, max_queue_id) in scan_batch(buffer, count).items():
             validate_topic(topic)
+            if is_system_topic(topic):
+                if transaction_id and topic == TRANS_HALF_TOPIC:
+                    continue  # half entries encoded by the client: the transaction service checks them
+                raise MessageIllegalError(f"SendBatch refused, nothing stored: {topic!r} is a system topic")
             try:
                 self.topics.check_queue(topic, min_queue_id, for_write=True)
                 self.topics.check_queue(topic, max_queue_id, for_write=True)
             except InvalidArgumentError as e:
                 raise MessageIllegalError(f"SendBatch refused, nothing stored: {e}") from None
         started = time.perf_counter()
+        if transaction_id:
+            if self.transactions is None:
+                raise ServiceNotAvailableError("transactions are not enabled on this broker")
+            result = self.transactions.put_half_batch(buffer, producer_group, transaction_id)
+            return self._finish(result, started, "SendBatch (half messages)", transaction_id)
+        if self.schedule is not None:
+            buffer = self.schedule.rewrite_batch_for_delay(buffer)
         result = self.store.put_batch(buffer)
         return self._finish(result, started, "SendBatch")
 
-    def _finish(self, result: PutResult, started: float, what: str) -> SendOutcome:
+    def _finish(self, result: PutResult, started: float, what: str, transaction_id: str = "") -> SendOutcome:
         elapsed = time.perf_counter() - started
         raise_for_put(result, what)
         self.metrics.put_messages.inc(len(result.commitlog_offsets))
@@ -179,4 +207,4 @@ class SendProcessor:
         self.metrics.put_latency.observe(elapsed)
         if self.sync_flush:
             self.metrics.flush_latency.observe(elapsed)
-        return SendOutcome(STORED_STATUSES[result.status], result)
+        return SendOutcome(STORED_STATUSES[result.status], result, transaction_id)

@@ -9,22 +9,25 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
 
-from broker.errors import BrokerError, ResponseCode
+from broker.errors import BrokerError, ResponseCode, ServiceNotAvailableError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
+from broker.semantics import QueueLockManager
 from broker.server.admin_processor import AdminProcessor, pack_entries
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.metrics import BrokerMetrics
 from broker.server.pull_processor import PullProcessor, PullRequestArgs
+from broker.server.retry_processor import RetryProcessor
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
+from broker.server.transaction_processor import TransactionProcessor
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ def _send_response(outcome: SendOutcome) -> pb.SendResponse:
     return pb.SendResponse(
         status=pb.SendStatus.Value(outcome.status), commitlog_offsets=r.commitlog_offsets, queue_ids=r.queue_ids,
         queue_offsets=r.queue_offsets, msg_id_prefix=prefix, store_timestamp=r.store_timestamp,
+        transaction_id=outcome.transaction_id,
     )  # fmt: skip
 
 
@@ -77,6 +81,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.sends, self.pulls, self.admin, self.consumers = sends, pulls, admin, consumers
         self.metrics = metrics
         self.broker_stats = broker_stats
+        # Broker semantics (set by the controller once its services run; see broker.semantics)
+        self.transactions: TransactionProcessor | None = None
+        self.retries: RetryProcessor | None = None
+        self.locks: QueueLockManager | None = None
 
     # ---------------------------------------------------------------------------------------------- send / pull
     @_answer
@@ -84,18 +92,23 @@ class BrokerService(pb_grpc.BrokerServicer):
         outcome = self.sends.send_message(
             request.topic, request.queue_id, request.body, dict(request.properties), flag=request.flag,
             sys_flag=request.sys_flag, born_timestamp=request.born_timestamp, reconsume_times=request.reconsume_times,
+            producer_group=request.producer_group, transactional=request.transactional,
+            transaction_id=request.transaction_id,
         )  # fmt: skip
         return _send_response(outcome)
 
     @_answer
     def SendBatch(self, request: pb.SendBatchRequest, context: grpc.ServicerContext) -> pb.SendResponse:
-        return _send_response(self.sends.send_batch(request.entries, request.count))
+        return _send_response(
+            self.sends.send_batch(request.entries, request.count, request.transaction_id, request.producer_group)
+        )
 
     @_answer
     def PullMessage(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
         args = PullRequestArgs(
             request.consumer_group, request.topic, request.queue_id, request.queue_offset, request.max_msgs,
             request.max_bytes, request.suspend_timeout_ms, request.tag_expression, request.commit_offset,
+            request.expression_type,
         )  # fmt: skip
         out = self.pulls.pull(args, context.time_remaining())
         return pb.PullResponse(
@@ -181,8 +194,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         validate_group(request.consumer_group)
         if request.unregister:
             version = self.consumers.unregister(request.consumer_group, request.client_id)
+            if self.locks is not None:
+                self.locks.unlock_client(request.consumer_group, request.client_id)
         else:
             model = BROADCASTING if request.model == pb.BROADCASTING else CLUSTERING
+            if model == CLUSTERING and self.retries is not None:
+                self.retries.ensure_retry_topic(request.consumer_group)
             version = self.consumers.heartbeat(
                 request.consumer_group, request.client_id, dict(request.subscriptions), model
             )
@@ -220,3 +237,82 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.GetBrokerStatsRequest, context: grpc.ServicerContext
     ) -> pb.GetBrokerStatsResponse:
         return pb.GetBrokerStatsResponse(values=self.broker_stats())
+
+    # ---------------------------------------------------------------------------------------------- semantics
+    def _tx(self) -> TransactionProcessor:
+        if self.transactions is None:
+            raise ServiceNotAvailableError("transactions are not enabled on this broker")
+        return self.transactions
+
+    def _retry(self) -> RetryProcessor:
+        if self.retries is None:
+            raise ServiceNotAvailableError("retry / subscription groups are not enabled on this broker")
+        return self.retries
+
+    def _locks(self) -> QueueLockManager:
+        if self.locks is None:
+            raise ServiceNotAvailableError("queue locks are not enabled on this broker")
+        return self.locks
+
+    @_answer
+    def EndTransaction(
+        self, request: pb.EndTransactionRequest, context: grpc.ServicerContext
+    ) -> pb.EndTransactionResponse:
+        return self._tx().end(request)
+
+    @_answer
+    def ListTransactions(
+        self, request: pb.ListTransactionsRequest, context: grpc.ServicerContext
+    ) -> pb.ListTransactionsResponse:
+        return self._tx().list(request)
+
+    @_answer
+    def EndTransactions(
+        self, request: pb.EndTransactionsRequest, context: grpc.ServicerContext
+    ) -> pb.EndTransactionsResponse:
+        return self._tx().end_many(request)
+
+    def TransactionCheckStream(
+        self, request: pb.TransactionCheckSubscribe, context: grpc.ServicerContext
+    ) -> Iterator[pb.TransactionCheckRequest]:
+        if self.transactions is None or not request.producer_group:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give a producer_group, on a broker with transactions")
+        assert self.transactions is not None
+        return self.transactions.check_stream(request, context)
+
+    @_answer
+    def ConsumerSendMsgBack(
+        self, request: pb.ConsumerSendMsgBackRequest, context: grpc.ServicerContext
+    ) -> pb.ConsumerSendMsgBackResponse:
+        validate_group(request.consumer_group)
+        return self._retry().send_back(request)
+
+    @_answer
+    def LockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+        validate_group(request.consumer_group)
+        held = self._locks().lock_batch(
+            request.consumer_group, [(q.topic, q.queue_id) for q in request.queues], request.client_id
+        )
+        return pb.LockBatchResponse(queues=[pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(held)])
+
+    @_answer
+    def UnlockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+        validate_group(request.consumer_group)
+        freed = self._locks().unlock_batch(
+            request.consumer_group, [(q.topic, q.queue_id) for q in request.queues], request.client_id
+        )
+        return pb.LockBatchResponse(queues=[pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(freed)])
+
+    @_answer
+    def GetSubscriptionGroup(
+        self, request: pb.GetSubscriptionGroupRequest, context: grpc.ServicerContext
+    ) -> pb.SubscriptionGroup:
+        validate_group(request.consumer_group)
+        return self._retry().get_group(request.consumer_group)
+
+    @_answer
+    def UpdateSubscriptionGroup(
+        self, request: pb.UpdateSubscriptionGroupRequest, context: grpc.ServicerContext
+    ) -> pb.SubscriptionGroup:
+        validate_group(request.consumer_group)
+        return self._retry().update_group(request)

@@ -1,0 +1,103 @@
+"""Consumer-side semantics over gRPC: send-back (retry / dead letters), subscription groups, pull admission.
+
+* ``%RETRY%{group}`` is created (with the group's retryQueueNums) when a clustering consumer of the group sends a
+  heartbeat, as RocketMQ's broker does, so a PushConsumer can subscribe to it before anything failed.
+* ``admit_pull``: a group with consumeEnable=false may not pull; ``%DLQ%`` topics are never redelivered, so pulls
+  on them are refused unless the broker runs with ``dlq_pull_enable`` (an administrator's choice).
+* SQL92 selectors are compiled (cached) at pull time; a bad one is refused with the column of the error.
+"""
+
+from __future__ import annotations
+
+from broker.errors import BrokerError, InvalidArgumentError, ResponseCode
+from broker.filter.sql92 import SqlFilter, compile_sql92
+from broker.proto import sluice_pb2 as pb
+from broker.semantics import RetryService, SubscriptionGroupConfig, SubscriptionGroupManager
+from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
+from broker.server.topic_config import TopicConfigManager
+
+TAG, SQL92 = "TAG", "SQL92"
+
+
+def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
+    return pb.SubscriptionGroup(
+        group_name=cfg.group_name, consume_enable=cfg.consume_enable,
+        consume_from_min_enable=cfg.consume_from_min_enable, consume_broadcast_enable=cfg.consume_broadcast_enable,
+        retry_queue_nums=cfg.retry_queue_nums, retry_max_times=cfg.retry_max_times,
+    )  # fmt: skip
+
+
+class RetryProcessor:
+    def __init__(
+        self, retry: RetryService, groups: SubscriptionGroupManager, topics: TopicConfigManager, *,
+        dlq_pull_enable: bool = False,
+    ) -> None:  # fmt: skip
+        self.retry, self.groups, self.topics = retry, groups, topics
+        self.dlq_pull_enable = dlq_pull_enable
+
+    def ensure_retry_topic(self, group: str) -> None:
+        cfg = self.groups.get(group)
+        self.topics.create(retry_topic(group), cfg.retry_queue_nums, if_not_exists=True)
+
+    def send_back(self, request: pb.ConsumerSendMsgBackRequest) -> pb.ConsumerSendMsgBackResponse:
+        target = request.WhichOneof("target")
+        if target is None:
+            raise InvalidArgumentError("ConsumerSendMsgBack names no message: give commitlog_offset or msg_id")
+        self.ensure_retry_topic(request.consumer_group)
+        result = self.retry.consumer_send_back(
+            request.consumer_group,
+            commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
+            msg_id=request.msg_id if target == "msg_id" else None,
+            delay_level=request.delay_level,
+            max_reconsume_times=request.max_reconsume_times if request.max_reconsume_times >= 0 else None,
+            origin_msg_id=request.origin_msg_id or None,
+        )
+        if result.put.status.name not in ("PUT_OK", "FLUSH_DISK_TIMEOUT"):
+            raise BrokerError(
+                f"send-back of group {request.consumer_group} not stored ({result.put.status.name}: "
+                f"{result.put.error}); the consumer should retry it", ResponseCode.SYSTEM_ERROR,
+            )  # fmt: skip
+        if result.dead_letter:
+            self.topics.create(result.topic, 1, if_not_exists=True)
+        return pb.ConsumerSendMsgBackResponse(topic=result.topic, queue_id=result.queue_id,
+                                              dead_letter=result.dead_letter, delay_level=result.delay_level,
+                                              reconsume_times=result.reconsume_times)  # fmt: skip
+
+    def get_group(self, group: str) -> pb.SubscriptionGroup:
+        return _group(self.groups.get(group))
+
+    def update_group(self, request: pb.UpdateSubscriptionGroupRequest) -> pb.SubscriptionGroup:
+        changes = {
+            name: getattr(request, name)
+            for name in ("consume_enable", "consume_from_min_enable", "consume_broadcast_enable", "retry_queue_nums",
+                         "retry_max_times")
+            if request.HasField(name)
+        }
+        if self.groups.find(request.consumer_group) is None:
+            self.groups.update(SubscriptionGroupConfig(request.consumer_group))
+        cfg = self.groups.update_fields(request.consumer_group, **changes)
+        return _group(cfg)
+
+    def admit_pull(self, group: str, topic: str) -> None:
+        if topic.startswith(DLQ_GROUP_TOPIC_PREFIX) and not self.dlq_pull_enable:
+            raise BrokerError(
+                f"{topic} is a dead-letter queue: its messages are never redelivered to consumers; inspect them "
+                "with `sluice query`, or start the broker with dlq_pull_enable=true to read them",
+                ResponseCode.NO_PERMISSION,
+            )
+        cfg = self.groups.find(group)
+        if cfg is not None and not cfg.consume_enable:
+            raise BrokerError(
+                f"subscription group {group!r} has consumeEnable=false; pulls are refused until an admin enables "
+                "it (UpdateSubscriptionGroup consume_enable=true)",
+                ResponseCode.NO_PERMISSION,
+            )
+
+    @staticmethod
+    def message_filter(expression_type: str, expression: str) -> SqlFilter | None:
+        kind = (expression_type or TAG).upper()
+        if kind == TAG:
+            return None
+        if kind != SQL92:
+            raise InvalidArgumentError(f"expression type {expression_type!r} is not TAG or SQL92")
+        return compile_sql92(expression)

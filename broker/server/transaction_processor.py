@@ -1,0 +1,160 @@
+"""Transactions over gRPC: half sends, EndTransaction (single and bulk), listing, and the check-back stream.
+
+Check-back: RocketMQ's broker sends CHECK_TRANSACTION_STATE to one live producer of the half message's group over
+the producer's connection. Here a transactional producer keeps a server-streaming call open
+(``TransactionCheckStream``); ``CheckHub`` keeps one bounded queue per open stream, grouped by producer group, and
+the TransactionService's checker puts the check on one of them (round-robin) and returns None ("asked"): the
+producer answers later with ``EndTransaction(from_check=true)``. A group with no live producer is not asked; the
+check still counts, so a transaction whose producer never comes back is rolled back after ``check_max`` checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from broker.errors import InvalidArgumentError
+from broker.proto import sluice_pb2 as pb
+from broker.semantics import EndResult, TransactionInfo, TransactionService, TxState, TxStatus
+from broker.server.admin_processor import encode_stored
+from broker.store.message import StoredMessage
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_CHECKS = 10_000  # per stream: a producer that stops reading loses checks, never broker memory
+STREAM_POLL_S = 1.0  # how often an idle stream looks whether its client went away
+MAX_LIST = 100_000  # transactions returned by one ListTransactions
+
+
+class CheckHub:
+    """Open check streams per producer group; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[str, list[queue.Queue[pb.TransactionCheckRequest | None]]] = {}
+        self._turn = itertools.count()
+        self._closed = False
+
+    def open(self, group: str) -> queue.Queue[pb.TransactionCheckRequest | None]:
+        q: queue.Queue[pb.TransactionCheckRequest | None] = queue.Queue(MAX_PENDING_CHECKS)
+        with self._lock:
+            if self._closed:
+                q.put(None)
+            self._streams.setdefault(group, []).append(q)
+        return q
+
+    def close_stream(self, group: str, q: queue.Queue[pb.TransactionCheckRequest | None]) -> None:
+        with self._lock:
+            streams = self._streams.get(group, [])
+            if q in streams:
+                streams.remove(q)
+            if not streams:
+                self._streams.pop(group, None)
+
+    def live(self, group: str) -> int:
+        with self._lock:
+            return len(self._streams.get(group, []))
+
+    def check(self, group: str, txn_id: str, half: StoredMessage) -> TxState | None:
+        """The TransactionService's checker: hand the check to one live producer of the group."""
+        with self._lock:
+            streams = list(self._streams.get(group, []))
+        if not streams:
+            log.info("transaction %s: no live producer of group %r to check back with", txn_id, group)
+            return None
+        target = streams[next(self._turn) % len(streams)]
+        request = pb.TransactionCheckRequest(
+            transaction_id=txn_id, producer_group=group, half_commitlog_offset=half.commitlog_offset,
+            half_entry=encode_stored(half),
+        )  # fmt: skip
+        try:
+            target.put_nowait(request)
+        except queue.Full:
+            log.warning("transaction %s: producer of group %r is not reading its checks; skipped", txn_id, group)
+        return None
+
+    def shutdown(self) -> None:
+        """End every stream (before the gRPC server stops, which waits for open calls)."""
+        with self._lock:
+            self._closed = True
+            everything = [q for qs in self._streams.values() for q in qs]
+        for q in everything:
+            try:
+                q.put_nowait(None)
+            except queue.Full:
+                pass  # a full queue's reader is gone or stuck; its call ends with the server's grace period
+
+
+def _end_response(r: EndResult) -> pb.EndTransactionResponse:
+    return pb.EndTransactionResponse(transaction_id=r.txn_id, status=r.status.value, already_ended=r.already_ended,
+                                     half_count=r.half_count, complete=r.complete)  # fmt: skip
+
+
+def _info(t: TransactionInfo) -> pb.TransactionInfo:
+    return pb.TransactionInfo(
+        transaction_id=t.txn_id, producer_group=t.producer_group, status=t.status.value, half_count=t.half_count,
+        first_store_ms=t.first_store_ms, last_activity_ms=t.last_activity_ms, check_times=t.check_times,
+        ended_ms=t.ended_ms, complete=t.complete,
+    )  # fmt: skip
+
+
+class TransactionProcessor:
+    def __init__(self, transactions: TransactionService, hub: CheckHub) -> None:
+        self.tx = transactions
+        self.hub = hub
+
+    def end(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
+        attempts = list(request.committed_attempts) if request.restrict_attempts else None
+        kwargs = {"from_check": request.from_check, "committed_attempts": attempts,
+                  "producer_group": request.producer_group}  # fmt: skip
+        target = request.WhichOneof("target")
+        if target == "half_commitlog_offset":
+            return _end_response(self.tx.end_transaction_by_offset(request.half_commitlog_offset, request.commit,
+                                                                   **kwargs))  # fmt: skip
+        if target != "transaction_id" or not request.transaction_id:
+            raise InvalidArgumentError("EndTransaction names no transaction: give transaction_id or a half offset")
+        return _end_response(self.tx.end_transaction(request.transaction_id, request.commit, **kwargs))  # type: ignore[arg-type]
+
+    def list(self, request: pb.ListTransactionsRequest) -> pb.ListTransactionsResponse:
+        status = None
+        if request.status:
+            try:
+                status = TxStatus(request.status)
+            except ValueError:
+                names = [s.value for s in TxStatus]
+                raise InvalidArgumentError(f"transaction status {request.status!r} is not one of {names}") from None
+        found = self.tx.list_transactions(request.prefix, status)
+        if len(found) > MAX_LIST:
+            raise InvalidArgumentError(f"{len(found)} transactions match; give a longer prefix (at most {MAX_LIST})")
+        return pb.ListTransactionsResponse(transactions=[_info(t) for t in found])
+
+    def end_many(self, request: pb.EndTransactionsRequest) -> pb.EndTransactionsResponse:
+        if not request.prefix and not request.transaction_ids:
+            raise InvalidArgumentError("EndTransactions: give a prefix or transaction ids (an empty prefix is refused)")
+        results = self.tx.end_transactions(request.commit, prefix=request.prefix or None,
+                                           txn_ids=list(request.transaction_ids))  # fmt: skip
+        return pb.EndTransactionsResponse(results=[_end_response(r) for r in results])
+
+    def check_stream(
+        self, request: pb.TransactionCheckSubscribe, context: grpc.ServicerContext
+    ) -> Iterator[pb.TransactionCheckRequest]:
+        if not request.producer_group:
+            raise InvalidArgumentError("TransactionCheckStream: producer_group is empty")
+        q = self.hub.open(request.producer_group)
+        log.info("producer %s of %s opened a transaction check stream", request.client_id, request.producer_group)
+        try:
+            while context.is_active():
+                try:
+                    item = q.get(timeout=STREAM_POLL_S)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    return
+                yield item
+        finally:
+            self.hub.close_stream(request.producer_group, q)
