@@ -494,7 +494,7 @@ class NatsJetStream:
 
 class SluiceBroker:
     name = "sluice"
-    ready_port = re.compile(r"ready.*?:(\d+)|:(\d+).*ready")
+    ready_port = re.compile(r"\bready\b.*?:(\d+)|:(\d+).*\bready\b")  # "sluice broker ready on HOST:PORT ..."
 
     def __init__(self) -> None:
         self.server: Server | None = None

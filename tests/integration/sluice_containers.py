@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from testcontainers.core.container import DockerContainer
 
 BROKER_PORT = 10911
 STORE_DIR = "/var/lib/sluice"  # the image's store volume
-READY_LINE = "ready"  # `sluice broker` prints a line containing this once it accepts connections
+# `sluice broker` prints a line with the word "ready" once it accepts connections (a word: "already" is not it).
+READY_LINE = re.compile(r"\bready\b")
 START_TIMEOUT_S = 60.0
 LABEL = "sluice.integration"  # on every container and volume the suite makes
 STALE_AFTER_S = 3 * 3600  # leftovers of a killed earlier run (no reaper) older than this are removed
@@ -91,13 +93,13 @@ class BrokerContainer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             logs = self.logs()
-            if sum(READY_LINE in line for line in logs.splitlines()) >= self._starts:
+            if sum(bool(READY_LINE.search(line)) for line in logs.splitlines()) >= self._starts:
                 return
             self.container.reload()
             if self.container.status in ("exited", "dead"):
-                pytest.fail(f"broker container exited before `{READY_LINE}`:\n{logs[-4000:]}", pytrace=False)
+                pytest.fail(f"broker container exited before `ready`:\n{logs[-4000:]}", pytrace=False)
             if time.monotonic() > deadline:
-                pytest.fail(f"broker not `{READY_LINE}` within {START_TIMEOUT_S}s:\n{logs[-4000:]}", pytrace=False)
+                pytest.fail(f"broker not `ready` within {START_TIMEOUT_S}s:\n{logs[-4000:]}", pytrace=False)
             time.sleep(0.1)
 
     def logs(self) -> str:
