@@ -63,7 +63,7 @@ def template_batch(rows: int) -> pa.RecordBatch:
 
 
 class MemoryReader(DataSourceStreamReader):
-    BATCH_ROWS = 2048  # what one sluice pull yields by default (pullBatchSize)
+    BATCH_ROWS = 4096  # what one sluice pull yields by default (pullBatchSize)
 
     def __init__(self, total: int, partitions: int) -> None:
         self.total, self.parts = total, partitions

@@ -22,7 +22,7 @@ EARLIEST = -2  # in offset JSON, as Kafka's source
 LATEST = -1
 
 DEFAULT_BROKER_NAME = "broker-a"  # RocketMQ's conventional first broker; the offset keys carry it
-DEFAULT_PULL_BATCH_SIZE = 2048
+DEFAULT_PULL_BATCH_SIZE = 4096  # the broker answers at most max_pull_msgs (4096) per pull
 MAX_PULL_BATCH_SIZE = 65536  # one pull's messages are decoded into one Arrow batch: bound its memory
 DEFAULT_POLL_TIMEOUT_MS = 30_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default maxTriggerDelay

@@ -142,6 +142,8 @@ def _properties(props_bin: pa.BinaryArray, include: bool) -> _Properties:
     ``str.partition`` does in ``decode_properties``). Anything else falls back to the row-by-row decoder.
     """
     n = len(props_bin)
+    if n == 0 or _all_empty(props_bin):
+        return _no_properties(n, include)
     row_bounds = np.frombuffer(props_bin.buffers()[1], dtype=np.int32, count=n + 1, offset=props_bin.offset * 4)
     data_buf = props_bin.buffers()[2]
     base = int(row_bounds[0])
@@ -172,6 +174,19 @@ def _properties(props_bin: pa.BinaryArray, include: bool) -> _Properties:
     else:
         props = pa.nulls(n, _PROPS_TYPE)
     return _Properties(tags, keys, props)
+
+
+def _all_empty(props_bin: pa.BinaryArray) -> bool:
+    """True when no row has any property (common for plain producers): the split can be skipped."""
+    return bool(pc.sum(pc.binary_length(props_bin)).as_py() in (None, 0))
+
+
+def _no_properties(n: int, include: bool) -> _Properties:
+    no_items = pa.array(np.zeros(n + 1, np.int32))
+    empty = pa.array([], pa.string())
+    keys = pa.ListArray.from_arrays(no_items, empty, type=_KEYS_TYPE)
+    props = pa.MapArray.from_arrays(no_items, empty, empty, type=_PROPS_TYPE) if include else pa.nulls(n, _PROPS_TYPE)
+    return _Properties(pa.nulls(n, pa.string()), keys, props)
 
 
 def _per_row_value(names: pa.Array, values: pa.Array, parent: np.ndarray, name: str, n: int) -> pa.Array:

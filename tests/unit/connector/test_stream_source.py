@@ -220,3 +220,28 @@ def test_bad_option_fails_the_query_at_start_naming_it(spark: Any, broker: str) 
         reader(spark, broker, "x", maxMessagesPerTrigger="many")
     with pytest.raises(Exception, match="endingOffsets"):  # valid for batch reads only: fails when the query starts
         reader(spark, broker, "x", endingOffsets="latest").writeStream.format("noop").start().awaitTermination(60)
+
+
+def test_topic_appearing_while_running_is_read_from_its_earliest_offset(
+    spark: Any, broker: str, tmp_path: Path
+) -> None:
+    prefix = f"new{uuid.uuid4().hex[:6]}"
+    first = new_topic(broker, 1, prefix=prefix)
+    table = f"m_{uuid.uuid4().hex[:8]}"
+    q = (
+        spark.readStream.format("sluice").option("endpoints", broker).option("topicPattern", f"{prefix}_.*").load()
+        .writeStream.format("memory").queryName(table).option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(processingTime="200 milliseconds").start()
+    )  # fmt: skip
+    try:
+        wait_for(lambda: q.lastProgress is not None, what="the first trigger")
+        fill(broker, first, 3, [0])
+        later = new_topic(broker, 2, prefix=prefix)
+        fill(broker, later, 4, range(2))  # sent before the query could see the topic: still read, from offset 0
+        wait_for(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 11, what="11 rows")
+    finally:
+        q.stop()
+    got = rows(spark, table, "topic, queue_id, queue_offset")
+    assert sorted((r.topic, r.queue_id, r.queue_offset) for r in got) == sorted(
+        [(first, 0, i) for i in range(3)] + [(later, qid, i) for qid in range(2) for i in range(4)]
+    )
