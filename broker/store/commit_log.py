@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from broker.errors import BrokerError, ServiceNotAvailableError
-from broker.store.batch import ValidatedBatch, assign_queue_offsets
+from broker.store.batch import SmallBatch, ValidatedBatch, assign_queue_offsets
 from broker.store.config import StoreConfig
 from broker.store.mapped_file import MappedFile, MappedFileQueue
 from broker.store.message import (
@@ -37,7 +37,8 @@ from broker.store.message import (
 
 _QUEUE_AND_PHYS = struct.Struct(">qq")  # QUEUEOFFSET then PHYSICALOFFSET: adjacent in the entry header
 assert POS_QUEUE_OFFSET + 8 == 28
-assert POS_STORE_TIMESTAMP + 8 == POS_STORE_HOST  # STORETIMESTAMP then STOREHOST: adjacent too
+_TIME_AND_HOST = struct.Struct(">q8s")  # STORETIMESTAMP then STOREHOST (IPv4 + port): adjacent too
+assert POS_STORE_TIMESTAMP + 8 == POS_STORE_HOST
 
 
 class CreateMappedFileError(BrokerError):
@@ -135,6 +136,29 @@ class CommitLog:
             if counted:
                 self.queue_table[key] = qoff + 1
         return phys, qoff, ts
+
+    def append_small_batch(self, batch: SmallBatch) -> tuple[list[int], list[int], int]:
+        """append_batch for a SmallBatch: struct patches per entry; returns (physical offsets, queue offsets, ts)."""
+        data = batch.data
+        table = self.queue_table
+        with self.append_lock:
+            self._check_accepting()
+            f = self._file_with_room(len(data))
+            base = f.file_from_offset + f.wrote_position
+            ts = self._store_timestamp()
+            taken: dict[tuple[str, int], int] = {}  # applied to the table only once the write succeeded
+            qoffs: list[int] = []
+            for pos, key, counted in zip(batch.positions, batch.keys, batch.counted, strict=True):
+                q = 0
+                if counted:
+                    q = taken.get(key, table.get(key, 0))
+                    taken[key] = q + 1
+                _QUEUE_AND_PHYS.pack_into(data, pos + POS_QUEUE_OFFSET, q, base + pos)
+                _TIME_AND_HOST.pack_into(data, pos + POS_STORE_TIMESTAMP, ts, self.store_host_bytes)
+                qoffs.append(q)
+            f.append(data)
+            table.update(taken)
+        return [base + p for p in batch.positions], qoffs, ts
 
     def append_batch(self, batch: ValidatedBatch) -> tuple[np.ndarray, np.ndarray, int]:
         """Patch and append a validated batch with one write; return (physical offsets, queue offsets, timestamp).

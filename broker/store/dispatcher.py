@@ -66,6 +66,7 @@ Grouping = tuple[np.ndarray, list[tuple[str, int]]]  # key id per entry, distinc
 # Hints waiting for the dispatcher hold their arrays in memory: beyond this many entries new ones are dropped and
 # the dispatcher scans those batches from the file instead (same result, more work).
 MAX_HINTED_ENTRIES = 256 * 1024
+STALE_HINT_CHECK = 64  # more waiting hints than this: drop those the dispatcher has already passed
 
 
 @dataclass
@@ -171,6 +172,9 @@ class Dispatcher:
             hint = self._hints.pop(start, None)
             if hint is not None:
                 self._hinted_entries -= len(hint.run)
+            if len(self._hints) > STALE_HINT_CHECK:  # hints added while a scan already covered them
+                self._hints = {k: h for k, h in self._hints.items() if k > start}
+                self._hinted_entries = sum(len(h.run) for h in self._hints.values())
         if hint is not None and f.file_from_offset + wrote >= hint.end:
             # A batch appended by put_batch: its entries were scanned and grouped before the write.
             self._dispatch_run(hint.run, f.mm, f.file_from_offset, notify, (hint.key_ids, hint.keys))
@@ -201,6 +205,7 @@ class Dispatcher:
         count = 0
         names = self._topic_names
         end = len(data)
+        arrived: dict[tuple[str, int], ConsumeQueue] = {}
         while pos < end:
             total, magic = PREFIX.unpack_from(data, pos) if pos + 8 <= end else (0, 0)
             if magic == BLANK_MAGIC:
@@ -224,9 +229,7 @@ class Dispatcher:
                 cq = self.queues.find_or_create(topic, h.queue_id)
                 unit = CQ_UNIT.pack(phys, total, tag_hash_code(tag.decode("utf-8", "replace")) if tag else 0)
                 self._put_one(cq, h.queue_offset, unit)
-                if notify:
-                    for fn in self.listeners:
-                        fn(topic, h.queue_id, cq.max_offset)
+                arrived[(topic, h.queue_id)] = cq
             if self.index is not None and props:
                 msg_keys = message_keys(props)
                 if msg_keys:
@@ -235,6 +238,10 @@ class Dispatcher:
             pos += total
             count += 1
         self.dispatched_offset = base + rel + pos
+        if notify:  # once per queue per pass, as the vectorised path does
+            for (topic, qid), cq in arrived.items():
+                for fn in self.listeners:
+                    fn(topic, qid, cq.max_offset)
         return count
 
     @staticmethod

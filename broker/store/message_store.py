@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
-from broker.store.batch import MAX_QUEUE_ID, EntryRun, ValidatedBatch, validate_batch
+from broker.store.batch import MAX_QUEUE_ID, EntryRun, ValidatedBatch, validate_batch, validate_small_batch
 from broker.store.check import check_store
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
@@ -393,29 +393,40 @@ class MessageStore:
         refused = self._refusal()
         if refused is not None:
             return refused
+        limit, max_body = self.config.batch_limit_bytes, self.config.max_message_size
         try:
-            batch = validate_batch(buffer, self.config.batch_limit_bytes, self.config.max_message_size)
+            small = validate_small_batch(buffer, limit, max_body)
+            batch = validate_batch(buffer, limit, max_body) if small is None else None
         except MessageIllegalError as e:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, error=e.message)
         try:
-            phys, qoffs, ts = self.commit_log.append_batch(batch)
+            if small is not None:
+                phys_list, qoffs_list, ts = self.commit_log.append_small_batch(small)
+                msg_ids = [self._msg_id(p) for p in phys_list]
+                queue_ids = [k[1] for k in small.keys]
+                data = small.data
+            else:
+                assert batch is not None
+                phys, qoffs, ts = self.commit_log.append_batch(batch)
+                self._hint_dispatcher(batch, phys, qoffs, ts)
+                phys_list, qoffs_list, msg_ids = phys.tolist(), qoffs.tolist(), self._msg_ids(phys)
+                queue_ids = batch.run.queue_ids.tolist()
+                data = batch.data
         except (OSError, CreateMappedFileError) as e:
             return self._append_failed(e)
         except ServiceNotAvailableError as e:  # shutdown began while this put waited for the lock
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=e.message)
-        self._hint_dispatcher(batch, phys, qoffs, ts)
-        n = len(batch.run)
-        self._counters["put_msgs"] += n
-        self._counters["put_bytes"] += len(batch.data)
-        why = self._await_flush(int(phys[-1] + batch.run.sizes[-1]), True if wait_store_ok is None else wait_store_ok)
+        self._counters["put_msgs"] += len(phys_list)
+        self._counters["put_bytes"] += len(data)
+        why = self._await_flush(phys_list[0] + len(data), True if wait_store_ok is None else wait_store_ok)
         return PutResult(
             PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
-            msg_ids=self._msg_ids(phys),
-            commitlog_offsets=phys.tolist(),
-            queue_ids=batch.run.queue_ids.tolist(),
-            queue_offsets=qoffs.tolist(),
+            msg_ids=msg_ids,
+            commitlog_offsets=phys_list,
+            queue_ids=queue_ids,
+            queue_offsets=qoffs_list,
             store_timestamp=ts,
-            wrote_bytes=len(batch.data),
+            wrote_bytes=len(data),
             error=why,
         )
 

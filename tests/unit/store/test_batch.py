@@ -50,10 +50,12 @@ def test_batch_assigns_offsets_per_queue_in_order(store: MessageStore) -> None:
     assert store.check() == []  # units (with tag hashes) and index built from the batch's dispatch hint
 
 
-def test_batch_with_transaction_halves(store: MessageStore) -> None:
-    buf = _entry(body=b"a") + _entry(body=b"half", sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE) + _entry(body=b"b")
+@pytest.mark.parametrize("pad", [0, 40])
+def test_batch_with_transaction_halves(store: MessageStore, pad: int) -> None:
+    buf = b"".join(_entry(qid=1, body=b"p") for _ in range(pad))
+    buf += _entry(body=b"a") + _entry(body=b"half", sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE) + _entry(body=b"b")
     r = store.put_batch(buf)
-    assert r.queue_offsets == [0, 0, 1]
+    assert r.queue_offsets[pad:] == [0, 0, 1] and r.queue_offsets[:pad] == list(range(pad))
     store.wait_dispatched()
     assert [m.body for m in store.get_message("g", "B", 0, 0).messages()] == [b"a", b"b"]
     assert store.check() == []
@@ -67,18 +69,22 @@ def test_batch_with_transaction_halves(store: MessageStore) -> None:
         (lambda good: good + b"\x01\x02\x03", "malformed"),  # trailing bytes
         (lambda good: good[:8] + struct.pack(">i", 12345) + good[12:], "CRC"),  # bad CRC, entry 0
         (lambda good: good[:84] + struct.pack(">i", 9999) + good[88:], "malformed"),  # bad BODY length
-        (lambda good: good + _entry(topic=b"bad topic!"), "entry 1"),
+        (lambda good: good + _entry(topic=b"bad topic!"), "topic"),
         (lambda good: good + _entry(qid=-4), "queue id"),
         (lambda good: good + _entry(body=b"x" * 5000), "MESSAGE_SIZE_EXCEEDED"),
         (lambda good: good * 200, "MESSAGE_SIZE_EXCEEDED"),  # over max_batch_bytes
         (lambda good: b"", "empty"),
     ],
 )
-def test_bad_batches_change_nothing(store: MessageStore, make_bad: object, reason: str) -> None:
+@pytest.mark.parametrize("pad", [0, 40], ids=["entry-by-entry", "vectorised"])
+def test_bad_batches_change_nothing(store: MessageStore, make_bad: object, reason: str, pad: int) -> None:
+    """Both validation paths (up to 32 entries one by one, more with numpy) refuse the same faults."""
     store.put_message("B", 0, b"existing")
     before = _snapshot(store)
     good = _entry(body=b"x" * 60)
-    bad = make_bad(good)  # type: ignore[operator]
+    bad = b"".join(_entry(body=b"p%d" % i) for i in range(pad)) + make_bad(good)  # type: ignore[operator]
+    if not make_bad(good):  # type: ignore[operator]
+        bad = b""
     r = store.put_batch(bad)
     assert r.status is PutStatus.MESSAGE_ILLEGAL
     assert reason in r.error, r.error
@@ -87,13 +93,14 @@ def test_bad_batches_change_nothing(store: MessageStore, make_bad: object, reaso
     assert store.check() == []
 
 
-def test_flipped_body_byte_names_the_entry(store: MessageStore) -> None:
-    good = _entry(body=b"a" * 50) + _entry(body=b"b" * 50) + _entry(body=b"c" * 50)
-    pos = len(_entry(body=b"a" * 50)) + 88 + 7  # a byte inside the second body
+@pytest.mark.parametrize("pad", [0, 40])
+def test_flipped_body_byte_names_the_entry(store: MessageStore, pad: int) -> None:
+    good = b"".join(_entry(body=b"a" * 50) for _ in range(pad + 1)) + _entry(body=b"b" * 50) + _entry(body=b"c" * 50)
+    pos = len(_entry(body=b"a" * 50)) * (pad + 1) + 88 + 7  # a byte inside body number pad + 1
     bad = bytearray(good)
     bad[pos] ^= 0xFF
     r = store.put_batch(bytes(bad))
-    assert r.status is PutStatus.MESSAGE_ILLEGAL and "batch entry 1" in r.error and "CRC" in r.error
+    assert r.status is PutStatus.MESSAGE_ILLEGAL and f"batch entry {pad + 1}" in r.error and "CRC" in r.error
     assert store.commit_log.max_offset == 0
 
 
