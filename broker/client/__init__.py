@@ -1,6 +1,6 @@
 """The Python client: producers, pull and push consumers, and admin operations over gRPC."""
 
-from broker.client.admin import Admin, QueueLag, TopicInfo
+from broker.client.admin import Admin, QueueLag, SubscriptionGroup, TopicInfo, TransactionInfo
 from broker.client.consumer_options import (
     BROADCASTING,
     CLUSTERING,
@@ -17,10 +17,12 @@ from broker.client.pull_consumer import PullConsumer
 from broker.client.push_consumer import PushConsumer
 from broker.client.rebalance import AVERAGELY, CIRCLE
 from broker.client.results import PullResult, PullStatus, RawPullResult, ReceivedMessage, SendResult, SendStatus
+from broker.client.transaction_producer import LocalTransactionState, TransactionProducer, TransactionSendResult
 
 __all__ = [
     "AVERAGELY", "BROADCASTING", "CIRCLE", "CLUSTERING", "FIRST", "LAST", "TIMESTAMP", "Admin", "ConsumeFrom",
     "ConsumeStatus", "Message", "MessageModel", "Producer", "PullConsumer", "PullResult", "PullStatus",
     "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus", "TopicInfo",
-    "decode_entries", "encode_message",
+    "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
+    "TransactionProducer", "TransactionSendResult",
 ]  # fmt: skip

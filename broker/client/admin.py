@@ -27,6 +27,39 @@ class QueueLag:
     lag: int
 
 
+@dataclass(frozen=True)
+class TransactionInfo:
+    transaction_id: str
+    producer_group: str
+    status: str  # OPEN | ENDING | COMMITTED | ROLLED_BACK
+    half_count: int
+    first_store_ms: int
+    last_activity_ms: int
+    check_times: int
+    ended_ms: int
+    complete: bool  # a commit whose messages are all in their real topics
+
+
+@dataclass(frozen=True)
+class SubscriptionGroup:
+    group_name: str
+    consume_enable: bool
+    consume_from_min_enable: bool
+    consume_broadcast_enable: bool
+    retry_queue_nums: int
+    retry_max_times: int
+
+
+def _transaction(t: pb.TransactionInfo) -> TransactionInfo:
+    return TransactionInfo(t.transaction_id, t.producer_group, t.status, t.half_count, t.first_store_ms,
+                           t.last_activity_ms, t.check_times, t.ended_ms, t.complete)  # fmt: skip
+
+
+def _group(g: pb.SubscriptionGroup) -> SubscriptionGroup:
+    return SubscriptionGroup(g.group_name, g.consume_enable, g.consume_from_min_enable, g.consume_broadcast_enable,
+                             g.retry_queue_nums, g.retry_max_times)  # fmt: skip
+
+
 def _topic(t: pb.TopicInfo) -> TopicInfo:
     return TopicInfo(t.topic, t.read_queue_nums, t.write_queue_nums, t.perm)
 
@@ -83,6 +116,48 @@ class Admin:
     def view_message(self, msg_id: str) -> ReceivedMessage:
         r = self.conn.call(self.stub.ViewMessageById, pb.ViewMessageByIdRequest(msg_id=msg_id))
         return decode_entries(r.entries, r.entry_positions)[0]
+
+    # ------------------------------------------------------------------------------------------ transactions
+    def list_transactions(self, prefix: str = "", status: str = "") -> list[TransactionInfo]:
+        """Transactions whose id starts with ``prefix`` (optionally only one status), sorted by id."""
+        request = pb.ListTransactionsRequest(prefix=prefix, status=status)
+        return [_transaction(t) for t in self.conn.call(self.stub.ListTransactions, request).transactions]
+
+    def end_transaction(self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None) -> str:
+        """Commit or roll back every half message of ``txn_id`` atomically; returns the final status
+        (COMMITTED / ROLLED_BACK), the first outcome when it had ended already. ``committed_attempts``: commit only
+        halves whose TRAN_ATTEMPT property is listed."""
+        request = pb.EndTransactionRequest(
+            transaction_id=txn_id, commit=commit, committed_attempts=committed_attempts or [],
+            restrict_attempts=committed_attempts is not None,
+        )  # fmt: skip
+        return self.conn.call(self.stub.EndTransaction, request).status
+
+    def end_transactions(self, prefix: str, commit: bool) -> dict[str, str]:
+        """End every open transaction whose id starts with ``prefix``; transaction id -> final status."""
+        request = pb.EndTransactionsRequest(prefix=prefix, commit=commit)
+        return {r.transaction_id: r.status for r in self.conn.call(self.stub.EndTransactions, request).results}
+
+    # ------------------------------------------------------------------------------------------ groups
+    def subscription_group(self, group: str) -> SubscriptionGroup:
+        request = pb.GetSubscriptionGroupRequest(consumer_group=group)
+        return _group(self.conn.call(self.stub.GetSubscriptionGroup, request))
+
+    def update_subscription_group(
+        self, group: str, *, consume_enable: bool | None = None, consume_from_min_enable: bool | None = None,
+        consume_broadcast_enable: bool | None = None, retry_queue_nums: int | None = None,
+        retry_max_times: int | None = None,
+    ) -> SubscriptionGroup:  # fmt: skip
+        """Change the given settings of a group (kept in the broker's config/subscriptionGroup.json)."""
+        changes = {
+            "consume_enable": consume_enable, "consume_from_min_enable": consume_from_min_enable,
+            "consume_broadcast_enable": consume_broadcast_enable, "retry_queue_nums": retry_queue_nums,
+            "retry_max_times": retry_max_times,
+        }  # fmt: skip
+        request = pb.UpdateSubscriptionGroupRequest(
+            consumer_group=group, **{k: v for k, v in changes.items() if v is not None}
+        )
+        return _group(self.conn.call(self.stub.UpdateSubscriptionGroup, request))
 
     def stats(self) -> dict[str, float]:
         return dict(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import overload
 
 from broker.client.connection import Connection
+from broker.client.half_batch import split_entries, to_half_batch
 from broker.client.message import Message, encode_message
 from broker.client.results import SendResult, SendStatus
 from broker.errors import BrokerError, MessageIllegalError
@@ -55,6 +56,14 @@ class SendResults(Sequence[SendResult]):
 
     def __repr__(self) -> str:
         return f"SendResults({len(self)} messages, {self.status.value})"
+
+    def extend(self, other: SendResults) -> None:
+        """Append another call's results (a batch sent in several calls); the worst status wins."""
+        if other.status is not SendStatus.SEND_OK:
+            self.status = other.status
+        self.commitlog_offsets += other.commitlog_offsets
+        self.queue_ids += other.queue_ids
+        self.queue_offsets += other.queue_offsets
 
 
 class Producer:
@@ -125,12 +134,31 @@ class Producer:
         results += self.send_encoded(b"".join(chunk), len(chunk))
         return results
 
-    def send_encoded(self, buffer: bytes, count: int) -> SendResults:
+    def send_encoded(self, buffer: bytes, count: int, transaction_id: str | None = None) -> SendResults:
         """Send entries already encoded with ``encode_entry`` (the fast path); stored all-or-nothing.
 
-        Returns a lazy sequence of SendResult (one per entry, in order)."""
-        request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count)
-        return SendResults(self.conn.call(self.conn.stub.SendBatch, request))
+        With ``transaction_id`` the entries are sent as half messages of that batch transaction (invisible until
+        ``Admin.end_transaction(transaction_id, commit=True)``); any number of calls from any number of processes
+        may join one transaction. The entries are re-addressed as halves here (``half_batch.to_half_batch``) so the
+        broker only checks them; halves are bigger, so the buffer may go in several calls (each all-or-nothing).
+
+        Returns a lazy sequence of SendResult (one per entry, in order; for halves, the halves' positions)."""
+        if not transaction_id:
+            request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count)
+            return SendResults(self.conn.call(self.conn.stub.SendBatch, request))
+        half = to_half_batch(buffer, self.group, transaction_id)
+        chunks = [(half, count)] if len(half) <= self.batch_limit_bytes else split_entries(half, self.batch_limit_bytes)
+        results: SendResults | None = None
+        for chunk, n in chunks:
+            request = pb.SendBatchRequest(producer_group=self.group, entries=chunk, count=n,
+                                          transaction_id=transaction_id)  # fmt: skip
+            part = SendResults(self.conn.call(self.conn.stub.SendBatch, request))
+            if results is None:
+                results = part
+            else:
+                results.extend(part)
+        assert results is not None
+        return results
 
     def close(self) -> None:
         self.conn.close()

@@ -6,9 +6,20 @@ pull loop and calls the listener in queue order. CLUSTERING splits the queues ov
 AVERAGELY or CIRCLE) and keeps offsets on the broker; BROADCASTING gives every consumer every queue and keeps
 offsets on the client (in memory, or in a JSON file when ``offset_store_path`` is given).
 
-The listener returns ``ConsumeStatus.CONSUME_SUCCESS`` (or None) or ``RECONSUME_LATER``; a failed batch (or one
-that raised) is retried on the same queue after ``reconsume_delay_ms`` before later messages, so nothing is
-skipped. The listener is called from several threads (one per queue): it must be thread-safe.
+The listener returns ``ConsumeStatus.CONSUME_SUCCESS`` (or None) or ``RECONSUME_LATER``. In CLUSTERING mode a
+failed message (RECONSUME_LATER, or the listener raised) is sent back to the broker (ConsumerSendMsgBack, unless
+``send_back=False``): it comes again through ``%RETRY%{group}``, which every clustering consumer subscribes to
+automatically, after the delay of its retry (10 s, 30 s, 1 m, ...), and goes to ``%DLQ%{group}`` after
+``max_reconsume_times`` (default: the group's retryMaxTimes, 16); the queue goes on meanwhile. Messages whose
+send-back fails, and failed messages in BROADCASTING mode, are retried on the same queue after
+``reconsume_delay_ms``, so nothing is skipped. The listener is called from several threads (one per queue): it
+must be thread-safe.
+
+``orderly=True`` (RocketMQ's MessageListenerOrderly): each queue is locked on the broker before it is consumed
+(renewed every ``lock_renew_interval_ms``, 20 s; the broker lets a lock expire after 60 s), one thread per queue
+calls the listener in queue order, and a failed message suspends its queue for ``reconsume_delay_ms`` and is
+retried, never skipped nor sent back. ``expression_types={topic: "SQL92"}`` makes that topic's expression an SQL92
+selector over the properties, evaluated on the broker. ``%DLQ%`` topics cannot be subscribed.
 """
 
 from __future__ import annotations
@@ -37,17 +48,21 @@ from broker.client.consumer_options import (
 )
 from broker.client.message import decode_entries
 from broker.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
+from broker.client.pull_consumer import send_back
 from broker.client.rebalance import AVERAGELY, STRATEGIES
 from broker.client.results import PullStatus, ReceivedMessage
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.proto.subscription import parse_tags, tag_matches
+from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, retry_topic
+from broker.store.message import Prop
 
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
 EARLY_ANSWER_BACKOFF_S = 0.1
+LOCK_RETRY_S = 1.0  # orderly: an unlocked queue (held by another consumer) is tried again this often
 
 
 Listener = Callable[[list[ReceivedMessage]], ConsumeStatus | None]
@@ -96,6 +111,9 @@ class _QueueWorker(threading.Thread):
         topic, queue_id = self.key
         offset = o.offsets.initial_offset(topic, queue_id)
         while not self.dropped.is_set():
+            if o.orderly and not o._hold_lock(self.key):
+                self.dropped.wait(LOCK_RETRY_S)
+                continue
             started = time.monotonic()
             try:
                 response = self._pull(offset)
@@ -129,7 +147,7 @@ class _QueueWorker(threading.Thread):
         request = pb.PullRequest(
             consumer_group=o.group, topic=topic, queue_id=queue_id, queue_offset=offset, max_msgs=o.pull_batch_size,
             suspend_timeout_ms=o.long_poll_ms, tag_expression=o.subscription[topic],
-            commit_offset=-1 if commit is None else commit,
+            commit_offset=-1 if commit is None else commit, expression_type=o.expression_types.get(topic, "TAG"),
         )  # fmt: skip
         with self._lock:
             if self.dropped.is_set():
@@ -160,12 +178,20 @@ class _QueueWorker(threading.Thread):
         """Call the listener chunk by chunk; retry a failed chunk until it succeeds. False when dropped."""
         o = self.owner
         wanted = o.tag_sets[self.key[0]]
-        messages = [m for m in messages if tag_matches(wanted, m.tags)]
+        messages = [o._restore_topic(m) for m in messages if tag_matches(wanted, m.tags)]
+        send_back_failed = o.send_back
         for start in range(0, len(messages), o.consume_batch_size):
             chunk = messages[start : start + o.consume_batch_size]
             while not self.dropped.is_set():
+                if o.orderly and not o._hold_lock(self.key):  # lost (expired): wait until it is ours again
+                    self.dropped.wait(LOCK_RETRY_S)
+                    continue
                 if o._call_listener(chunk):
                     break
+                if send_back_failed:
+                    chunk = o._send_back(chunk)  # the ones the broker took come again through the retry topic
+                    if not chunk:
+                        break
                 self.dropped.wait(o.reconsume_delay_ms / 1000)
             if self.dropped.is_set():
                 return False
@@ -180,15 +206,31 @@ class PushConsumer:
         consume_batch_size: int = 1, long_poll_ms: int = 15_000, heartbeat_interval_ms: int = 30_000,
         rebalance_interval_ms: int = 20_000, persist_interval_ms: int = 5_000, pull_backoff_ms: int = 3_000,
         reconsume_delay_ms: int = 1_000, offset_store_path: str | Path | None = None, timeout_s: float = 30.0,
+        orderly: bool = False, max_reconsume_times: int = -1, expression_types: Mapping[str, str] | None = None,
+        lock_renew_interval_ms: int = 20_000, send_back: bool = True,
     ) -> None:  # fmt: skip
         if not subscription:
             raise InvalidArgumentError("subscription is empty; give {topic: tag expression}, e.g. {'T': '*'}")
+        dead = [t for t in subscription if t.startswith(DLQ_GROUP_TOPIC_PREFIX)]
+        if dead:
+            raise InvalidArgumentError(f"{dead[0]} is a dead-letter queue: its messages are never redelivered")
         if allocate not in STRATEGIES:
             raise InvalidArgumentError(f"allocate {allocate!r} is not one of {sorted(STRATEGIES)}")
         self.conn = Connection(endpoint, timeout_s)
         self.group, self.listener, self.model = group, listener, model
         self.subscription = dict(subscription)
-        self.tag_sets = {t: parse_tags(e) for t, e in self.subscription.items()}  # refuses bad expressions now
+        self.expression_types = {t: k.upper() for t, k in (expression_types or {}).items()}
+        self.orderly, self.max_reconsume_times = orderly, max_reconsume_times
+        self.lock_renew_interval_ms = lock_renew_interval_ms
+        self.send_back = send_back and model is CLUSTERING and not orderly
+        self.retry_topic = retry_topic(group)
+        if self.send_back:  # failed messages come back through the group's retry topic
+            self.subscription.setdefault(self.retry_topic, "*")
+        self.tag_sets = {
+            t: None if self.expression_types.get(t, "TAG") == "SQL92" else parse_tags(e)
+            for t, e in self.subscription.items()
+        }  # refuses bad tag expressions now; SQL92 ones are checked by the broker at the first pull
+        self._locked: set[QueueKey] = set()
         self.allocate = STRATEGIES[allocate]
         self.client_id = client_id or default_client_id()
         self.pull_batch_size, self.consume_batch_size = pull_batch_size, max(1, consume_batch_size)
@@ -246,14 +288,16 @@ class PushConsumer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def assigned_queues(self) -> set[QueueKey]:
+    def assigned_queues(self, include_retry: bool = False) -> set[QueueKey]:
+        """The queues this consumer pulls (without its automatic %RETRY% subscription unless asked)."""
         with self._lock:
-            return set(self._workers)
+            return {k for k in self._workers if include_retry or k[0] != self.retry_topic}
 
     # ------------------------------------------------------------------------------------------------ control
     def _control_loop(self) -> None:
-        tick_ms = min(self.heartbeat_interval_ms, self.rebalance_interval_ms, self.persist_interval_ms)
-        since = {"heartbeat": 0, "rebalance": 0, "persist": 0}
+        tick_ms = min(self.heartbeat_interval_ms, self.rebalance_interval_ms, self.persist_interval_ms,
+                      self.lock_renew_interval_ms)  # fmt: skip
+        since = {"heartbeat": 0, "rebalance": 0, "persist": 0, "lock": 0}
         while not self._stop.is_set():
             triggered = self._rebalance_now.wait(tick_ms / 1000)
             self._rebalance_now.clear()
@@ -271,6 +315,9 @@ class PushConsumer:
                 if since["persist"] >= self.persist_interval_ms:
                     since["persist"] = 0
                     self.offsets.commit_all()
+                if self.orderly and since["lock"] >= self.lock_renew_interval_ms:
+                    since["lock"] = 0
+                    self._lock_queues(self.assigned_queues())
             except BrokerError as e:
                 log.warning("consumer %s of %s: %s; will retry", self.client_id, self.group, e.message)
             except Exception:  # the control thread must outlive any surprise: log it and go on
@@ -321,6 +368,8 @@ class PushConsumer:
             w.join()
             self.offsets.commit_queue(*w.key)
             self.offsets.forget(*w.key)
+        if self.orderly and dropped:
+            self._unlock_queues({w.key for w in dropped})
         if dropped or desired - current:
             log.info("%s of %s now consumes %s", self.client_id, self.group, sorted(desired))
 
@@ -337,6 +386,57 @@ class PushConsumer:
             log.exception("listener of %s raised on %d messages; will retry them", self.group, len(chunk))
             return False
         return status is None or status is ConsumeStatus.CONSUME_SUCCESS
+
+    # ------------------------------------------------------------------------------------------------ semantics
+    def _restore_topic(self, msg: ReceivedMessage) -> ReceivedMessage:
+        """A message from the retry topic is shown under its original topic, as RocketMQ's client does."""
+        if msg.topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and Prop.RETRY_TOPIC in msg.properties:
+            msg.topic = msg.properties[Prop.RETRY_TOPIC]
+        return msg
+
+    def _send_back(self, chunk: list[ReceivedMessage]) -> list[ReceivedMessage]:
+        """Send failed messages back to the broker; returns those it could not take (retried here)."""
+        kept: list[ReceivedMessage] = []
+        for msg in chunk:
+            try:
+                send_back(self.conn, self.group, msg, 0, self.max_reconsume_times)
+            except BrokerError as e:
+                log.warning("send-back of %s to %s failed (%s); retrying it here", msg.msg_id, self.group, e.message)
+                kept.append(msg)
+        return kept
+
+    def _lock_request(self, keys: set[QueueKey]) -> pb.LockBatchRequest:
+        queues = [pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(keys)]
+        return pb.LockBatchRequest(consumer_group=self.group, client_id=self.client_id, queues=queues)
+
+    def _lock_queues(self, keys: set[QueueKey]) -> set[QueueKey]:
+        """Lock (or renew) queues on the broker; the set this consumer holds afterwards."""
+        if not keys:
+            return set()
+        request = self._lock_request(keys)
+        try:
+            held = {(q.topic, q.queue_id) for q in self.conn.call(self.conn.stub.LockBatchMQ, request).queues}
+        except BrokerError as e:
+            log.warning("locking %d queues of %s failed: %s", len(keys), self.group, e.message)
+            held = set()
+        with self._lock:
+            self._locked = (self._locked - keys) | held
+        return held
+
+    def _unlock_queues(self, keys: set[QueueKey]) -> None:
+        with self._lock:
+            self._locked -= keys
+        request = self._lock_request(keys)
+        try:
+            self.conn.call(self.conn.stub.UnlockBatchMQ, request)
+        except BrokerError as e:  # the broker lets the locks expire after 60 s
+            log.warning("unlocking %d queues of %s failed: %s", len(keys), self.group, e.message)
+
+    def _hold_lock(self, key: QueueKey) -> bool:
+        with self._lock:
+            if key in self._locked:
+                return True
+        return key in self._lock_queues({key})
 
     def _commit_quietly(self) -> None:
         try:

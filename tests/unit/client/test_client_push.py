@@ -94,7 +94,7 @@ def test_circle_allocation_and_listener_failure_is_retried(broker: BrokerControl
 
     send(endpoint, "Flaky", 0, 16)
     with PushConsumer(endpoint, "fg", {"Flaky": "*"}, flaky, consume_from=FIRST, allocate=CIRCLE,
-                      reconsume_delay_ms=50, **FAST) as c:  # fmt: skip
+                      reconsume_delay_ms=50, send_back=False, **FAST) as c:  # fmt: skip
         wait_until(lambda: len(done.bodies) == 16)
         assert len(c.assigned_queues()) == 8
     assert attempts[b"3"] == 3 and sorted(done.bodies, key=int) == [str(i).encode() for i in range(16)]
