@@ -2,8 +2,10 @@
 
 All appends take one lock (``append_lock``). Under it the store assigns what only it can know: the physical
 offset, the queue offset (from ``queue_table``: ``(topic, queueId) -> next offset``), and a store timestamp that
-never goes backwards. The entry bytes are then written with one ``pwrite``. An entry that does not fit in the
-rest of a file (keeping 8 bytes for the blank head) goes to the next file; the rest becomes a blank entry.
+never goes backwards. These are patched into the encoded bytes (a batch: two row-wise numpy assignments, or struct
+per entry for small ones) and the whole entry or batch is written with one copy (MappedFile.append). An entry or
+batch that does not fit in the rest of a file (keeping 8 bytes for the blank head) goes to the next file; the
+rest becomes a blank entry. The queue table changes only after the write succeeded.
 """
 
 from __future__ import annotations

@@ -206,13 +206,6 @@ class ConsumeQueue:
         self.correct_min_offset(commit_log_min)
         return doomed
 
-    def truncate_to_commit_log(self, commit_log_end: int) -> None:
-        """Drop units pointing past the commit log's end (after the commit log lost its tail)."""
-        end = self._find_end(commit_log_end)
-        last = self.files.last()
-        if last is not None and end < self.files.max_offset:
-            self._truncate_logged(max(end, self.min_offset * CQ_UNIT_SIZE))
-
     def close(self) -> None:
         self.files.close()
 

@@ -323,15 +323,6 @@ class MappedFileQueue:
             f.destroy()
         return gone
 
-    def reset_to(self, offset: int) -> None:
-        """Delete everything and make the queue start empty at ``offset`` (rounded to its file)."""
-        with self._lock:
-            gone, self.files = self.files, []
-        for f in gone:
-            f.destroy()
-        f = self.create(offset - offset % self.file_size)
-        f.set_positions(offset - f.file_from_offset)
-
     def close(self) -> None:
         for f in self.files:
             f.close()

@@ -41,7 +41,9 @@ def main() -> None:
     while True:
         qid = rng.randrange(QUEUES)
         if rng.random() < 0.3:
-            ids = list(range(next_id, next_id + rng.randrange(1, 20)))
+            # small batches take the entry-by-entry path, more than 32 entries the vectorised one
+            count = rng.randrange(1, 20) if rng.random() < 0.5 else rng.randrange(33, 60)
+            ids = list(range(next_id, next_id + count))
             buf = b"".join(
                 encode_entry(TOPIC.encode(), qid, body(i, rng), encode_properties({"KEYS": f"k{i}"})) for i in ids
             )
