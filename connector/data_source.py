@@ -23,20 +23,18 @@ from connector.stream_reader import SluiceStreamReader
 class SluiceDataSource(DataSource):
     """``spark.read(Stream).format("sluice")``; options are validated when the reader is created (query start)."""
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        # Spark builds this object in .load(): reject options that are wrong for batch and stream alike right
-        # there; mode-specific rules (e.g. endingOffsets) are checked when the reader is created.
-        try:
-            parse_options(options, streaming=True)
-        except SourceOptionError:
-            parse_options(options, streaming=False)
-
     @classmethod
     def name(cls) -> str:
         return "sluice"
 
     def schema(self) -> StructType:
+        # Spark asks for the schema in .load() (reads only; writes never call it): reject options that are wrong
+        # for batch and stream reads alike right there. Mode-specific rules (e.g. endingOffsets) are checked when
+        # the reader is created, at query start.
+        try:
+            parse_options(self.options, streaming=True)
+        except SourceOptionError:
+            parse_options(self.options, streaming=False)
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
