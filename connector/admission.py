@@ -81,11 +81,13 @@ class AdmissionControl:
 
     @staticmethod
     def _limit(option: int | None, limit: ReadLimit, kind: type, attr: str) -> int | None:
-        """The option's value, tightened by the ReadLimit Spark passed when it is of the same kind."""
-        if isinstance(limit, kind):
-            given = int(getattr(limit, attr))
-            return given if option is None else min(option, given) if attr != "min_rows" else max(option, given)
-        return option
+        """The option's value, made stricter by the ReadLimit Spark passed when it is of the same kind."""
+        if not isinstance(limit, kind):
+            return option
+        given = int(getattr(limit, attr))
+        if option is None:
+            return given
+        return max(option, given) if attr == "min_rows" else min(option, given)  # a minimum is stricter when larger
 
 
 def _bytes_limited(

@@ -121,3 +121,49 @@ def test_split_ranges_by_max_and_min_partitions() -> None:
         mine = [p for p in parts if p.queue_id == qid]
         assert mine[0].start == lo and mine[-1].end == hi
         assert all(a.end == b.start for a, b in itertools.pairwise(mine))
+
+
+def test_admission_control_follows_spark_read_limits() -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+    from connector.admission import AdmissionControl, default_read_limit
+
+    def no_probe(*_: object) -> int:
+        raise AssertionError("no byte limit configured")
+
+    start = {("t", 0): 0, ("t", 1): 0}
+    latest = {("t", 0): 30, ("t", 1): 10}
+    opts = parse_options({**BASE, "maxMessagesPerTrigger": "20", "minMessagesPerTrigger": "5"}, streaming=True)
+    assert default_read_limit(opts) == ReadMaxRows(20)
+    ac = AdmissionControl(opts)
+    # ReadAllAvailable (what the engine passes when the trigger demands everything) ignores the options
+    assert ac.end_offsets(start, latest, ReadAllAvailable(), no_probe, available_now=False) == latest
+    assert ac.end_offsets(start, latest, ReadMaxRows(20), no_probe, available_now=False) == {("t", 0): 15, ("t", 1): 5}
+    assert ac.end_offsets(start, latest, ReadMaxRows(8), no_probe, available_now=False) == {("t", 0): 6, ("t", 1): 2}
+    # fewer than minMessagesPerTrigger waiting: no batch (until maxTriggerDelay), except under AvailableNow
+    few = {("t", 0): 2, ("t", 1): 1}
+    assert ac.end_offsets(start, few, ReadMinRows(5), no_probe, available_now=False) == start
+    assert ac.end_offsets(start, few, ReadMinRows(5), no_probe, available_now=True) == few
+    late = parse_options({**BASE, "minMessagesPerTrigger": "5", "maxTriggerDelay": "0ms"}, streaming=True)
+    assert AdmissionControl(late).end_offsets(start, few, ReadMinRows(5), no_probe, available_now=False) == few
+
+
+def test_byte_limit_shares_bytes_by_backlog_and_always_moves() -> None:
+    from pyspark.sql.streaming.datasource import ReadMaxBytes
+
+    from connector.admission import AdmissionControl
+
+    calls: list[tuple[str, int, int, int, int]] = []
+
+    def probe(topic: str, qid: int, s: int, cap: int, budget: int) -> int:
+        calls.append((topic, qid, s, cap, budget))
+        return min(cap, s + budget // 100)  # every entry is 100 bytes
+
+    opts = parse_options({**BASE, "maxBytesPerTrigger": "1000"}, streaming=True)
+    ac = AdmissionControl(opts)
+    end = ac.end_offsets({("t", 0): 0, ("t", 1): 0}, {("t", 0): 30, ("t", 1): 10}, ReadMaxBytes(1000), probe,
+                         available_now=False)  # fmt: skip
+    assert end == {("t", 0): 7, ("t", 1): 2} and [c[4] for c in calls] == [750, 250]
+    tiny = AdmissionControl(parse_options({**BASE, "maxBytesPerTrigger": "10"}, streaming=True))
+    end = tiny.end_offsets({("t", 0): 0}, {("t", 0): 30}, ReadMaxBytes(10), probe, available_now=False)
+    assert end == {("t", 0): 1}  # one message even when it is larger than the whole budget
