@@ -1,0 +1,56 @@
+"""Delay levels through a real broker: the message waits in SCHEDULE_TOPIC_XXXX and arrives when due."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from conftest import BrokerFactory, wait_until
+from e2e_util import read_topic, visible_count
+
+from broker.client import Message, Producer
+from broker.semantics.system_topics import SCHEDULE_TOPIC
+from broker.store.message import Prop
+
+LEVEL_2_MS = 5_000
+LATE_TOLERANCE_MS = 2_500  # "late by at most ~1 s plus load": this machine runs other suites at the same time
+
+
+def test_level_2_arrives_after_5_s_and_survives_a_restart_while_waiting(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    store_dir = tmp_path / "store"
+    broker = broker_factory(store_dir)
+    endpoint = f"127.0.0.1:{broker.port}"
+    with Producer(endpoint) as producer:
+        sent = producer.send(Message("Later", b"wait for me", keys=["k1"], properties={Prop.DELAY: "2", "u": "v"}))
+        sent_ms = int(time.time() * 1000)
+        plain = producer.send(Message("Later", b"now"))
+    assert visible_count(endpoint, "Later") == 1  # only the plain one
+    assert broker.store is not None and broker.store.max_offset(SCHEDULE_TOPIC, 1) == 1  # level 2 = queue 1
+    broker.shutdown()  # restart while the message waits
+    broker = broker_factory(store_dir)
+    endpoint = f"127.0.0.1:{broker.port}"
+    wait_until(lambda: visible_count(endpoint, "Later") == 2, timeout_s=LEVEL_2_MS / 1000 + 10, what="delivery")
+    arrived_ms = int(time.time() * 1000)
+    got = [m for m in read_topic(endpoint, "Later") if m.body == b"wait for me"]
+    assert len(got) == 1
+    m = got[0]
+    assert m.msg_id != sent.msg_id and m.msg_id != plain.msg_id  # re-stored: a new message id
+    assert m.properties["u"] == "v" and m.keys == ["k1"] and m.properties[Prop.REAL_TOPIC] == "Later"
+    delay_ms = m.store_timestamp - (sent_ms - 50)
+    assert LEVEL_2_MS - 100 <= delay_ms <= LEVEL_2_MS + LATE_TOLERANCE_MS, delay_ms
+    assert arrived_ms - sent_ms >= LEVEL_2_MS - 100
+
+
+def test_short_levels_batch_and_clamping(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    endpoint = f"127.0.0.1:{broker.port}"
+    with Producer(endpoint) as producer:
+        msgs = [Message("Soon", f"{i}".encode(), properties={Prop.DELAY: "3"} if i % 2 else {}) for i in range(100)]
+        producer.send_batch(msgs, queue_id=0)
+        producer.send(Message("Soon", b"clamped", properties={Prop.DELAY: "99"}))  # above 18: level 18 (200 ms)
+    assert visible_count(endpoint, "Soon") == 50
+    wait_until(lambda: visible_count(endpoint, "Soon") == 101, timeout_s=10, what="delayed batch delivery")
+    bodies = sorted(m.body for m in read_topic(endpoint, "Soon"))
+    assert bodies == sorted([f"{i}".encode() for i in range(100)] + [b"clamped"])
