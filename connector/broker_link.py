@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from broker.client import Admin, PullConsumer
-from broker.errors import TopicNotExistError
+from broker.errors import ServiceNotAvailableError, TopicNotExistError
 from connector.options import SourceOptions
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRY_DELAYS_S = (0.0, 0.2, 1.0, 3.0, 5.0)  # about 9 s: rides out a broker restart, not an outage
 
 _lock = threading.Lock()
 _links: dict[tuple[str, str, int], BrokerLink] = {}
@@ -30,21 +35,37 @@ class BrokerLink:
     def queue_offsets(self, topic: str) -> dict[int, tuple[int, int]]:
         """Queue id -> (min, max) offsets in one GetQueueOffsets call; a topic that does not exist has no queues."""
         try:
-            return self.admin.queue_offsets(topic)
+            return retried(lambda: self.admin.queue_offsets(topic))
         except TopicNotExistError:
             return {}
 
     def topics(self) -> list[str]:
-        return sorted(t.topic for t in self.admin.list_topics())
+        return sorted(t.topic for t in retried(self.admin.list_topics))
 
     def committed(self, topic: str) -> dict[int, int]:
         try:
-            return self.consumer.committed_offsets(topic)
+            return retried(lambda: self.consumer.committed_offsets(topic))
         except TopicNotExistError:
             return {}
 
+    def offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return retried(lambda: self.admin.search_offset_by_timestamp(topic, queue_id, timestamp_ms))
+
     def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
         self.consumer.commit_offsets(offsets)
+
+
+def retried(call: Callable[[], T]) -> T:
+    """``call()``, retried with backoff while the broker is unreachable (Kafka's source retries offset fetches too)."""
+    for attempt, delay_s in enumerate(RETRY_DELAYS_S):
+        time.sleep(delay_s)
+        try:
+            return call()
+        except ServiceNotAvailableError as exc:
+            if attempt == len(RETRY_DELAYS_S) - 1:
+                raise
+            log.warning("broker call failed (%s); retrying", exc)
+    raise AssertionError("unreachable")
 
 
 def link_for(options: SourceOptions) -> BrokerLink:

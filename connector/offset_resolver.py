@@ -81,7 +81,7 @@ def _committed(options: SourceOptions, link: BrokerLink, snap: Snapshot) -> dict
 def _by_timestamp(options: SourceOptions, link: BrokerLink, snap: Snapshot, ts_ms: int) -> dict[QueueKey, int]:
     out: dict[QueueKey, int] = {}
     for (topic, qid), (lo, hi) in sorted(snap.items()):
-        off = link.admin.search_offset_by_timestamp(topic, qid, ts_ms) if hi > lo else hi
+        off = link.offset_by_timestamp(topic, qid, ts_ms) if hi > lo else hi
         if hi > lo and off >= hi and options.timestamp_strategy == "error":
             raise SourceOptionError(
                 f"option 'startingTimestamp': {topic}/{options.broker_name}:{qid} has no message stored at or after "

@@ -18,7 +18,7 @@ from pyspark.sql.datasource import InputPartition
 
 from broker.client import PullStatus, RawPullResult
 from broker.errors import BrokerError
-from connector.broker_link import BrokerLink, link_for
+from connector.broker_link import BrokerLink, link_for, retried
 from connector.data_loss import data_lost
 from connector.options import SourceOptions
 from connector.record_batch import RowFilter, decode_entries
@@ -70,10 +70,13 @@ def read_partition(options: SourceOptions, part: SluicePartition) -> Iterator[pa
 
 
 def _pull(link: BrokerLink, options: SourceOptions, part: SluicePartition, offset: int) -> RawPullResult:
-    return link.consumer.pull_raw(
-        part.topic, part.queue_id, offset, max_msgs=min(options.pull_batch_size, part.end - offset),
-        timeout_ms=0, tags=options.tag_expression,
-    )  # fmt: skip
+    """One pull, retried while the broker is unreachable (a broker restart should not fail the task)."""
+    max_msgs = min(options.pull_batch_size, part.end - offset)
+    return retried(
+        lambda: link.consumer.pull_raw(
+            part.topic, part.queue_id, offset, max_msgs=max_msgs, timeout_ms=0, tags=options.tag_expression
+        )
+    )
 
 
 def _next_offset(options: SourceOptions, part: SluicePartition, at: int, r: RawPullResult) -> int:

@@ -167,3 +167,19 @@ def test_byte_limit_shares_bytes_by_backlog_and_always_moves() -> None:
     tiny = AdmissionControl(parse_options({**BASE, "maxBytesPerTrigger": "10"}, streaming=True))
     end = tiny.end_offsets({("t", 0): 0}, {("t", 0): 30}, ReadMaxBytes(10), probe, available_now=False)
     assert end == {("t", 0): 1}  # one message even when it is larger than the whole budget
+
+
+def test_broker_calls_are_retried_while_the_broker_is_unreachable() -> None:
+    from broker.errors import ServiceNotAvailableError, TopicNotExistError
+    from connector.broker_link import retried
+
+    failures = iter([ServiceNotAvailableError("down"), ServiceNotAvailableError("still down")])
+
+    def flaky() -> str:
+        for exc in failures:
+            raise exc
+        return "ok"
+
+    assert retried(flaky) == "ok"
+    with pytest.raises(TopicNotExistError):  # only unavailability is retried; a real answer is not
+        retried(lambda: (_ for _ in ()).throw(TopicNotExistError("no such topic")))
