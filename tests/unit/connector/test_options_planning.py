@@ -183,3 +183,17 @@ def test_broker_calls_are_retried_while_the_broker_is_unreachable() -> None:
     assert retried(flaky) == "ok"
     with pytest.raises(TopicNotExistError):  # only unavailability is retried; a real answer is not
         retried(lambda: (_ for _ in ()).throw(TopicNotExistError("no such topic")))
+
+
+def test_group_commit_failure_is_retried_logged_and_never_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    from broker.client import Admin, PullConsumer
+    from connector.broker_link import BrokerLink
+    from connector.group_commit import GroupCommitter
+
+    dead = "127.0.0.1:9"  # nothing listens on the discard port: every call fails as unavailable
+    committer = GroupCommitter("g")
+    link = BrokerLink(PullConsumer(dead, "g", timeout_s=0.5), Admin(dead, timeout_s=0.5))
+    assert committer.commit(link, {("t", 0): 5}) is False
+    assert committer.failures == 1 and committer.committed is None
+    assert "gave up committing group 'g'" in caplog.text
+    assert GroupCommitter(None).commit(link, {("t", 0): 5}) is True  # no group: nothing to do
