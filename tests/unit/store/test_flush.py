@@ -1,16 +1,13 @@
 """Flush: SYNC group commit, per-message WAIT, FLUSH_DISK_TIMEOUT, failed fsync (apache/rocketmq 2706, 3129),
-ASYNC least pages, and the checkpoint file."""
+ASYNC least pages."""
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable
 
 from broker.store import MessageStore, PutStatus
-from broker.store.checkpoint import CHECKPOINT, Checkpoint
 
 
 def test_sync_flush_acks_only_what_is_on_disk(make_store: Callable[..., MessageStore]) -> None:
@@ -101,29 +98,3 @@ def test_async_flush_waits_for_least_pages(make_store: Callable[..., MessageStor
     while s.commit_log.flushed_offset == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert s.commit_log.flushed_offset > 16 * 1024
-
-
-def test_checkpoint_records_flushes(make_store: Callable[..., MessageStore]) -> None:
-    s = make_store()
-    r = s.put_message("C", 0, b"x")
-    s.flush()
-    s.shutdown()
-    with open(s.config.checkpoint_path, "rb") as f:
-        raw = f.read(CHECKPOINT.size)
-    physic_ts, logics_ts, index_ts, physic_off, logics_off, index_off, crc = struct.unpack(">qqqqqqI", raw)
-    assert physic_ts == logics_ts == index_ts == r.store_timestamp
-    assert physic_off == logics_off == index_off == r.wrote_bytes
-    assert crc == zlib.crc32(raw[:48])
-
-
-def test_torn_checkpoint_is_ignored(tmp_path: object) -> None:
-    path = f"{tmp_path}/checkpoint"
-    cp = Checkpoint(path, lambda fd: None)
-    cp.update(physic_offset=123, logics_offset=100, index_offset=90)
-    cp.close()
-    assert Checkpoint(path, lambda fd: None).data.min_dispatch_offset == 90
-    with open(path, "r+b") as f:
-        f.seek(30)
-        f.write(b"\xff")
-    torn = Checkpoint(path, lambda fd: None)
-    assert not torn.valid and torn.data.physic_offset == 0

@@ -150,20 +150,6 @@ def test_one_broker_per_store_directory(make_store: Callable[..., MessageStore])
         other.start()
 
 
-def test_check_reports_planted_damage(make_store: Callable[..., MessageStore]) -> None:
-    """The oracle is not vacuous: a wrong unit is reported with its queue and offset."""
-    s = make_store()
-    _put(s, 12)
-    assert s.wait_dispatched()
-    cq = s.queues.find("R", 0)
-    assert cq is not None
-    unit = cq.unit(3)
-    assert unit is not None
-    cq.put_units(3, CQ_UNIT.pack(unit.commitlog_offset + 1, unit.size, unit.tag_hash))
-    problems = s.check()
-    assert any("consume queue R/0 unit 3" in p for p in problems), problems
-
-
 def test_puts_racing_shutdown_either_land_or_are_refused(make_store: Callable[..., MessageStore]) -> None:
     s = make_store()
 
