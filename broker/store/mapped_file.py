@@ -38,7 +38,10 @@ PWRITE_MIN_BYTES = 64 * 1024
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# Linux fallocate(2) with PUNCH_HOLE (Python's os module has only posix_fallocate); None where libc lacks it.
+_fallocate = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), "fallocate", None)
+if _fallocate is not None:
+    _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
 
 
 def file_name(offset: int) -> str:
@@ -47,12 +50,9 @@ def file_name(offset: int) -> str:
 
 def _punch_hole(fd: int, offset: int, length: int) -> bool:
     """Zero a range without writing it (Linux fallocate PUNCH_HOLE); False if the file system cannot."""
-    fallocate = getattr(_libc, "fallocate", None)
-    if fallocate is None or length <= 0:
+    if _fallocate is None or length <= 0:
         return False
-    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
-    rc = fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length)
-    return bool(rc == 0)
+    return bool(_fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0)
 
 
 class MappedFile:

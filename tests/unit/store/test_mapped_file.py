@@ -56,3 +56,16 @@ def test_load_rejects_a_gap_between_files(tmp_path: object) -> None:
     q2 = MappedFileQueue(str(tmp_path), 4096, os.fdatasync)
     with pytest.raises(CorruptionError, match="not contiguous"):
         q2.load()
+
+
+def test_truncate_without_hole_punching_overwrites_with_zeros(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.store import mapped_file
+
+    monkeypatch.setattr(mapped_file, "_fallocate", None)  # as on a libc / file system without PUNCH_HOLE
+    q = MappedFileQueue(str(tmp_path), 4096, os.fdatasync)
+    q.last_for_append().append(b"c" * 3000)
+    q.truncate(10)
+    assert q.files[0].read(0, 3000) == b"c" * 10 + bytes(2990)
+    q.close()
