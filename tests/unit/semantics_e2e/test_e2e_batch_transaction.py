@@ -1,0 +1,135 @@
+"""Batch transactions (the exactly-once Spark sink's protocol) through a real broker, and a crash mid-commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SEMANTICS, SMALL_STORE, broker_config, wait_until
+from e2e_util import read_topic, visible_count
+
+from broker.client import Admin, Message, Producer, encode_message
+from broker.errors import BrokerError
+from broker.server.broker_controller import BrokerController
+from broker.server.process import BrokerProcess
+
+CHILD = os.path.join(os.path.dirname(__file__), "batch_txn_child.py")
+WORKERS, PER_WORKER, BATCH = 4, 12_500, 2_500
+
+
+def send_from_processes(endpoint: str, txn_id: str, topic: str) -> None:
+    procs = [
+        subprocess.Popen([sys.executable, CHILD, endpoint, txn_id, str(w), str(PER_WORKER), str(BATCH), topic])
+        for w in range(WORKERS)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0] * WORKERS
+
+
+def expected_bodies(workers: int, per_worker: int) -> set[bytes]:
+    return {f"{w}:{i}".encode() for w in range(workers) for i in range(per_worker)}
+
+
+def test_50k_messages_from_4_processes_invisible_until_committed(broker: BrokerController, endpoint: str) -> None:
+    txn_id = "query-7:batch-3:run-1"
+    with Admin(endpoint) as admin:
+        admin.create_topic("Sink", 8)
+        send_from_processes(endpoint, txn_id, "Sink")
+        assert visible_count(endpoint, "Sink") == 0
+        (info,) = admin.list_transactions("query-7:")
+        assert (info.transaction_id, info.status, info.half_count) == (txn_id, "OPEN", WORKERS * PER_WORKER)
+        with Producer(endpoint) as other:  # an unrelated open transaction of the same query, rolled back in bulk
+            other.send_encoded(encode_message(Message("Sink", b"stale"), 0), 1, transaction_id="query-7:batch-2:run-0")
+        assert admin.end_transaction(txn_id, commit=True) == "COMMITTED"
+        # all of them once EndTransaction returns (the consume queues follow the commit log within moments)
+        wait_until(lambda: visible_count(endpoint, "Sink") == WORKERS * PER_WORKER, timeout_s=10, what="dispatch")
+        assert admin.end_transactions("query-7:", commit=False) == {"query-7:batch-2:run-0": "ROLLED_BACK"}
+        assert admin.end_transaction(txn_id, commit=False) == "COMMITTED"  # the first outcome stands
+        statuses = {t.transaction_id: t.status for t in admin.list_transactions("query-7:")}
+        assert statuses == {txn_id: "COMMITTED", "query-7:batch-2:run-0": "ROLLED_BACK"}
+    got = read_topic(endpoint, "Sink")
+    assert len(got) == WORKERS * PER_WORKER and {m.body for m in got} == expected_bodies(WORKERS, PER_WORKER)
+    assert all(m.properties["w"] == m.body.split(b":")[0].decode() for m in got[:1000])
+
+
+def test_committed_attempts_keep_only_the_named_writers(broker: BrokerController, endpoint: str) -> None:
+    txn_id = "query-8:batch-0:run-0"
+    with Producer(endpoint) as producer, Admin(endpoint) as admin:
+        for attempt in ("0.0.a", "0.1.b"):  # a failed task attempt and its successful retry
+            entries = [encode_message(Message("Att", f"{attempt}-{i}".encode(), properties={"TRAN_ATTEMPT": attempt}),
+                                      0) for i in range(10)]  # fmt: skip
+            producer.send_encoded(b"".join(entries), 10, transaction_id=txn_id)
+        assert admin.end_transaction(txn_id, commit=True, committed_attempts=["0.1.b"]) == "COMMITTED"
+    assert sorted(m.body for m in read_topic(endpoint, "Att")) == sorted(f"0.1.b-{i}".encode() for i in range(10))
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_batch_commit_leaves_all_or_none(tmp_path: Path) -> None:
+    config = tmp_path / "broker.json"
+    config.write_text(json.dumps({**SEMANTICS, "store": SMALL_STORE}))
+    store_dir = tmp_path / "store"
+    rng = random.Random(4)
+    n = 10_000
+    seen = {"all": 0, "none": 0}
+    for cycle in range(4):
+        topic, txn_id = f"Crash{cycle}", f"crash:{cycle}"
+        with BrokerProcess(store_dir, config=config) as proc:
+            send_halves(proc.endpoint, txn_id, topic, n)
+            assert visible_count(proc.endpoint, topic) == 0
+            outcome: list[str] = []
+
+            def commit(endpoint: str = proc.endpoint, txn: str = txn_id, outcome: list[str] = outcome) -> None:
+                try:
+                    with Admin(endpoint, timeout_s=30) as admin:
+                        outcome.append(admin.end_transaction(txn, commit=True))
+                except BrokerError as e:
+                    outcome.append(f"error: {e.message}")
+
+            committer = threading.Thread(target=commit)
+            committer.start()
+            if cycle % 2 == 0:  # anywhere in the commit, most likely before the decision is stored
+                time.sleep(rng.uniform(0.0, 0.3))
+            else:  # right after the decision is stored, while the halves are being re-stored
+                kill_when_decided(proc.endpoint, txn_id)
+            proc.kill()
+            committer.join()
+        with BrokerProcess(store_dir, config=config) as proc:
+            visible = visible_count(proc.endpoint, topic)
+            assert visible in (0, n), f"cycle {cycle}: {visible} of {n} visible after a crash mid-commit ({outcome})"
+            seen["all" if visible else "none"] += 1
+            with Admin(proc.endpoint) as admin:  # finish it: the first outcome stands, or the open one commits now
+                assert admin.end_transaction(txn_id, commit=True) == "COMMITTED"
+            got = read_topic(proc.endpoint, topic)
+            assert len(got) == n and {m.body for m in got} == {f"0:{i}".encode() for i in range(n)}
+            assert proc.stop() == 0
+    assert seen["all"] >= 1, seen  # the kills after the decision: recovery finished those commits
+    final = BrokerController(broker_config(store_dir))
+    final.start()
+    try:
+        assert final.store is not None and final.store.wait_dispatched(10)
+        assert final.store.check() == []
+    finally:
+        final.shutdown()
+
+
+def kill_when_decided(endpoint: str, txn_id: str, timeout_s: float = 30.0) -> None:
+    """Return as soon as the broker reports the commit decision (status COMMITTED), or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    with Admin(endpoint) as admin:
+        while time.monotonic() < deadline:
+            if any(t.status == "COMMITTED" for t in admin.list_transactions(txn_id)):
+                return
+            time.sleep(0.001)
+
+
+def send_halves(endpoint: str, txn_id: str, topic: str, n: int) -> None:
+    with Producer(endpoint) as producer:
+        for start in range(0, n, BATCH):
+            entries = [encode_message(Message(topic, f"0:{i}".encode()), i % 8, 1) for i in range(start, start + BATCH)]
+            producer.send_encoded(b"".join(entries), len(entries), transaction_id=txn_id)
