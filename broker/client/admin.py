@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from broker.client.connection import Connection
 from broker.client.message import decode_entries
@@ -149,7 +150,7 @@ class Admin:
         retry_max_times: int | None = None,
     ) -> SubscriptionGroup:  # fmt: skip
         """Change the given settings of a group (kept in the broker's config/subscriptionGroup.json)."""
-        changes = {
+        changes: dict[str, Any] = {
             "consume_enable": consume_enable, "consume_from_min_enable": consume_from_min_enable,
             "consume_broadcast_enable": consume_broadcast_enable, "retry_queue_nums": retry_queue_nums,
             "retry_max_times": retry_max_times,
