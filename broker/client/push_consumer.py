@@ -109,6 +109,9 @@ class _QueueWorker(threading.Thread):
     def _loop(self) -> None:
         o = self.owner
         topic, queue_id = self.key
+        while o.orderly and not o._hold_lock(self.key):  # the lock first: the previous owner commits before it unlocks
+            if self.dropped.wait(LOCK_RETRY_S):
+                return
         offset = o.offsets.initial_offset(topic, queue_id)
         while not self.dropped.is_set():
             if o.orderly and not o._hold_lock(self.key):
