@@ -69,8 +69,13 @@ class RetryProcessor:
     def update_group(self, request: pb.UpdateSubscriptionGroupRequest) -> pb.SubscriptionGroup:
         changes = {
             name: getattr(request, name)
-            for name in ("consume_enable", "consume_from_min_enable", "consume_broadcast_enable", "retry_queue_nums",
-                         "retry_max_times")
+            for name in (
+                "consume_enable",
+                "consume_from_min_enable",
+                "consume_broadcast_enable",
+                "retry_queue_nums",
+                "retry_max_times",
+            )
             if request.HasField(name)
         }
         if self.groups.find(request.consumer_group) is None:
