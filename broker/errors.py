@@ -75,10 +75,21 @@ class ServiceNotAvailableError(BrokerError):
     code = ResponseCode.SERVICE_NOT_AVAILABLE
 
 
+class BrokerUnreachableError(ServiceNotAvailableError):
+    """No answer from the broker (connection refused or reset, deadline passed): the request may or may not have
+    been carried out, so only idempotent requests may be sent again blindly."""
+
+
 class FlushDiskTimeoutError(BrokerError):
     """A SYNC_FLUSH write was appended but not confirmed on disk in time; it may or may not survive a crash."""
 
     code = ResponseCode.FLUSH_DISK_TIMEOUT
+
+
+class SystemBusyError(BrokerError):
+    """The broker is overloaded and refused the request before doing anything: send it again after a pause."""
+
+    code = ResponseCode.SYSTEM_BUSY
 
 
 class TopicNotExistError(BrokerError):

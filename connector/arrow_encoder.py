@@ -17,8 +17,9 @@ Unknown columns are an error naming them unless ``ignore_extra_columns`` is set.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -135,13 +136,18 @@ class RowEncoder:
     def _properties(self, props: object, tags: str | None, keys: object) -> dict[str, str]:
         out: dict[str, str] = dict(self.extra_properties)
         if props:
-            # Arrow gives a map as a list of (key, value) pairs.
-            items = props.items() if isinstance(props, dict) else props
-            for k, v in items:  # type: ignore[union-attr]
+            # Arrow gives a map<string,string> as a list of (key, value) pairs.
+            pairs: Iterable[Any] = props.items() if isinstance(props, dict) else props  # type: ignore[assignment]
+            for k, v in pairs:
                 if v is not None:
                     out[str(k)] = str(v)
         if tags:
             out[Prop.TAGS] = tags
-        if keys:
-            out[Prop.KEYS] = keys if isinstance(keys, str) else " ".join(k for k in keys if k)  # type: ignore[union-attr]
+        if isinstance(keys, str):
+            if keys:
+                out[Prop.KEYS] = keys
+        elif keys:
+            joined = " ".join(str(k) for k in keys if k)  # type: ignore[attr-defined]
+            if joined:
+                out[Prop.KEYS] = joined
         return out

@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import grpc
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -37,7 +36,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from broker.client import Admin, Producer
-from broker.errors import BrokerError, MessageIllegalError
+from broker.errors import (
+    BrokerError,
+    BrokerUnreachableError,
+    MessageIllegalError,
+    ServiceNotAvailableError,
+    SystemBusyError,
+)
 from connector.arrow_encoder import RowEncoder, check_columns
 from connector.sink_options import SinkOptions
 
@@ -45,8 +50,6 @@ log = logging.getLogger(__name__)
 
 ATTEMPT_PROPERTY = "TRAN_ATTEMPT"  # the broker keeps only committed attempts' halves (broker.semantics)
 RETRY_BACKOFF_S = (0.05, 0.2, 0.5, 1.0, 2.0)
-# Errors after which the broker surely stored nothing: safe to resend even inside a transaction.
-NOT_STORED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 @dataclass
@@ -111,15 +114,14 @@ def _send_chunk(producer: Producer, opts: SinkOptions, buffer: bytes, count: int
         try:
             producer.send_encoded(buffer, count, transaction_id=txn_id)
             return count
-        except grpc.RpcError as e:
-            code = e.code()  # type: ignore[attr-defined]
-            # Inside a transaction only errors that stored nothing may be retried; otherwise the task fails and
-            # Spark's retry sends under a new attempt id (the failed attempt's halves are never committed).
-            retriable = code in NOT_STORED or (txn_id is None and code == grpc.StatusCode.DEADLINE_EXCEEDED)
-            if not retriable or attempt == opts.send_retries:
+        except (ServiceNotAvailableError, SystemBusyError) as e:
+            # An unanswered call may have stored the batch. Plain sends may repeat it (at-least-once); inside a
+            # transaction the task fails instead, and Spark's retry sends under a new attempt id, whose halves
+            # are the only ones the commit keeps.
+            if (txn_id is not None and isinstance(e, BrokerUnreachableError)) or attempt == opts.send_retries:
                 raise
             delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-            log.warning("SendBatch failed with %s; retry %d in %.2f s", code, attempt + 1, delay)
+            log.warning("SendBatch failed (%s); retry %d in %.2f s", e, attempt + 1, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
 

@@ -54,7 +54,7 @@ def error_from_rpc(e: grpc.RpcError) -> BrokerError:
     if raw_code is None:
         status = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
         if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return errors.ServiceNotAvailableError(
+            return errors.BrokerUnreachableError(
                 f"broker unreachable or too slow ({status.name}: {details}); check the endpoint and that it runs"
             )
         return BrokerError(f"gRPC call failed ({status.name}): {details}")
