@@ -114,12 +114,17 @@ def flush_commit_log(commit_log: CommitLog, checkpoint: Checkpoint, on_error: Er
 
 
 class _Waiter:
-    __slots__ = ("end", "event", "lead")
+    """One writer waiting for the group commit. ``wake`` is a plain lock held from creation and released once by
+    the leader that covers it (an Event costs a Condition, a second lock and a deque per wait; measured to matter
+    with dozens of writer threads)."""
+
+    __slots__ = ("end", "lead", "wake")
 
     def __init__(self, end: int) -> None:
         self.end = end
-        self.event = threading.Event()
-        self.lead = False  # set (with the event) when this waiter is handed the next sync
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.lead = False  # set (before the release) when this waiter is handed the next sync
 
 
 class GroupCommitService(ServiceThread):
@@ -171,11 +176,13 @@ class GroupCommitService(ServiceThread):
             if me.lead:
                 self._lead()
                 break
-            if not me.event.wait(max(0.0, deadline - time.monotonic())):
+            if not me.wake.acquire(True, max(0.0, deadline - time.monotonic())):
                 with self._lock:
                     if not me.lead:  # not handed the sync in the meantime: give up waiting
                         if me in self._waiters:
                             self._waiters.remove(me)
+                        if self.flushed >= end_offset and not self.failed:
+                            break  # covered just as the wait ran out
                         return f"not flushed within {timeout_s * 1000:.0f} ms (sync_flush_timeout_ms)"
                 continue
             if not me.lead:
@@ -201,7 +208,7 @@ class GroupCommitService(ServiceThread):
             else:
                 self._syncing = False
         for w in done:
-            w.event.set()
+            w.wake.release()
 
     def run_once(self) -> None:
         self.wait(0.01)
