@@ -6,6 +6,9 @@
 # image scripts/ensure-docker.sh builds with debootstrap on machines without a registry.
 #
 #   docker run -d -p 127.0.0.1:10911:10911 -v sluice-store:/var/lib/sluice sluice-broker [--flush sync]
+#
+# The broker runs as user `sluice` (uid 10001): a named volume gets the right owner by itself; a host directory
+# bind-mounted on /var/lib/sluice must be writable by that uid (chown 10001 DIR).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
