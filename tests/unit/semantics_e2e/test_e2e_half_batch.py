@@ -1,0 +1,45 @@
+"""The client's byte-level half rewrite equals the transaction service's decoding one, and the broker takes it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.client import Message, encode_message
+from broker.client.half_batch import split_entries, to_half_batch
+from broker.errors import MessageIllegalError
+from broker.semantics.transaction_codec import check_half_batch, rewrite_batch_as_half
+
+TOPICS = ["T", "Topic2", "X_y-z", "%RETRY%g"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 200), st.integers(1, 4))
+def test_same_bytes_as_the_decoding_rewrite(seed: int, n: int, topic_count: int) -> None:
+    rng = random.Random(seed)
+    entries = []
+    for _ in range(n):
+        props = {f"k{j}": "v" * rng.randrange(0, 30) for j in range(rng.randrange(0, 4))}
+        msg = Message(rng.choice(TOPICS[:topic_count]), rng.randbytes(rng.randrange(0, 400)),
+                      tags=rng.choice([None, "a", "TagB"]), keys=rng.choice([(), ("k1",), ("k1", "k2")]),
+                      properties=props, flag=rng.randrange(3))  # fmt: skip
+        entries.append(encode_message(msg, rng.randrange(16), rng.randrange(1 << 40)))
+    buffer = b"".join(entries)
+    half = to_half_batch(buffer, "group-1", "txn:1")
+    assert half == rewrite_batch_as_half(buffer, "group-1", "txn:1")[0]
+    assert check_half_batch(half, "group-1", "txn:1") == n
+    chunks = split_entries(half, 4096)
+    assert b"".join(c for c, _ in chunks) == half and sum(k for _, k in chunks) == n
+
+
+def test_entries_already_naming_a_transaction_take_the_checked_path() -> None:
+    own = encode_message(Message("T", b"x", properties={"__transactionId__": "txn:1"}), 0)
+    assert to_half_batch(own, "g", "txn:1") == rewrite_batch_as_half(own, "g", "txn:1")[0]
+    foreign = encode_message(Message("T", b"x", properties={"__transactionId__": "other"}), 0)
+    with pytest.raises(MessageIllegalError, match="other"):
+        to_half_batch(foreign, "g", "txn:1")
+    with pytest.raises(MessageIllegalError, match="malformed"):
+        to_half_batch(own + b"\x00\x01", "g", "txn:1")
