@@ -1,0 +1,116 @@
+"""Broker semantics over gRPC: `python -m bench.semantics` prints a table and writes bench/results/semantics.json.
+
+Against a broker subprocess in a fresh temporary store (ASYNC_FLUSH):
+
+* batch transaction, the exactly-once Spark sink's path: N messages of 100 B sent as halves of one transaction
+  (``Producer.send_encoded(..., transaction_id=...)``, batches of 2,500), then ``Admin.end_transaction(commit)``
+  until the last message is visible; beside it the same messages through plain SendBatch;
+* the client-side half rewrite alone (``half_batch.to_half_batch``) against the transaction service's decoding
+  rewrite (``transaction_codec.rewrite_batch_as_half``), in this process.
+
+The machine's load average is recorded with the figures: on a shared 2-core machine they move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.client import Admin, Message, Producer
+from broker.client.half_batch import to_half_batch
+from broker.client.message import encode_message
+from broker.semantics.transaction_codec import rewrite_batch_as_half
+from broker.server.process import BrokerProcess
+
+RESULTS = Path(__file__).resolve().parent / "results" / "semantics.json"
+BATCH = 2_500
+BODY = b"x" * 100
+
+
+def batches(topic: str, n: int) -> list[tuple[bytes, int]]:
+    out = []
+    for start in range(0, n, BATCH):
+        count = min(BATCH, n - start)
+        out.append((b"".join(encode_message(Message(topic, BODY), i % 8, 1) for i in range(count)), count))
+    return out
+
+
+def visible(admin: Admin, topic: str) -> int:
+    return sum(high - low for low, high in admin.queue_offsets(topic).values())
+
+
+def bench_broker(n: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-sem-") as tmp:  # noqa: SIM117
+        with (
+            BrokerProcess(Path(tmp) / "store") as proc,
+            Producer(proc.endpoint) as producer,
+            Admin(proc.endpoint) as admin,
+        ):
+            admin.create_topic("Plain", 8)
+            admin.create_topic("Tx", 8)
+            plain, halves = batches("Plain", n), batches("Tx", n)
+            started = time.perf_counter()
+            for buffer, count in plain:
+                producer.send_encoded(buffer, count)
+            plain_s = time.perf_counter() - started
+            started = time.perf_counter()
+            for buffer, count in halves:
+                producer.send_encoded(buffer, count, transaction_id="bench:1")
+            halves_s = time.perf_counter() - started
+            started = time.perf_counter()
+            assert admin.end_transaction("bench:1", commit=True) == "COMMITTED"
+            while visible(admin, "Tx") < n:
+                time.sleep(0.001)
+            commit_s = time.perf_counter() - started
+    return {
+        "messages": n,
+        "plain_send_batch_msgs_per_s": n / plain_s,
+        "half_send_batch_msgs_per_s": n / halves_s,
+        "commit_msgs_per_s": n / commit_s,
+        "commit_s": commit_s,
+        "transaction_end_to_end_msgs_per_s": n / (halves_s + commit_s),
+    }
+
+
+def bench_rewrite(reps: int = 20) -> dict[str, float]:
+    ((buffer, count),) = batches("Tx", BATCH)[:1]
+    started = time.perf_counter()
+    for _ in range(reps):
+        to_half_batch(buffer, "g", "bench:2")
+    client_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(max(1, reps // 5)):
+        rewrite_batch_as_half(buffer, "g", "bench:2")
+    broker_s = time.perf_counter() - started
+    return {
+        "client_half_rewrite_msgs_per_s": count * reps / client_s,
+        "broker_decoding_rewrite_msgs_per_s": count * max(1, reps // 5) / broker_s,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    results: dict[str, Any] = {**bench_rewrite(), **bench_broker(args.messages)}
+    results["load_average_1m"] = (load_before + os.getloadavg()[0]) / 2
+    results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    print(f"{'measure':<40} {'value':>14}")
+    for key, value in results.items():
+        if isinstance(value, float):
+            print(f"{key:<40} {value:>14,.1f}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
