@@ -258,6 +258,26 @@ def cmd_group(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tx(args: argparse.Namespace) -> int:
+    from broker.client import Admin
+
+    with Admin(args.endpoint) as admin:
+        if args.action == "list":
+            found = admin.list_transactions(args.prefix, args.status or "")
+            rows = [[t.transaction_id, t.producer_group, t.status, t.half_count, t.check_times] for t in found]
+            emit(args, [vars_of(t) for t in found], rows, ["transaction", "producer_group", "status", "halves",
+                                                             "checks"])  # fmt: skip
+            return 0
+        commit = args.action == "commit"
+        ended = (
+            {args.target: admin.end_transaction(args.target, commit)}
+            if not args.prefix_mode
+            else admin.end_transactions(args.target, commit)
+        )
+    emit(args, ended, [[k, v] for k, v in sorted(ended.items())], ["transaction", "status"])
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from broker.client import Admin
 
@@ -337,6 +357,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_group)
 
     sub.add_parser("stats", parents=[client], help="broker statistics").set_defaults(func=cmd_stats)
+
+    x = sub.add_parser("tx", help="transactions: list, commit or roll back (one id, or every open one by prefix)")
+    xsub = x.add_subparsers(dest="action", required=True)
+    xl = xsub.add_parser("list", parents=[client])
+    xl.add_argument("prefix", nargs="?", default="")
+    xl.add_argument("--status", choices=["OPEN", "ENDING", "COMMITTED", "ROLLED_BACK"])
+    for name in ("commit", "rollback"):
+        xe = xsub.add_parser(name, parents=[client])
+        xe.add_argument("target", help="a transaction id (or a prefix with --prefix)")
+        xe.add_argument("--prefix", dest="prefix_mode", action="store_true", help="every OPEN transaction by prefix")
+    x.set_defaults(func=cmd_tx)
     return parser
 
 
