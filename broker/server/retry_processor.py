@@ -98,6 +98,15 @@ class RetryProcessor:
                 ResponseCode.NO_PERMISSION,
             )
 
+    def admit_broadcast(self, group: str) -> None:
+        cfg = self.groups.find(group)
+        if cfg is not None and not cfg.consume_broadcast_enable:
+            raise BrokerError(
+                f"subscription group {group!r} has consumeBroadcastEnable=false; consume in CLUSTERING mode or "
+                "enable broadcasting for the group",
+                ResponseCode.NO_PERMISSION,
+            )
+
     @staticmethod
     def message_filter(expression_type: str, expression: str) -> SqlFilter | None:
         kind = (expression_type or TAG).upper()

@@ -200,6 +200,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             model = BROADCASTING if request.model == pb.BROADCASTING else CLUSTERING
             if model == CLUSTERING and self.retries is not None:
                 self.retries.ensure_retry_topic(request.consumer_group)
+            elif self.retries is not None:
+                self.retries.admit_broadcast(request.consumer_group)
             version = self.consumers.heartbeat(
                 request.consumer_group, request.client_id, dict(request.subscriptions), model
             )

@@ -8,7 +8,17 @@ from collections import Counter
 import pytest
 from conftest import wait_until
 
-from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PullConsumer, PushConsumer, ReceivedMessage
+from broker.client import (
+    BROADCASTING,
+    FIRST,
+    Admin,
+    ConsumeStatus,
+    Message,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    ReceivedMessage,
+)
 from broker.errors import BrokerError, ResponseCode
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.server.broker_controller import BrokerController
@@ -93,3 +103,12 @@ def test_success_after_retries_and_max_reconsume_from_the_client(broker: BrokerC
         wait_until(lambda: len(done) == 8, timeout_s=30, what="all consumed")
     assert sorted(done, key=int) == [f"{i}".encode() for i in range(8)] and attempts[b"3"] == 3
     assert dead_letters(broker, "flaky2") == []
+
+
+def test_broadcasting_refused_when_the_group_disables_it(broker: BrokerController, endpoint: str) -> None:
+    with Admin(endpoint) as admin:
+        admin.update_subscription_group("no-bc", consume_broadcast_enable=False)
+    consumer = PushConsumer(endpoint, "no-bc", {"Bc": "*"}, lambda msgs: None, model=BROADCASTING, **FAST)
+    with pytest.raises(BrokerError, match="consumeBroadcastEnable=false"):
+        consumer.start()
+    consumer.conn.close()
