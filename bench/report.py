@@ -1,0 +1,93 @@
+"""Markdown tables from ``bench/results/*.json``, for the README: ``python -m bench.report``.
+
+It reads only what the benchmarks wrote; a missing file is skipped with a note, so the tables always match a run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def store(d: dict[str, Any]) -> str:
+    rows = [
+        [r["case"], str(r["body_bytes"]), f"{r.get('msgs_per_s', 0):,.0f}" if r.get("msgs_per_s") else "—",
+         f"{r.get('mb_per_s', 0):,.1f}", r.get("target", "")]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return f"load average at start {d.get('load_at_start', '?')}\n\n" + table(
+        ["case", "body B", "msgs/s", "MB/s", "target"], rows
+    )
+
+
+def server(d: dict[str, Any]) -> str:
+    m, t, ok = d["measured"], d["targets"], d["met"]
+    rows = [[k, f"{v:,.2f}", f"{t[k]:,}", "yes" if ok[k] else "no"] for k, v in m.items()]
+    return f"load average {d['machine'].get('load_average_1m', 0):.1f}\n\n" + table(
+        ["measure", "value", "target", "met"], rows
+    )
+
+
+def spark_source(d: dict[str, Any]) -> str:
+    rows = [[r["source"], f"{r['rows']:,}", f"{r['best_s']:.2f}", f"{r['rows_per_s']:,.0f}"] for r in d["results"]]
+    return (
+        table(["source", "rows", "best s", "rows/s"], rows)
+        + f"\n\nsluice / python-memory: {d.get('sluice_over_python_memory', 0):.2f}"
+    )
+
+
+def spark_sink(d: dict[str, Any]) -> str:
+    rows = [
+        [r["sink"], f"{r['rows']:,}", f"{r['best_s']:.2f}", f"{r['rows_per_s']:,.0f}", f"{r['ratio_to_noop']:.2f}",
+         f"{r['ratio_to_python_noop']:.2f}"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return table(["sink", "rows", "best s", "rows/s", "x noop", "x python-noop"], rows)
+
+
+def peers(d: dict[str, Any]) -> str:
+    rows = []
+    for name, s in d["systems"].items():
+        for size, t in s.get("throughput", {}).items():
+            rows.append(
+                [name, size, f"{t.get('produce_msgs_s', 0):,}", f"{t.get('produce_mb_s', 0):.1f}",
+                 f"{t.get('consume_msgs_s', 0):,}", f"{t.get('consume_mb_s', 0):.1f}"]
+            )  # fmt: skip
+    out = table(["system", "size B", "produce msgs/s", "produce MB/s", "consume msgs/s", "consume MB/s"], rows)
+    return out + "\n\nlimits: " + ", ".join(f"{k} {v}" for k, v in d.get("limits", {}).items())
+
+
+SECTIONS = {"store": store, "server": server, "spark_source": spark_source, "spark_sink": spark_sink, "peers": peers}
+
+
+def main() -> int:
+    for name, render in SECTIONS.items():
+        data = load(name)
+        print(f"\n### {name} (`python -m bench.{name}`)\n")
+        if data is None:
+            print(f"(no bench/results/{name}.json: not run)")
+            continue
+        try:
+            print(render(data))
+        except (KeyError, TypeError) as e:
+            print(f"(bench/results/{name}.json has an unexpected layout: {e!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
