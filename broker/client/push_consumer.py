@@ -185,16 +185,20 @@ class _QueueWorker(threading.Thread):
         send_back_failed = o.send_back
         for start in range(0, len(messages), o.consume_batch_size):
             chunk = messages[start : start + o.consume_batch_size]
+            next_offset = chunk[-1].queue_offset + 1
             while not self.dropped.is_set():
                 if o.orderly and not o._hold_lock(self.key):  # lost (expired): wait until it is ours again
                     self.dropped.wait(LOCK_RETRY_S)
                     continue
-                if o._call_listener(chunk):
-                    break
-                if send_back_failed:
+                done = o._call_listener(chunk)
+                if not done and send_back_failed:
                     chunk = o._send_back(chunk)  # the ones the broker took come again through the retry topic
-                    if not chunk:
-                        break
+                    done = not chunk
+                if done:
+                    # progress per chunk, not per pull: a queue dropped mid-batch (rebalance) is committed up to
+                    # here, so its next owner does not consume the finished part of the batch again
+                    o.offsets.update(*self.key, next_offset)
+                    break
                 self.dropped.wait(o.reconsume_delay_ms / 1000)
             if self.dropped.is_set():
                 return False

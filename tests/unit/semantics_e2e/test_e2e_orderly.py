@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 from conftest import wait_until
 
-from broker.client import FIRST, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
+from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
 from broker.server.broker_controller import BrokerController
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
@@ -60,3 +62,40 @@ def test_orderly_keeps_order_per_queue_under_a_failing_listener(broker: BrokerCo
 
 def _raise() -> ConsumeStatus:
     raise RuntimeError("simulated listener failure")
+
+
+def test_queues_handed_over_between_orderly_consumers_keep_order(broker: BrokerController, endpoint: str) -> None:
+    lock = threading.Lock()
+    consumed: dict[int, list[int]] = defaultdict(list)  # queue -> sequence numbers, across both consumers
+    by_client: dict[str, set[int]] = defaultdict(set)
+
+    def listener_of(name: str) -> Callable[[list[ReceivedMessage]], ConsumeStatus]:
+        def listener(msgs: list[ReceivedMessage]) -> ConsumeStatus:
+            (m,) = msgs
+            queue, seq = (int(x) for x in m.body.split(b":"))
+            time.sleep(0.005)  # slow enough that the hand-over happens mid-queue
+            with lock:
+                consumed[queue].append(seq)
+                by_client[name].add(queue)
+            return ConsumeStatus.CONSUME_SUCCESS
+
+        return listener
+
+    with Admin(endpoint) as admin:
+        admin.create_topic("Hand", 4)
+    with Producer(endpoint) as producer:
+        for q in range(4):
+            producer.send_batch([Message("Hand", f"{q}:{i}".encode()) for i in range(300)], queue_id=q)
+    first = PushConsumer(endpoint, "hand-group", {"Hand": "*"}, listener_of("a"), orderly=True, consume_from=FIRST,
+                         client_id="a", **FAST).start()  # fmt: skip
+    try:
+        wait_until(lambda: sum(len(v) for v in consumed.values()) >= 100, what="first consumer started")
+        with PushConsumer(endpoint, "hand-group", {"Hand": "*"}, listener_of("b"), orderly=True, consume_from=FIRST,
+                          client_id="b", **FAST):  # fmt: skip
+            wait_until(lambda: sum(len(v) for v in consumed.values()) >= 1200, timeout_s=60, what="all consumed")
+            time.sleep(0.5)  # anything consumed twice would show up now
+    finally:
+        first.shutdown()
+    assert by_client["b"], "the second consumer never took a queue over"
+    for q in range(4):
+        assert consumed[q] == list(range(300)), q  # in order, nothing twice, nothing skipped
