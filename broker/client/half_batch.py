@@ -28,6 +28,7 @@ from broker.store.message import (
 HALF_TOPIC = TRANS_HALF_TOPIC.encode("ascii")
 _HALF_TOPIC_FIELD = bytes([len(HALF_TOPIC)]) + HALF_TOPIC
 _ZERO_QUEUE_ID = bytes(4)
+PROPERTY_END = 2  # \x02 closes every name\x01value pair; the half properties are appended after it
 # Any of these already inside a buffer: let the decoding rewrite decide (it refuses a foreign transaction id).
 _RESERVED = tuple(f"{name}\x01".encode() for name in
                   (Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRANSACTION_ID))  # fmt: skip
@@ -67,7 +68,10 @@ def to_half_batch(buffer: bytes, producer_group: str, txn_id: str) -> bytes:
         raise MessageIllegalError(
             f"batch entry {len(run)} (at byte {run.end}) is malformed: {run.stop_reason or 'trailing bytes'}"
         )
-    if (run.sys_flags & SysFlag.TRANSACTION_MASK).any():
+    with_props = run.props_lengths > 0
+    last_props_byte = np.frombuffer(buffer, np.uint8)[(run.props_starts + run.props_lengths - 1)[with_props]]
+    if (run.sys_flags & SysFlag.TRANSACTION_MASK).any() or (last_props_byte != PROPERTY_END).any():
+        # a transaction type to clear, or a property list without its trailing separator: decode and re-encode
         return rewrite_batch_as_half(buffer, producer_group, txn_id)[0]
     count = len(run)
     topic_ids, topics = _topic_ids(buffer, run)

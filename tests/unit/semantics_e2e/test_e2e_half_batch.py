@@ -12,6 +12,7 @@ from broker.client import Message, encode_message
 from broker.client.half_batch import split_entries, to_half_batch
 from broker.errors import MessageIllegalError
 from broker.semantics.transaction_codec import check_half_batch, rewrite_batch_as_half
+from broker.store.message import encode_entry
 
 TOPICS = ["T", "Topic2", "X_y-z", "%RETRY%g"]
 
@@ -43,3 +44,8 @@ def test_entries_already_naming_a_transaction_take_the_checked_path() -> None:
         to_half_batch(foreign, "g", "txn:1")
     with pytest.raises(MessageIllegalError, match="malformed"):
         to_half_batch(own + b"\x00\x01", "g", "txn:1")
+
+
+def test_a_property_list_without_its_trailing_separator_is_decoded() -> None:
+    entry = encode_entry(b"T", 1, b"body", b"a\x01b", born_timestamp=1)  # another encoder may omit the last \x02
+    assert to_half_batch(entry, "g", "t") == rewrite_batch_as_half(entry, "g", "t")[0]
