@@ -34,8 +34,9 @@ unit: $(STAMP)
 integration: $(STAMP)
 	bash scripts/test.sh tests/integration $(PYTEST_ARGS)
 
-## make bench: every benchmark; tables on stdout, JSON in bench/results/
+## make bench: every benchmark; tables on stdout, JSON (and charts) in bench/results/
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench
 
 ## make demo: the main job on an embedded broker

@@ -43,8 +43,8 @@ fi
 base_id=$(docker image inspect --format '{{.Id}}' "$BASE_IMAGE" 2>/dev/null || echo "$BASE_IMAGE")
 
 # ---- cache keys ---------------------------------------------------------------------------------------------
-# The CLI's progress bars (sluice send) import tqdm, which pyproject.toml lists only under dev for now.
-IMAGE_EXTRA_REQUIREMENTS="tqdm>=4.66,<5"
+# Packages the image needs beyond pyproject.toml's runtime dependencies (none today; space-separated).
+IMAGE_EXTRA_REQUIREMENTS=""
 # pyproject's runtime dependencies, each pinned to the version installed in the host venv when it is there: the
 # image then runs exactly what the host suite runs, and pip finds the wheels in its cache.
 deps=$(IMAGE_EXTRA_REQUIREMENTS="$IMAGE_EXTRA_REQUIREMENTS" "$PYTHON" - <<'EOF'
