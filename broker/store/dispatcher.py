@@ -35,6 +35,9 @@ SCALAR_DISPATCH_BYTES = 4096
 _TAGS = (Prop.TAGS + "\x01").encode()
 _KEYS = (Prop.KEYS + "\x01").encode()
 _UNIQ = (Prop.UNIQ_KEY + "\x01").encode()
+_SEP_TAGS = b"\x02" + _TAGS
+_TAGS_LEN = len(_TAGS)
+_SEP_TAGS_LEN = len(_SEP_TAGS)
 
 
 def property_value(props: bytes, name: bytes) -> bytes | None:
@@ -60,6 +63,16 @@ def message_keys(props: bytes) -> list[str]:
     if uniq:
         keys.append(uniq.decode("utf-8", "replace"))
     return keys
+
+
+def may_have_keys(props: bytes) -> bool:
+    """False when ``props`` certainly holds neither KEYS nor UNIQ_KEY (message_keys would return []): one bytes
+    search each instead of parsing, for the common message without keys."""
+    return _KEYS in props or _UNIQ in props
+
+
+# Distinct tags seen are remembered up to this many (tags are few in practice: a cache, not a table).
+MAX_CACHED_TAGS = 4096
 
 
 Grouping = tuple[np.ndarray, list[tuple[str, int]]]  # key id per entry, distinct (topic, queue id)
@@ -118,6 +131,7 @@ class Dispatcher:
         self.last_dispatched_timestamp = 0
         self.listeners: list[ArrivalListener] = []
         self._topic_names: dict[bytes, str] = {}  # decoded once: topics repeat endlessly
+        self._tag_codes: dict[bytes, int] = {}  # raw TAGS value -> its hash code: tags repeat endlessly too
         self._hints: dict[int, DispatchHint] = {}  # commit-log offset -> what put_batch already knows there
         self._hinted_entries = 0
         self._hint_lock = threading.Lock()  # not self.lock: a put must never wait for a dispatch pass
@@ -223,14 +237,13 @@ class Dispatcher:
             raw_topic = data[lay.topic_start : lay.topic_start + lay.topic_len]
             topic = names.get(raw_topic) or names.setdefault(raw_topic, raw_topic.decode("ascii", "replace"))
             props = data[lay.props_start : lay.props_start + lay.props_len] if lay.props_len else b""
-            tag = property_value(props, _TAGS) if props else None
             tx = h.sys_flag & SysFlag.TRANSACTION_MASK
             if tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE):
                 cq = self.queues.find_or_create(topic, h.queue_id)
-                unit = CQ_UNIT.pack(phys, total, tag_hash_code(tag.decode("utf-8", "replace")) if tag else 0)
+                unit = CQ_UNIT.pack(phys, total, self._tag_code(props) if props else 0)
                 self._put_one(cq, h.queue_offset, unit)
                 arrived[(topic, h.queue_id)] = cq
-            if self.index is not None and props:
+            if self.index is not None and props and may_have_keys(props):
                 msg_keys = message_keys(props)
                 if msg_keys:
                     self.index.put(topic, msg_keys, phys, h.store_timestamp)
@@ -264,28 +277,73 @@ class Dispatcher:
             keys = [(names.get(t) or names.setdefault(t, t.decode("ascii", "replace")), q) for t, q in raw_keys]
         else:
             key_ids, keys = grouped
-        n = len(run)
-        tags = np.zeros(n, np.int64)
-        with_props = np.flatnonzero(run.props_lengths > 0)
-        props: dict[int, bytes] = {}
-        if with_props.size:
-            starts = run.props_starts[with_props].tolist()
-            ends = (run.props_starts[with_props] + run.props_lengths[with_props]).tolist()
-            for i, a, b in zip(with_props.tolist(), starts, ends, strict=True):
-                p = bytes(buf[a:b])
-                props[i] = p
-                tag = property_value(p, _TAGS)
-                if tag:
-                    tags[i] = tag_hash_code(tag.decode("utf-8", "replace"))
+        tags, keyed = self._tags_and_keyed(run, buf)
         phys = run.positions + base
         self._write_units(run, key_ids, keys, phys, tags, notify)
-        if self.index is not None and props:
-            for i, p in props.items():
+        if self.index is not None and keyed:
+            for i, p in keyed:
                 msg_keys = message_keys(p)
                 if msg_keys:
                     topic = keys[int(key_ids[i])][0]
                     self.index.put(topic, msg_keys, int(phys[i]), int(run.store_timestamps[i]))
         self.last_dispatched_timestamp = int(run.store_timestamps[-1])
+
+    def _tag_code(self, props: bytes) -> int:
+        """The consume-queue tag field for one message's raw properties (tag_hash_code of its TAGS, 0 if none)."""
+        tag = property_value(props, _TAGS)
+        if not tag:
+            return 0
+        code = self._tag_codes.get(tag)
+        if code is None:
+            code = tag_hash_code(tag.decode("utf-8", "replace"))
+            if len(self._tag_codes) >= MAX_CACHED_TAGS:
+                self._tag_codes.clear()
+            self._tag_codes[tag] = code
+        return code
+
+    def _tags_and_keyed(self, run: EntryRun, buf: Buffer) -> tuple[np.ndarray, list[tuple[int, bytes]]]:
+        """Tag code per entry, and (entry, properties) of the entries that may carry index keys.
+
+        A batch usually repeats one properties string (same tag, no keys): when every entry's properties are the
+        same bytes (checked in numpy) they are parsed once; otherwise entry by entry, tag codes from a cache.
+        """
+        n = len(run)
+        tags = np.zeros(n, np.int64)
+        keyed: list[tuple[int, bytes]] = []
+        want_keys = self.index is not None
+        with_props = np.flatnonzero(run.props_lengths > 0)
+        if not with_props.size:
+            return tags, keyed
+        starts = run.props_starts[with_props]
+        lengths = run.props_lengths[with_props]
+        same = _same_bytes(buf, starts, lengths)
+        if same is not None:
+            tags[with_props] = self._tag_code(same)
+            if want_keys and may_have_keys(same):
+                keyed = [(i, same) for i in with_props.tolist()]
+            return tags, keyed
+        # property_value and _tag_code inlined: this loop is the dispatcher's per-message cost for varied properties
+        codes: list[int] = []
+        cache = self._tag_codes
+        tag_code = self._tag_code
+        ends = (starts + lengths).tolist()
+        for i, a, b in zip(with_props.tolist(), starts.tolist(), ends, strict=True):
+            p = bytes(buf[a:b])
+            if p.startswith(_TAGS):
+                j = _TAGS_LEN
+            else:
+                j = p.find(_SEP_TAGS)
+                j = j + _SEP_TAGS_LEN if j >= 0 else -1
+            if j < 0:
+                codes.append(0)
+            else:
+                k = p.find(b"\x02", j)
+                code = cache.get(p[j:k] if k >= 0 else p[j:])
+                codes.append(code if code is not None else tag_code(p))
+            if want_keys and (_KEYS in p or _UNIQ in p):
+                keyed.append((i, p))
+        tags[with_props] = codes
+        return tags, keyed
 
     def _write_units(
         self,
@@ -341,3 +399,21 @@ class Dispatcher:
         else:  # not consecutive (damaged log): one unit at a time at its own position
             for q, u in zip(qoffs.tolist(), units, strict=True):
                 cq.put_units(q, u.tobytes())
+
+
+def _same_bytes(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> bytes | None:
+    """The bytes at every (start, length) when they are all the same, else None (no per-entry Python loop)."""
+    width = int(lengths[0])
+    first = bytes(buf[int(starts[0]) : int(starts[0]) + width])
+    last = int(starts[-1])
+    if bytes(buf[last : last + int(lengths[-1])]) != first:  # cheap early exit for the varied case
+        return None
+    if starts.size == 1:
+        return first
+    if (lengths != width).any():
+        return None
+    arr = np.frombuffer(buf, np.uint8)
+    rows = arr[starts[:, None] + np.arange(width, dtype=np.int64)]
+    del arr
+    same = bool((rows == np.frombuffer(first, np.uint8)).all())
+    return first if same else None

@@ -10,7 +10,7 @@ import pytest
 from broker.store import MessageStore
 from broker.store import dispatcher as dispatcher_module
 from broker.store.dispatcher import message_keys, property_value
-from broker.store.message import encode_entry, encode_properties
+from broker.store.message import encode_entry, encode_properties, tag_hash_code
 
 
 def _batch(n: int, start: int = 0) -> bytes:
@@ -71,3 +71,42 @@ def test_property_parsing_without_decoding_everything() -> None:
     assert property_value(props, b"NOPE\x01") is None
     assert property_value(encode_properties({"XTAGS": "no"}), b"TAGS\x01") is None
     assert message_keys(props) == ["a", "b", "c", "U1"]
+
+
+def _reference_tag(props: dict[str, str]) -> int:
+    return tag_hash_code(props.get("TAGS") or None)
+
+
+@pytest.mark.parametrize("shape", ["same", "varied", "single"])
+def test_tag_codes_and_keys_equal_full_decoding(make_store: Callable[..., MessageStore], shape: str) -> None:
+    """The dispatcher's shortcuts (one parse for identical properties, cached tag codes, no key parsing without
+    KEYS/UNIQ_KEY) give the units and index entries a full decode of every message gives."""
+    variants = [
+        {"TAGS": "TagA"},
+        {"a": "1", "TAGS": "\u00e9t\u00e9", "KEYS": "k1 k2"},  # TAGS not first, non-ASCII
+        {"XTAGS": "no", "UNIQ_KEY": "U9"},  # a name ending in TAGS is not TAGS
+        {"TAGS": ""},  # empty tag: code 0
+        {"b": "KEYS"},  # the word KEYS as a value is not a key
+        {},
+    ]
+    n = 90  # over SCALAR_DISPATCH_BYTES and SMALL_BATCH_ENTRIES, under the test store's batch limit
+    chosen = [variants[0] if shape == "same" else variants[i % len(variants)] for i in range(n)]
+    s = make_store()
+    if shape == "single":
+        for i, p in enumerate(chosen[:40]):
+            assert s.put_message("P", 0, b"m%d" % i, p).ok
+        chosen = chosen[:40]
+    else:
+        assert s.put_batch(
+            b"".join(encode_entry(b"P", 0, b"m%d" % i, encode_properties(p)) for i, p in enumerate(chosen))
+        ).ok
+    assert s.wait_dispatched()
+    cq = s.queues.find("P", 0)
+    assert cq is not None
+    units = [cq.unit(k) for k in range(len(chosen))]
+    got = [u.tag_hash if u is not None else None for u in units]
+    assert got == [_reference_tag(p) for p in chosen]
+    for key in ("k1", "k2", "U9", "KEYS", "1"):
+        want = sum(1 for p in chosen if key in [*p.get("KEYS", "").split(" "), p.get("UNIQ_KEY", "")])
+        assert len(s.query_by_key("P", key, max_num=1000)) == want, key
+    assert s.check() == []
