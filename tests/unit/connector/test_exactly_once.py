@@ -22,7 +22,7 @@ from connector_helpers import body_of, fill, new_topic
 
 from broker.client import PullConsumer
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]  # 6 driver start-ups: ~11 min at load 9
 
 QUERY = Path(__file__).with_name("eo_query.py")
 QUEUES = 4
