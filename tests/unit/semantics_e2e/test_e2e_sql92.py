@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 
 import grpc
 import pytest
+from conftest import wait_until
 from e2e_util import read_topic
 
-from broker.client import Message, Producer, PullConsumer
+from broker.client import FIRST, Message, Producer, PullConsumer, PushConsumer, ReceivedMessage
 from broker.errors import SubscriptionParseError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -80,3 +82,19 @@ def test_a_bad_selector_is_refused_with_the_column(broker: BrokerController, end
         assert raw.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     finally:
         channel.close()
+
+
+def test_push_consumer_with_an_sql92_subscription(broker: BrokerController, endpoint: str) -> None:
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def listener(msgs: list[ReceivedMessage]) -> None:
+        with lock:
+            got.extend(int(m.properties["a"]) for m in msgs)
+
+    with Producer(endpoint) as producer:
+        producer.send_batch([Message("SqlPush", b"x", properties={"a": str(i)}) for i in range(20)], queue_id=0)
+    with PushConsumer(endpoint, "sql-push", {"SqlPush": "a > 5 AND a <> 10"}, listener, consume_from=FIRST,
+                      expression_types={"SqlPush": "SQL92"}, long_poll_ms=500):  # fmt: skip
+        wait_until(lambda: len(got) >= 13, timeout_s=20, what="filtered messages")
+    assert sorted(got) == [i for i in range(6, 20) if i != 10]
