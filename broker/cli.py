@@ -192,9 +192,13 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     with PullConsumer(args.endpoint, args.group) as consumer:
         offsets = start_offsets(consumer, args.topic, args.origin)
+        start = dict(offsets)
         out: queue.Queue[Any] = queue.Queue()
         stop = threading.Event()
         lock = threading.Lock()
+        # Only what was printed may be committed: pulled-but-unprinted messages (--max, Ctrl-C) stay unconsumed.
+        unprinted: dict[int, int] = dict.fromkeys(offsets, 0)
+        printed_next: dict[int, int] = {}
 
         def drain(qid: int) -> None:
             while not stop.is_set():
@@ -203,6 +207,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 r = consumer.pull(args.topic, qid, offset, 256, timeout_ms=1000 if args.follow else 0, tags=args.tags)
                 with lock:
                     offsets[qid] = r.next_begin_offset
+                    unprinted[qid] += len(r.messages)
                 for m in r.messages:
                     out.put(m)
                 if r.status is PullStatus.NO_NEW_MSG and not args.follow:
@@ -221,6 +226,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
                     continue
                 print(json.dumps(message_dict(m), sort_keys=True) if args.json else message_line(m), flush=True)
                 printed += 1
+                with lock:
+                    unprinted[m.queue_id] -= 1
+                    printed_next[m.queue_id] = m.queue_offset + 1
         except KeyboardInterrupt:
             pass
         stop.set()
@@ -228,7 +236,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
             t.join(timeout=3)
         if not args.no_commit:
             with lock:
-                consumer.commit_offsets({(args.topic, q): o for q, o in offsets.items()})
+                done = {q: o if unprinted[q] == 0 else printed_next.get(q, start[q]) for q, o in offsets.items()}
+            consumer.commit_offsets({(args.topic, q): o for q, o in done.items()})
     if not args.json:
         print(f"consumed {printed} messages", file=sys.stderr)
     return 0

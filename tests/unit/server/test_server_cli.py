@@ -96,3 +96,14 @@ def test_consume_follow_waits_for_new_messages(broker: BrokerController, endpoin
             follower.kill()
     assert follower.returncode == 0, err
     assert sorted(json.loads(line)["body"] for line in out.splitlines()) == ["late0", "late1", "late2"]
+
+
+def test_consume_max_commits_only_what_was_printed(broker: BrokerController, endpoint: str) -> None:
+    with Producer(endpoint) as p:
+        p.send_batch([Message("CliM", f"m{i}".encode()) for i in range(40)], queue_id=0)
+    assert broker.store is not None and broker.store.wait_dispatched()
+    first = sluice(endpoint, "consume", "CliM", "--group", "mg", "--from", "earliest", "--max", "3", "--json")
+    assert first.returncode == 0, first.stderr
+    assert [json.loads(line)["body"] for line in first.stdout.splitlines()] == ["m0", "m1", "m2"]
+    rest = sluice(endpoint, "consume", "CliM", "--group", "mg", "--json")  # resumes after the last printed message
+    assert [json.loads(line)["body"] for line in rest.stdout.splitlines()] == [f"m{i}" for i in range(3, 40)]
