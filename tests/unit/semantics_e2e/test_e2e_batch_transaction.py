@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SEMANTICS, SMALL_STORE, broker_config, wait_until
+from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, broker_config, wait_until
 from e2e_util import read_topic, visible_count
 
 from broker.client import Admin, Message, Producer, encode_message
@@ -36,7 +36,9 @@ def expected_bodies(workers: int, per_worker: int) -> set[bytes]:
     return {f"{w}:{i}".encode() for w in range(workers) for i in range(per_worker)}
 
 
-def test_50k_messages_from_4_processes_invisible_until_committed(broker: BrokerController, endpoint: str) -> None:
+def test_50k_messages_from_4_processes_invisible_until_committed(broker_factory: BrokerFactory) -> None:
+    # no check-back during the test: the open transactions must still be open when the test ends them
+    endpoint = f"127.0.0.1:{broker_factory(transaction_timeout_ms=600_000).port}"
     txn_id = "query-7:batch-3:run-1"
     with Admin(endpoint) as admin:
         admin.create_topic("Sink", 8)
@@ -72,7 +74,8 @@ def test_committed_attempts_keep_only_the_named_writers(broker: BrokerController
 @pytest.mark.slow
 def test_sigkill_during_a_batch_commit_leaves_all_or_none(tmp_path: Path) -> None:
     config = tmp_path / "broker.json"
-    config.write_text(json.dumps({**SEMANTICS, "store": SMALL_STORE}))
+    # no check-back: a transaction left open by a kill must still be open when the test commits it after restart
+    config.write_text(json.dumps({**SEMANTICS, "transaction_timeout_ms": 600_000, "store": SMALL_STORE}))
     store_dir = tmp_path / "store"
     rng = random.Random(4)
     n = 10_000
@@ -109,7 +112,7 @@ def test_sigkill_during_a_batch_commit_leaves_all_or_none(tmp_path: Path) -> Non
             assert len(got) == n and {m.body for m in got} == {f"0:{i}".encode() for i in range(n)}
             assert proc.stop() == 0
     assert seen["all"] >= 1, seen  # the kills after the decision: recovery finished those commits
-    final = BrokerController(broker_config(store_dir))
+    final = BrokerController(broker_config(store_dir, transaction_timeout_ms=600_000))
     final.start()
     try:
         assert final.store is not None and final.store.wait_dispatched(10)

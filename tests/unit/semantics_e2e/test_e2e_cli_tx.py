@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import BrokerFactory
 
 from broker.cli import main
 from broker.client import Message, Producer, encode_message
-from broker.server.broker_controller import BrokerController
 
 
 def test_tx_list_commit_and_rollback_by_prefix(
-    broker: BrokerController, endpoint: str, capsys: pytest.CaptureFixture[str]
+    broker_factory: BrokerFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    endpoint = f"127.0.0.1:{broker_factory(transaction_timeout_ms=600_000).port}"  # no check-back meanwhile
     with Producer(endpoint) as producer:
         for txn in ("job:1", "job:2", "job:3"):
             producer.send_encoded(encode_message(Message("Cli", txn.encode()), 0), 1, transaction_id=txn)
