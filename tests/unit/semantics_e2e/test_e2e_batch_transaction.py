@@ -103,11 +103,12 @@ def test_sigkill_during_a_batch_commit_leaves_all_or_none(tmp_path: Path) -> Non
             proc.kill()
             committer.join()
         with BrokerProcess(store_dir, config=config) as proc:
-            visible = visible_count(proc.endpoint, topic)
+            visible = settled_count(proc.endpoint, topic)  # the consume queues follow the commit log
             assert visible in (0, n), f"cycle {cycle}: {visible} of {n} visible after a crash mid-commit ({outcome})"
             seen["all" if visible else "none"] += 1
             with Admin(proc.endpoint) as admin:  # finish it: the first outcome stands, or the open one commits now
                 assert admin.end_transaction(txn_id, commit=True) == "COMMITTED"
+            assert settled_count(proc.endpoint, topic) == n
             got = read_topic(proc.endpoint, topic)
             assert len(got) == n and {m.body for m in got} == {f"0:{i}".encode() for i in range(n)}
             assert proc.stop() == 0
@@ -119,6 +120,19 @@ def test_sigkill_during_a_batch_commit_leaves_all_or_none(tmp_path: Path) -> Non
         assert final.store.check() == []
     finally:
         final.shutdown()
+
+
+def settled_count(endpoint: str, topic: str, timeout_s: float = 20.0) -> int:
+    """Visible messages once the count stops moving (the dispatcher has caught up with the commit log)."""
+    deadline = time.monotonic() + timeout_s
+    last = visible_count(endpoint, topic)
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = visible_count(endpoint, topic)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{topic}: visible count still moving after {timeout_s} s ({last})")
 
 
 def kill_when_decided(endpoint: str, txn_id: str, timeout_s: float = 30.0) -> None:
