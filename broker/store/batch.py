@@ -46,6 +46,11 @@ def _rows(arr: np.ndarray, width: int) -> np.ndarray:
     return as_strided(arr, shape=(max(arr.size - width + 1, 0), width), strides=(1, 1), writeable=False)
 
 
+def rows_at(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """``arr[s : s + width]`` for every ``s`` in ``starts``, as one (len(starts), width) copy (no index matrix)."""
+    return _rows(arr, width)[starts]
+
+
 def gather(arr: np.ndarray, idx: np.ndarray, width: int, dtype: str) -> np.ndarray:
     """Big-endian fields of ``width`` bytes at byte positions ``idx`` of the uint8 array ``arr``, as int64."""
     if idx.size == 0:

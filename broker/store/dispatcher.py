@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.errors import CorruptionError
-from broker.store.batch import Buffer, EntryRun, queue_keys, scan
+from broker.store.batch import Buffer, EntryRun, queue_keys, rows_at, scan
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.index_file import IndexService
@@ -413,7 +413,7 @@ def _same_bytes(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> bytes |
     if (lengths != width).any():
         return None
     arr = np.frombuffer(buf, np.uint8)
-    rows = arr[starts[:, None] + np.arange(width, dtype=np.int64)]
+    rows = rows_at(arr, starts, width)
     del arr
     same = bool((rows == np.frombuffer(first, np.uint8)).all())
     return first if same else None
