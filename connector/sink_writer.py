@@ -92,12 +92,15 @@ def _send_all(
     )
     sent = nbytes = rows = 0
     inflight: list[Future[int]] = []
+    window = opts.max_inflight
     try:
         with ThreadPoolExecutor(max_workers=opts.max_inflight, thread_name_prefix="sluice-sink") as pool:
             for batch in batches:
                 check_columns(batch.schema.names, opts.ignore_extra_columns)
+                if {"sharding_key", "queue_id"} & set(batch.schema.names):
+                    window = 1  # concurrent calls could land out of order: keyed rows keep their order per queue
                 for chunk in encoder.encode(batch, first_row=rows):
-                    if len(inflight) >= opts.max_inflight:
+                    if len(inflight) >= window:
                         sent += inflight.pop(0).result()
                     inflight.append(pool.submit(_send_chunk, producer, opts, chunk.buffer, chunk.count, txn_id))
                     nbytes += len(chunk.buffer)

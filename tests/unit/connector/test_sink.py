@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -13,8 +14,20 @@ from broker.client.results import ReceivedMessage
 pytestmark = [pytest.mark.spark]
 
 
-def read_all(endpoint: str, topic: str) -> dict[int, list[ReceivedMessage]]:
-    """Every message of every queue, in queue order."""
+def read_all(
+    endpoint: str, topic: str, expect: int | None = None, timeout_s: float = 10.0
+) -> dict[int, list[ReceivedMessage]]:
+    """Every message of every queue, in queue order. With ``expect``, waits (up to ``timeout_s``) until that many
+    are visible: a committed transaction's messages reach the consume queues a moment after the commit returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = _read_once(endpoint, topic)
+        if expect is None or sum(map(len, got.values())) >= expect or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def _read_once(endpoint: str, topic: str) -> dict[int, list[ReceivedMessage]]:
     out: dict[int, list[ReceivedMessage]] = {}
     consumer = PullConsumer(endpoint, "sink-test-reader")
     with Admin(endpoint) as admin:
@@ -49,7 +62,7 @@ def test_rows_in_equal_messages_out(spark: Any, broker: str, guarantee: str) -> 
     ]
     df = spark.createDataFrame(rows, "body string, tags string, keys array<string>, properties map<string,string>")
     write(df.repartition(3), broker, topic=topic, deliveryGuarantee=guarantee, batchMessages="300")
-    got = flat(read_all(broker, topic))
+    got = flat(read_all(broker, topic, expect=len(rows)))
     assert len(got) == len(rows)
     by_body = {m.body.decode(): m for m in got}
     for body, tags, keys, props in rows:
@@ -64,7 +77,8 @@ def test_binary_bodies_per_row_topic_and_sharding_order(spark: Any, broker: str)
     rows = [(bytes([i % 256, 0, 255]) + str(i).encode(), a if i % 2 else b, f"user{i % 5}", i) for i in range(1000)]
     df = spark.createDataFrame(rows, "body binary, topic string, sharding_key string, seq int").coalesce(1)
     write(df.drop("seq"), broker)
-    got_a, got_b = read_all(broker, a), read_all(broker, b)
+    n_a = sum(1 for r in rows if r[1] == a)
+    got_a, got_b = read_all(broker, a, expect=n_a), read_all(broker, b, expect=len(rows) - n_a)
     assert sorted(m.body for m in flat(got_a)) == sorted(r[0] for r in rows if r[1] == a)
     assert sorted(m.body for m in flat(got_b)) == sorted(r[0] for r in rows if r[1] == b)
     # Same sharding key -> one queue, in the order the rows were written.
@@ -84,7 +98,7 @@ def test_explicit_queue_id(spark: Any, broker: str) -> None:
     topic = new_topic(broker, queues=4, prefix="sinkq")
     df = spark.createDataFrame([(f"m{i}", i % 4) for i in range(100)], "body string, queue_id int")
     write(df, broker, topic=topic)
-    for qid, msgs in read_all(broker, topic).items():
+    for qid, msgs in read_all(broker, topic, expect=100).items():
         assert sorted(m.body.decode() for m in msgs) == sorted(f"m{i}" for i in range(100) if i % 4 == qid)
 
 
@@ -113,7 +127,7 @@ def test_extra_columns_ignored_when_asked(spark: Any, broker: str) -> None:
     topic = new_topic(broker, queues=2, prefix="sinkextra")
     df = spark.createDataFrame([("a", 1), ("b", 2)], "body string, colour int")
     write(df, broker, topic=topic, ignoreExtraColumns="true")
-    assert sorted(m.body for m in flat(read_all(broker, topic))) == [b"a", b"b"]
+    assert sorted(m.body for m in flat(read_all(broker, topic, expect=2))) == [b"a", b"b"]
 
 
 def test_bad_option_names_itself(spark: Any, broker: str) -> None:

@@ -54,9 +54,9 @@ def start_query(
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def target_ids(endpoint: str) -> Counter[str]:
+def target_ids(endpoint: str, expect: int | None = None) -> Counter[str]:
     ids: Counter[str] = Counter()
-    for m in flat(read_all(endpoint, TARGET)):
+    for m in flat(read_all(endpoint, TARGET, expect=expect)):
         body = m.body.decode()
         assert body.endswith("|mirrored"), body
         ids[body.removesuffix("|mirrored")] += 1
@@ -87,7 +87,7 @@ def run_with_crashes(tmp_path: Path, guarantee: str, n: int, kills: int, per_tri
             print(f"{guarantee} kill {kill + 1}: {sum(target_ids(endpoint).values())} messages in {TARGET}")
         proc = start_query(endpoint, checkpoint, guarantee, per_trigger, log)
         assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
-        return target_ids(endpoint)
+        return target_ids(endpoint, expect=n)
     finally:
         if broker.proc is not None and broker.proc.poll() is None:
             assert broker.stop() == 0
