@@ -1,17 +1,37 @@
-"""Helpers of the semantics end-to-end tests: read a whole topic through PullConsumer."""
+"""Helpers of the semantics end-to-end tests: read a whole topic through PullConsumer.
+
+Consume queues are built asynchronously from the commit log, so a queue's max offset may trail a send or a commit
+that just returned by a few milliseconds; the helpers read the queue ranges once they have stopped moving.
+"""
 
 from __future__ import annotations
 
+import time
+
 from broker.client import Admin, PullConsumer, PullStatus, ReceivedMessage
 from broker.errors import TopicNotExistError
+
+SETTLE_S = 0.15  # ranges equal across this gap: the dispatcher has caught up
+SETTLE_TIMEOUT_S = 20.0
+
+
+def settled_ranges(admin: Admin, topic: str) -> dict[int, tuple[int, int]]:
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    last = admin.queue_offsets(topic)
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_S)
+        now = admin.queue_offsets(topic)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{topic}: queue offsets still moving after {SETTLE_TIMEOUT_S} s")
 
 
 def read_topic(endpoint: str, topic: str, group: str = "e2e-reader", sql: str | None = None) -> list[ReceivedMessage]:
     """Every message of every queue of ``topic`` (queue by queue, in queue order), through PullMessage."""
     out: list[ReceivedMessage] = []
     with Admin(endpoint) as admin, PullConsumer(endpoint, group) as consumer:
-        ranges = admin.queue_offsets(topic)
-        for queue_id, (low, high) in sorted(ranges.items()):
+        for queue_id, (low, high) in sorted(settled_ranges(admin, topic).items()):
             offset = low
             while offset < high:
                 r = consumer.pull(topic, queue_id, offset, max_msgs=4096, sql=sql)
@@ -25,8 +45,9 @@ def read_topic(endpoint: str, topic: str, group: str = "e2e-reader", sql: str | 
 
 
 def visible_count(endpoint: str, topic: str) -> int:
+    """Messages in the topic's consume queues, once they have settled."""
     with Admin(endpoint) as admin:
         try:
-            return sum(high - low for low, high in admin.queue_offsets(topic).values())
+            return sum(high - low for low, high in settled_ranges(admin, topic).values())
         except TopicNotExistError:  # nothing sent to it yet: nothing visible
             return 0

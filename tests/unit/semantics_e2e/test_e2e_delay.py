@@ -26,8 +26,9 @@ def test_level_2_arrives_after_5_s_and_survives_a_restart_while_waiting(
         sent = producer.send(Message("Later", b"wait for me", keys=["k1"], properties={Prop.DELAY: "2", "u": "v"}))
         sent_ms = int(time.time() * 1000)
         plain = producer.send(Message("Later", b"now"))
+    assert broker.store is not None and broker.store.wait_dispatched(10)
     assert visible_count(endpoint, "Later") == 1  # only the plain one
-    assert broker.store is not None and broker.store.max_offset(SCHEDULE_TOPIC, 1) == 1  # level 2 = queue 1
+    assert broker.store.max_offset(SCHEDULE_TOPIC, 1) == 1 and sent.queue_id == 1  # level 2 = schedule queue 1
     (scheduled,) = broker.store.get_message("inspector", SCHEDULE_TOPIC, 1, 0, 1).messages()
     assert scheduled.properties[Prop.REAL_TOPIC] == "Later" and scheduled.properties[Prop.DELAY] == "2"
     broker.shutdown()  # restart while the message waits
@@ -49,9 +50,10 @@ def test_short_levels_batch_and_clamping(broker_factory: BrokerFactory) -> None:
     endpoint = f"127.0.0.1:{broker.port}"
     with Producer(endpoint) as producer:
         msgs = [Message("Soon", f"{i}".encode(), properties={Prop.DELAY: "3"} if i % 2 else {}) for i in range(100)]
-        producer.send_batch(msgs, queue_id=0)
-        producer.send(Message("Soon", b"clamped", properties={Prop.DELAY: "99"}))  # above 18: level 18 (200 ms)
-    assert visible_count(endpoint, "Soon") == 50
+        sent = producer.send_batch(msgs, queue_id=0)
+        clamped = producer.send(Message("Soon", b"clamped", properties={Prop.DELAY: "99"}))  # above 18: level 18
+    # delayed entries of the batch were stored in the schedule queue of level 3 (queue 2), the others in queue 0
+    assert [r.queue_id for r in sent] == [2 if i % 2 else 0 for i in range(100)] and clamped.queue_id == 17
     wait_until(lambda: visible_count(endpoint, "Soon") == 101, timeout_s=10, what="delayed batch delivery")
     bodies = sorted(m.body for m in read_topic(endpoint, "Soon"))
     assert bodies == sorted([f"{i}".encode() for i in range(100)] + [b"clamped"])
