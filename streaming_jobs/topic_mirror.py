@@ -4,8 +4,9 @@
         --checkpoint /chk/mirror --where "tags = 'eu'" --transform "upper(cast(body as string))"
 
 ``--where`` and ``--transform`` are Spark SQL expressions over the source columns (topic, queue_id, tags, keys, body,
-properties, ...). Tags, keys and properties are carried over; each message goes to the target queue of its source
-queue's number (modulo the target's queue count), so per-queue order is kept.
+properties, ...). Tags, keys and the application's properties are carried over (the broker's own, such as DELAY or
+REAL_TOPIC, are not: they would make the copy behave as a retry, a delayed or a transactional message). The source
+queue number is the sharding key, so all messages of one source queue go to one target queue, in order.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from broker.store.message import Prop
 from streaming_jobs.common import base_parser, setup_logging, spark_session, with_trigger
+
+# Properties the broker sets or interprets; the application's own properties are everything else.
+BROKER_PROPERTIES = {v for k, v in vars(Prop).items() if k.isupper()} | {"TRAN_ATTEMPT", "TRAN_COMMITTED_ATTEMPTS"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,14 +47,21 @@ def main(argv: list[str] | None = None) -> int:
         .option("startingOffsets", args.starting_offsets)
         .option("startingOffsetsFallback", "earliest")
     )
+    reader = reader.option("includeProperties", "true")
     if args.max_messages_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
     df = reader.load()
     if args.where:
         df = df.where(F.expr(args.where))
     body = F.expr(args.transform) if args.transform else F.col("body")
+    system = F.array(*[F.lit(name) for name in sorted(BROKER_PROPERTIES)])
+    user_properties = F.map_filter("properties", lambda k, _v: ~F.array_contains(system, k) & ~k.startswith("DLQ_"))
     out = df.select(
-        body.alias("body"), "tags", "keys", "properties", F.col("queue_id").cast("string").alias("sharding_key")
+        body.alias("body"),
+        "tags",
+        "keys",
+        user_properties.alias("properties"),
+        F.col("queue_id").cast("string").alias("sharding_key"),
     )
     writer = (
         out.writeStream.format("sluice")
