@@ -1,4 +1,5 @@
-"""In-process brokers on port 0 in tmp dirs, with small store files; `check()` must be clean at teardown."""
+"""Shared by the unit suites: in-process brokers on port 0 in tmp dirs, with small store files; `check()` must be
+clean at teardown. (The connector and semantics_e2e suites define their own `broker` fixtures.)"""
 
 from __future__ import annotations
 
