@@ -17,10 +17,9 @@ import numpy as np
 from broker.errors import MessageIllegalError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC
 from broker.semantics.transaction_codec import check_transaction_id, rewrite_batch_as_half
-from broker.store.batch import EntryRun, scan
+from broker.store.batch import EntryRun, scan, splice
 from broker.store.message import (
     MAX_PROPERTIES_BYTES,
-    PREFIX,
     Prop,
     SysFlag,
 )
@@ -129,28 +128,4 @@ def to_half_batch(buffer: bytes, producer_group: str, txn_id: str) -> bytes:
         ],
         axis=1,
     ).ravel()
-    dst = np.cumsum(lengths) - lengths
-    index_type = np.int32 if n + len(pool) < (1 << 31) else np.int64  # half the memory traffic of int64
-    idx = np.repeat((starts - dst).astype(index_type), lengths) + np.arange(int(lengths.sum()), dtype=index_type)
-    source = np.frombuffer(buffer + pool, np.uint8)
-    return source[idx].tobytes()
-
-
-def split_entries(buffer: bytes, limit_bytes: int) -> list[tuple[bytes, int]]:
-    """``buffer`` cut at entry boundaries into (chunk, entry count) of at most ``limit_bytes`` each (an entry
-    bigger than the limit is a chunk of its own: the broker then names it in its refusal)."""
-    chunks: list[tuple[bytes, int]] = []
-    start = pos = count = 0
-    unpack_prefix, end = PREFIX.unpack_from, len(buffer)
-    while pos < end:
-        total = unpack_prefix(buffer, pos)[0]
-        if total <= 0:
-            raise MessageIllegalError(f"batch entry at byte {pos} has size {total}")
-        if count and pos + total - start > limit_bytes:
-            chunks.append((buffer[start:pos], count))
-            start, count = pos, 0
-        pos += total
-        count += 1
-    if count:
-        chunks.append((buffer[start:pos], count))
-    return chunks
+    return splice(buffer + pool, starts, lengths)

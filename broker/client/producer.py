@@ -14,11 +14,12 @@ from collections.abc import Iterator, Sequence
 from typing import overload
 
 from broker.client.connection import Connection
-from broker.client.half_batch import split_entries, to_half_batch
+from broker.client.half_batch import to_half_batch
 from broker.client.message import Message, encode_message
 from broker.client.results import SendResult, SendStatus
 from broker.errors import BrokerError, MessageIllegalError
 from broker.proto import sluice_pb2 as pb
+from broker.store.batch import split_entries
 from broker.store.message import java_string_hash, validate_topic
 
 # The broker's store refuses batches above max_batch_bytes (4 MiB by default); send_batch splits below that.

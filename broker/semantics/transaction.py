@@ -44,11 +44,13 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
+from broker.semantics.commit_batch import CommittedRun, HalfRun, commit_halves
 from broker.semantics.json_file import read_json, write_json_atomic
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
 from broker.semantics.transaction_codec import (
-    ATTEMPT,
     COMMIT,
     COMMIT_START,
     COMMITTED_ATTEMPTS,
@@ -56,12 +58,9 @@ from broker.semantics.transaction_codec import (
     FINISHED_TAG,
     REMOVE_TAG,
     ROLLBACK,
-    Committed,
     RawHalf,
     check_half_batch,
     check_transaction_id,
-    commit_raw,
-    committed_entry,
     decode_commit_start,
     decode_offsets,
     encode_commit_start,
@@ -73,6 +72,7 @@ from broker.semantics.transaction_codec import (
     rewrite_batch_as_half,
 )
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.store.batch import split_entries
 from broker.store.message import (
     I64,
     POS_PHYSICAL_OFFSET,
@@ -80,7 +80,6 @@ from broker.store.message import (
     POS_STORE_TIMESTAMP,
     Prop,
     StoredMessage,
-    SysFlag,
     decode_entry,
 )
 
@@ -169,6 +168,17 @@ class EndResult:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _runs(sorted_offsets: list[int]) -> list[tuple[int, int]]:
+    """Inclusive runs of consecutive values: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
+    if not sorted_offsets:
+        return []
+    arr = np.asarray(sorted_offsets, np.int64)
+    breaks = np.flatnonzero(np.diff(arr) != 1)
+    firsts = np.concatenate(([arr[0]], arr[breaks + 1]))
+    lasts = np.concatenate((arr[breaks], [arr[-1]]))
+    return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
 
 
 class TransactionService:
@@ -370,18 +380,15 @@ class TransactionService:
         return [self.end_transaction(i, commit) for i in dict.fromkeys(ids)]
 
     def _decide(self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None) -> EndResult:
-        raw = self._read_halves(sorted(halves)) if commit else []
-        if attempts is not None:
-            allowed = set(attempts)
-            raw = [h for h in raw if raw_property(h.entry, ATTEMPT) in allowed]
-        committed = [commit_raw(h) for h in raw]  # a bad half is found before anything is decided
+        runs = self._read_half_runs(sorted(halves)) if commit else []
+        committed = [commit_halves(r, attempts=attempts) for r in runs]  # a bad half is found before any decision
         props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK}
         if txn.producer_group:
             props[Prop.PGROUP] = txn.producer_group
         if attempts is not None:
             props[COMMITTED_ATTEMPTS] = ",".join(attempts)
         if commit:
-            start = {q: self.store.max_offset(*q) for q in {c.real_queue for c in committed}}
+            start = {q: self.store.max_offset(*q) for c in committed for q in c.queues}
             props[COMMIT_START] = encode_commit_start(start)
         res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
         if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
@@ -414,20 +421,23 @@ class TransactionService:
                 txn.restoring = False
         return EndResult(txn.txn_id, txn.status, False, len(halves), restored, complete)
 
-    def _restore(self, txn: _Txn, committed: list[Committed]) -> int:
-        """Re-store halves in their real topics, then write the finished marker."""
+    def _restore(self, txn: _Txn, committed: list[CommittedRun]) -> int:
+        """Re-store committed entries in their real topics (put_batch calls of at most put_chunk_bytes), then write
+        the finished marker."""
         chunk: list[bytes] = []
         size = restored = 0
-        for c in committed:
-            entry = c.entry
-            if chunk and size + len(entry) > self.put_chunk_bytes:
-                restored += self._put_chunk(txn.txn_id, chunk)
-                chunk, size = [], 0
-            if len(entry) > self.put_chunk_bytes:  # a message too big for any batch goes alone
-                restored += self._put_one(txn.txn_id, decode_entry(c.half.entry))
-                continue
-            chunk.append(entry)
-            size += len(entry)
+        for run in committed:
+            pieces = [(run.buffer, run.messages)] if len(run.buffer) <= self.put_chunk_bytes else (
+                split_entries(run.buffer, self.put_chunk_bytes))  # fmt: skip
+            for piece, _ in pieces:
+                if chunk and size + len(piece) > self.put_chunk_bytes:
+                    restored += self._put_chunk(txn.txn_id, chunk)
+                    chunk, size = [], 0
+                if len(piece) > self.put_chunk_bytes:  # one message too big for any batch goes alone
+                    restored += self._put_one(txn.txn_id, piece)
+                    continue
+                chunk.append(piece)
+                size += len(piece)
         if chunk:
             restored += self._put_chunk(txn.txn_id, chunk)
         res = self.store.put_message(
@@ -440,17 +450,13 @@ class TransactionService:
             txn.finished = True
         return restored
 
-    def _put_one(self, txn_id: str, half: StoredMessage) -> int:
-        entry = committed_entry(half)  # validated there; the fields below are the same ones
-        props = dict(half.properties)
-        real_topic, real_qid = props.pop(Prop.REAL_TOPIC), int(props.pop(Prop.REAL_QID))
-        props[Prop.TRAN_PREPARED_QUEUE_OFFSET] = str(half.queue_offset)
-        ip, _, port = half.born_host.rpartition(":")
+    def _put_one(self, txn_id: str, entry: bytes) -> int:
+        m = decode_entry(entry)
+        ip, _, port = m.born_host.rpartition(":")
         res = self.store.put_message(
-            real_topic, real_qid, half.body, props, flag=half.flag,
-            sys_flag=(half.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE,
-            born_timestamp=half.born_timestamp, born_host=(ip, int(port) if port.isdigit() else 0),
-            reconsume_times=half.reconsume_times, prepared_transaction_offset=half.commitlog_offset,
+            m.topic, m.queue_id, m.body, m.properties, flag=m.flag, sys_flag=m.sys_flag,
+            born_timestamp=m.born_timestamp, born_host=(ip, int(port) if port.isdigit() else 0),
+            reconsume_times=m.reconsume_times, prepared_transaction_offset=m.prepared_transaction_offset,
             wait_store_ok=False,
         )  # fmt: skip
         assert res.status is not PutStatus.PUT_OK or res.wrote_bytes == len(entry), (res.wrote_bytes, len(entry))
@@ -458,11 +464,11 @@ class TransactionService:
             raise TransactionError(f"re-store of {txn_id!r} refused: {res.status.name} {res.error}")
         return 1
 
-    def _put_chunk(self, txn_id: str, entries: list[bytes]) -> int:
-        res = self.store.put_batch(b"".join(entries), wait_store_ok=False)
+    def _put_chunk(self, txn_id: str, pieces: list[bytes]) -> int:
+        res = self.store.put_batch(pieces[0] if len(pieces) == 1 else b"".join(pieces), wait_store_ok=False)
         if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             raise TransactionError(f"re-store of {txn_id!r} refused: {res.status.name} {res.error}")
-        return len(entries)
+        return len(res.queue_offsets)
 
     # ------------------------------------------------------------------------------------------ reading
 
@@ -493,20 +499,26 @@ class TransactionService:
             msg.queue_offset = raw.queue_offset
             yield msg
 
-    def _read_halves(self, queue_offsets: list[int]) -> list[RawHalf]:
-        """The half messages at these half-queue offsets (sorted), read in contiguous runs."""
-        out: list[RawHalf] = []
+    def _read_half_runs(self, queue_offsets: list[int]) -> list[HalfRun]:
+        """The half messages at these half-queue offsets (sorted), as the store's gets return them: one buffer of
+        raw entries per get, over contiguous runs of offsets. HalvesGoneError if any is missing."""
+        out: list[HalfRun] = []
         if queue_offsets and self.store.max_offset(TRANS_HALF_TOPIC, 0) <= queue_offsets[-1]:
             self._wait_for_dispatch()  # halves just put may not have their consume-queue units yet
-        i = 0
-        while i < len(queue_offsets):
-            j = i
-            while j + 1 < len(queue_offsets) and queue_offsets[j + 1] == queue_offsets[j] + 1:
-                j += 1
-            out += self._scan_raw(TRANS_HALF_TOPIC, 0, queue_offsets[i], queue_offsets[j] + 1)
-            i = j + 1
-        if len(out) != len(queue_offsets):
-            missing = sorted(set(queue_offsets) - {h.queue_offset for h in out})
+        found = 0
+        for first, last in _runs(queue_offsets):
+            offset = max(first, self.store.min_offset(TRANS_HALF_TOPIC, 0))
+            while offset <= last:
+                res = self.store.get_message(TRANS_READER_GROUP, TRANS_HALF_TOPIC, 0, offset,
+                                             min(SCAN_BATCH, last + 1 - offset))  # fmt: skip
+                if res.status is not GetStatus.FOUND:
+                    break
+                out.append(HalfRun(res.buffer, res.queue_offsets))
+                found += len(res.queue_offsets)
+                offset = res.next_begin_offset
+        if found != len(queue_offsets):
+            have = {q for r in out for q in r.queue_offsets}
+            missing = [q for q in queue_offsets if q not in have]
             raise HalvesGoneError(
                 f"{len(missing)} half messages are gone from {TRANS_HALF_TOPIC} (expired?), first at queue offset "
                 f"{missing[0]}; the transaction cannot be committed"
@@ -588,7 +600,7 @@ class TransactionService:
             first = min(t.halves) if t.halves else None
         if first is None:
             return None
-        half = decode_entry(self._read_halves([first])[0].entry)
+        half = decode_entry(self._read_half_runs([first])[0].buffer)
         try:
             return self.checker(t.producer_group, t.txn_id, half)
         except Exception:
@@ -663,21 +675,17 @@ class TransactionService:
         """Re-store the committed halves not yet in their real topics (idempotent), then mark finished."""
         self._wait_for_dispatch()  # re-stores of an earlier attempt must be in the consume queues we scan
         op = op or self._decision_op(t)
-        raw = self._read_halves(sorted(t.decided))
+        runs = self._read_half_runs(sorted(t.decided))
         attempts = op.properties.get(COMMITTED_ATTEMPTS)
-        if attempts is not None:
-            allowed = set(attempts.split(",")) if attempts else set()
-            raw = [h for h in raw if raw_property(h.entry, ATTEMPT) in allowed]
-        wanted = {h.commitlog_offset for h in raw}
+        allowed = None if attempts is None else (attempts.split(",") if attempts else [])
         done: set[int] = set()
         for (topic, qid), start in decode_commit_start(op.properties.get(COMMIT_START, "")).items():
             for e in self._scan_raw(topic, qid, start):
-                prepared = I64.unpack_from(e.entry, POS_PREPARED_TX_OFFSET)[0]
-                if prepared in wanted:
-                    done.add(prepared)
-        todo = [commit_raw(h) for h in raw if h.commitlog_offset not in done]
-        log.warning("transaction %s: finishing an interrupted commit: %d of %d halves already visible, storing %d",
-                    t.txn_id, len(done), len(raw), len(todo))  # fmt: skip
+                done.add(I64.unpack_from(e.entry, POS_PREPARED_TX_OFFSET)[0])
+        skip = np.array(sorted(done), np.int64)
+        todo = [commit_halves(r, attempts=allowed, skip=skip) for r in runs]
+        log.warning("transaction %s: finishing an interrupted commit: %d halves, storing the %d not yet visible",
+                    t.txn_id, len(t.decided), sum(c.messages for c in todo))  # fmt: skip
         self._restore(t, todo)
 
     # ------------------------------------------------------------------------------------------ state file

@@ -229,7 +229,12 @@ def raw_property(entry: bytes, name: str) -> str | None:
     """One property of a raw entry, without decoding the rest."""
     body_len = I32.unpack_from(entry, POS_BODY_LENGTH)[0]
     topic_len = entry[BODY_START + body_len]
-    value, _ = _take_property(entry[BODY_START + body_len + 1 + topic_len + 2 :], name.encode())
+    return property_of(entry[BODY_START + body_len + 1 + topic_len + 2 :], name)
+
+
+def property_of(props: bytes, name: str) -> str | None:
+    """One property of an encoded property list (the first, if named twice), without decoding the rest."""
+    value, _ = _take_property(props, name.encode())
     return None if value is None else value.decode("utf-8", "replace")
 
 
@@ -371,6 +376,7 @@ __all__ = [
     "half_properties",
     "half_sys_flag",
     "is_half_batch",
+    "property_of",
     "raw_property",
     "real_queue_of",
     "rewrite_batch_as_half",
