@@ -205,6 +205,7 @@ class TransactionService:
         self.outcome_retention_ms = outcome_retention_ms
         self.put_chunk_bytes = min(put_chunk_bytes, store.config.batch_limit_bytes)  # a chunk is one put_batch
         self._lock = threading.Lock()
+        self._restore_lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._txns: dict[str, _Txn] = {}
         self._by_half_cl_offset: dict[int, str] = {}  # half commit-log offset -> txn id (end by offset)
@@ -422,8 +423,30 @@ class TransactionService:
         return EndResult(txn.txn_id, txn.status, False, len(halves), restored, complete)
 
     def _restore(self, txn: _Txn, committed: list[CommittedRun]) -> int:
-        """Re-store committed entries in their real topics (put_batch calls of at most put_chunk_bytes), then write
+        """Re-store committed entries in their real topics, all shown to readers at the same instant, then write
         the finished marker."""
+        with self._restore_lock:  # one commit's visibility hold at a time: each shows exactly its own messages
+            hold = self.store.hold_visibility(q for run in committed for q in run.queues)
+            try:
+                restored = self._put_runs(txn, committed)
+                if not self.store.wait_dispatched(DISPATCH_WAIT_S, up_to=self.store.max_phys_offset()):
+                    log.error("transaction %s: dispatch lags %.0f s behind; showing the commit as far as it got",
+                              txn.txn_id, DISPATCH_WAIT_S)  # fmt: skip
+            finally:
+                # Also on failure: a queue must not stay frozen; the check thread finishes the rest of the commit.
+                self.store.release_visibility(hold)
+        res = self.store.put_message(
+            TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
+            wait_store_ok=False,
+        )  # fmt: skip
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
+        with self._lock:
+            txn.finished = True
+        return restored
+
+    def _put_runs(self, txn: _Txn, committed: list[CommittedRun]) -> int:
+        """put_batch calls of at most put_chunk_bytes; returns how many messages were stored."""
         chunk: list[bytes] = []
         size = restored = 0
         for run in committed:
@@ -440,14 +463,6 @@ class TransactionService:
                 size += len(piece)
         if chunk:
             restored += self._put_chunk(txn.txn_id, chunk)
-        res = self.store.put_message(
-            TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
-            wait_store_ok=False,
-        )  # fmt: skip
-        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-            raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
-        with self._lock:
-            txn.finished = True
         return restored
 
     def _put_one(self, txn_id: str, entry: bytes) -> int:

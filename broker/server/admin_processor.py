@@ -78,10 +78,7 @@ class AdminProcessor:
 
     def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
         config = self.topics.require(topic)
-        return [
-            (qid, self.store.min_offset(topic, qid), self.store.max_offset(topic, qid))
-            for qid in range(config.read_queue_nums)
-        ]
+        return self.store.queue_ranges(topic, range(config.read_queue_nums))
 
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         self.topics.check_queue(topic, queue_id, for_write=False)

@@ -14,7 +14,6 @@ import itertools
 import logging
 import queue
 import threading
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -104,30 +103,12 @@ def _info(t: TransactionInfo) -> pb.TransactionInfo:
     )  # fmt: skip
 
 
-COMMIT_VISIBLE_WAIT_S = 2.0  # bounded: a stalled dispatcher must not hang EndTransaction
-
-
 class TransactionProcessor:
     def __init__(self, transactions: TransactionService, hub: CheckHub) -> None:
         self.tx = transactions
         self.hub = hub
 
     def end(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
-        response = self._end(request)
-        if request.commit:
-            self._wait_visible()
-        return response
-
-    def _wait_visible(self) -> None:
-        """A commit's messages are in the commit log when it returns; wait (bounded) until the dispatcher has put
-        them in the consume queues too, so a reader that starts after the answer sees all of them."""
-        store = self.tx.store
-        target = store.max_phys_offset()
-        deadline = time.monotonic() + COMMIT_VISIBLE_WAIT_S
-        while store.dispatched_offset() < target and time.monotonic() < deadline:
-            time.sleep(0.001)
-
-    def _end(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
         attempts = list(request.committed_attempts) if request.restrict_attempts else None
         kwargs = {"from_check": request.from_check, "committed_attempts": attempts,
                   "producer_group": request.producer_group}  # fmt: skip

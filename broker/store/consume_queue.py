@@ -9,6 +9,10 @@ Unit ``i`` (the message with queue offset ``i``) lies at global byte ``i * 20`` 
 
 Files live in ``consumequeue/{topic}/{queueId}/`` and are named by their first byte's global offset. A unit
 whose SIZE is 0 was never written (files are preallocated with zeros), which is how recovery finds the end.
+
+Readers see units up to ``max_offset``; the dispatcher writes up to ``written_offset``. The two differ only while a
+``VisibilityHold`` covers the queue: a batch-transaction commit holds every queue it writes to, so that its units,
+dispatched over many passes and queues, are all shown at the same instant when the hold is released.
 """
 
 from __future__ import annotations
@@ -49,17 +53,46 @@ CQ_DTYPE = np.dtype(
 assert CQ_DTYPE.itemsize == CQ_UNIT.size and len(CQ_DTYPE.names or ()) == len(CqUnit._fields)
 
 
+class VisibilityHold:
+    """While active, the queues it was placed on show readers no unit written after it was placed. Releasing it is
+    one attribute write, so all of those queues show their new units at the same instant."""
+
+    __slots__ = ("active", "queues")
+
+    def __init__(self) -> None:
+        self.active = True
+        self.queues: list[ConsumeQueue] = []
+
+
 class ConsumeQueue:
     def __init__(self, root: str, topic: str, queue_id: int, file_size: int, sync: Callable[[int], None]) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.files = MappedFileQueue(os.path.join(root, topic, str(queue_id)), file_size, sync)
         self.min_offset = 0  # first valid queue offset (moves forward when the commit log expires)
+        self._holds: tuple[VisibilityHold, ...] = ()
+        self._held_at = 0  # max_offset while any hold is active: written_offset when the first of them was placed
+
+    @property
+    def written_offset(self) -> int:
+        """One past the last unit written: the next queue offset this queue expects."""
+        return self.files.max_offset // CQ_UNIT_SIZE
 
     @property
     def max_offset(self) -> int:
-        """One past the last unit written: the next queue offset this queue expects."""
+        """One past the last unit readers may see (written_offset, unless a hold is active)."""
+        for hold in self._holds:
+            if hold.active:
+                return self._held_at
         return self.files.max_offset // CQ_UNIT_SIZE
+
+    def place_hold(self, hold: VisibilityHold) -> None:
+        """Hide units written from now on until ``hold`` (and any hold already active here) is released."""
+        active = tuple(h for h in self._holds if h.active)
+        if not active:
+            self._held_at = self.written_offset  # set before the hold is visible to readers
+        self._holds = (*active, hold)
+        hold.queues.append(self)
 
     # ------------------------------------------------------------------------------------------------ load
     def load(self, commit_log_min: int, commit_log_end: int) -> None:
@@ -120,7 +153,7 @@ class ConsumeQueue:
             self.min_offset = 0
             return
         start_unit = first.file_from_offset // CQ_UNIT_SIZE
-        end_unit = self.max_offset
+        end_unit = self.written_offset
         n = end_unit - start_unit
         if n <= 0:
             self.min_offset = end_unit

@@ -259,7 +259,7 @@ class Dispatcher:
 
     @staticmethod
     def _put_one(cq: ConsumeQueue, qoff: int, unit: bytes) -> None:
-        have = cq.max_offset
+        have = cq.written_offset
         if qoff < have:
             return  # re-dispatch after recovery: already there
         if qoff > have:
@@ -379,7 +379,7 @@ class Dispatcher:
 
     @staticmethod
     def _put_group(cq: ConsumeQueue, qoffs: np.ndarray, units: np.ndarray) -> None:
-        have = cq.max_offset
+        have = cq.written_offset
         fresh = qoffs >= have  # re-dispatch after recovery: units already there are skipped
         if not fresh.all():
             qoffs, units = qoffs[fresh], units[fresh]

@@ -12,8 +12,9 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
 from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
 from broker.store.config import StoreConfig
-from broker.store.consume_queue import ConsumeQueue
+from broker.store.consume_queue import ConsumeQueue, VisibilityHold
 from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher, DispatchHint
 from broker.store.faults import FaultInjector
 from broker.store.flush import (
@@ -98,6 +99,7 @@ class MessageStore:
         self.recovery_report: RecoveryReport | None = None
         self._lock_fd = -1
         self._running = False
+        self._visibility_lock = threading.Lock()  # release_visibility vs queue_ranges
         self._disk_full = False
         self._write_error = ""
         self._services: list[ServiceThread] = []
@@ -496,6 +498,11 @@ class MessageStore:
         cq = self.queues.find(topic, queue_id)
         return cq.max_offset if cq else 0
 
+    def queue_ranges(self, topic: str, queue_ids: Iterable[int]) -> list[tuple[int, int, int]]:
+        """(queue id, min offset, max offset) of several queues as of one instant (no commit half-shown)."""
+        with self._visibility_lock:
+            return [(q, self.min_offset(topic, q), self.max_offset(topic, q)) for q in queue_ids]
+
     def queue_ids(self, topic: str) -> list[int]:
         return sorted(q for t, q in self.queues.queues if t == topic)
 
@@ -589,10 +596,28 @@ class MessageStore:
     def add_arrival_listener(self, fn: ArrivalListener) -> None:
         self.dispatcher.listeners.append(fn)
 
-    def wait_dispatched(self, timeout_s: float = CHECK_DISPATCH_WAIT_S) -> bool:
-        """Block until the dispatcher has reached the commit log's end; False on timeout."""
+    def hold_visibility(self, queues: Iterable[tuple[str, int]]) -> VisibilityHold:
+        """Units dispatched to these queues from now on stay unseen by readers until ``release_visibility``, which
+        shows them all at once (a batch-transaction commit: many puts, many queues, one instant)."""
+        hold = VisibilityHold()
+        with self.dispatcher.lock:  # no pass under way: the offset a queue is held at is one readers saw
+            for topic, queue_id in sorted(set(queues)):
+                self.queues.find_or_create(topic, queue_id).place_hold(hold)
+        return hold
+
+    def release_visibility(self, hold: VisibilityHold) -> None:
+        """Show what the hold hid, in every queue at the same instant, and wake the pulls waiting on them."""
+        with self._visibility_lock:  # queue_ranges() reads all queues either before or after this
+            hold.active = False
+        for cq in hold.queues:
+            for fn in self.dispatcher.listeners:
+                fn(cq.topic, cq.queue_id, cq.max_offset)
+
+    def wait_dispatched(self, timeout_s: float = CHECK_DISPATCH_WAIT_S, up_to: int | None = None) -> bool:
+        """Block until the dispatcher has reached commit-log offset ``up_to`` (default: the end); False on
+        timeout."""
         deadline = time.monotonic() + timeout_s
-        while self.dispatcher.dispatched_offset < self.commit_log.max_offset:
+        while self.dispatcher.dispatched_offset < (self.commit_log.max_offset if up_to is None else up_to):
             if time.monotonic() > deadline:
                 return False
             if self._dispatch_service is None or not self._running:

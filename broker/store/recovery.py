@@ -180,7 +180,7 @@ def recover(
     report.dispatch_seconds = time.perf_counter() - started
     table: dict[tuple[str, int], int] = {}
     for key, cq in queues.queues.items():
-        table[key] = cq.max_offset
+        table[key] = cq.written_offset
     commit_log.queue_table = table
     log.info(
         "recovery (%s) done: commit log ends at %d, re-dispatched %d entries from %d, %d queues",

@@ -28,7 +28,7 @@ def with_offsets(half: bytes, rng: random.Random) -> tuple[bytes, list[int], lis
     phys = sorted(rng.sample(range(1 << 40), len(run)))
     for p, off in zip(run.positions.tolist(), phys, strict=True):
         struct.pack_into(">q", buf, p + POS_PHYSICAL_OFFSET, off)
-    first = rng.randrange(10**rng.randrange(1, 12))
+    first = rng.randrange(10 ** rng.randrange(1, 12))
     return bytes(buf), phys, list(range(first, first + len(run)))
 
 
@@ -60,9 +60,7 @@ def test_same_bytes_as_commit_raw(seed: int, n: int, topic_count: int, queue_cou
     buf, phys, qoffs = with_offsets(to_half_batch(b"".join(entries), "group-1", "spark:q:1:r"), rng)
     allowed = set(rng.sample(attempts, rng.randrange(len(attempts) + 1))) if rng.random() < 0.7 else None
     skip = set(rng.sample(phys, rng.randrange(n // 2 + 1)))
-    got = commit_halves(
-        HalfRun(buf, qoffs), attempts=allowed, skip=np.array(sorted(skip), np.int64) if skip else None
-    )
+    got = commit_halves(HalfRun(buf, qoffs), attempts=allowed, skip=np.array(sorted(skip), np.int64) if skip else None)
     want = reference(buf, phys, qoffs, allowed, skip)
     assert got.buffer == want
     committed = [decode_entry(e) for e in _entries(want)]

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, broker_config, wait_until
+from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, broker_config
 from e2e_util import read_topic, visible_count
 
 from broker.client import Admin, Message, Producer, encode_message
@@ -48,9 +48,12 @@ def test_50k_messages_from_4_processes_invisible_until_committed(broker_factory:
         assert (info.transaction_id, info.status, info.half_count) == (txn_id, "OPEN", WORKERS * PER_WORKER)
         with Producer(endpoint) as other:  # an unrelated open transaction of the same query, rolled back in bulk
             other.send_encoded(encode_message(Message("Sink", b"stale"), 0), 1, transaction_id="query-7:batch-2:run-0")
-        assert admin.end_transaction(txn_id, commit=True) == "COMMITTED"
-        # all of them once EndTransaction returns (the consume queues follow the commit log within moments)
-        wait_until(lambda: visible_count(endpoint, "Sink") == WORKERS * PER_WORKER, timeout_s=10, what="dispatch")
+        with VisibilityWatcher(endpoint, "Sink") as watcher:  # polls the queue ranges all through the commit
+            assert admin.end_transaction(txn_id, commit=True) == "COMMITTED"
+            after = admin.queue_offsets("Sink")  # all of them as soon as EndTransaction has answered
+        assert sum(hi - lo for lo, hi in after.values()) == WORKERS * PER_WORKER
+        assert watcher.seen <= {0, WORKERS * PER_WORKER}, f"a reader saw part of the commit: {sorted(watcher.seen)}"
+        assert watcher.polls >= 5, watcher.polls  # the watcher did look while the commit was under way
         assert admin.end_transactions("query-7:", commit=False) == {"query-7:batch-2:run-0": "ROLLED_BACK"}
         assert admin.end_transaction(txn_id, commit=False) == "COMMITTED"  # the first outcome stands
         statuses = {t.transaction_id: t.status for t in admin.list_transactions("query-7:")}
@@ -58,6 +61,36 @@ def test_50k_messages_from_4_processes_invisible_until_committed(broker_factory:
     got = read_topic(endpoint, "Sink")
     assert len(got) == WORKERS * PER_WORKER and {m.body for m in got} == expected_bodies(WORKERS, PER_WORKER)
     assert all(m.properties["w"] == m.body.split(b":")[0].decode() for m in got[:1000])
+
+
+class VisibilityWatcher:
+    """Sums a topic's queue ranges (GetQueueOffsets, one instant per call) in a loop until closed."""
+
+    def __init__(self, endpoint: str, topic: str) -> None:
+        self.admin = Admin(endpoint)
+        self.topic = topic
+        self.seen: set[int] = set()
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _poll(self) -> None:
+        self.seen.add(sum(hi - lo for lo, hi in self.admin.queue_offsets(self.topic).values()))
+        self.polls += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+
+    def __enter__(self) -> VisibilityWatcher:
+        self._poll()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.admin.close()
 
 
 def test_committed_attempts_keep_only_the_named_writers(broker: BrokerController, endpoint: str) -> None:
