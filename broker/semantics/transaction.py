@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
-from broker.semantics.commit_batch import CommittedRun, HalfRun, commit_halves
+from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
 from broker.semantics.json_file import read_json, write_json_atomic
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
 from broker.semantics.transaction_codec import (
@@ -59,7 +59,6 @@ from broker.semantics.transaction_codec import (
     REMOVE_TAG,
     ROLLBACK,
     RawHalf,
-    check_half_batch,
     check_transaction_id,
     decode_commit_start,
     decode_offsets,
@@ -294,7 +293,7 @@ class TransactionService:
         ``transaction_codec.encode_half_entry`` (only checked: the fast path). The result's offsets are the halves'."""
         check_transaction_id(txn_id)
         if is_half_batch(buffer):  # fast path: the client encoded half entries (encode_half_entry)
-            count = check_half_batch(buffer, producer_group, txn_id)
+            count = check_halves(buffer, producer_group, txn_id)
             half_buffer = bytes(buffer)
         else:
             half_buffer, count = rewrite_batch_as_half(buffer, producer_group, txn_id)

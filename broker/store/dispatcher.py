@@ -10,6 +10,7 @@ re-dispatch from any earlier point.
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -314,6 +315,14 @@ class Dispatcher:
         with_props = np.flatnonzero(run.props_lengths > 0)
         if not with_props.size:
             return tags, keyed
+        # Untagged, unkeyed messages with varied properties (the exactly-once sink's halves and commits): three
+        # C-speed searches of the run's bytes prove there is nothing to parse. A body holding one of the names
+        # only sends the run down the per-entry path below.
+        first, last = int(run.positions[0]), int(run.positions[-1] + run.sizes[-1])
+        if not _holds(buf, _TAGS, first, last) and not (
+            want_keys and (_holds(buf, _KEYS, first, last) or _holds(buf, _UNIQ, first, last))
+        ):
+            return tags, keyed
         starts = run.props_starts[with_props]
         lengths = run.props_lengths[with_props]
         same = _same_bytes(buf, starts, lengths)
@@ -399,6 +408,13 @@ class Dispatcher:
         else:  # not consecutive (damaged log): one unit at a time at its own position
             for q, u in zip(qoffs.tolist(), units, strict=True):
                 cq.put_units(q, u.tobytes())
+
+
+def _holds(buf: Buffer, needle: bytes, start: int, end: int) -> bool:
+    """Whether ``needle`` occurs in ``buf[start:end]``, searched in place when the buffer can (mmap, bytes)."""
+    if isinstance(buf, (bytes, bytearray, mmap.mmap)):
+        return buf.find(needle, start, end) >= 0
+    return needle in bytes(buf[start:end])
 
 
 def _same_bytes(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> bytes | None:

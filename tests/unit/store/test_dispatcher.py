@@ -110,3 +110,19 @@ def test_tag_codes_and_keys_equal_full_decoding(make_store: Callable[..., Messag
         want = sum(1 for p in chosen if key in [*p.get("KEYS", "").split(" "), p.get("UNIQ_KEY", "")])
         assert len(s.query_by_key("P", key, max_num=1000)) == want, key
     assert s.check() == []
+
+
+@pytest.mark.parametrize("tagged_at", [None, 0, 17, 39])
+def test_varied_properties_with_and_without_tags(store: MessageStore, tagged_at: int | None) -> None:
+    """Varied properties without TAGS skip the per-entry parse; one tagged entry anywhere (or a body that merely
+    contains the bytes TAGS\\x01) must still give every unit its right tag code."""
+    entries = []
+    for i in range(40):
+        props = {"seq": str(i)} | ({"TAGS": "Hot"} if i == tagged_at else {})
+        body = b"TAGS\x01fake\x02" if i == 5 else b"m%d" % i
+        entries.append(encode_entry(b"V", 0, body, encode_properties(props)))
+    assert store.put_batch(b"".join(entries)).ok
+    assert store.wait_dispatched()
+    codes = [store.queues.queues[("V", 0)].unit(i).tag_hash for i in range(40)]  # type: ignore[union-attr]
+    assert codes == [tag_hash_code("Hot") if i == tagged_at else 0 for i in range(40)]
+    assert store.check() == []

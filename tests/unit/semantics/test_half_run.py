@@ -13,8 +13,15 @@ from hypothesis import strategies as st
 from broker.client import Message, encode_message
 from broker.client.half_batch import to_half_batch
 from broker.errors import MessageIllegalError
-from broker.semantics.commit_batch import MAX_DISTINCT_PER_RUN, HalfRun, commit_halves
-from broker.semantics.transaction_codec import ATTEMPT, RawHalf, commit_raw, encode_half_entry, raw_property
+from broker.semantics.half_run import MAX_DISTINCT_PER_RUN, HalfRun, check_halves, commit_halves
+from broker.semantics.transaction_codec import (
+    ATTEMPT,
+    RawHalf,
+    check_half_batch,
+    commit_raw,
+    encode_half_entry,
+    raw_property,
+)
 from broker.store.batch import scan
 from broker.store.message import POS_PHYSICAL_OFFSET, decode_entry
 
@@ -113,7 +120,7 @@ def test_nothing_kept_is_an_empty_run() -> None:
 
 def test_sink_shaped_halves_never_go_per_half(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the Spark sink sends (TRAN_ATTEMPT first, halves from to_half_batch) is committed in bulk."""
-    import broker.semantics.commit_batch as cb
+    import broker.semantics.half_run as cb
 
     def refuse(_half: RawHalf) -> None:
         raise AssertionError("per-half path taken")
@@ -126,3 +133,33 @@ def test_sink_shaped_halves_never_go_per_half(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(cb, "commit_raw", refuse)
     got = commit_halves(HalfRun(buf, qoffs), attempts={"0.0.ab", "2.0.ab"})
     assert got.buffer == want and got.messages == 1333
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 200))
+def test_check_halves_agrees_with_the_definition(seed: int, n: int) -> None:
+    """check_halves accepts what check_half_batch accepts and refuses what it refuses."""
+    rng = random.Random(seed)
+    entries = [
+        encode_message(Message(rng.choice(TOPICS), rng.randbytes(rng.randrange(0, 200)),
+                               properties={f"p{j}": "v" for j in range(rng.randrange(3))}), rng.randrange(12), 1)
+        for _ in range(n)
+    ]  # fmt: skip
+    half = to_half_batch(b"".join(entries), "grp", "txn:9")
+    assert check_halves(half, "grp", "txn:9") == check_half_batch(half, "grp", "txn:9") == n
+    for group, txn in (("other", "txn:9"), ("grp", "txn:8"), ("grp", "txn:99")):
+        with pytest.raises(MessageIllegalError):
+            check_half_batch(half, group, txn)
+        with pytest.raises(MessageIllegalError):
+            check_halves(half, group, txn)
+
+
+def test_check_halves_refuses_what_is_not_a_half_batch() -> None:
+    plain = encode_message(Message("T", b"x"), 0, 1)
+    half = encode_half_entry("T", 0, b"x", {}, "g", "t")
+    for bad in (plain, half + plain, half[:-1], half.replace(b"REAL_QID\x010", b"REAL_QIX\x010")):
+        with pytest.raises(MessageIllegalError):
+            check_half_batch(bad, "g", "t")
+        with pytest.raises(MessageIllegalError):
+            check_halves(bad, "g", "t")
+    assert check_halves(half, "g", "t") == 1

@@ -1,4 +1,4 @@
-"""Committing half messages in bulk: a run of raw half entries becomes the run of their committed entries.
+"""Runs of half messages in bulk: a client's half batch checked, a run of stored halves committed.
 
 ``transaction_codec.commit_raw`` is the definition: one half in, one committed entry out, about 10 us of Python
 each. A batch transaction commits tens of thousands of halves at once, so ``commit_halves`` builds the same bytes
@@ -20,6 +20,10 @@ The other header fields are the half's, except TOTALSIZE, QUEUEID (q), SYSFLAG (
 TRANSACTION OFFSET (the half's commit-log offset) and the store fields, left 0 for ``put_batch``. BODYCRC is kept:
 the body is the same bytes.
 
+``check_halves`` is the broker's check of a client's half batch on SendBatch (``check_half_batch``, entry by
+entry, is its definition) done the same way: T is known from the transaction id and producer group, and each
+distinct R is matched in bulk.
+
 Distinct values (the R of each real queue, each writer attempt) are few in a run, so each is parsed once in
 Python and then matched against every entry in one numpy comparison; past ``MAX_DISTINCT_PER_RUN`` distinct
 values the run takes the per-entry path instead (same result, slower), which bounds the work at
@@ -34,7 +38,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from broker.semantics.transaction_codec import ATTEMPT, RawHalf, commit_raw, property_of
+from broker.semantics.transaction_codec import (
+    ATTEMPT,
+    HALF_TOPIC_BYTES,
+    RawHalf,
+    check_half_batch,
+    commit_raw,
+    property_of,
+)
 from broker.store.batch import EntryRun, gather, headers, rows_at, scan
 from broker.store.message import (
     BODY_START,
@@ -135,30 +146,37 @@ def _attempt_mask(buf: bytes, arr: np.ndarray, run: EntryRun, attempts: frozense
     return np.array([property_of(buf[a:b], ATTEMPT) in attempts for a, b in zip(ps.tolist(), ends, strict=True)], bool)
 
 
-def _fast(
-    buf: bytes, arr: np.ndarray, run: EntryRun, idx: np.ndarray, half_cl: np.ndarray, qoffs: np.ndarray
-) -> CommittedRun | None:
-    """The committed run built in bulk; None when the run is not of the shape described in the module docstring."""
+class _Located(NamedTuple):
+    key: np.ndarray  # per entry of idx: which of ``queues`` its R names
+    queues: list[tuple[bytes, int, int]]  # (real topic, real queue id, length of R)
+    r_end: np.ndarray  # per entry: where its R ends and T begins
+    tail: bytes  # T
+
+
+def _locate(buf: bytes, arr: np.ndarray, run: EntryRun, idx: np.ndarray, tail: bytes | None) -> _Located | None:
+    """Find R and T (module docstring) in every entry of ``idx``, T given or taken from the first entry; None when
+    the run is not of that shape."""
     n = len(run)
     if buf.count(_REAL_TOPIC) != n or buf.count(_REAL_QID) != n:
         return None  # one R per half and nowhere else (not in a body, not twice): then "the first" is "the one"
     ps = run.props_starts[idx]
     pe = ps + run.props_lengths[idx]
-    first = buf[int(ps[0]) : int(pe[0])]
-    r = first.rfind(_REAL_TOPIC)
-    m = _R_PATTERN.match(first, r) if r == 0 or (r > 0 and first[r - 1] == _SEP) else None
-    if m is None:
-        return None
-    tail = first[m.end() :]
+    if tail is None:
+        first = buf[int(ps[0]) : int(pe[0])]
+        r = first.rfind(_REAL_TOPIC)
+        m = _R_PATTERN.match(first, r) if r == 0 or (r > 0 and first[r - 1] == _SEP) else None
+        if m is None:
+            return None
+        tail = first[m.end() :]
     if not _matches(arr, pe - len(tail), ps, pe, tail).all():
         return None
     r_end = pe - len(tail)
     key = np.full(idx.size, -1, np.int64)
-    queues: list[tuple[bytes, int, int]] = []  # (topic, queue id, length of R)
+    queues: list[tuple[bytes, int, int]] = []
     for _ in range(MAX_DISTINCT_PER_RUN):
         pending = np.flatnonzero(key < 0)
         if pending.size == 0:
-            break
+            return _Located(key, queues, r_end, tail)
         j = int(pending[0])
         props = buf[int(ps[j]) : int(r_end[j])]
         r = props.rfind(_REAL_TOPIC)
@@ -172,9 +190,40 @@ def _fast(
         assert same[j]
         key[same] = len(queues)
         queues.append((m.group(1), int(m.group(2)), len(value)))
-    else:
-        return None  # too many distinct real queues in one run
-    return _assemble(buf, arr, run, idx, half_cl, qoffs, key, queues, r_end, tail)
+    return None  # too many distinct real queues in one run
+
+
+def _fast(
+    buf: bytes, arr: np.ndarray, run: EntryRun, idx: np.ndarray, half_cl: np.ndarray, qoffs: np.ndarray
+) -> CommittedRun | None:
+    """The committed run built in bulk; None when the run is not of the shape described in the module docstring."""
+    found = _locate(buf, arr, run, idx, None)
+    if found is None:
+        return None
+    return _assemble(buf, arr, run, idx, half_cl, qoffs, found.key, found.queues, found.r_end, found.tail)
+
+
+def check_halves(buffer: bytes | memoryview, producer_group: str, txn_id: str) -> int:
+    """``transaction_codec.check_half_batch`` (the definition: what a half batch must be), answered in bulk for
+    batches of the shape ``to_half_batch`` writes; any other batch is checked entry by entry by the definition.
+    Returns the entry count; MessageIllegalError naming the first bad entry."""
+    buf = bytes(buffer)
+    run = scan(buf, 0, len(buf), verify_crc=False)
+    n = len(run)
+    if n and run.end == len(buf) and not run.stop_reason:
+        arr = np.frombuffer(buf, np.uint8)
+        everything = np.arange(n)
+        fields_ok = (
+            (run.queue_ids == 0).all()
+            and not (run.sys_flags & SysFlag.TRANSACTION_MASK).any()
+            and _matches(arr, run.topic_starts, run.topic_starts, run.topic_starts + run.topic_lengths,
+                         HALF_TOPIC_BYTES).all()
+            and (run.topic_lengths == len(HALF_TOPIC_BYTES)).all()
+        )  # fmt: skip
+        tail = f"{Prop.TRAN_MSG}\x01true\x02{Prop.PGROUP}\x01{producer_group}\x02{Prop.TRANSACTION_ID}\x01{txn_id}\x02"
+        if fields_ok and _locate(buf, arr, run, everything, tail.encode()) is not None:
+            return n
+    return check_half_batch(buffer, producer_group, txn_id)
 
 
 def _assemble(
@@ -231,4 +280,4 @@ def _assemble(
     return CommittedRun(b"".join(pieces), k, frozenset(names))
 
 
-__all__ = ["MAX_DISTINCT_PER_RUN", "CommittedRun", "HalfRun", "commit_halves"]
+__all__ = ["MAX_DISTINCT_PER_RUN", "CommittedRun", "HalfRun", "check_halves", "commit_halves"]
