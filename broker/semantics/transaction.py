@@ -593,19 +593,22 @@ class TransactionService:
             finally:
                 with self._lock:
                     t.restoring = False
-        checked = 0
-        for t in idle:
-            if t.check_times >= self.check_max:
-                log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
-                self.end_transaction(t.txn_id, False)
-                continue
-            with self._lock:
+        expired = [t for t in idle if t.check_times >= self.check_max]
+        for t in expired:
+            log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
+            self.end_transaction(t.txn_id, False)
+        to_check = [t for t in idle if t.check_times < self.check_max]
+        if not to_check:
+            return 0
+        with self._lock:
+            for t in to_check:
                 t.check_times += 1
-            checked += 1
+        self.persist()  # counted before asking, and on disk: a restart cannot grant check_max more checks
+        for t in to_check:
             answer = self._ask(t)
             if answer in (TxState.COMMIT, TxState.ROLLBACK):
                 self.end_transaction(t.txn_id, answer is TxState.COMMIT, from_check=True)
-        return checked
+        return len(to_check)
 
     def _ask(self, t: _Txn) -> TxState | None:
         if self.checker is None:
@@ -655,6 +658,9 @@ class TransactionService:
                 t = txns[tid] = _Txn(tid, raw_property(raw.entry, Prop.PGROUP) or "", stored_ms, stored_ms)
             t.halves[raw.queue_offset] = raw.commitlog_offset
             t.last_ms = max(t.last_ms, stored_ms)
+        for tid, times in dict(state.get("checkTimes") or {}).items():
+            if tid in txns:
+                txns[tid].check_times = int(times)
         for tid, op in decisions.items():
             t = txns.get(tid) or _Txn(tid, op.properties.get(Prop.PGROUP, ""), op.store_timestamp, op.store_timestamp)
             txns[tid] = t
@@ -735,7 +741,9 @@ class TransactionService:
                 for cl in self._txns[tid].halves.values():
                     self._by_half_cl_offset.pop(cl, None)
                 del self._txns[tid]
-            write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from})
+            checks = {tid: t.check_times for tid, t in sorted(self._txns.items())
+                      if t.status is TxStatus.OPEN and t.check_times}  # fmt: skip
+            write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from, "checkTimes": checks})
 
 
 __all__ = [

@@ -217,6 +217,29 @@ def test_check_back_commit_rollback_and_unknown_until_max(box: StoreBox) -> None
     assert [m.body for m in box.read_topic("Pay")] == [b"c"]
 
 
+def test_check_counts_survive_a_crash(box: StoreBox) -> None:
+    """RocketMQ counts checks in the half message itself; here they are in transactionState.json, written before
+    each pass asks: a broker that crashes and restarts does not grant a transaction check_max more checks."""
+    tx = service(box, checker=lambda g, t, h: TxState.UNKNOWN, transaction_timeout_ms=1, check_interval_ms=3_600_000,
+                 check_max=3)  # fmt: skip
+    tx.prepare_half("Pay", 0, b"u", {}, "PG", txn_id="u")
+    time.sleep(0.01)
+    assert tx.check_once() == 1 and tx.check_once() == 1
+    tx._stop.set()  # its idle check thread ends; no shutdown(), so nothing more is persisted
+    box.crash()  # only what check_once wrote is on disk
+    box.open()
+    tx = service(box, checker=lambda g, t, h: TxState.UNKNOWN, transaction_timeout_ms=1, check_interval_ms=3_600_000,
+                 check_max=3)  # fmt: skip
+    try:
+        assert tx.transaction("u").check_times == 2  # type: ignore[union-attr]
+        time.sleep(0.01)
+        assert tx.check_once() == 1  # the third and last check
+        assert tx.check_once() == 0
+        assert tx.transaction("u").status is TxStatus.ROLLED_BACK  # type: ignore[union-attr]
+    finally:
+        tx.shutdown()
+
+
 def test_check_thread_runs_on_its_own(box: StoreBox) -> None:
     tx = service(box, checker=lambda g, t, h: TxState.COMMIT, transaction_timeout_ms=50, check_interval_ms=20)
     try:
