@@ -18,8 +18,11 @@ must be thread-safe.
 ``orderly=True`` (RocketMQ's MessageListenerOrderly): each queue is locked on the broker before it is consumed
 (renewed every ``lock_renew_interval_ms``, 20 s; the broker lets a lock expire after 60 s), one thread per queue
 calls the listener in queue order, and a failed message suspends its queue for ``reconsume_delay_ms`` and is
-retried, never skipped nor sent back. ``expression_types={topic: "SQL92"}`` makes that topic's expression an SQL92
-selector over the properties, evaluated on the broker. ``%DLQ%`` topics cannot be subscribed.
+retried, never skipped nor sent back -- unless ``max_reconsume_times`` is set (>= 0; RocketMQ's orderly default is
+unlimited): a message that failed that many retries is moved to ``%DLQ%{group}`` (ConsumerSendMsgBack with a
+negative delay level) and the queue goes on; if the broker cannot take it, the queue stays suspended.
+``expression_types={topic: "SQL92"}`` makes that topic's expression an SQL92 selector over the properties,
+evaluated on the broker. ``%DLQ%`` topics cannot be subscribed.
 """
 
 from __future__ import annotations
@@ -183,9 +186,11 @@ class _QueueWorker(threading.Thread):
         wanted = o.tag_sets[self.key[0]]
         messages = [o._restore_topic(m) for m in messages if tag_matches(wanted, m.tags)]
         send_back_failed = o.send_back
+        dead_letters = o.orderly and o.max_reconsume_times >= 0
         for start in range(0, len(messages), o.consume_batch_size):
             chunk = messages[start : start + o.consume_batch_size]
             next_offset = chunk[-1].queue_offset + 1
+            failures = 0  # of this chunk, here: orderly retries never leave the queue
             while not self.dropped.is_set():
                 if o.orderly and not o._hold_lock(self.key):  # lost (expired): wait until it is ours again
                     self.dropped.wait(LOCK_RETRY_S)
@@ -194,6 +199,11 @@ class _QueueWorker(threading.Thread):
                 if not done and send_back_failed:
                     chunk = o._send_back(chunk)  # the ones the broker took come again through the retry topic
                     done = not chunk
+                elif not done and dead_letters:
+                    failures += 1
+                    if failures > o.max_reconsume_times:  # retried max_reconsume_times times: a dead letter
+                        chunk = o._dead_letter(chunk, failures)
+                        done = not chunk
                 if done:
                     # progress per chunk, not per pull: a queue dropped mid-batch (rebalance) is committed up to
                     # here, so its next owner does not consume the finished part of the batch again
@@ -409,6 +419,20 @@ class PushConsumer:
                 send_back(self.conn, self.group, msg, 0, self.max_reconsume_times)
             except BrokerError as e:
                 log.warning("send-back of %s to %s failed (%s); retrying it here", msg.msg_id, self.group, e.message)
+                kept.append(msg)
+        return kept
+
+    def _dead_letter(self, chunk: list[ReceivedMessage], attempts: int) -> list[ReceivedMessage]:
+        """Orderly: move messages that failed ``attempts`` times to ``%DLQ%{group}``; returns those the broker did
+        not take (the queue stays suspended on them)."""
+        kept: list[ReceivedMessage] = []
+        for msg in chunk:
+            try:
+                send_back(self.conn, self.group, msg, -1, self.max_reconsume_times)  # < 0: straight to the DLQ
+                log.warning("orderly: %s failed %d times; moved to the dead-letter queue of %s", msg.msg_id,
+                            attempts, self.group)  # fmt: skip
+            except BrokerError as e:
+                log.warning("orderly: dead-lettering %s failed (%s); the queue stays on it", msg.msg_id, e.message)
                 kept.append(msg)
         return kept
 

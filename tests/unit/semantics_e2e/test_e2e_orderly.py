@@ -12,6 +12,7 @@ from conftest import wait_until
 
 from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
 from broker.server.broker_controller import BrokerController
+from broker.store.message import Prop
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
 QUEUES, PER_QUEUE = 4, 100
@@ -99,3 +100,35 @@ def test_queues_handed_over_between_orderly_consumers_keep_order(broker: BrokerC
     assert by_client["b"], "the second consumer never took a queue over"
     for q in range(4):
         assert consumed[q] == list(range(300)), q  # in order, nothing twice, nothing skipped
+
+
+def test_orderly_with_max_reconsume_times_dead_letters_and_goes_on(broker: BrokerController, endpoint: str) -> None:
+    """RocketMQ's orderly checkReconsumeTimes: a message failing past max_reconsume_times goes to %DLQ%{group}
+    and its queue goes on, in order; messages before and after it are consumed once."""
+    lock = threading.Lock()
+    attempts: Counter[bytes] = Counter()
+    done: list[bytes] = []
+
+    def listener(msgs: list[ReceivedMessage]) -> ConsumeStatus:
+        (m,) = msgs
+        with lock:
+            attempts[m.body] += 1
+            if m.body == b"poison":
+                return ConsumeStatus.RECONSUME_LATER
+            done.append(m.body)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    bodies = [b"a", b"b", b"poison", b"c", b"d"]
+    with Producer(endpoint) as producer:
+        sent = producer.send_batch([Message("OrdDlq", b) for b in bodies], queue_id=0)
+    consumer = PushConsumer(endpoint, "ord-dlq", {"OrdDlq": "*"}, listener, orderly=True, consume_from=FIRST,
+                            reconsume_delay_ms=10, max_reconsume_times=2, **FAST)  # fmt: skip
+    with consumer:
+        wait_until(lambda: len(done) == 4, timeout_s=30, what="the queue goes on past the dead letter")
+    assert done == [b"a", b"b", b"c", b"d"]
+    assert attempts[b"poison"] == 3  # the first try and max_reconsume_times=2 retries
+    assert broker.store is not None
+    dead = broker.store.get_message("inspector", "%DLQ%ord-dlq", 0, 0, 8)
+    (letter,) = dead.messages()
+    assert letter.body == b"poison" and letter.properties[Prop.ORIGIN_MESSAGE_ID] == sent[2].msg_id
+    assert broker.store.check() == []
