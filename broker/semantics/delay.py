@@ -18,9 +18,10 @@ Server wiring::
     # or: schedule.put_message(topic, qid, body, props, **put_kwargs)
     schedule.shutdown()                                # before store.shutdown()
 
-RocketMQ puts the due time into the consume-queue tag field of ``SCHEDULE_TOPIC_XXXX`` so its timer reads only the
-consume queue. Sluice's timer reads the messages themselves (their store timestamp gives the due time), which
-works with any dispatcher; see ``due_time_ms``.
+The consume-queue units of ``SCHEDULE_TOPIC_XXXX`` carry the due time in their tag field, as RocketMQ's do (the
+store's dispatcher writes it: ``StoreConfig.delay_level_ms``, which the broker fills from the same level table), so
+the files read the same. The timer here reads the messages themselves (their store timestamp gives the due time,
+``due_time_ms``), so a level table changed between restarts applies to the messages already waiting too.
 """
 
 from __future__ import annotations

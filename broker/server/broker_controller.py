@@ -20,12 +20,14 @@ from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics import (
+    DelayLevels,
     QueueLockManager,
     RetryService,
     ScheduleMessageService,
     SubscriptionGroupManager,
     TransactionService,
 )
+from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.server.admin_processor import AdminProcessor
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
@@ -167,8 +169,11 @@ class BrokerController:
             self.schedule = None
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
-        store_config = StoreConfig(store_path=str(self.config.store_dir), flush_disk_type=self.config.flush_disk_type,
-                                   store_host=(ip, port))  # fmt: skip
+        delays = tuple(DelayLevels(self.config.message_delay_level).delays_ms)
+        store_config = StoreConfig(
+            store_path=str(self.config.store_dir), flush_disk_type=self.config.flush_disk_type,
+            store_host=(ip, port), schedule_topic=SCHEDULE_TOPIC, delay_level_ms=delays,
+        )  # fmt: skip
         for name, value in self.config.store.items():
             if not hasattr(store_config, name):
                 raise ServiceNotAvailableError(f"unknown store setting {name!r} in the broker config's store table")

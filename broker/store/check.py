@@ -15,9 +15,9 @@ import numpy as np
 
 from broker.store.batch import Buffer, scan
 from broker.store.consume_queue import CQ_DTYPE
-from broker.store.dispatcher import _TAGS, message_keys, property_value
+from broker.store.dispatcher import message_keys
 from broker.store.index_file import index_key, key_hash
-from broker.store.message import SysFlag, tag_hash_code
+from broker.store.message import SysFlag
 
 if TYPE_CHECKING:
     from broker.store.message_store import MessageStore
@@ -78,10 +78,9 @@ def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _En
             counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
             if phys < store.deleted_topics.get(topic, -1):
                 counted = False  # an entry of a since-deleted topic: its queue numbering started over
-            tag = property_value(props[i], _TAGS) if props[i] else None
             keys = message_keys(props[i]) if props[i] else []
             entries[phys] = _Entry(
-                topic, qid, qoff, int(run.sizes[i]), tag_hash_code(tag.decode("utf-8", "replace") if tag else None),
+                topic, qid, qoff, int(run.sizes[i]), store.dispatcher.unit_tag(topic, qid, props[i], ts),
                 counted, frozenset(key_hash(index_key(topic, k)) for k in keys),
             )  # fmt: skip
             if counted:

@@ -70,11 +70,18 @@ class StoreConfig:
     recover_normally_file_count: int = 3
     # --- dispatch
     dispatch_interval_ms: int = 1  # ReputMessageService wakes every 1 ms when idle
+    # --- delay levels (RocketMQ keeps messageDelayLevel in the store config too): the consume queue of the
+    # schedule topic holds each unit's due time (store time + the delay of level queue id + 1) in its tag field,
+    # as RocketMQ's does, so its files read the same. Empty: those units get a tag hash like any other.
+    schedule_topic: str = "SCHEDULE_TOPIC_XXXX"
+    delay_level_ms: tuple[int, ...] = ()
 
     def validate(self) -> None:
         """Raise InvalidArgumentError naming the first setting that cannot work."""
         if not self.store_path:
             raise InvalidArgumentError("store_path is empty; give the directory the store lives in")
+        if any(d <= 0 for d in self.delay_level_ms):
+            raise InvalidArgumentError(f"delay_level_ms={self.delay_level_ms}: every delay must be positive")
         if self.mapped_file_size_commit_log < 4096:
             raise InvalidArgumentError(
                 f"mapped_file_size_commit_log={self.mapped_file_size_commit_log} is below 4096 bytes"

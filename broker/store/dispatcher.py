@@ -137,6 +137,22 @@ class Dispatcher:
         self._hinted_entries = 0
         self._hint_lock = threading.Lock()  # not self.lock: a put must never wait for a dispatch pass
         self.lock = threading.Lock()  # one dispatch pass at a time (thread, recovery, check)
+        self._due_topic = ""  # the schedule topic, whose units carry a due time as their tag (set_due_times)
+        self._delays_ms: tuple[int, ...] = ()
+
+    def set_due_times(self, schedule_topic: str, delay_level_ms: tuple[int, ...]) -> None:
+        """Units of ``schedule_topic`` queue q get tag = store time + delay_level_ms[q] (RocketMQ's
+        computeDeliverTimestamp; queue q holds delay level q + 1); queues past the table get the last delay."""
+        self._due_topic, self._delays_ms = (schedule_topic, tuple(delay_level_ms)) if delay_level_ms else ("", ())
+
+    def _due_time(self, queue_id: int, store_timestamp: int) -> int:
+        return store_timestamp + self._delays_ms[min(max(queue_id, 0), len(self._delays_ms) - 1)]
+
+    def unit_tag(self, topic: str, queue_id: int, props: bytes, store_timestamp: int) -> int:
+        """The consume-queue tag field of one message (the definition; the vectorised pass computes the same)."""
+        if topic == self._due_topic:
+            return self._due_time(queue_id, store_timestamp)
+        return self._tag_code(props) if props else 0
 
     def add_hint(self, start: int, hint: DispatchHint) -> None:
         """Called after put_batch appended at ``start``; ignored once the dispatcher is past it or too many wait."""
@@ -241,7 +257,7 @@ class Dispatcher:
             tx = h.sys_flag & SysFlag.TRANSACTION_MASK
             if tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE):
                 cq = self.queues.find_or_create(topic, h.queue_id)
-                unit = CQ_UNIT.pack(phys, total, self._tag_code(props) if props else 0)
+                unit = CQ_UNIT.pack(phys, total, self.unit_tag(topic, h.queue_id, props, h.store_timestamp))
                 self._put_one(cq, h.queue_offset, unit)
                 arrived[(topic, h.queue_id)] = cq
             if self.index is not None and props and may_have_keys(props):
@@ -381,7 +397,10 @@ class Dispatcher:
                 continue
             topic, qid = keys[int(key_ids[idx[0]])]
             cq = self.queues.find_or_create(topic, qid)
-            self._put_group(cq, run.queue_offsets[idx], units[idx])
+            group = units[idx]
+            if topic == self._due_topic:
+                group["tag"] = run.store_timestamps[idx] + self._due_time(qid, 0)
+            self._put_group(cq, run.queue_offsets[idx], group)
             if notify:
                 for fn in self.listeners:
                     fn(topic, qid, cq.max_offset)

@@ -95,6 +95,7 @@ class MessageStore:
             else None
         )
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index)
+        self.dispatcher.set_due_times(config.schedule_topic, config.delay_level_ms)
         self.checkpoint: Checkpoint | None = None
         self.recovery_report: RecoveryReport | None = None
         self._lock_fd = -1

@@ -126,3 +126,37 @@ def test_varied_properties_with_and_without_tags(store: MessageStore, tagged_at:
     codes = [store.queues.queues[("V", 0)].unit(i).tag_hash for i in range(40)]  # type: ignore[union-attr]
     assert codes == [tag_hash_code("Hot") if i == tagged_at else 0 for i in range(40)]
     assert store.check() == []
+
+
+def test_schedule_topic_units_carry_the_due_time(make_store: Callable[..., MessageStore]) -> None:
+    """As RocketMQ's consume queue of SCHEDULE_TOPIC_XXXX: tag = store time + the delay of level queue id + 1,
+    on the single-put path, the batch path, and when the units are rebuilt from the commit log."""
+    store = make_store(delay_level_ms=(1000, 5000, 10000))
+    assert store.put_message("SCHEDULE_TOPIC_XXXX", 1, b"single", {"DELAY": "2"}).ok
+    batch = b"".join(encode_entry(b"SCHEDULE_TOPIC_XXXX", q, b"b%d" % q, encode_properties({"TAGS": "x"}))
+                     for q in (0, 2, 7))  # fmt: skip
+    assert store.put_batch(batch).ok
+    assert store.put_message("Plain", 0, b"p", {"TAGS": "x"}).ok
+    assert store.wait_dispatched()
+
+    def tags() -> dict[tuple[int, int], int]:
+        out = {}
+        for (topic, q), cq in store.queues.queues.items():
+            if topic == "SCHEDULE_TOPIC_XXXX":
+                for off in range(cq.max_offset):
+                    unit = cq.unit(off)
+                    assert unit is not None
+                    msg = store.lookup_message(unit.commitlog_offset)
+                    assert msg is not None
+                    out[(q, off)] = unit.tag_hash - msg.store_timestamp
+        return out
+
+    assert tags() == {(1, 0): 5000, (0, 0): 1000, (2, 0): 10000, (7, 0): 10000}  # past the table: the last delay
+    assert store.queues.queues[("Plain", 0)].unit(0).tag_hash == tag_hash_code("x")  # type: ignore[union-attr]
+    for cq in store.queues.queues.values():  # rebuilt from the commit log: the same tags
+        cq.files.truncate(0)
+    with store.dispatcher.lock:
+        store.dispatcher.dispatched_offset = 0
+    store.dispatcher.dispatch_available()
+    assert tags() == {(1, 0): 5000, (0, 0): 1000, (2, 0): 10000, (7, 0): 10000}
+    assert store.check() == []
