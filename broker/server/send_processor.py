@@ -26,19 +26,17 @@ from broker.semantics.system_topics import TRANS_HALF_TOPIC, is_system_topic
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
+from broker.store.batch import walk
 from broker.store.message import (
     BODY_START,
     MAX_TOPIC_BYTES,
-    MESSAGE_MAGIC,
     POS_BODY_LENGTH,
     POS_QUEUE_ID,
-    PREFIX,
     validate_topic,
 )
 from broker.store.results import PutResult
 
 # Put statuses that mean "stored, but durability not confirmed": answered with a SendStatus, not an error.
-MIN_ENTRY_SIZE = BODY_START + 1 + 1 + 2  # empty body, one-byte topic, no properties
 _ARANGE4 = np.arange(4, dtype=np.int64)
 STORED_STATUSES = {PutStatus.PUT_OK: "SEND_OK", PutStatus.FLUSH_DISK_TIMEOUT: "FLUSH_DISK_TIMEOUT"}
 
@@ -69,24 +67,14 @@ def _gather_i32(arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return arr[idx[:, None] + _ARANGE4].view(">i4").ravel().astype(np.int64)
 
 
-def _walk(buffer: bytes) -> list[int]:
-    """Entry start positions, following TOTALSIZE; the only sequential part, so it is kept tight."""
-    positions: list[int] = []
-    append, unpack = positions.append, PREFIX.unpack_from
-    pos, end = 0, len(buffer)
-    while pos + BODY_START < end:
-        total, magic = unpack(buffer, pos)
-        if magic != MESSAGE_MAGIC or total < MIN_ENTRY_SIZE or pos + total > end:
-            raise MessageIllegalError(
-                f"SendBatch entry {len(positions)} at byte {pos} is not a valid entry (magic {magic & 0xFFFFFFFF:#x}, "
-                f"size {total}, {end - pos} bytes left); encode messages with broker.store.message.encode_entry"
-            )
-        append(pos)
-        pos += total
-    if pos != end:
+def _walk(buffer: bytes) -> np.ndarray:
+    """Entry start positions, following TOTALSIZE (the store's walk: proven in bulk for same-sized or small
+    entries); MessageIllegalError naming where the framing breaks."""
+    positions, stop, reason = walk(buffer, 0, len(buffer))
+    if reason or stop != len(buffer):
         raise MessageIllegalError(
-            f"SendBatch entry {len(positions)} at byte {pos} is truncated: {end - pos} bytes, fewer than an entry "
-            "header; encode messages with broker.store.message.encode_entry"
+            f"SendBatch entry {positions.size} at byte {stop} is not a valid entry ({reason or 'trailing bytes'}, "
+            f"{len(buffer) - stop} bytes left); encode messages with broker.store.message.encode_entry"
         )
     return positions
 
@@ -98,7 +86,7 @@ def scan_batch(buffer: bytes, count: int) -> dict[str, tuple[int, int]]:
     """
     if not buffer:
         raise MessageIllegalError("SendBatch buffer is empty; encode at least one message with encode_entry")
-    p = np.array(_walk(buffer), dtype=np.int64)
+    p = _walk(buffer)
     if count and count != p.size:
         raise MessageIllegalError(f"SendBatch declares {count} messages but the buffer holds {p.size}; nothing stored")
     arr = np.frombuffer(buffer, np.uint8)

@@ -65,7 +65,7 @@ def _topic_info(t: TopicConfig) -> pb.TopicInfo:
 
 def _send_response(outcome: SendOutcome) -> pb.SendResponse:
     r = outcome.result
-    prefix = r.msg_ids[0][:16] if r.msg_ids else ""
+    prefix = r.msg_id_prefix if r.commitlog_offsets else ""
     return pb.SendResponse(
         status=pb.SendStatus.Value(outcome.status), commitlog_offsets=r.commitlog_offsets, queue_ids=r.queue_ids,
         queue_offsets=r.queue_offsets, msg_id_prefix=prefix, store_timestamp=r.store_timestamp,

@@ -323,7 +323,7 @@ class MessageStore:
         why = self._await_flush(phys + len(entry), wait)
         return PutResult(
             PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
-            msg_ids=[self._msg_id(phys)],
+            msg_id_prefix=self._msg_id_prefix(),
             commitlog_offsets=[phys],
             queue_ids=[queue_id],
             queue_offsets=[qoff],
@@ -388,8 +388,8 @@ class MessageStore:
             )
         return entry
 
-    def _msg_id(self, phys: int) -> str:
-        return (self.commit_log.store_host_bytes + phys.to_bytes(8, "big")).hex().upper()
+    def _msg_id_prefix(self) -> str:
+        return self.commit_log.store_host_bytes.hex().upper()
 
     def put_batch(self, buffer: bytes | bytearray | memoryview, *, wait_store_ok: bool | None = None) -> PutResult:
         """Append client-encoded entries (store fields zero) with one write; see batch.validate_batch."""
@@ -405,14 +405,13 @@ class MessageStore:
         try:
             if small is not None:
                 phys_list, qoffs_list, ts = self.commit_log.append_small_batch(small)
-                msg_ids = [self._msg_id(p) for p in phys_list]
                 queue_ids = [k[1] for k in small.keys]
                 data = small.data
             else:
                 assert batch is not None
                 phys, qoffs, ts = self.commit_log.append_batch(batch)
                 self._hint_dispatcher(batch, phys, qoffs, ts)
-                phys_list, qoffs_list, msg_ids = phys.tolist(), qoffs.tolist(), self._msg_ids(phys)
+                phys_list, qoffs_list = phys.tolist(), qoffs.tolist()
                 queue_ids = batch.run.queue_ids.tolist()
                 data = batch.data
         except (OSError, CreateMappedFileError) as e:
@@ -424,7 +423,7 @@ class MessageStore:
         why = self._await_flush(phys_list[0] + len(data), True if wait_store_ok is None else wait_store_ok)
         return PutResult(
             PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
-            msg_ids=msg_ids,
+            msg_id_prefix=self._msg_id_prefix(),
             commitlog_offsets=phys_list,
             queue_ids=queue_ids,
             queue_offsets=qoffs_list,
@@ -447,14 +446,6 @@ class MessageStore:
             end=end, stop_reason="",
         )  # fmt: skip
         self.dispatcher.add_hint(start, DispatchHint(end, file_run, batch.key_ids, batch.keys))
-
-    def _msg_ids(self, phys: np.ndarray) -> list[str]:
-        """Vectorised make_msg_id: store host + big-endian offset, hex, split every 32 characters."""
-        raw = np.empty((phys.size, 16), np.uint8)
-        raw[:, :8] = np.frombuffer(self.commit_log.store_host_bytes, np.uint8)
-        raw[:, 8:] = phys.astype(">i8").view(np.uint8).reshape(-1, 8)
-        text = raw.tobytes().hex().upper()
-        return [text[i : i + 32] for i in range(0, len(text), 32)]
 
     # ================================================================================================ gets
     def get_message(

@@ -21,7 +21,9 @@ class PutStatus(enum.Enum):
 @dataclass
 class PutResult:
     status: PutStatus
-    msg_ids: list[str] = field(default_factory=list)  # one per message
+    # The store host part of every msgId (IPv4 + port, 16 hex characters): msg_ids are made from it on demand,
+    # since a batch's caller rarely wants tens of thousands of strings.
+    msg_id_prefix: str = ""
     commitlog_offsets: list[int] = field(default_factory=list)  # one per message
     queue_ids: list[int] = field(default_factory=list)
     queue_offsets: list[int] = field(default_factory=list)
@@ -32,6 +34,12 @@ class PutResult:
     @property
     def ok(self) -> bool:
         return self.status is PutStatus.PUT_OK
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """One offset msgId per message (store IPv4 + port + commit-log offset, 32 upper-case hex characters)."""
+        prefix = self.msg_id_prefix
+        return [f"{prefix}{offset:016X}" for offset in self.commitlog_offsets]
 
 
 class GetStatus(enum.Enum):
