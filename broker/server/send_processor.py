@@ -26,7 +26,7 @@ from broker.semantics.system_topics import TRANS_HALF_TOPIC, is_system_topic
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
-from broker.store.batch import walk
+from broker.store.batch import queue_ranges, walk
 from broker.store.message import (
     BODY_START,
     MAX_TOPIC_BYTES,
@@ -165,7 +165,32 @@ class SendProcessor:
         return self._finish(result, started, "message")
 
     def send_batch(self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "") -> SendOutcome:
-        for topic, (min_queue_id, max_queue_id) in scan_batch(buffer, count).items():
+        started = time.perf_counter()
+        rewritten = self.schedule.rewrite_batch_for_delay(buffer) if self.schedule is not None else buffer
+        if transaction_id or rewritten is not buffer:
+            # halves (checked by the transaction service) or delayed entries (re-addressed to the schedule
+            # topic): the client's topics are checked on the buffer as sent
+            self._check_topics(scan_batch(buffer, count), transaction_id)
+            if not transaction_id:
+                return self._finish(self.store.put_batch(rewritten), started, "SendBatch")
+            if self.transactions is None:
+                raise ServiceNotAvailableError("transactions are not enabled on this broker")
+            result = self.transactions.put_half_batch(buffer, producer_group, transaction_id)
+            return self._finish(result, started, "SendBatch (half messages)", transaction_id)
+        try:  # the common case: one scan serves the checks here and the store's append
+            validated = self.store.validate_batch(buffer)
+        except MessageIllegalError as e:
+            raise MessageIllegalError(f"SendBatch refused, nothing stored: {e.message}") from None
+        entries, ranges = queue_ranges(validated)
+        if count and count != entries:
+            raise MessageIllegalError(
+                f"SendBatch declares {count} messages but the buffer holds {entries}; nothing stored"
+            )
+        self._check_topics(ranges, transaction_id)
+        return self._finish(self.store.put_batch(buffer, validated=validated), started, "SendBatch")
+
+    def _check_topics(self, ranges: dict[str, tuple[int, int]], transaction_id: str) -> None:
+        for topic, (min_queue_id, max_queue_id) in ranges.items():
             validate_topic(topic)
             if is_system_topic(topic):
                 if transaction_id and topic == TRANS_HALF_TOPIC:
@@ -176,16 +201,6 @@ class SendProcessor:
                 self.topics.check_queue(topic, max_queue_id, for_write=True)
             except InvalidArgumentError as e:
                 raise MessageIllegalError(f"SendBatch refused, nothing stored: {e}") from None
-        started = time.perf_counter()
-        if transaction_id:
-            if self.transactions is None:
-                raise ServiceNotAvailableError("transactions are not enabled on this broker")
-            result = self.transactions.put_half_batch(buffer, producer_group, transaction_id)
-            return self._finish(result, started, "SendBatch (half messages)", transaction_id)
-        if self.schedule is not None:
-            buffer = self.schedule.rewrite_batch_for_delay(buffer)
-        result = self.store.put_batch(buffer)
-        return self._finish(result, started, "SendBatch")
 
     def _finish(self, result: PutResult, started: float, what: str, transaction_id: str = "") -> SendOutcome:
         elapsed = time.perf_counter() - started

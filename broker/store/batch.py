@@ -484,6 +484,16 @@ def validate_batch(buffer: bytes | bytearray | memoryview, limit_bytes: int, max
     return ValidatedBatch(bytearray(buffer), run, key_ids, keys, counted)
 
 
+def queue_ranges(batch: SmallBatch | ValidatedBatch) -> tuple[int, dict[str, tuple[int, int]]]:
+    """(entry count, topic -> (lowest, highest) queue id) of a validated batch."""
+    count = len(batch.positions) if isinstance(batch, SmallBatch) else len(batch.run)
+    ranges: dict[str, tuple[int, int]] = {}
+    for topic, qid in batch.keys:  # per entry (small) or distinct (validated): the ranges are the same
+        lo, hi = ranges.get(topic, (qid, qid))
+        ranges[topic] = (min(lo, qid), max(hi, qid))
+    return count, ranges
+
+
 def assign_queue_offsets(key_ids: np.ndarray, counted: np.ndarray, starts: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Queue offsets for a batch: each counted entry takes its queue's next offset, in batch order.
 

@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
-from broker.store.batch import MAX_QUEUE_ID, EntryRun, ValidatedBatch, validate_batch, validate_small_batch
+from broker.store.batch import (
+    MAX_QUEUE_ID,
+    EntryRun,
+    SmallBatch,
+    ValidatedBatch,
+    validate_batch,
+    validate_small_batch,
+)
 from broker.store.check import check_store
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
@@ -391,17 +398,34 @@ class MessageStore:
     def _msg_id_prefix(self) -> str:
         return self.commit_log.store_host_bytes.hex().upper()
 
-    def put_batch(self, buffer: bytes | bytearray | memoryview, *, wait_store_ok: bool | None = None) -> PutResult:
-        """Append client-encoded entries (store fields zero) with one write; see batch.validate_batch."""
+    def validate_batch(self, buffer: bytes | bytearray | memoryview) -> SmallBatch | ValidatedBatch:
+        """Every check put_batch makes, without writing (MessageIllegalError on the first fault). A caller that
+        must look at the batch first (the server checks its topics) passes the result to put_batch, so the
+        buffer is scanned once."""
+        limit, max_body = self.config.batch_limit_bytes, self.config.max_message_size
+        small = validate_small_batch(buffer, limit, max_body)
+        return small if small is not None else validate_batch(buffer, limit, max_body)
+
+    def put_batch(
+        self,
+        buffer: bytes | bytearray | memoryview,
+        *,
+        wait_store_ok: bool | None = None,
+        validated: SmallBatch | ValidatedBatch | None = None,
+    ) -> PutResult:
+        """Append client-encoded entries (store fields zero) with one write; see batch.validate_batch.
+        ``validated``: this store's validate_batch(buffer), when the caller already has it."""
         refused = self._refusal()
         if refused is not None:
             return refused
-        limit, max_body = self.config.batch_limit_bytes, self.config.max_message_size
-        try:
-            small = validate_small_batch(buffer, limit, max_body)
-            batch = validate_batch(buffer, limit, max_body) if small is None else None
-        except MessageIllegalError as e:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=e.message)
+        if validated is None:
+            try:
+                validated = self.validate_batch(buffer)
+            except MessageIllegalError as e:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, error=e.message)
+        assert len(validated.data) == len(buffer), "validated is not this buffer's"
+        small = validated if isinstance(validated, SmallBatch) else None
+        batch = validated if isinstance(validated, ValidatedBatch) else None
         try:
             if small is not None:
                 phys_list, qoffs_list, ts = self.commit_log.append_small_batch(small)
