@@ -117,6 +117,8 @@ def _matches(arr: np.ndarray, at: np.ndarray, lo: np.ndarray, hi: np.ndarray, va
     rows are viewed as opaque ``len(value)``-byte items.)"""
     width = len(value)
     inside = (at >= lo) & (at + width <= hi)
+    if width == 0:  # e.g. no T: the half properties were already in the message, R came last
+        return inside
     rows = rows_at(arr, np.where(inside, at, 0), width)
     return inside & (rows.view(np.dtype((np.void, width))).ravel() == np.void(value))
 

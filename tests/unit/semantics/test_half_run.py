@@ -60,6 +60,9 @@ def test_same_bytes_as_commit_raw(seed: int, n: int, topic_count: int, queue_cou
         props = {f"k{j}": "v" * rng.randrange(0, 30) for j in range(rng.randrange(0, 3))}
         if rng.random() < 0.9:
             props = {ATTEMPT: rng.choice(attempts), **props}  # the sink puts it first
+        if rng.random() < 0.1:  # half properties the client set itself: kept where they are, R may come last
+            preset = {"TRAN_MSG": "true", "PGROUP": "group-1", "__transactionId__": "spark:q:1:r"}
+            props |= dict(rng.sample(sorted(preset.items()), rng.randrange(1, 4)))
         msg = Message(rng.choice(TOPICS[:topic_count]), rng.randbytes(rng.randrange(0, 300)),
                       tags=rng.choice([None, "a", "TagB"]), keys=rng.choice([(), ("k1",), ("k1", "k2")]),
                       properties=props, flag=rng.randrange(3))  # fmt: skip
@@ -163,3 +166,14 @@ def test_check_halves_refuses_what_is_not_a_half_batch() -> None:
         with pytest.raises(MessageIllegalError):
             check_halves(bad, "g", "t")
     assert check_halves(half, "g", "t") == 1
+
+
+def test_halves_whose_properties_end_with_the_real_queue() -> None:
+    """A client that sets TRAN_MSG, PGROUP and __transactionId__ itself (RocketMQ's does) gets them kept in
+    place: R comes last and T is empty. Both bulk paths must handle that shape."""
+    preset = {"TRAN_MSG": "true", "PGROUP": "g", "__transactionId__": "t"}
+    entries = [encode_half_entry("T", q % 3, b"x%d" % q, {"k": "v", **preset}, "g", "t") for q in range(10)]
+    assert entries[0].endswith(b"REAL_QID\x010\x02")
+    buf, phys, qoffs = with_offsets(b"".join(entries), random.Random(6))
+    assert commit_halves(HalfRun(buf, qoffs)).buffer == reference(buf, phys, qoffs, None, set())
+    assert check_halves(b"".join(entries), "g", "t") == check_half_batch(b"".join(entries), "g", "t") == 10
