@@ -335,8 +335,8 @@ class Dispatcher:
         # C-speed searches of the run's bytes prove there is nothing to parse. A body holding one of the names
         # only sends the run down the per-entry path below.
         first, last = int(run.positions[0]), int(run.positions[-1] + run.sizes[-1])
-        if not _holds(buf, _TAGS, first, last) and not (
-            want_keys and (_holds(buf, _KEYS, first, last) or _holds(buf, _UNIQ, first, last))
+        if not _contains(buf, _TAGS, first, last) and not (
+            want_keys and (_contains(buf, _KEYS, first, last) or _contains(buf, _UNIQ, first, last))
         ):
             return tags, keyed
         starts = run.props_starts[with_props]
@@ -429,7 +429,7 @@ class Dispatcher:
                 cq.put_units(q, u.tobytes())
 
 
-def _holds(buf: Buffer, needle: bytes, start: int, end: int) -> bool:
+def _contains(buf: Buffer, needle: bytes, start: int, end: int) -> bool:
     """Whether ``needle`` occurs in ``buf[start:end]``, searched in place when the buffer can (mmap, bytes)."""
     if isinstance(buf, (bytes, bytearray, mmap.mmap)):
         return buf.find(needle, start, end) >= 0
