@@ -205,12 +205,14 @@ def _fast(
     return _assemble(buf, arr, run, idx, half_cl, qoffs, found.key, found.queues, found.r_end, found.tail)
 
 
-def check_halves(buffer: bytes | memoryview, producer_group: str, txn_id: str) -> int:
+def check_halves(buffer: bytes | memoryview, producer_group: str, txn_id: str, *, run: EntryRun | None = None) -> int:
     """``transaction_codec.check_half_batch`` (the definition: what a half batch must be), answered in bulk for
     batches of the shape ``to_half_batch`` writes; any other batch is checked entry by entry by the definition.
-    Returns the entry count; MessageIllegalError naming the first bad entry."""
+    ``run``: the buffer's scan, when the caller has one. Returns the entry count; MessageIllegalError naming the
+    first bad entry."""
     buf = bytes(buffer)
-    run = scan(buf, 0, len(buf), verify_crc=False)
+    if run is None:
+        run = scan(buf, 0, len(buf), verify_crc=False)
     n = len(run)
     if n and run.end == len(buf) and not run.stop_reason:
         arr = np.frombuffer(buf, np.uint8)

@@ -71,7 +71,7 @@ from broker.semantics.transaction_codec import (
     rewrite_batch_as_half,
 )
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
-from broker.store.batch import split_entries
+from broker.store.batch import SmallBatch, ValidatedBatch, split_entries
 from broker.store.message import (
     I64,
     POS_PHYSICAL_OFFSET,
@@ -254,9 +254,8 @@ class TransactionService:
     def _end_put(self, txn: _Txn, res: PutResult | None) -> None:
         with self._lock:
             if res is not None and res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-                for qoff, cloff in zip(res.queue_offsets, res.commitlog_offsets, strict=True):
-                    txn.halves[qoff] = cloff
-                    self._by_half_cl_offset[cloff] = txn.txn_id
+                txn.halves.update(zip(res.queue_offsets, res.commitlog_offsets, strict=True))
+                self._by_half_cl_offset.update(dict.fromkeys(res.commitlog_offsets, txn.txn_id))
             txn.inflight -= 1
             txn.last_ms = _now_ms()
             self._changed.notify_all()
@@ -292,25 +291,33 @@ class TransactionService:
         encoded for their real topics (re-encoded here, ~10k msgs/s) or already in half form with
         ``transaction_codec.encode_half_entry`` (only checked: the fast path). The result's offsets are the halves'."""
         check_transaction_id(txn_id)
+        validated: SmallBatch | ValidatedBatch | None = None
         if is_half_batch(buffer):  # fast path: the client encoded half entries (encode_half_entry)
-            count = check_halves(buffer, producer_group, txn_id)
             half_buffer = bytes(buffer)
+            self._check_half_size(len(half_buffer), -1)
+            validated = self.store.validate_batch(half_buffer)  # framing, sizes, CRCs: one scan serves both
+            count = check_halves(half_buffer, producer_group, txn_id,
+                                 run=validated.run if isinstance(validated, ValidatedBatch) else None)  # fmt: skip
         else:
             half_buffer, count = rewrite_batch_as_half(buffer, producer_group, txn_id)
-        limit = self.store.config.batch_limit_bytes
-        if len(half_buffer) > limit:
-            raise MessageIllegalError(
-                f"MESSAGE_SIZE_EXCEEDED: this batch of {count} messages is {len(half_buffer)} bytes as half messages "
-                f"(each gains REAL_TOPIC/REAL_QID/TRAN_MSG/PGROUP/__transactionId__), over the {limit}-byte batch "
-                "limit; send smaller transactional batches"
-            )
+            self._check_half_size(len(half_buffer), count)
         txn = self._begin_put(txn_id, producer_group)
         res: PutResult | None = None
         try:
-            res = self.store.put_batch(half_buffer, wait_store_ok=wait_store_ok)
+            res = self.store.put_batch(half_buffer, wait_store_ok=wait_store_ok, validated=validated)
         finally:
             self._end_put(txn, res)
         return res
+
+    def _check_half_size(self, size: int, count: int) -> None:
+        limit = self.store.config.batch_limit_bytes
+        if size > limit:
+            what = f"this batch of {count} messages" if count >= 0 else "this batch"
+            raise MessageIllegalError(
+                f"MESSAGE_SIZE_EXCEEDED: {what} is {size} bytes as half messages (each gains REAL_TOPIC/REAL_QID/"
+                f"TRAN_MSG/PGROUP/__transactionId__), over the {limit}-byte batch limit; send smaller transactional "
+                "batches"
+            )
 
     # ------------------------------------------------------------------------------------------ ending
 
