@@ -64,6 +64,9 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000  # an open transaction idle this long is checked back with its producer
     transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15  # unanswered checks before a transaction is rolled back
+    # Half messages one transaction may hold: its table and its commit are kept in memory (some 400 B a message
+    # at the limit's worst), so this bounds what one transaction can cost the broker.
+    transaction_max_halves: int = 4_000_000
     dlq_pull_enable: bool = False  # %DLQ% topics are for people: pulls refused unless an admin enables this
     auto_create_subscription_group: bool = True
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides

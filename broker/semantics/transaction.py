@@ -90,6 +90,9 @@ DEFAULT_CHECK_INTERVAL_MS = 60_000
 DEFAULT_CHECK_MAX = 15
 DEFAULT_OUTCOME_RETENTION_MS = 24 * 3_600_000  # ended transactions are remembered (and re-read at start) this long
 DEFAULT_PUT_CHUNK_BYTES = 1 << 20  # re-store batches: well under the store's batch limit
+# A transaction's table (half offsets) and its commit (every committed entry, built before the decision) are held
+# in memory: about 400 B per half of 100 B at the worst, so the default bounds one transaction near 1.6 GB.
+DEFAULT_MAX_HALVES = 4_000_000
 SCAN_BATCH = 1024  # messages per get while scanning a queue
 DISPATCH_WAIT_S = 30.0  # how long start-up recovery waits for the store's dispatcher to reach the log end
 MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in one property (limit 32767)
@@ -130,6 +133,7 @@ class _Txn:
     halves: dict[int, int] = field(default_factory=dict)  # half queue offset -> half commit-log offset
     status: TxStatus = TxStatus.OPEN
     inflight: int = 0  # half puts under way
+    inflight_halves: int = 0  # messages in those puts (counted against max_halves before they are stored)
     # Lowest half-queue offset an in-flight put can get, and the op-queue end when a decision began: persist()
     # must not move the start-up scan past halves or a decision that are being written right now.
     half_floor: int = 0
@@ -192,9 +196,13 @@ class TransactionService:
         check_max: int = DEFAULT_CHECK_MAX,
         outcome_retention_ms: int = DEFAULT_OUTCOME_RETENTION_MS,
         put_chunk_bytes: int = DEFAULT_PUT_CHUNK_BYTES,
+        max_halves: int = DEFAULT_MAX_HALVES,
     ) -> None:
         if transaction_timeout_ms <= 0 or check_interval_ms <= 0 or check_max < 1 or put_chunk_bytes < 4096:
             raise InvalidArgumentError("transaction timeout, check interval, check max and chunk size must be positive")
+        if max_halves < 1:
+            raise InvalidArgumentError(f"max_halves={max_halves}: a transaction must be able to hold a message")
+        self.max_halves = max_halves
         self.store = store
         self.path = os.path.join(config_dir, STATE_FILE)
         self.checker = checker
@@ -233,7 +241,7 @@ class TransactionService:
 
     # ------------------------------------------------------------------------------------------ half messages
 
-    def _begin_put(self, txn_id: str, producer_group: str) -> _Txn:
+    def _begin_put(self, txn_id: str, producer_group: str, count: int = 1) -> _Txn:
         check_transaction_id(txn_id)
         now = _now_ms()
         with self._lock:
@@ -245,14 +253,22 @@ class TransactionService:
                     f"transaction {txn_id!r} is {txn.status.value}; no more half messages can join it "
                     "(start a new transaction id)"
                 )
+            if len(txn.halves) + txn.inflight_halves + count > self.max_halves:
+                raise TransactionError(
+                    f"transaction {txn_id!r} would hold {len(txn.halves) + txn.inflight_halves + count} half "
+                    f"messages, over this broker's limit of {self.max_halves} (transaction_max_halves); commit in "
+                    "smaller transactions (a Spark query: a lower maxOffsetsPerTrigger, or smaller batch writes)"
+                )
+            txn.inflight_halves += count
             floor = self.store.max_offset(TRANS_HALF_TOPIC, 0)  # the put's halves get offsets at or above this
             txn.half_floor = min(txn.half_floor, floor) if txn.inflight else floor
             txn.inflight += 1
             txn.last_ms = now
             return txn
 
-    def _end_put(self, txn: _Txn, res: PutResult | None) -> None:
+    def _end_put(self, txn: _Txn, res: PutResult | None, count: int = 1) -> None:
         with self._lock:
+            txn.inflight_halves -= count
             if res is not None and res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
                 txn.halves.update(zip(res.queue_offsets, res.commitlog_offsets, strict=True))
                 self._by_half_cl_offset.update(dict.fromkeys(res.commitlog_offsets, txn.txn_id))
@@ -301,12 +317,12 @@ class TransactionService:
         else:
             half_buffer, count = rewrite_batch_as_half(buffer, producer_group, txn_id)
             self._check_half_size(len(half_buffer), count)
-        txn = self._begin_put(txn_id, producer_group)
+        txn = self._begin_put(txn_id, producer_group, count)
         res: PutResult | None = None
         try:
             res = self.store.put_batch(half_buffer, wait_store_ok=wait_store_ok, validated=validated)
         finally:
-            self._end_put(txn, res)
+            self._end_put(txn, res, count)
         return res
 
     def _check_half_size(self, size: int, count: int) -> None:

@@ -431,3 +431,18 @@ def test_start_up_survives_a_commit_whose_halves_expired(box: StoreBox, caplog: 
         assert "cannot finish" in caplog.text
     finally:
         tx.shutdown()
+
+
+def test_a_transaction_past_max_halves_is_refused_and_keeps_what_it_has(box: StoreBox) -> None:
+    tx = service(box, max_halves=5)
+    try:
+        assert tx.put_half_batch(batch("Out", [b"a", b"b", b"c"]), "spark", "big").ok
+        before = box.s.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0)
+        with pytest.raises(TransactionError, match="would hold 6 half messages, over this broker's limit of 5"):
+            tx.put_half_batch(batch("Out", [b"d", b"e", b"f"]), "spark", "big")
+        assert box.s.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0) == before  # nothing of the refused put stored
+        assert tx.put_half_batch(batch("Out", [b"d", b"e"]), "spark", "big").ok  # up to the limit still fits
+        assert tx.end_transaction("big", commit=True).restored == 5
+        assert sorted(m.body for m in box.read_topic("Out")) == [b"a", b"b", b"c", b"d", b"e"]
+    finally:
+        tx.shutdown()
