@@ -8,8 +8,13 @@ batches (``put_half_batch``) from any number of processes. ``end_transaction(id,
 2. one op message (tag ``d``) is stored with the decision and the half offsets it covers, waiting for the store
    (SYNC_FLUSH: on disk) -- this is the commit point: before it nothing is visible, after it everything will be;
 3. on commit, the halves are re-stored in their real topics (``put_batch``, in chunks), each recording its half's
-   commit-log offset in PREPARED TRANSACTION OFFSET;
+   commit-log offset in PREPARED TRANSACTION OFFSET; the committed entries are built in bulk (``half_run``) and
+   checked before step 2, and a visibility hold on every real queue keeps readers from seeing any of them until
+   all are dispatched, then shows them at one instant;
 4. an op message with tag ``f`` marks the re-store finished.
+
+A transaction holds at most ``max_halves`` messages (its table and commit are kept in memory). Check-back counts
+are persisted with the scan positions, before each pass asks.
 
 After a crash anywhere, ``start()`` scans the op and half queues, and for every commit decision without its ``f``
 marker it scans the real queues from the offsets recorded in the decision, skips halves already re-stored (their
