@@ -155,11 +155,14 @@ class _Located(NamedTuple):
     tail: bytes  # T
 
 
-def _locate(buf: bytes, arr: np.ndarray, run: EntryRun, idx: np.ndarray, tail: bytes | None) -> _Located | None:
+def _locate(
+    buf: bytes, arr: np.ndarray, run: EntryRun, idx: np.ndarray, tail: bytes | None, *, unique: bool = True
+) -> _Located | None:
     """Find R and T (module docstring) in every entry of ``idx``, T given or taken from the first entry; None when
-    the run is not of that shape."""
+    the run is not of that shape. ``unique``: also prove each half has no other REAL_TOPIC / REAL_QID (committing
+    drops "the first" one, so it must be this one; a check only needs R present)."""
     n = len(run)
-    if buf.count(_REAL_TOPIC) != n or buf.count(_REAL_QID) != n:
+    if unique and (buf.count(_REAL_TOPIC) != n or buf.count(_REAL_QID) != n):
         return None  # one R per half and nowhere else (not in a body, not twice): then "the first" is "the one"
     ps = run.props_starts[idx]
     pe = ps + run.props_lengths[idx]
@@ -175,24 +178,30 @@ def _locate(buf: bytes, arr: np.ndarray, run: EntryRun, idx: np.ndarray, tail: b
     r_end = pe - len(tail)
     key = np.full(idx.size, -1, np.int64)
     queues: list[tuple[bytes, int, int]] = []
-    for _ in range(MAX_DISTINCT_PER_RUN):
+    for _ in range(MAX_DISTINCT_PER_RUN):  # one pass per distinct length of R (usually one)
         pending = np.flatnonzero(key < 0)
         if pending.size == 0:
             return _Located(key, queues, r_end, tail)
         j = int(pending[0])
         props = buf[int(ps[j]) : int(r_end[j])]
         r = props.rfind(_REAL_TOPIC)
-        m = _R_PATTERN.fullmatch(props, r) if r == 0 or (r > 0 and props[r - 1] == _SEP) else None
-        if m is None:
+        if not (r == 0 or (r > 0 and props[r - 1] == _SEP)) or _R_PATTERN.fullmatch(props, r) is None:
             return None
-        value = props[r:]
-        at = r_end - len(value)
-        boundary = (at == ps) | (arr[np.maximum(at - 1, 0)] == _SEP)
-        same = (key < 0) & boundary & _matches(arr, at, ps, r_end, value)
-        assert same[j]
-        key[same] = len(queues)
-        queues.append((m.group(1), int(m.group(2)), len(value)))
-    return None  # too many distinct real queues in one run
+        width = len(props) - r
+        at = r_end[pending] - width
+        fits = (at >= ps[pending]) & ((at == ps[pending]) | (arr[np.maximum(at - 1, 0)] == _SEP))
+        rows = rows_at(arr, np.where(fits, at, 0), width).view(np.dtype((np.void, width))).ravel()
+        values, which = np.unique(rows[fits], return_inverse=True)
+        candidates = pending[fits]
+        for v, value in enumerate(values.tolist()):
+            m = _R_PATTERN.fullmatch(value)  # a slice of a longer R starts mid-name and never matches
+            if m is not None:
+                key[candidates[which.ravel() == v]] = len(queues)
+                queues.append((m.group(1), int(m.group(2)), width))
+        assert key[j] >= 0, "the entry whose R set the width matches itself"
+        if len(queues) > MAX_DISTINCT_PER_RUN:
+            return None  # too many distinct real queues in one run
+    return None  # too many distinct lengths of R in one run
 
 
 def _fast(
@@ -225,7 +234,7 @@ def check_halves(buffer: bytes | memoryview, producer_group: str, txn_id: str, *
             and (run.topic_lengths == len(HALF_TOPIC_BYTES)).all()
         )  # fmt: skip
         tail = f"{Prop.TRAN_MSG}\x01true\x02{Prop.PGROUP}\x01{producer_group}\x02{Prop.TRANSACTION_ID}\x01{txn_id}\x02"
-        if fields_ok and _locate(buf, arr, run, everything, tail.encode()) is not None:
+        if fields_ok and _locate(buf, arr, run, everything, tail.encode(), unique=False) is not None:
             return n
     return check_half_batch(buffer, producer_group, txn_id)
 
