@@ -282,13 +282,11 @@ def _assemble(
     work[(ps - 2)[:, None] + np.arange(2)] = props_len.astype(">i2").view(np.uint8).reshape(k, 2)
     edited = work.tobytes()
     body_end = (pos + BODY_START + body_len).tolist()
-    pieces: list[bytes] = []
-    add = pieces.extend
-    fields = [topic_fields[i] for i in key.tolist()]
-    for a, b, c, d, field, prep in zip(
-        pos.tolist(), body_end, (ps - 2).tolist(), r_start.tolist(), fields, prepared, strict=True
-    ):
-        add((edited[a:b], field, edited[c:d], tail, prep))
+    pieces: list[bytes] = [tail] * (5 * k)  # per entry: [header + body][topic field][props][T][prepared]
+    pieces[0::5] = [edited[a:b] for a, b in zip(pos.tolist(), body_end, strict=True)]
+    pieces[1::5] = [topic_fields[i] for i in key.tolist()]
+    pieces[2::5] = [edited[c:d] for c, d in zip((ps - 2).tolist(), r_start.tolist(), strict=True)]
+    pieces[4::5] = prepared
     names = {(t.decode("ascii"), q) for t, (_, q, _) in zip(topics, queues, strict=True)}
     return CommittedRun(b"".join(pieces), k, frozenset(names))
 
