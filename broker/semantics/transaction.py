@@ -220,7 +220,9 @@ class TransactionService:
         self._restore_lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._txns: dict[str, _Txn] = {}
-        self._by_half_cl_offset: dict[int, str] = {}  # half commit-log offset -> txn id (end by offset)
+        # half commit-log offset -> txn id, for RocketMQ's end-by-offset of single halves; a batch half is looked
+        # up in the store instead (end_transaction_by_offset), so a big transaction costs no entry per message here
+        self._by_half_cl_offset: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
@@ -276,7 +278,8 @@ class TransactionService:
             txn.inflight_halves -= count
             if res is not None and res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
                 txn.halves.update(zip(res.queue_offsets, res.commitlog_offsets, strict=True))
-                self._by_half_cl_offset.update(dict.fromkeys(res.commitlog_offsets, txn.txn_id))
+                if len(res.commitlog_offsets) == 1:
+                    self._by_half_cl_offset[res.commitlog_offsets[0]] = txn.txn_id
             txn.inflight -= 1
             txn.last_ms = _now_ms()
             self._changed.notify_all()
@@ -700,7 +703,8 @@ class TransactionService:
             t.finished = not commit or tid in finished
         with self._lock:
             self._txns = txns
-            self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() for cl in t.halves.values()}
+            self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() if len(t.halves) == 1
+                                       for cl in t.halves.values()}  # fmt: skip
         for t in list(txns.values()):
             if not t.finished:
                 try:

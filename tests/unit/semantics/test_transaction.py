@@ -446,3 +446,15 @@ def test_a_transaction_past_max_halves_is_refused_and_keeps_what_it_has(box: Sto
         assert sorted(m.body for m in box.read_topic("Out")) == [b"a", b"b", b"c", b"d", b"e"]
     finally:
         tx.shutdown()
+
+
+def test_end_by_offset_of_any_half_of_a_batch(box: StoreBox) -> None:
+    """RocketMQ's END_TRANSACTION names one half by its commit-log offset: any half of a batch transaction ends all
+    of it, though only single halves are kept in the offset table (batch halves are looked up in the store)."""
+    tx = service(box)
+    try:
+        res = tx.put_half_batch(batch("Out", [b"a", b"b", b"c"]), "spark", "by-offset")
+        assert tx.end_transaction_by_offset(res.commitlog_offsets[1], commit=True).restored == 3
+        assert sorted(m.body for m in box.read_topic("Out")) == [b"a", b"b", b"c"]
+    finally:
+        tx.shutdown()
