@@ -458,3 +458,18 @@ def test_end_by_offset_of_any_half_of_a_batch(box: StoreBox) -> None:
         assert sorted(m.body for m in box.read_topic("Out")) == [b"a", b"b", b"c"]
     finally:
         tx.shutdown()
+
+
+def test_a_committed_message_bigger_than_a_re_store_chunk_goes_alone(box: StoreBox) -> None:
+    tx = service(box, put_chunk_bytes=4096)
+    try:
+        bodies = [b"s" * 100, b"B" * 6000, b"t" * 100]  # the middle one exceeds a 4 KiB re-store chunk
+        assert tx.put_half_batch(batch("Out", bodies, props={"k": "v"}), "spark", "big-one").ok
+        assert tx.end_transaction("big-one", commit=True).restored == 3
+        got = box.read_topic("Out")
+        assert [m.body for m in got] == bodies  # in half order, the big one stored on its own between the others
+        assert [m.properties["TRAN_PREPARED_QUEUE_OFFSET"] for m in got] == ["0", "1", "2"]
+        assert all(m.properties["k"] == "v" and m.prepared_transaction_offset > 0 for m in got[1:])
+    finally:
+        tx.shutdown()
+    assert box.s.check() == []
