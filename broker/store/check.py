@@ -111,7 +111,7 @@ def _check_queues(store: MessageStore, entries: dict[int, _Entry], problems: lis
     for (topic, qid), cq in sorted(store.queues.queues.items()):
         name = f"consume queue {topic}/{qid}"
         lo, hi = cq.min_offset, cq.written_offset
-        want = store.commit_log.queue_table.get((topic, qid))
+        want = store.commit_log.queue_table.get((topic, qid), 0)  # absent: never written (a held, empty queue)
         if want != hi:
             problems.append(f"{name}: next-offset table says {want}, queue max offset is {hi}")
         q = lo

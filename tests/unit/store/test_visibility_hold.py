@@ -84,3 +84,15 @@ def test_max_offset_never_goes_back_while_holds_come_and_go(store: MessageStore)
         t.join()
     assert store.wait_dispatched()
     assert errors == [] and store.max_offset("H", 0) == 180
+
+
+def test_a_hold_on_a_queue_that_does_not_exist_yet(store: MessageStore) -> None:
+    """A commit's first messages to a new topic: the queue is created held, so its first units are hidden too; a
+    hold released before anything was written leaves an empty queue that check() accepts."""
+    hold = store.hold_visibility([("Fresh", 0), ("Never", 0)])
+    assert store.put_batch(_batch(b"Fresh", range(1), 3)).ok
+    assert store.wait_dispatched()
+    assert store.max_offset("Fresh", 0) == 0
+    store.release_visibility(hold)
+    assert (store.max_offset("Fresh", 0), store.max_offset("Never", 0)) == (3, 0)
+    assert store.check() == []
