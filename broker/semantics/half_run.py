@@ -24,8 +24,9 @@ the body is the same bytes.
 entry, is its definition) done the same way: T is known from the transaction id and producer group, and each
 distinct R is matched in bulk.
 
-Distinct values (the R of each real queue, each writer attempt) are few in a run, so each is parsed once in
-Python and then matched against every entry in one numpy comparison; past ``MAX_DISTINCT_PER_RUN`` distinct
+Distinct values are few in a run, so each is parsed once in Python: the R of every entry is cut at a fixed
+width (one width per distinct length of R, usually one) and grouped with ``np.unique``; each writer attempt's
+``TRAN_ATTEMPT`` is matched against every entry in one numpy comparison. Past ``MAX_DISTINCT_PER_RUN`` distinct
 values the run takes the per-entry path instead (same result, slower), which bounds the work at
 O(entries x MAX_DISTINCT_PER_RUN).
 """
@@ -33,11 +34,12 @@ O(entries x MAX_DISTINCT_PER_RUN).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
+from broker.errors import MessageIllegalError
 from broker.semantics.transaction_codec import (
     ATTEMPT,
     HALF_TOPIC_BYTES,
@@ -46,7 +48,7 @@ from broker.semantics.transaction_codec import (
     commit_raw,
     property_of,
 )
-from broker.store.batch import EntryRun, gather, headers, rows_at, scan
+from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, rows_at, scan
 from broker.store.message import (
     BODY_START,
     MAX_PROPERTIES_BYTES,
@@ -195,6 +197,8 @@ def _locate(
         candidates = pending[fits]
         for v, value in enumerate(values.tolist()):
             m = _R_PATTERN.fullmatch(value)  # a slice of a longer R starts mid-name and never matches
+            if m is not None and int(m.group(2)) >= MAX_QUEUE_ID:
+                return None  # no such queue: the per-entry definition names the half
             if m is not None:
                 key[candidates[which.ravel() == v]] = len(queues)
                 queues.append((m.group(1), int(m.group(2)), width))
@@ -214,11 +218,18 @@ def _fast(
     return _assemble(buf, arr, run, idx, half_cl, qoffs, found.key, found.queues, found.r_end, found.tail)
 
 
-def check_halves(buffer: bytes | memoryview, producer_group: str, txn_id: str, *, run: EntryRun | None = None) -> int:
+class HalfCheck(NamedTuple):
+    messages: int
+    real_queues: dict[str, tuple[int, int]]  # real topic -> (lowest, highest) queue id the halves will go to
+
+
+def check_halves(
+    buffer: bytes | memoryview, producer_group: str, txn_id: str, *, run: EntryRun | None = None
+) -> HalfCheck:
     """``transaction_codec.check_half_batch`` (the definition: what a half batch must be), answered in bulk for
     batches of the shape ``to_half_batch`` writes; any other batch is checked entry by entry by the definition.
-    ``run``: the buffer's scan, when the caller has one. Returns the entry count; MessageIllegalError naming the
-    first bad entry."""
+    ``run``: the buffer's scan, when the caller has one. Returns the entry count and the real queues, so that the
+    server can check them as it checks any send; MessageIllegalError naming the first bad entry."""
     buf = bytes(buffer)
     if run is None:
         run = scan(buf, 0, len(buf), verify_crc=False)
@@ -234,9 +245,26 @@ def check_halves(buffer: bytes | memoryview, producer_group: str, txn_id: str, *
             and (run.topic_lengths == len(HALF_TOPIC_BYTES)).all()
         )  # fmt: skip
         tail = f"{Prop.TRAN_MSG}\x01true\x02{Prop.PGROUP}\x01{producer_group}\x02{Prop.TRANSACTION_ID}\x01{txn_id}\x02"
-        if fields_ok and _locate(buf, arr, run, everything, tail.encode(), unique=False) is not None:
-            return n
-    return check_half_batch(buffer, producer_group, txn_id)
+        found = _locate(buf, arr, run, everything, tail.encode(), unique=False) if fields_ok else None
+        if found is not None:
+            return HalfCheck(n, _ranges((t, q) for t, q, _ in found.queues))
+    count = check_half_batch(buffer, producer_group, txn_id)
+    real: list[tuple[bytes, int]] = []
+    for i, props in enumerate(run.properties(buf)):
+        topic, qid = property_of(props, Prop.REAL_TOPIC), property_of(props, Prop.REAL_QID)
+        if not topic or not qid or not qid.isdigit() or int(qid) >= MAX_QUEUE_ID:
+            raise MessageIllegalError(f"half entry {i}: REAL_TOPIC={topic!r} / REAL_QID={qid!r} name no queue")
+        real.append((topic.encode("utf-8"), int(qid)))
+    return HalfCheck(count, _ranges(real))
+
+
+def _ranges(queues: Iterable[tuple[bytes, int]]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for raw, qid in queues:
+        topic = raw.decode("utf-8", "replace")
+        lo, hi = out.get(topic, (qid, qid))
+        out[topic] = (min(lo, qid), max(hi, qid))
+    return out
 
 
 def _assemble(
@@ -291,4 +319,4 @@ def _assemble(
     return CommittedRun(b"".join(pieces), k, frozenset(names))
 
 
-__all__ = ["MAX_DISTINCT_PER_RUN", "CommittedRun", "HalfRun", "check_halves", "commit_halves"]
+__all__ = ["MAX_DISTINCT_PER_RUN", "CommittedRun", "HalfCheck", "HalfRun", "check_halves", "commit_halves"]

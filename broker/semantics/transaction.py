@@ -309,19 +309,30 @@ class TransactionService:
         return res, txn_id
 
     def put_half_batch(
-        self, buffer: bytes | memoryview, producer_group: str, txn_id: str, *, wait_store_ok: bool | None = None
+        self,
+        buffer: bytes | memoryview,
+        producer_group: str,
+        txn_id: str,
+        *,
+        wait_store_ok: bool | None = None,
+        admit: Callable[[dict[str, tuple[int, int]]], None] | None = None,
     ) -> PutResult:
         """Store a client batch as half messages of ``txn_id``; all of the batch joins, or none. The entries may be
         encoded for their real topics (re-encoded here, ~10k msgs/s) or already in half form with
-        ``transaction_codec.encode_half_entry`` (only checked: the fast path). The result's offsets are the halves'."""
+        ``transaction_codec.encode_half_entry`` (only checked: the fast path). ``admit(real topic -> (lowest,
+        highest) queue id)`` may refuse the real queues of half-form entries (raise) before anything is stored.
+        The result's offsets are the halves'."""
         check_transaction_id(txn_id)
         validated: SmallBatch | ValidatedBatch | None = None
         if is_half_batch(buffer):  # fast path: the client encoded half entries (encode_half_entry)
             half_buffer = bytes(buffer)
             self._check_half_size(len(half_buffer), -1)
             validated = self.store.validate_batch(half_buffer)  # framing, sizes, CRCs: one scan serves both
-            count = check_halves(half_buffer, producer_group, txn_id,
-                                 run=validated.run if isinstance(validated, ValidatedBatch) else None)  # fmt: skip
+            checked = check_halves(half_buffer, producer_group, txn_id,
+                                   run=validated.run if isinstance(validated, ValidatedBatch) else None)  # fmt: skip
+            if admit is not None:
+                admit(checked.real_queues)
+            count = checked.messages
         else:
             half_buffer, count = rewrite_batch_as_half(buffer, producer_group, txn_id)
             self._check_half_size(len(half_buffer), count)

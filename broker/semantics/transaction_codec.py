@@ -30,7 +30,7 @@ import numpy as np
 
 from broker.errors import CorruptionError, MessageIllegalError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker.store.batch import scan
+from broker.store.batch import MAX_QUEUE_ID, scan
 from broker.store.message import (
     BODY_START,
     ENTRY_HEADER,
@@ -253,7 +253,7 @@ def commit_raw(half: RawHalf) -> Committed:
     props = e[topic_at + 1 + e[topic_at] + 2 :]
     real_topic, props = _take_property(props, _REAL_TOPIC)
     real_qid, props = _take_property(props, _REAL_QID)
-    if not real_topic or not real_qid or not real_qid.isdigit():
+    if not real_topic or not real_qid or not real_qid.isdigit() or int(real_qid) >= MAX_QUEUE_ID:
         raise MessageIllegalError(
             f"half message at commit-log offset {half.commitlog_offset} has no valid REAL_TOPIC/REAL_QID"
         )

@@ -175,7 +175,9 @@ class SendProcessor:
                 return self._finish(self.store.put_batch(rewritten), started, "SendBatch")
             if self.transactions is None:
                 raise ServiceNotAvailableError("transactions are not enabled on this broker")
-            result = self.transactions.put_half_batch(buffer, producer_group, transaction_id)
+            result = self.transactions.put_half_batch(
+                buffer, producer_group, transaction_id, admit=lambda real: self._check_topics(real, "")
+            )  # the real topics of half-form entries are checked as any send's
             return self._finish(result, started, "SendBatch (half messages)", transaction_id)
         try:  # the common case: one scan serves the checks here and the store's append
             validated = self.store.validate_batch(buffer)

@@ -143,13 +143,18 @@ def test_sink_shaped_halves_never_go_per_half(monkeypatch: pytest.MonkeyPatch) -
 def test_check_halves_agrees_with_the_definition(seed: int, n: int) -> None:
     """check_halves accepts what check_half_batch accepts and refuses what it refuses."""
     rng = random.Random(seed)
+    addressed = [(rng.choice(TOPICS), rng.randrange(12)) for _ in range(n)]
     entries = [
-        encode_message(Message(rng.choice(TOPICS), rng.randbytes(rng.randrange(0, 200)),
-                               properties={f"p{j}": "v" for j in range(rng.randrange(3))}), rng.randrange(12), 1)
-        for _ in range(n)
+        encode_message(Message(topic, rng.randbytes(rng.randrange(0, 200)),
+                               properties={f"p{j}": "v" for j in range(rng.randrange(3))}), qid, 1)
+        for topic, qid in addressed
     ]  # fmt: skip
     half = to_half_batch(b"".join(entries), "grp", "txn:9")
-    assert check_halves(half, "grp", "txn:9") == check_half_batch(half, "grp", "txn:9") == n
+    checked = check_halves(half, "grp", "txn:9")
+    assert checked.messages == check_half_batch(half, "grp", "txn:9") == n
+    want = {t: (min(q for tt, q in addressed if tt == t), max(q for tt, q in addressed if tt == t))
+            for t, _ in addressed}  # fmt: skip
+    assert checked.real_queues == want
     for group, txn in (("other", "txn:9"), ("grp", "txn:8"), ("grp", "txn:99")):
         with pytest.raises(MessageIllegalError):
             check_half_batch(half, group, txn)
@@ -165,7 +170,7 @@ def test_check_halves_refuses_what_is_not_a_half_batch() -> None:
             check_half_batch(bad, "g", "t")
         with pytest.raises(MessageIllegalError):
             check_halves(bad, "g", "t")
-    assert check_halves(half, "g", "t") == 1
+    assert check_halves(half, "g", "t") == (1, {"T": (0, 0)})
 
 
 def test_halves_whose_properties_end_with_the_real_queue() -> None:
@@ -176,4 +181,7 @@ def test_halves_whose_properties_end_with_the_real_queue() -> None:
     assert entries[0].endswith(b"REAL_QID\x010\x02")
     buf, phys, qoffs = with_offsets(b"".join(entries), random.Random(6))
     assert commit_halves(HalfRun(buf, qoffs)).buffer == reference(buf, phys, qoffs, None, set())
-    assert check_halves(b"".join(entries), "g", "t") == check_half_batch(b"".join(entries), "g", "t") == 10
+    assert (
+        check_halves(b"".join(entries), "g", "t") == (10, {"T": (0, 2)})
+        and check_half_batch(b"".join(entries), "g", "t") == 10
+    )

@@ -16,7 +16,7 @@ from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, broker_config
 from e2e_util import read_topic, visible_count
 
 from broker.client import Admin, Message, Producer, encode_message
-from broker.errors import BrokerError
+from broker.errors import BrokerError, MessageIllegalError
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
 
@@ -183,3 +183,22 @@ def send_halves(endpoint: str, txn_id: str, topic: str, n: int) -> None:
         for start in range(0, n, BATCH):
             entries = [encode_message(Message(topic, f"0:{i}".encode()), i % 8, 1) for i in range(start, start + BATCH)]
             producer.send_encoded(b"".join(entries), len(entries), transaction_id=txn_id)
+
+
+def test_half_batches_are_checked_against_their_real_queues(broker: BrokerController, endpoint: str) -> None:
+    """The client re-addresses a transactional batch to the half topic; the broker still checks the real topics
+    and queues, as for any send: a bad one refuses the whole batch, and nothing is stored."""
+    assert broker.store is not None
+    with Admin(endpoint) as admin, Producer(endpoint) as producer:
+        admin.create_topic("Few", 4)
+        before = broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0)
+        good, bad = encode_message(Message("Few", b"ok"), 3), encode_message(Message("Few", b"no"), 6)
+        with pytest.raises(MessageIllegalError, match="nothing stored"):
+            producer.send_encoded(good + bad, 2, transaction_id="real-queues:1")
+        with pytest.raises(MessageIllegalError, match="system topic"):
+            producer.send_encoded(encode_message(Message("SCHEDULE_TOPIC_XXXX", b"x"), 0), 1,
+                                  transaction_id="real-queues:2")  # fmt: skip
+        assert broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0) == before
+        producer.send_encoded(good, 1, transaction_id="real-queues:3")
+        assert admin.end_transaction("real-queues:3", commit=True) == "COMMITTED"
+    assert [m.body for m in read_topic(endpoint, "Few")] == [b"ok"]
