@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,23 +31,32 @@ def require_java() -> None:
     raise SystemExit(2)
 
 
-def spark_session(app: str, cores: int = 2, shuffle_partitions: int = 4) -> SparkSession:
-    """A local session tuned for a small machine, with ``format("sluice")`` registered."""
+def spark_session(
+    app: str,
+    cores: int = 2,
+    shuffle_partitions: int = 4,
+    driver_memory: str = "2g",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A local session tuned for a small machine, with ``format("sluice")`` registered; ``conf`` adds settings
+    (the test suites use it too)."""
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from connector import register
 
-    spark = (
+    builder = (
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
+        .config("spark.driver.memory", driver_memory)
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark

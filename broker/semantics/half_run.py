@@ -34,7 +34,7 @@ O(entries x MAX_DISTINCT_PER_RUN).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -48,7 +48,7 @@ from broker.semantics.transaction_codec import (
     commit_raw,
     property_of,
 )
-from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, rows_at, scan
+from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, queue_id_ranges, rows_at, scan
 from broker.store.message import (
     BODY_START,
     MAX_PROPERTIES_BYTES,
@@ -247,24 +247,15 @@ def check_halves(
         tail = f"{Prop.TRAN_MSG}\x01true\x02{Prop.PGROUP}\x01{producer_group}\x02{Prop.TRANSACTION_ID}\x01{txn_id}\x02"
         found = _locate(buf, arr, run, everything, tail.encode(), unique=False) if fields_ok else None
         if found is not None:
-            return HalfCheck(n, _ranges((t, q) for t, q, _ in found.queues))
+            return HalfCheck(n, queue_id_ranges((t.decode("utf-8", "replace"), q) for t, q, _ in found.queues))
     count = check_half_batch(buffer, producer_group, txn_id)
-    real: list[tuple[bytes, int]] = []
+    real: list[tuple[str, int]] = []
     for i, props in enumerate(run.properties(buf)):
         topic, qid = property_of(props, Prop.REAL_TOPIC), property_of(props, Prop.REAL_QID)
         if not topic or not qid or not qid.isdigit() or int(qid) >= MAX_QUEUE_ID:
             raise MessageIllegalError(f"half entry {i}: REAL_TOPIC={topic!r} / REAL_QID={qid!r} name no queue")
-        real.append((topic.encode("utf-8"), int(qid)))
-    return HalfCheck(count, _ranges(real))
-
-
-def _ranges(queues: Iterable[tuple[bytes, int]]) -> dict[str, tuple[int, int]]:
-    out: dict[str, tuple[int, int]] = {}
-    for raw, qid in queues:
-        topic = raw.decode("utf-8", "replace")
-        lo, hi = out.get(topic, (qid, qid))
-        out[topic] = (min(lo, qid), max(hi, qid))
-    return out
+        real.append((topic, int(qid)))
+    return HalfCheck(count, queue_id_ranges(real))
 
 
 def _assemble(

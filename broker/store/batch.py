@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -484,14 +485,19 @@ def validate_batch(buffer: bytes | bytearray | memoryview, limit_bytes: int, max
     return ValidatedBatch(bytearray(buffer), run, key_ids, keys, counted)
 
 
+def queue_id_ranges(keys: Iterable[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+    """Topic -> (lowest, highest) queue id over (topic, queue id) pairs."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for topic, qid in keys:
+        lo, hi = ranges.get(topic, (qid, qid))
+        ranges[topic] = (min(lo, qid), max(hi, qid))
+    return ranges
+
+
 def queue_ranges(batch: SmallBatch | ValidatedBatch) -> tuple[int, dict[str, tuple[int, int]]]:
     """(entry count, topic -> (lowest, highest) queue id) of a validated batch."""
     count = len(batch.positions) if isinstance(batch, SmallBatch) else len(batch.run)
-    ranges: dict[str, tuple[int, int]] = {}
-    for topic, qid in batch.keys:  # per entry (small) or distinct (validated): the ranges are the same
-        lo, hi = ranges.get(topic, (qid, qid))
-        ranges[topic] = (min(lo, qid), max(hi, qid))
-    return count, ranges
+    return count, queue_id_ranges(batch.keys)  # keys per entry (small) or distinct (validated): same ranges
 
 
 def assign_queue_offsets(key_ids: np.ndarray, counted: np.ndarray, starts: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,7 @@ from jobs_helpers import create_topics, flat, produce, read_topic
 from sluice_containers import BrokerContainer
 
 from broker.client import Message
+from streaming_jobs.common import spark_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -32,22 +33,8 @@ def spark() -> Iterator[Any]:
     # Spark's Python workers must be this interpreter: set before the session (and its workers) start.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from connector import register
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sluice-integration")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = spark_session("sluice-integration", shuffle_partitions=2, driver_memory="1g",
+                            conf={"spark.default.parallelism": "2"})  # fmt: skip
     yield session
     session.stop()
 

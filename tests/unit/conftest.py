@@ -1,5 +1,6 @@
 """Shared by the unit suites: in-process brokers on port 0 in tmp dirs, with small store files; `check()` must be
-clean at teardown. (The connector and semantics_e2e suites define their own `broker` fixtures.)"""
+clean at teardown. (The connector suite defines its own `broker` fixture; semantics_e2e overrides
+`broker_defaults`.)"""
 
 from __future__ import annotations
 
@@ -23,12 +24,21 @@ BrokerFactory = Callable[..., BrokerController]
 
 
 @pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
+def broker_defaults() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(store table, broker settings) every ``broker_factory`` broker starts from; a suite overrides this fixture
+    to start its brokers differently (semantics_e2e: short delay levels, quick check-backs)."""
+    return SMALL_STORE, {}
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path, broker_defaults: tuple[dict[str, Any], dict[str, Any]]) -> Iterator[BrokerFactory]:
     running: list[BrokerController] = []
+    store_defaults, settings_defaults = broker_defaults
 
     def make(store_dir: Path | None = None, **overrides: Any) -> BrokerController:
-        store = {**SMALL_STORE, **overrides.pop("store", {})}
-        settings = {"listen": "127.0.0.1:0", "store_path": str(store_dir or tmp_path / "store"), **overrides}
+        store = {**store_defaults, **overrides.pop("store", {})}
+        settings = {"listen": "127.0.0.1:0", "store_path": str(store_dir or tmp_path / "store"), **settings_defaults,
+                    **overrides}  # fmt: skip
         config = BrokerConfig(store=store, **settings)
         controller = BrokerController(config)
         controller.start()

@@ -18,6 +18,8 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 from connector_helpers import start_broker
 
+from streaming_jobs.common import spark_session
+
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -28,21 +30,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    from connector import register
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sluice-connector-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.streaming.pollingDelay", "50ms")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    conf = {"spark.default.parallelism": "2", "spark.sql.streaming.pollingDelay": "50ms"}
+    session = spark_session("sluice-connector-tests", shuffle_partitions=2, driver_memory="1g", conf=conf)
     yield session
     session.stop()

@@ -8,7 +8,7 @@ must be clean when each test ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,32 +41,9 @@ def broker_config(store_dir: Path, **overrides: Any) -> BrokerConfig:
 
 
 @pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator[BrokerFactory]:
-    running: list[BrokerController] = []
-
-    def make(store_dir: Path | None = None, **overrides: Any) -> BrokerController:
-        controller = BrokerController(broker_config(store_dir or tmp_path / "store", **overrides))
-        controller.start()
-        running.append(controller)
-        return controller
-
-    yield make
-    for controller in running:
-        if controller.store is not None and not controller._stopped:
-            controller.store.wait_dispatched(10)
-            problems = controller.store.check()
-            controller.shutdown()
-            assert problems == [], problems
-
-
-@pytest.fixture
-def broker(broker_factory: BrokerFactory) -> BrokerController:
-    return broker_factory()
-
-
-@pytest.fixture
-def endpoint(broker: BrokerController) -> str:
-    return f"127.0.0.1:{broker.port}"
+def broker_defaults() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Overrides tests/unit/conftest.py's: its broker_factory, broker and endpoint start brokers configured so."""
+    return SMALL_STORE, SEMANTICS
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
