@@ -25,6 +25,10 @@ from broker.store.message import (
     BLANK_MAGIC,
     BODY_START,
     ENTRY_HEADER,
+    H_BODY_CRC,
+    H_BODY_LENGTH,
+    H_QUEUE_ID,
+    H_SYS_FLAG,
     MAX_TOPIC_BYTES,
     MESSAGE_MAGIC,
     PREFIX,
@@ -32,6 +36,7 @@ from broker.store.message import (
     SysFlag,
     check_crc,
     parse_layout,
+    quick_layout,
     validate_topic,
 )
 
@@ -400,8 +405,15 @@ class SmallBatch:
     counted: list[bool]  # advances its queue's offset (prepared / rolled-back transactions do not)
 
 
+_NOT_COUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+
+
 def validate_small_batch(buffer: bytes | bytearray | memoryview, limit_bytes: int, max_body: int) -> SmallBatch | None:
-    """Like validate_batch, entry by entry; None when the batch has more than SMALL_BATCH_ENTRIES entries."""
+    """Like validate_batch, entry by entry; None when the batch has more than SMALL_BATCH_ENTRIES entries.
+
+    Each entry gets quick_layout, the CRC and the limits; an entry that fails any of them is handed to
+    ``_small_entry`` (the definition), which raises the precise error.
+    """
     n_bytes = len(buffer)
     _check_batch_size(n_bytes, limit_bytes)
     buf = buffer if isinstance(buffer, bytes) else bytes(buffer)
@@ -419,31 +431,54 @@ def validate_small_batch(buffer: bytes | bytearray | memoryview, limit_bytes: in
     names: dict[bytes, str] = {}
     ends = [*positions[1:], n_bytes]
     for i, (pos, nxt) in enumerate(zip(positions, ends, strict=True)):
-        try:
-            lay = parse_layout(buf, pos, nxt)
-            check_crc(buf, lay, pos=pos)
-        except CorruptionError as e:
-            raise MessageIllegalError(f"batch entry {i} (at byte {pos}) is malformed: {e.message}") from None
-        h = lay.header
-        if h.body_length > max_body:
-            raise MessageIllegalError(
-                f"MESSAGE_SIZE_EXCEEDED: batch entry {i} body is {h.body_length} bytes, over maxMessageSize {max_body}"
-            )
-        if not 0 <= h.queue_id < MAX_QUEUE_ID:
-            raise MessageIllegalError(f"batch entry {i} has queue id {h.queue_id}; queue ids are 0..{MAX_QUEUE_ID - 1}")
-        raw = buf[lay.topic_start : lay.topic_start + lay.topic_len]
+        quick = quick_layout(buf, pos, nxt)
+        if quick is None:
+            raw = _small_entry(buf, pos, nxt, i, max_body)  # raises unless parse_layout accepts what quick did not
+            h = ENTRY_HEADER.unpack_from(buf, pos)
+        else:
+            h, topic_at, topic_len, _ = quick
+            body_at = pos + BODY_START
+            body_len, qid = h[H_BODY_LENGTH], h[H_QUEUE_ID]
+            if (
+                body_len > max_body
+                or not 0 <= qid < MAX_QUEUE_ID
+                or zlib.crc32(buf[body_at : body_at + body_len]) & _CRC_MASK != h[H_BODY_CRC]
+            ):
+                _small_entry(buf, pos, nxt, i, max_body)  # raises the precise error
+            raw = buf[topic_at : topic_at + topic_len]
         name = names.get(raw)
         if name is None:
-            try:
-                name = raw.decode("ascii")
-                validate_topic(name)
-            except (UnicodeDecodeError, MessageIllegalError) as e:
-                raise MessageIllegalError(f"batch entry {i}: {e}") from None
-            names[raw] = name
-        keys.append((name, h.queue_id))
-        tx = h.sys_flag & SysFlag.TRANSACTION_MASK
-        counted.append(tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE))
+            names[raw] = name = _small_topic(raw, i)
+        keys.append((name, h[H_QUEUE_ID]))
+        counted.append(h[H_SYS_FLAG] & SysFlag.TRANSACTION_MASK not in _NOT_COUNTED)
     return SmallBatch(bytearray(buf), positions, keys, counted)
+
+
+def _small_entry(buf: bytes, pos: int, nxt: int, i: int, max_body: int) -> bytes:
+    """The definition of a valid batch entry (framing, CRC, limits): raises MessageIllegalError saying what is
+    wrong, else returns the entry's raw topic."""
+    try:
+        lay = parse_layout(buf, pos, nxt)
+        check_crc(buf, lay, pos=pos)
+    except CorruptionError as e:
+        raise MessageIllegalError(f"batch entry {i} (at byte {pos}) is malformed: {e.message}") from None
+    h = lay.header
+    if h.body_length > max_body:
+        raise MessageIllegalError(
+            f"MESSAGE_SIZE_EXCEEDED: batch entry {i} body is {h.body_length} bytes, over maxMessageSize {max_body}"
+        )
+    if not 0 <= h.queue_id < MAX_QUEUE_ID:
+        raise MessageIllegalError(f"batch entry {i} has queue id {h.queue_id}; queue ids are 0..{MAX_QUEUE_ID - 1}")
+    return buf[lay.topic_start : lay.topic_start + lay.topic_len]
+
+
+def _small_topic(raw: bytes, i: int) -> str:
+    try:
+        name = raw.decode("ascii")
+        validate_topic(name)
+    except (UnicodeDecodeError, MessageIllegalError) as e:
+        raise MessageIllegalError(f"batch entry {i}: {e}") from None
+    return name
 
 
 def validate_batch(buffer: bytes | bytearray | memoryview, limit_bytes: int, max_body: int) -> ValidatedBatch:

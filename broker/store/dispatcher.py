@@ -22,7 +22,19 @@ from broker.store.batch import Buffer, EntryRun, queue_keys, rows_at, scan
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.index_file import IndexService
-from broker.store.message import BLANK_MAGIC, PREFIX, Prop, SysFlag, parse_layout, tag_hash_code
+from broker.store.message import (
+    BLANK_MAGIC,
+    H_QUEUE_ID,
+    H_QUEUE_OFFSET,
+    H_STORE_TIMESTAMP,
+    H_SYS_FLAG,
+    PREFIX,
+    Prop,
+    SysFlag,
+    parse_layout,
+    quick_layout,
+    tag_hash_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +49,7 @@ _TAGS = (Prop.TAGS + "\x01").encode()
 _KEYS = (Prop.KEYS + "\x01").encode()
 _UNIQ = (Prop.UNIQ_KEY + "\x01").encode()
 _SEP_TAGS = b"\x02" + _TAGS
+_NOT_COUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 _TAGS_LEN = len(_TAGS)
 _SEP_TAGS_LEN = len(_SEP_TAGS)
 
@@ -230,60 +243,82 @@ class Dispatcher:
         return len(run)
 
     def _dispatch_scalar(self, buf: Buffer, rel: int, limit: int, base: int, file_size: int, notify: bool) -> int:
-        """A few entries (the steady state of single puts): struct per entry, no numpy per-call overhead."""
+        """A few entries (small batches, single puts): a struct per entry, no numpy per-call overhead, one
+        consume-queue write per queue."""
         data = bytes(buf[rel:limit])  # at most SCALAR_DISPATCH_BYTES: one small copy, then plain bytes parsing
         pos = 0
-        count = 0
-        names = self._topic_names
         end = len(data)
-        arrived: dict[tuple[str, int], ConsumeQueue] = {}
+        names = self._topic_names
+        # No TAGS / KEYS / UNIQ_KEY bytes anywhere in the chunk (one C-speed search each): nothing to parse.
+        want_keys = self.index is not None
+        parse_props = _TAGS in data or (want_keys and (_KEYS in data or _UNIQ in data))
+        arrived: dict[tuple[str, int], tuple[ConsumeQueue, list[int], list[bytes]]] = {}
+        pack = CQ_UNIT.pack
+        ts = self.last_dispatched_timestamp
+        count = 0
         while pos < end:
-            total, magic = PREFIX.unpack_from(data, pos) if pos + 8 <= end else (0, 0)
-            if magic == BLANK_MAGIC:
+            if pos + 8 <= end and PREFIX.unpack_from(data, pos)[1] == BLANK_MAGIC:
                 pos = file_size - rel
                 break
-            try:
-                lay = parse_layout(data, pos, end)
-            except CorruptionError as e:
-                if count == 0:
-                    log.error("dispatcher stuck at commit-log offset %d: %s", base + rel + pos, e)
-                    return -1
-                break  # the next pass starts at the bad entry and reports it
-            h = lay.header
-            phys = base + rel + pos
-            raw_topic = data[lay.topic_start : lay.topic_start + lay.topic_len]
+            quick = quick_layout(data, pos, end)
+            if quick is None:
+                try:
+                    lay = parse_layout(data, pos, end)  # the definition: says what is wrong
+                except CorruptionError as e:
+                    if pos == 0:
+                        log.error("dispatcher stuck at commit-log offset %d: %s", base + rel, e)
+                        return -1
+                    break  # the next pass starts at the bad entry and reports it
+                quick = (tuple(lay.header), lay.topic_start, lay.topic_len, lay.props_len)
+            h, topic_at, topic_len, props_len = quick
+            total, qid, ts = h[0], h[H_QUEUE_ID], h[H_STORE_TIMESTAMP]
+            raw_topic = data[topic_at : topic_at + topic_len]
             topic = names.get(raw_topic) or names.setdefault(raw_topic, raw_topic.decode("ascii", "replace"))
-            props = data[lay.props_start : lay.props_start + lay.props_len] if lay.props_len else b""
-            tx = h.sys_flag & SysFlag.TRANSACTION_MASK
-            if tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE):
-                cq = self.queues.find_or_create(topic, h.queue_id)
-                unit = CQ_UNIT.pack(phys, total, self.unit_tag(topic, h.queue_id, props, h.store_timestamp))
-                self._put_one(cq, h.queue_offset, unit)
-                arrived[(topic, h.queue_id)] = cq
-            if self.index is not None and props and may_have_keys(props):
+            props = data[pos + total - props_len : pos + total] if parse_props and props_len else b""
+            if h[H_SYS_FLAG] & SysFlag.TRANSACTION_MASK not in _NOT_COUNTED:
+                key = (topic, qid)
+                got = arrived.get(key)
+                if got is None:
+                    arrived[key] = got = (self.queues.find_or_create(topic, qid), [], [])
+                got[1].append(h[H_QUEUE_OFFSET])
+                got[2].append(pack(base + rel + pos, total, self.unit_tag(topic, qid, props, ts)))
+            if props and want_keys and may_have_keys(props):
                 msg_keys = message_keys(props)
                 if msg_keys:
-                    self.index.put(topic, msg_keys, phys, h.store_timestamp)
-            self.last_dispatched_timestamp = h.store_timestamp
+                    assert self.index is not None
+                    self.index.put(topic, msg_keys, base + rel + pos, ts)
             pos += total
             count += 1
-        self.dispatched_offset = base + rel + pos
+        for cq, qoffs, units in arrived.values():
+            self._put_units(cq, qoffs, units)
+        self.dispatched_offset = base + rel + pos  # after the units: a caller that waits on it finds them
+        self.last_dispatched_timestamp = ts
         if notify:  # once per queue per pass, as the vectorised path does
-            for (topic, qid), cq in arrived.items():
+            for (topic, qid), (cq, _, _) in arrived.items():
                 for fn in self.listeners:
                     fn(topic, qid, cq.max_offset)
         return count
 
     @staticmethod
-    def _put_one(cq: ConsumeQueue, qoff: int, unit: bytes) -> None:
+    def _put_units(cq: ConsumeQueue, qoffs: list[int], units: list[bytes]) -> None:
+        """Write one queue's units of a pass; units below the queue's end were written before a recovery's
+        re-dispatch and are skipped."""
         have = cq.written_offset
-        if qoff < have:
-            return  # re-dispatch after recovery: already there
-        if qoff > have:
+        if qoffs[0] < have:
+            keep = [i for i, q in enumerate(qoffs) if q >= have]
+            if not keep:
+                return
+            qoffs, units = [qoffs[i] for i in keep], [units[i] for i in keep]
+        first = qoffs[0]
+        if first > have:
             log.error(
-                "consume queue %s/%d: unit %d follows max offset %d; units missing", cq.topic, cq.queue_id, qoff, have
+                "consume queue %s/%d: unit %d follows max offset %d; units missing", cq.topic, cq.queue_id, first, have
             )
-        cq.put_units(qoff, unit)
+        if qoffs[-1] - first == len(qoffs) - 1:
+            cq.put_units(first, b"".join(units))
+        else:  # not consecutive (damaged log): one unit at a time at its own position
+            for q, u in zip(qoffs, units, strict=True):
+                cq.put_units(q, u)
 
     def _dispatch_run(
         self, run: EntryRun, buf: Buffer, base: int, notify: bool, grouped: Grouping | None = None

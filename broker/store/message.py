@@ -397,6 +397,38 @@ def parse_layout(buf: bytes | memoryview, pos: int, limit: int, path: str = "", 
     return EntryLayout(h, body_start, topic_len_at + 1, topic_len, props_len_at + 2, props_len)
 
 
+# Indexes into an ENTRY_HEADER tuple, for loops where a NamedTuple per entry would cost more than the work.
+H_BODY_CRC = EntryHeader._fields.index("body_crc")
+H_QUEUE_ID = EntryHeader._fields.index("queue_id")
+H_QUEUE_OFFSET = EntryHeader._fields.index("queue_offset")
+H_SYS_FLAG = EntryHeader._fields.index("sys_flag")
+H_STORE_TIMESTAMP = EntryHeader._fields.index("store_timestamp")
+H_BODY_LENGTH = EntryHeader._fields.index("body_length")
+_V6_FLAGS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
+
+
+def quick_layout(buf: bytes, pos: int, limit: int) -> tuple[tuple, int, int, int] | None:
+    """parse_layout's framing checks without building NamedTuples, for per-entry loops over many small entries:
+    (header tuple, topic start, topic length, properties length) when the entry is well framed; None when it is
+    not, and parse_layout (the definition) must say why."""
+    if pos + ENTRY_HEADER.size > limit:
+        return None
+    h = ENTRY_HEADER.unpack_from(buf, pos)
+    total, body_len = h[0], h[H_BODY_LENGTH]
+    end = pos + total
+    topic_at = pos + BODY_START + body_len + 1
+    if h[1] != MESSAGE_MAGIC or h[H_SYS_FLAG] & _V6_FLAGS or body_len < 0 or end > limit or topic_at >= end:
+        return None
+    topic_len = buf[topic_at - 1]
+    props_at = topic_at + topic_len + 2
+    if not 0 < topic_len < 128 or props_at > end:
+        return None
+    props_len = PROPS_LEN.unpack_from(buf, props_at - 2)[0]
+    if props_at + props_len != end:
+        return None
+    return h, topic_at, topic_len, props_len
+
+
 def check_crc(buf: bytes | memoryview, lay: EntryLayout, path: str = "", base: int = 0, pos: int = 0) -> None:
     h = lay.header
     crc = body_crc(buf[lay.body_start : lay.body_start + h.body_length])

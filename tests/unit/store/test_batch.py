@@ -8,9 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.errors import MessageIllegalError
 from broker.store import MessageStore, PutStatus
-from broker.store.batch import scan
-from broker.store.message import SysFlag, encode_entry, encode_properties, tag_hash_code
+from broker.store.batch import (
+    SMALL_BATCH_ENTRIES,
+    _py_walk,
+    _small_entry,
+    _small_topic,
+    scan,
+    validate_small_batch,
+)
+from broker.store.message import SysFlag, encode_entry, encode_properties, parse_layout, tag_hash_code
 
 
 def _entry(
@@ -165,3 +173,52 @@ def test_scan_finds_exactly_the_entries_and_never_invents_one(bodies: list[bytes
     assert got == expected[: len(got)]  # a prefix of the real entries, nothing invented
     if len(got) < len(expected):
         assert run2.stop_reason != ""
+
+
+def _small_batch_by_definition(buf: bytes, max_body: int) -> tuple[list[int], list[tuple[str, int]], list[bool]]:
+    """What validate_small_batch must return, from the definitions: parse_layout + check_crc on every entry."""
+    positions, end, reason = _py_walk(buf, 0, len(buf), SMALL_BATCH_ENTRIES)
+    assert reason is not None
+    if reason or end != len(buf):
+        raise MessageIllegalError("framing")
+    ends = [*positions[1:], len(buf)]
+    keys, counted = [], []
+    for i, (pos, nxt) in enumerate(zip(positions, ends, strict=True)):
+        raw = _small_entry(buf, pos, nxt, i, max_body)
+        lay = parse_layout(buf, pos, nxt)
+        keys.append((_small_topic(raw, i), lay.header.queue_id))
+        tx = lay.header.sys_flag & SysFlag.TRANSACTION_MASK
+        counted.append(tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE))
+    return positions, keys, counted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bodies=st.lists(st.binary(max_size=120), min_size=1, max_size=SMALL_BATCH_ENTRIES),
+    flips=st.lists(st.tuples(st.integers(min_value=0), st.integers(1, 255)), max_size=3),
+    max_body=st.sampled_from([60, 1000]),
+)
+def test_small_batch_check_equals_the_definition(
+    bodies: list[bytes], flips: list[tuple[int, int]], max_body: int
+) -> None:
+    """Property: the small-batch fast path (quick_layout, inline CRC and limits) accepts exactly what parse_layout
+    + check_crc + the limits accept, with the same result, and refuses with the definition's message."""
+    entries = [
+        _entry(topic=b"T%d" % (i % 3), qid=i % 2, body=b, tags="x" if i % 2 else "", sys_flag=(i % 4) << 2)
+        for i, b in enumerate(bodies)
+    ]
+    damaged = bytearray(b"".join(entries))
+    for at, xor in flips:
+        damaged[at % len(damaged)] ^= xor
+    buf = bytes(damaged)
+    try:
+        want = _small_batch_by_definition(buf, max_body)
+    except MessageIllegalError as e:
+        with pytest.raises(MessageIllegalError) as got:
+            validate_small_batch(buf, 1 << 20, max_body)
+        if str(e) != "framing":
+            assert got.value.message == e.message
+        return
+    small = validate_small_batch(buf, 1 << 20, max_body)
+    assert small is not None
+    assert (small.positions, small.keys, small.counted) == want

@@ -77,7 +77,7 @@ def _reference_tag(props: dict[str, str]) -> int:
     return tag_hash_code(props.get("TAGS") or None)
 
 
-@pytest.mark.parametrize("shape", ["same", "varied", "single"])
+@pytest.mark.parametrize("shape", ["same", "varied", "single", "small_batches"])
 def test_tag_codes_and_keys_equal_full_decoding(make_store: Callable[..., MessageStore], shape: str) -> None:
     """The dispatcher's shortcuts (one parse for identical properties, cached tag codes, no key parsing without
     KEYS/UNIQ_KEY) give the units and index entries a full decode of every message gives."""
@@ -96,6 +96,10 @@ def test_tag_codes_and_keys_equal_full_decoding(make_store: Callable[..., Messag
         for i, p in enumerate(chosen[:40]):
             assert s.put_message("P", 0, b"m%d" % i, p).ok
         chosen = chosen[:40]
+    elif shape == "small_batches":  # several small batches per dispatcher pass: the per-entry (scalar) path
+        entries = [encode_entry(b"P", 0, b"m%d" % i, encode_properties(p)) for i, p in enumerate(chosen)]
+        for at in range(0, n, 7):
+            assert s.put_batch(b"".join(entries[at : at + 7])).ok
     else:
         assert s.put_batch(
             b"".join(encode_entry(b"P", 0, b"m%d" % i, encode_properties(p)) for i, p in enumerate(chosen))

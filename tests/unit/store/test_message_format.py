@@ -8,6 +8,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.errors import CorruptionError
 from broker.store.message import (
     BLANK_MAGIC,
     MESSAGE_MAGIC,
@@ -18,7 +19,9 @@ from broker.store.message import (
     encode_properties,
     java_string_hash,
     make_msg_id,
+    parse_layout,
     parse_msg_id,
+    quick_layout,
 )
 
 
@@ -121,3 +124,28 @@ def test_encode_decode_round_trip(
     )  # fmt: skip
     assert msg.properties == props == decode_properties(encode_properties(props))
     assert msg.store_size == len(raw)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    body=st.binary(max_size=200),
+    topic=st.sampled_from([b"T", b"Topic_" * 21]),
+    props=st.sampled_from([b"", encode_properties({"TAGS": "a", "KEYS": "k"})]),
+    flips=st.lists(st.tuples(st.integers(0, 119), st.integers(1, 255)), max_size=2),
+    cut=st.integers(0, 8),
+)
+def test_quick_layout_accepts_exactly_what_parse_layout_accepts(
+    body: bytes, topic: bytes, props: bytes, flips: list[tuple[int, int]], cut: int
+) -> None:
+    """Property: the per-entry fast path agrees with the definition, field for field, on damaged framing (flips
+    land in the header and the length fields) and on entries cut short."""
+    raw = bytearray(encode_entry(topic, 1, body, props))
+    for at, xor in flips:  # offsets past the header reach the topic / properties lengths of short bodies
+        raw[at % len(raw)] ^= xor
+    buf = bytes(raw[: len(raw) - cut])
+    try:
+        lay = parse_layout(buf, 0, len(buf))
+    except CorruptionError:
+        assert quick_layout(buf, 0, len(buf)) is None
+        return
+    assert quick_layout(buf, 0, len(buf)) == (tuple(lay.header), lay.topic_start, lay.topic_len, lay.props_len)
