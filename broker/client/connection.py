@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import error_from_rpc
 
@@ -36,6 +37,7 @@ def _channel(target: str) -> grpc.Channel:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.enable_retries", 0),
+            ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
         ],
     )
 

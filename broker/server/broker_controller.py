@@ -18,6 +18,7 @@ import grpc
 
 from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
+from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics import (
     DelayLevels,
@@ -105,6 +106,7 @@ class BrokerController:
             ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
             ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
             ("grpc.so_reuseport", 0),  # a second broker on the same port must fail, not share it
+            ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
         ]
         server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options)
         host, port = cfg.listen_address
