@@ -12,6 +12,10 @@ whole buffer to ``SendBatch`` and the broker stores it with one copy. Columns:
     queue_id      int, optional: an explicit queue (wins over sharding_key)
 
 Unknown columns are an error naming them unless ``ignore_extra_columns`` is set.
+
+With ``half`` (producer group, transaction id) rows are encoded straight into half entries of that transaction,
+byte for byte what ``half_batch.to_half_batch`` makes of the plain entries, so the exactly-once writer does not
+encode every row twice.
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from broker.client.half_batch import HALF_TOPIC, RESERVED_MARKS, half_suffix
 from broker.errors import MessageIllegalError
+from broker.semantics.transaction_codec import half_properties
 from broker.store.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Prop,
+    decode_properties,
     encode_entry,
     encode_properties,
     java_string_hash,
@@ -67,9 +74,11 @@ class RowEncoder:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     batch_messages: int = 4096
     batch_bytes: int = 4 * 1024 * 1024
+    half: tuple[str, str] | None = None  # (producer group, transaction id): encode rows as that transaction's halves
     _round_robin: int = 0
     _queues: dict[str, int] = field(default_factory=dict)
     _topic_bytes: dict[str, bytes] = field(default_factory=dict)
+    _suffixes: dict[tuple[bytes, int], bytes] = field(default_factory=dict)
 
     def _topic(self, name: str | None, row: int) -> tuple[str, bytes]:
         topic = name or self.default_topic
@@ -114,13 +123,12 @@ class RowEncoder:
             topic, topic_raw = self._topic(topics[i], row)
             msg_props = self._properties(props[i], tags[i], keys[i])
             try:
+                queue_id = self._queue(topic, qids[i], shard[i])
+                raw_props = encode_properties(msg_props)
+                if self.half is not None:
+                    topic_raw, queue_id, raw_props = HALF_TOPIC, 0, self._half_props(topic_raw, queue_id, raw_props)
                 entry = encode_entry(
-                    topic_raw,
-                    self._queue(topic, qids[i], shard[i]),
-                    body,
-                    encode_properties(msg_props),
-                    born_timestamp=born,
-                    max_message_size=self.max_message_size,
+                    topic_raw, queue_id, body, raw_props, born_timestamp=born, max_message_size=self.max_message_size
                 )
             except MessageIllegalError as e:
                 raise MessageIllegalError(f"row {row}: {e.message}") from None
@@ -132,6 +140,22 @@ class RowEncoder:
                 parts, size, per_topic = [], 0, {}
         if parts:
             yield EncodedChunk(b"".join(parts), len(parts), per_topic)
+
+    def _half_props(self, topic: bytes, queue_id: int, raw_props: bytes) -> bytes:
+        """A row's encoded properties as its half entry's: the half suffix appended, or (when the row already
+        names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a foreign
+        transaction id."""
+        assert self.half is not None
+        group, txn_id = self.half
+        if any(mark in raw_props for mark in RESERVED_MARKS):
+            props = decode_properties(raw_props)
+            if props.get(Prop.TRANSACTION_ID, txn_id) != txn_id:
+                raise MessageIllegalError(f"carries __transactionId__={props[Prop.TRANSACTION_ID]!r}, not {txn_id!r}")
+            return encode_properties(half_properties(props, topic.decode("ascii"), queue_id, group, txn_id))
+        suffix = self._suffixes.get((topic, queue_id))
+        if suffix is None:
+            suffix = self._suffixes[(topic, queue_id)] = half_suffix(topic, queue_id, group, txn_id)
+        return raw_props + suffix
 
     def _properties(self, props: object, tags: str | None, keys: object) -> dict[str, str]:
         out: dict[str, str] = dict(self.extra_properties)

@@ -89,6 +89,7 @@ def _send_all(
         max_message_size=opts.max_message_size,
         batch_messages=opts.batch_messages,
         batch_bytes=opts.batch_bytes,
+        half=(opts.producer_group, txn_id) if txn_id else None,
     )
     sent = nbytes = rows = 0
     inflight: list[Future[int]] = []
@@ -115,7 +116,7 @@ def _send_all(
 def _send_chunk(producer: Producer, opts: SinkOptions, buffer: bytes, count: int, txn_id: str | None) -> int:
     for attempt in range(opts.send_retries + 1):
         try:
-            producer.send_encoded(buffer, count, transaction_id=txn_id)
+            producer.send_encoded(buffer, count, transaction_id=txn_id, as_halves=txn_id is not None)
             return count
         except (ServiceNotAvailableError, SystemBusyError) as e:
             # An unanswered call may have stored the batch. Plain sends may repeat it (at-least-once); inside a

@@ -29,11 +29,13 @@ _HALF_TOPIC_FIELD = bytes([len(HALF_TOPIC)]) + HALF_TOPIC
 _ZERO_QUEUE_ID = bytes(4)
 PROPERTY_END = 2  # \x02 closes every name\x01value pair; the half properties are appended after it
 # Any of these already inside a buffer: let the decoding rewrite decide (it refuses a foreign transaction id).
-_RESERVED = tuple(f"{name}\x01".encode() for name in
+RESERVED_MARKS = tuple(f"{name}\x01".encode() for name in
                   (Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRANSACTION_ID))  # fmt: skip
 
 
-def _suffix(topic: bytes, queue_id: int, group: str, txn_id: str) -> bytes:
+def half_suffix(topic: bytes, queue_id: int, group: str, txn_id: str) -> bytes:
+    """The properties a half entry carries after the application's own (which end with \x02), in
+    ``transaction_codec.half_properties``'s order."""
     return (
         f"{Prop.REAL_TOPIC}\x01{topic.decode('ascii')}\x02{Prop.REAL_QID}\x01{queue_id}\x02"
         f"{Prop.TRAN_MSG}\x01true\x02{Prop.PGROUP}\x01{group}\x02{Prop.TRANSACTION_ID}\x01{txn_id}\x02"
@@ -59,7 +61,7 @@ def to_half_batch(buffer: bytes, producer_group: str, txn_id: str) -> bytes:
 
     Vectorised: the output is gathered from the input and a small pool of new bytes with one index array."""
     check_transaction_id(txn_id)
-    if any(mark in buffer for mark in _RESERVED):
+    if any(mark in buffer for mark in RESERVED_MARKS):
         return rewrite_batch_as_half(buffer, producer_group, txn_id)[0]
     n = len(buffer)
     run = scan(buffer, 0, n, verify_crc=False)
@@ -75,7 +77,7 @@ def to_half_batch(buffer: bytes, producer_group: str, txn_id: str) -> bytes:
     count = len(run)
     topic_ids, topics = _topic_ids(buffer, run)
     keys, key_ids = np.unique(topic_ids * (1 << 32) + run.queue_ids.astype(np.int64), return_inverse=True)
-    suffixes = [_suffix(topics[int(k) >> 32], int(k) & 0xFFFFFFFF, producer_group, txn_id) for k in keys.tolist()]
+    suffixes = [half_suffix(topics[int(k) >> 32], int(k) & 0xFFFFFFFF, producer_group, txn_id) for k in keys.tolist()]
     suffix_len = np.array([len(s) for s in suffixes], np.int64)[key_ids]
     new_props_len = run.props_lengths.astype(np.int64) + suffix_len
     if (new_props_len > MAX_PROPERTIES_BYTES).any():

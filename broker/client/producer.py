@@ -17,7 +17,7 @@ from broker.client.connection import Connection
 from broker.client.half_batch import to_half_batch
 from broker.client.message import Message, encode_message
 from broker.client.results import SendResult, SendStatus
-from broker.errors import BrokerError, MessageIllegalError
+from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError
 from broker.proto import sluice_pb2 as pb
 from broker.store.batch import split_entries
 from broker.store.message import java_string_hash, validate_topic
@@ -135,7 +135,9 @@ class Producer:
         results += self.send_encoded(b"".join(chunk), len(chunk))
         return results
 
-    def send_encoded(self, buffer: bytes, count: int, transaction_id: str | None = None) -> SendResults:
+    def send_encoded(
+        self, buffer: bytes, count: int, transaction_id: str | None = None, *, as_halves: bool = False
+    ) -> SendResults:
         """Send entries already encoded with ``encode_entry`` (the fast path); stored all-or-nothing.
 
         With ``transaction_id`` the entries are sent as half messages of that batch transaction (invisible until
@@ -143,11 +145,16 @@ class Producer:
         may join one transaction. The entries are re-addressed as halves here (``half_batch.to_half_batch``) so the
         broker only checks them; halves are bigger, so the buffer may go in several calls (each all-or-nothing).
 
+        ``as_halves``: the entries are already half entries of ``transaction_id`` (``encode_half_entry``, or the
+        Spark sink's encoder), so the re-addressing is skipped; the broker checks them all the same.
+
         Returns a lazy sequence of SendResult (one per entry, in order; for halves, the halves' positions)."""
+        if as_halves and not transaction_id:
+            raise InvalidArgumentError("as_halves=True needs the transaction_id the halves were encoded for")
         if not transaction_id:
             request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count)
             return SendResults(self.conn.call(self.conn.stub.SendBatch, request))
-        half = to_half_batch(buffer, self.group, transaction_id)
+        half = buffer if as_halves else to_half_batch(buffer, self.group, transaction_id)
         chunks = [(half, count)] if len(half) <= self.batch_limit_bytes else split_entries(half, self.batch_limit_bytes)
         results: SendResults | None = None
         for chunk, n in chunks:

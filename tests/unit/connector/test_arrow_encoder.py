@@ -1,0 +1,74 @@
+"""The sink's row encoder in half mode against the definition: to_half_batch of the plain entries, byte for byte."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.client.half_batch import to_half_batch
+from broker.errors import MessageIllegalError
+from connector.arrow_encoder import RowEncoder
+
+GROUP, TXN = "sluice-sink", "q1:7:run-a"
+_text = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_characters="\x01\x02"), max_size=12)
+# user properties, now and then naming a half property (the decoding rewrite's case)
+_props = st.dictionaries(st.one_of(_text.filter(bool), st.sampled_from(["REAL_TOPIC", "TRAN_MSG", "PGROUP"])), _text,
+                         max_size=3)  # fmt: skip
+
+
+def _encoders(**kw: object) -> tuple[RowEncoder, RowEncoder]:
+    def make(half: tuple[str, str] | None) -> RowEncoder:
+        return RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, **kw)  # type: ignore[arg-type]
+
+    return make(None), make((GROUP, TXN))
+
+
+def _batch(rows: list[tuple[bytes, str | None, str | None, dict[str, str], int | None]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "body": [r[0] for r in rows],
+            "topic": [r[1] for r in rows],
+            "tags": [r[2] for r in rows],
+            "properties": pa.array([list(r[3].items()) for r in rows], pa.map_(pa.string(), pa.string())),
+            "queue_id": pa.array([r[4] for r in rows], pa.int32()),
+        }
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.binary(max_size=64),
+            st.sampled_from([None, "Out", "Other"]),
+            st.one_of(st.none(), _text),
+            _props,
+            st.one_of(st.none(), st.integers(0, 3)),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    batch_messages=st.sampled_from([7, 4096]),
+)
+def test_half_rows_equal_the_plain_rows_re_addressed(rows: list, batch_messages: int) -> None:  # type: ignore[type-arg]
+    """Property: every chunk the half-mode encoder yields is to_half_batch of the plain encoder's chunk."""
+    plain, half = _encoders(batch_messages=batch_messages)
+    batch = _batch(rows)
+    with mock.patch("connector.arrow_encoder.time.time", return_value=1_700_000_000.0):  # one born timestamp
+        plain_chunks = list(plain.encode(batch))
+        half_chunks = list(half.encode(batch))
+    assert [c.count for c in half_chunks] == [c.count for c in plain_chunks]
+    assert [c.topics for c in half_chunks] == [c.topics for c in plain_chunks]  # per real topic, as before
+    for p, h in zip(plain_chunks, half_chunks, strict=True):
+        assert h.buffer == to_half_batch(p.buffer, GROUP, TXN)
+
+
+def test_a_row_naming_another_transaction_is_refused_with_its_row_number() -> None:
+    _, half = _encoders()
+    batch = _batch([(b"a", None, None, {}, None), (b"b", None, None, {"__transactionId__": "other"}, None)])
+    with pytest.raises(MessageIllegalError, match=r"row 1: carries __transactionId__='other', not 'q1:7:run-a'"):
+        list(half.encode(batch))
