@@ -27,13 +27,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from broker.client.half_batch import HALF_TOPIC, RESERVED_MARKS, half_suffix
+from broker.client.half_batch import HALF_TOPIC, half_suffix
 from broker.errors import MessageIllegalError
 from broker.semantics.transaction_codec import half_properties
 from broker.store.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Prop,
-    decode_properties,
     encode_entry,
     encode_properties,
     java_string_hash,
@@ -41,6 +40,8 @@ from broker.store.message import (
 )
 
 KNOWN_COLUMNS = ("body", "topic", "tags", "keys", "properties", "sharding_key", "queue_id")
+# Properties a half entry gains (transaction_codec.half_properties); a row that sets one takes the decoding path.
+_HALF_NAMES = frozenset((Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRANSACTION_ID))
 
 
 def check_columns(names: Sequence[str], ignore_extra_columns: bool) -> None:
@@ -124,9 +125,10 @@ class RowEncoder:
             msg_props = self._properties(props[i], tags[i], keys[i])
             try:
                 queue_id = self._queue(topic, qids[i], shard[i])
-                raw_props = encode_properties(msg_props)
-                if self.half is not None:
-                    topic_raw, queue_id, raw_props = HALF_TOPIC, 0, self._half_props(topic_raw, queue_id, raw_props)
+                if self.half is None:
+                    raw_props = encode_properties(msg_props)
+                else:
+                    topic_raw, queue_id, raw_props = HALF_TOPIC, 0, self._half_props(topic_raw, queue_id, msg_props)
                 entry = encode_entry(
                     topic_raw, queue_id, body, raw_props, born_timestamp=born, max_message_size=self.max_message_size
                 )
@@ -141,21 +143,21 @@ class RowEncoder:
         if parts:
             yield EncodedChunk(b"".join(parts), len(parts), per_topic)
 
-    def _half_props(self, topic: bytes, queue_id: int, raw_props: bytes) -> bytes:
-        """A row's encoded properties as its half entry's: the half suffix appended, or (when the row already
-        names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a foreign
+    def _half_props(self, topic: bytes, queue_id: int, props: dict[str, str]) -> bytes:
+        """A row's properties encoded as its half entry's: the half suffix appended to its own, or (when the row
+        itself names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a foreign
         transaction id."""
         assert self.half is not None
         group, txn_id = self.half
-        if any(mark in raw_props for mark in RESERVED_MARKS):
-            props = decode_properties(raw_props)
+        if not _HALF_NAMES.isdisjoint(props):
             if props.get(Prop.TRANSACTION_ID, txn_id) != txn_id:
                 raise MessageIllegalError(f"carries __transactionId__={props[Prop.TRANSACTION_ID]!r}, not {txn_id!r}")
             return encode_properties(half_properties(props, topic.decode("ascii"), queue_id, group, txn_id))
-        suffix = self._suffixes.get((topic, queue_id))
+        key = (topic, queue_id)
+        suffix = self._suffixes.get(key)
         if suffix is None:
-            suffix = self._suffixes[(topic, queue_id)] = half_suffix(topic, queue_id, group, txn_id)
-        return raw_props + suffix
+            suffix = self._suffixes[key] = half_suffix(topic, queue_id, group, txn_id)
+        return encode_properties(props) + suffix
 
     def _properties(self, props: object, tags: str | None, keys: object) -> dict[str, str]:
         out: dict[str, str] = dict(self.extra_properties)

@@ -227,14 +227,15 @@ def parse_msg_id(msg_id: str) -> MsgIdParts:
 def encode_properties(props: Mapping[str, str]) -> bytes:
     if not props:
         return b""
-    parts = []
-    for name, value in props.items():
-        if any(sep in name or sep in value for sep in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)):
-            raise MessageIllegalError(
-                f"property {name!r} contains a \\x01 or \\x02 byte, which the format reserves as separators"
-            )
-        parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
-    return "".join(parts).encode("utf-8")
+    text = "".join([f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}" for name, value in props.items()])
+    # Each pair adds exactly one of each separator, unless a name or value holds one (counted once, not per pair).
+    if text.count(NAME_VALUE_SEPARATOR) != len(props) or text.count(PROPERTY_SEPARATOR) != len(props):
+        for name, value in props.items():
+            if any(sep in name or sep in value for sep in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)):
+                raise MessageIllegalError(
+                    f"property {name!r} contains a \\x01 or \\x02 byte, which the format reserves as separators"
+                )
+    return text.encode("utf-8")
 
 
 def decode_properties(raw: bytes | memoryview) -> dict[str, str]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import struct
 import zlib
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import CorruptionError
+from broker.errors import CorruptionError, MessageIllegalError
 from broker.store.message import (
     BLANK_MAGIC,
     MESSAGE_MAGIC,
@@ -149,3 +150,11 @@ def test_quick_layout_accepts_exactly_what_parse_layout_accepts(
         assert quick_layout(buf, 0, len(buf)) is None
         return
     assert quick_layout(buf, 0, len(buf)) == (tuple(lay.header), lay.topic_start, lay.topic_len, lay.props_len)
+
+
+@pytest.mark.parametrize("props", [{"a\x01b": "v"}, {"ok": "1", "k": "v\x02w"}, {"x": "\x01\x02"}])
+def test_a_separator_inside_a_property_is_refused_naming_it(props: dict[str, str]) -> None:
+    bad = next(name for name, value in props.items() if {"\x01", "\x02"} & set(name + value))
+    with pytest.raises(MessageIllegalError, match="reserves as separators") as e:
+        encode_properties(props)
+    assert repr(bad) in e.value.message
