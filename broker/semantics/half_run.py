@@ -74,6 +74,7 @@ class CommittedRun(NamedTuple):
     buffer: bytes  # committed entries, in half order, ready for put_batch
     messages: int
     queues: frozenset[tuple[str, int]]  # the real queues they go to
+    positions: np.ndarray | None = None  # where each entry starts in ``buffer``, when the bulk path built it
 
 
 class HalfRun(NamedTuple):
@@ -81,6 +82,7 @@ class HalfRun(NamedTuple):
 
     buffer: bytes
     queue_offsets: Sequence[int]  # half-queue offset of each entry, in order
+    positions: Sequence[int] | None = None  # where each entry starts in ``buffer`` (get_message's entry_positions)
 
 
 def commit_halves(
@@ -90,7 +92,8 @@ def commit_halves(
     ``TRAN_ATTEMPT`` is not in ``attempts`` (when given) and those whose commit-log offset is in ``skip`` (sorted:
     halves already re-stored). MessageIllegalError for a half that cannot be committed, as commit_raw."""
     buf = bytes(halves.buffer)
-    run = scan(buf, 0, len(buf), verify_crc=False)
+    known = None if halves.positions is None else np.asarray(halves.positions, np.int64)
+    run = scan(buf, 0, len(buf), verify_crc=False, known=known)
     # The store read these entries; bad framing here means the read, not the client, went wrong.
     assert run.end == len(buf) and not run.stop_reason and len(run) == len(halves.queue_offsets), run.stop_reason
     arr = np.frombuffer(buf, np.uint8)
@@ -307,7 +310,8 @@ def _assemble(
     pieces[2::5] = [edited[c:d] for c, d in zip((ps - 2).tolist(), r_start.tolist(), strict=True)]
     pieces[4::5] = prepared
     names = {(t.decode("ascii"), q) for t, (_, q, _) in zip(topics, queues, strict=True)}
-    return CommittedRun(b"".join(pieces), k, frozenset(names))
+    totals = h["total_size"].astype(np.int64)
+    return CommittedRun(b"".join(pieces), k, frozenset(names), np.cumsum(totals) - totals)
 
 
 __all__ = ["MAX_DISTINCT_PER_RUN", "CommittedRun", "HalfCheck", "HalfRun", "check_halves", "commit_halves"]

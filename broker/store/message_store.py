@@ -398,13 +398,16 @@ class MessageStore:
     def _msg_id_prefix(self) -> str:
         return self.commit_log.store_host_bytes.hex().upper()
 
-    def validate_batch(self, buffer: bytes | bytearray | memoryview) -> SmallBatch | ValidatedBatch:
+    def validate_batch(
+        self, buffer: bytes | bytearray | memoryview, known: np.ndarray | None = None
+    ) -> SmallBatch | ValidatedBatch:
         """Every check put_batch makes, without writing (MessageIllegalError on the first fault). A caller that
         must look at the batch first (the server checks its topics) passes the result to put_batch, so the
-        buffer is scanned once."""
+        buffer is scanned once. ``known``: the entries' positions, when the caller built the batch (see
+        batch.walk: checked, not trusted)."""
         limit, max_body = self.config.batch_limit_bytes, self.config.max_message_size
         small = validate_small_batch(buffer, limit, max_body)
-        return small if small is not None else validate_batch(buffer, limit, max_body)
+        return small if small is not None else validate_batch(buffer, limit, max_body, known)
 
     def put_batch(
         self,

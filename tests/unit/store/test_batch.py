@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +18,7 @@ from broker.store.batch import (
     _small_topic,
     scan,
     validate_small_batch,
+    walk,
 )
 from broker.store.message import SysFlag, encode_entry, encode_properties, parse_layout, tag_hash_code
 
@@ -222,3 +224,30 @@ def test_small_batch_check_equals_the_definition(
     small = validate_small_batch(buf, 1 << 20, max_body)
     assert small is not None
     assert (small.positions, small.keys, small.counted) == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    bodies=_bodies,
+    nudge=st.one_of(st.none(), st.tuples(st.integers(min_value=0), st.integers(-3, 3))),
+    drop=st.booleans(),
+    flip=st.one_of(st.none(), st.integers(min_value=0)),
+)
+def test_known_positions_change_nothing_the_walk_finds(
+    bodies: list[bytes], nudge: tuple[int, int] | None, drop: bool, flip: int | None
+) -> None:
+    """Property: positions handed to the walk are used only when they are exactly what following TOTALSIZE finds;
+    wrong ones (nudged, one missing) and damaged bytes give the walk's own answer."""
+    entries = [_entry(topic=b"K", qid=i % 3, body=b) for i, b in enumerate(bodies)]
+    buf = bytearray(b"".join(entries))
+    known = np.cumsum([0] + [len(e) for e in entries[:-1]]).astype(np.int64)
+    if nudge is not None:
+        known[nudge[0] % known.size] += nudge[1]
+    if drop and known.size > 1:
+        known = np.delete(known, known.size // 2)
+    if flip is not None:
+        buf[flip % len(buf)] ^= 0x41
+    data = bytes(buf)
+    want = walk(data, 0, len(data))
+    got = walk(data, 0, len(data), known)
+    assert got[0].tolist() == want[0].tolist() and got[1:] == want[1:]
