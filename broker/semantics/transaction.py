@@ -316,11 +316,13 @@ class TransactionService:
         *,
         wait_store_ok: bool | None = None,
         admit: Callable[[dict[str, tuple[int, int]]], None] | None = None,
+        declared: int = 0,
     ) -> PutResult:
         """Store a client batch as half messages of ``txn_id``; all of the batch joins, or none. The entries may be
         encoded for their real topics (re-encoded here, ~10k msgs/s) or already in half form with
         ``transaction_codec.encode_half_entry`` (only checked: the fast path). ``admit(real topic -> (lowest,
-        highest) queue id)`` may refuse the real queues of half-form entries (raise) before anything is stored.
+        highest) queue id)`` may refuse the real queues of half-form entries (raise) before anything is stored;
+        ``declared``, when not 0, is the entry count the sender says the buffer holds (checked likewise).
         The result's offsets are the halves'."""
         check_transaction_id(txn_id)
         validated: SmallBatch | ValidatedBatch | None = None
@@ -336,6 +338,10 @@ class TransactionService:
         else:
             half_buffer, count = rewrite_batch_as_half(buffer, producer_group, txn_id)
             self._check_half_size(len(half_buffer), count)
+        if declared and declared != count:
+            raise MessageIllegalError(
+                f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
+            )
         txn = self._begin_put(txn_id, producer_group, count)
         res: PutResult | None = None
         try:

@@ -23,6 +23,7 @@ from broker.errors import (
 )
 from broker.semantics import ScheduleMessageService, TransactionService
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, is_system_topic
+from broker.semantics.transaction_codec import is_half_batch
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
@@ -169,14 +170,17 @@ class SendProcessor:
         rewritten = self.schedule.rewrite_batch_for_delay(buffer) if self.schedule is not None else buffer
         if transaction_id or rewritten is not buffer:
             # halves (checked by the transaction service) or delayed entries (re-addressed to the schedule
-            # topic): the client's topics are checked on the buffer as sent
-            self._check_topics(scan_batch(buffer, count), transaction_id)
+            # topic): the client's topics are checked on the buffer as sent; half-form entries (all of the half
+            # topic, or the transaction service refuses them) are checked against their real topics instead
+            if not (transaction_id and is_half_batch(buffer)):
+                self._check_topics(scan_batch(buffer, count), transaction_id)
             if not transaction_id:
                 return self._finish(self.store.put_batch(rewritten), started, "SendBatch")
             if self.transactions is None:
                 raise ServiceNotAvailableError("transactions are not enabled on this broker")
             result = self.transactions.put_half_batch(
-                buffer, producer_group, transaction_id, admit=lambda real: self._check_topics(real, "")
+                buffer, producer_group, transaction_id, admit=lambda real: self._check_topics(real, ""),
+                declared=count,
             )  # the real topics of half-form entries are checked as any send's
             return self._finish(result, started, "SendBatch (half messages)", transaction_id)
         try:  # the common case: one scan serves the checks here and the store's append

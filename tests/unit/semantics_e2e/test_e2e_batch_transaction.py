@@ -16,6 +16,7 @@ from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, broker_config
 from e2e_util import read_topic, visible_count
 
 from broker.client import Admin, Message, Producer, encode_message
+from broker.client.half_batch import to_half_batch
 from broker.errors import BrokerError, MessageIllegalError
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
@@ -198,6 +199,11 @@ def test_half_batches_are_checked_against_their_real_queues(broker: BrokerContro
         with pytest.raises(MessageIllegalError, match="system topic"):
             producer.send_encoded(encode_message(Message("SCHEDULE_TOPIC_XXXX", b"x"), 0), 1,
                                   transaction_id="real-queues:2")  # fmt: skip
+        half = to_half_batch(good, producer.group, "real-queues:4")
+        with pytest.raises(MessageIllegalError, match="declares 2 messages but the buffer holds 1; nothing stored"):
+            producer.send_encoded(half, 2, transaction_id="real-queues:4", as_halves=True)
+        with pytest.raises(MessageIllegalError, match="malformed"):  # a half followed by garbage
+            producer.send_encoded(half + b"\x00" * 40, 1, transaction_id="real-queues:4", as_halves=True)
         assert broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0) == before
         producer.send_encoded(good, 1, transaction_id="real-queues:3")
         assert admin.end_transaction("real-queues:3", commit=True) == "COMMITTED"
