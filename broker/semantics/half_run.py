@@ -48,7 +48,7 @@ from broker.semantics.transaction_codec import (
     commit_raw,
     property_of,
 )
-from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, queue_id_ranges, rows_at, scan
+from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, put_rows, queue_id_ranges, rows_at, scan
 from broker.store.message import (
     BODY_START,
     MAX_PROPERTIES_BYTES,
@@ -299,12 +299,13 @@ def _assemble(
     h["store_ip"] = b"\x00\x00\x00\x00"
     h["store_port"] = 0
     h["prepared_transaction_offset"] = half_cl[idx]
-    work = np.frombuffer(buf, np.uint8).copy()
-    work[pos[:, None] + np.arange(BODY_START)] = h.view(np.uint8).reshape(k, BODY_START)
-    work[(ps - 2)[:, None] + np.arange(2)] = props_len.astype(">i2").view(np.uint8).reshape(k, 2)
-    edited = work.tobytes()
+    edited = bytearray(buf)
+    work = np.frombuffer(edited, np.uint8)
+    put_rows(work, pos, h.view(np.uint8).reshape(k, BODY_START))
+    put_rows(work, ps - 2, props_len.astype(">i2").view(np.uint8).reshape(k, 2))
+    del work  # the bytearray is sliced below
     body_end = (pos + BODY_START + body_len).tolist()
-    pieces: list[bytes] = [tail] * (5 * k)  # per entry: [header + body][topic field][props][T][prepared]
+    pieces: list[bytes | bytearray] = [tail] * (5 * k)  # per entry: [header + body][topic field][props][T][prepared]
     pieces[0::5] = [edited[a:b] for a, b in zip(pos.tolist(), body_end, strict=True)]
     pieces[1::5] = [topic_fields[i] for i in key.tolist()]
     pieces[2::5] = [edited[c:d] for c, d in zip((ps - 2).tolist(), r_start.tolist(), strict=True)]

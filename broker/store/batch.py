@@ -57,6 +57,14 @@ def rows_at(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     return _rows(arr, width)[starts]
 
 
+def put_rows(arr: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> None:
+    """``arr[s : s + width] = rows[i]`` for every ``starts[i]`` (rows: (len(starts), width) uint8), through one
+    writable strided view: no (len(starts), width) index matrix. Ranges must not overlap."""
+    width = rows.shape[1]
+    view = as_strided(arr, shape=(max(arr.size - width + 1, 0), width), strides=(1, 1))
+    view[starts] = rows
+
+
 def gather(arr: np.ndarray, idx: np.ndarray, width: int, dtype: str) -> np.ndarray:
     """Big-endian fields of ``width`` bytes at byte positions ``idx`` of the uint8 array ``arr``, as int64."""
     if idx.size == 0:
