@@ -228,7 +228,7 @@ def encode_properties(props: Mapping[str, str]) -> bytes:
     if not props:
         return b""
     text = "".join([f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}" for name, value in props.items()])
-    # Each pair adds exactly one of each separator, unless a name or value holds one (counted once, not per pair).
+    # Each pair adds exactly one of each separator: a name or value holding one makes a count exceed len(props).
     if text.count(NAME_VALUE_SEPARATOR) != len(props) or text.count(PROPERTY_SEPARATOR) != len(props):
         for name, value in props.items():
             if any(sep in name or sep in value for sep in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)):
