@@ -167,23 +167,20 @@ class SendProcessor:
 
     def send_batch(self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "") -> SendOutcome:
         started = time.perf_counter()
-        rewritten = self.schedule.rewrite_batch_for_delay(buffer) if self.schedule is not None else buffer
-        if transaction_id or rewritten is not buffer:
-            # halves (checked by the transaction service) or delayed entries (re-addressed to the schedule
-            # topic): the client's topics are checked on the buffer as sent; half-form entries (all of the half
-            # topic, or the transaction service refuses them) are checked against their real topics instead
-            if not (transaction_id and is_half_batch(buffer)):
+        if transaction_id:
+            # Halves, checked by the transaction service: the client's topics are checked on the buffer as sent,
+            # unless the entries are in half form (all of the half topic, or the transaction service refuses
+            # them), whose real topics the service reports to admit() before anything is stored.
+            if not is_half_batch(buffer):
                 self._check_topics(scan_batch(buffer, count), transaction_id)
-            if not transaction_id:
-                return self._finish(self.store.put_batch(rewritten), started, "SendBatch")
             if self.transactions is None:
                 raise ServiceNotAvailableError("transactions are not enabled on this broker")
             result = self.transactions.put_half_batch(
                 buffer, producer_group, transaction_id, admit=lambda real: self._check_topics(real, ""),
                 declared=count,
-            )  # the real topics of half-form entries are checked as any send's
+            )  # fmt: skip
             return self._finish(result, started, "SendBatch (half messages)", transaction_id)
-        try:  # the common case: one scan serves the checks here and the store's append
+        try:  # one scan serves the checks here and the store's append
             validated = self.store.validate_batch(buffer)
         except MessageIllegalError as e:
             raise MessageIllegalError(f"SendBatch refused, nothing stored: {e.message}") from None
@@ -193,6 +190,10 @@ class SendProcessor:
                 f"SendBatch declares {count} messages but the buffer holds {entries}; nothing stored"
             )
         self._check_topics(ranges, transaction_id)
+        if self.schedule is not None and self.schedule.batch_has_delay(buffer, validated):
+            # entries with DELAY are re-addressed to the schedule topic (validated above as sent, CRCs included)
+            delayed = self.schedule.rewrite_batch_for_delay(buffer)
+            return self._finish(self.store.put_batch(delayed), started, "SendBatch")
         return self._finish(self.store.put_batch(buffer, validated=validated), started, "SendBatch")
 
     def _check_topics(self, ranges: dict[str, tuple[int, int]], transaction_id: str) -> None:

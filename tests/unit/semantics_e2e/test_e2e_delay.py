@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from conftest import BrokerFactory, wait_until
 from e2e_util import read_topic, visible_count
 
-from broker.client import Message, Producer
+from broker.client import Message, Producer, encode_message
+from broker.errors import MessageIllegalError
 from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.store.message import Prop
 
@@ -57,3 +59,30 @@ def test_short_levels_batch_and_clamping(broker_factory: BrokerFactory) -> None:
     wait_until(lambda: visible_count(endpoint, "Soon") == 101, timeout_s=10, what="delayed batch delivery")
     bodies = sorted(m.body for m in read_topic(endpoint, "Soon"))
     assert bodies == sorted([f"{i}".encode() for i in range(100)] + [b"clamped"])
+
+
+def test_batch_delay_is_read_from_properties_only_and_checked_before_the_rewrite(broker_factory: BrokerFactory) -> None:
+    """DELAY is looked for in the entries' properties: bodies holding the bytes are stored as sent. A delayed entry
+    is validated as sent (CRC included) before it is re-addressed: a damaged one refuses the batch."""
+    broker = broker_factory()
+    assert broker.store is not None
+    endpoint = f"127.0.0.1:{broker.port}"
+    fake = b"\x02DELAY\x013\x02"  # a body that looks like a DELAY property
+    plain = b"".join(encode_message(Message("Body", fake + b"%d" % i, tags="t"), 0) for i in range(40))
+    delayed = [encode_message(Message("Body", b"late%d" % i, properties={Prop.DELAY: "3"}), 0) for i in range(40)]
+    damaged = bytearray(b"".join(delayed))
+    damaged[len(damaged) // 2] ^= 0x20  # inside some delayed entry: its body CRC or its framing no longer holds
+    with Producer(endpoint) as producer:
+        sent = producer.send_encoded(plain, 40)
+        assert [r.queue_id for r in sent] == [0] * 40  # not re-addressed to the schedule topic
+        before = broker.store.max_offset(SCHEDULE_TOPIC, 2)
+        with pytest.raises(MessageIllegalError, match="nothing stored"):
+            producer.send_encoded(bytes(damaged), 40)
+        assert broker.store.max_offset(SCHEDULE_TOPIC, 2) == before
+        late = producer.send_encoded(b"".join(delayed), 40)
+        assert [r.queue_id for r in late] == [2] * 40  # level 3: schedule queue 2
+    wait_until(lambda: broker.store.max_offset(SCHEDULE_TOPIC, 2) == before + 40, timeout_s=10, what="dispatch")
+    wait_until(lambda: visible_count(endpoint, "Body") == 80, timeout_s=10, what="delivery (level 3: 200 ms)")
+    assert sorted(m.body for m in read_topic(endpoint, "Body")) == sorted(
+        [fake + b"%d" % i for i in range(40)] + [b"late%d" % i for i in range(40)]
+    )
