@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from broker.client.half_batch import HALF_TOPIC, half_suffix
 from broker.errors import MessageIllegalError
-from broker.semantics.transaction_codec import half_properties
+from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, foreign_transaction, half_properties
 from broker.store.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Prop,
@@ -40,8 +40,8 @@ from broker.store.message import (
 )
 
 KNOWN_COLUMNS = ("body", "topic", "tags", "keys", "properties", "sharding_key", "queue_id")
-# Properties a half entry gains (transaction_codec.half_properties); a row that sets one takes the decoding path.
-_HALF_NAMES = frozenset((Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRANSACTION_ID))
+# A row that sets a property a half entry gains takes the decoding path (see RowEncoder._half_props).
+_HALF_NAMES = frozenset(HALF_PROPERTY_NAMES)
 
 
 def check_columns(names: Sequence[str], ignore_extra_columns: bool) -> None:
@@ -150,8 +150,9 @@ class RowEncoder:
         assert self.half is not None
         group, txn_id = self.half
         if not _HALF_NAMES.isdisjoint(props):
-            if props.get(Prop.TRANSACTION_ID, txn_id) != txn_id:
-                raise MessageIllegalError(f"carries __transactionId__={props[Prop.TRANSACTION_ID]!r}, not {txn_id!r}")
+            foreign = foreign_transaction(props, txn_id)
+            if foreign:
+                raise MessageIllegalError(foreign)
             return encode_properties(half_properties(props, topic.decode("ascii"), queue_id, group, txn_id))
         key = (topic, queue_id)
         suffix = self._suffixes.get(key)

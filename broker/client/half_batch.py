@@ -16,7 +16,7 @@ import numpy as np
 
 from broker.errors import MessageIllegalError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC
-from broker.semantics.transaction_codec import check_transaction_id, rewrite_batch_as_half
+from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, check_transaction_id, rewrite_batch_as_half
 from broker.store.batch import EntryRun, scan, splice
 from broker.store.message import (
     MAX_PROPERTIES_BYTES,
@@ -29,8 +29,7 @@ _HALF_TOPIC_FIELD = bytes([len(HALF_TOPIC)]) + HALF_TOPIC
 _ZERO_QUEUE_ID = bytes(4)
 PROPERTY_END = 2  # \x02 closes every name\x01value pair; the half properties are appended after it
 # Any of these already inside a buffer: let the decoding rewrite decide (it refuses a foreign transaction id).
-RESERVED_MARKS = tuple(f"{name}\x01".encode() for name in
-                  (Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRANSACTION_ID))  # fmt: skip
+RESERVED_MARKS = tuple(f"{name}\x01".encode() for name in HALF_PROPERTY_NAMES)
 
 
 def half_suffix(topic: bytes, queue_id: int, group: str, txn_id: str) -> bytes:

@@ -76,6 +76,16 @@ def check_transaction_id(txn_id: str) -> None:
 # ------------------------------------------------------------------------------------------- half messages
 
 
+# The properties half_properties adds, in the order it adds them (a half entry's list ends with them).
+HALF_PROPERTY_NAMES = (Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRANSACTION_ID)
+
+
+def foreign_transaction(props: Mapping[str, str], txn_id: str) -> str:
+    """What is wrong with an entry of ``txn_id`` whose own properties name another transaction; "" if nothing."""
+    other = props.get(Prop.TRANSACTION_ID, txn_id)
+    return "" if other == txn_id else f"carries __transactionId__={other!r}, not {txn_id!r}"
+
+
 def half_properties(
     props: Mapping[str, str], real_topic: str, real_qid: int, producer_group: str, txn_id: str
 ) -> dict[str, str]:
@@ -109,10 +119,9 @@ def rewrite_batch_as_half(buffer: bytes | memoryview, producer_group: str, txn_i
         topic = bytes(buffer[lay.topic_start : lay.topic_start + lay.topic_len]).decode("ascii", "replace")
         validate_topic(topic)
         props = decode_properties(buffer[lay.props_start : lay.props_start + lay.props_len])
-        if props.get(Prop.TRANSACTION_ID, txn_id) != txn_id:
-            raise MessageIllegalError(
-                f"batch entry {len(out)} carries __transactionId__={props[Prop.TRANSACTION_ID]!r}, not {txn_id!r}"
-            )
+        foreign = foreign_transaction(props, txn_id)
+        if foreign:
+            raise MessageIllegalError(f"batch entry {len(out)} {foreign}")
         body = bytes(buffer[lay.body_start : lay.body_start + h.body_length])
         out.append(
             encode_entry(
@@ -359,6 +368,7 @@ __all__ = [
     "COMMIT_START",
     "DECISION",
     "FINISHED_TAG",
+    "HALF_PROPERTY_NAMES",
     "OP_TOPIC_BYTES",
     "REMOVE_TAG",
     "ROLLBACK",
@@ -373,6 +383,7 @@ __all__ = [
     "encode_commit_start",
     "encode_half_entry",
     "encode_offsets",
+    "foreign_transaction",
     "half_properties",
     "half_sys_flag",
     "is_half_batch",

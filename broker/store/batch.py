@@ -205,18 +205,16 @@ def _chain_prefix(arr: np.ndarray, start: int, limit: int) -> tuple[np.ndarray, 
     return p[:k] + start, int(nxt[k - 1]) + start
 
 
-def _uniform_prefix(seg: np.ndarray) -> np.ndarray | None:
-    """Positions when every entry has the first one's size and they fill ``seg`` exactly (typical of a batch
-    of same-sized bodies): checked at O(entries) instead of the magic search's O(bytes). None otherwise."""
-    first = int(seg[:4].view(">i4")[0])
-    n = seg.size
+def _same_size_guess(arr: np.ndarray, start: int, limit: int) -> np.ndarray | None:
+    """Where the entries would start if every one had the first one's size (typical of a batch of same-sized
+    bodies); _proven decides whether they do."""
+    n = limit - start
+    if n < MIN_ENTRY_SIZE:
+        return None
+    first = int(arr[start : start + 4].view(">i4")[0])
     if first < MIN_ENTRY_SIZE or n % first:
         return None
-    p = np.arange(0, n, first, dtype=np.int64)
-    heads = _rows(seg, 8)[p].view(">i4")  # (TOTALSIZE, MAGIC) of each supposed entry
-    if (heads[:, 0] == first).all() and (heads[:, 1] == MESSAGE_MAGIC).all():
-        return p
-    return None
+    return np.arange(start, limit, first, dtype=np.int64)
 
 
 def _py_walk(buf: Buffer, pos: int, limit: int, max_entries: int) -> tuple[list[int], int, str | None]:
@@ -243,38 +241,39 @@ def _py_walk(buf: Buffer, pos: int, limit: int, max_entries: int) -> tuple[list[
 
 
 def _proven(arr: np.ndarray, p: np.ndarray, start: int, limit: int) -> bool:
-    """Whether positions someone already knows (a get_message answer, a batch this process built) are exactly
-    what following TOTALSIZE from ``start`` to ``limit`` finds: checked at O(entries), not O(bytes)."""
-    if p.size == 0 or p[0] != start or p[-1] + MIN_ENTRY_SIZE > limit or (np.diff(p) < MIN_ENTRY_SIZE).any():
+    """Whether candidate positions (known to the caller, or guessed) are exactly what following TOTALSIZE from
+    ``start`` to ``limit`` finds: checked at O(entries), not O(bytes)."""
+    gaps = np.diff(p)
+    if p.size == 0 or p[0] != start or p[-1] + MIN_ENTRY_SIZE > limit or (gaps < MIN_ENTRY_SIZE).any():
         return False
     heads = _rows(arr, 8)[p].view(">i4")  # (TOTALSIZE, MAGIC) of each entry
     totals = heads[:, 0].astype(np.int64)
-    return bool(
-        (heads[:, 1] == MESSAGE_MAGIC).all()
-        and (totals[:-1] == np.diff(p)).all()
-        and int(p[-1]) + int(totals[-1]) == limit
-        and totals[-1] >= MIN_ENTRY_SIZE
-    )
+    return bool((heads[:, 1] == MESSAGE_MAGIC).all() and (totals[:-1] == gaps).all() and p[-1] + totals[-1] == limit)
+
+
+def _proven_positions(arr: np.ndarray, known: np.ndarray | None, start: int, limit: int) -> np.ndarray | None:
+    """``known`` if it is proven, else the same-size guess if that is, else None."""
+    if known is not None:
+        p = known.astype(np.int64, copy=False)
+        if _proven(arr, p, start, limit):
+            return p
+    guess = _same_size_guess(arr, start, limit)
+    return guess if guess is not None and _proven(arr, guess, start, limit) else None
 
 
 def walk(buf: Buffer, start: int, limit: int, known: np.ndarray | None = None) -> tuple[np.ndarray, int, str]:
     """Follow TOTALSIZE from ``start``: entry positions, where the walk stopped and why ("" = at the limit).
 
-    Strategy by entry size: same-sized entries are proven at once (_uniform_prefix); small entries are found by
-    the magic search (O(bytes) in numpy, cheaper than a Python step per entry); big ones are walked in Python,
-    where a step per entry costs less than touching every byte. ``known``: positions the caller believes in,
-    used when they chain exactly from ``start`` to ``limit`` (else the walk runs as if they were not given).
+    Strategy: positions the caller already knows (``known``), or those of same-sized entries, are proven at once
+    (_proven, O(entries)) and used when they chain exactly from ``start`` to ``limit``; otherwise small entries
+    are found by the magic search (O(bytes) in numpy, cheaper than a Python step per entry) and big ones are
+    walked in Python, where a step per entry costs less than touching every byte.
     """
     arr = np.frombuffer(buf, np.uint8)
-    if known is not None and _proven(arr, known.astype(np.int64), start, limit):
+    proven = _proven_positions(arr, known, start, limit)
+    if proven is not None:
         del arr
-        return known.astype(np.int64), limit, ""
-    seg = arr[start:limit]
-    uniform = _uniform_prefix(seg) if seg.size >= MIN_ENTRY_SIZE else None
-    del seg
-    if uniform is not None:
-        del arr
-        return uniform + start, limit, ""
+        return proven, limit, ""
     head, pos, reason = _py_walk(buf, start, limit, WALK_PROBE_ENTRIES)
     parts = [np.array(head, np.int64)]
     if reason is None:

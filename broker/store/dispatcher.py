@@ -249,9 +249,8 @@ class Dispatcher:
         pos = 0
         end = len(data)
         names = self._topic_names
-        # No TAGS / KEYS / UNIQ_KEY bytes anywhere in the chunk (one C-speed search each): nothing to parse.
         want_keys = self.index is not None
-        parse_props = _TAGS in data or (want_keys and (_KEYS in data or _UNIQ in data))
+        parse_props = self._may_need_props(data, 0, end)
         arrived: dict[tuple[str, int], tuple[ConsumeQueue, list[int], list[bytes]]] = {}
         pack = CQ_UNIT.pack
         ts = self.last_dispatched_timestamp
@@ -340,6 +339,13 @@ class Dispatcher:
                     self.index.put(topic, msg_keys, int(phys[i]), int(run.store_timestamps[i]))
         self.last_dispatched_timestamp = int(run.store_timestamps[-1])
 
+    def _may_need_props(self, buf: Buffer, start: int, end: int) -> bool:
+        """False when ``buf[start:end]`` holds no TAGS (nor KEYS / UNIQ_KEY, when indexing) name at all: one
+        C-speed search each proves no entry there has a tag code or index keys to parse."""
+        if _contains(buf, _TAGS, start, end):
+            return True
+        return self.index is not None and (_contains(buf, _KEYS, start, end) or _contains(buf, _UNIQ, start, end))
+
     def _tag_code(self, props: bytes) -> int:
         """The consume-queue tag field for one message's raw properties (tag_hash_code of its TAGS, 0 if none)."""
         tag = property_value(props, _TAGS)
@@ -366,13 +372,9 @@ class Dispatcher:
         with_props = np.flatnonzero(run.props_lengths > 0)
         if not with_props.size:
             return tags, keyed
-        # Untagged, unkeyed messages with varied properties (the exactly-once sink's halves and commits): three
-        # C-speed searches of the run's bytes prove there is nothing to parse. A body holding one of the names
-        # only sends the run down the per-entry path below.
-        first, last = int(run.positions[0]), int(run.positions[-1] + run.sizes[-1])
-        if not _contains(buf, _TAGS, first, last) and not (
-            want_keys and (_contains(buf, _KEYS, first, last) or _contains(buf, _UNIQ, first, last))
-        ):
+        # Untagged, unkeyed messages with varied properties (the exactly-once sink's halves and commits): nothing
+        # to parse. A body holding one of the names only sends the run down the per-entry path below.
+        if not self._may_need_props(buf, int(run.positions[0]), int(run.positions[-1] + run.sizes[-1])):
             return tags, keyed
         starts = run.props_starts[with_props]
         lengths = run.props_lengths[with_props]
