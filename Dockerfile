@@ -15,7 +15,8 @@ FROM ${BASE_IMAGE}
 ARG SLUICE_UID=10001
 ENV PATH=/opt/sluice/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    NUMBA_CACHE_DIR=/var/cache/sluice-numba
 
 # Dependencies first, in their own layer: it stays cached while only sluice's source changes.
 COPY .docker-build/wheels/deps/ /tmp/wheels/
@@ -24,14 +25,17 @@ RUN python3 -m venv /opt/sluice \
     && /opt/sluice/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels \
     && useradd --system --uid "${SLUICE_UID}" --user-group --home-dir /var/lib/sluice --shell /usr/sbin/nologin sluice \
-    && mkdir -p /var/lib/sluice \
-    && chown sluice:sluice /var/lib/sluice
+    && mkdir -p /var/lib/sluice "$NUMBA_CACHE_DIR" \
+    && chown sluice:sluice /var/lib/sluice "$NUMBA_CACHE_DIR"
 
 COPY .docker-build/wheels/sluice/ /tmp/wheels/
 RUN /opt/sluice/bin/pip install --no-cache-dir --no-index --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels
 
 USER sluice
+# The compiled scan loops (broker/store/scan_kernel.py) are built now, into NUMBA_CACHE_DIR, not at the first
+# large scan of a running broker (about 2 s of compilation holding the GIL).
+RUN python3 -c "from broker.store import scan_kernel; scan_kernel.warm()"
 WORKDIR /var/lib/sluice
 # The store (commit log, consume queues, index, config) lives on a volume so it survives the container.
 VOLUME /var/lib/sluice

@@ -13,7 +13,8 @@ import pytest
 from broker.errors import StoreLockedError
 from broker.store import MessageStore, PutResult, PutStatus
 from broker.store.consume_queue import CQ_UNIT
-from broker.store.message import Prop
+from broker.store.message import Prop, encode_entry, encode_properties
+from broker.store.recovery import FIRST_CHUNK_BYTES, RECOVERY_CHUNK_BYTES
 
 
 def _put(s: MessageStore, n: int, topic: str = "R", start: int = 0) -> list[PutResult]:
@@ -188,4 +189,50 @@ def test_files_created_but_not_preallocated_when_killed(make_store: Callable[...
     _put(s2, 30, start=5)
     assert s2.wait_dispatched()
     assert [m.body[:7] for m in s2.query_by_key("R", "key33")] == [b"msg-033"]
+    assert s2.check() == []
+
+
+def test_large_log_scan_finds_a_flipped_byte_past_many_pieces(
+    make_store: Callable[..., MessageStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A log of several scan pieces (recovery.RECOVERY_CHUNK_BYTES), so the compiled walk and CRC loops do the
+    work, starting with one entry larger than the first piece: a flipped body byte near the end is found at its
+    file and offset, everything before it is kept."""
+    big = 1 << 20
+    s = make_store(
+        mapped_file_size_commit_log=16 << 20, max_message_size=big + 1024, max_batch_bytes=2 << 20,
+        mapped_file_size_consume_queue=20 * 30_000,
+    )  # fmt: skip
+    assert big > FIRST_CHUNK_BYTES * 4 and RECOVERY_CHUNK_BYTES * 3 < 7 << 20
+    assert s.put_message("L", 0, b"big-first" + b"." * big).ok
+    props = encode_properties({Prop.TAGS: "t"})
+    n = 0
+    while s.commit_log.max_offset < 7 << 20:
+        buf = b"".join(encode_entry(b"L", 0, b"m-%07d" % (n + i) + b"." * (50 + i % 97), props) for i in range(5000))
+        r = s.put_batch(buf)
+        assert r.ok
+        n += 5000
+        victim = r.commitlog_offsets[1234]  # in the last batch once the loop ends
+    path = _last_file(s)
+    s.abandon()
+    os.unlink(s.config.checkpoint_path)  # no checkpoint: the whole log is scanned
+    with open(path, "r+b") as f:
+        f.seek(victim + 88 + 4)  # inside the body
+        b = f.read(1)
+        f.seek(victim + 88 + 4)
+        f.write(bytes([b[0] ^ 0x01]))
+    caplog.set_level(logging.WARNING)
+    s2 = make_store(
+        mapped_file_size_commit_log=16 << 20, max_message_size=big + 1024, max_batch_bytes=2 << 20,
+        mapped_file_size_consume_queue=20 * 30_000,
+    )  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(path in ln and f"byte {victim}" in ln and "CRC" in ln for ln in lines), lines
+    assert s2.recovery_report is not None and s2.recovery_report.truncated_at == victim
+    assert s2.wait_dispatched()
+    assert s2.max_offset("L", 0) == 1 + n - 5000 + 1234  # the big one, every full batch, the victim's prefix
+    first = s2.get_message("g", "L", 0, 0, 2, max_bytes=4 << 20)
+    assert [m.body[:9] for m in first.messages()] == [b"big-first", b"m-0000000"]
+    last = s2.get_message("g", "L", 0, s2.max_offset("L", 0) - 1, 1)
+    assert [m.body[:9] for m in last.messages()] == [b"m-%07d" % (n - 5000 + 1233)]
     assert s2.check() == []
