@@ -497,6 +497,8 @@ class TransactionService:
         chunk: list[tuple[bytes, np.ndarray | None]] = []
         size = restored = 0
         for run in committed:
+            if not run.buffer:  # every half of the run was already re-stored (a commit finished after a crash)
+                continue
             pieces = [(run.buffer, run.positions)] if len(run.buffer) <= self.put_chunk_bytes else [
                 (piece, None) for piece, _ in split_entries(run.buffer, self.put_chunk_bytes)]  # fmt: skip
             for piece, positions in pieces:

@@ -15,6 +15,7 @@ from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.semantics.transaction import TransactionError, TransactionService, TxState, TxStatus
 from broker.semantics.transaction_codec import (
     ATTEMPT,
+    FINISHED_TAG,
     RawHalf,
     commit_raw,
     committed_entry,
@@ -299,6 +300,33 @@ def test_interrupted_commit_is_finished_at_start_without_duplicates(box: StoreBo
         got = sorted(m.body for m in box.read_topic("Out"))
         assert got == sorted(bodies)  # finished at start-up, nothing twice
         info = tx.transaction("big")
+        assert info is not None and info.status is TxStatus.COMMITTED and info.complete
+    finally:
+        tx.shutdown()
+
+
+def test_commit_cut_before_its_finished_marker_is_finished_at_start(box: StoreBox) -> None:
+    """A crash after every committed message was re-stored but before the finished marker: start-up finds
+    nothing left to store, writes the marker, and stores nothing twice."""
+    tx = service(box, put_chunk_bytes=4096)
+    bodies = [f"f{i:04d}".encode() * 10 for i in range(120)]
+    assert tx.put_half_batch(batch("Out", bodies), "spark", "cut").ok
+    real_put = tx.store.put_message
+
+    def no_marker(topic: str, qid: int, body: bytes, props: dict[str, str], **kwargs: object) -> object:
+        if topic == TRANS_OP_HALF_TOPIC and props.get(Prop.TAGS) == FINISHED_TAG:
+            raise OSError("simulated crash before the finished marker")
+        return real_put(topic, qid, body, props, **kwargs)  # type: ignore[arg-type]
+
+    tx.store.put_message = no_marker  # type: ignore[method-assign,assignment]
+    assert not tx.end_transaction("cut", commit=True).complete
+    assert len(box.read_topic("Out")) == 120
+    box.crash()
+    box.open()
+    tx = service(box)
+    try:
+        assert sorted(m.body for m in box.read_topic("Out")) == sorted(bodies)
+        info = tx.transaction("cut")
         assert info is not None and info.status is TxStatus.COMMITTED and info.complete
     finally:
         tx.shutdown()
