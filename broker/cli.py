@@ -71,7 +71,10 @@ def message_line(m: Any) -> str:
 # ------------------------------------------------------------------------------------------------ broker
 def cmd_broker(args: argparse.Namespace) -> int:
     from broker.config import BrokerConfig
+    from broker.server.allocator import tune_malloc
     from broker.server.broker_controller import BrokerController
+
+    tune_malloc()  # this process is the broker's own: see allocator.py for why and what it costs
 
     overrides = {"store_path": args.store, "listen": args.listen, "flush_disk_type": args.flush,
                  "metrics_port": args.metrics_port}  # fmt: skip
