@@ -11,7 +11,7 @@ from connector.errors import SourceOptionError
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
-DEFAULT_BATCH_MESSAGES = 4096
+DEFAULT_BATCH_MESSAGES = 16384  # with batchBytes, 2.9 MB of 100 B rows: per-call costs fell 20% (bench.spark_sink)
 MAX_BATCH_MESSAGES = 65536  # one SendBatch call is one buffer in broker memory: bound it
 DEFAULT_BATCH_BYTES = 4 << 20
 MAX_BATCH_BYTES = 32 << 20  # well under gRPC's message limit the client sets

@@ -21,7 +21,7 @@ import numpy as np
 
 from broker.store.message import BLANK_MAGIC, BODY_START, MESSAGE_MAGIC
 
-COMPILED_MIN_BYTES = 256 * 1024  # below this the Python loops finish before numba would have loaded
+COMPILED_MIN_BYTES = 64 * 1024  # below this the Python loops finish before numba would have loaded
 MIN_ENTRY_SIZE = BODY_START + 1 + 1 + 2  # as batch.MIN_ENTRY_SIZE (empty body, one-byte topic, no properties)
 
 # Walk stop codes (the kernel cannot return strings); batch.walk turns them into _py_walk's reasons.
