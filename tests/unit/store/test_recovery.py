@@ -13,7 +13,7 @@ import pytest
 from broker.errors import StoreLockedError
 from broker.store import MessageStore, PutResult, PutStatus
 from broker.store.consume_queue import CQ_UNIT
-from broker.store.message import Prop, encode_entry, encode_properties
+from broker.store.message import BODY_START, Prop, encode_entry, encode_properties
 from broker.store.recovery import FIRST_CHUNK_BYTES, RECOVERY_CHUNK_BYTES
 
 
@@ -35,6 +35,16 @@ def _bodies(s: MessageStore, topic: str = "R") -> list[bytes]:
         out += [m.body[:7] for m in got.messages()]
         off = got.next_begin_offset
     return out
+
+
+def _flip_body_byte(path: str, entry_at: int, body_byte: int, xor: int) -> None:
+    """XOR byte ``body_byte`` of the body of the entry at file offset ``entry_at``, as bit rot would."""
+    at = entry_at + BODY_START + body_byte
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ xor]))
 
 
 def _last_file(s: MessageStore) -> str:
@@ -79,11 +89,7 @@ def test_flipped_body_byte_is_detected_by_crc(
     path = _last_file(s)
     assert victim.commitlog_offsets[0] // size == results[-1].commitlog_offsets[0] // size
     s.abandon()
-    with open(path, "r+b") as f:
-        f.seek(rel + 88 + 3)  # inside the body
-        b = f.read(1)
-        f.seek(rel + 88 + 3)
-        f.write(bytes([b[0] ^ 0x40]))
+    _flip_body_byte(path, rel, 3, 0x40)
     caplog.set_level(logging.WARNING)
     s2 = make_store()
     lines = [r.getMessage() for r in caplog.records]
@@ -216,11 +222,8 @@ def test_large_log_scan_finds_a_flipped_byte_past_many_pieces(
     path = _last_file(s)
     s.abandon()
     os.unlink(s.config.checkpoint_path)  # no checkpoint: the whole log is scanned
-    with open(path, "r+b") as f:
-        f.seek(victim + 88 + 4)  # inside the body
-        b = f.read(1)
-        f.seek(victim + 88 + 4)
-        f.write(bytes([b[0] ^ 0x01]))
+    assert victim < s.config.mapped_file_size_commit_log  # the log is one file: global offset = file offset
+    _flip_body_byte(path, victim, 4, 0x01)
     caplog.set_level(logging.WARNING)
     s2 = make_store(
         mapped_file_size_commit_log=16 << 20, max_message_size=big + 1024, max_batch_bytes=2 << 20,
