@@ -2,8 +2,10 @@
 
 Why compiled: in CPython a step of the walk costs about 250 ns and a ``zlib.crc32`` call on a 100-byte body about
 350 ns (zlib's small-input path plus the call), so a recovery scan of 100-byte messages tops out near 150 MB/s.
-numba compiles these two loops to machine code (about 5 ns per step and 1 ns per byte), which is what lets
-recovery, the dispatcher and large batches go at memory speed.
+numba compiles these two loops to machine code (measured: about 50 ns per entry of the walk, most of it waiting
+for memory, and 1 ns per byte of CRC), which lets recovery, the dispatcher and large batches go several times
+faster. The loops release the GIL; the array they read holds a buffer export on its mmap, so the file cannot be
+unmapped under them (mmap.close refuses while an export exists).
 
 The Python versions stay the definitions: ``batch._py_walk`` for framing and ``zlib.crc32`` for the CRC. Property
 tests hold the twins to them on damaged, cut and random input. The twins are used only for ranges of at least
@@ -125,7 +127,9 @@ def walk(buf: np.ndarray, start: int, limit: int, max_entries: int) -> tuple[np.
 def crc32s(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """zlib.crc32 of many slices of a uint8 array, as uint32."""
     assert starts.size == lengths.size
-    assert starts.size == 0 or (int(starts.min()) >= 0 and int((starts + lengths).max()) <= buf.size)
+    assert starts.size == 0 or (
+        int(starts.min()) >= 0 and int(lengths.min()) >= 0 and int((starts + lengths).max()) <= buf.size
+    ), "slices must lie inside the buffer (boundscheck is off in the compiled loop)"
     out = np.empty(starts.size, np.uint32)
     _compiled()[1](buf, starts.astype(np.int64, copy=False), lengths.astype(np.int64, copy=False), CRC_TABLES, out)
     return out
