@@ -1,6 +1,6 @@
 # The standalone Sluice broker.
 #
-# Build with scripts/build-image.sh: it prepares the wheelhouse (.docker-build/wheels: sluice + grpcio, protobuf,
+# Build with scripts/build-image.sh: it prepares the wheelhouse (.docker-build/wheels: sluice + grpcio, protobuf, numba,
 # numpy, pyarrow) on the host, so nothing inside the build reaches the network. The base is any image with a
 # CPython 3.11 `python3` that can make a venv: the official python:3.11-slim by default, or the Debian bookworm
 # image scripts/ensure-docker.sh builds with debootstrap on machines without a registry.

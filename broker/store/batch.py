@@ -32,6 +32,7 @@ from broker.store.message import (
     H_SYS_FLAG,
     MAX_TOPIC_BYTES,
     MESSAGE_MAGIC,
+    MIN_ENTRY_SIZE,
     PREFIX,
     EntryHeader,
     SysFlag,
@@ -42,7 +43,6 @@ from broker.store.message import (
 )
 
 Buffer = bytes | bytearray | memoryview | mmap.mmap  # anything entries can be read from
-MIN_ENTRY_SIZE = BODY_START + 1 + 1 + 2  # empty body, one-byte topic, no properties
 MAX_QUEUE_ID = 1 << 16  # one directory per queue: more than 65536 queues per topic is a mistake, not a design
 _CRC_MASK = 0x7FFFFFFF
 _ARANGE = {w: np.arange(w, dtype=np.int64) for w in (1, 2, 4, 8, 16)}
@@ -219,6 +219,10 @@ def _same_size_guess(arr: np.ndarray, start: int, limit: int) -> np.ndarray | No
     return np.arange(start, limit, first, dtype=np.int64)
 
 
+def _bad_head(total: int, magic: int) -> str:
+    return f"bad entry head (TOTALSIZE {total}, MAGIC {magic & 0xFFFFFFFF:#x})"
+
+
 def _py_walk(buf: Buffer, pos: int, limit: int, max_entries: int) -> tuple[list[int], int, str | None]:
     """The definition of framing: follow TOTALSIZE. Returns (positions, stop, reason); reason None means
     ``max_entries`` were taken without stopping, "" that the limit was reached exactly."""
@@ -236,7 +240,7 @@ def _py_walk(buf: Buffer, pos: int, limit: int, max_entries: int) -> tuple[list[
                 return positions, pos, "blank"
             if total == 0 and magic == 0:
                 return positions, pos, "zeros"
-            return positions, pos, f"bad entry head (TOTALSIZE {total}, MAGIC {magic & 0xFFFFFFFF:#x})"
+            return positions, pos, _bad_head(total, magic)
         append(pos)
         pos += total
     return positions, pos, "entry head cut short" if pos < limit else ""
@@ -263,14 +267,6 @@ def _proven_positions(arr: np.ndarray, known: np.ndarray | None, start: int, lim
     return guess if guess is not None and _proven(arr, guess, start, limit) else None
 
 
-def _stop_reason(buf: Buffer, pos: int, code: int) -> str:
-    """_py_walk's reason for a scan_kernel stop code (the kernel returns numbers, not text)."""
-    if code == scan_kernel.STOP_BAD_HEAD:
-        total, magic = PREFIX.unpack_from(buf, pos)
-        return f"bad entry head (TOTALSIZE {total}, MAGIC {magic & 0xFFFFFFFF:#x})"
-    return _KERNEL_REASONS[code]
-
-
 _KERNEL_REASONS = {
     scan_kernel.STOP_AT_LIMIT: "",
     scan_kernel.STOP_HEAD_CUT: "entry head cut short",
@@ -278,6 +274,11 @@ _KERNEL_REASONS = {
     scan_kernel.STOP_BLANK: "blank",
     scan_kernel.STOP_ZEROS: "zeros",
 }
+
+
+def _stop_reason(buf: Buffer, pos: int, code: int) -> str:
+    """_py_walk's reason for a scan_kernel stop code (the kernel returns numbers, not text)."""
+    return _bad_head(*PREFIX.unpack_from(buf, pos)) if code == scan_kernel.STOP_BAD_HEAD else _KERNEL_REASONS[code]
 
 
 def walk(buf: Buffer, start: int, limit: int, known: np.ndarray | None = None) -> tuple[np.ndarray, int, str]:

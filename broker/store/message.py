@@ -100,6 +100,7 @@ POS_RECONSUME_TIMES = 72
 POS_PREPARED_TX_OFFSET = 76
 POS_BODY_LENGTH = 84
 BODY_START = ENTRY_HEADER.size
+MIN_ENTRY_SIZE = BODY_START + 1 + 1 + 2  # empty body, one-byte topic, no properties
 assert struct.calcsize(">iiiii") == POS_QUEUE_OFFSET
 assert struct.calcsize(">iiiiiqqiq4si") == POS_STORE_TIMESTAMP
 assert struct.calcsize(">iiiiiqqiq4siq4sii") == POS_PREPARED_TX_OFFSET

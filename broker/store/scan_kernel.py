@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from broker.store.message import BLANK_MAGIC, BODY_START, MESSAGE_MAGIC
+from broker.store.message import BLANK_MAGIC, MESSAGE_MAGIC, MIN_ENTRY_SIZE
 
 COMPILED_MIN_BYTES = 64 * 1024  # below this the Python loops finish before numba would have loaded
-MIN_ENTRY_SIZE = BODY_START + 1 + 1 + 2  # as batch.MIN_ENTRY_SIZE (empty body, one-byte topic, no properties)
 
 # Walk stop codes (the kernel cannot return strings); batch.walk turns them into _py_walk's reasons.
 STOP_MAX_ENTRIES = 0  # max_entries taken without stopping
@@ -105,14 +104,19 @@ def _crc_loop(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, t: np.nd
         out[k] = c ^ np.uint32(0xFFFFFFFF)
 
 
+class _Kernels(NamedTuple):
+    walk_loop: Callable[..., Any]
+    crc_loop: Callable[..., Any]
+
+
 @functools.cache
-def _compiled() -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _compiled() -> _Kernels:
     """The two kernels, compiled on first use (numba is imported here, not at module import, for the reason in
     the module docstring). ``cache=True`` keeps the machine code in __pycache__ for later processes."""
     import numba
 
     jit = numba.njit(cache=True, nogil=True, boundscheck=False)
-    return jit(_walk_loop), jit(_crc_loop)
+    return _Kernels(jit(_walk_loop), jit(_crc_loop))
 
 
 def walk(buf: np.ndarray, start: int, limit: int, max_entries: int) -> tuple[np.ndarray, int, int]:
@@ -120,7 +124,7 @@ def walk(buf: np.ndarray, start: int, limit: int, max_entries: int) -> tuple[np.
     assert 0 <= start <= limit <= buf.size, (start, limit, buf.size)
     cap = min(max_entries, (limit - start) // MIN_ENTRY_SIZE + 1)
     out = np.empty(cap, np.int64)
-    n, stop, code = _compiled()[0](buf, start, limit, max_entries, out)
+    n, stop, code = _compiled().walk_loop(buf, start, limit, max_entries, out)
     return out[:n], int(stop), int(code)
 
 
@@ -131,7 +135,8 @@ def crc32s(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarr
         int(starts.min()) >= 0 and int(lengths.min()) >= 0 and int((starts + lengths).max()) <= buf.size
     ), "slices must lie inside the buffer (boundscheck is off in the compiled loop)"
     out = np.empty(starts.size, np.uint32)
-    _compiled()[1](buf, starts.astype(np.int64, copy=False), lengths.astype(np.int64, copy=False), CRC_TABLES, out)
+    starts, lengths = starts.astype(np.int64, copy=False), lengths.astype(np.int64, copy=False)
+    _compiled().crc_loop(buf, starts, lengths, CRC_TABLES, out)
     return out
 
 
