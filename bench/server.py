@@ -28,6 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "server.json"
 TOPIC = "Bench"
 QUEUES = 8
 
+BROKER_ARGS: list[str] = []  # extra `sluice broker` arguments for every case (--python-cpus)
 MAX_BATCH_BYTES = 4 * 1024 * 1024  # StoreConfig.max_batch_bytes: the largest SendBatch a default broker accepts
 
 TARGETS = {
@@ -191,7 +192,7 @@ def with_broker(flush: str, fn: Callable[[str], Any]) -> Any:
 
 def with_broker_process(flush: str, fn: Callable[[BrokerProcess], Any]) -> Any:
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
-        broker = BrokerProcess(Path(tmp) / "store", flush=flush).start()
+        broker = BrokerProcess(Path(tmp) / "store", flush=flush, extra_args=BROKER_ARGS).start()
         try:
             return fn(broker)
         finally:
@@ -202,7 +203,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per throughput case")
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    parser.add_argument("--python-cpus", default="", help="the broker's --python-cpus (default: its own, auto)")
     args = parser.parse_args()
+    if args.python_cpus:
+        BROKER_ARGS[:] = ["--python-cpus", args.python_cpus]
     duration = 1.0 if args.quick else args.duration
     results: dict[str, Any] = {}
     results["send_batch_100B"] = with_broker_process("async", lambda b: bench_send_batch(b, 100, 2000, duration, 2))
@@ -256,6 +260,7 @@ def main() -> int:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     report = {
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "load_average_1m": load},
+        "broker_python_cpus": args.python_cpus or "auto",
         "results": results,
         "measured": measured,
         "targets": TARGETS,

@@ -13,6 +13,9 @@
   reported separately in the JSON).
 * msgs/CPU-s divides by the CPU time of this process (all threads): on a shared machine it says what the store
   costs regardless of what else runs.
+* threads: every thread of this process (writers and the store's services) runs on the CPUs ``--python-cpus``
+  names, by default one CPU, as ``sluice broker`` places its Python threads (broker/server/thread_placement.py
+  says why; ``--python-cpus off`` measures them free).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import threading
 import time
 from typing import Any
 
+from broker.server.thread_placement import parse_python_cpus
 from broker.store import MessageStore, StoreConfig
 from broker.store.message import encode_entry
 
@@ -183,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.store", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short runs (about 30 s in all)")
     ap.add_argument("--dir", default="", help="store directory (default: a temporary directory, removed after)")
+    ap.add_argument("--python-cpus", default="auto", help="CPUs for this process's threads: auto (one), off, 2,3...")
     args = ap.parse_args(argv)
+    allowed = frozenset(os.sched_getaffinity(0))
+    cpus = parse_python_cpus(args.python_cpus, allowed)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)  # this thread; every thread started later inherits it
     seconds = 1.0 if args.quick else 4.0
     root = args.dir or tempfile.mkdtemp(prefix="sluice-bench-")
     path = os.path.join(root, "store")
@@ -204,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<34}{body:>6}{rate}{row['mb_per_s']:>10,.1f}{cpu_rate}  {target}", flush=True)
 
     load = os.getloadavg()[0]
-    print(f"load average at start: {load:.2f} on {os.cpu_count()} CPUs (rates are wall-clock; msgs/CPU-s is per")
-    print("second of CPU used by this process, all threads)")
+    placed = f"threads on CPUs {sorted(cpus)}" if cpus is not None else "threads on any CPU"
+    print(f"load average at start: {load:.2f} on {os.cpu_count()} CPUs, {placed}")
+    print("(rates are wall-clock; msgs/CPU-s is per second of CPU used by this process, all threads)")
     print(f"{'case':<34}{'body':>6}{'msgs/s':>12}{'MB/s':>10}{'msgs/CPU-s':>14}  target")
     try:
         for body in (100, 1024):
@@ -228,7 +238,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     os.makedirs("bench/results", exist_ok=True)
     with open("bench/results/store.json", "w") as f:
-        meta = {"quick": args.quick, "seconds_per_case": seconds, "cpus": os.cpu_count(), "load_at_start": load}
+        meta = {
+            "quick": args.quick,
+            "seconds_per_case": seconds,
+            "cpus": os.cpu_count(),
+            "load_at_start": load,
+            "thread_cpus": sorted(cpus) if cpus is not None else sorted(allowed),
+        }
         json.dump({**meta, "rows": rows}, f, indent=2)
     return 0
 

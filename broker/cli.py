@@ -1,6 +1,7 @@
 """``sluice``: run a broker, and the commands a person uses to inspect and drive one.
 
     sluice broker --store DIR --listen HOST:PORT [--flush async|sync] [--config FILE] [--metrics-port N]
+                  [--python-cpus auto|off|LIST]
     sluice topic create|list|delete|describe ...
     sluice send TOPIC [--tags T] [--keys K] [--property k=v] [--count N --size B]   (or lines from stdin)
     sluice consume TOPIC --group G [--from earliest|latest|committed] [--follow] [--tags EXPR]
@@ -73,11 +74,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from broker.config import BrokerConfig
     from broker.server.allocator import tune_malloc
     from broker.server.broker_controller import BrokerController
+    from broker.server.thread_placement import start_placement
 
     tune_malloc()  # this process is the broker's own: see allocator.py for why and what it costs
 
     overrides = {"store_path": args.store, "listen": args.listen, "flush_disk_type": args.flush,
-                 "metrics_port": args.metrics_port}  # fmt: skip
+                 "metrics_port": args.metrics_port, "python_cpus": args.python_cpus}  # fmt: skip
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )
@@ -86,6 +88,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     controller = BrokerController(config)
     controller.start()
+    start_placement(config.python_cpus, stop)  # after start: the threads to place exist (see thread_placement.py)
     metrics = f", metrics on port {controller.metrics_port}" if controller.metrics_port is not None else ""
     print(f"sluice broker ready on {controller.address} (store {config.store_dir}, {config.flush_disk_type}{metrics})",
           flush=True)  # fmt: skip
@@ -318,6 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--flush", choices=["async", "sync"], default=None, help="disk flush mode (default async)")
     b.add_argument("--config", default=None, help="broker config file (.json or .toml)")
     b.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    b.add_argument(
+        "--python-cpus",
+        default=None,
+        help="CPUs for the broker's Python threads: auto (one CPU, the default), off, or a list like 2,3",
+    )
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
 
     t = sub.add_parser("topic", help="create, list, delete or describe topics")

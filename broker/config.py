@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidArgumentError
+from broker.server.thread_placement import parse_python_cpus
 
 DEFAULT_PORT = 10911  # RocketMQ's broker listen port
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
@@ -59,6 +60,9 @@ class BrokerConfig:
     consumer_offset_persist_interval_ms: int = 5000
     consumer_expire_ms: int = 120_000  # a consumer without a heartbeat for this long leaves its group
     shutdown_grace_s: float = 10.0
+    # `sluice broker` only: Python threads on these CPUs ("auto": one CPU, "off", or a list such as "2,3"); see
+    # broker/server/thread_placement.py for why
+    python_cpus: str = "auto"
     # Broker semantics (RocketMQ names): delay levels, transaction check-back, dead letters, subscription groups
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     transaction_timeout_ms: int = 6_000  # an open transaction idle this long is checked back with its producer
@@ -85,6 +89,7 @@ class BrokerConfig:
             )
         if not 0 <= self.grpc_reserved_workers < self.grpc_max_workers:
             raise InvalidArgumentError("grpc_reserved_workers must be in 0..grpc_max_workers-1")
+        parse_python_cpus(self.python_cpus, frozenset(os.sched_getaffinity(0)))
         for name in ("short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs"):
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")

@@ -1,0 +1,136 @@
+"""Thread placement of the standalone broker (broker/server/thread_placement.py): Python threads on the chosen
+CPUs, native threads on every CPU, bad settings refused with the reason.
+
+Its effect on speed is measured by bench/store.py (``--python-cpus off`` against the default), not asserted here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.config import BrokerConfig
+from broker.errors import BrokerError, InvalidArgumentError
+from broker.server.process import BrokerProcess
+from broker.server.thread_placement import TASK_DIR, ThreadPlacement, parse_python_cpus
+
+ALLOWED = frozenset(os.sched_getaffinity(0))
+
+
+def test_auto_takes_one_cpu_when_there_are_several() -> None:
+    assert parse_python_cpus("auto", frozenset({0, 1})) == {0}
+    assert parse_python_cpus("AUTO", frozenset({2, 3, 5})) == {2}
+    assert parse_python_cpus("auto", frozenset({3})) is None  # one CPU: nothing to gain
+    assert parse_python_cpus("off", frozenset({0, 1})) is None
+
+
+def test_explicit_cpu_lists() -> None:
+    assert parse_python_cpus("1", frozenset({0, 1})) == {1}
+    assert parse_python_cpus(" 0,1 ", frozenset({0, 1})) == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [("fast", "comma-separated list"), ("0;1", "comma-separated list"), ("", "comma-separated list"),
+     ("7", "[7]"), ("0,9", "[9]")],
+)  # fmt: skip
+def test_bad_settings_say_what_is_wrong(spec: str, says: str) -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        parse_python_cpus(spec, frozenset({0, 1}))
+    assert says in err.value.message and repr(spec.strip().lower()) in err.value.message
+
+
+def test_broker_config_refuses_a_bad_setting_before_anything_starts() -> None:
+    with pytest.raises(InvalidArgumentError, match="python_cpus"):
+        BrokerConfig(python_cpus="half")
+    assert BrokerConfig().python_cpus == "auto"
+
+
+def _affinity(tid: int) -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(tid))
+
+
+@pytest.fixture
+def restore_affinity() -> Iterator[None]:
+    """Placement pins every Python thread of this test process: give each thread every CPU back afterwards."""
+    yield
+    for name in os.listdir(TASK_DIR):
+        try:
+            os.sched_setaffinity(int(name), ALLOWED)
+        except ProcessLookupError:
+            pass
+
+
+def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: None) -> None:
+    narrow = frozenset({min(ALLOWED)})
+    # Native threads inherit their creator's mask: create gRPC's threads from a narrowed thread, as a pinned
+    # Python thread of the broker would, so that reconcile has something to free.
+    os.sched_setaffinity(0, narrow)
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, name="placement-test")
+    worker.start()
+    try:
+        os.sched_setaffinity(0, ALLOWED)
+        placement = ThreadPlacement(narrow, ALLOWED)
+        assert placement.reconcile() > 0 and not placement.failed
+        python_ids = {t.native_id for t in threading.enumerate()}
+        native_ids = {int(n) for n in os.listdir(TASK_DIR)} - python_ids
+        assert native_ids, "gRPC started no native threads"
+        assert worker.native_id is not None and _affinity(worker.native_id) == narrow
+        assert _affinity(threading.get_native_id()) == narrow
+        for tid in native_ids:
+            try:
+                assert _affinity(tid) == ALLOWED, f"native thread {tid} still narrowed"
+            except ProcessLookupError:
+                pass  # ended since the listing
+        assert placement.reconcile() == 0  # nothing new: nothing moved
+    finally:
+        release.set()
+        worker.join()
+        server.stop(0)
+
+
+def _masks(pid: int) -> list[str]:
+    masks = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except FileNotFoundError:
+            continue
+        masks += [line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list")]
+    return masks
+
+
+def test_sluice_broker_places_its_threads(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "store").start()
+    try:
+        assert broker.proc is not None
+        narrow = str(min(ALLOWED))
+        deadline = time.monotonic() + 10
+        masks = _masks(broker.proc.pid)
+        while len(ALLOWED) >= 2 and narrow not in masks and time.monotonic() < deadline:
+            time.sleep(0.1)
+            masks = _masks(broker.proc.pid)
+        if len(ALLOWED) >= 2:  # the Python threads on one CPU, the native threads on all of them
+            assert narrow in masks and len(set(masks)) == 2, masks
+        else:  # one CPU: "auto" leaves every thread alone
+            assert len(set(masks)) == 1, masks
+    finally:
+        broker.stop()
+
+
+def test_sluice_broker_refuses_a_cpu_it_may_not_use(tmp_path: Path) -> None:
+    proc = BrokerProcess(tmp_path / "store", extra_args=["--python-cpus", str(max(ALLOWED) + 1)])
+    with pytest.raises(BrokerError) as err:
+        proc.start(timeout_s=30)
+    assert "may not use" in err.value.message, err.value.message
