@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=2, help="write tasks (the machine has 2 cores)")
+    ap.add_argument("--python-cpus", default="", help="the broker's --python-cpus (default: its own, auto)")
     args = ap.parse_args(argv)
     spark = (
         SparkSession.builder.master("local[2]").appName("bench-spark-sink")
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     spark.dataSource.register(DropSource)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sluice-bench-sink-") as tmp:
-        broker = BrokerProcess(Path(tmp) / "store").start()
+        extra = ["--python-cpus", args.python_cpus] if args.python_cpus else []
+        broker = BrokerProcess(Path(tmp) / "store", extra_args=extra).start()
         try:
             with Admin(broker.endpoint) as admin:
                 for t in ("bench_alo", "bench_eo", "bench_warm"):
