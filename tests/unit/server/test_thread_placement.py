@@ -82,6 +82,7 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
     try:
         os.sched_setaffinity(0, ALLOWED)
         placement = ThreadPlacement(narrow, ALLOWED)
+        before = {int(n) for n in os.listdir(TASK_DIR)}
         assert placement.reconcile() > 0 and not placement.failed
         python_ids = {t.native_id for t in threading.enumerate()}
         native_ids = {int(n) for n in os.listdir(TASK_DIR)} - python_ids
@@ -93,7 +94,9 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
                 assert _affinity(tid) == ALLOWED, f"native thread {tid} still narrowed"
             except ProcessLookupError:
                 pass  # ended since the listing
-        assert placement.reconcile() == 0  # nothing new: nothing moved
+        again = placement.reconcile()
+        started_since = {int(n) for n in os.listdir(TASK_DIR)} - before
+        assert again <= len(started_since), (again, started_since)  # a placed thread is not placed twice
     finally:
         release.set()
         worker.join()
