@@ -14,8 +14,8 @@
 * msgs/CPU-s divides by the CPU time of this process (all threads): on a shared machine it says what the store
   costs regardless of what else runs.
 * threads: every thread of this process (writers and the store's services) runs on the CPUs ``--python-cpus``
-  names, by default one CPU, as ``sluice broker`` places its Python threads (broker/server/thread_placement.py
-  says why; ``--python-cpus off`` measures them free).
+  names, by default one CPU, under SCHED_BATCH, as ``sluice broker`` places its Python threads
+  (broker/server/thread_placement.py says why; ``--python-cpus off`` measures them free, normal policy).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from broker.server.thread_placement import parse_python_cpus
+from broker.server.thread_placement import PYTHON_POLICY, parse_python_cpus
 from broker.store import MessageStore, StoreConfig
 from broker.store.message import encode_entry
 
@@ -191,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     allowed = frozenset(os.sched_getaffinity(0))
     cpus = parse_python_cpus(args.python_cpus, allowed)
-    if cpus is not None:
-        os.sched_setaffinity(0, cpus)  # this thread; every thread started later inherits it
+    if cpus is not None:  # as `sluice broker` places its Python threads (broker/server/thread_placement.py)
+        os.sched_setaffinity(0, cpus)  # this thread; every thread started later inherits both
+        os.sched_setscheduler(0, PYTHON_POLICY, os.sched_param(0))
     seconds = 1.0 if args.quick else 4.0
     root = args.dir or tempfile.mkdtemp(prefix="sluice-bench-")
     path = os.path.join(root, "store")
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<34}{body:>6}{rate}{row['mb_per_s']:>10,.1f}{cpu_rate}  {target}", flush=True)
 
     load = os.getloadavg()[0]
-    placed = f"threads on CPUs {sorted(cpus)}" if cpus is not None else "threads on any CPU"
+    placed = f"threads on CPUs {sorted(cpus)}, SCHED_BATCH" if cpus is not None else "threads on any CPU"
     print(f"load average at start: {load:.2f} on {os.cpu_count()} CPUs, {placed}")
     print("(rates are wall-clock; msgs/CPU-s is per second of CPU used by this process, all threads)")
     print(f"{'case':<34}{'body':>6}{'msgs/s':>12}{'MB/s':>10}{'msgs/CPU-s':>14}  target")

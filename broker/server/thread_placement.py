@@ -1,4 +1,5 @@
-"""CPU placement for the standalone broker: every Python thread on one CPU, every native thread free.
+"""CPU placement for the standalone broker: every Python thread on one CPU under SCHED_BATCH, every native thread
+free.
 
 Why: the broker's Python threads (gRPC workers, dispatcher, flush and group commit, schedule and transaction
 services) share one GIL, so together they never use more than one CPU's worth of Python. Where they may run on
@@ -22,6 +23,14 @@ still uses the other CPUs for what can run in parallel. A native thread inherits
 creates it, so placement is re-applied periodically (``reconcile``): new Python threads are pinned, new native
 threads are freed.
 
+The pinned Python threads also run under the SCHED_BATCH policy, which keeps a woken thread from preempting the
+running one. Preempting would not let it run anyway: it needs the GIL, which the running thread holds, so it
+would switch in, find the GIL taken, sleep on it and switch out again, two context switches for nothing. Under
+SCHED_BATCH it runs once the holder blocks, when the GIL is free. Same runs of 32 single-message SYNC writers at
+100 B (``bench.store``, threads on one CPU, without / with SCHED_BATCH, alternating): 37.2k, 39.4k against 46.1k,
+47.1k msgs/s; CPU per message 21.4, 21.2 against 15.8, 15.7 us; context switches per message 3.2 against 1.2.
+Native threads keep the normal policy.
+
 ``python_cpus`` (broker config / ``--python-cpus``): ``auto`` pins the Python threads to the lowest CPU this
 process may use when it may use two or more; ``off`` leaves every thread where the kernel puts it; a
 comma-separated list such as ``2`` or ``2,3`` names the CPUs. Only ``sluice broker`` applies it: an embedded
@@ -40,6 +49,8 @@ log = logging.getLogger(__name__)
 
 TASK_DIR = "/proc/self/task"  # one entry per thread of this process, named by its native thread id
 RECONCILE_INTERVAL_S = 1.0  # how long a new thread may run unplaced; each pass costs one syscall per thread
+PYTHON_POLICY = os.SCHED_BATCH  # no wake-up preemption among GIL sharers (module docstring)
+NATIVE_POLICY = os.SCHED_OTHER  # a native thread created by a Python one inherits SCHED_BATCH: undone
 
 
 def parse_python_cpus(spec: str, allowed: frozenset[int]) -> frozenset[int] | None:
@@ -64,7 +75,8 @@ def parse_python_cpus(spec: str, allowed: frozenset[int]) -> frozenset[int] | No
 
 
 class ThreadPlacement:
-    """Pins Python threads to ``python_cpus`` and lets every other thread of the process use ``all_cpus``."""
+    """Pins Python threads to ``python_cpus`` under PYTHON_POLICY and lets every other thread of the process use
+    ``all_cpus`` under NATIVE_POLICY."""
 
     def __init__(self, python_cpus: frozenset[int], all_cpus: frozenset[int]) -> None:
         assert python_cpus and python_cpus <= all_cpus, (python_cpus, all_cpus)
@@ -90,10 +102,11 @@ class ThreadPlacement:
                 continue
             try:
                 os.sched_setaffinity(tid, self.python_cpus if is_python else self.all_cpus)
+                os.sched_setscheduler(tid, PYTHON_POLICY if is_python else NATIVE_POLICY, os.sched_param(0))
             except ProcessLookupError:
                 continue  # the thread ended since the listing
             except OSError as e:
-                return self._give_up(f"sched_setaffinity of thread {tid} failed: {e}")
+                return self._give_up(f"placing thread {tid} (sched_setaffinity / sched_setscheduler) failed: {e}")
             self._placed[tid] = is_python
             moved += 1
         return moved
@@ -119,5 +132,5 @@ def start_placement(spec: str, stop: threading.Event) -> ThreadPlacement | None:
                 return
 
     threading.Thread(target=run, name="thread-placement", daemon=True).start()
-    log.info("Python threads on CPUs %s, native threads on %s", sorted(cpus), sorted(allowed))
+    log.info("Python threads on CPUs %s under SCHED_BATCH, native threads on %s", sorted(cpus), sorted(allowed))
     return placement

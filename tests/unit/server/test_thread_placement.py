@@ -1,5 +1,5 @@
 """Thread placement of the standalone broker (broker/server/thread_placement.py): Python threads on the chosen
-CPUs, native threads on every CPU, bad settings refused with the reason.
+CPUs under SCHED_BATCH, native threads on every CPU under the normal policy, bad settings refused with the reason.
 
 Its effect on speed is measured by bench/store.py (``--python-cpus off`` against the default), not asserted here.
 """
@@ -19,7 +19,13 @@ import pytest
 from broker.config import BrokerConfig
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.server.process import BrokerProcess
-from broker.server.thread_placement import TASK_DIR, ThreadPlacement, parse_python_cpus
+from broker.server.thread_placement import (
+    NATIVE_POLICY,
+    PYTHON_POLICY,
+    TASK_DIR,
+    ThreadPlacement,
+    parse_python_cpus,
+)
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
 
@@ -59,11 +65,13 @@ def _affinity(tid: int) -> frozenset[int]:
 
 @pytest.fixture
 def restore_affinity() -> Iterator[None]:
-    """Placement pins every Python thread of this test process: give each thread every CPU back afterwards."""
+    """Placement pins every Python thread of this test process: give each thread every CPU and the normal policy
+    back afterwards."""
     yield
     for name in os.listdir(TASK_DIR):
         try:
             os.sched_setaffinity(int(name), ALLOWED)
+            os.sched_setscheduler(int(name), NATIVE_POLICY, os.sched_param(0))
         except ProcessLookupError:
             pass
 
@@ -89,9 +97,11 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
         assert native_ids, "gRPC started no native threads"
         assert worker.native_id is not None and _affinity(worker.native_id) == narrow
         assert _affinity(threading.get_native_id()) == narrow
+        assert os.sched_getscheduler(worker.native_id) == PYTHON_POLICY == os.sched_getscheduler(0)
         for tid in native_ids:
             try:
                 assert _affinity(tid) == ALLOWED, f"native thread {tid} still narrowed"
+                assert os.sched_getscheduler(tid) == NATIVE_POLICY, f"native thread {tid} under SCHED_BATCH"
             except ProcessLookupError:
                 pass  # ended since the listing
         again = placement.reconcile()
@@ -103,14 +113,17 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
         server.stop(0)
 
 
-def _masks(pid: int) -> list[str]:
+def _masks(pid: int) -> list[tuple[str, int]]:
+    """(CPU list, scheduling policy) of each thread of process ``pid``."""
     masks = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except FileNotFoundError:
+            policy = os.sched_getscheduler(int(tid))
+        except (FileNotFoundError, ProcessLookupError):
             continue
-        masks += [line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list")]
+        cpus = [line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list")]
+        masks.append((cpus[0], policy))
     return masks
 
 
@@ -118,16 +131,17 @@ def test_sluice_broker_places_its_threads(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "store").start()
     try:
         assert broker.proc is not None
-        narrow = str(min(ALLOWED))
+        pinned = (str(min(ALLOWED)), PYTHON_POLICY)
         deadline = time.monotonic() + 10
         masks = _masks(broker.proc.pid)
-        while len(ALLOWED) >= 2 and narrow not in masks and time.monotonic() < deadline:
+        while len(ALLOWED) >= 2 and pinned not in masks and time.monotonic() < deadline:
             time.sleep(0.1)
             masks = _masks(broker.proc.pid)
-        if len(ALLOWED) >= 2:  # the Python threads on one CPU, the native threads on all of them
-            assert narrow in masks and len(set(masks)) == 2, masks
+        if len(ALLOWED) >= 2:  # the Python threads on one CPU under SCHED_BATCH, the native ones on all, as usual
+            assert pinned in masks and len(set(masks)) == 2, masks
+            assert {policy for cpus, policy in masks if (cpus, policy) != pinned} == {NATIVE_POLICY}, masks
         else:  # one CPU: "auto" leaves every thread alone
-            assert len(set(masks)) == 1, masks
+            assert len(set(masks)) == 1 and masks[0][1] == NATIVE_POLICY, masks
     finally:
         broker.stop()
 

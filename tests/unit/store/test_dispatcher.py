@@ -6,10 +6,12 @@ import shutil
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.store import MessageStore
 from broker.store import dispatcher as dispatcher_module
-from broker.store.dispatcher import message_keys, property_value
+from broker.store.dispatcher import message_keys, names_may_occur, property_value
 from broker.store.message import encode_entry, encode_properties, tag_hash_code
 
 
@@ -77,12 +79,15 @@ def _reference_tag(props: dict[str, str]) -> int:
     return tag_hash_code(props.get("TAGS") or None)
 
 
+@pytest.mark.parametrize("census", [False, True], ids=["searched", "census"])
 @pytest.mark.parametrize("shape", ["same", "varied", "single", "single_vectorised", "small_batches"])
 def test_tag_codes_and_keys_equal_full_decoding(
-    make_store: Callable[..., MessageStore], shape: str, monkeypatch: pytest.MonkeyPatch
+    make_store: Callable[..., MessageStore], shape: str, census: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The dispatcher's shortcuts (one parse for identical properties, cached tag codes, no key parsing without
-    KEYS/UNIQ_KEY) give the units and index entries a full decode of every message gives."""
+    KEYS/UNIQ_KEY) give the units and index entries a full decode of every message gives. ``census``: passes of
+    any size look for the names with names_may_occur (long runs do), else with one search per name."""
+    monkeypatch.setattr(dispatcher_module, "CENSUS_MIN_BYTES", 0 if census else 1 << 40)
     variants = [
         {"TAGS": "TagA"},
         {"a": "1", "TAGS": "\u00e9t\u00e9", "KEYS": "k1 k2"},  # TAGS not first, non-ASCII
@@ -120,10 +125,14 @@ def test_tag_codes_and_keys_equal_full_decoding(
     assert s.check() == []
 
 
+@pytest.mark.parametrize("census", [False, True], ids=["searched", "census"])
 @pytest.mark.parametrize("tagged_at", [None, 0, 17, 39])
-def test_varied_properties_with_and_without_tags(store: MessageStore, tagged_at: int | None) -> None:
+def test_varied_properties_with_and_without_tags(
+    store: MessageStore, tagged_at: int | None, census: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Varied properties without TAGS skip the per-entry parse; one tagged entry anywhere (or a body that merely
     contains the bytes TAGS\\x01) must still give every unit its right tag code."""
+    monkeypatch.setattr(dispatcher_module, "CENSUS_MIN_BYTES", 0 if census else 1 << 40)
     entries = []
     for i in range(40):
         props = {"seq": str(i)} | ({"TAGS": "Hot"} if i == tagged_at else {})
@@ -168,3 +177,43 @@ def test_schedule_topic_units_carry_the_due_time(make_store: Callable[..., Messa
     store.dispatcher.dispatch_available()
     assert tags() == {(1, 0): 5000, (0, 0): 1000, (2, 0): 10000, (7, 0): 10000}
     assert store.check() == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"x", b"\x01", b"\x02", b"TAGS", b"KEYS", b"UNIQ_KEY", b"_KEY", b"AGS", b"MY"])),
+    st.integers(0, 8),
+)
+def test_names_census_finds_every_name(pieces: list[bytes], cut: int) -> None:
+    """names_may_occur over any bytes (and any start): True wherever one search per name finds TAGS\\x01,
+    KEYS\\x01 or UNIQ_KEY\\x01, so a run it clears really has no tag or key to parse."""
+    data = b"".join(pieces)
+    start = min(cut, len(data))
+    searched = any(data.find(n, start) >= 0 for n in (b"TAGS\x01", b"KEYS\x01", b"UNIQ_KEY\x01"))
+    indexed, tags_only = dispatcher_module._INDEXED_NAME_ENDS, dispatcher_module._TAG_NAME_END
+    assert names_may_occur(data, start, len(data), indexed) >= searched
+    assert names_may_occur(data, start, len(data), tags_only) >= (data.find(b"TAGS\x01", start) >= 0)
+    if b"\x01" not in data[start:]:
+        assert not names_may_occur(data, start, len(data), indexed)
+
+
+def test_names_census_is_exact_on_property_names() -> None:
+    """Over encoded entries the census answers for the names themselves (a name merely ending in TAGS is a
+    false alarm that costs only time, stated here so that a change in it is seen)."""
+
+    def run(props: dict[str, str]) -> bytes:
+        return b"".join(encode_entry(b"T", 0, b"body %d" % i, encode_properties(props)) for i in range(50))
+
+    indexed, tags_only = dispatcher_module._INDEXED_NAME_ENDS, dispatcher_module._TAG_NAME_END
+    for props, want_indexed, want_tags in [
+        ({"a": "1", "REAL_QID": "3"}, False, False),
+        ({"TAGS": "t"}, True, True),
+        ({"KEYS": "k"}, True, False),
+        ({"UNIQ_KEY": "u"}, True, False),
+        ({"MY_KEY": "v"}, True, False),  # ends in _KEY: a false alarm
+        ({"XTAGS": "v"}, True, True),  # ends in TAGS: a false alarm
+        ({"v": "TAGS"}, False, False),  # the word as a value is followed by \x02, not \x01
+    ]:
+        buf = run(props)
+        assert names_may_occur(buf, 0, len(buf), indexed) is want_indexed, props
+        assert names_may_occur(buf, 0, len(buf), tags_only) is want_tags, props
