@@ -14,8 +14,9 @@
 * msgs/CPU-s divides by the CPU time of this process (all threads): on a shared machine it says what the store
   costs regardless of what else runs.
 * threads: every thread of this process (writers and the store's services) runs on the CPUs ``--python-cpus``
-  names, by default one CPU, under SCHED_BATCH, as ``sluice broker`` places its Python threads
-  (broker/server/thread_placement.py says why; ``--python-cpus off`` measures them free, normal policy).
+  names, by default one CPU, under SCHED_BATCH, and the SYNC_FLUSH flusher on the other CPUs, as
+  ``sluice broker`` places its Python threads (broker/server/thread_placement.py says why; ``--python-cpus off``
+  measures them free, normal policy).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from broker.server.thread_placement import PYTHON_POLICY, parse_python_cpus
+from broker.server.thread_placement import PYTHON_POLICY, ThreadPlacement, parse_python_cpus
 from broker.store import MessageStore, StoreConfig
 from broker.store.message import encode_entry
 
@@ -38,10 +39,15 @@ TOPIC = "BenchTopic"
 QUEUES = 8
 
 
+PLACEMENT: list[ThreadPlacement] = []  # set by main unless --python-cpus off
+
+
 def _store(path: str, **kw: Any) -> MessageStore:
     shutil.rmtree(path, ignore_errors=True)
     s = MessageStore(StoreConfig(store_path=path, **kw))
     s.start()
+    for placement in PLACEMENT:  # its new service threads inherited the pinned mask: the flusher goes apart
+        placement.reconcile()
     return s
 
 
@@ -194,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if cpus is not None:  # as `sluice broker` places its Python threads (broker/server/thread_placement.py)
         os.sched_setaffinity(0, cpus)  # this thread; every thread started later inherits both
         os.sched_setscheduler(0, PYTHON_POLICY, os.sched_param(0))
+        PLACEMENT.append(ThreadPlacement(cpus, allowed))
     seconds = 1.0 if args.quick else 4.0
     root = args.dir or tempfile.mkdtemp(prefix="sluice-bench-")
     path = os.path.join(root, "store")

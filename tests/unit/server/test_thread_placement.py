@@ -26,6 +26,7 @@ from broker.server.thread_placement import (
     ThreadPlacement,
     parse_python_cpus,
 )
+from broker.store.flush import GroupCommitService
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
 
@@ -87,6 +88,8 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
     release = threading.Event()
     worker = threading.Thread(target=release.wait, name="placement-test")
     worker.start()
+    flusher = threading.Thread(target=release.wait, name=GroupCommitService.name)  # a thread placed apart
+    flusher.start()
     try:
         os.sched_setaffinity(0, ALLOWED)
         placement = ThreadPlacement(narrow, ALLOWED)
@@ -98,6 +101,8 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
         assert worker.native_id is not None and _affinity(worker.native_id) == narrow
         assert _affinity(threading.get_native_id()) == narrow
         assert os.sched_getscheduler(worker.native_id) == PYTHON_POLICY == os.sched_getscheduler(0)
+        assert flusher.native_id is not None and _affinity(flusher.native_id) == ((ALLOWED - narrow) or ALLOWED)
+        assert os.sched_getscheduler(flusher.native_id) == NATIVE_POLICY
         for tid in native_ids:
             try:
                 assert _affinity(tid) == ALLOWED, f"native thread {tid} still narrowed"
@@ -110,7 +115,19 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
     finally:
         release.set()
         worker.join()
+        flusher.join()
         server.stop(0)
+
+
+def _cpu_list(cpus: frozenset[int]) -> str:
+    """A CPU set as /proc writes Cpus_allowed_list: ranges a-b, single CPUs, comma-separated."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and c - 1 in cpus:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
 
 
 def _masks(pid: int) -> list[tuple[str, int]]:
@@ -128,7 +145,8 @@ def _masks(pid: int) -> list[tuple[str, int]]:
 
 
 def test_sluice_broker_places_its_threads(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "store").start()
+    """A SYNC_FLUSH broker: Python threads on one CPU, the flusher on the others, native threads on all."""
+    broker = BrokerProcess(tmp_path / "store", extra_args=["--flush", "sync"]).start()
     try:
         assert broker.proc is not None
         pinned = (str(min(ALLOWED)), PYTHON_POLICY)
@@ -137,9 +155,12 @@ def test_sluice_broker_places_its_threads(tmp_path: Path) -> None:
         while len(ALLOWED) >= 2 and pinned not in masks and time.monotonic() < deadline:
             time.sleep(0.1)
             masks = _masks(broker.proc.pid)
-        if len(ALLOWED) >= 2:  # the Python threads on one CPU under SCHED_BATCH, the native ones on all, as usual
-            assert pinned in masks and len(set(masks)) == 2, masks
-            assert {policy for cpus, policy in masks if (cpus, policy) != pinned} == {NATIVE_POLICY}, masks
+        if len(ALLOWED) >= 2:
+            apart, everything = _cpu_list(ALLOWED - {min(ALLOWED)}), _cpu_list(ALLOWED)
+            assert pinned in masks, masks
+            assert masks.count((apart, NATIVE_POLICY)) >= 1, masks  # the flusher (and nothing else) apart
+            others = {m for m in masks if m != pinned and m != (apart, NATIVE_POLICY)}
+            assert others <= {(everything, NATIVE_POLICY)}, masks  # native threads: every CPU, normal policy
         else:  # one CPU: "auto" leaves every thread alone
             assert len(set(masks)) == 1 and masks[0][1] == NATIVE_POLICY, masks
     finally:
