@@ -53,10 +53,15 @@ def _batch(rows: list[tuple[bytes, str | None, str | None, dict[str, str], int |
         max_size=40,
     ),
     batch_messages=st.sampled_from([7, 4096]),
+    extra=st.sampled_from([{}, {"TRAN_ATTEMPT": "0.1.abc"}]),  # the exactly-once sink tags every row with one
 )
-def test_half_rows_equal_the_plain_rows_re_addressed(rows: list, batch_messages: int) -> None:  # type: ignore[type-arg]
+def test_half_rows_equal_the_plain_rows_re_addressed(
+    rows: list,  # type: ignore[type-arg]
+    batch_messages: int,
+    extra: dict[str, str],
+) -> None:
     """Property: every chunk the half-mode encoder yields is to_half_batch of the plain encoder's chunk."""
-    plain, half = _encoders(batch_messages=batch_messages)
+    plain, half = _encoders(batch_messages=batch_messages, extra_properties=extra)
     batch = _batch(rows)
     with mock.patch("connector.arrow_encoder.time.time", return_value=1_700_000_000.0):  # one born timestamp
         plain_chunks = list(plain.encode(batch))
@@ -72,3 +77,21 @@ def test_a_row_naming_another_transaction_is_refused_with_its_row_number() -> No
     batch = _batch([(b"a", None, None, {}, None), (b"b", None, None, {"__transactionId__": "other"}, None)])
     with pytest.raises(MessageIllegalError, match=r"row 1: carries __transactionId__='other', not 'q1:7:run-a'"):
         list(half.encode(batch))
+
+
+def test_rows_without_their_own_properties_share_one_encoding() -> None:
+    """A row with no properties, tags or keys of its own is encoded with the writer's extra properties, once per
+    queue: the same entries as rows that take the per-row path (forced here: rows with a property of their own
+    whose properties then come out as the extra ones only)."""
+    extra = {"TRAN_ATTEMPT": "3.0.feed"}
+    bodies = [b"a", b"b", b"c", b"d", b"e"]
+    for half in (None, (GROUP, TXN)):
+        fast_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra)
+        slow_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra)
+        slow_enc._properties = lambda *a: dict(extra)  # type: ignore[method-assign]
+        with mock.patch("connector.arrow_encoder.time.time", return_value=1_700_000_000.0):
+            fast = b"".join(c.buffer for c in fast_enc.encode(pa.RecordBatch.from_pydict({"body": bodies})))
+            slow = b"".join(
+                c.buffer for c in slow_enc.encode(_batch([(b, None, None, {"x": "1"}, None) for b in bodies]))
+            )
+        assert fast == slow, half
