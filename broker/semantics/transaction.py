@@ -149,6 +149,31 @@ class _Txn:
     finished: bool = True  # False while a commit's re-store is incomplete
     decided: frozenset[int] = frozenset()  # half queue offsets the decision covers
     restoring: bool = False  # a thread is re-storing this commit's halves: no one else may
+    # Once an ended transaction is finished, its per-message tables above are dropped (drop_tables): these keep
+    # what is still asked of it. -1: the tables are still there.
+    decided_total: int = -1
+    top_half: int = -1
+
+    def decided_count(self) -> int:
+        return self.decided_total if self.decided_total >= 0 else len(self.decided)
+
+    def highest_half(self) -> int:
+        """The highest half-queue offset this transaction has (-1: none)."""
+        return max(self.halves) if self.halves else self.top_half
+
+    def drop_tables(self) -> None:
+        """Free the per-message tables of an ended, finished transaction, keeping its count and highest half.
+        Why: outcomes are remembered for outcome_retention_ms (a day by default), and a sink that commits 100k
+        rows/s would otherwise keep two table entries per row (about 150 bytes) for that day. A transaction of
+        one half keeps its table: end-by-offset finds it through _by_half_cl_offset, which persist() prunes by it.
+        """
+        assert self.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) and self.finished, (self.txn_id, self.status)
+        if len(self.halves) <= 1 and len(self.decided) <= 1:
+            return
+        self.decided_total = self.decided_count()
+        self.top_half = self.highest_half()
+        self.halves = {}
+        self.decided = frozenset()
 
 
 @dataclass(frozen=True)
@@ -390,7 +415,7 @@ class TransactionService:
             while txn.status is TxStatus.ENDING:  # another call is deciding: report its outcome
                 self._changed.wait()
             if txn.status is not TxStatus.OPEN:
-                return EndResult(txn_id, txn.status, True, len(txn.decided), 0, txn.finished)
+                return EndResult(txn_id, txn.status, True, txn.decided_count(), 0, txn.finished)
             txn.status = TxStatus.ENDING  # from here new halves are refused ...
             txn.op_floor = self.store.max_offset(TRANS_OP_HALF_TOPIC, 0)
             while txn.inflight:  # ... and the ones already sent land before the decision lists them
@@ -451,6 +476,8 @@ class TransactionService:
             txn.decided = frozenset(halves)
             txn.finished = not commit
             txn.restoring = commit
+            if not commit:
+                txn.drop_tables()
             self._changed.notify_all()
         restored, complete = 0, True
         try:
@@ -490,6 +517,7 @@ class TransactionService:
             raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
         with self._lock:
             txn.finished = True
+            txn.drop_tables()
         return restored
 
     def _put_runs(self, txn: _Txn, committed: list[CommittedRun]) -> int:
@@ -603,7 +631,7 @@ class TransactionService:
     # ------------------------------------------------------------------------------------------ queries
 
     def _info(self, t: _Txn) -> TransactionInfo:
-        count = len(t.decided) if t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) else len(t.halves)
+        count = t.decided_count() if t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) else len(t.halves)
         return TransactionInfo(t.txn_id, t.producer_group, t.status, count, t.first_ms, t.last_ms, t.check_times,
                                t.ended_ms, t.finished)  # fmt: skip
 
@@ -735,12 +763,18 @@ class TransactionService:
             self._txns = txns
             self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() if len(t.halves) == 1
                                        for cl in t.halves.values()}  # fmt: skip
+        with self._lock:
+            for t in txns.values():
+                if t.finished and t.status is not TxStatus.OPEN:
+                    t.drop_tables()
         for t in list(txns.values()):
             if not t.finished:
                 try:
                     self._finish_commit(t, decisions[t.txn_id])
                 except HalvesGoneError as e:
                     t.finished = True  # nothing can bring them back; do not block start-up over it
+                    with self._lock:
+                        t.drop_tables()
                     log.error("transaction %s: committed, but its interrupted re-store cannot finish: %s", t.txn_id, e)
                 except (BrokerError, OSError) as e:
                     log.error("transaction %s: finishing the commit failed (%s); the check thread retries", t.txn_id, e)
@@ -790,7 +824,7 @@ class TransactionService:
                     for t in self._txns.values()
                     if t.decision_op_offset >= 0
                     and (not t.finished or now - t.ended_ms < self.outcome_retention_ms
-                         or (t.halves and max(t.halves) >= half_from))
+                         or t.highest_half() >= half_from)
                 ),
                 default=op_max,
             )  # fmt: skip
@@ -798,7 +832,7 @@ class TransactionService:
             for tid in [
                 tid for tid, t in self._txns.items()
                 if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)
-                and now - t.ended_ms >= self.outcome_retention_ms and (not t.halves or max(t.halves) < half_from)
+                and now - t.ended_ms >= self.outcome_retention_ms and t.highest_half() < half_from
             ]:  # fmt: skip
                 for cl in self._txns[tid].halves.values():
                     self._by_half_cl_offset.pop(cl, None)

@@ -501,3 +501,38 @@ def test_a_committed_message_bigger_than_a_re_store_chunk_goes_alone(box: StoreB
     finally:
         tx.shutdown()
     assert box.s.check() == []
+
+
+def test_ended_batch_transactions_keep_no_table_per_message(box: StoreBox) -> None:
+    """Outcomes are kept a day; a finished batch transaction keeps its count and highest half, not a table entry
+    per message. What is asked of it afterwards (info, ending again, pruning, restart) still answers."""
+    tx = service(box)
+    try:
+        tx.put_half_batch(batch("Out", [b"c%d" % i for i in range(300)]), "spark", "big-commit")
+        tx.put_half_batch(batch("Out", [b"r%d" % i for i in range(200)]), "spark", "big-rollback")
+        tx.put_half_batch(batch("Out", [b"one"]), "spark", "single")
+        assert tx.end_transaction("big-commit", commit=True).restored == 300
+        assert tx.end_transaction("big-rollback", commit=False).half_count == 200
+        tx.end_transaction("single", commit=True)
+        internal = {tid: (len(t.halves), len(t.decided), t.highest_half()) for tid, t in tx._txns.items()}
+        assert internal == {"big-commit": (0, 0, 299), "big-rollback": (0, 0, 499), "single": (1, 1, 500)}
+        assert {t.txn_id: t.half_count for t in tx.list_transactions()} == {
+            "big-commit": 300, "big-rollback": 200, "single": 1,
+        }  # fmt: skip
+        again = tx.end_transaction("big-commit", commit=False)
+        assert again.already_ended and again.status is TxStatus.COMMITTED and again.half_count == 300
+        tx.persist()
+    finally:
+        tx.shutdown()
+    box.crash()
+    box.open()
+    tx = service(box)
+    try:
+        assert {t.txn_id: (t.status, t.half_count) for t in tx.list_transactions()} == {
+            "big-commit": (TxStatus.COMMITTED, 300), "big-rollback": (TxStatus.ROLLED_BACK, 200),
+            "single": (TxStatus.COMMITTED, 1),
+        }  # fmt: skip
+        assert all(not t.halves for tid, t in tx._txns.items() if tid != "single")
+        assert len(box.read_topic("Out")) == 301  # nothing re-stored twice
+    finally:
+        tx.shutdown()
