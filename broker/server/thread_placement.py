@@ -36,7 +36,7 @@ One Python thread runs apart, on the other CPUs under the normal policy: the SYN
 of kernel CPU here, and the disk's answer must wake it promptly. Among the pinned threads the first would take
 the writers' CPU and the second would wait behind writers that may not preempt (fdatasync wall time 395-453 us
 under load, against 236-249 us apart). It takes the GIL twice per sync, not per message, so its hand-offs cost
-little: 32 single-message SYNC writers went from 39.1-41.8k to 47.2-51.0k msgs/s.
+little: 32 single-message SYNC writers went from 40.7-41.9k to 49.7-50.6k msgs/s (alternating runs).
 
 ``python_cpus`` (broker config / ``--python-cpus``): ``auto`` pins the Python threads to the lowest CPU this
 process may use when it may use two or more; ``off`` leaves every thread where the kernel puts it; a

@@ -98,3 +98,16 @@ def test_async_flush_waits_for_least_pages(make_store: Callable[..., MessageStor
     while s.commit_log.flushed_offset == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert s.commit_log.flushed_offset > 16 * 1024
+
+
+def test_a_writer_queued_as_the_flusher_stops_is_served_at_once(make_store: Callable[..., MessageStore]) -> None:
+    """Shutdown stops appends, then the flusher; a writer that appended just before and queues just after is
+    synced by the stopping thread or by itself, not left to its 5 s timeout."""
+    s = make_store(flush_disk_type="SYNC_FLUSH")
+    gc = s._group_commit
+    assert gc is not None
+    gc.stop()  # the flusher thread is gone, as at the end of a shutdown
+    started = time.monotonic()
+    r = s.put_message("Q", 0, b"late")
+    assert r.status is PutStatus.PUT_OK and time.monotonic() - started < 1.0
+    assert s.commit_log.flushed_offset >= r.commitlog_offsets[0] + r.wrote_bytes
