@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from broker.server.thread_placement import PYTHON_POLICY, ThreadPlacement, parse_python_cpus
+from broker.server.thread_placement import ThreadPlacement, parse_python_cpus
 from broker.store import MessageStore, StoreConfig
 from broker.store.message import encode_entry
 
@@ -198,9 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     allowed = frozenset(os.sched_getaffinity(0))
     cpus = parse_python_cpus(args.python_cpus, allowed)
     if cpus is not None:  # as `sluice broker` places its Python threads (broker/server/thread_placement.py)
-        os.sched_setaffinity(0, cpus)  # this thread; every thread started later inherits both
-        os.sched_setscheduler(0, PYTHON_POLICY, os.sched_param(0))
         PLACEMENT.append(ThreadPlacement(cpus, allowed))
+        PLACEMENT[0].reconcile()  # this thread too: every thread started later inherits its CPUs and policy
     seconds = 1.0 if args.quick else 4.0
     root = args.dir or tempfile.mkdtemp(prefix="sluice-bench-")
     path = os.path.join(root, "store")

@@ -124,16 +124,16 @@ class RowEncoder:
             if isinstance(body, str):
                 body = body.encode("utf-8")
             topic, topic_raw = self._topic(topics[i], row)
-            own = props[i] or tags[i] or keys[i]  # else the properties are the writer's extra ones only
+            # Only rows with properties, tags or keys of their own need their properties built and encoded.
+            own = self._properties(props[i], tags[i], keys[i]) if props[i] or tags[i] or keys[i] else None
             try:
                 queue_id = self._queue(topic, qids[i], shard[i])
                 if self.half is None:
-                    raw_props = encode_properties(self._properties(props[i], tags[i], keys[i])) if own else plain
-                elif own:
-                    msg_props = self._properties(props[i], tags[i], keys[i])
-                    topic_raw, queue_id, raw_props = HALF_TOPIC, 0, self._half_props(topic_raw, queue_id, msg_props)
+                    raw_props = plain if own is None else encode_properties(own)
                 else:
-                    topic_raw, queue_id, raw_props = HALF_TOPIC, 0, self._plain_half_props(topic_raw, queue_id)
+                    raw_props = (self._plain_half_props(topic_raw, queue_id) if own is None
+                                 else self._half_props(topic_raw, queue_id, own))  # fmt: skip
+                    topic_raw, queue_id = HALF_TOPIC, 0
                 entry = encode_entry(
                     topic_raw, queue_id, body, raw_props, born_timestamp=born, max_message_size=self.max_message_size
                 )

@@ -763,7 +763,6 @@ class TransactionService:
             self._txns = txns
             self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() if len(t.halves) == 1
                                        for cl in t.halves.values()}  # fmt: skip
-        with self._lock:
             for t in txns.values():
                 if t.finished and t.status is not TxStatus.OPEN:
                     t.drop_tables()
@@ -772,8 +771,8 @@ class TransactionService:
                 try:
                     self._finish_commit(t, decisions[t.txn_id])
                 except HalvesGoneError as e:
-                    t.finished = True  # nothing can bring them back; do not block start-up over it
                     with self._lock:
+                        t.finished = True  # nothing can bring them back; do not block start-up over it
                         t.drop_tables()
                     log.error("transaction %s: committed, but its interrupted re-store cannot finish: %s", t.txn_id, e)
                 except (BrokerError, OSError) as e:

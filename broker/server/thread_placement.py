@@ -94,10 +94,12 @@ class ThreadPlacement:
         self, python_cpus: frozenset[int], all_cpus: frozenset[int], apart_names: frozenset[str] = APART_THREADS
     ) -> None:
         assert python_cpus and python_cpus <= all_cpus, (python_cpus, all_cpus)
-        self.python_cpus = python_cpus
-        self.all_cpus = all_cpus
-        self.apart_cpus = (all_cpus - python_cpus) or all_cpus
         self.apart_names = apart_names
+        self._where = {  # thread kind -> (CPUs, scheduling policy)
+            "python": (python_cpus, PYTHON_POLICY),
+            "apart": ((all_cpus - python_cpus) or all_cpus, NATIVE_POLICY),
+            "native": (all_cpus, NATIVE_POLICY),
+        }
         self._placed: dict[int, str] = {}  # native thread id -> its kind as last placed: python / apart / native
         self.failed = ""
 
@@ -123,11 +125,7 @@ class ThreadPlacement:
             kind = kinds.get(tid, "native")
             if self._placed.get(tid) == kind:
                 continue
-            cpus, policy = {
-                "python": (self.python_cpus, PYTHON_POLICY),
-                "apart": (self.apart_cpus, NATIVE_POLICY),
-                "native": (self.all_cpus, NATIVE_POLICY),
-            }[kind]
+            cpus, policy = self._where[kind]
             try:
                 os.sched_setaffinity(tid, cpus)
                 os.sched_setscheduler(tid, policy, os.sched_param(0))
