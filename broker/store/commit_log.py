@@ -27,6 +27,7 @@ from broker.store.message import (
     END_FILE_MIN_BLANK_LENGTH,
     I32,
     I64,
+    MESSAGE_MAGIC,
     POS_QUEUE_OFFSET,
     POS_STORE_HOST,
     POS_STORE_TIMESTAMP,
@@ -209,17 +210,17 @@ class CommitLog:
         except ValueError:  # the file was closed by expiry between find() and read()
             return None
 
-    def entry_size_at(self, offset: int) -> int | None:
+    def lookup(self, offset: int) -> StoredMessage | None:
+        """Decode the message entry starting at ``offset``; None if there is none there.
+
+        The offset may come from a client (a msgId of another broker, an end-by-offset) and point anywhere: only
+        a head with the message magic and a size one file can hold is read further, so a stray offset never makes
+        the broker copy up to a file's worth of bytes before finding out."""
         head = self.read(offset, PREFIX.size)
         if head is None:
             return None
-        total, _magic = PREFIX.unpack(head)
-        return int(total)
-
-    def lookup(self, offset: int) -> StoredMessage | None:
-        """Decode the message entry starting at ``offset``; None if there is none there."""
-        total = self.entry_size_at(offset)
-        if total is None or total <= PREFIX.size:
+        total, magic = PREFIX.unpack(head)
+        if magic != MESSAGE_MAGIC or not PREFIX.size < total <= self.files.file_size:
             return None
         raw = self.read(offset, total)
         if raw is None:

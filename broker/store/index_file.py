@@ -262,19 +262,23 @@ class IndexService:
             self._writable(len(hashes)).put_message(hashes, phys, store_ts)
 
     def lookup(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+        """Commit-log offsets whose key hash matches, newest first: at most ``4 * max_num`` in all (room for hash
+        collisions and a key in both KEYS and UNIQ_KEY), however many files the time range spans."""
         kh = key_hash(index_key(topic, key))
+        limit = max_num * 4
         found: list[int] = []
         seen: set[int] = set()
         with self.lock:
-            files = list(reversed(self.files))
-            for f in files:
+            for f in reversed(self.files):
                 h = f.header
                 if h.index_count <= 1 or h.end_timestamp < begin_ms or h.begin_timestamp > end_ms + 999:
                     continue
-                for off in f.lookup(kh, begin_ms, end_ms, max_num * 4):  # room for collisions and duplicates
+                for off in f.lookup(kh, begin_ms, end_ms, limit - len(found)):
                     if off not in seen:
                         seen.add(off)
                         found.append(off)
+                if len(found) >= limit:
+                    break
         return found
 
     def flush(self) -> None:

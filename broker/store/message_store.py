@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 # A caller may ask for more than max_transfer_bytes_per_get, but never more than this in one get: the buffer is
 # built in memory and shipped in one response.
 MAX_BYTES_PER_GET = 64 * 1024 * 1024
+# Bodies in one query-by-key answer, for the same reason: 4096 messages of 4 MiB would otherwise be 16 GiB.
+QUERY_MAX_BYTES = 64 * 1024 * 1024
 # check() waits this long for the dispatcher to reach the end of the commit log.
 CHECK_DISPATCH_WAIT_S = 10.0
 
@@ -578,20 +580,27 @@ class MessageStore:
     def query_by_key(
         self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 2**62
     ) -> list[StoredMessage]:
-        """Messages of ``topic`` with ``key`` in KEYS or UNIQ_KEY, stored in [begin_ms, end_ms], oldest first."""
+        """The newest ``max_num`` messages of ``topic`` with ``key`` in KEYS or UNIQ_KEY, stored in [begin_ms,
+        end_ms], oldest first; fewer if their bodies pass QUERY_MAX_BYTES (the answer is built whole in memory)."""
         if self.index is None:
             raise InvalidArgumentError("the message index is disabled (message_index_enable=False)")
         max_num = max(1, min(max_num, 4096))  # bounded: each candidate costs a commit-log read
         found: list[StoredMessage] = []
-        for off in self.index.lookup(topic, key, max_num, begin_ms, end_ms):
+        nbytes = 0
+        for off in self.index.lookup(topic, key, max_num, begin_ms, end_ms):  # newest first
             msg = self.lookup_message(off)
             if msg is None or msg.topic != topic:
                 continue
             has_key = key in msg.keys or msg.properties.get(Prop.UNIQ_KEY) == key  # hash collisions stop here
             if has_key and begin_ms <= msg.store_timestamp <= end_ms:
+                nbytes += len(msg.body)
+                if found and nbytes > QUERY_MAX_BYTES:
+                    break
                 found.append(msg)
+                if len(found) == max_num:
+                    break
         found.sort(key=lambda m: m.commitlog_offset)
-        return found[-max_num:]
+        return found
 
     # ================================================================================================ admin
     def delete_topic(self, topic: str) -> None:

@@ -62,3 +62,25 @@ def test_index_files_roll_when_full(make_store: Callable[..., MessageStore]) -> 
     assert [m.body for m in s2.query_by_key("Roll", "k21")] == [b"21"]
     assert len(os.listdir(s2.config.index_dir)) >= 4
     assert s2.check() == []
+
+
+def test_query_by_key_reads_only_the_newest_max_num(make_store: Callable[..., MessageStore]) -> None:
+    """A common key over many index files: the newest ``max_num`` come back, oldest first, and no more of the
+    commit log is read than the candidates for them (not every match of every file)."""
+    s = make_store(max_index_num=10)
+    for i in range(60):
+        assert s.put_message("Common", 0, b"%d" % i, {Prop.KEYS: "hot"}).ok
+    s.wait_dispatched()
+    assert s.index is not None and len(s.index.files) >= 6
+    reads: list[int] = []
+    real_lookup = s.lookup_message
+
+    def spy(offset: int) -> object:
+        reads.append(offset)
+        return real_lookup(offset)
+
+    s.lookup_message = spy  # type: ignore[method-assign,assignment]
+    assert [m.body for m in s.query_by_key("Common", "hot", max_num=5)] == [b"%d" % i for i in range(55, 60)]
+    assert len(reads) == 5  # each candidate a hit, newest first: the search stops at the fifth
+    assert len(s.query_by_key("Common", "hot", max_num=1000)) == 60
+    assert s.check() == []
