@@ -168,6 +168,12 @@ class SendProcessor:
     def send_batch(self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "") -> SendOutcome:
         started = time.perf_counter()
         if transaction_id:
+            limit = self.store.config.batch_limit_bytes
+            if len(buffer) > limit:  # before any scan: a batch's half form is only bigger
+                raise MessageIllegalError(
+                    f"SendBatch refused, nothing stored: MESSAGE_SIZE_EXCEEDED: the batch is {len(buffer)} bytes, "
+                    f"over the {limit}-byte batch limit; send smaller transactional batches"
+                )
             # Halves, checked by the transaction service: the client's topics are checked on the buffer as sent,
             # unless the entries are in half form (all of the half topic, or the transaction service refuses
             # them), whose real topics the service reports to admit() before anything is stored.

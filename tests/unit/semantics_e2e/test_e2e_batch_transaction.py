@@ -18,6 +18,7 @@ from e2e_util import read_topic, visible_count
 from broker.client import Admin, Message, Producer, encode_message
 from broker.client.half_batch import to_half_batch
 from broker.errors import BrokerError, MessageIllegalError
+from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
 
@@ -204,6 +205,10 @@ def test_half_batches_are_checked_against_their_real_queues(broker: BrokerContro
             producer.send_encoded(half, 2, transaction_id="real-queues:4", as_halves=True)
         with pytest.raises(MessageIllegalError, match="malformed"):  # a half followed by garbage
             producer.send_encoded(half + b"\x00" * 40, 1, transaction_id="real-queues:4", as_halves=True)
+        big = encode_message(Message("Few", b"x" * 1000), 0) * 5000  # over the 4 MiB batch limit, sent whole
+        request = pb.SendBatchRequest(producer_group=producer.group, entries=big, count=5000, transaction_id="big:1")
+        with pytest.raises(MessageIllegalError, match=r"MESSAGE_SIZE_EXCEEDED.*batch limit; send smaller"):
+            producer.conn.call(producer.conn.stub.SendBatch, request)  # Producer.send_encoded would split it
         assert broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0) == before
         producer.send_encoded(good, 1, transaction_id="real-queues:3")
         assert admin.end_transaction("real-queues:3", commit=True) == "COMMITTED"
