@@ -68,9 +68,15 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000  # an open transaction idle this long is checked back with its producer
     transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15  # unanswered checks before a transaction is rolled back
-    # Half messages one transaction may hold: its table and its commit are kept in memory (some 400 B a message
-    # at the limit's worst), so this bounds what one transaction can cost the broker.
+    # Half messages one transaction may hold: its table is kept in memory (some 100 B a message at the worst), so
+    # this bounds what one transaction's table can cost the broker.
     transaction_max_halves: int = 4_000_000
+    # Committed entries a commit keeps from its check (before the decision) to its re-store; past this the rest are
+    # made again as they are stored (broker/semantics/transaction.py), so a commit's memory stays bounded.
+    transaction_commit_memory_bytes: int = 256 << 20
+    # Ended transactions remembered (their outcome reported to a second end): at most this many within the
+    # retention time, the earliest ended forgotten first (some 600 B each: RocketMQ producers end one per message).
+    transaction_max_outcomes: int = 500_000
     dlq_pull_enable: bool = False  # %DLQ% topics are for people: pulls refused unless an admin enables this
     auto_create_subscription_group: bool = True
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides

@@ -9,12 +9,14 @@ batches (``put_half_batch``) from any number of processes. ``end_transaction(id,
    (SYNC_FLUSH: on disk) -- this is the commit point: before it nothing is visible, after it everything will be;
 3. on commit, the halves are re-stored in their real topics (``put_batch``, in chunks), each recording its half's
    commit-log offset in PREPARED TRANSACTION OFFSET; the committed entries are built in bulk (``half_run``) and
-   checked before step 2, and a visibility hold on every real queue keeps readers from seeing any of them until
-   all are dispatched, then shows them at one instant;
+   checked before step 2 (kept for the re-store up to ``commit_memory_bytes``, built again past that), and a
+   visibility hold on every real queue keeps readers from seeing any of them until all are dispatched, then shows
+   them at one instant;
 4. an op message with tag ``f`` marks the re-store finished.
 
-A transaction holds at most ``max_halves`` messages (its table and commit are kept in memory). Check-back counts
-are persisted with the scan positions, before each pass asks.
+A transaction holds at most ``max_halves`` messages (its table is kept in memory); its commit holds at most
+``commit_memory_bytes`` of committed entries and one store read of halves. Check-back counts are persisted with
+the scan positions, before each pass asks.
 
 After a crash anywhere, ``start()`` scans the op and half queues, and for every commit decision without its ``f``
 marker it scans the real queues from the offsets recorded in the decision, skips halves already re-stored (their
@@ -40,12 +42,14 @@ The checker is called from the check thread; it may answer at once (return TxSta
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,10 +98,18 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 6_000
 DEFAULT_CHECK_INTERVAL_MS = 60_000
 DEFAULT_CHECK_MAX = 15
 DEFAULT_OUTCOME_RETENTION_MS = 24 * 3_600_000  # ended transactions are remembered (and re-read at start) this long
+# ... and at most this many (the earliest ended forgotten first): about 600 B each, 300 MB in all. The exactly-once sink
+# asks only for its query's last batches; a RocketMQ producer asks of a transaction until its check-backs end.
+DEFAULT_MAX_OUTCOMES = 500_000
 DEFAULT_PUT_CHUNK_BYTES = 1 << 20  # re-store batches: well under the store's batch limit
-# A transaction's table (half offsets) and its commit (every committed entry, built before the decision) are held
-# in memory: about 400 B per half of 100 B at the worst, so the default bounds one transaction near 1.6 GB.
+# A transaction's table (half offsets) is held in memory: about 100 B per half at the worst, so the default bounds
+# one transaction's table near 400 MB.
 DEFAULT_MAX_HALVES = 4_000_000
+# A commit makes every half into its committed entry before it decides (so one bad half refuses the whole commit),
+# and keeps the entries it made, up to this many bytes, for storing after the decision; past it, halves are made
+# into committed entries a second time as they are stored. So a commit's memory is bounded whatever its size
+# (1M halves of 100 B commit to about 180 MB), and a commit within the bound makes each entry once.
+DEFAULT_COMMIT_MEMORY_BYTES = 256 << 20
 SCAN_BATCH = 1024  # messages per get while scanning a queue
 DISPATCH_WAIT_S = 30.0  # how long start-up recovery waits for the store's dispatcher to reach the log end
 MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in one property (limit 32767)
@@ -129,7 +141,10 @@ class HalvesGoneError(TransactionError):
     """Half messages a decision needs were deleted (expired files): the commit can never be completed."""
 
 
-@dataclass
+_NO_OFFSETS: frozenset[int] = frozenset()
+
+
+@dataclass(slots=True)  # one per transaction, and RocketMQ-style producers make one per message
 class _Txn:
     txn_id: str
     producer_group: str
@@ -147,7 +162,7 @@ class _Txn:
     ended_ms: int = 0
     decision_op_offset: int = -1
     finished: bool = True  # False while a commit's re-store is incomplete
-    decided: frozenset[int] = frozenset()  # half queue offsets the decision covers
+    decided: frozenset[int] = _NO_OFFSETS  # half queue offsets the decision covers
     restoring: bool = False  # a thread is re-storing this commit's halves: no one else may
     # Once an ended transaction is finished, its per-message tables above are dropped (drop_tables): these keep
     # what is still asked of it. -1: the tables are still there.
@@ -164,16 +179,13 @@ class _Txn:
     def drop_tables(self) -> None:
         """Free the per-message tables of an ended, finished transaction, keeping its count and highest half.
         Why: outcomes are remembered for outcome_retention_ms (a day by default), and a sink that commits 100k
-        rows/s would otherwise keep two table entries per row (about 150 bytes) for that day. A transaction of
-        one half keeps its table: end-by-offset finds it through _by_half_cl_offset, which persist() prunes by it.
-        """
+        rows/s would otherwise keep two table entries per row (about 150 bytes) for that day. The caller also
+        drops the transaction's entry in the end-by-offset table (TransactionService._drop_tables)."""
         assert self.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) and self.finished, (self.txn_id, self.status)
-        if len(self.halves) <= 1 and len(self.decided) <= 1:
-            return
         self.decided_total = self.decided_count()
-        self.top_half = self.highest_half()
+        self.top_half = max(self.top_half, max(self.halves, default=-1), max(self.decided, default=-1))
         self.halves = {}
-        self.decided = frozenset()
+        self.decided = _NO_OFFSETS  # not frozenset(): each call makes a new 216-byte object, kept for a day
 
 
 @dataclass(frozen=True)
@@ -227,11 +239,19 @@ class TransactionService:
         outcome_retention_ms: int = DEFAULT_OUTCOME_RETENTION_MS,
         put_chunk_bytes: int = DEFAULT_PUT_CHUNK_BYTES,
         max_halves: int = DEFAULT_MAX_HALVES,
+        commit_memory_bytes: int = DEFAULT_COMMIT_MEMORY_BYTES,
+        max_outcomes: int = DEFAULT_MAX_OUTCOMES,
     ) -> None:
         if transaction_timeout_ms <= 0 or check_interval_ms <= 0 or check_max < 1 or put_chunk_bytes < 4096:
             raise InvalidArgumentError("transaction timeout, check interval, check max and chunk size must be positive")
         if max_halves < 1:
             raise InvalidArgumentError(f"max_halves={max_halves}: a transaction must be able to hold a message")
+        if commit_memory_bytes < 0:
+            raise InvalidArgumentError(f"commit_memory_bytes={commit_memory_bytes} must be 0 or more")
+        if max_outcomes < 1:
+            raise InvalidArgumentError(f"max_outcomes={max_outcomes}: at least the last outcome must be kept")
+        self.commit_memory_bytes = commit_memory_bytes
+        self.max_outcomes = max_outcomes
         self.max_halves = max_halves
         self.store = store
         self.path = os.path.join(config_dir, STATE_FILE)
@@ -271,6 +291,13 @@ class TransactionService:
         self._started = False
         self.persist()
 
+    def _drop_tables(self, txn: _Txn) -> None:
+        """Under _lock: free an ended, finished transaction's tables, and its end-by-offset entry (a later
+        end-by-offset of its half reads the half's id from the store, then reports the outcome)."""
+        if len(txn.halves) == 1:
+            self._by_half_cl_offset.pop(next(iter(txn.halves.values())), None)
+        txn.drop_tables()
+
     # ------------------------------------------------------------------------------------------ half messages
 
     def _begin_put(self, txn_id: str, producer_group: str, count: int = 1) -> _Txn:
@@ -307,6 +334,9 @@ class TransactionService:
                     self._by_half_cl_offset[res.commitlog_offsets[0]] = txn.txn_id
             txn.inflight -= 1
             txn.last_ms = _now_ms()
+            empty = txn.status is TxStatus.OPEN and not txn.halves and not txn.inflight
+            if empty and self._txns.get(txn.txn_id) is txn:
+                del self._txns[txn.txn_id]  # its only puts were refused: nothing to check back or remember
             self._changed.notify_all()
 
     def prepare_half(
@@ -453,15 +483,14 @@ class TransactionService:
         return [self.end_transaction(i, commit) for i in dict.fromkeys(ids)]
 
     def _decide(self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None) -> EndResult:
-        runs = self._read_half_runs(sorted(halves)) if commit else []
-        committed = [commit_halves(r, attempts=attempts) for r in runs]  # a bad half is found before any decision
+        kept, later, queues = self._commit_runs(sorted(halves), attempts) if commit else ([], [], set())
         props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK}
         if txn.producer_group:
             props[Prop.PGROUP] = txn.producer_group
         if attempts is not None:
             props[COMMITTED_ATTEMPTS] = ",".join(attempts)
         if commit:
-            start = {q: self.store.max_offset(*q) for c in committed for q in c.queues}
+            start = {q: self.store.max_offset(*q) for q in sorted(queues)}
             props[COMMIT_START] = encode_commit_start(start)
         res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
         if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
@@ -477,7 +506,7 @@ class TransactionService:
             txn.finished = not commit
             txn.restoring = commit
             if not commit:
-                txn.drop_tables()
+                self._drop_tables(txn)
             self._changed.notify_all()
         restored, complete = 0, True
         try:
@@ -487,7 +516,8 @@ class TransactionService:
                 # the commit log, and recovery truncates at the first bad entry, so they cannot outlive it.
                 self.store.flush()
             if commit:
-                restored = self._restore(txn, committed)
+                remade = (commit_halves(r, attempts=attempts) for r in self._iter_half_runs(later))
+                restored = self._restore(txn, itertools.chain(kept, remade), queues)
         except (BrokerError, OSError) as e:
             complete = False
             log.error("transaction %s decided but not completed (%s); the check thread retries", txn.txn_id, e)
@@ -496,11 +526,32 @@ class TransactionService:
                 txn.restoring = False
         return EndResult(txn.txn_id, txn.status, False, len(halves), restored, complete)
 
-    def _restore(self, txn: _Txn, committed: list[CommittedRun]) -> int:
-        """Re-store committed entries in their real topics, all shown to readers at the same instant, then write
-        the finished marker."""
+    def _commit_runs(
+        self, offsets: list[int], attempts: list[str] | None
+    ) -> tuple[list[CommittedRun], list[int], set[tuple[str, int]]]:
+        """Make every half at these half-queue offsets into its committed entries, reading one run at a time:
+        MessageIllegalError for a bad half, HalvesGoneError for a missing one, before anything is decided.
+        Returns the committed runs kept (a prefix, within commit_memory_bytes), the half offsets past it (to be
+        made again as they are stored) and every real queue the commit writes to."""
+        kept: list[CommittedRun] = []
+        later: list[int] = []
+        queues: set[tuple[str, int]] = set()
+        size = 0
+        for run in self._iter_half_runs(offsets):
+            committed = commit_halves(run, attempts=attempts)
+            queues |= committed.queues
+            if later or size + len(committed.buffer) > self.commit_memory_bytes:
+                later.extend(run.queue_offsets)
+            else:
+                kept.append(committed)
+                size += len(committed.buffer)
+        return kept, later, queues
+
+    def _restore(self, txn: _Txn, committed: Iterable[CommittedRun], queues: Iterable[tuple[str, int]]) -> int:
+        """Re-store committed entries in their real topics (``queues``: all they go to), all shown to readers at
+        the same instant, then write the finished marker."""
         with self._restore_lock:  # one commit's visibility hold at a time: each shows exactly its own messages
-            hold = self.store.hold_visibility(q for run in committed for q in run.queues)
+            hold = self.store.hold_visibility(queues)
             try:
                 restored = self._put_runs(txn, committed)
                 if not self.store.wait_dispatched(DISPATCH_WAIT_S, up_to=self.store.max_phys_offset()):
@@ -517,10 +568,10 @@ class TransactionService:
             raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
         with self._lock:
             txn.finished = True
-            txn.drop_tables()
+            self._drop_tables(txn)
         return restored
 
-    def _put_runs(self, txn: _Txn, committed: list[CommittedRun]) -> int:
+    def _put_runs(self, txn: _Txn, committed: Iterable[CommittedRun]) -> int:
         """put_batch calls of at most put_chunk_bytes; returns how many messages were stored."""
         chunk: list[tuple[bytes, np.ndarray | None]] = []
         size = restored = 0
@@ -605,10 +656,15 @@ class TransactionService:
     def _read_half_runs(self, queue_offsets: list[int]) -> list[HalfRun]:
         """The half messages at these half-queue offsets (sorted), as the store's gets return them: one buffer of
         raw entries per get, over contiguous runs of offsets. HalvesGoneError if any is missing."""
-        out: list[HalfRun] = []
+        return list(self._iter_half_runs(queue_offsets))
+
+    def _iter_half_runs(self, queue_offsets: list[int]) -> Iterator[HalfRun]:
+        """``_read_half_runs`` one get at a time, HalvesGoneError after the last: a caller that is done with each
+        run before the next keeps one run in memory, not the transaction (hundreds of MB for a million halves,
+        all of it fresh pages to fault in)."""
         if queue_offsets and self.store.max_offset(TRANS_HALF_TOPIC, 0) <= queue_offsets[-1]:
             self._wait_for_dispatch()  # halves just put may not have their consume-queue units yet
-        found = 0
+        found: list[list[int]] = []
         for first, last in _runs(queue_offsets):
             offset = max(first, self.store.min_offset(TRANS_HALF_TOPIC, 0))
             while offset <= last:
@@ -616,17 +672,16 @@ class TransactionService:
                                              min(SCAN_BATCH, last + 1 - offset))  # fmt: skip
                 if res.status is not GetStatus.FOUND:
                     break
-                out.append(HalfRun(res.buffer, res.queue_offsets, res.entry_positions))
-                found += len(res.queue_offsets)
+                found.append(res.queue_offsets)
+                yield HalfRun(res.buffer, res.queue_offsets, res.entry_positions)
                 offset = res.next_begin_offset
-        if found != len(queue_offsets):
-            have = {q for r in out for q in r.queue_offsets}
+        if sum(len(f) for f in found) != len(queue_offsets):
+            have = {q for f in found for q in f}
             missing = [q for q in queue_offsets if q not in have]
             raise HalvesGoneError(
                 f"{len(missing)} half messages are gone from {TRANS_HALF_TOPIC} (expired?), first at queue offset "
                 f"{missing[0]}; the transaction cannot be committed"
             )
-        return out
 
     # ------------------------------------------------------------------------------------------ queries
 
@@ -757,15 +812,20 @@ class TransactionService:
             t.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
             t.ended_ms = op.store_timestamp
             t.decision_op_offset = op.queue_offset
-            t.decided = frozenset(o for a, b in decode_offsets(op.body) for o in range(a, b + 1))
+            ranges = decode_offsets(op.body)
             t.finished = not commit or tid in finished
+            if t.finished:  # only its count and highest half are asked of it: no set of a million offsets
+                t.decided_total = sum(b - a + 1 for a, b in ranges)
+                t.top_half = max([b for _, b in ranges] + list(t.halves), default=-1)
+            else:  # its re-store is to be finished: the halves it covers are needed one by one
+                t.decided = frozenset(o for a, b in ranges for o in range(a, b + 1))
         with self._lock:
             self._txns = txns
             self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() if len(t.halves) == 1
                                        for cl in t.halves.values()}  # fmt: skip
             for t in txns.values():
                 if t.finished and t.status is not TxStatus.OPEN:
-                    t.drop_tables()
+                    self._drop_tables(t)
         for t in list(txns.values()):
             if not t.finished:
                 try:
@@ -773,7 +833,7 @@ class TransactionService:
                 except HalvesGoneError as e:
                     with self._lock:
                         t.finished = True  # nothing can bring them back; do not block start-up over it
-                        t.drop_tables()
+                        self._drop_tables(t)
                     log.error("transaction %s: committed, but its interrupted re-store cannot finish: %s", t.txn_id, e)
                 except (BrokerError, OSError) as e:
                     log.error("transaction %s: finishing the commit failed (%s); the check thread retries", t.txn_id, e)
@@ -790,20 +850,39 @@ class TransactionService:
         """Re-store the committed halves not yet in their real topics (idempotent), then mark finished."""
         self._wait_for_dispatch()  # re-stores of an earlier attempt must be in the consume queues we scan
         op = op or self._decision_op(t)
-        runs = self._read_half_runs(sorted(t.decided))
         attempts = op.properties.get(COMMITTED_ATTEMPTS)
         allowed = None if attempts is None else (attempts.split(",") if attempts else [])
         done: set[int] = set()
-        for (topic, qid), start in decode_commit_start(op.properties.get(COMMIT_START, "")).items():
+        queues = decode_commit_start(op.properties.get(COMMIT_START, ""))  # every queue the commit writes to
+        for (topic, qid), start in queues.items():
             for e in self._scan_raw(topic, qid, start):
                 done.add(I64.unpack_from(e.entry, POS_PREPARED_TX_OFFSET)[0])
         skip = np.array(sorted(done), np.int64)
-        todo = [commit_halves(r, attempts=allowed, skip=skip) for r in runs]
-        log.warning("transaction %s: finishing an interrupted commit: %d halves, storing the %d not yet visible",
-                    t.txn_id, len(t.decided), sum(c.messages for c in todo))  # fmt: skip
-        self._restore(t, todo)
+        todo = (commit_halves(r, attempts=allowed, skip=skip) for r in self._iter_half_runs(sorted(t.decided)))
+        restored = self._restore(t, todo, queues)
+        log.warning("transaction %s: finished an interrupted commit of %d halves: stored the %d not yet visible",
+                    t.txn_id, len(t.decided), restored)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ state file
+
+    def _forget_ended(self, now: int, half_from: int) -> None:
+        """Under _lock: forget ended transactions past outcome_retention_ms, and the earliest ended beyond
+        max_outcomes (RocketMQ-style producers end one transaction per message: a day of them could take
+        gigabytes). Only transactions whose halves the next start-up scan no longer reaches (below half_from)
+        are forgotten; it would find the others again, undecided."""
+        done = [t for t in self._txns.values() if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)
+                and t.highest_half() < half_from]  # fmt: skip
+        old = [t for t in done if now - t.ended_ms >= self.outcome_retention_ms]
+        kept = len(done) - len(old)
+        if kept > self.max_outcomes:
+            recent = (t for t in done if now - t.ended_ms < self.outcome_retention_ms)
+            old += heapq.nsmallest(kept - self.max_outcomes, recent, key=lambda t: t.ended_ms)
+            log.warning("transactions: %d ended outcomes kept, over max_outcomes=%d; forgetting the %d earliest",
+                        kept, self.max_outcomes, kept - self.max_outcomes)  # fmt: skip
+        for t in old:
+            for cl in t.halves.values():
+                self._by_half_cl_offset.pop(cl, None)
+            del self._txns[t.txn_id]
 
     def persist(self) -> None:
         """Write where the next start-up scans from: the oldest half still needed, and the oldest op message that
@@ -828,14 +907,7 @@ class TransactionService:
                 default=op_max,
             )  # fmt: skip
             op_from = min([op_from] + [t.op_floor for t in self._txns.values() if t.status is TxStatus.ENDING])
-            for tid in [
-                tid for tid, t in self._txns.items()
-                if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)
-                and now - t.ended_ms >= self.outcome_retention_ms and t.highest_half() < half_from
-            ]:  # fmt: skip
-                for cl in self._txns[tid].halves.values():
-                    self._by_half_cl_offset.pop(cl, None)
-                del self._txns[tid]
+            self._forget_ended(now, half_from)
             checks = {tid: t.check_times for tid, t in sorted(self._txns.items())
                       if t.status is TxStatus.OPEN and t.check_times}  # fmt: skip
             write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from, "checkTimes": checks})

@@ -158,7 +158,8 @@ class BrokerController:
         self.transactions = TransactionService(
             store, config_dir, checker=self.check_hub.check, transaction_timeout_ms=cfg.transaction_timeout_ms,
             check_interval_ms=cfg.transaction_check_interval_ms, check_max=cfg.transaction_check_max,
-            max_halves=cfg.transaction_max_halves,
+            max_halves=cfg.transaction_max_halves, commit_memory_bytes=cfg.transaction_commit_memory_bytes,
+            max_outcomes=cfg.transaction_max_outcomes,
         )  # fmt: skip
         self.transactions.start()  # recovery: interrupted commits are finished before any request is served
 

@@ -12,7 +12,13 @@ import pytest
 
 from broker.errors import MessageIllegalError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker.semantics.transaction import TransactionError, TransactionService, TxState, TxStatus
+from broker.semantics.transaction import (
+    DEFAULT_COMMIT_MEMORY_BYTES,
+    TransactionError,
+    TransactionService,
+    TxState,
+    TxStatus,
+)
 from broker.semantics.transaction_codec import (
     ATTEMPT,
     FINISHED_TAG,
@@ -145,8 +151,7 @@ def test_bad_batches_are_refused_whole(box: StoreBox) -> None:
         assert box.s.max_offset(TRANS_HALF_TOPIC, 0) == 0
         res = tx.put_half_batch(batch("Out", [b"x" * 70_000]), "spark", "t1")  # over max_message_size
         assert not res.ok and "MESSAGE_SIZE_EXCEEDED" in res.error
-        info = tx.transaction("t1")
-        assert info is not None and info.half_count == 0
+        assert tx.transaction("t1") is None  # its only puts were refused: nothing is kept for it
     finally:
         tx.shutdown()
 
@@ -177,6 +182,43 @@ def test_commit_only_the_listed_writer_attempts(box: StoreBox) -> None:
         out = tx.end_transaction("q:1", commit=True, committed_attempts=["0:1", "1:0"])
         assert out.half_count == 3 and out.restored == 2
         assert sorted(m.body for m in box.read_topic("Out")) == [b"p0-a1", b"p1-a0"]
+    finally:
+        tx.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("budget", "remade"),
+    [(0, "all"), (250_000, "some"), (DEFAULT_COMMIT_MEMORY_BYTES, "none")],
+    ids=["all-remade", "some-remade", "all-kept"],
+)
+def test_a_commit_past_its_memory_bound_stores_the_same_entries(box: StoreBox, budget: int, remade: str) -> None:
+    """A commit keeps at most commit_memory_bytes of the committed entries it made before deciding; the halves
+    past that are made again as they are stored. Either way the same entries land, in order, attempts filtered."""
+    tx = service(box, put_chunk_bytes=4096, commit_memory_bytes=budget)
+    made_again: list[int] = []
+    real_commit_runs = tx._commit_runs
+
+    def spy(offsets: list[int], attempts: list[str] | None) -> object:
+        kept, later, queues = real_commit_runs(offsets, attempts)
+        made_again.append(len(later))
+        return kept, later, queues
+
+    tx._commit_runs = spy  # type: ignore[method-assign,assignment]
+    try:
+        expected: dict[int, list[bytes]] = {0: [], 1: []}
+        for k in range(6):  # 3,000 halves, more than one store get (run) holds; attempt 2:0 is a failed task
+            bodies = [f"b{k}-{i:04d}".encode() * 4 for i in range(500)]
+            attempt = f"{k % 3}:0"
+            assert tx.put_half_batch(batch("Out", bodies, queue_id=k % 2, props={ATTEMPT: attempt}), "spark", "m").ok
+            if attempt != "2:0":
+                expected[k % 2] += bodies
+        out = tx.end_transaction("m", commit=True, committed_attempts=["0:0", "1:0"])
+        assert out.status is TxStatus.COMMITTED and out.complete and out.restored == 2000
+        assert {"all": made_again == [3000], "some": 0 < made_again[0] < 3000, "none": made_again == [0]}[remade]
+        for q in (0, 1):
+            got = box.read_queue("Out", q)
+            assert [m.body for m in got] == expected[q]
+            assert all(SysFlag.transaction_type(m.sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE for m in got)
     finally:
         tx.shutdown()
 
@@ -274,8 +316,9 @@ def test_state_survives_restart(box: StoreBox) -> None:
         tx.shutdown()
 
 
-def test_interrupted_commit_is_finished_at_start_without_duplicates(box: StoreBox) -> None:
-    tx = service(box, put_chunk_bytes=4096)
+@pytest.mark.parametrize("budget", [DEFAULT_COMMIT_MEMORY_BYTES, 0], ids=["kept", "remade"])
+def test_interrupted_commit_is_finished_at_start_without_duplicates(box: StoreBox, budget: int) -> None:
+    tx = service(box, put_chunk_bytes=4096, commit_memory_bytes=budget)
     bodies = [f"m{i:04d}".encode() * 10 for i in range(300)]
     for i in range(0, 300, 50):
         assert tx.put_half_batch(batch("Out", bodies[i : i + 50], queue_id=i // 50 % 2), "spark", "big").ok
@@ -426,6 +469,41 @@ def test_ended_transactions_are_forgotten_after_the_retention_time(box: StoreBox
         tx.shutdown()
 
 
+def test_at_most_max_outcomes_ended_transactions_are_remembered(box: StoreBox) -> None:
+    """RocketMQ-style producers end one transaction per message; within the retention time, only the
+    max_outcomes latest ended are kept, the earliest forgotten first, and a restart does not bring them back. One
+    still open keeps the ones ended after its half (the start-up scan would find them undecided)."""
+    tx = service(box, max_outcomes=3)
+    for i in range(6):
+        tx.prepare_half("Out", 0, b"m%d" % i, {}, "rmq", txn_id=f"t{i}")
+        tx.end_transaction(f"t{i}", commit=i % 2 == 0)
+        time.sleep(0.002)  # distinct end times: the earliest ended is forgotten first
+    tx.persist()
+    assert [t.txn_id for t in tx.list_transactions()] == ["t3", "t4", "t5"]
+    assert tx.end_transaction("t4", commit=False).status is TxStatus.COMMITTED  # kept ones still answer
+    tx.prepare_half("Out", 0, b"open", {}, "rmq", txn_id="open")
+    for i in range(6, 9):
+        tx.prepare_half("Out", 0, b"m%d" % i, {}, "rmq", txn_id=f"t{i}")
+        tx.end_transaction(f"t{i}", commit=True)
+    tx.persist()
+    assert [t.txn_id for t in tx.list_transactions()] == ["open", "t3", "t4", "t5", "t6", "t7", "t8"]
+    tx.shutdown()
+    box.crash()
+    box.open()
+    tx = service(box, max_outcomes=3)
+    try:
+        assert tx.transaction("t0") is None and tx.transaction("t2") is None
+        assert tx.transaction("open").status is TxStatus.OPEN  # type: ignore[union-attr]
+        rolled_back, committed = TxStatus.ROLLED_BACK, TxStatus.COMMITTED
+        assert [t.status for t in tx.list_transactions("t")] == [rolled_back, committed, rolled_back] + [committed] * 3
+        assert tx.end_transaction("open", commit=True).restored == 1
+        tx.persist()
+        assert [t.txn_id for t in tx.list_transactions()] == ["open", "t7", "t8"]
+        assert sorted(m.body for m in box.read_topic("Out")) == [b"m0", b"m2", b"m4", b"m6", b"m7", b"m8", b"open"]
+    finally:
+        tx.shutdown()
+
+
 def test_persist_never_skips_halves_or_decisions_being_written(box: StoreBox) -> None:
     tx = service(box)
     state_path = os.path.join(box.path, "config", "transactionState.json")
@@ -510,12 +588,15 @@ def test_ended_batch_transactions_keep_no_table_per_message(box: StoreBox) -> No
     try:
         tx.put_half_batch(batch("Out", [b"c%d" % i for i in range(300)]), "spark", "big-commit")
         tx.put_half_batch(batch("Out", [b"r%d" % i for i in range(200)]), "spark", "big-rollback")
-        tx.put_half_batch(batch("Out", [b"one"]), "spark", "single")
+        single = tx.put_half_batch(batch("Out", [b"one"]), "spark", "single")
         assert tx.end_transaction("big-commit", commit=True).restored == 300
         assert tx.end_transaction("big-rollback", commit=False).half_count == 200
         tx.end_transaction("single", commit=True)
         internal = {tid: (len(t.halves), len(t.decided), t.highest_half()) for tid, t in tx._txns.items()}
-        assert internal == {"big-commit": (0, 0, 299), "big-rollback": (0, 0, 499), "single": (1, 1, 500)}
+        assert internal == {"big-commit": (0, 0, 299), "big-rollback": (0, 0, 499), "single": (0, 0, 500)}
+        assert tx._by_half_cl_offset == {}  # RocketMQ's end-by-offset of an ended half reads its id from the store:
+        by_offset = tx.end_transaction_by_offset(single.commitlog_offsets[0], commit=False)
+        assert by_offset.already_ended and by_offset.status is TxStatus.COMMITTED and by_offset.half_count == 1
         assert {t.txn_id: t.half_count for t in tx.list_transactions()} == {
             "big-commit": 300, "big-rollback": 200, "single": 1,
         }  # fmt: skip
@@ -532,7 +613,10 @@ def test_ended_batch_transactions_keep_no_table_per_message(box: StoreBox) -> No
             "big-commit": (TxStatus.COMMITTED, 300), "big-rollback": (TxStatus.ROLLED_BACK, 200),
             "single": (TxStatus.COMMITTED, 1),
         }  # fmt: skip
-        assert all(not t.halves for tid, t in tx._txns.items() if tid != "single")
+        assert all(not t.halves and not t.decided for t in tx._txns.values())  # none rebuilt for finished ones
+        assert {tid: t.highest_half() for tid, t in tx._txns.items()} == {
+            "big-commit": 299, "big-rollback": 499, "single": 500,
+        }  # fmt: skip
         assert len(box.read_topic("Out")) == 301  # nothing re-stored twice
     finally:
         tx.shutdown()
