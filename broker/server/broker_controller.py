@@ -70,9 +70,13 @@ class BrokerController:
         )  # fmt: skip
         self.offsets = ConsumerOffsetManager(config.config_dir)
         self.consumers = ConsumerManager(config.consumer_expire_ms)
+        # Held pulls and transaction check streams each occupy a gRPC worker; together they stay within this, so
+        # sends and admin calls always find one of the reserved workers. Streams may take half of it.
+        max_held = config.grpc_max_workers - config.grpc_reserved_workers
+        self.check_hub = CheckHub(max_streams=max(1, max_held // 2))
         self.hold = PullHoldService(
             long_polling_enable=config.long_polling_enable, short_polling_time_ms=config.short_polling_time_ms,
-            recheck_ms=config.long_polling_recheck_ms, max_held=config.grpc_max_workers - config.grpc_reserved_workers,
+            recheck_ms=config.long_polling_recheck_ms, max_held=max_held, held_elsewhere=self.check_hub.open_count,
         )  # fmt: skip
         self.store: MessageStore | None = None
         # Broker semantics services: started after the store (tx recovery before serving), stopped before it.
@@ -80,7 +84,6 @@ class BrokerController:
         self.transactions: TransactionService | None = None
         self.groups: SubscriptionGroupManager | None = None
         self.locks = QueueLockManager()
-        self.check_hub = CheckHub()
         self.server: grpc.Server | None = None
         self.metrics_server: MetricsServer | None = None
         self.port = 0

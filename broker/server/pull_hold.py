@@ -25,11 +25,14 @@ class _Waiter:
 
 class PullHoldService:
     def __init__(self, *, long_polling_enable: bool = True, short_polling_time_ms: int = 1000,
-                 recheck_ms: int = 5000, max_held: int = 1 << 30) -> None:  # fmt: skip
+                 recheck_ms: int = 5000, max_held: int = 1 << 30,
+                 held_elsewhere: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
         self.long_polling_enable = long_polling_enable
-        # Each held pull occupies a gRPC worker thread; past this many, pulls are answered at once so that sends
-        # and other calls always find a free worker.
+        # Each held pull occupies a gRPC worker thread; past this many, counting the other calls that hold one
+        # (``held_elsewhere``: transaction check streams), pulls are answered at once so that sends and other
+        # calls always find a free worker.
         self.max_held = max_held
+        self.held_elsewhere = held_elsewhere
         self._refused = 0
         self.short_polling_time_ms = short_polling_time_ms
         self.recheck_ms = recheck_ms
@@ -58,7 +61,7 @@ class PullHoldService:
         """False after shutdown or when the held-pull budget is used up (the pull is answered at once)."""
         if self._stopped:
             return False
-        if self.held_count() < self.max_held:
+        if self.held_count() + self.held_elsewhere() < self.max_held:
             return True
         self._refused += 1
         if self._refused == 1 or self._refused % 1000 == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
@@ -41,10 +41,7 @@ def _answer(method: Handler[R]) -> Handler[R]:
         try:
             return method(self, request, context)
         except BrokerError as e:
-            self.metrics.errors.inc(labels=(("code", e.code.name),))
-            log.info("%s refused: %s (%s)", method.__name__, e.message, e.code.name)
-            context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
-            context.abort(grpc_code_for(e.code), e.message)
+            self._refuse(method.__name__, e, context)
         except Exception as e:  # the last line of defence: log it, answer INTERNAL, keep serving
             if isinstance(e, grpc.RpcError):  # context.abort's own exception
                 raise
@@ -85,6 +82,14 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.transactions: TransactionProcessor | None = None
         self.retries: RetryProcessor | None = None
         self.locks: QueueLockManager | None = None
+
+    def _refuse(self, what: str, e: BrokerError, context: grpc.ServicerContext) -> NoReturn:
+        """Answer a refused call: its RocketMQ code in the trailers, the matching gRPC status, the reason."""
+        self.metrics.errors.inc(labels=(("code", e.code.name),))
+        log.info("%s refused: %s (%s)", what, e.message, e.code.name)
+        context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
+        context.abort(grpc_code_for(e.code), e.message)
+        raise AssertionError("unreachable: context.abort raises")
 
     # ---------------------------------------------------------------------------------------------- send / pull
     @_answer
@@ -280,7 +285,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         if self.transactions is None or not request.producer_group:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give a producer_group, on a broker with transactions")
         assert self.transactions is not None
-        return self.transactions.check_stream(request, context)
+        try:
+            return self.transactions.check_stream(request, context)
+        except BrokerError as e:  # refused before streaming (the stream limit): answered as a unary call is
+            self._refuse("TransactionCheckStream", e, context)
 
     @_answer
     def ConsumerSendMsgBack(

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from broker.errors import InvalidArgumentError
+from broker.errors import InvalidArgumentError, SystemBusyError
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import EndResult, TransactionInfo, TransactionService, TxState, TxStatus
 from broker.server.admin_processor import encode_stored
@@ -32,9 +32,15 @@ MAX_LIST = 100_000  # transactions returned by one ListTransactions
 
 
 class CheckHub:
-    """Open check streams per producer group; thread-safe."""
+    """Open check streams per producer group; thread-safe. Each open stream holds a gRPC worker thread for as
+    long as its producer lives, so at most ``max_streams`` are open at once (the held-pull budget counts them too):
+    past that, a stream is refused with SYSTEM_BUSY and its producer opens it again later."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_streams: int = 1 << 30) -> None:
+        if max_streams < 1:
+            raise InvalidArgumentError(f"max_streams={max_streams}: at least one check stream must be possible")
+        self.max_streams = max_streams
+        self._open = 0
         self._lock = threading.Lock()
         self._streams: dict[str, list[queue.Queue[pb.TransactionCheckRequest | None]]] = {}
         self._turn = itertools.count()
@@ -43,9 +49,16 @@ class CheckHub:
     def open(self, group: str) -> queue.Queue[pb.TransactionCheckRequest | None]:
         q: queue.Queue[pb.TransactionCheckRequest | None] = queue.Queue(MAX_PENDING_CHECKS)
         with self._lock:
+            if self._open >= self.max_streams:
+                raise SystemBusyError(
+                    f"{self._open} transaction check streams are open, this broker's limit (each holds a worker "
+                    "thread: half of grpc_max_workers - grpc_reserved_workers); the producer opens it again later, "
+                    "or raise grpc_max_workers"
+                )
             if self._closed:
                 q.put(None)
             self._streams.setdefault(group, []).append(q)
+            self._open += 1
         return q
 
     def close_stream(self, group: str, q: queue.Queue[pb.TransactionCheckRequest | None]) -> None:
@@ -53,12 +66,17 @@ class CheckHub:
             streams = self._streams.get(group, [])
             if q in streams:
                 streams.remove(q)
+                self._open -= 1
             if not streams:
                 self._streams.pop(group, None)
 
     def live(self, group: str) -> int:
         with self._lock:
             return len(self._streams.get(group, []))
+
+    def open_count(self) -> int:
+        """Streams open, all groups (each holds a gRPC worker)."""
+        return self._open
 
     def check(self, group: str, txn_id: str, half: StoredMessage) -> TxState | None:
         """The TransactionService's checker: hand the check to one live producer of the group."""
@@ -143,10 +161,19 @@ class TransactionProcessor:
     def check_stream(
         self, request: pb.TransactionCheckSubscribe, context: grpc.ServicerContext
     ) -> Iterator[pb.TransactionCheckRequest]:
+        """Open the stream now (SystemBusyError past the limit, before any response), then serve it."""
         if not request.producer_group:
             raise InvalidArgumentError("TransactionCheckStream: producer_group is empty")
         q = self.hub.open(request.producer_group)
         log.info("producer %s of %s opened a transaction check stream", request.client_id, request.producer_group)
+        return self._serve_stream(request, context, q)
+
+    def _serve_stream(
+        self,
+        request: pb.TransactionCheckSubscribe,
+        context: grpc.ServicerContext,
+        q: queue.Queue[pb.TransactionCheckRequest | None],
+    ) -> Iterator[pb.TransactionCheckRequest]:
         try:
             while context.is_active():
                 try:

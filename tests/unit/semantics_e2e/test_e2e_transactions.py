@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 
+import grpc
 import pytest
 from conftest import wait_until
 from e2e_util import read_topic, visible_count
 
-from broker.client import Admin, LocalTransactionState, Message, ReceivedMessage, TransactionProducer
+from broker.client import (
+    Admin,
+    LocalTransactionState,
+    Message,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    ReceivedMessage,
+    SendStatus,
+    TransactionProducer,
+)
+from broker.errors import SystemBusyError
+from broker.proto import sluice_pb2 as pb
+from broker.proto.status import error_from_rpc
 from broker.server.broker_controller import BrokerController
 from broker.store.message import Prop
 
@@ -96,3 +112,42 @@ def test_a_raising_local_transaction_is_left_to_the_check_back(broker: BrokerCon
         assert sent.local_state is UNKNOW
         wait_until(lambda: visible_count(endpoint, "Tx") == 1, timeout_s=20, what="commit by check-back")
     assert [m.body for m in read_topic(endpoint, "Tx")] == [b"recovered"]
+
+
+def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Callable[..., BrokerController]) -> None:
+    """Each check stream holds a gRPC worker for its producer's life: streams take at most half of the held-call
+    budget, a stream past that is refused (its producer opens it again later), and held pulls count the open
+    streams, so sends always find a worker."""
+    broker = broker_factory(grpc_max_workers=10, grpc_reserved_workers=2)  # 8 held calls: at most 4 streams
+    ep = f"127.0.0.1:{broker.port}"
+    hub = broker.check_hub
+    producers = [TransactionProducer(ep, f"g{i}", Checker(UNKNOW)) for i in range(5)]
+    try:
+        wait_until(lambda: hub.open_count() == 4, 10, "4 open check streams")
+        time.sleep(0.5)
+        assert hub.open_count() == 4  # the fifth is refused, not queued on a worker
+        with Admin(ep) as admin, PullConsumer(ep, "g") as consumer:
+            admin.create_topic("Busy", 1)
+            subscribe = pb.TransactionCheckSubscribe(producer_group="g9", client_id="raw")
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(producers[0].conn.stub.TransactionCheckStream(subscribe)))
+            error = error_from_rpc(refused.value)  # what the client's code sees: SYSTEM_BUSY, and why
+            assert isinstance(error, SystemBusyError) and "check streams are open, this broker's limit" in error.message
+            holders = [threading.Thread(target=consumer.pull, args=("Busy", 0, 0), kwargs={"timeout_ms": 3000})
+                       for _ in range(4)]  # fmt: skip
+            for t in holders:
+                t.start()
+            wait_until(lambda: broker.hold.held_count() == 4, 10, "4 held pulls")
+            started = time.monotonic()
+            assert consumer.pull("Busy", 0, 0, timeout_ms=3000).status is PullStatus.NO_NEW_MSG
+            assert time.monotonic() - started < 1.0  # 4 streams + 4 pulls: the budget is spent, answered at once
+            with Producer(ep) as producer:
+                sent = producer.send(Message("Busy", b"a worker was free"))  # and wakes the held pulls
+                assert sent.status is SendStatus.SEND_OK
+            for t in holders:
+                t.join(5)
+        producers.pop(0).close()
+        wait_until(lambda: hub.open_count() == 4 and hub.live("g4") == 1, 10, "the refused producer's stream")
+    finally:
+        for p in producers:
+            p.close()
