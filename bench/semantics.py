@@ -4,7 +4,8 @@ Against a broker subprocess in a fresh temporary store (ASYNC_FLUSH):
 
 * batch transaction, the exactly-once Spark sink's path: N messages of 100 B sent as halves of one transaction
   (``Producer.send_encoded(..., transaction_id=...)``, batches of 2,500), then ``Admin.end_transaction(commit)``
-  until the last message is visible; beside it the same messages through plain SendBatch;
+  until the last message is visible, with what the commit cost the broker process (user and system CPU, minor
+  page faults: fresh memory it touched); beside it the same messages through plain SendBatch;
 * the client-side half rewrite alone (``half_batch.to_half_batch``) against the transaction service's decoding
   rewrite (``transaction_codec.rewrite_batch_as_half``), in this process.
 
@@ -45,6 +46,13 @@ def visible(admin: Admin, topic: str) -> int:
     return sum(high - low for low, high in admin.queue_offsets(topic).values())
 
 
+def broker_usage(pid: int) -> tuple[float, float, int]:
+    """(user CPU s, system CPU s, minor page faults) of a process so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks, int(fields[7])  # utime, stime, minflt
+
+
 def bench_broker(n: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="sluice-bench-sem-") as tmp:  # noqa: SIM117
         with (
@@ -63,17 +71,24 @@ def bench_broker(n: int) -> dict[str, float]:
             for buffer, count in halves:
                 producer.send_encoded(buffer, count, transaction_id="bench:1")
             halves_s = time.perf_counter() - started
+            assert proc.proc is not None
+            before = broker_usage(proc.proc.pid)
             started = time.perf_counter()
             assert admin.end_transaction("bench:1", commit=True) == "COMMITTED"
             while visible(admin, "Tx") < n:
                 time.sleep(0.001)
             commit_s = time.perf_counter() - started
+            after = broker_usage(proc.proc.pid)
     return {
         "messages": n,
         "plain_send_batch_msgs_per_s": n / plain_s,
         "half_send_batch_msgs_per_s": n / halves_s,
         "commit_msgs_per_s": n / commit_s,
         "commit_s": commit_s,
+        # what the commit cost the broker process: CPU, and fresh pages touched (memory the commit holds)
+        "commit_broker_user_s": after[0] - before[0],
+        "commit_broker_sys_s": after[1] - before[1],
+        "commit_broker_minor_faults": float(after[2] - before[2]),
         "transaction_end_to_end_msgs_per_s": n / (halves_s + commit_s),
     }
 
