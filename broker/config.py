@@ -73,7 +73,7 @@ class BrokerConfig:
     transaction_max_halves: int = 4_000_000
     # Committed entries a commit keeps from its check (before the decision) to its re-store; past this the rest are
     # made again as they are stored (broker/semantics/transaction.py), so a commit's memory stays bounded.
-    transaction_commit_memory_bytes: int = 256 << 20
+    transaction_commit_memory_bytes: int = 512 << 20
     # Ended transactions remembered (their outcome reported to a second end): at most this many within the
     # retention time, the earliest ended forgotten first (some 600 B each: RocketMQ producers end one per message).
     transaction_max_outcomes: int = 500_000
