@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from broker.errors import QueryNotFoundError, SubscriptionGroupNotExistError
@@ -104,6 +104,11 @@ class AdminProcessor:
         topics = (
             [topic] if topic else sorted({*self.offsets.topics_of(group), *self.consumers.subscribed_topics(group)})
         )
+        return self.lags(group, topics)
+
+    def lags(self, group: str, topics: Iterable[str]) -> list[QueueLag]:
+        """Per-queue lag of ``group`` on ``topics``, unchecked: the metrics gauge asks it of every (group, topic)
+        with offsets, and consumer_lag's group check scans the offset table (per pair, that is quadratic)."""
         lags = []
         for t in topics:
             config = self.topics.get(t)

@@ -221,7 +221,7 @@ class BrokerController:
         def group_lags() -> list[tuple[Labels, float]]:
             out: list[tuple[Labels, float]] = []
             for group, topic in self.offsets.groups():
-                total = sum(x.lag for x in self.admin.consumer_lag(group, topic))
+                total = sum(x.lag for x in self.admin.lags(group, [topic]))
                 out.append(((("group", group), ("topic", topic)), float(total)))
             return out
 
