@@ -55,6 +55,8 @@ class ConsumerManager:
             if info is None or info.consumers.pop(client_id, None) is None:
                 return info.version if info else 0
             info.version = next(self._versions)
+            if not info.consumers:  # versions are global, so a group that comes back never repeats one
+                del self._groups[group]
             log.info("group %s: consumer %s left", group, client_id)
             return info.version
 
@@ -70,6 +72,8 @@ class ConsumerManager:
                     dropped.append((group, cid))
                 if stale:
                     info.version = next(self._versions)
+            for group in [g for g, info in self._groups.items() if not info.consumers]:
+                del self._groups[group]  # every group name ever seen would otherwise stay
         for group, cid in dropped:
             log.warning("group %s: consumer %s expired after %d ms without heartbeat", group, cid, self.expire_ms)
         return dropped
