@@ -897,6 +897,7 @@ class TransactionService:
                 [min(t.halves) for t in live if t.halves] + [t.half_floor for t in live if t.inflight],
                 default=half_max,
             )
+            self._forget_ended(now, half_from)  # first: a forgotten decision need not be re-read at start-up
             op_from = min(
                 (
                     t.decision_op_offset
@@ -908,7 +909,6 @@ class TransactionService:
                 default=op_max,
             )  # fmt: skip
             op_from = min([op_from] + [t.op_floor for t in self._txns.values() if t.status is TxStatus.ENDING])
-            self._forget_ended(now, half_from)
             checks = {tid: t.check_times for tid, t in sorted(self._txns.items())
                       if t.status is TxStatus.OPEN and t.check_times}  # fmt: skip
             write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from, "checkTimes": checks})

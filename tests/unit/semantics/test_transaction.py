@@ -481,6 +481,11 @@ def test_at_most_max_outcomes_ended_transactions_are_remembered(box: StoreBox) -
     tx.persist()
     assert [t.txn_id for t in tx.list_transactions()] == ["t3", "t4", "t5"]
     assert tx.end_transaction("t4", commit=False).status is TxStatus.COMMITTED  # kept ones still answer
+    tx.shutdown()
+    box.crash()  # right after that persist: start-up reads no decision it forgot
+    box.open()
+    tx = service(box, max_outcomes=3)
+    assert [t.txn_id for t in tx.list_transactions()] == ["t3", "t4", "t5"]
     tx.prepare_half("Out", 0, b"open", {}, "rmq", txn_id="open")
     for i in range(6, 9):
         tx.prepare_half("Out", 0, b"m%d" % i, {}, "rmq", txn_id=f"t{i}")
