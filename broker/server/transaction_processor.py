@@ -14,6 +14,7 @@ import itertools
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 
 import grpc
@@ -166,7 +167,11 @@ class TransactionProcessor:
             raise InvalidArgumentError("TransactionCheckStream: producer_group is empty")
         q = self.hub.open(request.producer_group)
         log.info("producer %s of %s opened a transaction check stream", request.client_id, request.producer_group)
-        return self._serve_stream(request, context, q)
+        stream = self._serve_stream(request, context, q)
+        # A call cancelled before gRPC first iterates the stream never runs its ``finally``: the stream is closed
+        # when the generator is dropped, too (close_stream does nothing the second time).
+        weakref.finalize(stream, self.hub.close_stream, request.producer_group, q)
+        return stream
 
     def _serve_stream(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from broker.errors import SystemBusyError
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.server.broker_controller import BrokerController
+from broker.server.transaction_processor import TransactionProcessor
 from broker.store.message import Prop
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
@@ -151,3 +153,16 @@ def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Ca
     finally:
         for p in producers:
             p.close()
+
+
+def test_a_check_stream_never_iterated_is_closed_when_dropped(broker: BrokerController) -> None:
+    """gRPC may drop a cancelled call's response stream before it first iterates it, so its ``finally`` never
+    runs: the stream still leaves the hub (else the stream budget would leak)."""
+    assert broker.transactions is not None
+    processor = TransactionProcessor(broker.transactions, broker.check_hub)
+    before = broker.check_hub.open_count()
+    stream = processor.check_stream(pb.TransactionCheckSubscribe(producer_group="gone", client_id="c"), None)  # type: ignore[arg-type]
+    assert broker.check_hub.open_count() == before + 1 and broker.check_hub.live("gone") == 1
+    del stream
+    gc.collect()
+    assert broker.check_hub.open_count() == before and broker.check_hub.live("gone") == 0
