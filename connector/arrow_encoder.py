@@ -104,7 +104,8 @@ class RowEncoder:
         return self._round_robin % n
 
     def encode(self, batch: pa.RecordBatch, first_row: int = 0) -> Iterator[EncodedChunk]:
-        """Yield chunks bounded by ``batch_messages`` and ``batch_bytes``; the row number is in every error."""
+        """Yield chunks of at most ``batch_messages`` entries and ``batch_bytes`` bytes (an entry larger than that
+        goes alone: the broker names it); the row number is in every error."""
         cols = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
         bodies = cols["body"]
         n = len(bodies)
@@ -139,10 +140,13 @@ class RowEncoder:
                 )
             except MessageIllegalError as e:
                 raise MessageIllegalError(f"row {row}: {e.message}") from None
+            if parts and size + len(entry) > self.batch_bytes:  # never past the bound: the broker refuses that
+                yield EncodedChunk(b"".join(parts), len(parts), per_topic)
+                parts, size, per_topic = [], 0, {}
             parts.append(entry)
             size += len(entry)
             per_topic[topic] = per_topic.get(topic, 0) + 1
-            if len(parts) >= self.batch_messages or size >= self.batch_bytes:
+            if len(parts) >= self.batch_messages:
                 yield EncodedChunk(b"".join(parts), len(parts), per_topic)
                 parts, size, per_topic = [], 0, {}
         if parts:

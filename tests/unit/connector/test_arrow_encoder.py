@@ -95,3 +95,32 @@ def test_rows_without_their_own_properties_share_one_encoding() -> None:
                 c.buffer for c in slow_enc.encode(_batch([(b, None, None, {"x": "1"}, None) for b in bodies]))
             )
         assert fast == slow, half
+
+
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=60),
+    batch_bytes=st.integers(1024, 20_000),
+    batch_messages=st.integers(1, 40),
+)
+@settings(max_examples=60, deadline=None)
+def test_chunks_never_pass_batch_bytes(sizes: list[int], batch_bytes: int, batch_messages: int) -> None:
+    """One SendBatch is stored whole and the broker refuses one over its limit: a chunk stays within
+    ``batch_bytes`` (a single entry bigger than that goes alone) and ``batch_messages``, and every row is in one."""
+    enc = RowEncoder(default_topic="Out", queue_count=lambda t: 2, batch_bytes=batch_bytes,
+                     batch_messages=batch_messages)  # fmt: skip
+    chunks = list(enc.encode(pa.RecordBatch.from_pydict({"body": [b"x" * n for n in sizes]})))
+    assert sum(c.count for c in chunks) == len(sizes)
+    assert all(c.count <= batch_messages for c in chunks)
+    assert all(len(c.buffer) <= batch_bytes or c.count == 1 for c in chunks)
+
+
+def test_default_chunks_fit_the_default_broker_batch_limit() -> None:
+    """Rows of 1 KiB with the sink's defaults: each chunk fits the broker's 4 MiB batch limit."""
+    from broker.store.config import StoreConfig
+    from connector.sink_options import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_MESSAGES
+
+    enc = RowEncoder(default_topic="Out", queue_count=lambda t: 8, batch_bytes=DEFAULT_BATCH_BYTES,
+                     batch_messages=DEFAULT_BATCH_MESSAGES)  # fmt: skip
+    chunks = list(enc.encode(pa.RecordBatch.from_pydict({"body": [b"y" * 1024] * 10_000})))
+    limit = StoreConfig(store_path="unused").batch_limit_bytes
+    assert len(chunks) >= 3 and all(len(c.buffer) <= limit for c in chunks)

@@ -72,6 +72,18 @@ def test_rows_in_equal_messages_out(spark: Any, broker: str, guarantee: str) -> 
         assert m.properties["n"] == props["n"] and m.properties["even"] == props["even"]
 
 
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_kilobyte_rows_with_default_batching(spark: Any, broker: str, guarantee: str) -> None:
+    """6 MB of 1 KiB rows in one task, default batchMessages/batchBytes: every SendBatch fits the broker's 4 MiB
+    batch limit (a chunk used to end just past batchBytes, and at-least-once sends are not split)."""
+    topic = new_topic(broker, queues=2, prefix="kib")
+    df = spark.range(0, 6000, 1, 1).selectExpr("concat(lpad(cast(id as string), 8, '0'), repeat('k', 1016)) as body")
+    write(df, broker, topic=topic, deliveryGuarantee=guarantee)
+    got = flat(read_all(broker, topic, expect=6000))
+    assert sorted(m.body[:8] for m in got) == [b"%08d" % i for i in range(6000)]
+    assert {len(m.body) for m in got} == {1024}
+
+
 def test_binary_bodies_per_row_topic_and_sharding_order(spark: Any, broker: str) -> None:
     a, b = new_topic(broker, queues=4, prefix="sinka"), new_topic(broker, queues=2, prefix="sinkb")
     rows = [(bytes([i % 256, 0, 255]) + str(i).encode(), a if i % 2 else b, f"user{i % 5}", i) for i in range(1000)]
