@@ -74,8 +74,9 @@ class BrokerConfig:
     # Committed entries a commit keeps from its check (before the decision) to its re-store; past this the rest are
     # made again as they are stored (broker/semantics/transaction.py), so a commit's memory stays bounded.
     transaction_commit_memory_bytes: int = 512 << 20
-    # Ended transactions remembered (their outcome reported to a second end): at most this many within the
-    # retention time, the earliest ended forgotten first (some 600 B each: RocketMQ producers end one per message).
+    # Ended single-message transactions remembered (their outcome reported to a second end): at most this many
+    # within the retention time, the earliest ended forgotten first (some 600 B each: RocketMQ producers end one per
+    # message). Batch transactions keep theirs for the whole retention time.
     transaction_max_outcomes: int = 500_000
     dlq_pull_enable: bool = False  # %DLQ% topics are for people: pulls refused unless an admin enables this
     auto_create_subscription_group: bool = True

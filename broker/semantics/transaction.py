@@ -98,8 +98,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 6_000
 DEFAULT_CHECK_INTERVAL_MS = 60_000
 DEFAULT_CHECK_MAX = 15
 DEFAULT_OUTCOME_RETENTION_MS = 24 * 3_600_000  # ended transactions are remembered (and re-read at start) this long
-# ... and at most this many (the earliest ended forgotten first): about 600 B each, 300 MB in all. The exactly-once sink
-# asks only for its query's last batches; a RocketMQ producer asks of a transaction until its check-backs end.
+# ... and of single-message ones at most this many (the earliest ended forgotten first): about 600 B each, 300 MB in
+# all. RocketMQ producers make one per message; batch transactions (one per Spark micro-batch) are not counted.
 DEFAULT_MAX_OUTCOMES = 500_000
 DEFAULT_PUT_CHUNK_BYTES = 1 << 20  # re-store batches: well under the store's batch limit
 # A transaction's table (half offsets) is held in memory: about 100 B per half at the worst, so the default bounds
@@ -867,19 +867,21 @@ class TransactionService:
     # ------------------------------------------------------------------------------------------ state file
 
     def _forget_ended(self, now: int, half_from: int) -> None:
-        """Under _lock: forget ended transactions past outcome_retention_ms, and the earliest ended beyond
-        max_outcomes (RocketMQ-style producers end one transaction per message: a day of them could take
-        gigabytes). Only transactions whose halves the next start-up scan no longer reaches (below half_from)
-        are forgotten; it would find the others again, undecided."""
+        """Under _lock: forget ended transactions past outcome_retention_ms, and the earliest ended single-message
+        ones beyond max_outcomes (RocketMQ-style producers end one transaction per message: a day of them could
+        take gigabytes). Batch transactions are few (one per Spark micro-batch) and keep their outcome for the
+        whole retention time: the exactly-once sink asks for it when it re-runs a batch after a crash.
+        Only transactions whose halves the next start-up scan no longer reaches (below half_from) are forgotten;
+        it would find the others again, undecided."""
         done = [t for t in self._txns.values() if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)
                 and t.highest_half() < half_from]  # fmt: skip
         old = [t for t in done if now - t.ended_ms >= self.outcome_retention_ms]
-        kept = len(done) - len(old)
-        if kept > self.max_outcomes:
-            recent = (t for t in done if now - t.ended_ms < self.outcome_retention_ms)
-            old += heapq.nsmallest(kept - self.max_outcomes, recent, key=lambda t: t.ended_ms)
-            log.warning("transactions: %d ended outcomes kept, over max_outcomes=%d; forgetting the %d earliest",
-                        kept, self.max_outcomes, kept - self.max_outcomes)  # fmt: skip
+        singles = [t for t in done if now - t.ended_ms < self.outcome_retention_ms and t.decided_count() <= 1]
+        if len(singles) > self.max_outcomes:
+            excess = len(singles) - self.max_outcomes
+            old += heapq.nsmallest(excess, singles, key=lambda t: t.ended_ms)
+            log.warning("transactions: %d single-message outcomes kept, over max_outcomes=%d; forgetting the %d "
+                        "earliest", len(singles), self.max_outcomes, excess)  # fmt: skip
         for t in old:
             for cl in t.halves.values():
                 self._by_half_cl_offset.pop(cl, None)
