@@ -44,10 +44,16 @@ KNOWN_COLUMNS = ("body", "topic", "tags", "keys", "properties", "sharding_key", 
 _HALF_NAMES = frozenset(HALF_PROPERTY_NAMES)
 
 
-def check_columns(names: Sequence[str], ignore_extra_columns: bool) -> None:
-    """Fail at query start, naming the columns that are wrong."""
+def check_columns(names: Sequence[str], ignore_extra_columns: bool, topic_option: str | None = "") -> None:
+    """Fail at query start, naming the columns that are wrong. ``topic_option``: the sink's topic option (None:
+    not set, then every row needs a 'topic' column)."""
     if "body" not in names:
         raise MessageIllegalError(f"the sink needs a 'body' column (binary or string); the DataFrame has {list(names)}")
+    if topic_option is None and "topic" not in names:
+        raise MessageIllegalError(
+            "no topic to write to: set the 'topic' option or give the DataFrame a 'topic' column "
+            f"(its columns: {list(names)})"
+        )
     extra = [n for n in names if n not in KNOWN_COLUMNS]
     if extra and not ignore_extra_columns:
         raise MessageIllegalError(
@@ -106,7 +112,8 @@ class RowEncoder:
     def encode(self, batch: pa.RecordBatch, first_row: int = 0) -> Iterator[EncodedChunk]:
         """Yield chunks of at most ``batch_messages`` entries and ``batch_bytes`` bytes (an entry larger than that
         goes alone: the broker names it); the row number is in every error."""
-        cols = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
+        cols = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)
+                if name in KNOWN_COLUMNS}  # fmt: skip  # ignored extra columns are never made Python objects
         bodies = cols["body"]
         n = len(bodies)
         none: list[None] = [None] * n

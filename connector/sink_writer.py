@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -43,12 +44,16 @@ from broker.errors import (
     ServiceNotAvailableError,
     SystemBusyError,
 )
+from broker.semantics.transaction import MAX_ATTEMPTS_PROPERTY_CHARS
 from connector.arrow_encoder import RowEncoder, check_columns
 from connector.sink_options import SinkOptions
 
 log = logging.getLogger(__name__)
 
 ATTEMPT_PROPERTY = "TRAN_ATTEMPT"  # the broker keeps only committed attempts' halves (broker.semantics)
+# The commit call answers once every message of the batch is re-stored in its topic (1M messages: 4-8 s here);
+# one that timed out would fail the query though the broker finishes the commit.
+COMMIT_TIMEOUT_S = 600.0
 RETRY_BACKOFF_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 
 
@@ -73,8 +78,22 @@ def _task_ids() -> tuple[str, int, str, str]:
     run_id = ctx.getLocalProperty("spark.jobGroup.id") or uuid.uuid4().hex
     if not query_id or batch_id is None:
         raise BrokerError("no streaming query id / batch id in the task's local properties; is this a stream write?")
-    attempt = f"{ctx.partitionId()}.{ctx.attemptNumber()}.{uuid.uuid4().hex[:12]}"
-    return query_id, int(batch_id), run_id, attempt
+    return query_id, int(batch_id), run_id, _attempt_id(ctx)
+
+
+def _attempt_id(ctx: Any) -> str:
+    """The task attempt's id, unique within the application (so within the run a transaction id names), and
+    short: the commit lists every attempt in one property of at most MAX_ATTEMPTS_PROPERTY_CHARS."""
+    return str(ctx.taskAttemptId()) if ctx is not None else uuid.uuid4().hex
+
+
+def _check_attempts(attempts: list[str], what: str) -> None:
+    """Refuse, before the broker does, a commit whose attempt list is over the broker's property limit."""
+    if len(",".join(attempts)) > MAX_ATTEMPTS_PROPERTY_CHARS:
+        raise BrokerError(
+            f"{what}: {len(attempts)} task attempts are too many for one commit ({MAX_ATTEMPTS_PROPERTY_CHARS} "
+            f"characters of attempt ids); write with fewer partitions (coalesce) or smaller micro-batches"
+        )
 
 
 def _send_all(
@@ -132,7 +151,7 @@ def _send_chunk(producer: Producer, opts: SinkOptions, buffer: bytes, count: int
 
 class SluiceStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
-        check_columns(schema.names, opts.ignore_extra_columns)
+        check_columns(schema.names, opts.ignore_extra_columns, opts.topic)
         self.opts = opts
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
@@ -157,16 +176,16 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
         txn_ids = {m.transaction_id for m in done if m.transaction_id}
         if len(txn_ids) > 1:
             raise BrokerError(f"batch {batchId}: tasks wrote under different transactions {sorted(txn_ids)}")
-        with Admin(self.opts.endpoints) as admin:
+        with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
             for txn_id in txn_ids:
                 attempts = [m.attempt for m in done if m.transaction_id == txn_id]
+                _check_attempts(attempts, f"batch {batchId}")
                 outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts)
                 if outcome != "COMMITTED":
                     raise BrokerError(f"batch {batchId}: transaction {txn_id} ended as {outcome}, not COMMITTED")
-                query_prefix = txn_id.rsplit(":", 2)[0] + ":"
-                for t in admin.list_transactions(query_prefix):
-                    if t.status == "OPEN" and t.transaction_id != txn_id:
-                        admin.end_transaction(t.transaction_id, commit=False)
+                # Open ones of this query can only be a crashed earlier run's (this batch's is committed now).
+                # One call ending only open transactions, not a listing of every outcome the broker remembers.
+                admin.end_transactions(txn_id.rsplit(":", 2)[0] + ":", commit=False)
         log.info("sluice sink batch %d: %d messages, %d bytes committed", batchId, total, nbytes)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -181,25 +200,24 @@ class SluiceBatchWriter(DataSourceArrowWriter):
     """``df.write.format("sluice")``: one transaction for the whole job (exactly-once) or plain sends."""
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
-        check_columns(schema.names, opts.ignore_extra_columns)
+        check_columns(schema.names, opts.ignore_extra_columns, opts.topic)
         self.opts = opts
         self.transaction_id = f"spark-batch:{uuid.uuid4().hex}" if opts.exactly_once else None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         from pyspark import TaskContext
 
-        ctx = TaskContext.get()
-        attempt = f"{ctx.partitionId()}.{ctx.attemptNumber()}.{uuid.uuid4().hex[:12]}" if ctx else uuid.uuid4().hex
+        attempt = _attempt_id(TaskContext.get())
         n, b = _send_all(self.opts, iterator, self.transaction_id, attempt)
         return SinkCommitMessage(self.transaction_id, attempt, n, b)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, SinkCommitMessage)]
         if self.transaction_id:
-            with Admin(self.opts.endpoints) as admin:
-                outcome = admin.end_transaction(
-                    self.transaction_id, commit=True, committed_attempts=[m.attempt for m in done]
-                )
+            attempts = [m.attempt for m in done]
+            _check_attempts(attempts, "batch write")
+            with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
+                outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts)
             if outcome != "COMMITTED":
                 raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
         log.info("sluice sink: %d messages committed", sum(m.messages for m in done))

@@ -197,3 +197,14 @@ def test_group_commit_failure_is_retried_logged_and_never_fatal(caplog: pytest.L
     assert committer.failures == 1 and committer.committed is None
     assert "gave up committing group 'g'" in caplog.text
     assert GroupCommitter(None).commit(link, {("t", 0): 5}) is True  # no group: nothing to do
+
+
+def test_a_commit_with_too_many_attempts_names_the_fix() -> None:
+    """Every task attempt's id travels in one property of the commit: past the broker's limit the sink says to
+    write with fewer partitions before it asks the broker (task attempt ids are short: about 3,000 fit)."""
+    from broker.errors import BrokerError
+    from connector.sink_writer import _check_attempts
+
+    _check_attempts([str(i) for i in range(3000)], "batch 7")  # up to 4-digit ids: fits
+    with pytest.raises(BrokerError, match=r"batch 7: 4000 task attempts are too many .* fewer partitions"):
+        _check_attempts([str(10**6 + i) for i in range(4000)], "batch 7")

@@ -148,3 +148,5 @@ def test_bad_option_names_itself(spark: Any, broker: str) -> None:
         write(df, broker, topic="t", deliveryGuarantee="twice")
     with pytest.raises(Exception, match="unknown sink option"):
         write(df, broker, topic="t", batchSizeTypo="3")
+    with pytest.raises(Exception, match="no topic to write to: set the 'topic' option or give the DataFrame a"):
+        write(df, broker)  # neither a topic option nor a topic column: refused before any task runs
