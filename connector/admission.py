@@ -93,15 +93,14 @@ class AdmissionControl:
 def _bytes_limited(
     start: Mapping[QueueKey, int], end: dict[QueueKey, int], max_bytes: int, probe: ByteProbe
 ) -> dict[QueueKey, int]:
+    """Each queue with a backlog gets a share of ``max_bytes`` by its backlog, and moves by at least one message
+    even when that message is larger than its share: a soft limit (as Delta's maxBytesPerTrigger), so a queue
+    whose next message is large is never starved while the others keep the budget busy."""
     backlog = {k: end[k] - start.get(k, 0) for k in end if end[k] > start.get(k, 0)}
     total = sum(backlog.values())
     out = dict(end)
     for (topic, qid), n in sorted(backlog.items()):
         share = max_bytes * n // total
         s = start.get((topic, qid), 0)
-        out[(topic, qid)] = probe(topic, qid, s, end[(topic, qid)], share) if share > 0 else s
-    if backlog and all(out[k] == start.get(k, 0) for k in backlog):
-        # Every share is smaller than its queue's next message: still move, one message of the longest backlog.
-        k = max(backlog, key=lambda k: (backlog[k], k))
-        out[k] = start.get(k, 0) + 1
+        out[(topic, qid)] = max(s + 1, probe(topic, qid, s, end[(topic, qid)], share) if share > 0 else s)
     return out

@@ -168,6 +168,14 @@ def test_byte_limit_shares_bytes_by_backlog_and_always_moves() -> None:
     end = tiny.end_offsets({("t", 0): 0}, {("t", 0): 30}, ReadMaxBytes(10), probe, available_now=False)
     assert end == {("t", 0): 1}  # one message even when it is larger than the whole budget
 
+    def big_head(topic: str, qid: int, s: int, cap: int, budget: int) -> int:  # queue 1's next message: 5,000 B
+        return s if qid == 1 and s == 0 else min(cap, s + budget // 100)
+
+    for _ in range(3):  # queue 0 keeps the budget busy; queue 1 still moves, by one message past its share
+        end = ac.end_offsets({("t", 0): 0, ("t", 1): 0}, {("t", 0): 90, ("t", 1): 10}, ReadMaxBytes(1000), big_head,
+                             available_now=False)  # fmt: skip
+        assert end == {("t", 0): 9, ("t", 1): 1}
+
 
 def test_broker_calls_are_retried_while_the_broker_is_unreachable() -> None:
     from broker.errors import ServiceNotAvailableError, TopicNotExistError
