@@ -74,11 +74,13 @@ def link_for(options: SourceOptions) -> BrokerLink:
         link = _links.get(key)
         if link is None:
             timeout_s = options.poll_timeout_ms / 1000
-            link = BrokerLink(
-                PullConsumer(options.endpoints, options.pull_group, timeout_s=timeout_s),
-                Admin(options.endpoints, timeout_s=timeout_s),
-            )
-            _links[key] = link
+            consumer = PullConsumer(options.endpoints, options.pull_group, timeout_s=timeout_s)
+            try:
+                admin = Admin(options.endpoints, timeout_s=timeout_s)
+            except BaseException:  # e.g. no endpoint answered: the consumer's channel must not stay open
+                consumer.close()
+                raise
+            link = _links[key] = BrokerLink(consumer, admin)
         return link
 
 

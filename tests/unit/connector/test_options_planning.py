@@ -216,3 +216,28 @@ def test_a_commit_with_too_many_attempts_names_the_fix() -> None:
     _check_attempts([str(i) for i in range(3000)], "batch 7")  # up to 4-digit ids: fits
     with pytest.raises(BrokerError, match=r"batch 7: 4000 task attempts are too many .* fewer partitions"):
         _check_attempts([str(10**6 + i) for i in range(4000)], "batch 7")
+
+
+def test_a_link_whose_admin_fails_closes_its_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cached link opens a pull consumer, then an admin client: when the second cannot be made (no endpoint
+    answers), the first one's channel is closed, not left open."""
+    from broker.client import PullConsumer
+    from broker.errors import ServiceNotAvailableError
+    from connector import broker_link
+
+    closed: list[bool] = []
+
+    class SpyConsumer(PullConsumer):
+        def close(self) -> None:
+            closed.append(True)
+            super().close()
+
+    def no_admin(*args: object, **kwargs: object) -> None:
+        raise ServiceNotAvailableError("none of the brokers answered")
+
+    monkeypatch.setattr(broker_link, "PullConsumer", SpyConsumer)
+    monkeypatch.setattr(broker_link, "Admin", no_admin)
+    opts = parse_options({**BASE, "endpoints": "127.0.0.1:1"}, streaming=True)
+    with pytest.raises(ServiceNotAvailableError):
+        broker_link.link_for(opts)
+    assert closed == [True]
