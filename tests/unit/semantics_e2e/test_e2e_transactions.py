@@ -123,11 +123,13 @@ def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Ca
     broker = broker_factory(grpc_max_workers=10, grpc_reserved_workers=2)  # 8 held calls: at most 4 streams
     ep = f"127.0.0.1:{broker.port}"
     hub = broker.check_hub
-    producers = [TransactionProducer(ep, f"g{i}", Checker(UNKNOW)) for i in range(5)]
+    producers: list[TransactionProducer] = []
     try:
-        wait_until(lambda: hub.open_count() == 4, 10, "4 open check streams")
+        for i in range(5):  # one at a time, so the fifth (g4) is the one past the limit
+            producers.append(TransactionProducer(ep, f"g{i}", Checker(UNKNOW)))
+            wait_until(lambda: hub.open_count() == min(len(producers), 4), 10, "check streams opened one by one")
         time.sleep(0.5)
-        assert hub.open_count() == 4  # the fifth is refused, not queued on a worker
+        assert hub.open_count() == 4 and hub.live("g4") == 0  # the fifth is refused, not queued on a worker
         with Admin(ep) as admin, PullConsumer(ep, "g") as consumer:
             admin.create_topic("Busy", 1)
             subscribe = pb.TransactionCheckSubscribe(producer_group="g9", client_id="raw")
