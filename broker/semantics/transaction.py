@@ -817,7 +817,7 @@ class TransactionService:
             t.finished = not commit or tid in finished
             if t.finished:  # only its count and highest half are asked of it: no set of a million offsets
                 t.decided_total = sum(b - a + 1 for a, b in ranges)
-                t.top_half = max([b for _, b in ranges] + list(t.halves), default=-1)
+                t.top_half = max((b for _, b in ranges), default=-1)  # drop_tables adds its halves
             else:  # its re-store is to be finished: the halves it covers are needed one by one
                 t.decided = frozenset(o for a, b in ranges for o in range(a, b + 1))
         with self._lock:
@@ -882,9 +882,7 @@ class TransactionService:
             old += heapq.nsmallest(excess, singles, key=lambda t: t.ended_ms)
             log.warning("transactions: %d single-message outcomes kept, over max_outcomes=%d; forgetting the %d "
                         "earliest", len(singles), self.max_outcomes, excess)  # fmt: skip
-        for t in old:
-            for cl in t.halves.values():
-                self._by_half_cl_offset.pop(cl, None)
+        for t in old:  # finished and ended: _drop_tables already took its end-by-offset entry
             del self._txns[t.txn_id]
 
     def persist(self) -> None:

@@ -72,7 +72,7 @@ class ConsumerManager:
                     dropped.append((group, cid))
                 if stale:
                     info.version = next(self._versions)
-            for group in [g for g, info in self._groups.items() if not info.consumers]:
+            for group in {g for g, _ in dropped if not self._groups[g].consumers}:
                 del self._groups[group]  # every group name ever seen would otherwise stay
         for group, cid in dropped:
             log.warning("group %s: consumer %s expired after %d ms without heartbeat", group, cid, self.expire_ms)

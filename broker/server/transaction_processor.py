@@ -41,7 +41,6 @@ class CheckHub:
         if max_streams < 1:
             raise InvalidArgumentError(f"max_streams={max_streams}: at least one check stream must be possible")
         self.max_streams = max_streams
-        self._open = 0
         self._lock = threading.Lock()
         self._streams: dict[str, list[queue.Queue[pb.TransactionCheckRequest | None]]] = {}
         self._turn = itertools.count()
@@ -50,16 +49,16 @@ class CheckHub:
     def open(self, group: str) -> queue.Queue[pb.TransactionCheckRequest | None]:
         q: queue.Queue[pb.TransactionCheckRequest | None] = queue.Queue(MAX_PENDING_CHECKS)
         with self._lock:
-            if self._open >= self.max_streams:
+            opened = self._open_locked()
+            if opened >= self.max_streams:
                 raise SystemBusyError(
-                    f"{self._open} transaction check streams are open, this broker's limit (each holds a worker "
+                    f"{opened} transaction check streams are open, this broker's limit (each holds a worker "
                     "thread: half of grpc_max_workers - grpc_reserved_workers); the producer opens it again later, "
                     "or raise grpc_max_workers"
                 )
             if self._closed:
                 q.put(None)
             self._streams.setdefault(group, []).append(q)
-            self._open += 1
         return q
 
     def close_stream(self, group: str, q: queue.Queue[pb.TransactionCheckRequest | None]) -> None:
@@ -67,7 +66,6 @@ class CheckHub:
             streams = self._streams.get(group, [])
             if q in streams:
                 streams.remove(q)
-                self._open -= 1
             if not streams:
                 self._streams.pop(group, None)
 
@@ -77,7 +75,11 @@ class CheckHub:
 
     def open_count(self) -> int:
         """Streams open, all groups (each holds a gRPC worker)."""
-        return self._open
+        with self._lock:
+            return self._open_locked()
+
+    def _open_locked(self) -> int:
+        return sum(len(qs) for qs in self._streams.values())
 
     def check(self, group: str, txn_id: str, half: StoredMessage) -> TxState | None:
         """The TransactionService's checker: hand the check to one live producer of the group."""
