@@ -201,7 +201,7 @@ def _subscription(opts: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]
 def _group(value: str | None) -> str | None:
     if value is None:
         return None
-    if not value or not TOPIC_PATTERN.match(value) or len(value) > 255:
+    if not value or not TOPIC_PATTERN.fullmatch(value) or len(value) > 255:
         raise SourceOptionError(
             f"option 'consumerGroup': {value!r} must be 1..255 characters of letters, digits, '%', '|', '_', '-'"
         )

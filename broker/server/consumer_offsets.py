@@ -27,7 +27,7 @@ def validate_group(group: str) -> None:
     """Groups follow the topic naming rule (they become parts of %RETRY%/%DLQ% topic names)."""
     if not group:
         raise InvalidArgumentError("consumer group is empty; pass a group name (letters, digits, '_', '-')")
-    if not TOPIC_PATTERN.match(group) or len(group) > MAX_TOPIC_BYTES:
+    if not TOPIC_PATTERN.fullmatch(group) or len(group) > MAX_TOPIC_BYTES:
         raise InvalidArgumentError(
             f"group {group[:60]!r} must match ^[%|a-zA-Z0-9_-]+$ and be at most {MAX_TOPIC_BYTES} bytes; rename it"
         )

@@ -114,7 +114,7 @@ I32 = struct.Struct(">i")
 MAX_TOPIC_BYTES = 127
 MAX_PROPERTIES_BYTES = 32767
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")  # used with fullmatch: "$" would also admit a trailing "\n"
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 
@@ -257,7 +257,7 @@ def validate_topic(topic: str) -> bytes:
     """The topic as stored bytes, or MessageIllegalError saying which rule it broke."""
     if not topic:
         raise MessageIllegalError("topic is empty; give a name of letters, digits, '%', '|', '_' or '-'")
-    if not TOPIC_PATTERN.match(topic):
+    if not TOPIC_PATTERN.fullmatch(topic):
         raise MessageIllegalError(
             f"topic {topic!r} has characters outside ^[%|a-zA-Z0-9_-]+$; rename it with only those"
         )

@@ -493,7 +493,7 @@ class MessageStore:
         self._counters["gets"] += 1
         cq = self.queues.find(topic, queue_id)
         if cq is None:
-            if queue_id < 0 or not topic or not TOPIC_PATTERN.match(topic):
+            if queue_id < 0 or not topic or not TOPIC_PATTERN.fullmatch(topic):
                 return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset

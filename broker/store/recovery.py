@@ -148,7 +148,7 @@ def load_consume_queues(queues: ConsumeQueueTable, commit_log: CommitLog) -> Non
     os.makedirs(root, exist_ok=True)
     for topic in sorted(os.listdir(root)):
         tdir = os.path.join(root, topic)
-        if not (os.path.isdir(tdir) and TOPIC_PATTERN.match(topic)):
+        if not (os.path.isdir(tdir) and TOPIC_PATTERN.fullmatch(topic)):
             continue
         for q in sorted(os.listdir(tdir)):
             if not q.isdigit():

@@ -69,6 +69,7 @@ def test_prepared_transactions_do_not_take_queue_offsets(store: MessageStore) ->
 
 def test_put_validation_statuses(store: MessageStore) -> None:
     assert store.put_message("bad topic!", 0, b"x").status is PutStatus.MESSAGE_ILLEGAL
+    assert store.put_message("T\n", 0, b"x").status is PutStatus.MESSAGE_ILLEGAL  # "$" alone admitted this
     assert store.put_message("T" * 128, 0, b"x").status is PutStatus.MESSAGE_ILLEGAL
     big = store.put_message("T", 0, b"x" * 5000)
     assert big.status is PutStatus.MESSAGE_ILLEGAL and "MESSAGE_SIZE_EXCEEDED" in big.error
