@@ -12,7 +12,7 @@ from broker.client.consumer_options import (
     MessageModel,
 )
 from broker.client.message import Message, decode_entries, encode_message
-from broker.client.producer import Producer
+from broker.client.producer import PartialSendError, Producer
 from broker.client.pull_consumer import PullConsumer
 from broker.client.push_consumer import PushConsumer
 from broker.client.rebalance import AVERAGELY, CIRCLE
@@ -21,8 +21,8 @@ from broker.client.transaction_producer import LocalTransactionState, Transactio
 
 __all__ = [
     "AVERAGELY", "BROADCASTING", "CIRCLE", "CLUSTERING", "FIRST", "LAST", "TIMESTAMP", "Admin", "ConsumeFrom",
-    "ConsumeStatus", "Message", "MessageModel", "Producer", "PullConsumer", "PullResult", "PullStatus",
-    "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus", "TopicInfo",
-    "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
+    "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "Producer", "PullConsumer", "PullResult",
+    "PullStatus", "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus",
+    "TopicInfo", "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
     "TransactionProducer", "TransactionSendResult",
 ]  # fmt: skip

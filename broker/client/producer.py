@@ -7,11 +7,12 @@ every message with the same key lands in the same queue, in order. Queue counts 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar, overload
 
 from broker.client.connection import Connection
 from broker.client.half_batch import to_half_batch
@@ -21,6 +22,8 @@ from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError
 from broker.proto import sluice_pb2 as pb
 from broker.store.batch import split_entries
 from broker.store.message import java_string_hash, validate_topic
+
+T = TypeVar("T")
 
 # The broker's store refuses batches above max_batch_bytes (4 MiB by default); send_batch splits below that.
 DEFAULT_BATCH_LIMIT_BYTES = 4 * 1024 * 1024 - 64 * 1024
@@ -65,6 +68,30 @@ class SendResults(Sequence[SendResult]):
         self.commitlog_offsets += other.commitlog_offsets
         self.queue_ids += other.queue_ids
         self.queue_offsets += other.queue_offsets
+
+
+class PartialSendError(BrokerError):
+    """A send split into several all-or-nothing calls failed after the first ones were stored. ``stored``: the
+    results of the messages that were (the first ``len(stored)``, in order); resend only the others."""
+
+    def __init__(self, cause: BrokerError, stored: list[SendResult], total: int) -> None:
+        super().__init__(
+            f"{len(stored)} of {total} messages were stored (the first {len(stored)}, in order) before a later "
+            f"part of the send failed: {cause.message}; resend only the other {total - len(stored)}",
+            cause.code,
+        )
+        self.cause = cause
+        self.stored = stored
+
+
+def _stored_so_far(stored: Sequence[SendResult], total: int, send: Callable[[], T]) -> T:
+    """``send()``; a failure after earlier parts were stored becomes a PartialSendError naming them."""
+    try:
+        return send()
+    except BrokerError as e:
+        if not stored:
+            raise
+        raise PartialSendError(e, list(stored), total) from e
 
 
 class Producer:
@@ -122,17 +149,19 @@ class Producer:
         results: list[SendResult] = []
         chunk: list[bytes] = []
         chunk_bytes = 0
-        for msg in msgs:
+        entries: list[bytes] = []
+        for msg in msgs:  # every message encoded (and so checked here) before any chunk is sent
             qid = queue_id if queue_id is not None else queues.get(msg.topic)
             if qid is None:
                 qid = queues[msg.topic] = self.select_queue(msg.topic, sharding_key)
-            entry = encode_message(msg, qid, born)
+            entries.append(encode_message(msg, qid, born))
+        for entry in entries:
             if chunk and chunk_bytes + len(entry) > self.batch_limit_bytes:
-                results += self.send_encoded(b"".join(chunk), len(chunk))
+                results += _stored_so_far(results, len(msgs), functools.partial(self._send_entries, chunk))
                 chunk, chunk_bytes = [], 0
             chunk.append(entry)
             chunk_bytes += len(entry)
-        results += self.send_encoded(b"".join(chunk), len(chunk))
+        results += _stored_so_far(results, len(msgs), functools.partial(self._send_entries, chunk))
         return results
 
     def send_encoded(
@@ -160,13 +189,20 @@ class Producer:
         for chunk, n in chunks:
             request = pb.SendBatchRequest(producer_group=self.group, entries=chunk, count=n,
                                           transaction_id=transaction_id)  # fmt: skip
-            part = SendResults(self.conn.call(self.conn.stub.SendBatch, request))
+            done: Sequence[SendResult] = results if results is not None else ()
+            part = _stored_so_far(done, count, functools.partial(self._send_request, request))
             if results is None:
                 results = part
             else:
                 results.extend(part)
         assert results is not None
         return results
+
+    def _send_entries(self, entries: list[bytes]) -> SendResults:
+        return self.send_encoded(b"".join(entries), len(entries))
+
+    def _send_request(self, request: pb.SendBatchRequest) -> SendResults:
+        return SendResults(self.conn.call(self.conn.stub.SendBatch, request))
 
     def close(self) -> None:
         self.conn.close()

@@ -272,8 +272,12 @@ class PushConsumer:
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> PushConsumer:
-        self._heartbeat()
-        self._rebalance()
+        try:
+            self._heartbeat()
+            self._rebalance()
+        except BaseException:
+            self.conn.close()  # a failed start leaves no open channel behind (the caller gets no object to close)
+            raise
         self._control = threading.Thread(target=self._control_loop, name=f"consumer-{self.group}", daemon=True)
         self._control.start()
         return self

@@ -6,7 +6,8 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from broker.errors import QueryNotFoundError, SubscriptionGroupNotExistError
+from broker.errors import InvalidArgumentError, QueryNotFoundError, SubscriptionGroupNotExistError
+from broker.semantics.system_topics import is_system_topic
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager, QueueKey, validate_group
 from broker.server.pull_hold import PullHoldService
@@ -56,6 +57,16 @@ def pack_entries(messages: list[StoredMessage]) -> tuple[bytes, list[int]]:
     return b"".join(parts), positions
 
 
+def _refuse_system_topic(topic: str, what: str) -> None:
+    """The schedule and transaction topics hold messages the broker still owes (delayed, half, decisions):
+    deleting one would drop them, creating one would fix a queue count the broker's services do not follow."""
+    if is_system_topic(topic):
+        raise InvalidArgumentError(
+            f"topic {topic!r} is a system topic the broker manages; it cannot be {what} (delayed and transactional "
+            "messages live there)"
+        )
+
+
 class AdminProcessor:
     def __init__(
         self, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager,
@@ -66,14 +77,18 @@ class AdminProcessor:
 
     # ------------------------------------------------------------------------------------------------ topics
     def create_topic(self, topic: str, queue_nums: int, if_not_exists: bool) -> TopicConfig:
+        _refuse_system_topic(topic, "created")
         return self.topics.create(topic, queue_nums, if_not_exists=if_not_exists)
 
     def delete_topic(self, topic: str) -> None:
+        _refuse_system_topic(topic, "deleted")
         self.topics.delete(topic)
         self.offsets.remove_topic(topic)
         self.store.delete_topic(topic)
 
     def topic_route(self, topic: str, auto_create: bool) -> TopicConfig:
+        if is_system_topic(topic):
+            return self.topics.require(topic)  # the broker's own queues; never made with the default count
         return self.topics.get_or_create(topic) if auto_create else self.topics.require(topic)
 
     def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
@@ -125,6 +140,10 @@ class AdminProcessor:
     # ------------------------------------------------------------------------------------------------ queries
     def query_by_key(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[StoredMessage]:
         self.topics.require(topic)
+        if max_num < 0:
+            raise InvalidArgumentError(
+                f"max_num {max_num} is negative; give 1..{QUERY_MAX_LIMIT}, or 0 for the default"
+            )
         limit = min(max_num or DEFAULT_QUERY_MAX, QUERY_MAX_LIMIT)
         return self.store.query_by_key(topic, key, limit, begin_ms, end_ms or 2**62)
 

@@ -27,12 +27,15 @@ from broker.semantics.transaction_codec import is_half_batch
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
-from broker.store.batch import queue_ranges, walk
+from broker.store.batch import SmallBatch, ValidatedBatch, queue_ranges, walk
 from broker.store.message import (
     BODY_START,
+    I32,
     MAX_TOPIC_BYTES,
     POS_BODY_LENGTH,
     POS_QUEUE_ID,
+    POS_SYS_FLAG,
+    SysFlag,
     validate_topic,
 )
 from broker.store.results import PutResult
@@ -125,6 +128,26 @@ def scan_batch(buffer: bytes, count: int) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _sys_flags(validated: SmallBatch | ValidatedBatch) -> list[int] | np.ndarray:
+    if isinstance(validated, ValidatedBatch):
+        return validated.run.sys_flags
+    return [I32.unpack_from(validated.data, p + POS_SYS_FLAG)[0] for p in validated.positions]
+
+
+def _refuse_transaction_bits(sys_flags: list[int] | np.ndarray, what: str) -> None:
+    """Transaction types in SYSFLAG are the broker's to set: a plain send marked PREPARED or ROLLBACK would be
+    stored but never reach a consume queue (acknowledged, never delivered), and one marked COMMIT would pass for
+    the end of a transaction that never was."""
+    bad = np.flatnonzero(np.asarray(sys_flags, np.int64) & SysFlag.TRANSACTION_MASK)
+    if bad.size:
+        i = int(bad[0])
+        raise MessageIllegalError(
+            f"{what} refused, nothing stored: message {i} sets transaction type bits in SYSFLAG "
+            f"({int(sys_flags[i]):#x}); plain sends must leave them 0 (send transactional messages as halves: "
+            "TransactionProducer, or Producer.send_encoded(transaction_id=...))"
+        )
+
+
 class SendProcessor:
     def __init__(
         self, store: MessageStore, topics: TopicConfigManager, metrics: BrokerMetrics, *, sync_flush: bool = False
@@ -146,10 +169,11 @@ class SendProcessor:
         validate_topic(topic)
         if is_system_topic(topic):
             raise MessageIllegalError(f"topic {topic!r} is a system topic written by the broker only; send elsewhere")
-        config = self.topics.get_or_create(topic)
+        if not (transactional or transaction_id):
+            _refuse_transaction_bits([sys_flag], "SendMessage")
         if queue_id < 0:
-            queue_id = next(self._round_robin) % config.write_queue_nums
-        self.topics.check_queue(topic, queue_id, for_write=True)
+            queue_id = next(self._round_robin) % self.topics.writable_queue_nums(topic)
+        self.topics.check_write(topic, queue_id, queue_id)  # creates nothing: a refused send leaves no topic
         started = time.perf_counter()
         kwargs = {"flag": flag, "sys_flag": sys_flag, "born_timestamp": born_timestamp or int(time.time() * 1000),
                   "reconsume_times": reconsume_times}  # fmt: skip
@@ -159,11 +183,12 @@ class SendProcessor:
             result, txn_id = self.transactions.prepare_half(
                 topic, queue_id, body, properties, producer_group, txn_id=transaction_id or None, **kwargs
             )
-            return self._finish(result, started, "half message", txn_id)
+            return self._finish(result, started, "half message", txn_id, created=[topic])
+        real_topic = topic
         if self.schedule is not None:
             topic, queue_id, properties = self.schedule.rewrite_for_delay(topic, queue_id, properties)
         result = self.store.put_message(topic, queue_id, body, properties, **kwargs)  # type: ignore[arg-type]
-        return self._finish(result, started, "message")
+        return self._finish(result, started, "message", created=[real_topic])
 
     def send_batch(self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "") -> SendOutcome:
         started = time.perf_counter()
@@ -177,15 +202,21 @@ class SendProcessor:
             # Halves, checked by the transaction service: the client's topics are checked on the buffer as sent,
             # unless the entries are in half form (all of the half topic, or the transaction service refuses
             # them), whose real topics the service reports to admit() before anything is stored.
+            real: dict[str, tuple[int, int]] = {}
             if not is_half_batch(buffer):
-                self._check_topics(scan_batch(buffer, count), transaction_id)
+                real = scan_batch(buffer, count)
+                self._check_topics(real, transaction_id)
             if self.transactions is None:
                 raise ServiceNotAvailableError("transactions are not enabled on this broker")
+
+            def admit(half_real: dict[str, tuple[int, int]]) -> None:
+                self._check_topics(half_real, "")
+                real.update(half_real)
+
             result = self.transactions.put_half_batch(
-                buffer, producer_group, transaction_id, admit=lambda real: self._check_topics(real, ""),
-                declared=count,
-            )  # fmt: skip
-            return self._finish(result, started, "SendBatch (half messages)", transaction_id)
+                buffer, producer_group, transaction_id, admit=admit, declared=count
+            )
+            return self._finish(result, started, "SendBatch (half messages)", transaction_id, created=list(real))
         try:  # one scan serves the checks here and the store's append
             validated = self.store.validate_batch(buffer)
         except MessageIllegalError as e:
@@ -195,12 +226,14 @@ class SendProcessor:
             raise MessageIllegalError(
                 f"SendBatch declares {count} messages but the buffer holds {entries}; nothing stored"
             )
+        _refuse_transaction_bits(_sys_flags(validated), "SendBatch")
         self._check_topics(ranges, transaction_id)
         if self.schedule is not None and self.schedule.batch_has_delay(buffer, validated):
             # entries with DELAY are re-addressed to the schedule topic (validated above as sent, CRCs included)
             delayed = self.schedule.rewrite_batch_for_delay(buffer)
-            return self._finish(self.store.put_batch(delayed), started, "SendBatch")
-        return self._finish(self.store.put_batch(buffer, validated=validated), started, "SendBatch")
+            return self._finish(self.store.put_batch(delayed), started, "SendBatch", created=list(ranges))
+        result = self.store.put_batch(buffer, validated=validated)
+        return self._finish(result, started, "SendBatch", created=list(ranges))
 
     def _check_topics(self, ranges: dict[str, tuple[int, int]], transaction_id: str) -> None:
         for topic, (min_queue_id, max_queue_id) in ranges.items():
@@ -210,14 +243,18 @@ class SendProcessor:
                     continue  # half entries encoded by the client: the transaction service checks them
                 raise MessageIllegalError(f"SendBatch refused, nothing stored: {topic!r} is a system topic")
             try:
-                self.topics.check_queue(topic, min_queue_id, for_write=True)
-                self.topics.check_queue(topic, max_queue_id, for_write=True)
+                self.topics.check_write(topic, min_queue_id, max_queue_id)
             except InvalidArgumentError as e:
                 raise MessageIllegalError(f"SendBatch refused, nothing stored: {e}") from None
 
-    def _finish(self, result: PutResult, started: float, what: str, transaction_id: str = "") -> SendOutcome:
+    def _finish(
+        self, result: PutResult, started: float, what: str, transaction_id: str = "", *, created: list[str]
+    ) -> SendOutcome:
+        """Answer a put; ``created``: the topics it wrote to, registered (auto-created) once the put is stored."""
         elapsed = time.perf_counter() - started
         raise_for_put(result, what)
+        for topic in created:
+            self.topics.get_or_create(topic)
         self.metrics.put_messages.inc(len(result.commitlog_offsets))
         self.metrics.put_bytes.inc(result.wrote_bytes)
         self.metrics.put_latency.observe(elapsed)

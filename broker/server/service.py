@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from broker.errors import BrokerError, ResponseCode, ServiceNotAvailableError
+from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
@@ -28,6 +28,7 @@ from broker.server.retry_processor import RetryProcessor
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
 from broker.server.transaction_processor import TransactionProcessor
+from broker.store.message import validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,18 @@ def _send_response(outcome: SendOutcome) -> pb.SendResponse:
         queue_offsets=r.queue_offsets, msg_id_prefix=prefix, store_timestamp=r.store_timestamp,
         transaction_id=outcome.transaction_id,
     )  # fmt: skip
+
+
+MAX_CLIENT_ID_CHARS = 255
+MAX_LOCK_QUEUES = 4096  # queues one LockBatchMQ / UnlockBatchMQ call may name (a consumer's share of its topics)
+
+
+def _check_client_id(client_id: str) -> None:
+    if not client_id or len(client_id) > MAX_CLIENT_ID_CHARS:
+        raise InvalidArgumentError(
+            f"client_id {client_id[:40]!r} must be 1..{MAX_CLIENT_ID_CHARS} characters: it names the consumer "
+            "in its group (the client library sets it)"
+        )
 
 
 class BrokerService(pb_grpc.BrokerServicer):
@@ -197,6 +210,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         if not request.consumer_group:  # a producer: nothing to track yet
             return pb.HeartbeatResponse()
         validate_group(request.consumer_group)
+        _check_client_id(request.client_id)
         if request.unregister:
             version = self.consumers.unregister(request.consumer_group, request.client_id)
             if self.locks is not None:
@@ -256,6 +270,20 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise ServiceNotAvailableError("retry / subscription groups are not enabled on this broker")
         return self.retries
 
+    def _lock_queues(self, request: pb.LockBatchRequest, *, existing: bool = True) -> list[tuple[str, int]]:
+        """The request's queues; to lock, each of an existing topic (the lock table holds only real queues); to
+        unlock, any well-formed one (a deleted topic's locks may still be released)."""
+        if len(request.queues) > MAX_LOCK_QUEUES:
+            raise InvalidArgumentError(f"{len(request.queues)} queues in one lock call; at most {MAX_LOCK_QUEUES}")
+        for q in request.queues:
+            if existing:
+                self.admin.topics.check_queue(q.topic, q.queue_id, for_write=False)
+            elif q.queue_id < 0:
+                raise InvalidArgumentError(f"queue id {q.queue_id} of {q.topic!r} is negative")
+            else:
+                validate_topic(q.topic)
+        return [(q.topic, q.queue_id) for q in request.queues]
+
     def _locks(self) -> QueueLockManager:
         if self.locks is None:
             raise ServiceNotAvailableError("queue locks are not enabled on this broker")
@@ -300,17 +328,16 @@ class BrokerService(pb_grpc.BrokerServicer):
     @_answer
     def LockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
         validate_group(request.consumer_group)
-        held = self._locks().lock_batch(
-            request.consumer_group, [(q.topic, q.queue_id) for q in request.queues], request.client_id
-        )
+        _check_client_id(request.client_id)
+        held = self._locks().lock_batch(request.consumer_group, self._lock_queues(request), request.client_id)
         return pb.LockBatchResponse(queues=[pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(held)])
 
     @_answer
     def UnlockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
         validate_group(request.consumer_group)
-        freed = self._locks().unlock_batch(
-            request.consumer_group, [(q.topic, q.queue_id) for q in request.queues], request.client_id
-        )
+        _check_client_id(request.client_id)
+        queues = self._lock_queues(request, existing=False)
+        freed = self._locks().unlock_batch(request.consumer_group, queues, request.client_id)
         return pb.LockBatchResponse(queues=[pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(freed)])
 
     @_answer

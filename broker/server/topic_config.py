@@ -106,6 +106,24 @@ class TopicConfigManager:
         log.info("created topic %s with %d queues", topic, queue_nums)
         return created
 
+    def grow(self, topic: str, queue_nums: int) -> TopicConfig:
+        """Raise an existing topic's queue counts to ``queue_nums`` (never lowers them: queues that hold messages
+        stay readable)."""
+        self._check_queue_nums(queue_nums)
+        with self._lock:
+            found = self._topics.get(topic)
+            if found is None:
+                raise TopicNotExistError(f"topic {topic!r} does not exist; create it first")
+            if found.read_queue_nums >= queue_nums and found.write_queue_nums >= queue_nums:
+                return found
+            grown = TopicConfig(topic, max(found.read_queue_nums, queue_nums), max(found.write_queue_nums, queue_nums),
+                                found.perm)  # fmt: skip
+            self._topics[topic] = grown
+            self._data_version += 1
+        self.persist()
+        log.info("topic %s grown to %d queues", topic, queue_nums)
+        return grown
+
     def get(self, topic: str) -> TopicConfig | None:
         return self._topics.get(topic)
 
@@ -136,6 +154,30 @@ class TopicConfigManager:
         if not self.auto_create:
             return self.require(topic)
         return self.create(topic, if_not_exists=True)
+
+    def writable_queue_nums(self, topic: str) -> int:
+        """For sends, before anything is stored or created: the topic's write queue count, or the count a first
+        send would create it with (auto-create on); TopicNotExistError when it does not exist and cannot be made.
+        The caller creates it (get_or_create) only once the send is accepted, so a refused send leaves no topic."""
+        found = self._topics.get(topic)
+        if found is None and self.store_queue_ids is not None and self.store_queue_ids(topic):
+            found = self.require(topic)  # in the store but not registered: adopt it with its queues
+        if found is not None:
+            return found.write_queue_nums
+        validate_topic(topic)
+        if not self.auto_create:
+            self.require(topic)  # raises TopicNotExistError saying how to create it
+        return self.default_queue_nums
+
+    def check_write(self, topic: str, min_queue_id: int, max_queue_id: int) -> None:
+        """InvalidArgumentError unless queues min..max exist for a send (or would, on the topic's first send);
+        creates nothing."""
+        count = self.writable_queue_nums(topic)
+        for queue_id in (min_queue_id, max_queue_id):
+            if not 0 <= queue_id < count:
+                raise InvalidArgumentError(
+                    f"queue {queue_id} does not exist: topic {topic!r} has queues 0..{count - 1}"
+                )
 
     def check_queue(self, topic: str, queue_id: int, *, for_write: bool) -> TopicConfig:
         config = self.get_or_create(topic) if for_write else self.require(topic)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from broker.client import Admin, Message, Producer, PullConsumer
+from broker.client import Admin, Message, PartialSendError, Producer, PullConsumer
 from broker.client.message import encode_message
 from broker.errors import (
     BrokerError,
@@ -21,7 +21,9 @@ from broker.errors import (
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY
+from broker.semantics.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.server.broker_controller import BrokerController
+from broker.store.message import SysFlag, encode_entry
 
 TOPIC = "Kept"
 
@@ -125,3 +127,98 @@ def test_errors_carry_grpc_status_and_response_code(broker: BrokerController, en
     assert dict(e.trailing_metadata())[RESPONSE_CODE_KEY] == str(int(ResponseCode.MESSAGE_ILLEGAL))  # type: ignore[attr-defined]
     assert "encode_entry" in e.details()  # type: ignore[attr-defined]
     channel.close()
+
+
+def test_transaction_type_bits_in_plain_sends(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
+    """A plain send marked PREPARED or ROLLBACK used to be acknowledged and then never reach a consume queue."""
+    channel = grpc.insecure_channel(endpoint)
+    stub = pb_grpc.BrokerStub(channel)
+    try:
+        for sys_flag in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE,
+                         SysFlag.TRANSACTION_COMMIT_TYPE):  # fmt: skip
+            request = pb.SendMessageRequest(topic=TOPIC, queue_id=0, body=b"never", sys_flag=sys_flag)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.SendMessage(request, timeout=10)
+            assert "transaction type bits" in info.value.details()  # type: ignore[attr-defined]
+            good = encode_message(Message(TOPIC, b"fine"), 1)
+            marked = encode_entry(TOPIC.encode(), 0, b"never", b"", sys_flag=sys_flag)
+            for entries in (marked, good * 3 + marked, (good * 3 + marked) * 40):  # small and numpy-checked batches
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.SendBatch(pb.SendBatchRequest(entries=entries), timeout=10)
+                assert "transaction type bits" in info.value.details()  # type: ignore[attr-defined]
+        assert snapshot(endpoint) == stored
+    finally:
+        channel.close()
+
+
+def test_refused_sends_create_no_topic(broker: BrokerController, endpoint: str) -> None:
+    """Auto-create happens only for a send that is stored: a refused one used to leave its topics behind."""
+    good = encode_message(Message("NewB", b"x"), 0)
+    with Producer(endpoint) as p, Admin(endpoint) as admin:
+        with pytest.raises(InvalidArgumentError, match="queue 99 does not exist"):
+            p.send(Message("NewA", b"x"), queue_id=99)
+        with pytest.raises(MessageIllegalError, match="maxMessageSize"):
+            p.send(Message("NewA2", b"x" * (4 * 1024 * 1024 + 1)), queue_id=0)
+        with pytest.raises(MessageIllegalError, match="queue 50 does not exist"):
+            p.send_encoded(good + encode_message(Message("NewC", b"x"), 50), 2)
+        with pytest.raises(MessageIllegalError, match="queue 50 does not exist"):
+            p.send_encoded(good + encode_message(Message("NewD", b"x"), 50), 2, transaction_id="tx:1")
+        names = {t.topic for t in admin.list_topics()}
+        assert not names & {"NewA", "NewA2", "NewB", "NewC", "NewD"}, names
+        p.send(Message("NewA", b"x"), queue_id=7)  # the default queue count: accepted, and created
+        p.send_encoded(good, 1)
+        assert {"NewA", "NewB"} <= {t.topic for t in admin.list_topics()}
+        assert admin.queue_offsets("NewA")[7] == (0, 1)
+
+
+def test_system_topics_cannot_be_created_or_deleted(broker: BrokerController, endpoint: str) -> None:
+    """Deleting SCHEDULE_TOPIC_XXXX dropped every pending delayed message."""
+    with Producer(endpoint) as p, Admin(endpoint) as admin:
+        p.send(Message("D", b"later", properties={"DELAY": "3"}), queue_id=0)  # 10 s: still pending below
+        admin.queue_offsets(SCHEDULE_TOPIC)  # reading it registers it (adopted from the store)
+        for topic in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC):
+            with pytest.raises(InvalidArgumentError, match="system topic"):
+                admin.delete_topic(topic)
+            with pytest.raises(InvalidArgumentError, match="system topic"):
+                admin.create_topic(topic, 2)
+        assert admin.queue_offsets(SCHEDULE_TOPIC)[2] == (0, 1)  # level 3's queue still holds the message
+
+
+def test_a_send_failing_after_stored_parts_says_which_were_stored(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
+    """send_batch splits into all-or-nothing calls; a later call's failure used to read "nothing stored"."""
+    msgs = [Message(TOPIC, b"p" * 500) for _ in range(6)] + [Message(SCHEDULE_TOPIC, b"refused")]
+    with Producer(endpoint, batch_limit_bytes=2000) as p:
+        with pytest.raises(PartialSendError) as info:
+            p.send_batch(msgs, queue_id=0)
+        with pytest.raises(MessageIllegalError, match="nothing stored"):  # one call: nothing stored, as it says
+            p.send_batch(msgs[-1:], queue_id=0)
+    err = info.value
+    assert isinstance(err.cause, MessageIllegalError) and err.code == ResponseCode.MESSAGE_ILLEGAL
+    assert "resend only the other" in err.message
+    after = snapshot(endpoint)
+    assert len(err.stored) == len(after) - len(stored) > 0
+    new = [m for m in after if m not in stored]
+    assert [r.queue_offset for r in err.stored] == [m[1] for m in new]
+
+
+def test_consumer_calls_name_a_client_and_real_queues(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
+    """An empty client id registered a phantom consumer that took queues in rebalance; locks took any name."""
+    channel = grpc.insecure_channel(endpoint)
+    stub = pb_grpc.BrokerStub(channel)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Heartbeat(pb.HeartbeatRequest(consumer_group="g1", client_id="", subscriptions={TOPIC: "*"}))
+        assert "client_id" in info.value.details()  # type: ignore[attr-defined]
+        assert list(stub.GetConsumerList(pb.GetConsumerListRequest(consumer_group="g1")).client_ids) == []
+        for queue in (pb.MessageQueue(topic="NoSuchTopic", queue_id=0), pb.MessageQueue(topic=TOPIC, queue_id=-1),
+                      pb.MessageQueue(topic=TOPIC, queue_id=8)):  # fmt: skip
+            with pytest.raises(grpc.RpcError):
+                stub.LockBatchMQ(pb.LockBatchRequest(consumer_group="g1", client_id="c1", queues=[queue]))
+        ok = stub.LockBatchMQ(pb.LockBatchRequest(consumer_group="g1", client_id="c1",
+                                                  queues=[pb.MessageQueue(topic=TOPIC, queue_id=3)]))  # fmt: skip
+        assert [(q.topic, q.queue_id) for q in ok.queues] == [(TOPIC, 3)]
+    finally:
+        channel.close()
+    with Admin(endpoint) as admin, pytest.raises(InvalidArgumentError, match="negative"):
+        admin.query_by_key(TOPIC, "k", max_num=-1)
+    assert snapshot(endpoint) == stored
