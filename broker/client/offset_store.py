@@ -16,6 +16,7 @@ from pathlib import Path
 from broker.client.connection import Connection
 from broker.client.consumer_options import ConsumeFrom
 from broker.proto import sluice_pb2 as pb
+from broker.semantics.system_topics import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,12 @@ class OffsetStore:
             )
             return self.conn.call(self.conn.stub.SearchOffsetByTimestamp, request).offset
         ranges = self.conn.call(self.conn.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic)).queues
+        # A retry queue holds only this group's failed messages, each waiting for it: as RocketMQ's consumer,
+        # start those at the beginning even when consuming from the last offset, or the waiting retries are skipped.
+        first = self.consume_from is ConsumeFrom.FIRST or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
         for r in ranges:
             if r.queue_id == queue_id:
-                return r.min_offset if self.consume_from is ConsumeFrom.FIRST else r.max_offset
+                return r.min_offset if first else r.max_offset
         return 0
 
     def update(self, topic: str, queue_id: int, offset: int) -> None:

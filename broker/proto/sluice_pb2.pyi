@@ -1331,7 +1331,7 @@ class ConsumerSendMsgBackRequest(_message.Message):
     delay_level: _builtins.int
     """0: 3 + reconsume times; < 0: straight to the DLQ"""
     max_reconsume_times: _builtins.int
-    """< 0: the group's retryMaxTimes"""
+    """unset or < 0: the group's retryMaxTimes (0: no retry at all)"""
     origin_msg_id: _builtins.str
     def __init__(
         self,
@@ -1340,15 +1340,20 @@ class ConsumerSendMsgBackRequest(_message.Message):
         commitlog_offset: _builtins.int = ...,
         msg_id: _builtins.str = ...,
         delay_level: _builtins.int = ...,
-        max_reconsume_times: _builtins.int = ...,
+        max_reconsume_times: _builtins.int | None = ...,
         origin_msg_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commitlog_offset", b"commitlog_offset", "msg_id", b"msg_id", "target", b"target"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_reconsume_times", b"_max_reconsume_times", "commitlog_offset", b"commitlog_offset", "max_reconsume_times", b"max_reconsume_times", "msg_id", b"msg_id", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitlog_offset", b"commitlog_offset", "consumer_group", b"consumer_group", "delay_level", b"delay_level", "max_reconsume_times", b"max_reconsume_times", "msg_id", b"msg_id", "origin_msg_id", b"origin_msg_id", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_reconsume_times", b"_max_reconsume_times", "commitlog_offset", b"commitlog_offset", "consumer_group", b"consumer_group", "delay_level", b"delay_level", "max_reconsume_times", b"max_reconsume_times", "msg_id", b"msg_id", "origin_msg_id", b"origin_msg_id", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_reconsume_times: _TypeAlias = _typing.Literal["max_reconsume_times"]  # noqa: Y015
+    _WhichOneofArgType__max_reconsume_times: _TypeAlias = _typing.Literal["_max_reconsume_times", b"_max_reconsume_times"]  # noqa: Y015
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["commitlog_offset", "msg_id"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_reconsume_times) -> _WhichOneofReturnType__max_reconsume_times | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
 
 Global___ConsumerSendMsgBackRequest: _TypeAlias = ConsumerSendMsgBackRequest  # noqa: Y015

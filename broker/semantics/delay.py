@@ -368,7 +368,9 @@ class ScheduleMessageService:
                 born_timestamp=msg.born_timestamp,
                 born_host=_host_tuple(msg.born_host),
                 reconsume_times=msg.reconsume_times,
-                wait_store_ok=False,
+                # SYNC_FLUSH: durable before the level's offset moves past it (as RocketMQ's delivery waits), or a
+                # power loss after the offset is persisted would lose the message
+                wait_store_ok=None,
             )
         except MessageIllegalError as e:
             log.error("scheduled message %s cannot be re-stored in %s: %s; skipped", msg.msg_id, real_topic, e)

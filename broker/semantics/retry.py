@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from broker.errors import BrokerError, InvalidArgumentError, QueryNotFoundError, ResponseCode
 from broker.semantics.delay import ScheduleMessageService, _host_tuple
 from broker.semantics.subscription_group import SubscriptionGroupManager
-from broker.semantics.system_topics import dlq_topic, retry_topic
+from broker.semantics.system_topics import dlq_topic, is_system_topic, retry_topic
 from broker.store import MessageStore, PutResult
-from broker.store.message import Prop, StoredMessage
+from broker.store.message import Prop, StoredMessage, SysFlag
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ FIRST_RETRY_DELAY_LEVEL = 3  # RocketMQ: delay level = 3 + reconsume times when 
 DLQ_QUEUE_NUMS = 1  # RocketMQ's DLQ_NUMS_PER_GROUP
 DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"  # RocketMQ 5 MessageConst names
 DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+_NEVER_DELIVERED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,22 @@ class RetryService:
             if commitlog_offset is not None
             else self.store.view_by_msg_id(msg_id)  # type: ignore[arg-type]
         )
+        where = f"commit-log offset {commitlog_offset}" if commitlog_offset is not None else f"msgId {msg_id}"
         if msg is None:
-            where = f"commit-log offset {commitlog_offset}" if commitlog_offset is not None else f"msgId {msg_id}"
             raise QueryNotFoundError(f"no message at {where} (expired, or a wrong id); nothing was sent back")
+        # Only what consumers were given may come back: a half message (open or rolled back), a pending delayed
+        # one or a transaction decision copied to %RETRY% would deliver what was never delivered.
+        tx_type = SysFlag.transaction_type(msg.sys_flag)
+        if is_system_topic(msg.topic) or tx_type in _NEVER_DELIVERED:
+            raise InvalidArgumentError(
+                f"the message at {where} is in {msg.topic!r} (SYSFLAG {msg.sys_flag:#x}): it was never delivered "
+                "to consumers, so it cannot be sent back; nothing was sent back"
+            )
         return msg
+
+    def check_send_back(self, *, commitlog_offset: int | None = None, msg_id: str | None = None) -> None:
+        """The checks consumer_send_back makes of the message, without storing anything."""
+        self._lookup(commitlog_offset, msg_id)
 
     def consumer_send_back(
         self,
@@ -122,7 +135,7 @@ class RetryService:
             born_timestamp=msg.born_timestamp,
             born_host=_host_tuple(msg.born_host),
             reconsume_times=reconsume_times,
-            wait_store_ok=False,
+            wait_store_ok=None,  # SYNC_FLUSH: durable before the consumer is told, as any send (it then moves on)
         )
         if dead:
             log.info("message %s of group %s reconsumed %d times: moved to %s", msg.msg_id, group,

@@ -14,6 +14,7 @@ from broker.filter.sql92 import SqlFilter, compile_sql92
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import RetryService, SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
+from broker.server.consumer_offsets import validate_group
 from broker.server.topic_config import TopicConfigManager
 
 TAG, SQL92 = "TAG", "SQL92"
@@ -36,20 +37,32 @@ class RetryProcessor:
         self.dlq_pull_enable = dlq_pull_enable
 
     def ensure_retry_topic(self, group: str) -> None:
+        """%RETRY%{group} with at least the group's retryQueueNums queues: grown when the group's setting was
+        raised after the topic was made (send-back picks among retryQueueNums queues, which must all exist)."""
         cfg = self.groups.get(group)
         self.topics.create(retry_topic(group), cfg.retry_queue_nums, if_not_exists=True)
+        self.topics.grow(retry_topic(group), cfg.retry_queue_nums)
 
     def send_back(self, request: pb.ConsumerSendMsgBackRequest) -> pb.ConsumerSendMsgBackResponse:
         target = request.WhichOneof("target")
         if target is None:
             raise InvalidArgumentError("ConsumerSendMsgBack names no message: give commitlog_offset or msg_id")
+        validate_group(request.consumer_group)
+        self.retry.check_send_back(  # before the group or its retry topic is made: a refused call makes neither
+            commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
+            msg_id=request.msg_id if target == "msg_id" else None,
+        )
         self.ensure_retry_topic(request.consumer_group)
         result = self.retry.consumer_send_back(
             request.consumer_group,
             commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
             msg_id=request.msg_id if target == "msg_id" else None,
             delay_level=request.delay_level,
-            max_reconsume_times=request.max_reconsume_times if request.max_reconsume_times >= 0 else None,
+            max_reconsume_times=(
+                request.max_reconsume_times
+                if request.HasField("max_reconsume_times") and request.max_reconsume_times >= 0
+                else None  # unset (a raw call) or < 0: the group's retryMaxTimes, not "no retries"
+            ),
             origin_msg_id=request.origin_msg_id or None,
         )
         if result.put.status.name not in ("PUT_OK", "FLUSH_DISK_TIMEOUT"):
@@ -78,9 +91,7 @@ class RetryProcessor:
             )
             if request.HasField(name)
         }
-        if self.groups.find(request.consumer_group) is None:
-            self.groups.update(SubscriptionGroupConfig(request.consumer_group))
-        cfg = self.groups.update_fields(request.consumer_group, **changes)
+        cfg = self.groups.update_fields(request.consumer_group, **changes)  # validated before anything is made
         return _group(cfg)
 
     def admit_pull(self, group: str, topic: str) -> None:

@@ -19,11 +19,13 @@ from broker.client import (
     PushConsumer,
     ReceivedMessage,
 )
-from broker.errors import BrokerError, ResponseCode
+from broker.client.message import encode_message
+from broker.errors import BrokerError, InvalidArgumentError, QueryNotFoundError, ResponseCode
+from broker.proto import sluice_pb2 as pb
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.server.broker_controller import BrokerController
 from broker.store import GetStatus
-from broker.store.message import Prop
+from broker.store.message import Prop, parse_msg_id
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
 
@@ -111,4 +113,78 @@ def test_broadcasting_refused_when_the_group_disables_it(broker: BrokerControlle
     consumer = PushConsumer(endpoint, "no-bc", {"Bc": "*"}, lambda msgs: None, model=BROADCASTING, **FAST)
     with pytest.raises(BrokerError, match="consumeBroadcastEnable=false"):
         consumer.start()
-    consumer.conn.close()
+    with pytest.raises(ValueError, match="closed channel"):  # the failed start closed its connection
+        consumer.conn.stub.GetBrokerStats(pb.GetBrokerStatsRequest())
+
+
+def _raw_send_back(endpoint: str, group: str, msg_id: str = "", commitlog_offset: int = 0) -> None:
+    with PullConsumer(endpoint, group) as consumer:
+        request = (pb.ConsumerSendMsgBackRequest(consumer_group=group, msg_id=msg_id) if msg_id else
+                   pb.ConsumerSendMsgBackRequest(consumer_group=group, commitlog_offset=commitlog_offset))  # fmt: skip
+        consumer.conn.call(consumer.conn.stub.ConsumerSendMsgBack, request)
+
+
+def test_send_back_refuses_what_was_never_delivered(broker: BrokerController, endpoint: str) -> None:
+    """An open or rolled-back half, or a pending delayed message, copied to %RETRY% would reach consumers."""
+    with Producer(endpoint) as producer, Admin(endpoint) as admin:
+        entry = encode_message(Message("Secret", b"uncommitted"), 0)
+        (half,) = producer.send_encoded(entry, 1, transaction_id="secret:1")
+        (rolled,) = producer.send_encoded(entry, 1, transaction_id="secret:2")
+        assert admin.end_transaction("secret:2", commit=False) == "ROLLED_BACK"
+        delayed = producer.send(Message("Later", b"in 5 s", properties={Prop.DELAY: "2"}))
+        for msg_id in (half.msg_id, rolled.msg_id, delayed.msg_id):
+            with pytest.raises(InvalidArgumentError, match="never delivered"):
+                _raw_send_back(endpoint, "snoop", msg_id)
+        with pytest.raises(InvalidArgumentError, match="never delivered"):  # by offset too
+            _raw_send_back(endpoint, "snoop", commitlog_offset=parse_msg_id(half.msg_id).commitlog_offset)
+        with pytest.raises(QueryNotFoundError):
+            _raw_send_back(endpoint, "snoop2", commitlog_offset=10**9)
+        names = {t.topic for t in admin.list_topics()}
+        assert not {"%RETRY%snoop", "%DLQ%snoop", "%RETRY%snoop2"} & names, names
+        assert admin.end_transaction("secret:1", commit=False) == "ROLLED_BACK"
+
+
+def test_raising_retry_queue_nums_grows_the_retry_topic(broker: BrokerController, endpoint: str) -> None:
+    """Send-back picks among retryQueueNums queues; a retry topic made with fewer used to strand the others."""
+    with Producer(endpoint) as producer, Admin(endpoint) as admin:
+        sent = producer.send(Message("Grow", b"again"), queue_id=0)
+        with PullConsumer(endpoint, "grower") as consumer:
+            (msg,) = consumer.pull("Grow", 0, 0).messages
+            consumer.send_back(msg)  # makes %RETRY%grower with 1 queue
+            assert admin.topic_info("%RETRY%grower").write_queue_nums == 1
+            admin.update_subscription_group("grower", retry_queue_nums=8)
+            for _ in range(20):
+                consumer.send_back(msg)
+        info = admin.topic_info("%RETRY%grower")
+        assert info.read_queue_nums == info.write_queue_nums == 8
+        wait_until(lambda: sum(h for _, h in admin.queue_offsets("%RETRY%grower").values()) == 21,
+                   timeout_s=20, what="every retry delivered to a readable queue")  # fmt: skip
+    assert sent.msg_id
+
+
+def test_a_new_consumer_from_last_still_gets_waiting_retries(broker: BrokerController, endpoint: str) -> None:
+    """RocketMQ starts %RETRY% queues at 0 for CONSUME_FROM_LAST_OFFSET: the retries wait for this group."""
+    with Producer(endpoint) as producer:
+        producer.send(Message("Late", b"retry me"), queue_id=0)
+    with PullConsumer(endpoint, "latecomer") as consumer:
+        (msg,) = consumer.pull("Late", 0, 0).messages
+        consumer.send_back(msg)
+        wait_until(lambda: consumer.queue_offsets("%RETRY%latecomer")[0][1] == 1, timeout_s=20, what="retry due")
+        consumer.commit_offsets({("Late", 0): 1})
+    got: list[bytes] = []
+    with PushConsumer(endpoint, "latecomer", {"Late": "*"}, lambda ms: got.extend(m.body for m in ms)
+                      or ConsumeStatus.CONSUME_SUCCESS, **FAST):  # fmt: skip
+        wait_until(lambda: got == [b"retry me"], timeout_s=20, what="the waiting retry")
+
+
+def test_a_raw_send_back_without_max_reconsume_times_retries(broker: BrokerController, endpoint: str) -> None:
+    """proto3's default 0 used to mean "no retries": the message went straight to the DLQ."""
+    with Producer(endpoint) as producer:
+        sent = producer.send(Message("RawBack", b"once more"), queue_id=0)
+    _raw_send_back(endpoint, "raw-back", sent.msg_id)
+    with PullConsumer(endpoint, "raw-back") as consumer:
+        wait_until(lambda: consumer.queue_offsets("%RETRY%raw-back")[0][1] == 1, timeout_s=20, what="the retry")
+    assert dead_letters(broker, "raw-back") == []
+    zero = pb.ConsumerSendMsgBackRequest(consumer_group="raw-back", msg_id=sent.msg_id, max_reconsume_times=0)
+    with PullConsumer(endpoint, "raw-back") as consumer:  # an explicit 0 still means no retry
+        assert consumer.conn.call(consumer.conn.stub.ConsumerSendMsgBack, zero).dead_letter
