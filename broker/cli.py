@@ -145,7 +145,7 @@ def send_bodies(args: argparse.Namespace) -> tuple[int, Callable[[int], bytes]]:
     if args.size is not None:
         filler = (b"sluice" * (args.size // 6 + 1))[: args.size]
         return args.count or 1, lambda i: filler
-    lines = [line.rstrip("\n").encode() for line in sys.stdin]
+    lines = [line.rstrip(b"\n") for line in sys.stdin.buffer]  # bodies are bytes: any encoding passes through
     return len(lines), lines.__getitem__
 
 
@@ -206,7 +206,16 @@ def cmd_consume(args: argparse.Namespace) -> int:
         unprinted: dict[int, int] = dict.fromkeys(offsets, 0)
         printed_next: dict[int, int] = {}
 
+        failures: list[BrokerError] = []
+
         def drain(qid: int) -> None:
+            try:
+                pull_queue(qid)
+            except BrokerError as e:  # a bad tag expression, a refused group: reported once, nothing committed
+                failures.append(e)
+                stop.set()
+
+        def pull_queue(qid: int) -> None:
             while not stop.is_set():
                 with lock:
                     offset = offsets[qid]
@@ -240,6 +249,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
         stop.set()
         for t in threads:
             t.join(timeout=3)
+        if failures:
+            raise failures[0]
         if not args.no_commit:
             with lock:
                 done = {q: o if unprinted[q] == 0 else printed_next.get(q, start[q]) for q, o in offsets.items()}
@@ -303,11 +314,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ parser
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from broker.client.connection import DEFAULT_ENDPOINT, ENDPOINT_ENV
 
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice: a RocketMQ-style message broker")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING...)")
+    parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
+                        help="logging level (default WARNING; INFO for `sluice broker`)")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
 
     client = argparse.ArgumentParser(add_help=False)
@@ -403,6 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except OSError as e:  # e.g. a store path that is a file, a port taken: say what, without a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,12 +10,15 @@ import dataclasses
 import json
 import os
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidArgumentError
 from broker.server.thread_placement import parse_python_cpus
+from broker.store.config import StoreConfig
 
 DEFAULT_PORT = 10911  # RocketMQ's broker listen port
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
@@ -35,6 +38,40 @@ def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
     if not 0 <= port <= 65535:
         raise InvalidArgumentError(f"port {port} in {text!r} is outside 0..65535")
     return host.strip("[]") or "0.0.0.0", port
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a value read from a config file (JSON or TOML types) fits a settings field's annotation."""
+    if hint is Any:
+        return True
+    if isinstance(hint, types.UnionType):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    origin = typing.get_origin(hint) or hint
+    if origin is tuple:
+        (item, *_) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list | tuple) and all(_type_ok(v, item) for v in value)
+    return isinstance(value, origin) if isinstance(origin, type) else True
+
+
+def check_setting_types(cls: type, data: dict[str, Any], source: str) -> None:
+    """InvalidArgumentError naming the first setting whose value has the wrong type ("64" for a count), so a
+    config file fails with what to change instead of a TypeError deep in start-up."""
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        hint = hints.get(name)
+        if hint is not None and not _type_ok(value, hint):
+            wanted = getattr(hint, "__name__", None) or str(hint)
+            raise InvalidArgumentError(
+                f"{source}: setting {name!r} is {value!r} ({type(value).__name__}); it must be {wanted}"
+            )
 
 
 @dataclass
@@ -129,9 +166,17 @@ class BrokerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config", **overrides: Any) -> BrokerConfig:
+        if not isinstance(data, dict):
+            raise InvalidArgumentError(f"{source}: holds a {type(data).__name__}, not a table of settings by name")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidArgumentError(f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)}")
+        check_setting_types(cls, data, source)
+        store = data.get("store", {})
+        unknown = sorted(set(store) - {f.name for f in dataclasses.fields(StoreConfig)})
+        if unknown:
+            raise InvalidArgumentError(f"{source}: unknown store setting(s) {unknown}; see broker/store/config.py")
+        check_setting_types(StoreConfig, store, f"{source} [store]")
         merged = {**data, **{k: v for k, v in overrides.items() if v is not None}}
         return cls(**merged)

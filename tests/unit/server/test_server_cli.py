@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from broker.client import Admin, Message, Producer
+from broker.client import Admin, Message, Producer, PullConsumer
 from broker.server.broker_controller import BrokerController
 
 
@@ -107,3 +107,47 @@ def test_consume_max_commits_only_what_was_printed(broker: BrokerController, end
     assert [json.loads(line)["body"] for line in first.stdout.splitlines()] == ["m0", "m1", "m2"]
     rest = sluice(endpoint, "consume", "CliM", "--group", "mg", "--json")  # resumes after the last printed message
     assert [json.loads(line)["body"] for line in rest.stdout.splitlines()] == [f"m{i}" for i in range(3, 40)]
+
+
+def no_traceback(out: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in out.stderr and "Exception in thread" not in out.stderr, out.stderr
+
+
+def test_consume_with_a_bad_tag_expression_fails_and_commits_nothing(broker: BrokerController, endpoint: str) -> None:
+    with Producer(endpoint) as p:
+        p.send_batch([Message("CliBad", b"x")] * 5, queue_id=0)
+    out = sluice(endpoint, "consume", "CliBad", "--group", "bad-tags", "--from", "earliest", "--tags", "A ||")
+    no_traceback(out)
+    assert out.returncode == 1 and "error:" in out.stderr and "SUBSCRIPTION_PARSE_FAILED" in out.stderr, out.stderr
+    with Admin(endpoint) as admin:
+        assert admin.committed_offsets("bad-tags", "CliBad") == {}
+    group = sluice(endpoint, "consume", "CliBad", "--group", "bad group", "--from", "earliest")
+    no_traceback(group)
+    assert group.returncode == 1 and "group" in group.stderr
+
+
+def test_ordinary_bad_input_is_an_error_line_not_a_traceback(broker: BrokerController, endpoint: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    level = sluice(endpoint, "--log-level", "verbose", "stats")
+    assert level.returncode == 2 and "invalid choice" in level.stderr
+    assert sluice(endpoint, "--log-level", "debug", "stats").returncode == 0  # any case
+    a_file = tmp_path / "plain-file"
+    a_file.write_text("not a directory")
+    store = sluice(endpoint, "broker", "--store", str(a_file), "--listen", "127.0.0.1:0")
+    no_traceback(store)
+    assert store.returncode == 1 and "error:" in store.stderr and str(a_file) in store.stderr
+    for setting, needle in (('{"grpc_max_workers": "64"}', "'grpc_max_workers' is '64'"),
+                            ('{"store": {"mapped_file_size_commit_log": "abc"}}', "mapped_file_size_commit_log"),
+                            ("[1]", "not a table of settings")):  # fmt: skip
+        config = tmp_path / "broker.json"
+        config.write_text(setting)
+        bad = sluice(endpoint, "broker", "--store", str(tmp_path / "st"), "--listen", "127.0.0.1:0",
+                     "--config", str(config))  # fmt: skip
+        no_traceback(bad)
+        assert bad.returncode == 1 and needle in bad.stderr, bad.stderr
+    env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
+    latin = subprocess.run([sys.executable, "-m", "broker", "send", "CliBytes", "--queue", "0"], input=b"caf\xe9\n",
+                           capture_output=True, timeout=120, env=env)  # fmt: skip
+    assert latin.returncode == 0, latin.stderr
+    assert broker.store is not None and broker.store.wait_dispatched()
+    with PullConsumer(endpoint, "bytes") as c:
+        assert [m.body for m in c.pull("CliBytes", 0, 0).messages] == [b"caf\xe9"]
