@@ -34,10 +34,12 @@ from broker.store.message import (
     MESSAGE_MAGIC,
     MIN_ENTRY_SIZE,
     PREFIX,
+    TOPIC_PATTERN,
     EntryHeader,
     SysFlag,
     check_crc,
     parse_layout,
+    properties_complete,
     quick_layout,
     validate_topic,
 )
@@ -395,22 +397,76 @@ def queue_keys(buf: Buffer, run: EntryRun) -> tuple[np.ndarray, list[tuple[bytes
     ts, tl = run.topic_starts, run.topic_lengths
     width = int(tl.max())
     cols = np.arange(width, dtype=np.int64)
-    if (tl == tl[0]).all():
+    same_length = bool((tl == tl[0]).all())
+    if same_length:
         rows = arr[ts[:, None] + cols]
     else:
         inside = cols < tl[:, None]
-        rows = np.where(inside, arr[np.where(inside, ts[:, None] + cols, 0)], 0)  # topics never contain \0
+        rows = np.where(inside, arr[np.where(inside, ts[:, None] + cols, 0)], 0).astype(np.uint8)
+        # Zero padding makes b"A" and b"A\0" one row (a torn or hostile TOPIC may hold zeros, and must reach the
+        # caller's name check as it is): the length rides along as a last column and cuts the name.
+        rows = np.hstack([rows, tl[:, None].astype(np.uint8)])
     del arr
     if (rows == rows[0]).all():
-        topic_ids, names = np.zeros(n, np.int64), [rows[0].tobytes()]
+        topic_ids, uniq_rows = np.zeros(n, np.int64), [rows[0].tobytes()]
     else:
-        uniq, inv = np.unique(np.ascontiguousarray(rows).view(f"V{width}").ravel(), return_inverse=True)
-        topic_ids, names = inv.astype(np.int64).ravel(), [u.tobytes().rstrip(b"\0") for u in uniq]
+        uniq, inv = np.unique(np.ascontiguousarray(rows).view(f"V{rows.shape[1]}").ravel(), return_inverse=True)
+        topic_ids, uniq_rows = inv.astype(np.int64).ravel(), [u.tobytes() for u in uniq]
+    names = uniq_rows if same_length else [u[: u[-1]] for u in uniq_rows]
     combined = topic_ids * MAX_QUEUE_ID + run.queue_ids
     if (combined == combined[0]).all():
         return np.zeros(n, np.int64), [(names[int(topic_ids[0])], int(run.queue_ids[0]))]
     uk, kinv = np.unique(combined, return_inverse=True)
     return kinv.astype(np.int64).ravel(), [(names[k // MAX_QUEUE_ID], k % MAX_QUEUE_ID) for k in uk.tolist()]
+
+
+# A name is one character class repeated (TOPIC_PATTERN), so stored TOPIC bytes are a valid name exactly when each
+# byte is one the pattern admits: this table, derived from the pattern, checks a whole run's topics in one gather.
+assert TOPIC_PATTERN.pattern.startswith("[") and TOPIC_PATTERN.pattern.endswith("]+"), "_TOPIC_BYTE_OK needs it"
+_TOPIC_BYTE_OK = np.array([b < 128 and TOPIC_PATTERN.fullmatch(chr(b)) is not None for b in range(256)])
+
+
+def first_bad_topic(buf: Buffer, run: EntryRun) -> int:
+    """Index of the first entry whose TOPIC is not a valid name (message.is_topic_name), -1 if none."""
+    if len(run) == 0:
+        return -1
+    lengths = run.topic_lengths.astype(np.int64)
+    ends = np.cumsum(lengths)
+    idx = np.repeat(run.topic_starts.astype(np.int64) - (ends - lengths), lengths) + np.arange(int(ends[-1]))
+    arr = np.frombuffer(buf, np.uint8)
+    bad = np.flatnonzero(~_TOPIC_BYTE_OK[arr[idx]])
+    del arr  # an mmap cannot be closed while an array still points into it
+    return int(np.searchsorted(ends, bad[0], side="right")) if bad.size else -1
+
+
+def first_incomplete_properties(buf: Buffer, run: EntryRun) -> int:
+    """Index of the first entry whose PROPERTIES are not empty and end with a zero byte
+    (message.properties_complete), -1 if none."""
+    with_props = np.flatnonzero(run.props_lengths > 0)
+    if with_props.size == 0:
+        return -1
+    arr = np.frombuffer(buf, np.uint8)
+    last = arr[(run.props_starts + run.props_lengths - 1)[with_props]]
+    del arr
+    bad = np.flatnonzero(last == 0)
+    return int(with_props[bad[0]]) if bad.size else -1
+
+
+def first_unstorable(buf: Buffer, run: EntryRun) -> tuple[int, str]:
+    """(index, why) of the first entry of a scanned run that frames (and CRCs) correctly but that the store never
+    writes: a TOPIC that is not a valid name, or PROPERTIES ending with a zero byte. Both are what a torn write
+    leaves (zeros where the tail of the entry should be) when the body, and so its CRC, was already complete.
+    (len(run), "") when every entry is one the store could have written. Recovery cuts the log there."""
+    topic_at, props_at = first_bad_topic(buf, run), first_incomplete_properties(buf, run)
+    if topic_at < 0 and props_at < 0:
+        return len(run), ""
+    if topic_at >= 0 and (props_at < 0 or topic_at <= props_at):
+        start, n = int(run.topic_starts[topic_at]), int(run.topic_lengths[topic_at])
+        return topic_at, f"TOPIC {bytes(buf[start : start + n])!r} is not a valid topic name (a torn write?)"
+    return props_at, _INCOMPLETE_PROPERTIES + " (a torn write?)"
+
+
+_INCOMPLETE_PROPERTIES = "PROPERTIES end with a zero byte, where a name\\x01value pair ends with \\x02 or a character"
 
 
 def _describe_frame_error(body_len: int, topic_len: int, props_len: int, total: int) -> str:
@@ -498,12 +554,13 @@ def validate_small_batch(buffer: bytes | bytearray | memoryview, limit_bytes: in
             raw = _small_entry(buf, pos, nxt, i, max_body)  # raises unless parse_layout accepts what quick did not
             h = ENTRY_HEADER.unpack_from(buf, pos)
         else:
-            h, topic_at, topic_len, _ = quick
+            h, topic_at, topic_len, props_len = quick
             body_at = pos + BODY_START
             body_len, qid = h[H_BODY_LENGTH], h[H_QUEUE_ID]
             if (
                 body_len > max_body
                 or not 0 <= qid < MAX_QUEUE_ID
+                or (props_len and buf[nxt - 1] == 0)
                 or zlib.crc32(buf[body_at : body_at + body_len]) & _CRC_MASK != h[H_BODY_CRC]
             ):
                 _small_entry(buf, pos, nxt, i, max_body)  # raises the precise error
@@ -531,7 +588,16 @@ def _small_entry(buf: bytes, pos: int, nxt: int, i: int, max_body: int) -> bytes
         )
     if not 0 <= h.queue_id < MAX_QUEUE_ID:
         raise MessageIllegalError(f"batch entry {i} has queue id {h.queue_id}; queue ids are 0..{MAX_QUEUE_ID - 1}")
+    if not properties_complete(buf, lay.props_start, lay.props_len):
+        raise MessageIllegalError(_incomplete_batch_entry(i, pos))
     return buf[lay.topic_start : lay.topic_start + lay.topic_len]
+
+
+def _incomplete_batch_entry(i: int, pos: int) -> str:
+    return (
+        f"batch entry {i} (at byte {pos}): its {_INCOMPLETE_PROPERTIES}; encode them with "
+        "broker.store.message.encode_properties"
+    )
 
 
 def _small_topic(raw: bytes, i: int) -> str:
@@ -570,6 +636,9 @@ def validate_batch(
         raise MessageIllegalError(
             f"batch entry {i} has queue id {int(run.queue_ids[i])}; queue ids are 0..{MAX_QUEUE_ID - 1}"
         )
+    incomplete = first_incomplete_properties(buffer, run)
+    if incomplete >= 0:
+        raise MessageIllegalError(_incomplete_batch_entry(incomplete, int(run.positions[incomplete])))
     key_ids, raw_keys = queue_keys(buffer, run)
     keys: list[tuple[str, int]] = []
     for raw, qid in raw_keys:

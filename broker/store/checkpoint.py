@@ -8,9 +8,10 @@ RocketMQ's three timestamps come first (same positions), then Sluice's offsets a
     +----------------+----------------+----------------+----------------+----------------+----------------+------+
 
 Timestamps are store timestamps (ms) of the last message flushed in each structure; offsets are commit-log offsets
-below which that structure is complete on disk. Abnormal recovery re-dispatches from the smaller of the logics and
-index offsets. The file is one 4 KiB page rewritten in place; the CRC detects a torn write, and a torn checkpoint
-is treated as absent (recovery then starts from the first commit-log file, which is slower but safe).
+below which that structure is complete on disk. Abnormal recovery checks the commit log from the smallest of the
+three offsets and re-dispatches from the smaller of the logics and index offsets. The file is one 4 KiB page
+rewritten in place; the CRC detects a torn write, and a torn checkpoint is treated as absent (recovery then starts
+from the first commit-log file, which is slower but safe).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class CheckpointData(NamedTuple):
     @property
     def min_dispatch_offset(self) -> int:
         return min(self.logics_offset, self.index_offset)
+
+    @property
+    def min_recovery_offset(self) -> int:
+        """Where abnormal recovery starts checking the commit log: with ASYNC_FLUSH the consume queues and index
+        can be on disk past the commit log's last fdatasync (physic offset), and what follows that may be lost."""
+        return min(self.physic_offset, self.logics_offset, self.index_offset)
 
 
 class Checkpoint:

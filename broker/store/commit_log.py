@@ -25,9 +25,14 @@ from broker.store.config import StoreConfig
 from broker.store.mapped_file import MappedFile, MappedFileQueue
 from broker.store.message import (
     END_FILE_MIN_BLANK_LENGTH,
+    ENTRY_HEADER,
     I32,
     I64,
+    MAX_PROPERTIES_BYTES,
+    MAX_TOPIC_BYTES,
     MESSAGE_MAGIC,
+    MIN_ENTRY_SIZE,
+    POS_PHYSICAL_OFFSET,
     POS_QUEUE_OFFSET,
     POS_STORE_HOST,
     POS_STORE_TIMESTAMP,
@@ -35,6 +40,7 @@ from broker.store.message import (
     StoredMessage,
     decode_entry,
     encode_blank,
+    entry_size,
     pack_ipv4,
 )
 
@@ -73,6 +79,12 @@ class CommitLog:
         self.store_port = port
         self.store_host_bytes = self.store_ip + I32.pack(port)
         self.accepting = True  # False once shutdown began: checked under the lock, so no append can slip in
+        # The largest entry a put can write (one file keeps room for a blank head after it): a bound for TOTALSIZE
+        # read at an offset nobody vouched for (lookup).
+        self.max_entry_size = min(
+            entry_size(config.max_message_size, MAX_TOPIC_BYTES, MAX_PROPERTIES_BYTES),
+            config.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH,
+        )
 
     def stop_appends(self) -> None:
         """After this returns no append is in flight and none will start."""
@@ -213,14 +225,20 @@ class CommitLog:
     def lookup(self, offset: int) -> StoredMessage | None:
         """Decode the message entry starting at ``offset``; None if there is none there.
 
-        The offset may come from a client (a msgId of another broker, an end-by-offset) and point anywhere: only
-        a head with the message magic and a size one file can hold is read further, so a stray offset never makes
-        the broker copy up to a file's worth of bytes before finding out."""
-        head = self.read(offset, PREFIX.size)
+        The offset may come from a client (a msgId of another broker, an end-by-offset) and point anywhere, into
+        a body that holds bytes shaped like an entry too: only a header with the message magic, this very offset
+        as its PHYSICALOFFSET (which the store wrote, a client cannot) and a size no larger than the largest entry
+        the store accepts is read further, so a stray offset never returns a forged entry nor makes the broker
+        copy up to a file's worth of bytes before finding out."""
+        head = self.read(offset, ENTRY_HEADER.size)  # every entry is longer (MIN_ENTRY_SIZE)
         if head is None:
             return None
-        total, magic = PREFIX.unpack(head)
-        if magic != MESSAGE_MAGIC or not PREFIX.size < total <= self.files.file_size:
+        total, magic = PREFIX.unpack_from(head)
+        if (
+            magic != MESSAGE_MAGIC
+            or not MIN_ENTRY_SIZE <= total <= self.max_entry_size
+            or I64.unpack_from(head, POS_PHYSICAL_OFFSET)[0] != offset
+        ):
             return None
         raw = self.read(offset, total)
         if raw is None:

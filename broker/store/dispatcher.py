@@ -22,6 +22,7 @@ from broker.store.batch import Buffer, EntryRun, queue_keys, rows_at, scan
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.index_file import IndexService
+from broker.store.mapped_file import MappedFile
 from broker.store.message import (
     BLANK_MAGIC,
     H_QUEUE_ID,
@@ -31,6 +32,7 @@ from broker.store.message import (
     PREFIX,
     Prop,
     SysFlag,
+    is_topic_name,
     parse_layout,
     quick_layout,
     tag_hash_code,
@@ -153,7 +155,8 @@ class Dispatcher:
         self.dispatched_offset = 0
         self.last_dispatched_timestamp = 0
         self.listeners: list[ArrivalListener] = []
-        self._topic_names: dict[bytes, str] = {}  # decoded once: topics repeat endlessly
+        self._topic_names: dict[bytes, str] = {}  # decoded (and checked) once: topics repeat endlessly
+        self._stuck_reported = -1  # commit-log offset of the last "stuck" error: logged once, not once a pass
         self._tag_codes: dict[bytes, int] = {}  # raw TAGS value -> its hash code: tags repeat endlessly too
         self._hints: dict[int, DispatchHint] = {}  # commit-log offset -> what put_batch already knows there
         self._hinted_entries = 0
@@ -233,9 +236,14 @@ class Dispatcher:
             self._dispatch_run(hint.run, f.mm, f.file_from_offset, notify, (hint.key_ids, hint.keys))
             self.dispatched_offset = hint.end
             return len(hint.run)
-        limit = min(wrote, rel + DISPATCH_CHUNK_BYTES)
+        chunk = DISPATCH_CHUNK_BYTES
+        if rel + chunk < wrote:
+            # An entry bigger than a chunk (max_message_size may be set above it) is taken whole: a pass whose
+            # limit cuts the first entry finds none complete and would stop there ("partial") on every pass.
+            chunk = max(chunk, PREFIX.unpack_from(f.mm, rel)[0])
+        limit = min(wrote, rel + chunk)
         if limit - rel <= SCALAR_DISPATCH_BYTES:
-            return self._dispatch_scalar(f.mm, rel, limit, f.file_from_offset, f.file_size, notify)
+            return self._dispatch_scalar(f, rel, limit, notify)
         run = scan(f.mm, rel, limit, verify_crc=False)
         if run.stop_reason == "blank":
             end = f.file_size  # the rest of the file is the end-of-file blank
@@ -243,18 +251,55 @@ class Dispatcher:
             end = run.end  # "partial": the next entry crosses the chunk limit; the next pass takes it
         else:
             if len(run) == 0:
-                log.error("dispatcher stuck at %s byte %d: %s", f.path, run.end, run.stop_reason)
+                self._stuck(f.path, run.end, f.file_from_offset + run.end, run.stop_reason)
                 return -1
             end = run.end
+        grouped = self._group(run, f.mm)
+        if len(grouped[0]) < len(run):  # an entry with a topic that is not a name: stop before it
+            run, end = run.take(len(grouped[0])), int(run.positions[len(grouped[0])])
+            if len(run) == 0:
+                self._stuck(f.path, end, f.file_from_offset + end, "its TOPIC is not a valid topic name")
+                return -1
         if len(run):
-            self._dispatch_run(run, f.mm, f.file_from_offset, notify)
+            self._dispatch_run(run, f.mm, f.file_from_offset, notify, grouped)
         self.dispatched_offset = f.file_from_offset + end
         return len(run)
 
-    def _dispatch_scalar(self, buf: Buffer, rel: int, limit: int, base: int, file_size: int, notify: bool) -> int:
+    def _stuck(self, path: str, pos: int, offset: int, why: str) -> None:
+        """Log that dispatch cannot pass the entry at ``offset``, once (the service retries every pass)."""
+        if offset != self._stuck_reported:
+            self._stuck_reported = offset
+            log.error(
+                "dispatcher stuck at %s byte %d (commit-log offset %d): %s; restart the broker so that recovery "
+                "checks the log",
+                path, pos, offset, why,
+            )  # fmt: skip
+
+    def _topic_name(self, raw: bytes) -> str | None:
+        """The topic of stored TOPIC bytes, None when they are not a valid name (never stored by a put: a torn
+        or damaged entry, whose name would become a path). Only a cache miss is checked: topics repeat."""
+        name = self._topic_names.get(raw)
+        if name is None and is_topic_name(raw):
+            name = self._topic_names[raw] = raw.decode("ascii")
+        return name
+
+    def _group(self, run: EntryRun, buf: Buffer) -> Grouping:
+        """queue_keys with decoded names; cut before the first entry (by position) whose topic is not a name (key
+        ids shorter than the run then say where). Keys are in sorted order, not log order, so every key is named
+        first: the entries before the cut may use any of the good ones."""
+        key_ids, raw_keys = queue_keys(buf, run)
+        names = [self._topic_name(raw) for raw, _ in raw_keys]
+        keys = [(name or "", q) for name, (_, q) in zip(names, raw_keys, strict=True)]
+        bad = [k for k, name in enumerate(names) if name is None]
+        if bad:  # entries from the cut on are not dispatched, so no unit is ever written under a bad key's ""
+            return key_ids[: int(np.flatnonzero(np.isin(key_ids, bad))[0])], keys
+        return key_ids, keys
+
+    def _dispatch_scalar(self, f: MappedFile, rel: int, limit: int, notify: bool) -> int:
         """A few entries (small batches, single puts): a struct per entry, no numpy per-call overhead, one
         consume-queue write per queue."""
-        data = bytes(buf[rel:limit])  # at most SCALAR_DISPATCH_BYTES: one small copy, then plain bytes parsing
+        base, file_size = f.file_from_offset, f.file_size
+        data = bytes(f.mm[rel:limit])  # at most SCALAR_DISPATCH_BYTES: one small copy, then plain bytes parsing
         pos = 0
         end = len(data)
         names = self._topic_names
@@ -274,14 +319,20 @@ class Dispatcher:
                     lay = parse_layout(data, pos, end)  # the definition: says what is wrong
                 except CorruptionError as e:
                     if pos == 0:
-                        log.error("dispatcher stuck at commit-log offset %d: %s", base + rel, e)
+                        self._stuck(f.path, rel, base + rel, e.message)
                         return -1
                     break  # the next pass starts at the bad entry and reports it
                 quick = (tuple(lay.header), lay.topic_start, lay.topic_len, lay.props_len)
             h, topic_at, topic_len, props_len = quick
-            total, qid, ts = h[0], h[H_QUEUE_ID], h[H_STORE_TIMESTAMP]
+            total, qid = h[0], h[H_QUEUE_ID]
             raw_topic = data[topic_at : topic_at + topic_len]
-            topic = names.get(raw_topic) or names.setdefault(raw_topic, raw_topic.decode("ascii", "replace"))
+            topic = names.get(raw_topic) or self._topic_name(raw_topic)
+            if topic is None:
+                if pos == 0:
+                    self._stuck(f.path, rel, base + rel, f"TOPIC {raw_topic!r} is not a valid topic name")
+                    return -1
+                break  # the next pass starts at the bad entry and reports it
+            ts = h[H_STORE_TIMESTAMP]
             props = data[pos + total - props_len : pos + total] if parse_props and props_len else b""
             if h[H_SYS_FLAG] & SysFlag.TRANSACTION_MASK not in _NOT_COUNTED:
                 key = (topic, qid)
@@ -331,12 +382,8 @@ class Dispatcher:
     def _dispatch_run(
         self, run: EntryRun, buf: Buffer, base: int, notify: bool, grouped: Grouping | None = None
     ) -> None:
-        if grouped is None:
-            key_ids, raw_keys = queue_keys(buf, run)
-            names = self._topic_names
-            keys = [(names.get(t) or names.setdefault(t, t.decode("ascii", "replace")), q) for t, q in raw_keys]
-        else:
-            key_ids, keys = grouped
+        key_ids, keys = self._group(run, buf) if grouped is None else grouped
+        assert len(key_ids) == len(run), "the caller cuts the run before an entry whose topic is not a name"
         tags, keyed = self._tags_and_keyed(run, buf)
         phys = run.positions + base
         self._write_units(run, key_ids, keys, phys, tags, notify)

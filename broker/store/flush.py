@@ -107,7 +107,10 @@ def flush_commit_log(commit_log: CommitLog, checkpoint: Checkpoint, on_error: Er
     try:
         flushed = commit_log.files.flush()
     except OSError as e:
-        on_error(f"commit log fdatasync failed: {e}; the store stops taking writes (restart to recover)")
+        on_error(
+            f"commit log fdatasync failed: {e}; the store takes no more writes: restart the broker, whose recovery "
+            "re-checks the log"
+        )
         return False
     checkpoint.set(physic_msg_timestamp=ts, physic_offset=flushed)
     return True

@@ -299,10 +299,15 @@ class IndexService:
         """Delete index files holding entries at or past ``phys``; return where re-indexing must start (-1: none)."""
         start = -1
         with self.lock:
-            while self.files and self.files[-1].header.index_count > 1 and self.files[-1].header.end_phy_offset >= phys:
+            while self.files and (
+                self.files[-1].header.index_count <= 1 or self.files[-1].header.end_phy_offset >= phys
+            ):
                 f = self.files.pop()
-                start = f.header.begin_phy_offset
-                log.warning("index %s has entries at or past commit-log offset %d; rebuilding it", f.path, phys)
+                if f.header.index_count > 1:
+                    start = f.header.begin_phy_offset
+                    log.warning("index %s has entries at or past commit-log offset %d; rebuilding it", f.path, phys)
+                # else an empty file (a crash right after creating it): dropped too, or the files before it,
+                # which may hold entries past ``phys``, would never be looked at
                 f.destroy()
         return start
 

@@ -10,13 +10,17 @@ preallocated with ``posix_fallocate`` so that a full disk shows up as ENOSPC whe
 (SERVICE_NOT_AVAILABLE) rather than as SIGBUS when a mapped page is first touched.
 
 Positions: ``wrote_position`` (bytes appended, relative to the file start) and ``flushed_position`` (bytes known
-to be on disk). ``flushed_position`` only moves after fdatasync returned without error.
+to be on disk). ``flushed_position`` only moves after fdatasync returned without error, and a failed fdatasync
+is final for the whole queue (``sync_failed``): Linux may drop the dirty pages of a failed writeback and report the
+error once, so a retry that returns 0 proves nothing ("fsyncgate"). Only a restart, whose recovery re-reads the
+files, can say what reached the disk.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import itertools
 import logging
 import mmap
@@ -88,6 +92,10 @@ class MappedFile:
         self.wrote_position = 0 if create else file_size
         self.flushed_position = self.wrote_position
         self.closed = False
+        # Held by fdatasync and by close: a file closed (topic deleted, file expired) while a flusher syncs it
+        # waits for that sync, and a flush after the close skips it; the fd is never synced once closed (EBADF,
+        # or another file's fd after reuse).
+        self._fd_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------------ writes
     @property
@@ -118,10 +126,14 @@ class MappedFile:
         self.wrote_position = max(self.wrote_position, pos + len(data))
 
     def flush(self) -> int:
-        """fdatasync if anything is unflushed; return the flushed position. Raises OSError, leaving it unchanged."""
+        """fdatasync if anything is unflushed; return the flushed position. Raises OSError, leaving it unchanged.
+        A closed file is skipped: it was destroyed or the store is closing, and nothing of it is waited for."""
         target = self.wrote_position
         if self.flushed_position < target:
-            self._sync(self.fd)
+            with self._fd_lock:
+                if self.closed:
+                    return self.flushed_position
+                self._sync(self.fd)
             self.flushed_position = target
         return self.flushed_position
 
@@ -151,15 +163,16 @@ class MappedFile:
 
     # ------------------------------------------------------------------------------------------------ life
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.mm.close()
-        except BufferError:
-            # a reader still holds a view (numpy array); the mapping goes when that view is collected
-            log.debug("mmap of %s still exported; left to the garbage collector", self.path)
-        os.close(self.fd)
+        with self._fd_lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.mm.close()
+            except BufferError:
+                # a reader still holds a view (numpy array); the mapping goes when that view is collected
+                log.debug("mmap of %s still exported; left to the garbage collector", self.path)
+            os.close(self.fd)
 
     def destroy(self) -> None:
         self.close()
@@ -192,6 +205,7 @@ class MappedFileQueue:
         self._allocate = allocate
         self.files: list[MappedFile] = []
         self._lock = threading.Lock()  # guards replacing ``files``
+        self.sync_failed = ""  # why an fdatasync failed: from then on flush() only raises (module docstring)
         os.makedirs(directory, exist_ok=True)
 
     def load(self) -> None:
@@ -285,11 +299,20 @@ class MappedFileQueue:
     def flush(self) -> int:
         """fdatasync every file with unflushed bytes, oldest first; return the flushed global offset.
 
-        An OSError from fdatasync propagates and leaves that file's flushed position where it was.
+        An OSError from fdatasync propagates and leaves that file's flushed position where it was; every later
+        call raises too, without syncing (``sync_failed``, see the module docstring).
         """
+        if self.sync_failed:
+            raise OSError(errno.EIO, self.sync_failed)
         for f in self.files:
             if f.flushed_position < f.wrote_position and not f.closed:
-                f.flush()
+                try:
+                    f.flush()
+                except OSError as e:
+                    self.sync_failed = (
+                        f"fdatasync of {f.path} failed earlier ({e}); no later sync can prove what reached the disk"
+                    )
+                    raise
         return self.flushed_offset
 
     def dirty_bytes(self) -> int:

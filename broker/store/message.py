@@ -250,6 +250,20 @@ def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
     return props
 
 
+def properties_complete(buf: bytes | bytearray | memoryview, props_start: int, props_len: int) -> bool:
+    """Whether a PROPERTIES field is empty or ends with a non-zero byte. A copy cut short by a crash leaves the
+    tail of the entry zero, and framing alone admits it. Every encoding of name\x01value pairs ends with \x02
+    (encode_properties, RocketMQ's messageProperties2String) or, from encoders that leave the last separator
+    off (RocketMQ's batch encoder allows for them), with a value's last character: never with \x00. So this,
+    not "ends with \x02", is the rule: a log another writer made is never cut where it is whole."""
+    return props_len == 0 or buf[props_start + props_len - 1] != 0
+
+
+def is_topic_name(raw: bytes) -> bool:
+    """Whether stored TOPIC bytes are a name validate_topic accepts (a torn write leaves zeros there)."""
+    return raw.isascii() and TOPIC_PATTERN.fullmatch(raw.decode("ascii")) is not None
+
+
 # ------------------------------------------------------------------------------------------------- validation
 
 

@@ -69,6 +69,33 @@ MAX_BYTES_PER_GET = 64 * 1024 * 1024
 QUERY_MAX_BYTES = 64 * 1024 * 1024
 # check() waits this long for the dispatcher to reach the end of the commit log.
 CHECK_DISPATCH_WAIT_S = 10.0
+# After a dispatch pass fails with an OSError (ENOSPC creating a consume-queue file...), the next try waits this
+# long, doubling per failure in a row up to the maximum.
+DISPATCH_BACKOFF_MIN_S = 0.01
+DISPATCH_BACKOFF_MAX_S = 1.0
+
+
+_I32_MIN, _I32_MAX, _I64_MIN, _I64_MAX = -(2**31), 2**31 - 1, -(2**63), 2**63 - 1
+# The range of each numeric put argument: its entry field's width (ENTRY_HEADER), no narrower, because a batch
+# entry may carry any value of that width, and such a message must be as storable again by put_message (a
+# transaction commit, a retry or a delay re-puts stored fields).
+_PUT_FIELD_RANGES = {
+    "flag": (_I32_MIN, _I32_MAX),
+    "sys_flag": (_I32_MIN, _I32_MAX),
+    "born_timestamp": (_I64_MIN, _I64_MAX),
+    "born_port": (_I32_MIN, _I32_MAX),
+    "reconsume_times": (_I32_MIN, _I32_MAX),
+    "prepared_transaction_offset": (_I64_MIN, _I64_MAX),
+}
+
+
+def _out_of_range(**values: int) -> str:
+    """The message naming the first put argument outside its _PUT_FIELD_RANGES range."""
+    for name, value in values.items():
+        lo, hi = _PUT_FIELD_RANGES[name]
+        if not lo <= value <= hi:
+            return f"{name} {value} is outside {lo}..{hi}; send a value in that range"
+    raise AssertionError(f"no argument is out of range: {values}")
 
 
 class DispatchService(ServiceThread):
@@ -78,13 +105,19 @@ class DispatchService(ServiceThread):
         super().__init__()
         self.dispatcher = dispatcher
         self.interval_s = interval_ms / 1000
+        self.backoff_s = 0.0  # after an OSError: the pause before the next try, doubled per failure in a row
 
     def run_once(self) -> None:
         try:
             n = self.dispatcher.dispatch_available()
         except OSError as e:
-            log.error("dispatch failed: %s; retrying", e)
-            n = 0
+            # A full disk or a failing one lasts: retrying every interval would write an error line each time
+            # (a thousand a second, onto that same disk). Puts' wakeups do not cut the pause short; stop() does.
+            self.backoff_s = min(max(2 * self.backoff_s, DISPATCH_BACKOFF_MIN_S), DISPATCH_BACKOFF_MAX_S)
+            log.error("dispatch failed: %s; retrying in %.2f s", e, self.backoff_s)
+            self._stop.wait(self.backoff_s)
+            return
+        self.backoff_s = 0.0
         if n == 0:
             self.wait(self.interval_s)
 
@@ -191,12 +224,15 @@ class MessageStore:
         self.commit_log.stop_appends()  # waits for an append in flight; later ones get SERVICE_NOT_AVAILABLE
         for s in reversed(self._services):
             s.stop()
-        clean = not self._write_error
+        clean = False  # set only once every step below has succeeded: a step that raises leaves ``abort``
         try:
-            self.dispatcher.dispatch_available(notify=False)
             assert self.checkpoint is not None
-            clean = clean and flush_commit_log(self.commit_log, self.checkpoint, self._on_io_error)
-            clean = clean and self._cq_flush is not None and self._cq_flush.flush_all()
+            # The commit log first: it holds the data, and the queues and index are rebuilt from it when a later
+            # step fails (a consume-queue file that cannot be created, say).
+            log_flushed = flush_commit_log(self.commit_log, self.checkpoint, self._on_io_error)
+            self.dispatcher.dispatch_available(notify=False)
+            queues_flushed = self._cq_flush is not None and self._cq_flush.flush_all()
+            clean = log_flushed and queues_flushed and not self._write_error
         finally:
             self._close_files()
             if clean:
@@ -377,6 +413,18 @@ class MessageStore:
             )
         if sys_flag & (SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6):
             return PutResult(PutStatus.MESSAGE_ILLEGAL, error="IPv6 host flags are not supported by this store")
+        if not (
+            _I32_MIN <= flag <= _I32_MAX
+            and _I32_MIN <= sys_flag <= _I32_MAX
+            and _I64_MIN <= born_timestamp <= _I64_MAX
+            and _I32_MIN <= born_host[1] <= _I32_MAX
+            and _I32_MIN <= reconsume_times <= _I32_MAX
+            and _I64_MIN <= prepared_transaction_offset <= _I64_MAX
+        ):  # one chained test on the hot path; the field by field message only when it fails
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=_out_of_range(
+                flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp, born_port=born_host[1],
+                reconsume_times=reconsume_times, prepared_transaction_offset=prepared_transaction_offset,
+            ))  # fmt: skip
         born_ip = self._born_ip_cache.get(born_host[0])
         if born_ip is None:
             born_ip = self._born_ip_cache.setdefault(born_host[0], pack_ipv4(born_host[0]))
@@ -608,7 +656,9 @@ class MessageStore:
 
         A topic created again starts at queue offset 0. (The deletion point is kept in memory only: entries before
         it are re-dispatched if an abnormal restart re-reads that part of the log, as in RocketMQ.)
+        MessageIllegalError if ``topic`` is not a name (it becomes a path: "../config" must not reach rmdir).
         """
+        validate_topic(topic)
         with self.commit_log.append_lock:  # no new entries while the topic goes
             self.dispatcher.dispatch_available(notify=False)  # none of its entries left to recreate a queue later
             with self.dispatcher.lock:
@@ -626,10 +676,18 @@ class MessageStore:
 
     def hold_visibility(self, queues: Iterable[tuple[str, int]]) -> VisibilityHold:
         """Units dispatched to these queues from now on stay unseen by readers until ``release_visibility``, which
-        shows them all at once (a batch-transaction commit: many puts, many queues, one instant)."""
+        shows them all at once (a batch-transaction commit: many puts, many queues, one instant).
+        MessageIllegalError if a topic is not a name or a queue id is out of range (they become directories)."""
+        wanted = sorted(set(queues))
+        for topic, queue_id in wanted:
+            validate_topic(topic)
+            if not 0 <= queue_id < MAX_QUEUE_ID:
+                raise MessageIllegalError(
+                    f"queue id {queue_id} of topic {topic!r} is outside 0..{MAX_QUEUE_ID - 1}; hold existing queues"
+                )
         hold = VisibilityHold()
         with self.dispatcher.lock:  # no pass under way: the offset a queue is held at is one readers saw
-            for topic, queue_id in sorted(set(queues)):
+            for topic, queue_id in wanted:
                 self.queues.find_or_create(topic, queue_id).place_hold(hold)
         return hold
 

@@ -2,8 +2,8 @@
 
 * Normal (no ``abort`` file: the last run shut down cleanly): re-check the last ``recover_normally_file_count`` (3)
   commit-log files entry by entry.
-* Abnormal (``abort`` present): re-check from the file holding the checkpoint's dispatch offset (everything before
-  it was dispatched and flushed), with CRC on.
+* Abnormal (``abort`` present): re-check from the file holding the smallest of the checkpoint's offsets (before
+  it the commit log was fsynced, and everything was dispatched and flushed), with CRC on.
 
 In both, the commit log ends at the first entry that fails a check; bytes after it are erased and a line naming the
 file and byte offset is logged. Then consume-queue units pointing past the end are dropped, index files holding
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from broker.store.batch import scan
+from broker.store.batch import first_unstorable, scan
 from broker.store.checkpoint import Checkpoint
 from broker.store.commit_log import CommitLog
 from broker.store.config import StoreConfig
@@ -62,13 +62,18 @@ class FileScan(NamedTuple):
 
 
 def scan_file(f: MappedFile, start: int, verify_crc: bool) -> FileScan:
-    """Walk ``f`` from ``start`` piece by piece (see RECOVERY_CHUNK_BYTES), checking framing (and CRC)."""
+    """Walk ``f`` from ``start`` piece by piece (see RECOVERY_CHUNK_BYTES), checking framing (and CRC), and that
+    each entry is one the store could have written (batch.first_unstorable: no torn TOPIC or PROPERTIES tail)."""
     pos = start
     last_ts = 0
     chunk = FIRST_CHUNK_BYTES
     while pos < f.file_size:
         limit = min(f.file_size, pos + chunk)
         run = scan(f.mm, pos, limit, verify_crc=verify_crc)
+        cut, why = first_unstorable(f.mm, run)
+        if cut < len(run):
+            last_ts = int(run.store_timestamps[cut - 1]) if cut else last_ts
+            return FileScan(int(run.positions[cut]), why, last_ts)
         if len(run):
             last_ts = int(run.store_timestamps[-1])
         at_chunk_edge = run.stop_reason in ("partial", "entry head cut short") and limit < f.file_size
@@ -97,8 +102,8 @@ def recover_commit_log(
     if not files:
         return report
     if abnormal and checkpoint.valid:
-        start_file = commit_log.files.find(checkpoint.data.min_dispatch_offset) or files[-1]
-        if checkpoint.data.min_dispatch_offset < files[0].file_from_offset:
+        start_file = commit_log.files.find(checkpoint.data.min_recovery_offset) or files[-1]
+        if checkpoint.data.min_recovery_offset < files[0].file_from_offset:
             start_file = files[0]
         start = files.index(start_file)
     elif abnormal:

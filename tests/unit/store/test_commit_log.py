@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+
+import pytest
 
 from broker.store import MessageStore, PutStatus
-from broker.store.message import BLANK_MAGIC, MESSAGE_MAGIC, SysFlag, decode_entry
+from broker.store.message import (
+    BLANK_MAGIC,
+    BODY_START,
+    ENTRY_HEADER,
+    MESSAGE_MAGIC,
+    SysFlag,
+    decode_entry,
+    encode_entry,
+    encode_properties,
+)
 
 
 def test_put_fills_store_fields(store: MessageStore) -> None:
@@ -81,3 +93,57 @@ def test_put_validation_statuses(store: MessageStore) -> None:
     assert store.commit_log.max_offset == 0
     store.shutdown()
     assert store.put_message("T", 0, b"x").status is PutStatus.SERVICE_NOT_AVAILABLE
+
+
+def test_lookup_refuses_an_entry_forged_inside_a_body(store: MessageStore) -> None:
+    """A body may hold bytes shaped like an entry (any topic, any properties): lookup returned it as a stored
+    message, since its PHYSICALOFFSET was never compared with the offset asked for."""
+    fake = encode_entry(b"RMQ_SYS_TRANS_HALF_TOPIC", 0, b"forged", encode_properties({"TRAN_MSG": "true"}))
+    r = store.put_message("Public", 0, b"prefix--" + fake)
+    base = r.commitlog_offsets[0]
+    inner = base + store.commit_log.read(base, r.wrote_bytes).find(fake)
+    assert inner > base
+    assert store.lookup_message(inner) is None
+    real = store.lookup_message(base)
+    assert real is not None and real.topic == "Public" and real.commitlog_offset == base
+    assert store.check() == []
+
+
+def test_lookup_reads_no_more_than_the_largest_entry(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offset into a body with the message magic and a huge TOTALSIZE made every lookup copy that many bytes
+    (up to a whole file) before finding out."""
+    store = make_store(mapped_file_size_commit_log=1 << 20)
+    huge = 200 * 1024  # fits the file, not the largest entry (4 KiB body + topic + 32 KiB properties)
+    assert store.commit_log.max_entry_size < huge
+    r = store.put_message("T", 0, b"ab" + struct.pack(">ii", huge, MESSAGE_MAGIC) + b"." * 100)
+    while store.commit_log.max_offset < huge + 1024:
+        store.put_message("T", 1, b"z" * 4000)
+    bait = r.commitlog_offsets[0] + BODY_START + 2
+    sizes: list[int] = []
+    read = store.commit_log.read
+    monkeypatch.setattr(store.commit_log, "read", lambda off, size: sizes.append(size) or read(off, size))
+    assert store.lookup_message(bait) is None
+    assert max(sizes) <= ENTRY_HEADER.size, sizes
+    assert store.check() == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("flag", 2**31, "flag 2147483648 is outside -2147483648..2147483647"),
+        ("reconsume_times", -(2**31) - 1, "reconsume_times -2147483649 is outside -2147483648..2147483647"),
+        ("born_timestamp", 2**63, "born_timestamp 9223372036854775808 is outside -9223372036854775808.."),
+        ("sys_flag", 2**31, "sys_flag 2147483648 is outside"),
+        ("prepared_transaction_offset", -(2**63) - 1, "prepared_transaction_offset -9223372036854775809 is outside"),
+        ("born_host", ("1.2.3.4", 2**32), "born_port 4294967296 is outside -2147483648..2147483647"),
+    ],
+)
+def test_out_of_range_put_arguments_are_illegal(store: MessageStore, field: str, value: object, shown: str) -> None:
+    """They raised struct.error out of put_message instead of returning a status."""
+    r = store.put_message("T", 0, b"x", **{field: value})  # type: ignore[arg-type]
+    assert r.status is PutStatus.MESSAGE_ILLEGAL and shown in r.error, r.error
+    assert store.commit_log.max_offset == 0 and store.commit_log.queue_table == {}
+    assert store.put_message("T", 0, b"x", flag=-(2**31), reconsume_times=2**31 - 1, born_timestamp=2**63 - 1).ok
+    assert store.check() == []

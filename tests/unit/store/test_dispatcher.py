@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import shutil
+import time
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +14,7 @@ from hypothesis import strategies as st
 
 from broker.store import MessageStore
 from broker.store import dispatcher as dispatcher_module
+from broker.store.consume_queue import ConsumeQueue
 from broker.store.dispatcher import message_keys, names_may_occur, property_value
 from broker.store.message import encode_entry, encode_properties, tag_hash_code
 
@@ -217,3 +221,43 @@ def test_names_census_is_exact_on_property_names() -> None:
         buf = run(props)
         assert names_may_occur(buf, 0, len(buf), indexed) is want_indexed, props
         assert names_may_occur(buf, 0, len(buf), tags_only) is want_tags, props
+
+
+def test_an_entry_bigger_than_a_dispatch_chunk_is_dispatched(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_message_size may exceed DISPATCH_CHUNK_BYTES: a pass whose limit cut the first entry found none
+    complete and stopped there on every pass (the queue never saw that message nor any after it)."""
+    monkeypatch.setattr(dispatcher_module, "DISPATCH_CHUNK_BYTES", 48 * 1024)  # as 8 MiB, scaled down
+    s = make_store(mapped_file_size_commit_log=1 << 20, max_message_size=100 * 1024, max_batch_bytes=64 * 1024)
+    assert s.put_message("Big", 0, b"a" * 100).ok
+    big = s.put_message("Big", 0, b"b" * (90 * 1024))
+    assert big.ok and big.wrote_bytes > dispatcher_module.DISPATCH_CHUNK_BYTES
+    assert s.put_message("Big", 0, b"c" * 100).ok
+    assert s.wait_dispatched(timeout_s=3.0)
+    assert s.max_offset("Big", 0) == 3
+    assert [m.body[:1] for m in s.get_message("g", "Big", 0, 0, 3, max_bytes=1 << 20).messages()] == [b"a", b"b", b"c"]
+    assert s.check() == []
+
+
+def test_dispatch_errors_back_off(
+    make_store: Callable[..., MessageStore], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consume-queue file that cannot be created (ENOSPC) lasts: the service retried every 1 ms interval and
+    logged an error each time (about a thousand lines a second, onto the full disk)."""
+    s = make_store(dispatch_interval_ms=1)
+    create = s.queues.find_or_create
+
+    def disk_full(topic: str, queue_id: int) -> ConsumeQueue:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(s.queues, "find_or_create", disk_full)
+    caplog.set_level(logging.ERROR, logger="broker.store")
+    assert s.put_message("Full", 0, b"x").ok
+    time.sleep(0.6)
+    failed = [r for r in caplog.records if "dispatch failed" in r.getMessage()]
+    assert 1 <= len(failed) <= 10, len(failed)
+    monkeypatch.setattr(s.queues, "find_or_create", create)
+    assert s.wait_dispatched(timeout_s=3.0)  # retried within the (at most 1 s) pause
+    assert s.max_offset("Full", 0) == 1
+    assert s.check() == []

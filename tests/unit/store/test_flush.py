@@ -3,9 +3,13 @@ ASYNC least pages."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
 from collections.abc import Callable
+
+import pytest
 
 from broker.store import MessageStore, PutStatus
 
@@ -111,3 +115,84 @@ def test_a_writer_queued_as_the_flusher_stops_is_served_at_once(make_store: Call
     r = s.put_message("Q", 0, b"late")
     assert r.status is PutStatus.PUT_OK and time.monotonic() - started < 1.0
     assert s.commit_log.flushed_offset >= r.commitlog_offsets[0] + r.wrote_bytes
+
+
+def test_a_failed_commit_log_fsync_is_final(make_store: Callable[..., MessageStore]) -> None:
+    """fsyncgate: after a failed fdatasync the kernel may have dropped the dirty pages, so a retry that returns 0
+    proves nothing. Later flushes once advanced the flushed offset past the lost bytes and store.flush() returned
+    normally."""
+    s = make_store(flush_commit_log_least_pages=0)  # ASYNC: the flush service syncs every 20 ms
+    s.faults.fail_next_fsyncs(1)
+    r = s.put_message("F", 0, b"x" * 100)
+    assert r.ok  # ASYNC: acknowledged before the flush, as RocketMQ
+    deadline = time.monotonic() + 5
+    while s.is_writable() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # several more flush intervals
+    assert s.faults.fsync_counts["commitlog"] == 1  # never synced again
+    assert s.commit_log.flushed_offset == 0 < s.commit_log.max_offset
+    with pytest.raises(OSError, match="restart the broker"):
+        s.flush()
+    assert s.commit_log.flushed_offset == 0
+    refused = s.put_message("F", 0, b"y")
+    assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE and "restart the broker" in refused.error
+    s.shutdown()
+    assert os.path.exists(s.config.abort_path)  # the next start recovers abnormally: the log is re-checked
+    s2 = make_store()
+    assert s2.recovery_report is not None and s2.recovery_report.abnormal
+    assert s2.put_message("F", 0, b"after restart").ok
+    assert s2.check() == []
+
+
+def test_a_failed_sync_flush_acks_no_later_writer(make_store: Callable[..., MessageStore]) -> None:
+    s = make_store(flush_disk_type="SYNC_FLUSH")
+    s.faults.fail_next_fsyncs(1)
+    assert s.put_message("F", 0, b"lost?").status is PutStatus.FLUSH_DISK_TIMEOUT
+    flushed = s.commit_log.flushed_offset
+    gc = s._group_commit
+    assert gc is not None
+    gc.request(s.commit_log.max_offset)  # a retry through the group commit syncs nothing either
+    time.sleep(0.1)
+    assert s.commit_log.flushed_offset == flushed and s.faults.fsync_counts["commitlog"] == 1
+    assert gc.wait_flushed(s.commit_log.max_offset, 0.5) != ""
+
+
+def test_a_shutdown_whose_step_fails_keeps_the_abort_file(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dispatch failing at shutdown (a consume-queue file that cannot be created) raised out of shutdown after
+    the abort file was removed, and before the commit log was flushed: the next start took the store for clean."""
+    s = make_store(flush_commit_log_least_pages=10**5, flush_interval_commit_log_ms=10**6)
+    monkeypatch.setattr(s.dispatcher, "dispatch_available", _raise_enospc)
+    r = s.put_message("S", 0, b"x" * 100)
+    with pytest.raises(OSError, match="No space"):
+        s.shutdown()
+    assert os.path.exists(s.config.abort_path)
+    assert s.faults.fsync_counts.get("commitlog") == 1  # the commit log was flushed all the same
+    monkeypatch.undo()
+    s2 = make_store()
+    assert s2.recovery_report is not None and s2.recovery_report.abnormal
+    assert s2.lookup_message(r.commitlog_offsets[0]) is not None
+    assert s2.check() == []
+
+
+def _raise_enospc(notify: bool = True) -> int:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_queue_deleted_while_it_is_flushed_is_skipped(make_store: Callable[..., MessageStore]) -> None:
+    """delete_topic closed a consume-queue file while the flusher was in its fdatasync: EBADF reached on_error and
+    made the whole store read-only."""
+    s = make_store(flush_interval_consume_queue_ms=20)
+    for _ in range(3):
+        assert s.put_message("D", 0, b"x").ok
+    assert s.wait_dispatched()
+    s.faults.delay_fsyncs(0.3)  # the flusher now sleeps inside fdatasync(D/0's fd), where the window is
+    time.sleep(0.1)
+    s.delete_topic("D")
+    time.sleep(0.5)
+    s.faults.delay_fsyncs(0)
+    assert s.is_writable(), s._write_error
+    assert s.put_message("Other", 0, b"y").ok and s.wait_dispatched()
+    assert s.topics() == ["Other"]
+    assert s.check() == []

@@ -10,7 +10,7 @@ import pytest
 
 from broker.errors import ServiceNotAvailableError
 from broker.store import GetStatus, MessageStore
-from broker.store.message import BODY_START, MESSAGE_MAGIC, PREFIX, tag_hash_code
+from broker.store.message import BODY_START, ENTRY_HEADER, MESSAGE_MAGIC, PREFIX, tag_hash_code
 
 
 def _fill(store: MessageStore, topic: str, n: int, qid: int = 0) -> None:
@@ -137,7 +137,7 @@ def test_lookups_by_offset_and_msg_id(store: MessageStore) -> None:
 
 def test_a_stray_offset_reads_no_further_than_an_entry_head(store: MessageStore) -> None:
     """A msgId of another broker, or an end-by-offset, may name any offset. Where no message head lies (wrong
-    magic, or a size no file holds), nothing past the 8-byte head is read."""
+    magic, or a size no file holds), nothing past the 88-byte header (which holds PHYSICALOFFSET) is read."""
     heads = [PREFIX.pack(4000, 12345), PREFIX.pack(1 << 30, MESSAGE_MAGIC)]  # wrong magic; right magic, too big
     body = b"x" * 8 + b"".join(heads) + b"y" * 8
     r = store.put_message("Stray", 0, body)
@@ -153,7 +153,7 @@ def test_a_stray_offset_reads_no_further_than_an_entry_head(store: MessageStore)
     store.commit_log.read = spy  # type: ignore[method-assign]
     assert store.lookup_message(at) is None
     assert store.lookup_message(at + PREFIX.size) is None
-    assert reads == [PREFIX.size, PREFIX.size]
+    assert reads == [ENTRY_HEADER.size, ENTRY_HEADER.size]
     assert store.lookup_message(r.commitlog_offsets[0]) is not None  # a real head is read whole
 
 

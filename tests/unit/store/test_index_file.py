@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from broker.store import MessageStore
 from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, key_hash
-from broker.store.message import Prop
+from broker.store.message import BODY_START, Prop
 
 
 def test_layout_sizes() -> None:
@@ -84,3 +84,26 @@ def test_query_by_key_reads_only_the_newest_max_num(make_store: Callable[..., Me
     assert len(reads) == 5  # each candidate a hit, newest first: the search stops at the fifth
     assert len(s.query_by_key("Common", "hot", max_num=1000)) == 60
     assert s.check() == []
+
+
+def test_recovery_looks_past_an_empty_last_index_file(make_store: Callable[..., MessageStore]) -> None:
+    """A crash right after a new index file was created (0 bytes): recovery's drop stopped at that empty file, so
+    the file before it kept entries past the truncated log's end and messages written there later were never
+    indexed (indexed_until stayed past them)."""
+    s = make_store()
+    offs = [s.put_message("Ix", 0, b"m%d" % i, {Prop.KEYS: f"old{i}"}).commitlog_offsets[0] for i in range(10)]
+    assert s.wait_dispatched()
+    s.abandon()
+    with open(os.path.join(s.config.commit_log_dir, "0" * 20), "r+b") as fh:  # body CRC: the log is cut there
+        fh.seek(offs[5] + BODY_START)
+        fh.write(b"Z")
+    open(os.path.join(s.config.index_dir, "29991231235959999"), "wb").close()  # the file the crash left
+    s2 = make_store()
+    assert s2.recovery_report is not None and s2.recovery_report.truncated_at == offs[5]
+    assert s2.index is not None and s2.index.indexed_until < offs[5]
+    for i in range(3):
+        assert s2.put_message("Ix", 0, b"n%d" % i, {Prop.KEYS: f"new{i}"}).ok
+    assert s2.wait_dispatched()
+    assert [len(s2.query_by_key("Ix", f"new{i}")) for i in range(3)] == [1, 1, 1]
+    assert [len(s2.query_by_key("Ix", f"old{i}")) for i in range(6)] == [1, 1, 1, 1, 1, 0]
+    assert s2.check() == []

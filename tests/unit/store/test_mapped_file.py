@@ -28,11 +28,40 @@ def test_flush_advances_only_after_a_successful_sync(tmp_path: object) -> None:
     faults = FaultInjector()
     q = MappedFileQueue(str(tmp_path), 4096, faults.fdatasync)
     q.last_for_append().append(b"abc")
+    assert q.flush() == 3
+    q.last_for_append().append(b"def")
     faults.fail_next_fsyncs(1, kind=None)
     with pytest.raises(OSError):
         q.flush()
-    assert q.flushed_offset == 0
-    assert q.flush() == 3
+    assert q.flushed_offset == 3
+    q.close()
+
+
+def test_a_failed_sync_is_final(tmp_path: object) -> None:
+    """fsyncgate: the kernel may drop the pages of a failed writeback and report it once; a retry that returns 0
+    (as it once did here, advancing the flushed offset) proves nothing. Only recovery after a restart can tell."""
+    faults = FaultInjector()
+    q = MappedFileQueue(str(tmp_path), 4096, faults.fdatasync)
+    q.last_for_append().append(b"abc")
+    faults.fail_next_fsyncs(1, kind=None)
+    with pytest.raises(OSError, match="injected"):
+        q.flush()
+    calls = faults.fsync_calls
+    with pytest.raises(OSError, match="failed earlier"):
+        q.flush()
+    assert q.flushed_offset == 0 and faults.fsync_calls == calls  # no sync attempted, nothing advanced
+    q.close()
+
+
+def test_a_closed_file_is_not_synced(tmp_path: object) -> None:
+    """A file closed while a flusher is about to sync it (topic deleted, file expired) is skipped: fdatasync of
+    the closed fd failed with EBADF, which turned the store read-only."""
+    faults = FaultInjector()
+    q = MappedFileQueue(str(tmp_path), 4096, faults.fdatasync)
+    f = q.last_for_append()
+    f.append(b"abc")
+    f.close()
+    assert f.flush() == 0 and faults.fsync_calls == 0
     q.close()
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
+import pytest
+
+from broker.errors import MessageIllegalError
 from broker.store import GetStatus, MessageStore
+from broker.store.batch import MAX_QUEUE_ID
 from broker.store.message import encode_entry
 
 
@@ -95,4 +100,27 @@ def test_a_hold_on_a_queue_that_does_not_exist_yet(store: MessageStore) -> None:
     assert store.max_offset("Fresh", 0) == 0
     store.release_visibility(hold)
     assert (store.max_offset("Fresh", 0), store.max_offset("Never", 0)) == (3, 0)
+    assert store.check() == []
+
+
+@pytest.mark.parametrize("topic", ["../config", "../../outside", "a/b", "T\n", ""])
+def test_topics_that_are_not_names_never_become_paths(store: MessageStore, topic: str) -> None:
+    """delete_topic("../config") removed the store's config directory; hold_visibility created queue directories
+    outside the store."""
+    os.makedirs(store.config.config_dir, exist_ok=True)
+    outside = os.path.join(os.path.dirname(store.config.store_path), "outside")
+    with pytest.raises(MessageIllegalError, match="topic"):
+        store.delete_topic(topic)
+    with pytest.raises(MessageIllegalError, match="topic"):
+        store.hold_visibility([("H", 0), (topic, 0)])
+    assert os.path.isdir(store.config.config_dir) and not os.path.exists(outside)
+    assert store.topics() == [] and os.listdir(store.config.consume_queue_dir) == []
+
+
+@pytest.mark.parametrize("queue_id", [-5, MAX_QUEUE_ID])
+def test_a_hold_on_a_queue_id_out_of_range_is_refused(store: MessageStore, queue_id: int) -> None:
+    with pytest.raises(MessageIllegalError, match=f"queue id {queue_id} of topic 'H' is outside"):
+        store.hold_visibility([("H", queue_id)])
+    assert store.topics() == [] and os.listdir(store.config.consume_queue_dir) == []
+    store.release_visibility(store.hold_visibility([("H", 0)]))
     assert store.check() == []
