@@ -95,9 +95,15 @@ def _from_json(
     options: SourceOptions, snap: Snapshot, given: Mapping[str, Mapping[str, int]], name: str
 ) -> dict[QueueKey, int]:
     positions = parse_positions(options.broker_name, given, what=f"option {name!r}")
-    for topic, _qid in positions:
+    for topic, qid in positions:
         if not options.topic_matches(topic):
             raise SourceOptionError(f"option {name!r} names topic {topic!r}, which this query does not read")
+        if (topic, qid) not in snap:  # a typo must not quietly become the fallback position (Kafka refuses too)
+            have = sorted(q for t, q in snap if t == topic)
+            raise SourceOptionError(
+                f"option {name!r} names queue {topic}/{options.broker_name}:{qid}, which does not exist "
+                + (f"(the topic has queues {have[0]}..{have[-1]})" if have else "(no such topic on the broker)")
+            )
     out: dict[QueueKey, int] = {}
     for k, (lo, hi) in snap.items():
         off = positions.get(k)

@@ -37,6 +37,11 @@ class SourceOffset:
         return {t for t, _ in self.positions}
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit also admits '²' (which int() refuses) and '٣' (which int() reads as 3)."""
+    return text.isascii() and text.isdigit()
+
+
 def queue_key(broker: str, queue_id: int) -> str:
     return f"{broker}:{queue_id}"
 
@@ -47,7 +52,7 @@ def parse_positions(broker: str, data: Mapping[str, Mapping[str, int]], *, what:
     for topic, queues in data.items():
         for key, off in queues.items():
             name, _, qid = str(key).rpartition(":")
-            if name != broker or not qid.isdigit():
+            if name != broker or not is_decimal(qid):
                 raise SourceOptionError(
                     f"{what} key {topic}/{key!r} does not name broker {broker!r} as '{broker}:<queueId>'; "
                     "set option 'brokerName' to the name the offsets were written with"

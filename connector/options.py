@@ -16,6 +16,7 @@ from typing import Literal
 from broker.errors import MessageIllegalError
 from broker.store.message import TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
+from connector.offsets import is_decimal
 
 StartMode = Literal["earliest", "latest", "committed", "json", "timestamp"]
 EARLIEST = -2  # in offset JSON, as Kafka's source
@@ -26,7 +27,7 @@ DEFAULT_PULL_BATCH_SIZE = 4096  # the broker answers at most max_pull_msgs (4096
 MAX_PULL_BATCH_SIZE = 65536  # one pull's messages are decoded into one Arrow batch: bound its memory
 DEFAULT_POLL_TIMEOUT_MS = 30_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default maxTriggerDelay
-_BROKER_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_BROKER_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # fullmatch: "$" would also admit a trailing newline
 _SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$", re.IGNORECASE)
 _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|min|h|d)?$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -164,7 +165,7 @@ def _endpoints(value: str | None) -> str:
     parts = [p.strip() for p in value.split(",") if p.strip()]
     for part in parts:
         host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not is_decimal(port) or not 0 < int(port) < 65536:
             raise SourceOptionError(
                 f"option 'endpoints': {part!r} is not host:port (port 1..65535); give e.g. 127.0.0.1:10911"
             )
@@ -209,7 +210,7 @@ def _group(value: str | None) -> str | None:
 
 
 def _broker_name(value: str) -> str:
-    if not _BROKER_NAME.match(value):
+    if not _BROKER_NAME.fullmatch(value):
         raise SourceOptionError(f"option 'brokerName': {value!r} must be letters, digits, '.', '_' or '-' (no ':')")
     return value
 
@@ -219,7 +220,7 @@ def _starting(opts: Mapping[str, str], *, streaming: bool, group: str | None) ->
         if "startingoffsets" in opts:
             raise SourceOptionError("give either option 'startingOffsets' or 'startingTimestamp', not both")
         ts = opts["startingtimestamp"]
-        if not ts.isdigit():
+        if not is_decimal(ts):
             raise SourceOptionError(f"option 'startingTimestamp': {ts!r} is not milliseconds since the epoch")
         return StartingOffsets("timestamp", timestamp_ms=int(ts))
     default = ("committed" if group else "latest") if streaming else "earliest"
@@ -265,7 +266,7 @@ def _offset_json(name: str, value: str, *, allowed: tuple[int, ...]) -> OffsetJs
         for key, off in queues.items():
             _, sep, qid = str(key).rpartition(":")
             ok = isinstance(off, int) and not isinstance(off, bool) and (off >= 0 or off in allowed)
-            if not sep or not qid.isdigit() or not ok:
+            if not sep or not is_decimal(qid) or not ok:
                 special = " or ".join(str(a) for a in allowed)
                 raise SourceOptionError(
                     f"option {name!r}: {topic}/{key} = {off!r}; keys are 'broker:queueId', values offsets >= 0"
@@ -315,7 +316,7 @@ def _positive_int(opts: Mapping[str, str], name: str) -> int | None:
     value = opts.get(name.lower())
     if value is None:
         return None
-    if not value.strip().isdigit() or int(value) <= 0:
+    if not is_decimal(value.strip()) or int(value) <= 0:
         raise SourceOptionError(f"option {name!r}: {value!r} is not a positive whole number")
     return int(value)
 

@@ -34,7 +34,18 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from broker.client import Admin, Producer
 from broker.errors import (
@@ -96,6 +107,40 @@ def _check_attempts(attempts: list[str], what: str) -> None:
         )
 
 
+_STRING = StringType()
+# column -> (what it must be, the Spark types that are that, a cast that makes it so)
+_COLUMN_TYPES: dict[str, tuple[str, tuple[DataType, ...], str]] = {
+    "body": ("binary or string", (BinaryType(), _STRING), ".cast('binary')"),
+    "topic": ("string", (_STRING,), ".cast('string')"),
+    "tags": ("string", (_STRING,), ".cast('string')"),
+    "keys": (
+        "array<string> or a space-separated string",
+        (ArrayType(_STRING, True), ArrayType(_STRING, False), _STRING),
+        ".cast('array<string>')",
+    ),
+    "properties": (
+        "map<string,string>",
+        (MapType(_STRING, _STRING, True), MapType(_STRING, _STRING, False)),
+        ".cast('map<string,string>')",
+    ),
+    "sharding_key": ("string", (_STRING,), ".cast('string')"),
+    "queue_id": ("an integer type", (ByteType(), ShortType(), IntegerType(), LongType()), ".cast('int')"),
+}
+
+
+def check_column_types(schema: StructType) -> None:
+    """At query start, the sink's columns must have the types the encoder reads: a long sharding_key or a string
+    queue_id would otherwise fail every task with a bare TypeError naming neither column nor row."""
+    for f in schema.fields:
+        wanted = _COLUMN_TYPES.get(f.name)
+        if wanted is not None and f.dataType not in wanted[1]:
+            what, _, cast = wanted
+            raise MessageIllegalError(
+                f"column {f.name!r} is {f.dataType.simpleString()}; the sluice sink needs {what} there "
+                f"(e.g. col({f.name!r}){cast})"
+            )
+
+
 def _send_all(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str
 ) -> tuple[int, int]:
@@ -152,6 +197,7 @@ def _send_chunk(producer: Producer, opts: SinkOptions, buffer: bytes, count: int
 class SluiceStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         check_columns(schema.names, opts.ignore_extra_columns, opts.topic)
+        check_column_types(schema)
         self.opts = opts
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
@@ -201,6 +247,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         check_columns(schema.names, opts.ignore_extra_columns, opts.topic)
+        check_column_types(schema)
         self.opts = opts
         self.transaction_id = f"spark-batch:{uuid.uuid4().hex}" if opts.exactly_once else None
 

@@ -15,6 +15,7 @@ ever committed, so the group never passes the checkpoint.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -25,7 +26,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from broker.client import PullStatus
 from broker.store.message import I64, POS_QUEUE_OFFSET
 from connector.admission import AdmissionControl, default_read_limit
-from connector.broker_link import BrokerLink, link_for
+from connector.broker_link import BrokerLink, link_for, retried
 from connector.data_loss import data_lost
 from connector.group_commit import GroupCommitter
 from connector.offset_resolver import Snapshot, current_topics, snapshot, starting_positions
@@ -45,15 +46,20 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planned_end: dict[QueueKey, int] | None = None
         self._admission = AdmissionControl(options)
         self._committer = GroupCommitter(options.consumer_group)
+        self._initial: dict | None = None  # initialOffset's answer, kept for Spark's second question
 
     # ------------------------------------------------------------------------------------------------ offsets
 
     def initialOffset(self) -> dict:
-        link = link_for(self.options)
-        snap = snapshot(link, current_topics(self.options, link))
-        positions = starting_positions(self.options, link, snap)
-        log.info("sluice source starts at %s", positions)
-        return self._json(positions)
+        """Resolved once per reader: Spark asks again when it runs the first batch (its start), and a second look
+        at a moving queue ("latest") would start that batch after what was planned for it, skipping the messages
+        that arrived in between."""
+        if self._initial is None:
+            link = link_for(self.options)
+            snap = snapshot(link, current_topics(self.options, link))
+            self._initial = self._json(starting_positions(self.options, link, snap))
+            log.info("sluice source starts at %s", self._initial)
+        return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return default_read_limit(self.options)
@@ -147,9 +153,10 @@ def probe_bytes(
     """The end offset (exclusive, <= cap) such that the stored entries of [start, end) fit in ``budget`` bytes."""
     at, used = start, 0
     while at < cap:
-        r = link.consumer.pull_raw(
-            topic, queue_id, at, max_msgs=min(options.pull_batch_size, cap - at), tags=options.tag_expression
-        )
+        r = retried(  # as every driver-side call: a broker restart during planning is ridden out, not fatal
+            functools.partial(link.consumer.pull_raw, topic, queue_id, at,
+                              max_msgs=min(options.pull_batch_size, cap - at), tags=options.tag_expression)
+        )  # fmt: skip
         if r.status is PullStatus.NO_MATCHED_MSG:
             at = min(max(r.next_begin_offset, at + 1), cap)
             continue

@@ -9,6 +9,7 @@ file sink's own log makes the files exactly-once; the consumer group's offsets s
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 
 from streaming_jobs.common import base_parser, setup_logging, spark_session, with_trigger
@@ -24,6 +25,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+MAX_GROUP_CHARS = 255  # the source's consumerGroup limit
+
+
+def default_group(topics: str) -> str:
+    """parquet-<topics joined by '-'>, from the topic names as the source parses them ("a, b" is a and b); a long
+    list is cut and made unique with a hash of the whole list, as the group name has a length limit."""
+    names = [t.strip() for t in topics.split(",") if t.strip()]
+    group = "parquet-" + "-".join(names)
+    if len(group) <= MAX_GROUP_CHARS:
+        return group
+    digest = hashlib.sha256(",".join(names).encode()).hexdigest()[:16]
+    return f"{group[: MAX_GROUP_CHARS - 17]}-{digest}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
@@ -34,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.readStream.format("sluice")
         .option("endpoints", args.endpoints)
         .option("topics", args.topic)
-        .option("consumerGroup", args.group or f"parquet-{args.topic.replace(',', '-')}")
+        .option("consumerGroup", args.group or default_group(args.topic))
         .option("startingOffsets", args.starting_offsets)
         .option("startingOffsetsFallback", "earliest")
     )

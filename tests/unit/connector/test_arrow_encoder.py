@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pyarrow as pa
@@ -124,3 +125,28 @@ def test_default_chunks_fit_the_default_broker_batch_limit() -> None:
     chunks = list(enc.encode(pa.RecordBatch.from_pydict({"body": [b"y" * 1024] * 10_000})))
     limit = StoreConfig(store_path="unused").batch_limit_bytes
     assert len(chunks) >= 3 and all(len(c.buffer) <= limit for c in chunks)
+
+
+def test_sink_columns_of_the_wrong_type_are_refused_at_query_start() -> None:
+    """A long sharding_key, a string queue_id or an integer body failed every task with a bare TypeError."""
+    from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField
+    from pyspark.sql.types import StructType as T
+
+    from broker.errors import MessageIllegalError
+    from connector.sink_writer import check_column_types
+
+    good = [StructField("body", BinaryType()), StructField("keys", ArrayType(StringType())),
+            StructField("properties", MapType(StringType(), StringType())), StructField("queue_id", LongType()),
+            StructField("sharding_key", StringType()), StructField("other", IntegerType())]  # fmt: skip
+    check_column_types(T(good))
+    check_column_types(T([StructField("body", StringType()), StructField("keys", StringType())]))
+    wrong = [
+        (StructField("sharding_key", LongType()), "col('sharding_key').cast('string')"),
+        (StructField("queue_id", StringType()), "an integer type"),
+        (StructField("body", IntegerType()), "binary or string"),
+        (StructField("properties", MapType(StringType(), IntegerType())), "map<string,string>"),
+    ]
+    for field, needle in wrong:
+        with pytest.raises(MessageIllegalError, match=re.escape(needle)) as err:
+            check_column_types(T([StructField("body", BinaryType()), field]))
+        assert repr(field.name) in err.value.message

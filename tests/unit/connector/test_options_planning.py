@@ -68,6 +68,12 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
         ({"pollTimeoutMs": "0"}, "pollTimeoutMs"),
         ({"includeProperties": "1"}, "includeProperties"),
         ({"brokerName": "a:b"}, "brokerName"),
+        ({"brokerName": "broker-a\n"}, "brokerName"),  # re.match with "$" admitted a trailing newline
+        ({"maxOffsetsPerTrigger": "\u00b2"}, "maxOffsetsPerTrigger"),  # str.isdigit admits '²', int() does not
+        ({"pullBatchSize": "\u0663"}, "pullBatchSize"),  # an Arabic-Indic 3 was read as 3
+        ({"startingTimestamp": "\u00b2"}, "startingTimestamp"),
+        ({"startingOffsets": '{"orders": {"broker-a:\u00b2": 1}}'}, "startingOffsets"),
+        ({"endpoints": "localhost:\u0663"}, "endpoints"),
         ({"startingOffset": "earliest"}, "startingOffset"),  # a typo is an unknown option, not ignored
     ],
 )
@@ -241,3 +247,53 @@ def test_a_link_whose_admin_fails_closes_its_consumer(monkeypatch: pytest.Monkey
     with pytest.raises(ServiceNotAvailableError):
         broker_link.link_for(opts)
     assert closed == [True]
+
+
+def test_offset_json_naming_a_queue_that_does_not_exist_is_refused(broker: str) -> None:
+    """A typo in startingOffsets used to fall back to 'latest' for every queue, silently (Kafka refuses too)."""
+    from broker.client import Admin
+    from connector.broker_link import link_for
+    from connector.offset_resolver import snapshot, starting_positions
+
+    with Admin(broker) as admin:
+        admin.create_topic("jsonq", 4, if_not_exists=True)
+    for given, needle in (('{"jsonq": {"broker-a:9": 5}}', "jsonq/broker-a:9, which does not exist (the topic has "
+                           "queues 0..3)"), ('{"jsonx": {"broker-a:0": 0}}', "no such topic")):  # fmt: skip
+        opts = parse_options({"endpoints": broker, "topicPattern": "json.*", "startingOffsets": given},
+                             streaming=True)  # fmt: skip
+        link = link_for(opts)
+        with pytest.raises(SourceOptionError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            starting_positions(opts, link, snapshot(link, ["jsonq"]))
+    ok = parse_options({"endpoints": broker, "topic": "jsonq", "startingOffsets": '{"jsonq": {"broker-a:1": -2}}'},
+                       streaming=True)  # fmt: skip
+    link = link_for(ok)
+    assert starting_positions(ok, link, snapshot(link, ["jsonq"]))[("jsonq", 1)] == 0
+
+
+def test_the_initial_offset_is_resolved_once(broker: str) -> None:
+    """Spark asks initialOffset twice (to plan the first batch, then to run it): with startingOffsets=latest a
+    second look at a moving queue started that batch after what was planned, and its messages were never read."""
+    from broker.client import Admin, Message, Producer
+    from connector.stream_reader import SluiceStreamReader
+
+    with Admin(broker) as admin:
+        admin.create_topic("moving", 2, if_not_exists=True)
+    reader = SluiceStreamReader(parse_options({"endpoints": broker, "topic": "moving"}, streaming=True))
+    first = reader.initialOffset()
+    with Producer(broker) as p:
+        p.send_batch([Message("moving", b"arrived between the two questions")] * 10, queue_id=0)
+    assert reader.initialOffset() == first
+    fresh = SluiceStreamReader(parse_options({"endpoints": broker, "topic": "moving"}, streaming=True))
+    assert fresh.initialOffset() != first  # a new reader (a new query) does look again
+
+
+def test_to_parquet_default_group_follows_the_parsed_topics() -> None:
+    """--topic "clicks, views" made the group "parquet-clicks- views", refused for an option nobody set."""
+    from connector.options import _group
+    from streaming_jobs.to_parquet import MAX_GROUP_CHARS, default_group
+
+    assert default_group("clicks, views") == "parquet-clicks-views" == default_group("clicks,views,")
+    long_list = ",".join(f"topic_number_{i:03d}" for i in range(40))
+    group = default_group(long_list)
+    assert len(group) == MAX_GROUP_CHARS and group != default_group(long_list + ",one_more")
+    assert _group(group) == group  # the source accepts it
