@@ -60,6 +60,7 @@ from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commi
 from broker.semantics.json_file import read_json, write_json_atomic
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
 from broker.semantics.transaction_codec import (
+    BATCH,
     COMMIT,
     COMMIT_START,
     COMMITTED_ATTEMPTS,
@@ -169,6 +170,9 @@ class _Txn:
     # what is still asked of it. -1: the tables are still there.
     decided_total: int = -1
     top_half: int = -1
+    # A batch transaction (halves sent with SendBatch, or ended naming writer attempts): its outcome is kept for
+    # the whole retention time whatever its size; a 0- or 1-row micro-batch is no single-message transaction.
+    batch: bool = False
 
     def decided_count(self) -> int:
         return self.decided_total if self.decided_total >= 0 else len(self.decided)
@@ -399,6 +403,7 @@ class TransactionService:
                 f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
             )
         txn = self._begin_put(txn_id, producer_group, count)
+        txn.batch = True
         res: PutResult | None = None
         try:
             res = self.store.put_batch(half_buffer, wait_store_ok=wait_store_ok, validated=validated)
@@ -490,6 +495,9 @@ class TransactionService:
             props[Prop.PGROUP] = txn.producer_group
         if attempts is not None:
             props[COMMITTED_ATTEMPTS] = ",".join(attempts)
+        if txn.batch or attempts is not None:
+            txn.batch = True
+            props[BATCH] = "true"
         if commit:
             start = {q: self.store.max_offset(*q) for q in sorted(queues)}
             props[COMMIT_START] = encode_commit_start(start)
@@ -813,6 +821,7 @@ class TransactionService:
             t.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
             t.ended_ms = op.store_timestamp
             t.decision_op_offset = op.queue_offset
+            t.batch = op.properties.get(BATCH) == "true" or COMMITTED_ATTEMPTS in op.properties
             ranges = decode_offsets(op.body)
             t.finished = not commit or tid in finished
             if t.finished:  # only its count and highest half are asked of it: no set of a million offsets
@@ -876,7 +885,8 @@ class TransactionService:
         done = [t for t in self._txns.values() if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)
                 and t.highest_half() < half_from]  # fmt: skip
         old = [t for t in done if now - t.ended_ms >= self.outcome_retention_ms]
-        singles = [t for t in done if now - t.ended_ms < self.outcome_retention_ms and t.decided_count() <= 1]
+        singles = [t for t in done if now - t.ended_ms < self.outcome_retention_ms and not t.batch
+                   and t.decided_count() <= 1]  # fmt: skip
         if len(singles) > self.max_outcomes:
             excess = len(singles) - self.max_outcomes
             old += heapq.nsmallest(excess, singles, key=lambda t: t.ended_ms)

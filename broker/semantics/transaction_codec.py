@@ -58,6 +58,7 @@ DECISION = "TRAN_DECISION"
 COMMIT_START = "TRAN_COMMIT_START"
 ATTEMPT = "TRAN_ATTEMPT"  # optional, on a half: which writer attempt sent it (e.g. "<partition>:<attempt>")
 COMMITTED_ATTEMPTS = "TRAN_COMMITTED_ATTEMPTS"  # on a commit decision: only halves of these attempts are committed
+BATCH = "TRAN_BATCH"  # "true" on a decision of a batch transaction (its outcome is kept the whole retention time)
 COMMIT = "COMMIT"
 ROLLBACK = "ROLLBACK"
 
