@@ -67,6 +67,15 @@ def fallback(options: SourceOptions, lo_hi: tuple[int, int]) -> int:
     return lo_hi[0] if options.starting_fallback == "earliest" else lo_hi[1]
 
 
+def uncommitted(link: BrokerLink, snap: Snapshot) -> set[QueueKey]:
+    """The queues of ``snap`` for which the group (the link's) has no committed offset."""
+    out: set[QueueKey] = set()
+    for topic in sorted({t for t, _ in snap}):
+        committed = link.committed(topic)
+        out |= {(t, q) for t, q in snap if t == topic and committed.get(q, -1) < 0}
+    return out
+
+
 def _committed(options: SourceOptions, link: BrokerLink, snap: Snapshot) -> dict[QueueKey, int]:
     out: dict[QueueKey, int] = {}
     for topic in sorted({t for t, _ in snap}):

@@ -9,8 +9,8 @@ time), so it uses nothing but the options and the partition.
 Commit protocol: Spark calls ``commit(end)`` for batch N only after batch N+1 has been planned, i.e. after batch N
 is in the sink and the commit log. The engine runs batches one after another, so when ``latestOffset(start, ...)``
 is called with ``start`` equal to the end of the batch this reader planned last, that batch is also durably done;
-committing it then means the group is not left one batch behind when an AvailableNow query ends. Nothing else is
-ever committed, so the group never passes the checkpoint.
+committing it then means the group is not left one batch behind when an AvailableNow query ends. The only other
+commit is of the query's start (``_pin_fallbacks``), so the group never passes the checkpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from connector.admission import AdmissionControl, default_read_limit
 from connector.broker_link import BrokerLink, link_for, retried
 from connector.data_loss import data_lost
 from connector.group_commit import GroupCommitter
-from connector.offset_resolver import Snapshot, current_topics, snapshot, starting_positions
+from connector.offset_resolver import Snapshot, current_topics, snapshot, starting_positions, uncommitted
 from connector.offsets import QueueKey, SourceOffset
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition
@@ -57,9 +57,22 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._initial is None:
             link = link_for(self.options)
             snap = snapshot(link, current_topics(self.options, link))
-            self._initial = self._json(starting_positions(self.options, link, snap))
+            positions = starting_positions(self.options, link, snap)
+            self._pin_fallbacks(link, snap, positions)
+            self._initial = self._json(positions)
             log.info("sluice source starts at %s", self._initial)
         return dict(self._initial)
+
+    def _pin_fallbacks(self, link: BrokerLink, snap: Snapshot, positions: Mapping[QueueKey, int]) -> None:
+        """startingOffsets=committed (the default with a group): queues the group has no offset for start at the
+        fallback, which moves. Committing that start to the group makes a driver restarted before the first batch
+        commits (Spark then asks initialOffset again) resolve the same start, not a later one. Nothing consumed is
+        passed: these are where reading begins."""
+        if self.options.starting.mode != "committed" or self.options.consumer_group is None:
+            return
+        fresh = uncommitted(link, snap)
+        if fresh:
+            self._committer.commit(link, {k: positions[k] for k in sorted(fresh)})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return default_read_limit(self.options)

@@ -282,6 +282,7 @@ def test_the_initial_offset_is_resolved_once(broker: str) -> None:
     first = reader.initialOffset()
     with Producer(broker) as p:
         p.send_batch([Message("moving", b"arrived between the two questions")] * 10, queue_id=0)
+    wait_for_max_offset(broker, "moving", 0, 10)  # dispatched: visible to the next look
     assert reader.initialOffset() == first
     fresh = SluiceStreamReader(parse_options({"endpoints": broker, "topic": "moving"}, streaming=True))
     assert fresh.initialOffset() != first  # a new reader (a new query) does look again
@@ -297,3 +298,42 @@ def test_to_parquet_default_group_follows_the_parsed_topics() -> None:
     group = default_group(long_list)
     assert len(group) == MAX_GROUP_CHARS and group != default_group(long_list + ",one_more")
     assert _group(group) == group  # the source accepts it
+
+
+def test_a_restart_before_the_first_commit_resolves_the_same_start_with_a_group(broker: str) -> None:
+    """startingOffsets=committed with no offsets yet: the fallback start is pinned in the group, so a driver
+    restarted before batch 0 commits (Spark asks initialOffset again) starts where batch 0 was planned."""
+    from broker.client import Admin, Message, Producer, PullConsumer
+    from connector.stream_reader import SluiceStreamReader
+
+    with Admin(broker) as admin:
+        admin.create_topic("pinned", 2, if_not_exists=True)
+    with Producer(broker) as p:
+        p.send_batch([Message("pinned", b"old")] * 3, queue_id=1)
+    wait_for_max_offset(broker, "pinned", 1, 3)
+    with PullConsumer(broker, "pin-kept") as c:
+        c.commit_offsets({("pinned", 1): 1})  # a queue the group has an offset for keeps it
+    opts = {"endpoints": broker, "topic": "pinned", "startingOffsetsFallback": "latest"}
+    for group, queue_1 in (("pin-new", 3), ("pin-kept", 1)):
+        first = SluiceStreamReader(parse_options({**opts, "consumerGroup": group}, streaming=True)).initialOffset()
+        start = {int(k.rsplit(":", 1)[1]): v for k, v in first["pinned"].items()}
+        assert start[1] == queue_1  # the fallback (latest), or the group's own offset
+        with Producer(broker) as p:
+            p.send_batch([Message("pinned", b"new")] * 5, queue_id=0)
+        again = SluiceStreamReader(parse_options({**opts, "consumerGroup": group}, streaming=True)).initialOffset()
+        assert again == first
+        with PullConsumer(broker, group) as c:
+            assert c.committed_offsets("pinned") == start
+
+
+def wait_for_max_offset(endpoint: str, topic: str, queue_id: int, at_least: int) -> None:
+    """Sends are acknowledged before the dispatcher makes them visible: wait until the queue shows them."""
+    import time
+
+    from broker.client import Admin
+
+    deadline = time.monotonic() + 30
+    with Admin(endpoint) as admin:
+        while admin.queue_offsets(topic)[queue_id][1] < at_least:
+            assert time.monotonic() < deadline, f"{topic}/{queue_id} never reached {at_least}"
+            time.sleep(0.01)
