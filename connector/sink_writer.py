@@ -226,7 +226,9 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
             for txn_id in txn_ids:
                 attempts = [m.attempt for m in done if m.transaction_id == txn_id]
                 _check_attempts(attempts, f"batch {batchId}")
-                outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts)
+                sent = sum(m.messages for m in done if m.transaction_id == txn_id)
+                outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts,
+                                                expected_messages=sent)  # fmt: skip
                 if outcome != "COMMITTED":
                     raise BrokerError(f"batch {batchId}: transaction {txn_id} ended as {outcome}, not COMMITTED")
                 # Open ones of this query can only be a crashed earlier run's (this batch's is committed now).
@@ -264,7 +266,8 @@ class SluiceBatchWriter(DataSourceArrowWriter):
             attempts = [m.attempt for m in done]
             _check_attempts(attempts, "batch write")
             with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
-                outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts)
+                outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts,
+                                                expected_messages=sum(m.messages for m in done))  # fmt: skip
             if outcome != "COMMITTED":
                 raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
         log.info("sluice sink: %d messages committed", sum(m.messages for m in done))

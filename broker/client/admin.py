@@ -124,13 +124,17 @@ class Admin:
         request = pb.ListTransactionsRequest(prefix=prefix, status=status)
         return [_transaction(t) for t in self.conn.call(self.stub.ListTransactions, request).transactions]
 
-    def end_transaction(self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None) -> str:
+    def end_transaction(
+        self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None, *,
+        expected_messages: int | None = None,
+    ) -> str:  # fmt: skip
         """Commit or roll back every half message of ``txn_id`` atomically; returns the final status
         (COMMITTED / ROLLED_BACK), the first outcome when it had ended already. ``committed_attempts``: commit only
-        halves whose TRAN_ATTEMPT property is listed."""
+        halves whose TRAN_ATTEMPT property is listed. ``expected_messages``: the commit is refused (nothing
+        decided) unless it would make exactly this many messages visible."""
         request = pb.EndTransactionRequest(
             transaction_id=txn_id, commit=commit, committed_attempts=committed_attempts or [],
-            restrict_attempts=committed_attempts is not None,
+            restrict_attempts=committed_attempts is not None, expected_messages=expected_messages,
         )  # fmt: skip
         return self.conn.call(self.stub.EndTransaction, request).status
 

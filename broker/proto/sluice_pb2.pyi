@@ -1058,6 +1058,7 @@ class EndTransactionRequest(_message.Message):
     COMMITTED_ATTEMPTS_FIELD_NUMBER: _builtins.int
     RESTRICT_ATTEMPTS_FIELD_NUMBER: _builtins.int
     PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    EXPECTED_MESSAGES_FIELD_NUMBER: _builtins.int
     transaction_id: _builtins.str
     half_commitlog_offset: _builtins.int
     """RocketMQ's END_TRANSACTION names a half by its commit-log offset"""
@@ -1067,6 +1068,10 @@ class EndTransactionRequest(_message.Message):
     """the answer to a check-back"""
     restrict_attempts: _builtins.bool
     producer_group: _builtins.str
+    expected_messages: _builtins.int
+    """A commit's own count of its messages (the writers'): refused, nothing decided, unless the halves it would
+    commit are exactly this many (halves lost under ASYNC_FLUSH must fail the batch, not commit part of it).
+    """
     @_builtins.property
     def committed_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Batch transactions: commit only halves whose TRAN_ATTEMPT property is listed (when restrict_attempts)."""
@@ -1081,13 +1086,19 @@ class EndTransactionRequest(_message.Message):
         committed_attempts: _abc.Iterable[_builtins.str] | None = ...,
         restrict_attempts: _builtins.bool = ...,
         producer_group: _builtins.str = ...,
+        expected_messages: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["half_commitlog_offset", b"half_commitlog_offset", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "expected_messages", b"expected_messages", "half_commitlog_offset", b"half_commitlog_offset", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "committed_attempts", b"committed_attempts", "from_check", b"from_check", "half_commitlog_offset", b"half_commitlog_offset", "producer_group", b"producer_group", "restrict_attempts", b"restrict_attempts", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "commit", b"commit", "committed_attempts", b"committed_attempts", "expected_messages", b"expected_messages", "from_check", b"from_check", "half_commitlog_offset", b"half_commitlog_offset", "producer_group", b"producer_group", "restrict_attempts", b"restrict_attempts", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_messages: _TypeAlias = _typing.Literal["expected_messages"]  # noqa: Y015
+    _WhichOneofArgType__expected_messages: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages"]  # noqa: Y015
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["transaction_id", "half_commitlog_offset"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_messages) -> _WhichOneofReturnType__expected_messages | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
 
 Global___EndTransactionRequest: _TypeAlias = EndTransactionRequest  # noqa: Y015

@@ -431,11 +431,14 @@ class TransactionService:
         from_check: bool = False,
         committed_attempts: Collection[str] | None = None,
         producer_group: str = "",
+        expected_messages: int | None = None,
     ) -> EndResult:
         """Commit or roll back every half of the transaction, atomically; a no-op reporting the first outcome if it
         has ended already. ``committed_attempts``: commit only halves whose ``TRAN_ATTEMPT`` property is listed (the
-        others are dropped), so a writer's failed attempts never become visible. An id with no halves is recorded
-        as ended too, so that asking again reports the outcome."""
+        others are dropped), so a writer's failed attempts never become visible. ``expected_messages``: a commit
+        is refused (TransactionError, nothing decided, still open) unless it would commit exactly this many
+        messages: the writers' count, so that halves lost in a crash fail the batch instead of committing part of
+        it. An id with no halves is recorded as ended too, so that asking again reports the outcome."""
         check_transaction_id(txn_id)
         attempts = None if committed_attempts is None else sorted(set(committed_attempts))
         if attempts is not None:
@@ -460,7 +463,7 @@ class TransactionService:
         if from_check:
             log.info("transaction %s: check-back answered %s", txn_id, COMMIT if commit else ROLLBACK)
         try:
-            return self._decide(txn, halves, commit, attempts)
+            return self._decide(txn, halves, commit, attempts, expected_messages)
         except BaseException:
             with self._lock:
                 if txn.status is TxStatus.ENDING:  # the decision was not stored: still open
@@ -488,8 +491,16 @@ class TransactionService:
             ids += [t.txn_id for t in self.list_transactions(prefix) if not open_only or t.status is TxStatus.OPEN]
         return [self.end_transaction(i, commit) for i in dict.fromkeys(ids)]
 
-    def _decide(self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None) -> EndResult:
-        kept, later, queues = self._commit_runs(sorted(halves), attempts) if commit else ([], [], set())
+    def _decide(
+        self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None, expected: int | None = None
+    ) -> EndResult:
+        kept, later, queues, total = self._commit_runs(sorted(halves), attempts) if commit else ([], [], set(), 0)
+        if commit and expected is not None and total != expected:
+            raise TransactionError(
+                f"transaction {txn.txn_id!r}: the commit would make {total} messages visible but its writers sent "
+                f"{expected}; nothing decided, the transaction is still open (roll it back and write the batch again: "
+                "halves were lost, e.g. by a crash of the machine under ASYNC_FLUSH)"
+            )
         props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK}
         if txn.producer_group:
             props[Prop.PGROUP] = txn.producer_group
@@ -537,24 +548,25 @@ class TransactionService:
 
     def _commit_runs(
         self, offsets: list[int], attempts: list[str] | None
-    ) -> tuple[list[CommittedRun], list[int], set[tuple[str, int]]]:
+    ) -> tuple[list[CommittedRun], list[int], set[tuple[str, int]], int]:
         """Make every half at these half-queue offsets into its committed entries, reading one run at a time:
         MessageIllegalError for a bad half, HalvesGoneError for a missing one, before anything is decided.
         Returns the committed runs kept (a prefix, within commit_memory_bytes), the half offsets past it (to be
-        made again as they are stored) and every real queue the commit writes to."""
+        made again as they are stored), every real queue the commit writes to and how many messages it commits."""
         kept: list[CommittedRun] = []
         later: list[int] = []
         queues: set[tuple[str, int]] = set()
-        size = 0
+        size = total = 0
         for run in self._iter_half_runs(offsets):
             committed = commit_halves(run, attempts=attempts)
             queues |= committed.queues
+            total += committed.messages
             if later or size + len(committed.buffer) > self.commit_memory_bytes:
                 later.extend(run.queue_offsets)
             else:
                 kept.append(committed)
                 size += len(committed.buffer)
-        return kept, later, queues
+        return kept, later, queues, total
 
     def _restore(self, txn: _Txn, committed: Iterable[CommittedRun], queues: Iterable[tuple[str, int]]) -> int:
         """Re-store committed entries in their real topics (``queues``: all they go to), all shown to readers at

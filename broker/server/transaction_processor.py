@@ -131,8 +131,11 @@ class TransactionProcessor:
 
     def end(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
         attempts = list(request.committed_attempts) if request.restrict_attempts else None
+        expected = request.expected_messages if request.HasField("expected_messages") else None
+        if expected is not None and expected < 0:
+            raise InvalidArgumentError(f"expected_messages {expected} is negative")
         kwargs = {"from_check": request.from_check, "committed_attempts": attempts,
-                  "producer_group": request.producer_group}  # fmt: skip
+                  "producer_group": request.producer_group, "expected_messages": expected}  # fmt: skip
         target = request.WhichOneof("target")
         if target == "half_commitlog_offset":
             return _end_response(self.tx.end_transaction_by_offset(request.half_commitlog_offset, request.commit,

@@ -199,9 +199,9 @@ def test_a_commit_past_its_memory_bound_stores_the_same_entries(box: StoreBox, b
     real_commit_runs = tx._commit_runs
 
     def spy(offsets: list[int], attempts: list[str] | None) -> object:
-        kept, later, queues = real_commit_runs(offsets, attempts)
+        kept, later, queues, total = real_commit_runs(offsets, attempts)
         made_again.append(len(later))
-        return kept, later, queues
+        return kept, later, queues, total
 
     tx._commit_runs = spy  # type: ignore[method-assign,assignment]
     try:
@@ -212,9 +212,13 @@ def test_a_commit_past_its_memory_bound_stores_the_same_entries(box: StoreBox, b
             assert tx.put_half_batch(batch("Out", bodies, queue_id=k % 2, props={ATTEMPT: attempt}), "spark", "m").ok
             if attempt != "2:0":
                 expected[k % 2] += bodies
-        out = tx.end_transaction("m", commit=True, committed_attempts=["0:0", "1:0"])
+        with pytest.raises(TransactionError, match="would make 2000 messages visible but its writers sent 2001"):
+            tx.end_transaction("m", commit=True, committed_attempts=["0:0", "1:0"], expected_messages=2001)
+        assert tx.transaction("m").status is TxStatus.OPEN  # type: ignore[union-attr]
+        out = tx.end_transaction("m", commit=True, committed_attempts=["0:0", "1:0"], expected_messages=2000)
         assert out.status is TxStatus.COMMITTED and out.complete and out.restored == 2000
-        assert {"all": made_again == [3000], "some": 0 < made_again[0] < 3000, "none": made_again == [0]}[remade]
+        assert made_again[0] == made_again[1]  # the refused commit made as many again as the one that went through
+        assert {"all": made_again[1] == 3000, "some": 0 < made_again[1] < 3000, "none": made_again[1] == 0}[remade]
         for q in (0, 1):
             got = box.read_queue("Out", q)
             assert [m.body for m in got] == expected[q]

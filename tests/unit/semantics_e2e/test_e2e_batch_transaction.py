@@ -102,7 +102,15 @@ def test_committed_attempts_keep_only_the_named_writers(broker: BrokerController
             entries = [encode_message(Message("Att", f"{attempt}-{i}".encode(), properties={"TRAN_ATTEMPT": attempt}),
                                       0) for i in range(10)]  # fmt: skip
             producer.send_encoded(b"".join(entries), 10, transaction_id=txn_id)
-        assert admin.end_transaction(txn_id, commit=True, committed_attempts=["0.1.b"]) == "COMMITTED"
+        # The writers' own count guards the commit: halves lost (a machine crash under ASYNC_FLUSH) would make
+        # fewer visible than were sent. A wrong count is refused with nothing decided; the right one commits.
+        for wrong in (9, 20):
+            with pytest.raises(BrokerError, match=f"would make 10 messages visible but its writers sent {wrong}"):
+                admin.end_transaction(txn_id, commit=True, committed_attempts=["0.1.b"], expected_messages=wrong)
+            assert [t.status for t in admin.list_transactions(txn_id)] == ["OPEN"]
+            assert visible_count(endpoint, "Att") == 0
+        assert admin.end_transaction(txn_id, commit=True, committed_attempts=["0.1.b"],
+                                     expected_messages=10) == "COMMITTED"  # fmt: skip
     assert sorted(m.body for m in read_topic(endpoint, "Att")) == sorted(f"0.1.b-{i}".encode() for i in range(10))
 
 
