@@ -62,7 +62,8 @@ class RetryService:
         self._random = random.Random()
         self._random_lock = threading.Lock()
 
-    def _lookup(self, commitlog_offset: int | None, msg_id: str | None) -> StoredMessage:
+    def lookup(self, *, commitlog_offset: int | None = None, msg_id: str | None = None) -> StoredMessage:
+        """The message a send-back names, with every check consumer_send_back makes of it (nothing stored)."""
         if (commitlog_offset is None) == (msg_id is None):
             raise InvalidArgumentError("consumer_send_back: give exactly one of commitlog_offset and msg_id")
         msg = (
@@ -83,27 +84,25 @@ class RetryService:
             )
         return msg
 
-    def check_send_back(self, *, commitlog_offset: int | None = None, msg_id: str | None = None) -> None:
-        """The checks consumer_send_back makes of the message, without storing anything."""
-        self._lookup(commitlog_offset, msg_id)
-
     def consumer_send_back(
         self,
         group: str,
         *,
         commitlog_offset: int | None = None,
         msg_id: str | None = None,
+        message: StoredMessage | None = None,
         delay_level: int = 0,
         max_reconsume_times: int | None = None,
         origin_msg_id: str | None = None,
     ) -> SendBackResult:
+        """``message``: the one lookup() already returned, instead of naming it by offset or msgId."""
         cfg = self.groups.get(group)
         if not cfg.consume_enable:
             raise BrokerError(
                 f"subscription group {group!r} has consumeEnable=false; enable it to send messages back",
                 ResponseCode.NO_PERMISSION,
             )
-        msg = self._lookup(commitlog_offset, msg_id)
+        msg = message if message is not None else self.lookup(commitlog_offset=commitlog_offset, msg_id=msg_id)
         max_times = cfg.retry_max_times
         if max_reconsume_times is not None and max_reconsume_times >= 0:
             max_times = max_reconsume_times

@@ -305,7 +305,7 @@ class TransactionService:
 
     # ------------------------------------------------------------------------------------------ half messages
 
-    def _begin_put(self, txn_id: str, producer_group: str, count: int = 1) -> _Txn:
+    def _begin_put(self, txn_id: str, producer_group: str, count: int = 1, *, batch: bool = False) -> _Txn:
         check_transaction_id(txn_id)
         now = _now_ms()
         with self._lock:
@@ -324,6 +324,7 @@ class TransactionService:
                     "smaller transactions (a Spark query: a lower maxOffsetsPerTrigger, or smaller batch writes)"
                 )
             txn.inflight_halves += count
+            txn.batch = txn.batch or batch
             floor = self.store.max_offset(TRANS_HALF_TOPIC, 0)  # the put's halves get offsets at or above this
             txn.half_floor = min(txn.half_floor, floor) if txn.inflight else floor
             txn.inflight += 1
@@ -402,8 +403,7 @@ class TransactionService:
             raise MessageIllegalError(
                 f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
             )
-        txn = self._begin_put(txn_id, producer_group, count)
-        txn.batch = True
+        txn = self._begin_put(txn_id, producer_group, count, batch=True)
         res: PutResult | None = None
         try:
             res = self.store.put_batch(half_buffer, wait_store_ok=wait_store_ok, validated=validated)

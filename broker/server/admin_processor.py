@@ -96,7 +96,7 @@ class AdminProcessor:
         return self.store.queue_ranges(topic, range(config.read_queue_nums))
 
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        self.topics.check_queue(topic, queue_id, for_write=False)
+        self.topics.check_queue(topic, queue_id)
         return self.store.offset_by_time(topic, queue_id, timestamp_ms)
 
     # ------------------------------------------------------------------------------------------------ offsets

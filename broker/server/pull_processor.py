@@ -92,7 +92,7 @@ class PullProcessor:
 
     def validate(self, req: PullRequestArgs) -> None:
         validate_group(req.group)
-        self.topics.check_queue(req.topic, req.queue_id, for_write=False)
+        self.topics.check_queue(req.topic, req.queue_id)
         if req.offset < 0:
             raise InvalidArgumentError(
                 f"pull offset {req.offset} is negative; start at the queue's min offset (`sluice topic describe`)"
@@ -154,7 +154,7 @@ class PullProcessor:
 
     def check_commit(self, topic: str, queue_id: int, offset: int) -> None:
         """A committed offset must name a queue that exists and lie within [0, max offset]."""
-        self.topics.check_queue(topic, queue_id, for_write=False)
+        self.topics.check_queue(topic, queue_id)
         max_offset = self.store.max_offset(topic, queue_id)
         if offset > max_offset:
             raise InvalidArgumentError(

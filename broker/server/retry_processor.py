@@ -14,7 +14,6 @@ from broker.filter.sql92 import SqlFilter, compile_sql92
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import RetryService, SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
-from broker.server.consumer_offsets import validate_group
 from broker.server.topic_config import TopicConfigManager
 
 TAG, SQL92 = "TAG", "SQL92"
@@ -47,16 +46,14 @@ class RetryProcessor:
         target = request.WhichOneof("target")
         if target is None:
             raise InvalidArgumentError("ConsumerSendMsgBack names no message: give commitlog_offset or msg_id")
-        validate_group(request.consumer_group)
-        self.retry.check_send_back(  # before the group or its retry topic is made: a refused call makes neither
+        message = self.retry.lookup(  # before the group or its retry topic is made: a refused call makes neither
             commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
             msg_id=request.msg_id if target == "msg_id" else None,
         )
         self.ensure_retry_topic(request.consumer_group)
         result = self.retry.consumer_send_back(
             request.consumer_group,
-            commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
-            msg_id=request.msg_id if target == "msg_id" else None,
+            message=message,
             delay_level=request.delay_level,
             max_reconsume_times=(
                 request.max_reconsume_times

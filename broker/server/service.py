@@ -277,7 +277,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise InvalidArgumentError(f"{len(request.queues)} queues in one lock call; at most {MAX_LOCK_QUEUES}")
         for q in request.queues:
             if existing:
-                self.admin.topics.check_queue(q.topic, q.queue_id, for_write=False)
+                self.admin.topics.check_queue(q.topic, q.queue_id)
             elif q.queue_id < 0:
                 raise InvalidArgumentError(f"queue id {q.queue_id} of {q.topic!r} is negative")
             else:

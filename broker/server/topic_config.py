@@ -179,9 +179,10 @@ class TopicConfigManager:
                     f"queue {queue_id} does not exist: topic {topic!r} has queues 0..{count - 1}"
                 )
 
-    def check_queue(self, topic: str, queue_id: int, *, for_write: bool) -> TopicConfig:
-        config = self.get_or_create(topic) if for_write else self.require(topic)
-        count = config.write_queue_nums if for_write else config.read_queue_nums
+    def check_queue(self, topic: str, queue_id: int) -> TopicConfig:
+        """For reads: the topic exists and has the queue (sends use check_write, which creates nothing)."""
+        config = self.require(topic)
+        count = config.read_queue_nums
         if not 0 <= queue_id < count:
             raise InvalidArgumentError(f"queue {queue_id} does not exist: topic {topic!r} has queues 0..{count - 1}")
         return config

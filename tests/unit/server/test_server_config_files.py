@@ -83,7 +83,7 @@ def test_topic_config_create_validate_persist(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="queue count"):
         topics.create("Huge", 100_000)
     with pytest.raises(InvalidArgumentError, match=r"queues 0\.\.3"):
-        topics.check_queue("Orders", 4, for_write=False)
+        topics.check_queue("Orders", 4)
     reloaded = TopicConfigManager(tmp_path)
     reloaded.load()
     assert [t.topic for t in reloaded.topics()] == ["Auto", "Orders"]
