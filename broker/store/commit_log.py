@@ -22,6 +22,7 @@ from numpy.lib.stride_tricks import as_strided
 from broker.errors import BrokerError, ServiceNotAvailableError
 from broker.store.batch import SmallBatch, ValidatedBatch, assign_queue_offsets
 from broker.store.config import StoreConfig
+from broker.store.directory import fsync_directory
 from broker.store.mapped_file import MappedFile, MappedFileQueue
 from broker.store.message import (
     END_FILE_MIN_BLANK_LENGTH,
@@ -68,9 +69,12 @@ class CommitLog:
         config: StoreConfig,
         sync: Callable[[int], None],
         allocate: Callable[[int, int, int], None] = os.posix_fallocate,
+        sync_dir: Callable[[str], None] = fsync_directory,
     ) -> None:
         self.config = config
-        self.files = MappedFileQueue(config.commit_log_dir, config.mapped_file_size_commit_log, sync, allocate)
+        self.files = MappedFileQueue(
+            config.commit_log_dir, config.mapped_file_size_commit_log, sync, allocate, sync_dir
+        )
         self.append_lock = threading.Lock()
         self.queue_table: dict[tuple[str, int], int] = {}
         self.last_store_timestamp = 0

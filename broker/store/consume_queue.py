@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.store.config import CQ_UNIT_SIZE
+from broker.store.directory import fsync_directory
 from broker.store.mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,19 @@ class VisibilityHold:
 
 
 class ConsumeQueue:
-    def __init__(self, root: str, topic: str, queue_id: int, file_size: int, sync: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        root: str,
+        topic: str,
+        queue_id: int,
+        file_size: int,
+        sync: Callable[[int], None],
+        sync_dir: Callable[[str], None] = fsync_directory,
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.files = MappedFileQueue(os.path.join(root, topic, str(queue_id)), file_size, sync)
+        directory = os.path.join(root, topic, str(queue_id))
+        self.files = MappedFileQueue(directory, file_size, sync, sync_dir=sync_dir)
         self.min_offset = 0  # first valid queue offset (moves forward when the commit log expires)
         self._holds: tuple[VisibilityHold, ...] = ()
         self._held_at = 0  # max_offset while any hold is active: written_offset when the first of them was placed

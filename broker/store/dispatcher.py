@@ -21,6 +21,7 @@ from broker.errors import CorruptionError
 from broker.store.batch import Buffer, EntryRun, queue_keys, rows_at, scan
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
+from broker.store.directory import fsync_directory
 from broker.store.index_file import IndexService
 from broker.store.mapped_file import MappedFile
 from broker.store.message import (
@@ -120,10 +121,17 @@ class DispatchHint:
 class ConsumeQueueTable:
     """Every consume queue, by (topic, queue id); created on first use."""
 
-    def __init__(self, root: str, file_size: int, sync: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        root: str,
+        file_size: int,
+        sync: Callable[[int], None],
+        sync_dir: Callable[[str], None] = fsync_directory,
+    ) -> None:
         self.root = root
         self.file_size = file_size
         self._sync = sync
+        self._sync_dir = sync_dir
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.lock = threading.Lock()
 
@@ -136,7 +144,7 @@ class ConsumeQueueTable:
             with self.lock:
                 cq = self.queues.get((topic, queue_id))
                 if cq is None:
-                    cq = ConsumeQueue(self.root, topic, queue_id, self.file_size, self._sync)
+                    cq = ConsumeQueue(self.root, topic, queue_id, self.file_size, self._sync, self._sync_dir)
                     self.queues = {**self.queues, (topic, queue_id): cq}
         return cq
 

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from broker.store.directory import fsync_directory
+
 
 class FaultInjector:
     def __init__(self) -> None:
@@ -25,7 +27,8 @@ class FaultInjector:
         self.fsync_counts: dict[str, int] = {}  # per kind of file
 
     def fail_next_fsyncs(self, count: int = 1, kind: str | None = "commitlog") -> None:
-        """Make the next ``count`` fdatasync calls on ``kind`` files (None: any) raise OSError(EIO)."""
+        """Make the next ``count`` syncs of ``kind`` (None: any; "commitlog-dir" etc. for directories) raise
+        OSError(EIO)."""
         with self._lock:
             self._fsync_failures = count
             self._fail_kind = kind
@@ -50,11 +53,24 @@ class FaultInjector:
         """The fdatasync function for one kind of file: commitlog, consumequeue, index, checkpoint."""
         return lambda fd: self.fdatasync(fd, kind)
 
+    def dir_syncer(self, kind: str) -> Callable[[str], None]:
+        """The directory fsync for one kind of file's directories; counted and failed as kind ``{kind}-dir``."""
+        return lambda path: self.fsync_dir(path, f"{kind}-dir")
+
     def delay_fsyncs(self, seconds: float) -> None:
         """Make every fdatasync take at least ``seconds`` longer (a slow disk), until set back to 0."""
         self._fsync_delay_s = seconds
 
     def fdatasync(self, fd: int, kind: str = "") -> None:
+        self._before_sync(kind, "fdatasync")
+        os.fdatasync(fd)
+
+    def fsync_dir(self, path: str, kind: str) -> None:
+        self._before_sync(kind, "directory fsync")
+        fsync_directory(path)
+
+    def _before_sync(self, kind: str, what: str) -> None:
+        """Count a sync of ``kind``; delay it or raise the injected failure if one is due."""
         with self._lock:
             self.fsync_calls += 1
             self.fsync_counts[kind] = self.fsync_counts.get(kind, 0) + 1
@@ -64,5 +80,4 @@ class FaultInjector:
         if self._fsync_delay_s:
             time.sleep(self._fsync_delay_s)
         if fail:
-            raise OSError(errno.EIO, "injected fdatasync failure")
-        os.fdatasync(fd)
+            raise OSError(errno.EIO, f"injected {what} failure")

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from broker.errors import CorruptionError
+from broker.store.directory import fsync_directory, make_dirs
 from broker.store.message import java_string_hash
 
 log = logging.getLogger(__name__)
@@ -200,14 +201,23 @@ def _timestamp_name(ms: int) -> str:
 class IndexService:
     """All index files, oldest first; the dispatcher appends, queries read newest first."""
 
-    def __init__(self, directory: str, slots: int, entries: int, sync: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        directory: str,
+        slots: int,
+        entries: int,
+        sync: Callable[[int], None],
+        sync_dir: Callable[[str], None] = fsync_directory,
+    ) -> None:
         self.directory = directory
         self.slots = slots
         self.entries = entries
         self._sync = sync
+        self._sync_dir = sync_dir
         self.files: list[IndexFile] = []
         self.lock = threading.RLock()
-        os.makedirs(directory, exist_ok=True)
+        # directories with new entries, fsynced by the next flush (directory.py says why); guarded by ``lock``
+        self._unsynced_dirs = make_dirs(directory)
 
     def load(self) -> None:
         names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
@@ -239,16 +249,24 @@ class IndexService:
         last = self.files[-1] if self.files else None
         if last is not None and last.header.index_count + needed <= last.entries:
             return last
-        name_ms = time.time_ns() // 1_000_000
-        while os.path.exists(os.path.join(self.directory, _timestamp_name(name_ms))):
-            name_ms += 1
-        f = IndexFile(
-            os.path.join(self.directory, _timestamp_name(name_ms)), self.slots, self.entries, self._sync, create=True
-        )
+        f = IndexFile(self._next_path(), self.slots, self.entries, self._sync, create=True)
+        if self.directory not in self._unsynced_dirs:
+            self._unsynced_dirs.append(self.directory)
         if last is not None:
             last.flush()  # a full file is final: make it durable before moving on
         self.files = [*self.files, f]
         return f
+
+    def _next_path(self) -> str:
+        """A name for a new index file: the local time in ms, as RocketMQ names them, but always after every
+        existing name. Files are ordered by name when loaded, so a clock that stepped back (NTP, a DST change of
+        the local time) must not put the newest file first; then the last name plus one is used instead (still
+        17 digits, though perhaps no real time)."""
+        name = _timestamp_name(time.time_ns() // 1_000_000)
+        names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
+        if names and int(name) <= int(names[-1]):
+            name = str(int(names[-1]) + 1)
+        return os.path.join(self.directory, name)
 
     def put(self, topic: str, keys: Iterable[str], phys: int, store_ts: int) -> None:
         """Index one message under ``topic#key`` for every key (idempotent for already indexed offsets)."""
@@ -283,6 +301,9 @@ class IndexService:
 
     def flush(self) -> None:
         with self.lock:
+            dirs, self._unsynced_dirs = self._unsynced_dirs, []
+            for d in dirs:
+                self._sync_dir(d)
             for f in self.files:
                 f.flush()
 

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 
 from broker.errors import CorruptionError
+from broker.store.directory import fsync_directory, make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -198,15 +199,19 @@ class MappedFileQueue:
         file_size: int,
         sync: Callable[[int], None],
         allocate: Callable[[int, int, int], None] = os.posix_fallocate,
+        sync_dir: Callable[[str], None] = fsync_directory,
     ) -> None:
         self.directory = directory
         self.file_size = file_size
         self._sync = sync
         self._allocate = allocate
+        self._sync_dir = sync_dir
         self.files: list[MappedFile] = []
-        self._lock = threading.Lock()  # guards replacing ``files``
+        self._lock = threading.Lock()  # guards replacing ``files`` and ``_unsynced_dirs``
         self.sync_failed = ""  # why an fdatasync failed: from then on flush() only raises (module docstring)
-        os.makedirs(directory, exist_ok=True)
+        # Directories with entries created since their last fsync (directory.py says why): the parents of
+        # directories made here, and this directory once a file is created in it. Synced by the next flush().
+        self._unsynced_dirs: list[str] = make_dirs(directory)
 
     def load(self) -> None:
         """Open every file in the directory; positions are set to full until recovery says otherwise."""
@@ -284,6 +289,8 @@ class MappedFileQueue:
         f = MappedFile(path, self.file_size, self._sync, create=True, allocate=self._allocate)
         with self._lock:
             self.files = [*self.files, f]
+            if self.directory not in self._unsynced_dirs:
+                self._unsynced_dirs.append(self.directory)
         return f
 
     def last_for_append(self, start_offset: int = 0) -> MappedFile:
@@ -297,14 +304,25 @@ class MappedFileQueue:
 
     # ------------------------------------------------------------------------------------------------ flush
     def flush(self) -> int:
-        """fdatasync every file with unflushed bytes, oldest first; return the flushed global offset.
+        """fsync the directories with new entries, then fdatasync every file with unflushed bytes, oldest first;
+        return the flushed global offset.
 
-        An OSError from fdatasync propagates and leaves that file's flushed position where it was; every later
-        call raises too, without syncing (``sync_failed``, see the module docstring).
+        Files and directories are taken together under the lock: a file created after that is neither synced nor
+        named by a synced directory yet, so this pass leaves it for the next (its flushed position stays 0).
+        An OSError from a sync propagates and leaves the flushed positions where they were; every later call
+        raises too, without syncing (``sync_failed``, see the module docstring).
         """
         if self.sync_failed:
             raise OSError(errno.EIO, self.sync_failed)
-        for f in self.files:
+        with self._lock:
+            files, dirs, self._unsynced_dirs = self.files, self._unsynced_dirs, []
+        for d in dirs:
+            try:
+                self._sync_dir(d)
+            except OSError as e:
+                self.sync_failed = f"fsync of directory {d} failed earlier ({e}); new files in it may not survive"
+                raise
+        for f in files:
             if f.flushed_position < f.wrote_position and not f.closed:
                 try:
                     f.flush()

@@ -33,6 +33,7 @@ from broker.store.cleanup import CleanupService
 from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueue, VisibilityHold
+from broker.store.directory import make_dirs
 from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher, DispatchHint
 from broker.store.faults import FaultInjector
 from broker.store.flush import (
@@ -127,12 +128,24 @@ class MessageStore:
         config.validate()
         self.config = config
         self.faults = FaultInjector()
-        self.commit_log = CommitLog(config, self.faults.syncer("commitlog"), self.faults.allocator("commitlog"))
+        faults = self.faults
+        self.commit_log = CommitLog(
+            config, faults.syncer("commitlog"), faults.allocator("commitlog"), faults.dir_syncer("commitlog")
+        )
         self.queues = ConsumeQueueTable(
-            config.consume_queue_dir, config.mapped_file_size_consume_queue, self.faults.syncer("consumequeue")
+            config.consume_queue_dir,
+            config.mapped_file_size_consume_queue,
+            faults.syncer("consumequeue"),
+            faults.dir_syncer("consumequeue"),
         )
         self.index: IndexService | None = (
-            IndexService(config.index_dir, config.max_hash_slot_num, config.max_index_num, self.faults.syncer("index"))
+            IndexService(
+                config.index_dir,
+                config.max_hash_slot_num,
+                config.max_index_num,
+                faults.syncer("index"),
+                faults.dir_syncer("index"),
+            )
             if config.message_index_enable
             else None
         )
@@ -160,8 +173,7 @@ class MessageStore:
     # ================================================================================================ lifecycle
     def start(self) -> None:
         cfg = self.config
-        os.makedirs(cfg.store_path, exist_ok=True)
-        os.makedirs(cfg.config_dir, exist_ok=True)
+        new_dirs = make_dirs(cfg.store_path) + make_dirs(cfg.config_dir)
         self._take_lock()
         try:
             abnormal = os.path.exists(cfg.abort_path)
@@ -171,6 +183,10 @@ class MessageStore:
             )
             with open(cfg.abort_path, "wb") as f:
                 os.fsync(f.fileno())
+            # The abort file must survive a power loss, or the next start would trust the files (normal recovery)
+            # after a crash; the store directory also names the checkpoint and the lock file (directory.py).
+            for d in dict.fromkeys([*new_dirs, cfg.store_path]):
+                self.faults.fsync_dir(d, "store-dir")
             self._start_services()
         except BaseException:
             self._release_lock()
