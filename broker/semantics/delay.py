@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from broker.errors import CorruptionError, InvalidArgumentError, MessageIllegalError
-from broker.semantics.json_file import read_json, write_json_atomic
+from broker.json_file import load_json, write_json_atomic
 from broker.semantics.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.store.batch import SmallBatch, ValidatedBatch, splice
@@ -262,18 +262,25 @@ class ScheduleMessageService:
         return self._delivered
 
     def _load(self) -> None:
-        data = read_json(self.path)
-        if data is None:
-            return
-        table = data.get("offsetTable", {}) if isinstance(data, dict) else None
+        loaded = load_json(self.path, self._parse)
+        if loaded is not None:
+            self._offsets, self._extra = loaded
+
+    def _parse(self, data: dict[str, Any]) -> tuple[dict[int, int], dict[str, Any]]:
+        """``{"offsetTable": {level: offset}}``: the offsets of this broker's levels, and the rest kept as they
+        are (levels a changed messageDelayLevel no longer has); ValueError etc. when it is not that."""
+        table = data.get("offsetTable", {})
         if not isinstance(table, dict):
-            raise InvalidArgumentError(f"{self.path}: expected {{'offsetTable': {{level: offset}}}}; fix or delete it")
+            raise ValueError("expected {'offsetTable': {level: offset}}")
+        offsets: dict[int, int] = {}
+        extra: dict[str, Any] = {}
         for key, value in table.items():
             level = int(key)
             if 1 <= level <= self.levels.max_level:
-                self._offsets[level] = int(value)
+                offsets[level] = int(value)
             else:
-                self._extra[str(key)] = value
+                extra[str(key)] = value
+        return offsets, extra
 
     def persist(self) -> None:
         with self._lock:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from broker.errors import InvalidArgumentError, SubscriptionGroupNotExistError
-from broker.semantics.json_file import read_json, write_json_atomic
+from broker.json_file import load_json, write_json_atomic
 
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
 MAX_GROUP_NAME_CHARS = 255  # RocketMQ's CHARACTER_MAX_LENGTH for group names
@@ -77,6 +77,21 @@ class SubscriptionGroupConfig:
         return cfg
 
 
+def _parse_groups(data: dict[str, Any]) -> tuple[dict[str, SubscriptionGroupConfig], dict[str, int]]:
+    """``{"subscriptionGroupTable": {name: {...}}, "dataVersion": {...}}``; ValueError etc. when it is not that."""
+    table = data.get("subscriptionGroupTable")
+    if not isinstance(table, dict):
+        raise ValueError("no 'subscriptionGroupTable' object")
+    groups = {}
+    for name, raw in table.items():
+        cfg = SubscriptionGroupConfig.from_json({**raw, "groupName": raw.get("groupName", name)})
+        groups[cfg.group_name] = cfg
+    version = data.get("dataVersion")
+    if not isinstance(version, dict):
+        version = {}
+    return groups, {"counter": int(version.get("counter", 0)), "timestamp": int(version.get("timestamp", 0))}
+
+
 class SubscriptionGroupManager:
     """Thread-safe table of group settings, persisted on every change."""
 
@@ -89,21 +104,9 @@ class SubscriptionGroupManager:
         self._load()
 
     def _load(self) -> None:
-        data = read_json(self.path)
-        if data is None:
-            return
-        table = data.get("subscriptionGroupTable") if isinstance(data, dict) else None
-        if not isinstance(table, dict):
-            raise InvalidArgumentError(f"{self.path}: no 'subscriptionGroupTable' object; fix or delete the file")
-        for name, raw in table.items():
-            cfg = SubscriptionGroupConfig.from_json({**raw, "groupName": raw.get("groupName", name)})
-            self._table[cfg.group_name] = cfg
-        version = data.get("dataVersion")
-        if isinstance(version, dict):
-            self._data_version = {
-                "counter": int(version.get("counter", 0)),
-                "timestamp": int(version.get("timestamp", 0)),
-            }
+        loaded = load_json(self.path, _parse_groups)
+        if loaded is not None:
+            self._table, self._data_version = loaded
 
     def _persist_locked(self) -> None:
         self._data_version = {"counter": self._data_version["counter"] + 1, "timestamp": int(time.time() * 1000)}

@@ -56,8 +56,8 @@ from typing import Any
 import numpy as np
 
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
+from broker.json_file import load_json, write_json_atomic
 from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
-from broker.semantics.json_file import read_json, write_json_atomic
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
 from broker.semantics.transaction_codec import (
     BATCH,
@@ -229,6 +229,12 @@ def _runs(sorted_offsets: list[int]) -> list[tuple[int, int]]:
     firsts = np.concatenate(([arr[0]], arr[breaks + 1]))
     lasts = np.concatenate((arr[breaks], [arr[-1]]))
     return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
+
+
+def _parse_checker_state(state: dict[str, Any]) -> tuple[int, int, dict[str, int]]:
+    """``{"halfScanFrom": n, "opScanFrom": n, "checkTimes": {transaction id: n}}``; ValueError etc. if not."""
+    checks = {str(tid): int(times) for tid, times in dict(state.get("checkTimes") or {}).items()}
+    return int(state.get("halfScanFrom", 0)), int(state.get("opScanFrom", 0)), checks
 
 
 class TransactionService:
@@ -799,9 +805,7 @@ class TransactionService:
     def recover(self) -> None:
         """Rebuild the transaction table from the op and half queues; finish interrupted commits."""
         self._wait_for_dispatch()
-        state = read_json(self.path) or {}
-        half_from = int(state.get("halfScanFrom", 0))
-        op_from = int(state.get("opScanFrom", 0))
+        half_from, op_from, check_times = load_json(self.path, _parse_checker_state) or (0, 0, {})
         decisions: dict[str, StoredMessage] = {}
         finished: set[str] = set()
         for op in self._scan(TRANS_OP_HALF_TOPIC, 0, op_from):
@@ -823,9 +827,9 @@ class TransactionService:
                 t = txns[tid] = _Txn(tid, raw_property(raw.entry, Prop.PGROUP) or "", stored_ms, stored_ms)
             t.halves[raw.queue_offset] = raw.commitlog_offset
             t.last_ms = max(t.last_ms, stored_ms)
-        for tid, times in dict(state.get("checkTimes") or {}).items():
+        for tid, times in check_times.items():
             if tid in txns:
-                txns[tid].check_times = int(times)
+                txns[tid].check_times = times
         for tid, op in decisions.items():
             t = txns.get(tid) or _Txn(tid, op.properties.get(Prop.PGROUP, ""), op.store_timestamp, op.store_timestamp)
             txns[tid] = t

@@ -11,9 +11,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from broker.errors import InvalidArgumentError
-from broker.server.json_file import read_json, write_json_atomic
+from broker.json_file import load_json, write_json_atomic
 from broker.store.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,15 @@ class ConsumerOffsetManager:
         self._dirty = False
 
     def load(self) -> None:
-        raw = read_json(self.path)
-        if raw is None:
+        table = load_json(self.path, self._parse)
+        if table is None:
             return
+        with self._lock:
+            self._table = table
+        log.info("loaded offsets of %d (group, topic) pairs from %s", len(table), self.path)
+
+    def _parse(self, raw: dict[str, Any]) -> dict[tuple[str, str], dict[int, int]]:
+        """``{"offsetTable": {"topic@group": {"queueId": offset}}}``; ValueError etc. when it is not that."""
         table: dict[tuple[str, str], dict[int, int]] = {}
         for key, queues in raw.get("offsetTable", {}).items():
             topic, sep, group = key.partition(TOPIC_GROUP_SEPARATOR)
@@ -52,9 +59,7 @@ class ConsumerOffsetManager:
                 log.error("skipping malformed key %r in %s (expected topic@group)", key, self.path)
                 continue
             table[(group, topic)] = {int(qid): int(off) for qid, off in queues.items()}
-        with self._lock:
-            self._table = table
-        log.info("loaded offsets of %d (group, topic) pairs from %s", len(table), self.path)
+        return table
 
     def persist(self) -> None:
         with self._write_lock:  # snapshot and write under one lock: an older snapshot never overwrites a newer

@@ -10,9 +10,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.errors import InvalidArgumentError, TopicExistsError, TopicNotExistError
-from broker.server.json_file import read_json, write_json_atomic
+from broker.json_file import load_json, write_json_atomic
 from broker.store.message import validate_topic
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,14 @@ class TopicConfig:
         )
 
 
+def _parse_topics(raw: dict[str, Any]) -> tuple[dict[str, TopicConfig], int]:
+    """``{"topicConfigTable": {name: {...}}, "dataVersion": n}``; KeyError etc. when it is not that."""
+    table = raw.get("topicConfigTable", {})
+    version = raw.get("dataVersion", 0)  # Sluice writes a number, RocketMQ an object with a counter
+    counter = version.get("counter", 0) if isinstance(version, dict) else version
+    return {name: TopicConfig.from_json(item) for name, item in table.items()}, int(counter)
+
+
 class TopicConfigManager:
     def __init__(
         self, config_dir: Path, *, default_queue_nums: int = 8, max_queue_nums: int = 1024, auto_create: bool = True
@@ -62,13 +71,11 @@ class TopicConfigManager:
         self._data_version = 0
 
     def load(self) -> None:
-        raw = read_json(self.path)
-        if raw is None:
+        loaded = load_json(self.path, _parse_topics)
+        if loaded is None:
             return
-        table = raw.get("topicConfigTable", {})
         with self._lock:
-            self._topics = {name: TopicConfig.from_json(item) for name, item in table.items()}
-            self._data_version = int(raw.get("dataVersion", 0))
+            self._topics, self._data_version = loaded
         log.info("loaded %d topics from %s", len(self._topics), self.path)
 
     def persist(self) -> None:

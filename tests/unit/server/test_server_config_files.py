@@ -10,8 +10,8 @@ import pytest
 
 from broker.config import BrokerConfig, parse_host_port
 from broker.errors import InvalidArgumentError, MessageIllegalError, TopicExistsError, TopicNotExistError
+from broker.json_file import read_json, write_json_atomic
 from broker.server.consumer_offsets import ConsumerOffsetManager
-from broker.server.json_file import read_json, write_json_atomic
 from broker.server.topic_config import TopicConfigManager
 
 
