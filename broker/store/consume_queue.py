@@ -191,6 +191,34 @@ class ConsumeQueue:
             data = data[n:]
             pos += n
 
+    def repair_units(self, queue_offsets: np.ndarray, units: np.ndarray) -> int:
+        """Compare units this queue already has with the same units computed again from the commit log (a
+        re-dispatch after an abnormal restart) and rewrite those that differ; return how many were.
+
+        Why: a power loss can keep a later page of a consume-queue file and lose an earlier one, so a queue can
+        come back with empty (or stale) units below its end. Re-dispatch used to skip every unit below the end,
+        leaving the hole for readers and ``check()`` to find."""
+        assert queue_offsets.shape == units.shape and units.dtype == CQ_DTYPE, (queue_offsets.shape, units.dtype)
+        fixed = 0
+        pos = queue_offsets.astype(np.int64) * CQ_UNIT_SIZE
+        for f in self.files.files:
+            inside = (pos >= f.file_from_offset) & (pos < f.file_from_offset + f.wrote_position)
+            if not inside.any():
+                continue
+            rel, want = pos[inside] - f.file_from_offset, units[inside]
+            view = np.frombuffer(f.mm, CQ_DTYPE)
+            stored = view[rel // CQ_UNIT_SIZE]  # a copy: the view is released before anything can close the file
+            del view
+            for i in np.flatnonzero(stored != want).tolist():
+                log.warning(
+                    "consume queue %s/%d: unit %d (%s byte %d) was %s, the commit log says %s; rewritten",
+                    self.topic, self.queue_id, int(pos[inside][i]) // CQ_UNIT_SIZE, f.path, int(rel[i]),
+                    CqUnit(*stored[i].tolist()), CqUnit(*want[i].tolist()),
+                )  # fmt: skip
+                f.write_at(int(rel[i]), want[i].tobytes())
+                fixed += 1
+        return fixed
+
     def _file_for_write(self, pos: int) -> MappedFile:
         last = self.files.last()
         if last is None:

@@ -3,8 +3,9 @@
 It follows the commit log from ``dispatched_offset`` to the write position, a run of entries at a time: the run is
 scanned with numpy (batch.scan), its units grouped by queue and written with one write per queue per pass, keys
 indexed, and arrival listeners told each queue's new max offset. Dispatch is idempotent: a unit whose queue
-offset the consume queue already has is skipped, and so is an index entry below the index's end, so recovery may
-re-dispatch from any earlier point.
+offset the consume queue already has is not written again (only compared, and rewritten if it differs: a page
+lost in a power loss), and an index entry below the index's end is skipped, so recovery may re-dispatch from any
+earlier point.
 """
 
 from __future__ import annotations
@@ -369,9 +370,14 @@ class Dispatcher:
     @staticmethod
     def _put_units(cq: ConsumeQueue, qoffs: list[int], units: list[bytes]) -> None:
         """Write one queue's units of a pass; units below the queue's end were written before a recovery's
-        re-dispatch and are skipped."""
+        re-dispatch: they are only checked (repaired where they differ)."""
         have = cq.written_offset
         if qoffs[0] < have:
+            stale = [i for i, q in enumerate(qoffs) if q < have]
+            cq.repair_units(
+                np.array([qoffs[i] for i in stale], np.int64),
+                np.frombuffer(b"".join(units[i] for i in stale), CQ_DTYPE),
+            )
             keep = [i for i, q in enumerate(qoffs) if q >= have]
             if not keep:
                 return
@@ -512,8 +518,9 @@ class Dispatcher:
     @staticmethod
     def _put_group(cq: ConsumeQueue, qoffs: np.ndarray, units: np.ndarray) -> None:
         have = cq.written_offset
-        fresh = qoffs >= have  # re-dispatch after recovery: units already there are skipped
+        fresh = qoffs >= have  # re-dispatch after recovery: units already there are only checked
         if not fresh.all():
+            cq.repair_units(qoffs[~fresh], units[~fresh])
             qoffs, units = qoffs[fresh], units[fresh]
             if qoffs.size == 0:
                 return

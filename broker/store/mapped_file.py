@@ -121,10 +121,12 @@ class MappedFile:
         return self.file_from_offset + pos
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        """Overwrite bytes below the end (consume-queue units written out of order after a gap)."""
+        """Overwrite bytes below the end (consume-queue units written out of order after a gap, or repaired).
+        Bytes below the flushed position are unflushed again, so the next flush syncs them."""
         assert pos >= 0 and pos + len(data) <= self.file_size, (self.path, pos, len(data))
         self.mm[pos : pos + len(data)] = data
         self.wrote_position = max(self.wrote_position, pos + len(data))
+        self.flushed_position = min(self.flushed_position, pos)
 
     def flush(self) -> int:
         """fdatasync if anything is unflushed; return the flushed position. Raises OSError, leaving it unchanged.

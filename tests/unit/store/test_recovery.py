@@ -125,6 +125,39 @@ def test_units_rebuilt_across_a_consume_queue_file_boundary(make_store: Callable
     assert s2.check() == []
 
 
+def test_units_lost_below_the_queue_end_are_rewritten_by_re_dispatch(
+    make_store: Callable[..., MessageStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Power loss can keep a later page of a consume-queue file and lose an earlier one (or leave an older
+    version of it). Re-dispatch skipped every unit below the queue's end, so the empty unit stayed: check()
+    reported it and readers met a hole. Now the units are compared with the commit log and rewritten."""
+    slow_cq = dict(flush_interval_consume_queue_ms=600_000)  # the checkpoint only moves when we say so
+    s = make_store(**slow_cq)
+    _put(s, 3)
+    s.flush()  # checkpoint: dispatch complete after message 2
+    _put(s, 6, start=3)
+    assert s.wait_dispatched()
+    s.abandon()
+    d = os.path.join(s.config.consume_queue_dir, "R", "0")
+    path = os.path.join(d, "00000000000000000000")
+    with open(path, "r+b") as f:
+        f.seek(3 * CQ_UNIT.size)
+        f.write(bytes(CQ_UNIT.size))  # unit 3 lost, units 4..8 kept
+        f.seek(5 * CQ_UNIT.size)
+        f.write(CQ_UNIT.pack(0, 90, 0))  # unit 5 stale: another entry's position
+    caplog.set_level(logging.WARNING)
+    s2 = make_store(**slow_cq)
+    assert s2.recovery_report is not None and s2.recovery_report.abnormal
+    assert _bodies(s2) == [b"msg-%03d" % i for i in range(9)]
+    lines = [r.getMessage() for r in caplog.records if "rewritten" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert f"unit 3 ({path} byte 60)" in lines[0] and f"unit 5 ({path} byte 100)" in lines[1]
+    assert s2.check() == []
+    s2.shutdown()  # the repaired units are synced (they were below the flushed position) and stay
+    s3 = make_store(**slow_cq)
+    assert _bodies(s3) == [b"msg-%03d" % i for i in range(9)] and s3.check() == []
+
+
 def test_abnormal_recovery_without_checkpoint_scans_everything(make_store: Callable[..., MessageStore]) -> None:
     s = make_store()
     _put(s, 40)
