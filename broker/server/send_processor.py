@@ -148,6 +148,10 @@ def _refuse_transaction_bits(sys_flags: list[int] | np.ndarray, what: str) -> No
         )
 
 
+def _max_queue_ids(ranges: dict[str, tuple[int, int]]) -> dict[str, int]:
+    return {topic: max_queue_id for topic, (_, max_queue_id) in ranges.items()}
+
+
 class SendProcessor:
     def __init__(
         self, store: MessageStore, topics: TopicConfigManager, metrics: BrokerMetrics, *, sync_flush: bool = False
@@ -183,12 +187,12 @@ class SendProcessor:
             result, txn_id = self.transactions.prepare_half(
                 topic, queue_id, body, properties, producer_group, txn_id=transaction_id or None, **kwargs
             )
-            return self._finish(result, started, "half message", txn_id, created=[topic])
-        real_topic = topic
+            return self._finish(result, started, "half message", txn_id, created={topic: queue_id})
+        real_topic, real_queue_id = topic, queue_id
         if self.schedule is not None:
             topic, queue_id, properties = self.schedule.rewrite_for_delay(topic, queue_id, properties)
         result = self.store.put_message(topic, queue_id, body, properties, **kwargs)  # type: ignore[arg-type]
-        return self._finish(result, started, "message", created=[real_topic])
+        return self._finish(result, started, "message", created={real_topic: real_queue_id})
 
     def send_batch(self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "") -> SendOutcome:
         started = time.perf_counter()
@@ -216,7 +220,9 @@ class SendProcessor:
             result = self.transactions.put_half_batch(
                 buffer, producer_group, transaction_id, admit=admit, declared=count
             )
-            return self._finish(result, started, "SendBatch (half messages)", transaction_id, created=list(real))
+            return self._finish(
+                result, started, "SendBatch (half messages)", transaction_id, created=_max_queue_ids(real)
+            )
         try:  # one scan serves the checks here and the store's append
             validated = self.store.validate_batch(buffer)
         except MessageIllegalError as e:
@@ -231,9 +237,9 @@ class SendProcessor:
         if self.schedule is not None and self.schedule.batch_has_delay(buffer, validated):
             # entries with DELAY are re-addressed to the schedule topic (validated above as sent, CRCs included)
             delayed = self.schedule.rewrite_batch_for_delay(buffer)
-            return self._finish(self.store.put_batch(delayed), started, "SendBatch", created=list(ranges))
+            return self._finish(self.store.put_batch(delayed), started, "SendBatch", created=_max_queue_ids(ranges))
         result = self.store.put_batch(buffer, validated=validated)
-        return self._finish(result, started, "SendBatch", created=list(ranges))
+        return self._finish(result, started, "SendBatch", created=_max_queue_ids(ranges))
 
     def _check_topics(self, ranges: dict[str, tuple[int, int]], transaction_id: str) -> None:
         for topic, (min_queue_id, max_queue_id) in ranges.items():
@@ -248,13 +254,14 @@ class SendProcessor:
                 raise MessageIllegalError(f"SendBatch refused, nothing stored: {e}") from None
 
     def _finish(
-        self, result: PutResult, started: float, what: str, transaction_id: str = "", *, created: list[str]
+        self, result: PutResult, started: float, what: str, transaction_id: str = "", *, created: dict[str, int]
     ) -> SendOutcome:
-        """Answer a put; ``created``: the topics it wrote to, registered (auto-created) once the put is stored."""
+        """Answer a put; ``created``: the topics it wrote to and the highest queue id in each, registered
+        (auto-created, or grown to cover that queue) once the put is stored."""
         elapsed = time.perf_counter() - started
         raise_for_put(result, what)
-        for topic in created:
-            self.topics.get_or_create(topic)
+        for topic, max_queue_id in created.items():
+            self.topics.register_sent(topic, max_queue_id)
         self.metrics.put_messages.inc(len(result.commitlog_offsets))
         self.metrics.put_bytes.inc(result.wrote_bytes)
         self.metrics.put_latency.observe(elapsed)

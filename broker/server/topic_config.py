@@ -162,6 +162,20 @@ class TopicConfigManager:
             return self.require(topic)
         return self.create(topic, if_not_exists=True)
 
+    def register_sent(self, topic: str, max_queue_id: int) -> TopicConfig:
+        """After a send stored messages in ``topic`` up to queue ``max_queue_id``: auto-create the topic on its
+        first send, and grow it when it has fewer queues. That happens when ``topic create`` with fewer queues
+        than the default ran between the send's check (made against the default count) and this call; the
+        queue holding the message must stay readable."""
+        config = self.get_or_create(topic)
+        if max_queue_id < min(config.read_queue_nums, config.write_queue_nums):
+            return config
+        log.warning(
+            "topic %s has %d queues but a send racing its creation stored into queue %d; growing it to %d",
+            topic, config.read_queue_nums, max_queue_id, max_queue_id + 1,
+        )  # fmt: skip
+        return self.grow(topic, max_queue_id + 1)
+
     def writable_queue_nums(self, topic: str) -> int:
         """For sends, before anything is stored or created: the topic's write queue count, or the count a first
         send would create it with (auto-create on); TopicNotExistError when it does not exist and cannot be made.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,11 @@ from broker.config import BrokerConfig, parse_host_port
 from broker.errors import InvalidArgumentError, MessageIllegalError, TopicExistsError, TopicNotExistError
 from broker.json_file import read_json, write_json_atomic
 from broker.server.consumer_offsets import ConsumerOffsetManager
+from broker.server.metrics import BrokerMetrics
+from broker.server.send_processor import SendProcessor
 from broker.server.topic_config import TopicConfigManager
+from broker.store import MessageStore, StoreConfig
+from broker.store.message import encode_entry
 
 
 def test_config_defaults_are_rocketmq_defaults() -> None:
@@ -134,3 +139,36 @@ def test_concurrent_topic_creation_persists_every_topic(tmp_path: Path) -> None:
     reloaded = TopicConfigManager(tmp_path)
     reloaded.load()
     assert sorted(t.topic for t in reloaded.topics()) == sorted(f"T{i}" for i in range(16))
+
+
+def test_a_send_racing_topic_create_keeps_its_queue_readable(tmp_path: Path) -> None:
+    """A first send is checked against the default queue count (8); an explicit `topic create` with fewer queues
+    could land between that check and the send's registration, leaving the stored message in a queue the topic
+    did not have. Registration now grows the topic to cover it."""
+    store = MessageStore(StoreConfig(store_path=str(tmp_path / "store"), mapped_file_size_commit_log=8 << 20))
+    store.start()
+    topics = TopicConfigManager(tmp_path / "config")
+    sends = SendProcessor(store, topics, BrokerMetrics())
+    real_put, real_batch = store.put_message, store.put_batch
+
+    def put_after_create(*args: Any, **kwargs: Any) -> Any:
+        topics.create(args[0], 4)  # the admin's create, inside the race window
+        return real_put(*args, **kwargs)
+
+    def batch_after_create(*args: Any, **kwargs: Any) -> Any:
+        topics.create("RacedBatch", 2)
+        return real_batch(*args, **kwargs)
+
+    try:
+        store.put_message = put_after_create  # type: ignore[method-assign]
+        outcome = sends.send_message("Raced", 7, b"x", {})
+        assert outcome.result.queue_offsets == [0]
+        assert topics.check_queue("Raced", 7).read_queue_nums == 8
+        store.put_batch = batch_after_create  # type: ignore[method-assign]
+        sends.send_batch(encode_entry(b"RacedBatch", 5, b"y"), 1)
+        assert topics.check_queue("RacedBatch", 5).write_queue_nums == 6
+        store.put_message = real_put  # type: ignore[method-assign]
+        sends.send_message("Raced", 2, b"z", {})  # an ordinary send changes nothing
+        assert topics.require("Raced").read_queue_nums == 8
+    finally:
+        store.shutdown()
