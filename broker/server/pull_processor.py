@@ -3,14 +3,18 @@
 | store status                              | pull status                                   | next offset |
 |-------------------------------------------|-----------------------------------------------|-------------|
 | FOUND                                     | FOUND                                         | past them   |
-| NO_MATCHED_MESSAGE, OFFSET_FOUND_NULL,    | NO_MATCHED_MSG (pull again at once)           | store's     |
-|   MESSAGE_WAS_REMOVING                    |                                               |             |
+| NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING  | NO_MATCHED_MSG (pull again at once)           | store's     |
+| OFFSET_FOUND_NULL                         | OFFSET_ILLEGAL (min = next offset) (**)       | store's     |
 | OFFSET_OVERFLOW_ONE                       | NO_NEW_MSG (held when a timeout is given)     | offset      |
 | NO_MESSAGE_IN_QUEUE, NO_MATCHED_LOGIC_Q.  | NO_NEW_MSG if offset == 0, else OFFSET_ILLEGAL| 0           |
 | OFFSET_TOO_SMALL                          | OFFSET_ILLEGAL                                | min         |
 | OFFSET_OVERFLOW_BADLY                     | OFFSET_ILLEGAL                                | max (*)     |
 
 (*) never rewound to 0: RocketMQ once did, re-consuming days of data (apache/rocketmq 4215).
+(**) the consume-queue file holding the offset is gone: it expired before cleanup moved the queue's minimum.
+RocketMQ answers "not found" and moves on; answering what the moved minimum will say lets a reader that must not
+lose data (a Spark source with failOnDataLoss) see the loss. The store answers units whose commit-log entries
+expired the same way (OFFSET_TOO_SMALL, queue_reader.py).
 """
 
 from __future__ import annotations
@@ -50,8 +54,11 @@ def fold_status(result: GetResult, offset: int) -> PullOutcome:
     s, lo, hi = result.status, result.min_offset, result.max_offset
     if s is GetStatus.FOUND:
         return PullOutcome(FOUND, result.next_begin_offset, lo, hi, bytes(result.buffer), list(result.entry_positions))
-    if s in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_FOUND_NULL, GetStatus.MESSAGE_WAS_REMOVING):
+    if s in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
         return PullOutcome(NO_MATCHED_MSG, max(result.next_begin_offset, offset), lo, hi)
+    if s is GetStatus.OFFSET_FOUND_NULL:
+        next_offset = max(result.next_begin_offset, offset + 1)
+        return PullOutcome(OFFSET_ILLEGAL, next_offset, max(lo, next_offset), hi)
     if s is GetStatus.OFFSET_OVERFLOW_ONE:
         return PullOutcome(NO_NEW_MSG, offset, lo, hi)
     if s in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE):

@@ -54,9 +54,35 @@ class QueueReader:
         lo: int,
         hi: int,
     ) -> GetResult:
+        args = (cq, offset, max_msgs, limit_bytes, tag_codes, message_filter, lo, hi)
+        result = self._read(*args)
+        if result.status is GetStatus.MESSAGE_WAS_REMOVING:
+            # A commit-log file expired between the units' check and the entries' read: once more, where the
+            # expired-prefix check sees what is gone (OFFSET_TOO_SMALL) instead of a silent skip.
+            result = self._read(*args)
+        return result
+
+    def _read(
+        self,
+        cq: ConsumeQueue,
+        offset: int,
+        max_msgs: int,
+        limit_bytes: int,
+        tag_codes: set[int] | None,
+        message_filter: Callable[[StoredMessage], bool] | None,
+        lo: int,
+        hi: int,
+    ) -> GetResult:
         raw = cq.read_units(offset, min(max_msgs, hi - offset))
         if not raw:
             return GetResult(GetStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), lo, hi)
+        expired = self._expired_prefix(raw)
+        if expired:
+            # Units whose entries expired with their commit-log file, read before cleanup moved the queue's
+            # minimum past them: answered as that move will be (OFFSET_TOO_SMALL, the first unit still readable),
+            # never skipped inside a FOUND answer, so a reader that must not lose data (a Spark source with
+            # failOnDataLoss) sees the loss. Expiry removes the oldest files, so expired units are a prefix.
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, offset + expired, offset + expired, hi)
         if message_filter is None and len(raw) <= SCALAR_GET_UNITS * CQ_UNIT.size:
             return self._read_scalar(raw, offset, limit_bytes, tag_codes, lo, hi)
         units = np.frombuffer(raw, CQ_DTYPE)
@@ -84,6 +110,14 @@ class QueueReader:
         self._counters["get_msgs"] += int(cand.size)
         self._counters["get_bytes"] += len(buf)
         return GetResult(GetStatus.FOUND, offset + consumed, lo, hi, buf, positions.tolist(), (cand + offset).tolist())
+
+    def _expired_prefix(self, raw: bytes) -> int:
+        """How many units at the start of ``raw`` point below the commit log's first offset (expired)."""
+        cl_min = self.commit_log.min_offset
+        if CQ_UNIT.unpack_from(raw, 0)[0] >= cl_min:  # the common case: nothing expired, one unpack
+            return 0
+        phys = np.frombuffer(raw, CQ_DTYPE)["offset"]
+        return int(np.argmax(phys >= cl_min)) if bool(phys[-1] >= cl_min) else int(phys.size)
 
     def _read_scalar(
         self, raw: bytes, offset: int, limit_bytes: int, tag_codes: set[int] | None, lo: int, hi: int

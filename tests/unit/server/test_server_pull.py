@@ -109,6 +109,39 @@ def test_expired_offset_is_illegal_and_moves_to_min(broker_factory: Callable[...
         assert r.status is PullStatus.FOUND and r.messages[0].queue_offset == r.next_begin_offset - len(r.messages)
 
 
+def test_data_expired_before_cleanup_moved_the_minimum_is_illegal_not_skipped(
+    broker_factory: Callable[..., BrokerController],
+) -> None:
+    """Between a file's expiry and cleanup's correction of the queue minimum, a pull met units without entries
+    (skipped: NO_MATCHED_MSG or inside FOUND) or no consume-queue file (NO_MATCHED_MSG): the consumer moved on
+    without being told, and a Spark source with failOnDataLoss=true lost data without failing. Both are now
+    OFFSET_ILLEGAL whose min offset is where readable units begin."""
+    small = {"mapped_file_size_commit_log": 64 * 1024, "max_message_size": 16 * 1024,
+             "mapped_file_size_consume_queue": 100 * 20}  # fmt: skip
+    broker = broker_factory(store=small)
+    with Producer(f"127.0.0.1:{broker.port}") as p:
+        for _ in range(8):  # ~7 commit-log files, 4 consume-queue files
+            p.send_batch([Message("Win", b"w" * 1000) for _ in range(50)], queue_id=0)
+    store = broker.store
+    assert store is not None and store.wait_dispatched()
+    store.flush()
+    store.commit_log.files.delete_first(2)  # expired, as cleanup deletes, before it corrects the queue
+    cq = store.queues.find("Win", 0)
+    assert cq is not None and store.min_offset("Win", 0) == 0
+    with PullConsumer(f"127.0.0.1:{broker.port}", "g") as c:
+        at, lost = 0, 0
+        while (r := c.pull("Win", 0, at, max_msgs=32)).status is PullStatus.OFFSET_ILLEGAL:
+            assert r.next_begin_offset == r.min_offset > at
+            lost, at = lost + r.next_begin_offset - at, r.next_begin_offset
+        assert r.status is PullStatus.FOUND and r.messages[0].queue_offset == at == lost > 0
+        assert cq.unit(at - 1).commitlog_offset < store.min_phys_offset() <= cq.unit(at).commitlog_offset  # type: ignore[union-attr]
+        cq.files.delete_first(1)  # the first consume-queue file goes too: OFFSET_FOUND_NULL in the store
+        r = c.pull("Win", 0, 5)
+        assert (r.status, r.next_begin_offset, r.min_offset) == (PullStatus.OFFSET_ILLEGAL, 100, 100)
+    cq.correct_min_offset(store.min_phys_offset())  # what cleanup does next: the window closes
+    assert store.min_offset("Win", 0) == at
+
+
 def test_held_pulls_never_take_the_workers_sends_need(broker_factory: Callable[..., BrokerController]) -> None:
     broker = broker_factory(grpc_max_workers=6, grpc_reserved_workers=4)  # at most 2 held pulls
     ep = f"127.0.0.1:{broker.port}"

@@ -10,6 +10,7 @@ import pytest
 
 from broker.errors import ServiceNotAvailableError
 from broker.store import GetStatus, MessageStore
+from broker.store.consume_queue import CQ_UNIT
 from broker.store.message import BODY_START, ENTRY_HEADER, MESSAGE_MAGIC, PREFIX, tag_hash_code
 
 
@@ -98,12 +99,43 @@ def test_files_gone_under_the_reader(store: MessageStore) -> None:
 
 
 def test_commit_log_file_gone_under_the_reader(store: MessageStore) -> None:
+    """Units whose entries expired before cleanup moved the queue's minimum: OFFSET_TOO_SMALL up to the first
+    unit still readable, as after the move. They were skipped silently (MESSAGE_WAS_REMOVING, or inside a FOUND
+    answer), so a Spark source with failOnDataLoss=true lost them without failing."""
     for i in range(60):
         assert store.put_message("Rm", 0, b"%d" % i + b"." * 400).ok
     store.flush()
     store.commit_log.files.delete_first(1)  # consume queue still points into it
+    assert store.min_offset("Rm", 0) == 0  # not corrected yet: the window this test is about
     r = store.get_message("grp", "Rm", 0, 0, 4)
-    assert (r.status, r.next_begin_offset) == (GetStatus.MESSAGE_WAS_REMOVING, 4)
+    assert (r.status, r.next_begin_offset, r.min_offset) == (GetStatus.OFFSET_TOO_SMALL, 4, 4)
+    cq = store.queues.find("Rm", 0)
+    assert cq is not None
+    kept_from = store.min_phys_offset()
+    first_kept = next(q for q in range(60) if cq.unit(q).commitlog_offset >= kept_from)  # type: ignore[union-attr]
+    at, answers = 2, 0
+    while True:  # from expired units into kept ones: every step says "too small", none skips a kept unit
+        r = store.get_message("grp", "Rm", 0, at, 32)
+        if r.status is not GetStatus.OFFSET_TOO_SMALL:
+            break
+        assert at < r.next_begin_offset == r.min_offset <= first_kept
+        at, answers = r.next_begin_offset, answers + 1
+    assert at == first_kept and answers >= 1
+    r = store.get_message("grp", "Rm", 0, first_kept, 32)
+    assert r.status is GetStatus.FOUND and r.queue_offsets[0] == first_kept
+    assert r.messages()[0].body.startswith(b"%d." % first_kept)
+
+
+def test_units_without_entries_are_message_was_removing(store: MessageStore) -> None:
+    """An empty unit inside a queue (a torn write recovery did not see) names no entry: skipped, said so."""
+    _fill(store, "Hole", 5)
+    cq = store.queues.find("Hole", 0)
+    assert cq is not None
+    cq.files.files[0].write_at(1 * CQ_UNIT.size, bytes(2 * CQ_UNIT.size))
+    r = store.get_message("grp", "Hole", 0, 1, 2)
+    assert (r.status, r.next_begin_offset) == (GetStatus.MESSAGE_WAS_REMOVING, 3)
+    r = store.get_message("grp", "Hole", 0, 0, 5)  # a FOUND answer skips them
+    assert r.status is GetStatus.FOUND and r.queue_offsets == [0, 3, 4]
 
 
 def test_get_after_shutdown_raises(store: MessageStore) -> None:
