@@ -214,6 +214,7 @@ class MappedFileQueue:
         # Directories with entries created since their last fsync (directory.py says why): the parents of
         # directories made here, and this directory once a file is created in it. Synced by the next flush().
         self._unsynced_dirs: list[str] = make_dirs(directory)
+        self.destroyed = False  # its files deleted (topic deleted): a flush racing that has nothing left to sync
 
     def load(self) -> None:
         """Open every file in the directory; positions are set to full until recovery says otherwise."""
@@ -322,6 +323,8 @@ class MappedFileQueue:
             try:
                 self._sync_dir(d)
             except OSError as e:
+                if self.destroyed and isinstance(e, FileNotFoundError):
+                    return self.flushed_offset  # removed with the queue's topic since the snapshot: nothing to keep
                 self.sync_failed = f"fsync of directory {d} failed earlier ({e}); new files in it may not survive"
                 raise
         for f in files:
@@ -373,5 +376,6 @@ class MappedFileQueue:
     def destroy(self) -> None:
         with self._lock:
             gone, self.files = self.files, []
+            self.destroyed, self._unsynced_dirs = True, []
         for f in gone:
             f.destroy()

@@ -112,12 +112,15 @@ class QueueReader:
         return GetResult(GetStatus.FOUND, offset + consumed, lo, hi, buf, positions.tolist(), (cand + offset).tolist())
 
     def _expired_prefix(self, raw: bytes) -> int:
-        """How many units at the start of ``raw`` point below the commit log's first offset (expired)."""
+        """How many units at the start of ``raw`` name entries below the commit log's first offset (expired).
+        An empty unit (SIZE 0: never written, or torn) names no entry: it is not expired, and ends the prefix."""
         cl_min = self.commit_log.min_offset
-        if CQ_UNIT.unpack_from(raw, 0)[0] >= cl_min:  # the common case: nothing expired, one unpack
+        phys, size, _ = CQ_UNIT.unpack_from(raw, 0)
+        if phys >= cl_min or size <= 0:  # the common case: nothing expired, one unpack
             return 0
-        phys = np.frombuffer(raw, CQ_DTYPE)["offset"]
-        return int(np.argmax(phys >= cl_min)) if bool(phys[-1] >= cl_min) else int(phys.size)
+        units = np.frombuffer(raw, CQ_DTYPE)
+        expired = (units["size"] > 0) & (units["offset"] < cl_min)
+        return int(np.argmin(expired)) if not bool(expired.all()) else int(units.size)
 
     def _read_scalar(
         self, raw: bytes, offset: int, limit_bytes: int, tag_codes: set[int] | None, lo: int, hi: int

@@ -160,3 +160,25 @@ def test_index_file_names_stay_ordered_when_the_clock_steps_back(
     assert reloaded.lookup("T", "k", 100, 0, 2**62)[0] == phys - 100  # newest first, from the newest file
     for f in idx.files + reloaded.files:
         f.close()
+
+
+def test_a_topic_deleted_during_the_queue_flush_leaves_the_store_writable(
+    make_store: Callable[..., MessageStore],
+) -> None:
+    """The consume-queue flusher takes its list of queues, then flushes each; a topic deleted in between had
+    its new directories removed, and their fsync (FileNotFoundError) turned the whole store read-only."""
+    s = make_store(flush_interval_consume_queue_ms=600_000)
+    assert s.put_message("A", 0, b"x").ok and s.put_message("Gone", 0, b"y").ok
+    assert s.wait_dispatched()
+    first = s.queues.find("A", 0)
+    assert first is not None and s._cq_flush is not None
+    flush_first = first.flush
+
+    def flush_then_delete() -> None:  # the admin's delete lands between two queues of one flush pass
+        flush_first()
+        s.delete_topic("Gone")
+
+    first.flush = flush_then_delete  # type: ignore[method-assign]
+    assert s._cq_flush.flush_all()
+    assert s.is_writable() and s.put_message("A", 0, b"z").status is PutStatus.PUT_OK
+    assert s.wait_dispatched() and s.check() == []

@@ -138,6 +138,25 @@ def test_units_without_entries_are_message_was_removing(store: MessageStore) -> 
     assert r.status is GetStatus.FOUND and r.queue_offsets == [0, 3, 4]
 
 
+def test_empty_units_are_not_taken_for_expired_ones(store: MessageStore) -> None:
+    """Once the commit log's first offset is above 0, an empty unit (offset 0) lies below it too; it must not
+    start an expired prefix that would answer OFFSET_TOO_SMALL past the live units after it."""
+    for i in range(150):
+        assert store.put_message("Ex", 0, b"%04d" % i + b"." * 400).ok
+    store.flush()
+    store.commit_log.files.delete_first(1)
+    cq = store.queues.find("Ex", 0)
+    assert cq is not None
+    cq.correct_min_offset(store.min_phys_offset())  # as cleanup does after expiry
+    assert 0 < store.min_offset("Ex", 0) < 100
+    f = cq.files.find(100 * CQ_UNIT.size)
+    assert f is not None
+    for unit in (100, 103):  # torn units around two live ones
+        f.write_at(unit * CQ_UNIT.size - f.file_from_offset, bytes(CQ_UNIT.size))
+    r = store.get_message("grp", "Ex", 0, 100, max_msgs=4)
+    assert (r.status, r.queue_offsets, r.next_begin_offset) == (GetStatus.FOUND, [101, 102], 104)
+
+
 def test_get_after_shutdown_raises(store: MessageStore) -> None:
     store.shutdown()
     with pytest.raises(ServiceNotAvailableError):
