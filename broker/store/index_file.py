@@ -157,7 +157,10 @@ class IndexFile:
         INDEX_HEADER.pack_into(mm, 0, *self.header)
 
     def lookup(self, kh: int, begin_ms: int, end_ms: int, limit: int) -> list[int]:
-        """Commit-log offsets of entries with this hash stored within [begin_ms, end_ms], newest first."""
+        """Commit-log offsets of entries with this hash that may be stored within [begin_ms, end_ms], newest
+        first. TIME DIF is truncated to whole seconds, so an entry's store time is in [ts, ts + 999]: it may match
+        when that interval meets the range (the caller checks the exact time on the message). The chain runs
+        newest first, so the walk stops at the first entry older than the range."""
         found: list[int] = []
         count = self.header.index_count
         number = self.slot(kh % self.slots)
@@ -165,7 +168,9 @@ class IndexFile:
         while 0 < number < count and len(found) < limit and steps < count:
             e = self.entry(number)
             ts = self.header.begin_timestamp + e.time_diff_s * 1000
-            if e.key_hash == kh and begin_ms <= ts <= end_ms + 999:  # TIME DIF is truncated to seconds
+            if ts + 999 < begin_ms:
+                break
+            if e.key_hash == kh and ts <= end_ms:
                 found.append(e.commitlog_offset)
             if e.prev_index >= number:  # chains go strictly backwards; anything else is damage
                 break

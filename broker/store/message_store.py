@@ -651,7 +651,10 @@ class MessageStore:
         max_num = max(1, min(max_num, 4096))  # bounded: each candidate costs a commit-log read
         found: list[StoredMessage] = []
         nbytes = 0
+        deleted_at = self.deleted_topics.get(topic, -1)  # entries before it belong to a deleted generation
         for off in self.index.lookup(topic, key, max_num, begin_ms, end_ms):  # newest first
+            if off < deleted_at:
+                continue
             msg = self.lookup_message(off)
             if msg is None or msg.topic != topic:
                 continue

@@ -7,7 +7,7 @@ import struct
 from collections.abc import Callable
 
 from broker.store import MessageStore
-from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, key_hash
+from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, IndexService, key_hash
 from broker.store.message import BODY_START, Prop
 
 
@@ -107,3 +107,44 @@ def test_recovery_looks_past_an_empty_last_index_file(make_store: Callable[..., 
     assert [len(s2.query_by_key("Ix", f"new{i}")) for i in range(3)] == [1, 1, 1]
     assert [len(s2.query_by_key("Ix", f"old{i}")) for i in range(6)] == [1, 1, 1, 1, 1, 0]
     assert s2.check() == []
+
+
+def test_time_range_matches_by_the_truncated_second(tmp_path: object) -> None:
+    """TIME DIF holds whole seconds since the file's first entry, so an entry's store time is only known to lie
+    in [ts, ts + 999]. A range starting inside that second used to miss it (the slack was added to the end)."""
+    idx = IndexService(str(tmp_path), slots=8, entries=64, sync=os.fdatasync)
+    begin = 1_790_000_000_000
+    idx.put("T", ["first"], 100, begin)
+    idx.put("T", ["K"], 200, begin + 1500)  # TIME DIF 1: stored somewhere in [begin + 1000, begin + 1999]
+    assert idx.lookup("T", "K", 10, begin + 1500, begin + 2500) == [200]
+    assert idx.lookup("T", "K", 10, begin + 1400, begin + 1500) == [200]
+    assert idx.lookup("T", "K", 10, begin + 2000, begin + 9000) == []  # a second later: not a candidate
+    assert idx.lookup("T", "K", 10, 0, begin + 999) == []
+
+
+def test_a_lookup_stops_at_the_first_entry_older_than_the_range(tmp_path: object) -> None:
+    """Chains run newest first: the walk used to go through every older entry of a hot key (under the lock the
+    dispatcher's index writes need, stalling dispatch), where RocketMQ stops."""
+    idx = IndexService(str(tmp_path), slots=4, entries=5000, sync=os.fdatasync)
+    begin = 1_790_000_000_000
+    for i in range(4000):
+        idx.put("T", ["hot"], 100 * (i + 1), begin + i * 1000)  # one entry per second
+    reads = []
+    f = idx.files[-1]
+    entry = f.entry
+    f.entry = lambda n: reads.append(n) or entry(n)  # type: ignore[method-assign]
+    found = idx.lookup("T", "hot", 1000, begin + 3990 * 1000, begin + 10**9)
+    assert found == [100 * (i + 1) for i in range(3999, 3989, -1)]
+    assert len(reads) <= 12  # ten matches and the first older entry, not 4000
+
+
+def test_query_by_key_leaves_out_a_deleted_generation(store: MessageStore) -> None:
+    """A topic deleted and created again starts at queue offset 0: the old generation's messages, still in the
+    commit log and the index, must not be answered as the topic's."""
+    assert store.put_message("Gen", 0, b"old-generation", {Prop.KEYS: "k"}).ok
+    assert store.wait_dispatched()
+    store.delete_topic("Gen")
+    assert store.query_by_key("Gen", "k") == []
+    assert store.put_message("Gen", 0, b"new-generation", {Prop.KEYS: "k"}).ok
+    assert store.wait_dispatched()
+    assert [m.body for m in store.query_by_key("Gen", "k")] == [b"new-generation"]
