@@ -274,7 +274,9 @@ class PullRequest(_message.Message):
     tag_expression: _builtins.str
     """"*", "" or "TagA || TagB" """
     commit_offset: _builtins.int
-    """>= 0: store this consumer offset for (group, topic, queue) first; -1: none"""
+    """Set and >= 0: store this consumer offset for (group, topic, queue) first; unset or negative: none.
+    Optional, so that a client that leaves it out (proto3's default is 0) does not rewind the group to 0.
+    """
     expression_type: _builtins.str
     """"TAG" (or empty): tag_expression is a tag expression; "SQL92": it is an SQL92 selector over properties,
     evaluated on the broker (a bad one is refused with INVALID_ARGUMENT naming the column of the error).
@@ -290,14 +292,16 @@ class PullRequest(_message.Message):
         max_bytes: _builtins.int = ...,
         suspend_timeout_ms: _builtins.int = ...,
         tag_expression: _builtins.str = ...,
-        commit_offset: _builtins.int = ...,
+        commit_offset: _builtins.int | None = ...,
         expression_type: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "expression_type", b"expression_type", "max_bytes", b"max_bytes", "max_msgs", b"max_msgs", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "suspend_timeout_ms", b"suspend_timeout_ms", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "expression_type", b"expression_type", "max_bytes", b"max_bytes", "max_msgs", b"max_msgs", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "suspend_timeout_ms", b"suspend_timeout_ms", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__commit_offset: _TypeAlias = _typing.Literal["commit_offset"]  # noqa: Y015
+    _WhichOneofArgType__commit_offset: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__commit_offset) -> _WhichOneofReturnType__commit_offset | None: ...
 
 Global___PullRequest: _TypeAlias = PullRequest  # noqa: Y015
 

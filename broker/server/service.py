@@ -125,8 +125,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     def PullMessage(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
         args = PullRequestArgs(
             request.consumer_group, request.topic, request.queue_id, request.queue_offset, request.max_msgs,
-            request.max_bytes, request.suspend_timeout_ms, request.tag_expression, request.commit_offset,
-            request.expression_type,
+            request.max_bytes, request.suspend_timeout_ms, request.tag_expression,
+            request.commit_offset if request.HasField("commit_offset") else -1, request.expression_type,
         )  # fmt: skip
         out = self.pulls.pull(args, context.time_remaining())
         return pb.PullResponse(

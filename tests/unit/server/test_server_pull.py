@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.client.results import PullResult
+from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
 
 
@@ -184,3 +185,18 @@ def test_pull_right_after_send_waits_for_the_dispatcher(broker: BrokerController
             sent = p.send(Message("Fresh", f"{i}".encode()), queue_id=0)
             r = c.pull("Fresh", 0, sent.queue_offset)
             assert r.status is PullStatus.FOUND and r.messages[0].body == f"{i}".encode(), (i, r.status)
+
+
+def test_a_pull_without_commit_offset_leaves_the_committed_offset(broker: BrokerController) -> None:
+    """commit_offset is optional on the wire: a client that leaves it out (proto3 reads an unset int64 as 0)
+    rewound the group's committed offset to 0, so the group re-consumed the queue after a restart."""
+    endpoint = f"127.0.0.1:{broker.port}"
+    fill(broker, "Keep", 10)
+    with PullConsumer(endpoint, "kg") as c:
+        c.commit_offsets({("Keep", 0): 10})
+        request = pb.PullRequest(consumer_group="kg", topic="Keep", queue_id=0, queue_offset=5, max_msgs=2)
+        assert c.conn.stub.PullMessage(request).status == pb.PullStatus.FOUND
+        assert c.committed_offsets("Keep") == {0: 10}
+        request.commit_offset = 7  # set: stored first, as before
+        c.conn.stub.PullMessage(request)
+        assert c.committed_offsets("Keep") == {0: 7}
