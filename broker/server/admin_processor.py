@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from broker.errors import InvalidArgumentError, QueryNotFoundError, SubscriptionGroupNotExistError
@@ -74,6 +74,7 @@ class AdminProcessor:
     ) -> None:  # fmt: skip
         self.store, self.topics, self.offsets, self.consumers = store, topics, offsets, consumers
         self.pulls, self.hold = pulls, hold
+        self.admit_commit: Callable[[str], None] | None = None  # set by the controller: known groups only
 
     # ------------------------------------------------------------------------------------------------ topics
     def create_topic(self, topic: str, queue_nums: int, if_not_exists: bool) -> TopicConfig:
@@ -107,6 +108,9 @@ class AdminProcessor:
         return found if queue_id < 0 else {q: o for q, o in found.items() if q == queue_id}
 
     def update_consumer_offsets(self, group: str, offsets: Mapping[QueueKey, int]) -> int:
+        validate_group(group)
+        if self.admit_commit is not None:
+            self.admit_commit(group)
         return self.offsets.commit(group, offsets, self.pulls.check_commit)
 
     def consumer_lag(self, group: str, topic: str = "") -> list[QueueLag]:

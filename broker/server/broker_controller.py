@@ -205,6 +205,7 @@ class BrokerController:
         retries = RetryProcessor(RetryService(store, self.groups, self.schedule), self.groups, self.topics,
                                  dlq_pull_enable=cfg.dlq_pull_enable)  # fmt: skip
         pulls.admit, pulls.message_filter = retries.admit_pull, retries.message_filter
+        self.admin.admit_commit = retries.admit_commit
         service.transactions = TransactionProcessor(self.transactions, self.check_hub)
         service.retries, service.locks = retries, self.locks
         pb_grpc.add_BrokerServicer_to_server(service, server)

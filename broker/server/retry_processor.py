@@ -98,13 +98,17 @@ class RetryProcessor:
                 "with `sluice query`, or start the broker with dlq_pull_enable=true to read them",
                 ResponseCode.NO_PERMISSION,
             )
-        cfg = self.groups.find(group)
-        if cfg is not None and not cfg.consume_enable:
+        cfg = self.groups.get(group)  # unknown and not auto-created: SUBSCRIPTION_GROUP_NOT_EXIST, as RocketMQ
+        if not cfg.consume_enable:
             raise BrokerError(
                 f"subscription group {group!r} has consumeEnable=false; pulls are refused until an admin enables "
                 "it (UpdateSubscriptionGroup consume_enable=true)",
                 ResponseCode.NO_PERMISSION,
             )
+
+    def admit_commit(self, group: str) -> None:
+        """Offsets are committed for known groups only (created here when auto-creation is on, as pulls do)."""
+        self.groups.get(group)
 
     def admit_broadcast(self, group: str) -> None:
         cfg = self.groups.find(group)

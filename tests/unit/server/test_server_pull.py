@@ -6,8 +6,11 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.client.results import PullResult
+from broker.errors import SubscriptionGroupNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
 
@@ -200,3 +203,24 @@ def test_a_pull_without_commit_offset_leaves_the_committed_offset(broker: Broker
         request.commit_offset = 7  # set: stored first, as before
         c.conn.stub.PullMessage(request)
         assert c.committed_offsets("Keep") == {0: 7}
+
+
+def test_unknown_groups_are_refused_when_groups_are_not_auto_created(
+    broker_factory: Callable[..., BrokerController],
+) -> None:
+    """With auto_create_subscription_group=false only heartbeats refused an unknown group: its pulls were served
+    and its offsets committed. Now every path refuses it (SUBSCRIPTION_GROUP_NOT_EXIST), as RocketMQ does."""
+    broker = broker_factory(auto_create_subscription_group=False)
+    endpoint = f"127.0.0.1:{broker.port}"
+    fill(broker, "Strict", 3)
+    with PullConsumer(endpoint, "unknown") as c:
+        with pytest.raises(SubscriptionGroupNotExistError, match="unknown"):
+            c.pull("Strict", 0, 0)
+        with pytest.raises(SubscriptionGroupNotExistError):
+            c.commit_offsets({("Strict", 0): 1})
+    with Admin(endpoint) as admin:
+        admin.update_subscription_group("known")
+    with PullConsumer(endpoint, "known") as c:
+        assert c.pull("Strict", 0, 0).status is PullStatus.FOUND
+        c.commit_offsets({("Strict", 0): 2})
+        assert c.committed_offsets("Strict") == {0: 2}
