@@ -38,6 +38,7 @@ class PullHoldService:
         self.recheck_ms = recheck_ms
         self._lock = threading.Lock()
         self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
+        self._holding = 0  # pulls inside wait_for, long or short polling: what the budget counts
         self._stopped = False
 
     # ---------------------------------------------------------------- called by the store's dispatcher thread
@@ -68,19 +69,29 @@ class PullHoldService:
             log.warning("%d pulls held, the limit; answering pulls at once (raise grpc_max_workers)", self.max_held)
         return False
 
-    def wait_for(self, topic: str, queue_id: int, offset: int, timeout_ms: int, has_new: Callable[[], bool]) -> bool:
+    def wait_for(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        timeout_ms: int,
+        has_new: Callable[[], bool],
+        event: threading.Event | None = None,
+    ) -> bool:
         """Hold until a message at ``offset`` may exist or ``timeout_ms`` passes; True when worth pulling again.
 
         Registers the waiter, then calls ``has_new`` (the re-check), then sleeps. Returns at the latest after
         the polling interval (re-check interval for long polling, short polling time otherwise) so the caller
-        re-checks the store even if a notice was lost.
+        re-checks the store even if a notice was lost. ``event``: the caller's own (cleared) event to sleep on,
+        which it may set to end the hold early (the pull's call was cancelled).
         """
         if self._stopped or timeout_ms <= 0:
             return False
-        waiter = _Waiter(offset)
+        waiter = _Waiter(offset) if event is None else _Waiter(offset, event)
         key = (topic, queue_id)
-        if self.long_polling_enable:
-            with self._lock:
+        with self._lock:
+            self._holding += 1
+            if self.long_polling_enable:
                 self._waiters.setdefault(key, []).append(waiter)
         try:
             if has_new():
@@ -89,7 +100,9 @@ class PullHoldService:
             woken = waiter.event.wait(min(timeout_ms, interval_ms) / 1000)
             return woken or has_new()
         finally:
-            if self.long_polling_enable and not waiter.event.is_set():
+            with self._lock:
+                self._holding -= 1
+            if self.long_polling_enable:  # still listed unless an arrival or shutdown took it off
                 self._remove(key, waiter)
 
     def _remove(self, key: tuple[str, int], waiter: _Waiter) -> None:
@@ -101,8 +114,9 @@ class PullHoldService:
                     del self._waiters[key]
 
     def held_count(self) -> int:
+        """Pulls being held now, by long or short polling (each occupies a gRPC worker thread)."""
         with self._lock:
-            return sum(len(ws) for ws in self._waiters.values())
+            return self._holding
 
     def shutdown(self) -> None:
         """Release every held pull (they answer NO_NEW_MSG) so the server can drain in-flight calls."""

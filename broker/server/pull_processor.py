@@ -19,6 +19,7 @@ expired the same way (OFFSET_TOO_SMALL, queue_reader.py).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,7 +108,15 @@ class PullProcessor:
         if req.max_msgs < 0 or req.max_bytes < 0 or req.suspend_timeout_ms < 0:
             raise InvalidArgumentError("max_msgs, max_bytes and suspend_timeout_ms must be >= 0 (0: default)")
 
-    def pull(self, req: PullRequestArgs, time_remaining_s: float | None = None) -> PullOutcome:
+    def pull(
+        self,
+        req: PullRequestArgs,
+        time_remaining_s: float | None = None,
+        on_call_end: Callable[[Callable[[], None]], object] | None = None,
+    ) -> PullOutcome:
+        """Answer one pull, holding it while nothing is new (long polling). ``on_call_end``: registers a function
+        the server calls when the pull's call ends early (cancelled by the client, e.g. at its shutdown or a
+        rebalance): the hold then ends at once instead of keeping a worker thread and a held-pull slot."""
         self.validate(req)
         if self.admit is not None:
             self.admit(req.group, req.topic)
@@ -123,6 +132,14 @@ class PullProcessor:
         started = time.monotonic()
         deadline = started + max(hold_ms, 0) / 1000
         waited_for_dispatch = False
+        ended, wake = threading.Event(), threading.Event()
+
+        def call_ended() -> None:
+            ended.set()  # first: the loop checks it after clearing wake
+            wake.set()
+
+        if on_call_end is not None and hold_ms > 0:
+            on_call_end(call_ended)
         while True:
             result = self.store.get_message(
                 req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes, message_filter=selector
@@ -139,9 +156,12 @@ class PullProcessor:
                 continue
             outcome = fold_status(result, req.offset)
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if outcome.status != NO_NEW_MSG or remaining_ms <= 0 or not self.hold.can_hold():
+            if outcome.status != NO_NEW_MSG or remaining_ms <= 0 or ended.is_set() or not self.hold.can_hold():
                 break
-            self.hold.wait_for(req.topic, req.queue_id, req.offset, remaining_ms, has_new)
+            wake.clear()
+            if ended.is_set():  # the call ended between the check above and the clear
+                break
+            self.hold.wait_for(req.topic, req.queue_id, req.offset, remaining_ms, has_new, wake)
         if hold_ms > 0:
             self.metrics.long_poll_wait.observe(time.monotonic() - started)
         if outcome.entry_positions:

@@ -128,7 +128,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             request.max_bytes, request.suspend_timeout_ms, request.tag_expression,
             request.commit_offset if request.HasField("commit_offset") else -1, request.expression_type,
         )  # fmt: skip
-        out = self.pulls.pull(args, context.time_remaining())
+        out = self.pulls.pull(args, context.time_remaining(), context.add_callback)
         return pb.PullResponse(
             status=pb.PullStatus.Value(out.status), next_begin_offset=out.next_begin_offset,
             min_offset=out.min_offset, max_offset=out.max_offset, entries=out.buffer,

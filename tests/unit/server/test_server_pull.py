@@ -146,8 +146,14 @@ def test_data_expired_before_cleanup_moved_the_minimum_is_illegal_not_skipped(
     assert store.min_offset("Win", 0) == at
 
 
-def test_held_pulls_never_take_the_workers_sends_need(broker_factory: Callable[..., BrokerController]) -> None:
-    broker = broker_factory(grpc_max_workers=6, grpc_reserved_workers=4)  # at most 2 held pulls
+@pytest.mark.parametrize("long_polling", [True, False])
+def test_held_pulls_never_take_the_workers_sends_need(
+    broker_factory: Callable[..., BrokerController], long_polling: bool
+) -> None:
+    """Short polling too: its held pulls registered no waiter, so the budget saw none and pulls took every
+    worker (a send waited seconds)."""
+    broker = broker_factory(grpc_max_workers=6, grpc_reserved_workers=4,  # at most 2 held pulls
+                            long_polling_enable=long_polling, short_polling_time_ms=200)  # fmt: skip
     ep = f"127.0.0.1:{broker.port}"
     fill(broker, "Busy", 1)
     results: list[PullStatus] = []
@@ -224,3 +230,22 @@ def test_unknown_groups_are_refused_when_groups_are_not_auto_created(
         assert c.pull("Strict", 0, 0).status is PullStatus.FOUND
         c.commit_offsets({("Strict", 0): 2})
         assert c.committed_offsets("Strict") == {0: 2}
+
+
+def test_a_cancelled_pull_is_not_held_on(broker: BrokerController, endpoint: str) -> None:
+    """A consumer that shuts down or drops a queue cancels its held pull; the broker kept holding it (a worker
+    thread and a held-pull slot) until its suspend time ran out."""
+    fill(broker, "Cancel", 1)
+    with PullConsumer(endpoint, "g") as c:
+        request = pb.PullRequest(consumer_group="g", topic="Cancel", queue_id=0, queue_offset=1,
+                                 suspend_timeout_ms=20_000)  # fmt: skip
+        call = c.conn.stub.PullMessage.future(request, timeout=30)
+        deadline = time.monotonic() + 5
+        while broker.hold.held_count() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert broker.hold.held_count() == 1
+        call.cancel()
+        deadline = time.monotonic() + 2
+        while broker.hold.held_count() > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert broker.hold.held_count() == 0  # within 2 s, not 20
