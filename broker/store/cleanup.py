@@ -63,6 +63,10 @@ class CleanupService(ServiceThread):
         self.dispatcher = dispatcher
         self.set_disk_full = set_disk_full
         self._last_clean = 0.0
+        # The commit log's first offset when consume queues and index were last cleaned below it. Starting at 0,
+        # the first pass after a restart cleans them if earlier runs expired commit-log files: a run killed
+        # between deleting those and cleaning the queues left them with stale minimums and expired files.
+        self._cleaned_below = 0
 
     def run_once(self) -> None:
         self.wait(DISK_PROBE_INTERVAL_S)
@@ -98,16 +102,26 @@ class CleanupService(ServiceThread):
         forced = ratio >= cfg.disk_space_clean_forcibly_ratio
         if manual or forced or ratio >= cfg.disk_max_used_space_ratio or self._is_delete_hour(now_ms):
             report.deleted_commit_log_files = self._delete_commit_log_files(now_ms, forced)
-        if report.deleted_commit_log_files:
-            cl_min = self.commit_log.min_offset
-            for cq in list(self.queues.queues.values()):
-                report.deleted_consume_queue_files += cq.delete_expired(cl_min)
-            if self.index is not None:
-                report.deleted_index_files = self.index.delete_before(cl_min)
+        cl_min = self.commit_log.min_offset
+        if cl_min > self._cleaned_below:  # this pass or an earlier one (another run) expired commit-log files
+            self._clean_queues_and_index(cl_min, report)
+            self._cleaned_below = cl_min
             report.disk_ratio_percent = self.disk_ratio_percent()
             self._update_disk_full(report.disk_ratio_percent)
         report.disk_full = report.disk_ratio_percent >= cfg.disk_space_warning_level_ratio
         return report
+
+    def _clean_queues_and_index(self, cl_min: int, report: CleanReport) -> None:
+        """Delete consume-queue and index files wholly below the commit log's first offset ``cl_min``, and move
+        each queue's minimum to its first unit still readable."""
+        for cq in list(self.queues.queues.values()):
+            try:
+                report.deleted_consume_queue_files += cq.delete_expired(cl_min)
+            except ValueError:  # its files were closed under this pass: the topic was deleted meanwhile
+                if not cq.files.destroyed:
+                    raise
+        if self.index is not None:
+            report.deleted_index_files = self.index.delete_before(cl_min)
 
     def _update_disk_full(self, ratio: float) -> None:
         self.set_disk_full(ratio >= self.config.disk_space_warning_level_ratio)

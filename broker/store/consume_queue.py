@@ -157,25 +157,29 @@ class ConsumeQueue:
         self.files.truncate(end)
 
     def correct_min_offset(self, commit_log_min: int) -> None:
-        """min_offset = first unit whose message is still in the commit log (RocketMQ's correctMinOffset)."""
-        first = self.files.first()
-        if first is None:
-            self.min_offset = 0
-            return
-        start_unit = first.file_from_offset // CQ_UNIT_SIZE
+        """min_offset = first unit whose message is still in the commit log (RocketMQ's correctMinOffset).
+
+        Files are searched oldest first, past any whose units all expired: after a restart the queue may still
+        hold such files (cleanup deletes them later), and stopping at the first file's end gave a minimum whose
+        messages were gone."""
         end_unit = self.written_offset
-        n = end_unit - start_unit
-        if n <= 0:
-            self.min_offset = end_unit
-            return
-        units = np.frombuffer(first.mm, CQ_DTYPE, count=min(n, first.file_size // CQ_UNIT_SIZE))
-        valid = (units["size"] > 0) & (units["offset"] >= commit_log_min)
-        idx = np.flatnonzero(valid)
-        del units
-        if idx.size:
-            self.min_offset = start_unit + int(idx[0])
-        else:
-            self.min_offset = min(end_unit, first.file_from_offset // CQ_UNIT_SIZE + first.file_size // CQ_UNIT_SIZE)
+        per_file = self.files.file_size // CQ_UNIT_SIZE
+        for f in self.files.files:
+            start_unit = f.file_from_offset // CQ_UNIT_SIZE
+            n = min(end_unit - start_unit, per_file)
+            if n <= 0:
+                break
+            head = CqUnit._make(CQ_UNIT.unpack_from(f.mm, 0))
+            if head.size > 0 and head.commitlog_offset >= commit_log_min:  # the common case: no scan of the file
+                self.min_offset = start_unit
+                return
+            units = np.frombuffer(f.mm, CQ_DTYPE, count=n)
+            idx = np.flatnonzero((units["size"] > 0) & (units["offset"] >= commit_log_min))
+            del units
+            if idx.size:
+                self.min_offset = start_unit + int(idx[0])
+                return
+        self.min_offset = end_unit if self.files.files else 0
 
     # ------------------------------------------------------------------------------------------------ write
     def put_units(self, queue_offset: int, units: bytes) -> None:

@@ -149,3 +149,53 @@ def test_other_create_failures_are_create_mapped_file_failed(make_store: Callabl
     s.faults.fail_allocations(None)
     assert s.put_message("N", 0, b"after").ok
     assert s.check() == []
+
+
+def test_a_restart_between_expiry_and_queue_cleanup(make_store: Callable[..., MessageStore]) -> None:
+    """Killed after deleting commit-log files but before cleaning the consume queues: the restarted queue's
+    minimum looked only at its first file (an offset whose message was gone), and its expired files stayed until
+    some later pass expired another commit-log file, perhaps days later."""
+    s = make_store(disk_usage_probe=DiskProbe(), delete_when="")
+    _fill(s, 150)
+    s.commit_log.files.delete_first(3)  # the first half of a cleanup pass ...
+    s.abandon()  # ... and the process dies
+    s = make_store(disk_usage_probe=DiskProbe(), delete_when="")
+    cq = s.queues.find("E", 0)
+    assert cq is not None
+    first_readable = next(q for q in range(150) if cq.unit(q).commitlog_offset >= s.min_phys_offset())  # type: ignore[union-attr]
+    assert s.min_offset("E", 0) == first_readable > 0  # at load, past the wholly expired files
+    r = s.get_message("g", "E", 0, s.min_offset("E", 0))
+    assert r.status is GetStatus.FOUND and r.queue_offsets[0] == first_readable
+    assert s.cleanup is not None
+    report = s.cleanup.clean_once(manual=True)  # a pass that expires nothing new still cleans the queues
+    assert report.deleted_commit_log_files == 0 and report.deleted_consume_queue_files > 0
+    assert s.min_offset("E", 0) == first_readable and s.check() == []
+
+
+def test_a_topic_deleted_during_a_cleanup_pass(make_store: Callable[..., MessageStore]) -> None:
+    """delete_topic closed a queue's files while the pass read them: ValueError escaped the pass, and the queues
+    after it and the index were not cleaned."""
+    s = make_store(disk_usage_probe=DiskProbe(), delete_when="", file_reserved_time_hours=1)
+    for i in range(150):
+        for topic in ("Gone", "Keep"):
+            assert s.put_message(topic, 0, b"%04d" % i + b"." * 200).ok
+    s.flush()
+    _age_files(s, 3, 2)
+    gone = s.queues.find("Gone", 0)
+    assert gone is not None
+    expire = gone.delete_expired
+
+    def delete_topic_meanwhile(cl_min: int) -> int:
+        assert gone is not None
+        taken = gone.files.files  # the pass's view of the files ...
+        s.delete_topic("Gone")  # ... when the admin's delete closes them
+        gone.files.files = taken
+        return expire(cl_min)
+
+    gone.delete_expired = delete_topic_meanwhile  # type: ignore[method-assign]
+    assert s.cleanup is not None
+    report = s.cleanup.clean_once(manual=True)
+    assert report.deleted_commit_log_files == 3 and report.deleted_consume_queue_files > 0  # Keep's
+    keep = s.queues.find("Keep", 0)
+    assert keep is not None and keep.unit(s.min_offset("Keep", 0)).commitlog_offset >= s.min_phys_offset()  # type: ignore[union-attr]
+    assert s.check() == []
