@@ -15,12 +15,15 @@ from pathlib import Path
 
 from broker.client.connection import Connection
 from broker.client.consumer_options import ConsumeFrom
+from broker.errors import InvalidArgumentError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.system_topics import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+# Answers to a commit that will never change: the topic was deleted, or the queue is gone or the offset past its end.
+REFUSED = (TopicNotExistError, InvalidArgumentError)
 
 
 class OffsetStore:
@@ -88,18 +91,48 @@ class OffsetStore:
             }
 
     def commit_all(self) -> None:
-        changed = self._changed()
-        if changed:
-            self._persist(changed)
-            with self._lock:
-                self._committed.update(changed)
+        self._commit(self._changed())
 
     def commit_queue(self, topic: str, queue_id: int) -> None:
-        changed = self._changed((topic, queue_id))
-        if changed:
+        self._commit(self._changed((topic, queue_id)))
+
+    def _commit(self, changed: dict[QueueKey, int]) -> None:
+        if not changed:
+            return
+        try:
             self._persist(changed)
+        except REFUSED as e:
+            if len(changed) == 1:
+                self._drop_refused(changed, {next(iter(changed)): e.message})
+            else:  # the broker takes a batch whole or not at all: find the queues it refuses
+                self._commit_each(changed)
+            return
+        with self._lock:
+            self._committed.update(changed)
+
+    def _commit_each(self, changed: dict[QueueKey, int]) -> None:
+        refused: dict[QueueKey, str] = {}
+        for key, offset in sorted(changed.items()):
+            try:
+                self._persist({key: offset})
+            except REFUSED as e:
+                refused[key] = e.message
+                continue
             with self._lock:
-                self._committed.update(changed)
+                self._committed[key] = offset
+        self._drop_refused(changed, refused)
+
+    def _drop_refused(self, changed: dict[QueueKey, int], refused: dict[QueueKey, str]) -> None:
+        """Forget progress the broker will never take (its topic was deleted, or the queue is gone or was cut back
+        below it): kept, it would be sent again with every later commit and refuse the whole batch each time."""
+        with self._lock:
+            for key in refused:
+                if self._offsets.get(key) == changed[key]:  # a newer offset since may be good: keep that one
+                    del self._offsets[key]
+                self._committed.pop(key, None)
+        for (topic, queue_id), reason in sorted(refused.items()):
+            log.warning("dropped the progress %d of %s/%d: the broker refuses it (%s)", changed[(topic, queue_id)],
+                        topic, queue_id, reason)  # fmt: skip
 
     def forget(self, topic: str, queue_id: int) -> None:
         with self._lock:

@@ -16,11 +16,13 @@ send-back fails, and failed messages in BROADCASTING mode, are retried on the sa
 must be thread-safe.
 
 ``orderly=True`` (RocketMQ's MessageListenerOrderly): each queue is locked on the broker before it is consumed
-(renewed every ``lock_renew_interval_ms``, 20 s; the broker lets a lock expire after 60 s), one thread per queue
-calls the listener in queue order, and a failed message suspends its queue for ``reconsume_delay_ms`` and is
-retried, never skipped nor sent back -- unless ``max_reconsume_times`` is set (>= 0; RocketMQ's orderly default is
-unlimited): a message that failed that many retries is moved to ``%DLQ%{group}`` (ConsumerSendMsgBack with a
-negative delay level) and the queue goes on; if the broker cannot take it, the queue stays suspended.
+(renewed every ``lock_renew_interval_ms``, 20 s; the broker lets a lock expire after 60 s; the client trusts its
+own record of a lock for ``lock_max_live_ms``, 30 s, after which it locks again before the next message), one
+thread per queue calls the listener in queue order, and a failed message suspends its queue for
+``reconsume_delay_ms`` and is retried, never skipped nor sent back -- unless ``max_reconsume_times`` is set (>= 0;
+RocketMQ's orderly default is unlimited): a message that failed that many retries is moved to ``%DLQ%{group}``
+(ConsumerSendMsgBack with a negative delay level) and the queue goes on; if the broker cannot take it, the queue
+stays suspended. A queue taken away by a rebalance keeps its lock until its listener call in progress returns.
 ``expression_types={topic: "SQL92"}`` makes that topic's expression an SQL92 selector over the properties,
 evaluated on the broker. ``%DLQ%`` topics cannot be subscribed.
 """
@@ -54,10 +56,11 @@ from broker.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffs
 from broker.client.pull_consumer import send_back
 from broker.client.rebalance import AVERAGELY, STRATEGIES
 from broker.client.results import PullStatus, ReceivedMessage
-from broker.errors import BrokerError, InvalidArgumentError
+from broker.errors import BrokerError, InvalidArgumentError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.proto.subscription import parse_tags, tag_matches
+from broker.semantics.queue_lock import DEFAULT_LOCK_MAX_LIVE_MS
 from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from broker.store.message import Prop
 
@@ -66,6 +69,10 @@ log = logging.getLogger(__name__)
 QueueKey = tuple[str, int]
 EARLY_ANSWER_BACKOFF_S = 0.1
 LOCK_RETRY_S = 1.0  # orderly: an unlocked queue (held by another consumer) is tried again this often
+# Orderly: how long the client trusts a lock without renewing it -- RocketMQ's client lockMaxLiveTime, half of the
+# broker's (broker.semantics.queue_lock.DEFAULT_LOCK_MAX_LIVE_MS), so a client whose renewals stop pauses its queues
+# well before the broker could give them to another consumer.
+CLIENT_LOCK_MAX_LIVE_MS = DEFAULT_LOCK_MAX_LIVE_MS // 2
 
 
 Listener = Callable[[list[ReceivedMessage]], ConsumeStatus | None]
@@ -107,7 +114,8 @@ class _QueueWorker(threading.Thread):
             self._loop()
         except Exception:  # a worker must never die silently: log, and the next rebalance restarts it
             log.exception("pull loop of %s/%d died", *self.key)
-            self.owner._worker_died(self)
+        finally:
+            self.owner._worker_done(self)
 
     def _loop(self) -> None:
         o = self.owner
@@ -115,8 +123,8 @@ class _QueueWorker(threading.Thread):
         while o.orderly and not o._hold_lock(self.key):  # the lock first: the previous owner commits before it unlocks
             if self.dropped.wait(LOCK_RETRY_S):
                 return
-        offset = o.offsets.initial_offset(topic, queue_id)
-        while not self.dropped.is_set():
+        offset = self._initial_offset()
+        while offset is not None and not self.dropped.is_set():
             if o.orderly and not o._hold_lock(self.key):
                 self.dropped.wait(LOCK_RETRY_S)
                 continue
@@ -145,6 +153,17 @@ class _QueueWorker(threading.Thread):
                             queue_id, response.min_offset, response.max_offset, response.next_begin_offset)  # fmt: skip
             offset = response.next_begin_offset
             o.offsets.update(topic, queue_id, offset)
+
+    def _initial_offset(self) -> int | None:
+        """Where to start; asked again while the broker cannot answer (say it restarts), None once dropped."""
+        while not self.dropped.is_set():
+            try:
+                return self.owner.offsets.initial_offset(*self.key)
+            except BrokerError as e:
+                log.warning("cannot find where to start %s/%d: %s; retrying in %d ms", *self.key, e.message,
+                            self.owner.pull_backoff_ms)  # fmt: skip
+                self.dropped.wait(self.owner.pull_backoff_ms / 1000)
+        return None
 
     def _pull(self, offset: int) -> pb.PullResponse | None:
         o = self.owner
@@ -196,6 +215,8 @@ class _QueueWorker(threading.Thread):
                     self.dropped.wait(LOCK_RETRY_S)
                     continue
                 done = o._call_listener(chunk)
+                if not done and o._stop.is_set():
+                    return False  # shut down from the listener: no channel to send back on; the chunk comes again
                 if not done and send_back_failed:
                     chunk = o._send_back(chunk)  # the ones the broker took come again through the retry topic
                     done = not chunk
@@ -224,7 +245,7 @@ class PushConsumer:
         rebalance_interval_ms: int = 20_000, persist_interval_ms: int = 5_000, pull_backoff_ms: int = 3_000,
         reconsume_delay_ms: int = 1_000, offset_store_path: str | Path | None = None, timeout_s: float = 30.0,
         orderly: bool = False, max_reconsume_times: int = -1, expression_types: Mapping[str, str] | None = None,
-        lock_renew_interval_ms: int = 20_000, send_back: bool = True,
+        lock_renew_interval_ms: int = 20_000, send_back: bool = True, lock_max_live_ms: int = CLIENT_LOCK_MAX_LIVE_MS,
     ) -> None:  # fmt: skip
         if not subscription:
             raise InvalidArgumentError("subscription is empty; give {topic: tag expression}, e.g. {'T': '*'}")
@@ -238,7 +259,7 @@ class PushConsumer:
         self.subscription = dict(subscription)
         self.expression_types = {t: k.upper() for t, k in (expression_types or {}).items()}
         self.orderly, self.max_reconsume_times = orderly, max_reconsume_times
-        self.lock_renew_interval_ms = lock_renew_interval_ms
+        self.lock_renew_interval_ms, self.lock_max_live_ms = lock_renew_interval_ms, lock_max_live_ms
         self.send_back = send_back and model is CLUSTERING and not orderly
         self.retry_topic = retry_topic(group)
         if self.send_back:  # failed messages come back through the group's retry topic
@@ -247,7 +268,8 @@ class PushConsumer:
             t: None if self.expression_types.get(t, "TAG") == "SQL92" else parse_tags(e)
             for t, e in self.subscription.items()
         }  # refuses bad tag expressions now; SQL92 ones are checked by the broker at the first pull
-        self._locked: set[QueueKey] = set()
+        self._locked: dict[QueueKey, float] = {}  # orderly: queue -> time.monotonic() until which it counts as ours
+        self._lock_calls = threading.RLock()  # orders lock renewals and unlocks of one queue as they were decided
         self.allocate = STRATEGIES[allocate]
         self.client_id = client_id or default_client_id()
         self.pull_batch_size, self.consume_batch_size = pull_batch_size, max(1, consume_batch_size)
@@ -264,8 +286,11 @@ class PushConsumer:
             else RemoteOffsetStore(self.conn, group, consume_from, consume_timestamp_ms)
         )
         self._workers: dict[QueueKey, _QueueWorker] = {}
+        self._retiring: dict[QueueKey, _QueueWorker] = {}  # dropped, still finishing (a listener call in progress)
+        self._desired: set[QueueKey] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._closed = threading.Event()  # shutdown finished: committed, unregistered, channel closed
         self._rebalance_now = threading.Event()
         self._control: threading.Thread | None = None
         self._group_version = -1
@@ -283,25 +308,39 @@ class PushConsumer:
         return self
 
     def shutdown(self) -> None:
+        """Stop consuming, commit, leave the group and close. May be called from the listener: that call's own
+        message is then not committed (it comes again, as after any stop in the middle of a message)."""
+        me = threading.current_thread()
         if self._stop.is_set():
+            if getattr(me, "owner", None) is not self:  # a worker waiting here could block the first call's join
+                self._closed.wait()
             return
         self._stop.set()
         self._rebalance_now.set()
-        if self._control is not None:
-            self._control.join()
-        with self._lock:
-            workers = list(self._workers.values())
-            self._workers.clear()
-        for w in workers:
-            w.drop()
-        for w in workers:
-            w.join()
-        self._commit_quietly()
+        try:
+            control = self._control
+            # not yet started: start() is still in its first rebalance and a listener already calls this
+            if control is not None and control is not me and control.ident is not None:
+                control.join()
+            with self._lock:
+                workers = [*self._workers.values(), *self._retiring.values()]
+                self._workers.clear()
+            for w in workers:
+                w.drop()
+            for w in workers:
+                if w is not me:  # from the listener: this thread's worker ends when the listener returns
+                    w.join()
+            self._commit_quietly()
+            self._unregister()
+        finally:
+            self.conn.close()
+            self._closed.set()
+
+    def _unregister(self) -> None:
         try:
             self.conn.call(self.conn.stub.Heartbeat, self._heartbeat_request(unregister=True))
         except BrokerError as e:
             log.warning("could not unregister %s from %s: %s", self.client_id, self.group, e.message)
-        self.conn.close()
 
     def __enter__(self) -> PushConsumer:
         return self.start()
@@ -338,7 +377,7 @@ class PushConsumer:
                     self.offsets.commit_all()
                 if self.orderly and since["lock"] >= self.lock_renew_interval_ms:
                     since["lock"] = 0
-                    self._lock_queues(self.assigned_queues())
+                    self._renew_locks()
             except BrokerError as e:
                 log.warning("consumer %s of %s: %s; will retry", self.client_id, self.group, e.message)
             except Exception:  # the control thread must outlive any surprise: log it and go on
@@ -357,48 +396,99 @@ class PushConsumer:
         return changed
 
     def _rebalance(self) -> None:
+        ids = self._consumer_ids() if self.model is CLUSTERING else []
+        if ids is None:  # the group cannot be known now: keep every queue, as RocketMQ does
+            return
+        with self._lock:
+            current = set(self._workers)
         desired: set[QueueKey] = set()
-        ids: list[str] = []
-        if self.model is CLUSTERING:
-            response = self.conn.call(
-                self.conn.stub.GetConsumerList, pb.GetConsumerListRequest(consumer_group=self.group)
-            )
-            ids = list(response.client_ids)
         for topic in self.subscription:
-            try:
-                info = self.conn.call(self.conn.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic))
-            except BrokerError as e:
-                log.warning("cannot rebalance topic %s: %s", topic, e.message)
-                continue
-            queues = [(topic, q) for q in range(info.read_queue_nums)]
-            desired |= set(queues if self.model is BROADCASTING else self.allocate(queues, ids, self.client_id))
+            queues = self._topic_queues(topic)
+            if queues is None:  # unknown now: keep what this topic has
+                desired |= {k for k in current if k[0] == topic}
+            else:
+                desired |= set(queues if self.model is BROADCASTING else self.allocate(queues, ids, self.client_id))
         self._apply(desired)
 
+    def _consumer_ids(self) -> list[str] | None:
+        """The group's members, or None when they cannot be known. A broker that restarted lists nobody until the
+        next heartbeat: allocating over that list would drop every queue, so a list without this client is asked
+        for again after a heartbeat."""
+        request = pb.GetConsumerListRequest(consumer_group=self.group)
+        try:
+            ids = list(self.conn.call(self.conn.stub.GetConsumerList, request).client_ids)
+            if self.client_id not in ids:
+                self._heartbeat()
+                ids = list(self.conn.call(self.conn.stub.GetConsumerList, request).client_ids)
+        except BrokerError as e:
+            log.warning("cannot list the consumers of %s: %s; keeping the current queues", self.group, e.message)
+            return None
+        if self.client_id not in ids:
+            log.warning("%s is not listed in %s even after a heartbeat; keeping the current queues", self.client_id,
+                        self.group)  # fmt: skip
+            return None
+        return ids
+
+    def _topic_queues(self, topic: str) -> list[QueueKey] | None:
+        """The topic's queues; None when the broker could not say (a topic it says is gone has none)."""
+        try:
+            info = self.conn.call(self.conn.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic))
+        except TopicNotExistError:
+            return []  # deleted: its queues can be neither read nor committed any more
+        except BrokerError as e:
+            log.warning("cannot rebalance topic %s: %s; keeping its queues", topic, e.message)
+            return None
+        return [(topic, q) for q in range(info.read_queue_nums)]
+
     def _apply(self, desired: set[QueueKey]) -> None:
+        """Start the workers of new queues and drop those of lost ones without waiting for them: a listener call
+        in progress must not hold up heartbeats and lock renewals. A dropped worker releases its queue itself."""
         with self._lock:
             if self._stop.is_set():
                 return
+            self._desired = desired
             current = set(self._workers)
             dropped = [self._workers.pop(k) for k in sorted(current - desired)]
-            for key in sorted(desired - current):
+            self._retiring.update((w.key, w) for w in dropped)
+            # a queue whose previous worker is still finishing starts once it has (_worker_done asks for that)
+            for key in sorted(desired - current - set(self._retiring)):
                 worker = self._workers[key] = _QueueWorker(self, key)
                 worker.start()
         for w in dropped:
             w.drop()
-        for w in dropped:
-            w.join()
-            self.offsets.commit_queue(*w.key)
-            self.offsets.forget(*w.key)
-        if self.orderly and dropped:
-            self._unlock_queues({w.key for w in dropped})
         if dropped or desired - current:
             log.info("%s of %s now consumes %s", self.client_id, self.group, sorted(desired))
 
-    def _worker_died(self, worker: _QueueWorker) -> None:
+    def _worker_done(self, worker: _QueueWorker) -> None:
+        """In the worker's thread, as it ends (dropped, or died): commit its queue, forget it, unlock it."""
+        key = worker.key
         with self._lock:
-            if self._workers.get(worker.key) is worker:
-                del self._workers[worker.key]
-        self._rebalance_now.set()
+            if self._workers.get(key) is worker:  # died on its own: released like a dropped one, then restarted
+                del self._workers[key]
+                self._retiring[key] = worker
+            stopping = self._stop.is_set()  # shutdown commits and unregisters everything itself
+        try:
+            if not stopping:
+                self._commit_dropped(key)
+        finally:
+            # unlocked, then out of _retiring (shutdown joins it until then), and no renewal locks it in between
+            with self._lock_calls:
+                if self.orderly and not stopping:
+                    self._unlock_queues({key})
+                with self._lock:
+                    if self._retiring.get(key) is worker:
+                        del self._retiring[key]
+                    wanted = key in self._desired
+        if wanted and not stopping:
+            self._rebalance_now.set()
+
+    def _commit_dropped(self, key: QueueKey) -> None:
+        try:
+            self.offsets.commit_queue(*key)
+        except BrokerError as e:
+            log.warning("committing %s/%d of %s on dropping it failed: %s", *key, self.group, e.message)
+        finally:
+            self.offsets.forget(*key)
 
     def _call_listener(self, chunk: list[ReceivedMessage]) -> bool:
         try:
@@ -444,32 +534,48 @@ class PushConsumer:
         queues = [pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(keys)]
         return pb.LockBatchRequest(consumer_group=self.group, client_id=self.client_id, queues=queues)
 
+    def _renew_locks(self) -> None:
+        """Orderly: renew the locks of the assigned queues and of dropped ones still finishing (another consumer
+        must not take a queue while this one is still in its listener, as in RocketMQ)."""
+        with self._lock_calls:
+            with self._lock:
+                keys = set(self._workers) | set(self._retiring)
+            self._lock_queues(keys)
+
     def _lock_queues(self, keys: set[QueueKey]) -> set[QueueKey]:
         """Lock (or renew) queues on the broker; the set this consumer holds afterwards."""
         if not keys:
             return set()
         request = self._lock_request(keys)
-        try:
-            held = {(q.topic, q.queue_id) for q in self.conn.call(self.conn.stub.LockBatchMQ, request).queues}
-        except BrokerError as e:
-            log.warning("locking %d queues of %s failed: %s", len(keys), self.group, e.message)
-            held = set()
-        with self._lock:
-            self._locked = (self._locked - keys) | held
+        with self._lock_calls:
+            sent = time.monotonic()  # the broker's lifetime starts later: counting from here errs on the safe side
+            try:
+                held = {(q.topic, q.queue_id) for q in self.conn.call(self.conn.stub.LockBatchMQ, request).queues}
+            except BrokerError as e:
+                log.warning("locking %d queues of %s failed: %s", len(keys), self.group, e.message)
+                held = set()
+            with self._lock:
+                for key in keys:
+                    self._locked.pop(key, None)
+                self._locked.update(dict.fromkeys(held, sent + self.lock_max_live_ms / 1000))
         return held
 
     def _unlock_queues(self, keys: set[QueueKey]) -> None:
-        with self._lock:
-            self._locked -= keys
-        request = self._lock_request(keys)
-        try:
-            self.conn.call(self.conn.stub.UnlockBatchMQ, request)
-        except BrokerError as e:  # the broker lets the locks expire after 60 s
-            log.warning("unlocking %d queues of %s failed: %s", len(keys), self.group, e.message)
+        with self._lock_calls:
+            with self._lock:
+                for key in keys:
+                    self._locked.pop(key, None)
+            request = self._lock_request(keys)
+            try:
+                self.conn.call(self.conn.stub.UnlockBatchMQ, request)
+            except BrokerError as e:  # the broker lets the locks expire after 60 s
+                log.warning("unlocking %d queues of %s failed: %s", len(keys), self.group, e.message)
 
     def _hold_lock(self, key: QueueKey) -> bool:
+        """Orderly, before every pull and every chunk: is the queue ours? A record past its local lifetime is not
+        trusted (renewals may have stopped and the broker given the queue away): the broker is asked again."""
         with self._lock:
-            if key in self._locked:
+            if self._locked.get(key, 0.0) > time.monotonic():
                 return True
         return key in self._lock_queues({key})
 

@@ -1,0 +1,250 @@
+"""PushConsumer when things go wrong around it: a subscribed topic deleted, shutdown from the listener, a broker
+restart, a slow orderly listener on a dropped queue."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from broker.client import BROADCASTING, FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
+from broker.client.connection import Connection
+from broker.client.push_consumer import _QueueWorker
+from broker.proto import sluice_pb2 as pb
+from broker.server.broker_controller import BrokerController
+
+FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_interval_ms": 100, "long_poll_ms": 1000}
+
+
+def test_deleted_topic_does_not_block_commits_of_the_others(
+    broker: BrokerController, endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="broker.client")
+    with Admin(endpoint) as admin:
+        admin.create_topic("Keep", 1)
+        admin.create_topic("Gone", 1)
+    in_gone, gone_deleted, in_last = threading.Event(), threading.Event(), threading.Event()
+
+    def listener(msgs: list[ReceivedMessage]) -> ConsumeStatus:
+        for m in msgs:
+            if m.topic == "Gone":  # finished after its topic is deleted: progress the broker can no longer take
+                in_gone.set()
+                gone_deleted.wait(10)
+            if m.body == b"last":  # finished while shutting down: only the final commit can carry it
+                in_last.set()
+                cast(_QueueWorker, threading.current_thread()).dropped.wait(10)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    c = PushConsumer(endpoint, "dg", {"Keep": "*", "Gone": "*"}, listener, consume_from=FIRST, **FAST).start()
+    with Producer(endpoint) as p:
+        p.send(Message("Gone", b"g"), queue_id=0)
+        assert in_gone.wait(10)
+        with Admin(endpoint) as admin:
+            admin.delete_topic("Gone")
+        gone_deleted.set()
+        for i in range(5):
+            p.send(Message("Keep", f"m{i}".encode()), queue_id=0)
+        p.send(Message("Keep", b"last"), queue_id=0)
+    assert in_last.wait(10)
+    c.shutdown()
+    with Admin(endpoint) as admin:
+        assert admin.committed_offsets("dg", "Keep") == {0: 6}  # all six, "last" included
+    assert any("Gone/0" in r.getMessage() and "refuses" in r.getMessage() for r in caplog.records)
+
+
+def test_shutdown_from_the_listener_commits_unregisters_and_closes(broker: BrokerController, endpoint: str) -> None:
+    with Admin(endpoint) as admin:
+        admin.create_topic("Stop", 1)
+    with Producer(endpoint) as p:
+        for i in range(5):
+            p.send(Message("Stop", f"{i}".encode()), queue_id=0)
+    got: list[bytes] = []
+    shut_down = threading.Event()
+    consumer: PushConsumer | None = None
+
+    def listener(msgs: list[ReceivedMessage]) -> ConsumeStatus:
+        got.extend(m.body for m in msgs)
+        if len(got) == 3:
+            assert consumer is not None
+            consumer.shutdown()
+            shut_down.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(endpoint, "sg", {"Stop": "*"}, listener, consume_from=FIRST, **FAST)
+    consumer.start()
+    assert shut_down.wait(10)  # returned instead of raising
+    consumer.shutdown()  # a second call: nothing left to do
+    assert got == [b"0", b"1", b"2"]
+    with Admin(endpoint) as admin:
+        assert admin.committed_offsets("sg", "Stop") == {0: 2}  # "2" was in the listener: it comes again
+        assert admin.consumer_list("sg") == []
+        assert all(hi == 0 for _, hi in admin.queue_offsets("%RETRY%sg").values())  # nothing sent back
+    with pytest.raises(ValueError):  # the channel is closed
+        consumer.conn.call(consumer.conn.stub.GetConsumerList, pb.GetConsumerListRequest(consumer_group="sg"))
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def assignment_holds(consumer: PushConsumer, expected: set[tuple[str, int]], seconds: float) -> bool:
+    """True when ``consumer`` keeps exactly ``expected`` throughout ``seconds`` (several rebalances)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if consumer.assigned_queues() != expected:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_rebalance_after_broker_restart_keeps_the_queues(
+    broker_factory: Callable[..., BrokerController], tmp_path: Path
+) -> None:
+    b = broker_factory(tmp_path / "s")
+    port, endpoint = b.port, f"127.0.0.1:{b.port}"
+    with Admin(endpoint) as admin:
+        admin.create_topic("Rs", 2)
+    sink: list[bytes] = []
+    c = PushConsumer(endpoint, "rsg", {"Rs": "*"}, lambda ms: sink.extend(m.body for m in ms), consume_from=FIRST,
+                     client_id="r1", heartbeat_interval_ms=60_000, rebalance_interval_ms=100, long_poll_ms=1000,
+                     pull_backoff_ms=100).start()  # fmt: skip
+    try:
+        everything = {("Rs", 0), ("Rs", 1)}
+        assert c.assigned_queues() == everything
+        with Producer(endpoint) as p:
+            p.send(Message("Rs", b"before"), queue_id=0)
+        wait_until(lambda: b"before" in sink, 10)
+        b.shutdown()
+        # the restarted broker lists no consumer until a heartbeat, due here only in a minute
+        b = broker_factory(tmp_path / "s", listen=f"127.0.0.1:{port}")
+        assert assignment_holds(c, everything, 1.5)
+        with Admin(endpoint) as admin:
+            assert admin.consumer_list("rsg") == ["r1"]  # re-registered by the rebalance's heartbeat
+        with Producer(endpoint) as p:
+            p.send(Message("Rs", b"after"), queue_id=1)
+        wait_until(lambda: b"after" in sink, 10)
+    finally:
+        c.shutdown()
+
+
+def test_broadcasting_keeps_its_queues_while_the_broker_is_down(
+    broker_factory: Callable[..., BrokerController], tmp_path: Path
+) -> None:
+    b = broker_factory(tmp_path / "s")
+    endpoint = f"127.0.0.1:{b.port}"
+    with Admin(endpoint) as admin:
+        admin.create_topic("Bd", 2)
+    sink: list[bytes] = []
+    c = PushConsumer(endpoint, "bdg", {"Bd": "*"}, lambda ms: sink.extend(m.body for m in ms), model=BROADCASTING,
+                     consume_from=FIRST, rebalance_interval_ms=100, long_poll_ms=1000, pull_backoff_ms=100,
+                     timeout_s=1.0).start()  # fmt: skip
+    try:
+        with Producer(endpoint) as p:
+            p.send_batch([Message("Bd", b"0")], queue_id=0)
+            p.send_batch([Message("Bd", b"1")], queue_id=1)
+        wait_until(lambda: sorted(sink) == [b"0", b"1"], 10)
+        b.shutdown()  # every route request fails now
+        assert assignment_holds(c, {("Bd", 0), ("Bd", 1)}, 1.5)
+    finally:
+        c.shutdown()
+
+
+class Journal:
+    """Who consumed what: (consumer name, queue id, body)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: list[tuple[str, int, bytes]] = []
+
+    def listener(self, name: str, slow: threading.Event | None = None) -> Callable[[list[ReceivedMessage]], None]:
+        def listen(msgs: list[ReceivedMessage]) -> None:
+            for m in msgs:
+                with self.lock:
+                    self.entries.append((name, m.queue_id, m.body))
+                if m.body == b"slow" and slow is not None:  # a long orderly step, finished when the test says
+                    slow.wait(15)
+
+        return listen
+
+    def bodies(self, name: str, queue_id: int) -> list[bytes]:
+        with self.lock:
+            return [b for n, q, b in self.entries if n == name and q == queue_id]
+
+
+ORDERLY = {"orderly": True, "consume_from": FIRST, "heartbeat_interval_ms": 200, "rebalance_interval_ms": 200,
+           "persist_interval_ms": 200, "long_poll_ms": 1000}  # fmt: skip
+
+
+def test_orderly_slow_listener_on_a_dropped_queue_does_not_stop_lock_renewals(
+    broker_factory: Callable[..., BrokerController],
+) -> None:
+    b = broker_factory()
+    b.locks.lock_max_live_ms = 1500  # the broker's 60 s, shrunk: renewals that stop show within seconds
+    endpoint = f"127.0.0.1:{b.port}"
+    with Admin(endpoint) as admin:
+        admin.create_topic("Ord", 2)
+    journal, finish_slow = Journal(), threading.Event()
+    opts = {**ORDERLY, "lock_renew_interval_ms": 300, "lock_max_live_ms": 750}
+    a = PushConsumer(endpoint, "og", {"Ord": "*"}, journal.listener("a", finish_slow), client_id="a", **opts).start()
+    c: PushConsumer | None = None
+    try:
+        wait_until(lambda: all(b.locks.owner("og", "Ord", q) == "a" for q in (0, 1)))
+        with Producer(endpoint) as p:
+            p.send(Message("Ord", b"slow"), queue_id=1)
+            wait_until(lambda: journal.bodies("a", 1) == [b"slow"])
+            c = PushConsumer(endpoint, "og", {"Ord": "*"}, journal.listener("c"), client_id="c", **opts).start()
+            wait_until(lambda: a.assigned_queues() == {("Ord", 0)})  # queue 1 dropped in its slow listener call
+            for i in range(6):  # twice the broker's lock lifetime
+                p.send(Message("Ord", f"q0-{i}".encode()), queue_id=0)
+                time.sleep(0.5)
+                # a still renews both: queue 0 is its own, and queue 1 is not given away mid-listener
+                assert b.locks.owner("og", "Ord", 0) == "a" and b.locks.owner("og", "Ord", 1) == "a"
+            assert journal.bodies("a", 0) == [f"q0-{i}".encode() for i in range(6)]  # a's other queue went on
+            finish_slow.set()
+            wait_until(lambda: b.locks.owner("og", "Ord", 1) == "c")
+            p.send(Message("Ord", b"after"), queue_id=1)
+            wait_until(lambda: journal.bodies("c", 1) == [b"after"])  # "slow" was committed by a: not again
+        assert journal.bodies("c", 0) == []
+    finally:
+        if c is not None:
+            c.shutdown()
+        a.shutdown()
+
+
+def test_orderly_client_lock_expires_without_renewal(broker_factory: Callable[..., BrokerController]) -> None:
+    b = broker_factory()
+    b.locks.lock_max_live_ms = 1000
+    endpoint = f"127.0.0.1:{b.port}"
+    with Admin(endpoint) as admin:
+        admin.create_topic("Lx", 1)
+    journal = Journal()
+    # renewals too rare for the broker's lifetime: the client's own record must lapse first; a long poll keeps the
+    # worker in one pull (no lock request) while the broker lets the lock go
+    opts = {**ORDERLY, "lock_renew_interval_ms": 60_000, "lock_max_live_ms": 500, "long_poll_ms": 5000}
+    a = PushConsumer(endpoint, "lg", {"Lx": "*"}, journal.listener("a"), client_id="a", **opts).start()
+    intruder = Connection(endpoint)
+    lock = pb.LockBatchRequest(consumer_group="lg", client_id="x", queues=[pb.MessageQueue(topic="Lx", queue_id=0)])
+    try:
+        with Producer(endpoint) as p:
+            p.send(Message("Lx", b"first"), queue_id=0)
+            wait_until(lambda: journal.bodies("a", 0) == [b"first"])
+            wait_until(lambda: b.locks.owner("lg", "Lx", 0) is None)  # expired on the broker
+            assert len(intruder.call(intruder.stub.LockBatchMQ, lock).queues) == 1
+            p.send(Message("Lx", b"second"), queue_id=0)
+            for _ in range(8):  # the intruder holds the queue for 2 s
+                time.sleep(0.25)
+                assert len(intruder.call(intruder.stub.LockBatchMQ, lock).queues) == 1
+                assert journal.bodies("a", 0) == [b"first"]
+            intruder.call(intruder.stub.UnlockBatchMQ, lock)
+            wait_until(lambda: journal.bodies("a", 0) == [b"first", b"second"])  # a locks again and goes on
+    finally:
+        intruder.close()
+        a.shutdown()
