@@ -299,8 +299,9 @@ class TransactionService:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        self._started = False
-        self.persist()
+        recovered, self._started = self._started, False
+        if recovered:  # a start refused by recovery (say an unreadable state file) must leave the file as it was
+            self.persist()
 
     def _drop_tables(self, txn: _Txn) -> None:
         """Under _lock: free an ended, finished transaction's tables, and its end-by-offset entry (a later

@@ -71,7 +71,11 @@ class ConsumerOffsetManager:
                     }
                 }
                 self._dirty = False
-            write_json_atomic(self.path, data)
+            try:
+                write_json_atomic(self.path, data)
+            except OSError:
+                self._dirty = True  # not on disk: the next persist pass tries again
+                raise
 
     def persist_if_dirty(self) -> None:
         if self._dirty:

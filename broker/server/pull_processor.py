@@ -138,8 +138,8 @@ class PullProcessor:
             ended.set()  # first: the loop checks it after clearing wake
             wake.set()
 
-        if on_call_end is not None and hold_ms > 0:
-            on_call_end(call_ended)
+        if on_call_end is not None and hold_ms > 0 and on_call_end(call_ended) is False:
+            call_ended()  # the call already ended (cancelled while this pull was validated): do not hold at all
         while True:
             result = self.store.get_message(
                 req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes, message_filter=selector

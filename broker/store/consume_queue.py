@@ -31,6 +31,8 @@ from broker.store.mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger(__name__)
 
+REPAIR_LOG_LINES = 5  # units named one by one per repair call; the rest are counted in one line
+
 CQ_UNIT = struct.Struct(
     ">"
     "q"  # COMMITLOG OFFSET: where the message's entry starts in the commit log
@@ -214,13 +216,16 @@ class ConsumeQueue:
             stored = view[rel // CQ_UNIT_SIZE]  # a copy: the view is released before anything can close the file
             del view
             for i in np.flatnonzero(stored != want).tolist():
-                log.warning(
-                    "consume queue %s/%d: unit %d (%s byte %d) was %s, the commit log says %s; rewritten",
-                    self.topic, self.queue_id, int(pos[inside][i]) // CQ_UNIT_SIZE, f.path, int(rel[i]),
-                    CqUnit(*stored[i].tolist()), CqUnit(*want[i].tolist()),
-                )  # fmt: skip
+                if fixed < REPAIR_LOG_LINES:
+                    log.warning(
+                        "consume queue %s/%d: unit %d (%s byte %d) was %s, the commit log says %s; rewritten",
+                        self.topic, self.queue_id, int(pos[inside][i]) // CQ_UNIT_SIZE, f.path, int(rel[i]),
+                        CqUnit(*stored[i].tolist()), CqUnit(*want[i].tolist()),
+                    )  # fmt: skip
                 f.write_at(int(rel[i]), want[i].tobytes())
                 fixed += 1
+        if fixed > REPAIR_LOG_LINES:  # a whole page lost is hundreds of units: one line for the rest
+            log.warning("consume queue %s/%d: %d units rewritten in all", self.topic, self.queue_id, fixed)
         return fixed
 
     def _file_for_write(self, pos: int) -> MappedFile:

@@ -13,16 +13,36 @@ Directories are fsynced with ``fsync``, not ``fdatasync``: a directory's entries
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+
+log = logging.getLogger(__name__)
 
 
 def fsync_directory(path: str) -> None:
-    """fsync the directory ``path`` so that the entries created in it survive a power loss. Raises OSError."""
+    """fsync the directory ``path`` so that the entries created in it survive a power loss. Raises OSError.
+
+    A file system that cannot fsync a directory at all (EINVAL or ENOTSUP: some FUSE and network mounts) makes
+    its entries durable some other way or not at all; that is logged once and not an error, as PostgreSQL does,
+    so such a mount does not turn the store read-only at its first new file."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _UNSUPPORTED:
+            raise
+        if path not in _warned:
+            _warned.add(path)
+            log.warning(
+                "directory fsync is not supported for %s (%s); new files there rely on the file system", path, e
+            )
     finally:
         os.close(fd)
+
+
+_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
+_warned: set[str] = set()
 
 
 def make_dirs(path: str) -> list[str]:

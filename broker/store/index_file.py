@@ -306,9 +306,9 @@ class IndexService:
 
     def flush(self) -> None:
         with self.lock:
-            dirs, self._unsynced_dirs = self._unsynced_dirs, []
-            for d in dirs:
-                self._sync_dir(d)
+            while self._unsynced_dirs:  # each taken off only once synced: a failed one is tried again next time
+                self._sync_dir(self._unsynced_dirs[0])
+                del self._unsynced_dirs[0]
             for f in self.files:
                 f.flush()
 

@@ -318,7 +318,7 @@ class MappedFileQueue:
         if self.sync_failed:
             raise OSError(errno.EIO, self.sync_failed)
         with self._lock:
-            files, dirs, self._unsynced_dirs = self.files, self._unsynced_dirs, []
+            files, dirs = self.files, list(self._unsynced_dirs)
         for d in dirs:
             try:
                 self._sync_dir(d)
@@ -327,6 +327,11 @@ class MappedFileQueue:
                     return self.flushed_offset  # removed with the queue's topic since the snapshot: nothing to keep
                 self.sync_failed = f"fsync of directory {d} failed earlier ({e}); new files in it may not survive"
                 raise
+            # Taken off the list only once synced: a flush running beside this one (a request thread's beside the
+            # flusher's) must not count a new file as flushed while its directory's fsync is still under way.
+            with self._lock:
+                if d in self._unsynced_dirs:
+                    self._unsynced_dirs.remove(d)
         for f in files:
             if f.flushed_position < f.wrote_position and not f.closed:
                 try:

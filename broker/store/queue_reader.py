@@ -112,15 +112,20 @@ class QueueReader:
         return GetResult(GetStatus.FOUND, offset + consumed, lo, hi, buf, positions.tolist(), (cand + offset).tolist())
 
     def _expired_prefix(self, raw: bytes) -> int:
-        """How many units at the start of ``raw`` name entries below the commit log's first offset (expired).
-        An empty unit (SIZE 0: never written, or torn) names no entry: it is not expired, and ends the prefix."""
+        """How many units at the start of ``raw`` come before the first live one, when at least one of them names
+        an entry below the commit log's first offset (expired); else 0. Empty units (SIZE 0: never written, or
+        torn) name no entry: they neither count as expired nor end the prefix, so a hole cannot hide an expired
+        range behind it."""
         cl_min = self.commit_log.min_offset
         phys, size, _ = CQ_UNIT.unpack_from(raw, 0)
-        if phys >= cl_min or size <= 0:  # the common case: nothing expired, one unpack
+        if phys >= cl_min and size > 0:  # the common case: the first unit is live, one unpack
             return 0
         units = np.frombuffer(raw, CQ_DTYPE)
-        expired = (units["size"] > 0) & (units["offset"] < cl_min)
-        return int(np.argmin(expired)) if not bool(expired.all()) else int(units.size)
+        empty = units["size"] <= 0
+        expired = ~empty & (units["offset"] < cl_min)
+        live = ~empty & ~expired
+        prefix = int(np.argmax(live)) if bool(live.any()) else int(units.size)
+        return prefix if bool(expired[:prefix].any()) else 0
 
     def _read_scalar(
         self, raw: bytes, offset: int, limit_bytes: int, tag_codes: set[int] | None, lo: int, hi: int

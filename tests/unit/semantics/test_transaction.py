@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from broker.errors import MessageIllegalError
+from broker.errors import CorruptionError, MessageIllegalError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.semantics.transaction import (
     DEFAULT_COMMIT_MEMORY_BYTES,
@@ -316,6 +316,31 @@ def test_state_survives_restart(box: StoreBox) -> None:
         out = tx.end_transaction("open", commit=True)
         assert out.restored == 2
         assert sorted(m.body for m in box.read_topic("Out")) == [b"done", b"open-1", b"open-2"]
+    finally:
+        tx.shutdown()
+
+
+def test_a_start_refused_for_an_unreadable_state_file_leaves_it_alone(box: StoreBox) -> None:
+    """Refused at recovery (state file and .bak unreadable), the service's shutdown still persisted its empty
+    table over them: the next start succeeded and never saw the open transactions again."""
+    tx = service(box)
+    tx.put_half_batch(batch("Out", [b"open"]), "spark", "open")
+    tx.shutdown()
+    state = os.path.join(box.path, "config", "transactionState.json")
+    for path in (state, state + ".bak"):
+        with open(path, "w") as f:
+            f.write('{"halfScanFrom": "garbage"}')
+    refused = TransactionService(box.s, os.path.join(box.path, "config"))
+    with pytest.raises(CorruptionError, match="transactionState"):
+        refused.start()
+    refused.shutdown()  # as the broker's aborted start does
+    with open(state) as f:
+        assert json.load(f) == {"halfScanFrom": "garbage"}  # untouched: the operator decides
+    os.unlink(state)
+    os.unlink(state + ".bak")  # as the refusal says: then recovery scans from the start
+    tx = service(box)
+    try:
+        assert {t.txn_id: t.status for t in tx.list_transactions()} == {"open": TxStatus.OPEN}
     finally:
         tx.shutdown()
 

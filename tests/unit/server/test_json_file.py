@@ -121,3 +121,17 @@ def test_the_broker_stops_with_one_error_line(tmp_path: Path) -> None:
     assert out.returncode == 1, out.stderr
     assert "Traceback" not in out.stderr
     assert "consumerOffset.json" in out.stderr and "STORE_CORRUPTED" in out.stderr
+
+
+def test_offsets_that_failed_to_persist_are_persisted_next_time(tmp_path: Path) -> None:
+    """persist() marked the table clean before writing it: a failed write was never tried again until the next
+    commit changed something."""
+    offsets = ConsumerOffsetManager(tmp_path)
+    offsets.commit("g", {("T", 0): 3})
+    blocker = tmp_path / "consumerOffset.json.tmp"
+    blocker.mkdir()  # the temp file cannot be created: the write fails
+    with pytest.raises(OSError):
+        offsets.persist_if_dirty()
+    blocker.rmdir()
+    offsets.persist_if_dirty()
+    assert json.loads((tmp_path / "consumerOffset.json").read_text()) == {"offsetTable": {"T@g": {"0": 3}}}

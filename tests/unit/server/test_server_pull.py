@@ -13,6 +13,7 @@ from broker.client.results import PullResult
 from broker.errors import SubscriptionGroupNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
+from broker.server.pull_processor import PullRequestArgs
 
 
 def fill(broker: BrokerController, topic: str, n: int, queue_id: int = 0, tags: str | None = None) -> None:
@@ -249,3 +250,13 @@ def test_a_cancelled_pull_is_not_held_on(broker: BrokerController, endpoint: str
         while broker.hold.held_count() > 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert broker.hold.held_count() == 0  # within 2 s, not 20
+
+
+def test_a_pull_cancelled_before_its_hold_is_not_held(broker: BrokerController) -> None:
+    """gRPC refuses a call-end callback once the call has ended (cancelled while the pull was validated or its
+    group created): that refusal was ignored and the pull held its worker for the whole suspend time."""
+    fill(broker, "Early", 1)
+    pulls = broker.admin.pulls
+    started = time.monotonic()
+    out = pulls.pull(PullRequestArgs("g", "Early", 0, 1, suspend_timeout_ms=5000), 30.0, lambda fn: False)
+    assert out.status == "NO_NEW_MSG" and time.monotonic() - started < 1.0

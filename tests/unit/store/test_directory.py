@@ -5,7 +5,9 @@ is treated like a failed fdatasync."""
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -182,3 +184,62 @@ def test_a_topic_deleted_during_the_queue_flush_leaves_the_store_writable(
     assert s._cq_flush.flush_all()
     assert s.is_writable() and s.put_message("A", 0, b"z").status is PutStatus.PUT_OK
     assert s.wait_dispatched() and s.check() == []
+
+
+def test_a_flush_beside_another_waits_for_the_directory_sync(tmp_path: Path) -> None:
+    """Two flushes at once (a request thread's beside the flusher's): the second found the directory list
+    already taken by the first, synced the new file and reported it flushed while the directory's fsync was still
+    under way, and would have kept that report had the fsync failed."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    def slow_dir_sync(path: str) -> None:
+        entered.set()
+        assert release.wait(10)
+        fsync_directory(path)
+
+    q = MappedFileQueue(str(tmp_path / "q"), 4096, os.fdatasync, sync_dir=slow_dir_sync)
+    q.last_for_append().append(b"x" * 100)
+    first = threading.Thread(target=q.flush)
+    first.start()
+    assert entered.wait(10)
+    second: list[int] = []
+    t = threading.Thread(target=lambda: second.append(q.flush()))
+    t.start()
+    t.join(0.3)
+    assert second == [] and q.flushed_offset == 0  # waits on the directory like the first
+    release.set()
+    first.join(10)
+    t.join(10)
+    assert second == [100] and q.flushed_offset == 100
+    q.close()
+
+
+def test_a_failed_index_directory_sync_is_tried_again(tmp_path: Path) -> None:
+    faults = FaultInjector()
+    idx = IndexService(str(tmp_path / "index"), 4, 8, faults.syncer("index"), faults.dir_syncer("index"))
+    idx.put("T", ["k"], 100, 1)
+    faults.fail_next_fsyncs(1, kind="index-dir")
+    with pytest.raises(OSError, match="injected"):
+        idx.flush()
+    idx.flush()  # the directories still unsynced are synced now; before, they were forgotten
+    assert faults.fsync_counts["index-dir"] >= 3  # the failed one, then it and its parent's again
+    for f in idx.files:
+        f.close()
+
+
+def test_a_file_system_without_directory_fsync_is_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some FUSE and network mounts answer EINVAL to fsync of a directory: their entries are durable some other
+    way or not at all, and the store must not turn read-only at its first new file (PostgreSQL does the same)."""
+    real_fsync = os.fsync
+
+    def no_directory_fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_directory_fsync)
+    fsync_directory(str(tmp_path))  # no error
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError, match="I/O error"):
+        fsync_directory(str(tmp_path))  # a real failure still is one

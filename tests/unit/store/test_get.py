@@ -256,3 +256,17 @@ def test_scalar_and_vectorised_get_paths_agree(make_store: Callable[..., Message
         if small.next_begin_offset < 74:  # stopped by bytes, not by the unit count
             assert big.next_begin_offset == small.next_begin_offset
     assert s.check() == []
+
+
+def test_a_hole_does_not_hide_expired_units_behind_it(store: MessageStore) -> None:
+    """An empty unit at the read offset, then units whose entries expired: the read answered
+    MESSAGE_WAS_REMOVING (a pull's NO_MATCHED_MSG), a silent skip of the expired ones."""
+    for i in range(60):
+        assert store.put_message("HoleEx", 0, b"%d" % i + b"." * 400).ok
+    store.flush()
+    cq = store.queues.find("HoleEx", 0)
+    assert cq is not None
+    cq.files.files[0].write_at(1 * CQ_UNIT.size, bytes(CQ_UNIT.size))  # unit 1 torn
+    store.commit_log.files.delete_first(1)  # units 0..~30 expired, the minimum not moved yet
+    r = store.get_message("grp", "HoleEx", 0, 1, 8)
+    assert (r.status, r.next_begin_offset) == (GetStatus.OFFSET_TOO_SMALL, 9)
