@@ -236,6 +236,14 @@ class _QueueWorker(threading.Thread):
         return True
 
 
+def _check_positive(**settings: float) -> None:
+    """InvalidArgumentError naming the first setting that is not > 0. A consumer built with, say, long_poll_ms=0
+    would pull in a busy loop, and a negative one would have every pull refused while it logged retries."""
+    for name, value in settings.items():
+        if not value > 0:
+            raise InvalidArgumentError(f"{name}={value} must be > 0")
+
+
 class PushConsumer:
     def __init__(
         self, endpoint: str | None, group: str, subscription: Mapping[str, str], listener: Listener, *,
@@ -254,6 +262,14 @@ class PushConsumer:
             raise InvalidArgumentError(f"{dead[0]} is a dead-letter queue: its messages are never redelivered")
         if allocate not in STRATEGIES:
             raise InvalidArgumentError(f"allocate {allocate!r} is not one of {sorted(STRATEGIES)}")
+        _check_positive(
+            pull_batch_size=pull_batch_size, consume_batch_size=consume_batch_size, long_poll_ms=long_poll_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms, rebalance_interval_ms=rebalance_interval_ms,
+            persist_interval_ms=persist_interval_ms, pull_backoff_ms=pull_backoff_ms,
+            lock_renew_interval_ms=lock_renew_interval_ms, lock_max_live_ms=lock_max_live_ms, timeout_s=timeout_s,
+        )  # fmt: skip
+        if reconsume_delay_ms < 0:
+            raise InvalidArgumentError(f"reconsume_delay_ms={reconsume_delay_ms} is negative; use 0 or more")
         self.conn = Connection(endpoint, timeout_s)
         self.group, self.listener, self.model = group, listener, model
         self.subscription = dict(subscription)

@@ -90,6 +90,8 @@ class PullHoldService:
         waiter = _Waiter(offset) if event is None else _Waiter(offset, event)
         key = (topic, queue_id)
         with self._lock:
+            if self._stopped:  # shutdown released the waiters just now: this one would sleep a whole interval
+                return False
             self._holding += 1
             if self.long_polling_enable:
                 self._waiters.setdefault(key, []).append(waiter)
@@ -120,8 +122,8 @@ class PullHoldService:
 
     def shutdown(self) -> None:
         """Release every held pull (they answer NO_NEW_MSG) so the server can drain in-flight calls."""
-        self._stopped = True
         with self._lock:
+            self._stopped = True  # under the lock: a pull registering after this sees it (wait_for)
             waiters = [w for ws in self._waiters.values() for w in ws]
             self._waiters.clear()
         for w in waiters:

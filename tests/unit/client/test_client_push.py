@@ -8,6 +8,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from broker.client import (
     BROADCASTING,
     CIRCLE,
@@ -21,6 +23,7 @@ from broker.client import (
     PushConsumer,
     ReceivedMessage,
 )
+from broker.errors import InvalidArgumentError
 from broker.server.broker_controller import BrokerController
 
 FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_interval_ms": 100, "long_poll_ms": 1000}
@@ -147,3 +150,15 @@ def test_consume_from_last_and_timestamp_and_tag_filter(broker: BrokerController
     with PushConsumer(endpoint, "tg", {"Tagged": "A"}, tagged, consume_from=FIRST, **FAST):
         wait_until(lambda: len(tagged.bodies) == 5)
     assert sorted(tagged.bodies) == [b"1", b"3", b"5", b"7", b"9"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("long_poll_ms", 0), ("long_poll_ms", -1), ("pull_batch_size", 0), ("heartbeat_interval_ms", -5),
+     ("reconsume_delay_ms", -1), ("lock_max_live_ms", 0)],
+)  # fmt: skip
+def test_settings_that_cannot_work_are_refused(setting: str, value: int) -> None:
+    """long_poll_ms=0 pulled in a busy loop; a negative one had every pull refused while the consumer, started
+    without complaint, logged a retry every 3 s and consumed nothing."""
+    with pytest.raises(InvalidArgumentError, match=setting):
+        PushConsumer("127.0.0.1:1", "g", {"T": "*"}, lambda msgs: True, **{setting: value})
