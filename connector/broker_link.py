@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from broker.client import Admin, PullConsumer
-from broker.errors import ServiceNotAvailableError, TopicNotExistError
+from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistError, TopicNotExistError
+from connector.errors import SourceOptionError
 from connector.options import SourceOptions
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,15 @@ class BrokerLink:
 
     def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
         self.consumer.commit_offsets(offsets)
+
+
+def unknown_group(group: str, exc: SubscriptionGroupNotExistError) -> SourceOptionError:
+    """The error for a consumer group the broker refuses (it runs with auto_create_subscription_group=false):
+    permanent, so it fails the query at once instead of being retried like a broker that is away."""
+    return SourceOptionError(
+        f"the broker refuses consumer group {group!r} ({exc.message}); set the consumerGroup option to a group it "
+        f"knows, or create {group!r} on it (Admin.update_subscription_group)"
+    )
 
 
 def retried(call: Callable[[], T]) -> T:

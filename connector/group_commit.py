@@ -1,4 +1,6 @@
-"""Commits a query's offsets to its consumer group on the broker: one atomic call, retried, never fatal.
+"""Commits a query's offsets to its consumer group on the broker: one atomic call, retried, never fatal but for
+a group the broker refuses to know (auto_create_subscription_group=false): that fails the query with a message
+saying how to fix it.
 
 Spark's checkpoint is the source of truth for where the query is; the group's offsets are a copy so that
 ``sluice group lag`` shows progress and a query without a checkpoint can resume with ``startingOffsets=committed``.
@@ -12,8 +14,8 @@ import logging
 import time
 from collections.abc import Mapping
 
-from broker.errors import BrokerError
-from connector.broker_link import BrokerLink
+from broker.errors import BrokerError, SubscriptionGroupNotExistError
+from connector.broker_link import BrokerLink, unknown_group
 from connector.offsets import QueueKey
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ class GroupCommitter:
             time.sleep(delay)
             try:
                 link.commit(positions)
+            except SubscriptionGroupNotExistError as exc:  # permanent: a retry or a later trigger cannot help
+                raise unknown_group(self.group, exc) from None
             except BrokerError as exc:  # every client failure arrives as a BrokerError subclass
                 log.warning("commit of group %r offsets failed (attempt %d): %s", self.group, attempt + 1, exc)
                 continue

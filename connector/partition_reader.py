@@ -17,8 +17,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from broker.client import PullStatus, RawPullResult
-from broker.errors import BrokerError
-from connector.broker_link import BrokerLink, link_for, retried
+from broker.errors import BrokerError, SubscriptionGroupNotExistError
+from connector.broker_link import BrokerLink, link_for, retried, unknown_group
 from connector.data_loss import data_lost
 from connector.options import SourceOptions
 from connector.record_batch import RowFilter, decode_entries
@@ -72,11 +72,14 @@ def read_partition(options: SourceOptions, part: SluicePartition) -> Iterator[pa
 def _pull(link: BrokerLink, options: SourceOptions, part: SluicePartition, offset: int) -> RawPullResult:
     """One pull, retried while the broker is unreachable (a broker restart should not fail the task)."""
     max_msgs = min(options.pull_batch_size, part.end - offset)
-    return retried(
-        lambda: link.consumer.pull_raw(
-            part.topic, part.queue_id, offset, max_msgs=max_msgs, timeout_ms=0, tags=options.tag_expression
+    try:
+        return retried(
+            lambda: link.consumer.pull_raw(
+                part.topic, part.queue_id, offset, max_msgs=max_msgs, timeout_ms=0, tags=options.tag_expression
+            )
         )
-    )
+    except SubscriptionGroupNotExistError as e:
+        raise unknown_group(options.pull_group, e) from None
 
 
 def _next_offset(options: SourceOptions, part: SluicePartition, at: int, r: RawPullResult) -> int:

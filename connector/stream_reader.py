@@ -24,9 +24,10 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from broker.client import PullStatus
+from broker.errors import SubscriptionGroupNotExistError
 from broker.store.message import I64, POS_QUEUE_OFFSET
 from connector.admission import AdmissionControl, default_read_limit
-from connector.broker_link import BrokerLink, link_for, retried
+from connector.broker_link import BrokerLink, link_for, retried, unknown_group
 from connector.data_loss import data_lost
 from connector.group_commit import GroupCommitter
 from connector.offset_resolver import Snapshot, current_topics, snapshot, starting_positions, uncommitted
@@ -166,12 +167,20 @@ def probe_bytes(
     """The end offset (exclusive, <= cap) such that the stored entries of [start, end) fit in ``budget`` bytes."""
     at, used = start, 0
     while at < cap:
-        r = retried(  # as every driver-side call: a broker restart during planning is ridden out, not fatal
-            functools.partial(link.consumer.pull_raw, topic, queue_id, at,
-                              max_msgs=min(options.pull_batch_size, cap - at), tags=options.tag_expression)
-        )  # fmt: skip
+        try:
+            r = retried(  # as every driver-side call: a broker restart during planning is ridden out, not fatal
+                functools.partial(link.consumer.pull_raw, topic, queue_id, at,
+                                  max_msgs=min(options.pull_batch_size, cap - at), tags=options.tag_expression)
+            )  # fmt: skip
+        except SubscriptionGroupNotExistError as e:
+            raise unknown_group(options.pull_group, e) from None
         if r.status is PullStatus.NO_MATCHED_MSG:
             at = min(max(r.next_begin_offset, at + 1), cap)
+            continue
+        if r.status is PullStatus.OFFSET_ILLEGAL and r.min_offset > at:
+            # expired before cleanup moved the queue's minimum: those offsets cost no bytes; the executor that
+            # reads them reports the loss (failOnDataLoss)
+            at = min(r.min_offset, cap)
             continue
         if r.status is not PullStatus.FOUND or not r.entry_positions:
             return at

@@ -164,24 +164,34 @@ class ConsumeQueue:
         Files are searched oldest first, past any whose units all expired: after a restart the queue may still
         hold such files (cleanup deletes them later), and stopping at the first file's end gave a minimum whose
         messages were gone."""
+        first = self.files.first()
+        self.min_offset = (
+            0 if first is None else self.first_readable(commit_log_min, first.file_from_offset // CQ_UNIT_SIZE)
+        )
+
+    def first_readable(self, commit_log_min: int, from_offset: int) -> int:
+        """The first queue offset at or after ``from_offset`` whose unit names an entry at or past
+        ``commit_log_min``; written_offset when there is none."""
         end_unit = self.written_offset
         per_file = self.files.file_size // CQ_UNIT_SIZE
         for f in self.files.files:
-            start_unit = f.file_from_offset // CQ_UNIT_SIZE
-            n = min(end_unit - start_unit, per_file)
+            file_start = f.file_from_offset // CQ_UNIT_SIZE
+            start_unit = max(file_start, from_offset)
+            n = min(end_unit, file_start + per_file) - start_unit
+            if file_start + per_file <= from_offset:
+                continue
             if n <= 0:
                 break
-            head = CqUnit._make(CQ_UNIT.unpack_from(f.mm, 0))
+            rel = (start_unit - file_start) * CQ_UNIT_SIZE
+            head = CqUnit._make(CQ_UNIT.unpack_from(f.mm, rel))
             if head.size > 0 and head.commitlog_offset >= commit_log_min:  # the common case: no scan of the file
-                self.min_offset = start_unit
-                return
-            units = np.frombuffer(f.mm, CQ_DTYPE, count=n)
+                return start_unit
+            units = np.frombuffer(f.mm, CQ_DTYPE, count=n, offset=rel)
             idx = np.flatnonzero((units["size"] > 0) & (units["offset"] >= commit_log_min))
             del units
             if idx.size:
-                self.min_offset = start_unit + int(idx[0])
-                return
-        self.min_offset = end_unit if self.files.files else 0
+                return start_unit + int(idx[0])
+        return end_unit
 
     # ------------------------------------------------------------------------------------------------ write
     def put_units(self, queue_offset: int, units: bytes) -> None:

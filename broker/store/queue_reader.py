@@ -77,6 +77,11 @@ class QueueReader:
         if not raw:
             return GetResult(GetStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), lo, hi)
         expired = self._expired_prefix(raw)
+        if expired == len(raw) // CQ_UNIT.size:  # all of them: the answer names the first readable offset
+            try:
+                expired = min(cq.first_readable(self.commit_log.min_offset, offset), hi) - offset
+            except ValueError:  # a file closed under this read (expiry, topic deletion): what was read stands
+                pass
         if expired:
             # Units whose entries expired with their commit-log file, read before cleanup moved the queue's
             # minimum past them: answered as that move will be (OFFSET_TOO_SMALL, the first unit still readable),

@@ -5,15 +5,19 @@ executors call, called here."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
 
 from broker.client import Message, Producer
 from broker.server.broker_controller import BrokerController
-from connector.errors import DataLossError
+from connector.broker_link import link_for
+from connector.errors import DataLossError, SourceOptionError
+from connector.group_commit import GroupCommitter
 from connector.options import parse_options
 from connector.partition_reader import SluicePartition, read_partition
+from connector.stream_reader import probe_bytes
 
 
 def _expired_window(broker_factory: Callable[..., BrokerController]) -> tuple[str, int, int]:
@@ -46,9 +50,39 @@ def test_a_range_expired_under_the_task(
         streaming=False,
     )
     part = SluicePartition("Part", 0, 10, end)
-    if fail_on_data_loss == "true":
-        with pytest.raises(DataLossError, match="requested offset 10"):
+    if fail_on_data_loss == "true":  # the whole lost range is named, not one pull's worth of it
+        with pytest.raises(DataLossError, match=f"requested offset 10, available from {first}; {first - 10} message"):
             list(read_partition(options, part))
         return
     offsets = [o for b in read_partition(options, part) for o in b.column("queue_offset").to_pylist()]
     assert offsets == list(range(first, end))  # every kept message, none of the expired ones
+
+
+def test_the_driver_sizes_a_trigger_past_the_expired_range(broker_factory: Callable[..., BrokerController]) -> None:
+    """maxBytesPerTrigger's probe stopped at the first expired offset, so each trigger planned one offset of the
+    window (and with failOnDataLoss=false logged one lost message per trigger) until cleanup ran."""
+    endpoint, first, end = _expired_window(broker_factory)
+    options = parse_options({"endpoints": endpoint, "topic": "Part", "pullBatchSize": "32"}, streaming=True)
+    link = link_for(options)
+    assert probe_bytes(link, options, "Part", 0, 10, end, budget=1) == first  # expired ones cost nothing
+    assert probe_bytes(link, options, "Part", 0, 10, end, budget=1 << 30) == end
+
+
+def test_a_group_the_broker_does_not_know_fails_at_once_saying_what_to_do(
+    broker_factory: Callable[..., BrokerController],
+) -> None:
+    """With auto_create_subscription_group=false the executors' pulls under the default group were refused with a
+    message naming a group the user never chose, and group commits were retried for 2.6 s on every trigger."""
+    broker = broker_factory(auto_create_subscription_group=False)
+    endpoint = f"127.0.0.1:{broker.port}"
+    with Producer(endpoint) as p:
+        p.send_batch([Message("Strict", b"x")] * 3, queue_id=0)
+    assert broker.store is not None and broker.store.wait_dispatched()
+    options = parse_options({"endpoints": endpoint, "topic": "Strict"}, streaming=False)
+    with pytest.raises(SourceOptionError, match="consumerGroup option"):
+        list(read_partition(options, SluicePartition("Strict", 0, 0, 3)))
+    committer = GroupCommitter("nobody")
+    started = time.monotonic()
+    with pytest.raises(SourceOptionError, match="'nobody'"):
+        committer.commit(link_for(options), {("Strict", 0): 1})
+    assert time.monotonic() - started < 1.0
