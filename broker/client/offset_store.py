@@ -32,6 +32,10 @@ class OffsetStore:
         self.consume_from = consume_from
         self.consume_timestamp_ms = consume_timestamp_ms
         self._lock = threading.Lock()
+        # One commit at a time, from choosing what to send to marking it sent: the control thread's periodic
+        # commit and a dropped queue's final commit (sent from the queue's worker thread) must not cross on the
+        # wire, or an older offset could land last and the queue's next owner would consume a message again.
+        self._commit_lock = threading.RLock()
         self._offsets: dict[QueueKey, int] = {}
         self._committed: dict[QueueKey, int] = {}
 
@@ -91,10 +95,20 @@ class OffsetStore:
             }
 
     def commit_all(self) -> None:
-        self._commit(self._changed())
+        with self._commit_lock:
+            self._commit(self._changed())
 
-    def commit_queue(self, topic: str, queue_id: int) -> None:
-        self._commit(self._changed((topic, queue_id)))
+    def commit_queue(self, topic: str, queue_id: int, *, force: bool = False) -> None:
+        """Commit one queue's progress; ``force``: even if it was marked committed (a queue handed over: the
+        broker must hold exactly this offset before another consumer reads it)."""
+        key = (topic, queue_id)
+        with self._commit_lock:
+            if force:
+                with self._lock:
+                    offset = self._offsets.get(key)
+                self._commit({} if offset is None else {key: offset})
+            else:
+                self._commit(self._changed(key))
 
     def _commit(self, changed: dict[QueueKey, int]) -> None:
         if not changed:

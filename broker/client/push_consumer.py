@@ -500,7 +500,7 @@ class PushConsumer:
 
     def _commit_dropped(self, key: QueueKey) -> None:
         try:
-            self.offsets.commit_queue(*key)
+            self.offsets.commit_queue(*key, force=True)
         except BrokerError as e:
             log.warning("committing %s/%d of %s on dropping it failed: %s", *key, self.group, e.message)
         finally:

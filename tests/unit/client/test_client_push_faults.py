@@ -14,6 +14,7 @@ import pytest
 
 from broker.client import BROADCASTING, FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
 from broker.client.connection import Connection
+from broker.client.offset_store import RemoteOffsetStore
 from broker.client.push_consumer import _QueueWorker
 from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
@@ -248,3 +249,38 @@ def test_orderly_client_lock_expires_without_renewal(broker_factory: Callable[..
     finally:
         intruder.close()
         a.shutdown()
+
+
+def test_a_periodic_commit_cannot_land_after_a_handed_over_queue_final_commit(endpoint: str) -> None:
+    """A dropped queue's final commit is sent from its worker thread while the control thread may be sending
+    the periodic commit of an older offset; crossing on the wire, the older one landed last and the queue's next
+    owner consumed a message again (seen once in CI: orderly hand-over consumed message 36 twice)."""
+    with Producer(endpoint) as p:
+        p.send_batch([Message("Cross", b"x")] * 40, queue_id=0)
+    conn = Connection(endpoint, 10)
+    store = RemoteOffsetStore(conn, "cross", FIRST, 0)
+    sending_old, release = threading.Event(), threading.Event()
+    real_persist = store._persist
+
+    def slow_first_persist(offsets: dict[tuple[str, int], int]) -> None:
+        if offsets == {("Cross", 0): 36} and not sending_old.is_set():
+            sending_old.set()
+            assert release.wait(10)  # the periodic commit of 36 is slow on the wire
+        real_persist(offsets)
+
+    store._persist = slow_first_persist  # type: ignore[method-assign]
+    try:
+        store.update("Cross", 0, 36)
+        periodic = threading.Thread(target=store.commit_all)
+        periodic.start()
+        assert sending_old.wait(10)
+        store.update("Cross", 0, 37)  # the worker consumed message 36, then its queue is handed over
+        final = threading.Thread(target=lambda: store.commit_queue("Cross", 0, force=True))
+        final.start()
+        final.join(0.3)
+        release.set()
+        periodic.join(10)
+        final.join(10)
+        assert store.stored_offset("Cross", 0) == 37
+    finally:
+        conn.close()
