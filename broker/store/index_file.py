@@ -268,9 +268,10 @@ class IndexService:
         the local time) must not put the newest file first; then the last name plus one is used instead (still
         17 digits, though perhaps no real time)."""
         name = _timestamp_name(time.time_ns() // 1_000_000)
-        names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
-        if names and int(name) <= int(names[-1]):
-            name = str(int(names[-1]) + 1)
+        if self.files:  # loaded in name order: the last one has the greatest name
+            last = int(os.path.basename(self.files[-1].path))
+            if int(name) <= last:
+                name = str(last + 1)
         return os.path.join(self.directory, name)
 
     def put(self, topic: str, keys: Iterable[str], phys: int, store_ts: int) -> None:

@@ -32,6 +32,18 @@ def producer_loop(endpoint: str, name: str, queue_id: int, acked: list[bytes], s
             i += 5
 
 
+def kill_while_running(broker: BrokerProcess, workers: list[threading.Thread], stop: threading.Event,
+                       after_s: float) -> None:  # fmt: skip
+    """Start the writers, SIGKILL the broker ``after_s`` later, then stop and collect the writers."""
+    for w in workers:
+        w.start()
+    time.sleep(after_s)
+    broker.kill()
+    stop.set()
+    for w in workers:
+        w.join(10)
+
+
 def read_all(endpoint: str) -> dict[int, list[bytes]]:
     out: dict[int, list[bytes]] = {}
     with PullConsumer(endpoint, "verify") as c:
@@ -72,13 +84,7 @@ def test_sigkill_sync_flush_broker_loses_no_acknowledged_message(tmp_path: Path)
                 )
                 for w in range(3)
             ]
-            for w in workers:
-                w.start()
-            time.sleep(rng.uniform(0.3, 1.2))
-            broker.kill()
-            stop.set()
-            for w in workers:
-                w.join(10)
+            kill_while_running(broker, workers, stop, rng.uniform(0.3, 1.2))
             all_acked += [b for acked in acked_now for b in acked]
         finally:
             if broker.proc and broker.proc.poll() is None:
@@ -158,13 +164,7 @@ def test_sigkill_during_topic_and_offset_writes_keeps_the_config_files_whole(tmp
                 threading.Thread(target=config_writer, args=(broker.endpoint, cycle, topics, stop), daemon=True),
                 threading.Thread(target=offset_writer, args=(broker.endpoint, offsets, stop), daemon=True),
             ]
-            for w in workers:
-                w.start()
-            time.sleep(rng.uniform(0.3, 1.0))
-            broker.kill()
-            stop.set()
-            for w in workers:
-                w.join(10)
+            kill_while_running(broker, workers, stop, rng.uniform(0.3, 1.0))
             assert offsets[-1] > last_offset, f"cycle {cycle}: no offset commit was acknowledged before the kill"
             last_offset = offsets[-1]
         finally:
