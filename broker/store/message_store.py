@@ -102,11 +102,12 @@ def _out_of_range(**values: int) -> str:
 class DispatchService(ServiceThread):
     name = "reput-dispatch"
 
-    def __init__(self, dispatcher: Dispatcher, interval_ms: int) -> None:
+    def __init__(self, dispatcher: Dispatcher, interval_ms: int, on_state: Callable[[str], None]) -> None:
         super().__init__()
         self.dispatcher = dispatcher
         self.interval_s = interval_ms / 1000
         self.backoff_s = 0.0  # after an OSError: the pause before the next try, doubled per failure in a row
+        self.on_state = on_state  # told why dispatch fails, and "" once a pass succeeds again
 
     def run_once(self) -> None:
         try:
@@ -116,9 +117,12 @@ class DispatchService(ServiceThread):
             # (a thousand a second, onto that same disk). Puts' wakeups do not cut the pause short; stop() does.
             self.backoff_s = min(max(2 * self.backoff_s, DISPATCH_BACKOFF_MIN_S), DISPATCH_BACKOFF_MAX_S)
             log.error("dispatch failed: %s; retrying in %.2f s", e, self.backoff_s)
+            self.on_state(f"consume queues cannot be written ({e}); writes resume once dispatch succeeds")
             self._stop.wait(self.backoff_s)
             return
-        self.backoff_s = 0.0
+        if self.backoff_s:
+            self.backoff_s = 0.0
+            self.on_state("")
         if n == 0:
             self.wait(self.interval_s)
 
@@ -158,6 +162,9 @@ class MessageStore:
         self._visibility_lock = threading.Lock()  # release_visibility vs queue_ranges
         self._disk_full = False
         self._write_error = ""
+        # Why the dispatcher cannot write consume queues ("" = it can). Puts are refused meanwhile, as RocketMQ's
+        # WRITE_LOGICS_QUEUE_ERROR bit does: acknowledged messages no consumer can see would only pile up.
+        self._dispatch_error = ""
         self._services: list[ServiceThread] = []
         self._group_commit: GroupCommitService | None = None
         self._async_flush: AsyncFlushService | None = None
@@ -214,7 +221,7 @@ class MessageStore:
     def _start_services(self) -> None:
         cfg = self.config
         assert self.checkpoint is not None
-        self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms)
+        self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms, self._set_dispatch_error)
         if cfg.sync_flush:
             self._group_commit = GroupCommitService(self.commit_log, self.checkpoint, self._on_io_error)
         else:
@@ -299,8 +306,15 @@ class MessageStore:
                 log.warning("disk use back under %d%%: accepting writes", self.config.disk_space_warning_level_ratio)
         self._disk_full = full
 
+    def _set_dispatch_error(self, reason: str) -> None:
+        if reason and not self._dispatch_error:
+            log.error("refusing writes: %s", reason)
+        elif not reason and self._dispatch_error:
+            log.warning("dispatch works again: accepting writes")
+        self._dispatch_error = reason
+
     def is_writable(self) -> bool:
-        return self._running and not self._disk_full and not self._write_error
+        return self._running and not self._disk_full and not self._write_error and not self._dispatch_error
 
     def _refusal(self) -> PutResult | None:
         if not self._running:
@@ -315,6 +329,8 @@ class MessageStore:
             )
         if self._write_error:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"store is read-only: {self._write_error}")
+        if self._dispatch_error:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._dispatch_error)
         return None
 
     def _append_failed(self, e: OSError | CreateMappedFileError) -> PutResult:

@@ -17,6 +17,7 @@ from broker.store import dispatcher as dispatcher_module
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.dispatcher import message_keys, names_may_occur, property_value
 from broker.store.message import encode_entry, encode_properties, tag_hash_code
+from broker.store.results import PutStatus
 
 
 def _batch(n: int, start: int = 0) -> bytes:
@@ -260,4 +261,33 @@ def test_dispatch_errors_back_off(
     monkeypatch.setattr(s.queues, "find_or_create", create)
     assert s.wait_dispatched(timeout_s=3.0)  # retried within the (at most 1 s) pause
     assert s.max_offset("Full", 0) == 1
+    assert s.check() == []
+
+
+def test_puts_are_refused_while_dispatch_fails(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While consume queues cannot be written, the store acknowledged puts that no consumer could see (as
+    RocketMQ's logic-queue error bit, it now refuses them) and takes writes again once a dispatch pass works."""
+    s = make_store(dispatch_interval_ms=1)
+    create = s.queues.find_or_create
+
+    def disk_full(topic: str, queue_id: int) -> ConsumeQueue:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(s.queues, "find_or_create", disk_full)
+    assert s.put_message("Full", 0, b"x").ok
+    deadline = time.monotonic() + 3.0
+    while s.is_writable() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = s.put_message("Other", 0, b"y")
+    assert refused.status == PutStatus.SERVICE_NOT_AVAILABLE
+    assert "consume queues cannot be written" in refused.error and "No space left" in refused.error
+    assert s.max_offset("Other", 0) == 0
+    monkeypatch.setattr(s.queues, "find_or_create", create)
+    assert s.wait_dispatched(timeout_s=3.0)
+    assert s.is_writable()
+    assert s.put_message("Other", 0, b"y").ok
+    assert s.wait_dispatched(timeout_s=3.0)
+    assert (s.max_offset("Full", 0), s.max_offset("Other", 0)) == (1, 1)
     assert s.check() == []
