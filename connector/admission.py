@@ -3,7 +3,8 @@
 PySpark 4.3 passes one ReadLimit per call (no composite limit), so ``getDefaultReadLimit`` reports the main
 configured limit and, whenever Spark passes anything but ``ReadAllAvailable``, every configured limit applies:
 
-- ``maxMessagesPerTrigger``: shared over queues in proportion to backlog (``planning.share_budget``);
+- ``maxMessagesPerTrigger``: shared over queues in proportion to backlog, at least one message for each queue with
+  a backlog (``planning.share_budget``);
 - ``maxBytesPerTrigger``: each queue gets a share of the bytes in proportion to its backlog, and the driver measures
   where that share ends by pulling the entries' sizes (the broker has no RPC for consume-queue sizes yet; this
   reads the batch's bytes once more on the driver, bounded by the limit itself);

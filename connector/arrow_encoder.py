@@ -132,9 +132,9 @@ class RowEncoder:
             if isinstance(body, str):
                 body = body.encode("utf-8")
             topic, topic_raw = self._topic(topics[i], row)
-            # Only rows with properties, tags or keys of their own need their properties built and encoded.
-            own = self._properties(props[i], tags[i], keys[i]) if props[i] or tags[i] or keys[i] else None
             try:
+                # Only rows with properties, tags or keys of their own need their properties built and encoded.
+                own = self._properties(props[i], tags[i], keys[i]) if props[i] or tags[i] or keys[i] else None
                 queue_id = self._queue(topic, qids[i], shard[i])
                 if self.half is None:
                     raw_props = plain if own is None else encode_properties(own)
@@ -186,7 +186,7 @@ class RowEncoder:
         return encode_properties(props) + suffix
 
     def _properties(self, props: object, tags: str | None, keys: object) -> dict[str, str]:
-        out: dict[str, str] = dict(self.extra_properties)
+        out: dict[str, str] = {}
         if props:
             # Arrow gives a map<string,string> as a list of (key, value) pairs.
             pairs: Iterable[Any] = props.items() if isinstance(props, dict) else props  # type: ignore[assignment]
@@ -199,7 +199,18 @@ class RowEncoder:
             if keys:
                 out[Prop.KEYS] = keys
         elif keys:
-            joined = " ".join(str(k) for k in keys if k)  # type: ignore[attr-defined]
+            keys = [str(k) for k in keys if k]  # type: ignore[attr-defined]
+            spaced = [k for k in keys if " " in k]
+            if spaced:  # KEYS is one space-separated property: such a key would come back as several
+                raise MessageIllegalError(
+                    f"key {spaced[0]!r} contains a space; message keys are stored space-separated, so replace "
+                    "the spaces (or pass 'keys' as one space-separated string)"
+                )
+            joined = " ".join(keys)
             if joined:
                 out[Prop.KEYS] = joined
+        # The writer's own properties last: a row copied from a topic this sink wrote carries that write's
+        # TRAN_ATTEMPT, and letting it stand made the broker refuse every commit of the batch (its halves seemed
+        # to belong to another attempt), on every retry.
+        out.update(self.extra_properties)
         return out

@@ -57,6 +57,8 @@ def parse_positions(broker: str, data: Mapping[str, Mapping[str, int]], *, what:
                     f"{what} key {topic}/{key!r} does not name broker {broker!r} as '{broker}:<queueId>'; "
                     "set option 'brokerName' to the name the offsets were written with"
                 )
+            if (topic, int(qid)) in out:  # "broker:0" and "broker:00": which one was meant?
+                raise SourceOptionError(f"{what}: topic {topic!r} names queue {int(qid)} twice; give each queue once")
             out[(topic, int(qid))] = int(off)
     return out
 

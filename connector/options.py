@@ -27,6 +27,7 @@ DEFAULT_PULL_BATCH_SIZE = 4096  # the broker answers at most max_pull_msgs (4096
 MAX_PULL_BATCH_SIZE = 65536  # one pull's messages are decoded into one Arrow batch: bound its memory
 DEFAULT_POLL_TIMEOUT_MS = 30_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default maxTriggerDelay
+_I64_MAX = (1 << 63) - 1  # offsets and timestamps travel as int64 on the wire
 _BROKER_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # fullmatch: "$" would also admit a trailing newline
 _SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$", re.IGNORECASE)
 _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|min|h|d)?$", re.IGNORECASE)
@@ -130,7 +131,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         )
     tag_expression, tag_set = _tags(opts.get("tags", "*"))
     return SourceOptions(
-        endpoints=_endpoints(opts.get("endpoints")),
+        endpoints=parse_endpoints(opts.get("endpoints")),
         topics=topics,
         topic_pattern=pattern,
         consumer_group=group,
@@ -159,7 +160,8 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
 # ------------------------------------------------------------------------------------------------ one per option
 
 
-def _endpoints(value: str | None) -> str:
+def parse_endpoints(value: str | None) -> str:
+    """Comma-separated host:port list (also the sink's option)."""
     if not value:
         raise SourceOptionError("option 'endpoints' is required: the broker's host:port, e.g. 127.0.0.1:10911")
     parts = [p.strip() for p in value.split(",") if p.strip()]
@@ -220,7 +222,7 @@ def _starting(opts: Mapping[str, str], *, streaming: bool, group: str | None) ->
         if "startingoffsets" in opts:
             raise SourceOptionError("give either option 'startingOffsets' or 'startingTimestamp', not both")
         ts = opts["startingtimestamp"]
-        if not is_decimal(ts):
+        if not is_decimal(ts) or int(ts) > _I64_MAX:
             raise SourceOptionError(f"option 'startingTimestamp': {ts!r} is not milliseconds since the epoch")
         return StartingOffsets("timestamp", timestamp_ms=int(ts))
     default = ("committed" if group else "latest") if streaming else "earliest"
@@ -265,7 +267,7 @@ def _offset_json(name: str, value: str, *, allowed: tuple[int, ...]) -> OffsetJs
         out[topic] = {}
         for key, off in queues.items():
             _, sep, qid = str(key).rpartition(":")
-            ok = isinstance(off, int) and not isinstance(off, bool) and (off >= 0 or off in allowed)
+            ok = isinstance(off, int) and not isinstance(off, bool) and (0 <= off <= _I64_MAX or off in allowed)
             if not sep or not is_decimal(qid) or not ok:
                 special = " or ".join(str(a) for a in allowed)
                 raise SourceOptionError(

@@ -1,8 +1,10 @@
 """Pure planning arithmetic: how a message budget is shared among queues and how ranges become Spark partitions.
 
 - ``share_budget``: a per-trigger message limit is split over the queues in proportion to their backlog, as Spark's
-  Kafka source does, but with largest-remainder rounding so the shares add up to exactly the limit (Kafka's
-  floor/ceil rounding can overshoot it with many small queues).
+  Kafka source does: every queue with a backlog gets at least one message (a small queue beside a busy one would
+  otherwise wait for as long as the busy one stays busy), and largest-remainder rounding makes the shares add up
+  to exactly the limit whenever it is at least the number of such queues (Kafka's floor/ceil rounding can
+  overshoot it with many small queues).
 - ``split_ranges``: one partition per (queue, range); a range longer than ``max_messages_per_partition`` is cut into
   equal parts, and when there are fewer ranges than ``min_partitions`` the long ones are cut further in proportion
   to their size (Kafka's ``KafkaOffsetRangeCalculator`` rule).
@@ -32,21 +34,27 @@ class QueueRange:
 
 
 def share_budget(start: Mapping[QueueKey, int], latest: Mapping[QueueKey, int], budget: int) -> dict[QueueKey, int]:
-    """End offsets reading at most ``budget`` messages in total, shared in proportion to each queue's backlog."""
+    """End offsets reading about ``budget`` messages in total, shared in proportion to each queue's backlog. Every
+    queue with a backlog moves by at least one message, so the total exceeds ``budget`` only when fewer messages
+    than such queues are allowed (as Kafka's source, which never starves a partition)."""
     assert budget > 0, budget
     backlog = {k: latest[k] - start.get(k, 0) for k in latest if latest[k] > start.get(k, 0)}
     total = sum(backlog.values())
     end = {k: max(latest[k], start.get(k, 0)) for k in latest}
     if total <= budget:
         return end
-    exact = {k: budget * n / total for k, n in backlog.items()}
-    take = {k: math.floor(x) for k, x in exact.items()}
-    left = budget - sum(take.values())
-    # Largest remainders first; ties by key so the split is deterministic (a restarted query plans the same).
-    for k in sorted(exact, key=lambda k: (take[k] - exact[k], k))[:left]:
-        take[k] += 1
+    take = dict.fromkeys(backlog, 1)  # one each first: no queue waits behind the others
+    rest, rest_total = budget - len(backlog), total - len(backlog)
+    if rest > 0:  # the remaining budget in proportion to the remaining backlogs
+        exact = {k: rest * (n - 1) / rest_total for k, n in backlog.items()}
+        share = {k: math.floor(x) for k, x in exact.items()}
+        left = rest - sum(share.values())
+        # Largest remainders first; ties by key so the split is deterministic (a restarted query plans the same).
+        for k in sorted(exact, key=lambda k: (share[k] - exact[k], k))[:left]:
+            share[k] += 1
+        take = {k: 1 + n for k, n in share.items()}
     for k, n in take.items():
-        assert 0 <= n <= backlog[k], (k, n, backlog[k])
+        assert 1 <= n <= backlog[k], (k, n, backlog[k])
         end[k] = start.get(k, 0) + n
     return end
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from broker.client.producer import DEFAULT_BATCH_LIMIT_BYTES
 from broker.errors import MessageIllegalError
-from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, validate_topic
+from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
+from connector.options import parse_endpoints
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
@@ -77,14 +78,20 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
     return raw.lower() == "true"
 
 
+def _producer_group(value: str) -> str:
+    if not TOPIC_PATTERN.fullmatch(value) or len(value) > 255:
+        raise SourceOptionError(
+            f"option producerGroup: {value!r} must be 1..255 characters of letters, digits, '%', '|', '_', '-'"
+        )
+    return value
+
+
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     opts = {k.lower(): str(v) for k, v in options.items()}
     unknown = sorted(k for k in opts if k not in KNOWN and k not in SPARK_OWN)
     if unknown:
         raise SourceOptionError(f"unknown sink option(s) {unknown}; the sluice sink accepts {sorted(KNOWN.values())}")
-    endpoints = opts.get("endpoints", "").strip()
-    if not endpoints:
-        raise SourceOptionError("option endpoints is required: the broker's host:port, e.g. 127.0.0.1:10911")
+    endpoints = parse_endpoints(opts.get("endpoints", "").strip())  # at query start, not in tasks after timeouts
     topic = opts.get("topic") or None
     if topic is not None:
         try:
@@ -103,7 +110,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         batch_messages=_int(opts, "batchMessages", DEFAULT_BATCH_MESSAGES, 1, MAX_BATCH_MESSAGES),
         batch_bytes=_int(opts, "batchBytes", DEFAULT_BATCH_BYTES, 1024, MAX_BATCH_BYTES),
         max_inflight=_int(opts, "maxInflight", DEFAULT_MAX_INFLIGHT, 1, MAX_INFLIGHT),
-        producer_group=opts.get("producergroup", DEFAULT_PRODUCER_GROUP),
+        producer_group=_producer_group(opts.get("producergroup", DEFAULT_PRODUCER_GROUP)),
         ignore_extra_columns=_bool(opts, "ignoreExtraColumns", False),
         max_message_size=_int(opts, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1, 64 << 20),
         send_retries=_int(opts, "sendRetries", 5, 0, 100),

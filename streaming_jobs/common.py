@@ -62,6 +62,17 @@ def spark_session(
     return spark
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (0 would mean 'no limit' to a truthiness test, silently)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1; leave the option out for no limit")
+    return value
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument(
@@ -71,7 +82,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--trigger", choices=("available-now", "continuous"), default="continuous",
                     help="available-now: process what is there, then stop; continuous: run until stopped")  # fmt: skip
     ap.add_argument("--interval", default="1 second", help="micro-batch interval for --trigger continuous")
-    ap.add_argument("--max-messages-per-trigger", type=int, default=None, help="admission limit per micro-batch")
+    ap.add_argument("--max-messages-per-trigger", type=positive_int, default=None,
+                    help="admission limit per micro-batch (>= 1)")  # fmt: skip
     ap.add_argument("--log-level", default="WARNING")
     return ap
 

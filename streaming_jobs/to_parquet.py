@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("startingOffsets", args.starting_offsets)
         .option("startingOffsetsFallback", "earliest")
     )
-    if args.max_messages_per_trigger:
+    if args.max_messages_per_trigger is not None:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
     df = reader.load().withColumn("date", F.to_date("store_timestamp"))
     if args.body_as_string:

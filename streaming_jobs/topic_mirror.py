@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.source == args.target:  # the query would read its own output back and copy it again, forever
+        ap.error(f"--source and --target are both {args.source!r}; mirror into another topic")
     setup_logging(args.log_level)
     from pyspark.sql import functions as F
 
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("startingOffsetsFallback", "earliest")
     )
     reader = reader.option("includeProperties", "true")
-    if args.max_messages_per_trigger:
+    if args.max_messages_per_trigger is not None:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
     df = reader.load()
     if args.where:

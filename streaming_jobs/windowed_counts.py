@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.source == args.target:  # the counts would be read back as events and counted again
+        ap.error(f"--source and --target are both {args.source!r}; write the counts to another topic")
     setup_logging(args.log_level)
     from pyspark.sql import functions as F
 
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("startingOffsets", args.starting_offsets)
         .option("startingOffsetsFallback", "earliest")
     )
-    if args.max_messages_per_trigger:
+    if args.max_messages_per_trigger is not None:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
     raw = reader.load()
     text = F.col("body").cast("string")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from broker.client.half_batch import to_half_batch
 from broker.errors import MessageIllegalError
+from broker.store.message import iter_entries
 from connector.arrow_encoder import RowEncoder
 
 GROUP, TXN = "sluice-sink", "q1:7:run-a"
@@ -150,3 +151,30 @@ def test_sink_columns_of_the_wrong_type_are_refused_at_query_start() -> None:
         with pytest.raises(MessageIllegalError, match=re.escape(needle)) as err:
             check_column_types(T([StructField("body", BinaryType()), field]))
         assert repr(field.name) in err.value.message
+
+
+def _decoded_properties(encoder: RowEncoder, batch: pa.RecordBatch) -> list[dict[str, str]]:
+    return [m.properties for c in encoder.encode(batch) for m in iter_entries(c.buffer)]
+
+
+def test_a_rows_own_tran_attempt_never_replaces_the_writers() -> None:
+    """A row copied from a topic this sink wrote carries that write's TRAN_ATTEMPT in its properties map. It
+    replaced the writer's, so the broker took the halves for another attempt's and refused the batch's commit on
+    every retry. The writer's own properties now win; the row's other properties are kept."""
+    extra = {"TRAN_ATTEMPT": "3.0.feed"}
+    batch = _batch([(b"a", None, None, {"TRAN_ATTEMPT": "12", "x": "1"}, None)])
+    for half in (None, (GROUP, TXN)):
+        enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra)
+        [props] = _decoded_properties(enc, batch)
+        assert (props["TRAN_ATTEMPT"], props["x"]) == ("3.0.feed", "1"), half
+
+
+def test_a_key_with_a_space_is_refused_with_its_row_number() -> None:
+    """KEYS is one space-separated property: keys=['order 1', 'b'] came back as ['order', '1', 'b']."""
+    enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4)
+    keys = pa.array([["a", "b"], ["order 1", "b"]], pa.list_(pa.string()))
+    batch = pa.RecordBatch.from_pydict({"body": [b"x", b"y"], "keys": keys})
+    with pytest.raises(MessageIllegalError, match=r"row 1: key 'order 1' contains a space"):
+        list(enc.encode(batch))
+    [props] = _decoded_properties(enc, pa.RecordBatch.from_pydict({"body": [b"x"], "keys": keys[:1]}))
+    assert props["KEYS"] == "a b"

@@ -7,9 +7,10 @@ import itertools
 import pytest
 
 from connector.errors import SourceOptionError
-from connector.offsets import SourceOffset
+from connector.offsets import SourceOffset, parse_positions
 from connector.options import parse_options
 from connector.planning import QueueRange, share_budget, split_ranges
+from connector.sink_options import parse_sink_options
 
 BASE = {"endpoints": "127.0.0.1:10911", "topic": "orders"}
 
@@ -75,6 +76,9 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
         ({"startingOffsets": '{"orders": {"broker-a:\u00b2": 1}}'}, "startingOffsets"),
         ({"endpoints": "localhost:\u0663"}, "endpoints"),
         ({"startingOffset": "earliest"}, "startingOffset"),  # a typo is an unknown option, not ignored
+        # past int64: the query failed later with protobuf's "Value out of range", naming no option
+        ({"startingTimestamp": "99999999999999999999999"}, "startingTimestamp"),
+        ({"startingOffsets": '{"orders": {"broker-a:0": 9223372036854775808}}'}, "startingOffsets"),
     ],
 )
 def test_bad_options_fail_naming_the_option(options: dict[str, str | None], named: str) -> None:
@@ -89,6 +93,29 @@ def test_batch_only_and_stream_only_rules() -> None:
         parse_options({**BASE, "startingOffsets": "latest"}, streaming=False)
     ending = parse_options({**BASE, "endingOffsets": '{"orders": {"broker-a:0": 3}}'}, streaming=False).ending
     assert ending == {"orders": {"broker-a:0": 3}}
+
+
+def test_offset_json_naming_a_queue_twice_is_refused() -> None:
+    """ "broker-a:0" and "broker-a:00" both name queue 0: the last one silently won."""
+    data = {"t": {"broker-a:0": 2, "broker-a:00": 7}}
+    with pytest.raises(SourceOptionError, match="startingOffsets: topic 't' names queue 0 twice"):
+        parse_positions("broker-a", data, what="startingOffsets")
+    assert parse_positions("broker-a", {"t": {"broker-a:0": 2, "broker-a:1": 7}}, what="x") == {
+        ("t", 0): 2,
+        ("t", 1): 7,
+    }
+
+
+def test_sink_endpoints_and_producer_group_are_checked_at_query_start() -> None:
+    """A sink given 'localhost' (no port) or an empty producer group failed only inside its tasks, after
+    connection timeouts; the source refused the same endpoints at once."""
+    base = {"endpoints": "127.0.0.1:10911", "topic": "t"}
+    assert parse_sink_options(base).endpoints == "127.0.0.1:10911"
+    bad_values = {"endpoints": ["localhost", "h:99999"], "producerGroup": ["", "a b"]}
+    for name, values in bad_values.items():
+        for value in values:
+            with pytest.raises(SourceOptionError, match=name):
+                parse_sink_options({**base, name: value})
 
 
 def test_offset_json_round_trip_and_broker_check() -> None:
@@ -107,11 +134,25 @@ def test_share_budget_is_proportional_and_exact() -> None:
     assert {k: end[k] - start[k] for k in end} == {("t", 0): 10, ("t", 1): 10, ("t", 2): 5, ("t", 3): 0}
     for budget in range(1, 101):
         end = share_budget(start, latest, budget)
-        assert sum(end[k] - start[k] for k in end) == budget
-        assert all(start[k] <= end[k] <= latest[k] for k in end)
+        assert sum(end[k] - start[k] for k in end) == max(budget, 3)  # three queues have a backlog: one each
+        assert all(start[k] < end[k] <= latest[k] for k in end if k != ("t", 3))
+        assert end[("t", 3)] == 5
     assert share_budget(start, latest, 1000) == latest
     # a queue not in start (new queue) counts from 0
     assert share_budget({}, {("t", 0): 4}, 3) == {("t", 0): 3}
+
+
+def test_share_budget_never_starves_a_small_queue() -> None:
+    """A queue with a small backlog beside one that stays busy got no share on any trigger (its exact share
+    rounded down and lost every largest-remainder tie): one message waited for 1,000 triggers and more."""
+    big, small = ("t", 0), ("t", 1)
+    start, produced = {big: 0, small: 0}, 1_000_000
+    for _ in range(3):
+        end = share_budget(start, {big: produced, small: 1}, 100)
+        assert sum(end[k] - start[k] for k in end) == 100
+        start, produced = end, produced + 100
+    assert start[small] == 1
+    assert share_budget({}, {("t", q): 10 for q in range(5)}, 2) == {("t", q): 1 for q in range(5)}
 
 
 def test_split_ranges_by_max_and_min_partitions() -> None:

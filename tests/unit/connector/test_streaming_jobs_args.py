@@ -1,0 +1,32 @@
+"""The streaming jobs' command lines: bad arguments stop the job before any SparkSession starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from streaming_jobs import to_parquet, topic_mirror, windowed_counts
+
+MIRROR = ["--checkpoint", "/tmp/never-used", "--source", "A", "--target", "B"]
+PARQUET = ["--checkpoint", "/tmp/never-used", "--topic", "A", "--output", "/tmp/never-used-out"]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "many"])
+def test_max_messages_per_trigger_below_one_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """0 was dropped by a truthiness test, so the job ran with no limit at all."""
+    jobs = ((to_parquet, PARQUET), (topic_mirror, MIRROR), (windowed_counts, MIRROR))
+    for job, argv in jobs:
+        with pytest.raises(SystemExit) as exit_info:
+            job.build_parser().parse_args([*argv, "--max-messages-per-trigger", value])
+        assert exit_info.value.code == 2
+        assert "--max-messages-per-trigger" in capsys.readouterr().err
+    args = topic_mirror.build_parser().parse_args([*MIRROR, "--max-messages-per-trigger", "1"])
+    assert args.max_messages_per_trigger == 1
+
+
+def test_a_job_writing_into_its_own_source_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--source X --target X read its own output back and copied (or counted) it again without end."""
+    for job in (topic_mirror, windowed_counts):
+        with pytest.raises(SystemExit) as exit_info:
+            job.main(["--checkpoint", "/tmp/never-used", "--source", "A", "--target", "A"])
+        assert exit_info.value.code == 2
+        assert "--source and --target are both 'A'" in capsys.readouterr().err
