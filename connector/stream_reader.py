@@ -96,6 +96,9 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = {k: min(hi, self._target[k]) for k, hi in latest.items() if k in self._target}
         # Queues that appeared since the last trigger (new topic, more queues) start at their earliest offset.
         base = {k: begin.get(k, snap[k][0]) for k in latest}
+        for (topic, qid), lo in sorted(base.items()):
+            if (topic, qid) not in begin and lo > 0:  # a queue starts at 0: its first messages expired unread
+                data_lost(self.options, topic, qid, 0, f"from {lo} (a queue new to this query)", lo)
         end = self._admission.end_offsets(
             base, latest, limit, self._probe_bytes, available_now=self._target is not None
         )
