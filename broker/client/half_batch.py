@@ -17,7 +17,7 @@ import numpy as np
 from broker.errors import MessageIllegalError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC
 from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, check_transaction_id, rewrite_batch_as_half
-from broker.store.batch import EntryRun, scan, splice
+from broker.store.batch import MAX_QUEUE_ID, EntryRun, scan, splice
 from broker.store.message import (
     MAX_PROPERTIES_BYTES,
     Prop,
@@ -55,19 +55,33 @@ def _topic_ids(buffer: bytes, run: EntryRun) -> tuple[np.ndarray, list[bytes]]:
     return ids, list(index)
 
 
+def _check_queue_ids(buffer: bytes, run: EntryRun) -> None:
+    """Every entry must name a queue: a half records it as REAL_QID, and the key below packs it in 32 bits next to
+    the topic's index (a negative one would borrow from the index and name another topic)."""
+    bad = np.flatnonzero((run.queue_ids < 0) | (run.queue_ids >= MAX_QUEUE_ID))
+    if bad.size:
+        i = int(bad[0])
+        topic = bytes(buffer[int(run.topic_starts[i]) : int(run.topic_starts[i]) + int(run.topic_lengths[i])])
+        raise MessageIllegalError(
+            f"batch entry {i}: queue id {int(run.queue_ids[i])} of {topic.decode('ascii', 'replace')!r} is outside "
+            f"0..{MAX_QUEUE_ID - 1}; a transactional batch must name each entry's queue (pick one from the route)"
+        )
+
+
 def to_half_batch(buffer: bytes, producer_group: str, txn_id: str) -> bytes:
     """``buffer`` (entries from ``encode_entry``/``encode_message``) as half entries of ``txn_id``.
 
     Vectorised: the output is gathered from the input and a small pool of new bytes with one index array."""
     check_transaction_id(txn_id)
-    if any(mark in buffer for mark in RESERVED_MARKS):
-        return rewrite_batch_as_half(buffer, producer_group, txn_id)[0]
     n = len(buffer)
     run = scan(buffer, 0, n, verify_crc=False)
     if run.end != n or run.stop_reason:
         raise MessageIllegalError(
             f"batch entry {len(run)} (at byte {run.end}) is malformed: {run.stop_reason or 'trailing bytes'}"
         )
+    _check_queue_ids(buffer, run)
+    if any(mark in buffer for mark in RESERVED_MARKS):
+        return rewrite_batch_as_half(buffer, producer_group, txn_id)[0]
     with_props = run.props_lengths > 0
     last_props_byte = np.frombuffer(buffer, np.uint8)[(run.props_starts + run.props_lengths - 1)[with_props]]
     if (run.sys_flags & SysFlag.TRANSACTION_MASK).any() or (last_props_byte != PROPERTY_END).any():

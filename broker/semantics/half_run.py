@@ -42,6 +42,7 @@ import numpy as np
 from broker.errors import MessageIllegalError
 from broker.semantics.transaction_codec import (
     ATTEMPT,
+    HALF_PROPERTY_NAMES,
     HALF_TOPIC_BYTES,
     RawHalf,
     check_half_batch,
@@ -64,6 +65,8 @@ MAX_DISTINCT_PER_RUN = 64  # distinct real queues (or writer attempts) matched i
 _REAL_TOPIC = f"{Prop.REAL_TOPIC}\x01".encode()
 _REAL_QID = f"{Prop.REAL_QID}\x01".encode()
 _ATTEMPT = f"{ATTEMPT}\x01".encode()
+_HALF_NAMES = tuple(f"{name}\x01".encode() for name in HALF_PROPERTY_NAMES)
+_DELAY = f"{Prop.DELAY}\x01".encode()
 _PREPARED_FORMAT = f"{Prop.TRAN_PREPARED_QUEUE_OFFSET}\x01%d\x02".encode()  # bytes % queue offset
 # One R exactly: the real topic (no separators in it) and a decimal queue id.
 _R_PATTERN = re.compile(rb"REAL_TOPIC\x01([^\x01\x02]+)\x02REAL_QID\x01([0-9]+)\x02")
@@ -232,12 +235,17 @@ def check_halves(
     """``transaction_codec.check_half_batch`` (the definition: what a half batch must be), answered in bulk for
     batches of the shape ``to_half_batch`` writes; any other batch is checked entry by entry by the definition.
     ``run``: the buffer's scan, when the caller has one. Returns the entry count and the real queues, so that the
-    server can check them as it checks any send; MessageIllegalError naming the first bad entry."""
+    server can check them as it checks any send; MessageIllegalError naming the first bad entry.
+
+    The bulk answer needs every half property named exactly once per entry and no DELAY anywhere (else the entry
+    by entry definition decides, and refuses duplicates): the real queue checked here must be the one commit_raw
+    takes and recovery reads, not another pair the entry also names."""
     buf = bytes(buffer)
     if run is None:
         run = scan(buf, 0, len(buf), verify_crc=False)
     n = len(run)
-    if n and run.end == len(buf) and not run.stop_reason:
+    plain = all(buf.count(name) == n for name in _HALF_NAMES) and _DELAY not in buf
+    if n and run.end == len(buf) and not run.stop_reason and plain:
         arr = np.frombuffer(buf, np.uint8)
         everything = np.arange(n)
         fields_ok = (

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 FIRST_RETRY_DELAY_LEVEL = 3  # RocketMQ: delay level = 3 + reconsume times when the client gives 0
 DLQ_QUEUE_NUMS = 1  # RocketMQ's DLQ_NUMS_PER_GROUP
+MAX_RECONSUME_TIMES = (1 << 31) - 1  # RECONSUMETIMES is an int32 field
 DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"  # RocketMQ 5 MessageConst names
 DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 _NEVER_DELIVERED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
@@ -110,8 +111,12 @@ class RetryService:
         props.setdefault(Prop.RETRY_TOPIC, msg.topic)
         props[Prop.ORIGIN_MESSAGE_ID] = origin_msg_id or props.get(Prop.ORIGIN_MESSAGE_ID) or msg.msg_id
         props.pop(Prop.DELAY, None)
-        reconsume_times = msg.reconsume_times + 1
-        dead = msg.reconsume_times >= max_times or delay_level < 0
+        # Sends refuse negative counts; one stored anyway (before that check) is a first failure, not extra retries
+        # with no delay. A count at the field's limit cannot be counted again: such a message is a dead letter.
+        times = max(msg.reconsume_times, 0)
+        at_limit = times >= MAX_RECONSUME_TIMES
+        reconsume_times = times if at_limit else times + 1
+        dead = times >= max_times or delay_level < 0 or at_limit
         if dead:
             topic, queue_id, level = dlq_topic(group), 0, 0
             props[DLQ_ORIGIN_TOPIC] = props[Prop.RETRY_TOPIC]
@@ -121,7 +126,7 @@ class RetryService:
             topic = retry_topic(group)
             with self._random_lock:
                 queue_id = self._random.randrange(cfg.retry_queue_nums)
-            level = self.schedule.levels.clamp(delay_level or FIRST_RETRY_DELAY_LEVEL + msg.reconsume_times)
+            level = self.schedule.levels.clamp(delay_level or FIRST_RETRY_DELAY_LEVEL + times)
             props[Prop.DELAY] = str(level)
             put_topic, put_qid, props = self.schedule.rewrite_for_delay(topic, queue_id, props)
         put = self.store.put_message(
@@ -137,6 +142,6 @@ class RetryService:
             wait_store_ok=None,  # SYNC_FLUSH: durable before the consumer is told, as any send (it then moves on)
         )
         if dead:
-            log.info("message %s of group %s reconsumed %d times: moved to %s", msg.msg_id, group,
-                     msg.reconsume_times, topic)  # fmt: skip
+            log.info("message %s of group %s reconsumed %d times: moved to %s", msg.msg_id, group, times,
+                     topic)  # fmt: skip
         return SendBackResult(topic, queue_id, dead, level, reconsume_times, put)

@@ -20,10 +20,16 @@ the scan positions, before each pass asks.
 
 After a crash anywhere, ``start()`` scans the op and half queues, and for every commit decision without its ``f``
 marker it scans the real queues from the offsets recorded in the decision, skips halves already re-stored (their
-commit-log offsets appear as PREPARED TRANSACTION OFFSET there) and re-stores the rest: each message once, all or
-nothing. Ending an ended transaction returns the first outcome. Open transactions idle for ``transaction_timeout_ms``
-are checked back with the producer group through ``checker`` every ``check_interval_ms``; after ``check_max``
-unanswered checks they are rolled back (RocketMQ: transactionTimeOut 6 s, transactionCheckMax 15).
+commit-log offsets appear as PREPARED TRANSACTION OFFSET in entries of COMMIT type carrying this transaction's id;
+other messages there carry 0 or another transaction's halves) and re-stores the rest: each message once, all or
+nothing. A commit whose halves or decision expired before that is given up (logged), never retried. Ending an
+ended transaction returns the first outcome. Open transactions idle for ``transaction_timeout_ms`` are checked
+back with the producer group through ``checker`` every ``check_interval_ms``; after ``check_max`` unanswered checks
+they are rolled back (RocketMQ: transactionTimeOut 6 s, transactionCheckMax 15). A failure with one transaction in
+a pass (its commit, its check) is logged and leaves the others to be checked.
+
+Halves may not carry DELAY > 0 (``refuse_delay``): a commit stores them in their real topics at once, and RocketMQ's
+producer drops DELAY from transactional sends.
 
 Server wiring::
 
@@ -78,17 +84,21 @@ from broker.semantics.transaction_codec import (
     half_sys_flag,
     is_half_batch,
     raw_property,
+    refuse_delay,
     rewrite_batch_as_half,
 )
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.store.batch import SmallBatch, ValidatedBatch, split_entries
 from broker.store.message import (
+    I32,
     I64,
     POS_PHYSICAL_OFFSET,
     POS_PREPARED_TX_OFFSET,
     POS_STORE_TIMESTAMP,
+    POS_SYS_FLAG,
     Prop,
     StoredMessage,
+    SysFlag,
     decode_entry,
 )
 
@@ -143,6 +153,11 @@ class HalvesGoneError(TransactionError):
     """Half messages a decision needs were deleted (expired files): the commit can never be completed."""
 
 
+class DecisionGoneError(TransactionError):
+    """A commit's decision op message was deleted (expired files) before its re-store finished: what the commit
+    covers is no longer known, so it can never be completed."""
+
+
 _NO_OFFSETS: frozenset[int] = frozenset()
 
 
@@ -173,6 +188,9 @@ class _Txn:
     # A batch transaction (halves sent with SendBatch, or ended naming writer attempts): its outcome is kept for
     # the whole retention time whatever its size; a 0- or 1-row micro-batch is no single-message transaction.
     batch: bool = False
+    # Halves put one at a time, each with an entry in the end-by-offset table (TransactionService._drop_tables
+    # removes them all; walking a batch transaction's million halves for entries it never had would be waste).
+    single_puts: int = 0
 
     def decided_count(self) -> int:
         return self.decided_total if self.decided_total >= 0 else len(self.decided)
@@ -229,6 +247,15 @@ def _runs(sorted_offsets: list[int]) -> list[tuple[int, int]]:
     firsts = np.concatenate(([arr[0]], arr[breaks + 1]))
     lasts = np.concatenate((arr[breaks], [arr[-1]]))
     return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
+
+
+def _committed_by(entry: bytes, txn_id: str) -> bool:
+    """Whether a real-queue entry was stored by this transaction's commit. PREPARED TRANSACTION OFFSET alone does
+    not say: plain, retried and delayed messages carry 0 there (the commit-log offset of a fresh broker's first
+    half), and a retry or delay copy of a committed message keeps its COMMIT type."""
+    if SysFlag.transaction_type(I32.unpack_from(entry, POS_SYS_FLAG)[0]) != SysFlag.TRANSACTION_COMMIT_TYPE:
+        return False
+    return (raw_property(entry, Prop.TRANSACTION_ID) or raw_property(entry, Prop.UNIQ_KEY)) == txn_id
 
 
 def _parse_checker_state(state: dict[str, Any]) -> tuple[int, int, dict[str, int]]:
@@ -304,10 +331,12 @@ class TransactionService:
             self.persist()
 
     def _drop_tables(self, txn: _Txn) -> None:
-        """Under _lock: free an ended, finished transaction's tables, and its end-by-offset entry (a later
+        """Under _lock: free an ended, finished transaction's tables, and its end-by-offset entries (a later
         end-by-offset of its half reads the half's id from the store, then reports the outcome)."""
-        if len(txn.halves) == 1:
-            self._by_half_cl_offset.pop(next(iter(txn.halves.values())), None)
+        if txn.single_puts:  # each of its single-message puts added one; a batch-only transaction has none to find
+            for cl in txn.halves.values():
+                self._by_half_cl_offset.pop(cl, None)
+            txn.single_puts = 0
         txn.drop_tables()
 
     # ------------------------------------------------------------------------------------------ half messages
@@ -317,19 +346,20 @@ class TransactionService:
         now = _now_ms()
         with self._lock:
             txn = self._txns.get(txn_id)
-            if txn is None:
-                txn = self._txns[txn_id] = _Txn(txn_id, producer_group, now, now)
-            if txn.status is not TxStatus.OPEN:
+            if txn is not None and txn.status is not TxStatus.OPEN:
                 raise TransactionError(
                     f"transaction {txn_id!r} is {txn.status.value}; no more half messages can join it "
                     "(start a new transaction id)"
                 )
-            if len(txn.halves) + txn.inflight_halves + count > self.max_halves:
+            held = 0 if txn is None else len(txn.halves) + txn.inflight_halves
+            if held + count > self.max_halves:  # checked before a new id is recorded: a refusal leaves no trace
                 raise TransactionError(
-                    f"transaction {txn_id!r} would hold {len(txn.halves) + txn.inflight_halves + count} half "
-                    f"messages, over this broker's limit of {self.max_halves} (transaction_max_halves); commit in "
-                    "smaller transactions (a Spark query: a lower maxOffsetsPerTrigger, or smaller batch writes)"
+                    f"transaction {txn_id!r} would hold {held + count} half messages, over this broker's limit "
+                    f"of {self.max_halves} (transaction_max_halves); commit in smaller transactions (a Spark "
+                    "query: a lower maxOffsetsPerTrigger, or smaller batch writes)"
                 )
+            if txn is None:
+                txn = self._txns[txn_id] = _Txn(txn_id, producer_group, now, now)
             txn.inflight_halves += count
             txn.batch = txn.batch or batch
             floor = self.store.max_offset(TRANS_HALF_TOPIC, 0)  # the put's halves get offsets at or above this
@@ -345,6 +375,7 @@ class TransactionService:
                 txn.halves.update(zip(res.queue_offsets, res.commitlog_offsets, strict=True))
                 if len(res.commitlog_offsets) == 1:
                     self._by_half_cl_offset[res.commitlog_offsets[0]] = txn.txn_id
+                    txn.single_puts += 1
             txn.inflight -= 1
             txn.last_ms = _now_ms()
             empty = txn.status is TxStatus.OPEN and not txn.halves and not txn.inflight
@@ -365,6 +396,7 @@ class TransactionService:
         """Store one half message (RocketMQ's prepared send). The id defaults to the message's
         ``__transactionId__``, else its UNIQ_KEY, else a new one. Returns (store result, transaction id)."""
         props = dict(properties or {})
+        refuse_delay(props.get(Prop.DELAY), "the half message")
         txn_id = txn_id or props.get(Prop.TRANSACTION_ID) or props.get(Prop.UNIQ_KEY) or uuid.uuid4().hex.upper()
         props = half_properties(props, topic, queue_id, producer_group, txn_id)
         put_kwargs["sys_flag"] = half_sys_flag(int(put_kwargs.get("sys_flag", 0)))
@@ -760,15 +792,15 @@ class TransactionService:
                 and now - t.last_ms >= self.transaction_timeout_ms
             ]  # fmt: skip
         for t in unfinished:
-            try:
-                self._finish_commit(t)
-            finally:
-                with self._lock:
-                    t.restoring = False
+            self._retry_finish(t)
         expired = [t for t in idle if t.check_times >= self.check_max]
         for t in expired:
             log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
-            self.end_transaction(t.txn_id, False)
+            try:
+                self.end_transaction(t.txn_id, False)
+            except Exception:  # broad, as in _check_back: one transaction's failure must not end the pass
+                log.exception("transaction %s: rollback after %d checks failed; retried next pass", t.txn_id,
+                              t.check_times)  # fmt: skip
         to_check = [t for t in idle if t.check_times < self.check_max]
         if not to_check:
             return 0
@@ -777,10 +809,34 @@ class TransactionService:
                 t.check_times += 1
         self.persist()  # counted before asking, and on disk: a restart cannot grant check_max more checks
         for t in to_check:
+            self._check_back(t)
+        return len(to_check)
+
+    def _retry_finish(self, t: _Txn) -> None:
+        """check_once's retry of one stalled commit (``t.restoring`` set by the caller, cleared here)."""
+        try:
+            self._finish_commit(t)
+        except (HalvesGoneError, DecisionGoneError) as e:
+            self._give_up_commit(t, e)
+        except Exception:
+            # Broad on purpose: whatever stops this commit (store refusal, I/O error, a half that cannot be
+            # committed) is this transaction's problem; the pass must still check back every open transaction.
+            log.exception("transaction %s: finishing the commit failed; the next check pass retries", t.txn_id)
+        finally:
+            with self._lock:
+                t.restoring = False
+
+    def _check_back(self, t: _Txn) -> None:
+        """Ask one transaction's producer group and apply a definite answer."""
+        try:
             answer = self._ask(t)
             if answer in (TxState.COMMIT, TxState.ROLLBACK):
                 self.end_transaction(t.txn_id, answer is TxState.COMMIT, from_check=True)
-        return len(to_check)
+        except Exception:
+            # Broad on purpose: every check of the pass is already counted, so one that fails (its half unreadable,
+            # its commit refused) must not leave the others counted but never asked. It is asked again next pass,
+            # and rolled back once check_max passes have counted it.
+            log.exception("transaction %s: check-back failed; it is checked again next pass", t.txn_id)
 
     def _ask(self, t: _Txn) -> TxState | None:
         if self.checker is None:
@@ -851,27 +907,37 @@ class TransactionService:
             self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() if len(t.halves) == 1
                                        for cl in t.halves.values()}  # fmt: skip
             for t in txns.values():
+                t.single_puts = int(len(t.halves) == 1)
+            for t in txns.values():
                 if t.finished and t.status is not TxStatus.OPEN:
                     self._drop_tables(t)
         for t in list(txns.values()):
             if not t.finished:
                 try:
                     self._finish_commit(t, decisions[t.txn_id])
-                except HalvesGoneError as e:
-                    with self._lock:
-                        t.finished = True  # nothing can bring them back; do not block start-up over it
-                        self._drop_tables(t)
-                    log.error("transaction %s: committed, but its interrupted re-store cannot finish: %s", t.txn_id, e)
+                except (HalvesGoneError, DecisionGoneError) as e:
+                    self._give_up_commit(t, e)  # do not block start-up over it
                 except (BrokerError, OSError) as e:
                     log.error("transaction %s: finishing the commit failed (%s); the check thread retries", t.txn_id, e)
         self.persist()
         log.info("transactions recovered: %d known, %d open", len(txns),
                  sum(t.status is TxStatus.OPEN for t in txns.values()))  # fmt: skip
 
+    def _give_up_commit(self, t: _Txn, why: TransactionError) -> None:
+        """A commit whose halves or decision are gone: nothing can bring them back, so it is marked finished
+        (never retried) and said so in the log."""
+        with self._lock:
+            t.finished = True
+            self._drop_tables(t)
+        log.error("transaction %s: committed, but its interrupted re-store cannot finish: %s", t.txn_id, why)
+
     def _decision_op(self, t: _Txn) -> StoredMessage:
         for op in self._scan(TRANS_OP_HALF_TOPIC, 0, t.decision_op_offset, t.decision_op_offset + 1):
             return op
-        raise TransactionError(f"decision of transaction {t.txn_id!r} (op offset {t.decision_op_offset}) is gone")
+        raise DecisionGoneError(
+            f"decision of transaction {t.txn_id!r} (op offset {t.decision_op_offset}) is gone (expired?); the "
+            "commit cannot be completed"
+        )
 
     def _finish_commit(self, t: _Txn, op: StoredMessage | None = None) -> None:
         """Re-store the committed halves not yet in their real topics (idempotent), then mark finished."""
@@ -883,7 +949,8 @@ class TransactionService:
         queues = decode_commit_start(op.properties.get(COMMIT_START, ""))  # every queue the commit writes to
         for (topic, qid), start in queues.items():
             for e in self._scan_raw(topic, qid, start):
-                done.add(I64.unpack_from(e.entry, POS_PREPARED_TX_OFFSET)[0])
+                if _committed_by(e.entry, t.txn_id):
+                    done.add(I64.unpack_from(e.entry, POS_PREPARED_TX_OFFSET)[0])
         skip = np.array(sorted(done), np.int64)
         todo = (commit_halves(r, attempts=allowed, skip=skip) for r in self._iter_half_runs(sorted(t.decided)))
         restored = self._restore(t, todo, queues)
@@ -942,6 +1009,7 @@ class TransactionService:
 
 
 __all__ = [
+    "DecisionGoneError",
     "EndResult",
     "MessageIllegalError",
     "TransactionError",

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.errors import CorruptionError, MessageIllegalError
+from broker.semantics.delay import parse_delay_level
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.store.batch import MAX_QUEUE_ID, scan
 from broker.store.message import (
@@ -79,6 +80,19 @@ def check_transaction_id(txn_id: str) -> None:
 
 # The properties half_properties adds, in the order it adds them (a half entry's list ends with them).
 HALF_PROPERTY_NAMES = (Prop.REAL_TOPIC, Prop.REAL_QID, Prop.TRAN_MSG, Prop.PGROUP, Prop.TRANSACTION_ID)
+# How each of them starts inside a \x02-led property list (values never hold \x01 or \x02).
+_HALF_NAME_MARKS = tuple((name, f"\x02{name}\x01".encode()) for name in HALF_PROPERTY_NAMES)
+
+
+def refuse_delay(level: str | None, what: str) -> None:
+    """MessageIllegalError for a half carrying a delay (DELAY > 0). Why: a commit stores its halves in their real
+    topics at once, not through the delay service, so the delay would be silently ignored (RocketMQ's producer
+    drops DELAY from transactional sends; Sluice says so instead)."""
+    if level is not None and parse_delay_level({Prop.DELAY: level}) > 0:
+        raise MessageIllegalError(
+            f"{what} has DELAY={level}: delayed transactional messages are not supported (a committed message is "
+            "delivered at once); send it without DELAY, or send a plain delayed message after the commit"
+        )
 
 
 def foreign_transaction(props: Mapping[str, str], txn_id: str) -> str:
@@ -123,6 +137,7 @@ def rewrite_batch_as_half(buffer: bytes | memoryview, producer_group: str, txn_i
         foreign = foreign_transaction(props, txn_id)
         if foreign:
             raise MessageIllegalError(f"batch entry {len(out)} {foreign}")
+        refuse_delay(props.get(Prop.DELAY), f"batch entry {len(out)}")
         body = bytes(buffer[lay.body_start : lay.body_start + h.body_length])
         out.append(
             encode_entry(
@@ -161,8 +176,9 @@ def check_half_batch(buffer: bytes | memoryview, producer_group: str, txn_id: st
     """Check a batch the client encoded in half form (``encode_half_entry``); returns the entry count.
 
     Vectorised framing (the store's scan); per entry only byte-string tests: the half topic, queue 0, NOT_TYPE
-    transaction bits, this transaction id and producer group, and REAL_TOPIC / REAL_QID / TRAN_MSG present.
-    CRCs and sizes are checked by put_batch itself.
+    transaction bits, this transaction id and producer group, REAL_TOPIC / REAL_QID / TRAN_MSG present, each half
+    property named once (the check, the commit and recovery must all read the same real queue and id), and no
+    DELAY (``refuse_delay``). CRCs and sizes are checked by put_batch itself.
     """
     n = len(buffer)
     run = scan(buffer, 0, n, verify_crc=False)
@@ -187,6 +203,13 @@ def check_half_batch(buffer: bytes | memoryview, producer_group: str, txn_id: st
                 f"half entry {i} lacks __transactionId__={txn_id!r}, PGROUP={producer_group!r}, TRAN_MSG=true, "
                 "REAL_TOPIC or REAL_QID; encode it with encode_half_entry"
             )
+        for name, mark in _HALF_NAME_MARKS:
+            if p.count(mark) > 1:
+                raise MessageIllegalError(
+                    f"half entry {i} names {name} {p.count(mark)} times; each half property must appear once "
+                    "(encode it with encode_half_entry)"
+                )
+        refuse_delay(property_of(props, Prop.DELAY), f"half entry {i}")
     return len(run)
 
 
@@ -266,6 +289,12 @@ def commit_raw(half: RawHalf) -> Committed:
     if not real_topic or not real_qid or not real_qid.isdigit() or int(real_qid) >= MAX_QUEUE_ID:
         raise MessageIllegalError(
             f"half message at commit-log offset {half.commitlog_offset} has no valid REAL_TOPIC/REAL_QID"
+        )
+    if _take_property(props, _REAL_TOPIC)[0] is not None or _take_property(props, _REAL_QID)[0] is not None:
+        # checked on the way in since; one stored before names two queues and was admitted for the other one
+        raise MessageIllegalError(
+            f"half message at commit-log offset {half.commitlog_offset} names REAL_TOPIC/REAL_QID twice; it cannot "
+            "be committed (roll the transaction back)"
         )
     topic = _topic_cache.get(real_topic)
     if topic is None:
@@ -391,5 +420,6 @@ __all__ = [
     "property_of",
     "raw_property",
     "real_queue_of",
+    "refuse_delay",
     "rewrite_batch_as_half",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.errors import InvalidArgumentError
 from broker.json_file import load_json, write_json_atomic
+from broker.semantics.system_topics import RETRY_GROUP_TOPIC_PREFIX
 from broker.store.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
@@ -24,13 +25,23 @@ TOPIC_GROUP_SEPARATOR = "@"  # RocketMQ's ConsumerOffsetManager key: topic@group
 QueueKey = tuple[str, int]  # (topic, queue id)
 
 
+# A group becomes part of its %RETRY% and %DLQ% topic names, which must fit the topic limit: the longer prefix
+# decides. (A longer name was accepted once, and every heartbeat and send-back then failed naming its retry topic.)
+MAX_GROUP_CHARS = MAX_TOPIC_BYTES - len(RETRY_GROUP_TOPIC_PREFIX)  # 120
+
+
 def validate_group(group: str) -> None:
-    """Groups follow the topic naming rule (they become parts of %RETRY%/%DLQ% topic names)."""
+    """Groups follow the topic naming rule, and leave room for the %RETRY% prefix. Called before a request does
+    anything, so a refused one records nothing (no group, no retry topic)."""
     if not group:
         raise InvalidArgumentError("consumer group is empty; pass a group name (letters, digits, '_', '-')")
-    if not TOPIC_PATTERN.fullmatch(group) or len(group) > MAX_TOPIC_BYTES:
+    if not TOPIC_PATTERN.fullmatch(group):
+        raise InvalidArgumentError(f"group {group[:60]!r} must match ^[%|a-zA-Z0-9_-]+$; rename it")
+    if len(group) > MAX_GROUP_CHARS:
         raise InvalidArgumentError(
-            f"group {group[:60]!r} must match ^[%|a-zA-Z0-9_-]+$ and be at most {MAX_TOPIC_BYTES} bytes; rename it"
+            f"group {group[:60]!r}... is {len(group)} characters; a group name is at most {MAX_GROUP_CHARS} characters "
+            f"(its retry topic {RETRY_GROUP_TOPIC_PREFIX}<group> must fit the {MAX_TOPIC_BYTES}-character topic "
+            "limit); use a shorter name"
         )
 
 

@@ -14,6 +14,7 @@ from broker.filter.sql92 import SqlFilter, compile_sql92
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import RetryService, SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
+from broker.server.consumer_offsets import validate_group
 from broker.server.topic_config import TopicConfigManager
 
 TAG, SQL92 = "TAG", "SQL92"
@@ -38,6 +39,7 @@ class RetryProcessor:
     def ensure_retry_topic(self, group: str) -> None:
         """%RETRY%{group} with at least the group's retryQueueNums queues: grown when the group's setting was
         raised after the topic was made (send-back picks among retryQueueNums queues, which must all exist)."""
+        validate_group(group)  # before the group is recorded: a name no retry topic can take records nothing
         cfg = self.groups.get(group)
         self.topics.create(retry_topic(group), cfg.retry_queue_nums, if_not_exists=True)
         self.topics.grow(retry_topic(group), cfg.retry_queue_nums)

@@ -22,7 +22,7 @@ from broker.errors import (
     ServiceNotAvailableError,
 )
 from broker.semantics import ScheduleMessageService, TransactionService
-from broker.semantics.system_topics import TRANS_HALF_TOPIC, is_system_topic
+from broker.semantics.system_topics import is_system_topic
 from broker.semantics.transaction_codec import is_half_batch
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
@@ -34,6 +34,7 @@ from broker.store.message import (
     MAX_TOPIC_BYTES,
     POS_BODY_LENGTH,
     POS_QUEUE_ID,
+    POS_RECONSUME_TIMES,
     POS_SYS_FLAG,
     SysFlag,
     validate_topic,
@@ -148,6 +149,25 @@ def _refuse_transaction_bits(sys_flags: list[int] | np.ndarray, what: str) -> No
         )
 
 
+def _reconsume_times(validated: SmallBatch | ValidatedBatch) -> list[int] | np.ndarray:
+    if isinstance(validated, ValidatedBatch):
+        arr = np.frombuffer(validated.data, np.uint8)
+        return _gather_i32(arr, validated.run.positions.astype(np.int64) + POS_RECONSUME_TIMES)
+    return [I32.unpack_from(validated.data, p + POS_RECONSUME_TIMES)[0] for p in validated.positions]
+
+
+def _refuse_negative_reconsume_times(times: list[int] | np.ndarray, what: str) -> None:
+    """A count is how often consumers failed the message: a negative one made its send-back skip the retry delay
+    and allowed extra attempts before the dead-letter queue."""
+    bad = np.flatnonzero(np.asarray(times, np.int64) < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise MessageIllegalError(
+            f"{what} refused, nothing stored: message {i}: reconsume_times={int(times[i])} is negative; send 0 "
+            "(the broker counts redeliveries itself)"
+        )
+
+
 def _max_queue_ids(ranges: dict[str, tuple[int, int]]) -> dict[str, int]:
     return {topic: max_queue_id for topic, (_, max_queue_id) in ranges.items()}
 
@@ -175,6 +195,7 @@ class SendProcessor:
             raise MessageIllegalError(f"topic {topic!r} is a system topic written by the broker only; send elsewhere")
         if not (transactional or transaction_id):
             _refuse_transaction_bits([sys_flag], "SendMessage")
+        _refuse_negative_reconsume_times([reconsume_times], "SendMessage")
         if queue_id < 0:
             queue_id = next(self._round_robin) % self.topics.writable_queue_nums(topic)
         self.topics.check_write(topic, queue_id, queue_id)  # creates nothing: a refused send leaves no topic
@@ -209,12 +230,12 @@ class SendProcessor:
             real: dict[str, tuple[int, int]] = {}
             if not is_half_batch(buffer):
                 real = scan_batch(buffer, count)
-                self._check_topics(real, transaction_id)
+                self._check_topics(real)  # the half topic too: such entries would be committed into it
             if self.transactions is None:
                 raise ServiceNotAvailableError("transactions are not enabled on this broker")
 
             def admit(half_real: dict[str, tuple[int, int]]) -> None:
-                self._check_topics(half_real, "")
+                self._check_topics(half_real)
                 real.update(half_real)
 
             result = self.transactions.put_half_batch(
@@ -233,7 +254,8 @@ class SendProcessor:
                 f"SendBatch declares {count} messages but the buffer holds {entries}; nothing stored"
             )
         _refuse_transaction_bits(_sys_flags(validated), "SendBatch")
-        self._check_topics(ranges, transaction_id)
+        _refuse_negative_reconsume_times(_reconsume_times(validated), "SendBatch")
+        self._check_topics(ranges)
         if self.schedule is not None and self.schedule.batch_has_delay(buffer, validated):
             # entries with DELAY are re-addressed to the schedule topic (validated above as sent, CRCs included)
             delayed = self.schedule.rewrite_batch_for_delay(buffer)
@@ -241,12 +263,12 @@ class SendProcessor:
         result = self.store.put_batch(buffer, validated=validated)
         return self._finish(result, started, "SendBatch", created=_max_queue_ids(ranges))
 
-    def _check_topics(self, ranges: dict[str, tuple[int, int]], transaction_id: str) -> None:
+    def _check_topics(self, ranges: dict[str, tuple[int, int]]) -> None:
+        """The topics and queues a batch's entries go to (for a transaction: their real ones). A batch in half form
+        never comes here with its half topic: the transaction service checks it and admits its real queues."""
         for topic, (min_queue_id, max_queue_id) in ranges.items():
             validate_topic(topic)
             if is_system_topic(topic):
-                if transaction_id and topic == TRANS_HALF_TOPIC:
-                    continue  # half entries encoded by the client: the transaction service checks them
                 raise MessageIllegalError(f"SendBatch refused, nothing stored: {topic!r} is a system topic")
             try:
                 self.topics.check_write(topic, min_queue_id, max_queue_id)

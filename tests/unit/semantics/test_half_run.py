@@ -23,7 +23,7 @@ from broker.semantics.transaction_codec import (
     raw_property,
 )
 from broker.store.batch import scan
-from broker.store.message import POS_PHYSICAL_OFFSET, decode_entry
+from broker.store.message import POS_PHYSICAL_OFFSET, decode_entry, encode_entry
 
 TOPICS = ["T", "Topic2", "X_y-z", "%RETRY%g"]
 
@@ -185,3 +185,38 @@ def test_halves_whose_properties_end_with_the_real_queue() -> None:
         check_halves(b"".join(entries), "g", "t") == (10, {"T": (0, 2)})
         and check_half_batch(b"".join(entries), "g", "t") == 10
     )
+
+
+HALF_TAIL = "TRAN_MSG\x01true\x02PGROUP\x01g\x02__transactionId__\x01t\x02"  # T of group g, transaction t
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        "REAL_TOPIC\x01Evil\x02REAL_QID\x0177\x02REAL_TOPIC\x01T\x02REAL_QID\x010\x02",
+        "REAL_QID\x0177\x02REAL_TOPIC\x01T\x02REAL_QID\x010\x02",
+        "REAL_TOPIC\x01Evil\x02REAL_TOPIC\x01T\x02REAL_QID\x010\x02",
+        "__transactionId__\x01other\x02REAL_TOPIC\x01T\x02REAL_QID\x010\x02",
+    ],
+    ids=["pair twice", "qid twice", "topic twice", "id twice"],
+)
+def test_a_half_naming_a_half_property_twice_is_refused(props: str) -> None:
+    """The check read the last REAL_TOPIC / REAL_QID, the commit the first: a half naming two queues was admitted
+    for one and stored in the other (a system topic, a queue the topic does not have). Both now refuse it."""
+    bad = encode_entry(b"RMQ_SYS_TRANS_HALF_TOPIC", 0, b"x", (props + HALF_TAIL).encode())
+    good = encode_half_entry("T", 0, b"y", {}, "g", "t")
+    for buf in (bad, good + bad, bad + good):
+        with pytest.raises(MessageIllegalError, match="times; each half property must appear once"):
+            check_halves(buf, "g", "t")
+        with pytest.raises(MessageIllegalError, match="times; each half property must appear once"):
+            check_half_batch(buf, "g", "t")
+    assert check_halves(good + good, "g", "t") == (2, {"T": (0, 0)})  # one of each: the bulk path still takes it
+
+
+def test_a_stored_half_naming_two_real_queues_is_not_committed() -> None:
+    """Halves stored before the check refused them: the commit refuses too rather than pick one of the pairs."""
+    pairs = "REAL_TOPIC\x01Evil\x02REAL_QID\x0177\x02REAL_TOPIC\x01T\x02REAL_QID\x010\x02"
+    half = encode_entry(b"RMQ_SYS_TRANS_HALF_TOPIC", 0, b"x", (pairs + HALF_TAIL).encode())
+    buf, _phys, qoffs = with_offsets(half, random.Random(8))
+    with pytest.raises(MessageIllegalError, match="names REAL_TOPIC/REAL_QID twice"):
+        commit_halves(HalfRun(buf, qoffs))

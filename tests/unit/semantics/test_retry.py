@@ -111,3 +111,23 @@ def test_bad_requests(box: StoreBox) -> None:
         retry.consumer_send_back("Off", commitlog_offset=put.commitlog_offsets[0])
     assert info.value.code is ResponseCode.NO_PERMISSION
     assert box.s.max_offset("%RETRY%Off", 0) == 0
+
+
+def test_a_count_that_cannot_grow_goes_to_the_dlq(box: StoreBox) -> None:
+    """A message already at the highest reconsume count (INT32 max) cannot be counted once more: its copy used to
+    overflow the field, and the send-back failed every time. It is a dead letter, its count kept."""
+    _sched, _groups, retry = services(box)
+    put = box.s.put_message("T", 0, b"x", reconsume_times=2**31 - 1)
+    for limit in (None, 2**31 - 1):
+        res = retry.consumer_send_back("G", commitlog_offset=put.commitlog_offsets[0], max_reconsume_times=limit)
+        assert res.put.ok and res.dead_letter and res.reconsume_times == 2**31 - 1
+    assert [m.reconsume_times for m in box.read_topic("%DLQ%G")] == [2**31 - 1] * 2
+
+
+def test_a_negative_stored_count_counts_as_zero(box: StoreBox) -> None:
+    """Sends now refuse negative counts; one stored before (or by another path) is a first failure: level 3,
+    count 1, not an immediate redelivery with extra attempts before the DLQ."""
+    _sched, _groups, retry = services(box)
+    put = box.s.put_message("T", 0, b"x", reconsume_times=-5)
+    res = retry.consumer_send_back("G", commitlog_offset=put.commitlog_offsets[0])
+    assert (res.dead_letter, res.delay_level, res.reconsume_times) == (False, 3, 1)

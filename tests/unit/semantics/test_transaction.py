@@ -664,3 +664,189 @@ def test_ended_batch_transactions_keep_no_table_per_message(box: StoreBox) -> No
         assert len(box.read_topic("Out")) == 301  # nothing re-stored twice
     finally:
         tx.shutdown()
+
+
+def test_a_half_at_commit_log_offset_0_is_restored_after_an_interrupted_commit(box: StoreBox) -> None:
+    """Finishing a commit skips the halves its real queues already hold. Plain messages carry PREPARED TRANSACTION
+    OFFSET 0, which is also the commit-log offset of the first half a fresh broker stores: only entries this
+    transaction committed may count as re-stored, or that half is never made visible."""
+    tx = service(box, check_interval_ms=3_600_000)
+    res = tx.put_half_batch(batch("Out", [b"row0", b"row1", b"row2"]), "spark", "zero")
+    assert res.commitlog_offsets[0] == 0
+
+    def refused(txn_id: str, pieces: object) -> int:
+        raise TransactionError("store refused for now")
+
+    tx._put_chunk = refused  # type: ignore[method-assign,assignment]
+    assert not tx.end_transaction("zero", commit=True).complete  # decided, nothing re-stored
+    assert box.s.put_message("Out", 0, b"plain", {}).ok  # a plain send to the same queue: prepared offset 0
+    tx._stop.set()
+    box.crash()
+    box.open()
+    tx = service(box, check_interval_ms=3_600_000)
+    try:
+        info = tx.transaction("zero")
+        assert info is not None and info.status is TxStatus.COMMITTED and info.complete
+        assert sorted(m.body for m in box.read_queue("Out", 0)) == [b"plain", b"row0", b"row1", b"row2"]
+    finally:
+        tx.shutdown()
+
+
+def test_entries_of_other_transactions_do_not_count_as_restored(box: StoreBox) -> None:
+    """Another transaction's committed entry in the same queue names a different half: it must not stand in for
+    one of ours, whatever its PREPARED TRANSACTION OFFSET."""
+    tx = service(box, check_interval_ms=3_600_000)
+    try:
+        tx.put_half_batch(batch("Out", [b"a0", b"a1"]), "spark", "A")
+        calls = {"n": 0}
+        real_put_chunk = tx._put_chunk
+
+        def first_refused(txn_id: str, pieces: list[tuple[bytes, object]]) -> int:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise TransactionError("store refused for now")
+            return real_put_chunk(txn_id, pieces)  # type: ignore[arg-type]
+
+        tx._put_chunk = first_refused  # type: ignore[method-assign,assignment]
+        assert not tx.end_transaction("A", commit=True).complete
+        # a plain message whose header claims A's first half (a client may set the field on a plain send)
+        a0 = box.read_queue(TRANS_HALF_TOPIC)[0].commitlog_offset
+        assert box.s.put_message("Out", 0, b"fake", {}, prepared_transaction_offset=a0).ok
+        assert tx.check_once() == 0
+        assert tx.transaction("A").complete  # type: ignore[union-attr]
+        assert sorted(m.body for m in box.read_queue("Out", 0)) == [b"a0", b"a1", b"fake"]
+    finally:
+        tx.shutdown()
+
+
+def _expire_every_half(box: StoreBox) -> None:
+    """Roll the 1 MiB commit-log files with filler and delete the expired ones (file_reserved_time_hours=0)."""
+    for _ in range(40):
+        assert box.s.put_message("Filler", 0, b"f" * 60_000, {}).ok
+    box.s.flush()
+    assert box.s.wait_dispatched()
+    assert box.s.cleanup.clean_once(manual=True).deleted_commit_log_files >= 1
+
+
+def test_a_commit_that_can_never_finish_does_not_stop_check_back(
+    box: StoreBox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit whose halves (and decision) expired before its re-store finished: each pass used to fail on it
+    before checking back anyone, so open transactions were never asked and never rolled back."""
+    box.close()
+    box.open(file_reserved_time_hours=0)
+    asked: list[str] = []
+    tx = service(box, check_interval_ms=3_600_000, transaction_timeout_ms=1,
+                 checker=lambda g, t, h: asked.append(t) or None)  # fmt: skip
+    try:
+        tx.put_half_batch(batch("Out", [b"x%d" % i for i in range(5)]), "PG", "C")
+        real_put_chunk = tx._put_chunk
+
+        def refused(txn_id: str, pieces: object) -> int:
+            raise TransactionError("store refused for now")
+
+        tx._put_chunk = refused  # type: ignore[method-assign,assignment]
+        assert not tx.end_transaction("C", commit=True).complete
+        tx._put_chunk = real_put_chunk  # type: ignore[method-assign]
+        _expire_every_half(box)
+        tx.prepare_half("Pay", 0, b"debit", {}, "PG", txn_id="O")
+        time.sleep(0.01)
+        assert tx.check_once() == 1  # no exception: C is given up on, O is asked
+        assert asked == ["O"]
+        info = tx.transaction("C")
+        assert info is not None and info.status is TxStatus.COMMITTED and info.complete  # given up, not retried
+        assert "cannot finish" in caplog.text
+    finally:
+        tx.shutdown()
+
+
+def test_one_failing_transaction_does_not_stop_a_check_pass(box: StoreBox, caplog: pytest.LogCaptureFixture) -> None:
+    """Every check of a pass is counted before any is asked; a failure while finishing one commit, asking one
+    transaction or ending it must not leave the others counted but unasked (nor stop the pass)."""
+    asked: list[str] = []
+    tx = service(box, check_interval_ms=3_600_000, transaction_timeout_ms=1,
+                 checker=lambda g, t, h: asked.append(t) or TxState.COMMIT)  # fmt: skip
+    try:
+        tx.put_half_batch(batch("Out", [b"s0", b"s1"]), "PG", "stalled")
+        real_put_chunk = tx._put_chunk
+
+        def refused(txn_id: str, pieces: object) -> int:
+            raise TransactionError("store refused for now")
+
+        tx._put_chunk = refused  # type: ignore[method-assign,assignment]
+        assert not tx.end_transaction("stalled", commit=True).complete
+        for txn_id in ("a", "b", "c"):
+            tx.prepare_half("Pay", 0, txn_id.encode(), {}, "PG", txn_id=txn_id)
+        real_ask, real_end = tx._ask, tx.end_transaction
+
+        def ask(t: object) -> TxState | None:
+            if getattr(t, "txn_id", "") == "a":
+                raise OSError("simulated read failure")
+            return real_ask(t)  # type: ignore[arg-type]
+
+        def end(txn_id: str, commit: bool, **kwargs: object) -> object:
+            if txn_id == "b":
+                raise TransactionError("simulated failure to decide")
+            return real_end(txn_id, commit, **kwargs)  # type: ignore[arg-type]
+
+        tx._ask = ask  # type: ignore[method-assign,assignment]
+        tx.end_transaction = end  # type: ignore[method-assign,assignment]
+        time.sleep(0.01)
+        assert tx.check_once() == 3
+        assert asked == ["b", "c"]
+        assert {t.txn_id: t.status for t in tx.list_transactions()} == {
+            "stalled": TxStatus.COMMITTED, "a": TxStatus.OPEN, "b": TxStatus.OPEN, "c": TxStatus.COMMITTED,
+        }  # fmt: skip
+        assert not tx.transaction("stalled").complete  # type: ignore[union-attr]  # retried next pass
+        tx._put_chunk = real_put_chunk  # type: ignore[method-assign]
+        tx.check_once()
+        assert tx.transaction("stalled").complete  # type: ignore[union-attr]
+        assert "stalled" in caplog.text and "simulated read failure" in caplog.text
+    finally:
+        tx.shutdown()
+
+
+def test_multi_half_transactions_leave_no_end_by_offset_entries(box: StoreBox) -> None:
+    """Each single-message put gets an end-by-offset entry; once a transaction ends and finishes, all of its
+    entries go, not only a one-half transaction's."""
+    tx = service(box)
+    try:
+        for i in range(10):
+            for _ in range(3):
+                tx.prepare_half("T", 0, b"x", {}, "PG", txn_id=f"tx-{i}")
+            tx.end_transaction(f"tx-{i}", commit=i % 2 == 0)
+        assert tx._by_half_cl_offset == {}
+    finally:
+        tx.shutdown()
+
+
+def test_a_refused_first_put_leaves_no_transaction(box: StoreBox) -> None:
+    tx = service(box, max_halves=2)
+    try:
+        with pytest.raises(TransactionError, match="over this broker's limit of 2"):
+            tx.put_half_batch(batch("T", [b"a", b"b", b"c"]), "PG", "big")
+        assert tx.list_transactions() == []
+        assert tx.put_half_batch(batch("T", [b"a", b"b"]), "PG", "big").ok  # a fitting put still starts it
+        assert [t.txn_id for t in tx.list_transactions()] == ["big"]
+    finally:
+        tx.shutdown()
+
+
+def test_delayed_transactional_messages_are_refused(box: StoreBox) -> None:
+    """A committed half is stored in its real topic at once; RocketMQ's producer drops DELAY on transactional
+    sends. Sluice says so instead of delivering a 'delayed' message immediately."""
+    tx = service(box)
+    try:
+        with pytest.raises(MessageIllegalError, match="delayed transactional messages are not supported"):
+            tx.prepare_half("Pay", 0, b"x", {Prop.DELAY: "3"}, "PG", txn_id="D")
+        delayed = batch("Out", [b"a", b"b"], props={Prop.DELAY: "2"})
+        with pytest.raises(MessageIllegalError, match="delayed transactional messages are not supported"):
+            tx.put_half_batch(delayed, "spark", "D")
+        half_form = encode_half_entry("Out", 0, b"h", {Prop.DELAY: "1"}, "spark", "D")
+        with pytest.raises(MessageIllegalError, match="delayed transactional messages are not supported"):
+            tx.put_half_batch(half_form, "spark", "D")
+        assert box.s.max_offset(TRANS_HALF_TOPIC, 0) == 0 and tx.list_transactions() == []
+        assert tx.prepare_half("Pay", 0, b"x", {Prop.DELAY: "0"}, "PG", txn_id="D")[0].ok  # level 0: no delay
+        assert tx.put_half_batch(batch("Out", [b"body DELAY\x013\x02"]), "spark", "D").ok  # only in a body
+    finally:
+        tx.shutdown()

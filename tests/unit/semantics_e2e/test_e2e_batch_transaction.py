@@ -21,6 +21,7 @@ from broker.errors import BrokerError, MessageIllegalError
 from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
+from broker.store.message import encode_entry
 
 CHILD = os.path.join(os.path.dirname(__file__), "batch_txn_child.py")
 WORKERS, PER_WORKER, BATCH = 4, 12_500, 2_500
@@ -221,3 +222,41 @@ def test_half_batches_are_checked_against_their_real_queues(broker: BrokerContro
         producer.send_encoded(good, 1, transaction_id="real-queues:3")
         assert admin.end_transaction("real-queues:3", commit=True) == "COMMITTED"
     assert [m.body for m in read_topic(endpoint, "Few")] == [b"ok"]
+
+
+def test_a_half_naming_two_real_queues_is_refused(broker: BrokerController, endpoint: str) -> None:
+    """A client-encoded half naming REAL_TOPIC / REAL_QID twice was admitted for the last pair and committed to the
+    first: into the op queue, or a queue its topic does not have. Such a half is refused, nothing stored."""
+    assert broker.store is not None
+    tail = "TRAN_MSG\x01true\x02PGROUP\x01PG\x02__transactionId__\x01two:1\x02"
+
+    def half(first: str, body: bytes) -> bytes:
+        props = f"{first}REAL_TOPIC\x01Out\x02REAL_QID\x010\x02{tail}".encode()
+        return encode_entry(b"RMQ_SYS_TRANS_HALF_TOPIC", 0, body, props)
+
+    buf = half("REAL_TOPIC\x01RMQ_SYS_TRANS_OP_HALF_TOPIC\x02REAL_QID\x010\x02", b"7-9")
+    buf += half("REAL_TOPIC\x01Out\x02REAL_QID\x0177\x02", b"q77")
+    before = broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0)
+    with Admin(endpoint) as admin:
+        request = pb.SendBatchRequest(producer_group="PG", entries=buf, count=2, transaction_id="two:1")
+        with pytest.raises(MessageIllegalError, match="names REAL_TOPIC 2 times; each half property must appear once"):
+            admin.conn.call(admin.conn.stub.SendBatch, request)
+    assert broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0) == before
+    assert broker.topics.get("Out") is None
+
+
+def test_a_transactional_batch_may_not_address_the_half_topic(broker: BrokerController, endpoint: str) -> None:
+    """Entries in their real-topic form naming RMQ_SYS_TRANS_HALF_TOPIC were let through whenever a transaction id
+    was given, and their commit wrote COMMIT-type messages into the broker's half queues. (Only a batch in half
+    form may name that topic: the transaction service checks it.)"""
+    assert broker.store is not None
+    buf = encode_message(Message("Out", b"ok"), 0) + encode_message(Message("RMQ_SYS_TRANS_HALF_TOPIC", b"evil"), 3)
+    before = broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0)
+    request = pb.SendBatchRequest(producer_group="PG", entries=buf, count=2, transaction_id="half-topic:1")
+    with Admin(endpoint) as admin:  # raw: Producer.send_encoded would send the batch in half form
+        with pytest.raises(MessageIllegalError, match="'RMQ_SYS_TRANS_HALF_TOPIC' is a system topic"):
+            admin.conn.call(admin.conn.stub.SendBatch, request)
+        assert admin.end_transaction("half-topic:1", commit=True) == "COMMITTED"  # nothing joined it
+    assert broker.store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0) == before
+    assert broker.store.queue_ids("RMQ_SYS_TRANS_HALF_TOPIC") in ([], [0])
+    assert broker.topics.get("Out") is None and broker.topics.get("RMQ_SYS_TRANS_HALF_TOPIC") is None

@@ -50,3 +50,14 @@ def test_entries_already_naming_a_transaction_take_the_checked_path() -> None:
 def test_a_property_list_without_its_trailing_separator_is_decoded() -> None:
     entry = encode_entry(b"T", 1, b"body", b"a\x01b", born_timestamp=1)  # another encoder may omit the last \x02
     assert to_half_batch(entry, "g", "t") == rewrite_batch_as_half(entry, "g", "t")[0]
+
+
+@pytest.mark.parametrize("queue_id", [-1, -(2**31), 1 << 16])
+def test_a_queue_id_outside_the_queue_range_is_refused(queue_id: int) -> None:
+    """Topic index and queue id were packed in one key: queue id -1 borrowed from the topic index, so the half
+    named another topic (and queue 4294967295)."""
+    buffer = encode_entry(b"Alpha", queue_id, b"a", b"k\x01v\x02") + encode_entry(b"Beta", 0, b"b", b"k\x01v\x02")
+    with pytest.raises(MessageIllegalError, match=f"batch entry 0: queue id {queue_id} of 'Alpha' is outside"):
+        to_half_batch(buffer, "g", "t")
+    ok = encode_entry(b"Alpha", (1 << 16) - 1, b"a", b"k\x01v\x02") + encode_entry(b"Beta", 0, b"b", b"k\x01v\x02")
+    assert to_half_batch(ok, "g", "t") == rewrite_batch_as_half(ok, "g", "t")[0]

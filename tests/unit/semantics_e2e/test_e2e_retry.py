@@ -20,7 +20,7 @@ from broker.client import (
     ReceivedMessage,
 )
 from broker.client.message import encode_message
-from broker.errors import BrokerError, InvalidArgumentError, QueryNotFoundError, ResponseCode
+from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.server.broker_controller import BrokerController
@@ -188,3 +188,42 @@ def test_a_raw_send_back_without_max_reconsume_times_retries(broker: BrokerContr
     zero = pb.ConsumerSendMsgBackRequest(consumer_group="raw-back", msg_id=sent.msg_id, max_reconsume_times=0)
     with PullConsumer(endpoint, "raw-back") as consumer:  # an explicit 0 still means no retry
         assert consumer.conn.call(consumer.conn.stub.ConsumerSendMsgBack, zero).dead_letter
+
+
+def test_a_group_name_too_long_for_its_retry_topic_is_refused(broker: BrokerController, endpoint: str) -> None:
+    """Topic names stop at 127 characters, so a group of 121..127 could never have its %RETRY% topic: every
+    heartbeat and send-back failed naming a topic the user never chose, after recording the group."""
+    assert broker.groups is not None
+    with Producer(endpoint) as producer:
+        sent = producer.send(Message("T", b"x"), queue_id=0)
+    offset = int(sent.msg_id[-16:], 16)
+    too_long, longest = "g" * 121, "g" * 120  # heartbeats below are CLUSTERING (the default): they make %RETRY%
+    with Admin(endpoint) as admin:
+        for call, request in (
+            (admin.conn.stub.Heartbeat, pb.HeartbeatRequest(consumer_group=too_long, client_id="c1")),
+            (admin.conn.stub.ConsumerSendMsgBack,
+             pb.ConsumerSendMsgBackRequest(consumer_group=too_long, commitlog_offset=offset)),
+        ):  # fmt: skip
+            with pytest.raises(InvalidArgumentError, match=r"at most 120 characters.*%RETRY%"):
+                admin.conn.call(call, request)
+        assert too_long not in {g.group_name for g in broker.groups.groups()}  # nothing recorded
+        assert broker.topics.get("%RETRY%" + too_long) is None
+        admin.conn.call(admin.conn.stub.Heartbeat, pb.HeartbeatRequest(consumer_group=longest, client_id="c1"))
+        request = pb.ConsumerSendMsgBackRequest(consumer_group=longest, commitlog_offset=offset)
+        back = admin.conn.call(admin.conn.stub.ConsumerSendMsgBack, request)
+    assert back.topic == "%RETRY%" + longest and broker.topics.get(back.topic) is not None
+
+
+def test_reconsume_times_from_a_client_are_checked(broker: BrokerController, endpoint: str) -> None:
+    """A negative count sent by a client made its send-back skip the retry delay and retry more times before the
+    DLQ; the highest count could not be increased, and its send-back failed with 'the consumer should retry'."""
+    with Admin(endpoint) as admin:
+        request = pb.SendMessageRequest(producer_group="P", topic="T", queue_id=0, body=b"x", reconsume_times=-5)
+        with pytest.raises(MessageIllegalError, match="reconsume_times=-5 is negative"):
+            admin.conn.call(admin.conn.stub.SendMessage, request)
+        request = pb.SendMessageRequest(producer_group="P", topic="T", queue_id=0, body=b"x",
+                                        reconsume_times=2**31 - 1)  # fmt: skip
+        offset = admin.conn.call(admin.conn.stub.SendMessage, request).commitlog_offsets[0]
+        request = pb.ConsumerSendMsgBackRequest(consumer_group="G", commitlog_offset=offset)
+        back = admin.conn.call(admin.conn.stub.ConsumerSendMsgBack, request)
+    assert back.dead_letter and back.topic == "%DLQ%G" and back.reconsume_times == 2**31 - 1
