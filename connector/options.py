@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from broker.errors import MessageIllegalError
+from broker.server.consumer_offsets import MAX_GROUP_CHARS
 from broker.store.message import TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
 from connector.offsets import is_decimal
@@ -204,9 +205,10 @@ def _subscription(opts: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]
 def _group(value: str | None) -> str | None:
     if value is None:
         return None
-    if not value or not TOPIC_PATTERN.fullmatch(value) or len(value) > 255:
+    if not value or not TOPIC_PATTERN.fullmatch(value) or len(value) > MAX_GROUP_CHARS:
         raise SourceOptionError(
-            f"option 'consumerGroup': {value!r} must be 1..255 characters of letters, digits, '%', '|', '_', '-'"
+            f"option 'consumerGroup': {value!r} must be 1..{MAX_GROUP_CHARS} characters of letters, digits, '%', "
+            "'|', '_', '-' (the broker's limit: its retry topic %RETRY%<group> must fit 127 characters)"
         )
     return value
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import shutil
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from broker.server.consumer_offsets import MAX_GROUP_CHARS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,6 +63,17 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def group_name(prefix: str, topics: list[str]) -> str:
+    """A job's default consumer group: ``<prefix>-<topics joined by '-'>``. A long one is cut and made unique with a
+    hash of the whole list: the broker's group limit (MAX_GROUP_CHARS, room for %RETRY%) is shorter than a topic
+    name may be."""
+    group = "-".join([prefix, *topics])
+    if len(group) <= MAX_GROUP_CHARS:
+        return group
+    digest = hashlib.sha256(",".join(topics).encode()).hexdigest()[:16]
+    return f"{group[: MAX_GROUP_CHARS - 17]}-{digest}"
 
 
 def positive_int(text: str) -> int:

@@ -9,10 +9,9 @@ file sink's own log makes the files exactly-once; the consumer group's offsets s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 
-from streaming_jobs.common import base_parser, setup_logging, spark_session, with_trigger
+from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,18 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-MAX_GROUP_CHARS = 255  # the source's consumerGroup limit
-
-
 def default_group(topics: str) -> str:
-    """parquet-<topics joined by '-'>, from the topic names as the source parses them ("a, b" is a and b); a long
-    list is cut and made unique with a hash of the whole list, as the group name has a length limit."""
-    names = [t.strip() for t in topics.split(",") if t.strip()]
-    group = "parquet-" + "-".join(names)
-    if len(group) <= MAX_GROUP_CHARS:
-        return group
-    digest = hashlib.sha256(",".join(names).encode()).hexdigest()[:16]
-    return f"{group[: MAX_GROUP_CHARS - 17]}-{digest}"
+    """parquet-<topics joined by '-'>, from the topic names as the source parses them ("a, b" is a and b)."""
+    return group_name("parquet", [t.strip() for t in topics.split(",") if t.strip()])
 
 
 def main(argv: list[str] | None = None) -> int:

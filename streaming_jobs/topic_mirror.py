@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from broker.store.message import Prop
-from streaming_jobs.common import base_parser, setup_logging, spark_session, with_trigger
+from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
 
 # Properties the broker sets or interprets; the application's own properties are everything else.
 BROKER_PROPERTIES = {v for k, v in vars(Prop).items() if k.isupper()} | {"TRAN_ATTEMPT", "TRAN_COMMITTED_ATTEMPTS"}
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.readStream.format("sluice")
         .option("endpoints", args.endpoints)
         .option("topic", args.source)
-        .option("consumerGroup", args.group or f"mirror-{args.source}")
+        .option("consumerGroup", args.group or group_name("mirror", [args.source]))
         .option("startingOffsets", args.starting_offsets)
         .option("startingOffsetsFallback", "earliest")
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from streaming_jobs.common import base_parser, setup_logging, spark_session, with_trigger
+from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.readStream.format("sluice")
         .option("endpoints", args.endpoints)
         .option("topic", args.source)
-        .option("consumerGroup", args.group or f"counts-{args.source}")
+        .option("consumerGroup", args.group or group_name("counts", [args.source]))
         .option("startingOffsets", args.starting_offsets)
         .option("startingOffsetsFallback", "earliest")
     )

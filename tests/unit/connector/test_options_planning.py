@@ -46,6 +46,7 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
         ({"topic": "bad topic!"}, "topic"),
         ({"topic": None, "topicPattern": "("}, "topicPattern"),
         ({"consumerGroup": "bad group"}, "consumerGroup"),
+        ({"consumerGroup": "g" * 121}, "consumerGroup"),  # the broker refuses it: no room for %RETRY%
         ({"startingOffsets": "committed"}, "consumerGroup"),
         ({"startingOffsets": "nonsense"}, "startingOffsets"),
         ({"startingOffsets": '{"orders": {"broker-a:x": 1}}'}, "startingOffsets"),
@@ -331,14 +332,19 @@ def test_the_initial_offset_is_resolved_once(broker: str) -> None:
 
 def test_to_parquet_default_group_follows_the_parsed_topics() -> None:
     """--topic "clicks, views" made the group "parquet-clicks- views", refused for an option nobody set."""
+    from broker.server.consumer_offsets import MAX_GROUP_CHARS
     from connector.options import _group
-    from streaming_jobs.to_parquet import MAX_GROUP_CHARS, default_group
+    from streaming_jobs.common import group_name
+    from streaming_jobs.to_parquet import default_group
 
     assert default_group("clicks, views") == "parquet-clicks-views" == default_group("clicks,views,")
     long_list = ",".join(f"topic_number_{i:03d}" for i in range(40))
     group = default_group(long_list)
     assert len(group) == MAX_GROUP_CHARS and group != default_group(long_list + ",one_more")
     assert _group(group) == group  # the source accepts it
+    long_topic = "t" * 127  # a topic may be longer than a group: "mirror-" + it was refused by the broker
+    assert len(group_name("mirror", [long_topic])) == MAX_GROUP_CHARS
+    assert _group(group_name("mirror", [long_topic])) and group_name("counts", ["orders"]) == "counts-orders"
 
 
 def test_a_restart_before_the_first_commit_resolves_the_same_start_with_a_group(broker: str) -> None:
