@@ -28,8 +28,11 @@ def small_config(path: str, **overrides: Any) -> StoreConfig:
 
 
 @pytest.fixture
-def make_store(tmp_path: Any) -> Iterator[Callable[..., MessageStore]]:
-    """``make_store(**config overrides)`` -> a started store on tmp_path/store; shut down after the test."""
+def make_store(tmp_path: Any, request: pytest.FixtureRequest) -> Iterator[Callable[..., MessageStore]]:
+    """``make_store(**config overrides)`` -> a started store on tmp_path/store; shut down after the test.
+
+    Every store still running when the test ends must pass ``check()`` (the consistency oracle), unless the test is
+    marked ``unchecked_store`` with the reason it leaves the store inconsistent on purpose."""
     started: list[MessageStore] = []
 
     def factory(start: bool = True, **overrides: Any) -> MessageStore:
@@ -40,9 +43,12 @@ def make_store(tmp_path: Any) -> Iterator[Callable[..., MessageStore]]:
         return store
 
     yield factory
+    checked = request.node.get_closest_marker("unchecked_store") is None
+    problems = {id(s): s.check() for s in started if s._running and checked}
     for s in started:
         if s._running:
             s.shutdown()
+    assert not any(problems.values()), f"check() after the test: {[p for p in problems.values() if p]}"
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from broker.store import MessageStore
 from broker.store.consume_queue import CQ_UNIT
 from broker.store.index_file import INDEX_ENTRY
@@ -19,6 +21,7 @@ def _filled(make_store: Callable[..., MessageStore]) -> MessageStore:
     return s
 
 
+@pytest.mark.unchecked_store("the test corrupts a unit to see check() report it")
 def test_wrong_consume_queue_unit(make_store: Callable[..., MessageStore]) -> None:
     s = _filled(make_store)
     cq = s.queues.find("R", 0)
@@ -30,6 +33,7 @@ def test_wrong_consume_queue_unit(make_store: Callable[..., MessageStore]) -> No
     assert any("consume queue R/0 unit 3" in p and "does not match" in p for p in problems), problems
 
 
+@pytest.mark.unchecked_store("the test corrupts a unit to see check() report it")
 def test_unit_pointing_nowhere(make_store: Callable[..., MessageStore]) -> None:
     s = _filled(make_store)
     cq = s.queues.find("R", 0)
@@ -40,12 +44,14 @@ def test_unit_pointing_nowhere(make_store: Callable[..., MessageStore]) -> None:
     assert any("unit 5" in p and "no entry starts" in p for p in s.check())
 
 
+@pytest.mark.unchecked_store("the test corrupts the offset table to see check() report it")
 def test_next_offset_table_out_of_step(make_store: Callable[..., MessageStore]) -> None:
     s = _filled(make_store)
     s.commit_log.queue_table[("R", 0)] = 99
     assert any("next-offset table says 99" in p for p in s.check())
 
 
+@pytest.mark.unchecked_store("the test corrupts the index to see check() report it")
 def test_index_entry_with_a_foreign_key(make_store: Callable[..., MessageStore]) -> None:
     s = _filled(make_store)
     assert s.index is not None

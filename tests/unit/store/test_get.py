@@ -89,6 +89,7 @@ def test_limits_by_count_and_bytes(store: MessageStore) -> None:
     assert tiny.message_count == 1  # the first message is always returned
 
 
+@pytest.mark.unchecked_store("files deleted under the reader, before cleanup corrects the queue")
 def test_files_gone_under_the_reader(store: MessageStore) -> None:
     _fill(store, "Gone", 15)  # 2 consume-queue files
     cq = store.queues.find("Gone", 0)
@@ -126,6 +127,7 @@ def test_commit_log_file_gone_under_the_reader(store: MessageStore) -> None:
     assert r.messages()[0].body.startswith(b"%d." % first_kept)
 
 
+@pytest.mark.unchecked_store("units torn on purpose")
 def test_units_without_entries_are_message_was_removing(store: MessageStore) -> None:
     """An empty unit inside a queue (a torn write recovery did not see) names no entry: skipped, said so."""
     _fill(store, "Hole", 5)
@@ -138,6 +140,7 @@ def test_units_without_entries_are_message_was_removing(store: MessageStore) -> 
     assert r.status is GetStatus.FOUND and r.queue_offsets == [0, 3, 4]
 
 
+@pytest.mark.unchecked_store("a unit torn and files deleted on purpose")
 def test_empty_units_are_not_taken_for_expired_ones(store: MessageStore) -> None:
     """Once the commit log's first offset is above 0, an empty unit (offset 0) lies below it too; it must not
     start an expired prefix that would answer OFFSET_TOO_SMALL past the live units after it."""
@@ -258,6 +261,7 @@ def test_scalar_and_vectorised_get_paths_agree(make_store: Callable[..., Message
     assert s.check() == []
 
 
+@pytest.mark.unchecked_store("a unit torn and files deleted on purpose")
 def test_a_hole_does_not_hide_expired_units_behind_it(store: MessageStore) -> None:
     """An empty unit at the read offset, then units whose entries expired: the read answered
     MESSAGE_WAS_REMOVING (a pull's NO_MATCHED_MSG), a silent skip of the expired ones."""
