@@ -115,7 +115,11 @@ def test_read_stream_from_container_into_memory_and_parquet(
     )
 
 
-def test_write_stream_exactly_once_into_container_topic(spark: Any, broker: BrokerContainer, tmp_path: Path) -> None:
+def test_write_stream_through_the_exactly_once_sink_into_container_topic(
+    spark: Any, broker: BrokerContainer, tmp_path: Path
+) -> None:
+    """Every row once, with tags, keys and properties, through the transactional (exactly-once) sink path. No
+    failure is injected here: the crash cases are test_jobs_container.py's (driver kill, broker restart)."""
     from pyspark.sql import functions as F
 
     endpoint = broker.endpoint

@@ -63,18 +63,40 @@ def target_ids(endpoint: str, expect: int | None = None) -> Counter[str]:
     return ids
 
 
+def target_count(endpoint: str) -> int:
+    """Messages visible in the target (committed batches), from the queues' max offsets: cheap to poll."""
+    with Admin(endpoint) as admin:
+        return sum(hi for _, hi in admin.queue_offsets(TARGET).values())
+
+
+def wait_for_progress(endpoint: str, proc: subprocess.Popen[bytes], above: int, timeout_s: float) -> int:
+    """Poll until the query has made more messages visible than ``above`` (or ended, or the timeout passed):
+    a kill on a fixed timer could land before Spark even started, on a slow machine every time."""
+    deadline = time.monotonic() + timeout_s
+    count = target_count(endpoint)
+    while count <= above and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        count = target_count(endpoint)
+    return count
+
+
 def run_with_crashes(tmp_path: Path, guarantee: str, n: int, kills: int, per_trigger: int) -> Counter[str]:
-    rng = random.Random(int(time.time()))
+    seed = int(os.environ.get("SLUICE_CRASH_SEED", time.time()))
+    print(f"seed {seed} (SLUICE_CRASH_SEED to repeat)")
+    rng = random.Random(seed)
     listen = f"127.0.0.1:{free_port()}"
     store, checkpoint, log = tmp_path / "store", tmp_path / "chk", tmp_path / "driver.log"
     broker = BrokerProcess(store, listen=listen).start()
     endpoint = broker.endpoint
     produce(endpoint, n)
+    seen = 0  # messages visible in the target at the last kill
+    mid_run = 0  # kills that found the target neither empty nor complete
     try:
         for kill in range(kills):
             proc = start_query(endpoint, checkpoint, guarantee, per_trigger, log)
-            # Spark needs a few seconds to start; kills then land during reads, task writes and commits.
-            time.sleep(rng.uniform(6.0, 14.0))
+            # Kill once this run has committed a batch, then a little later: during reads, task writes, commits.
+            seen = wait_for_progress(endpoint, proc, seen, timeout_s=120)
+            time.sleep(rng.uniform(0.0, 3.0))
             if kill == kills // 2:
                 broker.kill()  # the broker crashes under the running query ...
                 time.sleep(rng.uniform(0.5, 2.0))
@@ -84,7 +106,10 @@ def run_with_crashes(tmp_path: Path, guarantee: str, n: int, kills: int, per_tri
             except ProcessLookupError:  # the driver already failed (the broker was down): a crash all the same
                 pass
             proc.wait()
-            print(f"{guarantee} kill {kill + 1}: {sum(target_ids(endpoint).values())} messages in {TARGET}")
+            seen = target_count(endpoint)
+            mid_run += 0 < seen < n
+            print(f"{guarantee} kill {kill + 1}: {seen} messages in {TARGET}")
+        assert mid_run, f"no kill landed while the query was part-way through the {n} messages"
         proc = start_query(endpoint, checkpoint, guarantee, per_trigger, log)
         assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
         return target_ids(endpoint, expect=n)
@@ -108,8 +133,8 @@ def test_at_least_once_loses_nothing_and_may_duplicate(tmp_path: Path) -> None:
     n = 60_000
     ids = run_with_crashes(tmp_path, "at-least-once", n, kills=3, per_trigger=10_000)
     expected = {f"id-{i:07d}" for i in range(n)}
-    assert expected <= set(ids), "at-least-once lost messages"
-    assert set(ids) == expected
+    missing = expected - set(ids)
+    assert not missing, f"at-least-once lost {len(missing)} messages, e.g. {sorted(missing)[:5]}"
+    assert set(ids) == expected  # and nothing that was never sent
     dupes = sum(c - 1 for c in ids.values())
-    print(f"at-least-once: {dupes} duplicate deliveries after 3 driver kills")
-    assert all(c >= 1 for c in ids.values())
+    print(f"at-least-once: {dupes} duplicate deliveries after 3 driver kills")  # allowed: at-least-once

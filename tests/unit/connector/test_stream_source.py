@@ -31,7 +31,10 @@ def run_available_now(spark: Any, df: Any, tmp_path: Path, name: str | None = No
         .option("checkpointLocation", str(tmp_path / f"chk_{table}"))
         .trigger(availableNow=True).start()
     )  # fmt: skip
-    q.awaitTermination(180)
+    finished = q.awaitTermination(180)
+    if not finished:
+        q.stop()  # a half-filled table must not pass for the whole result
+    assert finished, "the availableNow query did not finish within 180 s"
     assert q.exception() is None, q.exception()
     return table, q
 
