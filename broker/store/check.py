@@ -3,7 +3,8 @@
 It re-reads everything from the files and cross-checks: every commit-log entry frames and CRCs correctly and sits
 at its own PHYSICALOFFSET; store times never go back; each queue's offsets are consecutive; every consume-queue
 unit points at the entry with its topic, queue, offset, size and tag hash, and every entry has its unit; the
-in-memory next-offset table matches the queues; every index entry points at a message carrying that key hash.
+in-memory next-offset table matches the queues; every index entry points at a message carrying that key hash,
+and every live message is indexed under each of its keys.
 Returns one line per inconsistency; [] means consistent.
 """
 
@@ -164,10 +165,12 @@ def _check_index(store: MessageStore, entries: dict[int, _Entry], problems: list
     if store.index is None:
         return
     cl_min = store.commit_log.min_offset
+    present: set[tuple[int, int]] = set()  # (commit-log offset, key hash) of every index entry
     for f in store.index.files:
         h = f.header
         for number in range(1, h.index_count):
             e = f.entry(number)
+            present.add((e.commitlog_offset, e.key_hash))
             where = f"{f.path} entry {number}"
             if not 0 <= e.prev_index < number:
                 problems.append(f"{where}: previous entry {e.prev_index} is not before it")
@@ -185,3 +188,12 @@ def _check_index(store: MessageStore, entries: dict[int, _Entry], problems: list
             if not 0 <= v < h.index_count:
                 problems.append(f"{f.path} slot {slot}: entry {v} outside [0, {h.index_count})")
                 break
+    # The other way round: every live message is indexed under each of its keys (files below the commit log's
+    # first offset are deleted by cleanup; a message with more keys than a file holds keeps only the first ones).
+    for phys, msg in entries.items():
+        if phys < cl_min or not msg.key_hashes or len(msg.key_hashes) > store.index.entries - 2:
+            continue
+        for kh in sorted(msg.key_hashes - {kh for kh in msg.key_hashes if (phys, kh) in present}):
+            problems.append(f"message at commit-log offset {phys} ({msg.topic}): key hash {kh} has no index entry")
+            if len(problems) > MAX_PROBLEMS:
+                return
