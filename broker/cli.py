@@ -139,12 +139,13 @@ def parse_properties(items: Sequence[str]) -> dict[str, str]:
 
 def send_bodies(args: argparse.Namespace) -> tuple[int, Callable[[int], bytes]]:
     """How many messages to send, and the body of message i."""
+    count = 1 if args.count is None else args.count
     if args.body is not None:
         raw = args.body.encode()
-        return args.count or 1, lambda i: raw
+        return count, lambda i: raw
     if args.size is not None:
         filler = (b"sluice" * (args.size // 6 + 1))[: args.size]
-        return args.count or 1, lambda i: filler
+        return count, lambda i: filler
     lines = [line.rstrip(b"\n") for line in sys.stdin.buffer]  # bodies are bytes: any encoding passes through
     return len(lines), lines.__getitem__
 
@@ -317,6 +318,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum, else a usage error saying so (not a silent 1 or 0 messages)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give an integer >= {minimum}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     from broker.client.connection import DEFAULT_ENDPOINT, ENDPOINT_ENV
 
@@ -360,8 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keys", default=None, help="comma-separated message keys")
     s.add_argument("--property", action="append", help="name=value (repeatable)")
     s.add_argument("--body", default=None, help="message body text")
-    s.add_argument("--count", type=int, default=None, help="number of messages")
-    s.add_argument("--size", type=int, default=None, help="body size in bytes (generated filler)")
+    s.add_argument("--count", type=int_at_least(1), default=None, help="number of messages (default 1)")
+    s.add_argument("--size", type=int_at_least(0), default=None, help="body size in bytes (generated filler)")
     s.add_argument("--queue", type=int, default=None, help="queue id (default: round-robin)")
     s.set_defaults(func=cmd_send)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tomllib
 import types
@@ -17,11 +18,35 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidArgumentError
+from broker.semantics.delay import DelayLevels
+from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.server.thread_placement import parse_python_cpus
 from broker.store.config import StoreConfig
+from broker.store.message_store import MAX_BYTES_PER_GET
 
 DEFAULT_PORT = 10911  # RocketMQ's broker listen port
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
+# Store settings the broker sets from its own: a `store` table entry for one would silently win over what the
+# broker reports and relies on (`--flush sync` running ASYNC, data apart from the config directory, msgIds naming
+# another host, delayed messages looked for in another topic). Each maps to what to set instead.
+BROKER_OWNED_STORE_SETTINGS = {
+    "store_path": "the top-level store_path (or --store); the broker's config directory lives inside it",
+    "flush_disk_type": "the top-level flush_disk_type (or --flush)",
+    "store_host": "the top-level listen (or --listen); msgIds carry the address the broker listens on",
+    "schedule_topic": "nothing: delayed messages always go to " + SCHEDULE_TOPIC,
+    "delay_level_ms": 'the top-level message_delay_level (e.g. "1s 5s 10s")',
+    "disk_usage_probe": "nothing: it is a test hook, not a setting",
+}
+# Settings that must be > 0: each is a wait between passes of a loop (0 spins a CPU), or an amount a request or a
+# service needs at least one of.
+POSITIVE_SETTINGS = (
+    "short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs", "default_pull_max_msgs",
+    "max_pull_bytes", "consumer_offset_persist_interval_ms", "consumer_expire_ms", "transaction_timeout_ms",
+    "transaction_check_interval_ms", "transaction_check_max", "transaction_max_halves", "transaction_max_outcomes",
+)  # fmt: skip
+# What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
+# one message), a pull answer's entry positions (5 bytes for each of at most 4096) and protobuf framing.
+GRPC_FRAMING_MARGIN_BYTES = 1 << 20
 
 
 def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
@@ -56,9 +81,16 @@ def _type_ok(value: Any, hint: Any) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool)
     origin = typing.get_origin(hint) or hint
     if origin is tuple:
-        (item, *_) = typing.get_args(hint) or (Any,)
-        return isinstance(value, list | tuple) and all(_type_ok(v, item) for v in value)
+        return isinstance(value, list | tuple) and _tuple_items_ok(value, typing.get_args(hint))
     return isinstance(value, origin) if isinstance(origin, type) else True
+
+
+def _tuple_items_ok(value: list[Any] | tuple[Any, ...], items: tuple[Any, ...]) -> bool:
+    """``tuple[int, ...]``: every item an int; ``tuple[str, int]``: exactly two items, a str then an int."""
+    if not items or (len(items) == 2 and items[1] is Ellipsis):
+        item = items[0] if items else Any
+        return all(_type_ok(v, item) for v in value)
+    return len(value) == len(items) and all(_type_ok(v, h) for v, h in zip(value, items, strict=True))
 
 
 def check_setting_types(cls: type, data: dict[str, Any], source: str) -> None:
@@ -68,9 +100,22 @@ def check_setting_types(cls: type, data: dict[str, Any], source: str) -> None:
     for name, value in data.items():
         hint = hints.get(name)
         if hint is not None and not _type_ok(value, hint):
-            wanted = getattr(hint, "__name__", None) or str(hint)
+            # tuple[str, int] says more than its __name__ ("tuple")
+            wanted = str(hint) if typing.get_args(hint) else getattr(hint, "__name__", None) or str(hint)
             raise InvalidArgumentError(
                 f"{source}: setting {name!r} is {value!r} ({type(value).__name__}); it must be {wanted}"
+            )
+
+
+def check_store_table_keys(store: dict[str, Any], source: str) -> None:
+    """InvalidArgumentError for a `store` table key that is not a StoreConfig setting or that the broker owns."""
+    unknown = sorted(set(store) - {f.name for f in dataclasses.fields(StoreConfig)})
+    if unknown:
+        raise InvalidArgumentError(f"{source}: unknown store setting(s) {unknown}; see broker/store/config.py")
+    for name, instead in BROKER_OWNED_STORE_SETTINGS.items():
+        if name in store:
+            raise InvalidArgumentError(
+                f"{source}: the store table sets {name!r}, which the broker sets itself; remove it and set {instead}"
             )
 
 
@@ -123,6 +168,8 @@ class BrokerConfig:
         self.validate()
 
     def validate(self) -> None:
+        """InvalidArgumentError naming the first setting that cannot work, before anything is started: a value that
+        only fails inside start() would leave a half-started broker, and some (a 0 interval) never fail at all."""
         parse_host_port(self.listen)
         if self.flush_disk_type not in FLUSH_TYPES:
             raise InvalidArgumentError(f"flush type {self.flush_disk_type!r} is not one of async, sync")
@@ -134,9 +181,59 @@ class BrokerConfig:
         if not 0 <= self.grpc_reserved_workers < self.grpc_max_workers:
             raise InvalidArgumentError("grpc_reserved_workers must be in 0..grpc_max_workers-1")
         parse_python_cpus(self.python_cpus, frozenset(os.sched_getaffinity(0)))
-        for name in ("short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs"):
+        for name in POSITIVE_SETTINGS:
             if getattr(self, name) <= 0:
-                raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")
+                raise InvalidArgumentError(f"{name} is {getattr(self, name)}; it must be a positive integer")
+        self._check_ranges()
+        store = self.store_config()
+        try:
+            store.validate()
+        except InvalidArgumentError as e:  # say where the value came from: the bare StoreConfig names are ambiguous
+            raise InvalidArgumentError(f"in the store table: {e.message}") from None
+        self._check_grpc_max_message_bytes(store)
+
+    def _check_ranges(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise InvalidArgumentError(
+                f"metrics_port is {self.metrics_port}; it must be a port in 0..65535 (0: any free port)"
+            )
+        if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
+            raise InvalidArgumentError(
+                f"shutdown_grace_s is {self.shutdown_grace_s}; it must be a finite number of seconds >= 0"
+            )
+        if self.max_suspend_timeout_ms < 0:
+            raise InvalidArgumentError(f"max_suspend_timeout_ms is {self.max_suspend_timeout_ms}; it must be >= 0")
+        if self.transaction_commit_memory_bytes < 0:
+            raise InvalidArgumentError(
+                f"transaction_commit_memory_bytes is {self.transaction_commit_memory_bytes}; it must be >= 0"
+            )
+
+    def _check_grpc_max_message_bytes(self, store: StoreConfig) -> None:
+        """Every request and answer must fit one gRPC message: otherwise a pull over two big messages fails with
+        RESOURCE_EXHAUSTED on every try, and the consumer never gets past them."""
+        largest = max(min(self.max_pull_bytes, MAX_BYTES_PER_GET), store.max_message_size, store.batch_limit_bytes)
+        needed = largest + GRPC_FRAMING_MARGIN_BYTES
+        if self.grpc_max_message_bytes < needed:
+            raise InvalidArgumentError(
+                f"grpc_max_message_bytes is {self.grpc_max_message_bytes}, too small for a pull answer of "
+                f"max_pull_bytes={self.max_pull_bytes}, a message of store.max_message_size={store.max_message_size} "
+                f"or a batch of store.max_batch_bytes={store.max_batch_bytes}: it must be at least {needed} (the "
+                "largest plus 1 MiB for headers and framing); raise it or lower those settings"
+            )
+
+    def store_config(self, store_host: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT)) -> StoreConfig:
+        """The store's settings: the broker's own (directory, flush mode, delay levels, the host in msgIds, known
+        only once the port is bound) and the rest from the `store` table."""
+        check_store_table_keys(self.store, "config")
+        check_setting_types(StoreConfig, self.store, "config [store]")  # a config built in code skips from_dict
+        try:
+            delays = tuple(DelayLevels(self.message_delay_level).delays_ms)
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(f"message_delay_level: {e.message}") from None
+        return StoreConfig(
+            store_path=str(self.store_dir), flush_disk_type=self.flush_disk_type, store_host=store_host,
+            schedule_topic=SCHEDULE_TOPIC, delay_level_ms=delays, **self.store,
+        )  # fmt: skip
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -155,13 +252,23 @@ class BrokerConfig:
         """Load a ``.json`` or ``.toml`` file; keyword overrides that are not None win over the file."""
         p = Path(path)
         try:
-            text = p.read_text()
+            raw = p.read_bytes()
         except OSError as e:
             raise InvalidArgumentError(f"cannot read config file {p}: {e.strerror}") from None
         try:
-            data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
-        except (ValueError, tomllib.TOMLDecodeError) as e:
-            raise InvalidArgumentError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'JSON'}: {e}") from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad = raw[e.start : e.start + 1]
+            raise InvalidArgumentError(
+                f"config file {p} is not UTF-8 text (byte {e.start} is {bad!r}); save it as UTF-8"
+            ) from None
+        # Only the name decides the format: a name not ending in .toml (.yaml included) is read as JSON.
+        fmt = "TOML" if p.suffix == ".toml" else "JSON"
+        try:
+            data = tomllib.loads(text) if fmt == "TOML" else json.loads(text)
+        except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are both ValueErrors
+            how = "" if p.suffix in (".toml", ".json") else " (only .toml files are read as TOML, others as JSON)"
+            raise InvalidArgumentError(f"config file {p} is not valid {fmt}{how}: {e}") from None
         return cls.from_dict(data, source=str(p), **overrides)
 
     @classmethod
@@ -174,9 +281,7 @@ class BrokerConfig:
             raise InvalidArgumentError(f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)}")
         check_setting_types(cls, data, source)
         store = data.get("store", {})
-        unknown = sorted(set(store) - {f.name for f in dataclasses.fields(StoreConfig)})
-        if unknown:
-            raise InvalidArgumentError(f"{source}: unknown store setting(s) {unknown}; see broker/store/config.py")
+        check_store_table_keys(store, source)
         check_setting_types(StoreConfig, store, f"{source} [store]")
         merged = {**data, **{k: v for k, v in overrides.items() if v is not None}}
         return cls(**merged)

@@ -36,6 +36,7 @@ from broker.filter.sql92_parser import (
     INT_MIN,
     LONG_MAX,
     LONG_MIN,
+    MAX_LONG_DIGITS,
     And,
     BoolCast,
     Compare,
@@ -79,7 +80,11 @@ def java_parse_int(text: str, long: bool) -> int:
     """Java ``Integer.valueOf`` (``long=False``) or ``Long.valueOf``; EvaluationError when Java would throw."""
     if not _JAVA_INT.match(text):
         raise EvaluationError(f"{text[:40]!r} is not an integer")
-    value = int(text)
+    # Leading zeros count for int()'s 4300-digit limit (a ValueError) but not for Java: convert without them.
+    magnitude = text.lstrip("+-").lstrip("0") or "0"
+    if len(magnitude) > MAX_LONG_DIGITS:
+        raise EvaluationError(f"{text[:40]!r} is out of range")
+    value = -int(magnitude) if text.startswith("-") else int(magnitude)
     lo, hi = (LONG_MIN, LONG_MAX) if long else (INT_MIN, INT_MAX)
     if not lo <= value <= hi:
         raise EvaluationError(f"{text[:40]!r} is out of range")
@@ -192,9 +197,9 @@ def _compile(node: Node) -> Eval:
         name = node.prop.name
         return lambda p: None if p.get(name) is None else False
     if isinstance(node, And):
-        return _compile_and(_compile(node.left), _compile(node.right))
+        return _compile_and(tuple(_compile(operand) for operand in node.operands))
     if isinstance(node, Or):
-        return _compile_or(_compile(node.left), _compile(node.right))
+        return _compile_or(tuple(_compile(operand) for operand in node.operands))
     if isinstance(node, Equal):
         return _compile_equal(node)
     if isinstance(node, Compare):
@@ -226,28 +231,35 @@ def _compile_not(f: Eval) -> Eval:
     return not_
 
 
-def _compile_and(lf: Eval, rf: Eval) -> Eval:
+def _compile_and(operands: tuple[Eval, ...]) -> Eval:
+    """Left to right, stopping at the first FALSE (so a later conversion failure does not count, as in RocketMQ's
+    nested LogicExpression); NULL if any operand was NULL, else TRUE."""
+
     def and_(p: Props) -> Value:
-        lv = lf(p)
-        if lv is False:
-            return False
-        rv = rf(p)
-        if rv is False:
-            return False
-        return None if lv is None or rv is None else True
+        result: Value = True
+        for f in operands:
+            v = f(p)
+            if v is False:
+                return False
+            if v is None:
+                result = None
+        return result
 
     return and_
 
 
-def _compile_or(lf: Eval, rf: Eval) -> Eval:
+def _compile_or(operands: tuple[Eval, ...]) -> Eval:
+    """Left to right, stopping at the first TRUE; NULL if any operand was NULL, else FALSE."""
+
     def or_(p: Props) -> Value:
-        lv = lf(p)
-        if lv is True:
-            return True
-        rv = rf(p)
-        if rv is True:
-            return True
-        return None if lv is None or rv is None else False
+        result: Value = False
+        for f in operands:
+            v = f(p)
+            if v is True:
+                return True
+            if v is None:
+                result = None
+        return result
 
     return or_
 
@@ -364,10 +376,16 @@ class SqlFilter:
         return v
 
     def matches(self, props: Props) -> bool:
+        """Whether the selector is TRUE for these properties. Never raises for what a message holds: a value the
+        evaluation cannot handle means "does not match" (RocketMQ logs and skips it), since an error here would
+        fail every pull over that message and the consumer could never move past it."""
         try:
             return self._eval(props) is True
         except EvaluationError as e:
             log.debug("SQL92 filter %r: %s; message skipped", self.expression, e)
+            return False
+        except (ValueError, ArithmeticError, RecursionError) as e:  # a conversion the evaluator did not foresee
+            log.warning("SQL92 filter %r failed on a message (%r); message skipped", self.expression, e)
             return False
 
     def __call__(self, msg: StoredMessage) -> bool:

@@ -19,15 +19,28 @@ Parse-time checks (RocketMQ's ``ComparisonExpression``): ``< > <= >= BETWEEN`` t
 literal and no boolean sub-expression; ``=`` and ``<>`` take no NULL literal (use IS NULL); ``IN`` needs a property
 on its left; ``BETWEEN x AND y`` with literal bounds needs x <= y; a lone property or a boolean expression is
 needed where a condition is expected (a number or a string is not one).
+
+Sluice's own bounds (a selector comes with every pull): at most ``MAX_NESTING`` nested parentheses / NOT / '-',
+at most ``MAX_DEPTH`` nested operators in the tree, integer literals within Java's long range. AND / OR chains
+are single n-ary nodes, so a long flat chain costs no depth.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.filter.sql92_lexer import Kind, SqlParseError, Token, tokenize
 
-MAX_NESTING = 64  # parentheses / NOT / minus depth: bounds the recursion of both parser and evaluator
+MAX_NESTING = 64  # parentheses / NOT / minus depth: bounds the recursion of the parser
+# Operators nested in the tree, which compilation and evaluation recurse through (up to 2 Python frames a level):
+# chains of = / <> / IS NULL nest one level per operator without any parenthesis, so MAX_NESTING alone does not
+# bound it. Room for MAX_NESTING parentheses each adding two levels (``(...) <> x``), far inside the interpreter's
+# recursion limit (1000) even on a gRPC worker's stack. AND / OR chains are flat (n-ary) and do not nest.
+MAX_DEPTH = 2 * MAX_NESTING + 32
+# Java's Long.MAX_VALUE has 19 digits: a longer integer is out of range without converting it, which also keeps
+# int() away from strings over Python's 4300-digit conversion limit (a ValueError).
+MAX_LONG_DIGITS = len(str(1 << 63))
 
 
 class JLong(int):
@@ -80,14 +93,17 @@ class BoolCast(Node):
 
 @dataclass(frozen=True, slots=True)
 class And(Node):
-    left: Node
-    right: Node
+    """``a AND b AND c`` as one node over all its operands, evaluated left to right in a loop (a chain of
+    thousands of terms would otherwise be a tree as deep as the chain)."""
+
+    operands: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Or(Node):
-    left: Node
-    right: Node
+    """``a OR b OR c`` as one node, like And."""
+
+    operands: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +204,26 @@ class Parser:
         node = self.or_expr()
         if not self.at(Kind.EOF):
             raise self.fail("AND, OR, a comparison operator or the end of the expression")
-        return self.as_boolean(node)
+        root = self.as_boolean(node)
+        self.check_depth(root)
+        return root
+
+    def check_depth(self, root: Node) -> None:
+        """SqlParseError at the first operator nested more than MAX_DEPTH deep (walked without recursion)."""
+        stack = [(root, 1)]
+        while stack:
+            node, depth = stack.pop()
+            children = _children(node)
+            if not children:
+                continue
+            if depth > MAX_DEPTH:
+                raise self.fail_at(
+                    node,
+                    f"an expression at most {MAX_DEPTH} operators deep (each = <> IS NULL in a chain nests one "
+                    "level; split the chain or use IN)",
+                    "an operator nested deeper",
+                )
+            stack.extend((child, depth + 1) for child in children)
 
     def as_boolean(self, node: Node) -> Node:
         if is_boolean(node):
@@ -198,20 +233,24 @@ class Parser:
         raise self.fail_at(node, "a condition (a comparison, IN, BETWEEN, IS NULL, TRUE...)", render(node))
 
     def or_expr(self) -> Node:
-        left = self.and_expr()
-        while self.at(Kind.KEYWORD, "OR"):
-            self.advance()
-            right = self.and_expr()
-            left = Or(left.pos, self.as_boolean(left), self.as_boolean(right))
-        return left
+        operands = self.chain("OR", self.and_expr)
+        return operands[0] if len(operands) == 1 else Or(operands[0].pos, tuple(operands))
 
     def and_expr(self) -> Node:
-        left = self.equality()
-        while self.at(Kind.KEYWORD, "AND"):
+        operands = self.chain("AND", self.equality)
+        return operands[0] if len(operands) == 1 else And(operands[0].pos, tuple(operands))
+
+    def chain(self, keyword: str, operand: Callable[[], Node]) -> list[Node]:
+        """The operands of ``x keyword y keyword z ...``, each checked to be a condition once its right neighbour
+        is parsed (the order a left-nested tree reported errors in); a single operand is returned unchecked."""
+        operands = [operand()]
+        while self.at(Kind.KEYWORD, keyword):
             self.advance()
-            right = self.equality()
-            left = And(left.pos, self.as_boolean(left), self.as_boolean(right))
-        return left
+            right = operand()
+            if len(operands) == 1:
+                operands[0] = self.as_boolean(operands[0])
+            operands.append(self.as_boolean(right))
+        return operands
 
     def equality(self) -> Node:
         left = self.comparison()
@@ -267,8 +306,8 @@ class Parser:
                     low, f"a lower bound <= the upper bound {render(hi)}", f"{render(lo)} (swap the bounds)"
                 )
         if negated:
-            return Or(value.pos, self.make_compare("<", value, low), self.make_compare(">", value, high))
-        return And(value.pos, self.make_compare(">=", value, low), self.make_compare("<=", value, high))
+            return Or(value.pos, (self.make_compare("<", value, low), self.make_compare(">", value, high)))
+        return And(value.pos, (self.make_compare(">=", value, low), self.make_compare("<=", value, high)))
 
     def in_list(self, left: Node, negated: bool) -> Node:
         if not isinstance(left, Prop):
@@ -320,9 +359,10 @@ class Parser:
         raise self.fail("a property name, a literal (string, number, TRUE, FALSE, NULL) or '('", t)
 
     def integer(self, t: Token) -> int:
-        value = int(t.text.rstrip("lL"))
-        if value > LONG_MAX:
+        digits = t.text.rstrip("lL")  # the lexer allows no leading zeros: the digit count is the magnitude
+        if len(digits) > MAX_LONG_DIGITS or int(digits) > LONG_MAX:
             raise self.fail(f"an integer of at most {LONG_MAX}", t)
+        value = int(digits)
         return value if value <= INT_MAX else JLong(value)
 
     def enter(self, t: Token) -> None:
@@ -349,6 +389,19 @@ class Parser:
         if is_literal(left) and is_literal(right) and is_boolean(left) and not is_boolean(right):
             raise self.fail_at(right, f"a boolean to compare with {render(left)}", render(right))
         return Equal(left.pos, left, right)
+
+
+def _children(node: Node) -> tuple[Node, ...]:
+    """The operand nodes of an operator node (none for a literal or a property)."""
+    if isinstance(node, And | Or):
+        return node.operands
+    if isinstance(node, Equal | Compare):
+        return (node.left, node.right)
+    if isinstance(node, Not | Negate):
+        return (node.operand,)
+    if isinstance(node, BoolCast):
+        return (node.prop,)
+    return ()
 
 
 def _negate(pos: int, operand: Node) -> Node:

@@ -21,14 +21,12 @@ from broker.errors import ServiceNotAvailableError
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics import (
-    DelayLevels,
     QueueLockManager,
     RetryService,
     ScheduleMessageService,
     SubscriptionGroupManager,
     TransactionService,
 )
-from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.server.admin_processor import AdminProcessor
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
@@ -40,7 +38,7 @@ from broker.server.send_processor import SendProcessor
 from broker.server.service import BrokerService
 from broker.server.topic_config import TopicConfigManager
 from broker.server.transaction_processor import CheckHub, TransactionProcessor
-from broker.store import MessageStore, StoreConfig
+from broker.store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -176,16 +174,8 @@ class BrokerController:
             self.schedule = None
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
-        delays = tuple(DelayLevels(self.config.message_delay_level).delays_ms)
-        store_config = StoreConfig(
-            store_path=str(self.config.store_dir), flush_disk_type=self.config.flush_disk_type,
-            store_host=(ip, port), schedule_topic=SCHEDULE_TOPIC, delay_level_ms=delays,
-        )  # fmt: skip
-        for name, value in self.config.store.items():
-            if not hasattr(store_config, name):
-                raise ServiceNotAvailableError(f"unknown store setting {name!r} in the broker config's store table")
-            setattr(store_config, name, value)
-        store = MessageStore(store_config)
+        # Built by the config, which already validated it: the store table cannot override the broker's own values.
+        store = MessageStore(self.config.store_config(store_host=(ip, port)))
         store.start()
         store.add_arrival_listener(self.hold.on_arrival)
         return store

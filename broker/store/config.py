@@ -20,6 +20,14 @@ CQ_UNIT_SIZE = 20  # repeated from consume_queue.CQ_UNIT to avoid an import cycl
 OS_PAGE_SIZE = 4096  # RocketMQ counts flush "pages" in 4 KiB units
 
 
+# Settings that must be > 0: the waits between passes of the flush and dispatch loops (0 spins a CPU), sizes a
+# message or batch must fit in, and the commit-log files normal recovery re-checks (0 would find no write position).
+POSITIVE_SETTINGS = (
+    "flush_interval_commit_log_ms", "flush_interval_consume_queue_ms", "dispatch_interval_ms", "max_message_size",
+    "max_batch_bytes", "recover_normally_file_count",
+)  # fmt: skip
+
+
 def disk_usage_ratio(path: str) -> float:
     """Fraction (0..1) of the file system holding ``path`` that is used, as ``df`` reports it."""
     usage = shutil.disk_usage(path)
@@ -104,6 +112,15 @@ class StoreConfig:
             raise InvalidArgumentError("need 0 < disk_max_used_space_ratio <= disk_space_clean_forcibly_ratio")
         if self.disk_space_clean_forcibly_ratio > self.disk_space_warning_level_ratio:
             raise InvalidArgumentError("need disk_space_clean_forcibly_ratio <= disk_space_warning_level_ratio")
+        for name in POSITIVE_SETTINGS:
+            if getattr(self, name) <= 0:
+                raise InvalidArgumentError(f"{name} is {getattr(self, name)}; it must be a positive integer")
+        # 0 is allowed (every file but the one being written is expired, as RocketMQ's fileReservedTime=0);
+        # `not >=` also refuses NaN, which would never expire anything.
+        if not self.file_reserved_time_hours >= 0:
+            raise InvalidArgumentError(
+                f"file_reserved_time_hours is {self.file_reserved_time_hours}; it must be a number of hours >= 0"
+            )
 
     @property
     def sync_flush(self) -> bool:

@@ -10,9 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.errors import ResponseCode, SubscriptionParseError
+from broker.client import Message, Producer, PullConsumer
+from broker.errors import BrokerError, ResponseCode, SubscriptionParseError
 from broker.filter import EvaluationError, SqlParseError, compile_sql92
 from broker.filter.sql92 import SqlFilter, java_parse_double, java_parse_int
+from broker.filter.sql92_parser import MAX_DEPTH, MAX_NESTING
+from broker.server.broker_controller import BrokerController
 from broker.store.message import StoredMessage
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -383,3 +386,102 @@ def test_matches_independent_evaluator_over_10000_messages(tree: tuple) -> None:
     want = [t_matches(tree, p) for p in MESSAGES]
     mismatches = [(MESSAGES[i], got[i], want[i]) for i in range(len(MESSAGES)) if got[i] != want[i]]
     assert not mismatches, f"{sql}: {mismatches[:3]}"
+
+
+# ------------------------------------------------------------------------------------------------ resource bounds
+# A selector arrives with a pull: nothing in it, or in a message's properties, may make the broker fail the pull
+# with SYSTEM_ERROR (a RecursionError or ValueError escaping) instead of a parse error or "no match".
+
+
+@pytest.mark.parametrize("joiner", ["OR", "AND"])
+def test_long_flat_and_or_chains_compile_and_evaluate(joiner: str) -> None:
+    """~1500 terms (~14 KB, inside the size limit) nested one level per term and recursed past Python's limit."""
+    terms = ["a = 2"] * 1500 + ["a = 1"] if joiner == "OR" else ["a > 0"] * 1500 + ["a = 1"]
+    f = compile_sql92(f" {joiner} ".join(terms))
+    assert f.matches({"a": "1"}) is True
+    assert f.matches({"a": "3"}) is False
+    assert f.evaluate({}) is None  # three-valued logic holds over the whole chain
+    assert f.matches({"a": "x"}) is False  # a conversion failure anywhere in the chain: no match
+
+
+def test_chains_keep_rocketmq_short_circuit_and_null_rules() -> None:
+    assert compile_sql92("a = 1 OR b = 1 OR c = 1").evaluate({"c": "1"}) is True  # NULL OR NULL OR TRUE
+    assert compile_sql92("a = 1 OR b = 1 OR c = 1").evaluate({"c": "2"}) is None
+    assert compile_sql92("a = 1 AND b = 1 AND c = 1").evaluate({"a": "1", "b": "2"}) is False
+    assert compile_sql92("a = 1 AND b = 1 AND c = 1").evaluate({"a": "1", "b": "1"}) is None
+    # FALSE stops the chain before a conversion that would fail (as RocketMQ's LogicExpression does)
+    assert compile_sql92("a = 2 AND b > 1 AND c = 1").evaluate({"a": "1", "b": "x"}) is False
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "a" + " = a" * 1000,  # each '=' nests the left side one level deeper
+        "a = 1" + " = TRUE" * 400,
+        "a IS NULL" + " IS NOT NULL" * 300,
+        "a <> 1" + " <> TRUE" * 200,
+    ],
+)
+def test_deep_operator_chains_are_a_parse_error(expr: str) -> None:
+    with pytest.raises(SqlParseError, match=f"at most {MAX_DEPTH} operators deep") as e:
+        compile_sql92(expr)
+    assert e.value.code is ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+def test_deepest_allowed_expression_compiles_and_evaluates() -> None:
+    """The depth bound leaves room for everything MAX_NESTING allows (parentheses each adding ``<> x``)."""
+    expr = "a = 1"
+    for _ in range(MAX_NESTING):
+        expr = f"({expr}) <> FALSE"
+    f = compile_sql92(expr)
+    assert f.evaluate({"a": "1"}) is True and f.evaluate({"a": "2"}) is False
+    chain = "a = 1" + " = TRUE" * (MAX_DEPTH - 1)
+    assert compile_sql92(chain).matches({"a": "1"}) is True
+
+
+def test_integer_literal_longer_than_pythons_int_limit_is_a_parse_error() -> None:
+    """int() refuses strings over 4300 digits with a ValueError; the literal is out of Java's long range anyway."""
+    with pytest.raises(SqlParseError, match="an integer of at most") as e:
+        compile_sql92("a = " + "9" * 5000)
+    assert e.value.column == 5
+
+
+def test_property_with_thousands_of_digits_does_not_match() -> None:
+    """RocketMQ: the conversion fails (NumberFormatException), the message does not match; the next one does."""
+    huge = "1" * 5000
+    for expr in ("a > 5", "a = 5", "a = 5000000000", "a < 5 OR b = 1", "5 < a", "a BETWEEN 1 AND 9"):
+        f = compile_sql92(expr)
+        assert f.matches({"a": huge, "b": "1"}) is False, expr
+        with pytest.raises(EvaluationError):
+            f.evaluate({"a": huge, "b": "1"})
+    for text in (huge, "-" + huge, "+" + huge):
+        with pytest.raises(EvaluationError, match="out of range"):
+            java_parse_int(text, long=True)
+    assert java_parse_int("0" * 5000 + "7", long=False) == 7  # Java accepts leading zeros: not a long number
+    assert compile_sql92("a > 5").matches({"a": "0" * 5000 + "7"}) is True
+
+
+def test_matches_never_lets_an_evaluation_problem_escape() -> None:
+    f = SqlFilter("a > 5")
+
+    def broken(props: object) -> bool:
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    f._eval = broken  # stands for any conversion the evaluator did not foresee
+    assert f.matches({"a": "7"}) is False
+
+
+def test_pulls_through_a_broker_skip_a_poison_message_and_refuse_a_deep_selector(broker: BrokerController) -> None:
+    """Both failed the pull with SYSTEM_ERROR: every pull over the poison message, so its queue was stuck."""
+    endpoint = f"127.0.0.1:{broker.port}"
+    with Producer(endpoint) as p:
+        p.send_batch([Message("Sql", b"poison", properties={"a": "1" * 5000}),
+                      Message("Sql", b"good", properties={"a": "10"})], queue_id=0)  # fmt: skip
+    assert broker.store is not None and broker.store.wait_dispatched()
+    with PullConsumer(endpoint, "sql-g") as c:
+        assert [m.body for m in c.pull("Sql", 0, 0, sql="a > 5").messages] == [b"good"]
+        assert [m.body for m in c.pull("Sql", 0, 0, sql="a = 2 OR " * 1000 + "a = 10").messages] == [b"good"]
+        for deep in ("a" + " = a" * 1000, "a = " + "9" * 5000):
+            with pytest.raises(BrokerError) as e:
+                c.pull("Sql", 0, 0, sql=deep)
+            assert e.value.code is ResponseCode.SUBSCRIPTION_PARSE_FAILED, e.value.message

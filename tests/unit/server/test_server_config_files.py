@@ -32,6 +32,7 @@ def test_config_from_toml_and_json(tmp_path: Path) -> None:
     toml = tmp_path / "b.toml"
     toml.write_text(
         'listen = "127.0.0.1:0"\nflush_disk_type = "sync"\n[store]\nmapped_file_size_commit_log = 1048576\n'
+        "max_message_size = 65536\n"  # the store table is validated at load: a message must fit a file
     )
     c = BrokerConfig.from_file(toml, store_path=str(tmp_path / "s"))
     assert c.flush_disk_type == "SYNC_FLUSH" and c.store["mapped_file_size_commit_log"] == 1 << 20
