@@ -159,8 +159,8 @@ class CommitLog:
     def append_small_batch(self, batch: SmallBatch) -> tuple[list[int], list[int], int]:
         """append_batch for a SmallBatch: struct patches per entry; returns (physical offsets, queue offsets, ts)."""
         data = batch.data
-        table = self.queue_table
         with self.append_lock:
+            table = self.queue_table  # under the lock: a topic deletion changes the table under it too
             self._check_accepting()
             f = self._file_with_room(len(data))
             base = f.file_from_offset + f.wrote_position

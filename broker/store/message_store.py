@@ -699,7 +699,9 @@ class MessageStore:
             with self.dispatcher.lock:
                 for cq in self.queues.remove_topic(topic):
                     cq.destroy()
-                self.commit_log.queue_table = {k: v for k, v in self.commit_log.queue_table.items() if k[0] != topic}
+                table = self.commit_log.queue_table  # changed in place: appenders hold no other reference to it
+                for key in [k for k in table if k[0] == topic]:
+                    del table[key]
                 self.deleted_topics[topic] = self.commit_log.max_offset
         try:
             os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
