@@ -173,6 +173,10 @@ class Dispatcher:
         self.lock = threading.Lock()  # one dispatch pass at a time (thread, recovery, check)
         self._due_topic = ""  # the schedule topic, whose units carry a due time as their tag (set_due_times)
         self._delays_ms: tuple[int, ...] = ()
+        # Deleted topics -> the commit-log offset of their deletion (MessageStore.deleted_topics, kept on disk):
+        # entries below it belong to a deleted generation and get no unit and no index entry when recovery
+        # re-dispatches them, or a deletion would be undone by a crash.
+        self.deleted_before: dict[str, int] = {}
 
     def set_due_times(self, schedule_topic: str, delay_level_ms: tuple[int, ...]) -> None:
         """Units of ``schedule_topic`` queue q get tag = store time + delay_level_ms[q] (RocketMQ's
@@ -240,7 +244,8 @@ class Dispatcher:
             if len(self._hints) > STALE_HINT_CHECK:  # hints added while a scan already covered them
                 self._hints = {k: h for k, h in self._hints.items() if k > start}
                 self._hinted_entries = sum(len(h.run) for h in self._hints.values())
-        if hint is not None and f.file_from_offset + wrote >= hint.end:
+        old_generation = self._before_a_deletion(start)
+        if hint is not None and f.file_from_offset + wrote >= hint.end and not old_generation:
             # A batch appended by put_batch: its entries were scanned and grouped before the write.
             self._dispatch_run(hint.run, f.mm, f.file_from_offset, notify, (hint.key_ids, hint.keys))
             self.dispatched_offset = hint.end
@@ -251,7 +256,7 @@ class Dispatcher:
             # limit cuts the first entry finds none complete and would stop there ("partial") on every pass.
             chunk = max(chunk, PREFIX.unpack_from(f.mm, rel)[0])
         limit = min(wrote, rel + chunk)
-        if limit - rel <= SCALAR_DISPATCH_BYTES:
+        if limit - rel <= SCALAR_DISPATCH_BYTES or old_generation:  # the scalar pass skips deleted generations
             return self._dispatch_scalar(f, rel, limit, notify)
         run = scan(f.mm, rel, limit, verify_crc=False)
         if run.stop_reason == "blank":
@@ -273,6 +278,12 @@ class Dispatcher:
             self._dispatch_run(run, f.mm, f.file_from_offset, notify, grouped)
         self.dispatched_offset = f.file_from_offset + end
         return len(run)
+
+    def _before_a_deletion(self, offset: int) -> bool:
+        """Whether entries from ``offset`` on may belong to a deleted topic's old generation: only when recovery
+        re-dispatches a range written before a deletion (delete_topic dispatches everything before it deletes)."""
+        deleted = self.deleted_before
+        return bool(deleted) and offset < max(deleted.values())
 
     def _stuck(self, path: str, pos: int, offset: int, why: str) -> None:
         """Log that dispatch cannot pass the entry at ``offset``, once (the service retries every pass)."""
@@ -317,6 +328,7 @@ class Dispatcher:
         arrived: dict[tuple[str, int], tuple[ConsumeQueue, list[int], list[bytes]]] = {}
         pack = CQ_UNIT.pack
         ts = self.last_dispatched_timestamp
+        deleted = self.deleted_before
         count = 0
         while pos < end:
             if pos + 8 <= end and PREFIX.unpack_from(data, pos)[1] == BLANK_MAGIC:
@@ -342,6 +354,10 @@ class Dispatcher:
                     return -1
                 break  # the next pass starts at the bad entry and reports it
             ts = h[H_STORE_TIMESTAMP]
+            if deleted and base + rel + pos < deleted.get(topic, -1):  # a deleted generation: its queues are gone
+                pos += total
+                count += 1
+                continue
             props = data[pos + total - props_len : pos + total] if parse_props and props_len else b""
             if h[H_SYS_FLAG] & SysFlag.TRANSACTION_MASK not in _NOT_COUNTED:
                 key = (topic, qid)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
+from broker import json_file  # the module, not its names: json_file imports broker.store.directory (a cycle)
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
 from broker.store.batch import (
     MAX_QUEUE_ID,
@@ -127,6 +128,24 @@ class DispatchService(ServiceThread):
             self.wait(self.interval_s)
 
 
+DELETED_TOPICS_FILE = "deletedTopics.json"  # in config/: {"deletedTopics": {topic: commit-log offset}}
+
+
+def _parse_deleted_topics(data: dict[str, object]) -> dict[str, int]:
+    table = data["deletedTopics"]
+    if not isinstance(table, dict):
+        raise TypeError(f"deletedTopics is a {type(table).__name__}, not a table")
+    out = {str(topic): int(offset) for topic, offset in table.items()}
+    for topic, offset in out.items():
+        try:
+            validate_topic(topic)  # it becomes a path when the topic is used again
+        except MessageIllegalError as e:
+            raise ValueError(e.message) from None
+        if offset < 0:
+            raise ValueError(f"deletion offset {offset} of topic {topic!r} is negative")
+    return out
+
+
 class MessageStore:
     def __init__(self, config: StoreConfig) -> None:
         config.validate()
@@ -174,7 +193,11 @@ class MessageStore:
         self._topic_cache: dict[str, bytes] = {}
         self._born_ip_cache: dict[str, bytes] = {}
         self._counters = {"put_msgs": 0, "put_bytes": 0, "put_errors": 0, "get_msgs": 0, "get_bytes": 0, "gets": 0}
-        self.deleted_topics: dict[str, int] = {}  # topic -> commit-log offset where it was deleted (check())
+        # topic -> commit-log offset where it was last deleted: entries below belong to a deleted generation. On
+        # disk (DELETED_TOPICS_FILE), so recovery's re-dispatch skips them instead of bringing the topic back.
+        self.deleted_topics: dict[str, int] = {}
+        self.dispatcher.deleted_before = self.deleted_topics  # the same dict: loaded at start, grown by deletions
+        self._deleted_topics_lock = threading.Lock()  # one writer of the file at a time
         self._reader = QueueReader(self.commit_log, config.mapped_file_size_commit_log, self._counters)
 
     # ================================================================================================ lifecycle
@@ -185,9 +208,11 @@ class MessageStore:
         try:
             abnormal = os.path.exists(cfg.abort_path)
             self.checkpoint = Checkpoint(cfg.checkpoint_path, self.faults.syncer("checkpoint"))
+            self._load_deleted_topics()  # before recovery: its re-dispatch must not bring deleted topics back
             self.recovery_report = recover(
                 cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal
             )
+            self._forget_expired_deletions()
             with open(cfg.abort_path, "wb") as f:
                 os.fsync(f.fileno())
             # The abort file must survive a power loss, or the next start would trust the files (normal recovery)
@@ -689,9 +714,10 @@ class MessageStore:
     def delete_topic(self, topic: str) -> None:
         """Delete the topic's consume queues and forget its queue offsets; commit-log entries expire as usual.
 
-        A topic created again starts at queue offset 0. (The deletion point is kept in memory only: entries before
-        it are re-dispatched if an abnormal restart re-reads that part of the log, as in RocketMQ.)
-        MessageIllegalError if ``topic`` is not a name (it becomes a path: "../config" must not reach rmdir).
+        A topic created again starts at queue offset 0. The deletion point is on disk before this returns, so a
+        restart after a crash, whose recovery re-dispatches the end of the log, does not bring the deleted
+        entries back (RocketMQ does). MessageIllegalError if ``topic`` is not a name (it becomes a path:
+        "../config" must not reach rmdir); OSError if the deletion point cannot be written.
         """
         validate_topic(topic)
         with self.commit_log.append_lock:  # no new entries while the topic goes
@@ -703,10 +729,32 @@ class MessageStore:
                 for key in [k for k in table if k[0] == topic]:
                     del table[key]
                 self.deleted_topics[topic] = self.commit_log.max_offset
+        self._save_deleted_topics()
         try:
             os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
         except OSError:
             pass
+
+    def _deleted_topics_path(self) -> str:
+        return os.path.join(self.config.config_dir, DELETED_TOPICS_FILE)
+
+    def _load_deleted_topics(self) -> None:
+        loaded = json_file.load_json(self._deleted_topics_path(), _parse_deleted_topics) or {}
+        self.deleted_topics.clear()
+        self.deleted_topics.update(loaded)
+
+    def _save_deleted_topics(self) -> None:
+        with self._deleted_topics_lock:
+            json_file.write_json_atomic(self._deleted_topics_path(), {"deletedTopics": dict(self.deleted_topics)})
+
+    def _forget_expired_deletions(self) -> None:
+        """Drop deletion points the commit log has expired past: no entry of those generations is left."""
+        first = self.commit_log.min_offset
+        gone = [t for t, offset in self.deleted_topics.items() if offset <= first]
+        for t in gone:
+            del self.deleted_topics[t]
+        if gone:
+            self._save_deleted_topics()
 
     def add_arrival_listener(self, fn: ArrivalListener) -> None:
         self.dispatcher.listeners.append(fn)
