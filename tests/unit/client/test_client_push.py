@@ -136,8 +136,10 @@ def test_consume_from_last_and_timestamp_and_tag_filter(broker: BrokerController
     time.sleep(0.05)
     send(endpoint, "From", 16, 16)
     late, by_time, tagged = Sink(), Sink(), Sink()
-    with PushConsumer(endpoint, "last", {"From": "*"}, late, consume_from=LAST, **FAST):
-        time.sleep(0.5)
+    with PushConsumer(endpoint, "last", {"From": "*"}, late, consume_from=LAST, **FAST) as c:
+        # every queue assigned and its start resolved to LAST (4 messages in each of the 8) before the next sends
+        at_last = {("From", q): 4 for q in range(8)}
+        wait_until(lambda: {k: v for k, v in c.offsets.offsets().items() if k[0] == "From"} == at_last)
         send(endpoint, "From", 32, 8)
         wait_until(lambda: len(late.bodies) == 8)
     assert sorted(late.bodies, key=int) == [str(i).encode() for i in range(32, 40)]

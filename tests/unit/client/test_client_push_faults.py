@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import cast
 
@@ -184,16 +184,48 @@ ORDERLY = {"orderly": True, "consume_from": FIRST, "heartbeat_interval_ms": 200,
            "persist_interval_ms": 200, "long_poll_ms": 1000}  # fmt: skip
 
 
+class LockSpy:
+    """Records the broker's lock requests of one group: (client id, queues asked, queues granted)."""
+
+    def __init__(self, broker: BrokerController, group: str) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, frozenset[tuple[str, int]], frozenset[tuple[str, int]]]] = []
+        real = broker.locks.lock_batch
+
+        def lock_batch(g: str, queues: Iterable[tuple[str, int]], client_id: str) -> set[tuple[str, int]]:
+            asked = list(queues)
+            granted = real(g, asked, client_id)
+            if g == group:
+                with self.lock:
+                    self.calls.append((client_id, frozenset(asked), frozenset(granted)))
+            return granted
+
+        broker.locks.lock_batch = lock_batch  # type: ignore[assignment]  # the service looks it up per call
+
+    def mark(self) -> int:
+        with self.lock:
+            return len(self.calls)
+
+    def count(self, since: int, client_id: str, queue: tuple[str, int], granted: bool) -> int:
+        """Requests of ``client_id`` for ``queue`` since ``mark()`` that were granted (or refused)."""
+        with self.lock:
+            return sum(c == client_id and queue in asked and (queue in got) == granted
+                       for c, asked, got in self.calls[since:])  # fmt: skip
+
+
 def test_orderly_slow_listener_on_a_dropped_queue_does_not_stop_lock_renewals(
     broker_factory: Callable[..., BrokerController],
 ) -> None:
     b = broker_factory()
-    b.locks.lock_max_live_ms = 1500  # the broker's 60 s, shrunk: renewals that stop show within seconds
+    # the broker's 60 s, shrunk; long next to the 300 ms renewals, so a busy machine's stalls do not lose a lock.
+    # Renewals are watched directly (LockSpy), not inferred from a lock surviving its lifetime.
+    b.locks.lock_max_live_ms = 6000
+    spy = LockSpy(b, "og")
     endpoint = f"127.0.0.1:{b.port}"
     with Admin(endpoint) as admin:
         admin.create_topic("Ord", 2)
     journal, finish_slow = Journal(), threading.Event()
-    opts = {**ORDERLY, "lock_renew_interval_ms": 300, "lock_max_live_ms": 750}
+    opts = {**ORDERLY, "lock_renew_interval_ms": 300, "lock_max_live_ms": 3000}
     a = PushConsumer(endpoint, "og", {"Ord": "*"}, journal.listener("a", finish_slow), client_id="a", **opts).start()
     c: PushConsumer | None = None
     try:
@@ -203,12 +235,21 @@ def test_orderly_slow_listener_on_a_dropped_queue_does_not_stop_lock_renewals(
             wait_until(lambda: journal.bodies("a", 1) == [b"slow"])
             c = PushConsumer(endpoint, "og", {"Ord": "*"}, journal.listener("c"), client_id="c", **opts).start()
             wait_until(lambda: a.assigned_queues() == {("Ord", 0)})  # queue 1 dropped in its slow listener call
-            for i in range(6):  # twice the broker's lock lifetime
+            dropped = spy.mark()
+            for i in range(6):
                 p.send(Message("Ord", f"q0-{i}".encode()), queue_id=0)
-                time.sleep(0.5)
+
+            def a_goes_on_holding_both() -> bool:
                 # a still renews both: queue 0 is its own, and queue 1 is not given away mid-listener
                 assert b.locks.owner("og", "Ord", 0) == "a" and b.locks.owner("og", "Ord", 1) == "a"
-            assert journal.bodies("a", 0) == [f"q0-{i}".encode() for i in range(6)]  # a's other queue went on
+                return (
+                    journal.bodies("a", 0) == [f"q0-{i}".encode() for i in range(6)]  # a's other queue went on
+                    and spy.count(dropped, "a", ("Ord", 0), granted=True) >= 5
+                    and spy.count(dropped, "a", ("Ord", 1), granted=True) >= 5  # renewed though dropped
+                    and spy.count(dropped, "c", ("Ord", 1), granted=False) >= 2  # c asked for it, and was refused
+                )
+
+            wait_until(a_goes_on_holding_both)
             finish_slow.set()
             wait_until(lambda: b.locks.owner("og", "Ord", 1) == "c")
             p.send(Message("Ord", b"after"), queue_id=1)
@@ -222,14 +263,16 @@ def test_orderly_slow_listener_on_a_dropped_queue_does_not_stop_lock_renewals(
 
 def test_orderly_client_lock_expires_without_renewal(broker_factory: Callable[..., BrokerController]) -> None:
     b = broker_factory()
-    b.locks.lock_max_live_ms = 1000
+    b.locks.lock_max_live_ms = 3000  # long next to the intruder's 250 ms renewals below
+    spy = LockSpy(b, "lg")
     endpoint = f"127.0.0.1:{b.port}"
     with Admin(endpoint) as admin:
         admin.create_topic("Lx", 1)
     journal = Journal()
-    # renewals too rare for the broker's lifetime: the client's own record must lapse first; a long poll keeps the
-    # worker in one pull (no lock request) while the broker lets the lock go
-    opts = {**ORDERLY, "lock_renew_interval_ms": 60_000, "lock_max_live_ms": 500, "long_poll_ms": 5000}
+    # renewals too rare for the broker's lifetime: the client's own record (1 s) must lapse first; a long poll
+    # (longer than the broker's lifetime) keeps the worker in one pull (no lock request) while the broker lets the
+    # lock go
+    opts = {**ORDERLY, "lock_renew_interval_ms": 60_000, "lock_max_live_ms": 1000, "long_poll_ms": 10_000}
     a = PushConsumer(endpoint, "lg", {"Lx": "*"}, journal.listener("a"), client_id="a", **opts).start()
     intruder = Connection(endpoint)
     lock = pb.LockBatchRequest(consumer_group="lg", client_id="x", queues=[pb.MessageQueue(topic="Lx", queue_id=0)])
@@ -239,11 +282,14 @@ def test_orderly_client_lock_expires_without_renewal(broker_factory: Callable[..
             wait_until(lambda: journal.bodies("a", 0) == [b"first"])
             wait_until(lambda: b.locks.owner("lg", "Lx", 0) is None)  # expired on the broker
             assert len(intruder.call(intruder.stub.LockBatchMQ, lock).queues) == 1
+            taken = spy.mark()
             p.send(Message("Lx", b"second"), queue_id=0)
             for _ in range(8):  # the intruder holds the queue for 2 s
                 time.sleep(0.25)
                 assert len(intruder.call(intruder.stub.LockBatchMQ, lock).queues) == 1
                 assert journal.bodies("a", 0) == [b"first"]
+            # a did ask for the queue, with "second" in hand, and was refused: it did not trust its lapsed record
+            assert spy.count(taken, "a", ("Lx", 0), granted=False) >= 1
             intruder.call(intruder.stub.UnlockBatchMQ, lock)
             wait_until(lambda: journal.bodies("a", 0) == [b"first", b"second"])  # a locks again and goes on
     finally:

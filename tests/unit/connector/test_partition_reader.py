@@ -86,7 +86,7 @@ def test_a_group_the_broker_does_not_know_fails_at_once_saying_what_to_do(
     started = time.monotonic()
     with pytest.raises(SourceOptionError, match="'nobody'"):
         committer.commit(link_for(options), {("Strict", 0): 1})
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0  # no retries: those alone take 2.6 s
 
 
 @pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])

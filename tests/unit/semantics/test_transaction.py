@@ -288,10 +288,20 @@ def test_check_counts_survive_a_crash(box: StoreBox) -> None:
 
 
 def test_check_thread_runs_on_its_own(box: StoreBox) -> None:
-    tx = service(box, checker=lambda g, t, h: TxState.COMMIT, transaction_timeout_ms=50, check_interval_ms=20)
+    asked: list[tuple[str, str, bytes]] = []
+
+    def checker(group: str, txn_id: str, half: StoredMessage) -> TxState:
+        asked.append((group, txn_id, half.body))
+        return TxState.COMMIT
+
+    tx = service(box, checker=checker, transaction_timeout_ms=50, check_interval_ms=20)
     try:
         tx.prepare_half("Pay", 0, b"auto", {}, "PG", txn_id="a")
         box.wait_for(lambda: box.s.max_offset("Pay", 0) == 1, 5, "commit by check-back")
+        info = tx.transaction("a")
+        assert info is not None and info.status is TxStatus.COMMITTED
+        assert [m.body for m in box.read_topic("Pay")] == [b"auto"]
+        assert set(asked) == {("PG", "a", b"auto")}  # asked by the check thread, about that half
     finally:
         tx.shutdown()
 

@@ -72,6 +72,15 @@ def test_sigterm_is_a_clean_shutdown(tmp_path: Path) -> None:
             broker.kill()
     assert not (store / "abort").exists()
     assert (store / "config" / "topics.json").exists()
+    again = BrokerProcess(store, metrics_port=0).start()  # the message survives the restart
+    try:
+        with PullConsumer(again.endpoint, "after-term") as c:
+            got = c.pull("Term", 0, 0)
+            assert got.status is PullStatus.FOUND and [m.body for m in got.messages] == [b"bye"]
+        assert again.stop() == 0
+    finally:
+        if again.proc and again.proc.poll() is None:
+            again.kill()
 
 
 def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:

@@ -28,7 +28,7 @@ def test_arrival_between_check_and_sleep_still_wakes_the_pull() -> None:
 
     started = time.monotonic()
     assert hold.wait_for("T", 0, 0, 10_000, recheck_that_races_an_arrival)
-    assert arrived.is_set() and time.monotonic() - started < 1.0
+    assert arrived.is_set() and time.monotonic() - started < 3.0  # woken, not held the 10 s
     assert hold.held_count() == 0
 
 
@@ -53,7 +53,7 @@ def test_timeout_and_shutdown_release_held_pulls() -> None:
     hold = PullHoldService(recheck_ms=30_000)
     started = time.monotonic()
     assert not hold.wait_for("T", 0, 0, 50, lambda: False)
-    assert 0.04 < time.monotonic() - started < 1.0
+    assert 0.04 < time.monotonic() - started < 3.0  # its own 50 ms, not the 30 s re-check
     result: list[bool] = []
     t = threading.Thread(target=lambda: result.append(hold.wait_for("T", 0, 0, 20_000, lambda: False)))
     t.start()
@@ -70,7 +70,7 @@ def test_short_polling_rechecks_at_its_interval() -> None:
     checks = []
     started = time.monotonic()
     hold.wait_for("T", 0, 0, 10_000, lambda: checks.append(1) is not None)
-    assert len(checks) == 2 and time.monotonic() - started < 1.0  # before and after one short-poll interval
+    assert len(checks) == 2 and time.monotonic() - started < 3.0  # before and after one short-poll interval, not 10 s
 
 
 def test_metrics_exposition_over_http() -> None:
