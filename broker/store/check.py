@@ -34,6 +34,7 @@ class _Entry(NamedTuple):
     tag_hash: int
     counted: bool
     key_hashes: frozenset[int]
+    deleted: bool  # of a deleted topic's old generation: re-dispatch after a crash indexes it no more
 
 
 def check_store(store: MessageStore) -> list[str]:
@@ -77,12 +78,13 @@ def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _En
             qid, qoff = int(run.queue_ids[i]), int(run.queue_offsets[i])
             tx = int(run.sys_flags[i]) & SysFlag.TRANSACTION_MASK
             counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
-            if phys < store.deleted_topics.get(topic, -1):
+            deleted = phys < store.deleted_topics.get(topic, -1)
+            if deleted:
                 counted = False  # an entry of a since-deleted topic: its queue numbering started over
             keys = message_keys(props[i]) if props[i] else []
             entries[phys] = _Entry(
                 topic, qid, qoff, int(run.sizes[i]), store.dispatcher.unit_tag(topic, qid, props[i], ts),
-                counted, frozenset(key_hash(index_key(topic, k)) for k in keys),
+                counted, frozenset(key_hash(index_key(topic, k)) for k in keys), deleted,
             )  # fmt: skip
             if counted:
                 key = (topic, qid)
@@ -191,7 +193,7 @@ def _check_index(store: MessageStore, entries: dict[int, _Entry], problems: list
     # The other way round: every live message is indexed under each of its keys (files below the commit log's
     # first offset are deleted by cleanup; a message with more keys than a file holds keeps only the first ones).
     for phys, msg in entries.items():
-        if phys < cl_min or not msg.key_hashes or len(msg.key_hashes) > store.index.entries - 2:
+        if phys < cl_min or msg.deleted or not msg.key_hashes or len(msg.key_hashes) > store.index.entries - 2:
             continue
         for kh in sorted(msg.key_hashes - {kh for kh in msg.key_hashes if (phys, kh) in present}):
             problems.append(f"message at commit-log offset {phys} ({msg.topic}): key hash {kh} has no index entry")
