@@ -59,4 +59,8 @@ def test_index_entry_with_a_foreign_key(make_store: Callable[..., MessageStore])
     e = f.entry(2)
     at = f._entries_at + 2 * INDEX_ENTRY.size
     INDEX_ENTRY.pack_into(f.mm, at, e.key_hash ^ 1, e.commitlog_offset, e.time_diff_s, e.prev_index)
-    assert any("entry 2" in p and "is not a key" in p for p in s.check())
+    problems = s.check()
+    assert any("entry 2" in p and "is not a key" in p for p in problems)
+    # and the other way round: the message is no longer indexed under its own key
+    missing = f"message at commit-log offset {e.commitlog_offset} (R): key hash {e.key_hash} has no index entry"
+    assert missing in problems, problems
