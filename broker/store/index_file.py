@@ -107,7 +107,12 @@ class IndexFile:
         self._sync = sync
         self.fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
         if create:
-            os.posix_fallocate(self.fd, 0, self.size)
+            try:
+                os.posix_fallocate(self.fd, 0, self.size)
+            except OSError:  # ENOSPC: leave no empty file behind (the next start would refuse it) and no open fd
+                os.close(self.fd)
+                os.unlink(path)
+                raise
         actual = os.fstat(self.fd).st_size
         if actual != self.size:
             os.close(self.fd)
@@ -278,7 +283,9 @@ class IndexService:
         """Index one message under ``topic#key`` for every key (idempotent for already indexed offsets)."""
         if phys <= self.indexed_until:
             return
-        hashes = [key_hash(index_key(topic, k)) for k in keys if k]
+        # Distinct hashes, in key order: a repeated key is one entry (check() counts distinct keys), and the cut
+        # below must not push a distinct key out for a repeated one.
+        hashes = list(dict.fromkeys(key_hash(index_key(topic, k)) for k in keys if k))
         if not hashes:
             return
         hashes = hashes[: self.entries - 2]  # a message with absurdly many keys must still fit one file

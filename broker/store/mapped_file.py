@@ -350,7 +350,9 @@ class MappedFileQueue:
     def truncate(self, offset: int) -> None:
         """Make ``offset`` the end: later files are deleted, the file holding it is zeroed after it."""
         keep: list[MappedFile] = []
-        for f in self.files:
+        # Newest first: a crash part-way leaves the files contiguous (deleting oldest first could leave a gap,
+        # which the next start refuses as "not contiguous").
+        for f in reversed(self.files):
             if f.file_from_offset + self.file_size <= offset:
                 keep.append(f)
             elif f.file_from_offset <= offset:
@@ -364,7 +366,7 @@ class MappedFileQueue:
                 )
                 f.destroy()
         with self._lock:
-            self.files = keep
+            self.files = keep[::-1]
 
     def delete_first(self, count: int) -> list[MappedFile]:
         """Remove the ``count`` oldest files from the queue and delete them from disk."""

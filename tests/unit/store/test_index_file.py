@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
+import threading
+import time
 from collections.abc import Callable
 
-from broker.store import MessageStore
+import pytest
+
+from broker.store import MessageStore, index_file
 from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, IndexService, key_hash
 from broker.store.message import BODY_START, Prop
 
@@ -148,3 +153,53 @@ def test_query_by_key_leaves_out_a_deleted_generation(store: MessageStore) -> No
     assert store.put_message("Gen", 0, b"new-generation", {Prop.KEYS: "k"}).ok
     assert store.wait_dispatched()
     assert [m.body for m in store.query_by_key("Gen", "k")] == [b"new-generation"]
+
+
+def test_a_repeated_key_does_not_push_a_distinct_one_out(store: MessageStore) -> None:
+    """The key list was cut to what one file holds before repeats were removed: KEYS "a" x 70 then "b" left b
+    unindexed (not found by query_by_key, reported by check())."""
+    assert store.put_message("T", 0, b"m", {Prop.KEYS: " ".join(["a"] * 70 + ["b"])}).ok
+    assert store.wait_dispatched()
+    assert [m.body for m in store.query_by_key("T", "b")] == [b"m"]
+    assert [m.body for m in store.query_by_key("T", "a")] == [b"m"]
+
+
+def test_a_full_disk_while_creating_an_index_file_leaves_no_empty_file(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """posix_fallocate failing (ENOSPC) left the new index file behind at 0 bytes, with its fd open, one more each
+    time dispatch retried; once space was back the store went on, but the next start refused the 0-byte file."""
+    s = make_store()
+    assert s.index is not None
+    real = os.posix_fallocate
+    full = threading.Event()
+
+    def fallocate(fd: int, offset: int, length: int) -> None:
+        if full.is_set() and "/index/" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        real(fd, offset, length)
+
+    monkeypatch.setattr(index_file.os, "posix_fallocate", fallocate)
+    i = 0
+    while len(s.index.files) < 1 or s.index.files[-1].header.index_count < s.index.entries - 4:
+        assert s.put_message("K", 0, b"m", {Prop.KEYS: f"k{i}"}).ok
+        assert s.wait_dispatched()
+        i += 1
+    files_before = sorted(os.listdir(s.config.index_dir))
+    full.set()
+    for _ in range(10):  # the next index file is needed and cannot be made: dispatch fails and retries
+        s.put_message("K", 0, b"m", {Prop.KEYS: f"k{i}"})
+        i += 1
+    deadline = time.monotonic() + 5
+    while s.is_writable() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not s.is_writable()
+    assert sorted(os.listdir(s.config.index_dir)) == files_before  # no empty file left behind
+    full.clear()
+    deadline = time.monotonic() + 10
+    while not s.is_writable() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.put_message("K", 0, b"after", {Prop.KEYS: "after"}).ok
+    s.shutdown()
+    s2 = make_store()  # started: an empty index file made this raise CorruptionError
+    assert [m.body for m in s2.query_by_key("K", "after")] == [b"after"]

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from broker.errors import StoreLockedError
-from broker.store import MessageStore, PutResult, PutStatus
+from broker.store import MessageStore, PutResult, PutStatus, mapped_file
 from broker.store.consume_queue import CQ_UNIT
 from broker.store.flush import flush_commit_log
 from broker.store.message import BODY_START, Prop, encode_entry, encode_properties
@@ -335,3 +335,47 @@ def test_a_deleted_topic_stays_deleted_after_a_crash(make_store: Callable[..., M
     s2.shutdown()
     s3 = make_store()  # a clean restart: check() still tells the generations apart
     assert s3.check() == []
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL inside recovery: nothing after the raise runs."""
+
+
+def test_a_crash_while_recovery_truncates_leaves_the_files_contiguous(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Truncation deleted the files past the end oldest first: a crash between two deletions (a power loss, then
+    a kill during the abnormal recovery) left a gap, and the next start refused the store ("not contiguous")."""
+    s = make_store(
+        flush_commit_log_least_pages=10**5, flush_commit_log_thorough_interval_ms=10**9,
+        flush_interval_commit_log_ms=10**6,
+    )  # fmt: skip
+    size = s.config.mapped_file_size_commit_log
+    while s.commit_log.max_offset < size + 500:
+        assert s.put_message("P", 0, b"x" * 200).ok
+    assert s.checkpoint is not None and flush_commit_log(s.commit_log, s.checkpoint, s._on_io_error)
+    flushed = s.commit_log.flushed_offset
+    while s.commit_log.max_offset < 3 * size + 500:  # two more files, never synced
+        assert s.put_message("P", 0, b"x" * 200).ok
+    s.abandon()
+    for f in s.commit_log.files.files:  # a power loss: what was not synced reads back as zeros
+        lo = max(flushed - f.file_from_offset, 0)
+        if lo < size:
+            with open(f.path, "r+b") as fh:
+                fh.seek(lo)
+                fh.write(bytes(size - lo))
+    deleted: list[str] = []
+    real = mapped_file.MappedFile.destroy
+
+    def destroy(f: mapped_file.MappedFile) -> None:
+        deleted.append(f.path)
+        if len(deleted) == 2 and "commitlog" in f.path:
+            raise _Killed()
+        real(f)
+
+    monkeypatch.setattr(mapped_file.MappedFile, "destroy", destroy)
+    with pytest.raises(_Killed):
+        make_store(start=False).start()
+    monkeypatch.setattr(mapped_file.MappedFile, "destroy", real)
+    s3 = make_store()  # started: a gap in the commit log made this raise CorruptionError
+    assert s3.commit_log.max_offset == flushed
