@@ -150,9 +150,13 @@ class ConsumeQueueTable:
         return cq
 
     def remove_topic(self, topic: str) -> list[ConsumeQueue]:
+        return self.remove(lambda key: key[0] == topic)
+
+    def remove(self, which: Callable[[tuple[str, int]], bool]) -> list[ConsumeQueue]:
+        """Take the queues whose (topic, queue id) ``which`` accepts out of the table; the caller destroys them."""
         with self.lock:
-            gone = [cq for k, cq in self.queues.items() if k[0] == topic]
-            self.queues = {k: cq for k, cq in self.queues.items() if k[0] != topic}
+            gone = [cq for k, cq in self.queues.items() if which(k)]
+            self.queues = {k: cq for k, cq in self.queues.items() if not which(k)}
         return gone
 
 

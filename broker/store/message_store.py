@@ -212,7 +212,9 @@ class MessageStore:
             self.recovery_report = recover(
                 cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal
             )
-            self._forget_expired_deletions()
+            self._settle_deletions()
+            if abnormal:
+                self._sync_recovered_files()
             with open(cfg.abort_path, "wb") as f:
                 os.fsync(f.fileno())
             # The abort file must survive a power loss, or the next start would trust the files (normal recovery)
@@ -722,14 +724,20 @@ class MessageStore:
         validate_topic(topic)
         with self.commit_log.append_lock:  # no new entries while the topic goes
             self.dispatcher.dispatch_available(notify=False)  # none of its entries left to recreate a queue later
+            deleted_at = self.commit_log.max_offset
+            # On disk in this order: the log up to the deletion point (a point past what a power loss keeps would
+            # hide the next generation's first messages), the point itself, and only then are the queues
+            # destroyed (a crash before that leaves whole queues, which start() drops by the point).
+            self.commit_log.files.flush()
+            with self.dispatcher.lock:
+                self.deleted_topics[topic] = deleted_at
+            self._save_deleted_topics()
             with self.dispatcher.lock:
                 for cq in self.queues.remove_topic(topic):
                     cq.destroy()
                 table = self.commit_log.queue_table  # changed in place: appenders hold no other reference to it
                 for key in [k for k in table if k[0] == topic]:
                     del table[key]
-                self.deleted_topics[topic] = self.commit_log.max_offset
-        self._save_deleted_topics()
         try:
             os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
         except OSError:
@@ -747,13 +755,39 @@ class MessageStore:
         with self._deleted_topics_lock:
             json_file.write_json_atomic(self._deleted_topics_path(), {"deletedTopics": dict(self.deleted_topics)})
 
-    def _forget_expired_deletions(self) -> None:
-        """Drop deletion points the commit log has expired past: no entry of those generations is left."""
-        first = self.commit_log.min_offset
-        gone = [t for t, offset in self.deleted_topics.items() if offset <= first]
-        for t in gone:
-            del self.deleted_topics[t]
-        if gone:
+    def _sync_recovered_files(self) -> None:
+        """After a crash: sync what recovery found before anything counts it as flushed (MappedFileQueue.sync_all
+        says why). One fdatasync per file, on abnormal starts only."""
+        self.commit_log.files.sync_all()
+        for cq in list(self.queues.queues.values()):
+            cq.files.sync_all()
+        if self.index is not None:
+            self.index.flush()
+
+    def _settle_deletions(self) -> None:
+        """After recovery: finish deletions a crash interrupted, and keep the table of deletion points true.
+
+        - A queue of a deleted topic whose first unit lies below the deletion point is of the deleted generation
+          (a crash came between saving the point and destroying the queues): destroyed now.
+        - A point past the recovered end of the log (possible only if the log lost its tail, e.g. in a power
+          loss) comes back to that end: later entries belong to the next generation.
+        - A point the log has expired past names no entry any more: forgotten.
+        """
+        deleted, end, first = self.deleted_topics, self.commit_log.max_offset, self.commit_log.min_offset
+
+        def old_generation(key: tuple[str, int]) -> bool:
+            cq = self.queues.queues[key]
+            unit = cq.unit(cq.min_offset) if key[0] in deleted else None
+            return unit is not None and unit.commitlog_offset < deleted[key[0]]
+
+        for cq in self.queues.remove(old_generation):
+            log.warning("topic %s queue %d: deleted before a crash; its queue is removed now", cq.topic, cq.queue_id)
+            self.commit_log.queue_table.pop((cq.topic, cq.queue_id), None)
+            cq.destroy()
+        changed = {t: min(at, end) for t, at in deleted.items() if first < at}
+        if changed != deleted:
+            deleted.clear()
+            deleted.update(changed)
             self._save_deleted_topics()
 
     def add_arrival_listener(self, fn: ArrivalListener) -> None:
