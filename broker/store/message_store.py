@@ -730,8 +730,17 @@ class MessageStore:
             # destroyed (a crash before that leaves whole queues, which start() drops by the point).
             self.commit_log.files.flush()
             with self.dispatcher.lock:
+                before = self.deleted_topics.get(topic)
                 self.deleted_topics[topic] = deleted_at
-            self._save_deleted_topics()
+            try:
+                self._save_deleted_topics()
+            except OSError:  # not deleted after all: the table must not say otherwise
+                with self.dispatcher.lock:
+                    if before is None:
+                        del self.deleted_topics[topic]
+                    else:
+                        self.deleted_topics[topic] = before
+                raise
             with self.dispatcher.lock:
                 for cq in self.queues.remove_topic(topic):
                     cq.destroy()

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from broker import json_file
 from broker.errors import StoreLockedError
 from broker.store import MessageStore, PutResult, PutStatus, mapped_file
 from broker.store.consume_queue import CQ_UNIT
@@ -472,3 +473,23 @@ def test_an_abnormal_start_syncs_every_recovered_file(make_store: Callable[..., 
     assert counts.get("commitlog", 0) >= len(s2.commit_log.files.files) == 2
     assert counts.get("consumequeue", 0) >= cq_files > 2
     assert counts.get("index", 0) >= len(s2.index.files) >= 1
+
+
+def test_a_deletion_point_that_cannot_be_saved_deletes_nothing(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delete_topic fails with the OSError, and the topic stays whole: the table of deletion points in memory must
+    not claim a deletion the disk never recorded (check() and re-dispatch read it)."""
+    s = make_store()
+    for i in range(5):
+        assert s.put_message("T", 0, b"a%d" % i).ok
+    assert s.wait_dispatched()
+
+    def disk_full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json_file, "write_json_atomic", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        s.delete_topic("T")
+    assert "T" not in s.deleted_topics
+    assert [m.body for m in s.get_message("g", "T", 0, 0, 32).messages()] == [b"a%d" % i for i in range(5)]
