@@ -234,34 +234,28 @@ def _compile_not(f: Eval) -> Eval:
 def _compile_and(operands: tuple[Eval, ...]) -> Eval:
     """Left to right, stopping at the first FALSE (so a later conversion failure does not count, as in RocketMQ's
     nested LogicExpression); NULL if any operand was NULL, else TRUE."""
-
-    def and_(p: Props) -> Value:
-        result: Value = True
-        for f in operands:
-            v = f(p)
-            if v is False:
-                return False
-            if v is None:
-                result = None
-        return result
-
-    return and_
+    return _compile_logic(operands, decisive=False)
 
 
 def _compile_or(operands: tuple[Eval, ...]) -> Eval:
     """Left to right, stopping at the first TRUE; NULL if any operand was NULL, else FALSE."""
+    return _compile_logic(operands, decisive=True)
 
-    def or_(p: Props) -> Value:
-        result: Value = False
+
+def _compile_logic(operands: tuple[Eval, ...], decisive: bool) -> Eval:
+    """AND (``decisive`` FALSE) or OR (TRUE) over operands: the decisive value ends it, NULL taints the rest."""
+
+    def logic(p: Props) -> Value:
+        result: Value = not decisive
         for f in operands:
             v = f(p)
-            if v is True:
-                return True
+            if v is decisive:
+                return decisive
             if v is None:
                 result = None
         return result
 
-    return or_
+    return logic
 
 
 def _parser_for(value: Value) -> Callable[[str], object] | None:

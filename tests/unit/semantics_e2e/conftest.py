@@ -46,6 +46,17 @@ def broker_defaults() -> tuple[dict[str, Any], dict[str, Any]]:
     return SMALL_STORE, SEMANTICS
 
 
+def final_check(store_dir: Path, **settings: Any) -> None:
+    """check() of the store once the last broker stopped, opened by a broker with the same settings."""
+    final = BrokerController(broker_config(store_dir, **settings))
+    final.start()
+    try:
+        assert final.store is not None and final.store.wait_dispatched(10)
+        assert final.store.check() == []
+    finally:
+        final.shutdown()
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

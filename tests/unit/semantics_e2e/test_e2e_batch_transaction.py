@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, broker_config
+from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, final_check
 from e2e_util import read_topic, visible_count
 
 from broker.client import Admin, Message, Producer, encode_message
@@ -172,13 +172,7 @@ def test_sigkill_during_a_batch_commit_leaves_all_or_none(tmp_path: Path) -> Non
     print("outcomes:", seen)
     # the kills after the decision: recovery finished those commits; at least one kill at ENDING preceded the decision
     assert seen["all"] >= 2 and seen["none"] >= 1, seen
-    final = BrokerController(broker_config(store_dir, transaction_timeout_ms=600_000))
-    final.start()
-    try:
-        assert final.store is not None and final.store.wait_dispatched(10)
-        assert final.store.check() == []
-    finally:
-        final.shutdown()
+    final_check(store_dir, transaction_timeout_ms=600_000)
 
 
 def settled_count(endpoint: str, topic: str, timeout_s: float = 20.0) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SEMANTICS, SMALL_STORE, broker_config, wait_until
+from conftest import SEMANTICS, SMALL_STORE, final_check, wait_until
 from e2e_util import read_topic
 
 from broker.client import (
@@ -31,7 +31,6 @@ from broker.client import (
     TransactionProducer,
 )
 from broker.errors import BrokerError
-from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
 from broker.store.message import Prop
 
@@ -63,17 +62,6 @@ def kill_at(broker: BrokerProcess, workers: list[threading.Thread], stop: thread
     for w in workers:
         w.join(15)
         assert not w.is_alive(), f"{w.name} still running 15 s after the kill"
-
-
-def final_check(store_dir: Path, **settings: Any) -> None:
-    """check() of the store once the last broker stopped, opened by a broker with the same settings."""
-    final = BrokerController(broker_config(store_dir, **settings))
-    final.start()
-    try:
-        assert final.store is not None and final.store.wait_dispatched(10)
-        assert final.store.check() == []
-    finally:
-        final.shutdown()
 
 
 def read_queue(consumer: PullConsumer, topic: str, queue_id: int = 0) -> list[ReceivedMessage]:

@@ -299,12 +299,7 @@ def test_power_loss_after_queues_were_flushed_past_the_commit_log(make_store: Ca
     assert s.wait_dispatched() and s._cq_flush is not None and s._cq_flush.flush_all()
     assert s.checkpoint is not None and s.checkpoint.data.logics_offset > 2 * size > flushed
     s.abandon()
-    for f in s.commit_log.files.files:  # every commit-log byte after the last fdatasync is lost
-        lo = max(flushed - f.file_from_offset, 0)
-        if lo < size:
-            with open(f.path, "r+b") as fh:
-                fh.seek(lo)
-                fh.write(bytes(size - lo))
+    _lose_commit_log_after(s, flushed)  # every commit-log byte after the last fdatasync is lost
     s2 = make_store()
     assert s2.recovery_report is not None and s2.recovery_report.commit_log_end == flushed
     kept = s2.max_offset("P", 0)
@@ -338,6 +333,17 @@ def test_a_deleted_topic_stays_deleted_after_a_crash(make_store: Callable[..., M
     assert s3.check() == []
 
 
+def _lose_commit_log_after(s: MessageStore, offset: int) -> None:
+    """A power loss: every commit-log byte from ``offset`` on (what was never synced) reads back as zeros."""
+    size = s.config.mapped_file_size_commit_log
+    for f in s.commit_log.files.files:
+        lo = max(offset - f.file_from_offset, 0)
+        if lo < size:
+            with open(f.path, "r+b") as fh:
+                fh.seek(lo)
+                fh.write(bytes(size - lo))
+
+
 class _Killed(BaseException):
     """Stands for a SIGKILL inside recovery: nothing after the raise runs."""
 
@@ -359,12 +365,7 @@ def test_a_crash_while_recovery_truncates_leaves_the_files_contiguous(
     while s.commit_log.max_offset < 3 * size + 500:  # two more files, never synced
         assert s.put_message("P", 0, b"x" * 200).ok
     s.abandon()
-    for f in s.commit_log.files.files:  # a power loss: what was not synced reads back as zeros
-        lo = max(flushed - f.file_from_offset, 0)
-        if lo < size:
-            with open(f.path, "r+b") as fh:
-                fh.seek(lo)
-                fh.write(bytes(size - lo))
+    _lose_commit_log_after(s, flushed)  # a power loss: what was not synced reads back as zeros
     deleted: list[str] = []
     real = mapped_file.MappedFile.destroy
 
@@ -433,13 +434,7 @@ def test_a_deletion_point_past_the_recovered_end_comes_back_to_it(make_store: Ca
     assert s.wait_dispatched()
     s.delete_topic("T")
     s.abandon()
-    size = s.config.mapped_file_size_commit_log
-    for f in s.commit_log.files.files:
-        lo = max(kept - f.file_from_offset, 0)
-        if lo < size:
-            with open(f.path, "r+b") as fh:
-                fh.seek(lo)
-                fh.write(bytes(size - lo))
+    _lose_commit_log_after(s, kept)
     s2 = make_store()
     assert s2.deleted_topics["T"] == s2.commit_log.max_offset == kept
     for i in range(5):
