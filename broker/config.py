@@ -147,7 +147,9 @@ class BrokerConfig:
     python_cpus: str = "auto"
     # Broker semantics (RocketMQ names): delay levels, transaction check-back, dead letters, subscription groups
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-    transaction_timeout_ms: int = 6_000  # an open transaction idle this long is checked back with its producer
+    # An open transaction idle this long is checked back with its producer, and again each time this long has
+    # passed since its last check (at the next check pass).
+    transaction_timeout_ms: int = 6_000
     transaction_check_interval_ms: int = 60_000
     transaction_check_max: int = 15  # unanswered checks before a transaction is rolled back
     # Half messages one transaction may hold: its table is kept in memory (some 100 B a message at the worst), so

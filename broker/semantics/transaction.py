@@ -176,6 +176,9 @@ class _Txn:
     half_floor: int = 0
     op_floor: int = 0
     check_times: int = 0
+    # When the last check was counted: the next one waits transaction_timeout_ms from there too, so a producer
+    # slower than the check passes is not sent a copy of each check per pass (not persisted: a restart asks anew).
+    checked_ms: int = 0
     ended_ms: int = 0
     decision_op_offset: int = -1
     finished: bool = True  # False while a commit's re-store is incomplete
@@ -789,7 +792,7 @@ class TransactionService:
             idle = [
                 t for t in self._txns.values()
                 if t.status is TxStatus.OPEN and not t.inflight and t.halves
-                and now - t.last_ms >= self.transaction_timeout_ms
+                and now - max(t.last_ms, t.checked_ms) >= self.transaction_timeout_ms
             ]  # fmt: skip
         for t in unfinished:
             self._retry_finish(t)
@@ -807,6 +810,7 @@ class TransactionService:
         with self._lock:
             for t in to_check:
                 t.check_times += 1
+                t.checked_ms = now
         self.persist()  # counted before asking, and on disk: a restart cannot grant check_max more checks
         for t in to_check:
             self._check_back(t)

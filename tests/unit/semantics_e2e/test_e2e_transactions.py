@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from conftest import wait_until
+from conftest import SEMANTICS, wait_until
 from e2e_util import read_topic, visible_count
 
 from broker.client import (
@@ -114,6 +114,38 @@ def test_a_raising_local_transaction_is_left_to_the_check_back(broker: BrokerCon
         assert sent.local_state is UNKNOW
         wait_until(lambda: visible_count(endpoint, "Tx") == 1, timeout_s=20, what="commit by check-back")
     assert [m.body for m in read_topic(endpoint, "Tx")] == [b"recovered"]
+
+
+def test_a_slow_producer_is_checked_once_per_transaction_timeout(broker: BrokerController, endpoint: str) -> None:
+    """Check passes come every 100 ms and the transaction timeout is 300 ms. A producer stuck on its first answer
+    is sent each transaction's check at most once per timeout (RocketMQ's defaults, a pass a minute, never
+    showed the difference): after it resumes every transaction is committed, each asked no more often."""
+    release, first_ask = threading.Event(), []
+    checker = Checker(COMMIT)
+
+    def slow(txn_id: str, half: ReceivedMessage) -> LocalTransactionState:
+        first_ask.append(time.monotonic())
+        release.wait(10)
+        return checker(txn_id, half)
+
+    with TransactionProducer(endpoint, "slow-group", slow) as producer:
+        ids = {producer.send_in_transaction(Message("Tx", f"m{i}".encode()), lambda m, t: UNKNOW).transaction_id
+               for i in range(20)}  # fmt: skip
+        with Admin(endpoint) as admin:
+
+            def counted(least: int) -> bool:
+                return all(t.check_times >= least for t in admin.list_transactions() if t.transaction_id in ids)
+
+            wait_until(lambda: counted(4), timeout_s=20, what="four checks while the producer is stuck")
+            release.set()
+            wait_until(lambda: visible_count(endpoint, "Tx") == 20, timeout_s=20, what="every transaction committed")
+            stuck_s = time.monotonic() - first_ask[0]
+            assert {t.transaction_id: t.status for t in admin.list_transactions()} == dict.fromkeys(ids, "COMMITTED")
+    timeout_s = SEMANTICS["transaction_timeout_ms"] / 1000
+    assert set(checker.asked) == ids and max(checker.asked.values()) <= stuck_s / timeout_s + 1, (
+        stuck_s,
+        checker.asked,
+    )
 
 
 def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Callable[..., BrokerController]) -> None:
