@@ -170,6 +170,9 @@ class Dispatcher:
         self.listeners: list[ArrivalListener] = []
         self._topic_names: dict[bytes, str] = {}  # decoded (and checked) once: topics repeat endlessly
         self._stuck_reported = -1  # commit-log offset of the last "stuck" error: logged once, not once a pass
+        # Why dispatch cannot pass an entry ("" while it can): the store refuses puts meanwhile, since what it
+        # acknowledged would never become readable before a restart's recovery cuts the log there.
+        self.stuck = ""
         self._tag_codes: dict[bytes, int] = {}  # raw TAGS value -> its hash code: tags repeat endlessly too
         self._hints: dict[int, DispatchHint] = {}  # commit-log offset -> what put_batch already knows there
         self._hinted_entries = 0
@@ -221,6 +224,8 @@ class Dispatcher:
                 if n < 0 or (n == 0 and self.dispatched_offset == before):
                     break
                 total += n
+            if self.stuck and self.dispatched_offset > self._stuck_reported:  # moved on (e.g. the file expired)
+                self.stuck = ""
         return total
 
     def _dispatch_chunk(self, notify: bool) -> int:
@@ -291,13 +296,12 @@ class Dispatcher:
 
     def _stuck(self, path: str, pos: int, offset: int, why: str) -> None:
         """Log that dispatch cannot pass the entry at ``offset``, once (the service retries every pass)."""
+        self.stuck = (f"dispatch is stuck at {path} byte {pos} (commit-log offset {offset}): {why}; restart the "
+                      "broker so that recovery checks the log")  # fmt: skip
         if offset != self._stuck_reported:
             self._stuck_reported = offset
-            log.error(
-                "dispatcher stuck at %s byte %d (commit-log offset %d): %s; restart the broker so that recovery "
-                "checks the log",
-                path, pos, offset, why,
-            )  # fmt: skip
+            log.error("dispatcher stuck at %s byte %d (commit-log offset %d): %s; restart the broker so that recovery "
+                      "checks the log", path, pos, offset, why)  # fmt: skip
 
     def _topic_name(self, raw: bytes) -> str | None:
         """The topic of stored TOPIC bytes, None when they are not a valid name (never stored by a put: a torn

@@ -108,7 +108,8 @@ class DispatchService(ServiceThread):
         self.dispatcher = dispatcher
         self.interval_s = interval_ms / 1000
         self.backoff_s = 0.0  # after an OSError: the pause before the next try, doubled per failure in a row
-        self.on_state = on_state  # told why dispatch fails, and "" once a pass succeeds again
+        self.on_state = on_state  # told why dispatch fails or is stuck, and "" once a pass gets on again
+        self._reported = ""
 
     def run_once(self) -> None:
         try:
@@ -118,14 +119,18 @@ class DispatchService(ServiceThread):
             # (a thousand a second, onto that same disk). Puts' wakeups do not cut the pause short; stop() does.
             self.backoff_s = min(max(2 * self.backoff_s, DISPATCH_BACKOFF_MIN_S), DISPATCH_BACKOFF_MAX_S)
             log.error("dispatch failed: %s; retrying in %.2f s", e, self.backoff_s)
-            self.on_state(f"consume queues cannot be written ({e}); writes resume once dispatch succeeds")
+            self._report(f"consume queues cannot be written ({e}); writes resume once dispatch succeeds")
             self._stop.wait(self.backoff_s)
             return
-        if self.backoff_s:
-            self.backoff_s = 0.0
-            self.on_state("")
+        self.backoff_s = 0.0
+        self._report(self.dispatcher.stuck)
         if n == 0:
             self.wait(self.interval_s)
+
+    def _report(self, reason: str) -> None:
+        if reason != self._reported:
+            self._reported = reason
+            self.on_state(reason)
 
 
 DELETED_TOPICS_FILE = "deletedTopics.json"  # in config/: {"deletedTopics": {topic: commit-log offset}}
@@ -341,7 +346,8 @@ class MessageStore:
         self._dispatch_error = reason
 
     def is_writable(self) -> bool:
-        return self._running and not self._disk_full and not self._write_error and not self._dispatch_error
+        return (self._running and not self._disk_full and not self._write_error and not self._dispatch_error
+                and not self.dispatcher.stuck)  # fmt: skip
 
     def _refusal(self) -> PutResult | None:
         if not self._running:
@@ -356,8 +362,8 @@ class MessageStore:
             )
         if self._write_error:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"store is read-only: {self._write_error}")
-        if self._dispatch_error:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._dispatch_error)
+        if self._dispatch_error or self.dispatcher.stuck:  # stuck: read here too, not a service pass later
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._dispatch_error or self.dispatcher.stuck)
         return None
 
     def _append_failed(self, e: OSError | CreateMappedFileError) -> PutResult:

@@ -77,10 +77,21 @@ def test_the_dispatcher_stops_at_a_topic_that_is_not_a_name(
     assert s.dispatcher.dispatched_offset == phys and s.topics() == ["T"]
     stuck = [r.getMessage() for r in caplog.records if "dispatcher stuck" in r.getMessage()]
     assert len(stuck) == 1 and f"offset {phys}" in stuck[0] and "00000000000000000000" in stuck[0], stuck
+    refused = s.put_message("T", 0, b"after")  # would be acknowledged, then cut by the restart's recovery
+    assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE, refused
+    assert f"stuck at {stuck_file(s)} byte {phys}" in refused.error and "restart the broker" in refused.error
+    assert s.put_batch(encode_entry(b"T", 0, b"batch")).error == refused.error and not s.is_writable()
     s.abandon()
     s2 = make_store()
     assert s2.recovery_report is not None and s2.recovery_report.truncated_at == phys
+    assert s2.put_message("T", 0, b"after the restart").queue_offsets == [1]
     assert s2.check() == []
+
+
+def stuck_file(s: MessageStore) -> str:
+    f = s.commit_log.files.first()
+    assert f is not None
+    return f.path
 
 
 @pytest.mark.parametrize("good_topic", [b"B", b"Z"])  # sorted before and after the bad one (keys are sorted)
