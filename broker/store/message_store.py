@@ -753,10 +753,10 @@ class MessageStore:
                 table = self.commit_log.queue_table  # changed in place: appenders hold no other reference to it
                 for key in [k for k in table if k[0] == topic]:
                     del table[key]
-        try:
-            os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
-        except OSError:
-            pass
+                try:  # under the dispatcher's lock: the next generation's first dispatch may be making this folder
+                    os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
+                except OSError:
+                    pass  # not empty or not there: nothing of the deleted generation is left in it either way
 
     def _deleted_topics_path(self) -> str:
         return os.path.join(self.config.config_dir, DELETED_TOPICS_FILE)
