@@ -72,7 +72,25 @@ def peers(d: dict[str, Any]) -> str:
     return out + "\n\nlimits: " + ", ".join(f"{k} {v}" for k, v in d.get("limits", {}).items())
 
 
-SECTIONS = {"store": store, "server": server, "spark_source": spark_source, "spark_sink": spark_sink, "peers": peers}
+def sync_ceiling(d: dict[str, Any]) -> str:
+    rows = []
+    for r in d["rows"]:
+        if "median_us" in r:
+            rows.append([r["case"], f"median {r['median_us']:.0f} us, p90 {r['p90_us']:.0f} us", ""])
+        else:
+            syncs = r.get("syncs") or r.get("fsyncs")
+            rows.append([r["case"], f"{r['msgs_per_s']:,.0f}", f"{r['msgs'] / syncs:.1f}" if syncs else ""])
+    return table(["case (32 writers, 100 B)", "msgs/s", "msgs per sync"], rows)
+
+
+SECTIONS = {
+    "store": store,
+    "sync_ceiling": sync_ceiling,
+    "server": server,
+    "spark_source": spark_source,
+    "spark_sink": spark_sink,
+    "peers": peers,
+}
 
 
 def main() -> int:
