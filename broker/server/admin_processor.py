@@ -82,10 +82,16 @@ class AdminProcessor:
         return self.topics.create(topic, queue_nums, if_not_exists=if_not_exists)
 
     def delete_topic(self, topic: str) -> None:
+        """The topic's config goes first (from then on pulls and commits find no topic), then the groups' offsets,
+        on disk before the store deletes the queues: a crash in between must not leave offsets of the deleted
+        generation for a new topic of the same name (its consumers would skip to them), and a crash before leaves
+        the topic's messages, which the next start registers again (the deletion was not acknowledged)."""
         _refuse_system_topic(topic, "deleted")
-        self.topics.delete(topic)
-        self.offsets.remove_topic(topic)
-        self.store.delete_topic(topic)
+        with self.topics.deleting(topic):
+            self.topics.delete(topic)
+            self.offsets.remove_topic(topic)
+            self.offsets.persist()
+            self.store.delete_topic(topic)
 
     def topic_route(self, topic: str, auto_create: bool) -> TopicConfig:
         if is_system_topic(topic):

@@ -98,16 +98,19 @@ class ConsumerOffsetManager:
         offsets: Mapping[QueueKey, int],
         check: Callable[[str, int, int], None] | None = None,
     ) -> int:
-        """Store every offset or none. ``check(topic, queue_id, offset)`` raises for an invalid one."""
+        """Store every offset or none. ``check(topic, queue_id, offset)`` raises for an invalid one; it runs under
+        the table's lock, so that an offset checked against a topic that remove_topic then drops is not stored
+        after the removal."""
         validate_group(group)
         for (topic, queue_id), offset in offsets.items():
             if offset < 0:
                 raise InvalidArgumentError(
                     f"offset {offset} for {topic}/{queue_id} is negative; commit the next offset to consume (>= 0)"
                 )
-            if check is not None:
-                check(topic, queue_id, offset)
         with self._lock:
+            if check is not None:
+                for (topic, queue_id), offset in offsets.items():
+                    check(topic, queue_id, offset)
             for (topic, queue_id), offset in offsets.items():
                 self._table.setdefault((group, topic), {})[queue_id] = offset
             self._dirty = True

@@ -71,6 +71,11 @@ def fold_status(result: GetResult, offset: int) -> PullOutcome:
     raise AssertionError(f"unhandled get status {s}")
 
 
+# Get statuses that a send not yet dispatched can cause: the pull waits for the dispatcher before answering them.
+PAST_THE_END = frozenset({GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_OVERFLOW_ONE,
+                          GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})  # fmt: skip
+
+
 @dataclass
 class PullRequestArgs:
     group: str
@@ -144,7 +149,7 @@ class PullProcessor:
             result = self.store.get_message(
                 req.group, req.topic, req.queue_id, req.offset, max_msgs, max_bytes, codes, message_filter=selector
             )
-            past_end = result.status in (GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_OVERFLOW_ONE)
+            past_end = result.status in PAST_THE_END  # or before a new queue's first unit is dispatched
             has_new = self._has_new(req)
             # (has_new: the dispatcher may have caught up between the get and the lag check just below)
             if past_end and not waited_for_dispatch and (self._dispatch_behind() or has_new()):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class TopicConfigManager:
         self.store_queue_ids: Callable[[str], list[int]] | None = None  # set once the store runs
         self._topics: dict[str, TopicConfig] = {}
         self._data_version = 0
+        self._deleting: set[str] = set()  # topics under DeleteTopic: their store queues are not adopted again
 
     def load(self) -> None:
         loaded = load_json(self.path, _parse_topics)
@@ -137,7 +139,7 @@ class TopicConfigManager:
     def adopt(self, topic: str, queue_ids: list[int]) -> TopicConfig | None:
         """Register a topic that exists in the store but not here (written by a broker service, or topics.json
         lost): its queue count covers every queue id the store has."""
-        if not queue_ids:
+        if not queue_ids or topic in self._deleting:
             return None
         log.warning("topic %s found in the store but not in %s; registering it", topic, self.path)
         return self.create(topic, max(max(queue_ids) + 1, 1), if_not_exists=True)
@@ -207,6 +209,19 @@ class TopicConfigManager:
         if not 0 <= queue_id < count:
             raise InvalidArgumentError(f"queue {queue_id} does not exist: topic {topic!r} has queues 0..{count - 1}")
         return config
+
+    @contextmanager
+    def deleting(self, topic: str) -> Iterator[None]:
+        """While a topic is deleted, a pull or an offset commit finds it gone even though the store still has its
+        queues: adopting them (require) would register the topic again, and a commit would store an offset of the
+        deleted generation that a new topic of the same name then starts from."""
+        with self._lock:
+            self._deleting.add(topic)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._deleting.discard(topic)
 
     def delete(self, topic: str) -> None:
         with self._lock:

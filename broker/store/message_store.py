@@ -729,7 +729,9 @@ class MessageStore:
         """
         validate_topic(topic)
         with self.commit_log.append_lock:  # no new entries while the topic goes
-            self.dispatcher.dispatch_available(notify=False)  # none of its entries left to recreate a queue later
+            # None of its entries left to recreate a queue later. Notifying: other topics' held pulls wait for
+            # what this pass dispatches for them.
+            self.dispatcher.dispatch_available()
             deleted_at = self.commit_log.max_offset
             # On disk in this order: the log up to the deletion point (a point past what a power loss keeps would
             # hide the next generation's first messages), the point itself, and only then are the queues

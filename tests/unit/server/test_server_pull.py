@@ -197,6 +197,28 @@ def test_pull_right_after_send_waits_for_the_dispatcher(broker: BrokerController
             assert r.status is PullStatus.FOUND and r.messages[0].body == f"{i}".encode(), (i, r.status)
 
 
+def test_a_pull_right_after_the_first_sends_to_a_queue_waits_for_the_dispatcher(
+    broker: BrokerController, endpoint: str
+) -> None:
+    """Until the dispatcher writes a queue's first units the store has no such queue (NO_MESSAGE_IN_QUEUE): a pull
+    at an offset a send just returned waits for it too, rather than send the consumer back to 0 (it would read
+    message 0 twice)."""
+    results: list[PullResult] = []
+    with Producer(endpoint) as p, PullConsumer(endpoint, "g") as c:
+        with broker.store.dispatcher.lock:  # the dispatcher is behind the sends
+            sent = p.send_batch([Message("New", b"a"), Message("New", b"b")], queue_id=0)
+            assert [s.queue_offset for s in sent] == [0, 1]
+            puller = threading.Thread(target=lambda: results.append(c.pull("New", 0, 1)))
+            puller.start()
+            deadline = time.monotonic() + 10
+            while broker.hold.held_count() == 0 and puller.is_alive():  # until it waits for the dispatcher
+                assert time.monotonic() < deadline, "the pull neither waited nor answered"
+                time.sleep(0.005)
+        puller.join(10)
+    (r,) = results
+    assert r.status is PullStatus.FOUND and [m.body for m in r.messages] == [b"b"], (r.status, r.next_begin_offset)
+
+
 def test_a_pull_without_commit_offset_leaves_the_committed_offset(broker: BrokerController) -> None:
     """commit_offset is optional on the wire: a client that leaves it out (proto3 reads an unset int64 as 0)
     rewound the group's committed offset to 0, so the group re-consumed the queue after a restart."""
