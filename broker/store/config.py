@@ -56,7 +56,7 @@ class StoreConfig:
     max_batch_bytes: int = 4 * 1024 * 1024
     # --- expiry and disk
     file_reserved_time_hours: float = 72
-    delete_when: str = "04"  # hours of the day, ';'-separated, as RocketMQ
+    delete_when: str = "04"  # hours of the day, ';'-separated, as RocketMQ ("": expired files go by disk usage only)
     disk_max_used_space_ratio: int = 75  # percent: over this, expired files go at once (not at delete_when)
     disk_space_clean_forcibly_ratio: int = 85  # percent: over this, the oldest files go even if not expired
     disk_space_warning_level_ratio: int = 90  # percent: over this, writes are refused until space is freed
@@ -101,8 +101,15 @@ class StoreConfig:
             )
         if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
             raise InvalidArgumentError(f"flush_disk_type={self.flush_disk_type!r}; use ASYNC_FLUSH or SYNC_FLUSH")
-        if self.max_hash_slot_num < 1 or self.max_index_num < 2:
-            raise InvalidArgumentError("max_hash_slot_num must be >= 1 and max_index_num >= 2")
+        if self.max_hash_slot_num < 1 or self.max_index_num < 3:  # entry 0 is unused; a message needs one more
+            raise InvalidArgumentError("max_hash_slot_num must be >= 1 and max_index_num >= 3")
+        hours = self.delete_when.split(";") if self.delete_when.strip() else []  # "": by disk usage only
+        if not all(h.strip().isdigit() and 0 <= int(h) <= 23 for h in hours):
+            raise InvalidArgumentError(
+                f"delete_when={self.delete_when!r}: give hours of the day 0..23 separated by semicolons, as "
+                'RocketMQ\'s deleteWhen ("04" or "04;16"; "" for none); anything else would never delete expired '
+                "files on time"
+            )
         if self.max_message_size + 1024 > self.mapped_file_size_commit_log:
             raise InvalidArgumentError(
                 f"max_message_size={self.max_message_size} does not fit a commit-log file of "

@@ -98,6 +98,12 @@ def file_size(slots: int, entries: int) -> int:
     return INDEX_HEADER.size + slots * INDEX_SLOT.size + entries * INDEX_ENTRY.size
 
 
+def _never_written(path: str) -> bool:
+    """Whether an index file holds no header yet (all zero: posix_fallocate had not run, or ran last)."""
+    with open(path, "rb") as f:
+        return not any(f.read(INDEX_HEADER.size))
+
+
 class IndexFile:
     def __init__(self, path: str, slots: int, entries: int, sync: Callable[[int], None], *, create: bool) -> None:
         self.path = path
@@ -117,8 +123,9 @@ class IndexFile:
         if actual != self.size:
             os.close(self.fd)
             raise CorruptionError(
-                f"index file is {actual} bytes, expected {self.size} for {slots} slots and {entries} entries "
-                "(max_hash_slot_num / max_index_num changed?)",
+                f"index file is {actual} bytes, expected {self.size} for {slots} slots and {entries} entries: "
+                "start with the max_hash_slot_num / max_index_num it was written with, or move the index folder "
+                "away (key queries then find only messages stored after)",
                 path,
                 0,
             )
@@ -234,8 +241,10 @@ class IndexService:
         if names:
             last = os.path.join(self.directory, names[-1])
             want = file_size(self.slots, self.entries)
-            if os.path.getsize(last) < want:
-                # created but not yet preallocated when the process died: an empty index file
+            if os.path.getsize(last) < want and _never_written(last):
+                # Created but not yet preallocated when the process died. One with a header was written with
+                # other sizes (max_hash_slot_num / max_index_num changed): IndexFile refuses it, naming them;
+                # extended, it would be read with the wrong layout.
                 log.warning("index %s is %d bytes, expected %d: extending it", last, os.path.getsize(last), want)
                 fd = os.open(last, os.O_RDWR)
                 try:
@@ -292,11 +301,11 @@ class IndexService:
         with self.lock:
             self._writable(len(hashes)).put_message(hashes, phys, store_ts)
 
-    def lookup(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
-        """Commit-log offsets whose key hash matches, newest first: at most ``4 * max_num`` in all (room for hash
-        collisions and a key in both KEYS and UNIQ_KEY), however many files the time range spans."""
+    def lookup(self, topic: str, key: str, limit: int, begin_ms: int, end_ms: int) -> list[int]:
+        """Commit-log offsets whose key hash matches and that may be stored in the range, newest first: at most
+        ``limit`` in all, however many files the time range spans. Some may be other keys of the same hash or
+        stored just after ``end_ms`` (whole seconds here): the caller checks each on the message."""
         kh = key_hash(index_key(topic, key))
-        limit = max_num * 4
         found: list[int] = []
         seen: set[int] = set()
         with self.lock:

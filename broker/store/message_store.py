@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 MAX_BYTES_PER_GET = 64 * 1024 * 1024
 # Bodies in one query-by-key answer, for the same reason: 4096 messages of 4 MiB would otherwise be 16 GiB.
 QUERY_MAX_BYTES = 64 * 1024 * 1024
+QUERY_MAX_CANDIDATES = 65_536  # index entries one key query may read messages for (hash collisions, time edges)
 # check() waits this long for the dispatcher to reach the end of the commit log.
 CHECK_DISPATCH_WAIT_S = 10.0
 # After a dispatch pass fails with an OSError (ENOSPC creating a consume-queue file...), the next try waits this
@@ -697,24 +698,36 @@ class MessageStore:
         end_ms], oldest first; fewer if their bodies pass QUERY_MAX_BYTES (the answer is built whole in memory)."""
         if self.index is None:
             raise InvalidArgumentError("the message index is disabled (message_index_enable=False)")
-        max_num = max(1, min(max_num, 4096))  # bounded: each candidate costs a commit-log read
+        max_num = max(1, min(max_num, 4096))
         found: list[StoredMessage] = []
         nbytes = 0
         deleted_at = self.deleted_topics.get(topic, -1)  # entries before it belong to a deleted generation
-        for off in self.index.lookup(topic, key, max_num, begin_ms, end_ms):  # newest first
-            if off < deleted_at:
-                continue
-            msg = self.lookup_message(off)
-            if msg is None or msg.topic != topic:
-                continue
-            has_key = key in msg.keys or msg.properties.get(Prop.UNIQ_KEY) == key  # hash collisions stop here
-            if has_key and begin_ms <= msg.store_timestamp <= end_ms:
-                nbytes += len(msg.body)
-                if found and nbytes > QUERY_MAX_BYTES:
-                    break
-                found.append(msg)
-                if len(found) == max_num:
-                    break
+        seen: set[int] = set()
+        # Candidates that are not matches (another key of the same hash, a message stored later in the range's
+        # last second) must not use up the answer: the walk widens until max_num match or the index has no more,
+        # bounded because each candidate costs a commit-log read.
+        limit, done = 4 * max_num, False
+        while not done:
+            candidates = self.index.lookup(topic, key, limit, begin_ms, end_ms)  # newest first
+            for off in candidates:
+                if off in seen or off < deleted_at:
+                    continue
+                seen.add(off)
+                msg = self.lookup_message(off)
+                if msg is None or msg.topic != topic:
+                    continue
+                has_key = key in msg.keys or msg.properties.get(Prop.UNIQ_KEY) == key  # hash collisions stop here
+                if has_key and begin_ms <= msg.store_timestamp <= end_ms:
+                    nbytes += len(msg.body)
+                    done = len(found) > 0 and nbytes > QUERY_MAX_BYTES
+                    if done:
+                        break
+                    found.append(msg)
+                    done = len(found) == max_num
+                    if done:
+                        break
+            done = done or len(candidates) < limit or limit >= QUERY_MAX_CANDIDATES  # no more, or the bound
+            limit = min(4 * limit, QUERY_MAX_CANDIDATES)
         found.sort(key=lambda m: m.commitlog_offset)
         return found
 

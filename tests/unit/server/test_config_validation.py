@@ -61,6 +61,15 @@ def test_loop_intervals_must_be_positive(settings: dict[str, Any], name: str, va
         ({"shutdown_grace_s": math.inf}, "shutdown_grace_s is inf"),
         ({"metrics_port": 70000}, "metrics_port is 70000; it must be a port in 0..65535"),
         ({"metrics_port": -1}, "metrics_port is -1"),
+        ({"store": {"max_index_num": 2}}, "max_index_num >= 3"),  # 2 indexed no key at all
+        # RocketMQ separates hours with ';': these were accepted and meant "never" (expiry only past 75% disk)
+        (
+            {"store": {"delete_when": "04,16"}},
+            "delete_when='04,16': give hours of the day 0..23 separated by semicolons",
+        ),
+        ({"store": {"delete_when": "4:00"}}, "delete_when='4:00'"),
+        ({"store": {"delete_when": "25"}}, "delete_when='25'"),
+        ({"store": {"delete_when": "4;"}}, "delete_when='4;'"),
     ],
 )
 def test_sizes_counts_and_ranges_are_checked(settings: dict[str, Any], needle: str) -> None:
@@ -76,6 +85,9 @@ def test_edge_values_that_work_are_still_accepted() -> None:
         {"metrics_port": 65535},
         {"metrics_port": None},
         {"store": {"recover_normally_file_count": 1, "dispatch_interval_ms": 1}},
+        {"store": {"delete_when": "04;16", "max_index_num": 3}},
+        {"store": {"delete_when": "0; 23"}},
+        {"store": {"delete_when": ""}},  # no hour: expired files go by disk usage only
     ):
         BrokerConfig.from_dict(settings)
 

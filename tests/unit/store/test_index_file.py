@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.errors import CorruptionError
 from broker.store import MessageStore, index_file
 from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, IndexService, key_hash
 from broker.store.message import BODY_START, Prop
@@ -89,6 +90,40 @@ def test_query_by_key_reads_only_the_newest_max_num(make_store: Callable[..., Me
     assert len(reads) == 5  # each candidate a hit, newest first: the search stops at the fifth
     assert len(s.query_by_key("Common", "hot", max_num=1000)) == 60
     assert s.check() == []
+
+
+def test_candidates_that_are_not_matches_do_not_use_up_the_answer(store: MessageStore) -> None:
+    """Keys of one hash, and messages stored later in the range's last second, are index candidates that the
+    exact checks reject: many of them in front used to fill the candidate limit (4 x max_num), and the matches
+    behind them were never read."""
+    assert key_hash("T#Aa") == key_hash("T#BB")  # Java's hashCode: "Aa" and "BB" collide
+    assert store.put_message("T", 0, b"the Aa message", {Prop.KEYS: "Aa"}).ok
+    for i in range(300):
+        assert store.put_message("T", 0, b"bb%d" % i, {Prop.KEYS: "BB"}).ok
+    first = store.put_message("E", 0, b"e0", {Prop.KEYS: "K"})
+    later = [store.put_message("E", 0, b"e%d" % i, {Prop.KEYS: "K"}) for i in range(1, 300)]
+    store.wait_dispatched()
+    for max_num in (1, 64):
+        assert [m.body for m in store.query_by_key("T", "Aa", max_num=max_num)] == [b"the Aa message"]
+    end = first.store_timestamp  # most of the 300 are stored later, in the same second
+    want = [b"e0"] + [b"e%d" % i for i, r in enumerate(later, 1) if r.store_timestamp <= end]
+    assert len(want) < 64
+    assert [m.body for m in store.query_by_key("E", "K", max_num=64, end_ms=end)] == want
+
+
+@pytest.mark.parametrize("changed", [{"max_hash_slot_num": 16}, {"max_index_num": 128}])
+def test_an_index_file_of_other_sizes_is_refused_not_extended(
+    make_store: Callable[..., MessageStore], changed: dict[str, int]
+) -> None:
+    """The only index file, written with smaller sizes: it was taken for a crash leftover and extended, then
+    read with the new layout (every key lookup empty, new entries written into the misread file)."""
+    s = make_store()
+    assert s.put_message("T", 0, b"x", {Prop.KEYS: "k"}).ok
+    s.shutdown()
+    with pytest.raises(CorruptionError, match="start with the max_hash_slot_num / max_index_num it was written"):
+        make_store(**changed)
+    s = make_store()  # with the sizes it was written with, all is as it was
+    assert [m.body for m in s.query_by_key("T", "k")] == [b"x"]
 
 
 def test_recovery_looks_past_an_empty_last_index_file(make_store: Callable[..., MessageStore]) -> None:
