@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -248,15 +249,21 @@ class BrokerController:
         next_expire = time.monotonic() + CONSUMER_EXPIRE_SCAN_MS / 1000
         while not self._stop_tasks.wait(min(persist_s, 1.0)):
             now = time.monotonic()
-            try:
-                if now >= next_persist:
-                    self.offsets.persist_if_dirty()
-                    next_persist = now + persist_s
-                if now >= next_expire:
-                    self.consumers.expire()
-                    next_expire = now + CONSUMER_EXPIRE_SCAN_MS / 1000
-            except OSError:
-                log.exception("periodic task failed; will retry at the next interval")
+            if now >= next_persist:
+                next_persist = now + persist_s
+                self._periodic("saving consumer offsets", self.offsets.persist_if_dirty)
+            if now >= next_expire:
+                next_expire = now + CONSUMER_EXPIRE_SCAN_MS / 1000
+                self._periodic("expiring idle consumers", self.consumers.expire)
+
+    @staticmethod
+    def _periodic(what: str, task: Callable[[], object]) -> None:
+        try:
+            task()
+        except Exception:
+            # Broad on purpose: whatever fails, this thread must live on, or offsets would be saved only at shutdown
+            # (a crash would then lose all progress since the start, not the last interval's).
+            log.exception("%s failed; retried at the next interval", what)
 
     # ------------------------------------------------------------------------------------------------ stop
     def shutdown(self) -> None:

@@ -161,3 +161,30 @@ def test_port_in_use_is_a_clear_error(broker_factory: BrokerFactory, tmp_path: P
         raise AssertionError("two brokers listen on one port")
     except BrokerError as e:
         assert "cannot listen" in e.message and str(first.port) in e.message
+
+
+def test_offsets_are_still_saved_after_a_periodic_task_raised(broker_factory: Callable[..., BrokerController]) -> None:
+    """The thread that saves consumer offsets caught only OSError: anything else ended it, and offsets were then
+    saved only at shutdown (a crash lost all progress since the start)."""
+    broker = broker_factory(consumer_offset_persist_interval_ms=50)
+    real_persist, calls = broker.offsets.persist_if_dirty, []
+
+    def fails_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("simulated bug in a periodic task")
+        real_persist()
+
+    broker.offsets.persist_if_dirty = fails_once  # type: ignore[method-assign]
+    endpoint = f"127.0.0.1:{broker.port}"
+    with Producer(endpoint) as producer, PullConsumer(endpoint, "G") as consumer:
+        producer.send(Message("Saved", b"x"), queue_id=0)
+        consumer.commit_offsets({("Saved", 0): 1})
+        deadline = time.monotonic() + 10
+        while (
+            not broker.offsets.path.exists()
+            or "Saved@G" not in json.loads(broker.offsets.path.read_text())["offsetTable"]
+        ):
+            assert time.monotonic() < deadline, f"offsets not saved after the periodic task raised ({len(calls)} calls)"
+            time.sleep(0.02)
+    assert len(calls) >= 2
