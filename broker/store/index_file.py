@@ -99,7 +99,7 @@ def file_size(slots: int, entries: int) -> int:
 
 
 def _never_written(path: str) -> bool:
-    """Whether an index file holds no header yet (all zero: posix_fallocate had not run, or ran last)."""
+    """Whether an index file holds no header yet (all zero: the process died before its first header write)."""
     with open(path, "rb") as f:
         return not any(f.read(INDEX_HEADER.size))
 
