@@ -42,6 +42,17 @@ QUEUES = 8
 PLACEMENT: list[ThreadPlacement] = []  # set by main unless --python-cpus off
 
 
+def place_threads(spec: str) -> frozenset[int] | None:
+    """Place this process's threads as ``sluice broker`` does (``--python-cpus``; thread_placement.py says why):
+    the CPUs the Python threads get, None when placement is off."""
+    allowed = frozenset(os.sched_getaffinity(0))
+    cpus = parse_python_cpus(spec, allowed)
+    if cpus is not None:
+        PLACEMENT.append(ThreadPlacement(cpus, allowed))
+        PLACEMENT[0].reconcile()  # this thread too: every thread started later inherits its CPUs and policy
+    return cpus
+
+
 def _store(path: str, **kw: Any) -> MessageStore:
     shutil.rmtree(path, ignore_errors=True)
     s = MessageStore(StoreConfig(store_path=path, **kw))
@@ -196,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python-cpus", default="auto", help="CPUs for this process's threads: auto (one), off, 2,3...")
     args = ap.parse_args(argv)
     allowed = frozenset(os.sched_getaffinity(0))
-    cpus = parse_python_cpus(args.python_cpus, allowed)
-    if cpus is not None:  # as `sluice broker` places its Python threads (broker/server/thread_placement.py)
-        PLACEMENT.append(ThreadPlacement(cpus, allowed))
-        PLACEMENT[0].reconcile()  # this thread too: every thread started later inherits its CPUs and policy
+    cpus = place_threads(args.python_cpus)
     seconds = 1.0 if args.quick else 4.0
     root = args.dir or tempfile.mkdtemp(prefix="sluice-bench-")
     path = os.path.join(root, "store")

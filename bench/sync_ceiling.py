@@ -32,7 +32,6 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import store as store_bench
-from broker.server.thread_placement import ThreadPlacement, parse_python_cpus
 
 WRITERS = 32
 BODY = os.urandom(100)
@@ -167,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python-cpus", default="auto", help="as bench.store: auto (one CPU), off, 2,3...")
     args = ap.parse_args(argv)
     allowed = frozenset(os.sched_getaffinity(0))
-    cpus = parse_python_cpus(args.python_cpus, allowed)
-    if cpus is not None:
-        store_bench.PLACEMENT.append(ThreadPlacement(cpus, allowed))
-        store_bench.PLACEMENT[0].reconcile()
+    cpus = store_bench.place_threads(args.python_cpus)
     root = tempfile.mkdtemp(prefix="sluice-bench-", dir=args.dir or None)
     path = os.path.join(root, "log")
     rows: list[dict[str, Any]] = []

@@ -155,9 +155,9 @@ class ConsumeQueueTable:
     def remove(self, which: Callable[[tuple[str, int]], bool]) -> list[ConsumeQueue]:
         """Take the queues whose (topic, queue id) ``which`` accepts out of the table; the caller destroys them."""
         with self.lock:
-            gone = [cq for k, cq in self.queues.items() if which(k)]
-            self.queues = {k: cq for k, cq in self.queues.items() if not which(k)}
-        return gone
+            gone = {k: cq for k, cq in self.queues.items() if which(k)}  # asked once per key: it may read files
+            self.queues = {k: cq for k, cq in self.queues.items() if k not in gone}
+        return list(gone.values())
 
 
 class Dispatcher:

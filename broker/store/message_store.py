@@ -109,8 +109,7 @@ class DispatchService(ServiceThread):
         self.dispatcher = dispatcher
         self.interval_s = interval_ms / 1000
         self.backoff_s = 0.0  # after an OSError: the pause before the next try, doubled per failure in a row
-        self.on_state = on_state  # told why dispatch fails or is stuck, and "" once a pass gets on again
-        self._reported = ""
+        self.on_state = on_state  # told why dispatch fails, and "" once a pass succeeds again
 
     def run_once(self) -> None:
         try:
@@ -120,18 +119,14 @@ class DispatchService(ServiceThread):
             # (a thousand a second, onto that same disk). Puts' wakeups do not cut the pause short; stop() does.
             self.backoff_s = min(max(2 * self.backoff_s, DISPATCH_BACKOFF_MIN_S), DISPATCH_BACKOFF_MAX_S)
             log.error("dispatch failed: %s; retrying in %.2f s", e, self.backoff_s)
-            self._report(f"consume queues cannot be written ({e}); writes resume once dispatch succeeds")
+            self.on_state(f"consume queues cannot be written ({e}); writes resume once dispatch succeeds")
             self._stop.wait(self.backoff_s)
             return
-        self.backoff_s = 0.0
-        self._report(self.dispatcher.stuck)
+        if self.backoff_s:
+            self.backoff_s = 0.0
+            self.on_state("")
         if n == 0:
             self.wait(self.interval_s)
-
-    def _report(self, reason: str) -> None:
-        if reason != self._reported:
-            self._reported = reason
-            self.on_state(reason)
 
 
 DELETED_TOPICS_FILE = "deletedTopics.json"  # in config/: {"deletedTopics": {topic: commit-log offset}}
@@ -363,7 +358,7 @@ class MessageStore:
             )
         if self._write_error:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"store is read-only: {self._write_error}")
-        if self._dispatch_error or self.dispatcher.stuck:  # stuck: read here too, not a service pass later
+        if self._dispatch_error or self.dispatcher.stuck:  # stuck: the dispatcher says where, once, in the log
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._dispatch_error or self.dispatcher.stuck)
         return None
 
