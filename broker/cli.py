@@ -79,7 +79,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     tune_malloc()  # this process is the broker's own: see allocator.py for why and what it costs
 
     overrides = {"store_path": args.store, "listen": args.listen, "flush_disk_type": args.flush,
-                 "metrics_port": args.metrics_port, "python_cpus": args.python_cpus}  # fmt: skip
+                 "metrics_port": args.metrics_port, "python_cpus": args.python_cpus, "namesrv_addr": args.namesrv,
+                 "cluster_name": args.cluster, "broker_name": args.broker_name, "broker_id": args.broker_id,
+                 "advertised_address": args.advertise}  # fmt: skip
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )
@@ -95,6 +97,24 @@ def cmd_broker(args: argparse.Namespace) -> int:
     while not stop.wait(1.0):
         pass
     controller.shutdown()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ name server
+def cmd_namesrv(args: argparse.Namespace) -> int:
+    from broker.config import parse_host_port
+    from broker.namesrv import DEFAULT_NAMESRV_PORT, NameServer
+
+    host, port = parse_host_port(args.listen, DEFAULT_NAMESRV_PORT)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms)
+    server.start()
+    print(f"sluice namesrv ready on {server.address}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    server.shutdown()
     return 0
 
 
@@ -357,7 +377,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CPUs for the broker's Python threads: auto (one CPU, the default), off, or a list like 2,3",
     )
+    b.add_argument("--namesrv", default=None,
+                   help="name servers HOST:PORT[,HOST:PORT...] to register with (cluster mode; default: none)")
+    b.add_argument("--cluster", default=None, help="cluster name registered with the name servers (DefaultCluster)")
+    b.add_argument("--broker-name", default=None, help="broker group name (default: this host's name)")
+    b.add_argument("--broker-id", type=int, default=None, help="id in the broker group; 0 (default) is the master")
+    b.add_argument("--advertise", default=None,
+                   help="HOST:PORT clients reach this broker at (default: the listen address, or this host's)")
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
+
+    ns = sub.add_parser("namesrv", help="run a name server in the foreground (cluster mode)")
+    ns.add_argument("--listen", default="0.0.0.0:9876", help="HOST:PORT to listen on (default 0.0.0.0:9876)")
+    ns.add_argument("--broker-expire-ms", type=int_at_least(1), default=120_000,
+                    help="drop a broker from routes when it has not registered for this long (default 120000)")
+    ns.set_defaults(func=cmd_namesrv, log_level_default="INFO")
 
     t = sub.add_parser("topic", help="create, list, delete or describe topics")
     tsub = t.add_subparsers(dest="action", required=True)

@@ -43,6 +43,7 @@ POSITIVE_SETTINGS = (
     "short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs", "default_pull_max_msgs",
     "max_pull_bytes", "consumer_offset_persist_interval_ms", "consumer_expire_ms", "transaction_timeout_ms",
     "transaction_check_interval_ms", "transaction_check_max", "transaction_max_halves", "transaction_max_outcomes",
+    "register_interval_ms", "send_dedup_window_ms",
 )  # fmt: skip
 # What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
 # one message), a pull answer's entry positions (5 bytes for each of at most 4096) and protobuf framing.
@@ -164,6 +165,19 @@ class BrokerConfig:
     transaction_max_outcomes: int = 500_000
     dlq_pull_enable: bool = False  # %DLQ% topics are for people: pulls refused unless an admin enables this
     auto_create_subscription_group: bool = True
+    # Cluster mode (broker/server/registration.py): with name servers set, the broker registers its topics with each
+    # of them every register_interval_ms and at once on every topic change. Empty: a broker on its own.
+    namesrv_addr: str = ""  # HOST:PORT[,HOST:PORT...]
+    cluster_name: str = "DefaultCluster"
+    broker_name: str = ""  # empty: this machine's host name (RocketMQ's default)
+    broker_id: int = 0  # 0: the group's master
+    register_interval_ms: int = 30_000
+    # HOST:PORT clients and other brokers reach this broker at, registered with the name servers. Empty: the listen
+    # host when it is a concrete address, else this machine's address, with the bound port.
+    advertised_address: str = ""
+    # A send retried after its answer was lost is answered with the stored result when the first attempt stored it
+    # within this long (broker/server/send_dedup.py); later retries are stored again.
+    send_dedup_window_ms: int = 300_000
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     def __post_init__(self) -> None:
@@ -187,6 +201,7 @@ class BrokerConfig:
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} is {getattr(self, name)}; it must be a positive integer")
         self._check_ranges()
+        self._check_cluster()
         store = self.store_config()
         try:
             store.validate()
@@ -209,6 +224,35 @@ class BrokerConfig:
             raise InvalidArgumentError(
                 f"transaction_commit_memory_bytes is {self.transaction_commit_memory_bytes}; it must be >= 0"
             )
+
+    def _check_cluster(self) -> None:
+        from broker.client.namesrv_client import parse_namesrv_list
+        from broker.namesrv.route_table import MAX_BROKER_ID, MAX_NAME_CHARS
+
+        if self.namesrv_addr:
+            parse_namesrv_list(self.namesrv_addr)
+        for what, name in (("cluster_name", self.cluster_name), ("broker_name", self.broker_name)):
+            if len(name) > MAX_NAME_CHARS or (name and (not name.isprintable() or " " in name)):
+                raise InvalidArgumentError(
+                    f"{what} {name[:40]!r} must be 1..{MAX_NAME_CHARS} printable characters without spaces"
+                )
+        if not self.cluster_name:
+            raise InvalidArgumentError("cluster_name is empty; name the cluster (default DefaultCluster)")
+        if not 0 <= self.broker_id <= MAX_BROKER_ID:
+            raise InvalidArgumentError(f"broker_id is {self.broker_id}; it must be in 0..{MAX_BROKER_ID} (0: master)")
+        if self.advertised_address:
+            host, port = parse_host_port(self.advertised_address)
+            if port == 0 or host in ("0.0.0.0", "::"):
+                raise InvalidArgumentError(
+                    f"advertised_address {self.advertised_address!r} must name a concrete host and a port other "
+                    "than 0: clients connect to it"
+                )
+
+    @property
+    def namesrv_list(self) -> list[str]:
+        from broker.client.namesrv_client import parse_namesrv_list
+
+        return parse_namesrv_list(self.namesrv_addr) if self.namesrv_addr else []
 
     def _check_grpc_max_message_bytes(self, store: StoreConfig) -> None:
         """Every request and answer must fit one gRPC message: otherwise a pull over two big messages fails with

@@ -77,7 +77,18 @@ class ServiceNotAvailableError(BrokerError):
 
 class BrokerUnreachableError(ServiceNotAvailableError):
     """No answer from the broker (connection refused or reset, deadline passed): the request may or may not have
-    been carried out, so only idempotent requests may be sent again blindly."""
+    been carried out, so only idempotent requests may be sent again blindly. ``request_sent`` is False only when
+    the connection could not be made at all, so the broker never saw the request."""
+
+    def __init__(self, message: str, code: ResponseCode | None = None, *, request_sent: bool = True) -> None:
+        super().__init__(message, code)
+        self.request_sent = request_sent
+
+
+class SendOutcomeUnknownError(BrokerUnreachableError):
+    """A send whose answer never came, even after retries to the same broker: the message may be stored (once; a
+    retry is never stored a second time) or not. Look it up by its UNIQ_KEY (``sluice query key``) before sending
+    it again."""
 
 
 class FlushDiskTimeoutError(BrokerError):

@@ -51,9 +51,13 @@ def _topic_bytes(topic: str) -> bytes:
     return validate_topic(topic)
 
 
-def _properties_bytes(msg: Message) -> bytes:
-    """RocketMQ's ``name\x01value\x02`` encoding of user properties, TAGS and KEYS, built in one pass."""
+def _properties_bytes(msg: Message, uniq_key: str | None = None) -> bytes:
+    """RocketMQ's ``name\x01value\x02`` encoding of user properties, TAGS and KEYS (and the UNIQ_KEY the producer
+    gives the message, unless the message has its own), built in one pass."""
     props = msg.properties
+    if uniq_key is not None and Prop.UNIQ_KEY not in props:
+        tail = f"{Prop.UNIQ_KEY}{NAME_VALUE_SEPARATOR}{uniq_key}{PROPERTY_SEPARATOR}".encode()
+        return _properties_bytes(msg) + tail
     if not props and not msg.tags and not msg.keys:
         return b""
     if Prop.TAGS in props or Prop.KEYS in props:  # rare: let the dict merge decide which value wins
@@ -74,13 +78,15 @@ def _properties_bytes(msg: Message) -> bytes:
 
 
 def encode_message(
-    msg: Message, queue_id: int, born_timestamp: int | None = None, max_message_size: int = 4 << 20
+    msg: Message, queue_id: int, born_timestamp: int | None = None, max_message_size: int = 4 << 20,
+    uniq_key: str | None = None,
 ) -> bytes:
-    """One commit-log entry for SendBatch (store fields zero; the broker fills them in)."""
+    """One commit-log entry for SendBatch (store fields zero; the broker fills them in). ``uniq_key``: the UNIQ_KEY
+    property to add unless the message has its own."""
     if not isinstance(msg.body, bytes | bytearray | memoryview):
         raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}; encode text first")
     return encode_entry(
-        _topic_bytes(msg.topic), queue_id, bytes(msg.body), _properties_bytes(msg), flag=msg.flag,
+        _topic_bytes(msg.topic), queue_id, bytes(msg.body), _properties_bytes(msg, uniq_key), flag=msg.flag,
         born_timestamp=born_timestamp if born_timestamp is not None else int(time.time() * 1000),
         max_message_size=max_message_size,
     )  # fmt: skip

@@ -1,44 +1,89 @@
-"""Producer: single sends, batches encoded client-side into one buffer, and already-encoded batches.
+"""Producer: single sends, batches encoded client-side into one buffer, and already-encoded batches, to one broker
+or across a cluster's brokers.
 
-Queue selection is round-robin per topic, or by a sharding key (``abs(String.hashCode(key)) % queues``) so that
-every message with the same key lands in the same queue, in order. Queue counts come from the broker
-(GetTopicRoute, auto-creating the topic when the broker allows) and are cached per topic.
+Queues. A send picks a writable queue of the topic's route (broker/client/route.py) round-robin, starting at a
+random queue per topic so that many short-lived producers do not all start at queue 0 (RocketMQ's producer starts
+its counter at random too); a batch goes to one queue, and the next batch of the topic to the next queue. A
+sharding key picks ``abs(String.hashCode(key)) % len(queues)`` of the route's writable queues in their fixed order,
+so every message with the same key lands in the same queue, in order. The route comes from the broker itself
+(``endpoint=``) or from name servers (``namesrv=``), auto-creating the topic when a broker allows it.
+
+Failures (RocketMQ's retryTimesWhenSendFailed and latency fault tolerance, with one difference, below):
+
+* A send the broker refused without storing (a refusal such as a full disk or a topic it no longer holds), or
+  that could not reach the broker at all (connection refused), is retried on another broker, up to
+  ``retry_times_when_send_failed`` (2) more times, and the failed broker is avoided for 30 s. Ordered sends (a
+  sharding key or a chosen queue) are never moved to another broker: they fail with a clear error instead.
+* A send whose outcome is unknown (no answer before the attempt deadline, or the connection broke mid-call) may
+  have been stored. RocketMQ sends it again anywhere and may store it twice. Here it is sent again to the same
+  broker only, marked ``retry``, and the broker answers with the first attempt's result when it stored it
+  (broker/server/send_dedup.py, keyed by the UNIQ_KEY every message carries), so a message sent once is stored at
+  most once. When no answer comes within ``timeout_s``, the send raises SendOutcomeUnknownError.
+
+Every message gets a UNIQ_KEY (32 hex characters, as RocketMQ's client ids) unless it has one; ``SendResult``
+carries it, with the storing broker's name.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from broker.client.connection import Connection
 from broker.client.half_batch import to_half_batch
 from broker.client.message import Message, encode_message
 from broker.client.results import SendResult, SendStatus
-from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError
+from broker.client.route import DIRECT_BROKER, MessageQueue
+from broker.client.router import Router, first_available
+from broker.errors import (
+    BrokerError,
+    BrokerUnreachableError,
+    InvalidArgumentError,
+    MessageIllegalError,
+    ResponseCode,
+    SendOutcomeUnknownError,
+    ServiceNotAvailableError,
+    SystemBusyError,
+)
 from broker.proto import sluice_pb2 as pb
 from broker.store.batch import split_entries
-from broker.store.message import java_string_hash, validate_topic
+from broker.store.message import I32, POS_QUEUE_ID, Prop, java_string_hash, validate_topic
 
 T = TypeVar("T")
 
 # The broker's store refuses batches above max_batch_bytes (4 MiB by default); send_batch splits below that.
 DEFAULT_BATCH_LIMIT_BYTES = 4 * 1024 * 1024 - 64 * 1024
+DEFAULT_RETRY_TIMES_WHEN_SEND_FAILED = 2  # RocketMQ's retryTimesWhenSendFailed
+# One attempt's deadline. Short enough that a lost answer is retried within the send's budget (timeout_s); a
+# retry never stores twice, so a slow broker costs a repeat, not a duplicate. A SYNC_FLUSH put answers within 5 s.
+DEFAULT_ATTEMPT_TIMEOUT_S = 10.0
+RETRY_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)  # between attempts at the same broker after an unknown outcome
+# Refusals that say this broker would not take the message now, nothing stored: another broker may.
+_MOVABLE_CODES = frozenset({
+    ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NO_PERMISSION,
+    ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SLAVE_NOT_AVAILABLE,
+})  # fmt: skip
 
 
 class SendResults(Sequence[SendResult]):
     """One SendResult per message of a batch, built on access: a 2,000-message batch costs no 2,000 objects
     unless the caller looks at them. Indexable, iterable and sized like the list it stands for."""
 
-    def __init__(self, resp: pb.SendResponse) -> None:
+    def __init__(self, resp: pb.SendResponse, broker_name: str = DIRECT_BROKER,
+                 uniq_keys: Sequence[str] | None = None) -> None:  # fmt: skip
         self.status = SendStatus[pb.SendStatus.Name(resp.status)]
         self.msg_id_prefix = resp.msg_id_prefix
+        self.broker_name = broker_name
         self.commitlog_offsets: list[int] = list(resp.commitlog_offsets)
         self.queue_ids: list[int] = list(resp.queue_ids)
         self.queue_offsets: list[int] = list(resp.queue_offsets)
+        self.uniq_keys: list[str] = list(uniq_keys) if uniq_keys is not None else []
         if not len(self.commitlog_offsets) == len(self.queue_ids) == len(self.queue_offsets):
             raise BrokerError("broker answered a send with mismatched result lists; this is a broker bug")
 
@@ -52,8 +97,9 @@ class SendResults(Sequence[SendResult]):
     def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
+        uniq = self.uniq_keys[index] if self.uniq_keys else ""
         return SendResult(self.status, f"{self.msg_id_prefix}{self.commitlog_offsets[index]:016X}",
-                          self.queue_ids[index], self.queue_offsets[index])  # fmt: skip
+                          self.queue_ids[index], self.queue_offsets[index], self.broker_name, uniq)  # fmt: skip
 
     def __iter__(self) -> Iterator[SendResult]:
         return (self[i] for i in range(len(self)))
@@ -62,112 +108,237 @@ class SendResults(Sequence[SendResult]):
         return f"SendResults({len(self)} messages, {self.status.value})"
 
     def extend(self, other: SendResults) -> None:
-        """Append another call's results (a batch sent in several calls); the worst status wins."""
+        """Append another call's results (a batch sent in several calls to one broker); the worst status wins."""
         if other.status is not SendStatus.SEND_OK:
             self.status = other.status
         self.commitlog_offsets += other.commitlog_offsets
         self.queue_ids += other.queue_ids
         self.queue_offsets += other.queue_offsets
+        self.uniq_keys += other.uniq_keys
 
 
 class PartialSendError(BrokerError):
-    """A send split into several all-or-nothing calls failed after the first ones were stored. ``stored``: the
-    results of the messages that were (the first ``len(stored)``, in order); resend only the others."""
+    """A send split into several all-or-nothing calls failed after some were stored. ``results``: one entry per
+    message in the order given, its SendResult when stored, None when not; ``stored``: the stored ones' results.
+    Resend only the messages whose result is None."""
 
-    def __init__(self, cause: BrokerError, stored: list[SendResult], total: int) -> None:
+    def __init__(self, cause: BrokerError, results: list[SendResult | None]) -> None:
+        stored = [r for r in results if r is not None]
+        prefix = all(r is not None for r in results[: len(stored)])
+        which = f"the first {len(stored)}, in order" if prefix else "see .results for which"
         super().__init__(
-            f"{len(stored)} of {total} messages were stored (the first {len(stored)}, in order) before a later "
-            f"part of the send failed: {cause.message}; resend only the other {total - len(stored)}",
+            f"{len(stored)} of {len(results)} messages were stored ({which}) before a later part of the send "
+            f"failed: {cause.message}; resend only the other {len(results) - len(stored)}",
             cause.code,
         )
         self.cause = cause
+        self.results = results
         self.stored = stored
 
 
-def _stored_so_far(stored: Sequence[SendResult], total: int, send: Callable[[], T]) -> T:
+def _stored_so_far(results: Sequence[SendResult | None], send: Callable[[], T]) -> T:
     """``send()``; a failure after earlier parts were stored becomes a PartialSendError naming them."""
     try:
         return send()
     except BrokerError as e:
-        if not stored:
+        if not any(r is not None for r in results):
             raise
-        raise PartialSendError(e, list(stored), total) from e
+        raise PartialSendError(e, list(results)) from e
+
+
+def readdress(buffer: bytes, queue_id: int) -> bytes:
+    """The entries of ``buffer`` with QUEUEID set to ``queue_id`` (a batch moved to another broker's queue; the
+    CRC covers the body only, so nothing else changes)."""
+    out = bytearray(buffer)
+    pos = 0
+    while pos < len(out):
+        I32.pack_into(out, pos + POS_QUEUE_ID, queue_id)
+        pos += I32.unpack_from(out, pos)[0]
+    return bytes(out)
+
+
+class UniqKeys:
+    """RocketMQ-style client message ids: 32 upper-case hex characters, unique per producer and message: 16 of a
+    random prefix per producer (with the process id mixed in) and 16 of a counter."""
+
+    def __init__(self) -> None:
+        self._prefix = f"{(random.getrandbits(48) << 16 | (os.getpid() & 0xFFFF)):016X}"
+        self._counter = itertools.count(random.getrandbits(32))
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter) & 0xFFFF_FFFF_FFFF_FFFF:016X}"
+
+
+def _movable(e: BrokerError) -> bool:
+    """True when ``e`` says nothing was stored and another broker may take the message."""
+    if isinstance(e, BrokerUnreachableError):
+        return not e.request_sent
+    return e.code in _MOVABLE_CODES
 
 
 class Producer:
     def __init__(
-        self, endpoint: str | None = None, group: str = "DEFAULT_PRODUCER", *, timeout_s: float = 30.0,
-        batch_limit_bytes: int = DEFAULT_BATCH_LIMIT_BYTES,
+        self, endpoint: str | None = None, group: str = "DEFAULT_PRODUCER", *, namesrv: str | None = None,
+        timeout_s: float = 30.0, batch_limit_bytes: int = DEFAULT_BATCH_LIMIT_BYTES,
+        retry_times_when_send_failed: int = DEFAULT_RETRY_TIMES_WHEN_SEND_FAILED,
+        attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S, router: Router | None = None,
     ) -> None:  # fmt: skip
-        self.conn = Connection(endpoint, timeout_s)
+        if retry_times_when_send_failed < 0 or attempt_timeout_s <= 0 or timeout_s <= 0:
+            raise InvalidArgumentError("retry_times_when_send_failed must be >= 0, the timeouts > 0")
+        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s)
+        self._owns_router = router is None
         self.group = group
+        self.timeout_s = timeout_s
+        self.attempt_timeout_s = min(attempt_timeout_s, timeout_s)
         self.batch_limit_bytes = batch_limit_bytes
-        self._queue_nums: dict[str, int] = {}
-        self._counters: dict[str, itertools.count[int]] = {}
+        self.retry_times_when_send_failed = retry_times_when_send_failed
+        self.uniq_keys = UniqKeys()
+        self._next: dict[str, int] = {}  # topic -> round-robin position over its writable queues
         self._lock = threading.Lock()
 
-    # ------------------------------------------------------------------------------------------------ queues
-    def queue_count(self, topic: str) -> int:
-        n = self._queue_nums.get(topic)
-        if n is None:
-            validate_topic(topic)
-            info = self.conn.call(self.conn.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic, auto_create=True))
-            n = self._queue_nums[topic] = info.write_queue_nums
-        return n
+    @property
+    def conn(self) -> Connection:
+        """The broker's connection, for a producer of one broker (``endpoint=``)."""
+        return self.router.direct
 
-    def select_queue(self, topic: str, sharding_key: str | None = None) -> int:
-        n = self.queue_count(topic)
+    # ------------------------------------------------------------------------------------------------ queues
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's writable queues over every broker, in route order (auto-creating it when allowed)."""
+        validate_topic(topic)
+        queues = self.router.route(topic, auto_create=True).write_queues()
+        if not queues:
+            self.router.refresh(topic)
+            queues = self.router.route(topic, auto_create=True).write_queues()
+        if not queues:
+            raise ServiceNotAvailableError(
+                f"topic {topic!r} has no writable queue in {self.router.describe()} (no live master holds it, or "
+                "its permission forbids writes)"
+            )
+        return queues
+
+    def queue_count(self, topic: str) -> int:
+        """Writable queues of ``topic`` (on one broker: its write queue count)."""
+        return len(self.queues(topic))
+
+    def select_queue(self, topic: str, sharding_key: str | None = None,
+                     exclude: frozenset[str] = frozenset()) -> MessageQueue:  # fmt: skip
+        """The next queue round-robin (skipping brokers that failed recently, and ``exclude``), or the sharding
+        key's queue."""
+        queues = self.queues(topic)
         if sharding_key is not None:
-            return abs(java_string_hash(sharding_key)) % n
+            return queues[abs(java_string_hash(sharding_key)) % len(queues)]
         with self._lock:
-            counter = self._counters.setdefault(topic, itertools.count())
-            return next(counter) % n
+            start = self._next.get(topic)
+            if start is None:
+                start = random.randrange(len(queues))
+            self._next[topic] = start + 1
+        return first_available(queues, start, self.router.available, exclude)
+
+    def _resolve_queue(self, topic: str, queue: MessageQueue | None, queue_id: int | None) -> MessageQueue | None:
+        if queue is not None:
+            if queue.topic != topic:
+                raise InvalidArgumentError(f"queue {queue} is not of topic {topic!r}")
+            return queue
+        if queue_id is None:
+            return None
+        if self.router.cluster_mode:
+            raise InvalidArgumentError(
+                "a bare queue_id is ambiguous in a cluster: name the queue with queue=MessageQueue(topic, broker, id)"
+            )
+        return MessageQueue(topic, DIRECT_BROKER, queue_id)
 
     # ------------------------------------------------------------------------------------------------ sends
-    def send(self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None) -> SendResult:
-        qid = queue_id if queue_id is not None else self.select_queue(msg.topic, sharding_key)
+    def send(
+        self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None,
+        queue: MessageQueue | None = None,
+    ) -> SendResult:  # fmt: skip
         if not isinstance(msg.body, bytes | bytearray | memoryview):
             raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}; encode text first")
-        request = pb.SendMessageRequest(
-            producer_group=self.group, topic=msg.topic, queue_id=qid, body=bytes(msg.body),
-            properties=msg.all_properties(), flag=msg.flag, born_timestamp=int(time.time() * 1000),
-        )  # fmt: skip
-        return SendResults(self.conn.call(self.conn.stub.SendMessage, request))[0]
+        fixed = self._resolve_queue(msg.topic, queue, queue_id)
+        properties = msg.all_properties()
+        uniq = properties.setdefault(Prop.UNIQ_KEY, self.uniq_keys.next())
+        body, born = bytes(msg.body), int(time.time() * 1000)
+
+        def request(mq: MessageQueue) -> pb.SendMessageRequest:
+            return pb.SendMessageRequest(producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, body=body,
+                                         properties=properties, flag=msg.flag, born_timestamp=born)  # fmt: skip
+
+        ordered = fixed is not None or sharding_key is not None
+        first = fixed or self.select_queue(msg.topic, sharding_key)
+        mq, response = self._send_with_failover(msg.topic, first, ordered, request, "SendMessage")
+        return SendResults(response, mq.broker_name, [uniq])[0]
 
     def send_batch(
-        self, msgs: Sequence[Message], queue_id: int | None = None, *, sharding_key: str | None = None
-    ) -> list[SendResult]:
-        """Encode and send; each chunk of up to ``batch_limit_bytes`` is stored all-or-nothing, in order.
+        self, msgs: Sequence[Message], queue_id: int | None = None, *, sharding_key: str | None = None,
+        queue: MessageQueue | None = None,
+    ) -> list[SendResult]:  # fmt: skip
+        """Encode and send; each call of up to ``batch_limit_bytes`` is stored all-or-nothing, in order.
 
-        Without ``queue_id`` every message of one topic goes to the same queue for this call (round-robin
-        between calls), as RocketMQ's batch send does.
-        """
+        Without a queue, the messages of one topic go to one queue for this call (the next round-robin), as
+        RocketMQ's batch send does; messages of other topics (or brokers) go in calls of their own. Results come
+        back one per message, in the order given; a failure after some calls were stored raises PartialSendError
+        saying which messages were stored."""
         if not msgs:
             return []
-        queues: dict[str, int] = {}
+        for msg in msgs:  # every message checked before anything is sent
+            if not isinstance(msg.body, bytes | bytearray | memoryview):
+                raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}")
+        targets: dict[str, MessageQueue] = {}
+        for msg in msgs:
+            if msg.topic not in targets:
+                if queue is not None and queue.topic != msg.topic:
+                    raise InvalidArgumentError(f"queue {queue} is not of topic {msg.topic!r}")
+                fixed = self._resolve_queue(msg.topic, queue, queue_id)
+                targets[msg.topic] = fixed or self.select_queue(msg.topic, sharding_key)
+        ordered = queue is not None or queue_id is not None or sharding_key is not None
         born = int(time.time() * 1000)
-        results: list[SendResult] = []
-        chunk: list[bytes] = []
-        chunk_bytes = 0
-        entries: list[bytes] = []
-        for msg in msgs:  # every message encoded (and so checked here) before any chunk is sent
-            qid = queue_id if queue_id is not None else queues.get(msg.topic)
-            if qid is None:
-                qid = queues[msg.topic] = self.select_queue(msg.topic, sharding_key)
-            entries.append(encode_message(msg, qid, born))
-        for entry in entries:
-            if chunk and chunk_bytes + len(entry) > self.batch_limit_bytes:
-                results += _stored_so_far(results, len(msgs), functools.partial(self._send_entries, chunk))
-                chunk, chunk_bytes = [], 0
-            chunk.append(entry)
-            chunk_bytes += len(entry)
-        results += _stored_so_far(results, len(msgs), functools.partial(self._send_entries, chunk))
-        return results
+        uniq = [m.properties.get(Prop.UNIQ_KEY) or self.uniq_keys.next() for m in msgs]
+        # every message encoded (and so checked) before anything is sent; a move to another queue patches queue ids
+        entries = [
+            encode_message(m, targets[m.topic].queue_id, born, uniq_key=u) for m, u in zip(msgs, uniq, strict=True)
+        ]
+        groups: dict[str, list[int]] = {}  # topic -> its messages, in order; topics sent in order of first appearance
+        for i, msg in enumerate(msgs):
+            groups.setdefault(msg.topic, []).append(i)
+        results: list[SendResult | None] = [None] * len(msgs)
+        for topic, indexes in groups.items():
+            for part in self._size_parts(entries, indexes):
+
+                def request(mq: MessageQueue, part: list[int] = part) -> pb.SendBatchRequest:
+                    buffer = b"".join(entries[i] for i in part)
+                    if mq.queue_id != I32.unpack_from(buffer, POS_QUEUE_ID)[0]:
+                        buffer = readdress(buffer, mq.queue_id)
+                    return pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=len(part))
+
+                send = functools.partial(self._send_with_failover, topic, targets[topic], ordered, request, "SendBatch")
+                mq, response = _stored_so_far(results, send)
+                targets[topic] = mq  # a topic moved to another broker keeps going there for this call
+                for i, r in zip(part, SendResults(response, mq.broker_name, [uniq[i] for i in part]), strict=True):
+                    results[i] = r
+        return [r for r in results if r is not None]
+
+    def _size_parts(self, entries: list[bytes], indexes: list[int]) -> list[list[int]]:
+        """Split one topic's messages into calls of at most ``batch_limit_bytes``."""
+        parts: list[list[int]] = [[]]
+        size = 0
+        for i in indexes:
+            n = len(entries[i])
+            if parts[-1] and size + n > self.batch_limit_bytes:
+                parts.append([])
+                size = 0
+            parts[-1].append(i)
+            size += n
+        return parts
 
     def send_encoded(
-        self, buffer: bytes, count: int, transaction_id: str | None = None, *, as_halves: bool = False
-    ) -> SendResults:
-        """Send entries already encoded with ``encode_entry`` (the fast path); stored all-or-nothing.
+        self, buffer: bytes, count: int, transaction_id: str | None = None, *, as_halves: bool = False,
+        broker_name: str = DIRECT_BROKER, topic: str | None = None,
+    ) -> SendResults:  # fmt: skip
+        """Send entries already encoded with ``encode_entry`` (the fast path) to one broker; stored all-or-nothing.
+
+        ``broker_name``: the broker group whose queue ids the entries carry (cluster mode), found through
+        ``topic``'s route; a client of one broker leaves both out. The entries are never moved to another broker
+        (their queue ids are that broker's).
 
         With ``transaction_id`` the entries are sent as half messages of that batch transaction (invisible until
         ``Admin.end_transaction(transaction_id, commit=True)``); any number of calls from any number of processes
@@ -180,17 +351,22 @@ class Producer:
         Returns a lazy sequence of SendResult (one per entry, in order; for halves, the halves' positions)."""
         if as_halves and not transaction_id:
             raise InvalidArgumentError("as_halves=True needs the transaction_id the halves were encoded for")
+        conn = self._connection(topic, broker_name)
         if not transaction_id:
             request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count)
-            return SendResults(self.conn.call(self.conn.stub.SendBatch, request))
+            return SendResults(self._send_call(conn, "SendBatch", request), broker_name)
         half = buffer if as_halves else to_half_batch(buffer, self.group, transaction_id)
         chunks = [(half, count)] if len(half) <= self.batch_limit_bytes else split_entries(half, self.batch_limit_bytes)
         results: SendResults | None = None
+        done: list[SendResult | None] = []
         for chunk, n in chunks:
             request = pb.SendBatchRequest(producer_group=self.group, entries=chunk, count=n,
                                           transaction_id=transaction_id)  # fmt: skip
-            done: Sequence[SendResult] = results if results is not None else ()
-            part = _stored_so_far(done, count, functools.partial(self._send_request, request))
+            # A transaction's halves are not retried after an unknown outcome: their commit names the attempts
+            # whose halves it keeps, so a task that failed sends again under a new attempt instead.
+            call = functools.partial(conn.call, conn.stub.SendBatch, request, self.timeout_s)
+            part = SendResults(_stored_so_far(done, call), broker_name)
+            done += list(part)
             if results is None:
                 results = part
             else:
@@ -198,14 +374,77 @@ class Producer:
         assert results is not None
         return results
 
-    def _send_entries(self, entries: list[bytes]) -> SendResults:
-        return self.send_encoded(b"".join(entries), len(entries))
+    def _connection(self, topic: str | None, broker_name: str) -> Connection:
+        if not self.router.cluster_mode:
+            if broker_name != DIRECT_BROKER:
+                raise InvalidArgumentError(f"broker {broker_name!r} named, but this producer talks to one broker")
+            return self.router.direct
+        if topic is None:
+            raise InvalidArgumentError("in a cluster, send_encoded needs the topic whose route names the broker")
+        return self.router.broker_connection(topic, broker_name, write=True)
 
-    def _send_request(self, request: pb.SendBatchRequest) -> SendResults:
-        return SendResults(self.conn.call(self.conn.stub.SendBatch, request))
+    # ------------------------------------------------------------------------------------------------ attempts
+    def _send_with_failover(
+        self, topic: str, first: MessageQueue, ordered: bool, request: Callable[[MessageQueue], Any], method: str
+    ) -> tuple[MessageQueue, Any]:
+        """Send to ``first``; when it certainly stored nothing and the send is not ordered, to another broker's
+        queue, up to retry_times_when_send_failed more times."""
+        mq, tried = first, [first.broker_name]
+        for attempt in range(1 + (0 if ordered else self.retry_times_when_send_failed)):
+            try:
+                conn = self.router.queue_connection(mq, write=True)
+                response = self._send_call(conn, method, request(mq))
+            except BrokerError as e:
+                if not _movable(e):
+                    raise
+                self.router.mark_failed(mq.broker_name, topic)
+                if ordered:
+                    raise type(e)(
+                        f"{e.message} (an ordered send to {mq} is never moved to another queue; it stored nothing)",
+                        e.code,
+                    ) from e
+                if attempt == self.retry_times_when_send_failed:
+                    raise
+                nxt = self.select_queue(topic, exclude=frozenset(tried))
+                if nxt.broker_name in tried:
+                    raise  # no other broker holds the topic
+                mq = nxt
+                tried.append(mq.broker_name)
+                continue
+            self.router.mark_ok(mq.broker_name)
+            return mq, response
+        raise AssertionError("unreachable")
+
+    def _send_call(self, conn: Connection, method: str, request: Any) -> Any:
+        """One send to one broker: sent again to the same broker, marked retry, while its outcome is unknown,
+        until ``timeout_s``; SendOutcomeUnknownError when no answer came by then."""
+        stub_method = getattr(conn.stub, method)
+        deadline = time.monotonic() + self.timeout_s
+        unknown: BrokerUnreachableError | None = None
+        for attempt in itertools.count():
+            remaining = deadline - time.monotonic()
+            if unknown is not None and remaining <= 0:
+                raise SendOutcomeUnknownError(
+                    f"no answer from broker {conn.endpoint} within {self.timeout_s:.0f} s ({unknown.message}): the "
+                    f"message may or may not be stored (a retry never stores it twice); look it up by its UNIQ_KEY",
+                ) from unknown
+            try:
+                return conn.call(stub_method, request, timeout_s=max(0.05, min(self.attempt_timeout_s, remaining)))
+            except BrokerUnreachableError as e:
+                if unknown is None and not e.request_sent:
+                    raise  # never reached the broker: nothing stored, another broker may take it
+                unknown = unknown or e
+                request.retry = True
+            except SystemBusyError:
+                if unknown is None:
+                    raise
+                # the broker still stores the first attempt (or indexes a backlog): ask again, never elsewhere
+            time.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self.conn.close()
+        if self._owns_router:
+            self.router.close()
 
     def __enter__(self) -> Producer:
         return self

@@ -28,9 +28,11 @@ class PullStatus(enum.Enum):
 
 class SendResult(NamedTuple):
     status: SendStatus
-    msg_id: str
+    msg_id: str  # the offset id: the storing broker's address and the commit-log offset (ViewMessageById)
     queue_id: int
     queue_offset: int
+    broker_name: str = ""  # the broker group that stored it ("" for a client of one broker)
+    uniq_key: str = ""  # the client's id of the message (UNIQ_KEY), which queries by key find
 
 
 class PullResult(NamedTuple):

@@ -7,6 +7,10 @@ transaction idle for the broker's transactionTimeOut is checked back: the produc
 ``TransactionCheckStream`` call open, runs ``checker(transaction_id, half_message)`` for each check and answers
 with ``EndTransaction(from_check=true)``; UNKNOW (or None) answers nothing, and after transactionCheckMax checks
 the broker rolls the transaction back.
+
+In a cluster (``namesrv=``) the half goes to the chosen queue's broker and the transaction is ended there; the
+producer keeps a check stream open to every master of the cluster, since any of them may hold halves of its group
+(RocketMQ's brokers check back with any producer of the group connected to them).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from broker.client.connection import Connection
 from broker.client.message import Message
 from broker.client.producer import Producer, SendResults
 from broker.client.results import ReceivedMessage, SendResult
@@ -33,6 +38,8 @@ from broker.store.message import decode_entry
 log = logging.getLogger(__name__)
 
 RECONNECT_BACKOFF_S = 1.0  # after the check stream broke (broker restart...), before opening it again
+MAX_REMEMBERED_TRANSACTIONS = 100_000  # open transactions whose broker a cluster producer remembers for its end
+BROKER_WATCH_INTERVAL_S = 30.0  # cluster mode: how often the masters are listed again for check streams
 
 
 class LocalTransactionState(enum.Enum):
@@ -55,17 +62,19 @@ Checker = Callable[[str, ReceivedMessage], "LocalTransactionState | None"]
 class TransactionProducer(Producer):
     def __init__(
         self, endpoint: str | None, group: str, checker: Checker, *, timeout_s: float = 30.0,
-        client_id: str | None = None,
+        client_id: str | None = None, namesrv: str | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(endpoint, group, timeout_s=timeout_s)
+        super().__init__(endpoint, group, timeout_s=timeout_s, namesrv=namesrv)
         self.checker = checker
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.checks_answered = 0
         self._stop = threading.Event()
-        self._call: grpc.Future | None = None
+        self._calls: dict[str, grpc.Future] = {}  # broker address -> its open check stream
         self._call_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._check_loop, name=f"tx-check-{group}", daemon=True)
-        self._thread.start()
+        self._txn_brokers: dict[str, str] = {}  # transaction id -> address of the broker holding its half
+        self._threads: dict[str, threading.Thread] = {}
+        self._watcher = threading.Thread(target=self._watch_brokers, name=f"tx-brokers-{group}", daemon=True)
+        self._watcher.start()
 
     # ------------------------------------------------------------------------------------------------ send
     def send_in_transaction(
@@ -73,14 +82,20 @@ class TransactionProducer(Producer):
     ) -> TransactionSendResult:
         if not isinstance(msg.body, bytes | bytearray | memoryview):
             raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}; encode text first")
-        qid = queue_id if queue_id is not None else self.select_queue(msg.topic, sharding_key)
+        mq = self._resolve_queue(msg.topic, None, queue_id) or self.select_queue(msg.topic, sharding_key)
         txn_id = uuid.uuid4().hex.upper()
         request = pb.SendMessageRequest(
-            producer_group=self.group, topic=msg.topic, queue_id=qid, body=bytes(msg.body),
+            producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, body=bytes(msg.body),
             properties=msg.all_properties(), flag=msg.flag, born_timestamp=int(time.time() * 1000),
             transactional=True, transaction_id=txn_id,
         )  # fmt: skip
-        sent = SendResults(self.conn.call(self.conn.stub.SendMessage, request))[0]
+        conn = self.router.queue_connection(mq, write=True)
+        sent = SendResults(conn.call(conn.stub.SendMessage, request), mq.broker_name)[0]
+        if self.router.cluster_mode:
+            with self._call_lock:
+                if len(self._txn_brokers) >= MAX_REMEMBERED_TRANSACTIONS:  # UNKNOW ones this producer never ends
+                    self._txn_brokers.pop(next(iter(self._txn_brokers)))
+                self._txn_brokers[txn_id] = conn.endpoint
         try:
             state = local_fn(msg, txn_id) or LocalTransactionState.UNKNOW
         except Exception:  # the application's code: its transaction's fate is unknown, the check-back decides
@@ -90,30 +105,64 @@ class TransactionProducer(Producer):
             self.end_transaction(txn_id, state is LocalTransactionState.COMMIT_MESSAGE)
         return TransactionSendResult(sent, txn_id, state)
 
-    def end_transaction(self, txn_id: str, commit: bool, *, from_check: bool = False) -> str:
+    def end_transaction(self, txn_id: str, commit: bool, *, from_check: bool = False, address: str | None = None
+                        ) -> str:  # fmt: skip
+        """End ``txn_id`` on the broker holding its half (``address``: that broker; by default the one this
+        producer sent it to)."""
         request = pb.EndTransactionRequest(transaction_id=txn_id, commit=commit, from_check=from_check,
                                            producer_group=self.group)  # fmt: skip
-        return self.conn.call(self.conn.stub.EndTransaction, request).status
+        with self._call_lock:
+            address = address or self._txn_brokers.pop(txn_id, None)
+        conn = self.router.connection(address) if address and self.router.cluster_mode else self._default_conn()
+        return str(conn.call(conn.stub.EndTransaction, request).status)
+
+    def _default_conn(self) -> Connection:
+        if not self.router.cluster_mode:
+            return self.router.direct
+        raise BrokerError("this producer does not know which broker holds the transaction; pass address=")
+
+    def _masters(self) -> list[str]:
+        if not self.router.cluster_mode:
+            return [self.router.direct.endpoint]
+        return sorted({b.address for b in self.router.cluster_brokers() if b.broker_id == 0})
+
+    def _watch_brokers(self) -> None:
+        """Open a check stream to every master, and to new ones as they join (checked every route refresh)."""
+        while not self._stop.is_set():
+            try:
+                masters = self._masters()
+            except BrokerError as e:
+                log.warning("cannot list the cluster's brokers for transaction checks (%s)", e.message)
+                masters = []
+            for address in masters:
+                thread = self._threads.get(address)
+                if thread is None or not thread.is_alive():
+                    thread = threading.Thread(target=self._check_loop, args=(address,), daemon=True,
+                                              name=f"tx-check-{self.group}-{address}")  # fmt: skip
+                    self._threads[address] = thread
+                    thread.start()
+            self._stop.wait(BROKER_WATCH_INTERVAL_S if self.router.cluster_mode else 3600)
 
     # ------------------------------------------------------------------------------------------------ check-back
-    def _check_loop(self) -> None:
+    def _check_loop(self, address: str) -> None:
         subscribe = pb.TransactionCheckSubscribe(producer_group=self.group, client_id=self.client_id)
+        conn = self.router.connection(address) if self.router.cluster_mode else self.router.direct
         while not self._stop.is_set():
             with self._call_lock:
                 if self._stop.is_set():
                     return
-                call = self.conn.stub.TransactionCheckStream(subscribe)
-                self._call = call
+                call = conn.stub.TransactionCheckStream(subscribe)
+                self._calls[address] = call
             try:
                 for check in call:
-                    self._answer(check)
+                    self._answer(check, address)
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     return
                 log.warning("transaction check stream of %s broke (%s); reopening", self.group, e.code())
             self._stop.wait(RECONNECT_BACKOFF_S)
 
-    def _answer(self, check: pb.TransactionCheckRequest) -> None:
+    def _answer(self, check: pb.TransactionCheckRequest, address: str) -> None:
         half = decode_entry(check.half_entry, 0, len(check.half_entry))
         try:
             state = self.checker(check.transaction_id, half) or LocalTransactionState.UNKNOW
@@ -124,7 +173,8 @@ class TransactionProducer(Producer):
         if state is LocalTransactionState.UNKNOW:
             return
         try:
-            self.end_transaction(check.transaction_id, state is LocalTransactionState.COMMIT_MESSAGE, from_check=True)
+            self.end_transaction(check.transaction_id, state is LocalTransactionState.COMMIT_MESSAGE, from_check=True,
+                                 address=address)
         except BrokerError as e:
             log.warning("answer to the check of %s failed: %s; the broker will ask again", check.transaction_id,
                         e.message)  # fmt: skip
@@ -132,9 +182,11 @@ class TransactionProducer(Producer):
     def close(self) -> None:
         self._stop.set()
         with self._call_lock:
-            if self._call is not None:
-                self._call.cancel()
-        self._thread.join(timeout=10)
+            for call in self._calls.values():
+                call.cancel()
+        self._watcher.join(timeout=10)
+        for thread in list(self._threads.values()):
+            thread.join(timeout=10)
         super().close()
 
     def __enter__(self) -> TransactionProducer:

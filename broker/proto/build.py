@@ -1,4 +1,5 @@
-"""Regenerate the gRPC stubs from ``sluice.proto``: ``python -m broker.proto.build`` (what ``make proto`` runs).
+"""Regenerate the gRPC stubs from ``sluice.proto`` and ``namesrv.proto``: ``python -m broker.proto.build`` (what
+``make proto`` runs).
 
 The proto is compiled with the repository root as include path so the generated service module imports
 ``broker.proto.sluice_pb2`` absolutely. ``.pyi`` type stubs come from mypy-protobuf's plugins when installed.
@@ -21,8 +22,8 @@ log = logging.getLogger(__name__)
 
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
-PROTO_REL = "broker/proto/sluice.proto"
-GENERATED_NAMES = ("sluice_pb2.py", "sluice_pb2_grpc.py", "sluice_pb2.pyi", "sluice_pb2_grpc.pyi")
+PROTO_NAMES = ("sluice", "namesrv")
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 
 
 def _plugin(name: str) -> str | None:
@@ -52,15 +53,19 @@ def generate(out_dir: Path) -> list[Path]:
         args += [f"--plugin=protoc-gen-mypy_grpc={mypy_grpc_plugin}", f"--mypy_grpc_out={out_dir}"]
     else:
         log.warning("mypy-protobuf is not installed: no .pyi stubs generated (pip install mypy-protobuf)")
-    rc = protoc.main([*args, str(REPO_ROOT / PROTO_REL)])
-    if rc != 0:
-        raise BrokerError(f"protoc failed with exit code {rc} compiling {PROTO_REL}; see the messages above")
     target = out_dir / "broker" / "proto"
-    grpc_stub = target / "sluice_pb2_grpc.pyi"
-    if grpc_stub.exists():
-        # mypy-protobuf's service stubs carry ignores and overloads that strict mypy flags; the stubs are generated.
-        grpc_stub.write_text("# mypy: ignore-errors\n" + grpc_stub.read_text())
-    return [target / name for name in GENERATED_NAMES if (target / name).exists()]
+    written: list[Path] = []
+    for name in PROTO_NAMES:
+        rel = f"broker/proto/{name}.proto"
+        rc = protoc.main([*args, str(REPO_ROOT / rel)])
+        if rc != 0:
+            raise BrokerError(f"protoc failed with exit code {rc} compiling {rel}; see the messages above")
+        grpc_stub = target / f"{name}_pb2_grpc.pyi"
+        if grpc_stub.exists():
+            # mypy-protobuf's service stubs carry ignores and overloads that strict mypy flags; they are generated.
+            grpc_stub.write_text("# mypy: ignore-errors\n" + grpc_stub.read_text())
+        written += [p for p in (target / f"{name}{suffix}" for suffix in GENERATED_SUFFIXES) if p.exists()]
+    return written
 
 
 def main() -> int:

@@ -127,6 +127,7 @@ class SendMessageRequest(_message.Message):
     RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
     TRANSACTIONAL_FIELD_NUMBER: _builtins.int
     TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    RETRY_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -142,6 +143,10 @@ class SendMessageRequest(_message.Message):
     message's UNIQ_KEY (RocketMQ) when transactional is set and transaction_id is empty.
     """
     transaction_id: _builtins.str
+    retry: _builtins.bool
+    """This send repeats one whose answer was lost: when that one stored the message (found by its UNIQ_KEY), answer
+    with its result and store nothing (broker/server/send_dedup.py).
+    """
     @_builtins.property
     def properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """TAGS, KEYS, UNIQ_KEY, ... (broker.store.message.Prop)"""
@@ -160,10 +165,11 @@ class SendMessageRequest(_message.Message):
         reconsume_times: _builtins.int = ...,
         transactional: _builtins.bool = ...,
         transaction_id: _builtins.str = ...,
+        retry: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_timestamp", b"born_timestamp", "flag", b"flag", "producer_group", b"producer_group", "properties", b"properties", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "sys_flag", b"sys_flag", "topic", b"topic", "transaction_id", b"transaction_id", "transactional", b"transactional"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_timestamp", b"born_timestamp", "flag", b"flag", "producer_group", b"producer_group", "properties", b"properties", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "retry", b"retry", "sys_flag", b"sys_flag", "topic", b"topic", "transaction_id", b"transaction_id", "transactional", b"transactional"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -177,6 +183,7 @@ class SendBatchRequest(_message.Message):
     ENTRIES_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    RETRY_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     entries: _builtins.bytes
     """encode_entry(...) back to back; each carries its topic and queue id"""
@@ -187,6 +194,8 @@ class SendBatchRequest(_message.Message):
     number of processes may join it). Entries may be plain (the broker rewrites them) or already in half form
     (broker.semantics.transaction_codec.encode_half_entry: only checked, the fast path).
     """
+    retry: _builtins.bool
+    """as SendMessageRequest.retry, keyed by the first entry's UNIQ_KEY"""
     def __init__(
         self,
         *,
@@ -194,10 +203,11 @@ class SendBatchRequest(_message.Message):
         entries: _builtins.bytes = ...,
         count: _builtins.int = ...,
         transaction_id: _builtins.str = ...,
+        retry: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "entries", b"entries", "producer_group", b"producer_group", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "entries", b"entries", "producer_group", b"producer_group", "retry", b"retry", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -655,11 +665,16 @@ class TopicInfo(_message.Message):
     READ_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
     WRITE_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
     PERM_FIELD_NUMBER: _builtins.int
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     read_queue_nums: _builtins.int
     write_queue_nums: _builtins.int
     perm: _builtins.int
     """RocketMQ PermName bits: 4 read, 2 write"""
+    broker_name: _builtins.str
+    """the answering broker's group name and cluster"""
+    cluster: _builtins.str
     def __init__(
         self,
         *,
@@ -667,10 +682,12 @@ class TopicInfo(_message.Message):
         read_queue_nums: _builtins.int = ...,
         write_queue_nums: _builtins.int = ...,
         perm: _builtins.int = ...,
+        broker_name: _builtins.str = ...,
+        cluster: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic", b"topic", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "cluster", b"cluster", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic", b"topic", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

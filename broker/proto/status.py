@@ -46,6 +46,16 @@ def _error_classes() -> dict[ResponseCode, type[BrokerError]]:
 _ERROR_CLASS = _error_classes()
 
 
+# What gRPC says when a call failed because no connection could be made: the request never left the client. Any
+# other UNAVAILABLE (a connection reset or closed mid-call) may have reached the broker.
+_NEVER_CONNECTED = ("failed to connect", "connection refused", "dns resolution failed", "name resolution")
+
+
+def never_connected(details: str) -> bool:
+    lowered = details.lower()
+    return any(s in lowered for s in _NEVER_CONNECTED)
+
+
 def error_from_rpc(e: grpc.RpcError) -> BrokerError:
     """Rebuild the broker's error from a failed call; transport failures become SERVICE_NOT_AVAILABLE."""
     details = e.details() if isinstance(e, grpc.Call) else str(e)
@@ -55,7 +65,8 @@ def error_from_rpc(e: grpc.RpcError) -> BrokerError:
         status = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
         if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return errors.BrokerUnreachableError(
-                f"broker unreachable or too slow ({status.name}: {details}); check the endpoint and that it runs"
+                f"broker unreachable or too slow ({status.name}: {details}); check the endpoint and that it runs",
+                request_sent=not (status is grpc.StatusCode.UNAVAILABLE and never_connected(details or "")),
             )
         return BrokerError(f"gRPC call failed ({status.name}): {details}")
     try:

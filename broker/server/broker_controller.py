@@ -17,8 +17,10 @@ from typing import Any
 
 import grpc
 
+from broker.client.namesrv_client import NameServerClient
 from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
+from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics import (
@@ -29,12 +31,15 @@ from broker.semantics import (
     TransactionService,
 )
 from broker.server.admin_processor import AdminProcessor
+from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
 from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
+from broker.server.registration import NameServerRegistrar
 from broker.server.retry_processor import RetryProcessor
+from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
 from broker.server.service import BrokerService
 from broker.server.topic_config import TopicConfigManager
@@ -91,6 +96,9 @@ class BrokerController:
         self._tasks: threading.Thread | None = None
         self._stopped = False
         self._started_at = 0.0
+        self.identity: BrokerIdentity | None = None
+        self.registrar: NameServerRegistrar | None = None
+        self._last_runtime = (time.monotonic(), 0.0, 0.0)  # (when, put messages, get messages) at the last report
 
     @property
     def address(self) -> str:
@@ -134,16 +142,51 @@ class BrokerController:
             self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
             self._tasks.start()
             server.start()
+            self._start_registration()
         except BaseException:
             self._abort_start()
             raise
         self._started_at = time.time()
         log.info("broker listening on %s (store %s, %s)", self.address, cfg.store_dir, cfg.flush_disk_type)
 
+    def advertised_address(self) -> str:
+        """HOST:PORT registered with the name servers: what clients and other brokers connect to."""
+        if self.config.advertised_address:
+            return self.config.advertised_address
+        ip = advertised_ip(self.host)
+        return f"{ip}:{self.port}"
+
+    def _start_registration(self) -> None:
+        cfg = self.config
+        store_id = load_store_id(cfg.config_dir)
+        self.identity = BrokerIdentity(cfg.cluster_name, cfg.broker_name or default_broker_name(), cfg.broker_id,
+                                       self.advertised_address(), store_id)  # fmt: skip
+        if not cfg.namesrv_list:
+            return
+        self.registrar = NameServerRegistrar(
+            NameServerClient(cfg.namesrv_list), self.identity, self.topics, interval_ms=cfg.register_interval_ms,
+            auto_create_topic_enable=cfg.auto_create_topic_enable, runtime=self._runtime,
+            role="MASTER" if cfg.broker_id == 0 else "SLAVE",
+        )  # fmt: skip
+        self.registrar.start()
+
+    def _runtime(self) -> Runtime:
+        """Load figures for the name servers: message rates since the previous registration."""
+        now = time.monotonic()
+        puts, gets = self.metrics.put_messages.value(), self.metrics.get_messages.value()
+        then, puts_then, gets_then = self._last_runtime
+        self._last_runtime = (now, puts, gets)
+        elapsed = max(now - then, 1e-3)
+        max_offset = self.store.stats().get("commit_log_max_offset", 0) if self.store is not None else 0
+        return Runtime((puts - puts_then) / elapsed, (gets - gets_then) / elapsed, int(max_offset),
+                       int((time.time() - self._started_at) * 1000) if self._started_at else 0)  # fmt: skip
+
     def _abort_start(self) -> None:
         """Undo a half-done start (port taken, store locked, bad config...) so nothing is left running."""
         self._stopped = True
         self._stop_tasks.set()
+        if self.registrar is not None:
+            self.registrar.shutdown()
         if self.server is not None:
             self.server.stop(0)
         if self.metrics_server is not None:
@@ -199,6 +242,9 @@ class BrokerController:
         self.admin.admit_commit = retries.admit_commit
         service.transactions = TransactionProcessor(self.transactions, self.check_hub)
         service.retries, service.locks = retries, self.locks
+        service.dedup = SendDeduplicator(store, cfg.send_dedup_window_ms)
+        service.identity = (cfg.cluster_name, cfg.broker_name or default_broker_name())
+        self.service = service
         pb_grpc.add_BrokerServicer_to_server(service, server)
         self._register_gauges(store)
 
@@ -271,6 +317,8 @@ class BrokerController:
             return
         self._stopped = True
         log.info("broker shutting down")
+        if self.registrar is not None:
+            self.registrar.shutdown()  # first: clients stop routing here while in-flight calls finish
         self.hold.shutdown()
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
         if self.server is not None:

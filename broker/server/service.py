@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -25,10 +26,12 @@ from broker.server.consumer_offsets import validate_group
 from broker.server.metrics import BrokerMetrics
 from broker.server.pull_processor import PullProcessor, PullRequestArgs
 from broker.server.retry_processor import RetryProcessor
+from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
 from broker.server.transaction_processor import TransactionProcessor
-from broker.store.message import validate_topic
+from broker.store.message import Prop, validate_topic
+from broker.store.results import PutResult
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +58,10 @@ def _answer(method: Handler[R]) -> Handler[R]:
     return wrapper
 
 
-def _topic_info(t: TopicConfig) -> pb.TopicInfo:
+def _topic_info(t: TopicConfig, identity: tuple[str, str] = ("", "")) -> pb.TopicInfo:
     return pb.TopicInfo(
-        topic=t.topic, read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums, perm=t.perm
+        topic=t.topic, read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums, perm=t.perm,
+        cluster=identity[0], broker_name=identity[1],
     )
 
 
@@ -95,6 +99,15 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.transactions: TransactionProcessor | None = None
         self.retries: RetryProcessor | None = None
         self.locks: QueueLockManager | None = None
+        self.dedup: SendDeduplicator | None = None  # retried sends stored at most once (send_dedup.py)
+        self.identity: tuple[str, str] = ("", "")  # (cluster, broker name) reported in TopicInfo
+
+    def _dedup(
+        self, key: SendKey | None, retry: bool, keys: Callable[[], list[str | None]]
+    ) -> AbstractContextManager[PutResult | None]:
+        if key is None or self.dedup is None:
+            return nullcontext(None)
+        return self.dedup.attempt(key, retry, keys)
 
     def _refuse(self, what: str, e: BrokerError, context: grpc.ServicerContext) -> NoReturn:
         """Answer a refused call: its RocketMQ code in the trailers, the matching gRPC status, the reason."""
@@ -107,19 +120,30 @@ class BrokerService(pb_grpc.BrokerServicer):
     # ---------------------------------------------------------------------------------------------- send / pull
     @_answer
     def SendMessage(self, request: pb.SendMessageRequest, context: grpc.ServicerContext) -> pb.SendResponse:
-        outcome = self.sends.send_message(
-            request.topic, request.queue_id, request.body, dict(request.properties), flag=request.flag,
-            sys_flag=request.sys_flag, born_timestamp=request.born_timestamp, reconsume_times=request.reconsume_times,
-            producer_group=request.producer_group, transactional=request.transactional,
-            transaction_id=request.transaction_id,
-        )  # fmt: skip
+        properties = dict(request.properties)
+        uniq = properties.get(Prop.UNIQ_KEY)
+        plain = not (request.transactional or request.transaction_id)
+        key = SendKey(request.topic, uniq) if uniq and plain and self.dedup is not None else None
+        with self._dedup(key, request.retry, lambda: [uniq]) as stored:
+            if stored is not None:
+                return _send_response(SendOutcome("SEND_OK", stored))
+            outcome = self.sends.send_message(
+                request.topic, request.queue_id, request.body, properties, flag=request.flag,
+                sys_flag=request.sys_flag, born_timestamp=request.born_timestamp,
+                reconsume_times=request.reconsume_times, producer_group=request.producer_group,
+                transactional=request.transactional, transaction_id=request.transaction_id,
+            )  # fmt: skip
         return _send_response(outcome)
 
     @_answer
     def SendBatch(self, request: pb.SendBatchRequest, context: grpc.ServicerContext) -> pb.SendResponse:
-        return _send_response(
-            self.sends.send_batch(request.entries, request.count, request.transaction_id, request.producer_group)
-        )
+        entries = request.entries
+        key = batch_key(entries) if self.dedup is not None and not request.transaction_id else None
+        with self._dedup(key, request.retry, lambda: entry_uniq_keys(entries)) as stored:
+            if stored is not None:
+                return _send_response(SendOutcome("SEND_OK", stored))
+            outcome = self.sends.send_batch(entries, request.count, request.transaction_id, request.producer_group)
+        return _send_response(outcome)
 
     @_answer
     def PullMessage(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
@@ -189,7 +213,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     # ---------------------------------------------------------------------------------------------- topics
     @_answer
     def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.ServicerContext) -> pb.TopicInfo:
-        return _topic_info(self.admin.create_topic(request.topic, request.queue_nums, request.if_not_exists))
+        return _topic_info(self.admin.create_topic(request.topic, request.queue_nums, request.if_not_exists),
+                           self.identity)
 
     @_answer
     def DeleteTopic(self, request: pb.DeleteTopicRequest, context: grpc.ServicerContext) -> pb.DeleteTopicResponse:
@@ -198,11 +223,11 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @_answer
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
-        return pb.ListTopicsResponse(topics=[_topic_info(t) for t in self.admin.topics.topics()])
+        return pb.ListTopicsResponse(topics=[_topic_info(t, self.identity) for t in self.admin.topics.topics()])
 
     @_answer
     def GetTopicRoute(self, request: pb.GetTopicRouteRequest, context: grpc.ServicerContext) -> pb.TopicInfo:
-        return _topic_info(self.admin.topic_route(request.topic, request.auto_create))
+        return _topic_info(self.admin.topic_route(request.topic, request.auto_create), self.identity)
 
     # ---------------------------------------------------------------------------------------------- consumers
     @_answer

@@ -71,6 +71,7 @@ class TopicConfigManager:
         self._topics: dict[str, TopicConfig] = {}
         self._data_version = 0
         self._deleting: set[str] = set()  # topics under DeleteTopic: their store queues are not adopted again
+        self._listeners: list[Callable[[], None]] = []  # told after every change (the name-server registrar)
 
     def load(self) -> None:
         loaded = load_json(self.path, _parse_topics)
@@ -79,6 +80,23 @@ class TopicConfigManager:
         with self._lock:
             self._topics, self._data_version = loaded
         log.info("loaded %d topics from %s", len(self._topics), self.path)
+
+    @property
+    def data_version(self) -> int:
+        """Changes whenever a topic is created, grown or deleted (RocketMQ's topic table DataVersion)."""
+        return self._data_version
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _changed(self) -> None:
+        self.persist()
+        for listener in list(self._listeners):
+            listener()
 
     def persist(self) -> None:
         with self._write_lock:  # snapshot and write under one lock: an older snapshot never overwrites a newer
@@ -111,7 +129,7 @@ class TopicConfigManager:
             created = TopicConfig(topic, queue_nums, queue_nums)
             self._topics[topic] = created
             self._data_version += 1
-        self.persist()
+        self._changed()
         log.info("created topic %s with %d queues", topic, queue_nums)
         return created
 
@@ -129,7 +147,7 @@ class TopicConfigManager:
                                 found.perm)  # fmt: skip
             self._topics[topic] = grown
             self._data_version += 1
-        self.persist()
+        self._changed()
         log.info("topic %s grown to %d queues", topic, queue_nums)
         return grown
 
@@ -228,7 +246,7 @@ class TopicConfigManager:
             if self._topics.pop(topic, None) is None:
                 raise TopicNotExistError(f"topic {topic!r} does not exist; `sluice topic list` shows the topics")
             self._data_version += 1
-        self.persist()
+        self._changed()
 
     def topics(self) -> list[TopicConfig]:
         return sorted(self._topics.values(), key=lambda t: t.topic)

@@ -429,7 +429,7 @@ class MessageStore:
         why = self._await_flush(phys + len(entry), wait)
         return PutResult(
             PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
-            msg_id_prefix=self._msg_id_prefix(),
+            msg_id_prefix=self.msg_id_prefix(),
             commitlog_offsets=[phys],
             queue_ids=[queue_id],
             queue_offsets=[qoff],
@@ -506,7 +506,7 @@ class MessageStore:
             )
         return entry
 
-    def _msg_id_prefix(self) -> str:
+    def msg_id_prefix(self) -> str:
         return self.commit_log.store_host_bytes.hex().upper()
 
     def validate_batch(
@@ -561,7 +561,7 @@ class MessageStore:
         why = self._await_flush(phys_list[0] + len(data), True if wait_store_ok is None else wait_store_ok)
         return PutResult(
             PutStatus.FLUSH_DISK_TIMEOUT if why else PutStatus.PUT_OK,
-            msg_id_prefix=self._msg_id_prefix(),
+            msg_id_prefix=self.msg_id_prefix(),
             commitlog_offsets=phys_list,
             queue_ids=queue_ids,
             queue_offsets=qoffs_list,

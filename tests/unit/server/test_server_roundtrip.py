@@ -46,16 +46,19 @@ def test_ten_thousand_mixed_messages_round_trip_byte_exact(broker: BrokerControl
     topic = "RoundTrip"
     msgs = make_messages(topic, 10_000)
     sent: dict[str, Message] = {}
+    uniq: dict[str, str] = {}  # msg id -> the UNIQ_KEY the producer gave the message
     with Producer(endpoint) as producer:
         for m in msgs[:50]:  # single sends, round-robin
             r = producer.send(m)
             assert r.status is SendStatus.SEND_OK
-            sent[r.msg_id] = m
+            sent[r.msg_id], uniq[r.msg_id] = m, r.uniq_key
         for start in range(50, len(msgs), 700):  # batches, split by the producer below the batch limit
             chunk = msgs[start : start + 700]
             results = producer.send_batch(chunk)
             assert len(results) == len(chunk)
             sent.update({r.msg_id: m for r, m in zip(results, chunk, strict=True)})
+            uniq.update({r.msg_id: r.uniq_key for r in results})
+    assert len(set(uniq.values())) == 10_000  # every message its own UNIQ_KEY
     assert len(sent) == 10_000
     assert broker.store is not None and broker.store.wait_dispatched()
     with PullConsumer(endpoint, "rt") as consumer:
@@ -70,7 +73,8 @@ def test_ten_thousand_mixed_messages_round_trip_byte_exact(broker: BrokerControl
         assert m.body == original.body
         assert m.tags == original.tags
         assert m.keys == list(original.keys)
-        assert {k: v for k, v in m.properties.items() if k not in ("TAGS", "KEYS")} == original.properties
+        assert m.properties["UNIQ_KEY"] == uniq[m.msg_id]
+        assert {k: v for k, v in m.properties.items() if k not in ("TAGS", "KEYS", "UNIQ_KEY")} == original.properties
         assert parse_msg_id(m.msg_id).commitlog_offset == m.commitlog_offset
         assert m.store_timestamp >= m.born_timestamp > 0
         assert m.reconsume_times == 0

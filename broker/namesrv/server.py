@@ -1,0 +1,77 @@
+"""NameServer: the route table behind a gRPC port, and the thread that expires silent brokers.
+
+Expiry also runs on every read and registration, so a route never names a broker past its expiry time; the
+thread only keeps the log honest when nobody asks (RocketMQ scans every 5 s as well).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+
+import grpc
+
+from broker.errors import ServiceNotAvailableError
+from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
+from broker.namesrv.service import NameServerService, now_ms
+from broker.proto import namesrv_pb2_grpc as npb_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESRV_PORT = 9876  # RocketMQ's
+EXPIRE_SCAN_MS = 5_000
+MAX_WORKERS = 32  # every call is a short in-memory lookup; no call is ever held
+SHUTDOWN_GRACE_S = 5.0
+
+
+class NameServer:
+    def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_NAMESRV_PORT,
+                 broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS) -> None:  # fmt: skip
+        if broker_expire_ms <= 0:
+            raise ValueError("broker_expire_ms must be > 0")
+        self.host, self.port = host, port
+        self.table = RouteTable(broker_expire_ms)
+        self.server: grpc.Server | None = None
+        self._stop = threading.Event()
+        self._expiry: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(MAX_WORKERS, "namesrv-worker"),
+                             options=[("grpc.so_reuseport", 0)])  # fmt: skip
+        target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        try:
+            self.port = server.add_insecure_port(target)
+        except RuntimeError as e:
+            raise ServiceNotAvailableError(f"cannot listen on {target} ({e}); is another process using it?") from None
+        npb_grpc.add_NameServerServicer_to_server(NameServerService(self.table), server)
+        server.start()
+        self.server = server
+        self._expiry = threading.Thread(target=self._expire_loop, name="namesrv-expiry", daemon=True)
+        self._expiry.start()
+        log.info("name server listening on %s (brokers expire after %d ms)", self.address, self.table.broker_expire_ms)
+
+    def _expire_loop(self) -> None:
+        while not self._stop.wait(EXPIRE_SCAN_MS / 1000):
+            self.table.expire(now_ms())
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self.server is not None:
+            self.server.stop(SHUTDOWN_GRACE_S).wait()
+            self.server = None
+        if self._expiry is not None:
+            self._expiry.join()
+        log.info("name server stopped")
+
+    def __enter__(self) -> NameServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,147 @@
+"""Registration with the name servers: on start, whenever the broker's topics change, and every 30 s.
+
+Design (RocketMQ's BrokerOuterAPI.registerBrokerAll, over Sluice's own messages):
+
+* The broker registers with every name server, each on its own: one that is down delays nobody, and is tried again
+  at the next pass.
+* A full registration carries every client-visible topic with its queue counts and permission, and the topic
+  table's data version. When a name server already holds that version, the next passes send a keep-alive with the
+  version only, so an unchanged broker with 10,000 topics costs the name server a few bytes every 30 s. A name
+  server that does not hold the version (it restarted, or expired the broker) answers ``accepted = False``, and
+  the full registration follows at once.
+* A topic created or deleted wakes the registrar at once: a producer that auto-created a topic on this broker
+  finds its route within a round trip, not within 30 s.
+* On a clean shutdown the broker unregisters from every name server, so clients stop routing to it at once rather
+  than after the name servers' expiry time (120 s).
+* A registration the name server refuses (another live broker holds this name and id) is logged at ERROR on every
+  pass; the broker keeps serving its direct clients.
+
+Internal topics (the schedule and transaction topics) are not registered: no client reads or writes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker.client.namesrv_client import NameServerClient
+from broker.errors import BrokerError, BrokerUnreachableError
+from broker.namesrv.route_table import Runtime
+from broker.proto import namesrv_pb2 as npb
+from broker.semantics.system_topics import is_system_topic
+from broker.server.broker_identity import BrokerIdentity
+from broker.server.topic_config import TopicConfigManager
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REGISTER_INTERVAL_MS = 30_000  # RocketMQ's registerNameServerPeriod
+REGISTER_TIMEOUT_S = 5.0
+UNREGISTER_TIMEOUT_S = 2.0  # a clean shutdown waits at most this long per name server
+
+
+@dataclass
+class _ServerState:
+    sent_version: int = -1  # the data version this name server last accepted in a full registration
+    refused: bool = False
+
+
+class NameServerRegistrar:
+    def __init__(
+        self, namesrv: NameServerClient, identity: BrokerIdentity, topics: TopicConfigManager, *,
+        interval_ms: int = DEFAULT_REGISTER_INTERVAL_MS, auto_create_topic_enable: bool = True,
+        runtime: Callable[[], Runtime] = Runtime, role: str = "MASTER", ha_address: str = "",
+    ) -> None:  # fmt: skip
+        self.namesrv = namesrv
+        self.identity = identity
+        self.topics = topics
+        self.interval_ms = interval_ms
+        self.auto_create_topic_enable = auto_create_topic_enable
+        self.runtime = runtime
+        self.role, self.ha_address = role, ha_address
+        self._states = {a: _ServerState() for a in namesrv.addresses}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.registrations = 0  # full registrations accepted, for tests and stats
+
+    def start(self) -> None:
+        self.register_all()  # before the broker reports ready: routes exist as soon as it serves
+        self.topics.add_listener(self._wake.set)
+        self._thread = threading.Thread(target=self._loop, name="namesrv-registrar", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_pass = time.monotonic() + self.interval_ms / 1000
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_pass - time.monotonic()))
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            next_pass = time.monotonic() + self.interval_ms / 1000
+            self.register_all()
+
+    def register_all(self) -> None:
+        for address in self.namesrv.addresses:
+            try:
+                self._register(address)
+            except BrokerUnreachableError as e:
+                log.warning("name server %s did not answer the registration (%s); trying again in %d s", address,
+                            e.message, self.interval_ms // 1000)  # fmt: skip
+            except BrokerError as e:
+                state = self._states[address]
+                state.refused, state.sent_version = True, -1
+                log.error("name server %s refused this broker's registration: %s", address, e.message)
+
+    def _register(self, address: str) -> None:
+        state = self._states[address]
+        version = self.topics.data_version
+        if state.sent_version == version:
+            answer = self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=False),
+                                           REGISTER_TIMEOUT_S)  # fmt: skip
+            if answer.accepted:
+                return
+            log.info("name server %s does not know this broker's topics (it restarted?); registering them", address)
+        self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=True), REGISTER_TIMEOUT_S)
+        if state.refused:
+            log.info("name server %s accepts this broker's registration again", address)
+        state.sent_version, state.refused = version, False
+        self.registrations += 1
+
+    def _request(self, version: int, *, full: bool) -> npb.RegisterBrokerRequest:
+        ident = self.identity
+        r = self.runtime()
+        request = npb.RegisterBrokerRequest(
+            cluster=ident.cluster, broker_name=ident.broker_name, broker_id=ident.broker_id, address=ident.address,
+            store_id=ident.store_id, data_version=version, topics_included=full,
+            auto_create_topic_enable=self.auto_create_topic_enable, role=self.role, ha_address=self.ha_address,
+            runtime=npb.BrokerRuntime(put_messages_per_s=r.put_messages_per_s, get_messages_per_s=r.get_messages_per_s,
+                                      commit_log_max_offset=r.commit_log_max_offset, uptime_ms=r.uptime_ms),
+        )  # fmt: skip
+        if full:
+            request.topics.extend(
+                npb.TopicQueues(topic=t.topic, read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums,
+                                perm=t.perm)
+                for t in self.topics.topics()
+                if not is_system_topic(t.topic)
+            )
+        return request
+
+    def shutdown(self) -> None:
+        """Stop registering and unregister from every name server (a clean shutdown leaves routes at once)."""
+        self._stop.set()
+        self._wake.set()
+        self.topics.remove_listener(self._wake.set)
+        if self._thread is not None:
+            self._thread.join()
+        ident = self.identity
+        request = npb.UnregisterBrokerRequest(cluster=ident.cluster, broker_name=ident.broker_name,
+                                              broker_id=ident.broker_id, store_id=ident.store_id)  # fmt: skip
+        for address in self.namesrv.addresses:
+            try:
+                self.namesrv.call_one(address, "UnregisterBroker", request, UNREGISTER_TIMEOUT_S)
+            except BrokerError as e:
+                log.warning("could not unregister from name server %s (%s); it drops this broker when its "
+                            "registration expires", address, e.message)  # fmt: skip
