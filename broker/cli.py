@@ -81,7 +81,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     overrides = {"store_path": args.store, "listen": args.listen, "flush_disk_type": args.flush,
                  "metrics_port": args.metrics_port, "python_cpus": args.python_cpus, "namesrv_addr": args.namesrv,
                  "cluster_name": args.cluster, "broker_name": args.broker_name, "broker_id": args.broker_id,
-                 "advertised_address": args.advertise}  # fmt: skip
+                 "advertised_address": args.advertise,
+                 "register_interval_ms": args.register_interval_ms}  # fmt: skip
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )
@@ -384,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--broker-id", type=int, default=None, help="id in the broker group; 0 (default) is the master")
     b.add_argument("--advertise", default=None,
                    help="HOST:PORT clients reach this broker at (default: the listen address, or this host's)")
+    b.add_argument("--register-interval-ms", type=int_at_least(1), default=None,
+                   help="how often to register with the name servers (default 30000)")
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
 
     ns = sub.add_parser("namesrv", help="run a name server in the foreground (cluster mode)")

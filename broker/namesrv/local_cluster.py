@@ -1,0 +1,161 @@
+"""A cluster on this machine: a name server and brokers as child processes, for tests, benchmarks and trying a
+cluster out.
+
+Each process prints its ``ready on HOST:PORT`` line; brokers listen on port 0 of 127.0.0.1 and register with the
+name server(s) under names ``broker-a``, ``broker-b``, ... unless told otherwise. ``kill`` is a SIGKILL (a crash),
+``stop`` a SIGTERM (a clean shutdown, which unregisters), ``restart`` starts a broker again on the same store
+(and, by default, the same port, so clients holding its address find it again).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from broker.errors import ServiceNotAvailableError
+from broker.server.process import BrokerProcess
+
+READY = re.compile(r"ready on (\S+):(\d+)")
+START_TIMEOUT_S = 60.0
+
+
+class NameServerProcess:
+    def __init__(self, *, listen: str = "127.0.0.1:0", broker_expire_ms: int | None = None,
+                 log_level: str = "WARNING") -> None:  # fmt: skip
+        self.args = [sys.executable, "-m", "broker", "--log-level", log_level, "namesrv", "--listen", listen]
+        if broker_expire_ms is not None:
+            self.args += ["--broker-expire-ms", str(broker_expire_ms)]
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+        self.output: deque[str] = deque(maxlen=200)
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> NameServerProcess:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            match = READY.search(line)
+            if match:
+                self.address = f"127.0.0.1:{match.group(2)}"
+                threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
+                return self
+            if time.monotonic() > deadline:
+                break
+        self.proc.kill()
+        self.proc.wait()
+        raise ServiceNotAvailableError("name server did not become ready; stderr tail:\n" + "\n".join(self.output))
+
+    def _drain(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.output.append(line.rstrip())
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class LocalCluster:
+    """``LocalCluster(tmp_path, brokers=3).start()``; ``namesrv`` is the address list for clients."""
+
+    def __init__(
+        self, root: Path, *, brokers: int = 3, namesrvs: int = 1, cluster: str = "DefaultCluster",
+        flush: str = "async", broker_expire_ms: int | None = None, register_interval_ms: int | None = None,
+        config: Path | None = None, log_level: str = "WARNING", extra_broker_args: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        self.root = root
+        self.cluster = cluster
+        self.flush = flush
+        self.config = config
+        self.log_level = log_level
+        self.register_interval_ms = register_interval_ms
+        self.extra_broker_args = extra_broker_args or []
+        self.namesrvs = [NameServerProcess(broker_expire_ms=broker_expire_ms, log_level=log_level)
+                         for _ in range(namesrvs)]  # fmt: skip
+        self.names = [f"broker-{chr(ord('a') + i)}" for i in range(brokers)]
+        self.brokers: dict[str, BrokerProcess] = {}
+
+    @property
+    def namesrv(self) -> str:
+        return ",".join(n.address for n in self.namesrvs)
+
+    def start(self) -> LocalCluster:
+        try:
+            for ns in self.namesrvs:
+                ns.start()
+            for name in self.names:
+                self.add_broker(name)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _broker_args(self, name: str) -> list[str]:
+        args = ["--namesrv", self.namesrv, "--cluster", self.cluster, "--broker-name", name]
+        if self.register_interval_ms is not None:
+            args += ["--register-interval-ms", str(self.register_interval_ms)]
+        return args + self.extra_broker_args
+
+    def add_broker(self, name: str, listen: str = "127.0.0.1:0") -> BrokerProcess:
+        broker = BrokerProcess(self.root / name, listen=listen, flush=self.flush, config=self.config,
+                               log_level=self.log_level, extra_args=self._broker_args(name))  # fmt: skip
+        broker.start()
+        self.brokers[name] = broker
+        if name not in self.names:
+            self.names.append(name)
+        return broker
+
+    def endpoint(self, name: str) -> str:
+        return self.brokers[name].endpoint
+
+    def kill(self, name: str) -> None:
+        self.brokers[name].kill()
+
+    def stop(self, name: str) -> int:
+        return self.brokers[name].stop()
+
+    def restart(self, name: str, *, same_port: bool = True) -> BrokerProcess:
+        old = self.brokers[name]
+        if old.proc is not None and old.proc.poll() is None:
+            old.stop()
+        listen = f"127.0.0.1:{old.port}" if same_port else "127.0.0.1:0"
+        deadline = time.monotonic() + 30
+        while True:  # the old port may linger for a moment after the process ended
+            try:
+                return self.add_broker(name, listen)
+            except ServiceNotAvailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        for broker in self.brokers.values():
+            if broker.proc is not None and broker.proc.poll() is None:
+                broker.kill()
+        for ns in self.namesrvs:
+            if ns.running:
+                ns.kill()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
