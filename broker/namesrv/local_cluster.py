@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.errors import ServiceNotAvailableError
@@ -101,8 +102,9 @@ class LocalCluster:
         try:
             for ns in self.namesrvs:
                 ns.start()
-            for name in self.names:
-                self.add_broker(name)
+            with ThreadPoolExecutor(len(self.names) or 1) as pool:  # brokers start side by side
+                for started in [pool.submit(self.add_broker, name) for name in self.names]:
+                    started.result()
         except BaseException:
             self.close()
             raise

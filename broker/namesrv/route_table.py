@@ -25,7 +25,7 @@ import logging
 import threading
 from dataclasses import dataclass, field, replace
 
-from broker.errors import InvalidArgumentError, TopicNotExistError
+from broker.errors import InvalidArgumentError, MessageIllegalError, TopicNotExistError
 from broker.store.message import validate_topic
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,13 @@ def _check_name(what: str, value: str, limit: int = MAX_NAME_CHARS) -> None:
         )
 
 
+def check_topic(topic: str) -> None:
+    try:
+        validate_topic(topic)
+    except MessageIllegalError as e:
+        raise InvalidArgumentError(e.message) from None
+
+
 def check_registration(reg: Registration) -> None:
     _check_name("cluster", reg.cluster)
     _check_name("broker name", reg.broker_name)
@@ -130,7 +137,7 @@ def check_registration(reg: Registration) -> None:
                 "may hold in a name server"
             )
         for topic, q in reg.topics.items():
-            validate_topic(topic)
+            check_topic(topic)
             if not (0 <= q.read_queue_nums <= 65_535 and 0 <= q.write_queue_nums <= 65_535 and 0 <= q.perm <= 7):
                 raise InvalidArgumentError(f"topic {topic!r}: queue counts or perm out of range")
 
@@ -210,7 +217,7 @@ class RouteTable:
 
     # ---------------------------------------------------------------------------------------------- reads
     def route(self, topic: str, now_ms: int) -> TopicRoute:
-        validate_topic(topic)
+        check_topic(topic)
         with self._lock:
             self._expire_locked(now_ms)
             groups: dict[str, list[BrokerLive]] = {}

@@ -1,0 +1,68 @@
+"""Shared by the cluster tests: a cluster of real processes with fast registration, and polling."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from broker.client import Admin
+from broker.client.namesrv_client import NameServerClient
+from broker.errors import TopicNotExistError
+from broker.namesrv.local_cluster import LocalCluster
+
+# Registration every 500 ms and expiry after 3 s keep tests of routes, expiry and failover short; the production
+# defaults (30 s and 120 s) are checked by the configuration tests.
+REGISTER_INTERVAL_MS = 500
+BROKER_EXPIRE_MS = 3000
+WAIT_S = 20.0
+
+
+SMALL_STORE = {  # small files: a fresh store allocates a few MiB instead of 1.4 GB
+    "mapped_file_size_commit_log": 64 << 20, "mapped_file_size_consume_queue": 30_000 * 20,
+    "max_hash_slot_num": 16_384, "max_index_num": 65_536,
+}  # fmt: skip
+
+
+def small_store_config(root: Path, **settings: object) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "broker.json"
+    path.write_text(json.dumps({"store": SMALL_STORE, **settings}))
+    return path
+
+
+def make_cluster(root: Path, brokers: int = 3, **kwargs: object) -> LocalCluster:
+    settings: dict[str, object] = {"register_interval_ms": REGISTER_INTERVAL_MS, "broker_expire_ms": BROKER_EXPIRE_MS,
+                                   "config": small_store_config(root)}  # fmt: skip
+    settings.update(kwargs)
+    return LocalCluster(root, brokers=brokers, **settings)  # type: ignore[arg-type]
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> float:
+    """Poll until ``condition()``; returns the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def route_brokers(ns: NameServerClient, topic: str) -> set[str]:
+    try:
+        return {q.broker_name for q in ns.route(topic).queue_datas}
+    except TopicNotExistError:
+        return set()
+
+
+def create_everywhere(cluster: LocalCluster, topic: str, queues: int = 8) -> None:
+    """The topic on every broker of the cluster, and in the name servers' routes."""
+    for name in cluster.names:
+        with Admin(cluster.endpoint(name)) as admin:
+            admin.create_topic(topic, queues)
+    ns = NameServerClient(cluster.namesrv.split(","))
+    try:
+        wait_for(lambda: route_brokers(ns, topic) == set(cluster.names), f"{topic} on every broker")
+    finally:
+        ns.close()

@@ -1,0 +1,145 @@
+"""The producer against a cluster of real processes: spreading, ordered sends, moving to another broker, and
+retries after a lost answer stored once."""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_helpers import create_everywhere, make_cluster, route_brokers, small_store_config, wait_for
+from lossy_proxy import LossyProxy
+
+from broker.client import Message, Producer, PullConsumer, SendStatus
+from broker.client.namesrv_client import NameServerClient
+from broker.client.route import MessageQueue
+from broker.errors import BrokerError, BrokerUnreachableError
+from broker.namesrv.local_cluster import LocalCluster
+from broker.server.process import BrokerProcess
+
+
+def stored_bodies(consumer: PullConsumer, topic: str) -> Counter[bytes]:
+    """Every body stored in ``topic`` on every broker, counted."""
+    found: Counter[bytes] = Counter()
+    for mq, (low, high) in consumer.queue_ranges(topic).items():
+        offset = low
+        while offset < high:
+            r = consumer.pull(mq, offset, max_msgs=256)
+            found.update(m.body for m in r.messages)
+            offset = r.next_begin_offset
+    return found
+
+
+def test_sends_spread_round_robin_over_every_brokers_queues(cluster: LocalCluster) -> None:
+    create_everywhere(cluster, "Spread")
+    with Producer(namesrv=cluster.namesrv) as producer:
+        singles = [producer.send(Message("Spread", b"s%d" % i)) for i in range(3 * 8 * 4)]
+        batches = [producer.send_batch([Message("Spread", b"b%d-%d" % (i, j)) for j in range(5)]) for i in range(24)]
+    per_queue = Counter((r.broker_name, r.queue_id) for r in singles)
+    assert len(per_queue) == 24 and set(per_queue.values()) == {4}  # each of 3 x 8 queues, exactly in turn
+    assert all(len({(r.broker_name, r.queue_id) for r in b}) == 1 for b in batches)  # a batch goes to one queue
+    assert len({(b[0].broker_name, b[0].queue_id) for b in batches}) == 24  # consecutive batches: the next queue
+    assert all(r.status is SendStatus.SEND_OK and len(r.uniq_key) == 32 for r in singles)
+
+
+def test_ordered_sends_keep_their_queue_and_are_never_moved(cluster: LocalCluster) -> None:
+    create_everywhere(cluster, "Ordered")
+    with Producer(namesrv=cluster.namesrv, timeout_s=5) as producer:
+        by_key = {k: {(r.broker_name, r.queue_id) for r in
+                      (producer.send(Message("Ordered", b"%d" % i), sharding_key=k) for i in range(5))}
+                  for k in ("order-1", "order-2", "order-3", "order-4")}  # fmt: skip
+        assert all(len(queues) == 1 for queues in by_key.values())
+        key, ((broker, queue_id),) = next(iter(by_key.items()))
+        cluster.kill(broker)
+        with pytest.raises(BrokerError, match=r"ordered send .* is never moved"):
+            producer.send(Message("Ordered", b"late"), sharding_key=key)
+        with pytest.raises(BrokerError, match="never moved"):
+            producer.send(Message("Ordered", b"late"), queue=MessageQueue("Ordered", broker, queue_id))
+
+
+def test_a_send_moves_to_another_broker_when_one_is_down(cluster: LocalCluster) -> None:
+    create_everywhere(cluster, "Failover")
+    with Producer(namesrv=cluster.namesrv) as producer:
+        producer.send(Message("Failover", b"warm"))  # the route is cached with all three brokers
+        cluster.kill("broker-b")
+        results = [producer.send(Message("Failover", b"%d" % i)) for i in range(60)]
+        batch = producer.send_batch([Message("Failover", b"batch-%d" % i) for i in range(30)])
+    assert {r.broker_name for r in [*results, *batch]} == {"broker-a", "broker-c"}  # no error reached the caller
+    ns = NameServerClient([cluster.namesrv])
+    wait_for(lambda: route_brokers(ns, "Failover") == {"broker-a", "broker-c"}, "broker-b to expire")
+    ns.close()
+    with PullConsumer(namesrv=cluster.namesrv) as consumer:
+        bodies = stored_bodies(consumer, "Failover")
+    assert all(bodies[b"%d" % i] == 1 for i in range(60)) and all(bodies[b"batch-%d" % i] == 1 for i in range(30))
+
+
+def test_a_retry_after_a_lost_answer_is_stored_once(broker_process: BrokerProcess) -> None:
+    proxy = LossyProxy(broker_process.endpoint)
+    try:
+        with Producer(proxy.address, attempt_timeout_s=3) as producer, PullConsumer(broker_process.endpoint) as c:
+            producer.send(Message("Lost", b"warm"), queue_id=0)
+            proxy.lose_next_answer()
+            single = producer.send(Message("Lost", b"single"), queue_id=0)
+            proxy.lose_next_answer()
+            batch = producer.send_batch([Message("Lost", b"batch-%d" % i) for i in range(50)], queue_id=0)
+            assert proxy.answers_lost == 2
+            bodies = [m.body for m in c.pull("Lost", 0, 0, max_msgs=100).messages]
+    finally:
+        proxy.close()
+    assert bodies == [b"warm", b"single", *(b"batch-%d" % i for i in range(50))]  # each once, in order
+    assert (single.queue_offset, [r.queue_offset for r in batch]) == (1, list(range(2, 52)))
+
+
+def test_a_retry_after_a_lost_answer_in_a_cluster_goes_to_the_same_broker(tmp_path: Path) -> None:
+    with make_cluster(tmp_path, brokers=2) as cluster:
+        # a third broker whose advertised address is a proxy that can lose answers
+        port = free_port()
+        proxy = LossyProxy(f"127.0.0.1:{port}")
+        lossy = BrokerProcess(tmp_path / "broker-lossy", listen=f"127.0.0.1:{port}",
+                              config=small_store_config(tmp_path / "lossy-conf"),
+                              extra_args=["--namesrv", cluster.namesrv, "--broker-name", "broker-lossy",
+                                          "--register-interval-ms", "500", "--advertise", proxy.address])  # fmt: skip
+        with lossy:
+            cluster.brokers["broker-lossy"] = lossy
+            cluster.names.append("broker-lossy")
+            create_everywhere(cluster, "LostInCluster")
+            with Producer(namesrv=cluster.namesrv, attempt_timeout_s=3) as producer:
+                target = MessageQueue("LostInCluster", "broker-lossy", 0)
+                producer.send(Message("LostInCluster", b"warm"), queue=target)
+                proxy.lose_next_answer()
+                results = [producer.send(Message("LostInCluster", b"%d" % i)) for i in range(24)]
+            with PullConsumer(namesrv=cluster.namesrv) as consumer:
+                bodies = stored_bodies(consumer, "LostInCluster")
+        proxy.close()
+    assert proxy.answers_lost == 1
+    assert all(bodies[b"%d" % i] == 1 for i in range(24))  # the lost one too: retried where it was stored
+    # 24 sends round-robin over 24 queues reach broker-lossy 8 times; its first answer was the lost one,
+    # and the retry stayed there (a move would have stored it on a second broker as well)
+    assert "broker-lossy" in {r.broker_name for r in results}
+
+
+def test_a_broker_that_never_answers_gives_an_unknown_outcome_not_a_failure(broker_process: BrokerProcess) -> None:
+    proxy = LossyProxy(broker_process.endpoint, cut_after_s=30)
+    try:
+        with Producer(proxy.address, attempt_timeout_s=1, timeout_s=3) as producer:
+            producer.send(Message("Unknown", b"warm"), queue_id=0)
+            proxy.lose_next_answer()
+            with pytest.raises(BrokerUnreachableError, match="may or may not be stored") as caught:
+                producer.send(Message("Unknown", b"limbo"), queue_id=0)
+            assert type(caught.value).__name__ == "SendOutcomeUnknownError"
+    finally:
+        proxy.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with BrokerProcess(tmp_path / "store", config=small_store_config(tmp_path / "conf")) as broker:
+        yield broker
