@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = ("crc", "dispatch", "store", "sync_ceiling", "server", "spark_source", "spark_sink", "peers")
+BENCHMARKS = ("crc", "dispatch", "store", "sync_ceiling", "server", "cluster", "spark_source", "spark_sink", "peers")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,122 @@
+"""Aggregate SendBatch throughput of one broker against a cluster of two, on this machine, in one run:
+`python -m bench.cluster` prints a table and writes bench/results/cluster.json.
+
+A broker's Python threads share one GIL, so one broker uses about one CPU of Python; two brokers on two cores
+should take well past one. Each case starts a name server and its brokers (`LocalCluster`, real processes, fresh
+temporary stores), creates the topic on every broker, and runs two client processes that send pre-encoded batches
+(`Producer.send_encoded`, 1000 messages a call for 100 B, as many as fit in 1 MiB for 1 KiB) for the same time.
+In the one-broker case both clients send to it; with two brokers each client sends to one of them, through
+the cluster's route. Repetitions alternate the cases, so a slow stretch of the machine hits both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.client import Admin, Message, Producer
+from broker.client.message import encode_message
+from broker.namesrv.local_cluster import LocalCluster
+
+RESULTS = Path(__file__).resolve().parent / "results" / "cluster.json"
+TOPIC = "BenchCluster"
+QUEUES = 8
+CLIENTS = 2
+THREADS_PER_CLIENT = 2
+TARGET_RATIO_100B = 1.4
+
+
+def _client(namesrv: str, broker_name: str, body_size: int, duration_s: float, start_at: float,
+            out: Any) -> None:  # fmt: skip
+    """One client process: THREADS_PER_CLIENT threads sending batches to ``broker_name``'s queues."""
+    import threading
+
+    per_call = 1000 if body_size <= 100 else max(1, (1 << 20) // (body_size + 120))
+    body = bytes(range(256)) * (body_size // 256 + 1)
+    batches = [encode_message(Message(TOPIC, body[:body_size]), q) * per_call for q in range(QUEUES)]
+    producers = [Producer(namesrv=namesrv) for _ in range(THREADS_PER_CLIENT)]
+    producers[0].send_encoded(batches[0], per_call, broker_name=broker_name, topic=TOPIC)  # warm: route, channel
+    counts = [0] * THREADS_PER_CLIENT
+    time.sleep(max(0.0, start_at - time.time()))
+    stop = time.monotonic() + duration_s
+
+    def loop(i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            producers[i].send_encoded(batches[(n + i) % QUEUES], per_call, broker_name=broker_name, topic=TOPIC)
+            n += 1
+        counts[i] = n * per_call
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(THREADS_PER_CLIENT)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in producers:
+        p.close()
+    out.put(sum(counts))
+
+
+def run_case(brokers: int, body_size: int, duration_s: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp, LocalCluster(Path(tmp), brokers=brokers) as c:
+        for name in c.names:
+            with Admin(c.endpoint(name)) as admin:
+                admin.create_topic(TOPIC, QUEUES)
+        with Producer(namesrv=c.namesrv) as p:  # wait until every broker's route is registered
+            while {mq.broker_name for mq in p.queues(TOPIC)} != set(c.names):
+                p.router.refresh(TOPIC)
+                time.sleep(0.1)
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        start_at = time.time() + 3.0  # every client connected and warm before the clock starts
+        procs = [ctx.Process(target=_client, args=(c.namesrv, c.names[i % brokers], body_size, duration_s,
+                                                   start_at, out)) for i in range(CLIENTS)]  # fmt: skip
+        for proc in procs:
+            proc.start()
+        total = sum(out.get(timeout=duration_s + 120) for _ in procs)
+        for proc in procs:
+            proc.join()
+    return {"msgs_per_s": total / duration_s, "MB_per_s": total * body_size / duration_s / 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__)
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per case (default 5)")
+    ap.add_argument("--repeat", type=int, default=2, help="alternating repetitions of each case (default 2)")
+    args = ap.parse_args(argv)
+    runs: dict[str, list[float]] = {}
+    for _ in range(args.repeat):
+        for size in (100, 1024):
+            for brokers in (1, 2):
+                r = run_case(brokers, size, args.duration)
+                runs.setdefault(f"{brokers}_broker_{size}B", []).append(r["msgs_per_s"])
+    rows = []
+    for size in (100, 1024):
+        one, two = runs[f"1_broker_{size}B"], runs[f"2_broker_{size}B"]
+        ratio = (sum(two) / len(two)) / (sum(one) / len(one))
+        rows.append({"body_bytes": size, "one_broker_msgs_per_s": one, "two_brokers_msgs_per_s": two,
+                     "ratio": ratio})  # fmt: skip
+    print(f"{'body':>6}  {'1 broker msgs/s':>22}  {'2 brokers msgs/s':>22}  ratio")
+    for row in rows:
+        one = ", ".join(f"{v:,.0f}" for v in row["one_broker_msgs_per_s"])
+        two = ", ".join(f"{v:,.0f}" for v in row["two_brokers_msgs_per_s"])
+        print(f"{row['body_bytes']:>5}B  {one:>22}  {two:>22}  {row['ratio']:.2f}")
+    result = {
+        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {mp.cpu_count()} CPUs",
+        "command": "python -m bench.cluster", "duration_s": args.duration, "clients": CLIENTS,
+        "threads_per_client": THREADS_PER_CLIENT, "rows": rows, "target_ratio_100B": TARGET_RATIO_100B,
+    }  # fmt: skip
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
