@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidArgumentError
+from broker.ha.settings import ReplicationSettings
 from broker.semantics.delay import DelayLevels
 from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.server.thread_placement import parse_python_cpus
@@ -178,6 +179,18 @@ class BrokerConfig:
     # A send retried after its answer was lost is answered with the stored result when the first attempt stored it
     # within this long (broker/server/send_dedup.py); later retries are stored again.
     send_dedup_window_ms: int = 300_000
+    # Replication and failover (broker/ha; the table of these settings is in broker/ha/settings.py)
+    role: str = ""  # "": no replication; ASYNC_MASTER | SYNC_MASTER | SLAVE (classic mode)
+    controller: str = ""  # etcd://HOST:PORT[,...]: controller mode, automatic failover
+    ha_listen: str = ""  # "": the listen host, client port + 1 (a free port when the client port is 0)
+    ha_master_address: str = ""  # classic slave: the master's replication endpoint ("": from the name servers)
+    ha_secret_file: str = ""
+    min_insync_replicas: int = 2
+    ha_max_lag_ms: int = 5000
+    ha_ack_timeout_ms: int = 5000
+    ha_lease_ttl_s: int = 5
+    allow_unclean_election: bool = False
+    ha_metadata_sync_ms: int = 200
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     def __post_init__(self) -> None:
@@ -202,6 +215,7 @@ class BrokerConfig:
                 raise InvalidArgumentError(f"{name} is {getattr(self, name)}; it must be a positive integer")
         self._check_ranges()
         self._check_cluster()
+        self.replication()
         store = self.store_config()
         try:
             store.validate()
@@ -247,6 +261,19 @@ class BrokerConfig:
                     f"advertised_address {self.advertised_address!r} must name a concrete host and a port other "
                     "than 0: clients connect to it"
                 )
+
+    def replication(self) -> ReplicationSettings | None:
+        """The replication settings (None: a broker without replication); InvalidArgumentError for a bad one."""
+        from broker.ha.settings import from_config
+
+        return from_config(
+            role=self.role, controller=self.controller, ha_listen=self.ha_listen, listen=self.listen_address,
+            ha_master_address=self.ha_master_address, ha_secret_file=self.ha_secret_file,
+            min_insync_replicas=self.min_insync_replicas, ha_max_lag_ms=self.ha_max_lag_ms,
+            ha_ack_timeout_ms=self.ha_ack_timeout_ms, ha_lease_ttl_s=self.ha_lease_ttl_s,
+            allow_unclean_election=self.allow_unclean_election, ha_metadata_sync_ms=self.ha_metadata_sync_ms,
+            broker_id=self.broker_id,
+        )  # fmt: skip
 
     @property
     def namesrv_list(self) -> list[str]:

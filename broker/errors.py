@@ -40,6 +40,12 @@ class ResponseCode(enum.IntEnum):
     # Sluice additions (RocketMQ has no code for these; numbers kept out of its ranges).
     STORE_CORRUPTED = 900
     INVALID_ARGUMENT = 901
+    # Fewer in-sync replicas than min_insync_replicas: the write was refused before anything was stored (Kafka's
+    # NOT_ENOUGH_REPLICAS). Another broker group may take it.
+    NOT_ENOUGH_REPLICAS = 902
+    # This broker is not its group's master (a slave, or a master fenced by a newer epoch): nothing was done; the
+    # client finds the group's master through the name servers.
+    NOT_MASTER = 903
 
 
 class BrokerError(Exception):
@@ -95,6 +101,25 @@ class FlushDiskTimeoutError(BrokerError):
     """A SYNC_FLUSH write was appended but not confirmed on disk in time; it may or may not survive a crash."""
 
     code = ResponseCode.FLUSH_DISK_TIMEOUT
+
+
+class FlushSlaveTimeoutError(BrokerError):
+    """A SYNC_MASTER write was stored on the master but the in-sync replicas did not confirm it in time: it may or may
+    not survive a failover. A producer reports the outcome as unknown (SendOutcomeUnknownError)."""
+
+    code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+
+
+class NotEnoughReplicasError(ServiceNotAvailableError):
+    """Refused before anything was written: the group's in-sync set is smaller than min_insync_replicas."""
+
+    code = ResponseCode.NOT_ENOUGH_REPLICAS
+
+
+class NotMasterError(ServiceNotAvailableError):
+    """Refused before anything was done: this broker is not its group's master (a write, or an admin change)."""
+
+    code = ResponseCode.NOT_MASTER
 
 
 class SystemBusyError(BrokerError):

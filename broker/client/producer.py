@@ -19,6 +19,13 @@ Failures (RocketMQ's retryTimesWhenSendFailed and latency fault tolerance, with 
   broker only, marked ``retry``, and the broker answers with the first attempt's result when it stored it
   (broker/server/send_dedup.py, keyed by the UNIQ_KEY every message carries), so a message sent once is stored at
   most once. When no answer comes within ``timeout_s``, the send raises SendOutcomeUnknownError.
+* A replicated group (broker/ha) answers FLUSH_SLAVE_TIMEOUT when its in-sync replicas did not confirm a send in
+  time: stored on the master, it may or may not survive a failover, so that outcome is unknown too and handled as
+  above. The retries of an unknown outcome go to the group's master as the name servers name it at each attempt
+  (the route is fetched again), so a retry during a failover reaches the new master, whose deduplication state (the
+  index) was built from the replicated log: it answers with the first attempt's result if that reached it, and
+  stores the message once otherwise. Refusals that say nothing was done by that attempt (NOT_MASTER while the
+  group elects, NOT_ENOUGH_REPLICAS) keep the outcome unknown and are retried the same way.
 
 Every message gets a UNIQ_KEY (32 hex characters, as RocketMQ's client ids) unless it has one; ``SendResult``
 carries it, with the storing broker's name.
@@ -49,7 +56,6 @@ from broker.errors import (
     ResponseCode,
     SendOutcomeUnknownError,
     ServiceNotAvailableError,
-    SystemBusyError,
 )
 from broker.proto import sluice_pb2 as pb
 from broker.store.batch import split_entries
@@ -67,7 +73,13 @@ RETRY_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)  # between attempts at the same br
 # Refusals that say this broker would not take the message now, nothing stored: another broker may.
 _MOVABLE_CODES = frozenset({
     ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NO_PERMISSION,
-    ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SLAVE_NOT_AVAILABLE,
+    ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.NOT_MASTER,
+    ResponseCode.NOT_ENOUGH_REPLICAS,
+})  # fmt: skip
+# After an unknown outcome, refusals that say this attempt did nothing: the first attempt's fate is still unknown.
+_RETRY_UNKNOWN_CODES = frozenset({
+    ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NOT_MASTER,
+    ResponseCode.NOT_ENOUGH_REPLICAS, ResponseCode.FLUSH_SLAVE_TIMEOUT,
 })  # fmt: skip
 
 
@@ -392,8 +404,8 @@ class Producer:
         mq, tried = first, [first.broker_name]
         for attempt in range(1 + (0 if ordered else self.retry_times_when_send_failed)):
             try:
-                conn = self.router.queue_connection(mq, write=True)
-                response = self._send_call(conn, method, request(mq))
+                connect = functools.partial(self.router.queue_connection, mq, write=True)
+                response = self._send_call(connect, method, request(mq), topic)
             except BrokerError as e:
                 if not _movable(e):
                     raise
@@ -415,30 +427,45 @@ class Producer:
             return mq, response
         raise AssertionError("unreachable")
 
-    def _send_call(self, conn: Connection, method: str, request: Any) -> Any:
-        """One send to one broker: sent again to the same broker, marked retry, while its outcome is unknown,
-        until ``timeout_s``; SendOutcomeUnknownError when no answer came by then."""
-        stub_method = getattr(conn.stub, method)
+    def _send_call(self, conn: Connection | Callable[[], Connection], method: str, request: Any,
+                   topic: str | None = None) -> Any:  # fmt: skip
+        """One send to one broker group: sent again, marked retry, while its outcome is unknown, until
+        ``timeout_s``; SendOutcomeUnknownError when no answer came by then. ``conn``: the connection, or how to
+        find the group's master (asked again, after a route refresh of ``topic``, for each retry)."""
+        connect: Callable[[], Connection] = conn if callable(conn) else (lambda: conn)
         deadline = time.monotonic() + self.timeout_s
-        unknown: BrokerUnreachableError | None = None
+        unknown: BrokerError | None = None
+        where = "the broker"
         for attempt in itertools.count():
             remaining = deadline - time.monotonic()
             if unknown is not None and remaining <= 0:
                 raise SendOutcomeUnknownError(
-                    f"no answer from broker {conn.endpoint} within {self.timeout_s:.0f} s ({unknown.message}): the "
-                    f"message may or may not be stored (a retry never stores it twice); look it up by its UNIQ_KEY",
+                    f"no answer from {where} within {self.timeout_s:.0f} s ({unknown.message}): the message may or "
+                    "may not be stored (a retry never stores it twice); look it up by its UNIQ_KEY",
                 ) from unknown
             try:
-                return conn.call(stub_method, request, timeout_s=max(0.05, min(self.attempt_timeout_s, remaining)))
+                if unknown is not None and topic is not None:
+                    self.router.refresh(topic)  # the group's master may have changed: ask the name servers again
+                target = connect()
+                where = f"broker {target.endpoint}"
+                response = target.call(getattr(target.stub, method), request,
+                                       timeout_s=max(0.05, min(self.attempt_timeout_s, remaining)))  # fmt: skip
             except BrokerUnreachableError as e:
                 if unknown is None and not e.request_sent:
                     raise  # never reached the broker: nothing stored, another broker may take it
                 unknown = unknown or e
                 request.retry = True
-            except SystemBusyError:
-                if unknown is None:
+            except BrokerError as e:
+                if unknown is None or e.code not in _RETRY_UNKNOWN_CODES:
                     raise
-                # the broker still stores the first attempt (or indexes a backlog): ask again, never elsewhere
+                # this attempt did nothing (the group elects, the first attempt is still being stored): ask again
+            else:
+                if getattr(response, "status", pb.SEND_OK) != pb.FLUSH_SLAVE_TIMEOUT:
+                    return response
+                # stored on the master, not confirmed by its replicas in time: unknown until a retry says
+                unknown = unknown or BrokerError("the in-sync replicas did not confirm it in time",
+                                                 ResponseCode.FLUSH_SLAVE_TIMEOUT)  # fmt: skip
+                request.retry = True
             time.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
         raise AssertionError("unreachable")
 

@@ -12,6 +12,11 @@ Design (RocketMQ's RouteInfoManager, over Sluice's registration messages):
   BROKER_CHANNEL_EXPIRED_TIME) leaves every route; one that shuts down cleanly unregisters and leaves at once.
 * A topic's queues on a broker group come from the group's master registration when the master is live, else from
   the live member with the lowest id (a slave still serves reads), as RocketMQ's route answers do.
+* Replicated groups (broker/ha): a registration carries the master epoch it serves under. In controller mode the
+  group's master registers as id 0, whichever replica it is: a registration of id 0 with a *higher* epoch replaces
+  the one there even when another live broker holds it (the new master wins over a stale one at once, instead of
+  after its expiry), and one with a lower epoch is refused. ``master_of`` gives a group's master (for the
+  registration answer, which tells a classic slave where to replicate from).
 * Keep-alives carry only the broker's data version; a name server that does not hold that version (it restarted,
   or expired the broker) answers ``accepted = False`` and the broker sends its topics at once.
 
@@ -70,6 +75,9 @@ class BrokerLive:
     role: str = "MASTER"
     ha_address: str = ""
     runtime: Runtime = field(default_factory=Runtime)
+    epoch: int = 0
+    in_sync: bool = False
+    lag_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,9 @@ class Registration:
     role: str = "MASTER"
     ha_address: str = ""
     runtime: Runtime = field(default_factory=Runtime)
+    epoch: int = 0
+    in_sync: bool = False
+    lag_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,8 @@ def check_registration(reg: Registration) -> None:
         raise InvalidArgumentError(f"broker id {reg.broker_id} must be in 0..{MAX_BROKER_ID}")
     if reg.role not in ("MASTER", "SLAVE"):
         raise InvalidArgumentError(f"role {reg.role[:20]!r} must be MASTER or SLAVE")
+    if reg.epoch < 0 or reg.lag_bytes < 0:
+        raise InvalidArgumentError("epoch and lag_bytes must be >= 0")
     if reg.topics is not None:
         if len(reg.topics) > MAX_TOPICS_PER_BROKER:
             raise RegistrationRefused(
@@ -163,6 +176,7 @@ class RouteTable:
                 old.last_update_ms = now_ms
                 old.address, old.role, old.ha_address, old.runtime = reg.address, reg.role, reg.ha_address, reg.runtime
                 old.auto_create_topic_enable = reg.auto_create_topic_enable
+                old.epoch, old.in_sync, old.lag_bytes = reg.epoch, reg.in_sync, reg.lag_bytes
                 return True
             if old is None and len(self._brokers) >= MAX_BROKERS:
                 raise RegistrationRefused(f"this name server holds {MAX_BROKERS} brokers already; no room for another")
@@ -173,7 +187,7 @@ class RouteTable:
                 cluster=reg.cluster, broker_name=reg.broker_name, broker_id=reg.broker_id, address=reg.address,
                 store_id=reg.store_id, data_version=reg.data_version, last_update_ms=now_ms, topics=dict(reg.topics),
                 auto_create_topic_enable=reg.auto_create_topic_enable, role=reg.role, ha_address=reg.ha_address,
-                runtime=reg.runtime,
+                runtime=reg.runtime, epoch=reg.epoch, in_sync=reg.in_sync, lag_bytes=reg.lag_bytes,
             )  # fmt: skip
             return True
 
@@ -185,6 +199,15 @@ class RouteTable:
                     f"cluster {reg.cluster!r} cannot use it"
                 )
         if old is not None and old.store_id != reg.store_id and old.address != reg.address:
+            if reg.broker_id == 0 and reg.epoch > old.epoch:
+                log.warning("broker %s/0: the master of epoch %d at %s replaces the one of epoch %d at %s",
+                            reg.broker_name, reg.epoch, reg.address, old.epoch, old.address)  # fmt: skip
+                return
+            if reg.broker_id == 0 and reg.epoch and reg.epoch < old.epoch:
+                raise RegistrationRefused(
+                    f"broker {reg.broker_name}/0 at {reg.address} registers as master of epoch {reg.epoch}, but the "
+                    f"master of epoch {old.epoch} at {old.address} replaced it: it is stale"
+                )
             log.warning(
                 "refused broker %s/%d at %s (store %s): the name and id are held by the live broker at %s (store %s)",
                 reg.broker_name, reg.broker_id, reg.address, reg.store_id, old.address, old.store_id,
@@ -202,6 +225,12 @@ class RouteTable:
             del self._brokers[(broker_name, broker_id)]
         log.info("broker %s/%d at %s unregistered", broker_name, broker_id, old.address)
         return True
+
+    def master_of(self, broker_name: str, now_ms: int) -> BrokerLive | None:
+        """The group's master registration (id 0), if live."""
+        with self._lock:
+            self._expire_locked(now_ms)
+            return self._brokers.get((broker_name, 0))
 
     def expire(self, now_ms: int) -> list[BrokerLive]:
         with self._lock:

@@ -72,10 +72,16 @@ class NameServerService(npb_grpc.NameServerServicer):
             cluster=request.cluster, broker_name=request.broker_name, broker_id=request.broker_id,
             address=request.address, store_id=request.store_id, data_version=request.data_version, topics=topics,
             auto_create_topic_enable=request.auto_create_topic_enable, role=request.role or "MASTER",
-            ha_address=request.ha_address, runtime=runtime_from_pb(request.runtime),
+            ha_address=request.ha_address, runtime=runtime_from_pb(request.runtime), epoch=request.epoch,
+            in_sync=request.in_sync, lag_bytes=request.lag_bytes,
         )  # fmt: skip
-        accepted = self.table.register(reg, self.clock_ms())
-        return npb.RegisterBrokerResponse(accepted=accepted)
+        now = self.clock_ms()
+        accepted = self.table.register(reg, now)
+        master = self.table.master_of(request.broker_name, now)
+        return npb.RegisterBrokerResponse(
+            accepted=accepted, master_address=master.address if master else "",
+            master_ha_address=master.ha_address if master else "",
+        )  # fmt: skip
 
     @_answer
     def UnregisterBroker(self, request: npb.UnregisterBrokerRequest, context: grpc.ServicerContext) -> Any:
@@ -106,6 +112,7 @@ class NameServerService(npb_grpc.NameServerServicer):
                     address=s.live.address, role=s.live.role, last_update_ms=s.live.last_update_ms,
                     data_version=s.live.data_version, topic_count=s.topic_count, runtime=runtime_to_pb(s.live.runtime),
                     auto_create_topic_enable=s.live.auto_create_topic_enable, ha_address=s.live.ha_address,
+                    epoch=s.live.epoch, in_sync=s.live.in_sync, lag_bytes=s.live.lag_bytes,
                 )
                 for s in self.table.brokers(self.clock_ms())
             ]

@@ -103,6 +103,9 @@ class RegisterBrokerRequest(_message.Message):
     RUNTIME_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     HA_ADDRESS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    LAG_BYTES_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     broker_id: _builtins.int
@@ -123,6 +126,15 @@ class RegisterBrokerRequest(_message.Message):
     """MASTER | SLAVE"""
     ha_address: _builtins.str
     """replication endpoint (empty: none)"""
+    epoch: _builtins.int
+    """Replication (broker/ha): the master epoch the broker serves under (0: not replicated). In controller mode the
+    master registers as broker id 0: a registration of id 0 with a higher epoch replaces one with a lower epoch
+    (the new master wins over the stale one at once), and one with a lower epoch is refused.
+    """
+    in_sync: _builtins.bool
+    """in its group's in-sync set (the master always is)"""
+    lag_bytes: _builtins.int
+    """commit-log bytes behind its master (0 for the master)"""
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicQueues]: ...
     @_builtins.property
@@ -142,10 +154,13 @@ class RegisterBrokerRequest(_message.Message):
         runtime: Global___BrokerRuntime | None = ...,
         role: _builtins.str = ...,
         ha_address: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        in_sync: _builtins.bool = ...,
+        lag_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["runtime", b"runtime"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "ha_address", b"ha_address", "role", b"role", "runtime", b"runtime", "store_id", b"store_id", "topics", b"topics", "topics_included", b"topics_included"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "epoch", b"epoch", "ha_address", b"ha_address", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "role", b"role", "runtime", b"runtime", "store_id", b"store_id", "topics", b"topics", "topics_included", b"topics_included"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -157,21 +172,25 @@ class RegisterBrokerResponse(_message.Message):
 
     ACCEPTED_FIELD_NUMBER: _builtins.int
     MASTER_ADDRESS_FIELD_NUMBER: _builtins.int
+    MASTER_HA_ADDRESS_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
     """false: this name server does not hold the data_version of a keep-alive (it restarted, or the broker expired):
     send a full registration at once.
     """
     master_address: _builtins.str
     """the broker group's master as this name server knows it (empty: none)"""
+    master_ha_address: _builtins.str
+    """that master's replication endpoint (empty: none): where a slave connects"""
     def __init__(
         self,
         *,
         accepted: _builtins.bool = ...,
         master_address: _builtins.str = ...,
+        master_ha_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "master_address", b"master_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "master_address", b"master_address", "master_ha_address", b"master_ha_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -371,6 +390,9 @@ class BrokerLiveInfo(_message.Message):
     RUNTIME_FIELD_NUMBER: _builtins.int
     AUTO_CREATE_TOPIC_ENABLE_FIELD_NUMBER: _builtins.int
     HA_ADDRESS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    LAG_BYTES_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     broker_id: _builtins.int
@@ -382,6 +404,10 @@ class BrokerLiveInfo(_message.Message):
     topic_count: _builtins.int
     auto_create_topic_enable: _builtins.bool
     ha_address: _builtins.str
+    epoch: _builtins.int
+    """as RegisterBrokerRequest"""
+    in_sync: _builtins.bool
+    lag_bytes: _builtins.int
     @_builtins.property
     def runtime(self) -> Global___BrokerRuntime: ...
     def __init__(
@@ -398,10 +424,13 @@ class BrokerLiveInfo(_message.Message):
         runtime: Global___BrokerRuntime | None = ...,
         auto_create_topic_enable: _builtins.bool = ...,
         ha_address: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        in_sync: _builtins.bool = ...,
+        lag_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["runtime", b"runtime"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "ha_address", b"ha_address", "last_update_ms", b"last_update_ms", "role", b"role", "runtime", b"runtime", "topic_count", b"topic_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "epoch", b"epoch", "ha_address", b"ha_address", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "last_update_ms", b"last_update_ms", "role", b"role", "runtime", b"runtime", "topic_count", b"topic_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,6 +27,9 @@ _GRPC_CODE = {
     ResponseCode.CONSUMER_NOT_ONLINE: grpc.StatusCode.NOT_FOUND,
     ResponseCode.STORE_CORRUPTED: grpc.StatusCode.DATA_LOSS,
     ResponseCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ResponseCode.NOT_ENOUGH_REPLICAS: grpc.StatusCode.UNAVAILABLE,
+    ResponseCode.NOT_MASTER: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -261,6 +261,11 @@ class ScheduleMessageService:
     def delivered_count(self) -> int:
         return self._delivered
 
+    def reload(self) -> None:
+        """Read the progress file again (a replica taking office: the file is its old master's copy)."""
+        with self._lock:
+            self._load()
+
     def _load(self) -> None:
         loaded = load_json(self.path, self._parse)
         if loaded is not None:

@@ -103,6 +103,11 @@ class SubscriptionGroupManager:
         self._data_version = {"counter": 0, "timestamp": 0}
         self._load()
 
+    def load(self) -> None:
+        """Read the file again (a slave: its master sent a newer copy)."""
+        with self._lock:
+            self._load()
+
     def _load(self) -> None:
         loaded = load_json(self.path, _parse_groups)
         if loaded is not None:

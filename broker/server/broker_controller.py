@@ -8,6 +8,7 @@ periodic tasks, persist offsets and topics, shut the store down (flush, remove t
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -20,6 +21,9 @@ import grpc
 from broker.client.namesrv_client import NameServerClient
 from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
+from broker.ha.gate import ReplicationGate
+from broker.ha.manager import BrokerHooks, ReplicationManager
+from broker.ha.metrics import register_replication_metrics
 from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -98,6 +102,13 @@ class BrokerController:
         self._started_at = 0.0
         self.identity: BrokerIdentity | None = None
         self.registrar: NameServerRegistrar | None = None
+        # Replication (broker/ha): None for a broker on its own. The gate refuses writes on a slave and holds
+        # acknowledgements for the in-sync replicas; the manager runs this replica's role.
+        self.replication_settings = config.replication()
+        self.gate = ReplicationGate()
+        self.replication: ReplicationManager | None = None
+        self._semantics_started = False
+        self._restart_lock = threading.Lock()
         self._last_runtime = (time.monotonic(), 0.0, 0.0)  # (when, put messages, get messages) at the last report
 
     @property
@@ -118,7 +129,9 @@ class BrokerController:
             ("grpc.so_reuseport", 0),  # a second broker on the same port must fail, not share it
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options)
+        interceptors = [self.gate] if self.replication_settings is not None else []
+        server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options,
+                             interceptors=interceptors)  # fmt: skip
         host, port = cfg.listen_address
         try:
             self.port = server.add_insecure_port(f"{host}:{port}")
@@ -136,6 +149,7 @@ class BrokerController:
                 if self.topics.get(topic) is None:
                     self.topics.adopt(topic, self.store.queue_ids(topic))
             self._wire(server, self.store)
+            self._start_replication(self.store)
             if cfg.metrics_port is not None:
                 self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port)
                 self.metrics_server.start()
@@ -156,19 +170,86 @@ class BrokerController:
         ip = advertised_ip(self.host)
         return f"{ip}:{self.port}"
 
+    def _own_identity(self) -> BrokerIdentity:
+        if self.identity is None:
+            cfg = self.config
+            self.identity = BrokerIdentity(cfg.cluster_name, cfg.broker_name or default_broker_name(), cfg.broker_id,
+                                           self.advertised_address(), load_store_id(cfg.config_dir))  # fmt: skip
+        return self.identity
+
     def _start_registration(self) -> None:
         cfg = self.config
-        store_id = load_store_id(cfg.config_dir)
-        self.identity = BrokerIdentity(cfg.cluster_name, cfg.broker_name or default_broker_name(), cfg.broker_id,
-                                       self.advertised_address(), store_id)  # fmt: skip
+        identity = self._own_identity()
         if not cfg.namesrv_list:
             return
+        replication = self.replication
         self.registrar = NameServerRegistrar(
-            NameServerClient(cfg.namesrv_list), self.identity, self.topics, interval_ms=cfg.register_interval_ms,
+            NameServerClient(cfg.namesrv_list), identity, self.topics, interval_ms=cfg.register_interval_ms,
             auto_create_topic_enable=cfg.auto_create_topic_enable, runtime=self._runtime,
             role="MASTER" if cfg.broker_id == 0 else "SLAVE",
+            ha_address=replication.ha_advertised if replication is not None else "",
+            replica_status=replication.status if replication is not None else None,
         )  # fmt: skip
         self.registrar.start()
+
+    # ------------------------------------------------------------------------------------------------ replication
+    def _start_replication(self, store: MessageStore) -> None:
+        settings = self.replication_settings
+        if settings is None:
+            return
+        manager = ReplicationManager(settings, self._own_identity(), store, BrokerHooks(
+            start_master_services=self._start_master_services, restart=self._restart_in_background,
+            reload_config=self._reload_config, role_changed=self._role_changed,
+            master_from_namesrv=lambda: self.registrar.master_ha_address if self.registrar is not None else "",
+        ), self.hold.on_arrival)  # fmt: skip
+        self.replication = manager
+        port = manager.bind()
+        ip = advertised_ip(settings.ha_listen[0] if settings.ha_listen[0] not in ("", "0.0.0.0", "::") else self.host)
+        self.gate.target = manager
+        manager.start(f"{ip}:{port}")
+        self.config.ha_listen = f"{settings.ha_listen[0]}:{port}"  # a restart in place binds the same port
+        register_replication_metrics(self.metrics, manager)
+
+    def _start_master_services(self) -> None:
+        """The services that write (delay delivery, transaction recovery and check-back) run on the master only."""
+        if self._semantics_started or self.schedule is None or self.transactions is None:
+            return
+        self.schedule.reload()
+        self.schedule.start()
+        self.transactions.start()
+        self._semantics_started = True
+
+    def _reload_config(self, name: str) -> None:
+        """A config file the master sent replaced this slave's copy: the managers read it again."""
+        if name == self.topics.path.name:
+            self.topics.load()
+            self._role_changed()
+        elif name == self.offsets.path.name:
+            self.offsets.load()
+        elif self.groups is not None and name == os.path.basename(self.groups.path):
+            self.groups.load()
+
+    def _role_changed(self) -> None:
+        if self.registrar is not None:
+            self.registrar.wake()
+
+    def _restart_in_background(self, why: str) -> None:
+        threading.Thread(target=self.restart_in_place, args=(why,), name="broker-restart", daemon=True).start()
+
+    def restart_in_place(self, why: str) -> None:
+        """Stop everything and start again on the same store and ports: what a replica does when it stops being
+        master or must truncate its log (broker/ha/manager.py says why through start-up)."""
+        with self._restart_lock:
+            if self._stopped:
+                return
+            log.warning("restarting the broker in place: %s", why)
+            config = self.config
+            config.listen = f"{config.listen_address[0]}:{self.port}"
+            if self.metrics_server is not None:
+                config.metrics_port = self.metrics_server.port
+            self.shutdown()
+            self.__init__(config)  # type: ignore[misc]  # a fresh broker in this object: callers keep their reference
+            self.start()
 
     def _runtime(self) -> Runtime:
         """Load figures for the name servers: message rates since the previous registration."""
@@ -189,6 +270,8 @@ class BrokerController:
             self.registrar.shutdown()
         if self.server is not None:
             self.server.stop(0)
+        if self.replication is not None:
+            self.replication.shutdown()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self._stop_semantics()
@@ -196,9 +279,9 @@ class BrokerController:
             self.store.shutdown()
 
     def _start_semantics(self, store: MessageStore) -> None:
+        """Builds the delay and transaction services; starts them unless replication decides when (master only)."""
         cfg, config_dir = self.config, str(store.config.config_dir)
         self.schedule = ScheduleMessageService(store, config_dir, levels=cfg.message_delay_level)
-        self.schedule.start()
         self.groups = SubscriptionGroupManager(config_dir, auto_create=cfg.auto_create_subscription_group)
         self.transactions = TransactionService(
             store, config_dir, checker=self.check_hub.check, transaction_timeout_ms=cfg.transaction_timeout_ms,
@@ -206,22 +289,29 @@ class BrokerController:
             max_halves=cfg.transaction_max_halves, commit_memory_bytes=cfg.transaction_commit_memory_bytes,
             max_outcomes=cfg.transaction_max_outcomes,
         )  # fmt: skip
-        self.transactions.start()  # recovery: interrupted commits are finished before any request is served
+        if self.replication_settings is None:
+            self.transactions.start()  # recovery: interrupted commits are finished before any request is served
+            self.schedule.start()
+            self._semantics_started = True
 
     def _stop_semantics(self) -> None:
         self.check_hub.shutdown()
+        started, self._semantics_started = self._semantics_started, False
         if self.transactions is not None:
-            self.transactions.shutdown()
+            if started:  # a slave's never ran: its state files are the master's copies, not to be overwritten
+                self.transactions.shutdown()
             self.transactions = None
         if self.schedule is not None:
-            self.schedule.shutdown()
+            if started:
+                self.schedule.shutdown()
             self.schedule = None
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
         # Built by the config, which already validated it: the store table cannot override the broker's own values.
         store = MessageStore(self.config.store_config(store_host=(ip, port)))
         store.start()
-        store.add_arrival_listener(self.hold.on_arrival)
+        if self.replication_settings is None:  # else through replication's read limit (broker/ha/read_limit.py)
+            store.add_arrival_listener(self.hold.on_arrival)
         return store
 
     def _wire(self, server: grpc.Server, store: MessageStore) -> None:
@@ -323,6 +413,8 @@ class BrokerController:
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
         if self.server is not None:
             self.server.stop(self.config.shutdown_grace_s).wait()
+        if self.replication is not None:
+            self.replication.shutdown()  # after the server: in-flight writes were answered
         self._stop_tasks.set()
         if self._tasks is not None:
             self._tasks.join()

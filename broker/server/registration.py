@@ -17,6 +17,11 @@ Design (RocketMQ's BrokerOuterAPI.registerBrokerAll, over Sluice's own messages)
   pass; the broker keeps serving its direct clients.
 
 Internal topics (the schedule and transaction topics) are not registered: no client reads or writes them.
+
+A replicated broker (broker/ha) registers its role, master epoch, whether it is in sync and how far behind its
+master it is, and registers again at once when its role changes. In controller mode the master registers as broker
+id 0 and a slave under its own id: a replica that changes role unregisters the id it held before. The name
+server's answer names the group's master and its replication endpoint, where a classic slave connects.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerError, BrokerUnreachableError
@@ -34,6 +40,9 @@ from broker.proto import namesrv_pb2 as npb
 from broker.semantics.system_topics import is_system_topic
 from broker.server.broker_identity import BrokerIdentity
 from broker.server.topic_config import TopicConfigManager
+
+if TYPE_CHECKING:
+    from broker.ha.manager import Status
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,7 @@ class NameServerRegistrar:
         self, namesrv: NameServerClient, identity: BrokerIdentity, topics: TopicConfigManager, *,
         interval_ms: int = DEFAULT_REGISTER_INTERVAL_MS, auto_create_topic_enable: bool = True,
         runtime: Callable[[], Runtime] = Runtime, role: str = "MASTER", ha_address: str = "",
+        replica_status: Callable[[], Status] | None = None,
     ) -> None:  # fmt: skip
         self.namesrv = namesrv
         self.identity = identity
@@ -61,6 +71,9 @@ class NameServerRegistrar:
         self.auto_create_topic_enable = auto_create_topic_enable
         self.runtime = runtime
         self.role, self.ha_address = role, ha_address
+        self.replica_status = replica_status
+        self.master_ha_address = ""  # the group's master's replication endpoint, from the last answer
+        self._registered_id = identity.broker_id
         self._states = {a: _ServerState() for a in namesrv.addresses}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -73,6 +86,10 @@ class NameServerRegistrar:
         self._thread = threading.Thread(target=self._loop, name="namesrv-registrar", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Register now (the topics or this replica's role changed)."""
+        self._wake.set()
+
     def _loop(self) -> None:
         next_pass = time.monotonic() + self.interval_ms / 1000
         while not self._stop.is_set():
@@ -84,6 +101,7 @@ class NameServerRegistrar:
             self.register_all()
 
     def register_all(self) -> None:
+        self._follow_role()
         for address in self.namesrv.addresses:
             try:
                 self._register(address)
@@ -95,6 +113,22 @@ class NameServerRegistrar:
                 state.refused, state.sent_version = True, -1
                 log.error("name server %s refused this broker's registration: %s", address, e.message)
 
+    def _follow_role(self) -> None:
+        """A replica whose registered id changes with its role (controller mode) leaves its old id first."""
+        if self.replica_status is None:
+            return
+        status = self.replica_status()
+        self.role = status.role or "SLAVE"
+        if status.registered_id == self._registered_id:
+            return
+        old = self._registered_id
+        self._unregister(old)
+        self.identity = replace(self.identity, broker_id=status.registered_id)
+        self._registered_id = status.registered_id
+        for state in self._states.values():
+            state.sent_version = -1
+        log.info("registering as broker id %d (was %d): this replica is now %s", status.registered_id, old, self.role)
+
     def _register(self, address: str) -> None:
         state = self._states[address]
         version = self.topics.data_version
@@ -102,9 +136,12 @@ class NameServerRegistrar:
             answer = self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=False),
                                            REGISTER_TIMEOUT_S)  # fmt: skip
             if answer.accepted:
+                self.master_ha_address = answer.master_ha_address or self.master_ha_address
                 return
             log.info("name server %s does not know this broker's topics (it restarted?); registering them", address)
-        self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=True), REGISTER_TIMEOUT_S)
+        answer = self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=True),
+                                       REGISTER_TIMEOUT_S)  # fmt: skip
+        self.master_ha_address = answer.master_ha_address or self.master_ha_address
         if state.refused:
             log.info("name server %s accepts this broker's registration again", address)
         state.sent_version, state.refused = version, False
@@ -120,6 +157,9 @@ class NameServerRegistrar:
             runtime=npb.BrokerRuntime(put_messages_per_s=r.put_messages_per_s, get_messages_per_s=r.get_messages_per_s,
                                       commit_log_max_offset=r.commit_log_max_offset, uptime_ms=r.uptime_ms),
         )  # fmt: skip
+        if self.replica_status is not None:
+            status = self.replica_status()
+            request.epoch, request.in_sync, request.lag_bytes = status.epoch, status.in_sync, max(status.lag_bytes, 0)
         if full:
             request.topics.extend(
                 npb.TopicQueues(topic=t.topic, read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums,
@@ -136,9 +176,12 @@ class NameServerRegistrar:
         self.topics.remove_listener(self._wake.set)
         if self._thread is not None:
             self._thread.join()
+        self._unregister(self.identity.broker_id)
+
+    def _unregister(self, broker_id: int) -> None:
         ident = self.identity
         request = npb.UnregisterBrokerRequest(cluster=ident.cluster, broker_name=ident.broker_name,
-                                              broker_id=ident.broker_id, store_id=ident.store_id)  # fmt: skip
+                                              broker_id=broker_id, store_id=ident.store_id)  # fmt: skip
         for address in self.namesrv.addresses:
             try:
                 self.namesrv.call_one(address, "UnregisterBroker", request, UNREGISTER_TIMEOUT_S)

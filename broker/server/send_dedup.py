@@ -134,7 +134,8 @@ class SendDeduplicator:
             raise SystemBusyError("the store is indexing a backlog; retry the send later")
         begin_ms = int(time.time() * 1000) - self.window_ms
         for topic in (key.topic, SCHEDULE_TOPIC):  # a delayed message is stored in the schedule topic first
-            hits = self.store.query_by_key(topic, key.uniq_key, max_num=1, begin_ms=begin_ms)
+            # unconfirmed copies too: the answer then waits for the in-sync replicas (broker/ha/gate.py)
+            hits = self.store.query_by_key(topic, key.uniq_key, max_num=1, begin_ms=begin_ms, confirmed_only=False)
             if hits:
                 return self._result_from(hits[0].commitlog_offset, uniq_keys)
         return None

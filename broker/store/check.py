@@ -39,6 +39,8 @@ class _Entry(NamedTuple):
 
 def check_store(store: MessageStore) -> list[str]:
     problems: list[str] = []
+    if store.replica:  # a slave's appends assign no queue offsets: its table is rebuilt when it takes office
+        store.rebuild_queue_table()
     if not store.wait_dispatched():
         problems.append(
             f"dispatcher stuck at {store.dispatcher.dispatched_offset}, "

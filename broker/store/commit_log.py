@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from broker.errors import BrokerError, ServiceNotAvailableError
+from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError
 from broker.store.batch import SmallBatch, ValidatedBatch, assign_queue_offsets
 from broker.store.config import StoreConfig
 from broker.store.directory import fsync_directory
@@ -211,6 +211,32 @@ class CommitLog:
                     self.queue_table[k] = start + c
         del rows
         return phys, qoffs, ts
+
+    def append_replicated(self, offset: int, data: bytes | memoryview, last_store_timestamp: int,
+                          fills_file: bool) -> None:  # fmt: skip
+        """A slave's append: bytes its master wrote at ``offset``, written at the same offset so both logs stay byte
+        for byte the same (broker/ha). The caller validated them (whole entries, CRCs, PHYSICALOFFSET fields) and
+        keeps them inside one file; ``offset`` must be this log's end, or a file boundary when the log is empty.
+        ``fills_file``: they end with the end-of-file blank, which completes the file as ``_file_with_room`` does.
+        Queue offsets are the master's, already in the bytes: the queue table is rebuilt on promotion."""
+        with self.append_lock:
+            self._check_accepting()
+            end = self.files.max_offset
+            if (self.files.files and offset != end) or (not self.files.files and offset % self.files.file_size):
+                raise InvalidArgumentError(
+                    f"replicated bytes at commit-log offset {offset} do not continue this log, which ends at {end}"
+                )
+            try:
+                f = self.files.last_for_append(offset)
+            except OSError as e:
+                raise CreateMappedFileError(e) from e
+            if offset - f.file_from_offset + len(data) > f.file_size:
+                raise InvalidArgumentError(f"replicated bytes at {offset} cross the end of file {f.path}")
+            if data:
+                f.append(data)
+            if fills_file:
+                f.wrote_position = f.file_size
+            self.last_store_timestamp = max(self.last_store_timestamp, last_store_timestamp)
 
     # ------------------------------------------------------------------------------------------------ reads
     def read(self, offset: int, size: int) -> bytes | None:

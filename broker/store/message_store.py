@@ -20,6 +20,7 @@ import numpy as np
 
 from broker import json_file  # the module, not its names: json_file imports broker.store.directory (a cycle)
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
+from broker.store import truncation
 from broker.store.batch import (
     MAX_QUEUE_ID,
     EntryRun,
@@ -200,6 +201,11 @@ class MessageStore:
         self.dispatcher.deleted_before = self.deleted_topics  # the same dict: loaded at start, grown by deletions
         self._deleted_topics_lock = threading.Lock()  # one writer of the file at a time
         self._reader = QueueReader(self.commit_log, config.mapped_file_size_commit_log, self._counters)
+        # A replicated group's confirmed offset (broker/ha/read_limit.py): readers see no entry ending past it.
+        # None: everything written is readable (a broker on its own).
+        self.read_limit: Callable[[], int] | None = None
+        # A slave of a replicated group (broker/ha): its log is its master's copy, its queue-offset table unused
+        self.replica = False
 
     # ================================================================================================ lifecycle
     def start(self) -> None:
@@ -210,12 +216,17 @@ class MessageStore:
             abnormal = os.path.exists(cfg.abort_path)
             self.checkpoint = Checkpoint(cfg.checkpoint_path, self.faults.syncer("checkpoint"))
             self._load_deleted_topics()  # before recovery: its re-dispatch must not bring deleted topics back
+            cut = truncation.pending(cfg.store_path)
+            if cut is not None and cut.reset:
+                self.deleted_topics.clear()
             self.recovery_report = recover(
-                cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal
+                cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal, cut
             )
             self._settle_deletions()
-            if abnormal:
+            if abnormal or cut is not None:
                 self._sync_recovered_files()
+            if cut is not None:
+                self._finish_truncation(cut.offset if not cut.reset else 0)
             with open(cfg.abort_path, "wb") as f:
                 os.fsync(f.fileno())
             # The abort file must survive a power loss, or the next start would trust the files (normal recovery)
@@ -227,6 +238,15 @@ class MessageStore:
             self._release_lock()
             raise
         self._running = True
+
+    def _finish_truncation(self, end: int) -> None:
+        """After a truncation (truncation.py): the checkpoint must not claim anything past the cut as flushed, or a
+        crash would skip re-checking and re-dispatching what is written there next; then the intent goes."""
+        assert self.checkpoint is not None
+        data = self.checkpoint.data
+        self.checkpoint.update(physic_offset=min(data.physic_offset, end), logics_offset=min(data.logics_offset, end),
+                               index_offset=min(data.index_offset, end))  # fmt: skip
+        truncation.done(self.config.store_path)
 
     def _take_lock(self) -> None:
         fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -605,7 +625,7 @@ class MessageStore:
             if queue_id < 0 or not topic or not TOPIC_PATTERN.fullmatch(topic):
                 return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
+        lo, hi = cq.min_offset, self._visible_max(cq)
         if hi == 0:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
         if offset < lo:
@@ -626,7 +646,34 @@ class MessageStore:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self.queues.find(topic, queue_id)
-        return cq.max_offset if cq else 0
+        return self._visible_max(cq) if cq else 0
+
+    def _visible_max(self, cq: ConsumeQueue) -> int:
+        """One past the last unit readers may see: the queue's max offset, less the units whose entries end past
+        ``read_limit()`` (a replicated group's confirmed offset, broker/ha/read_limit.py). Units are in commit-log
+        order, so the cut is found from the end: usually the last unit is visible and one read decides."""
+        hi = cq.max_offset
+        limit = self.read_limit
+        if limit is None or hi <= cq.min_offset:
+            return hi
+        bound = limit()
+        last = cq.unit(hi - 1)
+        if last is None or last.commitlog_offset + last.size <= bound:
+            return hi
+        lo, top = cq.min_offset, hi - 1  # the first unit past the bound is in [lo, top]
+        while lo < top:
+            mid = (lo + top) // 2
+            unit = cq.unit(mid)
+            if unit is not None and unit.commitlog_offset + unit.size <= bound:
+                lo = mid + 1
+            else:
+                top = mid
+        return lo
+
+    def confirmed(self, commitlog_offset: int, size: int) -> bool:
+        """Whether readers may see the entry at ``commitlog_offset`` (see _visible_max)."""
+        limit = self.read_limit
+        return limit is None or commitlog_offset + size <= limit()
 
     def queue_ranges(self, topic: str, queue_ids: Iterable[int]) -> list[tuple[int, int, int]]:
         """(queue id, min offset, max offset) of several queues as of one instant (no commit half-shown)."""
@@ -655,7 +702,8 @@ class MessageStore:
 
     def view_by_msg_id(self, msg_id: str) -> StoredMessage | None:
         parts = parse_msg_id(msg_id)
-        return self.lookup_message(parts.commitlog_offset)
+        msg = self.lookup_message(parts.commitlog_offset)
+        return msg if msg is not None and self.confirmed(msg.commitlog_offset, msg.store_size) else None
 
     def _unit_timestamp(self, cq: ConsumeQueue, queue_offset: int) -> int | None:
         unit = cq.unit(queue_offset)
@@ -668,7 +716,7 @@ class MessageStore:
         cq = self.queues.find(topic, queue_id)
         if cq is None:
             return 0
-        lo, hi = cq.min_offset, cq.max_offset
+        lo, hi = cq.min_offset, self._visible_max(cq)
         while lo < hi:  # binary search: store timestamps grow with queue offset
             mid = (lo + hi) // 2
             ts = self._unit_timestamp(cq, mid)
@@ -687,10 +735,12 @@ class MessageStore:
         return -1 if ts is None else ts
 
     def query_by_key(
-        self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 2**62
-    ) -> list[StoredMessage]:
+        self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 2**62, *,
+        confirmed_only: bool = True,
+    ) -> list[StoredMessage]:  # fmt: skip
         """The newest ``max_num`` messages of ``topic`` with ``key`` in KEYS or UNIQ_KEY, stored in [begin_ms,
-        end_ms], oldest first; fewer if their bodies pass QUERY_MAX_BYTES (the answer is built whole in memory)."""
+        end_ms], oldest first; fewer if their bodies pass QUERY_MAX_BYTES (the answer is built whole in memory).
+        ``confirmed_only=False``: also messages past the read limit (the broker's own retry deduplication)."""
         if self.index is None:
             raise InvalidArgumentError("the message index is disabled (message_index_enable=False)")
         max_num = max(1, min(max_num, 4096))
@@ -710,6 +760,8 @@ class MessageStore:
                 seen.add(off)
                 msg = self.lookup_message(off)
                 if msg is None or msg.topic != topic:
+                    continue
+                if confirmed_only and not self.confirmed(off, msg.store_size):
                     continue
                 has_key = key in msg.keys or msg.properties.get(Prop.UNIQ_KEY) == key  # hash collisions stop here
                 if has_key and begin_ms <= msg.store_timestamp <= end_ms:
@@ -814,6 +866,12 @@ class MessageStore:
             deleted.clear()
             deleted.update(changed)
             self._save_deleted_topics()
+
+    def rebuild_queue_table(self) -> None:
+        """Queue offsets for appends from the consume queues, as recovery does (a replica taking office as master:
+        its log was written by replication, which assigns none)."""
+        with self.commit_log.append_lock:
+            self.commit_log.queue_table = {key: cq.written_offset for key, cq in self.queues.queues.items()}
 
     def add_arrival_listener(self, fn: ArrivalListener) -> None:
         self.dispatcher.listeners.append(fn)

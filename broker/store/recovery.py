@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -28,6 +29,7 @@ from broker.store.index_file import IndexService
 from broker.store.mapped_file import MappedFile
 from broker.store.message import TOPIC_PATTERN
 from broker.store.scan_kernel import COMPILED_MIN_BYTES
+from broker.store.truncation import Truncation
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,20 @@ def recover_commit_log(
     return report
 
 
+def _discard_everything(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService | None) -> None:
+    """A replica starting again from its master's first file: nothing of this store is kept (truncation.py)."""
+    log.warning("recovery: discarding the whole store (%d commit-log files) to start again from the master's",
+                len(commit_log.files.files))  # fmt: skip
+    commit_log.files.delete_first(len(commit_log.files.files))
+    root = queues.root
+    if os.path.isdir(root):
+        for topic in os.listdir(root):
+            shutil.rmtree(os.path.join(root, topic), ignore_errors=True)
+    if index is not None:
+        index.load()
+        index.drop_from(0)
+
+
 def load_consume_queues(queues: ConsumeQueueTable, commit_log: CommitLog) -> None:
     root = queues.root
     os.makedirs(root, exist_ok=True)
@@ -170,12 +186,22 @@ def recover(
     dispatcher: Dispatcher,
     checkpoint: Checkpoint,
     abnormal: bool,
+    pending: Truncation | None = None,
 ) -> RecoveryReport:
     commit_log.files.load()
+    if pending is not None and pending.reset:
+        _discard_everything(commit_log, queues, index)
     started, started_cpu = time.perf_counter(), time.process_time()
     report = recover_commit_log(config, commit_log, checkpoint, abnormal)
     report.scan_seconds = time.perf_counter() - started
     report.scan_cpu_seconds = time.process_time() - started_cpu
+    if pending is not None and not pending.reset and pending.offset < report.commit_log_end:
+        # truncation.py: the log ends at the divergence point; the queues and index follow as after any cut
+        log.warning("recovery: truncating the commit log at %d (was %d), as this replica's new master requires",
+                    pending.offset, report.commit_log_end)  # fmt: skip
+        commit_log.files.truncate(max(pending.offset, commit_log.files.min_offset))
+        report.commit_log_end = commit_log.files.max_offset
+        report.truncated_at, report.reason = report.commit_log_end, "truncated to the divergence point"
     end = report.commit_log_end
     load_consume_queues(queues, commit_log)
     start = checkpoint.data.min_dispatch_offset if checkpoint.valid else commit_log.min_offset

@@ -1,0 +1,175 @@
+"""A replicated broker group on this machine, for tests and benchmarks: an etcd, a name server and N replicas of
+one broker group in controller mode (or a classic master and slaves), each a child process with its own store.
+
+Replicas get broker ids 1..N and fixed ports (client and replication), so a replica restarted after a kill comes
+back where clients and its peers look for it. ``master_id()`` asks etcd which replica is master.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.errors import BrokerError, ServiceNotAvailableError
+from broker.ha.controller import GroupState
+from broker.ha.etcd_client import Etcd
+from broker.ha.etcd_process import EtcdProcess, free_port
+from broker.namesrv.local_cluster import NameServerProcess
+from broker.server.process import BrokerProcess
+
+# Small files: a fresh store allocates a few MiB instead of 1.4 GB (tests start many).
+SMALL_STORE = {
+    "mapped_file_size_commit_log": 64 << 20, "mapped_file_size_consume_queue": 30_000 * 20,
+    "max_hash_slot_num": 16_384, "max_index_num": 65_536,
+}  # fmt: skip
+START_WAIT_S = 60.0
+
+
+class ReplicaGroup:
+    def __init__(
+        self, root: Path, replicas: int = 3, *, broker_name: str = "broker-a", cluster: str = "DefaultCluster",
+        controller: bool = True, settings: dict[str, Any] | None = None, store: dict[str, Any] | None = None,
+        flush: str = "async", log_level: str = "WARNING", register_interval_ms: int = 500,
+        broker_expire_ms: int = 3000,
+    ) -> None:  # fmt: skip
+        self.root = root
+        self.broker_name, self.cluster = broker_name, cluster
+        self.controller = controller
+        self.flush, self.log_level = flush, log_level
+        self.register_interval_ms = register_interval_ms
+        self.etcd = EtcdProcess(root / "etcd") if controller else None
+        self.namesrv_proc = NameServerProcess(broker_expire_ms=broker_expire_ms, log_level=log_level)
+        self.ids = list(range(1, replicas + 1))
+        self.ports = {i: free_port() for i in self.ids}
+        self.ha_ports = {i: free_port() for i in self.ids}
+        self.settings = dict(settings or {})
+        self.store = {**SMALL_STORE, **(store or {})}
+        self.brokers: dict[int, BrokerProcess] = {}
+
+    @property
+    def namesrv(self) -> str:
+        return self.namesrv_proc.address
+
+    def _config(self, broker_id: int) -> Path:
+        data: dict[str, Any] = {"store": self.store, "ha_listen": f"127.0.0.1:{self.ha_ports[broker_id]}",
+                                **self.settings}  # fmt: skip
+        if self.controller:
+            assert self.etcd is not None
+            data["controller"] = self.etcd.url
+        elif broker_id == self.ids[0]:
+            data.setdefault("role", "SYNC_MASTER")
+        else:
+            data["role"] = "SLAVE"
+            data["ha_master_address"] = f"127.0.0.1:{self.ha_ports[self.ids[0]]}"
+        path = self.root / f"replica-{broker_id}.json"
+        path.write_text(json.dumps(data))
+        return path
+
+    def start(self) -> ReplicaGroup:
+        try:
+            if self.etcd is not None:
+                self.etcd.start()
+            self.namesrv_proc.start()
+            for broker_id in self.ids:
+                self.start_replica(broker_id)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def start_replica(self, broker_id: int) -> BrokerProcess:
+        classic_id = 0 if not self.controller and broker_id == self.ids[0] else broker_id
+        args = ["--namesrv", self.namesrv, "--cluster", self.cluster, "--broker-name", self.broker_name,
+                "--broker-id", str(classic_id), "--register-interval-ms", str(self.register_interval_ms)]  # fmt: skip
+        proc = BrokerProcess(self.root / f"replica-{broker_id}", listen=f"127.0.0.1:{self.ports[broker_id]}",
+                             flush=self.flush, config=self._config(broker_id), log_level=self.log_level,
+                             extra_args=args)  # fmt: skip
+        deadline = time.monotonic() + START_WAIT_S
+        while True:  # a port of a killed replica may linger a moment
+            try:
+                proc.start()
+                break
+            except ServiceNotAvailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        self.brokers[broker_id] = proc
+        return proc
+
+    def endpoint(self, broker_id: int) -> str:
+        return f"127.0.0.1:{self.ports[broker_id]}"
+
+    def state(self) -> GroupState | None:
+        """The group's state in etcd (controller mode), None when there is none yet or etcd does not answer."""
+        if self.etcd is None:
+            return None
+        etcd = Etcd([("127.0.0.1", self.etcd.client_port)])
+        try:
+            kv = etcd.get(f"/sluice/{self.cluster}/{self.broker_name}/state")
+            master = etcd.get(f"/sluice/{self.cluster}/{self.broker_name}/master")
+        except BrokerError:
+            return None
+        finally:
+            etcd.close()
+        if kv is None or master is None:
+            return None
+        return GroupState.from_kv(kv)
+
+    def master_id(self) -> int | None:
+        if self.etcd is None:
+            return self.ids[0]
+        state = self.state()
+        return state.master if state is not None else None
+
+    def wait_master(self, timeout_s: float = 30.0, other_than: int | None = None) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            m = self.master_id()
+            if m is not None and m != other_than and self.running(m):
+                return m
+            time.sleep(0.05)
+        raise AssertionError(f"no master (other than {other_than}) within {timeout_s} s")
+
+    def running(self, broker_id: int) -> bool:
+        p = self.brokers.get(broker_id)
+        return p is not None and p.proc is not None and p.proc.poll() is None
+
+    def kill(self, broker_id: int) -> None:
+        self.brokers[broker_id].kill()
+
+    def stop(self, broker_id: int) -> None:
+        self.brokers[broker_id].stop()
+
+    def pause(self, broker_id: int) -> None:
+        proc = self.brokers[broker_id].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, broker_id: int) -> None:
+        proc = self.brokers[broker_id].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGCONT)
+
+    def restart(self, broker_id: int) -> BrokerProcess:
+        if self.running(broker_id):
+            self.brokers[broker_id].stop()
+        return self.start_replica(broker_id)
+
+    def close(self) -> None:
+        for p in self.brokers.values():
+            if p.proc is not None and p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGCONT)
+                p.kill()
+        if self.namesrv_proc.running:
+            self.namesrv_proc.kill()
+        if self.etcd is not None:
+            self.etcd.kill()
+
+    def __enter__(self) -> ReplicaGroup:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,121 @@
+"""The master's config files reach its slaves (RocketMQ's SlaveSynchronize, pushed with the log instead of pulled
+every 10 s): topics, subscription groups, consumer offsets, delay-queue progress and the transaction checker's
+state, so that a promoted slave serves the same topics and groups from the same offsets.
+
+Master: every ``ha_metadata_sync_ms`` (and at once when asked, e.g. after an offset commit) it saves what is dirty
+(consumer offsets), then looks at each file (size and modification time first, bytes only when those changed);
+a file whose bytes changed gets the next version. Each slave stream sends the files changed since what that slave
+last applied. Slave: each file received is checked (a JSON object), written atomically into its config directory,
+and the broker's managers reload it; the slave then reports the version it applied (so a SYNC_MASTER's offset
+commit can wait until every in-sync replica holds it).
+
+The slave never writes these files itself: a slave refuses offset commits (the client keeps them until a master
+answers), and the services that change delay progress and transaction state run on the master only. So nothing a
+slave holds is overwritten by an older copy (RocketMQ issue 1094: a slave's sync overwrote newer offsets).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker.json_file import MAX_CONFIG_BYTES, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json",
+                "transactionState.json")  # fmt: skip
+# What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
+MAX_METADATA_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class _File:
+    version: int = 0
+    stat: tuple[int, int] = (0, -1)  # (mtime ns, size) when last read
+    raw: bytes = b""
+
+
+class MetadataSource:
+    """The master's side: versions of its config files."""
+
+    def __init__(self, config_dir: str, save_dirty: Callable[[], None] = lambda: None) -> None:
+        self.config_dir = config_dir
+        self.save_dirty = save_dirty
+        self._lock = threading.Lock()
+        self._files = {name: _File() for name in SYNCED_FILES}
+        self.version = 0
+
+    def refresh(self) -> int:
+        """Save what is dirty, take in changed files; the current version."""
+        try:
+            self.save_dirty()
+        except OSError as e:  # the next pass tries again; the slaves keep the previous copy meanwhile
+            log.warning("could not save consumer offsets for the slaves: %s", e)
+        with self._lock:
+            for name, f in self._files.items():
+                path = os.path.join(self.config_dir, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                stat = (st.st_mtime_ns, st.st_size)
+                if stat == f.stat or st.st_size > MAX_CONFIG_BYTES:
+                    continue
+                try:
+                    with open(path, "rb") as fh:
+                        raw = fh.read()
+                except OSError as e:
+                    log.warning("could not read %s for the slaves: %s", path, e)
+                    continue
+                f.stat = stat
+                if raw != f.raw:
+                    self.version += 1
+                    f.raw, f.version = raw, self.version
+            return self.version
+
+    def changes_since(self, version: int) -> tuple[int, dict[str, bytes]]:
+        """(current version, files changed after ``version``), within MAX_METADATA_BYTES (the rest next time)."""
+        with self._lock:
+            out: dict[str, bytes] = {}
+            size = 0
+            newest = version
+            for name, f in sorted(self._files.items(), key=lambda kv: kv[1].version):
+                if f.version <= version:
+                    continue
+                if out and size + len(f.raw) > MAX_METADATA_BYTES:
+                    break
+                out[name] = f.raw
+                size += len(f.raw)
+                newest = f.version
+            return newest, out
+
+
+class MetadataSink:
+    """The slave's side: writes what the master sent and has the managers reload it."""
+
+    def __init__(self, config_dir: str, reload: Callable[[str], None]) -> None:
+        self.config_dir = config_dir
+        self.reload = reload  # told the file name after it was replaced
+        self.version = 0
+
+    def apply(self, version: int, files: dict[str, bytes]) -> None:
+        for name, raw in files.items():
+            if name not in SYNCED_FILES:
+                log.warning("master sent config file %r, which is not synchronised; ignored", name[:80])
+                continue
+            try:
+                data = json.loads(raw)
+            except ValueError as e:
+                log.error("master sent %s that is not JSON (%s); keeping this slave's copy", name, e)
+                continue
+            if not isinstance(data, dict):
+                log.error("master sent %s holding a JSON %s; keeping this slave's copy", name, type(data).__name__)
+                continue
+            write_json_atomic(os.path.join(self.config_dir, name), data)
+            self.reload(name)
+        self.version = max(self.version, version)
