@@ -202,6 +202,9 @@ class Follower:
                         self._fence(hb.master_epoch)
                         self.master_max_offset, self.in_sync = hb.master_max_offset, hb.in_sync
                         m.slave_progress(hb.confirmed_offset)
+                        # a replica at the master's end stays caught up while nothing is written (Kafka's
+                        # followers fetch on; here each heartbeat is answered)
+                        outbox.ack(store.max_phys_offset(), store.commit_log.flushed_offset, m.metadata_version())
             finally:
                 outbox.close()
                 call.cancel()
