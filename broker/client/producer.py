@@ -79,7 +79,7 @@ _MOVABLE_CODES = frozenset({
 # After an unknown outcome, refusals that say this attempt did nothing: the first attempt's fate is still unknown.
 _RETRY_UNKNOWN_CODES = frozenset({
     ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NOT_MASTER,
-    ResponseCode.NOT_ENOUGH_REPLICAS, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.NOT_ENOUGH_REPLICAS, ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.TOPIC_NOT_EXIST,
 })  # fmt: skip
 
 
@@ -456,8 +456,13 @@ class Producer:
                 unknown = unknown or e
                 request.retry = True
             except BrokerError as e:
-                if unknown is None or e.code not in _RETRY_UNKNOWN_CODES:
+                if unknown is None:
                     raise
+                if e.code not in _RETRY_UNKNOWN_CODES:  # the first attempt's fate stays unknown whatever this says
+                    raise SendOutcomeUnknownError(
+                        f"the first attempt got no answer ({unknown.message}) and a retry was refused ({e.message}): "
+                        "the message may or may not be stored; look it up by its UNIQ_KEY"
+                    ) from e
                 # this attempt did nothing (the group elects, the first attempt is still being stored): ask again
             else:
                 if getattr(response, "status", pb.SEND_OK) != pb.FLUSH_SLAVE_TIMEOUT:

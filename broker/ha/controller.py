@@ -11,8 +11,8 @@ Keys, under ``/sluice/<cluster>/<broker name>/`` (values are JSON):
   holds it and which replicas are in sync. Only the master of the state's epoch changes ``inSync``, by
   compare-and-set on the key's revision, so a stale master's change fails.
 
-Each replica holds one lease of ``ha_lease_ttl_s`` (kept alive every quarter of it) and runs a loop every
-``TICK_S``:
+Each replica holds one lease of ``ha_lease_ttl_s``, refreshed by a thread of its own ``KEEPALIVES_PER_TTL``
+times per TTL, and runs a loop every ``TICK_S``:
 
 * Master: the state must still name it, at its epoch, and its ``master`` key must exist; otherwise, or when its
   lease could not be refreshed for ``FENCE_FRACTION`` of the TTL (etcd may expire it any moment after), it is
@@ -41,7 +41,10 @@ from broker.ha.etcd_client import Compare, CoordinationError, Etcd, KeyValue, Pu
 log = logging.getLogger(__name__)
 
 TICK_S = 0.2
-FENCE_FRACTION = 0.6  # a master whose lease was last refreshed this long (x TTL) ago stops acknowledging
+# A master whose lease was last refreshed this long (x TTL) ago stops acknowledging: etcd may expire the lease any
+# moment after the TTL, counted from when it received the refresh, which is after this broker sent it.
+FENCE_FRACTION = 0.75
+KEEPALIVES_PER_TTL = 6  # refreshes per TTL: a few may be slow (a busy machine) before the fence is near
 ERROR_LOG_INTERVAL_S = 10.0
 
 
@@ -97,6 +100,7 @@ class Controller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # state writes (in-sync set) vs the loop
+        self._lease_lock = threading.Lock()
         self._last_error_log = 0.0
 
     @property
@@ -110,11 +114,14 @@ class Controller:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ha-controller", daemon=True)
         self._thread.start()
+        self._keeper = threading.Thread(target=self._keep_alive_loop, name="ha-lease", daemon=True)
+        self._keeper.start()
 
     def stop(self, revoke: bool = True) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        for t in (self._thread, getattr(self, "_keeper", None)):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=10)
         if revoke and self.lease:
             try:
                 self.etcd.revoke(self.lease)  # the master key goes at once: the group elects without waiting a TTL
@@ -124,19 +131,24 @@ class Controller:
         self.etcd.close()
 
     # ------------------------------------------------------------------------------------------ loop
-    def _run(self) -> None:
-        next_keepalive = 0.0
+    def _keep_alive_loop(self) -> None:
+        """The lease, refreshed apart from the loop: a slow election or etcd read must not let it lapse."""
         while not self._stop.is_set():
-            now = time.monotonic()
             try:
-                if now >= next_keepalive:
-                    self._keep_lease(now)
-                    next_keepalive = now + self.lease_ttl_s / 4
-                self._tick()
+                with self._lease_lock:
+                    self._keep_lease(time.monotonic())
             except BrokerError as e:
                 self._log_error(e.message)
             if self.master_epoch and time.monotonic() - self._lease_ok_at > FENCE_FRACTION * self.lease_ttl_s:
                 self._fence(f"its etcd lease was not refreshed for {FENCE_FRACTION * self.lease_ttl_s:.1f} s")
+            self._stop.wait(min(self.lease_ttl_s / KEEPALIVES_PER_TTL, TICK_S * 2))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except BrokerError as e:
+                self._log_error(e.message)
             self._stop.wait(TICK_S)
 
     def _log_error(self, message: str) -> None:
@@ -160,7 +172,9 @@ class Controller:
         self._member_put = True
 
     def _tick(self) -> None:
-        if not self.lease:
+        with self._lease_lock:
+            lease = self.lease
+        if not lease:
             return
         state_kv = self.etcd.get(self.state_key)
         master_kv = self.etcd.get(self.master_key)

@@ -158,6 +158,10 @@ class ReplicaGroup:
             self.brokers[broker_id].stop()
         return self.start_replica(broker_id)
 
+    def logs(self, lines: int = 40) -> str:
+        """The last lines of every replica's log, for a failing test's message."""
+        return "\n".join(f"--- replica {rid}\n" + "\n".join(list(p.output)[-lines:]) for rid, p in self.brokers.items())
+
     def close(self) -> None:
         for p in self.brokers.values():
             if p.proc is not None and p.proc.poll() is None:

@@ -159,7 +159,14 @@ class ReplicationManager:
                  "controller mode" if s.controller_mode else s.role)  # fmt: skip
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
+        def run() -> None:
+            try:
+                target()
+            except Exception:  # a replication thread must not die silently: the broker would look healthy
+                log.exception("%s failed; restarting the broker in place", name)
+                self.hooks.restart(f"{name} failed")
+
+        t = threading.Thread(target=run, name=name, daemon=True)
         self._threads.append(t)
         t.start()
 
@@ -180,10 +187,10 @@ class ReplicationManager:
 
     # ------------------------------------------------------------------------------------------ roles
     def _become_master(self, epoch: int, members: frozenset[int]) -> None:
+        self.follower.stop()  # outside the lock: the follower's thread may be waiting for it
         with self._lock:
             if self._stop.is_set():
                 return
-            self.follower.stop()
             store = self.store
             if not store.wait_dispatched(60):
                 log.error("the dispatcher did not reach the log's end in 60 s; taking office anyway")
@@ -361,6 +368,22 @@ class ReplicationManager:
         lag = max(0, f.master_max_offset - self.store.max_phys_offset()) if f.connected_to else -1
         return Status(self.role, self.known_epoch(), f.in_sync and bool(f.connected_to), lag,
                       self.read_limit.confirmed_offset(), self.own_broker_id)  # fmt: skip
+
+    def stats(self) -> dict[str, float]:
+        """Figures for GetBrokerStats (``sluice stats``): this replica's role and, on a master, each replica's."""
+        st = self.status()
+        out: dict[str, float] = {"ha_master": float(st.role == MASTER), "ha_epoch": float(st.epoch),
+                                 "ha_confirmed_offset": float(st.confirmed_offset), "ha_lag_bytes": float(st.lag_bytes),
+                                 "ha_elections": float(self.elections)}  # fmt: skip
+        in_sync = self.in_sync
+        if st.role == MASTER and in_sync is not None:
+            members = in_sync.members
+            out["ha_in_sync_replicas"] = float(len(members))
+            for rid, lag_bytes, lag_ms in self.replica_lags():
+                out[f"ha_replica_{rid}_lag_bytes"] = float(lag_bytes)
+                out[f"ha_replica_{rid}_lag_ms"] = float(lag_ms)
+                out[f"ha_replica_{rid}_in_sync"] = float(rid in members)
+        return out
 
     def replica_lags(self) -> list[tuple[int, int, int]]:
         """Master only: (broker id, lag in bytes, ms since caught up) of each replica it knows."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,7 @@ RECONNECT_MAX_S = 1.0
 # Replication messages: a chunk (chunk.MAX_CHUNK_BYTES) or the config files (metadata_sync.MAX_METADATA_BYTES).
 CHANNEL_MAX_MESSAGE_BYTES = 80 * 1024 * 1024
 CONNECT_TIMEOUT_S = 3.0
+CONNECT_POLL_S = 0.05  # how often a pending connection checks whether the master changed
 
 
 class Outbox:
@@ -167,11 +169,7 @@ class Follower:
         options = [("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]  # fmt: skip
         with grpc.insecure_channel(target, options=options) as channel:
-            try:
-                grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)
-            except grpc.FutureTimeoutError:
-                raise BrokerError(f"master's replication endpoint {target} does not answer",
-                                  ResponseCode.SERVICE_NOT_AVAILABLE) from None  # fmt: skip
+            self._await_ready(channel, target)
             call = hpb_grpc.ReplicationStub(channel).Replicate(iter(outbox))
             self._call, self._outbox = call, outbox
             if self._stop.is_set():
@@ -208,6 +206,22 @@ class Follower:
             finally:
                 outbox.close()
                 call.cancel()
+
+    def _await_ready(self, channel: grpc.Channel, target: str) -> None:
+        """Wait for the connection, giving up early when the master changes meanwhile (a dead master's endpoint
+        would otherwise hold the follower for the whole timeout while the new master waits for it)."""
+        ready = grpc.channel_ready_future(channel)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while True:
+            try:
+                ready.result(timeout=CONNECT_POLL_S)
+                return
+            except grpc.FutureTimeoutError:
+                pass
+            if self._stop.is_set() or self.manager.master_ha_address() != target or time.monotonic() > deadline:
+                ready.cancel()
+                raise BrokerError(f"master's replication endpoint {target} does not answer",
+                                  ResponseCode.SERVICE_NOT_AVAILABLE)  # fmt: skip
 
     def _fence(self, master_epoch: int) -> None:
         known = self.manager.known_epoch()

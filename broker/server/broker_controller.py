@@ -376,6 +376,8 @@ class BrokerController:
             "broker_get_bytes": self.metrics.get_bytes.value(),
             "broker_uptime_s": time.time() - self._started_at,
         }
+        if self.replication is not None:
+            extra.update(self.replication.stats())
         return self.admin.stats(extra)
 
     # ------------------------------------------------------------------------------------------------ periodic

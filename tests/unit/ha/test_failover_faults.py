@@ -1,0 +1,88 @@
+"""Fault tests on real processes with a real etcd: a 3-replica group in controller mode under a SYNC load, checked
+as Jepsen checks a queue (jepsen.py): no acknowledged message lost, no (queue, offset) holding two messages, no
+duplicate, per-queue order kept, unknown outcomes stored at most once. Each prints its counts.
+
+The long loop (50 failovers) is marked slow: ``make test-failover`` runs it."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from jepsen import QUEUES, TOPIC, Workload, check, read_log, wait_until
+
+from broker.client import Admin
+from broker.ha.local_group import ReplicaGroup
+
+# Short leases keep each failover a few seconds; the defaults (5 s) are what bench.replication measures.
+SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000}
+SHORT_FAILOVERS = int(os.environ.get("SLUICE_FAILOVERS", "3"))
+LONG_FAILOVERS = 50
+
+
+def _group(root: Path, **settings: object) -> ReplicaGroup:
+    return ReplicaGroup(root, 3, settings={**SETTINGS, **settings}, log_level=os.environ.get("SLUICE_LOG", "WARNING"))
+
+
+def _prepare(g: ReplicaGroup) -> None:
+    master = g.wait_master()
+    with Admin(g.endpoint(master)) as admin:
+        admin.create_topic(TOPIC, QUEUES, if_not_exists=True)
+    wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3, "all three replicas in sync")  # type: ignore[union-attr]
+
+
+def _heal_and_check(g: ReplicaGroup, w: Workload, name: str, **extra: float) -> None:
+    w.stop()
+    for rid in g.ids:
+        if not g.running(rid):
+            g.start_replica(rid)
+    wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3, "every replica back in sync", 90)  # type: ignore[union-attr]
+    master = g.wait_master()
+    end = read_log(g.endpoint(master))
+    logs = {}
+    for rid in g.ids:  # every replica holds the same log once caught up (reads stop at the confirmed offset)
+        wait_until(lambda rid=rid: len(read_log(g.endpoint(rid))) >= len(end), f"replica {rid} caught up", 60)
+        logs[f"replica-{rid}"] = read_log(g.endpoint(rid))
+    report = check(name, w.outcomes, logs)
+    report.extra.update(extra)
+    print("\n" + report.table())
+    assert report.ok, report.details()
+    assert report.acknowledged > 0
+
+
+def _failovers(tmp_path: Path, count: int) -> None:
+    with _group(tmp_path) as g:
+        _prepare(g)
+        w = Workload(g.namesrv, writers=4).start()
+        times = []
+        try:
+            w.wait_acknowledged(20)
+            for _ in range(count):
+                master = g.wait_master()
+                g.kill(master)
+                killed = time.monotonic()
+                g.wait_master(other_than=master, timeout_s=60)
+                w.wait_acknowledged(1, timeout_s=60)
+                times.append(time.monotonic() - killed)
+                g.start_replica(master)  # it returns as a replica (truncating first when it diverged)
+                wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3, "the killed one in sync", 60)  # type: ignore[union-attr]
+                w.wait_acknowledged(10)
+        except AssertionError:
+            print(g.logs())
+            raise
+        finally:
+            w.stop()
+        times.sort()
+        _heal_and_check(g, w, f"SIGKILL master x{count}", failover_p50_s=times[len(times) // 2],
+                        failover_max_s=times[-1])  # fmt: skip
+
+
+def test_master_sigkill_under_sync_load(tmp_path: Path) -> None:
+    _failovers(tmp_path, SHORT_FAILOVERS)
+
+
+@pytest.mark.slow
+def test_master_sigkill_under_sync_load_50_failovers(tmp_path: Path) -> None:
+    _failovers(tmp_path, LONG_FAILOVERS)
