@@ -83,7 +83,8 @@ class InSyncSet:
         self._confirmed = confirmed
         self._sessions = 0
         self.closed = False
-        self._recompute()
+        with self._cond:
+            self._recompute()
 
     # ------------------------------------------------------------------------------------------ reading
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ SMALL_STORE = {
     "max_hash_slot_num": 16_384, "max_index_num": 65_536,
 }  # fmt: skip
 START_WAIT_S = 60.0
+OUTPUT_LINES = 3000  # of each replica's log kept for a failing test (a thread dump of a master runs to hundreds)
 
 
 class ReplicaGroup:
@@ -87,6 +89,7 @@ class ReplicaGroup:
         proc = BrokerProcess(self.root / f"replica-{broker_id}", listen=f"127.0.0.1:{self.ports[broker_id]}",
                              flush=self.flush, config=self._config(broker_id), log_level=self.log_level,
                              extra_args=args)  # fmt: skip
+        proc.output = deque(maxlen=OUTPUT_LINES)
         deadline = time.monotonic() + START_WAIT_S
         while True:  # a port of a killed replica may linger a moment
             try:
@@ -132,6 +135,16 @@ class ReplicaGroup:
                 return m
             time.sleep(0.05)
         raise AssertionError(f"no master (other than {other_than}) within {timeout_s} s")
+
+    def log_end(self, broker_id: int) -> int:
+        """The replica's commit-log end, from its stats (-1 when it does not answer)."""
+        from broker.client import Admin
+
+        try:
+            with Admin(self.endpoint(broker_id)) as admin:
+                return int(admin.stats().get("store_commit_log_max_offset", -1))
+        except BrokerError:
+            return -1
 
     def running(self, broker_id: int) -> bool:
         p = self.brokers.get(broker_id)

@@ -125,7 +125,8 @@ class ReplicationManager:
             ("grpc.max_receive_message_length", HA_GRPC_MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", HA_GRPC_MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0),
         ])  # fmt: skip
-        hpb_grpc.add_ReplicationServicer_to_server(ReplicationServicer(self), server)
+        self.servicer = ReplicationServicer(self)
+        hpb_grpc.add_ReplicationServicer_to_server(self.servicer, server)
         host, port = self.settings.ha_listen
         try:
             self.ha_port = server.add_insecure_port(f"{host}:{port}")
@@ -221,6 +222,7 @@ class ReplicationManager:
             if self.role != MASTER or in_sync is None:
                 return
             in_sync.review()
+            self.servicer.sweep()
             self._stop.wait(REVIEW_INTERVAL_S)
 
     def _follow(self, state: GroupState) -> None:

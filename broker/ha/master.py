@@ -1,27 +1,31 @@
-"""The replication endpoint (``--ha-listen``): the master's side of ``Replication.Replicate`` (ha.proto).
+"""The replication endpoint (``--ha-listen``): the master's side of the Replication service (ha.proto).
 
-Every replica runs it; only the group's current master accepts streams (others answer NOT_MASTER). For each slave:
+Every replica runs it; only the group's current master serves it (others answer NOT_MASTER). A slave:
 
-1. Hello: the same cluster and broker group, another broker id, the same commit-log file size (offsets name the
-   same files), a protocol version this broker speaks. A slave that knows a newer master epoch than this master's
-   is refused, and tells this master it is stale (fencing).
-2. With a secret, the challenge (auth.py): the slave's proof is checked in constant time; the master proves itself
-   in the Handshake.
-3. The Handshake says where the slave's log continues (divergence.py): at its own end, or after cutting it back to
-   the divergence point, or from the master's first file when the slave's log is older than that. A slave told to
-   cut or discard ends the stream, does so (crash-safely, at its next start), and comes back.
-4. Streaming: chunks of the log from that offset on (chunk.py) as soon as they are written, the config files that
-   changed (metadata_sync.py), and a heartbeat when nothing else was sent for HEARTBEAT_MS or the confirmed offset
-   moved. A reader thread takes the slave's Acks to the in-sync set (in_sync.py). The stream ends when the slave
-   goes, or when this broker stops being master of that epoch.
+1. Open: its Hello must name the same cluster and broker group, another broker id, the same commit-log file size
+   (offsets name the same files) and a protocol version this broker speaks. A slave that knows a newer master epoch
+   than this master's is refused, and tells this master it is stale (fencing). The answer: a session id and a
+   nonce. At most MAX_SESSIONS sessions exist; one not joined within JOIN_TIMEOUT_S goes.
+2. Join: with a secret, the slave's proof is checked in constant time (auth.py); the Handshake carries the master's
+   own proof and says where the slave's log continues (divergence.py): at its end, after cutting it back to the
+   divergence point, or from the master's first file. A slave told to cut or discard does so (crash-safely, at its
+   next start) and opens a new session.
+3. Fetch, again and again: the request reports what the slave holds (its acknowledgement, to the in-sync set) and
+   asks for bytes from an offset; the answer carries up to MAX_CHUNK_BYTES of one file and one epoch, the config
+   files that changed since the slave's version, the confirmed offset and whether the slave is in sync. When there
+   is nothing new the fetch is held up to its max_wait_ms and answered as soon as something is (bytes written, the
+   confirmed offset moved, files changed). One fetch in flight per slave is the flow control.
+
+A session not fetched from for SESSION_IDLE_S is dropped and its replica counts as disconnected.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -30,7 +34,6 @@ from broker.errors import BrokerError, InvalidArgumentError, NotMasterError, Res
 from broker.ha import auth, divergence
 from broker.ha.chunk import MAX_CHUNK_BYTES
 from broker.ha.epoch_file import EpochEntry
-from broker.ha.in_sync import InSyncSet
 from broker.proto import ha_pb2 as hpb
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
@@ -41,16 +44,31 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
-HEARTBEAT_MS = 500  # a quiet stream still tells its slave the master lives (and its confirmed offset) this often
+MAX_WAIT_MS = 1000  # longest a fetch is held; a slave asks for less (slave.FETCH_WAIT_MS)
+MAX_SESSIONS = 64  # open sessions at once (a group has at most 16 replicas; the rest is room for reconnects)
+JOIN_TIMEOUT_S = 10.0
+SESSION_IDLE_S = 5.0
 MAX_EPOCH_ENTRIES_IN_HELLO = 10_000  # epoch_file.MAX_EPOCH_ENTRIES: a longer history is not a replica's
 
 
 class StreamRefused(BrokerError):
-    """A replication stream the master will not serve (wrong group, bad proof, not master...)."""
+    """A replication request the master will not serve (wrong group, bad proof, unknown session...)."""
+
+
+@dataclass
+class Session:
+    hello: hpb.Hello
+    server_nonce: bytes
+    opened_at: float
+    epoch: int = 0  # set by Join: the master epoch it was joined under
+    number: int = 0  # the in-sync set's session number
+    last_fetch: float = 0.0
+    confirmed_sent: int = -1
+    in_sync_sent: bool = False
 
 
 def _refuse(context: grpc.ServicerContext, e: BrokerError) -> NoReturn:
-    log.warning("replication stream refused: %s", e.message)
+    log.info("replication request refused: %s", e.message)
     context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
     context.abort(grpc_code_for(e.code), e.message)
     raise AssertionError("unreachable: context.abort raises")
@@ -59,69 +77,115 @@ def _refuse(context: grpc.ServicerContext, e: BrokerError) -> NoReturn:
 class ReplicationServicer(hpb_grpc.ReplicationServicer):
     def __init__(self, manager: ReplicationManager) -> None:
         self.manager = manager
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
 
-    def Replicate(self, request_iterator: Iterator[hpb.SlaveMessage], context: grpc.ServicerContext) -> Any:
+    # ------------------------------------------------------------------------------------------ rpcs
+    def Open(self, request: hpb.Hello, context: grpc.ServicerContext) -> Any:
         try:
-            yield from self._replicate(request_iterator, context)
+            return self._open(request)
         except BrokerError as e:
             _refuse(context, e)
 
-    def _replicate(self, requests: Iterator[hpb.SlaveMessage], context: grpc.ServicerContext) -> Iterator[Any]:
-        m = self.manager
-        first = next(requests, None)
-        if first is None:
-            return
-        if first.WhichOneof("kind") != "hello":
-            raise StreamRefused("a replication stream starts with Hello", ResponseCode.INVALID_ARGUMENT)
-        hello = first.hello
+    def Join(self, request: hpb.JoinRequest, context: grpc.ServicerContext) -> Any:
+        try:
+            return self._join(request)
+        except BrokerError as e:
+            _refuse(context, e)
+
+    def Fetch(self, request: hpb.FetchRequest, context: grpc.ServicerContext) -> Any:
+        try:
+            return self._fetch(request, context)
+        except BrokerError as e:
+            _refuse(context, e)
+
+    # ------------------------------------------------------------------------------------------ sessions
+    def _open(self, hello: hpb.Hello) -> hpb.Opened:
         self._check_hello(hello)
-        server_nonce = b""
+        m = self.manager
+        state = m.master_state()
+        if state is None:
+            raise NotMasterError(f"{m.identity_text()} is not the master of its group now")
+        if hello.known_epoch > state[0]:
+            m.saw_newer_epoch(hello.known_epoch, f"replica {hello.broker_id} knows epoch {hello.known_epoch}")
+            raise NotMasterError(f"this master's epoch {state[0]} is older than epoch {hello.known_epoch}")
+        now = time.monotonic()
+        with self._lock:
+            self._expire(now)
+            if len(self._sessions) >= MAX_SESSIONS:
+                raise StreamRefused(f"{MAX_SESSIONS} replication sessions are open; try again later",
+                                    ResponseCode.SYSTEM_BUSY)  # fmt: skip
+            sid = secrets.token_hex(16)
+            self._sessions[sid] = Session(hello, auth.nonce(), now)
+            return hpb.Opened(session=sid, server_nonce=self._sessions[sid].server_nonce)
+
+    def _expire(self, now: float) -> None:
+        for sid, s in list(self._sessions.items()):
+            idle = now - (s.last_fetch or s.opened_at)
+            if (not s.epoch and now - s.opened_at > JOIN_TIMEOUT_S) or (s.epoch and idle > SESSION_IDLE_S):
+                del self._sessions[sid]
+                if s.number:
+                    self._disconnected(s)
+
+    def _disconnected(self, s: Session) -> None:
+        state = self.manager.master_state()
+        if state is not None:
+            state[1].disconnect(s.hello.broker_id, s.number)
+        log.info("replica %d (%s): session ended", s.hello.broker_id, s.hello.address)
+
+    def sweep(self) -> None:
+        """Drop idle sessions (called by the master's review loop)."""
+        with self._lock:
+            self._expire(time.monotonic())
+
+    def _join(self, request: hpb.JoinRequest) -> hpb.Handshake:
+        m = self.manager
+        with self._lock:
+            session = self._sessions.get(request.session)
+        if session is None or session.epoch:
+            raise StreamRefused("unknown or already joined replication session; open a new one",
+                                ResponseCode.INVALID_ARGUMENT)  # fmt: skip
+        hello = session.hello
         secret = m.settings.secret
         if secret:
-            server_nonce = auth.nonce()
-            yield hpb.MasterMessage(challenge=hpb.Challenge(server_nonce=server_nonce))
-            answer = next(requests, None)
-            if answer is None:
-                return
-            expected = auth.slave_proof(secret, server_nonce, hello.client_nonce, hello.SerializeToString())
-            if answer.WhichOneof("kind") != "auth" or not auth.same(expected, answer.auth.proof):
+            expected = auth.slave_proof(secret, session.server_nonce, hello.client_nonce, hello.SerializeToString())
+            if not auth.same(expected, request.proof):
+                with self._lock:
+                    self._sessions.pop(request.session, None)
                 raise StreamRefused(
-                    f"replica {hello.broker_name}/{hello.broker_id} at {context.peer()} failed the challenge: its "
+                    f"replica {hello.broker_name}/{hello.broker_id} ({hello.address}) failed the challenge: its "
                     "ha_secret_file differs from this master's", ResponseCode.NO_PERMISSION,
                 )  # fmt: skip
         state = m.master_state()
         if state is None:
             raise NotMasterError(f"{m.identity_text()} is not the master of its group now")
         epoch, in_sync = state
-        if hello.known_epoch > epoch:
-            m.saw_newer_epoch(hello.known_epoch, f"replica {hello.broker_id} knows epoch {hello.known_epoch}")
-            raise NotMasterError(f"this master's epoch {epoch} is older than epoch {hello.known_epoch}")
         store = m.store
         slave_epochs = [EpochEntry(e.epoch, e.start_offset) for e in hello.epochs]
         plan = divergence.plan(m.epochs.entries, store.min_phys_offset(), store.max_phys_offset(), slave_epochs,
                                hello.max_offset)  # fmt: skip
-        proof = auth.master_proof(secret, hello.client_nonce, server_nonce) if secret else b""
-        yield hpb.MasterMessage(handshake=hpb.Handshake(
+        proof = auth.master_proof(secret, hello.client_nonce, session.server_nonce) if secret else b""
+        answer = hpb.Handshake(
             master_epoch=epoch, start_offset=plan.start_offset, truncate_to=plan.truncate_to, reset=plan.reset,
             proof=proof, master_min_offset=store.min_phys_offset(), master_max_offset=store.max_phys_offset(),
-        ))  # fmt: skip
+        )  # fmt: skip
         if plan.truncate_to >= 0 or plan.reset:
             log.warning("replica %d (%s) must %s before it follows", hello.broker_id, hello.address,
                         "start again from this master's first file" if plan.reset
                         else f"truncate its log to {plan.truncate_to} (it ends at {hello.max_offset})")  # fmt: skip
-            return
+            with self._lock:
+                self._sessions.pop(request.session, None)
+            return answer
+        with self._lock:
+            for sid, other in list(self._sessions.items()):  # a replica's older session: replaced
+                if other.hello.broker_id == hello.broker_id and sid != request.session:
+                    del self._sessions[sid]
+            session.number = in_sync.connect(hello.broker_id, hello.store_id, hello.address)
+            session.epoch = epoch
+            session.last_fetch = time.monotonic()
         log.info("replica %d (%s) follows from commit-log offset %d", hello.broker_id, hello.address,
                  plan.start_offset)  # fmt: skip
-        session = in_sync.connect(hello.broker_id, hello.store_id, hello.address)
-        gone = threading.Event()
-        reader = threading.Thread(target=self._read_acks, args=(requests, in_sync, hello.broker_id, session, gone),
-                                  name=f"ha-acks-{hello.broker_id}", daemon=True)  # fmt: skip
-        reader.start()
-        try:
-            yield from self._stream(context, plan.start_offset, epoch, in_sync, hello.broker_id, gone)
-        finally:
-            in_sync.disconnect(hello.broker_id, session)
-            log.info("replica %d (%s) stream ended", hello.broker_id, hello.address)
+        return answer
 
     def _check_hello(self, hello: hpb.Hello) -> None:
         m = self.manager
@@ -131,8 +195,8 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
                                 ResponseCode.VERSION_NOT_SUPPORTED)  # fmt: skip
         if (hello.cluster, hello.broker_name) != (ident.cluster, ident.broker_name):
             raise StreamRefused(
-                f"replica of {hello.cluster[:60]}/{hello.broker_name[:60]} connected to {ident.cluster}/"
-                f"{ident.broker_name}: only the group's own replicas may replicate", ResponseCode.NO_PERMISSION,
+                f"replica of {hello.cluster[:60]}/{hello.broker_name[:60]} asked {ident.cluster}/{ident.broker_name}: "
+                "only the group's own replicas may replicate", ResponseCode.NO_PERMISSION,
             )  # fmt: skip
         if hello.broker_id == m.own_broker_id:
             raise InvalidArgumentError(f"replica claims this master's own broker id {hello.broker_id}")
@@ -142,71 +206,55 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
                 f"replica {hello.broker_id} uses commit-log files of {hello.commit_log_file_size} bytes, this master "
                 f"{size}: every replica of a group needs the same mapped_file_size_commit_log"
             )
-        if len(hello.epochs) > MAX_EPOCH_ENTRIES_IN_HELLO or hello.max_offset < 0:
-            raise InvalidArgumentError("replica's Hello is malformed (offsets or epoch history)")
+        if len(hello.epochs) > MAX_EPOCH_ENTRIES_IN_HELLO or hello.max_offset < 0 or len(hello.client_nonce) > 64:
+            raise InvalidArgumentError("replica's Hello is malformed (offsets, epoch history or nonce)")
 
-    def _read_acks(self, requests: Iterator[hpb.SlaveMessage], in_sync: InSyncSet, broker_id: int, session: int,
-                   gone: threading.Event) -> None:  # fmt: skip
-        try:
-            for msg in requests:
-                if msg.WhichOneof("kind") == "ack":
-                    a = msg.ack
-                    in_sync.report(broker_id, session, a.written_offset, a.flushed_offset, a.metadata_version)
-        except grpc.RpcError:
-            pass  # the slave went; the sender sees ``gone``
-        except ValueError:  # the stream was closed under the iterator
-            pass
-        finally:
-            gone.set()
-            self.manager.changes.notify()
-
-    def _stream(self, context: grpc.ServicerContext, start: int, epoch: int, in_sync: InSyncSet, broker_id: int,
-                gone: threading.Event) -> Iterator[Any]:  # fmt: skip
+    # ------------------------------------------------------------------------------------------ fetch
+    def _fetch(self, request: hpb.FetchRequest, context: grpc.ServicerContext) -> hpb.FetchResponse:
         m = self.manager
-        store = m.store
-        pos = start
-        meta_sent = 0
-        beat_at = 0.0
-        confirmed_sent = -1
-        in_sync_sent: bool | None = None
-        while not gone.is_set() and context.is_active():
-            state = m.master_state()
-            if state is None or state[0] != epoch:
-                return  # no longer master of this epoch: the slave finds the new one
+        with self._lock:
+            session = self._sessions.get(request.session)
+            if session is not None:
+                session.last_fetch = time.monotonic()
+        if session is None or not session.epoch:
+            raise StreamRefused("unknown replication session (expired, or replaced); open a new one",
+                                ResponseCode.INVALID_ARGUMENT)  # fmt: skip
+        state = m.master_state()
+        if state is None or state[0] != session.epoch:
+            raise NotMasterError(f"{m.identity_text()} is no longer master of epoch {session.epoch}")
+        epoch, in_sync = state
+        rid = session.hello.broker_id
+        in_sync.report(rid, session.number, request.written_offset, request.flushed_offset, request.metadata_version)
+        wait_s = min(max(request.max_wait_ms, 0), MAX_WAIT_MS) / 1000
+        deadline = time.monotonic() + wait_s
+        pos = request.fetch_offset
+        while True:
             generation = m.changes.generation
-            version, files = m.metadata.changes_since(meta_sent)
-            if files:
-                yield hpb.MasterMessage(metadata=hpb.Metadata(version=version, files=files))
-                meta_sent = version
+            version, files = m.metadata.changes_since(request.metadata_version)
             read = self._read(pos)
-            member = in_sync.in_sync(broker_id)
-            if read is not None:
-                data, data_epoch = read
-                yield hpb.MasterMessage(chunk=hpb.Chunk(
-                    offset=pos, data=data, epoch=data_epoch, master_epoch=epoch, confirmed_offset=in_sync.confirmed,
-                    in_sync=member, master_max_offset=store.max_phys_offset(),
-                ))  # fmt: skip
-                pos += len(data)
-                confirmed_sent, in_sync_sent, beat_at = in_sync.confirmed, member, time.monotonic()
-                continue
-            if pos < store.min_phys_offset():
-                log.warning("replica %d is at %d, below this master's first byte now: it starts again", broker_id, pos)
-                return
-            confirmed = in_sync.confirmed
-            now = time.monotonic()
-            if confirmed != confirmed_sent or member != in_sync_sent or now - beat_at >= HEARTBEAT_MS / 1000:
-                yield hpb.MasterMessage(heartbeat=hpb.Heartbeat(
-                    master_epoch=epoch, confirmed_offset=confirmed, in_sync=member,
-                    master_max_offset=store.max_phys_offset(),
-                ))  # fmt: skip
-                confirmed_sent, in_sync_sent, beat_at = confirmed, member, now
-            m.changes.wait(generation, HEARTBEAT_MS / 1000)
+            confirmed, member = in_sync.confirmed, in_sync.in_sync(rid)
+            news = confirmed != session.confirmed_sent or member != session.in_sync_sent
+            remaining = deadline - time.monotonic()
+            if read is not None or files or news or remaining <= 0 or not context.is_active():
+                break
+            if pos < m.store.min_phys_offset():
+                raise StreamRefused(f"offset {pos} expired on the master meanwhile; open a new session",
+                                    ResponseCode.INVALID_ARGUMENT)  # fmt: skip
+            m.changes.wait(generation, remaining)
+            if m.master_state() is None:
+                raise NotMasterError(f"{m.identity_text()} is no longer master of epoch {epoch}")
+        session.confirmed_sent, session.in_sync_sent = confirmed, member
+        answer = hpb.FetchResponse(master_epoch=epoch, confirmed_offset=confirmed, in_sync=member,
+                                   master_max_offset=m.store.max_phys_offset(), offset=pos,
+                                   metadata_version=version, files=files)  # fmt: skip
+        if read is not None:
+            answer.data, answer.epoch = read
+        return answer
 
     def _read(self, pos: int) -> tuple[bytes, int] | None:
         """Up to MAX_CHUNK_BYTES of the log at ``pos``, inside one file and one epoch; None when nothing is there."""
         m = self.manager
-        files = m.store.commit_log.files
-        f = files.find(pos)
+        f = m.store.commit_log.files.find(pos)
         if f is None:
             return None
         rel = pos - f.file_from_offset

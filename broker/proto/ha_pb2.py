@@ -24,39 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62roker/proto/ha.proto\x12\tsluice.v1\"1\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"\x95\x02\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x10\n\x08store_id\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x12\n\nmin_offset\x18\x07 \x01(\x03\x12\x12\n\nmax_offset\x18\x08 \x01(\x03\x12\x1c\n\x14\x63ommit_log_file_size\x18\t \x01(\x03\x12%\n\x06\x65pochs\x18\n \x03(\x0b\x32\x15.sluice.v1.EpochEntry\x12\x13\n\x0bknown_epoch\x18\x0b \x01(\x03\x12\x14\n\x0c\x63lient_nonce\x18\x0c \x01(\x0c\"\x15\n\x04\x41uth\x12\r\n\x05proof\x18\x01 \x01(\x0c\"O\n\x03\x41\x63k\x12\x16\n\x0ewritten_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x02 \x01(\x03\x12\x18\n\x10metadata_version\x18\x03 \x01(\x03\"y\n\x0cSlaveMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.sluice.v1.HelloH\x00\x12\x1f\n\x04\x61uth\x18\x02 \x01(\x0b\x32\x0f.sluice.v1.AuthH\x00\x12\x1d\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.sluice.v1.AckH\x00\x42\x06\n\x04kind\"!\n\tChallenge\x12\x14\n\x0cserver_nonce\x18\x01 \x01(\x0c\"\xa0\x01\n\tHandshake\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\x12\x13\n\x0btruncate_to\x18\x03 \x01(\x03\x12\r\n\x05reset\x18\x04 \x01(\x08\x12\r\n\x05proof\x18\x05 \x01(\x0c\x12\x19\n\x11master_min_offset\x18\x06 \x01(\x03\x12\x19\n\x11master_max_offset\x18\x07 \x01(\x03\"\x90\x01\n\x05\x43hunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x03\x12\x18\n\x10\x63onfirmed_offset\x18\x05 \x01(\x03\x12\x0f\n\x07in_sync\x18\x06 \x01(\x08\x12\x19\n\x11master_max_offset\x18\x07 \x01(\x03\"x\n\x08Metadata\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12-\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x1e.sluice.v1.Metadata.FilesEntry\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"g\n\tHeartbeat\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x18\n\x10\x63onfirmed_offset\x18\x02 \x01(\x03\x12\x0f\n\x07in_sync\x18\x03 \x01(\x08\x12\x19\n\x11master_max_offset\x18\x04 \x01(\x03\"\xe4\x01\n\rMasterMessage\x12)\n\tchallenge\x18\x01 \x01(\x0b\x32\x14.sluice.v1.ChallengeH\x00\x12)\n\thandshake\x18\x02 \x01(\x0b\x32\x14.sluice.v1.HandshakeH\x00\x12!\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x10.sluice.v1.ChunkH\x00\x12\'\n\x08metadata\x18\x04 \x01(\x0b\x32\x13.sluice.v1.MetadataH\x00\x12)\n\theartbeat\x18\x05 \x01(\x0b\x32\x14.sluice.v1.HeartbeatH\x00\x42\x06\n\x04kind2Q\n\x0bReplication\x12\x42\n\tReplicate\x12\x17.sluice.v1.SlaveMessage\x1a\x18.sluice.v1.MasterMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62roker/proto/ha.proto\x12\tsluice.v1\"1\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"\x95\x02\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x10\n\x08store_id\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x12\n\nmin_offset\x18\x07 \x01(\x03\x12\x12\n\nmax_offset\x18\x08 \x01(\x03\x12\x1c\n\x14\x63ommit_log_file_size\x18\t \x01(\x03\x12%\n\x06\x65pochs\x18\n \x03(\x0b\x32\x15.sluice.v1.EpochEntry\x12\x13\n\x0bknown_epoch\x18\x0b \x01(\x03\x12\x14\n\x0c\x63lient_nonce\x18\x0c \x01(\x0c\"/\n\x06Opened\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x14\n\x0cserver_nonce\x18\x02 \x01(\x0c\"-\n\x0bJoinRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05proof\x18\x02 \x01(\x0c\"\xa0\x01\n\tHandshake\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\x12\x13\n\x0btruncate_to\x18\x03 \x01(\x03\x12\r\n\x05reset\x18\x04 \x01(\x08\x12\r\n\x05proof\x18\x05 \x01(\x0c\x12\x19\n\x11master_min_offset\x18\x06 \x01(\x03\x12\x19\n\x11master_max_offset\x18\x07 \x01(\x03\"\x94\x01\n\x0c\x46\x65tchRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x14\n\x0c\x66\x65tch_offset\x18\x02 \x01(\x03\x12\x16\n\x0ewritten_offset\x18\x03 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x04 \x01(\x03\x12\x18\n\x10metadata_version\x18\x05 \x01(\x03\x12\x13\n\x0bmax_wait_ms\x18\x06 \x01(\x05\"\x94\x02\n\rFetchResponse\x12\x14\n\x0cmaster_epoch\x18\x01 \x01(\x03\x12\x18\n\x10\x63onfirmed_offset\x18\x02 \x01(\x03\x12\x0f\n\x07in_sync\x18\x03 \x01(\x08\x12\x19\n\x11master_max_offset\x18\x04 \x01(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\x12\x18\n\x10metadata_version\x18\x08 \x01(\x03\x12\x32\n\x05\x66iles\x18\t \x03(\x0b\x32#.sluice.v1.FetchResponse.FilesEntry\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x32\xac\x01\n\x0bReplication\x12+\n\x04Open\x12\x10.sluice.v1.Hello\x1a\x11.sluice.v1.Opened\x12\x34\n\x04Join\x12\x16.sluice.v1.JoinRequest\x1a\x14.sluice.v1.Handshake\x12:\n\x05\x46\x65tch\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'broker.proto.ha_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_METADATA_FILESENTRY']._loaded_options = None
-  _globals['_METADATA_FILESENTRY']._serialized_options = b'8\001'
+  _globals['_FETCHRESPONSE_FILESENTRY']._loaded_options = None
+  _globals['_FETCHRESPONSE_FILESENTRY']._serialized_options = b'8\001'
   _globals['_EPOCHENTRY']._serialized_start=36
   _globals['_EPOCHENTRY']._serialized_end=85
   _globals['_HELLO']._serialized_start=88
   _globals['_HELLO']._serialized_end=365
-  _globals['_AUTH']._serialized_start=367
-  _globals['_AUTH']._serialized_end=388
-  _globals['_ACK']._serialized_start=390
-  _globals['_ACK']._serialized_end=469
-  _globals['_SLAVEMESSAGE']._serialized_start=471
-  _globals['_SLAVEMESSAGE']._serialized_end=592
-  _globals['_CHALLENGE']._serialized_start=594
-  _globals['_CHALLENGE']._serialized_end=627
-  _globals['_HANDSHAKE']._serialized_start=630
-  _globals['_HANDSHAKE']._serialized_end=790
-  _globals['_CHUNK']._serialized_start=793
-  _globals['_CHUNK']._serialized_end=937
-  _globals['_METADATA']._serialized_start=939
-  _globals['_METADATA']._serialized_end=1059
-  _globals['_METADATA_FILESENTRY']._serialized_start=1015
-  _globals['_METADATA_FILESENTRY']._serialized_end=1059
-  _globals['_HEARTBEAT']._serialized_start=1061
-  _globals['_HEARTBEAT']._serialized_end=1164
-  _globals['_MASTERMESSAGE']._serialized_start=1167
-  _globals['_MASTERMESSAGE']._serialized_end=1395
-  _globals['_REPLICATION']._serialized_start=1397
-  _globals['_REPLICATION']._serialized_end=1478
+  _globals['_OPENED']._serialized_start=367
+  _globals['_OPENED']._serialized_end=414
+  _globals['_JOINREQUEST']._serialized_start=416
+  _globals['_JOINREQUEST']._serialized_end=461
+  _globals['_HANDSHAKE']._serialized_start=464
+  _globals['_HANDSHAKE']._serialized_end=624
+  _globals['_FETCHREQUEST']._serialized_start=627
+  _globals['_FETCHREQUEST']._serialized_end=775
+  _globals['_FETCHRESPONSE']._serialized_start=778
+  _globals['_FETCHRESPONSE']._serialized_end=1054
+  _globals['_FETCHRESPONSE_FILESENTRY']._serialized_start=1010
+  _globals['_FETCHRESPONSE_FILESENTRY']._serialized_end=1054
+  _globals['_REPLICATION']._serialized_start=1057
+  _globals['_REPLICATION']._serialized_end=1229
 # @@protoc_insertion_point(module_scope)

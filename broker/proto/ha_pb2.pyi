@@ -4,12 +4,14 @@ isort:skip_file
 Sluice replication wire API: a broker group's master ships its commit log to its slaves. Regenerate with
 `make proto`. The design is in broker/ha/__init__.py.
 
-One stream per slave. The slave speaks first (Hello); when the group has a secret the master answers with a
-Challenge and the slave proves it knows the secret (Auth); the master then answers with the Handshake (where
-the slave's log continues, or where it must be truncated first) and streams Chunks of commit-log bytes at the
-master's own offsets, Metadata (the master's topic, group, offset, delay and transaction files) and Heartbeats,
-while the slave reports the offsets it holds (Ack). A refusal ends the stream with a gRPC status and the
-RocketMQ-style response code in the trailing metadata key `sluice-response-code`, as every Sluice API does.
+The slave drives, as Kafka's followers do: Open (its Hello; the master answers with a session and a nonce), Join
+(the slave's proof when the group has a secret; the master answers with the Handshake: where the slave's log
+continues, or where it must be truncated first), then Fetch after Fetch. Each Fetch names the offset the slave
+wants bytes from and reports what it holds (its acknowledgement); the master answers at once with the bytes at
+that offset, or waits up to max_wait_ms for some, and says the confirmed offset, the epoch and whether the slave
+is in sync, with the config files changed since the version the slave applied. One fetch in flight per slave is
+the flow control. A refusal is a gRPC status with the RocketMQ-style response code in the trailing metadata key
+`sluice-response-code`, as every Sluice API does.
 """
 
 from collections import abc as _abc
@@ -116,102 +118,51 @@ class Hello(_message.Message):
 Global___Hello: _TypeAlias = Hello  # noqa: Y015
 
 @_typing.final
-class Auth(_message.Message):
+class Opened(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    PROOF_FIELD_NUMBER: _builtins.int
-    proof: _builtins.bytes
-    """HMAC-SHA256(secret, "slave" | server nonce | client nonce | Hello bytes)"""
-    def __init__(
-        self,
-        *,
-        proof: _builtins.bytes = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["proof", b"proof"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Auth: _TypeAlias = Auth  # noqa: Y015
-
-@_typing.final
-class Ack(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    WRITTEN_OFFSET_FIELD_NUMBER: _builtins.int
-    FLUSHED_OFFSET_FIELD_NUMBER: _builtins.int
-    METADATA_VERSION_FIELD_NUMBER: _builtins.int
-    written_offset: _builtins.int
-    """the replica holds every byte below this (written, maybe not yet flushed)"""
-    flushed_offset: _builtins.int
-    """... and every byte below this is on its disk"""
-    metadata_version: _builtins.int
-    """the last Metadata applied"""
-    def __init__(
-        self,
-        *,
-        written_offset: _builtins.int = ...,
-        flushed_offset: _builtins.int = ...,
-        metadata_version: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["flushed_offset", b"flushed_offset", "metadata_version", b"metadata_version", "written_offset", b"written_offset"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Ack: _TypeAlias = Ack  # noqa: Y015
-
-@_typing.final
-class SlaveMessage(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    HELLO_FIELD_NUMBER: _builtins.int
-    AUTH_FIELD_NUMBER: _builtins.int
-    ACK_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def hello(self) -> Global___Hello: ...
-    @_builtins.property
-    def auth(self) -> Global___Auth: ...
-    @_builtins.property
-    def ack(self) -> Global___Ack: ...
-    def __init__(
-        self,
-        *,
-        hello: Global___Hello | None = ...,
-        auth: Global___Auth | None = ...,
-        ack: Global___Ack | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "auth", b"auth", "hello", b"hello", "kind", b"kind"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "auth", b"auth", "hello", b"hello", "kind", b"kind"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "auth", "ack"]  # noqa: Y015
-    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
-
-Global___SlaveMessage: _TypeAlias = SlaveMessage  # noqa: Y015
-
-@_typing.final
-class Challenge(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
+    SESSION_FIELD_NUMBER: _builtins.int
     SERVER_NONCE_FIELD_NUMBER: _builtins.int
+    session: _builtins.str
+    """names this slave's session in Join and Fetch"""
     server_nonce: _builtins.bytes
     """16 random bytes"""
     def __init__(
         self,
         *,
+        session: _builtins.str = ...,
         server_nonce: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["server_nonce", b"server_nonce"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server_nonce", b"server_nonce", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Challenge: _TypeAlias = Challenge  # noqa: Y015
+Global___Opened: _TypeAlias = Opened  # noqa: Y015
+
+@_typing.final
+class JoinRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    PROOF_FIELD_NUMBER: _builtins.int
+    session: _builtins.str
+    proof: _builtins.bytes
+    """HMAC-SHA256(secret, "slave" | server nonce | client nonce | Hello bytes)"""
+    def __init__(
+        self,
+        *,
+        session: _builtins.str = ...,
+        proof: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["proof", b"proof", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinRequest: _TypeAlias = JoinRequest  # noqa: Y015
 
 @_typing.final
 class Handshake(_message.Message):
@@ -255,50 +206,46 @@ class Handshake(_message.Message):
 Global___Handshake: _TypeAlias = Handshake  # noqa: Y015
 
 @_typing.final
-class Chunk(_message.Message):
+class FetchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    OFFSET_FIELD_NUMBER: _builtins.int
-    DATA_FIELD_NUMBER: _builtins.int
-    EPOCH_FIELD_NUMBER: _builtins.int
-    MASTER_EPOCH_FIELD_NUMBER: _builtins.int
-    CONFIRMED_OFFSET_FIELD_NUMBER: _builtins.int
-    IN_SYNC_FIELD_NUMBER: _builtins.int
-    MASTER_MAX_OFFSET_FIELD_NUMBER: _builtins.int
-    offset: _builtins.int
-    """the master's commit-log offset of data[0]"""
-    data: _builtins.bytes
-    """bytes of one commit-log file; whole entries once joined with what follows"""
-    epoch: _builtins.int
-    """the master epoch these bytes were written under (one epoch per chunk)"""
-    master_epoch: _builtins.int
-    """the sender's current epoch"""
-    confirmed_offset: _builtins.int
-    """the group's confirmed offset (high watermark)"""
-    in_sync: _builtins.bool
-    """whether the master counts this slave in its in-sync set"""
-    master_max_offset: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    FETCH_OFFSET_FIELD_NUMBER: _builtins.int
+    WRITTEN_OFFSET_FIELD_NUMBER: _builtins.int
+    FLUSHED_OFFSET_FIELD_NUMBER: _builtins.int
+    METADATA_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    session: _builtins.str
+    fetch_offset: _builtins.int
+    """the commit-log offset the slave wants bytes from"""
+    written_offset: _builtins.int
+    """the slave holds every byte below this (its acknowledgement)"""
+    flushed_offset: _builtins.int
+    """... and every byte below this is on its disk"""
+    metadata_version: _builtins.int
+    """the last config files applied"""
+    max_wait_ms: _builtins.int
+    """how long the master may hold the fetch when it has nothing new"""
     def __init__(
         self,
         *,
-        offset: _builtins.int = ...,
-        data: _builtins.bytes = ...,
-        epoch: _builtins.int = ...,
-        master_epoch: _builtins.int = ...,
-        confirmed_offset: _builtins.int = ...,
-        in_sync: _builtins.bool = ...,
-        master_max_offset: _builtins.int = ...,
+        session: _builtins.str = ...,
+        fetch_offset: _builtins.int = ...,
+        written_offset: _builtins.int = ...,
+        flushed_offset: _builtins.int = ...,
+        metadata_version: _builtins.int = ...,
+        max_wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "data", b"data", "epoch", b"epoch", "in_sync", b"in_sync", "master_epoch", b"master_epoch", "master_max_offset", b"master_max_offset", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch_offset", b"fetch_offset", "flushed_offset", b"flushed_offset", "max_wait_ms", b"max_wait_ms", "metadata_version", b"metadata_version", "session", b"session", "written_offset", b"written_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Chunk: _TypeAlias = Chunk  # noqa: Y015
+Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 
 @_typing.final
-class Metadata(_message.Message):
+class FetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -321,39 +268,32 @@ class Metadata(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-    VERSION_FIELD_NUMBER: _builtins.int
-    FILES_FIELD_NUMBER: _builtins.int
-    version: _builtins.int
-    @_builtins.property
-    def files(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]:
-        """config file name -> its JSON; only files that changed since the last"""
-
-    def __init__(
-        self,
-        *,
-        version: _builtins.int = ...,
-        files: _abc.Mapping[_builtins.str, _builtins.bytes] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Metadata: _TypeAlias = Metadata  # noqa: Y015
-
-@_typing.final
-class Heartbeat(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
     MASTER_EPOCH_FIELD_NUMBER: _builtins.int
     CONFIRMED_OFFSET_FIELD_NUMBER: _builtins.int
     IN_SYNC_FIELD_NUMBER: _builtins.int
     MASTER_MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    METADATA_VERSION_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
     master_epoch: _builtins.int
     confirmed_offset: _builtins.int
+    """the group's confirmed offset (high watermark)"""
     in_sync: _builtins.bool
+    """whether the master counts this slave in its in-sync set"""
     master_max_offset: _builtins.int
+    offset: _builtins.int
+    """= fetch_offset; data[0] is the master's byte at this offset"""
+    data: _builtins.bytes
+    """bytes of one commit-log file and one epoch (may end inside an entry)"""
+    epoch: _builtins.int
+    """the master epoch `data` was written under"""
+    metadata_version: _builtins.int
+    @_builtins.property
+    def files(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]:
+        """config file name -> its JSON: those changed since the slave's version"""
+
     def __init__(
         self,
         *,
@@ -361,49 +301,16 @@ class Heartbeat(_message.Message):
         confirmed_offset: _builtins.int = ...,
         in_sync: _builtins.bool = ...,
         master_max_offset: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        epoch: _builtins.int = ...,
+        metadata_version: _builtins.int = ...,
+        files: _abc.Mapping[_builtins.str, _builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "in_sync", b"in_sync", "master_epoch", b"master_epoch", "master_max_offset", b"master_max_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "data", b"data", "epoch", b"epoch", "files", b"files", "in_sync", b"in_sync", "master_epoch", b"master_epoch", "master_max_offset", b"master_max_offset", "metadata_version", b"metadata_version", "offset", b"offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
-
-@_typing.final
-class MasterMessage(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CHALLENGE_FIELD_NUMBER: _builtins.int
-    HANDSHAKE_FIELD_NUMBER: _builtins.int
-    CHUNK_FIELD_NUMBER: _builtins.int
-    METADATA_FIELD_NUMBER: _builtins.int
-    HEARTBEAT_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def challenge(self) -> Global___Challenge: ...
-    @_builtins.property
-    def handshake(self) -> Global___Handshake: ...
-    @_builtins.property
-    def chunk(self) -> Global___Chunk: ...
-    @_builtins.property
-    def metadata(self) -> Global___Metadata: ...
-    @_builtins.property
-    def heartbeat(self) -> Global___Heartbeat: ...
-    def __init__(
-        self,
-        *,
-        challenge: Global___Challenge | None = ...,
-        handshake: Global___Handshake | None = ...,
-        chunk: Global___Chunk | None = ...,
-        metadata: Global___Metadata | None = ...,
-        heartbeat: Global___Heartbeat | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["challenge", b"challenge", "chunk", b"chunk", "handshake", b"handshake", "heartbeat", b"heartbeat", "kind", b"kind", "metadata", b"metadata"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["challenge", b"challenge", "chunk", b"chunk", "handshake", b"handshake", "heartbeat", b"heartbeat", "kind", b"kind", "metadata", b"metadata"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["challenge", "handshake", "chunk", "metadata", "heartbeat"]  # noqa: Y015
-    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
-
-Global___MasterMessage: _TypeAlias = MasterMessage  # noqa: Y015
+Global___FetchResponse: _TypeAlias = FetchResponse  # noqa: Y015

@@ -34,17 +34,39 @@ class ReplicationStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Replicate = channel.stream_stream(
-                '/sluice.v1.Replication/Replicate',
-                request_serializer=broker_dot_proto_dot_ha__pb2.SlaveMessage.SerializeToString,
-                response_deserializer=broker_dot_proto_dot_ha__pb2.MasterMessage.FromString,
+        self.Open = channel.unary_unary(
+                '/sluice.v1.Replication/Open',
+                request_serializer=broker_dot_proto_dot_ha__pb2.Hello.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_ha__pb2.Opened.FromString,
+                _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/sluice.v1.Replication/Join',
+                request_serializer=broker_dot_proto_dot_ha__pb2.JoinRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_ha__pb2.Handshake.FromString,
+                _registered_method=True)
+        self.Fetch = channel.unary_unary(
+                '/sluice.v1.Replication/Fetch',
+                request_serializer=broker_dot_proto_dot_ha__pb2.FetchRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_ha__pb2.FetchResponse.FromString,
                 _registered_method=True)
 
 
 class ReplicationServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Replicate(self, request_iterator, context):
+    def Open(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Join(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fetch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -53,10 +75,20 @@ class ReplicationServicer:
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Replicate': grpc.stream_stream_rpc_method_handler(
-                    servicer.Replicate,
-                    request_deserializer=broker_dot_proto_dot_ha__pb2.SlaveMessage.FromString,
-                    response_serializer=broker_dot_proto_dot_ha__pb2.MasterMessage.SerializeToString,
+            'Open': grpc.unary_unary_rpc_method_handler(
+                    servicer.Open,
+                    request_deserializer=broker_dot_proto_dot_ha__pb2.Hello.FromString,
+                    response_serializer=broker_dot_proto_dot_ha__pb2.Opened.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=broker_dot_proto_dot_ha__pb2.JoinRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_ha__pb2.Handshake.SerializeToString,
+            ),
+            'Fetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=broker_dot_proto_dot_ha__pb2.FetchRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_ha__pb2.FetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -70,7 +102,7 @@ class Replication:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Replicate(request_iterator,
+    def Open(request,
             target,
             options=(),
             channel_credentials=None,
@@ -80,12 +112,66 @@ class Replication:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
+        return grpc.experimental.unary_unary(
+            request,
             target,
-            '/sluice.v1.Replication/Replicate',
-            broker_dot_proto_dot_ha__pb2.SlaveMessage.SerializeToString,
-            broker_dot_proto_dot_ha__pb2.MasterMessage.FromString,
+            '/sluice.v1.Replication/Open',
+            broker_dot_proto_dot_ha__pb2.Hello.SerializeToString,
+            broker_dot_proto_dot_ha__pb2.Opened.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Replication/Join',
+            broker_dot_proto_dot_ha__pb2.JoinRequest.SerializeToString,
+            broker_dot_proto_dot_ha__pb2.Handshake.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Replication/Fetch',
+            broker_dot_proto_dot_ha__pb2.FetchRequest.SerializeToString,
+            broker_dot_proto_dot_ha__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,12 +5,14 @@ isort:skip_file
 Sluice replication wire API: a broker group's master ships its commit log to its slaves. Regenerate with
 `make proto`. The design is in broker/ha/__init__.py.
 
-One stream per slave. The slave speaks first (Hello); when the group has a secret the master answers with a
-Challenge and the slave proves it knows the secret (Auth); the master then answers with the Handshake (where
-the slave's log continues, or where it must be truncated first) and streams Chunks of commit-log bytes at the
-master's own offsets, Metadata (the master's topic, group, offset, delay and transaction files) and Heartbeats,
-while the slave reports the offsets it holds (Ack). A refusal ends the stream with a gRPC status and the
-RocketMQ-style response code in the trailing metadata key `sluice-response-code`, as every Sluice API does.
+The slave drives, as Kafka's followers do: Open (its Hello; the master answers with a session and a nonce), Join
+(the slave's proof when the group has a secret; the master answers with the Handshake: where the slave's log
+continues, or where it must be truncated first), then Fetch after Fetch. Each Fetch names the offset the slave
+wants bytes from and reports what it holds (its acknowledgement); the master answers at once with the bytes at
+that offset, or waits up to max_wait_ms for some, and says the confirmed offset, the epoch and whether the slave
+is in sync, with the config files changed since the version the slave applied. One fetch in flight per slave is
+the flow control. A refusal is a gRPC status with the RocketMQ-style response code in the trailing metadata key
+`sluice-response-code`, as every Sluice API does.
 """
 
 from broker.proto import ha_pb2 as _ha_pb2
@@ -41,19 +43,37 @@ class ReplicationStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ReplicationAsyncStub: ...
-    Replicate: _grpc.StreamStreamMultiCallable[_ha_pb2.SlaveMessage, _ha_pb2.MasterMessage]
+    Open: _grpc.UnaryUnaryMultiCallable[_ha_pb2.Hello, _ha_pb2.Opened]
+    Join: _grpc.UnaryUnaryMultiCallable[_ha_pb2.JoinRequest, _ha_pb2.Handshake]
+    Fetch: _grpc.UnaryUnaryMultiCallable[_ha_pb2.FetchRequest, _ha_pb2.FetchResponse]
 
 @_typing.type_check_only
 class ReplicationAsyncStub(ReplicationStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
-    Replicate: _aio.StreamStreamMultiCallable[_ha_pb2.SlaveMessage, _ha_pb2.MasterMessage]  # type: ignore[assignment]
+    Open: _aio.UnaryUnaryMultiCallable[_ha_pb2.Hello, _ha_pb2.Opened]  # type: ignore[assignment]
+    Join: _aio.UnaryUnaryMultiCallable[_ha_pb2.JoinRequest, _ha_pb2.Handshake]  # type: ignore[assignment]
+    Fetch: _aio.UnaryUnaryMultiCallable[_ha_pb2.FetchRequest, _ha_pb2.FetchResponse]  # type: ignore[assignment]
 
 class ReplicationServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
-    def Replicate(
+    def Open(
         self,
-        request_iterator: _MaybeAsyncIterator[_ha_pb2.SlaveMessage],
+        request: _ha_pb2.Hello,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_ha_pb2.MasterMessage], _abc.AsyncIterator[_ha_pb2.MasterMessage]]: ...
+    ) -> _typing.Union[_ha_pb2.Opened, _abc.Awaitable[_ha_pb2.Opened]]: ...
+
+    @_abc_1.abstractmethod
+    def Join(
+        self,
+        request: _ha_pb2.JoinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ha_pb2.Handshake, _abc.Awaitable[_ha_pb2.Handshake]]: ...
+
+    @_abc_1.abstractmethod
+    def Fetch(
+        self,
+        request: _ha_pb2.FetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ha_pb2.FetchResponse, _abc.Awaitable[_ha_pb2.FetchResponse]]: ...
 
 def add_ReplicationServicer_to_server(servicer: ReplicationServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -57,11 +57,11 @@ class Workload:
             t.start()
         return self
 
-    def _write(self, writer: int) -> None:
+    def _write(self, writer: int, once: bool = False) -> None:
         producer = Producer(namesrv=self.namesrv, timeout_s=self.send_timeout_s, attempt_timeout_s=3.0)
         seq = 0
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not (once and seq):
                 seq += 1
                 body = f"w{writer}-{seq}"
                 out = Outcome(body, writer, seq, "unknown")
@@ -83,6 +83,19 @@ class Workload:
                     time.sleep(self.pause_s)
         finally:
             producer.close()
+
+    def burst(self, count: int, first_writer: int = 1000) -> list[threading.Thread]:
+        """``count`` one-message writers at once (each its own writer id): while the replicas cannot confirm, each
+        appends to the master's log and waits, so the master's log runs ahead of every replica's."""
+        threads = [threading.Thread(target=self._write_one, args=(first_writer + i,), daemon=True)
+                   for i in range(count)]  # fmt: skip
+        for t in threads:
+            t.start()
+        self._threads += threads
+        return threads
+
+    def _write_one(self, writer: int) -> None:
+        self._write(writer, once=True)
 
     def acknowledged(self) -> int:
         with self._lock:
@@ -117,8 +130,9 @@ def read_log(endpoint: str, queues: int = QUEUES) -> dict[tuple[int, int], str]:
         for q in range(queues):
             offset = 0
             while True:
-                r = conn.call(conn.stub.PullMessage, pb.PullRequest(
-                    consumer_group="jepsen-checker", topic=TOPIC, queue_id=q, queue_offset=offset, max_msgs=512))  # fmt: skip
+                request = pb.PullRequest(consumer_group="jepsen-checker", topic=TOPIC, queue_id=q,
+                                         queue_offset=offset, max_msgs=512)  # fmt: skip
+                r = conn.call(conn.stub.PullMessage, request)
                 if r.status != pb.FOUND:
                     break
                 for m in decode_entries(r.entries, r.entry_positions):

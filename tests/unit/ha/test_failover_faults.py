@@ -7,6 +7,7 @@ The long loop (50 failovers) is marked slow: ``make test-failover`` runs it."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from jepsen import QUEUES, TOPIC, Workload, check, read_log, wait_until
 
 from broker.client import Admin
+from broker.errors import BrokerError
 from broker.ha.local_group import ReplicaGroup
 
 # Short leases keep each failover a few seconds; the defaults (5 s) are what bench.replication measures.
@@ -24,6 +26,23 @@ LONG_FAILOVERS = 50
 
 def _group(root: Path, **settings: object) -> ReplicaGroup:
     return ReplicaGroup(root, 3, settings={**SETTINGS, **settings}, log_level=os.environ.get("SLUICE_LOG", "WARNING"))
+
+
+def _diagnose(g: ReplicaGroup) -> None:
+    """On failure: each replica's replication figures and log tail."""
+    for rid in g.ids:
+        if g.running(rid):
+            try:
+                with Admin(g.endpoint(rid)) as admin:
+                    print(rid, {k: v for k, v in admin.stats().items() if k.startswith("ha_")})
+            except BrokerError as e:
+                print(rid, "stats:", e.message)
+    print(g.state())
+    for rid in g.ids:
+        if g.running(rid):
+            g.brokers[rid].proc.send_signal(signal.SIGUSR1)  # type: ignore[union-attr]
+    time.sleep(1)
+    print(g.logs(400 if os.environ.get("SLUICE_LOG") else 40))
 
 
 def _prepare(g: ReplicaGroup) -> None:
@@ -70,7 +89,7 @@ def _failovers(tmp_path: Path, count: int) -> None:
                 wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3, "the killed one in sync", 60)  # type: ignore[union-attr]
                 w.wait_acknowledged(10)
         except AssertionError:
-            print(g.logs())
+            _diagnose(g)
             raise
         finally:
             w.stop()
@@ -86,3 +105,69 @@ def test_master_sigkill_under_sync_load(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_master_sigkill_under_sync_load_50_failovers(tmp_path: Path) -> None:
     _failovers(tmp_path, LONG_FAILOVERS)
+
+
+def test_master_paused_longer_than_its_lease(tmp_path: Path) -> None:
+    """SIGSTOP the master for over twice its lease, then SIGCONT: a new master is elected meanwhile, and the old one,
+    once it runs again, must not acknowledge anything that is then lost (it is fenced and rejoins as a replica)."""
+    with _group(tmp_path) as g:
+        _prepare(g)
+        w = Workload(g.namesrv, writers=4).start()
+        try:
+            w.wait_acknowledged(50)
+            old = g.wait_master()
+            g.pause(old)
+            paused = time.monotonic()
+            g.wait_master(other_than=old, timeout_s=60)
+            w.wait_acknowledged(20, timeout_s=60)
+            time.sleep(max(0.0, 2 * SETTINGS["ha_lease_ttl_s"] - (time.monotonic() - paused)))
+            g.resume(old)
+            # the old master rejoins as a replica of the new epoch
+            wait_until(lambda: g.state() is not None and old in g.state().in_sync, "the old master back in sync", 60)  # type: ignore[union-attr]
+            w.wait_acknowledged(20)
+        except AssertionError:
+            _diagnose(g)
+            raise
+        finally:
+            w.stop()
+        _heal_and_check(g, w, "SIGSTOP master > lease")
+
+
+def test_replica_killed_during_truncation(tmp_path: Path) -> None:
+    """Build a divergence on purpose (the master appends while its replicas are stopped, then is killed), let a new
+    master write, restart the old master (it must cut its log back to the divergence point) and SIGKILL it while the
+    truncation is under way (its intent file exists). Started again, it finishes the truncation and follows."""
+    with _group(tmp_path) as g:
+        _prepare(g)
+        w = Workload(g.namesrv, writers=4).start()
+        try:
+            w.wait_acknowledged(50)
+            old = g.wait_master()
+            others = [r for r in g.ids if r != old]
+            for r in others:
+                g.pause(r)
+            time.sleep(0.3)
+            before = g.log_end(old)
+            w.burst(16)  # appended by the master, which then waits for replicas that cannot answer
+            wait_until(lambda: g.log_end(old) > before, "the master's log to run ahead of its replicas'")
+            time.sleep(0.3)
+            g.kill(old)
+            for r in others:
+                g.resume(r)
+            g.wait_master(other_than=old, timeout_s=60)
+            w.wait_acknowledged(20, timeout_s=60)
+            intent = tmp_path / f"replica-{old}" / "truncate.json"
+            g.start_replica(old)
+            wait_until(intent.exists, "the old master to start truncating", 60)
+            g.kill(old)
+            assert intent.exists(), "killed after the truncation finished: nothing tested"
+            g.start_replica(old)
+            wait_until(lambda: not intent.exists(), "the truncation to finish", 60)
+            wait_until(lambda: g.state() is not None and old in g.state().in_sync, "the old master back in sync", 60)  # type: ignore[union-attr]
+            w.wait_acknowledged(20)
+        except AssertionError:
+            _diagnose(g)
+            raise
+        finally:
+            w.stop()
+        _heal_and_check(g, w, "kill during truncation")
