@@ -44,10 +44,12 @@ def plan(
     master_entries: Sequence[EpochEntry], master_min: int, master_end: int,
     slave_entries: Sequence[EpochEntry], slave_end: int,
 ) -> Plan:  # fmt: skip
+    if slave_end == 0 and not slave_entries:  # an empty log (new, or discarded to start again): from the first file
+        return Plan(master_min, -1, False)
     slave_epoch = slave_entries[-1].epoch if slave_entries else 0
     common, master_epoch_end = _end_of(master_entries, slave_epoch, master_end)
     _, slave_epoch_end = _end_of(slave_entries, common, slave_end)
     agree = min(master_epoch_end, slave_epoch_end, slave_end)
-    if agree < master_min or (slave_end == 0 and master_min > 0):
+    if agree < master_min:
         return Plan(master_min, -1, True)
     return Plan(agree, agree if agree < slave_end else -1, False)

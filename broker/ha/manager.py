@@ -42,11 +42,12 @@ from broker.ha.controller import Controller, ControllerHooks, GroupState
 from broker.ha.epoch_file import EpochFile
 from broker.ha.etcd_client import Etcd
 from broker.ha.in_sync import InSyncSet, monotonic_ms
-from broker.ha.master import ReplicationServicer
+from broker.ha.master import QUEUE_KEY_SEPARATOR, ReplicationServicer
 from broker.ha.metadata_sync import MetadataSink, MetadataSource
 from broker.ha.read_limit import ReadLimit
 from broker.ha.settings import MAX_REPLICAS, SLAVE, ReplicationSettings
 from broker.ha.slave import Follower
+from broker.json_file import load_json, write_json_atomic
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.server.broker_identity import BrokerIdentity
 from broker.store import truncation
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 
 MASTER, SLAVE_ROLE = "MASTER", "SLAVE"
 REVIEW_INTERVAL_S = 0.1  # how often a master reviews its in-sync set
+QUEUE_STARTS_FILE = "queueStarts.json"  # in ha/: see save_queue_starts
 CLASSIC_EPOCH = 1  # classic mode has no elections: every byte is of epoch 1
 HA_GRPC_MAX_MESSAGE_BYTES = 80 * 1024 * 1024  # slave.CHANNEL_MAX_MESSAGE_BYTES
 
@@ -92,7 +94,7 @@ class ReplicationManager:
         self.own_broker_id = identity.broker_id
         self.store = store
         self.hooks = hooks
-        ha_dir = os.path.join(store.config.store_path, "ha")
+        ha_dir = self._ha_dir = os.path.join(store.config.store_path, "ha")
         os.makedirs(ha_dir, exist_ok=True)
         self.epochs = EpochFile(ha_dir)
         self.epochs.clamp_to(store.max_phys_offset())  # a cut finished by start-up, before the file followed
@@ -195,7 +197,7 @@ class ReplicationManager:
             store = self.store
             if not store.wait_dispatched(60):
                 log.error("the dispatcher did not reach the log's end in 60 s; taking office anyway")
-            store.rebuild_queue_table()
+            store.rebuild_queue_table(self._queue_starts())
             store.replica = False
             if self.epochs.last_epoch < epoch:
                 self.epochs.append(epoch, store.max_phys_offset())
@@ -301,6 +303,20 @@ class ReplicationManager:
             self.epochs.truncate_from(what.offset)
         self.hooks.restart(f"the master asks to {'start again' if what.reset else f'truncate at {what.offset}'}")
 
+    def save_queue_starts(self, raw: dict[str, int]) -> None:
+        """A slave starting again from its master's first file: where each of the master's queues continues
+        (Handshake.queue_starts), kept for when it takes office."""
+        write_json_atomic(os.path.join(self._ha_dir, QUEUE_STARTS_FILE), {"queueStarts": raw})
+
+    def _queue_starts(self) -> dict[tuple[str, int], int]:
+        raw = load_json(os.path.join(self._ha_dir, QUEUE_STARTS_FILE), lambda d: dict(d["queueStarts"])) or {}
+        out: dict[tuple[str, int], int] = {}
+        for key, offset in raw.items():
+            topic, _, qid = str(key).partition(QUEUE_KEY_SEPARATOR)
+            if qid.isdigit():
+                out[(topic, int(qid))] = int(offset)
+        return out
+
     def apply_metadata(self, version: int, files: dict[str, bytes]) -> None:
         self.sink.apply(version, files)
 
@@ -333,7 +349,10 @@ class ReplicationManager:
         in_sync.log_grew()
         if not self.settings.waits_for_replicas:
             return True
-        return in_sync.wait_confirmed(end_offset, self.settings.ack_timeout_ms / 1000)
+        confirmed = in_sync.wait_confirmed(end_offset, self.settings.ack_timeout_ms / 1000)
+        # Held by every in-sync replica, but the set may have shrunk below the minimum meanwhile (Kafka's
+        # NOT_ENOUGH_REPLICAS_AFTER_APPEND): then it is not held by as many as promised, and not acknowledged.
+        return confirmed and len(in_sync.members) >= self.settings.min_insync_replicas
 
     def metadata_changed(self) -> bool:
         version = self.metadata.refresh()

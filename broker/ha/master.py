@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
+QUEUE_KEY_SEPARATOR = "\x01"  # topic and queue id in Handshake.queue_starts (topics never hold it)
 MAX_WAIT_MS = 1000  # longest a fetch is held; a slave asks for less (slave.FETCH_WAIT_MS)
 MAX_SESSIONS = 64  # open sessions at once (a group has at most 16 replicas; the rest is room for reconnects)
 JOIN_TIMEOUT_S = 10.0
@@ -169,6 +170,10 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
             master_epoch=epoch, start_offset=plan.start_offset, truncate_to=plan.truncate_to, reset=plan.reset,
             proof=proof, master_min_offset=store.min_phys_offset(), master_max_offset=store.max_phys_offset(),
         )  # fmt: skip
+        if plan.reset:
+            for (topic, qid), cq in list(store.queues.queues.items()):
+                key = f"{topic}{QUEUE_KEY_SEPARATOR}{qid}"
+                answer.queue_starts[key] = cq.first_readable(plan.start_offset, cq.min_offset)
         if plan.truncate_to >= 0 or plan.reset:
             log.warning("replica %d (%s) must %s before it follows", hello.broker_id, hello.address,
                         "start again from this master's first file" if plan.reset

@@ -59,6 +59,7 @@ class Follower:
         self.in_sync = False
         self._carry = b""  # an entry's beginning, completed by the next chunk
         self._carry_at = 0
+        self._start = 0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ha-follower", daemon=True)
@@ -127,6 +128,8 @@ class Follower:
             self._reconnect.clear()
             while not self._stop.is_set() and not self._reconnect.is_set():
                 fetch_offset = self._carry_at + len(self._carry) if self._carry else store.max_phys_offset()
+                if not store.commit_log.files.files and not self._carry:
+                    fetch_offset = self._start
                 request = hpb.FetchRequest(
                     session=opened.session, fetch_offset=fetch_offset, written_offset=store.max_phys_offset(),
                     flushed_offset=store.commit_log.flushed_offset, metadata_version=m.metadata_version(),
@@ -157,14 +160,19 @@ class Follower:
                               ResponseCode.NO_PERMISSION)  # fmt: skip
         self._fence(hs.master_epoch)
         m.learned_epoch(hs.master_epoch)
+        if hs.reset:
+            m.save_queue_starts(dict(hs.queue_starts))
         if hs.reset or hs.truncate_to >= 0:
             what = Truncation(hs.start_offset, True) if hs.reset else Truncation(hs.truncate_to, False)
             m.request_truncation(what)
             self._stop.set()
             return False
         end = m.store.max_phys_offset()
-        if hs.start_offset != end:
+        empty = not m.store.commit_log.files.files
+        file_size = m.store.config.mapped_file_size_commit_log
+        if (empty and hs.start_offset % file_size) or (not empty and hs.start_offset != end):
             raise InvalidArgumentError(f"master {target} continues at {hs.start_offset}, this log ends at {end}")
+        self._start = hs.start_offset  # an empty log starts at the master's first file
         self.master_max_offset = hs.master_max_offset
         log.info("following %s (epoch %d) from commit-log offset %d", target, hs.master_epoch, end)
         return True

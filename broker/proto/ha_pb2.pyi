@@ -168,6 +168,26 @@ Global___JoinRequest: _TypeAlias = JoinRequest  # noqa: Y015
 class Handshake(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class QueueStartsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MASTER_EPOCH_FIELD_NUMBER: _builtins.int
     START_OFFSET_FIELD_NUMBER: _builtins.int
     TRUNCATE_TO_FIELD_NUMBER: _builtins.int
@@ -175,6 +195,7 @@ class Handshake(_message.Message):
     PROOF_FIELD_NUMBER: _builtins.int
     MASTER_MIN_OFFSET_FIELD_NUMBER: _builtins.int
     MASTER_MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    QUEUE_STARTS_FIELD_NUMBER: _builtins.int
     master_epoch: _builtins.int
     start_offset: _builtins.int
     """where the slave's log continues once it did what is asked below"""
@@ -186,6 +207,12 @@ class Handshake(_message.Message):
     """HMAC-SHA256(secret, "master" | client nonce | server nonce); empty: no secret"""
     master_min_offset: _builtins.int
     master_max_offset: _builtins.int
+    @_builtins.property
+    def queue_starts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """With reset: "topic\\u0001queueId" -> the queue offset the master's queue continues at from start_offset, so a
+        queue whose messages all lie before it keeps its numbering if this slave is promoted.
+        """
+
     def __init__(
         self,
         *,
@@ -196,10 +223,11 @@ class Handshake(_message.Message):
         proof: _builtins.bytes = ...,
         master_min_offset: _builtins.int = ...,
         master_max_offset: _builtins.int = ...,
+        queue_starts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_epoch", b"master_epoch", "master_max_offset", b"master_max_offset", "master_min_offset", b"master_min_offset", "proof", b"proof", "reset", b"reset", "start_offset", b"start_offset", "truncate_to", b"truncate_to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["master_epoch", b"master_epoch", "master_max_offset", b"master_max_offset", "master_min_offset", b"master_min_offset", "proof", b"proof", "queue_starts", b"queue_starts", "reset", b"reset", "start_offset", b"start_offset", "truncate_to", b"truncate_to"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,6 +55,7 @@ from broker.store import MessageStore
 log = logging.getLogger(__name__)
 
 CONSUMER_EXPIRE_SCAN_MS = 10_000  # RocketMQ's ClientHousekeepingService scans every 10 s
+RESTART_BIND_WAIT_S = 30.0  # a restart in place retries binding its ports this long
 
 
 def advertised_ip(host: str) -> str:
@@ -251,8 +252,16 @@ class BrokerController:
             if self.metrics_server is not None:
                 config.metrics_port = self.metrics_server.port
             self.shutdown()
-            self.__init__(config)  # type: ignore[misc]  # a fresh broker in this object: callers keep their reference
-            self.start()
+            deadline = time.monotonic() + RESTART_BIND_WAIT_S
+            while True:  # the ports just closed may take a moment to be free again
+                self.__init__(config)  # type: ignore[misc]  # a fresh broker in this object: callers keep it
+                try:
+                    self.start()
+                    return
+                except ServiceNotAvailableError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
 
     def _runtime(self) -> Runtime:
         """Load figures for the name servers: message rates since the previous registration."""

@@ -867,11 +867,15 @@ class MessageStore:
             deleted.update(changed)
             self._save_deleted_topics()
 
-    def rebuild_queue_table(self) -> None:
+    def rebuild_queue_table(self, floors: Mapping[tuple[str, int], int] | None = None) -> None:
         """Queue offsets for appends from the consume queues, as recovery does (a replica taking office as master:
-        its log was written by replication, which assigns none)."""
+        its log was written by replication, which assigns none). ``floors``: offsets queues continue at at least
+        (queues whose messages all expired before this replica's log begins)."""
         with self.commit_log.append_lock:
-            self.commit_log.queue_table = {key: cq.written_offset for key, cq in self.queues.queues.items()}
+            table = dict(floors or {})
+            for key, cq in self.queues.queues.items():
+                table[key] = max(table.get(key, 0), cq.written_offset)
+            self.commit_log.queue_table = table
 
     def add_arrival_listener(self, fn: ArrivalListener) -> None:
         self.dispatcher.listeners.append(fn)
