@@ -21,8 +21,8 @@ FAST = {"ha_max_lag_ms": 1500, "ha_ack_timeout_ms": 1500}
 
 
 def broker(path: Path, store: dict[str, Any] | None = None, **settings: Any) -> BrokerController:
-    cfg = BrokerConfig.from_dict({"store": {**SMALL_STORE, **(store or {})}}, store_path=str(path),
-                                 listen="127.0.0.1:0", broker_name="g", **{**FAST, **settings})  # fmt: skip
+    settings = {"listen": "127.0.0.1:0", "broker_name": "g", **FAST, **settings}
+    cfg = BrokerConfig.from_dict({"store": {**SMALL_STORE, **(store or {})}}, store_path=str(path), **settings)
     b = BrokerController(cfg)
     b.start()
     return b

@@ -1,0 +1,155 @@
+"""Unit tests of replication's pure parts: divergence points, the epoch file, checks of replicated bytes, the
+challenge, the settings rules, and the store's crash-safe truncation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.errors import CorruptionError, InvalidArgumentError
+from broker.ha import auth, chunk, divergence
+from broker.ha.epoch_file import EpochEntry, EpochFile
+from broker.ha.in_sync import InSyncSet
+from broker.store import MessageStore
+from broker.store.config import StoreConfig
+from broker.store.message import encode_entry
+from broker.store.truncation import Truncation, intent_path, request
+
+E = EpochEntry
+
+
+@pytest.mark.parametrize(
+    ("master", "master_end", "slave", "slave_end", "expected"),
+    [
+        ([E(1, 0)], 500, [E(1, 0)], 300, divergence.Plan(300, -1, False)),  # behind: continue
+        ([E(1, 0), E(2, 400)], 900, [E(1, 0)], 450, divergence.Plan(400, 400, False)),  # epoch 1 ended at 400
+        ([E(1, 0), E(2, 400)], 900, [E(1, 0)], 400, divergence.Plan(400, -1, False)),  # ends where epoch 2 starts
+        ([E(1, 0), E(2, 100), E(4, 300)], 900, [E(1, 0), E(2, 100), E(3, 250)], 280,
+         divergence.Plan(250, 250, False)),  # epoch 3 never reached this master: cut where it began
+        ([E(1, 0)], 200, [E(1, 0)], 350, divergence.Plan(200, 200, False)),  # ahead within an epoch (a lost tail)
+        ([], 0, [], 0, divergence.Plan(0, -1, False)),
+    ],
+)  # fmt: skip
+def test_divergence_point(
+    master: list[EpochEntry], master_end: int, slave: list[EpochEntry], slave_end: int, expected: divergence.Plan
+) -> None:
+    assert divergence.plan(master, 0, master_end, slave, slave_end) == expected
+
+
+def test_a_slave_older_than_the_masters_first_byte_starts_again() -> None:
+    assert divergence.plan([E(1, 0)], 4096, 9000, [E(1, 0)], 1000) == divergence.Plan(4096, -1, True)
+    assert divergence.plan([E(1, 0)], 4096, 9000, [], 0) == divergence.Plan(4096, -1, False)  # empty: no reset
+
+
+def test_epoch_file(tmp_path: Path) -> None:
+    f = EpochFile(str(tmp_path))
+    f.append(1, 0)
+    f.append(1, 50)  # the same epoch again: nothing new
+    f.append(3, 100)
+    assert f.entries == [E(1, 0), E(3, 100)]
+    assert f.end_offset_for(2, 300) == (1, 100) and f.end_offset_for(3, 300) == (3, 300)
+    assert f.epoch_at(99) == 1 and f.epoch_at(100) == 3 and f.next_start_after(0) == 100
+    with pytest.raises(ValueError):
+        f.append(2, 200)  # older than the last: a stale master's bytes
+    assert EpochFile(str(tmp_path)).entries == f.entries  # on disk
+    f.truncate_from(100)
+    assert EpochFile(str(tmp_path)).entries == [E(1, 0)]
+
+
+def _entries(n: int, at: int) -> bytes:
+    out = bytearray()
+    for i in range(n):
+        e = bytearray(encode_entry(b"T", 0, f"m{i}".encode(), b"", store_ip=b"\x7f\0\0\x01", store_port=1))
+        e[28:36] = (at + len(out)).to_bytes(8, "big")  # PHYSICALOFFSET: where the master stored it
+        out += e
+    return bytes(out)
+
+
+def test_replicated_bytes_are_checked_before_they_are_written() -> None:
+    data = _entries(5, 1000)
+    assert chunk.check(data, 1000, 1 << 20, 4096) == chunk.Checked(len(data), 5, 0, False)
+    assert chunk.check(data[:-10], 1000, 1 << 20, 4096).entries == 4  # a tail completed by the next chunk
+    damaged = bytearray(data)
+    damaged[len(data) - 3] ^= 0xFF  # the last body's byte: its CRC fails
+    with pytest.raises(CorruptionError, match="commit-log offset"):
+        chunk.check(bytes(damaged), 1000, 1 << 20, 4096)
+    with pytest.raises(CorruptionError, match="belongs at 1000"):  # the bytes of another offset
+        chunk.check(data, 2000, 1 << 20, 4096)
+
+
+def test_proofs() -> None:
+    secret, other = b"s" * 32, b"o" * 32
+    proof = auth.slave_proof(secret, b"n1", b"n2", b"hello")
+    assert auth.same(proof, auth.slave_proof(secret, b"n1", b"n2", b"hello"))
+    assert not auth.same(proof, auth.slave_proof(other, b"n1", b"n2", b"hello"))
+    assert not auth.same(proof, auth.slave_proof(secret, b"n1", b"n2", b"hellO"))  # the Hello is covered
+    assert not auth.same(auth.master_proof(secret, b"n2", b"n1"), proof)
+
+
+def test_a_replication_endpoint_off_loopback_needs_a_secret(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="ha_secret_file"):
+        BrokerConfig.from_dict({"role": "SYNC_MASTER", "listen": "0.0.0.0:10911"})
+    secret = tmp_path / "secret"
+    secret.write_text("a" * 32)
+    assert BrokerConfig.from_dict({"role": "SYNC_MASTER", "listen": "0.0.0.0:10911",
+                                   "ha_secret_file": str(secret)}).replication() is not None  # fmt: skip
+    secret.write_text("short")
+    with pytest.raises(InvalidArgumentError, match="at least"):
+        BrokerConfig.from_dict({"role": "SYNC_MASTER", "ha_secret_file": str(secret)})
+    with pytest.raises(InvalidArgumentError, match="broker-id"):
+        BrokerConfig.from_dict({"controller": "etcd://127.0.0.1:2379", "broker_id": 0})
+    with pytest.raises(InvalidArgumentError, match="classic mode"):
+        BrokerConfig.from_dict({"controller": "etcd://127.0.0.1:2379", "broker_id": 1, "role": "SLAVE"})
+
+
+def test_in_sync_set_shrinks_only_once_recorded_and_acknowledges_when_every_member_holds() -> None:
+    end = [1000]
+    recorded: list[frozenset[int]] = []
+    allow = [False]
+    clock = [0]
+
+    def record(members: frozenset[int]) -> bool:
+        recorded.append(members)
+        return allow[0]
+
+    s = InSyncSet(0, lambda: end[0], min_insync=2, max_lag_ms=100, members=frozenset({1, 2}),
+                  record_shrink=record, clock_ms=lambda: clock[0])  # fmt: skip
+    one, two = s.connect(1, "a", "x"), s.connect(2, "b", "y")
+    s.report(1, one, 1000, 0, 0)
+    assert s.confirmed == 0  # replica 2 has not said
+    s.report(2, two, 900, 0, 0)
+    assert s.confirmed == 900 and not s.wait_confirmed(1000, 0.01)
+    clock[0] = 500  # replica 2 has not caught up for longer than max_lag_ms
+    s.report(1, one, 1000, 0, 0)
+    s.review()
+    assert s.members == {0, 1, 2}  # the shrink could not be recorded: acknowledgements still wait for it
+    allow[0] = True
+    s.review()
+    assert s.members == {0, 1} and s.confirmed == 1000 and s.wait_confirmed(1000, 0.01)
+
+
+def test_truncation_is_finished_by_the_next_start_after_a_crash(tmp_path: Path) -> None:
+    cfg = StoreConfig(str(tmp_path), mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=3000 * 20,
+                      max_hash_slot_num=1024, max_index_num=4096, max_message_size=64 * 1024)  # fmt: skip
+    store = MessageStore(cfg)
+    store.start()
+    offsets = [store.put_message("T", 0, f"m{i}".encode(), {"KEYS": f"k{i}"}).commitlog_offsets[0] for i in range(20)]
+    cut = offsets[12]
+    store.flush()
+    store.abandon()  # a crash right after the intent was written, before any cut
+    request(str(tmp_path), Truncation(cut, False))
+    store = MessageStore(cfg)
+    store.start()
+    try:
+        assert store.max_phys_offset() == cut and store.max_offset("T", 0) == 12
+        assert store.query_by_key("T", "k12") == [] and len(store.query_by_key("T", "k11")) == 1
+        assert not Path(intent_path(str(tmp_path))).exists()
+        assert store.checkpoint is not None and store.checkpoint.data.physic_offset <= cut
+        r = store.put_message("T", 0, b"next")
+        assert r.commitlog_offsets == [cut] and r.queue_offsets == [12]
+        assert store.check() == []
+    finally:
+        store.shutdown()
+
