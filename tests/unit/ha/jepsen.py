@@ -122,12 +122,13 @@ class Workload:
             t.join(timeout=self.send_timeout_s + 10)
 
 
-def read_log(endpoint: str, queues: int = QUEUES) -> dict[tuple[int, int], str]:
-    """(queue, offset) -> body of every message of the topic one replica serves."""
+def read_log(endpoint: str) -> dict[tuple[int, int], str]:
+    """(queue, offset) -> body of every message of the topic one replica serves (every queue it has)."""
     out: dict[tuple[int, int], str] = {}
     conn = Connection(endpoint, timeout_s=10)
     try:
-        for q in range(queues):
+        ranges = conn.call(conn.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=TOPIC))
+        for q in sorted(r.queue_id for r in ranges.queues):
             offset = 0
             while True:
                 request = pb.PullRequest(consumer_group="jepsen-checker", topic=TOPIC, queue_id=q,
