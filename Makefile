@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit integration lint proto bench demo clean
+.PHONY: venv test unit integration lint proto bench demo clean test-failover
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ lint: $(STAMP)
 ## make test: lint, then the whole suite (unit + integration)
 test: lint
 	bash scripts/test.sh $(PYTEST_ARGS)
+
+## make test-failover: the long replication fault loop (50 SIGKILLs of the master under SYNC load, 3 replicas)
+## beside the replication suite; FAILOVERS=N to change the count
+FAILOVERS ?= 50
+test-failover: $(STAMP)
+	bash scripts/ensure-etcd.sh
+	SLUICE_LONG_FAILOVERS=$(FAILOVERS) $(PY) -m pytest tests/unit/ha -q -s $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -8,4 +8,7 @@ args=("$@")
 if [ -x scripts/ensure-docker.sh ] && printf '%s\n' "${args[@]}" | grep -qE '^tests(/integration)?/?$'; then
   bash scripts/ensure-docker.sh
 fi
+if printf '%s\n' "${args[@]}" | grep -qE '^tests(/unit(/ha)?)?/?$'; then
+  bash scripts/ensure-etcd.sh  # the replication tests start their own etcd (broker/ha/etcd_process.py)
+fi
 exec .venv/bin/python -m pytest -q -rfEs "${args[@]}"

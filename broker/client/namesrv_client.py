@@ -101,6 +101,12 @@ class NameServerClient:
         result: npb.BrokerClusterInfo = self.call("GetBrokerClusterInfo", npb.GetBrokerClusterInfoRequest())
         return result
 
+    def replica_groups(self) -> list[Any]:
+        """Each broker group's master, epoch, in-sync members and slaves' lag (broker/ha/cluster_view.py)."""
+        from broker.ha.cluster_view import group_rows
+
+        return list(group_rows(self.cluster_info()))
+
     def topics(self) -> list[str]:
         return list(self.call("GetAllTopicList", npb.GetAllTopicListRequest()).topics)
 

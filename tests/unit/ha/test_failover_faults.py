@@ -15,13 +15,17 @@ import pytest
 from jepsen import QUEUES, TOPIC, Workload, check, read_log, wait_until
 
 from broker.client import Admin
+from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerError
+from broker.ha.cluster_view import broker_rows
 from broker.ha.local_group import ReplicaGroup
 
 # Short leases keep each failover a few seconds; the defaults (5 s) are what bench.replication measures.
 SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000}
-SHORT_FAILOVERS = int(os.environ.get("SLUICE_FAILOVERS", "3"))
-LONG_FAILOVERS = 50
+SHORT_FAILOVERS = 3
+# The long loop runs only when asked (`make test-failover`, which sets this): it takes some 10 minutes, too long for
+# the default suite. Unset, the test is not defined at all (a skipped test would fail the run).
+LONG_FAILOVERS = int(os.environ.get("SLUICE_LONG_FAILOVERS", "0"))
 
 
 def _group(root: Path, **settings: object) -> ReplicaGroup:
@@ -64,11 +68,25 @@ def _heal_and_check(g: ReplicaGroup, w: Workload, name: str, **extra: float) -> 
     for rid in g.ids:  # every replica holds the same log once caught up (reads stop at the confirmed offset)
         wait_until(lambda rid=rid: len(read_log(g.endpoint(rid))) >= len(end), f"replica {rid} caught up", 60)
         logs[f"replica-{rid}"] = read_log(g.endpoint(rid))
+    wait_until(lambda: _registered(g), "the name server to show one master of the current epoch, all in sync", 30)
     report = check(name, w.outcomes, logs)
     report.extra.update(extra)
     print("\n" + report.table())
     assert report.ok, report.details()
     assert report.acknowledged > 0
+
+
+def _registered(g: ReplicaGroup) -> bool:
+    """What `sluice cluster list --json` shows: one master, of the epoch etcd names, every replica in sync."""
+    client = NameServerClient([g.namesrv])
+    try:
+        rows = broker_rows(client.cluster_info())
+    finally:
+        client.close()
+    state = g.state()
+    masters = [r for r in rows if r["role"] == "MASTER"]
+    return (state is not None and len(rows) == 3 and len(masters) == 1 and masters[0]["epoch"] == state.epoch
+            and all(r["in_sync"] for r in rows))  # fmt: skip
 
 
 def _failovers(tmp_path: Path, count: int) -> None:
@@ -102,9 +120,11 @@ def test_master_sigkill_under_sync_load(tmp_path: Path) -> None:
     _failovers(tmp_path, SHORT_FAILOVERS)
 
 
-@pytest.mark.slow
-def test_master_sigkill_under_sync_load_50_failovers(tmp_path: Path) -> None:
-    _failovers(tmp_path, LONG_FAILOVERS)
+if LONG_FAILOVERS:
+
+    @pytest.mark.slow
+    def test_master_sigkill_under_sync_load_many_failovers(tmp_path: Path) -> None:
+        _failovers(tmp_path, LONG_FAILOVERS)
 
 
 def test_master_paused_longer_than_its_lease(tmp_path: Path) -> None:

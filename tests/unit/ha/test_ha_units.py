@@ -12,6 +12,7 @@ from broker.errors import CorruptionError, InvalidArgumentError
 from broker.ha import auth, chunk, divergence
 from broker.ha.epoch_file import EpochEntry, EpochFile
 from broker.ha.in_sync import InSyncSet
+from broker.namesrv.route_table import Registration, RegistrationRefused, RouteTable
 from broker.store import MessageStore
 from broker.store.config import StoreConfig
 from broker.store.message import encode_entry
@@ -153,3 +154,19 @@ def test_truncation_is_finished_by_the_next_start_after_a_crash(tmp_path: Path) 
     finally:
         store.shutdown()
 
+
+
+def _reg(store_id: str, address: str, epoch: int, broker_id: int = 0) -> Registration:
+    return Registration("C", "g", broker_id, address, store_id, 1, {}, role="MASTER", epoch=epoch)
+
+
+def test_a_new_masters_registration_replaces_a_stale_one_at_once() -> None:
+    table = RouteTable()
+    assert table.register(_reg("old", "h1:1", 1), 0)
+    assert table.register(_reg("new", "h2:1", 2), 10)  # epoch 2: replaces the live master of epoch 1
+    master = table.master_of("g", 10)
+    assert master is not None and master.address == "h2:1" and master.epoch == 2
+    with pytest.raises(RegistrationRefused, match="stale"):  # the old master, not yet aware, registers again
+        table.register(_reg("old", "h1:1", 1), 20)
+    with pytest.raises(RegistrationRefused):  # another broker of the same epoch: refused as before
+        table.register(_reg("third", "h3:1", 2), 30)
