@@ -217,8 +217,9 @@ class MessageStore:
             self.checkpoint = Checkpoint(cfg.checkpoint_path, self.faults.syncer("checkpoint"))
             self._load_deleted_topics()  # before recovery: its re-dispatch must not bring deleted topics back
             cut = truncation.pending(cfg.store_path)
-            if cut is not None and cut.reset:
+            if cut is not None and cut.reset:  # the log starts again: no deletion point names any of it
                 self.deleted_topics.clear()
+                self._save_deleted_topics()
             self.recovery_report = recover(
                 cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal, cut
             )
