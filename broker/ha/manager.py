@@ -72,6 +72,7 @@ class BrokerHooks:
     reload_config: Callable[[str], None]  # a config file the master sent was replaced
     role_changed: Callable[[], None]  # registration should say so now
     master_from_namesrv: Callable[[], str] = lambda: ""  # classic slave: the master's HA endpoint as registered
+    save_config: Callable[[], None] = lambda: None  # write what changed in memory only (consumer offsets)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class ReplicationManager:
         self.read_limit.install()
         store.replica = True  # until it takes office
         self.changes = Changes()
-        self.metadata = MetadataSource(str(store.config.config_dir))
+        self.metadata = MetadataSource(str(store.config.config_dir), hooks.save_config)
         self.sink = MetadataSink(str(store.config.config_dir), hooks.reload_config)
         self.follower = Follower(self)
         self.role = ""

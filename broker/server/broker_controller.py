@@ -205,6 +205,7 @@ class BrokerController:
             start_master_services=self._start_master_services, restart=self._restart_in_background,
             reload_config=self._reload_config, role_changed=self._role_changed,
             master_from_namesrv=lambda: self.registrar.master_ha_address if self.registrar is not None else "",
+            save_config=self.offsets.persist_if_dirty,
         ), self.hold.on_arrival)  # fmt: skip
         self.replication = manager
         port = manager.bind()

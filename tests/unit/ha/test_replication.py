@@ -179,3 +179,25 @@ def test_a_slave_refuses_writes_and_keeps_no_offsets_of_its_own(tmp_path: Path) 
             with pytest.raises(BrokerError, match="not its group's master"):
                 c.commit_offsets({("T", 0): 1})
         assert pb.FLUSH_SLAVE_TIMEOUT == 2  # the status the producer reads as an unknown outcome
+
+
+def test_offsets_topics_and_groups_reach_the_slave_before_they_are_acknowledged(tmp_path: Path) -> None:
+    """An acknowledged offset commit survives a failover: the master answers once every in-sync replica holds the
+    changed file, so a promoted slave serves the group from the same offsets (never backwards)."""
+    with brokers() as bs:
+        m = broker(tmp_path / "m", role="SYNC_MASTER")
+        bs.append(m)
+        s = slave_of(m, tmp_path / "s")
+        bs.append(s)
+        assert m.replication is not None
+        wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync")  # type: ignore[union-attr]
+        with Admin(m.address) as admin:
+            admin.create_topic("Offsets", 4)
+            assert s.topics.get("Offsets") is not None  # acknowledged: on the slave already
+            admin.update_subscription_group("GroupX", retry_max_times=3)
+        assert s.groups is not None and s.groups.find("GroupX") is not None
+        with Producer(endpoint=m.address) as p:
+            p.send_batch([Message("Offsets", b"x") for _ in range(10)], queue_id=1)
+        with PullConsumer(endpoint=m.address, group="GroupX") as c:
+            c.commit_offsets({("Offsets", 1): 7})
+        assert s.offsets.query("GroupX", "Offsets") == {1: 7}
