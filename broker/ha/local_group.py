@@ -66,6 +66,9 @@ class ReplicaGroup:
         else:
             data["role"] = "SLAVE"
             data["ha_master_address"] = f"127.0.0.1:{self.ha_ports[self.ids[0]]}"
+        if not data.get("role") and not self.controller:  # a broker without replication: no endpoint either
+            data.pop("ha_listen", None)
+            data.pop("role", None)
         path = self.root / f"replica-{broker_id}.json"
         path.write_text(json.dumps(data))
         return path
