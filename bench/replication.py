@@ -5,8 +5,9 @@ prints two tables and writes bench/results/replication.json.
    one slave and a SYNC_MASTER with one slave (classic mode; broker processes on this machine, fresh temporary
    stores). One client process sends pre-encoded batches (1000 messages a call for 100 B, 1 MiB for 1 KiB) from
    CLIENT_THREADS threads to the master: a SYNC_MASTER answers a batch one replica round trip later, so its
-   throughput depends on how many batches are in flight (RocketMQ's benchmark producers run dozens of threads). Cases alternate over the repetitions, so a slow stretch of the machine
-   hits all of them. Target: SYNC_MASTER at least half the unreplicated throughput.
+   throughput depends on how many batches are in flight (RocketMQ's benchmark producers run dozens of threads).
+   Cases alternate over the repetitions, so a slow stretch of the machine hits all of them. Target: SYNC_MASTER
+   at least half the unreplicated throughput.
 2. Failover time: a 3-replica group in controller mode with default settings (etcd lease 5 s), a client sending
    single messages through the name server all the time; the master is SIGKILLed, and the time to the first
    acknowledged send after the kill is measured, again and again (the killed replica is restarted and back in

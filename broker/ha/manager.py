@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -69,7 +70,7 @@ class BrokerHooks:
 
     start_master_services: Callable[[], None]  # the delay and transaction services (they write)
     restart: Callable[[str], None]  # restart the broker in place (in another thread), saying why
-    reload_config: Callable[[str], None]  # a config file the master sent was replaced
+    replace_config: Callable[[str, dict[str, Any]], bool]  # a config file the master sent (see MetadataSink)
     role_changed: Callable[[], None]  # registration should say so now
     master_from_namesrv: Callable[[], str] = lambda: ""  # classic slave: the master's HA endpoint as registered
     save_config: Callable[[], None] = lambda: None  # write what changed in memory only (consumer offsets)
@@ -104,7 +105,7 @@ class ReplicationManager:
         store.replica = True  # until it takes office
         self.changes = Changes()
         self.metadata = MetadataSource(str(store.config.config_dir), hooks.save_config)
-        self.sink = MetadataSink(str(store.config.config_dir), hooks.reload_config)
+        self.sink = MetadataSink(str(store.config.config_dir), hooks.replace_config)
         self.follower = Follower(self)
         self.role = ""
         self.epoch = 0

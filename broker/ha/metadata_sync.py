@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from broker.json_file import MAX_CONFIG_BYTES, write_json_atomic
 
@@ -98,9 +99,11 @@ class MetadataSource:
 class MetadataSink:
     """The slave's side: writes what the master sent and has the managers reload it."""
 
-    def __init__(self, config_dir: str, reload: Callable[[str], None]) -> None:
+    def __init__(self, config_dir: str, replace: Callable[[str, dict[str, Any]], bool]) -> None:
         self.config_dir = config_dir
-        self.reload = reload  # told the file name after it was replaced
+        # (file name, content) -> True when the broker's manager of that file replaced it (under its own lock, so
+        # that no persist of its older table lands after); False: a file no running manager owns, written here
+        self.replace = replace
         self.version = 0
 
     def apply(self, version: int, files: dict[str, bytes]) -> None:
@@ -116,6 +119,6 @@ class MetadataSink:
             if not isinstance(data, dict):
                 log.error("master sent %s holding a JSON %s; keeping this slave's copy", name, type(data).__name__)
                 continue
-            write_json_atomic(os.path.join(self.config_dir, name), data)
-            self.reload(name)
+            if not self.replace(name, data):
+                write_json_atomic(os.path.join(self.config_dir, name), data)
         self.version = max(self.version, version)

@@ -103,9 +103,11 @@ class SubscriptionGroupManager:
         self._data_version = {"counter": 0, "timestamp": 0}
         self._load()
 
-    def load(self) -> None:
-        """Read the file again (a slave: its master sent a newer copy)."""
+    def replace(self, data: dict[str, Any]) -> None:
+        """A slave: the master's file replaces this one and is loaded, under the table's lock (which every persist
+        holds, so an older table cannot be written after it)."""
         with self._lock:
+            write_json_atomic(self.path, data)
             self._load()
 
     def _load(self) -> None:

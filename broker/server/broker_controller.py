@@ -203,7 +203,7 @@ class BrokerController:
             return
         manager = ReplicationManager(settings, self._own_identity(), store, BrokerHooks(
             start_master_services=self._start_master_services, restart=self._restart_in_background,
-            reload_config=self._reload_config, role_changed=self._role_changed,
+            replace_config=self._replace_config, role_changed=self._role_changed,
             master_from_namesrv=lambda: self.registrar.master_ha_address if self.registrar is not None else "",
             save_config=self.offsets.persist_if_dirty,
         ), self.hold.on_arrival)  # fmt: skip
@@ -224,15 +224,18 @@ class BrokerController:
         self.transactions.start()
         self._semantics_started = True
 
-    def _reload_config(self, name: str) -> None:
-        """A config file the master sent replaced this slave's copy: the managers read it again."""
+    def _replace_config(self, name: str, data: dict[str, Any]) -> bool:
+        """A config file the master sent: its manager replaces this slave's copy and reads it again."""
         if name == self.topics.path.name:
-            self.topics.load()
-            self._role_changed()
+            self.topics.replace(data)
+            self._role_changed()  # the registration carries the topics
         elif name == self.offsets.path.name:
-            self.offsets.load()
+            self.offsets.replace(data)
         elif self.groups is not None and name == os.path.basename(self.groups.path):
-            self.groups.load()
+            self.groups.replace(data)
+        else:
+            return False  # delay progress and transaction state: read when the services start (as master)
+        return True
 
     def _role_changed(self) -> None:
         if self.registrar is not None:

@@ -98,6 +98,13 @@ class TopicConfigManager:
         for listener in list(self._listeners):
             listener()
 
+    def replace(self, data: dict[str, Any]) -> None:
+        """A slave: the master's file replaces this one and is loaded, under the writers' lock (a persist of the
+        older table cannot land after it)."""
+        with self._write_lock:
+            write_json_atomic(self.path, data)
+            self.load()
+
     def persist(self) -> None:
         with self._write_lock:  # snapshot and write under one lock: an older snapshot never overwrites a newer
             with self._lock:
