@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -167,6 +168,22 @@ def test_broadcasting_consumers_each_read_every_brokers_queues(shared: LocalClus
             c.shutdown()
     saved = json.loads(paths[0].read_text())["offsetTable"]  # progress kept per broker's queue, on the client
     assert saved == {f"PcBroadcast#{mq.broker_name}#{mq.queue_id}": 3 for mq in queues}
+
+
+def test_a_topic_without_a_route_is_reported_and_consumed_once_created(
+    shared: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="broker.client.push_consumer")
+    sink = Sink()
+    with PushConsumer(None, "pc-later", {"PcLater": "*"}, sink, namesrv=shared.namesrv, consume_from=FIRST,
+                      **FAST) as consumer:  # fmt: skip
+        assert consumer.assigned_message_queues() == set()
+        assert any("no live broker holds topic 'PcLater'" in r.getMessage() for r in caplog.records)
+        queues = create_everywhere(shared, "PcLater", 1)
+        wait_until(lambda: consumer.assigned_message_queues() == set(queues), what="the new topic's queues")
+        with Producer(namesrv=shared.namesrv) as p:
+            sent = send_to_each(p, queues, "later", 2)
+        wait_until(lambda: sink.bodies() == sent, what="the new topic consumed")
 
 
 def intruder_gets(cluster: LocalCluster, group: str, mq: MessageQueue) -> bool:
