@@ -165,7 +165,7 @@ class Admin:
         except TopicNotExistError:
             return None
         except BrokerError as e:
-            raise type(e)(f"broker {broker.broker_name} ({broker.address}): {e.message}", e.code) from None
+            raise _with_broker(e, f"{broker.broker_name} ({broker.address})") from None
 
     def _route(self, topic: str) -> TopicRoute:
         """The topic's route as the name servers (or the one broker) know it now, not as cached."""

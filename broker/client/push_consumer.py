@@ -337,7 +337,7 @@ class PushConsumer:
         self.heartbeat_interval_ms, self.rebalance_interval_ms = heartbeat_interval_ms, rebalance_interval_ms
         self.persist_interval_ms, self.route_poll_interval_ms = persist_interval_ms, route_poll_interval_ms
         self.control_timeout_s = min(timeout_s, CONTROL_CALL_TIMEOUT_S)
-        self.router = Router(endpoint, namesrv, timeout_s=timeout_s)  # last: nothing above can fail and leak it
+        self.router = Router(endpoint, namesrv, timeout_s=timeout_s)  # after the checks: a refusal opens nothing
         self.offsets: OffsetStore = (
             LocalOffsetStore(self.router, consume_from, consume_timestamp_ms, offset_store_path)
             if model is BROADCASTING
