@@ -1,6 +1,23 @@
 """The Python client: producers, pull and push consumers, and admin operations over gRPC."""
 
-from broker.client.admin import Admin, QueueLag, SubscriptionGroup, TopicInfo, TransactionInfo
+from broker.client.admin import Admin
+from broker.client.admin_results import (
+    BrokerInfo,
+    BrokerLag,
+    BrokerQueueLag,
+    BrokerQueues,
+    BrokerTopicInfo,
+    BrokerTransactionInfo,
+    ClusterInfo,
+    ClusterTopicInfo,
+    GroupLag,
+    QueueLag,
+    QueueRange,
+    SubscriptionGroup,
+    TopicDescription,
+    TopicInfo,
+    TransactionInfo,
+)
 from broker.client.consumer_options import (
     BROADCASTING,
     CLUSTERING,
@@ -24,5 +41,7 @@ __all__ = [
     "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "Producer", "PullConsumer", "PullResult",
     "PullStatus", "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus",
     "TopicInfo", "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
-    "TransactionProducer", "TransactionSendResult",
+    "TransactionProducer", "TransactionSendResult", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",
+    "BrokerTopicInfo", "BrokerTransactionInfo", "ClusterInfo", "ClusterTopicInfo", "GroupLag", "QueueRange",
+    "TopicDescription",
 ]  # fmt: skip

@@ -23,6 +23,12 @@ DEFAULT_ENDPOINT = "127.0.0.1:10911"
 ENDPOINT_ENV = "SLUICE_ENDPOINT"
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 CONNECT_PROBE_S = 1.0  # how long to try each of several endpoints before moving on
+# gRPC waits longer and longer between attempts to reach a broker that does not answer (up to 120 s by default),
+# and a call in between fails at once: a broker back after a few minutes away would be used again only up to two
+# minutes later. Every client channel to one address shares that wait (gRPC's subchannel pool), so a consumer
+# retrying its pulls kept even a new producer away. Tried again at least every second instead (RocketMQ's client
+# connects again at the next request).
+MAX_RECONNECT_BACKOFF_MS = 1000
 T = TypeVar("T")
 
 
@@ -38,6 +44,8 @@ def _channel(target: str) -> grpc.Channel:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.enable_retries", 0),
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
+            ("grpc.initial_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
         ],
     )
 

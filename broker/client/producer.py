@@ -399,10 +399,13 @@ class Producer:
                     raise
                 self.router.mark_failed(mq.broker_name, topic)
                 if ordered:
-                    raise type(e)(
+                    refused = type(e)(
                         f"{e.message} (an ordered send to {mq} is never moved to another queue; it stored nothing)",
                         e.code,
-                    ) from e
+                    )
+                    if isinstance(e, BrokerUnreachableError) and isinstance(refused, BrokerUnreachableError):
+                        refused.request_sent = e.request_sent  # never reached the broker: safe to send again
+                    raise refused from e
                 if attempt == self.retry_times_when_send_failed:
                     raise
                 nxt = self.select_queue(topic, exclude=frozenset(tried))

@@ -67,7 +67,9 @@ def advertised_ip(host: str) -> str:
 class BrokerController:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.metrics = BrokerMetrics()
+        # every series names its broker: one Prometheus scrapes all brokers of a cluster
+        self.metrics = BrokerMetrics((("cluster", config.cluster_name),
+                                      ("broker", config.broker_name or default_broker_name())))  # fmt: skip
         self.topics = TopicConfigManager(
             config.config_dir, default_queue_nums=config.default_topic_queue_nums,
             max_queue_nums=config.max_topic_queue_nums, auto_create=config.auto_create_topic_enable,
