@@ -49,6 +49,7 @@ class SubscriptionGroup:
     consume_broadcast_enable: bool
     retry_queue_nums: int
     retry_max_times: int
+    consume_message_orderly: bool = False  # pop consumption: FIFO per message group
 
 
 def _transaction(t: pb.TransactionInfo) -> TransactionInfo:
@@ -58,7 +59,7 @@ def _transaction(t: pb.TransactionInfo) -> TransactionInfo:
 
 def _group(g: pb.SubscriptionGroup) -> SubscriptionGroup:
     return SubscriptionGroup(g.group_name, g.consume_enable, g.consume_from_min_enable, g.consume_broadcast_enable,
-                             g.retry_queue_nums, g.retry_max_times)  # fmt: skip
+                             g.retry_queue_nums, g.retry_max_times, g.consume_message_orderly)  # fmt: skip
 
 
 def _topic(t: pb.TopicInfo) -> TopicInfo:
@@ -151,13 +152,13 @@ class Admin:
     def update_subscription_group(
         self, group: str, *, consume_enable: bool | None = None, consume_from_min_enable: bool | None = None,
         consume_broadcast_enable: bool | None = None, retry_queue_nums: int | None = None,
-        retry_max_times: int | None = None,
+        retry_max_times: int | None = None, consume_message_orderly: bool | None = None,
     ) -> SubscriptionGroup:  # fmt: skip
         """Change the given settings of a group (kept in the broker's config/subscriptionGroup.json)."""
         changes: dict[str, Any] = {
             "consume_enable": consume_enable, "consume_from_min_enable": consume_from_min_enable,
             "consume_broadcast_enable": consume_broadcast_enable, "retry_queue_nums": retry_queue_nums,
-            "retry_max_times": retry_max_times,
+            "retry_max_times": retry_max_times, "consume_message_orderly": consume_message_orderly,
         }  # fmt: skip
         request = pb.UpdateSubscriptionGroupRequest(
             consumer_group=group, **{k: v for k, v in changes.items() if v is not None}
