@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,7 +36,7 @@ from broker.server.consumer_manager import CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.pull_processor import FOUND, PullProcessor, PullRequestArgs
 from broker.server.send_processor import SendProcessor
-from broker.store.message import java_string_hash, validate_topic
+from broker.store.message import decode_entry, java_string_hash, validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,10 @@ def _unary(response: type[Any]) -> Callable[[Callable[..., R]], Callable[..., R]
                 return method(self, request, context, client_id)
             except BrokerError as e:
                 log.info("%s refused: %s", method.__name__, e.message)
-                return response(status=status_of(e))  # type: ignore[no-any-return]
+                return response(status=status_of(e))
             except Exception as e:  # the last line of defence: log it, answer INTERNAL_SERVER_ERROR, keep serving
                 log.exception("%s failed unexpectedly", method.__name__)
-                return response(status=status(Code.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))  # type: ignore[no-any-return]
+                return response(status=status(Code.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
 
         return wrapper
 
@@ -101,7 +103,7 @@ def _now_timestamp() -> timestamp_pb2.Timestamp:
     return ts
 
 
-class MessagingService(v2g.MessagingServiceServicer):  # type: ignore[misc]
+class MessagingService(v2g.MessagingServiceServicer):
     def __init__(self, backend: Backend, clients: ClientRegistry, authorizer: Authorizer | None = None) -> None:
         self.b = backend
         self.clients = clients
@@ -219,7 +221,7 @@ class MessagingService(v2g.MessagingServiceServicer):  # type: ignore[misc]
             while context.is_active():
                 try:
                     item = outbox.get(timeout=STREAM_POLL_S)
-                except Exception:  # queue.Empty: look whether the client is still there
+                except queue.Empty:  # look whether the client is still there
                     continue
                 if item is None:
                     return
@@ -241,16 +243,16 @@ class MessagingService(v2g.MessagingServiceServicer):  # type: ignore[misc]
                     reply = v2s.TelemetryCommand(status=status_of(e))
                 try:
                     outbox.put_nowait(reply)
-                except Exception:  # queue.Full: the client does not read its stream; it asks again later
+                except queue.Full:  # the client does not read its stream; it sends its settings again later
                     log.warning("Telemetry of %s: outbox full; settings answer dropped", client_id)
         except grpc.RpcError:
             pass  # the client closed or cancelled its stream
-        except Exception:
+        except Exception:  # this thread's last line of defence: log it, end the stream
             log.exception("Telemetry of %s: reading the stream failed", client_id)
         finally:
             try:
                 outbox.put_nowait(None)
-            except Exception:  # queue.Full: the writer notices the call ending on its own
+            except queue.Full:  # the writer notices the call ending on its own
                 pass
 
     # ------------------------------------------------------------------------------------------ send
@@ -410,8 +412,6 @@ class MessagingService(v2g.MessagingServiceServicer):  # type: ignore[misc]
         if out.status == FOUND:
             yield v2s.PullMessageResponse(status=status())
             ends = [*out.entry_positions[1:], len(out.buffer)]
-            from broker.store.message import decode_entry
-
             for start, end in zip(out.entry_positions, ends, strict=True):
                 yield v2s.PullMessageResponse(message=to_v2(decode_entry(out.buffer, start, end)))
         else:
@@ -472,8 +472,6 @@ def _illegal_code(text: str) -> int:
 
 
 def _wall_ms() -> int:
-    import time
-
     return int(time.time() * 1000)
 
 

@@ -28,6 +28,9 @@ def pop_service(c: BrokerController, store: MessageStore, config_dir: str, sync:
     def committed(group: str, topic: str, queue_id: int) -> int | None:
         return c.offsets.query(group, topic).get(queue_id)
 
+    def create_dlq(topic: str) -> None:
+        c.topics.create(topic, 1, if_not_exists=True)
+
     def commit(group: str, topic: str, queue_id: int, offset: int) -> None:
         if c.topics.get(topic) is not None and c.offsets.query(group, topic).get(queue_id) != offset:
             c.offsets.commit(group, {(topic, queue_id): offset})
@@ -36,7 +39,7 @@ def pop_service(c: BrokerController, store: MessageStore, config_dir: str, sync:
         store, c.groups, config_dir,
         read_queue_nums=lambda topic: c.topics.require(topic).read_queue_nums,
         committed_offset=committed, commit_offset=commit,
-        create_dlq=lambda topic: c.topics.create(topic, 1, if_not_exists=True) and None,
+        create_dlq=create_dlq,
         sync=sync, min_invisible_ms=cfg.pop_min_invisible_ms, max_invisible_ms=cfg.pop_max_invisible_ms,
         max_inflight_per_queue=cfg.pop_max_inflight_per_queue,
         auto_renew_invisible_ms=cfg.pop_auto_renew_invisible_ms, compact_bytes=cfg.journal_compact_bytes,

@@ -105,7 +105,8 @@ class PopService:
     ) -> None:  # fmt: skip
         self.store, self.groups = store, groups
         self.folder = os.path.join(config_dir, POP_FOLDER)
-        self.read_queue_nums, self.committed_offset, self.commit_offset = read_queue_nums, committed_offset, commit_offset
+        self.read_queue_nums, self.committed_offset = read_queue_nums, committed_offset
+        self.commit_offset = commit_offset
         self.create_dlq, self.admit, self.message_filter = create_dlq, admit, message_filter
         self.min_invisible_ms, self.max_invisible_ms = min_invisible_ms, max_invisible_ms
         self.max_inflight_per_queue = max_inflight_per_queue
@@ -398,7 +399,7 @@ class PopService:
         journal checkpoint when one is due."""
         now = _now_ms()
         with self._lock:
-            for key in self.book.keys():
+            for key in self.book.queue_keys():
                 cfg = self.groups.find(key[0])
                 if cfg is not None:
                     self._dead_letter_due(key, now, cfg.consume_message_orderly, cfg.retry_max_times + 1)
@@ -436,7 +437,7 @@ class PopService:
     def forget_topic(self, topic: str) -> None:
         """The topic was deleted: its bookkeeping goes with it."""
         with self._lock:
-            self.book.forget([k for k in self.book.keys() if k[1] == topic])
+            self.book.forget([k for k in self.book.queue_keys() if k[1] == topic])
             self.journal.checkpoint(self.book.to_state())
 
     def stats(self) -> dict[str, float]:

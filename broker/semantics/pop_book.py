@@ -175,7 +175,9 @@ class PopBook:
                     blocked.add(msg_group)
         return self._update(key, max(new_next, q.next_offset), put, []), delivered
 
-    def change(self, key: QueueKey, offset: int, seq: int, now_ms: int, invisible_ms: int) -> tuple[dict[str, Any], int]:
+    def change(
+        self, key: QueueKey, offset: int, seq: int, now_ms: int, invisible_ms: int
+    ) -> tuple[dict[str, Any], int]:
         """Change a current delivery's invisible time (from now); returns (journal record, the new sequence)."""
         r = self.check(key, offset, seq, now_ms)
         new_seq = self._next_seq()
@@ -197,7 +199,9 @@ class PopBook:
         """Done without an ack: dead-lettered, or its message no longer exists."""
         return self._update(key, None, {}, list(offsets))
 
-    def _update(self, key: QueueKey, next_offset: int | None, put: dict[int, Record], remove: list[int]) -> dict[str, Any]:
+    def _update(
+        self, key: QueueKey, next_offset: int | None, put: dict[int, Record], remove: list[int]
+    ) -> dict[str, Any]:
         record: dict[str, Any] = {"g": key[0], "t": key[1], "q": key[2]}
         if next_offset is not None:
             record["n"] = next_offset
@@ -233,7 +237,8 @@ class PopBook:
         return {
             "seq": self.last_seq,
             "queues": [
-                {"g": g, "t": t, "q": qid, "n": q.next_offset, "p": [_encode(o, r) for o, r in sorted(q.records.items())]}
+                {"g": g, "t": t, "q": qid, "n": q.next_offset,
+                 "p": [_encode(o, r) for o, r in sorted(q.records.items())]}
                 for (g, t, qid), q in sorted(self.queues.items())
             ],
         }
@@ -247,5 +252,5 @@ class PopBook:
             self.apply(raw)
         self.last_seq = max(self.last_seq, int(state.get("seq", 0)))
 
-    def keys(self) -> Iterator[QueueKey]:
+    def queue_keys(self) -> Iterator[QueueKey]:
         return iter(list(self.queues))

@@ -39,8 +39,8 @@ from broker.server.broker_identity import BrokerIdentity, default_broker_name, l
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
-from broker.server.pull_hold import PullHoldService
 from broker.server.pop_processor import PopProcessor
+from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
 from broker.server.registration import NameServerRegistrar
 from broker.server.retry_processor import RetryProcessor

@@ -22,8 +22,8 @@ from broker.errors import (
     ServiceNotAvailableError,
 )
 from broker.semantics import ScheduleMessageService, TransactionService
-from broker.semantics.timer import TimerService
 from broker.semantics.system_topics import is_system_topic
+from broker.semantics.timer import TimerService
 from broker.semantics.transaction_codec import is_half_batch
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
