@@ -22,6 +22,7 @@ FAST: dict[str, Any] = {
     "pop_min_invisible_ms": 1000,  # RocketMQ's 10 s minimum would make every redelivery test wait 10 s
     "transaction_timeout_ms": 1000,
     "transaction_check_interval_ms": 200,
+    "message_delay_level": " ".join(["1s"] * 18),  # a failed PushConsumer message comes back after 1 s
     "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384},
 }  # fmt: skip
