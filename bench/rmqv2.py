@@ -110,7 +110,7 @@ def sluice_pull(endpoint: str, topic: str, queues: int, n: int) -> int:
 def run(n: int, queues: int) -> dict[str, Any]:
     logging.getLogger("rocketmq-python-client").setLevel(logging.WARNING)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="sluice-bench-rmqv2-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-rmqv2-") as tmp:  # noqa: SIM117
         with BrokerProcess(Path(tmp) / "store") as proc, Admin(proc.endpoint) as admin:
             assert proc.proc is not None
             pid, ep = proc.proc.pid, proc.endpoint
@@ -122,12 +122,15 @@ def run(n: int, queues: int) -> dict[str, Any]:
                 rows.append({"case": case, "client": client, "messages": count, "msgs_per_s": count / wall,
                              "broker_cpu_us_per_msg": cpu / count * 1e6})  # fmt: skip
 
-            row("send", "official Python client 5.1.2 (apache.rocketmq.v2)", timed(pid, lambda: official_send(ep, "Official", n)))
+            row("send", "official Python client 5.1.2 (apache.rocketmq.v2)",
+                timed(pid, lambda: official_send(ep, "Official", n)))  # fmt: skip
             row("send", "Sluice Producer (sluice.v1)", timed(pid, lambda: sluice_send(ep, "Sluice", n)))
             row("receive+ack", "official SimpleConsumer (ReceiveMessage, AckMessage)",
                 timed(pid, lambda: official_receive(ep, "Official", n)))  # fmt: skip
-            row("receive+ack", "Sluice PopConsumer (PopMessage, AckMessage)", timed(pid, lambda: sluice_pop(ep, "Sluice", n)))
-            row("receive", "Sluice PullConsumer (PullMessage)", timed(pid, lambda: sluice_pull(ep, "Sluice", queues, n)))
+            row("receive+ack", "Sluice PopConsumer (PopMessage, AckMessage)",
+                timed(pid, lambda: sluice_pop(ep, "Sluice", n)))
+            row("receive", "Sluice PullConsumer (PullMessage)",
+                timed(pid, lambda: sluice_pull(ep, "Sluice", queues, n)))
     pop = next(r for r in rows if r["client"].startswith("Sluice PopConsumer"))
     pull = next(r for r in rows if r["client"].startswith("Sluice PullConsumer"))
     return {

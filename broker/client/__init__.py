@@ -22,7 +22,8 @@ from broker.client.transaction_producer import LocalTransactionState, Transactio
 
 __all__ = [
     "AVERAGELY", "BROADCASTING", "CIRCLE", "CLUSTERING", "FIRST", "LAST", "TIMESTAMP", "Admin", "ConsumeFrom",
-    "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "PopConsumer", "PoppedMessage", "Producer", "PullConsumer", "PullResult",
+    "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "PopConsumer", "PoppedMessage",
+    "Producer", "PullConsumer", "PullResult",
     "PullStatus", "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus",
     "TopicInfo", "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
     "TransactionProducer", "TransactionSendResult",

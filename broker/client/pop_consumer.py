@@ -40,7 +40,9 @@ class PoppedMessage:
 
 
 class PopConsumer:
-    def __init__(self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, timeout_s: float = 30.0
+    ) -> None:
         self.conn = Connection(endpoint, timeout_s)
         self.group = group
 

@@ -76,9 +76,9 @@ def test_pop_consumption_through_repeated_sigkills_loses_and_repeats_nothing_ack
                 sent |= {p.send(message(topic, f"{cycle}:{i}".encode())).message_id for i in range(50)}
             stop = threading.Event()
 
-            def consume() -> None:
+            def consume(endpoint: str, stop: threading.Event) -> None:
                 try:
-                    with simple_consumer(proc.endpoint, group, topic, wait_s=1) as c:
+                    with simple_consumer(endpoint, group, topic, wait_s=1) as c:
                         while not stop.is_set():
                             for m in c.receive(16, 2):
                                 if rng.random() < 0.8:
@@ -86,10 +86,10 @@ def test_pop_consumption_through_repeated_sigkills_loses_and_repeats_nothing_ack
                                     c.ack(m)  # only an ack that returned counts as acked
                                     unanswered.discard(m.message_id)
                                     acked[m.message_id] = acked.get(m.message_id, 0) + 1
-                except Exception:  # the broker was killed under it: expected, the test checks what was acked
+                except Exception:  # noqa: BLE001 (the broker was killed under it: expected; what was acked counts)
                     return
 
-            worker = threading.Thread(target=consume)
+            worker = threading.Thread(target=consume, args=(proc.endpoint, stop))
             worker.start()
             time.sleep(rng.uniform(0.5, 2.0))
             proc.kill()

@@ -22,7 +22,7 @@ def test_sluice_producer_to_official_simple_consumer(endpoint: str) -> None:
     for r in sent:
         m = by_id[r.uniq_key]
         assert m.tag == "T" and m.properties.get("a") == "b" and m.delivery_attempt == 1
-        assert int(m.body[1:]) == int(list(m.keys)[0][1:])
+        assert int(m.body[1:]) == int(next(iter(m.keys))[1:])
 
 
 def test_official_producer_to_sluice_pull_and_pop_consumers(endpoint: str) -> None:

@@ -68,7 +68,8 @@ def test_telemetry_answers_settings_with_the_brokers_limits(stub: Any, endpoint:
     producer_settings = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[resource(topic)]))
     consumer_settings = v2.Settings(client_type=v2.SIMPLE_CONSUMER, subscription=v2.Subscription(
         group=resource(group), subscriptions=[v2.SubscriptionEntry(topic=resource(topic))]))  # fmt: skip
-    commands = iter([v2s.TelemetryCommand(settings=producer_settings), v2s.TelemetryCommand(settings=consumer_settings)])
+    commands = iter([v2s.TelemetryCommand(settings=producer_settings),
+                     v2s.TelemetryCommand(settings=consumer_settings)])  # fmt: skip
     stream = stub.Telemetry(commands, metadata=HEADERS, timeout=10)
     pub, sub = next(stream), next(stream)
     stream.cancel()
@@ -80,7 +81,9 @@ def test_telemetry_answers_settings_with_the_brokers_limits(stub: Any, endpoint:
     assert not pub.settings.metric.on and not sub.settings.metric.on
 
 
-def test_receipt_handles_are_refused_when_altered_for_another_group_expired_or_acked(stub: Any, endpoint: str) -> None:
+def test_receipt_handles_are_refused_when_altered_for_another_group_expired_or_acked(
+    stub: Any, endpoint: str
+) -> None:
     topic, group = new_topic(endpoint), name("g")
     with Producer(endpoint) as p:
         p.send(Message(topic, b"x"))
