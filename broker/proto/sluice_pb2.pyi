@@ -1628,7 +1628,7 @@ class PopRequest(_message.Message):
     consumer_group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
-    """< 0: every readable queue of the topic on this broker"""
+    """Unset or < 0: every readable queue of the topic on this broker (optional: proto3's default 0 would name queue 0)"""
     max_msgs: _builtins.int
     """0: 32"""
     invisible_time_ms: _builtins.int
@@ -1643,18 +1643,20 @@ class PopRequest(_message.Message):
         *,
         consumer_group: _builtins.str = ...,
         topic: _builtins.str = ...,
-        queue_id: _builtins.int = ...,
+        queue_id: _builtins.int | None = ...,
         max_msgs: _builtins.int = ...,
         invisible_time_ms: _builtins.int = ...,
         poll_time_ms: _builtins.int = ...,
         expression: _builtins.str = ...,
         expression_type: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_id", b"_queue_id", "queue_id", b"queue_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "expression", b"expression", "expression_type", b"expression_type", "invisible_time_ms", b"invisible_time_ms", "max_msgs", b"max_msgs", "poll_time_ms", b"poll_time_ms", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_id", b"_queue_id", "consumer_group", b"consumer_group", "expression", b"expression", "expression_type", b"expression_type", "invisible_time_ms", b"invisible_time_ms", "max_msgs", b"max_msgs", "poll_time_ms", b"poll_time_ms", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__queue_id: _TypeAlias = _typing.Literal["queue_id"]  # noqa: Y015
+    _WhichOneofArgType__queue_id: _TypeAlias = _typing.Literal["_queue_id", b"_queue_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_id) -> _WhichOneofReturnType__queue_id | None: ...
 
 Global___PopRequest: _TypeAlias = PopRequest  # noqa: Y015
 

@@ -368,15 +368,10 @@ class MessagingService(v2g.MessagingServiceServicer):
         topic, group = self._topic(request.topic.name), self._group(request.group.name)
         if len(request.entries) > MAX_ACK_ENTRIES:
             raise ProtocolError(Code.BAD_REQUEST, f"{len(request.entries)} entries; at most {MAX_ACK_ENTRIES}")
-        results = []
-        for entry in request.entries:
-            try:
-                self.b.pops.ack(group, topic, entry.receipt_handle)
-                s = status()
-            except BrokerError as e:
-                s = status_of(e)
-            results.append(v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
-                                                     status=s))  # fmt: skip
+        outcomes = self.b.pops.ack_many(group, topic, [e.receipt_handle for e in request.entries])
+        results = [v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                             status=status() if e is None else status_of(e))
+                   for entry, e in zip(request.entries, outcomes, strict=True)]  # fmt: skip
         codes = {r.status.code for r in results}
         overall = status() if codes <= {Code.OK} else results[0].status if len(codes) == 1 else \
             status(Code.MULTIPLE_RESULTS)  # fmt: skip

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.errors import BrokerError, InvalidArgumentError, InvalidReceiptHandleError, ServiceNotAvailableError
 from broker.proto.subscription import parse_tags, tag_codes, tag_matches
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.pop_book import PopBook, QueueKey
@@ -66,6 +66,7 @@ MAX_RENEW_MS = 3 * 3_600_000  # and for at most this long after the delivery (Ro
 RELEASE_MS = 1_000  # a gone owner's messages become due this soon (RocketMQ: 1 s)
 HOLD_RECHECK_MS = 5_000  # a held pop looks again at least this often even without a wake-up
 READ_CHUNK = 256  # new messages read from a queue per store call
+DISPATCH_LAG_WAIT_S = 0.2  # how long a pop that found nothing waits for a dispatcher behind the commit log
 
 
 @dataclass
@@ -74,6 +75,7 @@ class PoppedMessage:
     handle: str
     attempt: int  # delivery attempt, from 1 (stored reconsume times included)
     invisible_until_ms: int
+    entry: bytes | None = None  # the commit-log entry as stored, when the pop read it from the queue
 
 
 @dataclass
@@ -180,11 +182,18 @@ class PopService:
         if time_remaining_s is not None:
             wait_ms = min(wait_ms, int(time_remaining_s * 1000) - 200)  # answer before the caller's deadline
         deadline = time.monotonic() + max(wait_ms, 0) / 1000
+        waited_for_dispatch = False
         while True:
             event = threading.Event()
             self._watch(req.topic, event)  # before looking: an arrival after the look wakes this pop
             try:
                 found, next_due_ms = self._pop_once(req, queue_count, selector, tags)
+                if not found and not waited_for_dispatch and self._dispatch_behind():
+                    # A send that just returned may not be in its consume queue yet: wait for the dispatcher once
+                    # (as pulls do) rather than answer "nothing" to a consumer that follows its producer.
+                    waited_for_dispatch = True
+                    self.store.wait_dispatched(DISPATCH_LAG_WAIT_S, self.store.max_phys_offset())
+                    continue
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
                 if found or remaining_ms <= 0 or self._draining or not self.can_hold():
                     return found
@@ -200,6 +209,9 @@ class PopService:
                         self._holding -= 1
             finally:
                 self._unwatch(req.topic, event)
+
+    def _dispatch_behind(self) -> bool:
+        return self.store.dispatched_offset() < self.store.max_phys_offset()
 
     def _queues(self, req: PopRequest, queue_count: int) -> list[int]:
         if req.queue_id >= 0:
@@ -246,10 +258,10 @@ class PopService:
         r = self.book.queues[key].records[offset]
         return self.codec.encode(key[0], key[1], Handle(key[2], offset, r.seq, r.visible_at_ms)), r.visible_at_ms
 
-    def _popped(self, key: QueueKey, offset: int, msg: StoredMessage) -> PoppedMessage:
+    def _popped(self, key: QueueKey, offset: int, msg: StoredMessage, entry: bytes | None = None) -> PoppedMessage:
         handle, until = self._handle(key, offset)
         attempts = self.book.queues[key].records[offset].attempts
-        return PoppedMessage(msg, handle, max(msg.reconsume_times, 0) + attempts, until)
+        return PoppedMessage(msg, handle, max(msg.reconsume_times, 0) + attempts, until, entry)
 
     def _lookup(self, key: QueueKey, offset: int, clo: int) -> StoredMessage | None:
         msg = self.store.lookup_message(clo)
@@ -288,8 +300,10 @@ class PopService:
         if room <= 0:
             return []  # the queue's window is full: what is outstanding must be acked first
         group, topic, queue_id = key
-        res = self.store.get_message(group, topic, queue_id, q.next_offset, min(room, READ_CHUNK, max(limit, 1) * 4),
-                                     None, tag_codes(tags), message_filter=selector)  # fmt: skip
+        # FIFO reads ahead (messages held behind their group are skipped over); otherwise what will be delivered
+        want = min(room, READ_CHUNK) if fifo else min(room, limit)
+        res = self.store.get_message(group, topic, queue_id, q.next_offset, want, None, tag_codes(tags),
+                                     message_filter=selector)  # fmt: skip
         if res.status is GetStatus.OFFSET_TOO_SMALL or (
             res.status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_FOUND_NULL)
             and res.next_begin_offset > q.next_offset
@@ -298,7 +312,10 @@ class PopService:
             return []
         if res.status is not GetStatus.FOUND:
             return []
-        messages = {m.queue_offset: m for m in res.messages()}
+        decoded = res.messages()
+        ends = [*res.entry_positions[1:], len(res.buffer)]
+        entries = {m.queue_offset: res.buffer[p:e] for m, p, e in zip(decoded, res.entry_positions, ends, strict=True)}
+        messages = {m.queue_offset: m for m in decoded}
         candidates = []
         for offset, msg in sorted(messages.items()):
             if tags is not None and not tag_matches(tags, msg.tags):
@@ -307,7 +324,7 @@ class PopService:
         record, delivered = self.book.admit(key, candidates, res.next_begin_offset, now, req.invisible_ms, fifo, limit)
         self.journal.append(record)
         self._track_renewal(key, delivered, req, now)
-        return [self._popped(key, o, messages[o]) for o in delivered]
+        return [self._popped(key, o, messages[o], entries[o]) for o in delivered]
 
     def _track_renewal(self, key: QueueKey, offsets: list[int], req: PopRequest, now: int) -> None:
         if not req.auto_renew_owner:
@@ -329,6 +346,30 @@ class PopService:
             self.journal.append(self.book.ack(key, h.offset, h.seq, _now_ms()))
             self._renew.pop((key, h.offset), None)
         self._wake(topic)  # a FIFO group's next message may be due now
+
+    def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
+        """Ack several deliveries with one journal record per queue; per handle None (acked) or why not."""
+        results: list[BrokerError | None] = []
+        done: dict[QueueKey, list[int]] = {}
+        with self._lock:
+            now = _now_ms()
+            for handle in handles:
+                try:
+                    key, h = self._decode(group, topic, handle)
+                    if h.offset in done.get(key, ()):
+                        raise InvalidReceiptHandleError(f"{topic}/{h.queue_id}@{h.offset} is acked twice in one call")
+                    self.book.check(key, h.offset, h.seq, now)
+                except BrokerError as e:
+                    results.append(e)
+                    continue
+                done.setdefault(key, []).append(h.offset)
+                self._renew.pop((key, h.offset), None)
+                results.append(None)
+            for key, offsets in done.items():
+                self.journal.append(self.book.remove(key, offsets))
+        if done:
+            self._wake(topic)
+        return results
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> PoppedMessage:
         """A new invisible time from now; returns the message's new handle (the old one is superseded)."""

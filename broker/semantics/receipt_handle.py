@@ -63,11 +63,12 @@ def load_secret(folder: str) -> bytes:
 
 class HandleCodec:
     def __init__(self, secret: bytes) -> None:
-        self._secret = secret
+        self._keyed = hmac.new(secret, digestmod=hashlib.sha256)  # copied per handle: the key is set up once
 
     def _mac(self, group: str, topic: str, fields: bytes) -> bytes:
-        message = group.encode() + b"\x00" + topic.encode() + b"\x00" + fields
-        return hmac.new(self._secret, message, hashlib.sha256).digest()[:MAC_BYTES]
+        mac = self._keyed.copy()
+        mac.update(group.encode() + b"\x00" + topic.encode() + b"\x00" + fields)
+        return mac.digest()[:MAC_BYTES]
 
     def encode(self, group: str, topic: str, handle: Handle) -> str:
         fields = _FIELDS.pack(VERSION, *handle)

@@ -6,10 +6,12 @@ receipt handle, delivery attempt and invisible-until time per message beside the
 
 from __future__ import annotations
 
-from broker.errors import BrokerError, InvalidArgumentError
+import itertools
+
+from broker.errors import InvalidArgumentError
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.pop import PopRequest, PopService
-from broker.server.admin_processor import pack_entries
+from broker.server.admin_processor import encode_stored
 from broker.server.consumer_offsets import validate_group
 
 DEFAULT_POP_MSGS = 32  # RocketMQ's receive batch size
@@ -27,13 +29,16 @@ class PopProcessor:
             raise InvalidArgumentError("max_msgs and poll_time_ms must be >= 0 (0: default, answer at once)")
         popped = self.pops.pop(
             PopRequest(
-                request.consumer_group, request.topic, request.queue_id, request.max_msgs or DEFAULT_POP_MSGS,
+                request.consumer_group, request.topic, request.queue_id if request.HasField("queue_id") else -1,
+                request.max_msgs or DEFAULT_POP_MSGS,
                 request.invisible_time_ms, request.expression_type or "TAG", request.expression,
                 min(request.poll_time_ms, self.max_poll_ms),
             ),
             time_remaining_s,
         )  # fmt: skip
-        entries, positions = pack_entries([p.message for p in popped])
+        raw = [p.entry if p.entry is not None else encode_stored(p.message) for p in popped]
+        positions = list(itertools.accumulate((len(e) for e in raw[:-1]), initial=0)) if raw else []
+        entries = b"".join(raw)
         return pb.PopResponse(
             entries=entries, entry_positions=positions, receipt_handles=[p.handle for p in popped],
             delivery_attempts=[p.attempt for p in popped], invisible_until_ms=[p.invisible_until_ms for p in popped],
@@ -43,14 +48,9 @@ class PopProcessor:
         validate_group(request.consumer_group)
         if len(request.receipt_handles) > MAX_ACK_HANDLES:
             raise InvalidArgumentError(f"{len(request.receipt_handles)} handles in one ack; at most {MAX_ACK_HANDLES}")
-        errors = []
-        for handle in request.receipt_handles:
-            try:
-                self.pops.ack(request.consumer_group, request.topic, handle)
-                errors.append("")
-            except BrokerError as e:  # one refused handle does not refuse the others (each is its own ack)
-                errors.append(f"{e.code.name}: {e.message}")
-        return pb.AckMessageResponse(errors=errors)
+        # one refused handle does not refuse the others (each is its own ack)
+        results = self.pops.ack_many(request.consumer_group, request.topic, list(request.receipt_handles))
+        return pb.AckMessageResponse(errors=["" if e is None else f"{e.code.name}: {e.message}" for e in results])
 
     def change(self, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
         validate_group(request.consumer_group)
