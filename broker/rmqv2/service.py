@@ -70,6 +70,7 @@ class Backend:
     routes: RouteSource
     max_body_bytes: int
     retry_delays_ms: list[int]  # the group backoff told to consumers (the broker's delay levels)
+    advertised_address: Callable[[], str]  # this broker's HOST:PORT, for a route request that names no endpoint
 
 
 def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
@@ -141,23 +142,24 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.QueryRouteResponse)
     def QueryRoute(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic = self._topic(request.topic.name)
-        brokers = self.b.routes.brokers(topic, request_address(request.endpoints) or self._local_address(context))
+        brokers = self.b.routes.brokers(topic, request_address(request.endpoints) or self.b.advertised_address())
         return v2s.QueryRouteResponse(status=status(), message_queues=message_queues(topic, brokers))
 
     @_unary(v2s.QueryAssignmentResponse)
     def QueryAssignment(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic, group = self._topic(request.topic.name), self._group(request.group.name)
         fifo = self.b.groups.get(group).consume_message_orderly
-        brokers = self.b.routes.brokers(topic, request_address(request.endpoints) or self._local_address(context))
+        brokers = self.b.routes.brokers(topic, request_address(request.endpoints) or self.b.advertised_address())
         found = assignments(topic, brokers, fifo)
         if not found:
             return v2s.QueryAssignmentResponse(status=status(Code.FORBIDDEN, "no readable queue"))
         return v2s.QueryAssignmentResponse(status=status(), assignments=found)
 
     @staticmethod
-    def _local_address(context: grpc.ServicerContext) -> str:
-        peer = context.peer()  # ipv4:127.0.0.1:54321 -> the client came from there; the broker listens on us
-        return peer.split(":", 1)[-1] if peer else ""
+    def _client_host(context: grpc.ServicerContext) -> str:
+        """The client's address as gRPC saw it (``ipv4:127.0.0.1:54321`` -> ``127.0.0.1``): its born host."""
+        peer = context.peer() or ""
+        return peer.split(":", 1)[-1].rsplit(":", 1)[0] if ":" in peer else ""
 
     @_unary(v2s.HeartbeatResponse)
     def Heartbeat(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
@@ -263,7 +265,7 @@ class MessagingService(v2g.MessagingServiceServicer):
         if len(request.messages) > MAX_SEND_MESSAGES:
             raise ProtocolError(Code.BAD_REQUEST, f"{len(request.messages)} messages; at most {MAX_SEND_MESSAGES}")
         topic = self._topic(request.messages[0].topic.name)
-        born_host = self._local_address(context).rsplit(":", 1)[0]
+        born_host = self._client_host(context)
         outgoing: list[Outgoing] = []
         for m in request.messages:
             if m.topic.name != topic:

@@ -9,9 +9,9 @@ from collections import defaultdict
 
 import pytest
 from rmqv2_helpers import client_config, message, name, new_topic, producer, receive_until, simple_consumer, wait_for
-from rocketmq import ConsumeResult, MessageListener, PushConsumer
+from rocketmq import ConsumeResult, MessageListener, PushConsumer, SimpleConsumer
 from rocketmq import FilterExpression as RmqFilter
-from rocketmq.grpc_protocol import Code
+from rocketmq.grpc_protocol import Code, FilterType
 from rocketmq.v5.exception import BadRequestException
 
 from broker.client import Admin, ReceivedMessage
@@ -140,3 +140,23 @@ def test_fifo_order_per_message_group_with_two_consumers(endpoint: str) -> None:
         g, i = body.decode().split(":")
         order[g].append(int(i))
     assert {g: seq for g, seq in order.items()} == {str(g): list(range(10)) for g in range(4)}
+
+
+def test_tag_and_sql92_filters_use_the_brokers_filters(endpoint: str) -> None:
+    topic = new_topic(endpoint, queues=1)
+    with producer(endpoint, topic) as p:
+        for i in range(8):
+            p.send(message(topic, f"f{i}".encode(), tag="even" if i % 2 == 0 else "odd", properties={"n": str(i)}))
+    selector = RmqFilter("n > 4 AND TAGS = 'odd'", FilterType.SQL)
+    sql = SimpleConsumer(client_config(endpoint), name("sql"), {topic: selector}, await_duration=1)
+    sql.startup()
+    try:
+        got = receive_until(sql, 2, invisible_s=20)
+        time.sleep(0.5)
+        got += sql.receive(32, 20)
+    finally:
+        sql.shutdown()
+    assert sorted(m.body for m in got) == [b"f5", b"f7"]
+    with simple_consumer(endpoint, name("tag"), topic, "even") as c:
+        evens = receive_until(c, 4, invisible_s=20)
+    assert sorted(m.body for m in evens) == [b"f0", b"f2", b"f4", b"f6"]
