@@ -357,13 +357,20 @@ class MessagingService(v2g.MessagingServiceServicer):
             return
         if not popped:
             yield v2s.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
-        else:
+            yield v2s.ReceiveMessageResponse(delivery_timestamp=_now_timestamp())
+            return
+        sent = 0
+        try:
             yield v2s.ReceiveMessageResponse(status=status())
             for p in popped:
                 invisible_ms = max(p.invisible_until_ms - _wall_ms(), 0)
                 yield v2s.ReceiveMessageResponse(message=to_v2(p.message, receipt_handle=p.handle, attempt=p.attempt,
                                                                invisible_ms=invisible_ms))  # fmt: skip
-        yield v2s.ReceiveMessageResponse(delivery_timestamp=_now_timestamp())
+                sent += 1
+            yield v2s.ReceiveMessageResponse(delivery_timestamp=_now_timestamp())
+        finally:
+            if sent < len(popped):  # the call ended before the client had them: visible again soon, as the proxy does
+                self.b.pops.release([(group, topic, p.handle) for p in popped[sent:]])
 
     @_unary(v2s.AckMessageResponse)
     def AckMessage(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:

@@ -371,6 +371,15 @@ class PopService:
             self._wake(topic)
         return results
 
+    def release(self, handles: list[tuple[str, str, str]]) -> None:
+        """Deliveries whose answer never reached the consumer (its call ended first): due again within a second
+        (RocketMQ's proxy does the same). Best effort: a handle no longer current is left as it is."""
+        for group, topic, handle in handles:
+            try:
+                self.change_invisible(group, topic, handle, RELEASE_MS)
+            except BrokerError as e:
+                log.info("releasing an undelivered message of %s/%s: %s", group, topic, e.message)
+
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> PoppedMessage:
         """A new invisible time from now; returns the message's new handle (the old one is superseded)."""
         self._check_invisible(invisible_ms, 0)

@@ -328,6 +328,11 @@ class BrokerController:
             "broker_get_bytes": self.metrics.get_bytes.value(),
             "broker_uptime_s": time.time() - self._started_at,
         }
+        if self.pops is not None:
+            extra.update(self.pops.stats())  # pop_outstanding, pop_dead_lettered
+        if self.timers is not None:
+            extra["timer_pending"] = self.timers.pending_count()
+            extra["timer_delivered"] = self.timers.delivered
         return self.admin.stats(extra)
 
     # ------------------------------------------------------------------------------------------------ periodic
