@@ -81,9 +81,11 @@ def test_a_deleted_and_recreated_topic_is_popped_from_its_start(broker_factory: 
         assert [p.message.body for p in c.receive("Again", 10, invisible_ms=10_000, wait_ms=2000)] == [b"new1"]
 
 
-def test_in_flight_state_survives_a_restart(broker_factory: BrokerFactory, tmp_path: Path) -> None:
+@pytest.mark.parametrize("compact_bytes", [64 << 20, 100], ids=["journal", "snapshots"])
+def test_in_flight_state_survives_a_restart(broker_factory: BrokerFactory, tmp_path: Path, compact_bytes: int) -> None:
     store = tmp_path / "pop-store"
-    broker = broker_factory(store, **FAST_POP)
+    settings = {**FAST_POP, "journal_compact_bytes": compact_bytes}  # 100 B: a snapshot after every change or two
+    broker = broker_factory(store, **settings)
     endpoint = f"127.0.0.1:{broker.port}"
     with Admin(endpoint) as admin:
         admin.create_topic("Kept", 1)
@@ -91,8 +93,10 @@ def test_in_flight_state_survives_a_restart(broker_factory: BrokerFactory, tmp_p
     with PopConsumer(endpoint, "kept-g") as c:
         got = {p.message.body: p for p in c.receive("Kept", 2, invisible_ms=1_500)}
         c.ack(got[b"acked"])
+    wait_until(lambda: compact_bytes > 4096 or (store / "config" / "pop" / "snapshot.json").exists(), 5,
+               "a snapshot of the pop journal")  # fmt: skip
     broker.shutdown()
-    broker = broker_factory(store, **FAST_POP)
+    broker = broker_factory(store, **settings)
     endpoint = f"127.0.0.1:{broker.port}"
     with PopConsumer(endpoint, "kept-g") as c:
         now = c.receive("Kept", 10, invisible_ms=10_000)

@@ -52,6 +52,16 @@ def _read(endpoint: str) -> list:
     return read_topic(endpoint, "Timed") if _exists(endpoint, "Timed") else []
 
 
+def test_a_time_already_past_is_stored_in_its_topic_at_once(broker_factory: BrokerFactory) -> None:
+    broker = broker_factory()
+    endpoint = f"127.0.0.1:{broker.port}"
+    past = int(time.time() * 1000) - 60_000
+    with Producer(endpoint) as p:
+        r = p.send(timer_message("Timed", b"overdue", past))
+    assert broker.timers is not None and broker.timers.pending_count() == 0
+    assert [m.body for m in _read(endpoint)] == [b"overdue"] and r.queue_offset == 0
+
+
 def test_a_time_past_the_maximum_delay_is_refused_and_nothing_stored(broker_factory: BrokerFactory) -> None:
     broker = broker_factory(timer_max_delay_ms=60_000)
     endpoint = f"127.0.0.1:{broker.port}"
