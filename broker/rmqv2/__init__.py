@@ -18,7 +18,7 @@ This package only translates; the capabilities are the broker's own, shared with
 | NotifyClientTermination           | the client leaves its group; its auto-renewed messages are released            |
 | SendMessage                       | NORMAL, FIFO (message group -> one queue), DELAY (timer.py), TRANSACTION halves |
 | EndTransaction                    | commit or roll back (from the client or after a check-back)                    |
-| ReceiveMessage                    | pop (semantics/pop.py): invisible time or auto-renew, long polling             |
+| ReceiveMessage                    | pop (semantics/pop.py): invisible time or auto-renew, long polling, attempt id |
 | AckMessage                        | ends a delivery                                                                |
 | ChangeInvisibleDuration           | a new invisible time and a new receipt handle                                  |
 | ForwardMessageToDeadLetterQueue   | into %DLQ%{group}, then ended                                                  |

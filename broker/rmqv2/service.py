@@ -344,6 +344,7 @@ class MessagingService(v2g.MessagingServiceServicer):
                 group, topic, -1, max(1, min(request.batch_size or RECEIVE_BATCH_SIZE, MAX_RECEIVE_BATCH)),
                 request.invisible_duration.ToMilliseconds(), kind, expression.expression or "*",
                 self._polling_ms(request, context), client_id if request.auto_renew else "",
+                request.attempt_id if request.HasField("attempt_id") else "",
             )  # fmt: skip
             popped = self.b.pops.pop(pop, context.time_remaining())
         except BrokerError as e:

@@ -30,6 +30,10 @@ Auto-renew (RocketMQ 5 PushConsumers): a delivery made with ``auto_renew_owner``
 broker every time it comes within ``RENEW_AHEAD_MS`` of its end, while its owner is alive, for at most
 ``MAX_RENEW_MS`` from the delivery; when the owner goes away its messages become due within a second. Renewal
 state is in memory: after a restart such messages simply expire at their last extended time.
+
+Attempt ids (RocketMQ 5's retried receives): a receive repeated with the attempt id of one that delivered messages
+gets those same deliveries (same handles) while all of them are still out, so a receive whose answer was lost
+does not leave its messages invisible (the newest ``MAX_ATTEMPT_IDS`` are remembered, in memory).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,6 +69,7 @@ DEFAULT_AUTO_RENEW_INVISIBLE_MS = 60_000  # RocketMQ proxy's defaultInvisibleTim
 RENEW_AHEAD_MS = 10_000  # extend an auto-renewed delivery this long before it ends (RocketMQ: 10 s)
 MAX_RENEW_MS = 3 * 3_600_000  # and for at most this long after the delivery (RocketMQ: 3 h)
 RELEASE_MS = 1_000  # a gone owner's messages become due this soon (RocketMQ: 1 s)
+MAX_ATTEMPT_IDS = 10_000  # receives remembered by attempt id (the newest; a PushConsumer repeats only its last)
 HOLD_RECHECK_MS = 5_000  # a held pop looks again at least this often even without a wake-up
 READ_CHUNK = 256  # new messages read from a queue per store call
 DISPATCH_LAG_WAIT_S = 0.2  # how long a pop that found nothing waits for a dispatcher behind the commit log
@@ -89,6 +95,7 @@ class PopRequest:
     expression: str = "*"
     long_poll_ms: int = 0
     auto_renew_owner: str = ""  # non-empty: renewed by the broker while this client is alive
+    attempt_id: str = ""  # a receive repeated with the same id gets the same messages while they are still out
 
 
 class PopService:
@@ -119,6 +126,8 @@ class PopService:
         self.codec: HandleCodec | None = None
         self._lock = threading.RLock()
         self._turn: dict[tuple[str, str], itertools.count[int]] = {}
+        # attempt id -> the deliveries it got: (queue, offset, seq); RocketMQ's retried FIFO receive gets them again
+        self._attempts: OrderedDict[tuple[str, str, str], list[tuple[QueueKey, int, int]]] = OrderedDict()
         # auto-renew: (queue, offset) -> (seq, owner, renew until)
         self._renew: dict[tuple[QueueKey, int], tuple[int, str, int]] = {}
         self._waiters: dict[str, set[threading.Event]] = {}  # topic -> held pops
@@ -181,6 +190,10 @@ class PopService:
         wait_ms = req.long_poll_ms
         if time_remaining_s is not None:
             wait_ms = min(wait_ms, int(time_remaining_s * 1000) - 200)  # answer before the caller's deadline
+        if req.attempt_id:
+            again = self._same_attempt(req)
+            if again:
+                return again
         deadline = time.monotonic() + max(wait_ms, 0) / 1000
         waited_for_dispatch = False
         while True:
@@ -195,6 +208,8 @@ class PopService:
                     self.store.wait_dispatched(DISPATCH_LAG_WAIT_S, self.store.max_phys_offset())
                     continue
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
+                if found and req.attempt_id:
+                    self._remember_attempt(req, found)
                 if found or remaining_ms <= 0 or self._draining or not self.can_hold():
                     return found
                 sleep_ms = min(remaining_ms, HOLD_RECHECK_MS)
@@ -209,6 +224,34 @@ class PopService:
                         self._holding -= 1
             finally:
                 self._unwatch(req.topic, event)
+
+    def _remember_attempt(self, req: PopRequest, found: list[PoppedMessage]) -> None:
+        assert self.codec is not None
+        batch = []
+        for p in found:
+            h = self.codec.decode(req.group, req.topic, p.handle)
+            batch.append(((req.group, req.topic, h.queue_id), h.offset, h.seq))
+        with self._lock:
+            self._attempts[(req.group, req.topic, req.attempt_id)] = batch
+            while len(self._attempts) > MAX_ATTEMPT_IDS:
+                self._attempts.popitem(last=False)
+
+    def _same_attempt(self, req: PopRequest) -> list[PoppedMessage]:
+        """The deliveries an earlier receive with this attempt id got, when every one is still current (its answer
+        was lost and the client asks again); else nothing, and the receive goes on as a new one."""
+        with self._lock:
+            batch = self._attempts.get((req.group, req.topic, req.attempt_id))
+            if not batch:
+                return []
+            now, out = _now_ms(), []
+            for key, offset, seq in batch:
+                q = self.book.queues.get(key)
+                r = q.records.get(offset) if q else None
+                msg = self._lookup(key, offset, r.commitlog_offset) if r is not None else None
+                if r is None or r.seq != seq or r.visible_at_ms <= now or msg is None:
+                    return []
+                out.append(self._popped(key, offset, msg))
+            return out
 
     def _dispatch_behind(self) -> bool:
         return self.store.dispatched_offset() < self.store.max_phys_offset()

@@ -146,3 +146,23 @@ def test_pull_and_offset_calls(stub: Any, endpoint: str) -> None:
     end = stub.QueryOffset(v2s.QueryOffsetRequest(message_queue=mq, query_offset_policy=v2.END), metadata=HEADERS,
                            timeout=10)  # fmt: skip
     assert (end.status.code, end.offset) == (v2.OK, 5)
+
+
+def test_a_receive_repeated_with_its_attempt_id_gets_the_same_messages(stub: Any, endpoint: str) -> None:
+    topic, group = new_topic(endpoint), name("g")
+    with Producer(endpoint) as p:
+        for i in range(3):
+            p.send(Message(topic, f"a{i}".encode()))
+
+    def receive_attempt(attempt_id: str) -> list[tuple[str, str]]:
+        req = v2s.ReceiveMessageRequest(group=resource(group), message_queue=v2.MessageQueue(topic=resource(topic)),
+                                        batch_size=32, auto_renew=True, attempt_id=attempt_id,
+                                        long_polling_timeout=duration_pb2.Duration(seconds=5))  # fmt: skip
+        replies = list(stub.ReceiveMessage(req, metadata=HEADERS, timeout=30))
+        return sorted((r.message.system_properties.message_id, r.message.system_properties.receipt_handle)
+                      for r in replies if r.HasField("message"))  # fmt: skip
+
+    first = receive_attempt("attempt-1")
+    assert len(first) == 3
+    assert receive_attempt("attempt-1") == first  # the answer was lost: the same deliveries, the same handles
+    assert receive_attempt("attempt-2") == []  # a new receive: they are all out
