@@ -25,7 +25,8 @@ This package only translates; the capabilities are the broker's own, shared with
 | PullMessage                       | a pull (PullProcessor), messages streamed, then the next offset                |
 | UpdateOffset / GetOffset          | the group's committed offset of a queue                                        |
 | QueryOffset                       | a queue's min or max offset, or the first offset at a time                     |
-| RecallMessage, SyncLiteSubscription | answered UNSUPPORTED                                                         |
+| RecallMessage                     | removes a timer message before its time (the send answered its recall handle) |
+| SyncLiteSubscription              | answered UNSUPPORTED (lite topics)                                             |
 
 Message ids: the client's id travels as the ``UNIQ_KEY`` property and is what every answer, query by key and
 dead-letter record names, through both protocols (Sluice's own Producer sets one on every message too).

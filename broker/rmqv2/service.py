@@ -31,12 +31,13 @@ from broker.rmqv2.route import RouteSource, assignments, message_queues, request
 from broker.semantics import SubscriptionGroupManager, TransactionService
 from broker.semantics.pop import PopRequest, PopService
 from broker.semantics.system_topics import is_system_topic
+from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.consumer_manager import CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.pull_processor import FOUND, PullProcessor, PullRequestArgs
 from broker.server.send_processor import SendProcessor
-from broker.store.message import decode_entry, java_string_hash, validate_topic
+from broker.store.message import Prop, decode_entry, java_string_hash, validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Backend:
     max_body_bytes: int
     retry_delays_ms: list[int]  # the group backoff told to consumers (the broker's delay levels)
     advertised_address: Callable[[], str]  # this broker's HOST:PORT, for a route request that names no endpoint
+    timers: TimerService | None = None
 
 
 def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
@@ -301,8 +303,13 @@ class MessagingService(v2g.MessagingServiceServicer):
         if outcome.status != "SEND_OK":
             return v2s.SendResultEntry(status=status(Code.MASTER_PERSISTENCE_TIMEOUT, f"stored; {outcome.status}"))
         r = outcome.result
-        return v2s.SendResultEntry(status=status(), message_id=o.message_id, transaction_id=outcome.transaction_id,
-                                   offset=r.queue_offsets[0] if r.queue_offsets else 0)  # fmt: skip
+        entry = v2s.SendResultEntry(status=status(), message_id=o.message_id, transaction_id=outcome.transaction_id,
+                                    offset=r.queue_offsets[0] if r.queue_offsets else 0)  # fmt: skip
+        deliver = o.properties.get(Prop.TIMER_DELIVER_MS, "")
+        if self.b.timers is not None and deliver.isdigit() and int(deliver) > _wall_ms() and r.queue_offsets:
+            # stored in the timer queue (a time still ahead): the offset there is what a recall names
+            entry.recall_handle = self.b.timers.recall_handle(o.topic, r.queue_offsets[0], int(deliver))
+        return entry
 
     @_unary(v2s.EndTransactionResponse)
     def EndTransaction(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
@@ -452,7 +459,10 @@ class MessagingService(v2g.MessagingServiceServicer):
     # ------------------------------------------------------------------------------------------ not offered
     @_unary(v2s.RecallMessageResponse)
     def RecallMessage(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
-        return v2s.RecallMessageResponse(status=status(Code.UNSUPPORTED, "recalling timer messages is not supported"))
+        topic = self._topic(request.topic.name)
+        if self.b.timers is None:
+            return v2s.RecallMessageResponse(status=status(Code.UNSUPPORTED, "timer messages are not enabled"))
+        return v2s.RecallMessageResponse(status=status(), message_id=self.b.timers.recall(topic, request.recall_handle))
 
     @_unary(v2s.SyncLiteSubscriptionResponse)
     def SyncLiteSubscription(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:

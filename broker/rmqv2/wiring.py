@@ -61,5 +61,6 @@ def add_service(c: BrokerController, server: grpc.Server, sends: SendProcessor, 
         cfg, sends, pulls, c.admin, c.pops, c.transactions, c.groups, c.consumers, routes,
         max_body_bytes=c.store.config.max_message_size,
         retry_delays_ms=DelayLevels(cfg.message_delay_level).delays_ms, advertised_address=c.advertised_address,
+        timers=c.timers,
     )  # fmt: skip
     v2g.add_MessagingServiceServicer_to_server(MessagingService(backend, c.rmqv2_clients), server)

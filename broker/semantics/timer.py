@@ -19,7 +19,9 @@ delivers that message a second time (at least once, as RocketMQ's timer and dela
 Memory: every pending timer message costs some 150 B (its time and offsets, in a heap); ``max_pending`` bounds them
 and a send past it is refused with SYSTEM_BUSY (the messages already accepted are always loaded).
 
-Cancelling (RocketMQ's recall) is not supported.
+Recall (RocketMQ 5's RecallMessage): a send of a timer message is answered with a recall handle (signed as
+receipt handles are, receipt_handle.py, with this store's timer secret); ``recall`` with it before the message's
+time removes it for good (journaled as if delivered), after it is refused.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from broker.errors import CorruptionError, MessageIllegalError, SystemBusyError
+from broker.errors import CorruptionError, InvalidReceiptHandleError, MessageIllegalError, SystemBusyError
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
+from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
 from broker.semantics.system_topics import TIMER_READER_GROUP, TIMER_TOPIC
 from broker.store import GetStatus, MessageStore, PutStatus
 from broker.store.batch import SmallBatch, ValidatedBatch
@@ -102,10 +105,13 @@ class TimerService:
     ) -> None:  # fmt: skip
         self.store = store
         self.max_delay_ms, self.max_pending = max_delay_ms, max_pending
-        self.journal = Journal(os.path.join(config_dir, TIMER_FOLDER), sync=sync, compact_bytes=compact_bytes)
+        self.folder = os.path.join(config_dir, TIMER_FOLDER)
+        self.journal = Journal(self.folder, sync=sync, compact_bytes=compact_bytes)
+        self.codec: HandleCodec | None = None
         self._lock = threading.Lock()
+        self._delivering = threading.Lock()  # one delivery or one recall at a time: a recall never races a delivery
         self._heap: list[tuple[int, int, int]] = []  # (deliver ms, timer-queue offset, commit-log offset)
-        self._pending: dict[int, int] = {}  # timer-queue offset -> deliver ms; insertion (offset) order
+        self._pending: dict[int, int] = {}  # timer-queue offset -> commit-log offset; insertion (offset) order
         self._done: set[int] = set()  # delivered offsets at or above ``_low``
         self._low = 0  # every timer-queue offset below it is delivered
         self._scanned = 0  # the next timer-queue offset to read
@@ -177,6 +183,7 @@ class TimerService:
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        self.codec = HandleCodec(load_secret(self.folder))
         self.journal.recover(self._restore, self._apply)
         self._scanned = self._low
         self._scan()
@@ -204,6 +211,29 @@ class TimerService:
 
     def _apply(self, record: dict[str, Any]) -> None:
         self._done.update(int(o) for o in record.get("d", ()))
+
+    # ------------------------------------------------------------------------------------------ recall
+    def recall_handle(self, topic: str, timer_offset: int, deliver_ms: int) -> str:
+        """The handle a send of a timer message is answered with (its timer-queue offset, signed)."""
+        assert self.codec is not None
+        return self.codec.encode("", topic, Handle(0, timer_offset, 0, deliver_ms))
+
+    def recall(self, topic: str, handle: str) -> str:
+        """Remove a timer message before its time; returns its message id (UNIQ_KEY). InvalidReceiptHandleError
+        for a handle not issued here for ``topic``, or a message already delivered or recalled."""
+        if self.codec is None:
+            raise InvalidReceiptHandleError("the timer service is not started")
+        offset = self.codec.decode("", topic, handle).offset
+        with self._delivering:
+            with self._lock:
+                clo = self._pending.get(offset)
+            if clo is None:
+                raise InvalidReceiptHandleError(
+                    f"timer message {offset} of {topic!r} is already delivered or recalled: nothing to recall"
+                )
+            msg = self.store.lookup_message(clo)
+            self._record([offset])
+        return (msg.properties.get(Prop.UNIQ_KEY) or msg.msg_id) if msg is not None else ""
 
     # ------------------------------------------------------------------------------------------ timer thread
     def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
@@ -250,7 +280,7 @@ class TimerService:
             deliver = int(msg.properties.get(Prop.TIMER_DELIVER_MS, ""))
         except ValueError:
             deliver = 0  # stored by hand without a time: deliver it now rather than never
-        self._pending[offset] = deliver
+        self._pending[offset] = msg.commitlog_offset
         heapq.heappush(self._heap, (deliver, offset, msg.commitlog_offset))
 
     def _deliver_due(self) -> float:
@@ -263,10 +293,15 @@ class TimerService:
                 if deliver > now:
                     wait_s = min(IDLE_WAIT_S, (deliver - now) / 1000)
                     break
-                if not self._deliver(clo):
-                    wait_s = RETRY_AFTER_FAILURE_S
-                    break
-                heapq.heappop(self._heap)
+                with self._delivering:
+                    if offset not in self._pending:  # recalled
+                        heapq.heappop(self._heap)
+                        continue
+                    if not self._deliver(clo):
+                        wait_s = RETRY_AFTER_FAILURE_S
+                        break
+                    heapq.heappop(self._heap)
+                    self._pending.pop(offset, None)  # delivered: no recall from here on
                 done.append(offset)
                 if len(done) >= DELIVER_BATCH:
                     self._record(done)

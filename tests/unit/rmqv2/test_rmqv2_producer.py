@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from rmqv2_helpers import message, name, new_topic, producer, receive_until, simple_consumer, wait_for
 from rocketmq import TransactionChecker, TransactionResolution
+from rocketmq.v5.exception import ClientException
 
 from broker.client import Admin, PullConsumer
 from broker.store.message import Prop
@@ -99,3 +101,20 @@ def test_transactions_commit_roll_back_and_are_checked_back_through_telemetry(en
         states = {t.transaction_id: t.status for t in admin.list_transactions()}
     assert states[r1.transaction_id] == "COMMITTED" and states[r3.transaction_id] == "COMMITTED"
     assert wait_for(lambda: checker.asked.count(r3.message_id) >= 1)
+
+
+def test_a_delayed_message_recalled_before_its_time_is_never_delivered(endpoint: str) -> None:
+    topic = new_topic(endpoint)
+    deliver_s = int(time.time()) + 3
+    with producer(endpoint, topic) as p:
+        kept = p.send(message(topic, b"kept", deliver_s=deliver_s))
+        recalled = p.send(message(topic, b"recalled", deliver_s=deliver_s))
+        assert recalled.recall_handle
+        assert p.recall_message(topic, recalled.recall_handle) == recalled.message_id
+        with pytest.raises(ClientException):
+            p.recall_message(topic, recalled.recall_handle)  # once only
+    with simple_consumer(endpoint, name("g"), topic, wait_s=5) as c:
+        got = receive_until(c, 1, invisible_s=20)
+        time.sleep(1.0)
+        got += c.receive(32, 20)
+    assert [m.message_id for m in got] == [kept.message_id]
