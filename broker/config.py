@@ -43,7 +43,9 @@ POSITIVE_SETTINGS = (
     "short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs", "default_pull_max_msgs",
     "max_pull_bytes", "consumer_offset_persist_interval_ms", "consumer_expire_ms", "transaction_timeout_ms",
     "transaction_check_interval_ms", "transaction_check_max", "transaction_max_halves", "transaction_max_outcomes",
-    "register_interval_ms", "send_dedup_window_ms",
+    "register_interval_ms", "send_dedup_window_ms", "pop_max_invisible_ms", "pop_max_inflight_per_queue",
+    "pop_auto_renew_invisible_ms", "timer_max_delay_ms", "timer_max_pending", "journal_compact_bytes",
+    "rmqv2_max_long_polling_ms",
 )  # fmt: skip
 # What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
 # one message), a pull answer's entry positions (5 bytes for each of at most 4096) and protobuf framing.
@@ -178,6 +180,26 @@ class BrokerConfig:
     # A send retried after its answer was lost is answered with the stored result when the first attempt stored it
     # within this long (broker/server/send_dedup.py); later retries are stored again.
     send_dedup_window_ms: int = 300_000
+    # Pop consumption (broker/semantics/pop.py), RocketMQ 5's defaults. A receive's invisible time must lie within
+    # min..max (the RocketMQ proxy's minInvisibleTimeMillsForRecv and maxInvisibleTimeMills); a change of invisible
+    # time only within 0..max.
+    pop_min_invisible_ms: int = 10_000
+    pop_max_invisible_ms: int = 12 * 3_600_000
+    # Messages a group may have outstanding (received, not acked) per queue: their records are kept in memory (about
+    # 150 B each); past it the queue gives out no new messages until some are acked.
+    pop_max_inflight_per_queue: int = 65_536
+    pop_auto_renew_invisible_ms: int = 60_000  # RocketMQ 5 PushConsumers' receives (auto_renew): renewed by the broker
+    # Timer messages (broker/semantics/timer.py): TIMER_DELIVER_MS further ahead than this is refused (RocketMQ's
+    # timerMaxDelaySec, 3 days); at most timer_max_pending wait at once (about 150 B of memory each).
+    timer_max_delay_ms: int = 3 * 86_400_000
+    timer_max_pending: int = 1_000_000
+    # The pop and timer journals are compacted into a snapshot once they pass this size.
+    journal_compact_bytes: int = 64 << 20
+    # RocketMQ 5 clients (broker/rmqv2/): apache.rocketmq.v2.MessagingService on the client port, beside sluice.v1.
+    rmqv2_enable: bool = True
+    # A ReceiveMessage long-polls between these bounds (the RocketMQ proxy's 5 s and 20 s), within its deadline.
+    rmqv2_min_long_polling_ms: int = 5_000
+    rmqv2_max_long_polling_ms: int = 20_000
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     def __post_init__(self) -> None:
@@ -220,6 +242,16 @@ class BrokerConfig:
             )
         if self.max_suspend_timeout_ms < 0:
             raise InvalidArgumentError(f"max_suspend_timeout_ms is {self.max_suspend_timeout_ms}; it must be >= 0")
+        if not 0 <= self.pop_min_invisible_ms <= self.pop_max_invisible_ms:
+            raise InvalidArgumentError(
+                f"pop_min_invisible_ms is {self.pop_min_invisible_ms}; it must be in 0..pop_max_invisible_ms "
+                f"({self.pop_max_invisible_ms})"
+            )
+        if not 0 <= self.rmqv2_min_long_polling_ms <= self.rmqv2_max_long_polling_ms:
+            raise InvalidArgumentError(
+                f"rmqv2_min_long_polling_ms is {self.rmqv2_min_long_polling_ms}; it must be in "
+                f"0..rmqv2_max_long_polling_ms ({self.rmqv2_max_long_polling_ms})"
+            )
         if self.transaction_commit_memory_bytes < 0:
             raise InvalidArgumentError(
                 f"transaction_commit_memory_bytes is {self.transaction_commit_memory_bytes}; it must be >= 0"

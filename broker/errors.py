@@ -40,6 +40,7 @@ class ResponseCode(enum.IntEnum):
     # Sluice additions (RocketMQ has no code for these; numbers kept out of its ranges).
     STORE_CORRUPTED = 900
     INVALID_ARGUMENT = 901
+    INVALID_RECEIPT_HANDLE = 902  # pop: a handle not issued here, altered, expired, acked or superseded
 
 
 class BrokerError(Exception):
@@ -121,6 +122,13 @@ class SubscriptionParseError(BrokerError):
 
 class QueryNotFoundError(BrokerError):
     code = ResponseCode.QUERY_NOT_FOUND
+
+
+class InvalidReceiptHandleError(BrokerError):
+    """Pop consumption: a receipt handle this broker did not issue, altered, expired, acked or superseded by a later
+    delivery or change of invisible time. Receive the message again."""
+
+    code = ResponseCode.INVALID_RECEIPT_HANDLE
 
 
 class CorruptionError(BrokerError):

@@ -29,6 +29,7 @@ from broker.client.consumer_options import (
     MessageModel,
 )
 from broker.client.message import Message, decode_entries, encode_message
+from broker.client.pop_consumer import PopConsumer, PoppedMessage
 from broker.client.producer import PartialSendError, Producer
 from broker.client.pull_consumer import PullConsumer
 from broker.client.push_consumer import PushConsumer
@@ -38,7 +39,8 @@ from broker.client.transaction_producer import LocalTransactionState, Transactio
 
 __all__ = [
     "AVERAGELY", "BROADCASTING", "CIRCLE", "CLUSTERING", "FIRST", "LAST", "TIMESTAMP", "Admin", "ConsumeFrom",
-    "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "Producer", "PullConsumer", "PullResult",
+    "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "PopConsumer", "PoppedMessage",
+    "Producer", "PullConsumer", "PullResult",
     "PullStatus", "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus",
     "TopicInfo", "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
     "TransactionProducer", "TransactionSendResult", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",

@@ -543,14 +543,15 @@ class Admin:
     def update_subscription_group(
         self, group_name: str, *, consume_enable: bool | None = None, consume_from_min_enable: bool | None = None,
         consume_broadcast_enable: bool | None = None, retry_queue_nums: int | None = None,
-        retry_max_times: int | None = None, cluster: str | None = None, broker: str | None = None,
+        retry_max_times: int | None = None, consume_message_orderly: bool | None = None, cluster: str | None = None,
+        broker: str | None = None,
     ) -> SubscriptionGroup:  # fmt: skip
         """Change the given settings of a group (kept in each broker's config/subscriptionGroup.json); a cluster:
         on every master of ``cluster`` (of the only one when neither is named) or on ``broker``."""
         changes: dict[str, Any] = {
             "consume_enable": consume_enable, "consume_from_min_enable": consume_from_min_enable,
             "consume_broadcast_enable": consume_broadcast_enable, "retry_queue_nums": retry_queue_nums,
-            "retry_max_times": retry_max_times,
+            "retry_max_times": retry_max_times, "consume_message_orderly": consume_message_orderly,
         }  # fmt: skip
         request = pb.UpdateSubscriptionGroupRequest(
             consumer_group=group_name, **{k: v for k, v in changes.items() if v is not None}

@@ -93,6 +93,7 @@ class SubscriptionGroup:
     consume_broadcast_enable: bool
     retry_queue_nums: int
     retry_max_times: int
+    consume_message_orderly: bool = False  # pop consumption: FIFO per message group
 
 
 # ---------------------------------------------------------------------------------------------- cluster views
@@ -214,7 +215,7 @@ def transaction(t: pb.TransactionInfo, broker_name: str | None) -> TransactionIn
 
 def group(g: pb.SubscriptionGroup) -> SubscriptionGroup:
     return SubscriptionGroup(g.group_name, g.consume_enable, g.consume_from_min_enable, g.consume_broadcast_enable,
-                             g.retry_queue_nums, g.retry_max_times)  # fmt: skip
+                             g.retry_queue_nums, g.retry_max_times, g.consume_message_orderly)  # fmt: skip
 
 
 def broker_info(b: npb.BrokerLiveInfo) -> BrokerInfo:

@@ -27,6 +27,7 @@ _GRPC_CODE = {
     ResponseCode.CONSUMER_NOT_ONLINE: grpc.StatusCode.NOT_FOUND,
     ResponseCode.STORE_CORRUPTED: grpc.StatusCode.DATA_LOSS,
     ResponseCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ResponseCode.INVALID_RECEIPT_HANDLE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

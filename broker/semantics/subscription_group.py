@@ -37,6 +37,7 @@ _JSON_NAMES = {
     "broker_id": "brokerId",
     "which_broker_when_consume_slowly": "whichBrokerWhenConsumeSlowly",
     "notify_consumer_ids_changed_enable": "notifyConsumerIdsChangedEnable",
+    "consume_message_orderly": "consumeMessageOrderly",
 }
 
 
@@ -51,6 +52,8 @@ class SubscriptionGroupConfig:
     broker_id: int = 0
     which_broker_when_consume_slowly: int = 1
     notify_consumer_ids_changed_enable: bool = True
+    # Pop consumption (RocketMQ 5's FIFO groups): a message group's next message waits until the earlier one is done
+    consume_message_orderly: bool = False
 
     def validate(self) -> None:
         if not self.group_name or len(self.group_name) > MAX_GROUP_NAME_CHARS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # delayed messages; queue id = delay level - 1
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"  # transactional half (prepared) messages
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # one op message per ended transaction
+TIMER_TOPIC = "rmq_sys_wheel_timer"  # timer messages (TIMER_DELIVER_MS) until they are due; queue 0
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
@@ -12,8 +13,9 @@ DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # CID_SYS_RMQ_TRANS). They only name the reader in get_message; no offsets are committed under them.
 SCHEDULE_READER_GROUP = "SCHEDULE_CONSUMER"
 TRANS_READER_GROUP = "CID_SYS_RMQ_TRANS"
+TIMER_READER_GROUP = "CID_SYS_RMQ_TIMER"
 
-SYSTEM_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC})
+SYSTEM_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TIMER_TOPIC})
 
 
 def retry_topic(group: str) -> str:

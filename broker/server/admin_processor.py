@@ -75,6 +75,7 @@ class AdminProcessor:
         self.store, self.topics, self.offsets, self.consumers = store, topics, offsets, consumers
         self.pulls, self.hold = pulls, hold
         self.admit_commit: Callable[[str], None] | None = None  # set by the controller: known groups only
+        self.on_topic_deleted: Callable[[str], None] | None = None  # set by the controller: pop bookkeeping
 
     # ------------------------------------------------------------------------------------------------ topics
     def create_topic(self, topic: str, queue_nums: int, if_not_exists: bool) -> TopicConfig:
@@ -90,6 +91,8 @@ class AdminProcessor:
         with self.topics.deleting(topic):
             self.topics.delete(topic)
             self.offsets.remove_topic(topic)
+            if self.on_topic_deleted is not None:  # pop positions too, on disk before the queues go
+                self.on_topic_deleted(topic)
             self.offsets.persist()
             self.store.delete_topic(topic)
 

@@ -23,6 +23,8 @@ from broker.errors import ServiceNotAvailableError
 from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.rmqv2 import wiring as rmqv2_wiring
+from broker.rmqv2.clients import ClientRegistry
 from broker.semantics import (
     QueueLockManager,
     RetryService,
@@ -30,11 +32,14 @@ from broker.semantics import (
     SubscriptionGroupManager,
     TransactionService,
 )
+from broker.semantics.pop import PopService
+from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
+from broker.server.pop_processor import PopProcessor
 from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
 from broker.server.registration import NameServerRegistrar
@@ -45,10 +50,12 @@ from broker.server.service import BrokerService
 from broker.server.topic_config import TopicConfigManager
 from broker.server.transaction_processor import CheckHub, TransactionProcessor
 from broker.store import MessageStore
+from broker.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 
 CONSUMER_EXPIRE_SCAN_MS = 10_000  # RocketMQ's ClientHousekeepingService scans every 10 s
+POP_REVIVE_S = 0.5  # pop: dead letters nobody popped, auto-renewals, offsets (renewals act 10 s ahead: ample)
 
 
 def advertised_ip(host: str) -> str:
@@ -80,9 +87,13 @@ class BrokerController:
         # sends and admin calls always find one of the reserved workers. Streams may take half of it.
         max_held = config.grpc_max_workers - config.grpc_reserved_workers
         self.check_hub = CheckHub(max_streams=max(1, max_held // 2))
+        # RocketMQ 5 clients' Telemetry streams hold a worker each too, as do held pops: all count against max_held.
+        self.rmqv2_clients = ClientRegistry(expire_ms=config.consumer_expire_ms, max_streams=max(1, max_held // 2))
+        self.pops: PopService | None = None
+        self.timers: TimerService | None = None
         self.hold = PullHoldService(
             long_polling_enable=config.long_polling_enable, short_polling_time_ms=config.short_polling_time_ms,
-            recheck_ms=config.long_polling_recheck_ms, max_held=max_held, held_elsewhere=self.check_hub.open_count,
+            recheck_ms=config.long_polling_recheck_ms, max_held=max_held, held_elsewhere=self._held_elsewhere,
         )  # fmt: skip
         self.store: MessageStore | None = None
         # Broker semantics services: started after the store (tx recovery before serving), stopped before it.
@@ -101,6 +112,17 @@ class BrokerController:
         self.identity: BrokerIdentity | None = None
         self.registrar: NameServerRegistrar | None = None
         self._last_runtime = (time.monotonic(), 0.0, 0.0)  # (when, put messages, get messages) at the last report
+
+    def _held_elsewhere(self) -> int:
+        """Calls other than held pulls that hold a gRPC worker: check streams, Telemetry streams, held pops."""
+        pops = self.pops.held_count() if self.pops is not None else 0
+        return self.check_hub.open_count() + self.rmqv2_clients.open_count() + pops
+
+    def _check_back(self, group: str, txn_id: str, half: StoredMessage) -> None:
+        """A transaction's check-back: through a RocketMQ 5 producer's Telemetry stream when one publishes to the
+        group (the topic, as the RocketMQ proxy names it), else through a Sluice producer's check stream."""
+        if not self.rmqv2_clients.check(group, txn_id, half):
+            self.check_hub.check(group, txn_id, half)
 
     @property
     def address(self) -> str:
@@ -203,15 +225,29 @@ class BrokerController:
         self.schedule.start()
         self.groups = SubscriptionGroupManager(config_dir, auto_create=cfg.auto_create_subscription_group)
         self.transactions = TransactionService(
-            store, config_dir, checker=self.check_hub.check, transaction_timeout_ms=cfg.transaction_timeout_ms,
+            store, config_dir, checker=self._check_back, transaction_timeout_ms=cfg.transaction_timeout_ms,
             check_interval_ms=cfg.transaction_check_interval_ms, check_max=cfg.transaction_check_max,
             max_halves=cfg.transaction_max_halves, commit_memory_bytes=cfg.transaction_commit_memory_bytes,
             max_outcomes=cfg.transaction_max_outcomes,
         )  # fmt: skip
         self.transactions.start()  # recovery: interrupted commits are finished before any request is served
+        sync = cfg.flush_disk_type == "SYNC_FLUSH"
+        self.timers = TimerService(store, config_dir, max_delay_ms=cfg.timer_max_delay_ms,
+                                   max_pending=cfg.timer_max_pending, sync=sync,
+                                   compact_bytes=cfg.journal_compact_bytes)  # fmt: skip
+        self.timers.start()  # recovery: pending timer messages scheduled again
+        self.pops = rmqv2_wiring.pop_service(self, store, config_dir, sync)
+        self.pops.start()  # recovery: in-flight messages stay in flight
 
     def _stop_semantics(self) -> None:
         self.check_hub.shutdown()
+        self.rmqv2_clients.shutdown()
+        if self.pops is not None:
+            self.pops.shutdown()
+            self.pops = None
+        if self.timers is not None:
+            self.timers.shutdown()
+            self.timers = None
         if self.transactions is not None:
             self.transactions.shutdown()
             self.transactions = None
@@ -237,10 +273,14 @@ class BrokerController:
         service = BrokerService(sends, pulls, self.admin, self.consumers, self.metrics, self.stats)
         self._start_semantics(store)
         assert self.schedule is not None and self.transactions is not None and self.groups is not None
-        sends.schedule, sends.transactions = self.schedule, self.transactions
+        sends.schedule, sends.transactions, sends.timers = self.schedule, self.transactions, self.timers
         retries = RetryProcessor(RetryService(store, self.groups, self.schedule), self.groups, self.topics,
                                  dlq_pull_enable=cfg.dlq_pull_enable)  # fmt: skip
         pulls.admit, pulls.message_filter = retries.admit_pull, retries.message_filter
+        assert self.pops is not None
+        self.pops.admit, self.pops.message_filter = retries.admit_pull, retries.message_filter
+        self.admin.on_topic_deleted = self.pops.forget_topic
+        service.pops = PopProcessor(self.pops, cfg.max_suspend_timeout_ms)
         self.admin.admit_commit = retries.admit_commit
         service.transactions = TransactionProcessor(self.transactions, self.check_hub)
         service.retries, service.locks = retries, self.locks
@@ -248,6 +288,8 @@ class BrokerController:
         service.identity = (cfg.cluster_name, cfg.broker_name or default_broker_name())
         self.service = service
         pb_grpc.add_BrokerServicer_to_server(service, server)
+        if cfg.rmqv2_enable:
+            rmqv2_wiring.add_service(self, server, sends, pulls)
         self._register_gauges(store)
 
     def _register_gauges(self, store: MessageStore) -> None:
@@ -288,6 +330,11 @@ class BrokerController:
             "broker_get_bytes": self.metrics.get_bytes.value(),
             "broker_uptime_s": time.time() - self._started_at,
         }
+        if self.pops is not None:
+            extra.update(self.pops.stats())  # pop_outstanding, pop_dead_lettered
+        if self.timers is not None:
+            extra["timer_pending"] = self.timers.pending_count()
+            extra["timer_delivered"] = self.timers.delivered
         return self.admin.stats(extra)
 
     # ------------------------------------------------------------------------------------------------ periodic
@@ -295,14 +342,22 @@ class BrokerController:
         persist_s = self.config.consumer_offset_persist_interval_ms / 1000
         next_persist = time.monotonic() + persist_s
         next_expire = time.monotonic() + CONSUMER_EXPIRE_SCAN_MS / 1000
-        while not self._stop_tasks.wait(min(persist_s, 1.0)):
+        while not self._stop_tasks.wait(min(persist_s, POP_REVIVE_S)):
             now = time.monotonic()
+            if self.pops is not None:
+                self._periodic("reviving pop consumption", self.pops.revive)
             if now >= next_persist:
                 next_persist = now + persist_s
                 self._periodic("saving consumer offsets", self.offsets.persist_if_dirty)
             if now >= next_expire:
                 next_expire = now + CONSUMER_EXPIRE_SCAN_MS / 1000
                 self._periodic("expiring idle consumers", self.consumers.expire)
+                self._periodic("expiring RocketMQ 5 clients", self._expire_rmqv2_clients)
+
+    def _expire_rmqv2_clients(self) -> None:
+        for client_id in self.rmqv2_clients.expire():
+            if self.pops is not None:
+                self.pops.release_client(client_id)
 
     @staticmethod
     def _periodic(what: str, task: Callable[[], object]) -> None:
@@ -323,6 +378,9 @@ class BrokerController:
             self.registrar.shutdown()  # first: clients stop routing here while in-flight calls finish
         self.hold.shutdown()
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
+        self.rmqv2_clients.shutdown()  # and Telemetry streams
+        if self.pops is not None:
+            self.pops.release_held()  # held receives answer now; acks are still served until the server stops
         if self.server is not None:
             self.server.stop(self.config.shutdown_grace_s).wait()
         self._stop_tasks.set()

@@ -25,6 +25,7 @@ def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
         group_name=cfg.group_name, consume_enable=cfg.consume_enable,
         consume_from_min_enable=cfg.consume_from_min_enable, consume_broadcast_enable=cfg.consume_broadcast_enable,
         retry_queue_nums=cfg.retry_queue_nums, retry_max_times=cfg.retry_max_times,
+        consume_message_orderly=cfg.consume_message_orderly,
     )  # fmt: skip
 
 
@@ -87,6 +88,7 @@ class RetryProcessor:
                 "consume_broadcast_enable",
                 "retry_queue_nums",
                 "retry_max_times",
+                "consume_message_orderly",
             )
             if request.HasField(name)
         }

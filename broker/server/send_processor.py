@@ -23,6 +23,7 @@ from broker.errors import (
 )
 from broker.semantics import ScheduleMessageService, TransactionService
 from broker.semantics.system_topics import is_system_topic
+from broker.semantics.timer import TimerService
 from broker.semantics.transaction_codec import is_half_batch
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
@@ -184,6 +185,7 @@ class SendProcessor:
         # Broker semantics (set by the controller): delay-level rewriting and transactional half messages.
         self.schedule: ScheduleMessageService | None = None
         self.transactions: TransactionService | None = None
+        self.timers: TimerService | None = None  # TIMER_DELIVER_MS: delivery at a time
 
     def send_message(
         self, topic: str, queue_id: int, body: bytes, properties: dict[str, str], *, flag: int = 0,
@@ -210,7 +212,9 @@ class SendProcessor:
             )
             return self._finish(result, started, "half message", txn_id, created={topic: queue_id})
         real_topic, real_queue_id = topic, queue_id
-        if self.schedule is not None:
+        if self.timers is not None:
+            topic, queue_id, properties = self.timers.rewrite(topic, queue_id, properties)
+        if self.schedule is not None and topic == real_topic:
             topic, queue_id, properties = self.schedule.rewrite_for_delay(topic, queue_id, properties)
         result = self.store.put_message(topic, queue_id, body, properties, **kwargs)  # type: ignore[arg-type]
         return self._finish(result, started, "message", created={real_topic: real_queue_id})
@@ -256,7 +260,12 @@ class SendProcessor:
         _refuse_transaction_bits(_sys_flags(validated), "SendBatch")
         _refuse_negative_reconsume_times(_reconsume_times(validated), "SendBatch")
         self._check_topics(ranges)
-        if self.schedule is not None and self.schedule.batch_has_delay(buffer, validated):
+        timed = self.timers is not None and self.timers.batch_has_timer(buffer)
+        if self.timers is not None and timed:
+            buffer = self.timers.rewrite_batch(buffer)  # timer entries re-addressed; checked as sent above
+            if self.schedule is None:
+                return self._finish(self.store.put_batch(buffer), started, "SendBatch", created=_max_queue_ids(ranges))
+        if self.schedule is not None and (timed or self.schedule.batch_has_delay(buffer, validated)):
             # entries with DELAY are re-addressed to the schedule topic (validated above as sent, CRCs included)
             delayed = self.schedule.rewrite_batch_for_delay(buffer)
             return self._finish(self.store.put_batch(delayed), started, "SendBatch", created=_max_queue_ids(ranges))

@@ -24,6 +24,7 @@ from broker.server.admin_processor import AdminProcessor, pack_entries
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.metrics import BrokerMetrics
+from broker.server.pop_processor import PopProcessor
 from broker.server.pull_processor import PullProcessor, PullRequestArgs
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
@@ -101,6 +102,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.locks: QueueLockManager | None = None
         self.dedup: SendDeduplicator | None = None  # retried sends stored at most once (send_dedup.py)
         self.identity: tuple[str, str] = ("", "")  # (cluster, broker name) reported in TopicInfo
+        self.pops: PopProcessor | None = None  # pop consumption (broker/semantics/pop.py)
 
     def _dedup(
         self, key: SendKey | None, retry: bool, keys: Callable[[], list[str | None]]
@@ -378,3 +380,23 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> pb.SubscriptionGroup:
         validate_group(request.consumer_group)
         return self._retry().update_group(request)
+
+    # ---------------------------------------------------------------------------------------------- pop
+    def _pop(self) -> PopProcessor:
+        if self.pops is None:
+            raise ServiceNotAvailableError("pop consumption is not enabled on this broker")
+        return self.pops
+
+    @_answer
+    def PopMessage(self, request: pb.PopRequest, context: grpc.ServicerContext) -> pb.PopResponse:
+        return self._pop().pop(request, context.time_remaining())
+
+    @_answer
+    def AckMessage(self, request: pb.AckMessageRequest, context: grpc.ServicerContext) -> pb.AckMessageResponse:
+        return self._pop().ack(request)
+
+    @_answer
+    def ChangeInvisibleTime(
+        self, request: pb.ChangeInvisibleTimeRequest, context: grpc.ServicerContext
+    ) -> pb.ChangeInvisibleTimeResponse:
+        return self._pop().change(request)

@@ -160,6 +160,9 @@ class Prop:
     TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
     CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
     SHARDING_KEY = "__SHARDINGKEY"
+    TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # a timer message's delivery time, ms since the epoch
+    TIMER_DELAY_SEC = "TIMER_DELAY_SEC"  # ... or its delay from the send, in s or ms (made absolute at the send)
+    TIMER_DELAY_MS = "TIMER_DELAY_MS"
     TRANSACTION_ID = "__transactionId__"
 
 
