@@ -3,7 +3,7 @@
     from broker.testing import SluiceContainer
 
     with SluiceContainer() as sluice:           # the image `make image` builds, or $SLUICE_IMAGE
-        endpoint = sluice.get_endpoint()        # "127.0.0.1:49153": for Producer(endpoint), option("endpoints", ...)
+        endpoint = sluice.get_endpoint()        # "host:port", for Producer(endpoint) or option("endpoints", ...)
 
 Needs the ``testing`` extra (``pip install 'sluice[testing]'``, which brings ``testcontainers``) and a Docker
 engine. ``SluiceContainer`` is a ``testcontainers`` ``DockerContainer``: ``with_env``, ``with_network``,
@@ -14,9 +14,10 @@ What it does beyond a plain container:
 * runs the broker image's ``sluice broker`` with ``--flush`` and any further broker arguments (``broker_args``);
 * waits until the broker has printed its ``ready`` line (it accepts requests from then on), and fails with the
   container's log when the broker exits first or is not ready within ``start_timeout_s``;
-* publishes the broker port on a free host port, on 127.0.0.1 only when the Docker engine is local (a Unix socket:
-  nothing outside this machine reaches a test broker), on every interface otherwise, and ``get_endpoint()`` names
-  it as the client and the Spark connector take it;
+* publishes the broker port on a free host port and ``get_endpoint()`` names it as the client and the Spark
+  connector take it: by default as testcontainers does for every container (all interfaces, the host it
+  reports, which also works when the tests themselves run in a container); ``bind_host="127.0.0.1"`` keeps a
+  local engine's port off the network;
 * crash and restart helpers for tests of an application's own recovery: ``kill()`` (SIGKILL, as a power cut of
   the process), ``terminate()`` (SIGTERM, a clean shutdown), ``restart()`` (the same container, the same store);
   with ``volume=`` the store lives on a named volume, which outlives the container.
@@ -32,7 +33,6 @@ import os
 import re
 import time
 from typing import Any, Self
-from urllib.parse import urlparse
 
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 
@@ -51,7 +51,6 @@ READY_LINE = re.compile(r"\bready\b")
 START_TIMEOUT_S = 60.0  # a first start on a busy machine: the container, Python and the store's recovery
 POLL_INTERVAL_S = 0.1
 LOG_TAIL_CHARS = 4000  # of the container's log, in a failure's message
-LOCAL_ENGINE_SCHEMES = ("http+unix", "unix", "npipe", "http+npipe")
 
 
 class SluiceContainer(DockerContainer):
@@ -71,8 +70,8 @@ class SluiceContainer(DockerContainer):
         """``image``: default $SLUICE_IMAGE, else ``sluice-broker:latest``. ``flush``: ``async`` or ``sync``.
         ``broker_args``: more ``sluice broker`` arguments (``--config`` needs the file in the container, e.g.
         through a volume). ``volume``: a Docker volume (or host directory, writable by uid 10001) for the store.
-        ``bind_host``: the host interface the port is published on (default: 127.0.0.1 for a local engine, else
-        every interface). ``kwargs`` go to ``DockerContainer`` (``labels``, ``name``, ...)."""
+        ``bind_host``: the host interface to publish the port on, and the host ``get_endpoint()`` names (default:
+        every interface, and the host testcontainers reports). ``kwargs`` go to ``DockerContainer``."""
         if flush not in ("async", "sync"):
             raise InvalidArgumentError(f"flush={flush!r}; use 'async' or 'sync'")
         super().__init__(image or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE, **kwargs)
@@ -80,9 +79,11 @@ class SluiceContainer(DockerContainer):
         self.volume = volume
         self.start_timeout_s = start_timeout_s
         self.with_command(["--flush", flush, *broker_args])
-        self.bind_host = bind_host if bind_host is not None else self._default_bind_host()
-        # (host interface, None): a free port Docker picks on that interface; docker-py takes the tuple.
-        self.ports[f"{BROKER_PORT}/tcp"] = (self.bind_host, None)  # type: ignore[assignment]
+        self.bind_host = bind_host
+        if bind_host is None:
+            self.with_exposed_ports(BROKER_PORT)
+        else:  # (interface, None): a free port Docker picks on that interface; docker-py takes the tuple
+            self.ports[f"{BROKER_PORT}/tcp"] = (bind_host, None)  # type: ignore[assignment]
         if volume is not None:
             self.with_volume_mapping(volume, STORE_DIR, "rw")
         self._starts = 0
@@ -93,12 +94,6 @@ class SluiceContainer(DockerContainer):
         except docker.errors.ImageNotFound:
             return False
         return True
-
-    def _default_bind_host(self) -> str:
-        """127.0.0.1 when the engine runs on this machine (reached through a socket file), else every interface:
-        a remote engine's loopback is not this machine's."""
-        scheme = urlparse(str(self.get_docker_client().client.api.base_url)).scheme
-        return "127.0.0.1" if scheme in LOCAL_ENGINE_SCHEMES else "0.0.0.0"
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> Self:
@@ -142,16 +137,18 @@ class SluiceContainer(DockerContainer):
 
     # ------------------------------------------------------------------------------------------------ access
     def get_endpoint(self) -> str:
-        """``host:port`` of the broker as seen from this machine, for ``Producer(endpoint)``, ``PullConsumer``,
-        ``sluice --endpoint`` or the Spark connector's ``endpoints`` option."""
+        """``host:port`` of the broker as seen from this process, for ``Producer(endpoint)``, ``PullConsumer``,
+        ``sluice --endpoint`` or the Spark connector's ``endpoints`` option. Asked of Docker each time: a
+        restarted container may be published on another port."""
+        if self.bind_host is None:
+            return f"{self.get_container_host_ip()}:{self.get_exposed_port(BROKER_PORT)}"
         container = self.get_wrapped_container()
-        container.reload()  # the port changes when the container is started again
+        container.reload()
         bindings = container.attrs["NetworkSettings"]["Ports"].get(f"{BROKER_PORT}/tcp") or []
         if not bindings:
             raise ServiceNotAvailableError(f"the broker port is not published (container {container.status})")
-        port = int(bindings[0]["HostPort"])
-        host = self.bind_host if self.bind_host != "0.0.0.0" else self.get_container_host_ip()
-        return f"{host}:{port}"
+        host = "127.0.0.1" if self.bind_host in ("", "0.0.0.0") else self.bind_host
+        return f"{host}:{int(bindings[0]['HostPort'])}"
 
     def log_text(self) -> str:
         """The container's output so far (stdout and stderr, interleaved)."""

@@ -90,9 +90,10 @@ def broker_factory(docker_client: docker.DockerClient, broker_image: str) -> Ite
             volume = f"sluice-it-{SESSION}-{len(volumes)}"
             docker_client.volumes.create(volume, labels={LABEL: SESSION})
             volumes.append(volume)
-        broker = SluiceContainer(
-            broker_image, flush=flush, broker_args=extra_args, volume=volume, labels={LABEL: SESSION}
-        )
+        broker = SluiceContainer(  # published on loopback only: nothing outside this machine reaches it
+            broker_image, flush=flush, broker_args=extra_args, volume=volume, bind_host="127.0.0.1",
+            labels={LABEL: SESSION},
+        )  # fmt: skip
         made.append(broker)
         return broker.start()
 
