@@ -157,6 +157,14 @@ def test_every_store_setting_is_documented_with_its_default() -> None:
     assert missing == [], f"the store settings the broker owns are not all named: {missing}"
 
 
+def test_the_configuration_example_loads(tmp_path: Path) -> None:
+    text = section(DOCS / "operations.md", "Configuration reference")
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "broker.toml").write_text(example)
+    config = BrokerConfig.from_file(tmp_path / "broker.toml")
+    assert config.flush_disk_type == "SYNC_FLUSH" and config.store_config().file_reserved_time_hours == 24
+
+
 def test_an_unknown_setting_points_to_the_documentation_not_the_source() -> None:
     for data in ({"store": {"mapped_file_size_commitlog": 1}}, {"listen_address": "127.0.0.1:1"}):
         with pytest.raises(InvalidArgumentError) as caught:
@@ -171,3 +179,33 @@ def test_every_metric_series_is_documented_with_its_type(broker_factory: Any) ->
     rows = first_table(section(DOCS / "operations.md", "Metrics"))
     documented = {name_of(r[0]): r[1] for r in rows}
     assert documented == served
+
+
+# ------------------------------------------------------------------------------------------------ links
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_links_between_the_readme_and_the_docs_resolve() -> None:
+    pages = [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path_part, _, anchor = target.partition("#")
+            linked = (page.parent / path_part).resolve() if path_part else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor:
+                headings = [line.lstrip("#") for line in linked.read_text(encoding="utf-8").splitlines()
+                            if line.startswith("#")]  # fmt: skip
+                if anchor not in {github_anchor(h) for h in headings}:
+                    broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []
