@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit integration lint proto bench demo clean
+.PHONY: venv test unit integration lint proto bench demo image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: $(STAMP)
 ## make demo: the main job on an embedded broker
 demo: $(STAMP)
 	$(PY) -m streaming_jobs.demo
+
+## make image: the broker image sluice-broker:latest, with or without a registry (starts a Docker engine if needed)
+image: $(STAMP)
+	SLUICE_SKIP_IMAGE_BUILD=1 bash scripts/ensure-docker.sh
+	bash scripts/build-image.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

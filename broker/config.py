@@ -37,6 +37,8 @@ BROKER_OWNED_STORE_SETTINGS = {
     "delay_level_ms": 'the top-level message_delay_level (e.g. "1s 5s 10s")',
     "disk_usage_probe": "nothing: it is a test hook, not a setting",
 }
+# Where users read about every setting; config errors point there.
+CONFIG_DOCS_SECTION = '"Configuration reference"'
 # Settings that must be > 0: each is a wait between passes of a loop (0 spins a CPU), or an amount a request or a
 # service needs at least one of.
 POSITIVE_SETTINGS = (
@@ -114,7 +116,11 @@ def check_store_table_keys(store: dict[str, Any], source: str) -> None:
     """InvalidArgumentError for a `store` table key that is not a StoreConfig setting or that the broker owns."""
     unknown = sorted(set(store) - {f.name for f in dataclasses.fields(StoreConfig)})
     if unknown:
-        raise InvalidArgumentError(f"{source}: unknown store setting(s) {unknown}; see broker/store/config.py")
+        settable = sorted({f.name for f in dataclasses.fields(StoreConfig)} - set(BROKER_OWNED_STORE_SETTINGS))
+        raise InvalidArgumentError(
+            f"{source}: unknown store setting(s) {unknown}; known store settings are {settable} "
+            f"(docs/operations.md, {CONFIG_DOCS_SECTION})"
+        )
     for name, instead in BROKER_OWNED_STORE_SETTINGS.items():
         if name in store:
             raise InvalidArgumentError(
@@ -356,7 +362,10 @@ class BrokerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise InvalidArgumentError(f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)}")
+            raise InvalidArgumentError(
+                f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)} "
+                f"(docs/operations.md, {CONFIG_DOCS_SECTION})"
+            )
         check_setting_types(cls, data, source)
         store = data.get("store", {})
         check_store_table_keys(store, source)

@@ -212,8 +212,8 @@ class ConsumeQueue:
         re-dispatch after an abnormal restart) and rewrite those that differ; return how many were.
 
         Why: a power loss can keep a later page of a consume-queue file and lose an earlier one, so a queue can
-        come back with empty (or stale) units below its end. Re-dispatch used to skip every unit below the end,
-        leaving the hole for readers and ``check()`` to find."""
+        come back with empty (or stale) units below its end. A re-dispatch that skipped every unit below the end
+        would leave the hole for readers and ``check()`` to find."""
         assert queue_offsets.shape == units.shape and units.dtype == CQ_DTYPE, (queue_offsets.shape, units.dtype)
         fixed = 0
         pos = queue_offsets.astype(np.int64) * CQ_UNIT_SIZE

@@ -292,7 +292,7 @@ def test_a_link_whose_admin_fails_closes_its_consumer(monkeypatch: pytest.Monkey
 
 
 def test_offset_json_naming_a_queue_that_does_not_exist_is_refused(broker: str) -> None:
-    """A typo in startingOffsets used to fall back to 'latest' for every queue, silently (Kafka refuses too)."""
+    """A typo in startingOffsets is refused, not taken as 'latest' for every queue, silently (Kafka refuses too)."""
     from broker.client import Admin
     from connector.broker_link import link_for
     from connector.offset_resolver import snapshot, starting_positions

@@ -12,7 +12,7 @@ PARQUET = ["--checkpoint", "/tmp/never-used", "--topic", "A", "--output", "/tmp/
 
 @pytest.mark.parametrize("value", ["0", "-5", "many"])
 def test_max_messages_per_trigger_below_one_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """0 was dropped by a truthiness test, so the job ran with no limit at all."""
+    """0 must not pass as 'no limit' (a truthiness test would drop it, and the job would run unlimited)."""
     jobs = ((to_parquet, PARQUET), (topic_mirror, MIRROR), (windowed_counts, MIRROR))
     for job, argv in jobs:
         with pytest.raises(SystemExit) as exit_info:

@@ -767,8 +767,8 @@ def _expire_every_half(box: StoreBox) -> None:
 def test_a_commit_that_can_never_finish_does_not_stop_check_back(
     box: StoreBox, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A commit whose halves (and decision) expired before its re-store finished: each pass used to fail on it
-    before checking back anyone, so open transactions were never asked and never rolled back."""
+    """A commit whose halves (and decision) expired before its re-store finished must not stop the pass: failing
+    on it before checking back anyone, open transactions would never be asked nor rolled back."""
     box.close()
     box.open(file_reserved_time_hours=0)
     asked: list[str] = []
