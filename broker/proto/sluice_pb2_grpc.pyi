@@ -84,6 +84,14 @@ class BrokerStub:
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]
     GetSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.GetSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]
     UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.UpdateSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]
+    ListGroups: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ListGroupsRequest, _sluice_pb2.ListGroupsResponse]
+    """---- administration of consumer groups
+    Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+    """
+    ResetConsumerOffsets: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ResetConsumerOffsetsRequest, _sluice_pb2.ResetConsumerOffsetsResponse]
+    """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+    changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -130,6 +138,14 @@ class BrokerAsyncStub(BrokerStub):
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]  # type: ignore[assignment]
     GetSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_sluice_pb2.GetSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]  # type: ignore[assignment]
     UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_sluice_pb2.UpdateSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]  # type: ignore[assignment]
+    ListGroups: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ListGroupsRequest, _sluice_pb2.ListGroupsResponse]  # type: ignore[assignment]
+    """---- administration of consumer groups
+    Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+    """
+    ResetConsumerOffsets: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ResetConsumerOffsetsRequest, _sluice_pb2.ResetConsumerOffsetsResponse]  # type: ignore[assignment]
+    """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+    changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+    """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -329,5 +345,25 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _sluice_pb2.UpdateSubscriptionGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sluice_pb2.SubscriptionGroup, _abc.Awaitable[_sluice_pb2.SubscriptionGroup]]: ...
+
+    @_abc_1.abstractmethod
+    def ListGroups(
+        self,
+        request: _sluice_pb2.ListGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ListGroupsResponse, _abc.Awaitable[_sluice_pb2.ListGroupsResponse]]:
+        """---- administration of consumer groups
+        Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+        """
+
+    @_abc_1.abstractmethod
+    def ResetConsumerOffsets(
+        self,
+        request: _sluice_pb2.ResetConsumerOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ResetConsumerOffsetsResponse, _abc.Awaitable[_sluice_pb2.ResetConsumerOffsetsResponse]]:
+        """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+        changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+        """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
