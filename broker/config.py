@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.address import DEFAULT_PORT, parse_listen
 from broker.errors import InvalidArgumentError
 from broker.semantics.delay import DelayLevels
 from broker.semantics.system_topics import SCHEDULE_TOPIC
@@ -24,7 +25,6 @@ from broker.server.thread_placement import parse_python_cpus
 from broker.store.config import StoreConfig
 from broker.store.message_store import MAX_BYTES_PER_GET
 
-DEFAULT_PORT = 10911  # RocketMQ's broker listen port
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
 # Store settings the broker sets from its own: a `store` table entry for one would silently win over what the
 # broker reports and relies on (`--flush sync` running ASYNC, data apart from the config directory, msgIds naming
@@ -49,20 +49,9 @@ POSITIVE_SETTINGS = (
 GRPC_FRAMING_MARGIN_BYTES = 1 << 20
 
 
-def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """'host:port', ':port' or 'host' -> (host, port); raises InvalidArgumentError saying the expected form."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = text, str(default_port)
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"address {text!r} has a non-numeric port; write HOST:PORT, e.g. 127.0.0.1:10911"
-        ) from None
-    if not 0 <= port <= 65535:
-        raise InvalidArgumentError(f"port {port} in {text!r} is outside 0..65535")
-    return host.strip("[]") or "0.0.0.0", port
+def parse_host_port(text: str) -> tuple[str, int]:
+    """A listen address: 'host:port', '[ipv6]:port', ':port' or 'host' -> (host, port); see broker/address.py."""
+    return parse_listen(text)
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -111,7 +100,10 @@ def check_store_table_keys(store: dict[str, Any], source: str) -> None:
     """InvalidArgumentError for a `store` table key that is not a StoreConfig setting or that the broker owns."""
     unknown = sorted(set(store) - {f.name for f in dataclasses.fields(StoreConfig)})
     if unknown:
-        raise InvalidArgumentError(f"{source}: unknown store setting(s) {unknown}; see broker/store/config.py")
+        raise InvalidArgumentError(
+            f"{source}: unknown store setting(s) {unknown}; the store settings are listed in docs/operations.md "
+            f"(configuration reference): {sorted(f.name for f in dataclasses.fields(StoreConfig))}"
+        )
     for name, instead in BROKER_OWNED_STORE_SETTINGS.items():
         if name in store:
             raise InvalidArgumentError(
@@ -173,6 +165,11 @@ class BrokerConfig:
         """InvalidArgumentError naming the first setting that cannot work, before anything is started: a value that
         only fails inside start() would leave a half-started broker, and some (a 0 interval) never fail at all."""
         parse_host_port(self.listen)
+        if self.store_dir.exists() and not self.store_dir.is_dir():
+            raise InvalidArgumentError(
+                f"store path {self.store_dir} is a file, not a directory; give a directory for the store (it is "
+                "created when missing)"
+            )
         if self.flush_disk_type not in FLUSH_TYPES:
             raise InvalidArgumentError(f"flush type {self.flush_disk_type!r} is not one of async, sync")
         self.flush_disk_type = FLUSH_TYPES[self.flush_disk_type]
@@ -280,7 +277,10 @@ class BrokerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise InvalidArgumentError(f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)}")
+            raise InvalidArgumentError(
+                f"{source}: unknown setting(s) {unknown}; the settings are listed in docs/operations.md "
+                f"(configuration reference): {sorted(known)}"
+            )
         check_setting_types(cls, data, source)
         store = data.get("store", {})
         check_store_table_keys(store, source)

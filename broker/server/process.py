@@ -16,6 +16,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from broker.address import local_endpoint
 from broker.errors import ServiceNotAvailableError
 
 READY_PATTERN = re.compile(r"ready on (\S+):(\d+)")
@@ -49,7 +50,7 @@ class BrokerProcess:
             match = READY_PATTERN.search(line)
             if match:
                 self.port = int(match.group(2))
-                self.endpoint = f"127.0.0.1:{self.port}"
+                self.endpoint = local_endpoint(match.group(1).strip("[]"), self.port)
                 threading.Thread(target=self._drain_stdout, daemon=True).start()
                 return self
             if time.monotonic() > deadline:
