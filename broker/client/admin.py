@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from broker.client.connection import Connection
 from broker.client.message import decode_entries
+from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
 from broker.client.results import ReceivedMessage
+from broker.errors import InvalidArgumentError
 from broker.proto import sluice_pb2 as pb
 
 
@@ -42,6 +45,13 @@ class TransactionInfo:
 
 
 @dataclass(frozen=True)
+class GroupInfo:
+    group: str
+    online_consumers: int  # live consumers (push consumers heartbeat; pull consumers are not counted)
+    topics: list[str]  # topics with committed offsets or subscribed by a live consumer
+
+
+@dataclass(frozen=True)
 class SubscriptionGroup:
     group_name: str
     consume_enable: bool
@@ -71,6 +81,8 @@ class Admin:
         self.stub = self.conn.stub
 
     def create_topic(self, topic: str, queues: int = 8, *, if_not_exists: bool = False) -> TopicInfo:
+        if queues < 1:  # on the wire 0 means "the broker's default": a 0 here is a mistake, not a request for 8
+            raise InvalidArgumentError(f"queues={queues}: a topic needs at least one queue")
         request = pb.CreateTopicRequest(topic=topic, queue_nums=queues, if_not_exists=if_not_exists)
         return _topic(self.conn.call(self.stub.CreateTopic, request))
 
@@ -126,15 +138,19 @@ class Admin:
 
     def end_transaction(
         self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None, *,
-        expected_messages: int | None = None,
+        expected_messages: int | None = None, record_unknown: bool = False,
     ) -> str:  # fmt: skip
         """Commit or roll back every half message of ``txn_id`` atomically; returns the final status
-        (COMMITTED / ROLLED_BACK), the first outcome when it had ended already. ``committed_attempts``: commit only
+        (COMMITTED / ROLLED_BACK), the first outcome when it had ended already (compare it with the decision asked
+        for: a commit of a rolled-back transaction answers ROLLED_BACK). ``committed_attempts``: commit only
         halves whose TRAN_ATTEMPT property is listed. ``expected_messages``: the commit is refused (nothing
-        decided) unless it would make exactly this many messages visible."""
+        decided) unless it would make exactly this many messages visible. An id the broker has no record of raises
+        QueryNotFoundError and records nothing, unless ``record_unknown``: then the outcome of an empty transaction
+        is recorded, and halves sent under the id later are refused."""
         request = pb.EndTransactionRequest(
             transaction_id=txn_id, commit=commit, committed_attempts=committed_attempts or [],
             restrict_attempts=committed_attempts is not None, expected_messages=expected_messages,
+            record_unknown=record_unknown,
         )  # fmt: skip
         return self.conn.call(self.stub.EndTransaction, request).status
 
@@ -164,8 +180,39 @@ class Admin:
         )
         return _group(self.conn.call(self.stub.UpdateSubscriptionGroup, request))
 
-    def stats(self) -> dict[str, float]:
-        return dict(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)
+    def list_groups(self) -> list[GroupInfo]:
+        """Every consumer group the broker knows (committed offsets, live consumers or settings), by name."""
+        response = self.conn.call(self.stub.ListGroups, pb.ListGroupsRequest())
+        return [GroupInfo(g.consumer_group, g.online_consumers, list(g.topics)) for g in response.groups]
+
+    def set_consumer_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Store these committed offsets of ``group`` (any direction), all or nothing; refused while the group has
+        live consumers (broker/client/offset_reset.py). Returns the offsets replaced (-1: none was committed)."""
+        keys = list(offsets)
+        request = pb.ResetConsumerOffsetsRequest(
+            consumer_group=group, offsets=[pb.QueueOffset(topic=t, queue_id=q, offset=offsets[(t, q)]) for t, q in keys]
+        )
+        previous = self.conn.call(self.stub.ResetConsumerOffsets, request).previous
+        return {(p.topic, p.queue_id): p.offset for p in previous}
+
+    def reset_offsets(
+        self, group: str, topic: str, to: ResetTo, *, queue_id: int | None = None, dry_run: bool = False
+    ) -> list[OffsetReset]:
+        """Move ``group``'s committed offsets on ``topic`` (every queue, or ``queue_id``) to ``to``: earliest,
+        latest, an offset or a time (broker/client/offset_reset.py). Refused while the group has live consumers.
+        ``dry_run``: only say what would be set."""
+        plan = plan_reset(self, topic, to, queue_id)
+        if dry_run:
+            committed = self.committed_offsets(group, topic)
+            previous = {(topic, q): committed.get(q, -1) for q in plan}
+        else:
+            previous = self.set_consumer_offsets(group, {(topic, q): target for q, (target, _, _) in plan.items()})
+        return [OffsetReset(topic, q, previous[(topic, q)], target, lo, hi) for q, (target, lo, hi) in plan.items()]
+
+    def stats(self) -> dict[str, int | float]:
+        """Broker statistics by name; counts are ints (the wire carries every value as a double)."""
+        values = self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values
+        return {k: int(v) if v.is_integer() else v for k, v in values.items()}
 
     def close(self) -> None:
         self.conn.close()

@@ -1,16 +1,23 @@
 """Producer: single sends, batches encoded client-side into one buffer, and already-encoded batches.
 
-Queue selection is round-robin per topic, or by a sharding key (``abs(String.hashCode(key)) % queues``) so that
-every message with the same key lands in the same queue, in order. Queue counts come from the broker
-(GetTopicRoute, auto-creating the topic when the broker allows) and are cached per topic.
+Queue selection, as RocketMQ's producer: round-robin per topic from a random first queue (each producer starts
+elsewhere, so many short-lived producers, one ``sluice send`` each, do not all fill queue 0), or by a sharding key
+(``abs(String.hashCode(key)) % queues``) so that every message with the same key lands in the same queue, in order.
+
+A batch is spread too: its messages of one topic are cut into as many contiguous runs as there are queues (fewer
+for a batch smaller than that), the runs go to consecutive queues, and the next send starts after the last one.
+All runs travel in the same SendBatch calls (an entry names its own queue), so a spread batch costs no more calls
+than a batch for one queue. Queue counts come from the broker (GetTopicRoute, auto-creating the topic when the
+broker allows) and are cached per topic.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
+import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, overload
 
@@ -103,7 +110,7 @@ class Producer:
         self.group = group
         self.batch_limit_bytes = batch_limit_bytes
         self._queue_nums: dict[str, int] = {}
-        self._counters: dict[str, itertools.count[int]] = {}
+        self._next_queue: dict[str, int] = {}  # topic -> where round-robin goes next (random at first)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------------ queues
@@ -119,9 +126,36 @@ class Producer:
         n = self.queue_count(topic)
         if sharding_key is not None:
             return abs(java_string_hash(sharding_key)) % n
+        return self._take_queues(topic, n, 1)
+
+    def _take_queues(self, topic: str, n: int, runs: int) -> int:
+        """The first of ``runs`` consecutive queues (mod ``n``) for ``topic``; the next caller starts after them."""
         with self._lock:
-            counter = self._counters.setdefault(topic, itertools.count())
-            return next(counter) % n
+            first = self._next_queue.get(topic)
+            if first is None:
+                first = random.randrange(n)
+            self._next_queue[topic] = (first + runs) % n
+            return first % n
+
+    def spread(self, msgs: Sequence[Message]) -> list[int]:
+        """Queue ids for a batch without a given queue or key: per topic, contiguous runs of nearly equal size on
+        consecutive queues, one run per queue (see the module docstring)."""
+        counts = Counter(m.topic for m in msgs)
+        plans: dict[str, tuple[int, int, int, int]] = {}  # topic -> (first queue, queues, runs, messages)
+        for topic, total in counts.items():
+            n = self.queue_count(topic)
+            runs = min(total, n)
+            plans[topic] = (self._take_queues(topic, n, runs), n, runs, total)
+        if len(plans) == 1:  # the usual batch, one topic: no per-message lookups
+            first, n, runs, total = next(iter(plans.values()))
+            return [(first + i * runs // total) % n for i in range(total)]
+        seen: Counter[str] = Counter()
+        out = []
+        for m in msgs:
+            first, n, runs, total = plans[m.topic]
+            out.append((first + seen[m.topic] * runs // total) % n)
+            seen[m.topic] += 1
+        return out
 
     # ------------------------------------------------------------------------------------------------ sends
     def send(self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None) -> SendResult:
@@ -139,22 +173,24 @@ class Producer:
     ) -> list[SendResult]:
         """Encode and send; each chunk of up to ``batch_limit_bytes`` is stored all-or-nothing, in order.
 
-        Without ``queue_id`` every message of one topic goes to the same queue for this call (round-robin
-        between calls), as RocketMQ's batch send does.
+        ``queue_id``: every message to that queue. ``sharding_key``: every message of a topic to the key's queue.
+        Neither: the messages are spread over the topic's queues (module docstring).
         """
         if not msgs:
             return []
-        queues: dict[str, int] = {}
         born = int(time.time() * 1000)
         results: list[SendResult] = []
         chunk: list[bytes] = []
         chunk_bytes = 0
-        entries: list[bytes] = []
-        for msg in msgs:  # every message encoded (and so checked here) before any chunk is sent
-            qid = queue_id if queue_id is not None else queues.get(msg.topic)
-            if qid is None:
-                qid = queues[msg.topic] = self.select_queue(msg.topic, sharding_key)
-            entries.append(encode_message(msg, qid, born))
+        if queue_id is not None:
+            qids: Sequence[int] = [queue_id] * len(msgs)
+        elif sharding_key is not None:
+            by_topic = {t: self.select_queue(t, sharding_key) for t in {m.topic for m in msgs}}
+            qids = [by_topic[m.topic] for m in msgs]
+        else:
+            qids = self.spread(msgs)
+        # every message encoded (and so checked here) before any chunk is sent
+        entries = [encode_message(msg, qid, born) for msg, qid in zip(msgs, qids, strict=True)]
         for entry in entries:
             if chunk and chunk_bytes + len(entry) > self.batch_limit_bytes:
                 results += _stored_so_far(results, len(msgs), functools.partial(self._send_entries, chunk))
