@@ -1,0 +1,57 @@
+"""The short administrative commands: ``sluice topic ...``, ``sluice query key|id``, ``sluice stats``."""
+
+from __future__ import annotations
+
+import argparse
+
+from broker.cli.output import emit, message_dict, number, vars_of
+from broker.errors import InvalidArgumentError
+
+
+def cmd_topic(args: argparse.Namespace) -> int:
+    from broker.client import Admin
+
+    with Admin(args.endpoint) as admin:
+        if args.action == "create":
+            t = admin.create_topic(args.topic, args.queues, if_not_exists=args.if_not_exists)
+            emit(args, vars_of(t), [[t.topic, t.read_queue_nums]], ["topic", "queues"])
+        elif args.action == "delete":
+            admin.delete_topic(args.topic)
+            emit(args, {"deleted": args.topic}, [[args.topic, "deleted"]], ["topic", "status"])
+        elif args.action == "list":
+            topics = admin.list_topics()
+            emit(args, [vars_of(t) for t in topics], [[t.topic, t.read_queue_nums, t.perm] for t in topics],
+                 ["topic", "queues", "perm"])  # fmt: skip
+        else:
+            offsets = admin.queue_offsets(args.topic)
+            data = {"topic": args.topic, "queues": [{"queue_id": q, "min_offset": lo, "max_offset": hi}
+                                                    for q, (lo, hi) in sorted(offsets.items())]}  # fmt: skip
+            rows = [[q, lo, hi, hi - lo] for q, (lo, hi) in sorted(offsets.items())]
+            emit(args, data, rows, ["queue", "min_offset", "max_offset", "messages"])
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from broker.client import Admin
+
+    if args.kind == "key" and args.begin is not None and args.end is not None and args.begin > args.end:
+        raise InvalidArgumentError(f"--begin ({args.begin} ms) is after --end ({args.end} ms); swap them")
+    with Admin(args.endpoint) as admin:
+        if args.kind == "key":
+            found = admin.query_by_key(args.topic, args.key, args.max, args.begin or 0, args.end or 0)
+        else:
+            found = [admin.view_message(args.msg_id)]
+    rows = [[m.msg_id, m.queue_id, m.queue_offset, m.store_timestamp, m.tags or "", " ".join(m.keys), len(m.body)]
+            for m in found]  # fmt: skip
+    emit(args, [message_dict(m) for m in found], rows,
+         ["msg_id", "queue", "queue_offset", "store_timestamp", "tags", "keys", "bytes"])  # fmt: skip
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from broker.client import Admin
+
+    with Admin(args.endpoint) as admin:
+        values = admin.stats()
+    emit(args, values, [[k, number(v)] for k, v in sorted(values.items())], ["stat", "value"])
+    return 0
