@@ -87,8 +87,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The job's docstring as written (its example command keeps its lines) and every option's default."""
+
+
+def base_parser(job: str, description: str) -> argparse.ArgumentParser:
+    """The options every job shares; ``job`` is its module name (``topic_mirror``) for the usage line."""
+    ap = argparse.ArgumentParser(prog=f"python -m streaming_jobs.{job}", description=description,
+                                 formatter_class=HelpFormatter)  # fmt: skip
     ap.add_argument(
         "--endpoints", default=os.environ.get("SLUICE_ENDPOINT", "127.0.0.1:10911"), help="broker host:port"
     )
@@ -98,7 +104,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--interval", default="1 second", help="micro-batch interval for --trigger continuous")
     ap.add_argument("--max-messages-per-trigger", type=positive_int, default=None,
                     help="admission limit per micro-batch (>= 1)")  # fmt: skip
-    ap.add_argument("--log-level", default="WARNING")
+    ap.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     return ap
 
 

@@ -15,7 +15,7 @@ from streaming_jobs.common import base_parser, group_name, setup_logging, spark_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = base_parser(__doc__ or "")
+    ap = base_parser("to_parquet", __doc__ or "")
     ap.add_argument("--topic", required=True, help="topic (or comma-separated topics) to read")
     ap.add_argument("--output", required=True, help="Parquet output directory")
     ap.add_argument("--group", default=None, help="consumer group (default: parquet-<topic>)")
