@@ -8,14 +8,16 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from broker.server.consumer_offsets import MAX_GROUP_CHARS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import DataStreamWriter
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, the shell's convention (as `sluice` commands)
 
 JAVA_HELP = (
     "Spark needs Java 17 or newer and none was found (no `java` on PATH, no JAVA_HOME).\n"
@@ -115,3 +117,31 @@ def setup_logging(level: str) -> None:
 def with_trigger(writer: DataStreamWriter, trigger: str, interval: str) -> DataStreamWriter:
     """``--trigger available-now`` or a processing-time trigger every ``interval``."""
     return writer.trigger(availableNow=True) if trigger == "available-now" else writer.trigger(processingTime=interval)
+
+
+def await_query(query: StreamingQuery) -> int:
+    """Wait until the query ends (available-now) or Ctrl-C; then stop it and say how far it got (0, or 130).
+
+    Spark's SIGINT handler cancels the running jobs and raises KeyboardInterrupt here. Every micro-batch that
+    finished is in the checkpoint (and, exactly once, in the sink); the one in flight is not, and the next run with
+    the same --checkpoint starts again from it."""
+    try:
+        query.awaitTermination()
+        return 0
+    except KeyboardInterrupt:
+        query.stop()
+        last = query.lastProgress
+        where = f"after micro-batch {last['batchId']}" if last else "before its first micro-batch finished"
+        print(f"interrupted: query stopped {where}; run again with the same --checkpoint to go on from there",
+              file=sys.stderr)  # fmt: skip
+        return INTERRUPTED_EXIT
+
+
+def run_job(main: Callable[[], int]) -> None:
+    """``sys.exit(main())``, with Ctrl-C before the query runs (Spark starting) one line and 130, not a traceback."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = INTERRUPTED_EXIT
+    sys.exit(code)

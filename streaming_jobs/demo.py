@@ -29,7 +29,15 @@ from tqdm import tqdm
 
 from broker.client import Admin, Message, Producer
 from broker.server.process import BrokerProcess
-from streaming_jobs.common import positive_int, require_java, setup_logging, spark_session
+from streaming_jobs.common import (
+    INTERRUPTED_EXIT,
+    await_query,
+    positive_int,
+    require_java,
+    run_job,
+    setup_logging,
+    spark_session,
+)
 
 SOURCE_TOPIC = "clicks"
 RESULT_TOPIC = "click-stats"
@@ -146,7 +154,8 @@ def run_pipeline(endpoint: str, checkpoint: str, sent: int) -> None:
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
+    if await_query(query) == INTERRUPTED_EXIT:
+        raise KeyboardInterrupt  # the query is stopped; main stops the broker and reports
     progress = query.recentProgress
     rows = sum(p["numInputRows"] for p in progress)
     print(f"streaming query done: {len(progress)} micro-batches read {input_rows_text(rows, sent)}")
@@ -219,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             produce(endpoint, args.events)
             run_pipeline(endpoint, str(Path(tmp) / "checkpoint"), args.events)
             rc = show_results(endpoint, args.events)
+        except KeyboardInterrupt:
+            print("\ninterrupted: demo stopped", file=sys.stderr)
+            rc = INTERRUPTED_EXIT
         finally:
             if broker is not None:
                 broker.stop()
@@ -228,4 +240,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_job(main)

@@ -12,10 +12,17 @@ queue number is the sharding key, so all messages of one source queue go to one 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from broker.client.message import BROKER_PROPERTIES, BROKER_PROPERTY_PREFIXES
-from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
+from streaming_jobs.common import (
+    await_query,
+    base_parser,
+    group_name,
+    run_job,
+    setup_logging,
+    spark_session,
+    with_trigger,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         .option("checkpointLocation", args.checkpoint)
     )
     query = with_trigger(writer, args.trigger, args.interval).start()
-    query.awaitTermination()
-    return 0
+    return await_query(query)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_job(main)

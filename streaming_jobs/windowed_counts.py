@@ -11,9 +11,16 @@ time) and ``--key-field`` the value to count by. Windows are emitted once, when 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
+from streaming_jobs.common import (
+    await_query,
+    base_parser,
+    group_name,
+    run_job,
+    setup_logging,
+    spark_session,
+    with_trigger,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         .outputMode("append")
     )
     query = with_trigger(writer, args.trigger, args.interval).start()
-    query.awaitTermination()
-    return 0
+    return await_query(query)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_job(main)

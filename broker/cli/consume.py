@@ -22,7 +22,7 @@ PULL_BATCH = 256  # messages per pull
 FOLLOW_HOLD_MS = 1000  # --follow: how long the broker holds a pull that finds nothing (and so how fast Ctrl-C ends)
 PRINT_POLL_S = 0.2  # the printing loop looks for Ctrl-C and finished pull threads this often
 JOIN_S = 3.0  # a pull thread still waiting on the broker after this is left behind (daemon)
-BUFFERED_MESSAGES = 4 * PULL_BATCH  # pulled but not printed yet, per queue at most about one pull beyond this
+BUFFERED_MESSAGES = 4 * PULL_BATCH  # pulled and waiting to be printed (a pull thread waits while this is full)
 
 
 def start_offsets(consumer: Any, topic: str, origin: str) -> dict[int, int]:

@@ -10,6 +10,7 @@ convention) and no traceback.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
 from typing import Any
@@ -20,9 +21,10 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT
 class StopOnInterrupt:
     """``with StopOnInterrupt() as stop:`` ... ``if stop.requested: break``. Main thread only (signal handlers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, notice: str = "") -> None:
         self._event = threading.Event()
         self._previous: Any = None
+        self._notice = notice  # said at the first Ctrl-C: what the command finishes before it stops
 
     @property
     def requested(self) -> bool:
@@ -34,6 +36,8 @@ class StopOnInterrupt:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._event.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the second Ctrl-C interrupts at once
+        if self._notice:
+            sys.stderr.write(f"\n{self._notice} (Ctrl-C again to stop at once)\n")
 
     def __enter__(self) -> StopOnInterrupt:
         self._previous = signal.signal(signal.SIGINT, self._on_signal)

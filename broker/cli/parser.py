@@ -84,9 +84,10 @@ def add_command(
 
 
 BROKER_TEXT = f"""\
-Data goes to --store (created when missing); a new store takes about 1.4 GB of disk at once (a 1 GiB commit-log
-file and the key index). Prints one line with `ready on HOST:PORT` once it accepts requests. SIGTERM stops it
-cleanly with exit status 0, Ctrl-C with 130. Command-line options win over the --config file.
+Data goes to --store (created when missing). Files are allocated whole: the first message takes a 1 GiB
+commit-log file, the first indexed key a ~420 MB key index, each queue a 6 MB consume-queue file. Prints one line
+with `ready on HOST:PORT` once it accepts requests. SIGTERM stops it cleanly with exit status 0, Ctrl-C with 130.
+Command-line options win over the --config file.
 Examples:
   sluice broker --store ./store
   sluice broker --store /var/lib/sluice --listen 0.0.0.0:{DEFAULT_PORT} --flush sync"""

@@ -56,7 +56,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     results: list[Any] = []
     in_flight = 0
     started = time.perf_counter()
-    with Producer(args.endpoint) as producer, StopOnInterrupt() as stop:
+    notice = "stopping after the batch being sent is answered"
+    with Producer(args.endpoint) as producer, StopOnInterrupt(notice) as stop:
         bar = tqdm(total=count, unit="msg", file=sys.stderr, disable=count < PROGRESS_MIN_COUNT or args.json)
         try:
             for start in range(0, count, SEND_CHUNK):

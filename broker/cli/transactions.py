@@ -32,7 +32,7 @@ def cmd_tx(args: argparse.Namespace) -> int:
                                                              "checks"])  # fmt: skip
             return 0
         commit = args.action == "commit"
-        ended = end_by_prefix(admin, args.target, commit) if args.prefix_mode else end_one(admin, args.target, commit)
+        ended = admin.end_transactions(args.target, commit) if args.prefix_mode else end_one(admin, args.target, commit)
     emit(args, ended, [[k, v] for k, v in sorted(ended.items())], ["transaction", "status"])
     wanted = "COMMITTED" if commit else "ROLLED_BACK"
     contradicted = sorted(k for k, v in ended.items() if v != wanted)
@@ -59,7 +59,3 @@ def end_one(admin: Admin, txn_id: str, commit: bool) -> dict[str, str]:
             f"no transaction {txn_id!r}, but {len(similar)} start with it ({shown}); add --prefix to "
             f"{'commit' if commit else 'roll back'} every open one of them"
         ) from None
-
-
-def end_by_prefix(admin: Admin, prefix: str, commit: bool) -> dict[str, str]:
-    return admin.end_transactions(prefix, commit)

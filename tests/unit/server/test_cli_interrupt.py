@@ -99,3 +99,24 @@ def test_ctrl_c_while_a_broker_does_not_answer(tmp_path: Path) -> None:
         assert connected.wait(60), "the command never connected"
         _, err = interrupt(proc)
     assert err.strip().splitlines()[-1] == "interrupted"
+
+
+def test_a_second_ctrl_c_stops_a_stuck_send_and_says_what_is_in_doubt() -> None:
+    """The first Ctrl-C waits for the call in flight (so nothing is in doubt); against a broker that never answers
+    the second one stops at once, and the summary says that message may or may not be stored."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        connected = threading.Event()
+        threading.Thread(target=lambda: (silent.accept(), connected.set()), daemon=True).start()
+        proc = popen(f"127.0.0.1:{silent.getsockname()[1]}", "send", "Stuck", "--body", "x", "--queue", "0")
+        assert connected.wait(60), "the command never connected"
+        assert proc.stderr is not None
+        proc.send_signal(signal.SIGINT)
+        notice = proc.stderr.readline()
+        while notice == "\n":  # the notice starts on a line of its own
+            notice = proc.stderr.readline()
+        assert "stopping after the batch being sent is answered (Ctrl-C again to stop at once)" in notice, notice
+        _, err = interrupt(proc)
+    assert ("interrupted: 1 of 1 messages sent to Stuck, 0 acknowledged (stored); 1 more were being sent and may or "
+            "may not be stored") in err, err
