@@ -6,10 +6,10 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import BrokerFactory
 
 from broker.address import parse_endpoint, parse_listen
 from broker.client import Admin, Message, Producer, PullConsumer
@@ -17,6 +17,8 @@ from broker.config import BrokerConfig
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
+
+BrokerFactory = Callable[..., BrokerController]  # the broker_factory fixture (tests/unit/conftest.py)
 
 
 def sluice(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import BrokerFactory
 
 from broker.client import Admin, Message, Producer, encode_message
 from broker.semantics.system_topics import SCHEDULE_TOPIC, SYSTEM_TOPICS, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker.server.broker_controller import BrokerController
 from broker.store.message import Prop
+
+BrokerFactory = Callable[..., BrokerController]  # the broker_factory fixture (tests/unit/conftest.py)
 
 
 def test_a_clean_restart_registers_system_topics_without_a_warning(
