@@ -7,7 +7,9 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, the shell's convention (as `sluice` commands)
+AWAIT_POLL_S = 1  # a query is waited for in py4j calls this long, so that Ctrl-C is seen between them
 
 JAVA_HELP = (
     "Spark needs Java 17 or newer and none was found (no `java` on PATH, no JAVA_HOME).\n"
@@ -122,19 +125,25 @@ def with_trigger(writer: DataStreamWriter, trigger: str, interval: str) -> DataS
 def await_query(query: StreamingQuery) -> int:
     """Wait until the query ends (available-now) or Ctrl-C; then stop it and say how far it got (0, or 130).
 
-    Spark's SIGINT handler cancels the running jobs and raises KeyboardInterrupt here. Every micro-batch that
-    finished is in the checkpoint (and, exactly once, in the sink); the one in flight is not, and the next run with
-    the same --checkpoint starts again from it."""
+    PySpark's own SIGINT handler calls into the JVM from inside the handler, while the main thread is in the middle
+    of a py4j call, and py4j logs a traceback ("reentrant call"). So this waits in short py4j calls with a handler
+    that only takes note, and stops the query itself. Every micro-batch that finished is in the checkpoint (and,
+    exactly once, in the sink); the one in flight is not, and the next run with the same --checkpoint redoes it."""
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
-        query.awaitTermination()
+        while not query.awaitTermination(AWAIT_POLL_S) and not interrupted.is_set():
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if not interrupted.is_set():
         return 0
-    except KeyboardInterrupt:
-        query.stop()
-        last = query.lastProgress
-        where = f"after micro-batch {last['batchId']}" if last else "before its first micro-batch finished"
-        print(f"interrupted: query stopped {where}; run again with the same --checkpoint to go on from there",
-              file=sys.stderr)  # fmt: skip
-        return INTERRUPTED_EXIT
+    query.stop()
+    last = query.lastProgress
+    where = f"after micro-batch {last['batchId']}" if last else "before its first micro-batch finished"
+    print(f"interrupted: query stopped {where}; run again with the same --checkpoint to go on from there",
+          file=sys.stderr)  # fmt: skip
+    return INTERRUPTED_EXIT
 
 
 def run_job(main: Callable[[], int]) -> None:
