@@ -39,7 +39,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench
 
-## make demo: the main job on an embedded broker
+## make demo: the main job on a broker it starts as a child process
 demo: $(STAMP)
 	$(PY) -m streaming_jobs.demo
 

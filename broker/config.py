@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.address import DEFAULT_PORT, parse_endpoint, parse_listen
 from broker.errors import InvalidArgumentError
 from broker.semantics.delay import DelayLevels
 from broker.semantics.system_topics import SCHEDULE_TOPIC
@@ -24,7 +25,6 @@ from broker.server.thread_placement import parse_python_cpus
 from broker.store.config import StoreConfig
 from broker.store.message_store import MAX_BYTES_PER_GET
 
-DEFAULT_PORT = 10911  # RocketMQ's broker listen port
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
 # Store settings the broker sets from its own: a `store` table entry for one would silently win over what the
 # broker reports and relies on (`--flush sync` running ASYNC, data apart from the config directory, msgIds naming
@@ -54,20 +54,9 @@ POSITIVE_SETTINGS = (
 GRPC_FRAMING_MARGIN_BYTES = 1 << 20
 
 
-def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """'host:port', ':port' or 'host' -> (host, port); raises InvalidArgumentError saying the expected form."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = text, str(default_port)
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"address {text!r} has a non-numeric port; write HOST:PORT, e.g. 127.0.0.1:10911"
-        ) from None
-    if not 0 <= port <= 65535:
-        raise InvalidArgumentError(f"port {port} in {text!r} is outside 0..65535")
-    return host.strip("[]") or "0.0.0.0", port
+def parse_host_port(text: str) -> tuple[str, int]:
+    """A listen address: 'host:port', '[ipv6]:port', ':port' or 'host' -> (host, port); see broker/address.py."""
+    return parse_listen(text)
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -215,6 +204,11 @@ class BrokerConfig:
         """InvalidArgumentError naming the first setting that cannot work, before anything is started: a value that
         only fails inside start() would leave a half-started broker, and some (a 0 interval) never fail at all."""
         parse_host_port(self.listen)
+        if self.store_dir.exists() and not self.store_dir.is_dir():
+            raise InvalidArgumentError(
+                f"store path {self.store_dir} is a file, not a directory; give a directory for the store (it is "
+                "created when missing)"
+            )
         if self.flush_disk_type not in FLUSH_TYPES:
             raise InvalidArgumentError(f"flush type {self.flush_disk_type!r} is not one of async, sync")
         self.flush_disk_type = FLUSH_TYPES[self.flush_disk_type]
@@ -279,7 +273,7 @@ class BrokerConfig:
         if not 0 <= self.broker_id <= MAX_BROKER_ID:
             raise InvalidArgumentError(f"broker_id is {self.broker_id}; it must be in 0..{MAX_BROKER_ID} (0: master)")
         if self.advertised_address:
-            host, port = parse_host_port(self.advertised_address)
+            host, port = parse_endpoint(self.advertised_address)
             if port == 0 or host in ("0.0.0.0", "::"):
                 raise InvalidArgumentError(
                     f"advertised_address {self.advertised_address!r} must name a concrete host and a port other "

@@ -20,6 +20,7 @@ encode every row twice.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,7 +83,9 @@ class RowEncoder:
     batch_messages: int = 4096
     batch_bytes: int = 4 * 1024 * 1024
     half: tuple[str, str] | None = None  # (producer group, transaction id): encode rows as that transaction's halves
-    _round_robin: int = 0
+    # Rows without a queue or key go round-robin from a random queue (RocketMQ's producer): a query of many small
+    # tasks would otherwise put every task's first rows in the same queues. Given: where the round-robin starts.
+    round_robin: int = field(default_factory=lambda: random.randrange(1 << 30))
     _queues: dict[str, int] = field(default_factory=dict)
     _topic_bytes: dict[str, bytes] = field(default_factory=dict)
     _suffixes: dict[tuple[bytes, int], bytes] = field(default_factory=dict)
@@ -106,8 +109,8 @@ class RowEncoder:
             return queue_id
         if sharding_key is not None:
             return abs(java_string_hash(sharding_key)) % n
-        self._round_robin += 1
-        return self._round_robin % n
+        self.round_robin += 1
+        return self.round_robin % n
 
     def encode(self, batch: pa.RecordBatch, first_row: int = 0) -> Iterator[EncodedChunk]:
         """Yield chunks of at most ``batch_messages`` entries and ``batch_bytes`` bytes (an entry larger than that

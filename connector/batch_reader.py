@@ -1,5 +1,8 @@
 """``spark.read.format("sluice")``: a bounded read of [startingOffsets, endingOffsets) of every queue.
 
+A topic named by ``topic``/``topics`` that does not exist fails the read (SourceOptionError) instead of reading as
+empty: a bounded read cannot wait for it, and an empty answer would hide a typo.
+
 ``partitions()`` runs once in the planning worker on the driver (it resolves offsets against the broker there);
 ``read()`` runs on executors with a pickled copy of this reader and pulls each range directly from the broker.
 """
@@ -14,7 +17,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from connector.broker_link import link_for
 from connector.data_loss import data_lost
-from connector.offset_resolver import current_topics, ending_positions, snapshot, starting_positions
+from connector.errors import SourceOptionError
+from connector.offset_resolver import current_topics, ending_positions, missing_topics, snapshot, starting_positions
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition
 from connector.planning import QueueRange, split_ranges
@@ -29,6 +33,12 @@ class SluiceBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         link = link_for(self.options)
         snap = snapshot(link, current_topics(self.options, link))
+        missing = missing_topics(self.options, snap)
+        if missing:  # a typo would otherwise read as an empty topic (a stream instead waits for it to appear)
+            raise SourceOptionError(
+                f"topic {missing[0]!r} does not exist on the broker at {self.options.endpoints}; check the 'topic' "
+                f"option, or create the topic first (`sluice topic create {missing[0]}`)"
+            )
         start = starting_positions(self.options, link, snap)
         end = ending_positions(self.options, snap, start)
         ranges = []

@@ -26,6 +26,13 @@ def current_topics(options: SourceOptions, link: BrokerLink) -> list[str]:
     return [t for t in link.topics() if options.topic_matches(t)]
 
 
+def missing_topics(options: SourceOptions, snap: Snapshot) -> list[str]:
+    """Topics the ``topic``/``topics`` option names that have no queue in ``snap``: they do not exist on the broker
+    (a topic always has at least one queue). A ``topicPattern`` matching nothing misses none."""
+    present = {t for t, _ in snap}
+    return [t for t in options.topics if t not in present]
+
+
 def snapshot(link: BrokerLink, topics: list[str]) -> Snapshot:
     """Min/max offsets of every queue of ``topics``: one GetQueueOffsets call per topic."""
     out: Snapshot = {}

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from broker.errors import MessageIllegalError
+from broker.address import parse_endpoint
+from broker.errors import InvalidArgumentError, MessageIllegalError
 from broker.server.consumer_offsets import MAX_GROUP_CHARS
 from broker.store.message import TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
@@ -167,11 +168,12 @@ def parse_endpoints(value: str | None) -> str:
         raise SourceOptionError("option 'endpoints' is required: the broker's host:port, e.g. 127.0.0.1:10911")
     parts = [p.strip() for p in value.split(",") if p.strip()]
     for part in parts:
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not is_decimal(port) or not 0 < int(port) < 65536:
-            raise SourceOptionError(
-                f"option 'endpoints': {part!r} is not host:port (port 1..65535); give e.g. 127.0.0.1:10911"
-            )
+        try:
+            parse_endpoint(part)  # the client's own rule (broker/address.py): a port, IPv6 in brackets
+        except InvalidArgumentError as e:
+            raise SourceOptionError(f"option 'endpoints': {e.message}") from None
+    if not parts:
+        raise SourceOptionError("option 'endpoints' names no broker; give host:port, e.g. 127.0.0.1:10911")
     return ",".join(parts)
 
 

@@ -227,8 +227,9 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 attempts = [m.attempt for m in done if m.transaction_id == txn_id]
                 _check_attempts(attempts, f"batch {batchId}")
                 sent = sum(m.messages for m in done if m.transaction_id == txn_id)
+                # record_unknown: a batch whose tasks sent nothing has no halves, and its empty commit is recorded
                 outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts,
-                                                expected_messages=sent)  # fmt: skip
+                                                expected_messages=sent, record_unknown=True)  # fmt: skip
                 if outcome != "COMMITTED":
                     raise BrokerError(f"batch {batchId}: transaction {txn_id} ended as {outcome}, not COMMITTED")
                 # Open ones of this query can only be a crashed earlier run's (this batch's is committed now).
@@ -239,8 +240,8 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         txn_ids = {m.transaction_id for m in messages if isinstance(m, SinkCommitMessage) and m.transaction_id}
         with Admin(self.opts.endpoints) as admin:
-            for txn_id in txn_ids:
-                admin.end_transaction(txn_id, commit=False)
+            for txn_id in txn_ids:  # recorded even before any half arrived: a straggling task's are refused
+                admin.end_transaction(txn_id, commit=False, record_unknown=True)
         log.warning("sluice sink batch %d aborted; rolled back %s", batchId, sorted(txn_ids))
 
 
@@ -267,7 +268,8 @@ class SluiceBatchWriter(DataSourceArrowWriter):
             _check_attempts(attempts, "batch write")
             with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
                 outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts,
-                                                expected_messages=sum(m.messages for m in done))  # fmt: skip
+                                                expected_messages=sum(m.messages for m in done),
+                                                record_unknown=True)  # fmt: skip
             if outcome != "COMMITTED":
                 raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
         log.info("sluice sink: %d messages committed", sum(m.messages for m in done))
@@ -275,7 +277,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.transaction_id:
             with Admin(self.opts.endpoints) as admin:
-                admin.end_transaction(self.transaction_id, commit=False)
+                admin.end_transaction(self.transaction_id, commit=False, record_unknown=True)
 
 
 __all__ = ["MessageIllegalError", "SinkCommitMessage", "SluiceBatchWriter", "SluiceStreamWriter"]

@@ -30,7 +30,14 @@ from connector.admission import AdmissionControl, default_read_limit
 from connector.broker_link import BrokerLink, link_for, retried, unknown_group
 from connector.data_loss import data_lost
 from connector.group_commit import GroupCommitter
-from connector.offset_resolver import Snapshot, current_topics, snapshot, starting_positions, uncommitted
+from connector.offset_resolver import (
+    Snapshot,
+    current_topics,
+    missing_topics,
+    snapshot,
+    starting_positions,
+    uncommitted,
+)
 from connector.offsets import QueueKey, SourceOffset
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition
@@ -58,6 +65,8 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._initial is None:
             link = link_for(self.options)
             snap = snapshot(link, current_topics(self.options, link))
+            for topic in missing_topics(self.options, snap):  # a stream waits for it, as Kafka's subscribe does
+                log.warning("topic %r does not exist on the broker yet; the query reads it once it is created", topic)
             positions = starting_positions(self.options, link, snap)
             self._pin_fallbacks(link, snap, positions)
             self._initial = self._json(positions)

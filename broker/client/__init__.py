@@ -1,6 +1,6 @@
 """The Python client: producers, pull and push consumers, and admin operations over gRPC."""
 
-from broker.client.admin import Admin
+from broker.client.admin import Admin, GroupInfo
 from broker.client.admin_results import (
     BrokerInfo,
     BrokerLag,
@@ -28,7 +28,8 @@ from broker.client.consumer_options import (
     ConsumeStatus,
     MessageModel,
 )
-from broker.client.message import Message, decode_entries, encode_message
+from broker.client.message import Message, decode_entries, encode_message, user_properties
+from broker.client.offset_reset import OffsetReset, ResetTo
 from broker.client.pop_consumer import PopConsumer, PoppedMessage
 from broker.client.producer import PartialSendError, Producer
 from broker.client.pull_consumer import PullConsumer
@@ -39,11 +40,11 @@ from broker.client.transaction_producer import LocalTransactionState, Transactio
 
 __all__ = [
     "AVERAGELY", "BROADCASTING", "CIRCLE", "CLUSTERING", "FIRST", "LAST", "TIMESTAMP", "Admin", "ConsumeFrom",
-    "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "PopConsumer", "PoppedMessage",
-    "Producer", "PullConsumer", "PullResult",
-    "PullStatus", "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus",
-    "TopicInfo", "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
-    "TransactionProducer", "TransactionSendResult", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",
+    "ConsumeStatus", "GroupInfo", "Message", "MessageModel", "OffsetReset", "PartialSendError", "PopConsumer",
+    "PoppedMessage", "Producer", "PullConsumer", "PullResult", "PullStatus", "PushConsumer", "QueueLag",
+    "RawPullResult", "ReceivedMessage", "ResetTo", "SendResult", "SendStatus", "TopicInfo", "decode_entries",
+    "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo", "TransactionProducer",
+    "TransactionSendResult", "user_properties", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",
     "BrokerTopicInfo", "BrokerTransactionInfo", "ClusterInfo", "ClusterTopicInfo", "GroupLag", "QueueRange",
     "TopicDescription",
 ]  # fmt: skip

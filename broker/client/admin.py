@@ -22,6 +22,7 @@ had done it) raises an error naming the brokers where it was done and the one th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from broker.client.admin_results import (
@@ -33,6 +34,7 @@ from broker.client.admin_results import (
     BrokerTransactionInfo,
     ClusterInfo,
     ClusterTopicInfo,
+    GroupInfo,
     GroupLag,
     QueueLag,
     QueueRange,
@@ -49,6 +51,7 @@ from broker.client.admin_results import (
 )
 from broker.client.connection import Connection
 from broker.client.message import decode_entries
+from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
 from broker.client.results import ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue, TopicRoute
 from broker.client.router import Router
@@ -70,8 +73,8 @@ from broker.store.message import parse_msg_id, validate_topic
 
 __all__ = [
     "Admin", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues", "BrokerTopicInfo", "BrokerTransactionInfo",
-    "ClusterInfo", "ClusterTopicInfo", "GroupLag", "QueueLag", "QueueRange", "SubscriptionGroup", "TopicDescription",
-    "TopicInfo", "TransactionInfo",
+    "ClusterInfo", "ClusterTopicInfo", "GroupInfo", "GroupLag", "QueueLag", "QueueRange", "SubscriptionGroup",
+    "TopicDescription", "TopicInfo", "TransactionInfo",
 ]  # fmt: skip
 
 
@@ -198,6 +201,8 @@ class Admin:
         neither is named), or on the one master ``broker``; the answer is then a ``ClusterTopicInfo`` whose
         ``brokers`` are the brokers it was created on, which ``sluice topic create --cluster/--broker`` shows one
         line each. ``if_not_exists``: a broker that holds the topic already counts as done."""
+        if queues < 1:  # on the wire 0 means "the broker's default": a 0 here is a mistake, not a request for 8
+            raise InvalidArgumentError(f"queues={queues}: a topic needs at least one queue")
         request = pb.CreateTopicRequest(topic=topic, queue_nums=queues, if_not_exists=if_not_exists)
         if not self.cluster_mode:
             if cluster is not None or broker is not None:
@@ -464,12 +469,16 @@ class Admin:
 
     def end_transaction(
         self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None, *,
-        expected_messages: int | None = None, broker: str | None = None,
+        expected_messages: int | None = None, broker: str | None = None, record_unknown: bool = False,
     ) -> str:  # fmt: skip
         """Commit or roll back every half message of ``txn_id`` atomically; returns the final status
         (COMMITTED / ROLLED_BACK), the first outcome when it had ended already. ``committed_attempts``: commit only
         halves whose TRAN_ATTEMPT property is listed. ``expected_messages``: the commit is refused (nothing
-        decided) unless it would make exactly this many messages visible.
+        decided) unless it would make exactly this many messages visible. An id the broker has no record of raises
+        QueryNotFoundError and records nothing, unless ``record_unknown``: then the outcome of an empty transaction
+        is recorded, and halves sent under the id later are refused. The status returned is the first outcome when
+        it had ended already: compare it with the decision asked for (a commit of a rolled-back transaction
+        answers ROLLED_BACK).
 
         A cluster: on ``broker``, or on every live master that holds the transaction (QueryNotFoundError when
         none does); ``expected_messages`` counts one broker's messages, so it needs ``broker`` when several hold
@@ -477,6 +486,7 @@ class Admin:
         request = pb.EndTransactionRequest(
             transaction_id=txn_id, commit=commit, committed_attempts=committed_attempts or [],
             restrict_attempts=committed_attempts is not None, expected_messages=expected_messages,
+            record_unknown=record_unknown,
         )  # fmt: skip
         if not self.cluster_mode:
             return self.conn.call(self.stub.EndTransaction, request).status
@@ -524,6 +534,78 @@ class Admin:
         }  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ groups
+    def list_groups(self) -> list[GroupInfo]:
+        """Every consumer group the broker knows (committed offsets, live consumers or settings), by name; a
+        cluster: of every live master, a group's topics united and its live consumers counted on the broker that
+        sees most of them (a consumer heartbeats to every broker of its topics)."""
+        found: dict[str, GroupInfo] = {}
+        for name, conn in self._brokers():
+            for g in _ask(name, conn, "ListGroups", pb.ListGroupsRequest()).groups:
+                known = found.get(g.consumer_group)
+                topics = sorted(set(g.topics) | set(known.topics if known else ()))
+                online = max(g.online_consumers, known.online_consumers if known else 0)
+                found[g.consumer_group] = GroupInfo(g.consumer_group, online, topics)
+        return [found[g] for g in sorted(found)]
+
+    def set_consumer_offsets(
+        self, group: str, offsets: Mapping[tuple[str, int], int] | Mapping[MessageQueue, int]
+    ) -> dict[Any, int]:
+        """Store these committed offsets of ``group`` (any direction), each broker's all or nothing; refused while
+        the group has live consumers (broker/client/offset_reset.py). Keys are (topic, queue id) with one broker,
+        MessageQueues in a cluster. Returns the offsets replaced, keyed alike (-1: none was committed)."""
+        by_broker: dict[str, list[tuple[Any, str, int, int]]] = {}
+        for key, offset in offsets.items():
+            if isinstance(key, MessageQueue):
+                topic, broker_name, queue_id = key
+            elif self.cluster_mode:
+                raise InvalidArgumentError("in a cluster, name each queue as MessageQueue(topic, broker, queue_id)")
+            else:
+                (topic, queue_id), broker_name = key, DIRECT_BROKER
+            by_broker.setdefault(broker_name, []).append((key, topic, queue_id, offset))
+        previous: dict[Any, int] = {}
+        for broker_name, items in by_broker.items():
+            request = pb.ResetConsumerOffsetsRequest(
+                consumer_group=group, offsets=[pb.QueueOffset(topic=t, queue_id=q, offset=o) for _, t, q, o in items]
+            )
+            conn = self.router.broker_connection(items[0][1], broker_name, write=True)
+            answer = _ask(broker_name, conn, "ResetConsumerOffsets", request)
+            for (key, _, _, _), p in zip(items, answer.previous, strict=True):
+                previous[key] = p.offset
+        return previous
+
+    def reset_offsets(
+        self, group: str, topic: str, to: ResetTo, *, queue_id: int | None = None, dry_run: bool = False,
+        broker: str | None = None,
+    ) -> list[OffsetReset]:  # fmt: skip
+        """Move ``group``'s committed offsets on ``topic`` (every queue, or ``queue_id``; in a cluster, on every
+        broker of the topic or on ``broker``) to ``to``: earliest, latest, an offset or a time
+        (broker/client/offset_reset.py). Refused while the group has live consumers. ``dry_run``: only say what
+        would be set."""
+        if not self.cluster_mode:
+            return self._reset_on(self, group, topic, to, queue_id, dry_run, DIRECT_BROKER)
+        out: list[OffsetReset] = []
+        for name in self._route(topic).broker_names:
+            if broker is not None and name != broker:
+                continue
+            address = self.router.broker_connection(topic, name, write=True).endpoint
+            with Admin(address, timeout_s=self.router.timeout_s) as one:
+                out += one._reset_on(one, group, topic, to, queue_id, dry_run, name)
+        if broker is not None and not out:
+            raise InvalidArgumentError(f"broker {broker!r} holds no queue of topic {topic!r}")
+        return out
+
+    @staticmethod
+    def _reset_on(admin: Admin, group: str, topic: str, to: ResetTo, queue_id: int | None, dry_run: bool,
+                  broker_name: str) -> list[OffsetReset]:  # fmt: skip
+        plan = plan_reset(admin, topic, to, queue_id)
+        if dry_run:
+            committed = admin.committed_offsets(group, topic)
+            previous = {(topic, q): committed.get(q, -1) for q in plan}
+        else:
+            previous = admin.set_consumer_offsets(group, {(topic, q): target for q, (target, _, _) in plan.items()})
+        return [OffsetReset(topic, q, previous[(topic, q)], target, lo, hi, broker_name)
+                for q, (target, lo, hi) in plan.items()]  # fmt: skip
+
     def subscription_group(self, group_name: str, *, broker: str | None = None) -> SubscriptionGroup:
         """A group's settings; a cluster: as ``broker`` (or the first live master, by name, that answers) holds
         them."""
@@ -571,24 +653,25 @@ class Admin:
         return result
 
     # ------------------------------------------------------------------------------------------ stats
-    def stats(self, broker: str | None = None) -> dict[str, float]:
-        """The broker's counters (``sluice stats``); in a cluster those of the master ``broker``."""
+    def stats(self, broker: str | None = None) -> dict[str, int | float]:
+        """The broker's counters (``sluice stats``; counts are ints: the wire carries every value as a double); in a
+        cluster those of the master ``broker``."""
         if not self.cluster_mode:
             if broker:
                 raise InvalidArgumentError(f"broker= names a broker of a cluster; this admin talks to the single "
                                            f"{self.router.describe()}")  # fmt: skip
-            return dict(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)
+            return _numbers(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)
         if broker is None:
             raise InvalidArgumentError("in a cluster, name the broker (stats(broker=...)) or use stats_by_broker()")
         (b,) = self._targets(None, broker)
         conn = self._connection(b)
-        return dict(_ask(b.broker_name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
+        return _numbers(_ask(b.broker_name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
 
-    def stats_by_broker(self) -> dict[str, dict[str, float]]:
+    def stats_by_broker(self) -> dict[str, dict[str, int | float]]:
         """Every live master's counters, by broker name (``""`` for the one broker of ``endpoint=``)."""
-        out: dict[str, dict[str, float]] = {}
+        out: dict[str, dict[str, int | float]] = {}
         for name, conn in self._brokers():
-            out[name] = dict(_ask(name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
+            out[name] = _numbers(_ask(name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
         return out
 
     def close(self) -> None:
@@ -626,3 +709,7 @@ def _on_broker(e: BrokerError, broker_name: str, done: list[str], what: str) -> 
     if not done:
         return failed
     return BrokerError(f"{what} on {', '.join(done)}, but not on {broker_name}: {e.message}", e.code)
+
+
+def _numbers(values: Mapping[str, float]) -> dict[str, int | float]:
+    return {k: int(v) if v.is_integer() else v for k, v in values.items()}

@@ -86,6 +86,13 @@ class BrokerTransactionInfo(TransactionInfo):
 
 
 @dataclass(frozen=True)
+class GroupInfo:
+    group: str
+    online_consumers: int  # live consumers (push consumers heartbeat; pull consumers are not counted)
+    topics: list[str]  # topics with committed offsets or subscribed by a live consumer
+
+
+@dataclass(frozen=True)
 class SubscriptionGroup:
     group_name: str
     consume_enable: bool

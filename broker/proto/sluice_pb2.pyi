@@ -1080,6 +1080,7 @@ class EndTransactionRequest(_message.Message):
     RESTRICT_ATTEMPTS_FIELD_NUMBER: _builtins.int
     PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
     EXPECTED_MESSAGES_FIELD_NUMBER: _builtins.int
+    RECORD_UNKNOWN_FIELD_NUMBER: _builtins.int
     transaction_id: _builtins.str
     half_commitlog_offset: _builtins.int
     """RocketMQ's END_TRANSACTION names a half by its commit-log offset"""
@@ -1092,6 +1093,12 @@ class EndTransactionRequest(_message.Message):
     expected_messages: _builtins.int
     """A commit's own count of its messages (the writers'): refused, nothing decided, unless the halves it would
     commit are exactly this many (halves lost under ASYNC_FLUSH must fail the batch, not commit part of it).
+    """
+    record_unknown: _builtins.bool
+    """An id the broker has no record of: false refuses the call (QUERY_NOT_FOUND, nothing recorded: no outcome is
+    invented for a transaction that never existed); true records the outcome of an empty transaction, so asking
+    again reports it and halves sent under the id later are refused (a writer with nothing to send, or one
+    fenced out before it sent: the Spark sink's commit and abort).
     """
     @_builtins.property
     def committed_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1108,10 +1115,11 @@ class EndTransactionRequest(_message.Message):
         restrict_attempts: _builtins.bool = ...,
         producer_group: _builtins.str = ...,
         expected_messages: _builtins.int | None = ...,
+        record_unknown: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "expected_messages", b"expected_messages", "half_commitlog_offset", b"half_commitlog_offset", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "commit", b"commit", "committed_attempts", b"committed_attempts", "expected_messages", b"expected_messages", "from_check", b"from_check", "half_commitlog_offset", b"half_commitlog_offset", "producer_group", b"producer_group", "restrict_attempts", b"restrict_attempts", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "commit", b"commit", "committed_attempts", b"committed_attempts", "expected_messages", b"expected_messages", "from_check", b"from_check", "half_commitlog_offset", b"half_commitlog_offset", "producer_group", b"producer_group", "record_unknown", b"record_unknown", "restrict_attempts", b"restrict_attempts", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_messages: _TypeAlias = _typing.Literal["expected_messages"]  # noqa: Y015
     _WhichOneofArgType__expected_messages: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages"]  # noqa: Y015
@@ -1797,3 +1805,118 @@ class ChangeInvisibleTimeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChangeInvisibleTimeResponse: _TypeAlias = ChangeInvisibleTimeResponse  # noqa: Y015
+
+@_typing.final
+class ListGroupsRequest(_message.Message):
+    """------------------------------------------------------------------------------------------------ group admin"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsRequest: _TypeAlias = ListGroupsRequest  # noqa: Y015
+
+@_typing.final
+class GroupSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    ONLINE_CONSUMERS_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    online_consumers: _builtins.int
+    """live consumers (heartbeats within consumer_expire_ms)"""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """topics with committed offsets or subscribed by a live consumer, sorted"""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        online_consumers: _builtins.int = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "online_consumers", b"online_consumers", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupSummary: _TypeAlias = GroupSummary  # noqa: Y015
+
+@_typing.final
+class ListGroupsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupSummary]:
+        """sorted by name"""
+
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___GroupSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsResponse: _TypeAlias = ListGroupsResponse  # noqa: Y015
+
+@_typing.final
+class ResetConsumerOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
+        """each within [0, the queue's max offset]"""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___QueueOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetConsumerOffsetsRequest: _TypeAlias = ResetConsumerOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class ResetConsumerOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def previous(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
+        """the offsets replaced, in request order; -1: none was committed"""
+
+    def __init__(
+        self,
+        *,
+        previous: _abc.Iterable[Global___QueueOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["previous", b"previous"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetConsumerOffsetsResponse: _TypeAlias = ResetConsumerOffsetsResponse  # noqa: Y015

@@ -179,6 +179,16 @@ class BrokerStub:
                 request_serializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/sluice.v1.Broker/ListGroups',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.ResetConsumerOffsets = channel.unary_unary(
+                '/sluice.v1.Broker/ResetConsumerOffsets',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -376,6 +386,22 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListGroups(self, request, context):
+        """---- administration of consumer groups
+        Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetConsumerOffsets(self, request, context):
+        """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+        changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -523,6 +549,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleTime,
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeRequest.FromString,
                     response_serializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ListGroupsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'ResetConsumerOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetConsumerOffsets,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1308,6 +1344,60 @@ class Broker:
             '/sluice.v1.Broker/ChangeInvisibleTime',
             broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeRequest.SerializeToString,
             broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ListGroups',
+            broker_dot_proto_dot_sluice__pb2.ListGroupsRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetConsumerOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ResetConsumerOffsets',
+            broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -92,6 +92,14 @@ class BrokerStub:
     AckMessage: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.AckMessageRequest, _sluice_pb2.AckMessageResponse]
     ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ChangeInvisibleTimeRequest, _sluice_pb2.ChangeInvisibleTimeResponse]
     """A new invisible time from now; the answer's handle replaces the old one (which is refused from then on)."""
+    ListGroups: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ListGroupsRequest, _sluice_pb2.ListGroupsResponse]
+    """---- administration of consumer groups
+    Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+    """
+    ResetConsumerOffsets: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ResetConsumerOffsetsRequest, _sluice_pb2.ResetConsumerOffsetsResponse]
+    """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+    changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -146,6 +154,14 @@ class BrokerAsyncStub(BrokerStub):
     AckMessage: _aio.UnaryUnaryMultiCallable[_sluice_pb2.AckMessageRequest, _sluice_pb2.AckMessageResponse]  # type: ignore[assignment]
     ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ChangeInvisibleTimeRequest, _sluice_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
     """A new invisible time from now; the answer's handle replaces the old one (which is refused from then on)."""
+    ListGroups: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ListGroupsRequest, _sluice_pb2.ListGroupsResponse]  # type: ignore[assignment]
+    """---- administration of consumer groups
+    Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+    """
+    ResetConsumerOffsets: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ResetConsumerOffsetsRequest, _sluice_pb2.ResetConsumerOffsetsResponse]  # type: ignore[assignment]
+    """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+    changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+    """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -371,5 +387,25 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sluice_pb2.ChangeInvisibleTimeResponse, _abc.Awaitable[_sluice_pb2.ChangeInvisibleTimeResponse]]:
         """A new invisible time from now; the answer's handle replaces the old one (which is refused from then on)."""
+
+    @_abc_1.abstractmethod
+    def ListGroups(
+        self,
+        request: _sluice_pb2.ListGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ListGroupsResponse, _abc.Awaitable[_sluice_pb2.ListGroupsResponse]]:
+        """---- administration of consumer groups
+        Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+        """
+
+    @_abc_1.abstractmethod
+    def ResetConsumerOffsets(
+        self,
+        request: _sluice_pb2.ResetConsumerOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ResetConsumerOffsetsResponse, _abc.Awaitable[_sluice_pb2.ResetConsumerOffsetsResponse]]:
+        """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+        changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+        """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

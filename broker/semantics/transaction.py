@@ -474,13 +474,17 @@ class TransactionService:
         committed_attempts: Collection[str] | None = None,
         producer_group: str = "",
         expected_messages: int | None = None,
+        record_unknown: bool = False,
     ) -> EndResult:
         """Commit or roll back every half of the transaction, atomically; a no-op reporting the first outcome if it
         has ended already. ``committed_attempts``: commit only halves whose ``TRAN_ATTEMPT`` property is listed (the
         others are dropped), so a writer's failed attempts never become visible. ``expected_messages``: a commit
         is refused (TransactionError, nothing decided, still open) unless it would commit exactly this many
         messages: the writers' count, so that halves lost in a crash fail the batch instead of committing part of
-        it. An id with no halves is recorded as ended too, so that asking again reports the outcome."""
+        it. An id this broker has no record of is refused (QueryNotFoundError, nothing recorded: an outcome for a
+        transaction that never existed is an invented one, RocketMQ refuses it too) unless ``record_unknown``: then
+        the outcome is recorded for an empty transaction, asking again reports it, and halves sent under the id
+        later are refused (a writer that finished with nothing to send, or one fenced out before it sent)."""
         check_transaction_id(txn_id)
         attempts = None if committed_attempts is None else sorted(set(committed_attempts))
         if attempts is not None:
@@ -490,6 +494,11 @@ class TransactionService:
                 raise InvalidArgumentError("committed_attempts: each attempt id must be non-empty, without ','")
         with self._lock:
             txn = self._txns.get(txn_id)
+            if txn is None and not record_unknown:
+                raise QueryNotFoundError(
+                    f"no transaction {txn_id!r} on this broker (no half message was sent under that id, or it ended "
+                    "so long ago that its outcome is forgotten); nothing was recorded"
+                )
             if txn is None:
                 now = _now_ms()
                 txn = self._txns[txn_id] = _Txn(txn_id, producer_group, now, now)
@@ -527,7 +536,15 @@ class TransactionService:
     def end_transactions(
         self, commit: bool, *, prefix: str | None = None, txn_ids: Collection[str] = (), open_only: bool = True
     ) -> list[EndResult]:
-        """End many transactions: every listed id and every (open) one whose id starts with ``prefix``."""
+        """End many transactions: every listed id and every (open) one whose id starts with ``prefix``. A listed id
+        this broker has no record of is refused before any is ended (QueryNotFoundError, nothing recorded)."""
+        with self._lock:
+            unknown = [i for i in txn_ids if i not in self._txns]
+        if unknown:
+            raise QueryNotFoundError(
+                f"no transaction {unknown[0]!r} on this broker ({len(unknown)} of the listed ids are unknown); "
+                "nothing was ended"
+            )
         ids = list(txn_ids)
         if prefix is not None:
             ids += [t.txn_id for t in self.list_transactions(prefix) if not open_only or t.status is TxStatus.OPEN]

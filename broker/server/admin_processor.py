@@ -18,6 +18,14 @@ from broker.store.message import StoredMessage, encode_entry, encode_properties,
 
 DEFAULT_QUERY_MAX = 64
 QUERY_MAX_LIMIT = 4096
+MAX_LIST_GROUPS = 100_000  # groups one ListGroups answer may carry (some 100 bytes each, within one gRPC message)
+
+
+@dataclass
+class GroupSummary:
+    group: str
+    online_consumers: int
+    topics: list[str]
 
 
 @dataclass
@@ -121,6 +129,37 @@ class AdminProcessor:
         if self.admit_commit is not None:
             self.admit_commit(group)
         return self.offsets.commit(group, offsets, self.pulls.check_commit)
+
+    def reset_consumer_offsets(self, group: str, offsets: Mapping[QueueKey, int]) -> dict[QueueKey, int]:
+        """Set committed offsets (any direction), all or nothing, only while the group has no live consumer (see
+        ConsumerManager.while_idle), and saved at once: an administrator's reset must not wait for the periodic
+        save to survive a crash. Returns the offsets replaced (-1: none)."""
+        validate_group(group)
+        if self.admit_commit is not None:
+            self.admit_commit(group)
+
+        def reset() -> dict[QueueKey, int]:
+            before = {t: self.offsets.query(group, t) for t in {t for t, _ in offsets}}
+            self.offsets.commit(group, offsets, self.pulls.check_commit)
+            return {(t, q): before[t].get(q, -1) for t, q in offsets}
+
+        previous = self.consumers.while_idle(group, reset)
+        self.offsets.persist()
+        return previous
+
+    def list_groups(self, configured: Iterable[str]) -> list[GroupSummary]:
+        """Groups with committed offsets, live consumers or settings (``configured``), sorted by name."""
+        live = self.consumers.live_groups()
+        topics: dict[str, set[str]] = {g: set(ts) for g, (_, ts) in live.items()}
+        for group, topic in self.offsets.groups():
+            topics.setdefault(group, set()).add(topic)
+        for group in configured:
+            topics.setdefault(group, set())
+        if len(topics) > MAX_LIST_GROUPS:
+            raise InvalidArgumentError(
+                f"{len(topics)} groups, more than one answer carries ({MAX_LIST_GROUPS}); ask for a group by name"
+            )
+        return [GroupSummary(g, live.get(g, (0, []))[0], sorted(ts)) for g, ts in sorted(topics.items())]
 
     def consumer_lag(self, group: str, topic: str = "") -> list[QueueLag]:
         validate_group(group)

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from broker.address import check_port_free, format_address
 from broker.client.namesrv_client import NameServerClient
 from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
@@ -126,7 +127,7 @@ class BrokerController:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return format_address(self.host, self.port)
 
     @property
     def metrics_port(self) -> int | None:
@@ -135,7 +136,8 @@ class BrokerController:
     # ------------------------------------------------------------------------------------------------ start
     def start(self) -> None:
         cfg = self.config
-        cfg.store_dir.mkdir(parents=True, exist_ok=True)
+        host, port = cfg.listen_address
+        check_port_free(host, port)  # one clear error, before gRPC logs its own and before the store is made
         options = [
             ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
             ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
@@ -143,15 +145,15 @@ class BrokerController:
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
         ]
         server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options)
-        host, port = cfg.listen_address
         try:
-            self.port = server.add_insecure_port(f"{host}:{port}")
+            self.port = server.add_insecure_port(format_address(host, port))
         except RuntimeError as e:
             raise ServiceNotAvailableError(
-                f"cannot listen on {host}:{port} ({e}); is another broker using it?"
+                f"cannot listen on {format_address(host, port)} ({e}); is another broker using it?"
             ) from None
         self.server = server
         try:
+            cfg.store_dir.mkdir(parents=True, exist_ok=True)  # after the bind: a refused start leaves no directory
             self.topics.load()
             self.offsets.load()
             self.store = self._start_store(advertised_ip(host), self.port)

@@ -9,9 +9,15 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from broker.errors import BrokerError, ResponseCode
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CLUSTERING = "CLUSTERING"
 BROADCASTING = "BROADCASTING"
@@ -96,3 +102,28 @@ class ConsumerManager:
             if info is None:
                 return []
             return sorted({t for c in info.consumers.values() for t in c.subscriptions})
+
+    def live_groups(self) -> dict[str, tuple[int, list[str]]]:
+        """Every group with live consumers: (how many, the topics they subscribe to, sorted)."""
+        with self._lock:
+            return {
+                group: (len(info.consumers), sorted({t for c in info.consumers.values() for t in c.subscriptions}))
+                for group, info in self._groups.items()
+                if info.consumers
+            }
+
+    def while_idle(self, group: str, action: Callable[[], T]) -> T:
+        """``action()`` while no consumer of ``group`` is live, as one step: a consumer registering meanwhile waits
+        for it (its heartbeat takes this lock), so it reads what ``action`` stored. Refused with NO_PERMISSION
+        while consumers are live: they hold offsets in memory and would commit them over what ``action`` stores."""
+        with self._lock:
+            info = self._groups.get(group)
+            if info is not None and info.consumers:
+                ids = sorted(info.consumers)
+                raise BrokerError(
+                    f"group {group!r} has {len(ids)} live consumer(s) ({', '.join(ids[:3])}"
+                    f"{', ...' if len(ids) > 3 else ''}); stop them first (a consumer that stopped without "
+                    f"unregistering counts as live until {self.expire_ms} ms after its last heartbeat)",
+                    ResponseCode.NO_PERMISSION,
+                )
+            return action()

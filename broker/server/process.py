@@ -16,6 +16,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from broker.address import local_endpoint
 from broker.errors import ServiceNotAvailableError
 
 READY_PATTERN = re.compile(r"ready on (\S+):(\d+)")
@@ -51,7 +52,7 @@ class BrokerProcess:
             match = READY_PATTERN.search(line)
             if match:
                 self.port = int(match.group(2))
-                self.endpoint = f"127.0.0.1:{self.port}"
+                self.endpoint = local_endpoint(match.group(1).strip("[]"), self.port)
                 metrics = METRICS_PATTERN.search(line)
                 self.metrics_port = int(metrics.group(1)) if metrics else None
                 threading.Thread(target=self._drain_stdout, daemon=True).start()

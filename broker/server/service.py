@@ -375,6 +375,29 @@ class BrokerService(pb_grpc.BrokerServicer):
         return self._retry().get_group(request.consumer_group)
 
     @_answer
+    def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> pb.ListGroupsResponse:
+        configured = [g.group_name for g in self.retries.groups.groups()] if self.retries is not None else []
+        groups = self.admin.list_groups(configured)
+        return pb.ListGroupsResponse(
+            groups=[
+                pb.GroupSummary(consumer_group=g.group, online_consumers=g.online_consumers, topics=g.topics)
+                for g in groups
+            ]
+        )
+
+    @_answer
+    def ResetConsumerOffsets(
+        self, request: pb.ResetConsumerOffsetsRequest, context: grpc.ServicerContext
+    ) -> pb.ResetConsumerOffsetsResponse:
+        offsets = {(o.topic, o.queue_id): o.offset for o in request.offsets}
+        if len(offsets) != len(request.offsets):
+            raise InvalidArgumentError("ResetConsumerOffsets names a queue twice; name each queue once")
+        previous = self.admin.reset_consumer_offsets(request.consumer_group, offsets)
+        return pb.ResetConsumerOffsetsResponse(
+            previous=[pb.QueueOffset(topic=t, queue_id=q, offset=previous[(t, q)]) for t, q in offsets]
+        )
+
+    @_answer
     def UpdateSubscriptionGroup(
         self, request: pb.UpdateSubscriptionGroupRequest, context: grpc.ServicerContext
     ) -> pb.SubscriptionGroup:

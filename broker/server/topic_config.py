@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.errors import InvalidArgumentError, TopicExistsError, TopicNotExistError
 from broker.json_file import load_json, write_json_atomic
+from broker.semantics.system_topics import is_system_topic
 from broker.store.message import validate_topic
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,10 @@ class TopicConfigManager:
         lost): its queue count covers every queue id the store has."""
         if not queue_ids or topic in self._deleting:
             return None
-        log.warning("topic %s found in the store but not in %s; registering it", topic, self.path)
+        if is_system_topic(topic):  # written by the broker's own services, which never register them: expected
+            log.info("registering system topic %s (found in the store)", topic)
+        else:
+            log.warning("topic %s found in the store but not in %s; registering it", topic, self.path)
         return self.create(topic, max(max(queue_ids) + 1, 1), if_not_exists=True)
 
     def require(self, topic: str) -> TopicConfig:

@@ -135,7 +135,8 @@ class TransactionProcessor:
         if expected is not None and expected < 0:
             raise InvalidArgumentError(f"expected_messages {expected} is negative")
         kwargs = {"from_check": request.from_check, "committed_attempts": attempts,
-                  "producer_group": request.producer_group, "expected_messages": expected}  # fmt: skip
+                  "producer_group": request.producer_group, "expected_messages": expected,
+                  "record_unknown": request.record_unknown}  # fmt: skip
         target = request.WhichOneof("target")
         if target == "half_commitlog_offset":
             return _end_response(self.tx.end_transaction_by_offset(request.half_commitlog_offset, request.commit,

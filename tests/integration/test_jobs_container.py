@@ -127,7 +127,12 @@ def test_windowed_counts_append_mode_with_watermark(broker: SluiceContainer, tmp
 
 def test_demo_against_the_container(broker: SluiceContainer) -> None:
     events = 3000
-    out = run_job("demo", "--endpoints", broker.get_endpoint(), "--events", str(events))
+    endpoint = broker.get_endpoint()
+    out = run_job("demo", "--endpoints", endpoint, "--events", str(events))
+    assert f"[1/4] broker: using the running broker at {endpoint}" in out, out[-3000:]
+    assert "[2/4] produce:" in out and "[3/4] stream:" in out and "[4/4] check:" in out, out[-3000:]
+    # the heartbeat is read like a click (one input row more) and said to be one
+    assert f"read {events + 1} messages ({events} click events + 1 heartbeat)" in out, out[-3000:]
     assert "events per minute and type" in out, out[-3000:]
     assert f"events sent: {events}   events counted: {events}" in out, out[-3000:]
     assert "consumer group demo-etl on clicks" in out, out[-3000:]

@@ -24,7 +24,7 @@ _props = st.dictionaries(st.one_of(_text.filter(bool), st.sampled_from(["REAL_TO
 
 def _encoders(**kw: object) -> tuple[RowEncoder, RowEncoder]:
     def make(half: tuple[str, str] | None) -> RowEncoder:
-        return RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, **kw)  # type: ignore[arg-type]
+        return RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, round_robin=0, **kw)  # type: ignore[arg-type]
 
     return make(None), make((GROUP, TXN))
 
@@ -88,8 +88,10 @@ def test_rows_without_their_own_properties_share_one_encoding() -> None:
     extra = {"TRAN_ATTEMPT": "3.0.feed"}
     bodies = [b"a", b"b", b"c", b"d", b"e"]
     for half in (None, (GROUP, TXN)):
-        fast_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra)
-        slow_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra)
+        fast_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra,
+                              round_robin=0)  # fmt: skip
+        slow_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra,
+                              round_robin=0)  # fmt: skip
         slow_enc._properties = lambda *a: dict(extra)  # type: ignore[method-assign]
         with mock.patch("connector.arrow_encoder.time.time", return_value=1_700_000_000.0):
             fast = b"".join(c.buffer for c in fast_enc.encode(pa.RecordBatch.from_pydict({"body": bodies})))
@@ -178,3 +180,15 @@ def test_a_key_with_a_space_is_refused_with_its_row_number() -> None:
         list(enc.encode(batch))
     [props] = _decoded_properties(enc, pa.RecordBatch.from_pydict({"body": [b"x"], "keys": keys[:1]}))
     assert props["KEYS"] == "a b"
+
+
+def test_rows_without_a_queue_go_round_robin_from_a_random_queue() -> None:
+    """Every encoder began at queue 1: a query of many small tasks put their first rows in the same queues."""
+    firsts = set()
+    for _ in range(24):
+        enc = RowEncoder(default_topic="Out", queue_count=lambda t: 8)
+        (chunk,) = enc.encode(pa.RecordBatch.from_pydict({"body": [b"a", b"b", b"c"]}))
+        qids = [m.queue_id for m in iter_entries(chunk.buffer)]
+        assert qids == [(qids[0] + i) % 8 for i in range(3)]  # consecutive queues
+        firsts.add(qids[0])
+    assert len(firsts) > 1, firsts  # 24 encoders on one start queue: probability 8**-23

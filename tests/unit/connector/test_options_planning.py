@@ -42,6 +42,8 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
     [
         ({"endpoints": None}, "endpoints"),
         ({"endpoints": "localhost"}, "endpoints"),
+        ({"endpoints": "::1:10911"}, "endpoints"),  # IPv6 without brackets: the client's rule, at query start
+        ({"endpoints": " , "}, "endpoints"),
         ({"topics": "a,b"}, "topic"),
         ({"topic": "bad topic!"}, "topic"),
         ({"topic": None, "topicPattern": "("}, "topicPattern"),
@@ -112,6 +114,7 @@ def test_sink_endpoints_and_producer_group_are_checked_at_query_start() -> None:
     connection timeouts; the source refused the same endpoints at once."""
     base = {"endpoints": "127.0.0.1:10911", "topic": "t"}
     assert parse_sink_options(base).endpoints == "127.0.0.1:10911"
+    assert parse_sink_options({**base, "endpoints": "[::1]:10911, h:1"}).endpoints == "[::1]:10911,h:1"
     bad_values = {"endpoints": ["localhost", "h:99999"], "producerGroup": ["", "a b"]}
     for name, values in bad_values.items():
         for value in values:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from broker.errors import CorruptionError, MessageIllegalError
+from broker.errors import CorruptionError, MessageIllegalError, QueryNotFoundError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.semantics.transaction import (
     DEFAULT_COMMIT_MEMORY_BYTES,
@@ -227,10 +227,18 @@ def test_a_commit_past_its_memory_bound_stores_the_same_entries(box: StoreBox, b
         tx.shutdown()
 
 
-def test_end_of_an_unknown_id_is_recorded(box: StoreBox) -> None:
+def test_end_of_an_unknown_id_is_refused_unless_asked_to_record_it(box: StoreBox) -> None:
+    """An unknown id was recorded as ended by every caller: `sluice tx commit typo` invented an outcome that showed
+    in `tx list` and survived a restart. Only a caller that asks (the Spark sink, fencing its writers) records it."""
     tx = service(box)
     try:
-        out = tx.end_transaction("empty:1", commit=True)
+        for commit in (True, False):
+            with pytest.raises(QueryNotFoundError, match=r"no transaction 'typo:1'.*nothing was recorded"):
+                tx.end_transaction("typo:1", commit=commit)
+        with pytest.raises(QueryNotFoundError, match="'typo:2'"):
+            tx.end_transactions(False, txn_ids=["typo:2"])
+        assert tx.transaction("typo:1") is None and tx.list_transactions("typo") == []
+        out = tx.end_transaction("empty:1", commit=True, record_unknown=True)
         assert out.status is TxStatus.COMMITTED and out.half_count == 0
         assert tx.end_transaction("empty:1", commit=False).already_ended
     finally:
@@ -546,7 +554,7 @@ def test_at_most_max_outcomes_ended_transactions_are_remembered(box: StoreBox) -
     # and forgotten early: a re-run after a crash would then write the batch again).
     assert tx.put_half_batch(batch("Out", [b"one"]), "spark", "batch1").ok
     assert tx.end_transaction("batch1", commit=True).restored == 1
-    assert tx.end_transaction("batch0", commit=True, committed_attempts=["7"]).half_count == 0
+    assert tx.end_transaction("batch0", commit=True, committed_attempts=["7"], record_unknown=True).half_count == 0
     for i in range(6):
         tx.prepare_half("Out", 0, b"m%d" % i, {}, "rmq", txn_id=f"t{i}")
         tx.end_transaction(f"t{i}", commit=i % 2 == 0)
