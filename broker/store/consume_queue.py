@@ -8,7 +8,9 @@ Unit ``i`` (the message with queue offset ``i``) lies at global byte ``i * 20`` 
     +----------------+--------+----------------+
 
 Files live in ``consumequeue/{topic}/{queueId}/`` and are named by their first byte's global offset. A unit
-whose SIZE is 0 was never written (files are preallocated with zeros), which is how recovery finds the end.
+whose SIZE is 0 was never written (files are created full size and read as zeros where not yet written), which is
+how recovery finds the end. Their disk blocks are reserved as units are written, not when the file is created
+(mapped_file: ``reserve_as_written``): every queue has a file, and most queues hold far fewer units than a file.
 
 Readers see units up to ``max_offset``; the dispatcher writes up to ``written_offset``. The two differ only while a
 ``VisibilityHold`` covers the queue: a batch-transaction commit holds every queue it writes to, so that its units,
@@ -76,11 +78,12 @@ class ConsumeQueue:
         file_size: int,
         sync: Callable[[int], None],
         sync_dir: Callable[[str], None] = fsync_directory,
+        allocate: Callable[[int, int, int], None] = os.posix_fallocate,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         directory = os.path.join(root, topic, str(queue_id))
-        self.files = MappedFileQueue(directory, file_size, sync, sync_dir=sync_dir)
+        self.files = MappedFileQueue(directory, file_size, sync, allocate, sync_dir=sync_dir, reserve_as_written=True)
         self.min_offset = 0  # first valid queue offset (moves forward when the commit log expires)
         self._holds: tuple[VisibilityHold, ...] = ()
         self._held_at = 0  # max_offset while any hold is active: written_offset when the first of them was placed
