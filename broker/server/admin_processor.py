@@ -26,6 +26,7 @@ from broker.store.message import (
 
 DEFAULT_QUERY_MAX = 64
 QUERY_MAX_LIMIT = 4096
+MAX_OFFSETS_PER_UPDATE = 65_536  # a consumer's share of its queues, many times over
 MAX_KEY_CHARS = 32 * 1024  # a key lies in a message's properties (at most 32767 bytes): longer ones match nothing
 
 
@@ -125,6 +126,11 @@ class AdminProcessor:
 
     def update_consumer_offsets(self, group: str, offsets: Mapping[QueueKey, int]) -> int:
         validate_group(group)
+        if len(offsets) > MAX_OFFSETS_PER_UPDATE:
+            raise InvalidArgumentError(
+                f"{len(offsets)} offsets in one update; at most {MAX_OFFSETS_PER_UPDATE} (each is checked against its "
+                "queue under the offset table's lock)"
+            )
         if self.admit_commit is not None:
             self.admit_commit(group)
         return self.offsets.commit(group, offsets, self.pulls.check_commit)

@@ -81,7 +81,7 @@ class RetryProcessor:
         )
         raise_for_put(result.put, f"send-back of group {request.consumer_group}")
         if result.dead_letter:
-            self.topics.create(result.topic, 1, if_not_exists=True)
+            self.topics.create(result.topic, 1, if_not_exists=True, charged=True)  # stored already: registered as data
         return pb.ConsumerSendMsgBackResponse(topic=result.topic, queue_id=result.queue_id,
                                               dead_letter=result.dead_letter, delay_level=result.delay_level,
                                               reconsume_times=result.reconsume_times)  # fmt: skip

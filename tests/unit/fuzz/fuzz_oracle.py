@@ -18,11 +18,12 @@ from typing import Any
 
 import grpc
 
+from broker.config import BrokerConfig
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX
 from broker.server.process import BrokerProcess
-from broker.store import MessageStore, StoreConfig
+from broker.store import MessageStore
 from broker.store.message import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP, decode_entry, parse_layout
 from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal
 
@@ -30,7 +31,7 @@ from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal
 # entry reads back as it was sent except there.
 STORE_FIELDS = ((POS_QUEUE_OFFSET, POS_QUEUE_OFFSET + 16), (POS_STORE_TIMESTAMP, POS_STORE_TIMESTAMP + 16))
 STORE_SETTINGS = {"mapped_file_size_commit_log": 64 << 20}
-CALL_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 60.0  # generous: a busy 2-core CI machine can take seconds over an fsync
 # FUZZ_LONG (make fuzz): many more examples per family, and a SIGKILL instead of a clean stop between families.
 LONG = os.environ.get("SLUICE_FUZZ_LONG", "") not in ("", "0")
 
@@ -181,16 +182,16 @@ class Fuzzer:
     def end_family(self, name: str) -> str:
         """Commit the family's transactions, check everything, restart the broker; a summary line."""
         calls, refused = self.calls - self._mark[0], self.refused - self._mark[1]
-        self._commit_transactions()
-        self._read_back(name)
         problems, self.problems = self.problems, []
         assert not problems, f"{name}: {len(problems)} unclear refusals, first ones:\n" + "\n".join(problems[:10])
+        self._commit_transactions()
+        self._read_back(name)
         self.families += 1
         kill = LONG and self.families % 2 == 0
         t0 = time.monotonic()
         self.stop(kill=kill)
         t1 = time.monotonic()
-        found = store_problems(self.store_dir)
+        found = store_problems(self.store_dir, self.config)
         assert found == [], f"{name}: check() after the family: {found[:10]}"
         t2 = time.monotonic()
         self.start()
@@ -213,7 +214,11 @@ class Fuzzer:
 
     def _find_committed(self, h: Committed) -> bool:
         """Whether a committed message with the half's body (and properties, as sent, first) is in its queue (any
-        of the topic's first eight when the send let the broker pick: queue_id < 0)."""
+        of the topic's first eight when the send let the broker pick: queue_id < 0). A dead-letter queue cannot
+        be pulled: there the queue must merely hold messages."""
+        if h.topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+            a = self.call("GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=h.topic))
+            return a.ok and any(q.max_offset > 0 for q in a.response.queues)
         for queue_id in [h.queue_id] if h.queue_id >= 0 else range(8):
             offset = 0
             while True:
@@ -259,9 +264,11 @@ def _raw_properties(entry: bytes) -> bytes:
     return entry[lay.props_start : lay.props_start + lay.props_len]
 
 
-def store_problems(store_dir: Path) -> list[str]:
-    """check() of the stopped broker's store, opened as the broker opens it (recovering it after a SIGKILL)."""
-    store = MessageStore(StoreConfig(store_path=str(store_dir), **STORE_SETTINGS))  # type: ignore[arg-type]
+def store_problems(store_dir: Path, config: Path) -> list[str]:
+    """check() of the stopped broker's store, opened with the broker's own store settings (delay levels included:
+    the schedule topic's units hold due times) and recovered as it would be (after a SIGKILL)."""
+    settings = BrokerConfig.from_file(config, store_path=str(store_dir))
+    store = MessageStore(settings.store_config())
     store.start()
     try:
         return store.check()

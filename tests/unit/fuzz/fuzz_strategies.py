@@ -14,7 +14,9 @@ from broker.proto import sluice_pb2 as pb
 from broker.store.message import ENTRY_HEADER, MESSAGE_MAGIC, PROPS_LEN, SysFlag, encode_properties
 
 BROKER = pb.DESCRIPTOR.services_by_name["Broker"]
-KEPT_TOPICS = ["FzKept0", "FzKept1", "FzKept2"]  # the oracle reads them: requests other than sends never name them
+# The oracle reads these and the FzNew* topics the sends create: requests other than sends never name them (a
+# topic deleted and made again starts its queue offsets over, and pulls then read the new messages).
+KEPT_TOPICS = ["FzKept0", "FzKept1", "FzKept2"]
 GROUP = "fz-producers"
 BAD_TOPICS = ["", "a b", "\u00e9t\u00e9", "x" * 200, "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
               "RMQ_SYS_TRANS_OP_HALF_TOPIC", "rmq_sys_x", "%DLQ%fz", "../config", "T\x00"]  # fmt: skip
@@ -106,16 +108,16 @@ def mutate(buffer: bytes, first_entry: int, mutation: str, where: float, garbage
     if mutation == "trailing garbage":
         return buffer + garbage
     if mutation == "lying TOTALSIZE":
-        return buffer[:first_entry] + struct.pack(">i", int(where * 2**31)) + buffer[first_entry + 4 :]
+        return buffer[:first_entry] + struct.pack(">i", int(where * (2**31 - 1))) + buffer[first_entry + 4 :]
     if mutation == "bad CRC":
-        return buffer[: first_entry + 8] + struct.pack(">i", int(where * 2**31)) + buffer[first_entry + 12 :]
+        return buffer[: first_entry + 8] + struct.pack(">i", int(where * (2**31 - 1))) + buffer[first_entry + 12 :]
     return buffer
 
 
 # ------------------------------------------------------------------------------------------------ any request
 
 text = st.one_of(
-    st.sampled_from(["FzNew1", "FzOther", "fz-group", "T", "*", "TagA || TagB", "SQL92", "TAG", "a > 1", "OPEN",
+    st.sampled_from(["FzRpc1", "FzOther", "fz-group", "T", "*", "TagA || TagB", "SQL92", "TAG", "a > 1", "OPEN",
                      "COMMITTED", "fz-tx-1", "7F0000010000A09F0000000000000000", GROUP]),
     st.sampled_from(BAD_TOPICS),
     st.text(max_size=30),

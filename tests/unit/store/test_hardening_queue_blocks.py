@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from broker.store import MessageStore, PutStatus
 from broker.store.batch import split_entries
 from broker.store.config import CQ_UNIT_SIZE
+from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.mapped_file import RESERVE_FIRST_BYTES
 from broker.store.message import encode_entry
 
@@ -94,3 +100,27 @@ def test_sparse_queue_files_recover_after_a_crash(make_store: Callable[..., Mess
     assert bodies == [f"m{i}".encode() for i in range(400)]
     f = again.queues.find("Sparse", 1)
     assert f is not None and os.stat(f.files.files[0].path).st_blocks * 512 >= 400 * CQ_UNIT_SIZE
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 29_999), st.integers(0, 3)), max_size=30), st.integers(0, 1 << 20))
+def test_the_end_of_a_sparse_queue_is_the_full_scan_s(writes: list[tuple[int, int]], log_end: int) -> None:
+    """Recovery reads only the ranges of a queue file that may hold data (SEEK_DATA/SEEK_HOLE): the end it finds is
+    the one a scan of every unit finds, wherever units were written (holes between them, reserved zeros, units
+    past the commit log's end)."""
+    with tempfile.TemporaryDirectory() as d:
+        cq = ConsumeQueue(d, "T", 0, CQ_FILE_BYTES, lambda fd: None)
+        cq.files.load()
+        for unit, kind in writes:
+            size = (0, 10, 10, 10)[kind]  # kind 0: a reserved unit that stays zero
+            offset = unit * 1000 if kind != 3 else (1 << 20) + unit  # kind 3: an entry past the log's end
+            cq.put_units(unit, CQ_UNIT.pack(offset, size, 0))
+        f = cq.files.files[0] if cq.files.files else None
+        want = -1
+        if f is not None:
+            units = np.frombuffer(f.mm, CQ_DTYPE)
+            ok = np.flatnonzero((units["size"] > 0) & (units["offset"] + units["size"] <= log_end))
+            del units
+            want = (int(ok[-1]) + 1) * CQ_UNIT_SIZE if ok.size else -1
+        assert cq._find_end(log_end) == want
+        cq.close()
