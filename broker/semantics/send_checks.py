@@ -19,6 +19,8 @@ to give).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, shown
@@ -32,8 +34,9 @@ from broker.store.message import (
     PROPS_LEN,
     TOPIC_PATTERN,
     SysFlag,
+    encode_properties,
 )
-from broker.store.properties import check_sections
+from broker.store.properties import check_sections, not_canonical, section_fault
 
 MAX_PRODUCER_GROUP_CHARS = 255  # RocketMQ's CHARACTER_MAX_LENGTH for group names
 
@@ -114,8 +117,17 @@ def check_entries(validated: SmallBatch | ValidatedBatch, what: str = "SendBatch
         raise MessageIllegalError(f"{what} refused, nothing stored: {e.message}") from None
 
 
-def check_message(sys_flag: int, reconsume_times: int, what: str = "SendMessage") -> None:
-    """check_entries for a message sent with its fields (SendMessage); its properties are a map, encoded by the
-    store, which refuses separators in names and values (so they are canonical once encoded)."""
+def check_message(
+    sys_flag: int, reconsume_times: int, properties: Mapping[str, str] | None = None, what: str = "SendMessage"
+) -> None:
+    """check_entries for a message sent with its fields (SendMessage): its properties are a map, so no name comes
+    twice; encoded, they must be canonical all the same (no separator inside a name or value, no empty name)."""
     _refuse_transaction_bits([sys_flag], what)
     _refuse_negative_reconsume_times([reconsume_times], what)
+    if properties:
+        try:
+            why = section_fault(encode_properties(properties))
+        except MessageIllegalError as e:
+            why = e.message
+        if why:
+            raise MessageIllegalError(f"{what} refused, nothing stored: {not_canonical('the message', why)}")

@@ -404,7 +404,7 @@ class TransactionService:
         what the broker writes into a half (half_property_conflict) or one with DELAY."""
         props = dict(properties or {})
         validate_producer_group(producer_group)
-        check_message(int(put_kwargs.get("sys_flag", 0)), int(put_kwargs.get("reconsume_times", 0)), "SendMessage")
+        check_message(int(put_kwargs.get("sys_flag", 0)), int(put_kwargs.get("reconsume_times", 0)), props)
         conflict = half_property_conflict(props, topic, queue_id, producer_group, txn_id)
         if conflict:
             raise MessageIllegalError(f"the half message {conflict}")

@@ -175,7 +175,7 @@ def rewrite_batch_as_half(buffer: bytes | memoryview, producer_group: str, txn_i
         topic = raw_topic.decode("ascii")
         if not 0 <= h.queue_id < MAX_QUEUE_ID:
             raise MessageIllegalError(f"batch entry {i} has queue id {h.queue_id}; queue ids are 0..{MAX_QUEUE_ID - 1}")
-        check_message(h.sys_flag, h.reconsume_times, "SendBatch")
+        check_message(h.sys_flag, h.reconsume_times, what="SendBatch")
         raw_props = bytes(buffer[lay.props_start : lay.props_start + lay.props_len])
         why = section_fault(raw_props)
         if why:

@@ -85,7 +85,7 @@ class SendProcessor:
         validate_topic(topic)
         if is_system_topic(topic):
             raise MessageIllegalError(f"topic {topic!r} is a system topic written by the broker only; send elsewhere")
-        check_message(sys_flag, reconsume_times)  # the checks every send path makes (send_checks)
+        check_message(sys_flag, reconsume_times, properties)  # the checks every send path makes (send_checks)
         if queue_id < 0:
             queue_id = next(self._round_robin) % self.topics.writable_queue_nums(topic)
         self.topics.check_write(topic, queue_id, queue_id)  # creates nothing: a refused send leaves no topic

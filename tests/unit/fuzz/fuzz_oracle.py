@@ -32,6 +32,9 @@ from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal
 STORE_FIELDS = ((POS_QUEUE_OFFSET, POS_QUEUE_OFFSET + 16), (POS_STORE_TIMESTAMP, POS_STORE_TIMESTAMP + 16))
 STORE_SETTINGS = {"mapped_file_size_commit_log": 64 << 20}
 CALL_TIMEOUT_S = 60.0  # generous: a busy 2-core CI machine can take seconds over an fsync
+# A clean stop syncs every consume queue with unsynced units (thousands after the long run's families): on a
+# loaded machine that took longer than BrokerProcess's default half minute.
+STOP_TIMEOUT_S = 300.0
 # FUZZ_LONG (make fuzz): many more examples per family, and a SIGKILL instead of a clean stop between families.
 LONG = os.environ.get("SLUICE_FUZZ_LONG", "") not in ("", "0")
 
@@ -97,7 +100,7 @@ class Fuzzer:
         if kill:
             self.broker.kill()
         else:
-            code = self.broker.stop()
+            code = self.broker.stop(STOP_TIMEOUT_S)
             assert code == 0, f"broker exited {code}:\n" + "\n".join(self.broker.output)
         self.broker = None
 

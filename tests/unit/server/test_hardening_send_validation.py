@@ -127,6 +127,9 @@ def test_a_transactional_send_message_is_checked_as_a_plain_one(broker: BrokerCo
         "another transaction's id": half(transaction_id="tx-1", properties={"__transactionId__": "tx-2"}),
         "a DELAY": half(properties={"DELAY": "2"}),
         "a DELAY that is no number": half(properties={"DELAY": "\u0663"}),
+        "an empty property name": half(properties={"": "v"}),
+        "a separator in a property name": half(properties={"a\x01b": "v"}),
+        "an empty property name, plain": half(transactional=False, producer_group="", properties={"": "v"}),
     }
     with stub(endpoint) as s:
         for name, request in refused.items():
