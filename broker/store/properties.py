@@ -70,19 +70,16 @@ def section_fault(raw: bytes | bytearray) -> str:
     return ""
 
 
-# Runs of more sections than this are checked by the compiled twin of section_fault (scan_kernel): about 3 us a
-# section in Python, and numba is loaded anyway by then (the walk of batches that size uses it).
-COMPILED_MIN_SECTIONS = 32
-
-
 def first_bad_section(buf: bytes | bytearray | memoryview, starts: np.ndarray, lengths: np.ndarray) -> tuple[int, str]:
     """(index, why) of the first section ``buf[starts[i] : starts[i] + lengths[i]]`` that is not canonical;
-    (-1, "") when all are. Few sections: ``section_fault`` on each; more: its compiled twin, which hands back to
-    the definition the sections it cannot decide alone (many pairs) and names the bad one."""
+    (-1, "") when all are. ``section_fault`` on each section (about 3 us a section) in a buffer under
+    scan_kernel.COMPILED_MIN_BYTES, as the walk decides (numba's start-up would cost more); in a bigger one its
+    compiled twin (a few ns a byte), which hands back to the definition the sections it cannot decide alone
+    (many pairs) and names the bad one."""
     data = bytes(buf) if isinstance(buf, memoryview) else buf
     starts = np.asarray(starts, np.int64)
     lengths = np.asarray(lengths, np.int64)
-    if starts.size <= COMPILED_MIN_SECTIONS:
+    if len(data) < scan_kernel.COMPILED_MIN_BYTES:
         for i, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
             why = section_fault(data[a : a + n]) if n else ""
             if why:
