@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit integration lint proto bench demo image clean
+.PHONY: venv test unit integration fuzz lint proto bench demo image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	bash scripts/test.sh tests/integration $(PYTEST_ARGS)
+
+## make fuzz: the long fuzz run of a broker process (15x the examples of the one in `make test`, random rather
+## than fixed, SIGKILL between families); about 15 minutes on 2 cores
+fuzz: $(STAMP)
+	SLUICE_FUZZ_LONG=1 $(PY) -m pytest tests/unit/fuzz -q -s $(PYTEST_ARGS)
 
 ## make bench: every benchmark; tables on stdout, JSON (and charts) in bench/results/
 bench: $(STAMP)

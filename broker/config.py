@@ -48,6 +48,7 @@ POSITIVE_SETTINGS = (
     "register_interval_ms", "send_dedup_window_ms", "pop_max_invisible_ms", "pop_max_inflight_per_queue",
     "pop_auto_renew_invisible_ms", "timer_max_delay_ms", "timer_max_pending", "journal_compact_bytes",
     "rmqv2_max_long_polling_ms",
+    "max_total_queue_nums", "max_auto_create_topics_per_request", "max_consumers", "max_subscription_groups",
 )  # fmt: skip
 # What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
 # one message), a pull answer's entry positions (5 bytes for each of at most 4096) and protobuf framing.
@@ -127,6 +128,14 @@ class BrokerConfig:
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
     max_topic_queue_nums: int = 1024
+    # Queues of all topics together (each is a directory, a file, an open descriptor and a memory mapping), and
+    # topics one request may auto-create: a 38 KB batch once named 50 new topics (broker/server/topic_config.py).
+    max_total_queue_nums: int = 8192
+    max_auto_create_topics_per_request: int = 16
+    # Consumers (all groups) and subscription groups kept at once: each heartbeat under a new client id or group
+    # name adds one, kept until it expires (consumers) or for good (groups, in subscriptionGroup.json).
+    max_consumers: int = 10_000
+    max_subscription_groups: int = 10_000
     long_polling_enable: bool = True  # False: short polling, a held pull re-checks every short_polling_time_ms
     short_polling_time_ms: int = 1000
     long_polling_recheck_ms: int = 5000  # safety re-check of held pulls even without an arrival notice
@@ -215,6 +224,11 @@ class BrokerConfig:
         if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
             raise InvalidArgumentError(
                 f"default_topic_queue_nums {self.default_topic_queue_nums} must be in 1..{self.max_topic_queue_nums}"
+            )
+        if self.max_total_queue_nums < self.default_topic_queue_nums:
+            raise InvalidArgumentError(
+                f"max_total_queue_nums {self.max_total_queue_nums} is below default_topic_queue_nums "
+                f"{self.default_topic_queue_nums}: not even one topic could be auto-created"
             )
         if not 0 <= self.grpc_reserved_workers < self.grpc_max_workers:
             raise InvalidArgumentError("grpc_reserved_workers must be in 0..grpc_max_workers-1")

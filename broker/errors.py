@@ -41,6 +41,21 @@ class ResponseCode(enum.IntEnum):
     STORE_CORRUPTED = 900
     INVALID_ARGUMENT = 901
     INVALID_RECEIPT_HANDLE = 902  # pop: a handle not issued here, altered, expired, acked or superseded
+    LIMIT_EXCEEDED = 903  # a configured bound (topics, queues, groups...) refuses the request; retrying will not help
+
+
+# Values from a request that an error message repeats are cut to this many characters: a message travels in the
+# gRPC status details (a header, percent-encoded, capped at a few KiB by the receiver), and an echo of a 20,000-
+# character field would replace the real error with a transport one.
+ECHO_MAX_CHARS = 60
+
+
+def shown(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters with how much was left out."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...(+{len(text) - limit} chars)"
 
 
 class BrokerError(Exception):
@@ -96,6 +111,20 @@ class FlushDiskTimeoutError(BrokerError):
     """A SYNC_FLUSH write was appended but not confirmed on disk in time; it may or may not survive a crash."""
 
     code = ResponseCode.FLUSH_DISK_TIMEOUT
+
+
+class NoPermissionError(BrokerError):
+    """The request is well formed but not allowed: a system topic read from outside the broker, a group whose
+    consumption is disabled, a dead-letter queue pulled."""
+
+    code = ResponseCode.NO_PERMISSION
+
+
+class LimitExceededError(BrokerError):
+    """A configured bound of the broker refuses the request (topics it may create, queues it may hold...); the
+    message names the setting. Sending the same request again will not help."""
+
+    code = ResponseCode.LIMIT_EXCEEDED
 
 
 class SystemBusyError(BrokerError):

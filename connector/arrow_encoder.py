@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from broker.client.half_batch import HALF_TOPIC, half_suffix
 from broker.errors import MessageIllegalError
-from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, foreign_transaction, half_properties
+from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, half_properties, half_property_conflict
 from broker.store.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Prop,
@@ -173,14 +173,14 @@ class RowEncoder:
 
     def _half_props(self, topic: bytes, queue_id: int, props: dict[str, str]) -> bytes:
         """A row's properties encoded as its half entry's: the half suffix appended to its own, or (when the row
-        itself names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a foreign
-        transaction id."""
+        itself names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a half property
+        of another value than the broker writes (another transaction's id, another REAL_TOPIC...)."""
         assert self.half is not None
         group, txn_id = self.half
         if not _HALF_NAMES.isdisjoint(props):
-            foreign = foreign_transaction(props, txn_id)
-            if foreign:
-                raise MessageIllegalError(foreign)
+            conflict = half_property_conflict(props, topic.decode("ascii"), queue_id, group, txn_id)
+            if conflict:
+                raise MessageIllegalError(conflict)
             return encode_properties(half_properties(props, topic.decode("ascii"), queue_id, group, txn_id))
         key = (topic, queue_id)
         suffix = self._suffixes.get(key)

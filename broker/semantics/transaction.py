@@ -64,6 +64,7 @@ import numpy as np
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
+from broker.semantics.send_checks import check_entries, check_message, validate_producer_group
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
 from broker.semantics.transaction_codec import (
     BATCH,
@@ -81,6 +82,7 @@ from broker.semantics.transaction_codec import (
     encode_commit_start,
     encode_offsets,
     half_properties,
+    half_property_conflict,
     half_sys_flag,
     is_half_batch,
     raw_property,
@@ -397,8 +399,15 @@ class TransactionService:
         **put_kwargs: Any,
     ) -> tuple[PutResult, str]:
         """Store one half message (RocketMQ's prepared send). The id defaults to the message's
-        ``__transactionId__``, else its UNIQ_KEY, else a new one. Returns (store result, transaction id)."""
+        ``__transactionId__``, else its UNIQ_KEY, else a new one. Returns (store result, transaction id).
+        MessageIllegalError (nothing stored) for a message a plain send refuses too (send_checks), one that claims
+        what the broker writes into a half (half_property_conflict) or one with DELAY."""
         props = dict(properties or {})
+        validate_producer_group(producer_group)
+        check_message(int(put_kwargs.get("sys_flag", 0)), int(put_kwargs.get("reconsume_times", 0)), props)
+        conflict = half_property_conflict(props, topic, queue_id, producer_group, txn_id)
+        if conflict:
+            raise MessageIllegalError(f"the half message {conflict}")
         refuse_delay(props.get(Prop.DELAY), "the half message")
         txn_id = txn_id or props.get(Prop.TRANSACTION_ID) or props.get(Prop.UNIQ_KEY) or uuid.uuid4().hex.upper()
         props = half_properties(props, topic, queue_id, producer_group, txn_id)
@@ -420,19 +429,24 @@ class TransactionService:
         wait_store_ok: bool | None = None,
         admit: Callable[[dict[str, tuple[int, int]]], None] | None = None,
         declared: int = 0,
+        validated: SmallBatch | ValidatedBatch | None = None,
     ) -> PutResult:
         """Store a client batch as half messages of ``txn_id``; all of the batch joins, or none. The entries may be
         encoded for their real topics (re-encoded here, ~10k msgs/s) or already in half form with
         ``transaction_codec.encode_half_entry`` (only checked: the fast path). ``admit(real topic -> (lowest,
         highest) queue id)`` may refuse the real queues of half-form entries (raise) before anything is stored;
         ``declared``, when not 0, is the entry count the sender says the buffer holds (checked likewise).
-        The result's offsets are the halves'."""
+        ``validated``: the store's validate_batch of ``buffer`` when the caller has it (the server: it validates
+        every batch as sent, send_checks included); otherwise it is validated here. The result's offsets are the
+        halves'."""
         check_transaction_id(txn_id)
-        validated: SmallBatch | ValidatedBatch | None = None
+        validate_producer_group(producer_group)
+        if validated is None:
+            validated = self.store.validate_batch(buffer)  # framing, sizes, CRCs: on the entries as sent
+            check_entries(validated)
         if is_half_batch(buffer):  # fast path: the client encoded half entries (encode_half_entry)
             half_buffer = bytes(buffer)
             self._check_half_size(len(half_buffer), -1)
-            validated = self.store.validate_batch(half_buffer)  # framing, sizes, CRCs: one scan serves both
             checked = check_halves(half_buffer, producer_group, txn_id,
                                    run=validated.run if isinstance(validated, ValidatedBatch) else None)  # fmt: skip
             if admit is not None:
@@ -441,6 +455,7 @@ class TransactionService:
         else:
             half_buffer, count = rewrite_batch_as_half(buffer, producer_group, txn_id)
             self._check_half_size(len(half_buffer), count)
+            validated = None  # the halves are new bytes: put_batch validates them
         if declared and declared != count:
             raise MessageIllegalError(
                 f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"

@@ -44,6 +44,7 @@ from broker.server.pop_processor import PopProcessor
 from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
 from broker.server.registration import NameServerRegistrar
+from broker.server.request_guard import MalformedRequestGuard
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
@@ -81,9 +82,11 @@ class BrokerController:
         self.topics = TopicConfigManager(
             config.config_dir, default_queue_nums=config.default_topic_queue_nums,
             max_queue_nums=config.max_topic_queue_nums, auto_create=config.auto_create_topic_enable,
+            max_total_queue_nums=config.max_total_queue_nums,
+            max_auto_create_topics_per_request=config.max_auto_create_topics_per_request,
         )  # fmt: skip
         self.offsets = ConsumerOffsetManager(config.config_dir)
-        self.consumers = ConsumerManager(config.consumer_expire_ms)
+        self.consumers = ConsumerManager(config.consumer_expire_ms, config.max_consumers)
         # Held pulls and transaction check streams each occupy a gRPC worker; together they stay within this, so
         # sends and admin calls always find one of the reserved workers. Streams may take half of it.
         max_held = config.grpc_max_workers - config.grpc_reserved_workers
@@ -144,7 +147,10 @@ class BrokerController:
             ("grpc.so_reuseport", 0),  # a second broker on the same port must fail, not share it
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options,
+            interceptors=[MalformedRequestGuard()],
+        )  # fmt: skip
         try:
             self.port = server.add_insecure_port(format_address(host, port))
         except RuntimeError as e:
@@ -225,7 +231,9 @@ class BrokerController:
         cfg, config_dir = self.config, str(store.config.config_dir)
         self.schedule = ScheduleMessageService(store, config_dir, levels=cfg.message_delay_level)
         self.schedule.start()
-        self.groups = SubscriptionGroupManager(config_dir, auto_create=cfg.auto_create_subscription_group)
+        self.groups = SubscriptionGroupManager(
+            config_dir, auto_create=cfg.auto_create_subscription_group, max_groups=cfg.max_subscription_groups
+        )
         self.transactions = TransactionService(
             store, config_dir, checker=self._check_back, transaction_timeout_ms=cfg.transaction_timeout_ms,
             check_interval_ms=cfg.transaction_check_interval_ms, check_max=cfg.transaction_check_max,
@@ -285,6 +293,7 @@ class BrokerController:
         service.pops = PopProcessor(self.pops, cfg.max_suspend_timeout_ms)
         self.admin.admit_commit = retries.admit_commit
         service.transactions = TransactionProcessor(self.transactions, self.check_hub)
+        self.check_hub.read_entry = store.lookup_entry
         service.retries, service.locks = retries, self.locks
         service.dedup = SendDeduplicator(store, cfg.send_dedup_window_ms)
         service.identity = (cfg.cluster_name, cfg.broker_name or default_broker_name())

@@ -149,8 +149,8 @@ def test_bad_batches_are_refused_whole(box: StoreBox) -> None:
         with pytest.raises(MessageIllegalError):
             tx.put_half_batch(good, "spark", "")
         assert box.s.max_offset(TRANS_HALF_TOPIC, 0) == 0
-        res = tx.put_half_batch(batch("Out", [b"x" * 70_000]), "spark", "t1")  # over max_message_size
-        assert not res.ok and "MESSAGE_SIZE_EXCEEDED" in res.error
+        with pytest.raises(MessageIllegalError, match="MESSAGE_SIZE_EXCEEDED"):  # over max_message_size
+            tx.put_half_batch(batch("Out", [b"x" * 70_000]), "spark", "t1")
         assert tx.transaction("t1") is None  # its only puts were refused: nothing is kept for it
     finally:
         tx.shutdown()
