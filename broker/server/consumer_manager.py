@@ -18,9 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from broker.errors import BrokerError, ResponseCode
-
-from broker.errors import LimitExceededError
+from broker.errors import BrokerError, LimitExceededError, ResponseCode
 
 log = logging.getLogger(__name__)
 
