@@ -39,7 +39,7 @@ Not covered. A participant that lost halves it had acknowledged (an OS crash und
 (expected_messages), logs it at every pass and keeps the rest open for an operator, while the other participants'
 parts are visible; a SYNC_FLUSH broker loses no acknowledged half. The decision lives on one broker: until brokers
 are replicated, participants of a coordinator that is gone for good keep their open halves (never rolling back
-alone) until an operator ends them (``sluice``/``Admin.end_transaction``).
+alone) until an operator ends them (``sluice tx commit|rollback``).
 """
 
 from __future__ import annotations

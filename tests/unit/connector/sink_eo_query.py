@@ -34,11 +34,13 @@ def main() -> int:
         .option("consumerGroup", f"mirror-{target}").option("startingOffsets", "earliest")
         .option("maxMessagesPerTrigger", max_per_trigger).load()
     )  # fmt: skip
-    # The transform: the body gains a suffix, the tag and the source queue are carried over.
+    # The transform: the body gains a suffix, the tag and the source queue are carried over. In a cluster the key
+    # is the id's last two digits: 100 keys spread over every broker's queues, where 4 queue ids would not be.
+    key = F.substring(F.col("body").cast("string"), -2, 2) if cluster else F.col("queue_id").cast("string")
     out = df.select(
         F.concat(F.col("body").cast("string"), F.lit("|mirrored")).alias("body"),
         F.col("tags"),
-        F.col("queue_id").cast("string").alias("sharding_key"),
+        key.alias("sharding_key"),
     )
     query = (
         out.writeStream.format("sluice").option(*where).option("topic", target)
