@@ -3,8 +3,8 @@
 A topic named by ``topic``/``topics`` that does not exist fails the read (SourceOptionError) instead of reading as
 empty: a bounded read cannot wait for it, and an empty answer would hide a typo.
 
-``partitions()`` runs once in the planning worker on the driver (it resolves offsets against the broker there);
-``read()`` runs on executors with a pickled copy of this reader and pulls each range directly from the broker.
+``partitions()`` runs once in the planning worker on the driver (it resolves offsets against the brokers there);
+``read()`` runs on executors with a pickled copy of this reader and pulls each range directly from its broker.
 """
 
 from __future__ import annotations
@@ -42,16 +42,17 @@ class SluiceBatchReader(DataSourceReader):
         start = starting_positions(self.options, link, snap)
         end = ending_positions(self.options, snap, start)
         ranges = []
-        for (topic, qid), s in sorted(start.items()):
-            lo = snap[(topic, qid)][0]
-            e = end[(topic, qid)]
+        for key, s in sorted(start.items()):
+            lo = snap[key][0]
+            e = end[key]
             if s < lo and e > s:
-                data_lost(self.options, topic, qid, s, f"from {lo}", min(lo, e) - s)
+                data_lost(self.options, key, s, f"from {lo}", min(lo, e) - s)
                 s = min(lo, e)
-            ranges.append(QueueRange(topic, qid, s, e))
+            topic, broker, qid = key
+            ranges.append(QueueRange(topic, qid, s, e, broker))
         parts = split_ranges(ranges, self.options.min_partitions, self.options.max_messages_per_partition)
         log.info("sluice batch read: %d partitions over %d queues", len(parts), len(ranges))
-        return [SluicePartition(r.topic, r.queue_id, r.start, r.end) for r in parts]
+        return [SluicePartition(r.topic, r.queue_id, r.start, r.end, r.broker) for r in parts]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SluicePartition):

@@ -1,5 +1,5 @@
-"""Regenerate the gRPC stubs from ``sluice.proto`` and ``namesrv.proto``: ``python -m broker.proto.build`` (what
-``make proto`` runs).
+"""Regenerate the gRPC stubs from ``sluice.proto``, ``namesrv.proto`` and ``coordinator.proto``:
+``python -m broker.proto.build`` (what ``make proto`` runs).
 
 The proto is compiled with the repository root as include path so the generated service module imports
 ``broker.proto.sluice_pb2`` absolutely. ``.pyi`` type stubs come from mypy-protobuf's plugins when installed.
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
-PROTO_NAMES = ("sluice", "namesrv")
+PROTO_NAMES = ("sluice", "namesrv", "coordinator")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 
 

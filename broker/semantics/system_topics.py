@@ -17,6 +17,8 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # delayed messages; queue id = delay lev
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"  # transactional half (prepared) messages
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # one op message per ended transaction
 TIMER_TOPIC = "rmq_sys_wheel_timer"  # timer messages (TIMER_DELIVER_MS) until they are due; queue 0
+# Sluice's own (RocketMQ has no transactions over several brokers): the decisions a coordinator broker keeps
+TRANS_DECISION_TOPIC = "SLUICE_SYS_TRANS_DECISION_TOPIC"
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # RocketMQ's internal topics that Sluice does not write, reserved all the same (TopicValidator's
@@ -33,7 +35,8 @@ TRANS_READER_GROUP = "CID_SYS_RMQ_TRANS"
 TIMER_READER_GROUP = "CID_SYS_RMQ_TIMER"
 
 SYSTEM_TOPICS = (
-    frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TIMER_TOPIC}) | ROCKETMQ_RESERVED_TOPICS
+    frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TIMER_TOPIC, TRANS_DECISION_TOPIC})
+    | ROCKETMQ_RESERVED_TOPICS
 )
 
 

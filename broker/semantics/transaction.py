@@ -26,7 +26,9 @@ nothing. A commit whose halves or decision expired before that is given up (logg
 ended transaction returns the first outcome. Open transactions idle for ``transaction_timeout_ms`` are checked
 back with the producer group through ``checker`` every ``check_interval_ms``; after ``check_max`` unanswered checks
 they are rolled back (RocketMQ: transactionTimeOut 6 s, transactionCheckMax 15). A failure with one transaction in
-a pass (its commit, its check) is logged and leaves the others to be checked.
+a pass (its commit, its check) is logged and leaves the others to be checked. A transaction whose halves name a
+coordinator broker (one over several brokers) goes to ``resolver`` instead, at each check and at check_max: its
+coordinator decides it (decision_log.py).
 
 Halves may not carry DELAY > 0 (``refuse_delay``): a commit stores them in their real topics at once, and RocketMQ's
 producer drops DELAY from transactional sends.
@@ -145,6 +147,8 @@ class TxStatus(enum.Enum):
 
 
 Checker = Callable[[str, str, StoredMessage], "TxState | None"]
+# (transaction id, its first half, final) -> True when another broker decides it (participant_resolver.py)
+Resolver = Callable[[str, StoredMessage, bool], bool]
 
 
 class TransactionError(BrokerError):
@@ -299,6 +303,9 @@ class TransactionService:
         self.store = store
         self.path = os.path.join(config_dir, STATE_FILE)
         self.checker = checker
+        # Transactions whose halves name a coordinator broker are ended by its decision: they are handed to this
+        # instead of being checked back, and instead of being rolled back alone after check_max checks (final).
+        self.resolver: Resolver | None = None
         self.transaction_timeout_ms = transaction_timeout_ms
         self.check_interval_ms = check_interval_ms
         self.check_max = check_max
@@ -830,8 +837,10 @@ class TransactionService:
             self._retry_finish(t)
         expired = [t for t in idle if t.check_times >= self.check_max]
         for t in expired:
-            log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
             try:
+                if self._decided_elsewhere(t, final=True):
+                    continue
+                log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
                 self.end_transaction(t.txn_id, False)
             except Exception:  # broad, as in _check_back: one transaction's failure must not end the pass
                 log.exception("transaction %s: rollback after %d checks failed; retried next pass", t.txn_id,
@@ -865,6 +874,8 @@ class TransactionService:
     def _check_back(self, t: _Txn) -> None:
         """Ask one transaction's producer group and apply a definite answer."""
         try:
+            if self._decided_elsewhere(t, final=False):
+                return
             answer = self._ask(t)
             if answer in (TxState.COMMIT, TxState.ROLLBACK):
                 self.end_transaction(t.txn_id, answer is TxState.COMMIT, from_check=True)
@@ -877,16 +888,26 @@ class TransactionService:
     def _ask(self, t: _Txn) -> TxState | None:
         if self.checker is None:
             return None
-        with self._lock:
-            first = min(t.halves) if t.halves else None
-        if first is None:
+        half = self._first_half(t)
+        if half is None:
             return None
-        half = decode_entry(self._read_half_runs([first])[0].buffer)
         try:
             return self.checker(t.producer_group, t.txn_id, half)
         except Exception:
             log.exception("transaction %s: checker of group %s failed", t.txn_id, t.producer_group)
             return None
+
+    def _first_half(self, t: _Txn) -> StoredMessage | None:
+        with self._lock:
+            first = min(t.halves) if t.halves else None
+        return None if first is None else decode_entry(self._read_half_runs([first])[0].buffer)
+
+    def _decided_elsewhere(self, t: _Txn, *, final: bool) -> bool:
+        """True when ``resolver`` takes the transaction: its halves name the coordinator broker that decides it."""
+        if self.resolver is None:
+            return False
+        half = self._first_half(t)
+        return half is not None and self.resolver(t.txn_id, half, final)
 
     # ------------------------------------------------------------------------------------------ recovery
 

@@ -18,11 +18,14 @@ from typing import Any
 import grpc
 
 from broker.address import check_port_free, format_address
+from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
+from broker.client.router import Router
 from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
 from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
+from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.rmqv2 import wiring as rmqv2_wiring
 from broker.rmqv2.clients import ClientRegistry
@@ -35,10 +38,13 @@ from broker.semantics import (
 )
 from broker.semantics.pop import PopService
 from broker.semantics.timer import TimerService
+from broker.semantics.decision_log import DecisionLog
+from broker.semantics.participant_resolver import ParticipantResolver
 from broker.server.admin_processor import AdminProcessor
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
+from broker.server.coordinator_service import CoordinatorService, coordinator_asker
 from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
 from broker.server.pop_processor import PopProcessor
 from broker.server.pull_hold import PullHoldService
@@ -58,6 +64,7 @@ log = logging.getLogger(__name__)
 
 CONSUMER_EXPIRE_SCAN_MS = 10_000  # RocketMQ's ClientHousekeepingService scans every 10 s
 POP_REVIVE_S = 0.5  # pop: dead letters nobody popped, auto-renewals, offsets (renewals act 10 s ahead: ample)
+COORDINATOR_CALL_TIMEOUT_S = 10.0  # a participant's question to a coordinator broker: an in-memory lookup there
 
 
 def advertised_ip(host: str) -> str:
@@ -103,6 +110,9 @@ class BrokerController:
         # Broker semantics services: started after the store (tx recovery before serving), stopped before it.
         self.schedule: ScheduleMessageService | None = None
         self.transactions: TransactionService | None = None
+        self.decisions: DecisionLog | None = None  # this broker as a coordinator (decision_log.py)
+        self.participants: ParticipantResolver | None = None  # ... and as a participant
+        self._coordinator_router: Router | None = None
         self.groups: SubscriptionGroupManager | None = None
         self.locks = QueueLockManager()
         self.server: grpc.Server | None = None
@@ -240,6 +250,19 @@ class BrokerController:
             max_halves=cfg.transaction_max_halves, commit_memory_bytes=cfg.transaction_commit_memory_bytes,
             max_outcomes=cfg.transaction_max_outcomes,
         )  # fmt: skip
+        self.decisions = DecisionLog(store, config_dir)
+        self.decisions.start()
+        # Always installed, with name servers or without: a broker must never roll back alone the halves of a
+        # transaction another broker decides (without name servers, only its own decisions can be found).
+        name = cfg.broker_name or default_broker_name()
+        client = None
+        if cfg.namesrv_list:
+            self._coordinator_router = Router(namesrv=cfg.namesrv_addr, timeout_s=COORDINATOR_CALL_TIMEOUT_S)
+            client = CoordinatorClient(self._coordinator_router)
+        self.participants = ParticipantResolver(self.transactions, name,
+                                                coordinator_asker(self.decisions, name, client))  # fmt: skip
+        self.transactions.resolver = self.participants
+        self.participants.start()
         self.transactions.start()  # recovery: interrupted commits are finished before any request is served
         sync = cfg.flush_disk_type == "SYNC_FLUSH"
         self.timers = TimerService(store, config_dir, max_delay_ms=cfg.timer_max_delay_ms,
@@ -251,6 +274,9 @@ class BrokerController:
 
     def _stop_semantics(self) -> None:
         self.check_hub.shutdown()
+        if self.participants is not None:
+            self.participants.shutdown()
+            self.participants = None
         self.rmqv2_clients.shutdown()
         if self.pops is not None:
             self.pops.shutdown()
@@ -261,6 +287,12 @@ class BrokerController:
         if self.transactions is not None:
             self.transactions.shutdown()
             self.transactions = None
+        if self.decisions is not None:
+            self.decisions.shutdown()
+            self.decisions = None
+        if self._coordinator_router is not None:
+            self._coordinator_router.close()
+            self._coordinator_router = None
         if self.schedule is not None:
             self.schedule.shutdown()
             self.schedule = None
@@ -301,6 +333,8 @@ class BrokerController:
         pb_grpc.add_BrokerServicer_to_server(service, server)
         if cfg.rmqv2_enable:
             rmqv2_wiring.add_service(self, server, sends, pulls)
+        assert self.decisions is not None
+        cpb_grpc.add_TransactionCoordinatorServicer_to_server(CoordinatorService(self.decisions), server)
         self._register_gauges(store)
 
     def _register_gauges(self, store: MessageStore) -> None:
