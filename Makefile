@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit integration lint proto bench demo clean test-failover
+.PHONY: venv test unit integration fuzz lint proto bench demo image clean test-failover
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,14 +41,24 @@ unit: $(STAMP)
 integration: $(STAMP)
 	bash scripts/test.sh tests/integration $(PYTEST_ARGS)
 
+## make fuzz: the long fuzz run of a broker process (15x the examples of the one in `make test`, random rather
+## than fixed, SIGKILL between families); about 15 minutes on 2 cores
+fuzz: $(STAMP)
+	SLUICE_FUZZ_LONG=1 $(PY) -m pytest tests/unit/fuzz -q -s $(PYTEST_ARGS)
+
 ## make bench: every benchmark; tables on stdout, JSON (and charts) in bench/results/
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench
 
-## make demo: the main job on an embedded broker
+## make demo: the main job on a broker it starts as a child process
 demo: $(STAMP)
 	$(PY) -m streaming_jobs.demo
+
+## make image: the broker image sluice-broker:latest, with or without a registry (starts a Docker engine if needed)
+image: $(STAMP)
+	SLUICE_SKIP_IMAGE_BUILD=1 bash scripts/ensure-docker.sh
+	bash scripts/build-image.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -15,9 +15,9 @@ Same machine, loopback, same message count and size, each system through its sta
 Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, an uncounted warm-up run, and
 flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms).
 
-End-to-end latency, at the issue's fixed 5k msgs/s and at 250 msgs/s (a rate every system's single sends
-sustain here, so the figures show the systems rather than queueing behind a saturated sender): the producer
-sends single messages with the synchronous API at a fixed rate; the consumer
+End-to-end latency, at a fixed 5k msgs/s (a broker's load, more than one sender may carry) and at 250 msgs/s (a
+rate every system's single sends sustain here, so the figures show the systems rather than queueing behind a
+saturated sender): the producer sends single messages with the synchronous API at a fixed rate; the consumer
 runs in its own process; latency = receive time - scheduled send time, so a sender that falls behind the rate
 counts against its system (the achieved rate is reported beside; a sender that can't keep up stops after
 ``LATENCY_MAX_WALL_S``).
@@ -60,7 +60,7 @@ SIZES_B = (100, 1024)
 COUNT_BY_SIZE = {100: 200_000, 1024: 100_000}  # at scale 1.0
 WARMUP_FRACTION = 10  # each measured run follows an uncounted one of a tenth of its size (caches, first routes)
 BATCH_MSGS = 1000  # pipeline depth / batch / fetch size, the same for every system
-LATENCY_RATES_PER_S = (5000, 250)  # the fixed rate, and one every system's single sends sustain here
+LATENCY_RATES_PER_S = (5000, 250)  # a broker's load, and a rate every system's single sends sustain here
 LATENCY_DURATION_S = 3.0
 LATENCY_SIZE_B = 100
 LATENCY_WARMUP_MSGS = 500  # dropped from the percentiles: connection set-up, first topic route

@@ -1,4 +1,4 @@
-"""Markdown tables from ``bench/results/*.json``, for the README: ``python -m bench.report``.
+"""Markdown tables from ``bench/results/*.json``, for docs/benchmarks.md: ``python -m bench.report``.
 
 It reads only what the benchmarks wrote; a missing file is skipped with a note, so the tables always match a run.
 """

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.address import DEFAULT_PORT, parse_endpoint, parse_listen
 from broker.errors import InvalidArgumentError
 from broker.ha.settings import ReplicationSettings
 from broker.semantics.delay import DelayLevels
@@ -25,7 +26,6 @@ from broker.server.thread_placement import parse_python_cpus
 from broker.store.config import StoreConfig
 from broker.store.message_store import MAX_BYTES_PER_GET
 
-DEFAULT_PORT = 10911  # RocketMQ's broker listen port
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
 # Store settings the broker sets from its own: a `store` table entry for one would silently win over what the
 # broker reports and relies on (`--flush sync` running ASYNC, data apart from the config directory, msgIds naming
@@ -38,33 +38,27 @@ BROKER_OWNED_STORE_SETTINGS = {
     "delay_level_ms": 'the top-level message_delay_level (e.g. "1s 5s 10s")',
     "disk_usage_probe": "nothing: it is a test hook, not a setting",
 }
+# Where users read about every setting; config errors point there.
+CONFIG_DOCS_SECTION = '"Configuration reference"'
 # Settings that must be > 0: each is a wait between passes of a loop (0 spins a CPU), or an amount a request or a
 # service needs at least one of.
 POSITIVE_SETTINGS = (
     "short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs", "default_pull_max_msgs",
     "max_pull_bytes", "consumer_offset_persist_interval_ms", "consumer_expire_ms", "transaction_timeout_ms",
     "transaction_check_interval_ms", "transaction_check_max", "transaction_max_halves", "transaction_max_outcomes",
-    "register_interval_ms", "send_dedup_window_ms",
+    "register_interval_ms", "send_dedup_window_ms", "pop_max_invisible_ms", "pop_max_inflight_per_queue",
+    "pop_auto_renew_invisible_ms", "timer_max_delay_ms", "timer_max_pending", "journal_compact_bytes",
+    "rmqv2_max_long_polling_ms",
+    "max_total_queue_nums", "max_auto_create_topics_per_request", "max_consumers", "max_subscription_groups",
 )  # fmt: skip
 # What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
 # one message), a pull answer's entry positions (5 bytes for each of at most 4096) and protobuf framing.
 GRPC_FRAMING_MARGIN_BYTES = 1 << 20
 
 
-def parse_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """'host:port', ':port' or 'host' -> (host, port); raises InvalidArgumentError saying the expected form."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = text, str(default_port)
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"address {text!r} has a non-numeric port; write HOST:PORT, e.g. 127.0.0.1:10911"
-        ) from None
-    if not 0 <= port <= 65535:
-        raise InvalidArgumentError(f"port {port} in {text!r} is outside 0..65535")
-    return host.strip("[]") or "0.0.0.0", port
+def parse_host_port(text: str) -> tuple[str, int]:
+    """A listen address: 'host:port', '[ipv6]:port', ':port' or 'host' -> (host, port); see broker/address.py."""
+    return parse_listen(text)
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -113,7 +107,11 @@ def check_store_table_keys(store: dict[str, Any], source: str) -> None:
     """InvalidArgumentError for a `store` table key that is not a StoreConfig setting or that the broker owns."""
     unknown = sorted(set(store) - {f.name for f in dataclasses.fields(StoreConfig)})
     if unknown:
-        raise InvalidArgumentError(f"{source}: unknown store setting(s) {unknown}; see broker/store/config.py")
+        settable = sorted({f.name for f in dataclasses.fields(StoreConfig)} - set(BROKER_OWNED_STORE_SETTINGS))
+        raise InvalidArgumentError(
+            f"{source}: unknown store setting(s) {unknown}; known store settings are {settable} "
+            f"(docs/operations.md, {CONFIG_DOCS_SECTION})"
+        )
     for name, instead in BROKER_OWNED_STORE_SETTINGS.items():
         if name in store:
             raise InvalidArgumentError(
@@ -131,6 +129,14 @@ class BrokerConfig:
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
     max_topic_queue_nums: int = 1024
+    # Queues of all topics together (each is a directory, a file, an open descriptor and a memory mapping), and
+    # topics one request may auto-create: a 38 KB batch once named 50 new topics (broker/server/topic_config.py).
+    max_total_queue_nums: int = 8192
+    max_auto_create_topics_per_request: int = 16
+    # Consumers (all groups) and subscription groups kept at once: each heartbeat under a new client id or group
+    # name adds one, kept until it expires (consumers) or for good (groups, in subscriptionGroup.json).
+    max_consumers: int = 10_000
+    max_subscription_groups: int = 10_000
     long_polling_enable: bool = True  # False: short polling, a held pull re-checks every short_polling_time_ms
     short_polling_time_ms: int = 1000
     long_polling_recheck_ms: int = 5000  # safety re-check of held pulls even without an arrival notice
@@ -179,6 +185,26 @@ class BrokerConfig:
     # A send retried after its answer was lost is answered with the stored result when the first attempt stored it
     # within this long (broker/server/send_dedup.py); later retries are stored again.
     send_dedup_window_ms: int = 300_000
+    # Pop consumption (broker/semantics/pop.py), RocketMQ 5's defaults. A receive's invisible time must lie within
+    # min..max (the RocketMQ proxy's minInvisibleTimeMillsForRecv and maxInvisibleTimeMills); a change of invisible
+    # time only within 0..max.
+    pop_min_invisible_ms: int = 10_000
+    pop_max_invisible_ms: int = 12 * 3_600_000
+    # Messages a group may have outstanding (received, not acked) per queue: their records are kept in memory (about
+    # 150 B each); past it the queue gives out no new messages until some are acked.
+    pop_max_inflight_per_queue: int = 65_536
+    pop_auto_renew_invisible_ms: int = 60_000  # RocketMQ 5 PushConsumers' receives (auto_renew): renewed by the broker
+    # Timer messages (broker/semantics/timer.py): TIMER_DELIVER_MS further ahead than this is refused (RocketMQ's
+    # timerMaxDelaySec, 3 days); at most timer_max_pending wait at once (about 150 B of memory each).
+    timer_max_delay_ms: int = 3 * 86_400_000
+    timer_max_pending: int = 1_000_000
+    # The pop and timer journals are compacted into a snapshot once they pass this size.
+    journal_compact_bytes: int = 64 << 20
+    # RocketMQ 5 clients (broker/rmqv2/): apache.rocketmq.v2.MessagingService on the client port, beside sluice.v1.
+    rmqv2_enable: bool = True
+    # A ReceiveMessage long-polls between these bounds (the RocketMQ proxy's 5 s and 20 s), within its deadline.
+    rmqv2_min_long_polling_ms: int = 5_000
+    rmqv2_max_long_polling_ms: int = 20_000
     # Replication and failover (broker/ha; the table of these settings is in broker/ha/settings.py)
     role: str = ""  # "": no replication; ASYNC_MASTER | SYNC_MASTER | SLAVE (classic mode)
     controller: str = ""  # etcd://HOST:PORT[,...]: controller mode, automatic failover
@@ -200,12 +226,22 @@ class BrokerConfig:
         """InvalidArgumentError naming the first setting that cannot work, before anything is started: a value that
         only fails inside start() would leave a half-started broker, and some (a 0 interval) never fail at all."""
         parse_host_port(self.listen)
+        if self.store_dir.exists() and not self.store_dir.is_dir():
+            raise InvalidArgumentError(
+                f"store path {self.store_dir} is a file, not a directory; give a directory for the store (it is "
+                "created when missing)"
+            )
         if self.flush_disk_type not in FLUSH_TYPES:
             raise InvalidArgumentError(f"flush type {self.flush_disk_type!r} is not one of async, sync")
         self.flush_disk_type = FLUSH_TYPES[self.flush_disk_type]
         if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
             raise InvalidArgumentError(
                 f"default_topic_queue_nums {self.default_topic_queue_nums} must be in 1..{self.max_topic_queue_nums}"
+            )
+        if self.max_total_queue_nums < self.default_topic_queue_nums:
+            raise InvalidArgumentError(
+                f"max_total_queue_nums {self.max_total_queue_nums} is below default_topic_queue_nums "
+                f"{self.default_topic_queue_nums}: not even one topic could be auto-created"
             )
         if not 0 <= self.grpc_reserved_workers < self.grpc_max_workers:
             raise InvalidArgumentError("grpc_reserved_workers must be in 0..grpc_max_workers-1")
@@ -234,6 +270,16 @@ class BrokerConfig:
             )
         if self.max_suspend_timeout_ms < 0:
             raise InvalidArgumentError(f"max_suspend_timeout_ms is {self.max_suspend_timeout_ms}; it must be >= 0")
+        if not 0 <= self.pop_min_invisible_ms <= self.pop_max_invisible_ms:
+            raise InvalidArgumentError(
+                f"pop_min_invisible_ms is {self.pop_min_invisible_ms}; it must be in 0..pop_max_invisible_ms "
+                f"({self.pop_max_invisible_ms})"
+            )
+        if not 0 <= self.rmqv2_min_long_polling_ms <= self.rmqv2_max_long_polling_ms:
+            raise InvalidArgumentError(
+                f"rmqv2_min_long_polling_ms is {self.rmqv2_min_long_polling_ms}; it must be in "
+                f"0..rmqv2_max_long_polling_ms ({self.rmqv2_max_long_polling_ms})"
+            )
         if self.transaction_commit_memory_bytes < 0:
             raise InvalidArgumentError(
                 f"transaction_commit_memory_bytes is {self.transaction_commit_memory_bytes}; it must be >= 0"
@@ -255,7 +301,7 @@ class BrokerConfig:
         if not 0 <= self.broker_id <= MAX_BROKER_ID:
             raise InvalidArgumentError(f"broker_id is {self.broker_id}; it must be in 0..{MAX_BROKER_ID} (0: master)")
         if self.advertised_address:
-            host, port = parse_host_port(self.advertised_address)
+            host, port = parse_endpoint(self.advertised_address)
             if port == 0 or host in ("0.0.0.0", "::"):
                 raise InvalidArgumentError(
                     f"advertised_address {self.advertised_address!r} must name a concrete host and a port other "
@@ -351,7 +397,10 @@ class BrokerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise InvalidArgumentError(f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)}")
+            raise InvalidArgumentError(
+                f"{source}: unknown setting(s) {unknown}; known settings are {sorted(known)} "
+                f"(docs/operations.md, {CONFIG_DOCS_SECTION})"
+            )
         check_setting_types(cls, data, source)
         store = data.get("store", {})
         check_store_table_keys(store, source)

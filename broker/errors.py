@@ -40,12 +40,28 @@ class ResponseCode(enum.IntEnum):
     # Sluice additions (RocketMQ has no code for these; numbers kept out of its ranges).
     STORE_CORRUPTED = 900
     INVALID_ARGUMENT = 901
+    INVALID_RECEIPT_HANDLE = 902  # pop: a handle not issued here, altered, expired, acked or superseded
+    LIMIT_EXCEEDED = 903  # a configured bound (topics, queues, groups...) refuses the request; retrying will not help
     # Fewer in-sync replicas than min_insync_replicas: the write was refused before anything was stored (Kafka's
     # NOT_ENOUGH_REPLICAS). Another broker group may take it.
-    NOT_ENOUGH_REPLICAS = 902
+    NOT_ENOUGH_REPLICAS = 904
     # This broker is not its group's master (a slave, or a master fenced by a newer epoch): nothing was done; the
     # client finds the group's master through the name servers.
-    NOT_MASTER = 903
+    NOT_MASTER = 905
+
+
+# Values from a request that an error message repeats are cut to this many characters: a message travels in the
+# gRPC status details (a header, percent-encoded, capped at a few KiB by the receiver), and an echo of a 20,000-
+# character field would replace the real error with a transport one.
+ECHO_MAX_CHARS = 60
+
+
+def shown(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters with how much was left out."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...(+{len(text) - limit} chars)"
 
 
 class BrokerError(Exception):
@@ -122,6 +138,20 @@ class NotMasterError(ServiceNotAvailableError):
     code = ResponseCode.NOT_MASTER
 
 
+class NoPermissionError(BrokerError):
+    """The request is well formed but not allowed: a system topic read from outside the broker, a group whose
+    consumption is disabled, a dead-letter queue pulled."""
+
+    code = ResponseCode.NO_PERMISSION
+
+
+class LimitExceededError(BrokerError):
+    """A configured bound of the broker refuses the request (topics it may create, queues it may hold...); the
+    message names the setting. Sending the same request again will not help."""
+
+    code = ResponseCode.LIMIT_EXCEEDED
+
+
 class SystemBusyError(BrokerError):
     """The broker is overloaded and refused the request before doing anything: send it again after a pause."""
 
@@ -146,6 +176,13 @@ class SubscriptionParseError(BrokerError):
 
 class QueryNotFoundError(BrokerError):
     code = ResponseCode.QUERY_NOT_FOUND
+
+
+class InvalidReceiptHandleError(BrokerError):
+    """Pop consumption: a receipt handle this broker did not issue, altered, expired, acked or superseded by a later
+    delivery or change of invisible time. Receive the message again."""
+
+    code = ResponseCode.INVALID_RECEIPT_HANDLE
 
 
 class CorruptionError(BrokerError):

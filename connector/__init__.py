@@ -3,6 +3,9 @@
 from connector import register
 register(spark)
 df = spark.readStream.format("sluice").option("endpoints", "127.0.0.1:10911").option("topic", "orders").load()
+
+A cluster's brokers are found through its name servers: ``.option("namesrv", "10.0.0.1:9876,10.0.0.2:9876")`` in
+place of ``endpoints``, for the source and the sink alike.
 """
 
 from __future__ import annotations

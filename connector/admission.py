@@ -28,8 +28,8 @@ from connector.planning import share_budget
 
 log = logging.getLogger(__name__)
 
-# (topic, queue, start, cap, byte budget) -> the end offset (exclusive) such that [start, end) fits the budget.
-ByteProbe = Callable[[str, int, int, int, int], int]
+# (queue, start, cap, byte budget) -> the end offset (exclusive) such that [start, end) fits the budget.
+ByteProbe = Callable[[QueueKey, int, int, int], int]
 
 
 def default_read_limit(options: SourceOptions) -> ReadLimit:
@@ -100,8 +100,8 @@ def _bytes_limited(
     backlog = {k: end[k] - start.get(k, 0) for k in end if end[k] > start.get(k, 0)}
     total = sum(backlog.values())
     out = dict(end)
-    for (topic, qid), n in sorted(backlog.items()):
+    for key, n in sorted(backlog.items()):
         share = max_bytes * n // total
-        s = start.get((topic, qid), 0)
-        out[(topic, qid)] = max(s + 1, probe(topic, qid, s, end[(topic, qid)], share) if share > 0 else s)
+        s = start.get(key, 0)
+        out[key] = max(s + 1, probe(key, s, end[key], share) if share > 0 else s)
     return out

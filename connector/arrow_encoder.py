@@ -9,7 +9,13 @@ whole buffer to ``SendBatch`` and the broker stores it with one copy. Columns:
     keys          array<string> or a space-separated string, optional
     properties    map<string,string>, optional
     sharding_key  string, optional: rows with the same key go to the same queue, in order
-    queue_id      int, optional: an explicit queue (wins over sharding_key)
+    queue_id      int, optional: an explicit queue of the one broker (wins over sharding_key); not in a cluster,
+                  where a queue id names no queue without its broker (a sharding key keeps rows in order there)
+
+Queues: with one broker, ``queue_count(topic)`` queues; in a cluster, ``queues(topic)``, the topic's writable queues
+over every broker in route order (as the producer sees them: a sharding key picks ``hash % len`` of that list, so it
+lands where ``Producer.send(sharding_key=...)`` puts it). A chunk holds one broker's entries (one SendBatch goes to
+one broker).
 
 Unknown columns are an error naming them unless ``ignore_extra_columns`` is set.
 
@@ -20,6 +26,7 @@ encode every row twice.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +35,10 @@ from typing import Any
 import pyarrow as pa
 
 from broker.client.half_batch import HALF_TOPIC, half_suffix
-from broker.errors import MessageIllegalError
-from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, foreign_transaction, half_properties
+from broker.client.route import DIRECT_BROKER, MessageQueue
+from broker.errors import InvalidArgumentError, MessageIllegalError
+from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
+from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, half_properties, half_property_conflict
 from broker.store.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Prop,
@@ -44,9 +53,16 @@ KNOWN_COLUMNS = ("body", "topic", "tags", "keys", "properties", "sharding_key", 
 _HALF_NAMES = frozenset(HALF_PROPERTY_NAMES)
 
 
-def check_columns(names: Sequence[str], ignore_extra_columns: bool, topic_option: str | None = "") -> None:
+def check_columns(
+    names: Sequence[str], ignore_extra_columns: bool, topic_option: str | None = "", *, cluster: bool = False
+) -> None:
     """Fail at query start, naming the columns that are wrong. ``topic_option``: the sink's topic option (None:
-    not set, then every row needs a 'topic' column)."""
+    not set, then every row needs a 'topic' column). ``cluster``: the sink writes to a cluster (option namesrv)."""
+    if cluster and "queue_id" in names:
+        raise MessageIllegalError(
+            "column 'queue_id' names a queue of one broker; in a cluster (option 'namesrv') the queues of every "
+            "broker share the rows: drop the column, or give a 'sharding_key' to keep rows of one key in order"
+        )
     if "body" not in names:
         raise MessageIllegalError(f"the sink needs a 'body' column (binary or string); the DataFrame has {list(names)}")
     if topic_option is None and "topic" not in names:
@@ -64,26 +80,45 @@ def check_columns(names: Sequence[str], ignore_extra_columns: bool, topic_option
 
 @dataclass
 class EncodedChunk:
-    """A run of entries ready for one SendBatch call."""
+    """A run of entries ready for one SendBatch call to one broker."""
 
     buffer: bytes
     count: int
     topics: dict[str, int] = field(default_factory=dict)  # messages per topic, for the commit message
+    broker: str = DIRECT_BROKER  # the broker whose queues the entries name
+
+
+@dataclass
+class _Pending:
+    """One broker's entries not yet yielded."""
+
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+    topics: dict[str, int] = field(default_factory=dict)
+
+    def take(self, broker: str) -> EncodedChunk:
+        chunk = EncodedChunk(b"".join(self.parts), len(self.parts), self.topics, broker)
+        self.parts, self.size, self.topics = [], 0, {}
+        return chunk
 
 
 @dataclass
 class RowEncoder:
-    """Encodes rows; ``queue_count(topic)`` says how many queues a topic has (asked once per topic)."""
+    """Encodes rows. A topic's queues (asked once per topic): ``queue_count(topic)`` of one broker, or ``queues(topic)``
+    over a cluster's brokers; give one of the two."""
 
     default_topic: str | None
-    queue_count: Callable[[str], int]
+    queue_count: Callable[[str], int] | None = None
     extra_properties: Mapping[str, str] = field(default_factory=dict)
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     batch_messages: int = 4096
     batch_bytes: int = 4 * 1024 * 1024
     half: tuple[str, str] | None = None  # (producer group, transaction id): encode rows as that transaction's halves
-    _round_robin: int = 0
-    _queues: dict[str, int] = field(default_factory=dict)
+    queues: Callable[[str], Sequence[MessageQueue]] | None = None
+    # Rows without a queue or key go round-robin from a random queue (RocketMQ's producer): a query of many small
+    # tasks would otherwise put every task's first rows in the same queues. Given: where the round-robin starts.
+    round_robin: int = field(default_factory=lambda: random.randrange(1 << 30))
+    _queues: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # topic -> its (broker, queue id)s
     _topic_bytes: dict[str, bytes] = field(default_factory=dict)
     _suffixes: dict[tuple[bytes, int], bytes] = field(default_factory=dict)
     _plain_halves: dict[tuple[bytes, int], bytes] = field(default_factory=dict)
@@ -95,19 +130,32 @@ class RowEncoder:
         raw = self._topic_bytes.get(topic)
         if raw is None:
             raw = self._topic_bytes[topic] = validate_topic(topic)
-            self._queues[topic] = max(1, self.queue_count(topic))
+            self._queues[topic] = self._topic_queues(topic)
         return topic, raw
 
-    def _queue(self, topic: str, queue_id: int | None, sharding_key: str | None) -> int:
-        n = self._queues[topic]
+    def _topic_queues(self, topic: str) -> list[tuple[str, int]]:
+        if self.queues is not None:
+            found = [(mq.broker_name, mq.queue_id) for mq in self.queues(topic)]
+            if not found:
+                raise MessageIllegalError(f"topic {topic!r} has no writable queue on any broker")
+            return found
+        if self.queue_count is None:
+            raise InvalidArgumentError("a RowEncoder needs queue_count (one broker) or queues (a cluster)")
+        return [(DIRECT_BROKER, q) for q in range(max(1, self.queue_count(topic)))]
+
+    def _queue(self, topic: str, queue_id: int | None, sharding_key: str | None) -> tuple[str, int]:
+        queues = self._queues[topic]
+        n = len(queues)
         if queue_id is not None:
+            if self.queues is not None:
+                raise MessageIllegalError("queue_id names no queue in a cluster; give a sharding_key instead")
             if not 0 <= queue_id < n:
                 raise MessageIllegalError(f"queue_id {queue_id} is outside topic {topic!r}'s queues 0..{n - 1}")
-            return queue_id
+            return queues[queue_id]
         if sharding_key is not None:
-            return abs(java_string_hash(sharding_key)) % n
-        self._round_robin += 1
-        return self._round_robin % n
+            return queues[abs(java_string_hash(sharding_key)) % n]
+        self.round_robin += 1
+        return queues[self.round_robin % n]
 
     def encode(self, batch: pa.RecordBatch, first_row: int = 0) -> Iterator[EncodedChunk]:
         """Yield chunks of at most ``batch_messages`` entries and ``batch_bytes`` bytes (an entry larger than that
@@ -121,9 +169,7 @@ class RowEncoder:
         props, shard, qids = cols.get("properties", none), cols.get("sharding_key", none), cols.get("queue_id", none)
         born = int(time.time() * 1000)
         plain = encode_properties(dict(self.extra_properties))  # rows without properties, tags or keys of their own
-        parts: list[bytes] = []
-        size = 0
-        per_topic: dict[str, int] = {}
+        pending: dict[str, _Pending] = {}  # per broker
         for i in range(n):
             row = first_row + i
             body = bodies[i]
@@ -135,7 +181,7 @@ class RowEncoder:
             try:
                 # Only rows with properties, tags or keys of their own need their properties built and encoded.
                 own = self._properties(props[i], tags[i], keys[i]) if props[i] or tags[i] or keys[i] else None
-                queue_id = self._queue(topic, qids[i], shard[i])
+                broker, queue_id = self._queue(topic, qids[i], shard[i])
                 if self.half is None:
                     raw_props = plain if own is None else encode_properties(own)
                 else:
@@ -147,17 +193,19 @@ class RowEncoder:
                 )
             except MessageIllegalError as e:
                 raise MessageIllegalError(f"row {row}: {e.message}") from None
-            if parts and size + len(entry) > self.batch_bytes:  # never past the bound: the broker refuses that
-                yield EncodedChunk(b"".join(parts), len(parts), per_topic)
-                parts, size, per_topic = [], 0, {}
-            parts.append(entry)
-            size += len(entry)
-            per_topic[topic] = per_topic.get(topic, 0) + 1
-            if len(parts) >= self.batch_messages:
-                yield EncodedChunk(b"".join(parts), len(parts), per_topic)
-                parts, size, per_topic = [], 0, {}
-        if parts:
-            yield EncodedChunk(b"".join(parts), len(parts), per_topic)
+            p = pending.get(broker)
+            if p is None:
+                p = pending[broker] = _Pending()
+            if p.parts and p.size + len(entry) > self.batch_bytes:  # never past the bound: the broker refuses that
+                yield p.take(broker)
+            p.parts.append(entry)
+            p.size += len(entry)
+            p.topics[topic] = p.topics.get(topic, 0) + 1
+            if len(p.parts) >= self.batch_messages:
+                yield p.take(broker)
+        for broker, p in pending.items():
+            if p.parts:
+                yield p.take(broker)
 
     def _plain_half_props(self, topic: bytes, queue_id: int) -> bytes:
         """_half_props of a row with only the writer's extra properties: the same bytes for every such row of a
@@ -170,14 +218,14 @@ class RowEncoder:
 
     def _half_props(self, topic: bytes, queue_id: int, props: dict[str, str]) -> bytes:
         """A row's properties encoded as its half entry's: the half suffix appended to its own, or (when the row
-        itself names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a foreign
-        transaction id."""
+        itself names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a half property
+        of another value than the broker writes (another transaction's id, another REAL_TOPIC...)."""
         assert self.half is not None
         group, txn_id = self.half
         if not _HALF_NAMES.isdisjoint(props):
-            foreign = foreign_transaction(props, txn_id)
-            if foreign:
-                raise MessageIllegalError(foreign)
+            conflict = half_property_conflict(props, topic.decode("ascii"), queue_id, group, txn_id)
+            if conflict:
+                raise MessageIllegalError(conflict)
             return encode_properties(half_properties(props, topic.decode("ascii"), queue_id, group, txn_id))
         key = (topic, queue_id)
         suffix = self._suffixes.get(key)
@@ -211,6 +259,8 @@ class RowEncoder:
                 out[Prop.KEYS] = joined
         # The writer's own properties last: a row copied from a topic this sink wrote carries that write's
         # TRAN_ATTEMPT, and letting it stand made the broker refuse every commit of the batch (its halves seemed
-        # to belong to another attempt), on every retry.
+        # to belong to another attempt), on every retry. Its TRAN_COORDINATOR goes too, whoever writes the row: on
+        # a half it hands the transaction's outcome to that broker (participant_resolver.py).
+        out.pop(COORDINATOR_PROPERTY, None)
         out.update(self.extra_properties)
         return out

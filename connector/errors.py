@@ -13,3 +13,8 @@ class DataLossError(BrokerError):
     """Messages the query still had to read are gone (expired files, deleted queue) and failOnDataLoss=true."""
 
     code = ResponseCode.PULL_OFFSET_MOVED
+
+
+class BrokerGoneError(DataLossError):
+    """A broker whose queues the query reads left the cluster (no name server lists it) or does not answer, and
+    failOnDataLoss=true: its messages cannot be read, so the query stops rather than go on without them."""

@@ -1,6 +1,6 @@
-"""Commits a query's offsets to its consumer group on the broker: one atomic call, retried, never fatal but for
-a group the broker refuses to know (auto_create_subscription_group=false): that fails the query with a message
-saying how to fix it.
+"""Commits a query's offsets to its consumer group on the brokers: one atomic call per broker (each broker keeps
+its own queues' offsets), retried, never fatal but for a group a broker refuses to know
+(auto_create_subscription_group=false): that fails the query with a message saying how to fix it.
 
 Spark's checkpoint is the source of truth for where the query is; the group's offsets are a copy so that
 ``sluice group lag`` shows progress and a query without a checkpoint can resume with ``startingOffsets=committed``.
@@ -30,7 +30,8 @@ class GroupCommitter:
         self.failures = 0
 
     def commit(self, link: BrokerLink, positions: Mapping[QueueKey, int]) -> bool:
-        """Store ``positions`` for the group in one UpdateConsumerOffsets call; True when stored (or nothing to do)."""
+        """Store ``positions`` for the group (one UpdateConsumerOffsets call per broker); True when stored (or
+        nothing to do)."""
         if self.group is None or not positions or positions == self.committed:
             return True
         for attempt, delay in enumerate((0.0, *RETRY_DELAYS_S)):

@@ -1,7 +1,8 @@
-"""Driver-side resolution of topics and offsets against the broker (one GetQueueOffsets call per topic).
+"""Driver-side resolution of topics and offsets against the brokers (one GetQueueOffsets call per topic and broker).
 
-- which topics the query reads now (``topic``/``topics`` as given, ``topicPattern`` over the broker's topic list);
-- a snapshot of every queue's (min, max) offsets;
+- which topics the query reads now (``topic``/``topics`` as given, ``topicPattern`` over the topics the broker or the
+  name servers list);
+- a snapshot of every queue's (min, max) offsets, and in a cluster the brokers of the routes that did not answer;
 - the starting offsets for each ``startingOffsets`` / ``startingTimestamp`` mode and the batch ending offsets.
 """
 
@@ -12,12 +13,19 @@ from collections.abc import Mapping
 
 from connector.broker_link import BrokerLink
 from connector.errors import SourceOptionError
-from connector.offsets import QueueKey, parse_positions
+from connector.offsets import QueueKey, describe, parse_positions
 from connector.options import EARLIEST, LATEST, SourceOptions
 
 log = logging.getLogger(__name__)
 
-Snapshot = dict[QueueKey, tuple[int, int]]  # (topic, queue) -> (min offset, max offset)
+
+class Snapshot(dict[QueueKey, tuple[int, int]]):
+    """(topic, broker, queue) -> (min offset, max offset). ``gone``: brokers of the topics' routes that did not
+    answer, with the reason (a cluster, while planning a stream; empty otherwise)."""
+
+    def __init__(self, ranges: Mapping[QueueKey, tuple[int, int]] | None = None, gone: dict[str, str] | None = None):
+        super().__init__(ranges or {})
+        self.gone: dict[str, str] = gone or {}
 
 
 def current_topics(options: SourceOptions, link: BrokerLink) -> list[str]:
@@ -26,13 +34,22 @@ def current_topics(options: SourceOptions, link: BrokerLink) -> list[str]:
     return [t for t in link.topics() if options.topic_matches(t)]
 
 
-def snapshot(link: BrokerLink, topics: list[str]) -> Snapshot:
-    """Min/max offsets of every queue of ``topics``: one GetQueueOffsets call per topic."""
-    out: Snapshot = {}
+def missing_topics(options: SourceOptions, snap: Snapshot) -> list[str]:
+    """Topics the ``topic``/``topics`` option names that have no queue in ``snap``: they do not exist on the broker (or on any broker of the cluster)
+    (a topic always has at least one queue). A ``topicPattern`` matching nothing misses none."""
+    present = {t for t, _, _ in snap}
+    return [t for t in options.topics if t not in present]
+
+
+def snapshot(link: BrokerLink, topics: list[str], *, tolerate_gone: bool = False) -> Snapshot:
+    """Min/max offsets of every queue of ``topics``. ``tolerate_gone``: a broker that does not answer is named in
+    the snapshot's ``gone`` instead of failing it (the stream reader decides what that means)."""
+    out = Snapshot()
+    gone: dict[str, str] | None = out.gone if tolerate_gone else None
     for topic in topics:
-        for qid, (lo, hi) in link.queue_offsets(topic).items():
-            assert 0 <= lo <= hi, (topic, qid, lo, hi)
-            out[(topic, qid)] = (lo, hi)
+        for (broker, qid), (lo, hi) in link.queue_offsets(topic, gone).items():
+            assert 0 <= lo <= hi, (topic, broker, qid, lo, hi)
+            out[(topic, broker, qid)] = (lo, hi)
     return out
 
 
@@ -57,8 +74,7 @@ def ending_positions(options: SourceOptions, snap: Snapshot, start: Mapping[Queu
     for k, e in end.items():
         if e < start.get(k, 0):
             raise SourceOptionError(
-                f"option 'endingOffsets': {k[0]}/{options.broker_name}:{k[1]} ends at {e}, before its start "
-                f"{start.get(k, 0)}"
+                f"option 'endingOffsets': {describe(k)} ends at {e}, before its start {start.get(k, 0)}"
             )
     return end
 
@@ -70,48 +86,58 @@ def fallback(options: SourceOptions, lo_hi: tuple[int, int]) -> int:
 def uncommitted(link: BrokerLink, snap: Snapshot) -> set[QueueKey]:
     """The queues of ``snap`` for which the group (the link's) has no committed offset."""
     out: set[QueueKey] = set()
-    for topic in sorted({t for t, _ in snap}):
+    for topic in sorted({t for t, _, _ in snap}):
         committed = link.committed(topic)
-        out |= {(t, q) for t, q in snap if t == topic and committed.get(q, -1) < 0}
+        out |= {(t, b, q) for t, b, q in snap if t == topic and committed.get((b, q), -1) < 0}
     return out
 
 
 def _committed(options: SourceOptions, link: BrokerLink, snap: Snapshot) -> dict[QueueKey, int]:
     out: dict[QueueKey, int] = {}
-    for topic in sorted({t for t, _ in snap}):
+    for topic in sorted({t for t, _, _ in snap}):
         committed = link.committed(topic)
-        for (t, qid), lo_hi in snap.items():
+        for (t, broker, qid), lo_hi in snap.items():
             if t == topic:
-                off = committed.get(qid)
-                out[(t, qid)] = fallback(options, lo_hi) if off is None or off < 0 else off
+                off = committed.get((broker, qid))
+                out[(t, broker, qid)] = fallback(options, lo_hi) if off is None or off < 0 else off
     return out
 
 
 def _by_timestamp(options: SourceOptions, link: BrokerLink, snap: Snapshot, ts_ms: int) -> dict[QueueKey, int]:
     out: dict[QueueKey, int] = {}
-    for (topic, qid), (lo, hi) in sorted(snap.items()):
-        off = link.offset_by_timestamp(topic, qid, ts_ms) if hi > lo else hi
+    for (topic, broker, qid), (lo, hi) in sorted(snap.items()):
+        off = link.offset_by_timestamp(topic, broker, qid, ts_ms) if hi > lo else hi
         if hi > lo and off >= hi and options.timestamp_strategy == "error":
             raise SourceOptionError(
-                f"option 'startingTimestamp': {topic}/{options.broker_name}:{qid} has no message stored at or after "
+                f"option 'startingTimestamp': {describe((topic, broker, qid))} has no message stored at or after "
                 f"{ts_ms}; set startingOffsetsByTimestampStrategy=latest to start such queues at their end"
             )
-        out[(topic, qid)] = min(max(off, lo), hi)
+        out[(topic, broker, qid)] = min(max(off, lo), hi)
     return out
+
+
+def _queue_ranges(queues: list[tuple[str, int]], *, one_broker: bool) -> str:
+    """``0..7`` (one broker) or ``broker-a:0..7, broker-b:0..3``: the queues a topic has, for an error."""
+    by_broker: dict[str, list[int]] = {}
+    for broker, qid in sorted(queues):
+        by_broker.setdefault(broker, []).append(qid)
+    parts = [f"{'' if one_broker else b + ':'}{q[0]}..{q[-1]}" for b, q in by_broker.items()]
+    return ", ".join(parts)
 
 
 def _from_json(
     options: SourceOptions, snap: Snapshot, given: Mapping[str, Mapping[str, int]], name: str
 ) -> dict[QueueKey, int]:
     positions = parse_positions(options.broker_name, given, what=f"option {name!r}")
-    for topic, qid in positions:
+    for key in positions:
+        topic = key[0]
         if not options.topic_matches(topic):
             raise SourceOptionError(f"option {name!r} names topic {topic!r}, which this query does not read")
-        if (topic, qid) not in snap:  # a typo must not quietly become the fallback position (Kafka refuses too)
-            have = sorted(q for t, q in snap if t == topic)
+        if key not in snap:  # a typo must not quietly become the fallback position (Kafka refuses too)
+            have = _queue_ranges([(b, q) for t, b, q in snap if t == topic], one_broker=options.broker_name is not None)
             raise SourceOptionError(
-                f"option {name!r} names queue {topic}/{options.broker_name}:{qid}, which does not exist "
-                + (f"(the topic has queues {have[0]}..{have[-1]})" if have else "(no such topic on the broker)")
+                f"option {name!r} names queue {describe(key)}, which does not exist "
+                + (f"(the topic has queues {have})" if have else "(no such topic on the broker)")
             )
     out: dict[QueueKey, int] = {}
     for k, (lo, hi) in snap.items():
@@ -123,9 +149,7 @@ def _from_json(
         elif off == LATEST:
             out[k] = hi
         elif off > hi:
-            raise SourceOptionError(
-                f"option {name!r}: {k[0]}/{options.broker_name}:{k[1]} = {off} is past the queue's end {hi}"
-            )
+            raise SourceOptionError(f"option {name!r}: {describe(k)} = {off} is past the queue's end {hi}")
         else:
             out[k] = off  # below min: reported as data loss when read
     return out

@@ -3,6 +3,10 @@
 Names and meanings follow Spark's Kafka source where the concept is the same (``startingOffsets``,
 ``failOnDataLoss``, ``maxOffsetsPerTrigger``, ``minPartitions``...). Each bad value raises ``SourceOptionError``
 naming the option, the value and what is accepted, so a typo fails the query at start rather than mid-run.
+
+Where the brokers are: ``endpoints`` (one broker, host:port) or ``namesrv`` (a cluster's name servers, as the Python
+client's ``namesrv=``), exactly one of them. ``brokerName`` names the one broker in the offsets and the ``broker``
+column; in a cluster the name servers name each broker, so it is refused there.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from broker.errors import MessageIllegalError
+from broker.address import parse_endpoint
+from broker.client.namesrv_client import parse_namesrv_list
+from broker.errors import InvalidArgumentError, MessageIllegalError
 from broker.server.consumer_offsets import MAX_GROUP_CHARS
 from broker.store.message import TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
@@ -42,6 +48,7 @@ KNOWN_OPTIONS = {
     name.lower(): name
     for name in (
         "endpoints",
+        "namesrv",
         "topic",
         "topics",
         "topicPattern",
@@ -79,11 +86,12 @@ class StartingOffsets:
 class SourceOptions:
     """The validated options of one query (picklable: executors get a copy inside each partition's reader)."""
 
-    endpoints: str
+    endpoints: str | None  # one broker; None in a cluster
+    namesrv: str | None  # a cluster's name servers; None with one broker
     topics: tuple[str, ...]  # explicit topics; empty when topic_pattern is set
     topic_pattern: str | None
     consumer_group: str | None
-    broker_name: str
+    broker_name: str | None  # one broker: the name its offsets carry; None in a cluster (the route names brokers)
     starting: StartingOffsets
     starting_fallback: Literal["earliest", "latest"]
     timestamp_strategy: Literal["error", "latest"]
@@ -100,6 +108,10 @@ class SourceOptions:
     pull_batch_size: int
     poll_timeout_ms: int
     include_properties: bool
+
+    @property
+    def cluster(self) -> bool:
+        return self.namesrv is not None
 
     @property
     def pull_group(self) -> str:
@@ -131,12 +143,19 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
             f"option 'minMessagesPerTrigger' ({min_msgs}) is larger than 'maxMessagesPerTrigger' ({max_msgs})"
         )
     tag_expression, tag_set = _tags(opts.get("tags", "*"))
+    endpoints, namesrv = broker_options(opts)
+    if namesrv is not None and "brokername" in opts:
+        raise SourceOptionError(
+            "option 'brokerName' names the one broker of option 'endpoints'; with 'namesrv' the name servers name "
+            "the brokers: drop 'brokerName'"
+        )
     return SourceOptions(
-        endpoints=parse_endpoints(opts.get("endpoints")),
+        endpoints=endpoints,
+        namesrv=namesrv,
         topics=topics,
         topic_pattern=pattern,
         consumer_group=group,
-        broker_name=_broker_name(opts.get("brokername", DEFAULT_BROKER_NAME)),
+        broker_name=None if namesrv is not None else _broker_name(opts.get("brokername", DEFAULT_BROKER_NAME)),
         starting=starting,
         starting_fallback=_choice(  # type: ignore[arg-type]
             opts, "startingOffsetsFallback", ("earliest", "latest"), "latest" if streaming else "earliest"
@@ -161,17 +180,36 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
 # ------------------------------------------------------------------------------------------------ one per option
 
 
+def broker_options(opts: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(endpoints, None) for one broker or (None, name servers) for a cluster, from the options of that name (keys
+    lower-case; the sink's too): exactly one of them."""
+    if "namesrv" in opts:
+        if "endpoints" in opts:
+            raise SourceOptionError(
+                "give option 'endpoints' (one broker) or 'namesrv' (a cluster's name servers), not both"
+            )
+        try:
+            return None, ",".join(parse_namesrv_list(opts["namesrv"]))
+        except InvalidArgumentError as e:
+            raise SourceOptionError(f"option 'namesrv': {e.message}") from None
+    return parse_endpoints(opts.get("endpoints")), None
+
+
 def parse_endpoints(value: str | None) -> str:
-    """Comma-separated host:port list (also the sink's option)."""
+    """Comma-separated host:port list."""
     if not value:
-        raise SourceOptionError("option 'endpoints' is required: the broker's host:port, e.g. 127.0.0.1:10911")
+        raise SourceOptionError(
+            "option 'endpoints' is required: the broker's host:port, e.g. 127.0.0.1:10911 (or option 'namesrv': "
+            "a cluster's name servers)"
+        )
     parts = [p.strip() for p in value.split(",") if p.strip()]
     for part in parts:
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not is_decimal(port) or not 0 < int(port) < 65536:
-            raise SourceOptionError(
-                f"option 'endpoints': {part!r} is not host:port (port 1..65535); give e.g. 127.0.0.1:10911"
-            )
+        try:
+            parse_endpoint(part)  # the client's own rule (broker/address.py): a port, IPv6 in brackets
+        except InvalidArgumentError as e:
+            raise SourceOptionError(f"option 'endpoints': {e.message}") from None
+    if not parts:
+        raise SourceOptionError("option 'endpoints' names no broker; give host:port, e.g. 127.0.0.1:10911")
     return ",".join(parts)
 
 

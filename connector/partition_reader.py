@@ -1,4 +1,4 @@
-"""Executor side: read one partition, queue offsets [start, end) of one queue, as Arrow record batches.
+"""Executor side: read one partition, queue offsets [start, end) of one queue of one broker, as Arrow record batches.
 
 Pulls are batched (``pullBatchSize`` messages each) and never long-poll: the driver planned only offsets that were
 already present, so a task never waits for data. The next pull is issued on a helper thread as soon as the
@@ -18,8 +18,9 @@ from pyspark.sql.datasource import InputPartition
 
 from broker.client import PullStatus, RawPullResult
 from broker.errors import BrokerError, SubscriptionGroupNotExistError
-from connector.broker_link import BrokerLink, link_for, retried, unknown_group
+from connector.broker_link import BrokerLink, link_for, unknown_group
 from connector.data_loss import data_lost
+from connector.offsets import QueueKey
 from connector.options import SourceOptions
 from connector.record_batch import RowFilter, decode_entries
 
@@ -36,9 +37,13 @@ class SluicePartition(InputPartition):
     queue_id: int
     start: int
     end: int  # exclusive
+    broker: str = ""  # the broker holding the queue; "" for the one broker of option 'endpoints'
 
     def __post_init__(self) -> None:
         assert 0 <= self.start < self.end, self
+
+    def key(self, options: SourceOptions) -> QueueKey:
+        return (self.topic, self.broker or options.broker_name or "", self.queue_id)
 
 
 def read_partition(options: SourceOptions, part: SluicePartition) -> Iterator[pa.RecordBatch]:
@@ -55,7 +60,7 @@ def read_partition(options: SourceOptions, part: SluicePartition) -> Iterator[pa
                 pending = pool.submit(_pull, link, options, part, nxt)
             if r.status is PullStatus.FOUND and r.entry_positions:
                 batch = decode_entries(
-                    r.buffer, r.entry_positions, topic=part.topic, broker=options.broker_name,
+                    r.buffer, r.entry_positions, topic=part.topic, broker=part.key(options)[1],
                     include_properties=options.include_properties,
                     row_filter=RowFilter(at, part.end, row_filter_tags),
                 )  # fmt: skip
@@ -73,11 +78,7 @@ def _pull(link: BrokerLink, options: SourceOptions, part: SluicePartition, offse
     """One pull, retried while the broker is unreachable (a broker restart should not fail the task)."""
     max_msgs = min(options.pull_batch_size, part.end - offset)
     try:
-        return retried(
-            lambda: link.consumer.pull_raw(
-                part.topic, part.queue_id, offset, max_msgs=max_msgs, timeout_ms=0, tags=options.tag_expression
-            )
-        )
+        return link.pull_raw(part.key(options), offset, max_msgs=max_msgs, tags=options.tag_expression)
     except SubscriptionGroupNotExistError as e:
         raise unknown_group(options.pull_group, e) from None
 
@@ -88,8 +89,8 @@ def _next_offset(options: SourceOptions, part: SluicePartition, at: int, r: RawP
         return min(max(r.next_begin_offset, at), part.end)
     if at < r.min_offset:  # expired under us
         skip_to = min(r.min_offset, part.end)
-        data_lost(options, part.topic, part.queue_id, at, f"from {r.min_offset}", skip_to - at)
+        data_lost(options, part.key(options), at, f"from {r.min_offset}", skip_to - at)
         return skip_to
     # The queue ends before offsets the driver saw: the broker lost its tail (or the topic was recreated).
-    data_lost(options, part.topic, part.queue_id, at, f"up to {r.max_offset}", part.end - at)
+    data_lost(options, part.key(options), at, f"up to {r.max_offset}", part.end - at)
     return part.end

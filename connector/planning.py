@@ -27,6 +27,11 @@ class QueueRange:
     queue_id: int
     start: int
     end: int  # exclusive
+    broker: str = ""  # the broker that holds the queue (the connector's name for it)
+
+    @property
+    def key(self) -> QueueKey:
+        return (self.topic, self.broker, self.queue_id)
 
     @property
     def size(self) -> int:
@@ -69,7 +74,7 @@ def split_ranges(
     if min_partitions is not None and 0 < len(parts) < min_partitions:
         total = sum(r.size for r in parts)
         parts = [p for r in parts for p in _cut(r, max(round(r.size / total * min_partitions), 1))]
-    return sorted(parts, key=lambda r: (r.topic, r.queue_id, r.start))
+    return sorted(parts, key=lambda r: (r.topic, r.broker, r.queue_id, r.start))
 
 
 def _cut(r: QueueRange, pieces: int) -> list[QueueRange]:
@@ -79,7 +84,7 @@ def _cut(r: QueueRange, pieces: int) -> list[QueueRange]:
     out, at = [], r.start
     for i in range(pieces):
         n = base + (1 if i < extra else 0)
-        out.append(QueueRange(r.topic, r.queue_id, at, at + n))
+        out.append(QueueRange(r.topic, r.queue_id, at, at + n, r.broker))
         at += n
     assert at == r.end, (r, pieces)
     return out

@@ -1,7 +1,8 @@
 """The one row layout every Sluice read produces, as a Spark schema and the Arrow schema Spark checks batches against.
 
-Column order and types are part of the contract (issue 5); the Arrow schema is derived from the Spark one with
-Spark's own converter, so a batch built against ``ARROW_SCHEMA`` always passes Spark's schema check.
+Column order and types are part of the contract (documented in docs/connector.md); the Arrow schema is derived from
+the Spark one with Spark's own converter, so a batch built against ``ARROW_SCHEMA`` always passes Spark's schema
+check.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from broker.client.producer import DEFAULT_BATCH_LIMIT_BYTES
 from broker.errors import MessageIllegalError
 from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
-from connector.options import parse_endpoints
+from connector.options import broker_options
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
@@ -29,6 +29,7 @@ KNOWN = {
     n.lower(): n
     for n in (
         "endpoints",
+        "namesrv",
         "topic",
         "deliveryGuarantee",
         "batchMessages",
@@ -44,7 +45,8 @@ KNOWN = {
 
 @dataclass(frozen=True, slots=True)
 class SinkOptions:
-    endpoints: str
+    endpoints: str | None  # one broker; None in a cluster
+    namesrv: str | None  # a cluster's name servers (rows go to queues of every broker); None with one broker
     topic: str | None
     exactly_once: bool
     batch_messages: int
@@ -91,7 +93,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     unknown = sorted(k for k in opts if k not in KNOWN and k not in SPARK_OWN)
     if unknown:
         raise SourceOptionError(f"unknown sink option(s) {unknown}; the sluice sink accepts {sorted(KNOWN.values())}")
-    endpoints = parse_endpoints(opts.get("endpoints", "").strip())  # at query start, not in tasks after timeouts
+    # at query start, not in tasks after timeouts
+    endpoints, namesrv = broker_options({k: v.strip() for k, v in opts.items() if k in ("endpoints", "namesrv")})
     topic = opts.get("topic") or None
     if topic is not None:
         try:
@@ -105,6 +108,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         )
     return SinkOptions(
         endpoints=endpoints,
+        namesrv=namesrv,
         topic=topic,
         exactly_once=guarantee == EXACTLY_ONCE,
         batch_messages=_int(opts, "batchMessages", DEFAULT_BATCH_MESSAGES, 1, MAX_BATCH_MESSAGES),

@@ -15,6 +15,10 @@ Exactly-once protocol (``deliveryGuarantee=exactly-once``, the default):
   atomic decision (finished by its recovery after a crash). Then it rolls back the query's older open transactions,
   which only a crashed earlier run can have left. ``abort`` rolls the transaction back.
 
+In a cluster (option ``namesrv``) rows go to the queues of every broker that holds the topic, and a batch's
+transaction spans brokers: its one decision is kept by a coordinator broker, and the protocol that keeps a batch
+all-or-nothing across brokers, a dying driver included, is in cluster_commit.py.
+
 ``at-least-once`` sends plain batches: a batch re-run after a crash is sent again.
 """
 
@@ -25,7 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -55,8 +59,11 @@ from broker.errors import (
     ServiceNotAvailableError,
     SystemBusyError,
 )
+from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
 from broker.semantics.transaction import MAX_ATTEMPTS_PROPERTY_CHARS
-from connector.arrow_encoder import RowEncoder, check_columns
+from broker.semantics.txn_decision import Share
+from connector.arrow_encoder import EncodedChunk, RowEncoder, check_columns
+from connector.cluster_commit import ClusterCommit, choose_coordinator, live_masters, query_prefix
 from connector.sink_options import SinkOptions
 
 log = logging.getLogger(__name__)
@@ -75,6 +82,8 @@ class SinkCommitMessage(WriterCommitMessage):
     messages: int
     bytes: int
     skipped: bool = False  # the batch was already committed by an earlier run: nothing sent
+    per_broker: dict[str, int] = field(default_factory=dict)  # a cluster: messages sent to each broker
+    earlier: str | None = None  # a cluster, skipped: the earlier run's transaction that committed the batch
 
 
 def _task_ids() -> tuple[str, int, str, str]:
@@ -142,46 +151,60 @@ def check_column_types(schema: StructType) -> None:
 
 
 def _send_all(
-    opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str
-) -> tuple[int, int]:
-    """Encode and send every row; returns (messages, bytes). Raises on the first failure, naming the row."""
-    producer = Producer(opts.endpoints, group=opts.producer_group)
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str,
+    coordinator: str | None = None,
+) -> tuple[int, int, dict[str, int]]:  # fmt: skip
+    """Encode and send every row; returns (messages, bytes, messages per broker). Raises on the first failure,
+    naming the row. ``coordinator``: the broker that decides ``txn_id`` (a cluster), named in every half."""
+    producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv)
+    extra = {ATTEMPT_PROPERTY: attempt} if txn_id else {}
+    if txn_id and coordinator:
+        extra[COORDINATOR_PROPERTY] = coordinator
     encoder = RowEncoder(
         default_topic=opts.topic,
-        queue_count=producer.queue_count,
-        extra_properties={ATTEMPT_PROPERTY: attempt} if txn_id else {},
+        queue_count=None if opts.namesrv else producer.queue_count,
+        queues=producer.queues if opts.namesrv else None,
+        extra_properties=extra,
         max_message_size=opts.max_message_size,
         batch_messages=opts.batch_messages,
         batch_bytes=opts.batch_bytes,
         half=(opts.producer_group, txn_id) if txn_id else None,
     )
-    sent = nbytes = rows = 0
-    inflight: list[Future[int]] = []
+    nbytes = rows = 0
+    per_broker: dict[str, int] = {}
+    inflight: list[Future[EncodedChunk]] = []
     window = opts.max_inflight
+
+    def done(chunk: EncodedChunk) -> None:
+        per_broker[chunk.broker] = per_broker.get(chunk.broker, 0) + chunk.count
+
     try:
         with ThreadPoolExecutor(max_workers=opts.max_inflight, thread_name_prefix="sluice-sink") as pool:
             for batch in batches:
-                check_columns(batch.schema.names, opts.ignore_extra_columns)
+                check_columns(batch.schema.names, opts.ignore_extra_columns, cluster=opts.namesrv is not None)
                 if {"sharding_key", "queue_id"} & set(batch.schema.names):
                     window = 1  # concurrent calls could land out of order: keyed rows keep their order per queue
                 for chunk in encoder.encode(batch, first_row=rows):
                     if len(inflight) >= window:
-                        sent += inflight.pop(0).result()
-                    inflight.append(pool.submit(_send_chunk, producer, opts, chunk.buffer, chunk.count, txn_id))
+                        done(inflight.pop(0).result())
+                    inflight.append(pool.submit(_send_chunk, producer, opts, chunk, txn_id))
                     nbytes += len(chunk.buffer)
                 rows += batch.num_rows
             for f in inflight:
-                sent += f.result()
+                done(f.result())
     finally:
         producer.close()
-    return sent, nbytes
+    return sum(per_broker.values()), nbytes, per_broker
 
 
-def _send_chunk(producer: Producer, opts: SinkOptions, buffer: bytes, count: int, txn_id: str | None) -> int:
+def _send_chunk(producer: Producer, opts: SinkOptions, chunk: EncodedChunk, txn_id: str | None) -> EncodedChunk:
+    # In a cluster the broker is found through the route of a topic the chunk writes (any: each routes to it).
+    topic = next(iter(chunk.topics)) if opts.namesrv else None
     for attempt in range(opts.send_retries + 1):
         try:
-            producer.send_encoded(buffer, count, transaction_id=txn_id, as_halves=txn_id is not None)
-            return count
+            producer.send_encoded(chunk.buffer, chunk.count, transaction_id=txn_id, as_halves=txn_id is not None,
+                                  broker_name=chunk.broker, topic=topic)  # fmt: skip
+            return chunk
         except (ServiceNotAvailableError, SystemBusyError) as e:
             # An unanswered call may have stored the batch. Plain sends may repeat it (at-least-once); inside a
             # transaction the task fails instead, and Spark's retry sends under a new attempt id, whose halves
@@ -194,18 +217,37 @@ def _send_chunk(producer: Producer, opts: SinkOptions, buffer: bytes, count: int
     raise AssertionError("unreachable")
 
 
+def _shares(done: list[SinkCommitMessage], txn_id: str, what: str) -> list[Share]:
+    """Each broker that received rows of ``txn_id``: the attempts that wrote there and their message count."""
+    brokers = sorted({b for m in done if m.transaction_id == txn_id for b, n in m.per_broker.items() if n})
+    shares = []
+    for broker in brokers:
+        wrote = [m for m in done if m.transaction_id == txn_id and m.per_broker.get(broker)]
+        attempts = sorted({m.attempt for m in wrote})
+        _check_attempts(attempts, f"{what} (broker {broker})")
+        shares.append(Share(broker, tuple(attempts), sum(m.per_broker[broker] for m in wrote)))
+    return shares
+
+
 class SluiceStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
-        check_columns(schema.names, opts.ignore_extra_columns, opts.topic)
+        check_columns(schema.names, opts.ignore_extra_columns, opts.topic, cluster=opts.namesrv is not None)
         check_column_types(schema)
         self.opts = opts
+        # A cluster's masters when the query (re)starts: every task of this run chooses its batches' coordinator
+        # among the same brokers (cluster_commit.py).
+        self.masters = live_masters(opts.namesrv) if opts.namesrv and opts.exactly_once else []
+        if opts.namesrv and opts.exactly_once:
+            choose_coordinator("", self.masters)  # no live master at all: refused now, not in every task
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         query_id, batch_id, run_id, attempt = _task_ids()
         if not self.opts.exactly_once:
-            n, b = _send_all(self.opts, iterator, None, attempt)
-            return SinkCommitMessage(None, attempt, n, b)
+            n, b, per = _send_all(self.opts, iterator, None, attempt)
+            return SinkCommitMessage(None, attempt, n, b, per_broker=per)
         prefix = f"spark:{query_id}:{batch_id}:"
+        if self.opts.namesrv is not None:
+            return self._write_to_cluster(self.opts.namesrv, iterator, prefix, query_id, run_id, attempt)
         with Admin(self.opts.endpoints) as admin:
             if any(t.status == "COMMITTED" for t in admin.list_transactions(prefix)):
                 log.info(
@@ -213,69 +255,134 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 )
                 return SinkCommitMessage(None, attempt, 0, 0, skipped=True)
         txn_id = prefix + run_id
-        n, b = _send_all(self.opts, iterator, txn_id, attempt)
+        n, b, _ = _send_all(self.opts, iterator, txn_id, attempt)
         return SinkCommitMessage(txn_id, attempt, n, b)
+
+    def _write_to_cluster(
+        self, namesrv: str, iterator: Iterator[pa.RecordBatch], prefix: str, query_id: str, run_id: str, attempt: str
+    ) -> SinkCommitMessage:
+        coordinator = choose_coordinator(query_id, self.masters)
+        txn_id = f"{prefix}{run_id}@{coordinator}"
+        with ClusterCommit(namesrv) as cc:
+            earlier = cc.earlier_commit(prefix, own=txn_id)
+        if earlier is not None:
+            log.info("%s was committed by an earlier run (%s); not sending it again", prefix, earlier)
+            return SinkCommitMessage(None, attempt, 0, 0, skipped=True, earlier=earlier)
+        n, b, per = _send_all(self.opts, iterator, txn_id, attempt, coordinator)
+        return SinkCommitMessage(txn_id, attempt, n, b, per_broker=per)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, SinkCommitMessage)]
         total, nbytes = sum(m.messages for m in done), sum(m.bytes for m in done)
-        txn_ids = {m.transaction_id for m in done if m.transaction_id}
+        txn_ids = {m.transaction_id for m in done if m.transaction_id is not None}
         if len(txn_ids) > 1:
             raise BrokerError(f"batch {batchId}: tasks wrote under different transactions {sorted(txn_ids)}")
+        if self.opts.namesrv is not None and self.opts.exactly_once:
+            self._commit_in_cluster(self.opts.namesrv, done, txn_ids, batchId)
+        elif self.opts.exactly_once:
+            self._commit_on_broker(done, txn_ids, batchId)
+        log.info("sluice sink batch %d: %d messages, %d bytes committed", batchId, total, nbytes)
+
+    def _commit_on_broker(self, done: list[SinkCommitMessage], txn_ids: set[str], batchId: int) -> None:
         with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
             for txn_id in txn_ids:
                 attempts = [m.attempt for m in done if m.transaction_id == txn_id]
                 _check_attempts(attempts, f"batch {batchId}")
                 sent = sum(m.messages for m in done if m.transaction_id == txn_id)
+                # record_unknown: a batch whose tasks sent nothing has no halves, and its empty commit is recorded
                 outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts,
-                                                expected_messages=sent)  # fmt: skip
+                                                expected_messages=sent, record_unknown=True)  # fmt: skip
                 if outcome != "COMMITTED":
                     raise BrokerError(f"batch {batchId}: transaction {txn_id} ended as {outcome}, not COMMITTED")
                 # Open ones of this query can only be a crashed earlier run's (this batch's is committed now).
                 # One call ending only open transactions, not a listing of every outcome the broker remembers.
                 admin.end_transactions(txn_id.rsplit(":", 2)[0] + ":", commit=False)
-        log.info("sluice sink batch %d: %d messages, %d bytes committed", batchId, total, nbytes)
+
+    def _commit_in_cluster(
+        self, namesrv: str, done: list[SinkCommitMessage], txn_ids: set[str], batchId: int
+    ) -> None:
+        earlier = {m.earlier for m in done if m.earlier}
+        if len(earlier) > 1 or (earlier and txn_ids):
+            raise BrokerError(
+                f"batch {batchId}: tasks disagree on whether an earlier run committed it ({sorted(earlier)}, "
+                f"{sorted(txn_ids)}); the batch is not committed"
+            )
+        what = f"batch {batchId}"
+        with ClusterCommit(namesrv) as cc:
+            if earlier:
+                txn_id = earlier.pop()
+                cc.finish_earlier(txn_id, what)
+            elif txn_ids:
+                txn_id = next(iter(txn_ids))
+                shares = _shares(done, txn_id, what)
+                if shares:
+                    cc.commit(txn_id, shares, what)
+            else:
+                return
+            cc.resolve_leftovers(query_prefix(txn_id))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         txn_ids = {m.transaction_id for m in messages if isinstance(m, SinkCommitMessage) and m.transaction_id}
-        with Admin(self.opts.endpoints) as admin:
-            for txn_id in txn_ids:
-                admin.end_transaction(txn_id, commit=False)
-        log.warning("sluice sink batch %d aborted; rolled back %s", batchId, sorted(txn_ids))
+        if self.opts.namesrv is not None:
+            with ClusterCommit(self.opts.namesrv) as cc:  # fences ABORT unless a decision stands
+                for prefix in sorted({query_prefix(t) for t in txn_ids if t}):
+                    cc.resolve_leftovers(prefix)
+        else:
+            with Admin(self.opts.endpoints) as admin:
+                for txn_id in txn_ids:  # recorded even before any half arrived: a straggling task's are refused
+                    admin.end_transaction(txn_id, commit=False, record_unknown=True)
+        log.warning("sluice sink batch %d aborted; rolled back %s", batchId, sorted(t for t in txn_ids if t))
 
 
 class SluiceBatchWriter(DataSourceArrowWriter):
     """``df.write.format("sluice")``: one transaction for the whole job (exactly-once) or plain sends."""
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
-        check_columns(schema.names, opts.ignore_extra_columns, opts.topic)
+        check_columns(schema.names, opts.ignore_extra_columns, opts.topic, cluster=opts.namesrv is not None)
         check_column_types(schema)
         self.opts = opts
-        self.transaction_id = f"spark-batch:{uuid.uuid4().hex}" if opts.exactly_once else None
+        self.transaction_id: str | None = None
+        self.coordinator: str | None = None
+        if opts.exactly_once:
+            job = uuid.uuid4().hex
+            self.transaction_id = f"spark-batch:{job}"
+            if opts.namesrv is not None:
+                self.coordinator = choose_coordinator(job, live_masters(opts.namesrv))
+                self.transaction_id += f"@{self.coordinator}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         from pyspark import TaskContext
 
         attempt = _attempt_id(TaskContext.get())
-        n, b = _send_all(self.opts, iterator, self.transaction_id, attempt)
-        return SinkCommitMessage(self.transaction_id, attempt, n, b)
+        n, b, per = _send_all(self.opts, iterator, self.transaction_id, attempt, self.coordinator)
+        return SinkCommitMessage(self.transaction_id, attempt, n, b, per_broker=per)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, SinkCommitMessage)]
-        if self.transaction_id:
+        if self.transaction_id and self.opts.namesrv is not None:
+            with ClusterCommit(self.opts.namesrv) as cc:
+                shares = _shares(done, self.transaction_id, "batch write")
+                if shares:
+                    cc.commit(self.transaction_id, shares, "batch write")
+                cc.resolve_leftovers(self.transaction_id)  # halves of failed attempts on brokers no share names
+        elif self.transaction_id:
             attempts = [m.attempt for m in done]
             _check_attempts(attempts, "batch write")
             with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
                 outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts,
-                                                expected_messages=sum(m.messages for m in done))  # fmt: skip
+                                                expected_messages=sum(m.messages for m in done),
+                                                record_unknown=True)  # fmt: skip
             if outcome != "COMMITTED":
                 raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
         log.info("sluice sink: %d messages committed", sum(m.messages for m in done))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        if self.transaction_id:
+        if self.transaction_id and self.opts.namesrv is not None:
+            with ClusterCommit(self.opts.namesrv) as cc:
+                cc.resolve_leftovers(self.transaction_id)
+        elif self.transaction_id:
             with Admin(self.opts.endpoints) as admin:
-                admin.end_transaction(self.transaction_id, commit=False)
+                admin.end_transaction(self.transaction_id, commit=False, record_unknown=True)
 
 
 __all__ = ["MessageIllegalError", "SinkCommitMessage", "SluiceBatchWriter", "SluiceStreamWriter"]

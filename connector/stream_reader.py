@@ -11,11 +11,15 @@ is in the sink and the commit log. The engine runs batches one after another, so
 is called with ``start`` equal to the end of the batch this reader planned last, that batch is also durably done;
 committing it then means the group is not left one batch behind when an AvailableNow query ends. The only other
 commit is of the query's start (``_pin_fallbacks``), so the group never passes the checkpoint.
+
+Partitions are (topic, broker, queue). In a cluster the routes are read again as triggers are planned: a broker or
+a queue that joins shows up as new partitions starting at 0 (data loss when its minimum is already past 0, as for a
+new topic), and a broker whose queues the query reads but that left the cluster or does not answer stops the query
+naming it, or with failOnDataLoss=false holds its queues at their offsets until it answers again (data_loss.py).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -24,13 +28,20 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from broker.client import PullStatus
-from broker.errors import SubscriptionGroupNotExistError
+from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistError
 from broker.store.message import I64, POS_QUEUE_OFFSET
 from connector.admission import AdmissionControl, default_read_limit
-from connector.broker_link import BrokerLink, link_for, retried, unknown_group
-from connector.data_loss import data_lost
+from connector.broker_link import BrokerLink, link_for, unknown_group
+from connector.data_loss import broker_gone, data_lost
 from connector.group_commit import GroupCommitter
-from connector.offset_resolver import Snapshot, current_topics, snapshot, starting_positions, uncommitted
+from connector.offset_resolver import (
+    Snapshot,
+    current_topics,
+    missing_topics,
+    snapshot,
+    starting_positions,
+    uncommitted,
+)
 from connector.offsets import QueueKey, SourceOffset
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition
@@ -43,7 +54,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._target: dict[QueueKey, int] | None = None  # Trigger.AvailableNow: never read past these
-        self._snapshot: Snapshot = {}
+        self._snapshot: Snapshot = Snapshot()
         self._planned_end: dict[QueueKey, int] | None = None
         self._admission = AdmissionControl(options)
         self._committer = GroupCommitter(options.consumer_group)
@@ -58,6 +69,8 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._initial is None:
             link = link_for(self.options)
             snap = snapshot(link, current_topics(self.options, link))
+            for topic in missing_topics(self.options, snap):  # a stream waits for it, as Kafka's subscribe does
+                log.warning("topic %r does not exist on the broker yet; the query reads it once it is created", topic)
             positions = starting_positions(self.options, link, snap)
             self._pin_fallbacks(link, snap, positions)
             self._initial = self._json(positions)
@@ -80,7 +93,10 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         link = link_for(self.options)
-        self._target = {k: hi for k, (_, hi) in snapshot(link, current_topics(self.options, link)).items()}
+        snap = snapshot(link, current_topics(self.options, link), tolerate_gone=self.options.cluster)
+        for broker, why in sorted(snap.gone.items()):  # what it holds is not available now: not part of the target
+            broker_gone(self.options, broker, f"does not answer ({why})", [])
+        self._target = {k: hi for k, (_, hi) in snap.items()}
         log.info("Trigger.AvailableNow: reading up to %s", self._target)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -88,17 +104,18 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = self._parse(start)
         if self._planned_end is not None and begin == self._planned_end:
             self._committer.commit(link, begin)  # the batch this reader planned last is done (module docstring)
-        topics = sorted(set(current_topics(self.options, link)) | {t for t, _ in begin})
-        self._snapshot = snap = snapshot(link, topics)
-        begin = self._skip_lost(begin, snap)
+        topics = sorted(set(current_topics(self.options, link)) | {t for t, _, _ in begin})
+        self._snapshot = snap = snapshot(link, topics, tolerate_gone=self.options.cluster)
+        begin = self._skip_lost(begin, snap, link)
         latest = {k: hi for k, (_, hi) in snap.items()}
         if self._target is not None:
             latest = {k: min(hi, self._target[k]) for k, hi in latest.items() if k in self._target}
-        # Queues that appeared since the last trigger (new topic, more queues) start at their earliest offset.
+        # Queues that appeared since the last trigger (new topic, more queues, a broker that joined) start at their
+        # earliest offset.
         base = {k: begin.get(k, snap[k][0]) for k in latest}
-        for (topic, qid), lo in sorted(base.items()):
-            if (topic, qid) not in begin and lo > 0:  # a queue starts at 0: its first messages expired unread
-                data_lost(self.options, topic, qid, 0, f"from {lo} (a queue new to this query)", lo)
+        for key, lo in sorted(base.items()):
+            if key not in begin and lo > 0:  # a queue starts at 0: its first messages expired unread
+                data_lost(self.options, key, 0, f"from {lo} (a queue new to this query)", lo)
         end = self._admission.end_offsets(
             base, latest, limit, self._probe_bytes, available_now=self._target is not None
         )
@@ -119,10 +136,11 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         missing = [k for k in finish if k not in begin]
         if missing and not all(k in self._snapshot for k in missing):
             link = link_for(self.options)
-            self._snapshot = {**self._snapshot, **snapshot(link, sorted({t for t, _ in missing}))}
+            more = snapshot(link, sorted({t for t, _, _ in missing}), tolerate_gone=self.options.cluster)
+            self._snapshot = Snapshot({**self._snapshot, **more}, self._snapshot.gone)
         ranges = [
-            QueueRange(t, q, begin[(t, q)] if (t, q) in begin else self._snapshot.get((t, q), (0, 0))[0], e)
-            for (t, q), e in finish.items()
+            QueueRange(t, q, begin[(t, b, q)] if (t, b, q) in begin else self._snapshot.get((t, b, q), (0, 0))[0], e, b)
+            for (t, b, q), e in finish.items()
         ]
         parts = split_ranges(
             [r for r in ranges if r.end > r.start],
@@ -130,7 +148,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.options.max_messages_per_partition,
         )
         self._planned_end = finish
-        return [SluicePartition(r.topic, r.queue_id, r.start, r.end) for r in parts]
+        return [SluicePartition(r.topic, r.queue_id, r.start, r.end, r.broker) for r in parts]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SluicePartition), type(partition)
@@ -142,39 +160,76 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return dict(SourceOffset.from_json(self.options.broker_name, offset).positions)
 
     def _json(self, positions: Mapping[QueueKey, int]) -> dict:
-        return SourceOffset(self.options.broker_name, positions).to_json()
+        return SourceOffset(positions).to_json()
 
-    def _skip_lost(self, begin: dict[QueueKey, int], snap: Snapshot) -> dict[QueueKey, int]:
-        """Queues whose next offset expired or that vanished: fail, or (failOnDataLoss=false) move past the loss."""
+    def _skip_lost(self, begin: dict[QueueKey, int], snap: Snapshot, link: BrokerLink) -> dict[QueueKey, int]:
+        """Queues whose next offset expired or that vanished: fail, or (failOnDataLoss=false) move past the loss.
+        Queues of a broker that is gone (left the cluster, or does not answer): fail, or hold their offsets."""
         out = dict(begin)
-        for (topic, qid), off in sorted(begin.items()):
-            lo_hi = snap.get((topic, qid))
+        gone, unseen = self._missing_in_cluster([k for k in begin if k not in snap], snap, link)
+        for broker, why in sorted(gone.items()):
+            broker_gone(self.options, broker, why, sorted(k for k in begin if k[1] == broker and k not in snap))
+        for key, off in sorted(begin.items()):
+            lo_hi = snap.get(key)
+            if lo_hi is None and (key[1] in gone or key in unseen):
+                continue  # held where it is until its broker answers again, or the route shows the queue
             if lo_hi is None:
-                data_lost(self.options, topic, qid, off, "none: the queue no longer exists", 0)
-                del out[(topic, qid)]
+                data_lost(self.options, key, off, "none: the queue no longer exists", 0)
+                del out[key]
             elif off < lo_hi[0]:
-                data_lost(self.options, topic, qid, off, f"from {lo_hi[0]}", lo_hi[0] - off)
-                out[(topic, qid)] = lo_hi[0]
+                data_lost(self.options, key, off, f"from {lo_hi[0]}", lo_hi[0] - off)
+                out[key] = lo_hi[0]
             elif off > lo_hi[1]:
-                data_lost(self.options, topic, qid, off, f"up to {lo_hi[1]} (the queue went back)", 0)
-                out[(topic, qid)] = lo_hi[1]
+                data_lost(self.options, key, off, f"up to {lo_hi[1]} (the queue went back)", 0)
+                out[key] = lo_hi[1]
         return out
 
-    def _probe_bytes(self, topic: str, queue_id: int, start: int, cap: int, budget: int) -> int:
-        return probe_bytes(link_for(self.options), self.options, topic, queue_id, start, cap, budget)
+    def _missing_in_cluster(
+        self, missing: list[QueueKey], snap: Snapshot, link: BrokerLink
+    ) -> tuple[dict[str, str], set[QueueKey]]:
+        """Why queues the query reads are missing from a cluster's snapshot: (brokers that are gone, with why:
+        not answering, or not listed by the name servers; queues their broker still reports, which the route
+        this client cached did not show yet). Each broker is asked itself, never judged by a cached route: a
+        broker that came back had its queues dropped as lost, and read again from 0. What is left (a broker
+        that answers without the queue) lost the queue, not the broker: ordinary data loss."""
+        if not missing or not self.options.cluster:
+            return {}, set()
+        gone: dict[str, str] = {}
+        unseen: set[QueueKey] = set()
+        for broker in sorted({b for _, b, _ in missing}):
+            if broker in snap.gone:
+                gone[broker] = f"does not answer ({snap.gone[broker]})"
+                continue
+            for topic in sorted({t for t, b, _ in missing if b == broker}):
+                try:
+                    reported = link.queues_on(broker, topic)
+                except ServiceNotAvailableError as e:
+                    gone[broker] = f"does not answer ({e.message})"
+                    break
+                if reported is None:
+                    gone[broker] = ("left the cluster: no name server lists it (it was stopped, or its registration "
+                                    "expired)")  # fmt: skip
+                    break
+                unseen |= {k for k in missing if k[0] == topic and k[1] == broker and k[2] in reported}
+        return gone, unseen
+
+    def _probe_bytes(self, key: QueueKey, start: int, cap: int, budget: int) -> int:
+        topic, broker, queue_id = key
+        return probe_bytes(link_for(self.options), self.options, topic, queue_id, start, cap, budget, broker=broker)
 
 
 def probe_bytes(
-    link: BrokerLink, options: SourceOptions, topic: str, queue_id: int, start: int, cap: int, budget: int
-) -> int:
-    """The end offset (exclusive, <= cap) such that the stored entries of [start, end) fit in ``budget`` bytes."""
+    link: BrokerLink, options: SourceOptions, topic: str, queue_id: int, start: int, cap: int, budget: int,
+    broker: str = "",
+) -> int:  # fmt: skip
+    """The end offset (exclusive, <= cap) such that the stored entries of [start, end) fit in ``budget`` bytes.
+    ``broker``: the queue's ("" for the one broker of option 'endpoints')."""
+    key = (topic, broker or options.broker_name or "", queue_id)
     at, used = start, 0
     while at < cap:
         try:
-            r = retried(  # as every driver-side call: a broker restart during planning is ridden out, not fatal
-                functools.partial(link.consumer.pull_raw, topic, queue_id, at,
-                                  max_msgs=min(options.pull_batch_size, cap - at), tags=options.tag_expression)
-            )  # fmt: skip
+            # as every driver-side call: a broker restart during planning is ridden out, not fatal
+            r = link.pull_raw(key, at, max_msgs=min(options.pull_batch_size, cap - at), tags=options.tag_expression)
         except SubscriptionGroupNotExistError as e:
             raise unknown_group(options.pull_group, e) from None
         if r.status is PullStatus.NO_MATCHED_MSG:

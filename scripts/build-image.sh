@@ -29,7 +29,7 @@ command -v docker >/dev/null || die "no docker CLI (run scripts/ensure-docker.sh
 docker info >/dev/null 2>&1 || die "the Docker engine does not answer (run scripts/ensure-docker.sh)"
 [ -x "$PYTHON" ] || die "no $PYTHON (run make venv)"
 
-# One build at a time: concurrent test sessions share the cache.
+# One build at a time: concurrent test runs share the cache.
 exec 9>"$WORK/lock"
 flock 9
 

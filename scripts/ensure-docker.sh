@@ -149,7 +149,7 @@ else
       # Without NAT rules published ports are still served by docker-proxy on the host, which is all we use.
       net_flags=(--iptables=false --ip-masq=false)
     fi
-    # After an engine was killed (e.g. the session that started it ended), its pid files may name a dead or
+    # After an engine was killed (e.g. the shell that started it ended), its pid files may name a dead or
     # zombie process; dockerd would then wait forever for "the running containerd". Drop such stale files.
     for pidfile in /var/run/docker/containerd/containerd.pid /var/run/docker.pid; do
       pid=$(cat "$pidfile" 2>/dev/null || true)

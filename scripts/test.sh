@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite. The integration suite needs a Docker engine: scripts/ensure-docker.sh
-# installs and starts one when this machine has none (see README), then builds the broker image.
+# installs and starts one when this machine has none (its header says how), then builds the broker image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=("$@")

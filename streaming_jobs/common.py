@@ -7,15 +7,20 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from broker.server.consumer_offsets import MAX_GROUP_CHARS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import DataStreamWriter
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, the shell's convention (as `sluice` commands)
+AWAIT_POLL_S = 1  # a query is waited for in py4j calls this long, so that Ctrl-C is seen between them
 
 JAVA_HELP = (
     "Spark needs Java 17 or newer and none was found (no `java` on PATH, no JAVA_HOME).\n"
@@ -87,8 +92,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The job's docstring as written (its example command keeps its lines) and every option's default."""
+
+
+def base_parser(job: str, description: str) -> argparse.ArgumentParser:
+    """The options every job shares; ``job`` is its module name (``topic_mirror``) for the usage line."""
+    ap = argparse.ArgumentParser(prog=f"python -m streaming_jobs.{job}", description=description,
+                                 formatter_class=HelpFormatter)  # fmt: skip
     ap.add_argument(
         "--endpoints", default=os.environ.get("SLUICE_ENDPOINT", "127.0.0.1:10911"), help="broker host:port"
     )
@@ -98,7 +109,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--interval", default="1 second", help="micro-batch interval for --trigger continuous")
     ap.add_argument("--max-messages-per-trigger", type=positive_int, default=None,
                     help="admission limit per micro-batch (>= 1)")  # fmt: skip
-    ap.add_argument("--log-level", default="WARNING")
+    ap.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     return ap
 
 
@@ -109,3 +120,37 @@ def setup_logging(level: str) -> None:
 def with_trigger(writer: DataStreamWriter, trigger: str, interval: str) -> DataStreamWriter:
     """``--trigger available-now`` or a processing-time trigger every ``interval``."""
     return writer.trigger(availableNow=True) if trigger == "available-now" else writer.trigger(processingTime=interval)
+
+
+def await_query(query: StreamingQuery) -> int:
+    """Wait until the query ends (available-now) or Ctrl-C; then stop it and say how far it got (0, or 130).
+
+    PySpark's own SIGINT handler calls into the JVM from inside the handler, while the main thread is in the middle
+    of a py4j call, and py4j logs a traceback ("reentrant call"). So this waits in short py4j calls with a handler
+    that only takes note, and stops the query itself. Every micro-batch that finished is in the checkpoint (and,
+    exactly once, in the sink); the one in flight is not, and the next run with the same --checkpoint redoes it."""
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        while not query.awaitTermination(AWAIT_POLL_S) and not interrupted.is_set():
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if not interrupted.is_set():
+        return 0
+    query.stop()
+    last = query.lastProgress
+    where = f"after micro-batch {last['batchId']}" if last else "before its first micro-batch finished"
+    print(f"interrupted: query stopped {where}; run again with the same --checkpoint to go on from there",
+          file=sys.stderr)  # fmt: skip
+    return INTERRUPTED_EXIT
+
+
+def run_job(main: Callable[[], int]) -> None:
+    """``sys.exit(main())``, with Ctrl-C before the query runs (Spark starting) one line and 130, not a traceback."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = INTERRUPTED_EXIT
+    sys.exit(code)

@@ -9,13 +9,20 @@ file sink's own log makes the files exactly-once; the consumer group's offsets s
 from __future__ import annotations
 
 import argparse
-import sys
 
-from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
+from streaming_jobs.common import (
+    await_query,
+    base_parser,
+    group_name,
+    run_job,
+    setup_logging,
+    spark_session,
+    with_trigger,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = base_parser(__doc__ or "")
+    ap = base_parser("to_parquet", __doc__ or "")
     ap.add_argument("--topic", required=True, help="topic (or comma-separated topics) to read")
     ap.add_argument("--output", required=True, help="Parquet output directory")
     ap.add_argument("--group", default=None, help="consumer group (default: parquet-<topic>)")
@@ -55,9 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         .partitionBy("date", "topic")
     )
     query = with_trigger(writer, args.trigger, args.interval).start()
-    query.awaitTermination()
-    return 0
+    return await_query(query)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_job(main)

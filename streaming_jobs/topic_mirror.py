@@ -12,24 +12,29 @@ queue number is the sharding key, so all messages of one source queue go to one 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from broker.store.message import Prop
-from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
-
-# Properties the broker sets or interprets; the application's own properties are everything else.
-BROKER_PROPERTIES = {v for k, v in vars(Prop).items() if k.isupper()} | {"TRAN_ATTEMPT", "TRAN_COMMITTED_ATTEMPTS"}
+from broker.client.message import BROKER_PROPERTIES, BROKER_PROPERTY_PREFIXES
+from streaming_jobs.common import (
+    await_query,
+    base_parser,
+    group_name,
+    run_job,
+    setup_logging,
+    spark_session,
+    with_trigger,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = base_parser(__doc__ or "")
+    ap = base_parser("topic_mirror", __doc__ or "")
     ap.add_argument("--source", required=True, help="topic to read")
     ap.add_argument("--target", required=True, help="topic to write")
     ap.add_argument("--group", default=None, help="consumer group to commit offsets for (default: mirror-<source>)")
     ap.add_argument("--where", default=None, help="Spark SQL filter over the source columns")
     ap.add_argument("--transform", default=None, help="Spark SQL expression giving the new body")
     ap.add_argument("--starting-offsets", default="committed", help="earliest | latest | committed | JSON")
-    ap.add_argument("--delivery", choices=("exactly-once", "at-least-once"), default="exactly-once")
+    ap.add_argument("--delivery", choices=("exactly-once", "at-least-once"), default="exactly-once",
+                    help="the sink's deliveryGuarantee")  # fmt: skip
     return ap
 
 
@@ -58,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         df = df.where(F.expr(args.where))
     body = F.expr(args.transform) if args.transform else F.col("body")
     system = F.array(*[F.lit(name) for name in sorted(BROKER_PROPERTIES)])
-    user_properties = F.map_filter("properties", lambda k, _v: ~F.array_contains(system, k) & ~k.startswith("DLQ_"))
+    (prefix,) = BROKER_PROPERTY_PREFIXES
+    user_properties = F.map_filter("properties", lambda k, _v: ~F.array_contains(system, k) & ~k.startswith(prefix))
     out = df.select(
         body.alias("body"),
         "tags",
@@ -74,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         .option("checkpointLocation", args.checkpoint)
     )
     query = with_trigger(writer, args.trigger, args.interval).start()
-    query.awaitTermination()
-    return 0
+    return await_query(query)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_job(main)

@@ -11,22 +11,30 @@ time) and ``--key-field`` the value to count by. Windows are emitted once, when 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from streaming_jobs.common import base_parser, group_name, setup_logging, spark_session, with_trigger
+from streaming_jobs.common import (
+    await_query,
+    base_parser,
+    group_name,
+    run_job,
+    setup_logging,
+    spark_session,
+    with_trigger,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = base_parser(__doc__ or "")
-    ap.add_argument("--source", required=True)
-    ap.add_argument("--target", required=True)
+    ap = base_parser("windowed_counts", __doc__ or "")
+    ap.add_argument("--source", required=True, help="topic of JSON events to read")
+    ap.add_argument("--target", required=True, help="topic to write the window counts to")
     ap.add_argument("--group", default=None, help="consumer group (default: counts-<source>)")
     ap.add_argument("--time-field", default="ts", help="JSON field with event time in epoch ms")
-    ap.add_argument("--time-from", choices=("body", "store"), default="body")
+    ap.add_argument("--time-from", choices=("body", "store"), default="body",
+                    help="event time from the body's --time-field, or the broker's store time")  # fmt: skip
     ap.add_argument("--key-field", default="event", help="JSON field to count by")
-    ap.add_argument("--window", default="1 minute")
-    ap.add_argument("--watermark", default="2 minutes")
-    ap.add_argument("--starting-offsets", default="committed")
+    ap.add_argument("--window", default="1 minute", help="window length (a Spark interval)")
+    ap.add_argument("--watermark", default="2 minutes", help="how late an event may come and still be counted")
+    ap.add_argument("--starting-offsets", default="committed", help="earliest | latest | committed | JSON")
     return ap
 
 
@@ -76,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         .outputMode("append")
     )
     query = with_trigger(writer, args.trigger, args.interval).start()
-    query.awaitTermination()
-    return 0
+    return await_query(query)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_job(main)

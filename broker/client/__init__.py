@@ -1,6 +1,23 @@
 """The Python client: producers, pull and push consumers, and admin operations over gRPC."""
 
-from broker.client.admin import Admin, QueueLag, SubscriptionGroup, TopicInfo, TransactionInfo
+from broker.client.admin import Admin, GroupInfo
+from broker.client.admin_results import (
+    BrokerInfo,
+    BrokerLag,
+    BrokerQueueLag,
+    BrokerQueues,
+    BrokerTopicInfo,
+    BrokerTransactionInfo,
+    ClusterInfo,
+    ClusterTopicInfo,
+    GroupLag,
+    QueueLag,
+    QueueRange,
+    SubscriptionGroup,
+    TopicDescription,
+    TopicInfo,
+    TransactionInfo,
+)
 from broker.client.consumer_options import (
     BROADCASTING,
     CLUSTERING,
@@ -11,7 +28,9 @@ from broker.client.consumer_options import (
     ConsumeStatus,
     MessageModel,
 )
-from broker.client.message import Message, decode_entries, encode_message
+from broker.client.message import Message, decode_entries, encode_message, user_properties
+from broker.client.offset_reset import OffsetReset, ResetTo
+from broker.client.pop_consumer import PopConsumer, PoppedMessage
 from broker.client.producer import PartialSendError, Producer
 from broker.client.pull_consumer import PullConsumer
 from broker.client.push_consumer import PushConsumer
@@ -21,8 +40,11 @@ from broker.client.transaction_producer import LocalTransactionState, Transactio
 
 __all__ = [
     "AVERAGELY", "BROADCASTING", "CIRCLE", "CLUSTERING", "FIRST", "LAST", "TIMESTAMP", "Admin", "ConsumeFrom",
-    "ConsumeStatus", "Message", "MessageModel", "PartialSendError", "Producer", "PullConsumer", "PullResult",
-    "PullStatus", "PushConsumer", "QueueLag", "RawPullResult", "ReceivedMessage", "SendResult", "SendStatus",
-    "TopicInfo", "decode_entries", "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo",
-    "TransactionProducer", "TransactionSendResult",
+    "ConsumeStatus", "GroupInfo", "Message", "MessageModel", "OffsetReset", "PartialSendError", "PopConsumer",
+    "PoppedMessage", "Producer", "PullConsumer", "PullResult", "PullStatus", "PushConsumer", "QueueLag",
+    "RawPullResult", "ReceivedMessage", "ResetTo", "SendResult", "SendStatus", "TopicInfo", "decode_entries",
+    "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo", "TransactionProducer",
+    "TransactionSendResult", "user_properties", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",
+    "BrokerTopicInfo", "BrokerTransactionInfo", "ClusterInfo", "ClusterTopicInfo", "GroupLag", "QueueRange",
+    "TopicDescription",
 ]  # fmt: skip

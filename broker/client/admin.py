@@ -1,177 +1,715 @@
-"""Admin: topics, queue offsets, consumer lag and groups, message queries, broker stats."""
+"""Admin: topics, queue offsets, consumer lag and groups, message queries, transactions, broker stats -- of one
+broker (``endpoint=``) or of a cluster (``namesrv=``).
+
+In a cluster, as RocketMQ's MQAdminExt:
+
+* ``cluster_info()`` lists the live brokers from the name servers (every one of them is asked and the answers
+  merged, so a broker registered with only some of them is listed too).
+* ``create_topic(..., cluster=C)`` creates the topic on every master of cluster C, ``broker=B`` on one. Before
+  anything is created every target must answer and, unless ``if_not_exists``, none may hold the topic yet: an
+  unknown name, a broker that is down or a topic that exists changes nothing anywhere.
+* ``delete_topic`` deletes the topic on every master that holds it, asking each master (the name servers may be a
+  registration behind). A master that does not answer while the topic's route lists it stops the deletion before
+  anything is deleted.
+* Reads of one topic (offsets, lag, describe, key queries) go to the brokers of its route; reads of the whole
+  cluster (lag of every topic, transactions, stats) to every live master. Rows say which broker they came from
+  (``BrokerTopicInfo``, ``BrokerQueueLag``, ``BrokerTransactionInfo``) and keys of offsets are ``(broker_name,
+  queue_id)``, as ``PullConsumer``'s.
+
+A partial failure of a change made on several brokers (a create or a delete that one broker refused after others
+had done it) raises an error naming the brokers where it was done and the one that failed.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
+from broker.client.admin_results import (
+    BrokerInfo,
+    BrokerLag,
+    BrokerQueueLag,
+    BrokerQueues,
+    BrokerTopicInfo,
+    BrokerTransactionInfo,
+    ClusterInfo,
+    ClusterTopicInfo,
+    GroupInfo,
+    GroupLag,
+    QueueLag,
+    QueueRange,
+    SubscriptionGroup,
+    TopicDescription,
+    TopicInfo,
+    TransactionInfo,
+    broker_info,
+    broker_topic_info,
+    group,
+    queue_lag,
+    topic_info,
+    transaction,
+)
 from broker.client.connection import Connection
 from broker.client.message import decode_entries
+from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
 from broker.client.results import ReceivedMessage
+from broker.client.route import DIRECT_BROKER, MessageQueue, TopicRoute
+from broker.client.router import Router
+from broker.errors import (
+    BrokerError,
+    BrokerUnreachableError,
+    InvalidArgumentError,
+    QueryNotFoundError,
+    ResponseCode,
+    ServiceNotAvailableError,
+    SubscriptionGroupNotExistError,
+    TopicExistsError,
+    TopicNotExistError,
+)
+from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
+from broker.semantics.system_topics import retry_topic
+from broker.store.message import parse_msg_id, validate_topic
 
-
-@dataclass(frozen=True)
-class TopicInfo:
-    topic: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-
-
-@dataclass(frozen=True)
-class QueueLag:
-    topic: str
-    queue_id: int
-    broker_offset: int
-    consumer_offset: int  # -1: nothing committed
-    lag: int
-
-
-@dataclass(frozen=True)
-class TransactionInfo:
-    transaction_id: str
-    producer_group: str
-    status: str  # OPEN | ENDING | COMMITTED | ROLLED_BACK
-    half_count: int
-    first_store_ms: int
-    last_activity_ms: int
-    check_times: int
-    ended_ms: int
-    complete: bool  # a commit whose messages are all in their real topics
-
-
-@dataclass(frozen=True)
-class SubscriptionGroup:
-    group_name: str
-    consume_enable: bool
-    consume_from_min_enable: bool
-    consume_broadcast_enable: bool
-    retry_queue_nums: int
-    retry_max_times: int
-
-
-def _transaction(t: pb.TransactionInfo) -> TransactionInfo:
-    return TransactionInfo(t.transaction_id, t.producer_group, t.status, t.half_count, t.first_store_ms,
-                           t.last_activity_ms, t.check_times, t.ended_ms, t.complete)  # fmt: skip
-
-
-def _group(g: pb.SubscriptionGroup) -> SubscriptionGroup:
-    return SubscriptionGroup(g.group_name, g.consume_enable, g.consume_from_min_enable, g.consume_broadcast_enable,
-                             g.retry_queue_nums, g.retry_max_times)  # fmt: skip
-
-
-def _topic(t: pb.TopicInfo) -> TopicInfo:
-    return TopicInfo(t.topic, t.read_queue_nums, t.write_queue_nums, t.perm)
+__all__ = [
+    "Admin", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues", "BrokerTopicInfo", "BrokerTransactionInfo",
+    "ClusterInfo", "ClusterTopicInfo", "GroupInfo", "GroupLag", "QueueLag", "QueueRange", "SubscriptionGroup",
+    "TopicDescription", "TopicInfo", "TransactionInfo",
+]  # fmt: skip
 
 
 class Admin:
-    def __init__(self, endpoint: str | None = None, *, timeout_s: float = 30.0) -> None:
-        self.conn = Connection(endpoint, timeout_s)
-        self.stub = self.conn.stub
+    def __init__(
+        self, endpoint: str | None = None, *, namesrv: str | None = None, timeout_s: float = 30.0,
+        router: Router | None = None,
+    ) -> None:  # fmt: skip
+        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s)
+        self._owns_router = router is None
 
-    def create_topic(self, topic: str, queues: int = 8, *, if_not_exists: bool = False) -> TopicInfo:
+    @property
+    def cluster_mode(self) -> bool:
+        return self.router.cluster_mode
+
+    @property
+    def conn(self) -> Connection:
+        """The broker's connection, for an admin of one broker (``endpoint=``)."""
+        return self.router.direct
+
+    @property
+    def stub(self) -> Any:
+        return self.router.direct.stub
+
+    # ------------------------------------------------------------------------------------------ cluster
+    def cluster_info(self) -> ClusterInfo:
+        """Every live broker the name servers know (``sluice cluster list``; ``as_json()`` is its ``--json``).
+        Each name server is asked; a broker's latest registration wins."""
+        namesrv = self.router.namesrv
+        if namesrv is None:
+            raise InvalidArgumentError(
+                f"cluster_info needs name servers (namesrv=); this admin talks to the single {self.router.describe()}"
+            )
+        found: dict[tuple[str, int], npb.BrokerLiveInfo] = {}
+        failures: list[str] = []
+        for address in namesrv.addresses:
+            try:
+                answer = namesrv.call_one(address, "GetBrokerClusterInfo", npb.GetBrokerClusterInfoRequest())
+            except BrokerError as e:
+                failures.append(f"{address}: {e.message}")
+                continue
+            for b in answer.brokers:
+                known = found.get((b.broker_name, b.broker_id))
+                if known is None or b.last_update_ms > known.last_update_ms:
+                    found[(b.broker_name, b.broker_id)] = b
+        if len(failures) == len(namesrv.addresses):
+            raise BrokerUnreachableError(
+                "no name server answered (" + "; ".join(failures) + "); check --namesrv and that they run",
+                request_sent=False,
+            )
+        brokers = sorted(found.values(), key=lambda b: (b.cluster, b.broker_name, b.broker_id))
+        return ClusterInfo(tuple(broker_info(b) for b in brokers))
+
+    def _targets(self, cluster: str | None, broker: str | None) -> list[BrokerInfo]:
+        """The masters a change goes to: one named broker, every master of the named cluster, or of the only
+        cluster there is. InvalidArgumentError for a name no live broker has."""
+        if cluster is not None and broker is not None:
+            raise InvalidArgumentError("give cluster= (every master of it) or broker= (one), not both")
+        info = self.cluster_info()
+        clusters = info.clusters()
+        if broker is not None:
+            found = [b for b in info.masters() if b.broker_name == broker]
+            if not found:
+                names = sorted(b.broker_name for b in info.masters())
+                raise InvalidArgumentError(
+                    f"broker {broker!r} is not a live master in {self.router.describe()}; live masters: {names}"
+                )
+            return found
+        if cluster is None:
+            if len(clusters) != 1:
+                raise InvalidArgumentError(
+                    f"name the cluster (cluster=) or the broker (broker=): {self.router.describe()} know clusters "
+                    f"{clusters}"
+                )
+            cluster = clusters[0]
+        found = info.masters(cluster)
+        if not found:
+            raise InvalidArgumentError(
+                f"cluster {cluster!r} has no live master in {self.router.describe()}; known clusters: {clusters}"
+            )
+        return found
+
+    def _connection(self, broker: BrokerInfo) -> Connection:
+        return self.router.connection(broker.address)
+
+    def _probe(self, broker: BrokerInfo, topic: str) -> TopicInfo | None:
+        """The topic as ``broker`` holds it, None when it does not; raises when the broker does not answer."""
+        conn = self._connection(broker)
+        try:
+            return topic_info(conn.call(conn.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic)))
+        except TopicNotExistError:
+            return None
+        except BrokerError as e:
+            raise _with_broker(e, f"{broker.broker_name} ({broker.address})") from None
+
+    def _route(self, topic: str) -> TopicRoute:
+        """The topic's route as the name servers (or the one broker) know it now, not as cached."""
+        self.router.refresh(topic)
+        return self.router.route(topic)
+
+    def _topic_brokers(self, topic: str) -> list[tuple[str, Connection]]:
+        """(broker name, connection) of every broker group of the topic's route (the one broker: name "")."""
+        route = self._route(topic)
+        return [(name, self.router.broker_connection(topic, name, write=False)) for name in route.broker_names]
+
+    def _brokers(self) -> list[tuple[str, Connection]]:
+        """(broker name, connection) of every live master (the one broker: name "")."""
+        if not self.cluster_mode:
+            return [(DIRECT_BROKER, self.conn)]
+        return [(b.broker_name, self._connection(b)) for b in self.cluster_info().masters()]
+
+    def _row_broker(self, name: str) -> str | None:
+        """The broker name rows carry: None (plain rows) with one broker."""
+        return name if self.cluster_mode else None
+
+    # ------------------------------------------------------------------------------------------ topics
+    def create_topic(
+        self, topic: str, queues: int = 8, *, if_not_exists: bool = False, cluster: str | None = None,
+        broker: str | None = None,
+    ) -> TopicInfo:  # fmt: skip
+        """Create ``topic`` with ``queues`` read and write queues on each broker it goes to.
+
+        One broker (``endpoint=``): on it. A cluster: on every master of ``cluster`` (of the only cluster when
+        neither is named), or on the one master ``broker``; the answer is then a ``ClusterTopicInfo`` whose
+        ``brokers`` are the brokers it was created on, which ``sluice topic create --cluster/--broker`` shows one
+        line each. ``if_not_exists``: a broker that holds the topic already counts as done."""
+        if queues < 1:  # on the wire 0 means "the broker's default": a 0 here is a mistake, not a request for 8
+            raise InvalidArgumentError(f"queues={queues}: a topic needs at least one queue")
         request = pb.CreateTopicRequest(topic=topic, queue_nums=queues, if_not_exists=if_not_exists)
-        return _topic(self.conn.call(self.stub.CreateTopic, request))
+        if not self.cluster_mode:
+            if cluster is not None or broker is not None:
+                raise InvalidArgumentError(
+                    "cluster= and broker= name brokers of a cluster; this admin talks to the single "
+                    f"{self.router.describe()} (give namesrv=)"
+                )
+            return topic_info(self.conn.call(self.stub.CreateTopic, request))
+        validate_topic(topic)
+        targets = self._targets(cluster, broker)
+        held = [b.broker_name for b in targets if self._probe(b, topic) is not None]  # every target answers first
+        if held and not if_not_exists:
+            raise TopicExistsError(
+                f"topic {topic!r} already exists on {', '.join(held)}; nothing was created (if_not_exists=True "
+                "creates it where it is missing)"
+            )
+        created: list[BrokerTopicInfo] = []
+        for b in targets:
+            conn = self._connection(b)
+            try:
+                answer = conn.call(conn.stub.CreateTopic, request)
+            except BrokerError as e:
+                done = [c.broker_name for c in created]
+                raise _on_broker(e, b.broker_name, done, f"topic {topic!r} was created") from None
+            created.append(broker_topic_info(answer, b.broker_name, b.cluster))
+        self.router.refresh(topic)
+        return ClusterTopicInfo.of(topic, created) if broker is None else created[0]
 
-    def delete_topic(self, topic: str) -> None:
-        self.conn.call(self.stub.DeleteTopic, pb.DeleteTopicRequest(topic=topic))
+    def delete_topic(self, topic: str, *, broker: str | None = None) -> list[str]:
+        """Delete ``topic``; the names of the brokers it was deleted on (``[""]`` with one broker).
+
+        A cluster: on every live master that holds it (or on ``broker`` only). TopicNotExistError when none does."""
+        if not self.cluster_mode:
+            if broker is not None:
+                raise InvalidArgumentError(f"broker= names a broker of a cluster; this admin talks to the single "
+                                           f"{self.router.describe()}")  # fmt: skip
+            self.conn.call(self.stub.DeleteTopic, pb.DeleteTopicRequest(topic=topic))
+            return [DIRECT_BROKER]
+        validate_topic(topic)
+        masters = self._targets(None, broker) if broker is not None else self.cluster_info().masters()
+        try:
+            routed = set(self._route(topic).broker_names)
+        except TopicNotExistError:
+            routed = set()
+        holders: list[BrokerInfo] = []
+        for b in masters:
+            try:
+                if self._probe(b, topic) is not None:
+                    holders.append(b)
+            except ServiceNotAvailableError as e:
+                if b.broker_name in routed:  # it holds the topic and cannot delete it now: delete nothing
+                    raise type(e)(f"{e.message}; it holds topic {topic!r}, so nothing was deleted (delete again "
+                                  "once it is back, or once the name servers have dropped it)", e.code) from None
+        if not holders:
+            where = f"broker {broker}" if broker is not None else f"any live master of {self.router.describe()}"
+            raise TopicNotExistError(f"topic {topic!r} does not exist on {where}")
+        deleted: list[str] = []
+        for b in holders:
+            conn = self._connection(b)
+            try:
+                conn.call(conn.stub.DeleteTopic, pb.DeleteTopicRequest(topic=topic))
+            except BrokerError as e:
+                raise _on_broker(e, b.broker_name, deleted, f"topic {topic!r} was deleted") from None
+            deleted.append(b.broker_name)
+        self.router.refresh(topic)
+        return deleted
 
     def list_topics(self) -> list[TopicInfo]:
-        return [_topic(t) for t in self.conn.call(self.stub.ListTopics, pb.ListTopicsRequest()).topics]
+        """Every topic. A cluster: the name servers' topic list, one ``BrokerTopicInfo`` per topic and broker
+        (from the routes, as RocketMQ's ``topicList -c``: no broker is asked)."""
+        if not self.cluster_mode:
+            return [topic_info(t) for t in self.conn.call(self.stub.ListTopics, pb.ListTopicsRequest()).topics]
+        namesrv = self.router.namesrv
+        assert namesrv is not None
+        out: list[TopicInfo] = []
+        for topic in sorted(namesrv.topics()):
+            try:
+                route = TopicRoute.from_pb(topic, namesrv.route(topic))
+            except TopicNotExistError:
+                continue  # deleted (or its brokers left) between the two questions
+            out += [BrokerTopicInfo(topic, q.read_queue_nums, q.write_queue_nums, q.perm, q.broker_name,
+                                    route.groups[q.broker_name].cluster) for q in route.queues]  # fmt: skip
+        return out
 
     def topic_info(self, topic: str) -> TopicInfo:
-        return _topic(self.conn.call(self.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic)))
+        """The topic's queue counts and permission; a cluster: a ``ClusterTopicInfo`` (sums, and each broker's)."""
+        if not self.cluster_mode:
+            return topic_info(self.conn.call(self.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic)))
+        route = self._route(topic)
+        return ClusterTopicInfo.of(topic, [
+            BrokerTopicInfo(topic, q.read_queue_nums, q.write_queue_nums, q.perm, q.broker_name,
+                            route.groups[q.broker_name].cluster) for q in route.queues
+        ])  # fmt: skip
 
-    def queue_offsets(self, topic: str) -> dict[int, tuple[int, int]]:
-        """Queue id -> (min offset, max offset) for every queue of the topic, in one call."""
-        response = self.conn.call(self.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic))
-        return {q.queue_id: (q.min_offset, q.max_offset) for q in response.queues}
+    def describe_topic(self, topic: str) -> TopicDescription:
+        """``sluice topic describe T``: per broker of the topic's route, its queue counts, permission and every
+        queue's min and max offset; a broker that does not answer is shown with its error."""
+        route = self._route(topic)
+        brokers: list[BrokerQueues] = []
+        for q in route.queues:
+            ranges: tuple[QueueRange, ...] = ()
+            error = ""
+            try:
+                conn = self.router.broker_connection(topic, q.broker_name, write=False)
+                answer = conn.call(conn.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic))
+                ranges = tuple(QueueRange(r.queue_id, r.min_offset, r.max_offset) for r in answer.queues)
+            except BrokerError as e:
+                if not self.cluster_mode:
+                    raise
+                error = e.message
+            brokers.append(BrokerQueues(q.broker_name, route.groups[q.broker_name].cluster, q.read_queue_nums,
+                                        q.write_queue_nums, q.perm, ranges, error))  # fmt: skip
+        return TopicDescription(topic, tuple(brokers))
 
-    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    def queue_offsets(self, topic: str) -> dict[Any, tuple[int, int]]:
+        """(min offset, max offset) of every queue of the topic: ``{queue_id: ...}`` with one broker,
+        ``{(broker_name, queue_id): ...}`` in a cluster."""
+        return {mq.queue_id if not self.cluster_mode else (mq.broker_name, mq.queue_id): r
+                for mq, r in self.queue_ranges(topic).items()}  # fmt: skip
+
+    def queue_ranges(self, topic: str) -> dict[MessageQueue, tuple[int, int]]:
+        """(min offset, max offset) of every queue of the topic on every broker that holds it."""
+        if not self.cluster_mode:  # one call, as it always was (no route lookup first)
+            response = self.conn.call(self.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic))
+            return {MessageQueue(topic, DIRECT_BROKER, q.queue_id): (q.min_offset, q.max_offset)
+                    for q in response.queues}  # fmt: skip
+        out: dict[MessageQueue, tuple[int, int]] = {}
+        for name, conn in self._topic_brokers(topic):
+            response = _ask(name, conn, "GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
+            for q in response.queues:
+                out[MessageQueue(topic, name, q.queue_id)] = (q.min_offset, q.max_offset)
+        return out
+
+    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int, *, broker: str = "") -> int:
+        """The first offset of the queue stored at or after ``timestamp_ms``; in a cluster name the queue's broker."""
         request = pb.SearchOffsetByTimestampRequest(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)
-        return self.conn.call(self.stub.SearchOffsetByTimestamp, request).offset
+        if self.cluster_mode and not broker:
+            raise InvalidArgumentError("a queue id is ambiguous in a cluster: name its broker (broker=)")
+        conn = self.router.broker_connection(topic, broker, write=False)
+        return conn.call(conn.stub.SearchOffsetByTimestamp, request).offset
 
+    # ------------------------------------------------------------------------------------------ consumers
     def consumer_lag(self, group: str, topic: str = "") -> list[QueueLag]:
-        response = self.conn.call(self.stub.GetConsumerLag, pb.GetConsumerLagRequest(consumer_group=group, topic=topic))
-        return [QueueLag(q.topic, q.queue_id, q.broker_offset, q.consumer_offset, q.lag) for q in response.queues]
+        """Per-queue lag of ``group`` (on ``topic``, or every topic it has offsets or consumers for); in a cluster
+        ``BrokerQueueLag`` rows of every broker. Raises when a broker does not answer (``group_lag`` shows it)."""
+        if not self.cluster_mode:
+            request = pb.GetConsumerLagRequest(consumer_group=group, topic=topic)
+            return [queue_lag(q, None) for q in self.conn.call(self.stub.GetConsumerLag, request).queues]
+        lag = self.group_lag(group, topic)
+        for b in lag.brokers:
+            if b.error:
+                raise ServiceNotAvailableError(f"broker {b.broker_name}: {b.error}")
+        return lag.queues()
 
-    def consumer_list(self, group: str) -> list[str]:
-        return list(
-            self.conn.call(self.stub.GetConsumerList, pb.GetConsumerListRequest(consumer_group=group)).client_ids
-        )
+    def group_lag(self, group: str, topic: str = "") -> GroupLag:
+        """``sluice group lag G``: the lag summed over every broker, with each broker's part and queues (from the
+        brokers of ``topic``'s route, or every live master). A broker that does not answer is listed with its
+        error and left out of the sum; brokers where the group never consumed are left out.
+        SubscriptionGroupNotExistError when no broker knows the group."""
+        if not self.cluster_mode:
+            rows = self.consumer_lag(group, topic)
+            return GroupLag(group, sum(q.lag for q in rows), (BrokerLag(DIRECT_BROKER, sum(q.lag for q in rows),
+                                                                        tuple(rows)),))  # fmt: skip
+        request = pb.GetConsumerLagRequest(consumer_group=group, topic=topic)
+        parts: list[BrokerLag] = []
+        unknown: BrokerError | None = None
+        for name, conn in self._topic_brokers(topic) if topic else self._brokers():
+            try:
+                rows = [queue_lag(q, name) for q in conn.call(conn.stub.GetConsumerLag, request).queues]
+            except SubscriptionGroupNotExistError as e:
+                unknown = e  # the group never consumed here: nothing to count
+                continue
+            except BrokerError as e:
+                parts.append(BrokerLag(name, 0, (), e.message))
+                continue
+            parts.append(BrokerLag(name, sum(q.lag for q in rows), tuple(rows)))
+        if not parts and unknown is not None:
+            raise SubscriptionGroupNotExistError(
+                f"consumer group {group!r} has no committed offsets and no live consumers on any broker of "
+                f"{self.router.describe()}; check the group name"
+            )
+        return GroupLag(group, sum(b.lag for b in parts), tuple(parts))
 
-    def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+    def consumer_list(self, group: str, topic: str = "") -> list[str]:
+        """The client ids of the group's live consumers. A cluster: every id any broker of ``topic`` lists (of the
+        group's ``%RETRY%`` topic when none is named: every clustering consumer heartbeats its brokers)."""
+        request = pb.GetConsumerListRequest(consumer_group=group)
+        if not self.cluster_mode:
+            return list(self.conn.call(self.stub.GetConsumerList, request).client_ids)
+        try:
+            brokers = self._topic_brokers(topic or retry_topic(group))
+        except TopicNotExistError:
+            if topic:
+                raise
+            return []  # no clustering consumer of the group has reached any broker
+        ids: set[str] = set()
+        last: BrokerError | None = None
+        for name, conn in brokers:
+            try:
+                ids.update(conn.call(conn.stub.GetConsumerList, request).client_ids)
+            except BrokerError as e:
+                last = _with_broker(e, name)
+        if last is not None and not ids:
+            raise last
+        return sorted(ids)
+
+    def committed_offsets(self, group: str, topic: str) -> dict[Any, int]:
+        """``{queue_id: offset}`` with one broker, ``{(broker_name, queue_id): offset}`` in a cluster."""
         request = pb.QueryConsumerOffsetRequest(consumer_group=group, topic=topic, queue_id=-1)
-        return {o.queue_id: o.offset for o in self.conn.call(self.stub.QueryConsumerOffset, request).offsets}
+        if not self.cluster_mode:
+            return {o.queue_id: o.offset for o in self.conn.call(self.stub.QueryConsumerOffset, request).offsets}
+        out: dict[Any, int] = {}
+        for name, conn in self._topic_brokers(topic):
+            answer = _ask(name, conn, "QueryConsumerOffset", request)
+            out.update({(name, o.queue_id): o.offset for o in answer.offsets})
+        return out
 
+    # ------------------------------------------------------------------------------------------ queries
     def query_by_key(
         self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 0
     ) -> list[ReceivedMessage]:
+        """Messages of ``topic`` with ``key`` (at most ``max_num`` per broker), from every broker of its route."""
         request = pb.QueryMessageByKeyRequest(
             topic=topic, key=key, max_num=max_num, begin_timestamp_ms=begin_ms, end_timestamp_ms=end_ms
         )
-        r = self.conn.call(self.stub.QueryMessageByKey, request)
-        return decode_entries(r.entries, r.entry_positions)
+        brokers = [(DIRECT_BROKER, self.conn)] if not self.cluster_mode else self._topic_brokers(topic)
+        out: list[ReceivedMessage] = []
+        for name, conn in brokers:
+            r = _ask(name, conn, "QueryMessageByKey", request)
+            out += decode_entries(r.entries, r.entry_positions)
+        return out
 
     def view_message(self, msg_id: str) -> ReceivedMessage:
-        r = self.conn.call(self.stub.ViewMessageById, pb.ViewMessageByIdRequest(msg_id=msg_id))
-        return decode_entries(r.entries, r.entry_positions)[0]
+        """The message with this offset id. A cluster: asked of the broker whose address the id carries first,
+        then of every other live master (a broker may advertise another address than its store records)."""
+        request = pb.ViewMessageByIdRequest(msg_id=msg_id)
+        if not self.cluster_mode:
+            r = self.conn.call(self.stub.ViewMessageById, request)
+            return decode_entries(r.entries, r.entry_positions)[0]
+        parts = parse_msg_id(msg_id)
+        stored_at = f"{'.'.join(str(b) for b in parts.store_ip)}:{parts.store_port}"
+        masters = sorted(self.cluster_info().masters(), key=lambda b: b.address != stored_at)
+        for b in masters:
+            conn = self._connection(b)
+            try:
+                r = conn.call(conn.stub.ViewMessageById, request)
+            except (QueryNotFoundError, ServiceNotAvailableError):
+                continue
+            return decode_entries(r.entries, r.entry_positions)[0]
+        raise QueryNotFoundError(f"no live broker of {self.router.describe()} holds message {msg_id} (expired, or "
+                                 "its broker is down)")  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ transactions
     def list_transactions(self, prefix: str = "", status: str = "") -> list[TransactionInfo]:
-        """Transactions whose id starts with ``prefix`` (optionally only one status), sorted by id."""
+        """Transactions whose id starts with ``prefix`` (optionally only one status), sorted by id; in a cluster
+        ``BrokerTransactionInfo`` rows of every live master (a transaction with halves on several brokers has a
+        row on each)."""
         request = pb.ListTransactionsRequest(prefix=prefix, status=status)
-        return [_transaction(t) for t in self.conn.call(self.stub.ListTransactions, request).transactions]
+        out: list[TransactionInfo] = []
+        for name, conn in self._brokers():
+            answer = _ask(name, conn, "ListTransactions", request)
+            out += [transaction(t, self._row_broker(name)) for t in answer.transactions]
+        return sorted(out, key=lambda t: (t.transaction_id, getattr(t, "broker_name", "")))
 
     def end_transaction(
         self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None, *,
-        expected_messages: int | None = None,
+        expected_messages: int | None = None, broker: str | None = None, record_unknown: bool = False,
     ) -> str:  # fmt: skip
         """Commit or roll back every half message of ``txn_id`` atomically; returns the final status
         (COMMITTED / ROLLED_BACK), the first outcome when it had ended already. ``committed_attempts``: commit only
         halves whose TRAN_ATTEMPT property is listed. ``expected_messages``: the commit is refused (nothing
-        decided) unless it would make exactly this many messages visible."""
+        decided) unless it would make exactly this many messages visible. An id the broker has no record of raises
+        QueryNotFoundError and records nothing, unless ``record_unknown``: then the outcome of an empty transaction
+        is recorded, and halves sent under the id later are refused. The status returned is the first outcome when
+        it had ended already: compare it with the decision asked for (a commit of a rolled-back transaction
+        answers ROLLED_BACK).
+
+        A cluster: on ``broker``, or on every live master that holds the transaction (QueryNotFoundError when
+        none does); ``expected_messages`` counts one broker's messages, so it needs ``broker`` when several hold
+        halves. Brokers that end it differently (one had ended it already) raise, naming each outcome."""
         request = pb.EndTransactionRequest(
             transaction_id=txn_id, commit=commit, committed_attempts=committed_attempts or [],
             restrict_attempts=committed_attempts is not None, expected_messages=expected_messages,
+            record_unknown=record_unknown,
         )  # fmt: skip
-        return self.conn.call(self.stub.EndTransaction, request).status
+        if not self.cluster_mode:
+            return self.conn.call(self.stub.EndTransaction, request).status
+        if broker is not None:
+            holders = [(b.broker_name, self._connection(b)) for b in self._targets(None, broker)]
+        else:
+            named = {t.broker_name for t in self.list_transactions(txn_id) if t.transaction_id == txn_id
+                     and isinstance(t, BrokerTransactionInfo)}  # fmt: skip
+            holders = [(name, conn) for name, conn in self._brokers() if name in named]
+        if not holders:
+            raise QueryNotFoundError(f"no live broker of {self.router.describe()} holds transaction {txn_id!r}")
+        if expected_messages is not None and len(holders) > 1:
+            raise InvalidArgumentError(
+                f"transaction {txn_id!r} has halves on {len(holders)} brokers and expected_messages counts one "
+                "broker's: end it on each with broker= and that broker's count"
+            )
+        outcomes: dict[str, str] = {}
+        for name, conn in holders:
+            try:
+                outcomes[name] = conn.call(conn.stub.EndTransaction, request).status
+            except BrokerError as e:
+                raise _on_broker(e, name, sorted(outcomes), f"transaction {txn_id!r} was ended") from None
+        if len(set(outcomes.values())) > 1:
+            raise BrokerError(
+                f"transaction {txn_id!r} ended differently on its brokers: "
+                + ", ".join(f"{n}={s}" for n, s in sorted(outcomes.items())),
+                ResponseCode.TRANSACTION_FAILED,
+            )
+        return next(iter(outcomes.values()))
 
     def end_transactions(self, prefix: str, commit: bool) -> dict[str, str]:
-        """End every open transaction whose id starts with ``prefix``; transaction id -> final status."""
+        """End every open transaction whose id starts with ``prefix``; transaction id -> final status (a
+        cluster: of every live master; an id whose brokers report different outcomes maps to each, as
+        ``broker-a=COMMITTED,broker-b=ROLLED_BACK``)."""
         request = pb.EndTransactionsRequest(prefix=prefix, commit=commit)
-        return {r.transaction_id: r.status for r in self.conn.call(self.stub.EndTransactions, request).results}
+        outcomes: dict[str, dict[str, str]] = {}
+        for name, conn in self._brokers():
+            answer = _ask(name, conn, "EndTransactions", request)
+            for r in answer.results:
+                outcomes.setdefault(r.transaction_id, {})[name] = r.status
+        return {
+            txn: next(iter(by.values())) if len(set(by.values())) == 1
+            else ",".join(f"{n}={s}" for n, s in sorted(by.items()))
+            for txn, by in sorted(outcomes.items())
+        }  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ groups
-    def subscription_group(self, group: str) -> SubscriptionGroup:
-        request = pb.GetSubscriptionGroupRequest(consumer_group=group)
-        return _group(self.conn.call(self.stub.GetSubscriptionGroup, request))
+    def list_groups(self) -> list[GroupInfo]:
+        """Every consumer group the broker knows (committed offsets, live consumers or settings), by name; a
+        cluster: of every live master, a group's topics united and its live consumers counted on the broker that
+        sees most of them (a consumer heartbeats to every broker of its topics)."""
+        found: dict[str, GroupInfo] = {}
+        for name, conn in self._brokers():
+            for g in _ask(name, conn, "ListGroups", pb.ListGroupsRequest()).groups:
+                known = found.get(g.consumer_group)
+                topics = sorted(set(g.topics) | set(known.topics if known else ()))
+                online = max(g.online_consumers, known.online_consumers if known else 0)
+                found[g.consumer_group] = GroupInfo(g.consumer_group, online, topics)
+        return [found[g] for g in sorted(found)]
+
+    def set_consumer_offsets(
+        self, group: str, offsets: Mapping[tuple[str, int], int] | Mapping[MessageQueue, int]
+    ) -> dict[Any, int]:
+        """Store these committed offsets of ``group`` (any direction), each broker's all or nothing; refused while
+        the group has live consumers (broker/client/offset_reset.py). Keys are (topic, queue id) with one broker,
+        MessageQueues in a cluster. Returns the offsets replaced, keyed alike (-1: none was committed)."""
+        by_broker: dict[str, list[tuple[Any, str, int, int]]] = {}
+        for key, offset in offsets.items():
+            if isinstance(key, MessageQueue):
+                topic, broker_name, queue_id = key
+            elif self.cluster_mode:
+                raise InvalidArgumentError("in a cluster, name each queue as MessageQueue(topic, broker, queue_id)")
+            else:
+                (topic, queue_id), broker_name = key, DIRECT_BROKER
+            by_broker.setdefault(broker_name, []).append((key, topic, queue_id, offset))
+        previous: dict[Any, int] = {}
+        for broker_name, items in by_broker.items():
+            request = pb.ResetConsumerOffsetsRequest(
+                consumer_group=group, offsets=[pb.QueueOffset(topic=t, queue_id=q, offset=o) for _, t, q, o in items]
+            )
+            conn = self.router.broker_connection(items[0][1], broker_name, write=True)
+            answer = _ask(broker_name, conn, "ResetConsumerOffsets", request)
+            for (key, _, _, _), p in zip(items, answer.previous, strict=True):
+                previous[key] = p.offset
+        return previous
+
+    def reset_offsets(
+        self, group: str, topic: str, to: ResetTo, *, queue_id: int | None = None, dry_run: bool = False,
+        broker: str | None = None,
+    ) -> list[OffsetReset]:  # fmt: skip
+        """Move ``group``'s committed offsets on ``topic`` (every queue, or ``queue_id``; in a cluster, on every
+        broker of the topic or on ``broker``) to ``to``: earliest, latest, an offset or a time
+        (broker/client/offset_reset.py). Refused while the group has live consumers. ``dry_run``: only say what
+        would be set."""
+        if not self.cluster_mode:
+            return self._reset_on(self, group, topic, to, queue_id, dry_run, DIRECT_BROKER)
+        out: list[OffsetReset] = []
+        for name in self._route(topic).broker_names:
+            if broker is not None and name != broker:
+                continue
+            address = self.router.broker_connection(topic, name, write=True).endpoint
+            with Admin(address, timeout_s=self.router.timeout_s) as one:
+                out += one._reset_on(one, group, topic, to, queue_id, dry_run, name)
+        if broker is not None and not out:
+            raise InvalidArgumentError(f"broker {broker!r} holds no queue of topic {topic!r}")
+        return out
+
+    @staticmethod
+    def _reset_on(admin: Admin, group: str, topic: str, to: ResetTo, queue_id: int | None, dry_run: bool,
+                  broker_name: str) -> list[OffsetReset]:  # fmt: skip
+        plan = plan_reset(admin, topic, to, queue_id)
+        if dry_run:
+            committed = admin.committed_offsets(group, topic)
+            previous = {(topic, q): committed.get(q, -1) for q in plan}
+        else:
+            previous = admin.set_consumer_offsets(group, {(topic, q): target for q, (target, _, _) in plan.items()})
+        return [OffsetReset(topic, q, previous[(topic, q)], target, lo, hi, broker_name)
+                for q, (target, lo, hi) in plan.items()]  # fmt: skip
+
+    def subscription_group(self, group_name: str, *, broker: str | None = None) -> SubscriptionGroup:
+        """A group's settings; a cluster: as ``broker`` (or the first live master, by name, that answers) holds
+        them."""
+        request = pb.GetSubscriptionGroupRequest(consumer_group=group_name)
+        if not self.cluster_mode:
+            return group(self.conn.call(self.stub.GetSubscriptionGroup, request))
+        masters = self._targets(None, broker) if broker is not None else self.cluster_info().masters()
+        last: BrokerError | None = None
+        for b in masters:
+            conn = self._connection(b)
+            try:
+                return group(conn.call(conn.stub.GetSubscriptionGroup, request))
+            except ServiceNotAvailableError as e:
+                last = _with_broker(e, b.broker_name)
+        raise last or ServiceNotAvailableError(f"no live master in {self.router.describe()}")
 
     def update_subscription_group(
-        self, group: str, *, consume_enable: bool | None = None, consume_from_min_enable: bool | None = None,
+        self, group_name: str, *, consume_enable: bool | None = None, consume_from_min_enable: bool | None = None,
         consume_broadcast_enable: bool | None = None, retry_queue_nums: int | None = None,
-        retry_max_times: int | None = None,
+        retry_max_times: int | None = None, consume_message_orderly: bool | None = None, cluster: str | None = None,
+        broker: str | None = None,
     ) -> SubscriptionGroup:  # fmt: skip
-        """Change the given settings of a group (kept in the broker's config/subscriptionGroup.json)."""
+        """Change the given settings of a group (kept in each broker's config/subscriptionGroup.json); a cluster:
+        on every master of ``cluster`` (of the only one when neither is named) or on ``broker``."""
         changes: dict[str, Any] = {
             "consume_enable": consume_enable, "consume_from_min_enable": consume_from_min_enable,
             "consume_broadcast_enable": consume_broadcast_enable, "retry_queue_nums": retry_queue_nums,
-            "retry_max_times": retry_max_times,
+            "retry_max_times": retry_max_times, "consume_message_orderly": consume_message_orderly,
         }  # fmt: skip
         request = pb.UpdateSubscriptionGroupRequest(
-            consumer_group=group, **{k: v for k, v in changes.items() if v is not None}
+            consumer_group=group_name, **{k: v for k, v in changes.items() if v is not None}
         )
-        return _group(self.conn.call(self.stub.UpdateSubscriptionGroup, request))
+        if not self.cluster_mode:
+            return group(self.conn.call(self.stub.UpdateSubscriptionGroup, request))
+        done: list[str] = []
+        result: SubscriptionGroup | None = None
+        for b in self._targets(cluster, broker):
+            conn = self._connection(b)
+            try:
+                result = group(conn.call(conn.stub.UpdateSubscriptionGroup, request))
+            except BrokerError as e:
+                raise _on_broker(e, b.broker_name, done, f"group {group_name!r} was updated") from None
+            done.append(b.broker_name)
+        assert result is not None
+        return result
 
-    def stats(self) -> dict[str, float]:
-        return dict(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)
+    # ------------------------------------------------------------------------------------------ stats
+    def stats(self, broker: str | None = None) -> dict[str, int | float]:
+        """The broker's counters (``sluice stats``; counts are ints: the wire carries every value as a double); in a
+        cluster those of the master ``broker``."""
+        if not self.cluster_mode:
+            if broker:
+                raise InvalidArgumentError(f"broker= names a broker of a cluster; this admin talks to the single "
+                                           f"{self.router.describe()}")  # fmt: skip
+            return _numbers(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)
+        if broker is None:
+            raise InvalidArgumentError("in a cluster, name the broker (stats(broker=...)) or use stats_by_broker()")
+        (b,) = self._targets(None, broker)
+        conn = self._connection(b)
+        return _numbers(_ask(b.broker_name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
+
+    def stats_by_broker(self) -> dict[str, dict[str, int | float]]:
+        """Every live master's counters, by broker name (``""`` for the one broker of ``endpoint=``)."""
+        out: dict[str, dict[str, int | float]] = {}
+        for name, conn in self._brokers():
+            out[name] = _numbers(_ask(name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
+        return out
 
     def close(self) -> None:
-        self.conn.close()
+        if self._owns_router:
+            self.router.close()
 
     def __enter__(self) -> Admin:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _with_broker(e: BrokerError, broker_name: str) -> BrokerError:
+    """``e`` with the broker's name in front (a cluster's answer names who gave it), same class and code."""
+    if not broker_name:
+        return e
+    try:
+        return type(e)(f"broker {broker_name}: {e.message}", e.code)
+    except TypeError:  # a subclass with another constructor (CorruptionError): keep the code
+        return BrokerError(f"broker {broker_name}: {e.message}", e.code)
+
+
+def _ask(broker_name: str, conn: Connection, method: str, request: Any) -> Any:
+    """One call to a broker, its error naming the broker."""
+    try:
+        return conn.call(getattr(conn.stub, method), request)
+    except BrokerError as e:
+        raise _with_broker(e, broker_name) from None
+
+
+def _on_broker(e: BrokerError, broker_name: str, done: list[str], what: str) -> BrokerError:
+    """A change made on several brokers failed at ``broker_name`` after ``done``: say where it was done."""
+    failed = _with_broker(e, broker_name)
+    if not done:
+        return failed
+    return BrokerError(f"{what} on {', '.join(done)}, but not on {broker_name}: {e.message}", e.code)
+
+
+def _numbers(values: Mapping[str, float]) -> dict[str, int | float]:
+    return {k: int(v) if v.is_integer() else v for k, v in values.items()}

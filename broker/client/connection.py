@@ -1,6 +1,8 @@
 """One gRPC channel to a broker, with errors turned back into the broker's own BrokerError classes.
 
-An endpoint is ``host:port`` or several comma-separated; with several, the first that answers is used.
+An endpoint is ``host:port`` (``[ipv6]:port``) or several comma-separated; with several, the first that answers is
+used. Each must name its port (``broker/address.py``): gRPC would otherwise try 443 and wait for a broker that
+is not there.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from broker.address import DEFAULT_PORT, format_address, parse_endpoint
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -19,10 +22,16 @@ from broker.proto.status import error_from_rpc
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ENDPOINT = "127.0.0.1:10911"
+DEFAULT_ENDPOINT = f"127.0.0.1:{DEFAULT_PORT}"
 ENDPOINT_ENV = "SLUICE_ENDPOINT"
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 CONNECT_PROBE_S = 1.0  # how long to try each of several endpoints before moving on
+# gRPC waits longer and longer between attempts to reach a broker that does not answer (up to 120 s by default),
+# and a call in between fails at once: a broker back after a few minutes away would be used again only up to two
+# minutes later. Every client channel to one address shares that wait (gRPC's subchannel pool), so a consumer
+# retrying its pulls kept even a new producer away. Tried again at least every second instead (RocketMQ's client
+# connects again at the next request).
+MAX_RECONNECT_BACKOFF_MS = 1000
 T = TypeVar("T")
 
 
@@ -38,6 +47,8 @@ def _channel(target: str) -> grpc.Channel:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.enable_retries", 0),
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
+            ("grpc.initial_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
         ],
     )
 
@@ -45,7 +56,7 @@ def _channel(target: str) -> grpc.Channel:
 class Connection:
     def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0) -> None:
         self.endpoint = resolve_endpoint(endpoint)
-        targets = [e.strip() for e in self.endpoint.split(",") if e.strip()]
+        targets = [format_address(*parse_endpoint(e)) for e in self.endpoint.split(",") if e.strip()]
         if not targets:
             raise InvalidArgumentError(f"endpoint {endpoint!r} names no broker; write HOST:PORT[,HOST:PORT...]")
         self.timeout_s = timeout_s

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.errors import MessageIllegalError
+from broker.semantics.transaction_codec import ATTEMPT, COMMITTED_ATTEMPTS
 from broker.store.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
@@ -18,6 +19,19 @@ from broker.store.message import (
     encode_properties,
     validate_topic,
 )
+
+# Properties the broker or this library set or interpret: RocketMQ's MessageConst names (Prop), a batch
+# transaction's attempt markers (broker/semantics/transaction_codec.py) and the DLQ_ origin ones; every other
+# property is the application's own.
+BROKER_PROPERTIES = frozenset({v for k, v in vars(Prop).items() if k.isupper()} | {ATTEMPT, COMMITTED_ATTEMPTS})
+BROKER_PROPERTY_PREFIXES = ("DLQ_",)
+
+
+def user_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """The application's own properties of a message: without TAGS, KEYS, UNIQ_KEY and the other broker ones."""
+    return {
+        k: v for k, v in properties.items() if k not in BROKER_PROPERTIES and not k.startswith(BROKER_PROPERTY_PREFIXES)
+    }
 
 
 @dataclass

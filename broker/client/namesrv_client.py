@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from broker.address import format_address, parse_listen
 from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import namesrv_pb2_grpc as npb_grpc
@@ -31,8 +32,6 @@ T = TypeVar("T")
 
 def parse_namesrv_list(text: str | None) -> list[str]:
     """``host:port[,host:port...]`` -> addresses; InvalidArgumentError naming what is wrong."""
-    from broker.config import parse_host_port
-
     raw = text if text is not None else os.environ.get(NAMESRV_ENV, "")
     items = [t.strip() for t in raw.split(",") if t.strip()]
     if not items:
@@ -43,10 +42,10 @@ def parse_namesrv_list(text: str | None) -> list[str]:
         raise InvalidArgumentError(f"{len(items)} name servers named; at most {MAX_NAMESRVS} are accepted")
     out: list[str] = []
     for item in items:
-        host, port = parse_host_port(item, DEFAULT_NAMESRV_PORT)
-        if port == 0 or host in ("", "0.0.0.0"):
+        host, port = parse_listen(item, DEFAULT_NAMESRV_PORT)
+        if port == 0 or host in ("0.0.0.0", "::") or item.strip().startswith(":"):
             raise InvalidArgumentError(f"name server {item!r} must name a host and a port other than 0")
-        out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        out.append(format_address(host, port))
     return out
 
 

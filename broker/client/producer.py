@@ -2,11 +2,16 @@
 or across a cluster's brokers.
 
 Queues. A send picks a writable queue of the topic's route (broker/client/route.py) round-robin, starting at a
-random queue per topic so that many short-lived producers do not all start at queue 0 (RocketMQ's producer starts
-its counter at random too); a batch goes to one queue, and the next batch of the topic to the next queue. A
-sharding key picks ``abs(String.hashCode(key)) % len(queues)`` of the route's writable queues in their fixed order,
-so every message with the same key lands in the same queue, in order. The route comes from the broker itself
-(``endpoint=``) or from name servers (``namesrv=``), auto-creating the topic when a broker allows it.
+random queue per topic so that many short-lived producers (one ``sluice send`` each) do not all fill queue 0
+(RocketMQ's producer starts its counter at random too). A sharding key picks ``abs(String.hashCode(key)) %
+len(queues)`` of the route's writable queues in their fixed order, so every message with the same key lands in the
+same queue, in order. The route comes from the broker itself (``endpoint=``) or from name servers (``namesrv=``),
+auto-creating the topic when a broker allows it.
+
+A batch is spread too: its messages of one topic are cut into as many contiguous runs as there are queues (fewer
+for a batch smaller than that), the runs go to consecutive queues, and the next send starts after the last one.
+The runs of one broker travel in the same SendBatch calls (an entry names its own queue), so a spread batch costs
+no more calls than a batch for one queue: one per broker it reaches.
 
 Failures (RocketMQ's retryTimesWhenSendFailed and latency fault tolerance, with one difference, below):
 
@@ -205,7 +210,7 @@ class Producer:
         self.batch_limit_bytes = batch_limit_bytes
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self.uniq_keys = UniqKeys()
-        self._next: dict[str, int] = {}  # topic -> round-robin position over its writable queues
+        self._next: dict[str, int] = {}  # topic -> where round-robin goes next over its writable queues (random first)
         self._lock = threading.Lock()
 
     @property
@@ -239,12 +244,44 @@ class Producer:
         queues = self.queues(topic)
         if sharding_key is not None:
             return queues[abs(java_string_hash(sharding_key)) % len(queues)]
-        with self._lock:
-            start = self._next.get(topic)
-            if start is None:
-                start = random.randrange(len(queues))
-            self._next[topic] = start + 1
+        start = self._take_queues(topic, len(queues), 1)
         return first_available(queues, start, self.router.available, exclude)
+
+    def _take_queues(self, topic: str, n: int, runs: int) -> int:
+        """The first of ``runs`` consecutive queues (of ``n``) for ``topic``; the next caller starts after them."""
+        with self._lock:
+            first = self._next.get(topic)
+            if first is None:
+                first = random.randrange(n)
+            self._next[topic] = (first + runs) % n
+            return first % n
+
+    def spread(self, msgs: Sequence[Message]) -> list[MessageQueue]:
+        """Queues for a batch without a given queue or key: per topic, contiguous runs of nearly equal size on
+        consecutive writable queues, one run per queue, leaving out brokers that failed recently while others are
+        left (see the module docstring)."""
+        counts: dict[str, int] = {}
+        for m in msgs:
+            counts[m.topic] = counts.get(m.topic, 0) + 1
+        plans: dict[str, tuple[list[MessageQueue], int, int, int]] = {}  # topic -> (queues, first, runs, messages)
+        for topic, total in counts.items():
+            queues = self.queues(topic)
+            healthy = [q for q in queues if self.router.available(q.broker_name)]
+            queues = healthy or queues
+            runs = min(total, len(queues))
+            plans[topic] = (queues, self._take_queues(topic, len(queues), runs), runs, total)
+        if len(plans) == 1:  # the usual batch, one topic: no per-message lookups
+            queues, first, runs, total = next(iter(plans.values()))
+            n = len(queues)
+            return [queues[(first + i * runs // total) % n] for i in range(total)]
+        seen: dict[str, int] = {}
+        out = []
+        for m in msgs:
+            queues, first, runs, total = plans[m.topic]
+            i = seen.get(m.topic, 0)
+            out.append(queues[(first + i * runs // total) % len(queues)])
+            seen[m.topic] = i + 1
+        return out
 
     def _resolve_queue(self, topic: str, queue: MessageQueue | None, queue_id: int | None) -> MessageQueue | None:
         if queue is not None:
@@ -286,45 +323,45 @@ class Producer:
     ) -> list[SendResult]:  # fmt: skip
         """Encode and send; each call of up to ``batch_limit_bytes`` is stored all-or-nothing, in order.
 
-        Without a queue, the messages of one topic go to one queue for this call (the next round-robin), as
-        RocketMQ's batch send does; messages of other topics (or brokers) go in calls of their own. Results come
-        back one per message, in the order given; a failure after some calls were stored raises PartialSendError
-        saying which messages were stored."""
+        ``queue`` (or ``queue_id``, with one broker): every message there. ``sharding_key``: every message of a topic
+        to the key's queue. Neither: the messages are spread over the topic's queues (module docstring), one call
+        per broker (more when over ``batch_limit_bytes``). Results come back one per message, in the order given; a
+        failure after some calls were stored raises PartialSendError saying which messages were stored."""
         if not msgs:
             return []
         for msg in msgs:  # every message checked before anything is sent
             if not isinstance(msg.body, bytes | bytearray | memoryview):
                 raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}")
-        targets: dict[str, MessageQueue] = {}
-        for msg in msgs:
-            if msg.topic not in targets:
-                if queue is not None and queue.topic != msg.topic:
-                    raise InvalidArgumentError(f"queue {queue} is not of topic {msg.topic!r}")
-                fixed = self._resolve_queue(msg.topic, queue, queue_id)
-                targets[msg.topic] = fixed or self.select_queue(msg.topic, sharding_key)
+        if queue is not None and any(m.topic != queue.topic for m in msgs):
+            raise InvalidArgumentError(f"queue {queue} is not of the topic of every message")
         ordered = queue is not None or queue_id is not None or sharding_key is not None
+        if ordered:
+            pinned: dict[str, MessageQueue] = {}
+            for topic in dict.fromkeys(m.topic for m in msgs):
+                pinned[topic] = self._resolve_queue(topic, queue, queue_id) or self.select_queue(topic, sharding_key)
+            targets = [pinned[m.topic] for m in msgs]
+        else:
+            targets = self.spread(msgs)
         born = int(time.time() * 1000)
         uniq = [m.properties.get(Prop.UNIQ_KEY) or self.uniq_keys.next() for m in msgs]
         # every message encoded (and so checked) before anything is sent; a move to another queue patches queue ids
-        entries = [
-            encode_message(m, targets[m.topic].queue_id, born, uniq_key=u) for m, u in zip(msgs, uniq, strict=True)
-        ]
-        groups: dict[str, list[int]] = {}  # topic -> its messages, in order; topics sent in order of first appearance
-        for i, msg in enumerate(msgs):
-            groups.setdefault(msg.topic, []).append(i)
+        entries = [encode_message(m, t.queue_id, born, uniq_key=u) for m, t, u in zip(msgs, targets, uniq, strict=True)]
+        groups: dict[tuple[str, str], list[int]] = {}  # (topic, broker) -> its messages, in order of appearance
+        for i, (msg, target) in enumerate(zip(msgs, targets, strict=True)):
+            groups.setdefault((msg.topic, target.broker_name), []).append(i)
         results: list[SendResult | None] = [None] * len(msgs)
-        for topic, indexes in groups.items():
+        for (topic, broker_name), indexes in groups.items():
             for part in self._size_parts(entries, indexes):
 
-                def request(mq: MessageQueue, part: list[int] = part) -> pb.SendBatchRequest:
+                def request(mq: MessageQueue, part: list[int] = part, home: str = broker_name) -> pb.SendBatchRequest:
                     buffer = b"".join(entries[i] for i in part)
-                    if mq.queue_id != I32.unpack_from(buffer, POS_QUEUE_ID)[0]:
+                    if mq.broker_name != home:  # moved to another broker: every entry to its one queue
                         buffer = readdress(buffer, mq.queue_id)
                     return pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=len(part))
 
-                send = functools.partial(self._send_with_failover, topic, targets[topic], ordered, request, "SendBatch")
+                first = targets[part[0]]
+                send = functools.partial(self._send_with_failover, topic, first, ordered, request, "SendBatch")
                 mq, response = _stored_so_far(results, send)
-                targets[topic] = mq  # a topic moved to another broker keeps going there for this call
                 for i, r in zip(part, SendResults(response, mq.broker_name, [uniq[i] for i in part]), strict=True):
                     results[i] = r
         return [r for r in results if r is not None]
@@ -411,10 +448,13 @@ class Producer:
                     raise
                 self.router.mark_failed(mq.broker_name, topic)
                 if ordered:
-                    raise type(e)(
+                    refused = type(e)(
                         f"{e.message} (an ordered send to {mq} is never moved to another queue; it stored nothing)",
                         e.code,
-                    ) from e
+                    )
+                    if isinstance(e, BrokerUnreachableError) and isinstance(refused, BrokerUnreachableError):
+                        refused.request_sent = e.request_sent  # never reached the broker: safe to send again
+                    raise refused from e
                 if attempt == self.retry_times_when_send_failed:
                     raise
                 nxt = self.select_queue(topic, exclude=frozenset(tried))

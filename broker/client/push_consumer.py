@@ -25,6 +25,29 @@ RocketMQ's orderly default is unlimited): a message that failed that many retrie
 stays suspended. A queue taken away by a rebalance keeps its lock until its listener call in progress returns.
 ``expression_types={topic: "SQL92"}`` makes that topic's expression an SQL92 selector over the properties,
 evaluated on the broker. ``%DLQ%`` topics cannot be subscribed.
+
+A cluster (``namesrv=`` instead of ``endpoint=``), as RocketMQ's client:
+
+* Queues are ``MessageQueue(topic, broker_name, queue_id)``. A rebalance splits the union of every broker's
+  readable queues of each subscribed topic (and of ``%RETRY%{group}``, which each broker the group heartbeats
+  creates, and which holds the messages sent back to that broker) among the group's members. Routes come from the
+  name servers, asked again every ``route_poll_interval_ms`` (30 s, RocketMQ's pollNameServerInterval).
+* Heartbeats go to every broker holding a subscribed topic. The member list comes from the first broker of the
+  topic, in name order, that answers and lists this consumer (RocketMQ's findConsumerIdList asks one broker of
+  the topic; a fixed order makes the members of a group read the same list). A broker that does not list this
+  consumer has restarted or expired it: its list may lack other members too, so the next broker is asked, and
+  only when none lists it is each sent a heartbeat and asked again.
+* Committed offsets go to the broker that owns each queue, pulls and orderly locks to the queue's broker, and a
+  failed message is sent back to the broker that holds it.
+* A broker that is down stays in the routes until the name servers expire it (120 s without a registration,
+  RocketMQ's BROKER_CHANNEL_EXPIRED_TIME): meanwhile its queues stay assigned, their workers back off
+  ``pull_backoff_ms`` between attempts and go on from where they were when it returns, and every other broker's
+  queues are consumed as usual. A broker that leaves the routes (expired, or shut down cleanly, which unregisters
+  it at once) takes its queues out of the next rebalance; when it registers again they come back, starting at the
+  offsets committed on it.
+
+With one broker (``endpoint=``) a queue's broker name is ``""``; ``assigned_queues()`` and the offset store's
+``offsets()`` are keyed by ``(topic, queue_id)`` there, as they always were.
 """
 
 from __future__ import annotations
@@ -35,7 +58,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import grpc
@@ -52,11 +76,13 @@ from broker.client.consumer_options import (
     MessageModel,
 )
 from broker.client.message import decode_entries
-from broker.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
+from broker.client.offset_store import LocalOffsetStore, OffsetStore, QueueKey, RemoteOffsetStore
 from broker.client.pull_consumer import send_back
 from broker.client.rebalance import AVERAGELY, STRATEGIES
 from broker.client.results import PullStatus, ReceivedMessage
-from broker.errors import BrokerError, InvalidArgumentError, TopicNotExistError
+from broker.client.route import MessageQueue
+from broker.client.router import Router
+from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.proto.subscription import parse_tags, tag_matches
@@ -66,13 +92,17 @@ from broker.store.message import Prop
 
 log = logging.getLogger(__name__)
 
-QueueKey = tuple[str, int]
 EARLY_ANSWER_BACKOFF_S = 0.1
 LOCK_RETRY_S = 1.0  # orderly: an unlocked queue (held by another consumer) is tried again this often
 # Orderly: how long the client trusts a lock without renewing it -- RocketMQ's client lockMaxLiveTime, half of the
 # broker's (broker.semantics.queue_lock.DEFAULT_LOCK_MAX_LIVE_MS), so a client whose renewals stop pauses its queues
 # well before the broker could give them to another consumer.
 CLIENT_LOCK_MAX_LIVE_MS = DEFAULT_LOCK_MAX_LIVE_MS // 2
+DEFAULT_ROUTE_POLL_INTERVAL_MS = 30_000  # RocketMQ's pollNameServerInterval
+# Heartbeats, member lists and locks: in-memory lookups on the broker. The control thread sends them to each broker
+# in turn, so one that does not answer (a host gone from the network) must not hold the others' lock renewals and
+# commits up for a whole request timeout.
+CONTROL_CALL_TIMEOUT_S = 5.0
 
 
 Listener = Callable[[list[ReceivedMessage]], ConsumeStatus | None]
@@ -93,11 +123,18 @@ def default_client_id() -> str:
     return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
+def by_broker(queues: Iterable[MessageQueue]) -> dict[str, list[MessageQueue]]:
+    out: dict[str, list[MessageQueue]] = defaultdict(list)
+    for mq in sorted(queues):
+        out[mq.broker_name].append(mq)
+    return out
+
+
 class _QueueWorker(threading.Thread):
     """Pull loop of one queue; stops when dropped (rebalance) or when the consumer shuts down."""
 
-    def __init__(self, owner: PushConsumer, key: QueueKey) -> None:
-        super().__init__(name=f"pull-{key[0]}-{key[1]}", daemon=True)
+    def __init__(self, owner: PushConsumer, key: MessageQueue) -> None:
+        super().__init__(name=f"pull-{key}", daemon=True)
         self.owner, self.key = owner, key
         self.dropped = threading.Event()
         self._call: grpc.Future | None = None
@@ -113,19 +150,18 @@ class _QueueWorker(threading.Thread):
         try:
             self._loop()
         except Exception:  # a worker must never die silently: log, and the next rebalance restarts it
-            log.exception("pull loop of %s/%d died", *self.key)
+            log.exception("pull loop of %s died", self.key)
         finally:
             self.owner._worker_done(self)
 
     def _loop(self) -> None:
-        o = self.owner
-        topic, queue_id = self.key
-        while o.orderly and not o._hold_lock(self.key):  # the lock first: the previous owner commits before it unlocks
+        o, mq = self.owner, self.key
+        while o.orderly and not o._hold_lock(mq):  # the lock first: the previous owner commits before it unlocks
             if self.dropped.wait(LOCK_RETRY_S):
                 return
         offset = self._initial_offset()
         while offset is not None and not self.dropped.is_set():
-            if o.orderly and not o._hold_lock(self.key):
+            if o.orderly and not o._hold_lock(mq):
                 self.dropped.wait(LOCK_RETRY_S)
                 continue
             started = time.monotonic()
@@ -134,8 +170,8 @@ class _QueueWorker(threading.Thread):
             except BrokerError as e:
                 if self.dropped.is_set():
                     return
-                log.warning("pull %s/%d at %d failed: %s; retrying in %d ms", topic, queue_id, offset, e.message,
-                            o.pull_backoff_ms)  # fmt: skip
+                # a broker that is down (or restarting) is asked again after the backoff, from the same offset
+                log.warning("pull %s at %d failed: %s; retrying in %d ms", mq, offset, e.message, o.pull_backoff_ms)
                 self.dropped.wait(o.pull_backoff_ms / 1000)
                 continue
             if response is None or self.dropped.is_set():
@@ -149,35 +185,35 @@ class _QueueWorker(threading.Thread):
                 # Answered early without news: the broker is out of held-pull capacity. Do not spin.
                 self.dropped.wait(EARLY_ANSWER_BACKOFF_S)
             elif status is PullStatus.OFFSET_ILLEGAL:
-                log.warning("offset %d of %s/%d is illegal (queue holds %d..%d); continuing at %d", offset, topic,
-                            queue_id, response.min_offset, response.max_offset, response.next_begin_offset)  # fmt: skip
+                log.warning("offset %d of %s is illegal (queue holds %d..%d); continuing at %d", offset, mq,
+                            response.min_offset, response.max_offset, response.next_begin_offset)  # fmt: skip
             offset = response.next_begin_offset
-            o.offsets.update(topic, queue_id, offset)
+            o.offsets.update(mq, offset)
 
     def _initial_offset(self) -> int | None:
         """Where to start; asked again while the broker cannot answer (say it restarts), None once dropped."""
         while not self.dropped.is_set():
             try:
-                return self.owner.offsets.initial_offset(*self.key)
+                return self.owner.offsets.initial_offset(self.key)
             except BrokerError as e:
-                log.warning("cannot find where to start %s/%d: %s; retrying in %d ms", *self.key, e.message,
+                log.warning("cannot find where to start %s: %s; retrying in %d ms", self.key, e.message,
                             self.owner.pull_backoff_ms)  # fmt: skip
                 self.dropped.wait(self.owner.pull_backoff_ms / 1000)
         return None
 
     def _pull(self, offset: int) -> pb.PullResponse | None:
-        o = self.owner
-        topic, queue_id = self.key
-        commit = o.offsets.pending_commit(topic, queue_id) if o.model is CLUSTERING else None
+        o, mq = self.owner, self.key
+        commit = o.offsets.pending_commit(mq) if o.model is CLUSTERING else None
         request = pb.PullRequest(
-            consumer_group=o.group, topic=topic, queue_id=queue_id, queue_offset=offset, max_msgs=o.pull_batch_size,
-            suspend_timeout_ms=o.long_poll_ms, tag_expression=o.subscription[topic],
-            commit_offset=-1 if commit is None else commit, expression_type=o.expression_types.get(topic, "TAG"),
+            consumer_group=o.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
+            max_msgs=o.pull_batch_size, suspend_timeout_ms=o.long_poll_ms, tag_expression=o.subscription[mq.topic],
+            commit_offset=-1 if commit is None else commit, expression_type=o.expression_types.get(mq.topic, "TAG"),
         )  # fmt: skip
+        conn = o.router.queue_connection(mq)  # the queue's broker, as the route names it now
         with self._lock:
             if self.dropped.is_set():
                 return None
-            call = o.conn.stub.PullMessage.future(request, timeout=o.long_poll_ms / 1000 + 10)
+            call = conn.stub.PullMessage.future(request, timeout=o.long_poll_ms / 1000 + 10)
             self._call = call
         try:
             response = call.result()
@@ -190,19 +226,19 @@ class _QueueWorker(threading.Thread):
             if commit is not None and isinstance(error, InvalidArgumentError):
                 # The broker refused the piggy-backed commit (say the queue was cut back after a crash): stop
                 # sending it; the pull itself will be corrected by OFFSET_ILLEGAL.
-                o.offsets.mark_committed(topic, queue_id, commit)
+                o.offsets.mark_committed(mq, commit)
             raise error from None
         finally:
             with self._lock:
                 self._call = None
         if commit is not None:
-            o.offsets.mark_committed(topic, queue_id, commit)
+            o.offsets.mark_committed(mq, commit)
         return response
 
     def _consume(self, messages: list[ReceivedMessage]) -> bool:
         """Call the listener chunk by chunk; retry a failed chunk until it succeeds. False when dropped."""
-        o = self.owner
-        wanted = o.tag_sets[self.key[0]]
+        o, mq = self.owner, self.key
+        wanted = o.tag_sets[mq.topic]
         messages = [o._restore_topic(m) for m in messages if tag_matches(wanted, m.tags)]
         send_back_failed = o.send_back
         dead_letters = o.orderly and o.max_reconsume_times >= 0
@@ -211,24 +247,24 @@ class _QueueWorker(threading.Thread):
             next_offset = chunk[-1].queue_offset + 1
             failures = 0  # of this chunk, here: orderly retries never leave the queue
             while not self.dropped.is_set():
-                if o.orderly and not o._hold_lock(self.key):  # lost (expired): wait until it is ours again
+                if o.orderly and not o._hold_lock(mq):  # lost (expired): wait until it is ours again
                     self.dropped.wait(LOCK_RETRY_S)
                     continue
                 done = o._call_listener(chunk)
                 if not done and o._stop.is_set():
                     return False  # shut down from the listener: no channel to send back on; the chunk comes again
                 if not done and send_back_failed:
-                    chunk = o._send_back(chunk)  # the ones the broker took come again through the retry topic
+                    chunk = o._send_back(mq, chunk)  # the ones the broker took come again through the retry topic
                     done = not chunk
                 elif not done and dead_letters:
                     failures += 1
                     if failures > o.max_reconsume_times:  # retried max_reconsume_times times: a dead letter
-                        chunk = o._dead_letter(chunk, failures)
+                        chunk = o._dead_letter(mq, chunk, failures)
                         done = not chunk
                 if done:
                     # progress per chunk, not per pull: a queue dropped mid-batch (rebalance) is committed up to
                     # here, so its next owner does not consume the finished part of the batch again
-                    o.offsets.update(*self.key, next_offset)
+                    o.offsets.update(mq, next_offset)
                     break
                 self.dropped.wait(o.reconsume_delay_ms / 1000)
             if self.dropped.is_set():
@@ -247,14 +283,18 @@ def _check_positive(**settings: float) -> None:
 class PushConsumer:
     def __init__(
         self, endpoint: str | None, group: str, subscription: Mapping[str, str], listener: Listener, *,
-        model: MessageModel = CLUSTERING, consume_from: ConsumeFrom = LAST, consume_timestamp_ms: int = 0,
-        allocate: str = AVERAGELY, client_id: str | None = None, pull_batch_size: int = 32,
-        consume_batch_size: int = 1, long_poll_ms: int = 15_000, heartbeat_interval_ms: int = 30_000,
-        rebalance_interval_ms: int = 20_000, persist_interval_ms: int = 5_000, pull_backoff_ms: int = 3_000,
-        reconsume_delay_ms: int = 1_000, offset_store_path: str | Path | None = None, timeout_s: float = 30.0,
-        orderly: bool = False, max_reconsume_times: int = -1, expression_types: Mapping[str, str] | None = None,
-        lock_renew_interval_ms: int = 20_000, send_back: bool = True, lock_max_live_ms: int = CLIENT_LOCK_MAX_LIVE_MS,
+        namesrv: str | None = None, model: MessageModel = CLUSTERING, consume_from: ConsumeFrom = LAST,
+        consume_timestamp_ms: int = 0, allocate: str = AVERAGELY, client_id: str | None = None,
+        pull_batch_size: int = 32, consume_batch_size: int = 1, long_poll_ms: int = 15_000,
+        heartbeat_interval_ms: int = 30_000, rebalance_interval_ms: int = 20_000, persist_interval_ms: int = 5_000,
+        pull_backoff_ms: int = 3_000, reconsume_delay_ms: int = 1_000, offset_store_path: str | Path | None = None,
+        timeout_s: float = 30.0, orderly: bool = False, max_reconsume_times: int = -1,
+        expression_types: Mapping[str, str] | None = None, lock_renew_interval_ms: int = 20_000,
+        send_back: bool = True, lock_max_live_ms: int = CLIENT_LOCK_MAX_LIVE_MS,
+        route_poll_interval_ms: int = DEFAULT_ROUTE_POLL_INTERVAL_MS,
     ) -> None:  # fmt: skip
+        """``endpoint``: one broker (``host:port``); or ``None`` with ``namesrv="host:port[,host:port]"``: a
+        cluster found through its name servers."""
         if not subscription:
             raise InvalidArgumentError("subscription is empty; give {topic: tag expression}, e.g. {'T': '*'}")
         dead = [t for t in subscription if t.startswith(DLQ_GROUP_TOPIC_PREFIX)]
@@ -267,10 +307,10 @@ class PushConsumer:
             heartbeat_interval_ms=heartbeat_interval_ms, rebalance_interval_ms=rebalance_interval_ms,
             persist_interval_ms=persist_interval_ms, pull_backoff_ms=pull_backoff_ms,
             lock_renew_interval_ms=lock_renew_interval_ms, lock_max_live_ms=lock_max_live_ms, timeout_s=timeout_s,
+            route_poll_interval_ms=route_poll_interval_ms,
         )  # fmt: skip
         if reconsume_delay_ms < 0:
             raise InvalidArgumentError(f"reconsume_delay_ms={reconsume_delay_ms} is negative; use 0 or more")
-        self.conn = Connection(endpoint, timeout_s)
         self.group, self.listener, self.model = group, listener, model
         self.subscription = dict(subscription)
         self.expression_types = {t: k.upper() for t, k in (expression_types or {}).items()}
@@ -284,7 +324,7 @@ class PushConsumer:
             t: None if self.expression_types.get(t, "TAG") == "SQL92" else parse_tags(e)
             for t, e in self.subscription.items()
         }  # refuses bad tag expressions now; SQL92 ones are checked by the broker at the first pull
-        self._locked: dict[QueueKey, float] = {}  # orderly: queue -> time.monotonic() until which it counts as ours
+        self._locked: dict[MessageQueue, float] = {}  # orderly: queue -> time.monotonic() until which it is ours
         self._lock_calls = threading.RLock()  # orders lock renewals and unlocks of one queue as they were decided
         self.allocate = STRATEGIES[allocate]
         self.client_id = client_id or default_client_id()
@@ -295,29 +335,38 @@ class PushConsumer:
             reconsume_delay_ms,
         )
         self.heartbeat_interval_ms, self.rebalance_interval_ms = heartbeat_interval_ms, rebalance_interval_ms
-        self.persist_interval_ms = persist_interval_ms
+        self.persist_interval_ms, self.route_poll_interval_ms = persist_interval_ms, route_poll_interval_ms
+        self.control_timeout_s = min(timeout_s, CONTROL_CALL_TIMEOUT_S)
+        self.router = Router(endpoint, namesrv, timeout_s=timeout_s)  # after the checks: a refusal opens nothing
         self.offsets: OffsetStore = (
-            LocalOffsetStore(self.conn, consume_from, consume_timestamp_ms, offset_store_path)
+            LocalOffsetStore(self.router, consume_from, consume_timestamp_ms, offset_store_path)
             if model is BROADCASTING
-            else RemoteOffsetStore(self.conn, group, consume_from, consume_timestamp_ms)
+            else RemoteOffsetStore(self.router, group, consume_from, consume_timestamp_ms)
         )
-        self._workers: dict[QueueKey, _QueueWorker] = {}
-        self._retiring: dict[QueueKey, _QueueWorker] = {}  # dropped, still finishing (a listener call in progress)
-        self._desired: set[QueueKey] = set()
+        self._workers: dict[MessageQueue, _QueueWorker] = {}
+        self._retiring: dict[MessageQueue, _QueueWorker] = {}  # dropped, still finishing (a listener call running)
+        self._desired: set[MessageQueue] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._closed = threading.Event()  # shutdown finished: committed, unregistered, channel closed
+        self._closed = threading.Event()  # shutdown finished: committed, unregistered, channels closed
         self._rebalance_now = threading.Event()
         self._control: threading.Thread | None = None
-        self._group_version = -1
+        self._group_versions: dict[str, int] = {}  # broker address -> the group's version there at the last heartbeat
+        self._next_route_poll = 0.0
+        self._unrouted: set[str] = set()  # subscribed topics no broker holds now (logged once until they appear)
+
+    @property
+    def conn(self) -> Connection:
+        """The broker's connection, for a consumer of one broker (``endpoint=``)."""
+        return self.router.direct
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> PushConsumer:
         try:
-            self._heartbeat()
+            self._heartbeat(starting=True)
             self._rebalance()
         except BaseException:
-            self.conn.close()  # a failed start leaves no open channel behind (the caller gets no object to close)
+            self.router.close()  # a failed start leaves no open channel behind (the caller gets no object to close)
             raise
         self._control = threading.Thread(target=self._control_loop, name=f"consumer-{self.group}", daemon=True)
         self._control.start()
@@ -349,14 +398,20 @@ class PushConsumer:
             self._commit_quietly()
             self._unregister()
         finally:
-            self.conn.close()
+            self.router.close()
             self._closed.set()
 
     def _unregister(self) -> None:
-        try:
-            self.conn.call(self.conn.stub.Heartbeat, self._heartbeat_request(unregister=True))
-        except BrokerError as e:
-            log.warning("could not unregister %s from %s: %s", self.client_id, self.group, e.message)
+        """Leave the group on every broker this consumer heartbeats (each would expire it otherwise)."""
+        request = self._heartbeat_request(unregister=True)
+        addresses = list(self._group_versions) if self.router.cluster_mode else [self.router.direct.endpoint]
+        for address in addresses:
+            conn = self._broker(address)
+            try:
+                conn.call(conn.stub.Heartbeat, request, timeout_s=self.control_timeout_s)
+            except BrokerError as e:
+                log.warning("could not unregister %s from %s on %s: %s", self.client_id, self.group, address,
+                            e.message)  # fmt: skip
 
     def __enter__(self) -> PushConsumer:
         return self.start()
@@ -365,9 +420,14 @@ class PushConsumer:
         self.shutdown()
 
     def assigned_queues(self, include_retry: bool = False) -> set[QueueKey]:
-        """The queues this consumer pulls (without its automatic %RETRY% subscription unless asked)."""
+        """The queues this consumer pulls (without its automatic %RETRY% subscription unless asked): MessageQueues
+        in a cluster, (topic, queue id) pairs with one broker."""
+        return {self.offsets.key(mq) for mq in self.assigned_message_queues(include_retry)}
+
+    def assigned_message_queues(self, include_retry: bool = False) -> set[MessageQueue]:
+        """The queues this consumer pulls, as MessageQueues (with one broker, their broker name is "")."""
         with self._lock:
-            return {k for k in self._workers if include_retry or k[0] != self.retry_topic}
+            return {k for k in self._workers if include_retry or k.topic != self.retry_topic}
 
     # ------------------------------------------------------------------------------------------------ control
     def _control_loop(self) -> None:
@@ -381,82 +441,161 @@ class PushConsumer:
                 return
             for k in since:
                 since[k] += tick_ms
-            try:
-                if since["heartbeat"] >= self.heartbeat_interval_ms:
-                    since["heartbeat"] = 0
-                    triggered |= self._heartbeat()
-                if triggered or since["rebalance"] >= self.rebalance_interval_ms:
-                    since["rebalance"] = 0
-                    self._rebalance()
-                if since["persist"] >= self.persist_interval_ms:
-                    since["persist"] = 0
-                    self.offsets.commit_all()
-                if self.orderly and since["lock"] >= self.lock_renew_interval_ms:
-                    since["lock"] = 0
-                    self._renew_locks()
-            except BrokerError as e:
-                log.warning("consumer %s of %s: %s; will retry", self.client_id, self.group, e.message)
-            except Exception:  # the control thread must outlive any surprise: log it and go on
-                log.exception("consumer %s of %s: control loop error; will retry", self.client_id, self.group)
+            # Each task on its own: a broker that cannot take this round's commit must not hold up the lock
+            # renewals (or the rebalance) of every other broker's queues.
+            if since["heartbeat"] >= self.heartbeat_interval_ms:
+                since["heartbeat"] = 0
+                triggered |= bool(self._control_task(self._heartbeat))
+            if triggered or since["rebalance"] >= self.rebalance_interval_ms:
+                since["rebalance"] = 0
+                self._control_task(self._rebalance)
+            if since["persist"] >= self.persist_interval_ms:
+                since["persist"] = 0
+                self._control_task(self.offsets.commit_all)
+            if self.orderly and since["lock"] >= self.lock_renew_interval_ms:
+                since["lock"] = 0
+                self._control_task(self._renew_locks)
+
+    def _control_task(self, task: Callable[[], object]) -> object:
+        try:
+            return task()
+        except BrokerError as e:
+            log.warning("consumer %s of %s: %s; will retry", self.client_id, self.group, e.message)
+        except Exception:  # the control thread must outlive any surprise: log it and go on
+            log.exception("consumer %s of %s: control loop error; will retry", self.client_id, self.group)
+        return None
 
     def _heartbeat_request(self, unregister: bool = False) -> pb.HeartbeatRequest:
         model = pb.BROADCASTING if self.model is BROADCASTING else pb.CLUSTERING
         return pb.HeartbeatRequest(client_id=self.client_id, consumer_group=self.group,
                                    subscriptions=self.subscription, model=model, unregister=unregister)  # fmt: skip
 
-    def _heartbeat(self) -> bool:
-        """Send a heartbeat; True when the group's membership changed since the last one."""
-        version = self.conn.call(self.conn.stub.Heartbeat, self._heartbeat_request()).group_version
-        changed = version != self._group_version
-        self._group_version = version
+    def _broker(self, address: str) -> Connection:
+        return self.router.connection(address) if self.router.cluster_mode else self.router.direct
+
+    def _heartbeat_targets(self, *, starting: bool = False) -> list[str]:
+        """Addresses of every broker holding a subscribed topic (the one broker without name servers). Starting,
+        name servers that do not answer are an error: nothing could ever be found."""
+        if not self.router.cluster_mode:
+            return [self.router.direct.endpoint]
+        addresses: set[str] = set()
+        unreachable: BrokerError | None = None
+        for topic in sorted(self.subscription):
+            try:
+                route = self.router.route(topic)
+            except TopicNotExistError:
+                continue
+            except BrokerError as e:
+                unreachable = unreachable or e
+                continue
+            for group in route.groups.values():
+                addresses.update(group.addresses.values())
+        if starting and unreachable is not None and not addresses:
+            raise unreachable
+        return sorted(addresses)
+
+    def _heartbeat(self, *, starting: bool = False) -> bool:
+        """Send a heartbeat to every broker of the subscription; True when the group's membership changed on one
+        of them since the last heartbeat (or a broker was added). Starting, a broker's refusal is an error (a
+        wrong setting); a broker that does not answer is one only when it is the only broker."""
+        request = self._heartbeat_request()
+        versions: dict[str, int] = {}
+        for address in self._heartbeat_targets(starting=starting):
+            conn = self._broker(address)
+            try:
+                answer = conn.call(conn.stub.Heartbeat, request, timeout_s=self.control_timeout_s)
+                versions[address] = answer.group_version
+            except BrokerError as e:
+                if starting and (not self.router.cluster_mode or not isinstance(e, ServiceNotAvailableError)):
+                    raise
+                log.warning("heartbeat of %s to %s failed: %s", self.client_id, address, e.message)
+                if address in self._group_versions:
+                    versions[address] = self._group_versions[address]  # still registered there, probably
+        changed = any(self._group_versions.get(a) != v for a, v in versions.items())
+        self._group_versions = versions
         return changed
 
-    def _rebalance(self) -> None:
-        ids = self._consumer_ids() if self.model is CLUSTERING else []
-        if ids is None:  # the group cannot be known now: keep every queue, as RocketMQ does
+    def _poll_routes(self) -> None:
+        """Ask for the subscribed topics' routes again when due (with one broker: at every rebalance, a cheap
+        question to that broker)."""
+        now = time.monotonic()
+        if self.router.cluster_mode and now < self._next_route_poll:
             return
+        self._next_route_poll = now + self.route_poll_interval_ms / 1000
+        for topic in self.subscription:
+            self.router.refresh(topic)
+
+    def _rebalance(self) -> None:
+        self._poll_routes()
         with self._lock:
             current = set(self._workers)
-        desired: set[QueueKey] = set()
-        for topic in self.subscription:
+        desired: set[MessageQueue] = set()
+        lists: dict[str, list[str] | None] = {}  # broker name -> the group's members there, for this pass
+        for topic in sorted(self.subscription):
             queues = self._topic_queues(topic)
-            if queues is None:  # unknown now: keep what this topic has
-                desired |= {k for k in current if k[0] == topic}
+            if queues is not None and self.model is CLUSTERING and queues:
+                ids = self._consumer_ids(topic, sorted({q.broker_name for q in queues}), lists)
+                queues = None if ids is None else self.allocate(queues, ids, self.client_id)
+            if queues is None:  # unknown now (the group, or the route): keep what this topic has, as RocketMQ does
+                desired |= {k for k in current if k.topic == topic}
             else:
-                desired |= set(queues if self.model is BROADCASTING else self.allocate(queues, ids, self.client_id))
+                desired |= set(queues)
         self._apply(desired)
 
-    def _consumer_ids(self) -> list[str] | None:
-        """The group's members, or None when they cannot be known. A broker that restarted lists nobody until the
-        next heartbeat: allocating over that list would drop every queue, so a list without this client is asked
-        for again after a heartbeat."""
+    def _consumer_ids(self, topic: str, brokers: list[str], lists: dict[str, list[str] | None]) -> list[str] | None:
+        """The group's members as the first of ``brokers`` that lists this consumer sees them; None when they
+        cannot be known. A broker that restarted lists nobody until the next heartbeat: allocating over its list
+        would drop every queue, so when no broker lists this client the ones that answered are sent a heartbeat
+        and asked again."""
+        for name in brokers:
+            if name not in lists:
+                lists[name] = self._ask_consumer_ids(topic, name)
+            found = lists[name]
+            if found is not None and self.client_id in found:
+                return found
+        answered = [name for name in brokers if lists[name] is not None]
+        for name in answered:
+            lists[name] = self._ask_consumer_ids(topic, name, heartbeat_first=True)
+            found = lists[name]
+            if found is not None and self.client_id in found:
+                return found
+        if answered:
+            where = f"by any broker of {topic}" if self.router.cluster_mode else "even after a heartbeat"
+            log.warning("%s is not listed in %s %s; keeping the current queues", self.client_id, self.group, where)
+        return None
+
+    def _ask_consumer_ids(self, topic: str, broker_name: str, *, heartbeat_first: bool = False) -> list[str] | None:
         request = pb.GetConsumerListRequest(consumer_group=self.group)
         try:
-            ids = list(self.conn.call(self.conn.stub.GetConsumerList, request).client_ids)
-            if self.client_id not in ids:
-                self._heartbeat()
-                ids = list(self.conn.call(self.conn.stub.GetConsumerList, request).client_ids)
+            conn = self.router.broker_connection(topic, broker_name, write=False)
+            if heartbeat_first:
+                conn.call(conn.stub.Heartbeat, self._heartbeat_request(), timeout_s=self.control_timeout_s)
+            return list(conn.call(conn.stub.GetConsumerList, request, timeout_s=self.control_timeout_s).client_ids)
         except BrokerError as e:
-            log.warning("cannot list the consumers of %s: %s; keeping the current queues", self.group, e.message)
+            # with one broker nothing else can say: the current queues are kept; in a cluster the next broker is asked
+            where = f" on {broker_name}" if self.router.cluster_mode else ""
+            then = "" if self.router.cluster_mode else "; keeping the current queues"
+            log.warning("cannot list the consumers of %s%s: %s%s", self.group, where, e.message, then)
             return None
-        if self.client_id not in ids:
-            log.warning("%s is not listed in %s even after a heartbeat; keeping the current queues", self.client_id,
-                        self.group)  # fmt: skip
-            return None
-        return ids
 
-    def _topic_queues(self, topic: str) -> list[QueueKey] | None:
-        """The topic's queues; None when the broker could not say (a topic it says is gone has none)."""
+    def _topic_queues(self, topic: str) -> list[MessageQueue] | None:
+        """The topic's readable queues over every broker that holds it; None when that cannot be known now (a
+        topic no broker holds has none)."""
         try:
-            info = self.conn.call(self.conn.stub.GetTopicRoute, pb.GetTopicRouteRequest(topic=topic))
-        except TopicNotExistError:
-            return []  # deleted: its queues can be neither read nor committed any more
+            queues = self.router.route(topic).read_queues()
+        except TopicNotExistError as e:
+            if topic not in self._unrouted and topic != self.retry_topic:
+                log.warning("consumer group %s: %s; its queues are consumed once a broker holds it", self.group,
+                            e.message)  # fmt: skip
+            self._unrouted.add(topic)
+            return []  # deleted, or never created: its queues can be neither read nor committed
         except BrokerError as e:
             log.warning("cannot rebalance topic %s: %s; keeping its queues", topic, e.message)
             return None
-        return [(topic, q) for q in range(info.read_queue_nums)]
+        self._unrouted.discard(topic)
+        return queues
 
-    def _apply(self, desired: set[QueueKey]) -> None:
+    def _apply(self, desired: set[MessageQueue]) -> None:
         """Start the workers of new queues and drop those of lost ones without waiting for them: a listener call
         in progress must not hold up heartbeats and lock renewals. A dropped worker releases its queue itself."""
         with self._lock:
@@ -473,7 +612,7 @@ class PushConsumer:
         for w in dropped:
             w.drop()
         if dropped or desired - current:
-            log.info("%s of %s now consumes %s", self.client_id, self.group, sorted(desired))
+            log.info("%s of %s now consumes %s", self.client_id, self.group, ", ".join(map(str, sorted(desired))))
 
     def _worker_done(self, worker: _QueueWorker) -> None:
         """In the worker's thread, as it ends (dropped, or died): commit its queue, forget it, unlock it."""
@@ -498,13 +637,13 @@ class PushConsumer:
         if wanted and not stopping:
             self._rebalance_now.set()
 
-    def _commit_dropped(self, key: QueueKey) -> None:
+    def _commit_dropped(self, key: MessageQueue) -> None:
         try:
-            self.offsets.commit_queue(*key, force=True)
+            self.offsets.commit_queue(key, force=True)
         except BrokerError as e:
-            log.warning("committing %s/%d of %s on dropping it failed: %s", *key, self.group, e.message)
+            log.warning("committing %s of %s on dropping it failed: %s", key, self.group, e.message)
         finally:
-            self.offsets.forget(*key)
+            self.offsets.forget(key)
 
     def _call_listener(self, chunk: list[ReceivedMessage]) -> bool:
         try:
@@ -521,24 +660,26 @@ class PushConsumer:
             msg.topic = msg.properties[Prop.RETRY_TOPIC]
         return msg
 
-    def _send_back(self, chunk: list[ReceivedMessage]) -> list[ReceivedMessage]:
-        """Send failed messages back to the broker; returns those it could not take (retried here)."""
+    def _send_back(self, mq: MessageQueue, chunk: list[ReceivedMessage]) -> list[ReceivedMessage]:
+        """Send failed messages back to the broker that holds them (``mq``'s); returns those it could not take
+        (retried here)."""
         kept: list[ReceivedMessage] = []
         for msg in chunk:
             try:
-                send_back(self.conn, self.group, msg, 0, self.max_reconsume_times)
+                send_back(self.router.queue_connection(mq, write=True), self.group, msg, 0, self.max_reconsume_times)
             except BrokerError as e:
                 log.warning("send-back of %s to %s failed (%s); retrying it here", msg.msg_id, self.group, e.message)
                 kept.append(msg)
         return kept
 
-    def _dead_letter(self, chunk: list[ReceivedMessage], attempts: int) -> list[ReceivedMessage]:
-        """Orderly: move messages that failed ``attempts`` times to ``%DLQ%{group}``; returns those the broker did
-        not take (the queue stays suspended on them)."""
+    def _dead_letter(self, mq: MessageQueue, chunk: list[ReceivedMessage], attempts: int) -> list[ReceivedMessage]:
+        """Orderly: move messages that failed ``attempts`` times to ``%DLQ%{group}`` on their broker; returns those
+        the broker did not take (the queue stays suspended on them)."""
         kept: list[ReceivedMessage] = []
         for msg in chunk:
             try:
-                send_back(self.conn, self.group, msg, -1, self.max_reconsume_times)  # < 0: straight to the DLQ
+                conn = self.router.queue_connection(mq, write=True)
+                send_back(conn, self.group, msg, -1, self.max_reconsume_times)  # < 0: straight to the DLQ
                 log.warning("orderly: %s failed %d times; moved to the dead-letter queue of %s", msg.msg_id,
                             attempts, self.group)  # fmt: skip
             except BrokerError as e:
@@ -546,9 +687,9 @@ class PushConsumer:
                 kept.append(msg)
         return kept
 
-    def _lock_request(self, keys: set[QueueKey]) -> pb.LockBatchRequest:
-        queues = [pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(keys)]
-        return pb.LockBatchRequest(consumer_group=self.group, client_id=self.client_id, queues=queues)
+    def _lock_request(self, queues: list[MessageQueue]) -> pb.LockBatchRequest:
+        wire = [pb.MessageQueue(topic=mq.topic, queue_id=mq.queue_id) for mq in queues]
+        return pb.LockBatchRequest(consumer_group=self.group, client_id=self.client_id, queues=wire)
 
     def _renew_locks(self) -> None:
         """Orderly: renew the locks of the assigned queues and of dropped ones still finishing (another consumer
@@ -558,36 +699,40 @@ class PushConsumer:
                 keys = set(self._workers) | set(self._retiring)
             self._lock_queues(keys)
 
-    def _lock_queues(self, keys: set[QueueKey]) -> set[QueueKey]:
-        """Lock (or renew) queues on the broker; the set this consumer holds afterwards."""
-        if not keys:
-            return set()
-        request = self._lock_request(keys)
+    def _lock_queues(self, keys: set[MessageQueue]) -> set[MessageQueue]:
+        """Lock (or renew) queues, each on its broker's master; the set this consumer holds afterwards."""
+        held: set[MessageQueue] = set()
         with self._lock_calls:
-            sent = time.monotonic()  # the broker's lifetime starts later: counting from here errs on the safe side
-            try:
-                held = {(q.topic, q.queue_id) for q in self.conn.call(self.conn.stub.LockBatchMQ, request).queues}
-            except BrokerError as e:
-                log.warning("locking %d queues of %s failed: %s", len(keys), self.group, e.message)
-                held = set()
-            with self._lock:
-                for key in keys:
-                    self._locked.pop(key, None)
-                self._locked.update(dict.fromkeys(held, sent + self.lock_max_live_ms / 1000))
+            for broker_name, queues in by_broker(keys).items():
+                sent = time.monotonic()  # the broker's lifetime starts later: counting from here errs on the safe side
+                try:
+                    conn = self.router.queue_connection(queues[0], write=True)
+                    answer = conn.call(conn.stub.LockBatchMQ, self._lock_request(queues),
+                                       timeout_s=self.control_timeout_s)  # fmt: skip
+                    got = {MessageQueue(q.topic, broker_name, q.queue_id) for q in answer.queues}
+                except BrokerError as e:
+                    log.warning("locking %d queues of %s failed: %s", len(queues), self.group, e.message)
+                    got = set()
+                with self._lock:
+                    for key in queues:
+                        self._locked.pop(key, None)
+                    self._locked.update(dict.fromkeys(got, sent + self.lock_max_live_ms / 1000))
+                held |= got
         return held
 
-    def _unlock_queues(self, keys: set[QueueKey]) -> None:
+    def _unlock_queues(self, keys: set[MessageQueue]) -> None:
         with self._lock_calls:
             with self._lock:
                 for key in keys:
                     self._locked.pop(key, None)
-            request = self._lock_request(keys)
-            try:
-                self.conn.call(self.conn.stub.UnlockBatchMQ, request)
-            except BrokerError as e:  # the broker lets the locks expire after 60 s
-                log.warning("unlocking %d queues of %s failed: %s", len(keys), self.group, e.message)
+            for queues in by_broker(keys).values():
+                try:
+                    conn = self.router.queue_connection(queues[0], write=True)
+                    conn.call(conn.stub.UnlockBatchMQ, self._lock_request(queues), timeout_s=self.control_timeout_s)
+                except BrokerError as e:  # the broker lets the locks expire after 60 s
+                    log.warning("unlocking %d queues of %s failed: %s", len(queues), self.group, e.message)
 
-    def _hold_lock(self, key: QueueKey) -> bool:
+    def _hold_lock(self, key: MessageQueue) -> bool:
         """Orderly, before every pull and every chunk: is the queue ours? A record past its local lifetime is not
         trusted (renewals may have stopped and the broker given the queue away): the broker is asked again."""
         with self._lock:

@@ -15,6 +15,10 @@
   answered from the stored copy once it is replicated, or stored once by the new master).
 * Offset commits, topic and group changes wait the same way for the in-sync replicas to hold the changed config
   files (metadata_sync.py), so an acknowledged commit survives a failover.
+* The same rules hold for the broker's other services, named here with a prefix: the transaction coordinator's
+  (``Coordinator.``; a decision is a message in the log) and RocketMQ 5's MessagingService (``v2.``). Pop
+  consumption (PopMessage, AckMessage, ChangeInvisibleTime and their v2 forms) is served by the master only: its
+  in-flight records are the master's.
 * DeleteTopic is refused on a replicated group: a slave rebuilds its consume queues from the log and cannot tell
   the deleted generation's queue offsets from the next one's.
 """
@@ -34,11 +38,19 @@ from broker.store.message import I32
 
 log = logging.getLogger(__name__)
 
-SERVICE_PREFIX = "/sluice.v1.Broker/"
-DATA_WRITES = frozenset({"SendMessage", "SendBatch", "EndTransaction", "EndTransactions", "ConsumerSendMsgBack"})
-METADATA_WRITES = frozenset({"CreateTopic", "UpdateConsumerOffsets", "UpdateSubscriptionGroup"})
-MASTER_ONLY = DATA_WRITES | METADATA_WRITES | frozenset({"DeleteTopic", "LockBatchMQ", "UnlockBatchMQ",
-                                                          "TransactionCheckStream"})  # fmt: skip
+# gRPC service path -> the prefix its method names take below (the Broker service's have none)
+SERVICES = {"/sluice.v1.Broker/": "", "/sluice.v1.TransactionCoordinator/": "Coordinator.",
+            "/apache.rocketmq.v2.MessagingService/": "v2."}  # fmt: skip
+DATA_WRITES = frozenset({"SendMessage", "SendBatch", "EndTransaction", "EndTransactions", "ConsumerSendMsgBack",
+                         "Coordinator.RecordDecision", "v2.SendMessage", "v2.EndTransaction",
+                         "v2.ForwardMessageToDeadLetterQueue", "v2.RecallMessage"})  # fmt: skip
+METADATA_WRITES = frozenset({"CreateTopic", "UpdateConsumerOffsets", "UpdateSubscriptionGroup", "ResetConsumerOffsets",
+                             "v2.UpdateOffset"})  # fmt: skip
+POP = frozenset({"PopMessage", "AckMessage", "ChangeInvisibleTime", "v2.ReceiveMessage", "v2.AckMessage",
+                 "v2.ChangeInvisibleDuration"})  # fmt: skip
+MASTER_ONLY = DATA_WRITES | METADATA_WRITES | POP | frozenset({"DeleteTopic", "LockBatchMQ", "UnlockBatchMQ",
+                                                                "TransactionCheckStream",
+                                                                "Coordinator.QueryDecisions"})  # fmt: skip
 SEND_METHODS = frozenset({"SendMessage", "SendBatch"})
 
 
@@ -66,10 +78,11 @@ class ReplicationGate(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
-        method = details.method
-        if handler is None or not method.startswith(SERVICE_PREFIX):
+        service, _, method = details.method.rpartition("/")
+        prefix = SERVICES.get(service + "/")
+        if handler is None or prefix is None:
             return handler
-        name = method[len(SERVICE_PREFIX) :]
+        name = prefix + method
         if name not in MASTER_ONLY and name not in ("PullMessage", "GetTopicRoute"):
             return handler
         if handler.unary_unary is not None:

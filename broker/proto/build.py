@@ -1,4 +1,4 @@
-"""Regenerate the gRPC stubs from ``sluice.proto``, ``namesrv.proto`` and ``ha.proto``:
+"""Regenerate the gRPC stubs from ``sluice.proto``, ``namesrv.proto``, ``coordinator.proto`` and ``ha.proto``:
 ``python -m broker.proto.build`` (what ``make proto`` runs).
 
 The proto is compiled with the repository root as include path so the generated service module imports
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
-PROTO_NAMES = ("sluice", "namesrv", "ha")
+PROTO_NAMES = ("sluice", "namesrv", "coordinator", "ha")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 
 

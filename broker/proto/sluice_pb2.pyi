@@ -1080,6 +1080,7 @@ class EndTransactionRequest(_message.Message):
     RESTRICT_ATTEMPTS_FIELD_NUMBER: _builtins.int
     PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
     EXPECTED_MESSAGES_FIELD_NUMBER: _builtins.int
+    RECORD_UNKNOWN_FIELD_NUMBER: _builtins.int
     transaction_id: _builtins.str
     half_commitlog_offset: _builtins.int
     """RocketMQ's END_TRANSACTION names a half by its commit-log offset"""
@@ -1092,6 +1093,12 @@ class EndTransactionRequest(_message.Message):
     expected_messages: _builtins.int
     """A commit's own count of its messages (the writers'): refused, nothing decided, unless the halves it would
     commit are exactly this many (halves lost under ASYNC_FLUSH must fail the batch, not commit part of it).
+    """
+    record_unknown: _builtins.bool
+    """An id the broker has no record of: false refuses the call (QUERY_NOT_FOUND, nothing recorded: no outcome is
+    invented for a transaction that never existed); true records the outcome of an empty transaction, so asking
+    again reports it and halves sent under the id later are refused (a writer with nothing to send, or one
+    fenced out before it sent: the Spark sink's commit and abort).
     """
     @_builtins.property
     def committed_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1108,10 +1115,11 @@ class EndTransactionRequest(_message.Message):
         restrict_attempts: _builtins.bool = ...,
         producer_group: _builtins.str = ...,
         expected_messages: _builtins.int | None = ...,
+        record_unknown: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "expected_messages", b"expected_messages", "half_commitlog_offset", b"half_commitlog_offset", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "commit", b"commit", "committed_attempts", b"committed_attempts", "expected_messages", b"expected_messages", "from_check", b"from_check", "half_commitlog_offset", b"half_commitlog_offset", "producer_group", b"producer_group", "restrict_attempts", b"restrict_attempts", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages", "commit", b"commit", "committed_attempts", b"committed_attempts", "expected_messages", b"expected_messages", "from_check", b"from_check", "half_commitlog_offset", b"half_commitlog_offset", "producer_group", b"producer_group", "record_unknown", b"record_unknown", "restrict_attempts", b"restrict_attempts", "target", b"target", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_messages: _TypeAlias = _typing.Literal["expected_messages"]  # noqa: Y015
     _WhichOneofArgType__expected_messages: _TypeAlias = _typing.Literal["_expected_messages", b"_expected_messages"]  # noqa: Y015
@@ -1523,12 +1531,15 @@ class SubscriptionGroup(_message.Message):
     CONSUME_BROADCAST_ENABLE_FIELD_NUMBER: _builtins.int
     RETRY_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
     RETRY_MAX_TIMES_FIELD_NUMBER: _builtins.int
+    CONSUME_MESSAGE_ORDERLY_FIELD_NUMBER: _builtins.int
     group_name: _builtins.str
     consume_enable: _builtins.bool
     consume_from_min_enable: _builtins.bool
     consume_broadcast_enable: _builtins.bool
     retry_queue_nums: _builtins.int
     retry_max_times: _builtins.int
+    consume_message_orderly: _builtins.bool
+    """pop: a message group's next message waits for the earlier one (FIFO)"""
     def __init__(
         self,
         *,
@@ -1538,10 +1549,11 @@ class SubscriptionGroup(_message.Message):
         consume_broadcast_enable: _builtins.bool = ...,
         retry_queue_nums: _builtins.int = ...,
         retry_max_times: _builtins.int = ...,
+        consume_message_orderly: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "group_name", b"group_name", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "consume_message_orderly", b"consume_message_orderly", "group_name", b"group_name", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1557,12 +1569,14 @@ class UpdateSubscriptionGroupRequest(_message.Message):
     CONSUME_BROADCAST_ENABLE_FIELD_NUMBER: _builtins.int
     RETRY_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
     RETRY_MAX_TIMES_FIELD_NUMBER: _builtins.int
+    CONSUME_MESSAGE_ORDERLY_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     consume_enable: _builtins.bool
     consume_from_min_enable: _builtins.bool
     consume_broadcast_enable: _builtins.bool
     retry_queue_nums: _builtins.int
     retry_max_times: _builtins.int
+    consume_message_orderly: _builtins.bool
     def __init__(
         self,
         *,
@@ -1572,10 +1586,11 @@ class UpdateSubscriptionGroupRequest(_message.Message):
         consume_broadcast_enable: _builtins.bool | None = ...,
         retry_queue_nums: _builtins.int | None = ...,
         retry_max_times: _builtins.int | None = ...,
+        consume_message_orderly: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable", "_consume_enable", b"_consume_enable", "_consume_from_min_enable", b"_consume_from_min_enable", "_retry_max_times", b"_retry_max_times", "_retry_queue_nums", b"_retry_queue_nums", "consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable", "_consume_enable", b"_consume_enable", "_consume_from_min_enable", b"_consume_from_min_enable", "_consume_message_orderly", b"_consume_message_orderly", "_retry_max_times", b"_retry_max_times", "_retry_queue_nums", b"_retry_queue_nums", "consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "consume_message_orderly", b"consume_message_orderly", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable", "_consume_enable", b"_consume_enable", "_consume_from_min_enable", b"_consume_from_min_enable", "_retry_max_times", b"_retry_max_times", "_retry_queue_nums", b"_retry_queue_nums", "consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "consumer_group", b"consumer_group", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable", "_consume_enable", b"_consume_enable", "_consume_from_min_enable", b"_consume_from_min_enable", "_consume_message_orderly", b"_consume_message_orderly", "_retry_max_times", b"_retry_max_times", "_retry_queue_nums", b"_retry_queue_nums", "consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_min_enable", b"consume_from_min_enable", "consume_message_orderly", b"consume_message_orderly", "consumer_group", b"consumer_group", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__consume_broadcast_enable: _TypeAlias = _typing.Literal["consume_broadcast_enable"]  # noqa: Y015
     _WhichOneofArgType__consume_broadcast_enable: _TypeAlias = _typing.Literal["_consume_broadcast_enable", b"_consume_broadcast_enable"]  # noqa: Y015
@@ -1583,6 +1598,8 @@ class UpdateSubscriptionGroupRequest(_message.Message):
     _WhichOneofArgType__consume_enable: _TypeAlias = _typing.Literal["_consume_enable", b"_consume_enable"]  # noqa: Y015
     _WhichOneofReturnType__consume_from_min_enable: _TypeAlias = _typing.Literal["consume_from_min_enable"]  # noqa: Y015
     _WhichOneofArgType__consume_from_min_enable: _TypeAlias = _typing.Literal["_consume_from_min_enable", b"_consume_from_min_enable"]  # noqa: Y015
+    _WhichOneofReturnType__consume_message_orderly: _TypeAlias = _typing.Literal["consume_message_orderly"]  # noqa: Y015
+    _WhichOneofArgType__consume_message_orderly: _TypeAlias = _typing.Literal["_consume_message_orderly", b"_consume_message_orderly"]  # noqa: Y015
     _WhichOneofReturnType__retry_max_times: _TypeAlias = _typing.Literal["retry_max_times"]  # noqa: Y015
     _WhichOneofArgType__retry_max_times: _TypeAlias = _typing.Literal["_retry_max_times", b"_retry_max_times"]  # noqa: Y015
     _WhichOneofReturnType__retry_queue_nums: _TypeAlias = _typing.Literal["retry_queue_nums"]  # noqa: Y015
@@ -1594,8 +1611,312 @@ class UpdateSubscriptionGroupRequest(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__consume_from_min_enable) -> _WhichOneofReturnType__consume_from_min_enable | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consume_message_orderly) -> _WhichOneofReturnType__consume_message_orderly | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_max_times) -> _WhichOneofReturnType__retry_max_times | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__retry_queue_nums) -> _WhichOneofReturnType__retry_queue_nums | None: ...
 
 Global___UpdateSubscriptionGroupRequest: _TypeAlias = UpdateSubscriptionGroupRequest  # noqa: Y015
+
+@_typing.final
+class PopRequest(_message.Message):
+    """------------------------------------------------------------------------------------------------ pop"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    MAX_MSGS_FIELD_NUMBER: _builtins.int
+    INVISIBLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    POLL_TIME_MS_FIELD_NUMBER: _builtins.int
+    EXPRESSION_FIELD_NUMBER: _builtins.int
+    EXPRESSION_TYPE_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    topic: _builtins.str
+    queue_id: _builtins.int
+    """Unset or < 0: every readable queue of the topic on this broker (optional: proto3's default 0 would name queue 0)"""
+    max_msgs: _builtins.int
+    """0: 32"""
+    invisible_time_ms: _builtins.int
+    poll_time_ms: _builtins.int
+    """long polling: wait this long when no message is there (0: answer at once)"""
+    expression: _builtins.str
+    """"*", "" or "TagA || TagB"; an SQL92 selector when expression_type is SQL92"""
+    expression_type: _builtins.str
+    """"TAG" (or empty) or "SQL92" """
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int | None = ...,
+        max_msgs: _builtins.int = ...,
+        invisible_time_ms: _builtins.int = ...,
+        poll_time_ms: _builtins.int = ...,
+        expression: _builtins.str = ...,
+        expression_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_id", b"_queue_id", "queue_id", b"queue_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_id", b"_queue_id", "consumer_group", b"consumer_group", "expression", b"expression", "expression_type", b"expression_type", "invisible_time_ms", b"invisible_time_ms", "max_msgs", b"max_msgs", "poll_time_ms", b"poll_time_ms", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__queue_id: _TypeAlias = _typing.Literal["queue_id"]  # noqa: Y015
+    _WhichOneofArgType__queue_id: _TypeAlias = _typing.Literal["_queue_id", b"_queue_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_id) -> _WhichOneofReturnType__queue_id | None: ...
+
+Global___PopRequest: _TypeAlias = PopRequest  # noqa: Y015
+
+@_typing.final
+class PopResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    ENTRY_POSITIONS_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLES_FIELD_NUMBER: _builtins.int
+    DELIVERY_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    entries: _builtins.bytes
+    """the messages as stored (store fields included), back to back"""
+    @_builtins.property
+    def entry_positions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def receipt_handles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """one per message: what AckMessage / ChangeInvisibleTime take"""
+
+    @_builtins.property
+    def delivery_attempts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """from 1"""
+
+    @_builtins.property
+    def invisible_until_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        entries: _builtins.bytes = ...,
+        entry_positions: _abc.Iterable[_builtins.int] | None = ...,
+        receipt_handles: _abc.Iterable[_builtins.str] | None = ...,
+        delivery_attempts: _abc.Iterable[_builtins.int] | None = ...,
+        invisible_until_ms: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_attempts", b"delivery_attempts", "entries", b"entries", "entry_positions", b"entry_positions", "invisible_until_ms", b"invisible_until_ms", "receipt_handles", b"receipt_handles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PopResponse: _TypeAlias = PopResponse  # noqa: Y015
+
+@_typing.final
+class AckMessageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLES_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    topic: _builtins.str
+    @_builtins.property
+    def receipt_handles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        receipt_handles: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "receipt_handles", b"receipt_handles", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckMessageRequest: _TypeAlias = AckMessageRequest  # noqa: Y015
+
+@_typing.final
+class AckMessageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERRORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One per handle, in order: empty when acked, else why not (expired, already acked, superseded, not ours)."""
+
+    def __init__(
+        self,
+        *,
+        errors: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckMessageResponse: _TypeAlias = AckMessageResponse  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleTimeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    INVISIBLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    topic: _builtins.str
+    receipt_handle: _builtins.str
+    invisible_time_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        receipt_handle: _builtins.str = ...,
+        invisible_time_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "invisible_time_ms", b"invisible_time_ms", "receipt_handle", b"receipt_handle", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleTimeRequest: _TypeAlias = ChangeInvisibleTimeRequest  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleTimeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    receipt_handle: _builtins.str
+    invisible_until_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        receipt_handle: _builtins.str = ...,
+        invisible_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invisible_until_ms", b"invisible_until_ms", "receipt_handle", b"receipt_handle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleTimeResponse: _TypeAlias = ChangeInvisibleTimeResponse  # noqa: Y015
+
+@_typing.final
+class ListGroupsRequest(_message.Message):
+    """------------------------------------------------------------------------------------------------ group admin"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsRequest: _TypeAlias = ListGroupsRequest  # noqa: Y015
+
+@_typing.final
+class GroupSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    ONLINE_CONSUMERS_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    online_consumers: _builtins.int
+    """live consumers (heartbeats within consumer_expire_ms)"""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """topics with committed offsets or subscribed by a live consumer, sorted"""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        online_consumers: _builtins.int = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "online_consumers", b"online_consumers", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupSummary: _TypeAlias = GroupSummary  # noqa: Y015
+
+@_typing.final
+class ListGroupsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupSummary]:
+        """sorted by name"""
+
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___GroupSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsResponse: _TypeAlias = ListGroupsResponse  # noqa: Y015
+
+@_typing.final
+class ResetConsumerOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
+        """each within [0, the queue's max offset]"""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___QueueOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetConsumerOffsetsRequest: _TypeAlias = ResetConsumerOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class ResetConsumerOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def previous(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
+        """the offsets replaced, in request order; -1: none was committed"""
+
+    def __init__(
+        self,
+        *,
+        previous: _abc.Iterable[Global___QueueOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["previous", b"previous"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetConsumerOffsetsResponse: _TypeAlias = ResetConsumerOffsetsResponse  # noqa: Y015

@@ -164,6 +164,31 @@ class BrokerStub:
                 request_serializer=broker_dot_proto_dot_sluice__pb2.UpdateSubscriptionGroupRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.FromString,
                 _registered_method=True)
+        self.PopMessage = channel.unary_unary(
+                '/sluice.v1.Broker/PopMessage',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.PopRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.PopResponse.FromString,
+                _registered_method=True)
+        self.AckMessage = channel.unary_unary(
+                '/sluice.v1.Broker/AckMessage',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.AckMessageRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.AckMessageResponse.FromString,
+                _registered_method=True)
+        self.ChangeInvisibleTime = channel.unary_unary(
+                '/sluice.v1.Broker/ChangeInvisibleTime',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/sluice.v1.Broker/ListGroups',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.ResetConsumerOffsets = channel.unary_unary(
+                '/sluice.v1.Broker/ResetConsumerOffsets',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -339,6 +364,44 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PopMessage(self, request, context):
+        """---- pop consumption (broker/semantics/pop.py): receive with an invisible time, ack, change invisible time
+        Messages of one queue or of every queue of the topic; each stays invisible to the group until acked or its
+        invisible time passes (then it is delivered again). Held (long polling) while none is there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckMessage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleTime(self, request, context):
+        """A new invisible time from now; the answer's handle replaces the old one (which is refused from then on).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """---- administration of consumer groups
+        Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetConsumerOffsets(self, request, context):
+        """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+        changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -471,6 +534,31 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.UpdateSubscriptionGroup,
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.UpdateSubscriptionGroupRequest.FromString,
                     response_serializer=broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.SerializeToString,
+            ),
+            'PopMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.PopMessage,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.PopRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.PopResponse.SerializeToString,
+            ),
+            'AckMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckMessage,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.AckMessageRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.AckMessageResponse.SerializeToString,
+            ),
+            'ChangeInvisibleTime': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleTime,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ListGroupsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'ResetConsumerOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetConsumerOffsets,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1175,6 +1263,141 @@ class Broker:
             '/sluice.v1.Broker/UpdateSubscriptionGroup',
             broker_dot_proto_dot_sluice__pb2.UpdateSubscriptionGroupRequest.SerializeToString,
             broker_dot_proto_dot_sluice__pb2.SubscriptionGroup.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PopMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/PopMessage',
+            broker_dot_proto_dot_sluice__pb2.PopRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.PopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/AckMessage',
+            broker_dot_proto_dot_sluice__pb2.AckMessageRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.AckMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleTime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ChangeInvisibleTime',
+            broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ChangeInvisibleTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ListGroups',
+            broker_dot_proto_dot_sluice__pb2.ListGroupsRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetConsumerOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ResetConsumerOffsets',
+            broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

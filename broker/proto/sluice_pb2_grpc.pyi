@@ -84,6 +84,22 @@ class BrokerStub:
     UnlockBatchMQ: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]
     GetSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.GetSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]
     UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.UpdateSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]
+    PopMessage: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.PopRequest, _sluice_pb2.PopResponse]
+    """---- pop consumption (broker/semantics/pop.py): receive with an invisible time, ack, change invisible time
+    Messages of one queue or of every queue of the topic; each stays invisible to the group until acked or its
+    invisible time passes (then it is delivered again). Held (long polling) while none is there.
+    """
+    AckMessage: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.AckMessageRequest, _sluice_pb2.AckMessageResponse]
+    ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ChangeInvisibleTimeRequest, _sluice_pb2.ChangeInvisibleTimeResponse]
+    """A new invisible time from now; the answer's handle replaces the old one (which is refused from then on)."""
+    ListGroups: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ListGroupsRequest, _sluice_pb2.ListGroupsResponse]
+    """---- administration of consumer groups
+    Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+    """
+    ResetConsumerOffsets: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ResetConsumerOffsetsRequest, _sluice_pb2.ResetConsumerOffsetsResponse]
+    """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+    changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -130,6 +146,22 @@ class BrokerAsyncStub(BrokerStub):
     UnlockBatchMQ: _aio.UnaryUnaryMultiCallable[_sluice_pb2.LockBatchRequest, _sluice_pb2.LockBatchResponse]  # type: ignore[assignment]
     GetSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_sluice_pb2.GetSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]  # type: ignore[assignment]
     UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_sluice_pb2.UpdateSubscriptionGroupRequest, _sluice_pb2.SubscriptionGroup]  # type: ignore[assignment]
+    PopMessage: _aio.UnaryUnaryMultiCallable[_sluice_pb2.PopRequest, _sluice_pb2.PopResponse]  # type: ignore[assignment]
+    """---- pop consumption (broker/semantics/pop.py): receive with an invisible time, ack, change invisible time
+    Messages of one queue or of every queue of the topic; each stays invisible to the group until acked or its
+    invisible time passes (then it is delivered again). Held (long polling) while none is there.
+    """
+    AckMessage: _aio.UnaryUnaryMultiCallable[_sluice_pb2.AckMessageRequest, _sluice_pb2.AckMessageResponse]  # type: ignore[assignment]
+    ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ChangeInvisibleTimeRequest, _sluice_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
+    """A new invisible time from now; the answer's handle replaces the old one (which is refused from then on)."""
+    ListGroups: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ListGroupsRequest, _sluice_pb2.ListGroupsResponse]  # type: ignore[assignment]
+    """---- administration of consumer groups
+    Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+    """
+    ResetConsumerOffsets: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ResetConsumerOffsetsRequest, _sluice_pb2.ResetConsumerOffsetsResponse]  # type: ignore[assignment]
+    """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+    changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+    """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -329,5 +361,51 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _sluice_pb2.UpdateSubscriptionGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sluice_pb2.SubscriptionGroup, _abc.Awaitable[_sluice_pb2.SubscriptionGroup]]: ...
+
+    @_abc_1.abstractmethod
+    def PopMessage(
+        self,
+        request: _sluice_pb2.PopRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.PopResponse, _abc.Awaitable[_sluice_pb2.PopResponse]]:
+        """---- pop consumption (broker/semantics/pop.py): receive with an invisible time, ack, change invisible time
+        Messages of one queue or of every queue of the topic; each stays invisible to the group until acked or its
+        invisible time passes (then it is delivered again). Held (long polling) while none is there.
+        """
+
+    @_abc_1.abstractmethod
+    def AckMessage(
+        self,
+        request: _sluice_pb2.AckMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.AckMessageResponse, _abc.Awaitable[_sluice_pb2.AckMessageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ChangeInvisibleTime(
+        self,
+        request: _sluice_pb2.ChangeInvisibleTimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ChangeInvisibleTimeResponse, _abc.Awaitable[_sluice_pb2.ChangeInvisibleTimeResponse]]:
+        """A new invisible time from now; the answer's handle replaces the old one (which is refused from then on)."""
+
+    @_abc_1.abstractmethod
+    def ListGroups(
+        self,
+        request: _sluice_pb2.ListGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ListGroupsResponse, _abc.Awaitable[_sluice_pb2.ListGroupsResponse]]:
+        """---- administration of consumer groups
+        Every group the broker knows: with committed offsets, with live consumers, or with subscription settings.
+        """
+
+    @_abc_1.abstractmethod
+    def ResetConsumerOffsets(
+        self,
+        request: _sluice_pb2.ResetConsumerOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ResetConsumerOffsetsResponse, _abc.Awaitable[_sluice_pb2.ResetConsumerOffsetsResponse]]:
+        """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
+        changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
+        """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

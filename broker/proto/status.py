@@ -10,31 +10,74 @@ from broker import errors
 from broker.errors import BrokerError, ResponseCode
 
 RESPONSE_CODE_KEY = "sluice-response-code"
+# The status details travel as the ``grpc-message`` header, percent-encoded (3 bytes for any byte outside printable
+# ASCII), and a receiver drops a response whose headers pass its limit (8 KiB soft, 16 KiB hard by default): the
+# caller would then see RESOURCE_EXHAUSTED without the response code instead of the error. Details are cut so
+# their encoded form stays within this, whatever a message repeats of the request.
+MAX_DETAILS_ENCODED_BYTES = 2048
 
+# Every code has its status: INTERNAL is SYSTEM_ERROR's alone (a broker bug), never a refusal of a bad request.
 _GRPC_CODE = {
+    ResponseCode.SUCCESS: grpc.StatusCode.OK,
     ResponseCode.SYSTEM_ERROR: grpc.StatusCode.INTERNAL,
     ResponseCode.SYSTEM_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ResponseCode.REQUEST_CODE_NOT_SUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ResponseCode.TRANSACTION_FAILED: grpc.StatusCode.FAILED_PRECONDITION,
     ResponseCode.FLUSH_DISK_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ResponseCode.SLAVE_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ResponseCode.MESSAGE_ILLEGAL: grpc.StatusCode.INVALID_ARGUMENT,
     ResponseCode.SERVICE_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ResponseCode.VERSION_NOT_SUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
     ResponseCode.NO_PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
     ResponseCode.TOPIC_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
     ResponseCode.TOPIC_EXIST_ALREADY: grpc.StatusCode.ALREADY_EXISTS,
+    ResponseCode.PULL_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: grpc.StatusCode.UNAVAILABLE,
+    ResponseCode.PULL_OFFSET_MOVED: grpc.StatusCode.OUT_OF_RANGE,
     ResponseCode.QUERY_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ResponseCode.SUBSCRIPTION_PARSE_FAILED: grpc.StatusCode.INVALID_ARGUMENT,
+    ResponseCode.SUBSCRIPTION_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    ResponseCode.SUBSCRIPTION_NOT_LATEST: grpc.StatusCode.FAILED_PRECONDITION,
     ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
     ResponseCode.CONSUMER_NOT_ONLINE: grpc.StatusCode.NOT_FOUND,
+    ResponseCode.CONSUME_MSG_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ResponseCode.NO_MESSAGE: grpc.StatusCode.NOT_FOUND,
     ResponseCode.STORE_CORRUPTED: grpc.StatusCode.DATA_LOSS,
     ResponseCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ResponseCode.INVALID_RECEIPT_HANDLE: grpc.StatusCode.FAILED_PRECONDITION,
+    ResponseCode.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ResponseCode.FLUSH_SLAVE_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ResponseCode.NOT_ENOUGH_REPLICAS: grpc.StatusCode.UNAVAILABLE,
     ResponseCode.NOT_MASTER: grpc.StatusCode.FAILED_PRECONDITION,
 }
+assert set(_GRPC_CODE) == set(ResponseCode), "every response code needs its gRPC status"
 
 
 def grpc_code_for(code: ResponseCode) -> grpc.StatusCode:
-    return _GRPC_CODE.get(code, grpc.StatusCode.INTERNAL)
+    return _GRPC_CODE[code]
+
+
+def _encoded_size(char: str) -> int:
+    """Bytes one character takes in the percent-encoded grpc-message header."""
+    if " " <= char <= "~" and char != "%":
+        return 1
+    return 3 * len(char.encode("utf-8"))
+
+
+def capped_details(message: str, limit: int = MAX_DETAILS_ENCODED_BYTES) -> str:
+    """``message`` cut so that its percent-encoded form fits ``limit`` bytes (MAX_DETAILS_ENCODED_BYTES says why);
+    a lone surrogate (which UTF-8 cannot carry) is written as its escape."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(message) * 12 <= limit:  # 4 UTF-8 bytes x 3: short enough whatever it holds
+        return message
+    tail = " ...(cut)"
+    budget, used = limit - len(tail), 0
+    for i, char in enumerate(message):
+        used += _encoded_size(char)
+        if used > budget:
+            return message[:i] + tail
+    return message
 
 
 def _error_classes() -> dict[ResponseCode, type[BrokerError]]:

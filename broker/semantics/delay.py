@@ -51,6 +51,8 @@ from broker.store.message import (
     parse_layout,
     validate_topic,
 )
+from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.store.properties import property_number
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +105,10 @@ class DelayRewrite(NamedTuple):
 
 
 def parse_delay_level(props: Mapping[str, str]) -> int:
-    """The DELAY property as an int (0 when absent); MessageIllegalError when it is not an integer."""
+    """The DELAY property as an int (0 when absent, or "0": no delay); MessageIllegalError unless it is ASCII
+    digits (store.numbers: "-5" was stored as no delay and " 3" taken as 3)."""
     raw = props.get(Prop.DELAY)
-    if raw is None or raw == "":
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        raise MessageIllegalError(f"property DELAY={raw!r} is not an integer; give a delay level 1..18") from None
+    return 0 if raw is None else property_number(Prop.DELAY, raw)
 
 
 def due_time_ms(store_timestamp_ms: int, delay_ms: int, now_ms: int) -> int:
@@ -365,7 +363,7 @@ class ScheduleMessageService:
         """Re-store one due message in its real topic. False: retry later (the store refused for now)."""
         real_topic = msg.properties.get(Prop.REAL_TOPIC)
         real_qid = msg.properties.get(Prop.REAL_QID, "")
-        if not real_topic or not real_qid.isdigit():
+        if not real_topic or not is_ascii_digits(real_qid) or len(real_qid) > MAX_NUMBER_DIGITS:
             log.error("scheduled message %s has no valid REAL_TOPIC/REAL_QID (%r, %r); skipped", msg.msg_id,
                       real_topic, real_qid)  # fmt: skip
             return True

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from broker.errors import MessageIllegalError
+from broker.errors import MessageIllegalError, shown
 from broker.semantics.transaction_codec import (
     ATTEMPT,
     HALF_PROPERTY_NAMES,
@@ -48,6 +48,7 @@ from broker.semantics.transaction_codec import (
     check_half_batch,
     commit_raw,
     property_of,
+    real_queue_id,
 )
 from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, put_rows, queue_id_ranges, rows_at, scan
 from broker.store.message import (
@@ -69,7 +70,7 @@ _HALF_NAMES = tuple(f"{name}\x01".encode() for name in HALF_PROPERTY_NAMES)
 _DELAY = f"{Prop.DELAY}\x01".encode()
 _PREPARED_FORMAT = f"{Prop.TRAN_PREPARED_QUEUE_OFFSET}\x01%d\x02".encode()  # bytes % queue offset
 # One R exactly: the real topic (no separators in it) and a decimal queue id.
-_R_PATTERN = re.compile(rb"REAL_TOPIC\x01([^\x01\x02]+)\x02REAL_QID\x01([0-9]+)\x02")
+_R_PATTERN = re.compile(rb"REAL_TOPIC\x01([^\x01\x02]+)\x02REAL_QID\x01([0-9]{1,10})\x02")
 _SEP = 2  # \x02 ends every name\x01value pair
 
 
@@ -262,10 +263,14 @@ def check_halves(
     count = check_half_batch(buffer, producer_group, txn_id)
     real: list[tuple[str, int]] = []
     for i, props in enumerate(run.properties(buf)):
-        topic, qid = property_of(props, Prop.REAL_TOPIC), property_of(props, Prop.REAL_QID)
-        if not topic or not qid or not qid.isdigit() or int(qid) >= MAX_QUEUE_ID:
-            raise MessageIllegalError(f"half entry {i}: REAL_TOPIC={topic!r} / REAL_QID={qid!r} name no queue")
-        real.append((topic, int(qid)))
+        topic, qid_text = property_of(props, Prop.REAL_TOPIC), property_of(props, Prop.REAL_QID)
+        qid = real_queue_id(qid_text)
+        if not topic or qid is None:
+            raise MessageIllegalError(
+                f"half entry {i}: REAL_TOPIC={shown(topic)} / REAL_QID={shown(qid_text)} name no queue (REAL_QID is "
+                f"ASCII digits, below {MAX_QUEUE_ID})"
+            )
+        real.append((topic, qid))
     return HalfCheck(count, queue_id_ranges(real))
 
 

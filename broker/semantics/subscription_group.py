@@ -3,6 +3,11 @@
 The file has RocketMQ's shape (``{"subscriptionGroupTable": {group: {...}}, "dataVersion": {...}}``) with RocketMQ's
 field names, so a file from either broker reads the same. Every change is written at once, atomically.
 
+Groups are created by the first pull, heartbeat or send-back that names them (when auto_create is on) and kept
+for good, and every change rewrites the whole file: so at most ``max_groups`` exist (a flood of made-up group
+names grew the file, and the cost of each write, without end). Past it a new group is refused with
+LimitExceededError; the groups a file already holds are loaded whatever their number.
+
 Server wiring::
 
     groups = SubscriptionGroupManager(store_config.config_dir)       # loads the file
@@ -18,13 +23,14 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from broker.errors import InvalidArgumentError, SubscriptionGroupNotExistError
+from broker.errors import InvalidArgumentError, LimitExceededError, SubscriptionGroupNotExistError
 from broker.json_file import load_json, write_json_atomic
 
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
 MAX_GROUP_NAME_CHARS = 255  # RocketMQ's CHARACTER_MAX_LENGTH for group names
 MAX_RETRY_QUEUE_NUMS = 64  # retry queues per group; each is a consume queue on disk
 MAX_RETRY_MAX_TIMES = 100  # more would exceed the delay levels by far; RocketMQ's default is 16
+DEFAULT_MAX_GROUPS = 10_000  # see the module docstring
 
 # snake_case field -> RocketMQ's JSON name
 _JSON_NAMES = {
@@ -37,6 +43,7 @@ _JSON_NAMES = {
     "broker_id": "brokerId",
     "which_broker_when_consume_slowly": "whichBrokerWhenConsumeSlowly",
     "notify_consumer_ids_changed_enable": "notifyConsumerIdsChangedEnable",
+    "consume_message_orderly": "consumeMessageOrderly",
 }
 
 
@@ -51,6 +58,8 @@ class SubscriptionGroupConfig:
     broker_id: int = 0
     which_broker_when_consume_slowly: int = 1
     notify_consumer_ids_changed_enable: bool = True
+    # Pop consumption (RocketMQ 5's FIFO groups): a message group's next message waits until the earlier one is done
+    consume_message_orderly: bool = False
 
     def validate(self) -> None:
         if not self.group_name or len(self.group_name) > MAX_GROUP_NAME_CHARS:
@@ -95,9 +104,10 @@ def _parse_groups(data: dict[str, Any]) -> tuple[dict[str, SubscriptionGroupConf
 class SubscriptionGroupManager:
     """Thread-safe table of group settings, persisted on every change."""
 
-    def __init__(self, config_dir: str, *, auto_create: bool = True) -> None:
+    def __init__(self, config_dir: str, *, auto_create: bool = True, max_groups: int = DEFAULT_MAX_GROUPS) -> None:
         self.path = os.path.join(config_dir, SUBSCRIPTION_GROUP_FILE)
         self.auto_create = auto_create  # RocketMQ's autoCreateSubscriptionGroup (default true)
+        self.max_groups = max_groups
         self._lock = threading.Lock()
         self._table: dict[str, SubscriptionGroupConfig] = {}
         self._data_version = {"counter": 0, "timestamp": 0}
@@ -132,6 +142,7 @@ class SubscriptionGroupManager:
             if cfg is None and self.auto_create:
                 cfg = SubscriptionGroupConfig(group)
                 cfg.validate()
+                self._admit_locked(group)
                 self._table[group] = cfg
                 self._persist_locked()
             return cfg
@@ -145,9 +156,18 @@ class SubscriptionGroupManager:
             )
         return cfg
 
+    def _admit_locked(self, group: str) -> None:
+        """LimitExceededError when a new group would pass max_groups."""
+        if group not in self._table and len(self._table) >= self.max_groups:
+            raise LimitExceededError(
+                f"subscription group {group[:60]!r} would be group {len(self._table) + 1}; this broker keeps at most "
+                f"max_subscription_groups={self.max_groups} (delete unused groups or raise the setting)"
+            )
+
     def update(self, cfg: SubscriptionGroupConfig) -> None:
         cfg.validate()
         with self._lock:
+            self._admit_locked(cfg.group_name)
             self._table[cfg.group_name] = cfg
             self._persist_locked()
 
@@ -156,6 +176,7 @@ class SubscriptionGroupManager:
         with self._lock:
             cfg = replace(self._table.get(group) or SubscriptionGroupConfig(group), **changes)
             cfg.validate()
+            self._admit_locked(group)
             self._table[group] = cfg
             self._persist_locked()
             return cfg

@@ -26,7 +26,9 @@ nothing. A commit whose halves or decision expired before that is given up (logg
 ended transaction returns the first outcome. Open transactions idle for ``transaction_timeout_ms`` are checked
 back with the producer group through ``checker`` every ``check_interval_ms``; after ``check_max`` unanswered checks
 they are rolled back (RocketMQ: transactionTimeOut 6 s, transactionCheckMax 15). A failure with one transaction in
-a pass (its commit, its check) is logged and leaves the others to be checked.
+a pass (its commit, its check) is logged and leaves the others to be checked. A transaction whose halves name a
+coordinator broker (one over several brokers) goes to ``resolver`` instead, at each check and at check_max: its
+coordinator decides it (decision_log.py).
 
 Halves may not carry DELAY > 0 (``refuse_delay``): a commit stores them in their real topics at once, and RocketMQ's
 producer drops DELAY from transactional sends.
@@ -64,6 +66,7 @@ import numpy as np
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
+from broker.semantics.send_checks import check_entries, check_message, validate_producer_group
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
 from broker.semantics.transaction_codec import (
     BATCH,
@@ -81,6 +84,7 @@ from broker.semantics.transaction_codec import (
     encode_commit_start,
     encode_offsets,
     half_properties,
+    half_property_conflict,
     half_sys_flag,
     is_half_batch,
     raw_property,
@@ -143,6 +147,8 @@ class TxStatus(enum.Enum):
 
 
 Checker = Callable[[str, str, StoredMessage], "TxState | None"]
+# (transaction id, its first half, final) -> True when another broker decides it (participant_resolver.py)
+Resolver = Callable[[str, StoredMessage, bool], bool]
 
 
 class TransactionError(BrokerError):
@@ -297,6 +303,9 @@ class TransactionService:
         self.store = store
         self.path = os.path.join(config_dir, STATE_FILE)
         self.checker = checker
+        # Transactions whose halves name a coordinator broker are ended by its decision: they are handed to this
+        # instead of being checked back, and instead of being rolled back alone after check_max checks (final).
+        self.resolver: Resolver | None = None
         self.transaction_timeout_ms = transaction_timeout_ms
         self.check_interval_ms = check_interval_ms
         self.check_max = check_max
@@ -397,8 +406,15 @@ class TransactionService:
         **put_kwargs: Any,
     ) -> tuple[PutResult, str]:
         """Store one half message (RocketMQ's prepared send). The id defaults to the message's
-        ``__transactionId__``, else its UNIQ_KEY, else a new one. Returns (store result, transaction id)."""
+        ``__transactionId__``, else its UNIQ_KEY, else a new one. Returns (store result, transaction id).
+        MessageIllegalError (nothing stored) for a message a plain send refuses too (send_checks), one that claims
+        what the broker writes into a half (half_property_conflict) or one with DELAY."""
         props = dict(properties or {})
+        validate_producer_group(producer_group)
+        check_message(int(put_kwargs.get("sys_flag", 0)), int(put_kwargs.get("reconsume_times", 0)), props)
+        conflict = half_property_conflict(props, topic, queue_id, producer_group, txn_id)
+        if conflict:
+            raise MessageIllegalError(f"the half message {conflict}")
         refuse_delay(props.get(Prop.DELAY), "the half message")
         txn_id = txn_id or props.get(Prop.TRANSACTION_ID) or props.get(Prop.UNIQ_KEY) or uuid.uuid4().hex.upper()
         props = half_properties(props, topic, queue_id, producer_group, txn_id)
@@ -420,19 +436,24 @@ class TransactionService:
         wait_store_ok: bool | None = None,
         admit: Callable[[dict[str, tuple[int, int]]], None] | None = None,
         declared: int = 0,
+        validated: SmallBatch | ValidatedBatch | None = None,
     ) -> PutResult:
         """Store a client batch as half messages of ``txn_id``; all of the batch joins, or none. The entries may be
         encoded for their real topics (re-encoded here, ~10k msgs/s) or already in half form with
         ``transaction_codec.encode_half_entry`` (only checked: the fast path). ``admit(real topic -> (lowest,
         highest) queue id)`` may refuse the real queues of half-form entries (raise) before anything is stored;
         ``declared``, when not 0, is the entry count the sender says the buffer holds (checked likewise).
-        The result's offsets are the halves'."""
+        ``validated``: the store's validate_batch of ``buffer`` when the caller has it (the server: it validates
+        every batch as sent, send_checks included); otherwise it is validated here. The result's offsets are the
+        halves'."""
         check_transaction_id(txn_id)
-        validated: SmallBatch | ValidatedBatch | None = None
+        validate_producer_group(producer_group)
+        if validated is None:
+            validated = self.store.validate_batch(buffer)  # framing, sizes, CRCs: on the entries as sent
+            check_entries(validated)
         if is_half_batch(buffer):  # fast path: the client encoded half entries (encode_half_entry)
             half_buffer = bytes(buffer)
             self._check_half_size(len(half_buffer), -1)
-            validated = self.store.validate_batch(half_buffer)  # framing, sizes, CRCs: one scan serves both
             checked = check_halves(half_buffer, producer_group, txn_id,
                                    run=validated.run if isinstance(validated, ValidatedBatch) else None)  # fmt: skip
             if admit is not None:
@@ -441,6 +462,7 @@ class TransactionService:
         else:
             half_buffer, count = rewrite_batch_as_half(buffer, producer_group, txn_id)
             self._check_half_size(len(half_buffer), count)
+            validated = None  # the halves are new bytes: put_batch validates them
         if declared and declared != count:
             raise MessageIllegalError(
                 f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
@@ -474,13 +496,17 @@ class TransactionService:
         committed_attempts: Collection[str] | None = None,
         producer_group: str = "",
         expected_messages: int | None = None,
+        record_unknown: bool = False,
     ) -> EndResult:
         """Commit or roll back every half of the transaction, atomically; a no-op reporting the first outcome if it
         has ended already. ``committed_attempts``: commit only halves whose ``TRAN_ATTEMPT`` property is listed (the
         others are dropped), so a writer's failed attempts never become visible. ``expected_messages``: a commit
         is refused (TransactionError, nothing decided, still open) unless it would commit exactly this many
         messages: the writers' count, so that halves lost in a crash fail the batch instead of committing part of
-        it. An id with no halves is recorded as ended too, so that asking again reports the outcome."""
+        it. An id this broker has no record of is refused (QueryNotFoundError, nothing recorded: an outcome for a
+        transaction that never existed is an invented one, RocketMQ refuses it too) unless ``record_unknown``: then
+        the outcome is recorded for an empty transaction, asking again reports it, and halves sent under the id
+        later are refused (a writer that finished with nothing to send, or one fenced out before it sent)."""
         check_transaction_id(txn_id)
         attempts = None if committed_attempts is None else sorted(set(committed_attempts))
         if attempts is not None:
@@ -490,6 +516,11 @@ class TransactionService:
                 raise InvalidArgumentError("committed_attempts: each attempt id must be non-empty, without ','")
         with self._lock:
             txn = self._txns.get(txn_id)
+            if txn is None and not record_unknown:
+                raise QueryNotFoundError(
+                    f"no transaction {txn_id!r} on this broker (no half message was sent under that id, or it ended "
+                    "so long ago that its outcome is forgotten); nothing was recorded"
+                )
             if txn is None:
                 now = _now_ms()
                 txn = self._txns[txn_id] = _Txn(txn_id, producer_group, now, now)
@@ -527,7 +558,15 @@ class TransactionService:
     def end_transactions(
         self, commit: bool, *, prefix: str | None = None, txn_ids: Collection[str] = (), open_only: bool = True
     ) -> list[EndResult]:
-        """End many transactions: every listed id and every (open) one whose id starts with ``prefix``."""
+        """End many transactions: every listed id and every (open) one whose id starts with ``prefix``. A listed id
+        this broker has no record of is refused before any is ended (QueryNotFoundError, nothing recorded)."""
+        with self._lock:
+            unknown = [i for i in txn_ids if i not in self._txns]
+        if unknown:
+            raise QueryNotFoundError(
+                f"no transaction {unknown[0]!r} on this broker ({len(unknown)} of the listed ids are unknown); "
+                "nothing was ended"
+            )
         ids = list(txn_ids)
         if prefix is not None:
             ids += [t.txn_id for t in self.list_transactions(prefix) if not open_only or t.status is TxStatus.OPEN]
@@ -798,8 +837,10 @@ class TransactionService:
             self._retry_finish(t)
         expired = [t for t in idle if t.check_times >= self.check_max]
         for t in expired:
-            log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
             try:
+                if self._decided_elsewhere(t, final=True):
+                    continue
+                log.warning("transaction %s: no answer after %d checks; rolling back", t.txn_id, t.check_times)
                 self.end_transaction(t.txn_id, False)
             except Exception:  # broad, as in _check_back: one transaction's failure must not end the pass
                 log.exception("transaction %s: rollback after %d checks failed; retried next pass", t.txn_id,
@@ -833,6 +874,8 @@ class TransactionService:
     def _check_back(self, t: _Txn) -> None:
         """Ask one transaction's producer group and apply a definite answer."""
         try:
+            if self._decided_elsewhere(t, final=False):
+                return
             answer = self._ask(t)
             if answer in (TxState.COMMIT, TxState.ROLLBACK):
                 self.end_transaction(t.txn_id, answer is TxState.COMMIT, from_check=True)
@@ -845,16 +888,26 @@ class TransactionService:
     def _ask(self, t: _Txn) -> TxState | None:
         if self.checker is None:
             return None
-        with self._lock:
-            first = min(t.halves) if t.halves else None
-        if first is None:
+        half = self._first_half(t)
+        if half is None:
             return None
-        half = decode_entry(self._read_half_runs([first])[0].buffer)
         try:
             return self.checker(t.producer_group, t.txn_id, half)
         except Exception:
             log.exception("transaction %s: checker of group %s failed", t.txn_id, t.producer_group)
             return None
+
+    def _first_half(self, t: _Txn) -> StoredMessage | None:
+        with self._lock:
+            first = min(t.halves) if t.halves else None
+        return None if first is None else decode_entry(self._read_half_runs([first])[0].buffer)
+
+    def _decided_elsewhere(self, t: _Txn, *, final: bool) -> bool:
+        """True when ``resolver`` takes the transaction: its halves name the coordinator broker that decides it."""
+        if self.resolver is None:
+            return False
+        half = self._first_half(t)
+        return half is not None and self.resolver(t.txn_id, half, final)
 
     # ------------------------------------------------------------------------------------------ recovery
 

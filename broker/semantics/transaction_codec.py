@@ -28,8 +28,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from broker.errors import CorruptionError, MessageIllegalError
+from broker.errors import CorruptionError, MessageIllegalError, shown
 from broker.semantics.delay import parse_delay_level
+from broker.semantics.send_checks import check_message
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.store.batch import MAX_QUEUE_ID, scan
 from broker.store.message import (
@@ -44,14 +45,18 @@ from broker.store.message import (
     Prop,
     StoredMessage,
     SysFlag,
+    check_crc,
     decode_properties,
     encode_entry,
     encode_properties,
     entry_size,
+    is_topic_name,
     pack_ipv4,
     parse_layout,
     validate_topic,
 )
+from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.store.properties import not_canonical, section_fault
 
 REMOVE_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVETAG
 FINISHED_TAG = "f"  # Sluice: every committed half of the transaction is in its real topic
@@ -66,6 +71,15 @@ ROLLBACK = "ROLLBACK"
 HALF_TOPIC_BYTES = validate_topic(TRANS_HALF_TOPIC)
 OP_TOPIC_BYTES = validate_topic(TRANS_OP_HALF_TOPIC)
 MAX_TRANSACTION_ID_CHARS = 512  # it travels in every half's properties
+
+
+def real_queue_id(value: str | bytes | None) -> int | None:
+    """The queue id a REAL_QID value names (ASCII digits, store.numbers, below MAX_QUEUE_ID); None if it names none.
+    The one reading of REAL_QID: the send check, the commit and recovery must agree on every value."""
+    if value is None or not is_ascii_digits(value) or len(value) > MAX_NUMBER_DIGITS:
+        return None
+    qid = int(value)
+    return qid if qid < MAX_QUEUE_ID else None
 
 
 def check_transaction_id(txn_id: str) -> None:
@@ -90,15 +104,35 @@ def refuse_delay(level: str | None, what: str) -> None:
     drops DELAY from transactional sends; Sluice says so instead)."""
     if level is not None and parse_delay_level({Prop.DELAY: level}) > 0:
         raise MessageIllegalError(
-            f"{what} has DELAY={level}: delayed transactional messages are not supported (a committed message is "
-            "delivered at once); send it without DELAY, or send a plain delayed message after the commit"
+            f"{what} has DELAY={shown(level)}: delayed transactional messages are not supported (a committed message "
+            "is delivered at once); send it without DELAY, or send a plain delayed message after the commit"
         )
+
+
+def half_property_conflict(
+    props: Mapping[str, str], real_topic: str, real_qid: int, producer_group: str, txn_id: str | None
+) -> str:
+    """What is wrong with a message joining transaction ``txn_id`` whose own properties give a half property
+    (half_properties) another value than the broker writes from the send ("" if nothing): a REAL_TOPIC, REAL_QID,
+    TRAN_MSG, PGROUP or __transactionId__ of the client's own used to be overwritten without a word. The same
+    value is no conflict (``txn_id`` None: the id comes from the properties themselves)."""
+    written = half_properties({}, real_topic, real_qid, producer_group, txn_id or props.get(Prop.TRANSACTION_ID, ""))
+    for name, value in written.items():
+        given = props.get(name)
+        if given is not None and given != value:
+            if name == Prop.TRANSACTION_ID:
+                return foreign_transaction(props, value)
+            return (
+                f"sets {name}={shown(given)}, but the broker writes {name}={shown(value)} into its half (from the "
+                "send's topic, queue and producer group); leave it out"
+            )
+    return ""
 
 
 def foreign_transaction(props: Mapping[str, str], txn_id: str) -> str:
     """What is wrong with an entry of ``txn_id`` whose own properties name another transaction; "" if nothing."""
     other = props.get(Prop.TRANSACTION_ID, txn_id)
-    return "" if other == txn_id else f"carries __transactionId__={other!r}, not {txn_id!r}"
+    return "" if other == txn_id else f"carries __transactionId__={shown(other)}, not {shown(txn_id)}"
 
 
 def half_properties(
@@ -120,24 +154,37 @@ def half_sys_flag(sys_flag: int) -> int:
 def rewrite_batch_as_half(buffer: bytes | memoryview, producer_group: str, txn_id: str) -> tuple[bytes, int]:
     """A client batch (entries for their real topics) re-encoded as half entries; returns (buffer, count).
 
-    Framing is checked here (MessageIllegalError naming the entry); CRCs and sizes are checked by the store's
-    put_batch on the result, whose bodies are the same bytes.
+    Each entry must pass what a plain send does (its CRC, send_checks, canonical properties: they are decoded and
+    encoded again here, so they come out as they went in) and half_property_conflict; MessageIllegalError names
+    the first that does not. Sizes are checked by the store's put_batch on the result, whose bodies are the same
+    bytes.
     """
     out: list[bytes] = []
     pos, end = 0, len(buffer)
     while pos < end:
+        i = len(out)
         try:
             lay = parse_layout(buffer, pos, end)
+            check_crc(buffer, lay, pos=pos)
         except (CorruptionError, struct.error, IndexError) as e:
-            raise MessageIllegalError(f"batch entry {len(out)} (at byte {pos}) is malformed: {e}") from None
+            raise MessageIllegalError(f"batch entry {i} (at byte {pos}) is malformed: {e}") from None
         h = lay.header
-        topic = bytes(buffer[lay.topic_start : lay.topic_start + lay.topic_len]).decode("ascii", "replace")
-        validate_topic(topic)
-        props = decode_properties(buffer[lay.props_start : lay.props_start + lay.props_len])
-        foreign = foreign_transaction(props, txn_id)
-        if foreign:
-            raise MessageIllegalError(f"batch entry {len(out)} {foreign}")
-        refuse_delay(props.get(Prop.DELAY), f"batch entry {len(out)}")
+        raw_topic = bytes(buffer[lay.topic_start : lay.topic_start + lay.topic_len])
+        if not is_topic_name(raw_topic):
+            raise MessageIllegalError(f"batch entry {i}: TOPIC {shown(raw_topic)} is not a topic name")
+        topic = raw_topic.decode("ascii")
+        if not 0 <= h.queue_id < MAX_QUEUE_ID:
+            raise MessageIllegalError(f"batch entry {i} has queue id {h.queue_id}; queue ids are 0..{MAX_QUEUE_ID - 1}")
+        check_message(h.sys_flag, h.reconsume_times, what="SendBatch")
+        raw_props = bytes(buffer[lay.props_start : lay.props_start + lay.props_len])
+        why = section_fault(raw_props)
+        if why:
+            raise MessageIllegalError(not_canonical(f"batch entry {i}", why))
+        props = decode_properties(raw_props)
+        conflict = half_property_conflict(props, topic, h.queue_id, producer_group, txn_id)
+        if conflict:
+            raise MessageIllegalError(f"batch entry {i} {conflict}")
+        refuse_delay(props.get(Prop.DELAY), f"batch entry {i}")
         body = bytes(buffer[lay.body_start : lay.body_start + h.body_length])
         out.append(
             encode_entry(
@@ -146,7 +193,7 @@ def rewrite_batch_as_half(buffer: bytes | memoryview, producer_group: str, txn_i
                 body,
                 encode_properties(half_properties(props, topic, h.queue_id, producer_group, txn_id)),
                 flag=h.flag,
-                sys_flag=half_sys_flag(h.sys_flag),
+                sys_flag=h.sys_flag,
                 born_timestamp=h.born_timestamp,
                 born_ip=h.born_ip,
                 born_port=h.born_port,
@@ -200,8 +247,8 @@ def check_half_batch(buffer: bytes | memoryview, producer_group: str, txn_id: st
         p = b"\x02" + props
         if not (txn_mark in p and group_mark in p and tran_mark in p and topic_mark in p and qid_mark in p):
             raise MessageIllegalError(
-                f"half entry {i} lacks __transactionId__={txn_id!r}, PGROUP={producer_group!r}, TRAN_MSG=true, "
-                "REAL_TOPIC or REAL_QID; encode it with encode_half_entry"
+                f"half entry {i} lacks __transactionId__={shown(txn_id)}, PGROUP={shown(producer_group)}, "
+                "TRAN_MSG=true, REAL_TOPIC or REAL_QID; encode it with encode_half_entry"
             )
         for name, mark in _HALF_NAME_MARKS:
             if p.count(mark) > 1:
@@ -286,7 +333,8 @@ def commit_raw(half: RawHalf) -> Committed:
     props = e[topic_at + 1 + e[topic_at] + 2 :]
     real_topic, props = _take_property(props, _REAL_TOPIC)
     real_qid, props = _take_property(props, _REAL_QID)
-    if not real_topic or not real_qid or not real_qid.isdigit() or int(real_qid) >= MAX_QUEUE_ID:
+    qid = real_queue_id(real_qid)
+    if not real_topic or qid is None:
         raise MessageIllegalError(
             f"half message at commit-log offset {half.commitlog_offset} has no valid REAL_TOPIC/REAL_QID"
         )
@@ -302,7 +350,6 @@ def commit_raw(half: RawHalf) -> Committed:
     props += _PREPARED_QOFF + str(half.queue_offset).encode() + b"\x02"
     if len(props) > MAX_PROPERTIES_BYTES:
         raise MessageIllegalError(f"half message at {half.commitlog_offset}: properties too long once committed")
-    qid = int(real_qid)
     sys_flag = (h[7] & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE
     total = entry_size(body_len, len(topic), len(props))
     head = ENTRY_HEADER.pack(
@@ -319,14 +366,14 @@ def committed_entry(half: StoredMessage) -> bytes:
     """The entry that makes a half message visible in its real topic (store fields left 0 for put_batch)."""
     props = dict(half.properties)
     real_topic = props.pop(Prop.REAL_TOPIC, "")
-    real_qid = props.pop(Prop.REAL_QID, "")
-    if not real_topic or not real_qid.isdigit():
+    real_qid = real_queue_id(props.pop(Prop.REAL_QID, None))
+    if not real_topic or real_qid is None:
         raise MessageIllegalError(f"half message {half.msg_id} has no valid REAL_TOPIC/REAL_QID")
     props[Prop.TRAN_PREPARED_QUEUE_OFFSET] = str(half.queue_offset)
     ip, _, port = half.born_host.rpartition(":")
     return encode_entry(
         validate_topic(real_topic),
-        int(real_qid),
+        real_qid,
         half.body,
         encode_properties(props),
         flag=half.flag,
@@ -340,7 +387,9 @@ def committed_entry(half: StoredMessage) -> bytes:
 
 
 def real_queue_of(half: StoredMessage) -> tuple[str, int]:
-    return half.properties.get(Prop.REAL_TOPIC, ""), int(half.properties.get(Prop.REAL_QID, "0") or 0)
+    """(REAL_TOPIC, REAL_QID) of a half; queue -1 when REAL_QID names no queue."""
+    qid = real_queue_id(half.properties.get(Prop.REAL_QID))
+    return half.properties.get(Prop.REAL_TOPIC, ""), -1 if qid is None else qid
 
 
 # ------------------------------------------------------------------------------------------- op bodies
@@ -414,11 +463,13 @@ __all__ = [
     "encode_half_entry",
     "encode_offsets",
     "foreign_transaction",
+    "half_property_conflict",
     "half_properties",
     "half_sys_flag",
     "is_half_batch",
     "property_of",
     "raw_property",
+    "real_queue_id",
     "real_queue_of",
     "refuse_delay",
     "rewrite_batch_as_half",

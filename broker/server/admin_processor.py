@@ -6,18 +6,36 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from broker.errors import InvalidArgumentError, QueryNotFoundError, SubscriptionGroupNotExistError
-from broker.semantics.system_topics import is_system_topic
+from broker.errors import InvalidArgumentError, QueryNotFoundError, SubscriptionGroupNotExistError, shown
+from broker.semantics.system_topics import is_system_topic, refuse_system_topic
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager, QueueKey, validate_group
 from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
 from broker.server.topic_config import TopicConfig, TopicConfigManager
 from broker.store import MessageStore
-from broker.store.message import StoredMessage, encode_entry, encode_properties, parse_msg_id, validate_topic
+from broker.store.message import (
+    BODY_START,
+    I32,
+    POS_BODY_LENGTH,
+    StoredMessage,
+    encode_entry,
+    encode_properties,
+    validate_topic,
+)
 
 DEFAULT_QUERY_MAX = 64
 QUERY_MAX_LIMIT = 4096
+MAX_OFFSETS_PER_UPDATE = 65_536  # a consumer's share of its queues, many times over
+MAX_KEY_CHARS = 32 * 1024  # a key lies in a message's properties (at most 32767 bytes): longer ones match nothing
+MAX_LIST_GROUPS = 100_000  # groups one ListGroups answer may carry (some 100 bytes each, within one gRPC message)
+
+
+@dataclass
+class GroupSummary:
+    group: str
+    online_consumers: int
+    topics: list[str]
 
 
 @dataclass
@@ -47,14 +65,13 @@ def encode_stored(msg: StoredMessage) -> bytes:
     )  # fmt: skip
 
 
-def pack_entries(messages: list[StoredMessage]) -> tuple[bytes, list[int]]:
-    parts, positions, pos = [], [], 0
-    for m in messages:
-        raw = encode_stored(m)
-        parts.append(raw)
+def pack_entries(entries: list[bytes]) -> tuple[bytes, list[int]]:
+    """Entries back to back, with where each starts (a MessagesResponse)."""
+    positions, pos = [], 0
+    for raw in entries:
         positions.append(pos)
         pos += len(raw)
-    return b"".join(parts), positions
+    return b"".join(entries), positions
 
 
 def _refuse_system_topic(topic: str, what: str) -> None:
@@ -75,6 +92,7 @@ class AdminProcessor:
         self.store, self.topics, self.offsets, self.consumers = store, topics, offsets, consumers
         self.pulls, self.hold = pulls, hold
         self.admit_commit: Callable[[str], None] | None = None  # set by the controller: known groups only
+        self.on_topic_deleted: Callable[[str], None] | None = None  # set by the controller: pop bookkeeping
 
     # ------------------------------------------------------------------------------------------------ topics
     def create_topic(self, topic: str, queue_nums: int, if_not_exists: bool) -> TopicConfig:
@@ -85,11 +103,15 @@ class AdminProcessor:
         """The topic's config goes first (from then on pulls and commits find no topic), then the groups' offsets,
         on disk before the store deletes the queues: a crash in between must not leave offsets of the deleted
         generation for a new topic of the same name (its consumers would skip to them), and a crash before leaves
-        the topic's messages, which the next start registers again (the deletion was not acknowledged)."""
+        the topic's messages, which the next start registers again (the deletion was not acknowledged). A name
+        no topic can have is refused as such (INVALID_ARGUMENT), not reported missing."""
+        validate_topic(topic)
         _refuse_system_topic(topic, "deleted")
         with self.topics.deleting(topic):
             self.topics.delete(topic)
             self.offsets.remove_topic(topic)
+            if self.on_topic_deleted is not None:  # pop positions too, on disk before the queues go
+                self.on_topic_deleted(topic)
             self.offsets.persist()
             self.store.delete_topic(topic)
 
@@ -115,9 +137,45 @@ class AdminProcessor:
 
     def update_consumer_offsets(self, group: str, offsets: Mapping[QueueKey, int]) -> int:
         validate_group(group)
+        if len(offsets) > MAX_OFFSETS_PER_UPDATE:
+            raise InvalidArgumentError(
+                f"{len(offsets)} offsets in one update; at most {MAX_OFFSETS_PER_UPDATE} (each is checked against its "
+                "queue under the offset table's lock)"
+            )
         if self.admit_commit is not None:
             self.admit_commit(group)
         return self.offsets.commit(group, offsets, self.pulls.check_commit)
+
+    def reset_consumer_offsets(self, group: str, offsets: Mapping[QueueKey, int]) -> dict[QueueKey, int]:
+        """Set committed offsets (any direction), all or nothing, only while the group has no live consumer (see
+        ConsumerManager.while_idle), and saved at once: an administrator's reset must not wait for the periodic
+        save to survive a crash. Returns the offsets replaced (-1: none)."""
+        validate_group(group)
+        if self.admit_commit is not None:
+            self.admit_commit(group)
+
+        def reset() -> dict[QueueKey, int]:
+            before = {t: self.offsets.query(group, t) for t in {t for t, _ in offsets}}
+            self.offsets.commit(group, offsets, self.pulls.check_commit)
+            return {(t, q): before[t].get(q, -1) for t, q in offsets}
+
+        previous = self.consumers.while_idle(group, reset)
+        self.offsets.persist()
+        return previous
+
+    def list_groups(self, configured: Iterable[str]) -> list[GroupSummary]:
+        """Groups with committed offsets, live consumers or settings (``configured``), sorted by name."""
+        live = self.consumers.live_groups()
+        topics: dict[str, set[str]] = {g: set(ts) for g, (_, ts) in live.items()}
+        for group, topic in self.offsets.groups():
+            topics.setdefault(group, set()).add(topic)
+        for group in configured:
+            topics.setdefault(group, set())
+        if len(topics) > MAX_LIST_GROUPS:
+            raise InvalidArgumentError(
+                f"{len(topics)} groups, more than one answer carries ({MAX_LIST_GROUPS}); ask for a group by name"
+            )
+        return [GroupSummary(g, live.get(g, (0, []))[0], sorted(ts)) for g, ts in sorted(topics.items())]
 
     def consumer_lag(self, group: str, topic: str = "") -> list[QueueLag]:
         validate_group(group)
@@ -148,22 +206,31 @@ class AdminProcessor:
         return lags
 
     # ------------------------------------------------------------------------------------------------ queries
-    def query_by_key(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[StoredMessage]:
+    def query_by_key(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[bytes]:
+        """The entries of ``topic`` with ``key`` (KEYS or UNIQ_KEY), exactly as stored (as a pull returns them)."""
+        validate_topic(topic)
+        refuse_system_topic(topic, "look up messages by key in")
         self.topics.require(topic)
         if max_num < 0:
             raise InvalidArgumentError(
                 f"max_num {max_num} is negative; give 1..{QUERY_MAX_LIMIT}, or 0 for the default"
             )
+        if len(key) > MAX_KEY_CHARS:
+            raise InvalidArgumentError(f"key {shown(key)} is {len(key)} characters; keys are at most {MAX_KEY_CHARS}")
         limit = min(max_num or DEFAULT_QUERY_MAX, QUERY_MAX_LIMIT)
-        return self.store.query_by_key(topic, key, limit, begin_ms, end_ms or 2**62)
+        found = self.store.query_by_key(topic, key, limit, begin_ms, end_ms or 2**62)
+        entries = (self.store.lookup_entry(m.commitlog_offset) for m in found)
+        return [e for e in entries if e is not None]  # None: expired since the lookup
 
-    def view_by_id(self, msg_id: str) -> StoredMessage:
-        parse_msg_id(msg_id)
-        found = self.store.view_by_msg_id(msg_id)
+    def view_by_id(self, msg_id: str) -> bytes:
+        """The entry an offset msgId names, exactly as stored."""
+        found = self.store.view_entry_by_msg_id(msg_id)
         if found is None:
             raise QueryNotFoundError(
                 f"no message with id {msg_id} on this broker (expired, or the id came from another broker)"
             )
+        topic_at = BODY_START + I32.unpack_from(found, POS_BODY_LENGTH)[0]
+        refuse_system_topic(found[topic_at + 1 : topic_at + 1 + found[topic_at]].decode("ascii", "replace"), "view")
         return found
 
     # ------------------------------------------------------------------------------------------------ stats

@@ -20,7 +20,10 @@ from typing import Any
 
 import grpc
 
+from broker.address import check_port_free, format_address
+from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
+from broker.client.router import Router
 from broker.config import BrokerConfig
 from broker.errors import ServiceNotAvailableError
 from broker.ha.gate import ReplicationGate
@@ -28,7 +31,10 @@ from broker.ha.manager import BrokerHooks, ReplicationManager
 from broker.ha.metrics import register_replication_metrics
 from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
+from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.rmqv2 import wiring as rmqv2_wiring
+from broker.rmqv2.clients import ClientRegistry
 from broker.semantics import (
     QueueLockManager,
     RetryService,
@@ -36,14 +42,21 @@ from broker.semantics import (
     SubscriptionGroupManager,
     TransactionService,
 )
+from broker.semantics.pop import PopService
+from broker.semantics.timer import TimerService
+from broker.semantics.decision_log import DecisionLog
+from broker.semantics.participant_resolver import ParticipantResolver
 from broker.server.admin_processor import AdminProcessor
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
+from broker.server.coordinator_service import CoordinatorService, coordinator_asker
 from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
+from broker.server.pop_processor import PopProcessor
 from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
 from broker.server.registration import NameServerRegistrar
+from broker.server.request_guard import MalformedRequestGuard
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
@@ -51,11 +64,14 @@ from broker.server.service import BrokerService
 from broker.server.topic_config import TopicConfigManager
 from broker.server.transaction_processor import CheckHub, TransactionProcessor
 from broker.store import MessageStore
+from broker.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 
 CONSUMER_EXPIRE_SCAN_MS = 10_000  # RocketMQ's ClientHousekeepingService scans every 10 s
 RESTART_BIND_WAIT_S = 30.0  # a restart in place retries binding its ports this long
+POP_REVIVE_S = 0.5  # pop: dead letters nobody popped, auto-renewals, offsets (renewals act 10 s ahead: ample)
+COORDINATOR_CALL_TIMEOUT_S = 10.0  # a participant's question to a coordinator broker: an in-memory lookup there
 
 
 def advertised_ip(host: str) -> str:
@@ -74,25 +90,36 @@ def advertised_ip(host: str) -> str:
 class BrokerController:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.metrics = BrokerMetrics()
+        # every series names its broker: one Prometheus scrapes all brokers of a cluster
+        self.metrics = BrokerMetrics((("cluster", config.cluster_name),
+                                      ("broker", config.broker_name or default_broker_name())))  # fmt: skip
         self.topics = TopicConfigManager(
             config.config_dir, default_queue_nums=config.default_topic_queue_nums,
             max_queue_nums=config.max_topic_queue_nums, auto_create=config.auto_create_topic_enable,
+            max_total_queue_nums=config.max_total_queue_nums,
+            max_auto_create_topics_per_request=config.max_auto_create_topics_per_request,
         )  # fmt: skip
         self.offsets = ConsumerOffsetManager(config.config_dir)
-        self.consumers = ConsumerManager(config.consumer_expire_ms)
+        self.consumers = ConsumerManager(config.consumer_expire_ms, config.max_consumers)
         # Held pulls and transaction check streams each occupy a gRPC worker; together they stay within this, so
         # sends and admin calls always find one of the reserved workers. Streams may take half of it.
         max_held = config.grpc_max_workers - config.grpc_reserved_workers
         self.check_hub = CheckHub(max_streams=max(1, max_held // 2))
+        # RocketMQ 5 clients' Telemetry streams hold a worker each too, as do held pops: all count against max_held.
+        self.rmqv2_clients = ClientRegistry(expire_ms=config.consumer_expire_ms, max_streams=max(1, max_held // 2))
+        self.pops: PopService | None = None
+        self.timers: TimerService | None = None
         self.hold = PullHoldService(
             long_polling_enable=config.long_polling_enable, short_polling_time_ms=config.short_polling_time_ms,
-            recheck_ms=config.long_polling_recheck_ms, max_held=max_held, held_elsewhere=self.check_hub.open_count,
+            recheck_ms=config.long_polling_recheck_ms, max_held=max_held, held_elsewhere=self._held_elsewhere,
         )  # fmt: skip
         self.store: MessageStore | None = None
         # Broker semantics services: started after the store (tx recovery before serving), stopped before it.
         self.schedule: ScheduleMessageService | None = None
         self.transactions: TransactionService | None = None
+        self.decisions: DecisionLog | None = None  # this broker as a coordinator (decision_log.py)
+        self.participants: ParticipantResolver | None = None  # ... and as a participant
+        self._coordinator_router: Router | None = None
         self.groups: SubscriptionGroupManager | None = None
         self.locks = QueueLockManager()
         self.server: grpc.Server | None = None
@@ -114,9 +141,20 @@ class BrokerController:
         self._restart_lock = threading.Lock()
         self._last_runtime = (time.monotonic(), 0.0, 0.0)  # (when, put messages, get messages) at the last report
 
+    def _held_elsewhere(self) -> int:
+        """Calls other than held pulls that hold a gRPC worker: check streams, Telemetry streams, held pops."""
+        pops = self.pops.held_count() if self.pops is not None else 0
+        return self.check_hub.open_count() + self.rmqv2_clients.open_count() + pops
+
+    def _check_back(self, group: str, txn_id: str, half: StoredMessage) -> None:
+        """A transaction's check-back: through a RocketMQ 5 producer's Telemetry stream when one publishes to the
+        group (the topic, as the RocketMQ proxy names it), else through a Sluice producer's check stream."""
+        if not self.rmqv2_clients.check(group, txn_id, half):
+            self.check_hub.check(group, txn_id, half)
+
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return format_address(self.host, self.port)
 
     @property
     def metrics_port(self) -> int | None:
@@ -127,24 +165,28 @@ class BrokerController:
         cfg = self.config
         cfg.store_dir.mkdir(parents=True, exist_ok=True)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints every thread's stack
+        host, port = cfg.listen_address
+        check_port_free(host, port)  # one clear error, before gRPC logs its own and before the store is made
         options = [
             ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
             ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
             ("grpc.so_reuseport", 0),  # a second broker on the same port must fail, not share it
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
         ]
-        interceptors = [self.gate] if self.replication_settings is not None else []
+        interceptors: list[grpc.ServerInterceptor] = [MalformedRequestGuard()]
+        if self.replication_settings is not None:
+            interceptors.append(self.gate)
         server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options,
                              interceptors=interceptors)  # fmt: skip
-        host, port = cfg.listen_address
         try:
-            self.port = server.add_insecure_port(f"{host}:{port}")
+            self.port = server.add_insecure_port(format_address(host, port))
         except RuntimeError as e:
             raise ServiceNotAvailableError(
-                f"cannot listen on {host}:{port} ({e}); is another broker using it?"
+                f"cannot listen on {format_address(host, port)} ({e}); is another broker using it?"
             ) from None
         self.server = server
         try:
+            cfg.store_dir.mkdir(parents=True, exist_ok=True)  # after the bind: a refused start leaves no directory
             self.topics.load()
             self.offsets.load()
             self.store = self._start_store(advertised_ip(host), self.port)
@@ -216,13 +258,12 @@ class BrokerController:
         register_replication_metrics(self.metrics, manager)
 
     def _start_master_services(self) -> None:
-        """The services that write (delay delivery, transaction recovery and check-back) run on the master only."""
+        """The services that write (delay and timer delivery, transaction recovery, check-back and decisions, pop
+        revival) run on the master only."""
         if self._semantics_started or self.schedule is None or self.transactions is None:
             return
         self.schedule.reload()
-        self.schedule.start()
-        self.transactions.start()
-        self._semantics_started = True
+        self._run_semantics()
 
     def _replace_config(self, name: str, data: dict[str, Any]) -> bool:
         """A config file the master sent: its manager replaces this slave's copy and reads it again."""
@@ -298,25 +339,75 @@ class BrokerController:
         """Builds the delay and transaction services; starts them unless replication decides when (master only)."""
         cfg, config_dir = self.config, str(store.config.config_dir)
         self.schedule = ScheduleMessageService(store, config_dir, levels=cfg.message_delay_level)
-        self.groups = SubscriptionGroupManager(config_dir, auto_create=cfg.auto_create_subscription_group)
+        self.groups = SubscriptionGroupManager(
+            config_dir, auto_create=cfg.auto_create_subscription_group, max_groups=cfg.max_subscription_groups
+        )
         self.transactions = TransactionService(
-            store, config_dir, checker=self.check_hub.check, transaction_timeout_ms=cfg.transaction_timeout_ms,
+            store, config_dir, checker=self._check_back, transaction_timeout_ms=cfg.transaction_timeout_ms,
             check_interval_ms=cfg.transaction_check_interval_ms, check_max=cfg.transaction_check_max,
             max_halves=cfg.transaction_max_halves, commit_memory_bytes=cfg.transaction_commit_memory_bytes,
             max_outcomes=cfg.transaction_max_outcomes,
         )  # fmt: skip
+        self.decisions = DecisionLog(store, config_dir)
+        # Always installed, with name servers or without: a broker must never roll back alone the halves of a
+        # transaction another broker decides (without name servers, only its own decisions can be found).
+        name = cfg.broker_name or default_broker_name()
+        client = None
+        if cfg.namesrv_list:
+            self._coordinator_router = Router(namesrv=cfg.namesrv_addr, timeout_s=COORDINATOR_CALL_TIMEOUT_S)
+            client = CoordinatorClient(self._coordinator_router)
+        self.participants = ParticipantResolver(self.transactions, name,
+                                                coordinator_asker(self.decisions, name, client))  # fmt: skip
+        self.transactions.resolver = self.participants
+        sync = cfg.flush_disk_type == "SYNC_FLUSH"
+        self.timers = TimerService(store, config_dir, max_delay_ms=cfg.timer_max_delay_ms,
+                                   max_pending=cfg.timer_max_pending, sync=sync,
+                                   compact_bytes=cfg.journal_compact_bytes)  # fmt: skip
+        self.pops = rmqv2_wiring.pop_service(self, store, config_dir, sync)
         if self.replication_settings is None:
-            self.transactions.start()  # recovery: interrupted commits are finished before any request is served
-            self.schedule.start()
-            self._semantics_started = True
+            self._run_semantics()
+
+    def _run_semantics(self) -> None:
+        """Start the services that write (a broker on its own at once; a replica when it becomes master). Each
+        recovers its state from the store and its files when it starts, so a slave's copies are read then."""
+        assert self.schedule is not None and self.transactions is not None and self.decisions is not None
+        assert self.participants is not None and self.timers is not None and self.pops is not None
+        self.schedule.start()
+        self.decisions.start()
+        self.participants.start()
+        self.transactions.start()  # recovery: interrupted commits are finished before any request is served
+        self.timers.start()  # recovery: pending timer messages scheduled again
+        self.pops.start()  # recovery: in-flight messages stay in flight
+        self._semantics_started = True
 
     def _stop_semantics(self) -> None:
         self.check_hub.shutdown()
+        self.rmqv2_clients.shutdown()
+        # A slave's services never ran: their state files are the master's copies, not to be overwritten.
         started, self._semantics_started = self._semantics_started, False
+        if self.participants is not None:
+            if started:
+                self.participants.shutdown()
+            self.participants = None
+        if self.pops is not None:
+            if started:
+                self.pops.shutdown()
+            self.pops = None
+        if self.timers is not None:
+            if started:
+                self.timers.shutdown()
+            self.timers = None
         if self.transactions is not None:
-            if started:  # a slave's never ran: its state files are the master's copies, not to be overwritten
+            if started:
                 self.transactions.shutdown()
             self.transactions = None
+        if self.decisions is not None:
+            if started:
+                self.decisions.shutdown()
+            self.decisions = None
+        if self._coordinator_router is not None:
+            self._coordinator_router.close()
+            self._coordinator_router = None
         if self.schedule is not None:
             if started:
                 self.schedule.shutdown()
@@ -341,17 +432,26 @@ class BrokerController:
         service = BrokerService(sends, pulls, self.admin, self.consumers, self.metrics, self.stats)
         self._start_semantics(store)
         assert self.schedule is not None and self.transactions is not None and self.groups is not None
-        sends.schedule, sends.transactions = self.schedule, self.transactions
+        sends.schedule, sends.transactions, sends.timers = self.schedule, self.transactions, self.timers
         retries = RetryProcessor(RetryService(store, self.groups, self.schedule), self.groups, self.topics,
                                  dlq_pull_enable=cfg.dlq_pull_enable)  # fmt: skip
         pulls.admit, pulls.message_filter = retries.admit_pull, retries.message_filter
+        assert self.pops is not None
+        self.pops.admit, self.pops.message_filter = retries.admit_pull, retries.message_filter
+        self.admin.on_topic_deleted = self.pops.forget_topic
+        service.pops = PopProcessor(self.pops, cfg.max_suspend_timeout_ms)
         self.admin.admit_commit = retries.admit_commit
         service.transactions = TransactionProcessor(self.transactions, self.check_hub)
+        self.check_hub.read_entry = store.lookup_entry
         service.retries, service.locks = retries, self.locks
         service.dedup = SendDeduplicator(store, cfg.send_dedup_window_ms)
         service.identity = (cfg.cluster_name, cfg.broker_name or default_broker_name())
         self.service = service
         pb_grpc.add_BrokerServicer_to_server(service, server)
+        if cfg.rmqv2_enable:
+            rmqv2_wiring.add_service(self, server, sends, pulls)
+        assert self.decisions is not None
+        cpb_grpc.add_TransactionCoordinatorServicer_to_server(CoordinatorService(self.decisions), server)
         self._register_gauges(store)
 
     def _register_gauges(self, store: MessageStore) -> None:
@@ -394,6 +494,11 @@ class BrokerController:
         }
         if self.replication is not None:
             extra.update(self.replication.stats())
+        if self.pops is not None:
+            extra.update(self.pops.stats())  # pop_outstanding, pop_dead_lettered
+        if self.timers is not None:
+            extra["timer_pending"] = self.timers.pending_count()
+            extra["timer_delivered"] = self.timers.delivered
         return self.admin.stats(extra)
 
     # ------------------------------------------------------------------------------------------------ periodic
@@ -401,14 +506,22 @@ class BrokerController:
         persist_s = self.config.consumer_offset_persist_interval_ms / 1000
         next_persist = time.monotonic() + persist_s
         next_expire = time.monotonic() + CONSUMER_EXPIRE_SCAN_MS / 1000
-        while not self._stop_tasks.wait(min(persist_s, 1.0)):
+        while not self._stop_tasks.wait(min(persist_s, POP_REVIVE_S)):
             now = time.monotonic()
+            if self.pops is not None and self._semantics_started:
+                self._periodic("reviving pop consumption", self.pops.revive)
             if now >= next_persist:
                 next_persist = now + persist_s
                 self._periodic("saving consumer offsets", self.offsets.persist_if_dirty)
             if now >= next_expire:
                 next_expire = now + CONSUMER_EXPIRE_SCAN_MS / 1000
                 self._periodic("expiring idle consumers", self.consumers.expire)
+                self._periodic("expiring RocketMQ 5 clients", self._expire_rmqv2_clients)
+
+    def _expire_rmqv2_clients(self) -> None:
+        for client_id in self.rmqv2_clients.expire():
+            if self.pops is not None:
+                self.pops.release_client(client_id)
 
     @staticmethod
     def _periodic(what: str, task: Callable[[], object]) -> None:
@@ -429,6 +542,9 @@ class BrokerController:
             self.registrar.shutdown()  # first: clients stop routing here while in-flight calls finish
         self.hold.shutdown()
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
+        self.rmqv2_clients.shutdown()  # and Telemetry streams
+        if self.pops is not None:
+            self.pops.release_held()  # held receives answer now; acks are still served until the server stops
         if self.server is not None:
             self.server.stop(self.config.shutdown_grace_s).wait()
         if self.replication is not None:

@@ -1,6 +1,11 @@
 """Live consumers per group, from heartbeats. Rebalancing is client-side: each consumer reads the sorted id
 list of its group and takes its share. A group version changes whenever membership changes, so clients that
 see a new version in a heartbeat answer rebalance at once instead of waiting for their periodic rebalance.
+
+Every consumer is kept in memory until it leaves or expires (``expire_ms`` without a heartbeat), so the broker
+holds at most ``max_consumers`` of them (each with at most a heartbeat's worth of subscriptions, bounded by the
+service): a flood of heartbeats under made-up client ids or groups is refused past that, never a heartbeat of a
+consumer already known.
 """
 
 from __future__ import annotations
@@ -9,12 +14,19 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from broker.errors import BrokerError, LimitExceededError, ResponseCode
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 CLUSTERING = "CLUSTERING"
 BROADCASTING = "BROADCASTING"
+DEFAULT_MAX_CONSUMERS = 10_000  # consumers (all groups) kept at once; see the module docstring
 
 
 @dataclass
@@ -32,8 +44,10 @@ class ConsumerGroupInfo:
 
 
 class ConsumerManager:
-    def __init__(self, expire_ms: int = 120_000) -> None:
+    def __init__(self, expire_ms: int = 120_000, max_consumers: int = DEFAULT_MAX_CONSUMERS) -> None:
         self.expire_ms = expire_ms
+        self.max_consumers = max_consumers
+        self._count = 0  # consumers of all groups
         self._lock = threading.Lock()
         self._groups: dict[str, ConsumerGroupInfo] = {}
         self._versions = itertools.count(1)  # global so a re-created group never repeats a version
@@ -41,8 +55,17 @@ class ConsumerManager:
     def heartbeat(self, group: str, client_id: str, subscriptions: dict[str, str], model: str) -> int:
         now = int(time.time() * 1000)
         with self._lock:
-            info = self._groups.setdefault(group, ConsumerGroupInfo())
-            known = info.consumers.get(client_id)
+            info = self._groups.get(group)
+            known = info.consumers.get(client_id) if info is not None else None
+            if known is None:
+                if self._count >= self.max_consumers:
+                    raise LimitExceededError(
+                        f"the broker keeps {self._count} consumers, its limit of {self.max_consumers}; consumer "
+                        f"{client_id[:60]!r} of group {group!r} is refused until others leave or expire"
+                    )
+                self._count += 1
+            if info is None:
+                info = self._groups[group] = ConsumerGroupInfo()
             if known is None or known.subscriptions != subscriptions or known.model != model:
                 info.version = next(self._versions)
                 log.info("group %s: consumer %s registered (%s, %s)", group, client_id, model, subscriptions)
@@ -54,6 +77,7 @@ class ConsumerManager:
             info = self._groups.get(group)
             if info is None or info.consumers.pop(client_id, None) is None:
                 return info.version if info else 0
+            self._count -= 1
             info.version = next(self._versions)
             if not info.consumers:  # versions are global, so a group that comes back never repeats one
                 del self._groups[group]
@@ -70,6 +94,7 @@ class ConsumerManager:
                 for cid in stale:
                     del info.consumers[cid]
                     dropped.append((group, cid))
+                self._count -= len(stale)
                 if stale:
                     info.version = next(self._versions)
             for group in {g for g, _ in dropped if not self._groups[g].consumers}:
@@ -96,3 +121,28 @@ class ConsumerManager:
             if info is None:
                 return []
             return sorted({t for c in info.consumers.values() for t in c.subscriptions})
+
+    def live_groups(self) -> dict[str, tuple[int, list[str]]]:
+        """Every group with live consumers: (how many, the topics they subscribe to, sorted)."""
+        with self._lock:
+            return {
+                group: (len(info.consumers), sorted({t for c in info.consumers.values() for t in c.subscriptions}))
+                for group, info in self._groups.items()
+                if info.consumers
+            }
+
+    def while_idle(self, group: str, action: Callable[[], T]) -> T:
+        """``action()`` while no consumer of ``group`` is live, as one step: a consumer registering meanwhile waits
+        for it (its heartbeat takes this lock), so it reads what ``action`` stored. Refused with NO_PERMISSION
+        while consumers are live: they hold offsets in memory and would commit them over what ``action`` stores."""
+        with self._lock:
+            info = self._groups.get(group)
+            if info is not None and info.consumers:
+                ids = sorted(info.consumers)
+                raise BrokerError(
+                    f"group {group!r} has {len(ids)} live consumer(s) ({', '.join(ids[:3])}"
+                    f"{', ...' if len(ids) > 3 else ''}); stop them first (a consumer that stopped without "
+                    f"unregistering counts as live until {self.expire_ms} ms after its last heartbeat)",
+                    ResponseCode.NO_PERMISSION,
+                )
+            return action()

@@ -3,6 +3,11 @@
 The file uses RocketMQ's layout: ``{"offsetTable": {"topic@group": {"queueId": offset}}}``. It is written every
 ``consumer_offset_persist_interval_ms`` (5 s) and at shutdown, atomically with the previous version kept as
 ``.bak``. An update of many queues is validated as a whole first, then applied under one lock: all or nothing.
+
+The table holds at most MAX_OFFSETS (group, topic, queue) offsets: each group that commits adds one per queue it
+reads, and the whole table is written every few seconds, so commits under made-up group names could otherwise
+grow the file and the cost of every write without end. Past it, a commit that would add an offset is refused
+(LimitExceededError); offsets already held are updated as ever.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.errors import InvalidArgumentError
+from broker.errors import InvalidArgumentError, LimitExceededError
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.system_topics import RETRY_GROUP_TOPIC_PREFIX
 from broker.store.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
@@ -23,6 +28,8 @@ log = logging.getLogger(__name__)
 TOPIC_GROUP_SEPARATOR = "@"  # RocketMQ's ConsumerOffsetManager key: topic@group
 
 QueueKey = tuple[str, int]  # (topic, queue id)
+# About 60 bytes each in the file: a table at the bound is some 60 MB, written every persist interval.
+MAX_OFFSETS = 1_000_000
 
 
 # A group becomes part of its %RETRY% and %DLQ% topic names, which must fit the topic limit: the longer prefix
@@ -51,6 +58,8 @@ class ConsumerOffsetManager:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # one writer of the file at a time (they share its temp name)
         self._table: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue id -> offset
+        self._count = 0  # offsets in the table
+        self.max_offsets = MAX_OFFSETS
         self._dirty = False
 
     def load(self) -> None:
@@ -59,6 +68,7 @@ class ConsumerOffsetManager:
             return
         with self._lock:
             self._table = table
+            self._count = sum(len(q) for q in table.values())
         log.info("loaded offsets of %d (group, topic) pairs from %s", len(table), self.path)
 
     def _parse(self, raw: dict[str, Any]) -> dict[tuple[str, str], dict[int, int]]:
@@ -118,8 +128,15 @@ class ConsumerOffsetManager:
             if check is not None:
                 for (topic, queue_id), offset in offsets.items():
                     check(topic, queue_id, offset)
+            new = sum(1 for topic, queue_id in offsets if queue_id not in self._table.get((group, topic), {}))
+            if new and self._count + new > self.max_offsets:
+                raise LimitExceededError(
+                    f"the broker holds {self._count} committed offsets, its limit of {self.max_offsets}; group "
+                    f"{group!r} cannot add {new} more (delete unused topics, whose offsets go with them)"
+                )
             for (topic, queue_id), offset in offsets.items():
                 self._table.setdefault((group, topic), {})[queue_id] = offset
+            self._count += new
             self._dirty = True
         return len(offsets)
 
@@ -143,5 +160,5 @@ class ConsumerOffsetManager:
     def remove_topic(self, topic: str) -> None:
         with self._lock:
             for key in [k for k in self._table if k[1] == topic]:
-                del self._table[key]
+                self._count -= len(self._table.pop(key))
             self._dirty = True

@@ -2,6 +2,10 @@
 
 Counters and histograms are updated by the request handlers; gauges (per-queue max offset, group lag, disk use)
 are computed at scrape time by collector callbacks, so nothing is stale and nothing is kept twice.
+
+Every series of a broker carries its ``cluster`` and ``broker`` (broker name) labels first, so one Prometheus
+scraping every broker of a cluster can sum a figure over a cluster or tell the brokers apart without relabelling
+(RocketMQ's exporter labels its series with cluster and brokerName the same way).
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ def _fmt_value(v: float) -> str:
 
 
 class Counter:
-    def __init__(self, name: str, help_text: str) -> None:
-        self.name, self.help = name, help_text
+    def __init__(self, name: str, help_text: str, const: Labels = ()) -> None:
+        self.name, self.help, self.const = name, help_text, const
         self._lock = threading.Lock()
         self._values: dict[Labels, float] = {}
 
@@ -52,13 +56,13 @@ class Counter:
         with self._lock:
             items = sorted(self._values.items())
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        lines += [f"{self.name}{_fmt_labels(lab)} {_fmt_value(v)}" for lab, v in items]
+        lines += [f"{self.name}{_fmt_labels(self.const + lab)} {_fmt_value(v)}" for lab, v in items]
         return lines
 
 
 class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
-        self.name, self.help = name, help_text
+    def __init__(self, name: str, help_text: str, buckets: Sequence[float], const: Labels = ()) -> None:
+        self.name, self.help, self.const = name, help_text, const
         self.buckets = sorted(buckets)
         self._lock = threading.Lock()
         self._counts = [0] * (len(self.buckets) + 1)  # last slot: above every bucket
@@ -83,20 +87,22 @@ class Histogram:
         running = 0
         for bound, c in zip([*self.buckets, float("inf")], counts, strict=True):
             running += c
-            lines.append(f'{self.name}_bucket{{le="{_fmt_value(bound)}"}} {running}')
-        lines += [f"{self.name}_sum {_fmt_value(total)}", f"{self.name}_count {n}"]
+            lines.append(f"{self.name}_bucket{_fmt_labels((*self.const, ('le', _fmt_value(bound))))} {running}")
+        const = _fmt_labels(self.const)
+        lines += [f"{self.name}_sum{const} {_fmt_value(total)}", f"{self.name}_count{const} {n}"]
         return lines
 
 
 class GaugeCollector:
     """A gauge family whose samples come from a callback at scrape time."""
 
-    def __init__(self, name: str, help_text: str, collect: Callable[[], Iterable[tuple[Labels, float]]]) -> None:
-        self.name, self.help, self.collect = name, help_text, collect
+    def __init__(self, name: str, help_text: str, collect: Callable[[], Iterable[tuple[Labels, float]]],
+                 const: Labels = ()) -> None:  # fmt: skip
+        self.name, self.help, self.collect, self.const = name, help_text, collect, const
 
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge"]
-        lines += [f"{self.name}{_fmt_labels(lab)} {_fmt_value(v)}" for lab, v in self.collect()]
+        lines += [f"{self.name}{_fmt_labels(self.const + lab)} {_fmt_value(v)}" for lab, v in self.collect()]
         return lines
 
 
@@ -105,28 +111,30 @@ WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 15, 30, 60)
 
 
 class BrokerMetrics:
-    """Every metric the broker exposes. Handlers call the counters; gauges are registered by the controller."""
+    """Every metric the broker exposes. Handlers call the counters; gauges are registered by the controller.
+    ``const_labels`` (the controller's: cluster and broker name) come first on every series."""
 
-    def __init__(self) -> None:
-        self.put_messages = Counter("sluice_put_messages_total", "Messages stored by sends")
-        self.put_bytes = Counter("sluice_put_bytes_total", "Bytes of commit-log entries stored by sends")
-        self.get_messages = Counter("sluice_get_messages_total", "Messages returned by pulls")
-        self.get_bytes = Counter("sluice_get_bytes_total", "Bytes of commit-log entries returned by pulls")
-        self.errors = Counter("sluice_request_errors_total", "Requests answered with an error, by response code")
+    def __init__(self, const_labels: Labels = ()) -> None:
+        c = self.const_labels = const_labels
+        self.put_messages = Counter("sluice_put_messages_total", "Messages stored by sends", c)
+        self.put_bytes = Counter("sluice_put_bytes_total", "Bytes of commit-log entries stored by sends", c)
+        self.get_messages = Counter("sluice_get_messages_total", "Messages returned by pulls", c)
+        self.get_bytes = Counter("sluice_get_bytes_total", "Bytes of commit-log entries returned by pulls", c)
+        self.errors = Counter("sluice_request_errors_total", "Requests answered with an error, by response code", c)
         self.put_latency = Histogram(
             "sluice_put_latency_seconds", "Time to store a send (includes the disk flush under SYNC_FLUSH)",
-            LATENCY_BUCKETS_S,
+            LATENCY_BUCKETS_S, c,
         )  # fmt: skip
         self.flush_latency = Histogram(
-            "sluice_flush_latency_seconds", "Time a SYNC_FLUSH send waited for its group commit", LATENCY_BUCKETS_S
+            "sluice_flush_latency_seconds", "Time a SYNC_FLUSH send waited for its group commit", LATENCY_BUCKETS_S, c
         )
         self.long_poll_wait = Histogram(
-            "sluice_long_poll_wait_seconds", "Time held pulls waited before answering", WAIT_BUCKETS_S
+            "sluice_long_poll_wait_seconds", "Time held pulls waited before answering", WAIT_BUCKETS_S, c
         )
         self._gauges: list[GaugeCollector] = []
 
     def add_gauge(self, name: str, help_text: str, collect: Callable[[], Iterable[tuple[Labels, float]]]) -> None:
-        self._gauges.append(GaugeCollector(name, help_text, collect))
+        self._gauges.append(GaugeCollector(name, help_text, collect, self.const_labels))
 
     def render(self) -> str:
         lines: list[str] = []

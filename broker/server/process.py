@@ -16,9 +16,11 @@ import time
 from collections import deque
 from pathlib import Path
 
+from broker.address import local_endpoint
 from broker.errors import ServiceNotAvailableError
 
 READY_PATTERN = re.compile(r"ready on (\S+):(\d+)")
+METRICS_PATTERN = re.compile(r"metrics on port (\d+)")  # in the ready line when --metrics-port is given
 START_TIMEOUT_S = 60.0
 
 
@@ -37,6 +39,7 @@ class BrokerProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.endpoint = ""
         self.port = 0
+        self.metrics_port: int | None = None  # the bound metrics port (``--metrics-port 0`` picks one)
         self.output: deque[str] = deque(maxlen=200)  # last lines of the child's stderr, for failure messages
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> BrokerProcess:
@@ -49,7 +52,9 @@ class BrokerProcess:
             match = READY_PATTERN.search(line)
             if match:
                 self.port = int(match.group(2))
-                self.endpoint = f"127.0.0.1:{self.port}"
+                self.endpoint = local_endpoint(match.group(1).strip("[]"), self.port)
+                metrics = METRICS_PATTERN.search(line)
+                self.metrics_port = int(metrics.group(1)) if metrics else None
                 threading.Thread(target=self._drain_stdout, daemon=True).start()
                 return self
             if time.monotonic() > deadline:

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 from broker.errors import InvalidArgumentError
 from broker.proto.subscription import parse_tags, tag_codes
+from broker.semantics.system_topics import refuse_system_topic
 from broker.server.consumer_offsets import ConsumerOffsetManager, validate_group
 from broker.server.metrics import BrokerMetrics
 from broker.server.pull_hold import PullHoldService
 from broker.server.topic_config import TopicConfigManager
 from broker.store import GetStatus, MessageStore
-from broker.store.message import StoredMessage
+from broker.store.message import StoredMessage, validate_topic
 from broker.store.results import GetResult
 
 FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"
@@ -105,6 +106,8 @@ class PullProcessor:
 
     def validate(self, req: PullRequestArgs) -> None:
         validate_group(req.group)
+        validate_topic(req.topic)
+        refuse_system_topic(req.topic, "pull")
         self.topics.check_queue(req.topic, req.queue_id)
         if req.offset < 0:
             raise InvalidArgumentError(
@@ -185,7 +188,10 @@ class PullProcessor:
         self.offsets.commit(group, {(topic, queue_id): offset}, self.check_commit)
 
     def check_commit(self, topic: str, queue_id: int, offset: int) -> None:
-        """A committed offset must name a queue that exists and lie within [0, max offset]."""
+        """A committed offset must name a queue that exists, not of a system topic, and lie within [0, max
+        offset]."""
+        validate_topic(topic)
+        refuse_system_topic(topic, "commit consumer offsets of")
         self.topics.check_queue(topic, queue_id)
         max_offset = self.store.max_offset(topic, queue_id)
         if offset > max_offset:

@@ -9,15 +9,29 @@
 
 from __future__ import annotations
 
-from broker.errors import BrokerError, InvalidArgumentError, ResponseCode
+from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, shown
 from broker.filter.sql92 import SqlFilter, compile_sql92
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import RetryService, SubscriptionGroupConfig, SubscriptionGroupManager
 from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
 from broker.server.consumer_offsets import validate_group
+from broker.server.send_processor import raise_for_put
 from broker.server.topic_config import TopicConfigManager
 
 TAG, SQL92 = "TAG", "SQL92"
+# ORIGIN_MESSAGE_ID is kept in the copy's properties: the id of the first message (RocketMQ's are 32 hex
+# characters; a producer may have set its own value, which the client passes on).
+MAX_ORIGIN_MSG_ID_CHARS = 1024
+
+
+def _check_origin_msg_id(origin: str) -> None:
+    """A send-back's origin_msg_id becomes a property value: no separator bytes, bounded. Such a request was
+    answered INTERNAL "should retry" (its copy could not be stored), for ever."""
+    if len(origin) > MAX_ORIGIN_MSG_ID_CHARS or "\x01" in origin or "\x02" in origin:
+        raise InvalidArgumentError(
+            f"origin_msg_id {shown(origin)}: give the first message's id, at most {MAX_ORIGIN_MSG_ID_CHARS} "
+            "characters without \\x01 or \\x02 (or leave it empty)"
+        )
 
 
 def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
@@ -25,6 +39,7 @@ def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
         group_name=cfg.group_name, consume_enable=cfg.consume_enable,
         consume_from_min_enable=cfg.consume_from_min_enable, consume_broadcast_enable=cfg.consume_broadcast_enable,
         retry_queue_nums=cfg.retry_queue_nums, retry_max_times=cfg.retry_max_times,
+        consume_message_orderly=cfg.consume_message_orderly,
     )  # fmt: skip
 
 
@@ -48,6 +63,7 @@ class RetryProcessor:
         target = request.WhichOneof("target")
         if target is None:
             raise InvalidArgumentError("ConsumerSendMsgBack names no message: give commitlog_offset or msg_id")
+        _check_origin_msg_id(request.origin_msg_id)
         message = self.retry.lookup(  # before the group or its retry topic is made: a refused call makes neither
             commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
             msg_id=request.msg_id if target == "msg_id" else None,
@@ -64,13 +80,9 @@ class RetryProcessor:
             ),
             origin_msg_id=request.origin_msg_id or None,
         )
-        if result.put.status.name not in ("PUT_OK", "FLUSH_DISK_TIMEOUT"):
-            raise BrokerError(
-                f"send-back of group {request.consumer_group} not stored ({result.put.status.name}: "
-                f"{result.put.error}); the consumer should retry it", ResponseCode.SYSTEM_ERROR,
-            )  # fmt: skip
+        raise_for_put(result.put, f"send-back of group {request.consumer_group}")
         if result.dead_letter:
-            self.topics.create(result.topic, 1, if_not_exists=True)
+            self.topics.create(result.topic, 1, if_not_exists=True, charged=True)  # stored already: registered as data
         return pb.ConsumerSendMsgBackResponse(topic=result.topic, queue_id=result.queue_id,
                                               dead_letter=result.dead_letter, delay_level=result.delay_level,
                                               reconsume_times=result.reconsume_times)  # fmt: skip
@@ -87,6 +99,7 @@ class RetryProcessor:
                 "consume_broadcast_enable",
                 "retry_queue_nums",
                 "retry_max_times",
+                "consume_message_orderly",
             )
             if request.HasField(name)
         }
@@ -127,5 +140,5 @@ class RetryProcessor:
         if kind == TAG:
             return None
         if kind != SQL92:
-            raise InvalidArgumentError(f"expression type {expression_type!r} is not TAG or SQL92")
+            raise InvalidArgumentError(f"expression type {shown(expression_type)} is not TAG or SQL92")
         return compile_sql92(expression)

@@ -2,7 +2,9 @@
 
 Every method runs under ``_answer``, which maps a BrokerError to its gRPC status, puts the RocketMQ-style response
 code in the trailing metadata and counts it; anything unexpected is logged with its traceback and answered as
-INTERNAL (SYSTEM_ERROR) rather than leaking a stack trace to the client.
+INTERNAL (SYSTEM_ERROR) rather than leaking a stack trace to the client. INTERNAL means a broker bug: every bad
+request is refused with its own code (a request that is not even a valid protobuf message too, see request_guard).
+Status details are cut to a size every receiver accepts (status.capped_details).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import grpc
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
+from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics import QueueLockManager
+from broker.semantics.system_topics import refuse_system_topic
 from broker.server.admin_processor import AdminProcessor, pack_entries
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.metrics import BrokerMetrics
+from broker.server.pop_processor import PopProcessor
 from broker.server.pull_processor import PullProcessor, PullRequestArgs
+from broker.server.request_guard import refuse_if_malformed
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
 from broker.server.send_processor import SendOutcome, SendProcessor
@@ -43,16 +48,24 @@ def _answer(method: Handler[R]) -> Handler[R]:
     @functools.wraps(method)
     def wrapper(self: BrokerService, request: Any, context: grpc.ServicerContext) -> R:
         try:
+            refuse_if_malformed(request)
             return method(self, request, context)
         except BrokerError as e:
             self._refuse(method.__name__, e, context)
+        except OSError as e:  # the disk, not the request nor the broker's logic: the caller may retry later
+            log.exception("%s failed on an I/O error", method.__name__)
+            self._refuse(method.__name__, ServiceNotAvailableError(f"the broker's files failed it ({e}); retry later"),
+                         context)  # fmt: skip
         except Exception as e:  # the last line of defence: log it, answer INTERNAL, keep serving
             if isinstance(e, grpc.RpcError):  # context.abort's own exception
                 raise
             self.metrics.errors.inc(labels=(("code", ResponseCode.SYSTEM_ERROR.name),))
             log.exception("%s failed unexpectedly", method.__name__)
             context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(ResponseCode.SYSTEM_ERROR))),))
-            context.abort(grpc.StatusCode.INTERNAL, f"internal broker error ({type(e).__name__}: {e}); see broker log")
+            context.abort(
+                grpc.StatusCode.INTERNAL,
+                capped_details(f"internal broker error ({type(e).__name__}: {e}); see broker log"),
+            )
         raise AssertionError("unreachable: context.abort raises")
 
     return wrapper
@@ -77,6 +90,11 @@ def _send_response(outcome: SendOutcome) -> pb.SendResponse:
 
 MAX_CLIENT_ID_CHARS = 255
 MAX_LOCK_QUEUES = 4096  # queues one LockBatchMQ / UnlockBatchMQ call may name (a consumer's share of its topics)
+MAX_SUBSCRIPTIONS = 1024  # topics one consumer subscribes to: the broker keeps them per consumer until it expires
+MAX_SUBSCRIPTION_EXPRESSION_CHARS = 16 * 1024  # the longest expression a pull takes (SQL92's bound; tags: 4096)
+# All of a consumer's subscriptions together (topics and expressions), so that what the broker keeps for its
+# consumers is bounded: ConsumerManager's max_consumers times this.
+MAX_SUBSCRIPTION_CHARS = 256 * 1024
 
 
 def _check_client_id(client_id: str) -> None:
@@ -85,6 +103,33 @@ def _check_client_id(client_id: str) -> None:
             f"client_id {client_id[:40]!r} must be 1..{MAX_CLIENT_ID_CHARS} characters: it names the consumer "
             "in its group (the client library sets it)"
         )
+
+
+def _check_heartbeat(request: pb.HeartbeatRequest) -> None:
+    """A consumer's model and subscriptions, before anything is recorded: the topics must be names a client may
+    read (a system topic is refused as a pull of it is), the expressions bounded (they are kept per consumer)."""
+    if request.model not in (pb.CLUSTERING, pb.BROADCASTING):
+        raise InvalidArgumentError(
+            f"message model {request.model} is not CLUSTERING ({pb.CLUSTERING}) or BROADCASTING ({pb.BROADCASTING})"
+        )
+    if len(request.subscriptions) > MAX_SUBSCRIPTIONS:
+        raise InvalidArgumentError(
+            f"{len(request.subscriptions)} subscriptions in one heartbeat; a consumer may subscribe to at most "
+            f"{MAX_SUBSCRIPTIONS} topics"
+        )
+    total = sum(len(t) + len(e) for t, e in request.subscriptions.items())
+    if total > MAX_SUBSCRIPTION_CHARS:
+        raise InvalidArgumentError(
+            f"the subscriptions of one consumer take {total} characters; at most {MAX_SUBSCRIPTION_CHARS}"
+        )
+    for topic, expression in request.subscriptions.items():
+        validate_topic(topic)
+        refuse_system_topic(topic, "subscribe to")
+        if len(expression) > MAX_SUBSCRIPTION_EXPRESSION_CHARS:
+            raise InvalidArgumentError(
+                f"the subscription expression of {topic!r} is {len(expression)} characters; at most "
+                f"{MAX_SUBSCRIPTION_EXPRESSION_CHARS} (tag or SQL92 expression)"
+            )
 
 
 class BrokerService(pb_grpc.BrokerServicer):
@@ -101,6 +146,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.locks: QueueLockManager | None = None
         self.dedup: SendDeduplicator | None = None  # retried sends stored at most once (send_dedup.py)
         self.identity: tuple[str, str] = ("", "")  # (cluster, broker name) reported in TopicInfo
+        self.pops: PopProcessor | None = None  # pop consumption (broker/semantics/pop.py)
 
     def _dedup(
         self, key: SendKey | None, retry: bool, keys: Callable[[], list[str | None]]
@@ -112,9 +158,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     def _refuse(self, what: str, e: BrokerError, context: grpc.ServicerContext) -> NoReturn:
         """Answer a refused call: its RocketMQ code in the trailers, the matching gRPC status, the reason."""
         self.metrics.errors.inc(labels=(("code", e.code.name),))
-        log.info("%s refused: %s (%s)", what, e.message, e.code.name)
+        details = capped_details(e.message)
+        log.info("%s refused: %s (%s)", what, details, e.code.name)
         context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
-        context.abort(grpc_code_for(e.code), e.message)
+        context.abort(grpc_code_for(e.code), details)
         raise AssertionError("unreachable: context.abort raises")
 
     # ---------------------------------------------------------------------------------------------- send / pull
@@ -202,7 +249,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         found = self.admin.query_by_key(
             request.topic, request.key, request.max_num, request.begin_timestamp_ms, request.end_timestamp_ms
         )
-        buffer, positions = pack_entries(found)
+        buffer, positions = pack_entries(found)  # as stored, byte for byte (as pulls)
         return pb.MessagesResponse(entries=buffer, entry_positions=positions)
 
     @_answer
@@ -236,6 +283,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             return pb.HeartbeatResponse()
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
+        _check_heartbeat(request)
         if request.unregister:
             version = self.consumers.unregister(request.consumer_group, request.client_id)
             if self.locks is not None:
@@ -302,6 +350,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise InvalidArgumentError(f"{len(request.queues)} queues in one lock call; at most {MAX_LOCK_QUEUES}")
         for q in request.queues:
             if existing:
+                validate_topic(q.topic)
+                refuse_system_topic(q.topic, "lock queues of")
                 self.admin.topics.check_queue(q.topic, q.queue_id)
             elif q.queue_id < 0:
                 raise InvalidArgumentError(f"queue id {q.queue_id} of {q.topic!r} is negative")
@@ -335,12 +385,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     def TransactionCheckStream(
         self, request: pb.TransactionCheckSubscribe, context: grpc.ServicerContext
     ) -> Iterator[pb.TransactionCheckRequest]:
-        if self.transactions is None or not request.producer_group:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give a producer_group, on a broker with transactions")
-        assert self.transactions is not None
         try:
-            return self.transactions.check_stream(request, context)
-        except BrokerError as e:  # refused before streaming (the stream limit): answered as a unary call is
+            refuse_if_malformed(request)
+            return self._tx().check_stream(request, context)
+        except BrokerError as e:  # refused before streaming (bad request, the stream limit): as a unary call is
             self._refuse("TransactionCheckStream", e, context)
 
     @_answer
@@ -373,8 +421,51 @@ class BrokerService(pb_grpc.BrokerServicer):
         return self._retry().get_group(request.consumer_group)
 
     @_answer
+    def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> pb.ListGroupsResponse:
+        configured = [g.group_name for g in self.retries.groups.groups()] if self.retries is not None else []
+        groups = self.admin.list_groups(configured)
+        return pb.ListGroupsResponse(
+            groups=[
+                pb.GroupSummary(consumer_group=g.group, online_consumers=g.online_consumers, topics=g.topics)
+                for g in groups
+            ]
+        )
+
+    @_answer
+    def ResetConsumerOffsets(
+        self, request: pb.ResetConsumerOffsetsRequest, context: grpc.ServicerContext
+    ) -> pb.ResetConsumerOffsetsResponse:
+        offsets = {(o.topic, o.queue_id): o.offset for o in request.offsets}
+        if len(offsets) != len(request.offsets):
+            raise InvalidArgumentError("ResetConsumerOffsets names a queue twice; name each queue once")
+        previous = self.admin.reset_consumer_offsets(request.consumer_group, offsets)
+        return pb.ResetConsumerOffsetsResponse(
+            previous=[pb.QueueOffset(topic=t, queue_id=q, offset=previous[(t, q)]) for t, q in offsets]
+        )
+
+    @_answer
     def UpdateSubscriptionGroup(
         self, request: pb.UpdateSubscriptionGroupRequest, context: grpc.ServicerContext
     ) -> pb.SubscriptionGroup:
         validate_group(request.consumer_group)
         return self._retry().update_group(request)
+
+    # ---------------------------------------------------------------------------------------------- pop
+    def _pop(self) -> PopProcessor:
+        if self.pops is None:
+            raise ServiceNotAvailableError("pop consumption is not enabled on this broker")
+        return self.pops
+
+    @_answer
+    def PopMessage(self, request: pb.PopRequest, context: grpc.ServicerContext) -> pb.PopResponse:
+        return self._pop().pop(request, context.time_remaining())
+
+    @_answer
+    def AckMessage(self, request: pb.AckMessageRequest, context: grpc.ServicerContext) -> pb.AckMessageResponse:
+        return self._pop().ack(request)
+
+    @_answer
+    def ChangeInvisibleTime(
+        self, request: pb.ChangeInvisibleTimeRequest, context: grpc.ServicerContext
+    ) -> pb.ChangeInvisibleTimeResponse:
+        return self._pop().change(request)

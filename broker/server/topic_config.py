@@ -1,20 +1,29 @@
 """Topics the broker knows, persisted in ``config/topics.json`` (RocketMQ's ``topicConfigTable`` layout).
 
 A topic is created explicitly or, when auto-create is on, by its first send with the default queue count (8).
+
+Bounds. Every queue becomes a consume-queue directory and file on disk, an open file and a memory mapping in the
+broker (the process has a few tens of thousands of each), so the queues of all topics together are bounded by
+``max_total_queue_nums``, and one send may auto-create at most ``max_auto_create_topics_per_request`` topics:
+a 38 KB batch once named 50 new topics of 8 queues. A send charges the topics it would create against the bound
+before anything is stored (``reserving``) and creates them once it is (``register_sent``); explicit creation,
+retry and dead-letter topics are charged as they are made. Topics found in the store at start-up (``adopt``) are
+registered whatever the bound: their data exists. A refusal is LimitExceededError naming the setting.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.errors import InvalidArgumentError, TopicExistsError, TopicNotExistError
+from broker.errors import InvalidArgumentError, LimitExceededError, TopicExistsError, TopicNotExistError
 from broker.json_file import load_json, write_json_atomic
+from broker.semantics.system_topics import is_system_topic
 from broker.store.message import validate_topic
 
 log = logging.getLogger(__name__)
@@ -57,14 +66,25 @@ def _parse_topics(raw: dict[str, Any]) -> tuple[dict[str, TopicConfig], int]:
     return {name: TopicConfig.from_json(item) for name, item in table.items()}, int(counter)
 
 
+# Defaults of the bounds in the module docstring: 1024 topics of 8 queues, and what a batch to a handful of new
+# topics needs.
+DEFAULT_MAX_TOTAL_QUEUE_NUMS = 8192
+DEFAULT_MAX_AUTO_CREATE_TOPICS_PER_REQUEST = 16
+
+
 class TopicConfigManager:
     def __init__(
-        self, config_dir: Path, *, default_queue_nums: int = 8, max_queue_nums: int = 1024, auto_create: bool = True
-    ) -> None:
+        self, config_dir: Path, *, default_queue_nums: int = 8, max_queue_nums: int = 1024, auto_create: bool = True,
+        max_total_queue_nums: int = DEFAULT_MAX_TOTAL_QUEUE_NUMS,
+        max_auto_create_topics_per_request: int = DEFAULT_MAX_AUTO_CREATE_TOPICS_PER_REQUEST,
+    ) -> None:  # fmt: skip
         self.path = config_dir / "topics.json"
         self.default_queue_nums = default_queue_nums
         self.max_queue_nums = max_queue_nums
         self.auto_create = auto_create
+        self.max_total_queue_nums = max_total_queue_nums
+        self.max_auto_create_topics_per_request = max_auto_create_topics_per_request
+        self._reserved_queue_nums = 0  # charged by sends under way for the topics they will create (reserving)
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # one writer of the file at a time (they share its temp name)
         self.store_queue_ids: Callable[[str], list[int]] | None = None  # set once the store runs
@@ -120,7 +140,26 @@ class TopicConfigManager:
                 f"queue count {queue_nums} is outside 1..{self.max_queue_nums}; pick one in range"
             )
 
-    def create(self, topic: str, queue_nums: int = 0, *, if_not_exists: bool = False) -> TopicConfig:
+    def _queue_nums_locked(self) -> int:
+        """Queues of every topic (the larger of its read and write counts), plus those sends have reserved."""
+        held = sum(max(t.read_queue_nums, t.write_queue_nums) for t in self._topics.values())
+        return held + self._reserved_queue_nums
+
+    def _charge_locked(self, queue_nums: int, what: str) -> None:
+        """LimitExceededError unless ``queue_nums`` more queues fit max_total_queue_nums."""
+        held = self._queue_nums_locked()
+        if held + queue_nums > self.max_total_queue_nums:
+            raise LimitExceededError(
+                f"{what} needs {queue_nums} more queue(s), but the broker holds {held} of its "
+                f"max_total_queue_nums={self.max_total_queue_nums} (each is a directory, a file and a mapping); "
+                "delete unused topics or raise the setting"
+            )
+
+    def create(
+        self, topic: str, queue_nums: int = 0, *, if_not_exists: bool = False, charged: bool = False
+    ) -> TopicConfig:
+        """``charged``: its queues were counted against the bound already (a send's reservation, or data found in
+        the store): create it whatever the bound says now."""
         validate_topic(topic)
         queue_nums = queue_nums or self.default_queue_nums
         self._check_queue_nums(queue_nums)
@@ -133,6 +172,8 @@ class TopicConfigManager:
                     f"topic {topic!r} already exists with {existing.read_queue_nums} queues; "
                     "delete it first or reuse it"
                 )
+            if not charged:
+                self._charge_locked(queue_nums, f"creating topic {topic!r}")
             created = TopicConfig(topic, queue_nums, queue_nums)
             self._topics[topic] = created
             self._data_version += 1
@@ -140,9 +181,9 @@ class TopicConfigManager:
         log.info("created topic %s with %d queues", topic, queue_nums)
         return created
 
-    def grow(self, topic: str, queue_nums: int) -> TopicConfig:
+    def grow(self, topic: str, queue_nums: int, *, charged: bool = False) -> TopicConfig:
         """Raise an existing topic's queue counts to ``queue_nums`` (never lowers them: queues that hold messages
-        stay readable)."""
+        stay readable). ``charged``: as for create."""
         self._check_queue_nums(queue_nums)
         with self._lock:
             found = self._topics.get(topic)
@@ -150,6 +191,9 @@ class TopicConfigManager:
                 raise TopicNotExistError(f"topic {topic!r} does not exist; create it first")
             if found.read_queue_nums >= queue_nums and found.write_queue_nums >= queue_nums:
                 return found
+            if not charged:
+                more = queue_nums - max(found.read_queue_nums, found.write_queue_nums)
+                self._charge_locked(max(more, 0), f"growing topic {topic!r} to {queue_nums} queues")
             grown = TopicConfig(topic, max(found.read_queue_nums, queue_nums), max(found.write_queue_nums, queue_nums),
                                 found.perm)  # fmt: skip
             self._topics[topic] = grown
@@ -166,8 +210,11 @@ class TopicConfigManager:
         lost): its queue count covers every queue id the store has."""
         if not queue_ids or topic in self._deleting:
             return None
-        log.warning("topic %s found in the store but not in %s; registering it", topic, self.path)
-        return self.create(topic, max(max(queue_ids) + 1, 1), if_not_exists=True)
+        if is_system_topic(topic):  # written by the broker's own services, which never register them: expected
+            log.info("registering system topic %s (found in the store)", topic)
+        else:
+            log.warning("topic %s found in the store but not in %s; registering it", topic, self.path)
+        return self.create(topic, max(max(queue_ids) + 1, 1), if_not_exists=True, charged=True)
 
     def require(self, topic: str) -> TopicConfig:
         found = self._topics.get(topic)
@@ -194,14 +241,38 @@ class TopicConfigManager:
         first send, and grow it when it has fewer queues. That happens when ``topic create`` with fewer queues
         than the default ran between the send's check (made against the default count) and this call; the
         queue holding the message must stay readable."""
-        config = self.get_or_create(topic)
+        config = self._topics.get(topic) or self.create(topic, if_not_exists=True, charged=True)
         if max_queue_id < min(config.read_queue_nums, config.write_queue_nums):
             return config
         log.warning(
             "topic %s has %d queues but a send racing its creation stored into queue %d; growing it to %d",
             topic, config.read_queue_nums, max_queue_id, max_queue_id + 1,
         )  # fmt: skip
-        return self.grow(topic, max_queue_id + 1)
+        return self.grow(topic, max_queue_id + 1, charged=True)
+
+    @contextmanager
+    def reserving(self, topics: Iterable[str]) -> Iterator[None]:
+        """For a send to ``topics``, before anything is stored: charge the topics it would auto-create (those
+        neither known nor in the store) against the bounds (module docstring), held until the send is done and
+        register_sent made them. LimitExceededError when they do not fit."""
+        in_store = self.store_queue_ids or (lambda _topic: [])
+        new = [t for t in topics if self._topics.get(t) is None and not in_store(t)]
+        if len(new) > self.max_auto_create_topics_per_request:
+            raise LimitExceededError(
+                f"the send would auto-create {len(new)} topics (first {new[0]!r}); one request may create at most "
+                f"max_auto_create_topics_per_request={self.max_auto_create_topics_per_request}: create them first "
+                "(`sluice topic create`) or send to fewer new topics at a time"
+            )
+        charge = len(new) * self.default_queue_nums
+        with self._lock:
+            if charge:
+                self._charge_locked(charge, f"auto-creating topic(s) {new[:3]}")
+            self._reserved_queue_nums += charge
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reserved_queue_nums -= charge
 
     def writable_queue_nums(self, topic: str) -> int:
         """For sends, before anything is stored or created: the topic's write queue count, or the count a first

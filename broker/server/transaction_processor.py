@@ -15,13 +15,14 @@ import logging
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
-from broker.errors import InvalidArgumentError, SystemBusyError
+from broker.errors import InvalidArgumentError, SystemBusyError, shown
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import EndResult, TransactionInfo, TransactionService, TxState, TxStatus
+from broker.semantics.send_checks import validate_producer_group
 from broker.server.admin_processor import encode_stored
 from broker.store.message import StoredMessage
 
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 MAX_PENDING_CHECKS = 10_000  # per stream: a producer that stops reading loses checks, never broker memory
 STREAM_POLL_S = 1.0  # how often an idle stream looks whether its client went away
 MAX_LIST = 100_000  # transactions returned by one ListTransactions
+MAX_CLIENT_ID_CHARS = 255  # a producer's id, logged when its stream opens
+MAX_END_MANY = 10_000  # transaction ids one EndTransactions may name: each is one decision written to the store
 
 
 class CheckHub:
@@ -45,6 +48,9 @@ class CheckHub:
         self._streams: dict[str, list[queue.Queue[pb.TransactionCheckRequest | None]]] = {}
         self._turn = itertools.count()
         self._closed = False
+        # The store's entry at a commit-log offset, as stored (set once the store runs): a check carries the half
+        # exactly as it lies in the log, as pulls and queries do.
+        self.read_entry: Callable[[int], bytes | None] | None = None
 
     def open(self, group: str) -> queue.Queue[pb.TransactionCheckRequest | None]:
         q: queue.Queue[pb.TransactionCheckRequest | None] = queue.Queue(MAX_PENDING_CHECKS)
@@ -89,9 +95,10 @@ class CheckHub:
             log.info("transaction %s: no live producer of group %r to check back with", txn_id, group)
             return None
         target = streams[next(self._turn) % len(streams)]
+        raw = self.read_entry(half.commitlog_offset) if self.read_entry is not None else None
         request = pb.TransactionCheckRequest(
             transaction_id=txn_id, producer_group=group, half_commitlog_offset=half.commitlog_offset,
-            half_entry=encode_stored(half),
+            half_entry=raw if raw is not None else encode_stored(half),
         )  # fmt: skip
         try:
             target.put_nowait(request)
@@ -134,8 +141,11 @@ class TransactionProcessor:
         expected = request.expected_messages if request.HasField("expected_messages") else None
         if expected is not None and expected < 0:
             raise InvalidArgumentError(f"expected_messages {expected} is negative")
+        if request.producer_group:  # optional here: it names the group of a transaction this call records
+            validate_producer_group(request.producer_group)
         kwargs = {"from_check": request.from_check, "committed_attempts": attempts,
-                  "producer_group": request.producer_group, "expected_messages": expected}  # fmt: skip
+                  "producer_group": request.producer_group, "expected_messages": expected,
+                  "record_unknown": request.record_unknown}  # fmt: skip
         target = request.WhichOneof("target")
         if target == "half_commitlog_offset":
             return _end_response(self.tx.end_transaction_by_offset(request.half_commitlog_offset, request.commit,
@@ -151,7 +161,9 @@ class TransactionProcessor:
                 status = TxStatus(request.status)
             except ValueError:
                 names = [s.value for s in TxStatus]
-                raise InvalidArgumentError(f"transaction status {request.status!r} is not one of {names}") from None
+                raise InvalidArgumentError(
+                    f"transaction status {shown(request.status)} is not one of {names}"
+                ) from None
         found = self.tx.list_transactions(request.prefix, status)
         if len(found) > MAX_LIST:
             raise InvalidArgumentError(f"{len(found)} transactions match; give a longer prefix (at most {MAX_LIST})")
@@ -160,6 +172,11 @@ class TransactionProcessor:
     def end_many(self, request: pb.EndTransactionsRequest) -> pb.EndTransactionsResponse:
         if not request.prefix and not request.transaction_ids:
             raise InvalidArgumentError("EndTransactions: give a prefix or transaction ids (an empty prefix is refused)")
+        if len(request.transaction_ids) > MAX_END_MANY:
+            raise InvalidArgumentError(
+                f"EndTransactions names {len(request.transaction_ids)} transactions; at most {MAX_END_MANY} per call "
+                "(each is decided and written on its own)"
+            )
         results = self.tx.end_transactions(request.commit, prefix=request.prefix or None,
                                            txn_ids=list(request.transaction_ids))  # fmt: skip
         return pb.EndTransactionsResponse(results=[_end_response(r) for r in results])
@@ -168,8 +185,11 @@ class TransactionProcessor:
         self, request: pb.TransactionCheckSubscribe, context: grpc.ServicerContext
     ) -> Iterator[pb.TransactionCheckRequest]:
         """Open the stream now (SystemBusyError past the limit, before any response), then serve it."""
-        if not request.producer_group:
-            raise InvalidArgumentError("TransactionCheckStream: producer_group is empty")
+        validate_producer_group(request.producer_group)
+        if len(request.client_id) > MAX_CLIENT_ID_CHARS:
+            raise InvalidArgumentError(
+                f"client_id {shown(request.client_id)} is over {MAX_CLIENT_ID_CHARS} characters; it names the producer"
+            )
         q = self.hub.open(request.producer_group)
         log.info("producer %s of %s opened a transaction check stream", request.client_id, request.producer_group)
         stream = self._serve_stream(request, context, q)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from broker.errors import CorruptionError, MessageIllegalError
+from broker.errors import CorruptionError, MessageIllegalError, shown
 from broker.store import scan_kernel
 from broker.store.message import (
     BLANK_MAGIC,
@@ -38,10 +38,10 @@ from broker.store.message import (
     EntryHeader,
     SysFlag,
     check_crc,
+    is_topic_name,
     parse_layout,
     properties_complete,
     quick_layout,
-    validate_topic,
 )
 
 Buffer = bytes | bytearray | memoryview | mmap.mmap  # anything entries can be read from
@@ -601,12 +601,16 @@ def _incomplete_batch_entry(i: int, pos: int) -> str:
 
 
 def _small_topic(raw: bytes, i: int) -> str:
-    try:
-        name = raw.decode("ascii")
-        validate_topic(name)
-    except (UnicodeDecodeError, MessageIllegalError) as e:
-        raise MessageIllegalError(f"batch entry {i}: {e}") from None
-    return name
+    if not is_topic_name(raw):
+        raise MessageIllegalError(_bad_topic(raw, i))
+    return raw.decode("ascii")
+
+
+def _bad_topic(raw: bytes, i: int) -> str:
+    return (
+        f"batch entry {i}: TOPIC {shown(bytes(raw))} is not a topic name (1..{MAX_TOPIC_BYTES} bytes of ASCII "
+        "letters, digits, '%', '|', '_' or '-')"
+    )
 
 
 def validate_batch(
@@ -642,13 +646,9 @@ def validate_batch(
     key_ids, raw_keys = queue_keys(buffer, run)
     keys: list[tuple[str, int]] = []
     for raw, qid in raw_keys:
-        try:
-            name = raw.decode("ascii")
-            validate_topic(name)
-        except (UnicodeDecodeError, MessageIllegalError) as e:
-            i = int(np.flatnonzero(key_ids == len(keys))[0])
-            raise MessageIllegalError(f"batch entry {i}: {e}") from None
-        keys.append((name, qid))
+        if not is_topic_name(raw):
+            raise MessageIllegalError(_bad_topic(raw, int(np.flatnonzero(key_ids == len(keys))[0])))
+        keys.append((raw.decode("ascii"), qid))
     tx = run.sys_flags & SysFlag.TRANSACTION_MASK
     counted = (tx != SysFlag.TRANSACTION_PREPARED_TYPE) & (tx != SysFlag.TRANSACTION_ROLLBACK_TYPE)
     return ValidatedBatch(bytearray(buffer), run, key_ids, keys, counted)

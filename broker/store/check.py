@@ -17,7 +17,7 @@ import numpy as np
 from broker.store.batch import Buffer, scan
 from broker.store.consume_queue import CQ_DTYPE
 from broker.store.dispatcher import message_keys
-from broker.store.index_file import index_key, key_hash
+from broker.store.index_file import INDEX_HEADER, index_key, key_hash
 from broker.store.message import SysFlag
 
 if TYPE_CHECKING:
@@ -187,11 +187,14 @@ def _check_index(store: MessageStore, entries: dict[int, _Entry], problems: list
                 problems.append(f"{where}: key hash {e.key_hash} is not a key of the message at {e.commitlog_offset}")
             if len(problems) > MAX_PROBLEMS:
                 return
-        for slot in range(f.slots):
-            v = f.slot(slot)
-            if not 0 <= v < h.index_count:
-                problems.append(f"{f.path} slot {slot}: entry {v} outside [0, {h.index_count})")
-                break
+        # All slots at once (a Python call per slot took 25 s over the default 5M slots); only the first bad one is
+        # named, as before.
+        slots = np.frombuffer(f.mm, ">i4", count=f.slots, offset=INDEX_HEADER.size)
+        bad = np.flatnonzero((slots < 0) | (slots >= h.index_count))
+        if bad.size:
+            slot = int(bad[0])
+            problems.append(f"{f.path} slot {slot}: entry {int(slots[slot])} outside [0, {h.index_count})")
+        del slots  # a view of the mapping: the file cannot be closed while it lives
     # The other way round: every live message is indexed under each of its keys (files below the commit log's
     # first offset are deleted by cleanup; a message with more keys than a file holds keeps only the first ones).
     for phys, msg in entries.items():

@@ -26,6 +26,7 @@ from broker.store.config import StoreConfig
 from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
 from broker.store.flush import ServiceThread
 from broker.store.index_file import IndexService
+from broker.store.numbers import is_ascii_digits
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class CleanupService(ServiceThread):
 
     def _is_delete_hour(self, now_ms: int) -> bool:
         hour = time.localtime(now_ms / 1000).tm_hour
-        hours = {int(h) for h in self.config.delete_when.split(";") if h.strip().isdigit()}
+        hours = {int(h) for h in self.config.delete_when.split(";") if is_ascii_digits(h.strip())}
         return hour in hours
 
     def clean_once(self, now_ms: int | None = None, *, clean: bool = True, manual: bool = False) -> CleanReport:

@@ -43,6 +43,7 @@ from broker.store.message import (
     encode_blank,
     entry_size,
     pack_ipv4,
+    parse_layout,
 )
 
 _QUEUE_AND_PHYS = struct.Struct(">qq")  # QUEUEOFFSET then PHYSICALOFFSET: adjacent in the entry header
@@ -253,7 +254,13 @@ class CommitLog:
             return None
 
     def lookup(self, offset: int) -> StoredMessage | None:
-        """Decode the message entry starting at ``offset``; None if there is none there.
+        """Decode the message entry starting at ``offset``; None if there is none there (lookup_entry says how
+        that is decided)."""
+        raw = self.lookup_entry(offset)
+        return None if raw is None else decode_entry(raw)
+
+    def lookup_entry(self, offset: int) -> bytes | None:
+        """The message entry starting at ``offset``, as stored; None if there is none there.
 
         The offset may come from a client (a msgId of another broker, an end-by-offset) and point anywhere, into
         a body that holds bytes shaped like an entry too: only a header with the message magic, this very offset
@@ -274,9 +281,10 @@ class CommitLog:
         if raw is None:
             return None
         try:
-            return decode_entry(raw)
+            parse_layout(raw, 0, len(raw))
         except (BrokerError, struct.error, IndexError):  # no message entry starts at this offset
             return None
+        return raw
 
     def store_timestamp_at(self, offset: int) -> int | None:
         raw = self.read(offset + POS_STORE_TIMESTAMP, 8)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from broker.errors import InvalidArgumentError
 from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, END_FILE_MIN_BLANK_LENGTH
+from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
@@ -104,7 +105,7 @@ class StoreConfig:
         if self.max_hash_slot_num < 1 or self.max_index_num < 3:  # entry 0 is unused; a message needs one more
             raise InvalidArgumentError("max_hash_slot_num must be >= 1 and max_index_num >= 3")
         hours = self.delete_when.split(";") if self.delete_when.strip() else []  # "": by disk usage only
-        if not all(h.strip().isdigit() and 0 <= int(h) <= 23 for h in hours):
+        if not all(is_ascii_digits(h.strip()) and len(h.strip()) <= MAX_NUMBER_DIGITS and int(h) <= 23 for h in hours):
             raise InvalidArgumentError(
                 f"delete_when={self.delete_when!r}: give hours of the day 0..23 separated by semicolons, as "
                 'RocketMQ\'s deleteWhen ("04" or "04;16"; "" for none); anything else would never delete expired '

@@ -8,7 +8,9 @@ Unit ``i`` (the message with queue offset ``i``) lies at global byte ``i * 20`` 
     +----------------+--------+----------------+
 
 Files live in ``consumequeue/{topic}/{queueId}/`` and are named by their first byte's global offset. A unit
-whose SIZE is 0 was never written (files are preallocated with zeros), which is how recovery finds the end.
+whose SIZE is 0 was never written (files are created full size and read as zeros where not yet written), which is
+how recovery finds the end. Their disk blocks are reserved as units are written, not when the file is created
+(mapped_file: ``reserve_as_written``): every queue has a file, and most queues hold far fewer units than a file.
 
 Readers see units up to ``max_offset``; the dispatcher writes up to ``written_offset``. The two differ only while a
 ``VisibilityHold`` covers the queue: a batch-transaction commit holds every queue it writes to, so that its units,
@@ -17,6 +19,7 @@ dispatched over many passes and queues, are all shown at the same instant when t
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -56,6 +59,23 @@ CQ_DTYPE = np.dtype(
 assert CQ_DTYPE.itemsize == CQ_UNIT.size and len(CQ_DTYPE.names or ()) == len(CqUnit._fields)
 
 
+def data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) byte ranges of a file that may hold data, from SEEK_DATA / SEEK_HOLE (every range the file
+    system cannot rule out: reserved blocks count as data); the whole file where it cannot say."""
+    ranges: list[tuple[int, int]] = []
+    pos = 0
+    try:
+        while pos < size:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+            pos = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            if start < pos:
+                ranges.append((start, pos))
+    except OSError as e:
+        if e.errno != errno.ENXIO:  # ENXIO: no data from pos on; anything else: the file system does not say
+            return [(0, size)]
+    return ranges
+
+
 class VisibilityHold:
     """While active, the queues it was placed on show readers no unit written after it was placed. Releasing it is
     one attribute write, so all of those queues show their new units at the same instant."""
@@ -76,11 +96,12 @@ class ConsumeQueue:
         file_size: int,
         sync: Callable[[int], None],
         sync_dir: Callable[[str], None] = fsync_directory,
+        allocate: Callable[[int, int, int], None] = os.posix_fallocate,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         directory = os.path.join(root, topic, str(queue_id))
-        self.files = MappedFileQueue(directory, file_size, sync, sync_dir=sync_dir)
+        self.files = MappedFileQueue(directory, file_size, sync, allocate, sync_dir=sync_dir, reserve_as_written=True)
         self.min_offset = 0  # first valid queue offset (moves forward when the commit log expires)
         self._holds: tuple[VisibilityHold, ...] = ()
         self._held_at = 0  # max_offset while any hold is active: written_offset when the first of them was placed
@@ -125,18 +146,19 @@ class ConsumeQueue:
         self.correct_min_offset(commit_log_min)
 
     def _find_end(self, commit_log_end: int) -> int:
-        """Global byte offset one past the last unit with SIZE > 0 whose entry ends within the commit log."""
+        """Global byte offset one past the last unit with SIZE > 0 whose entry ends within the commit log.
+
+        Only the parts of a file that may hold data are read (data_ranges): a hole reads as zeros, units with
+        SIZE 0, which never count; a queue's file reserved as written is mostly hole, and a broker with thousands
+        of queues read gigabytes of zeros at every start."""
         for f in reversed(self.files.files):
-            units = np.frombuffer(f.mm, CQ_DTYPE)
-            ok = (units["size"] > 0) & (units["offset"] + units["size"] <= commit_log_end)
-            present = np.flatnonzero(units["size"] > 0)
-            del units
-            if present.size == 0:
-                continue
-            last_ok = np.flatnonzero(ok)
-            if last_ok.size == 0:
-                continue
-            return f.file_from_offset + (int(last_ok[-1]) + 1) * CQ_UNIT_SIZE
+            for start, end in reversed(data_ranges(f.fd, f.file_size)):
+                first, last = start // CQ_UNIT_SIZE, -(-end // CQ_UNIT_SIZE)
+                units = np.frombuffer(f.mm, CQ_DTYPE, count=last - first, offset=first * CQ_UNIT_SIZE)
+                ok = np.flatnonzero((units["size"] > 0) & (units["offset"] + units["size"] <= commit_log_end))
+                del units
+                if ok.size:
+                    return f.file_from_offset + (first + int(ok[-1]) + 1) * CQ_UNIT_SIZE
         return -1
 
     def _truncate_logged(self, end: int) -> None:
@@ -212,8 +234,8 @@ class ConsumeQueue:
         re-dispatch after an abnormal restart) and rewrite those that differ; return how many were.
 
         Why: a power loss can keep a later page of a consume-queue file and lose an earlier one, so a queue can
-        come back with empty (or stale) units below its end. Re-dispatch used to skip every unit below the end,
-        leaving the hole for readers and ``check()`` to find."""
+        come back with empty (or stale) units below its end. A re-dispatch that skipped every unit below the end
+        would leave the hole for readers and ``check()`` to find."""
         assert queue_offsets.shape == units.shape and units.dtype == CQ_DTYPE, (queue_offsets.shape, units.dtype)
         fixed = 0
         pos = queue_offsets.astype(np.int64) * CQ_UNIT_SIZE

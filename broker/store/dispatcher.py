@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,11 +129,13 @@ class ConsumeQueueTable:
         file_size: int,
         sync: Callable[[int], None],
         sync_dir: Callable[[str], None] = fsync_directory,
+        allocate: Callable[[int, int, int], None] = os.posix_fallocate,
     ) -> None:
         self.root = root
         self.file_size = file_size
         self._sync = sync
         self._sync_dir = sync_dir
+        self._allocate = allocate  # reserves consume-queue blocks as units are written
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.lock = threading.Lock()
 
@@ -145,7 +148,9 @@ class ConsumeQueueTable:
             with self.lock:
                 cq = self.queues.get((topic, queue_id))
                 if cq is None:
-                    cq = ConsumeQueue(self.root, topic, queue_id, self.file_size, self._sync, self._sync_dir)
+                    cq = ConsumeQueue(
+                        self.root, topic, queue_id, self.file_size, self._sync, self._sync_dir, self._allocate
+                    )
                     self.queues = {**self.queues, (topic, queue_id): cq}
         return cq
 

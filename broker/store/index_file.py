@@ -35,6 +35,7 @@ from typing import NamedTuple
 from broker.errors import CorruptionError
 from broker.store.directory import fsync_directory, make_dirs
 from broker.store.message import java_string_hash
+from broker.store.numbers import is_ascii_digits
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +238,7 @@ class IndexService:
         self._unsynced_dirs = make_dirs(directory)
 
     def load(self) -> None:
-        names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
+        names = sorted(n for n in os.listdir(self.directory) if is_ascii_digits(n))
         if names:
             last = os.path.join(self.directory, names[-1])
             want = file_size(self.slots, self.entries)

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from broker.errors import CorruptionError, MessageIllegalError
+from broker.errors import CorruptionError, MessageIllegalError, shown
 
 MESSAGE_MAGIC = -626843481  # 0xDAA320A7 as a signed int: a message entry
 BLANK_MAGIC = -875286124  # 0xCBD43194: the blank entry filling the end of a file
@@ -160,6 +160,9 @@ class Prop:
     TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
     CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
     SHARDING_KEY = "__SHARDINGKEY"
+    TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # a timer message's delivery time, ms since the epoch
+    TIMER_DELAY_SEC = "TIMER_DELAY_SEC"  # ... or its delay from the send, in s or ms (made absolute at the send)
+    TIMER_DELAY_MS = "TIMER_DELAY_MS"
     TRANSACTION_ID = "__transactionId__"
 
 
@@ -214,11 +217,11 @@ class MsgIdParts(NamedTuple):
 
 def parse_msg_id(msg_id: str) -> MsgIdParts:
     if len(msg_id) != 32:
-        raise MessageIllegalError(f"msgId {msg_id!r} must be 32 hex characters (IPv4, port, commit log offset)")
+        raise MessageIllegalError(f"msgId {shown(msg_id)} must be 32 hex characters (IPv4, port, commit log offset)")
     try:
         raw = bytes.fromhex(msg_id)
     except ValueError:
-        raise MessageIllegalError(f"msgId {msg_id!r} is not hexadecimal") from None
+        raise MessageIllegalError(f"msgId {shown(msg_id)} is not hexadecimal") from None
     return MsgIdParts(raw[:4], I32.unpack_from(raw, 4)[0], I64.unpack_from(raw, 8)[0])
 
 
@@ -234,7 +237,7 @@ def encode_properties(props: Mapping[str, str]) -> bytes:
         for name, value in props.items():
             if any(sep in name or sep in value for sep in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)):
                 raise MessageIllegalError(
-                    f"property {name!r} contains a \\x01 or \\x02 byte, which the format reserves as separators"
+                    f"property {shown(name)} contains a \\x01 or \\x02 byte, which the format reserves as separators"
                 )
     return text.encode("utf-8")
 
@@ -273,7 +276,7 @@ def validate_topic(topic: str) -> bytes:
         raise MessageIllegalError("topic is empty; give a name of letters, digits, '%', '|', '_' or '-'")
     if not TOPIC_PATTERN.fullmatch(topic):
         raise MessageIllegalError(
-            f"topic {topic!r} has characters outside ^[%|a-zA-Z0-9_-]+$; rename it with only those"
+            f"topic {shown(topic)} has characters outside ^[%|a-zA-Z0-9_-]+$; rename it with only those"
         )
     raw = topic.encode("ascii")
     if len(raw) > MAX_TOPIC_BYTES:

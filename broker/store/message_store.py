@@ -48,11 +48,14 @@ from broker.store.flush import (
 from broker.store.index_file import IndexService
 from broker.store.message import (
     END_FILE_MIN_BLANK_LENGTH,
+    I32,
     MAX_PROPERTIES_BYTES,
+    POS_STORE_HOST,
     TOPIC_PATTERN,
     Prop,
     StoredMessage,
     SysFlag,
+    decode_entry,
     encode_entry,
     encode_properties,
     pack_ipv4,
@@ -162,6 +165,7 @@ class MessageStore:
             config.mapped_file_size_consume_queue,
             faults.syncer("consumequeue"),
             faults.dir_syncer("consumequeue"),
+            faults.allocator("consumequeue"),
         )
         self.index: IndexService | None = (
             IndexService(
@@ -697,14 +701,30 @@ class MessageStore:
         return self.commit_log.min_offset
 
     def lookup_message(self, commitlog_offset: int) -> StoredMessage | None:
+        raw = self.lookup_entry(commitlog_offset)
+        return None if raw is None else decode_entry(raw)
+
+    def lookup_entry(self, commitlog_offset: int) -> bytes | None:
+        """The message entry at ``commitlog_offset`` exactly as stored (what a pull returns); None if none starts
+        there (CommitLog.lookup_entry) or it expired."""
         if commitlog_offset < self.commit_log.min_offset:
             return None
-        return self.commit_log.lookup(commitlog_offset)
+        return self.commit_log.lookup_entry(commitlog_offset)
+
+    def view_entry_by_msg_id(self, msg_id: str) -> bytes | None:
+        """The entry an offset msgId names, as stored; None unless one starts at its offset and was stored by the
+        host its first 16 hex characters name (the entry's own STOREHOST: an id from another broker, or one
+        made up, must not name whatever lies at that offset here), and readers may see it (confirmed).
+        MessageIllegalError for a malformed id."""
+        parts = parse_msg_id(msg_id)
+        raw = self.lookup_entry(parts.commitlog_offset)
+        if raw is None or raw[POS_STORE_HOST : POS_STORE_HOST + 8] != parts.store_ip + I32.pack(parts.store_port):
+            return None
+        return raw if self.confirmed(parts.commitlog_offset, len(raw)) else None  # replicas hold it (broker/ha)
 
     def view_by_msg_id(self, msg_id: str) -> StoredMessage | None:
-        parts = parse_msg_id(msg_id)
-        msg = self.lookup_message(parts.commitlog_offset)
-        return msg if msg is not None and self.confirmed(msg.commitlog_offset, msg.store_size) else None
+        raw = self.view_entry_by_msg_id(msg_id)
+        return None if raw is None else decode_entry(raw)
 
     def _unit_timestamp(self, cq: ConsumeQueue, queue_offset: int) -> int | None:
         unit = cq.unit(queue_offset)

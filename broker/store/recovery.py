@@ -28,6 +28,7 @@ from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
 from broker.store.index_file import IndexService
 from broker.store.mapped_file import MappedFile
 from broker.store.message import TOPIC_PATTERN
+from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
 from broker.store.scan_kernel import COMPILED_MIN_BYTES
 from broker.store.truncation import Truncation
 
@@ -172,8 +173,8 @@ def load_consume_queues(queues: ConsumeQueueTable, commit_log: CommitLog) -> Non
         if not (os.path.isdir(tdir) and TOPIC_PATTERN.fullmatch(topic)):
             continue
         for q in sorted(os.listdir(tdir)):
-            if not q.isdigit():
-                continue
+            if not (is_ascii_digits(q) and len(q) <= MAX_NUMBER_DIGITS and str(int(q)) == q):
+                continue  # not a queue directory this store made (it names queue n "n")
             cq = queues.find_or_create(topic, int(q))
             cq.load(commit_log.min_offset, commit_log.max_offset)
 

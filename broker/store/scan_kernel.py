@@ -1,4 +1,4 @@
-"""Compiled twins of the two per-entry loops of a large scan: the framing walk and the body CRCs.
+"""Compiled twins of the per-entry loops of a large scan: the framing walk, the body CRCs and the property check.
 
 Why compiled: in CPython a step of the walk costs about 250 ns and a ``zlib.crc32`` call on a 100-byte body about
 350 ns (zlib's small-input path plus the call), so a recovery scan of 100-byte messages tops out near 150 MB/s.
@@ -7,8 +7,9 @@ for memory, and 1 ns per byte of CRC), which lets recovery, the dispatcher and l
 faster. The loops release the GIL; the array they read holds a buffer export on its mmap, so the file cannot be
 unmapped under them (mmap.close refuses while an export exists).
 
-The Python versions stay the definitions: ``batch._py_walk`` for framing and ``zlib.crc32`` for the CRC. Property
-tests hold the twins to them on damaged, cut and random input. The twins are used only for ranges of at least
+The Python versions stay the definitions: ``batch._py_walk`` for framing, ``zlib.crc32`` for the CRC and
+``properties.section_fault`` for a PROPERTIES section (about 3 us a section in Python, a few ns a byte here).
+Property tests hold the twins to them on damaged, cut and random input. The twins are used only for ranges of at least
 COMPILED_MIN_BYTES, so a small store (tests, a fresh broker) never pays numba's start-up: about 0.2 s to import
 and 0.3 s to load the cached machine code (about 2 s to compile on the very first run of a checkout).
 """
@@ -33,6 +34,13 @@ STOP_PARTIAL = 3  # a message head whose TOTALSIZE runs past the limit
 STOP_BLANK = 4  # the blank entry that fills the end of a file
 STOP_ZEROS = 5  # TOTALSIZE 0 and MAGIC 0: the unwritten end of a file
 STOP_BAD_HEAD = 6  # anything else: a damaged head
+
+
+# Property check answers (a section's index comes with it).
+PROPS_OK = 0  # every section from ``begin`` on is canonical
+PROPS_BAD = 1  # this section is not
+PROPS_ASK = 2  # this section names more pairs than are compared here: the definition decides about repeated names
+MAX_PAIRS_COMPARED = 32  # names of a section compared pairwise (at most 496 comparisons); past this, PROPS_ASK
 
 
 def _crc_tables() -> np.ndarray:
@@ -104,19 +112,108 @@ def _crc_loop(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, t: np.nd
         out[k] = c ^ np.uint32(0xFFFFFFFF)
 
 
+def _props_loop(
+    buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, begin: int, names: np.ndarray
+) -> tuple[int, int]:
+    """From section ``begin`` on: (index, PROPS_BAD or PROPS_ASK) of the first section that is not canonical or
+    needs the definition, or (len(starts), PROPS_OK). ``names``: scratch, (MAX_PAIRS_COMPARED, 2) int64.
+
+    One pass per section: pairs are a non-empty name, \x01, a value, \x02, no name twice; non-ASCII bytes are
+    checked as CPython's strict UTF-8 decoder does (Unicode Table 3-7: no overlong forms, no surrogates, nothing
+    past U+10FFFF). A sequence cannot run into the closing \x02, which is ASCII."""
+    for k in range(begin, starts.size):
+        n = lengths[k]
+        if n == 0:
+            continue
+        p = starts[k]
+        end = p + n
+        if buf[end - 1] != 2:
+            return k, PROPS_BAD
+        pairs = 0
+        in_name = True
+        name_start = p
+        name_end = p
+        i = p
+        while i < end:
+            while i < end and 2 < buf[i] < 0x80:  # the usual byte: printable ASCII, nothing to decide
+                i += 1
+            if i == end:
+                break
+            b = np.int64(buf[i])
+            if b >= 0x80:
+                lo, hi = np.int64(0x80), np.int64(0xBF)
+                if 0xC2 <= b <= 0xDF:
+                    need = 1
+                elif b == 0xE0:
+                    need, lo = 2, np.int64(0xA0)
+                elif 0xE1 <= b <= 0xEC or b == 0xEE or b == 0xEF:
+                    need = 2
+                elif b == 0xED:
+                    need, hi = 2, np.int64(0x9F)
+                elif b == 0xF0:
+                    need, lo = 3, np.int64(0x90)
+                elif 0xF1 <= b <= 0xF3:
+                    need = 3
+                elif b == 0xF4:
+                    need, hi = 3, np.int64(0x8F)
+                else:
+                    return k, PROPS_BAD
+                if i + need > end - 1:
+                    return k, PROPS_BAD
+                c = np.int64(buf[i + 1])
+                if c < lo or c > hi:
+                    return k, PROPS_BAD
+                for j in range(2, need + 1):
+                    c = np.int64(buf[i + j])
+                    if c < 0x80 or c > 0xBF:
+                        return k, PROPS_BAD
+                i += need + 1
+                continue
+            if b == 1:
+                if not in_name or i == name_start:
+                    return k, PROPS_BAD
+                name_end = i
+                in_name = False
+            elif b == 2:
+                if in_name:
+                    return k, PROPS_BAD
+                if pairs < MAX_PAIRS_COMPARED:
+                    width = name_end - name_start
+                    for q in range(pairs):
+                        a, z = names[q, 0], names[q, 1]
+                        if z - a == width:
+                            same = True
+                            for j in range(width):
+                                if buf[a + j] != buf[name_start + j]:
+                                    same = False
+                                    break
+                            if same:
+                                return k, PROPS_BAD
+                    names[pairs, 0] = name_start
+                    names[pairs, 1] = name_end
+                pairs += 1
+                in_name = True
+                name_start = i + 1
+            i += 1
+        if pairs > MAX_PAIRS_COMPARED:
+            return k, PROPS_ASK
+    return starts.size, PROPS_OK
+
+
 class _Kernels(NamedTuple):
     walk_loop: Callable[..., Any]
     crc_loop: Callable[..., Any]
+    props_loop: Callable[..., Any]
 
 
 @functools.cache
 def _compiled() -> _Kernels:
-    """The two kernels, compiled on first use (numba is imported here, not at module import, for the reason in
-    the module docstring). ``cache=True`` keeps the machine code in __pycache__ for later processes."""
+    """The kernels, compiled on first use (numba is imported here, not at module import, for the reason in the
+    module docstring). ``cache=True`` keeps the machine code in __pycache__ for later processes."""
     import numba
 
     jit = numba.njit(cache=True, nogil=True, boundscheck=False)
-    return _Kernels(jit(_walk_loop), jit(_crc_loop))
+    return _Kernels(jit(_walk_loop), jit(_crc_loop), jit(_props_loop))
 
 
 def walk(buf: np.ndarray, start: int, limit: int, max_entries: int) -> tuple[np.ndarray, int, int]:
@@ -140,9 +237,24 @@ def crc32s(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarr
     return out
 
 
+def first_bad_properties(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, begin: int = 0) -> tuple[int, int]:
+    """Compiled twin of ``properties.section_fault`` over sections ``buf[starts[k] : starts[k] + lengths[k]]``
+    from ``begin``: (index, PROPS_BAD | PROPS_ASK) of the first one the caller must look at, or
+    (len(starts), PROPS_OK)."""
+    assert starts.size == lengths.size
+    assert starts.size == 0 or (
+        int(starts.min()) >= 0 and int(lengths.min()) >= 0 and int((starts + lengths).max()) <= buf.size
+    ), "sections must lie inside the buffer (boundscheck is off in the compiled loop)"
+    starts, lengths = starts.astype(np.int64, copy=False), lengths.astype(np.int64, copy=False)
+    names = np.empty((MAX_PAIRS_COMPARED, 2), np.int64)
+    index, code = _compiled().props_loop(buf, starts, lengths, begin, names)
+    return int(index), int(code)
+
+
 def warm() -> None:
-    """Compile (or load) both loops for the buffers they meet: bytes (read-only arrays) and mmaps (writable).
-    The broker image runs this at build time so a container never compiles."""
+    """Compile (or load) the loops for the buffers they meet: bytes (read-only arrays) and mmaps or bytearrays
+    (writable). The broker image runs this at build time so a container never compiles."""
     for arr in (np.frombuffer(bytes(MIN_ENTRY_SIZE), np.uint8), np.zeros(MIN_ENTRY_SIZE, np.uint8)):
         walk(arr, 0, arr.size, 1)
         crc32s(arr, np.zeros(1, np.int64), np.ones(1, np.int64))
+        first_bad_properties(arr, np.zeros(1, np.int64), np.ones(1, np.int64))

@@ -1,7 +1,8 @@
-"""Fixtures of the integration suite: the broker image, broker containers (testcontainers) and their volumes.
+"""Fixtures of the integration suite: the broker image, broker containers (``broker.testing.SluiceContainer``, the
+class users start Sluice with in their own tests) and their volumes.
 
 The suite runs against the real image built from the current source (scripts/build-image.sh, cached by a hash
-of the source, so once per session at most). scripts/ensure-docker.sh, which scripts/test.sh runs before the
+of the source, so once per run at most). scripts/ensure-docker.sh, which scripts/test.sh runs before the
 suite, installs and starts a Docker engine when the machine has none.
 
 These tests are never skipped: without Docker the fixtures FAIL with what to do, and a run in which any test of
@@ -12,8 +13,9 @@ and every container and volume is removed by the fixture that made it, whatever 
 
 Where the rest goes: Spark `readStream`/`writeStream` against the container (test_spark_container.py) and the
 exactly-once topic-to-topic job across a broker container restart (test_jobs_container.py) use the same
-`broker` / `broker_factory` fixtures: `broker.endpoint` is the "host:port" to give the connector's `endpoints`
-option, `broker.kill()` + `broker.restart()` a crash on the same volume, `check_store(...)` the store's oracle.
+`broker` / `broker_factory` fixtures: `broker.get_endpoint()` is the "host:port" to give the connector's
+`endpoints` option, `broker.kill()` + `broker.restart()` a crash on the same volume, `check_store(...)` the store's
+oracle.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
-from sluice_containers import LABEL, SESSION, BrokerContainer, BrokerFactory, remove_stale
+from sluice_containers import LABEL, SESSION, BrokerFactory, remove, remove_stale
+
+from broker.testing import SluiceContainer
 
 REPO = Path(__file__).resolve().parents[2]
 INTEGRATION_DIR = Path(__file__).resolve().parent
@@ -78,21 +82,24 @@ def broker_image(docker_client: docker.DockerClient) -> str:
 @pytest.fixture
 def broker_factory(docker_client: docker.DockerClient, broker_image: str) -> Iterator[BrokerFactory]:
     """Makes brokers (each on its own new volume unless one is given); removes them and their volumes after."""
-    made: list[BrokerContainer] = []
+    made: list[SluiceContainer] = []
     volumes: list[str] = []
 
-    def make(flush: str = "async", volume: str | None = None, extra_args: tuple[str, ...] = ()) -> BrokerContainer:
+    def make(flush: str = "async", volume: str | None = None, extra_args: tuple[str, ...] = ()) -> SluiceContainer:
         if volume is None:
             volume = f"sluice-it-{SESSION}-{len(volumes)}"
             docker_client.volumes.create(volume, labels={LABEL: SESSION})
             volumes.append(volume)
-        broker = BrokerContainer(broker_image, volume, flush=flush, extra_args=extra_args)
+        broker = SluiceContainer(  # published on loopback only: nothing outside this machine reaches it
+            broker_image, flush=flush, broker_args=extra_args, volume=volume, bind_host="127.0.0.1",
+            labels={LABEL: SESSION},
+        )  # fmt: skip
         made.append(broker)
         return broker.start()
 
     yield make
     for broker in made:
-        broker.remove()
+        remove(broker)
     for name in volumes:
         try:
             docker_client.volumes.get(name).remove(force=True)
@@ -101,6 +108,6 @@ def broker_factory(docker_client: docker.DockerClient, broker_image: str) -> Ite
 
 
 @pytest.fixture
-def broker(broker_factory: BrokerFactory) -> BrokerContainer:
+def broker(broker_factory: BrokerFactory) -> SluiceContainer:
     """A fresh broker container (ASYNC_FLUSH) on a new volume."""
     return broker_factory()

@@ -1,5 +1,6 @@
-"""Broker containers for the integration suite: the image's `sluice broker` on a named volume, its port published
-on 127.0.0.1, and one-off containers that run tools (the store's check()) on a stopped broker's volume.
+"""What the integration suite adds to the public ``broker.testing.SluiceContainer``: labels on everything it makes
+(so a killed run's leftovers can be found), commands run inside a broker container, and one-off containers that
+run tools (the store's check()) on a stopped broker's volume.
 
 Testcontainers' reaper (Ryuk) image cannot be pulled on machines without a registry, so it is disabled here and
 whoever makes a container or volume removes it (the fixtures in conftest.py do, whatever the test's outcome).
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -19,15 +19,10 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from docker.models.containers import Container
 from testcontainers.core.config import testcontainers_config
-from testcontainers.core.container import DockerContainer
 
-BROKER_PORT = 10911
-STORE_DIR = "/var/lib/sluice"  # the image's store volume
-# `sluice broker` prints a line with the word "ready" once it accepts connections (a word: "already" is not it).
-READY_LINE = re.compile(r"\bready\b")
-START_TIMEOUT_S = 60.0
+from broker.testing import STORE_DIR, SluiceContainer
+
 LABEL = "sluice.integration"  # on every container and volume the suite makes
 STALE_AFTER_S = 3 * 3600  # leftovers of a killed earlier run (no reaper) older than this are removed
 SESSION = uuid.uuid4().hex[:12]
@@ -38,91 +33,27 @@ os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
 testcontainers_config.ryuk_disabled = True
 
 
-class BrokerContainer:
-    """One broker container: `sluice broker` on the image, its store on a named volume, port on 127.0.0.1."""
+def exec_text(broker: SluiceContainer, *cmd: str, stderr: bool = True) -> tuple[int, str]:
+    """Run a command inside the running container (as its user `sluice`): (exit code, stdout[+stderr])."""
+    result = broker.get_wrapped_container().exec_run(list(cmd), stdout=True, stderr=stderr)
+    return int(result.exit_code), bytes(result.output).decode(errors="replace")
 
-    def __init__(self, image: str, volume: str, flush: str = "async", extra_args: tuple[str, ...] = ()) -> None:
-        self.image = image
-        self.volume = volume
-        self.flush = flush
-        self._tc = DockerContainer(image).with_command(["--flush", flush, *extra_args])
-        # Published on loopback only, on a port Docker picks.
-        self._tc.ports[f"{BROKER_PORT}/tcp"] = ("127.0.0.1", None)  # type: ignore[assignment]
-        self._tc.with_volume_mapping(volume, STORE_DIR, "rw")
-        self._tc.with_kwargs(labels={LABEL: SESSION})
-        self._starts = 0
 
-    @property
-    def container(self) -> Container:
-        return self._tc.get_wrapped_container()
+def exec_json(broker: SluiceContainer, *cmd: str) -> Any:
+    """Run a `--json` CLI command inside the container and parse its stdout; fails with the output if it exits
+    non-zero."""
+    code, out = exec_text(broker, *cmd, stderr=False)
+    if code != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {code}: {exec_text(broker, *cmd)[1][-2000:]}", pytrace=False)
+    return json.loads(out)
 
-    @property
-    def id(self) -> str:
-        return str(self.container.id)
 
-    @property
-    def endpoint(self) -> str:
-        self.container.reload()
-        bindings = self.container.attrs["NetworkSettings"]["Ports"][f"{BROKER_PORT}/tcp"]
-        port = next(int(b["HostPort"]) for b in bindings if b["HostIp"] == "127.0.0.1")
-        return f"127.0.0.1:{port}"
-
-    def start(self) -> BrokerContainer:
-        self._tc.start()
-        self._starts = 1
-        self.wait_ready()
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL the broker (docker kill): no shutdown hook runs, as in a power cut of the process."""
-        self.container.kill(signal="SIGKILL")
-        self.container.wait(timeout=30)
-
-    def stop(self, timeout_s: int = 20) -> None:
-        """SIGTERM, then SIGKILL after timeout_s (docker stop)."""
-        self.container.stop(timeout=timeout_s)
-
-    def restart(self) -> None:
-        """Start the same container again (same volume, same arguments) and wait for its next `ready` line."""
-        self.container.start()
-        self._starts += 1
-        self.wait_ready()
-
-    def wait_ready(self) -> None:
-        """Until the log holds one `ready` line per start; fails early with the logs if the broker exits."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            logs = self.logs()
-            if sum(bool(READY_LINE.search(line)) for line in logs.splitlines()) >= self._starts:
-                return
-            self.container.reload()
-            if self.container.status in ("exited", "dead"):
-                pytest.fail(f"broker container exited before `ready`:\n{logs[-4000:]}", pytrace=False)
-            if time.monotonic() > deadline:
-                pytest.fail(f"broker not `ready` within {START_TIMEOUT_S}s:\n{logs[-4000:]}", pytrace=False)
-            time.sleep(0.1)
-
-    def logs(self) -> str:
-        return bytes(self.container.logs(stdout=True, stderr=True)).decode(errors="replace")
-
-    def exec(self, *cmd: str, stderr: bool = True) -> tuple[int, str]:
-        """Run a command inside the running container (as its user `sluice`): (exit code, stdout[+stderr])."""
-        result = self.container.exec_run(list(cmd), stdout=True, stderr=stderr)
-        return int(result.exit_code), bytes(result.output).decode(errors="replace")
-
-    def exec_json(self, *cmd: str) -> Any:
-        """Run a `--json` CLI command inside the container and parse its stdout; fails with the output if it exits
-        non-zero."""
-        code, out = self.exec(*cmd, stderr=False)
-        if code != 0:
-            pytest.fail(f"{' '.join(cmd)} exited {code}: {self.exec(*cmd)[1][-2000:]}", pytrace=False)
-        return json.loads(out)
-
-    def remove(self) -> None:
-        try:
-            self._tc.stop(force=True, delete_volume=False)
-        except docker.errors.NotFound:
-            pass
+def remove(broker: SluiceContainer) -> None:
+    """Remove the container (not its named volume: the fixture that made the volume removes it)."""
+    try:
+        broker.stop(force=True, delete_volume=False)
+    except docker.errors.NotFound:
+        pass
 
 
 # Runs in a one-off container on a stopped broker's volume: opens the store (recovering it as the broker would
@@ -171,7 +102,7 @@ def check_store(client: docker.DockerClient, image: str, volume: str) -> list[st
     return problems
 
 
-BrokerFactory = Callable[..., BrokerContainer]
+BrokerFactory = Callable[..., SluiceContainer]
 
 
 def remove_stale(client: docker.DockerClient) -> None:

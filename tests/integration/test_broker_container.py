@@ -8,9 +8,10 @@ import time
 
 import docker
 import pytest
-from sluice_containers import STORE_DIR, BrokerContainer, BrokerFactory, check_store, run_in_volume, wait_dispatched
+from sluice_containers import BrokerFactory, check_store, exec_json, exec_text, run_in_volume, wait_dispatched
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendResult, SendStatus
+from broker.testing import STORE_DIR, SluiceContainer
 
 pytestmark = pytest.mark.integration
 
@@ -62,21 +63,21 @@ def pull_all(endpoint: str, group: str, topic: str, queues: int) -> dict[int, li
     return out
 
 
-def test_host_producer_and_consumer_round_trip_byte_exact(broker: BrokerContainer) -> None:
+def test_host_producer_and_consumer_round_trip_byte_exact(broker: SluiceContainer) -> None:
     rng = random.Random(7)
     sent = mixed_messages(rng, MESSAGES)
-    with Admin(broker.endpoint) as admin:
+    with Admin(broker.get_endpoint()) as admin:
         admin.create_topic(TOPIC, queues=QUEUES)
-    with Producer(broker.endpoint) as producer:
+    with Producer(broker.get_endpoint()) as producer:
         results = [producer.send(m) for m in sent[:100]]  # single sends
         for start in range(100, MESSAGES, 500):  # and batches, round-robin over the queues
             results += producer.send_batch(sent[start : start + 500])
     assert all(r.status is SendStatus.SEND_OK for r in results)
     where = {(r.queue_id, r.queue_offset): m for r, m in zip(results, sent, strict=True)}
     assert len(where) == MESSAGES, "two messages were given the same queue offset"
-    wait_dispatched(broker.endpoint, TOPIC, max_offsets(results))
+    wait_dispatched(broker.get_endpoint(), TOPIC, max_offsets(results))
 
-    received = pull_all(broker.endpoint, "it-roundtrip", TOPIC, QUEUES)
+    received = pull_all(broker.get_endpoint(), "it-roundtrip", TOPIC, QUEUES)
     assert sum(len(v) for v in received.values()) == MESSAGES
     for qid, messages in received.items():
         assert [m.queue_offset for m in messages] == list(range(len(messages))), f"queue {qid} has gaps"
@@ -90,70 +91,71 @@ def test_host_producer_and_consumer_round_trip_byte_exact(broker: BrokerContaine
                 assert got.properties[name] == value
 
 
-def test_committed_offsets_and_lag_seen_from_the_host(broker: BrokerContainer) -> None:
-    with Producer(broker.endpoint) as producer:
+def test_committed_offsets_and_lag_seen_from_the_host(broker: SluiceContainer) -> None:
+    with Producer(broker.get_endpoint()) as producer:
         producer.send_batch([Message("lagged", f"m{i}".encode()) for i in range(300)], queue_id=0)
-    wait_dispatched(broker.endpoint, "lagged", {0: 300})
-    with PullConsumer(broker.endpoint, "it-lag") as consumer:
+    wait_dispatched(broker.get_endpoint(), "lagged", {0: 300})
+    with PullConsumer(broker.get_endpoint(), "it-lag") as consumer:
         result = consumer.pull("lagged", 0, 0, max_msgs=100)
         assert len(result.messages) == 100
         consumer.commit_offsets({("lagged", 0): result.next_begin_offset})
         assert consumer.committed_offsets("lagged") == {0: 100}
-    with Admin(broker.endpoint) as admin:
+    with Admin(broker.get_endpoint()) as admin:
         lag = {q.queue_id: q for q in admin.consumer_lag("it-lag", "lagged")}
     assert (lag[0].broker_offset, lag[0].consumer_offset, lag[0].lag) == (300, 100, 200)
 
 
-def test_cli_inside_the_container(broker: BrokerContainer) -> None:
+def test_cli_inside_the_container(broker: SluiceContainer) -> None:
     endpoint = ["--endpoint", "127.0.0.1:10911"]
-    code, out = broker.exec("sluice", "topic", "create", "cli-topic", "--queues", "2", *endpoint)
+    code, out = exec_text(broker, "sluice", "topic", "create", "cli-topic", "--queues", "2", *endpoint)
     assert code == 0, out
-    code, out = broker.exec("sluice", "send", "cli-topic", "--count", "25", "--size", "64", "--queue", "1", *endpoint)
+    send = ("sluice", "send", "cli-topic", "--count", "25", "--size", "64", "--queue", "1", *endpoint)
+    code, out = exec_text(broker, *send)
     assert code == 0, out
-    wait_dispatched(broker.endpoint, "cli-topic", {1: 25})
-    topics = {t["topic"]: t for t in broker.exec_json("sluice", "topic", "list", "--json", *endpoint)}
+    wait_dispatched(broker.get_endpoint(), "cli-topic", {1: 25})
+    topics = {t["topic"]: t for t in exec_json(broker, "sluice", "topic", "list", "--json", *endpoint)}
     assert topics["cli-topic"]["write_queue_nums"] == 2
-    described = broker.exec_json("sluice", "topic", "describe", "cli-topic", "--json", *endpoint)
+    described = exec_json(broker, "sluice", "topic", "describe", "cli-topic", "--json", *endpoint)
     assert {q["queue_id"]: (q["min_offset"], q["max_offset"]) for q in described["queues"]} == {0: (0, 0), 1: (0, 25)}
-    code, out = broker.exec(
-        "sluice", "consume", "cli-topic", "--group", "cli-g", "--from", "earliest", "--max", "25", *endpoint
+    code, out = exec_text(
+        broker, "sluice", "consume", "cli-topic", "--group", "cli-g", "--from", "earliest", "--max", "25", *endpoint
     )
     assert code == 0, out
     assert out.count("1:") >= 25, out  # one line per message, "queue:offset ..."
-    lag = broker.exec_json("sluice", "group", "lag", "cli-g", "--json", *endpoint)
+    lag = exec_json(broker, "sluice", "group", "lag", "cli-g", "--json", *endpoint)
     assert lag["total_lag"] == 0, lag
-    stats = broker.exec_json("sluice", "stats", "--json", *endpoint)
+    stats = exec_json(broker, "sluice", "stats", "--json", *endpoint)
     assert stats["broker_put_messages"] >= 25
     # What the host sees agrees with what the CLI did.
-    with Admin(broker.endpoint) as admin:
+    with Admin(broker.get_endpoint()) as admin:
         assert admin.queue_offsets("cli-topic")[1] == (0, 25)
         assert {q.queue_id: q.consumer_offset for q in admin.consumer_lag("cli-g", "cli-topic")}[1] == 25
 
 
-def test_cli_bad_input_is_a_clear_error(broker: BrokerContainer) -> None:
-    code, out = broker.exec("sluice", "topic", "create", "bad topic!", "--endpoint", "127.0.0.1:10911")
+def test_cli_bad_input_is_a_clear_error(broker: SluiceContainer) -> None:
+    code, out = exec_text(broker, "sluice", "topic", "create", "bad topic!", "--endpoint", "127.0.0.1:10911")
     assert code != 0
     # the broker's validation, not any error (a connection failure also names the topic command)
     assert "topic 'bad topic!' has characters outside ^[%|a-zA-Z0-9_-]+$" in out, out
     assert "Traceback" not in out
 
 
-def test_health_check_reports_healthy(broker: BrokerContainer) -> None:
+def test_health_check_reports_healthy(broker: SluiceContainer) -> None:
     deadline = time.monotonic() + HEALTHY_TIMEOUT_S
     status = ""
     while time.monotonic() < deadline:
-        broker.container.reload()
-        status = broker.container.attrs["State"]["Health"]["Status"]
+        broker.get_wrapped_container().reload()
+        status = broker.get_wrapped_container().attrs["State"]["Health"]["Status"]
         if status == "healthy":
             break
         time.sleep(0.5)
-    assert status == "healthy", broker.container.attrs["State"]["Health"]
+    assert status == "healthy", broker.get_wrapped_container().attrs["State"]["Health"]
 
 
-def test_runs_as_non_root_with_store_on_the_volume(broker: BrokerContainer) -> None:
-    code, out = broker.exec("id", "-un")
+def test_runs_as_non_root_with_store_on_the_volume(broker: SluiceContainer) -> None:
+    code, out = exec_text(broker, "id", "-un")
     assert (code, out.strip()) == (0, "sluice")
-    mounts = {m["Destination"]: m for m in broker.container.attrs["Mounts"]}
+    mounts = {m["Destination"]: m for m in broker.get_wrapped_container().attrs["Mounts"]}
     assert mounts["/var/lib/sluice"]["Type"] == "volume"
 
 
@@ -162,29 +164,24 @@ def test_graceful_stop_and_restart_keep_everything(
 ) -> None:
     broker = broker_factory()
     bodies = [f"kept-{i}".encode() for i in range(1000)]
-    with Producer(broker.endpoint) as producer:
+    with Producer(broker.get_endpoint()) as producer:
         producer.send_batch([Message("kept", b) for b in bodies], queue_id=0)
-    wait_dispatched(broker.endpoint, "kept", {0: len(bodies)})
-    with PullConsumer(broker.endpoint, "it-kept") as consumer:
+    wait_dispatched(broker.get_endpoint(), "kept", {0: len(bodies)})
+    with PullConsumer(broker.get_endpoint(), "it-kept") as consumer:
         consumer.commit_offsets({("kept", 0): 600})
-    broker.stop()  # SIGTERM: the broker flushes and persists offsets
-    assert _exit_code(broker) == 0, broker.logs()[-2000:]
+    broker.terminate()  # SIGTERM: the broker flushes and persists offsets
+    assert broker.exit_code() == 0, broker.log_text()[-2000:]
     assert check_store(docker_client, broker_image, broker.volume) == []
     broker.restart()
-    wait_dispatched(broker.endpoint, "kept", {0: len(bodies)})
-    received = pull_all(broker.endpoint, "it-kept-2", "kept", 1)[0]
+    wait_dispatched(broker.get_endpoint(), "kept", {0: len(bodies)})
+    received = pull_all(broker.get_endpoint(), "it-kept-2", "kept", 1)[0]
     assert [m.body for m in received] == bodies
-    with PullConsumer(broker.endpoint, "it-kept") as consumer:
+    with PullConsumer(broker.get_endpoint(), "it-kept") as consumer:
         assert consumer.committed_offsets("kept") == {0: 600}
 
 
-def _exit_code(broker: BrokerContainer) -> int:
-    broker.container.reload()
-    return int(broker.container.attrs["State"]["ExitCode"])
-
-
 def test_second_broker_on_the_same_volume_is_refused(
-    broker: BrokerContainer, docker_client: docker.DockerClient, broker_image: str
+    broker: SluiceContainer, docker_client: docker.DockerClient, broker_image: str
 ) -> None:
     """The store lock holds across containers: a second broker on a volume in use exits with a clear error,
     and the first one keeps serving."""
@@ -195,5 +192,5 @@ def test_second_broker_on_the_same_volume_is_refused(
     assert code != 0, output
     assert "locked" in output and STORE_DIR in output, output
     assert "Traceback" not in output
-    with Producer(broker.endpoint) as producer:
+    with Producer(broker.get_endpoint()) as producer:
         assert producer.send(Message("still-up", b"x")).status is SendStatus.SEND_OK

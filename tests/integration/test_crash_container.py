@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import docker
 import pytest
-from sluice_containers import BrokerContainer, BrokerFactory, check_store, wait_dispatched
+from sluice_containers import BrokerFactory, check_store, wait_dispatched
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
 from broker.errors import BrokerError
+from broker.testing import SluiceContainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -91,15 +92,16 @@ def test_docker_kill_during_sync_flush_sends_loses_no_acknowledged_message(
     seed = int(os.environ.get("SLUICE_CRASH_SEED", time.time_ns() % 1_000_000))
     print(f"crash seed {seed} (rerun with SLUICE_CRASH_SEED={seed})")
     rng = random.Random(seed)
-    broker: BrokerContainer = broker_factory(flush="sync")
-    with Admin(broker.endpoint) as admin:
+    broker: SluiceContainer = broker_factory(flush="sync")
+    with Admin(broker.get_endpoint()) as admin:
         admin.create_topic(TOPIC, queues=QUEUES)
     acked = Acked()
 
     for round_no in range(KILL_ROUNDS):
         stop = threading.Event()
+        endpoint = broker.get_endpoint()  # a restart may publish the port on another host port
         writers = [
-            threading.Thread(target=send_until_killed, args=(broker.endpoint, acked, round_no, w, w % 2 == 1, stop))
+            threading.Thread(target=send_until_killed, args=(endpoint, acked, round_no, w, w % 2 == 1, stop))
             for w in range(2)
         ]
         before = len(acked.at)
@@ -121,8 +123,8 @@ def test_docker_kill_during_sync_flush_sends_loses_no_acknowledged_message(
         expected_max: dict[int, int] = {}
         for qid, offset in acked.at:
             expected_max[qid] = max(expected_max.get(qid, 0), offset + 1)
-        wait_dispatched(broker.endpoint, TOPIC, expected_max)
-        found = read_everything(broker.endpoint)
+        wait_dispatched(broker.get_endpoint(), TOPIC, expected_max)
+        found = read_everything(broker.get_endpoint())
         missing = sorted(k for k in acked.at if k not in found)
         assert not missing, f"round {round_no}: {len(missing)} acknowledged message(s) lost, first {missing[:5]}"
         changed = [k for k, body in acked.at.items() if found[k] != body]
@@ -131,5 +133,5 @@ def test_docker_kill_during_sync_flush_sends_loses_no_acknowledged_message(
             offsets = sorted(o for q, o in found if q == qid)
             assert offsets == list(range(len(offsets))), f"queue {qid} has holes after recovery"
 
-    broker.stop()
+    broker.terminate()
     assert check_store(docker_client, broker_image, broker.volume) == []

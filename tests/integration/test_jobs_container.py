@@ -19,18 +19,18 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from jobs_helpers import create_topics, flat, produce, read_topic, run_job, start_job, stored_count
-from sluice_containers import BrokerContainer
 
 from broker.client import Message
 from broker.errors import BrokerError
+from broker.testing import SluiceContainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(420)]
 
 QUEUES = 4
 
 
-def test_topic_mirror_with_where_and_transform(broker: BrokerContainer, tmp_path: Path) -> None:
-    endpoint = broker.endpoint
+def test_topic_mirror_with_where_and_transform(broker: SluiceContainer, tmp_path: Path) -> None:
+    endpoint = broker.get_endpoint()
     create_topics(endpoint, QUEUES, "orders", "orders_eu")
     n = 1200
     sent = [
@@ -60,8 +60,8 @@ def test_topic_mirror_with_where_and_transform(broker: BrokerContainer, tmp_path
         assert len({q for q, _ in positions}) <= 1 and positions == sorted(positions), f"target queue {qid}"
 
 
-def test_to_parquet_content_and_partitioning(broker: BrokerContainer, tmp_path: Path) -> None:
-    endpoint = broker.endpoint
+def test_to_parquet_content_and_partitioning(broker: SluiceContainer, tmp_path: Path) -> None:
+    endpoint = broker.get_endpoint()
     topics = ("pq_a", "pq_b")
     create_topics(endpoint, 2, *topics)
     for t, n in zip(topics, (500, 300), strict=True):
@@ -93,8 +93,8 @@ def test_to_parquet_content_and_partitioning(broker: BrokerContainer, tmp_path: 
         assert got == want, f"{t}: Parquet rows differ from the topic ({len(got)} vs {len(want)})"
 
 
-def test_windowed_counts_append_mode_with_watermark(broker: BrokerContainer, tmp_path: Path) -> None:
-    endpoint = broker.endpoint
+def test_windowed_counts_append_mode_with_watermark(broker: SluiceContainer, tmp_path: Path) -> None:
+    endpoint = broker.get_endpoint()
     create_topics(endpoint, 2, "events", "event_counts")
     base_ms = int(datetime(2026, 1, 1, 12, 0, tzinfo=UTC).timestamp() * 1000)
     # Minute m, key k -> count; the events are spread over both queues, in no particular time order.
@@ -125,13 +125,18 @@ def test_windowed_counts_append_mode_with_watermark(broker: BrokerContainer, tmp
     assert got == want
 
 
-def test_demo_against_the_container(broker: BrokerContainer) -> None:
+def test_demo_against_the_container(broker: SluiceContainer) -> None:
     events = 3000
-    out = run_job("demo", "--endpoints", broker.endpoint, "--events", str(events))
+    endpoint = broker.get_endpoint()
+    out = run_job("demo", "--endpoints", endpoint, "--events", str(events))
+    assert f"[1/4] broker: using the running broker at {endpoint}" in out, out[-3000:]
+    assert "[2/4] produce:" in out and "[3/4] stream:" in out and "[4/4] check:" in out, out[-3000:]
+    # the heartbeat is read like a click (one input row more) and said to be one
+    assert f"read {events + 1} messages ({events} click events + 1 heartbeat)" in out, out[-3000:]
     assert "events per minute and type" in out, out[-3000:]
     assert f"events sent: {events}   events counted: {events}" in out, out[-3000:]
     assert "consumer group demo-etl on clicks" in out, out[-3000:]
-    assert stored_count(broker.endpoint, "click-stats") > 0
+    assert stored_count(broker.get_endpoint(), "click-stats") > 0
 
 
 # ---- exactly-once mirror across a broker container restart and a driver SIGKILL ---------------------------
@@ -168,8 +173,8 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.mark.slow
-def test_exactly_once_mirror_across_broker_restart_and_driver_kill(broker: BrokerContainer, tmp_path: Path) -> None:
-    endpoint = broker.endpoint
+def test_exactly_once_mirror_across_broker_restart_and_driver_kill(broker: SluiceContainer, tmp_path: Path) -> None:
+    endpoint = broker.get_endpoint()
     create_topics(endpoint, QUEUES, "eo_a", "eo_b")
     produce(endpoint, [Message("eo_a", f"id-{i:06d}".encode(), tags=f"t{i % 3}") for i in range(EO_MESSAGES)], QUEUES)
     checkpoint, log = tmp_path / "chk", tmp_path / "driver.log"
@@ -195,9 +200,9 @@ def test_exactly_once_mirror_across_broker_restart_and_driver_kill(broker: Broke
         assert progress(endpoint, 0), f"no progress before the restart:\n{driver_log()}"
         assert proc.poll() is None, driver_log()
         before = mirrored(endpoint)
-        broker.stop(timeout_s=10)
+        broker.terminate(timeout_s=10)
         broker.restart()
-        new_endpoint = broker.endpoint
+        new_endpoint = broker.get_endpoint()
         survived = new_endpoint == endpoint and progress(endpoint, before, 60) and proc.poll() is None
         print(f"broker restarted ({endpoint} -> {new_endpoint}) with {before} in eo_b; job carried on: {survived}")
         endpoint = new_endpoint

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from jobs_helpers import create_topics, flat, produce, read_topic
-from sluice_containers import BrokerContainer
 
 from broker.client import Message
+from broker.testing import SluiceContainer
 from streaming_jobs.common import spark_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(300)]
@@ -69,9 +69,9 @@ def run_available_now(writer: Any) -> Any:
 
 
 def test_read_stream_from_container_into_memory_and_parquet(
-    spark: Any, broker: BrokerContainer, tmp_path: Path
+    spark: Any, broker: SluiceContainer, tmp_path: Path
 ) -> None:
-    endpoint = broker.endpoint
+    endpoint = broker.get_endpoint()
     create_topics(endpoint, QUEUES, "spark_in")
     sent = sample("spark_in", N)
     produce(endpoint, sent, QUEUES)
@@ -116,13 +116,13 @@ def test_read_stream_from_container_into_memory_and_parquet(
 
 
 def test_write_stream_through_the_exactly_once_sink_into_container_topic(
-    spark: Any, broker: BrokerContainer, tmp_path: Path
+    spark: Any, broker: SluiceContainer, tmp_path: Path
 ) -> None:
     """Every row once, with tags, keys and properties, through the transactional (exactly-once) sink path. No
     failure is injected here: the crash cases are test_jobs_container.py's (driver kill, broker restart)."""
     from pyspark.sql import functions as F
 
-    endpoint = broker.endpoint
+    endpoint = broker.get_endpoint()
     create_topics(endpoint, QUEUES, "spark_src", "spark_dst")
     sent = sample("spark_src", N)
     produce(endpoint, sent, QUEUES)

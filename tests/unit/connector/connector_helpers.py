@@ -1,4 +1,4 @@
-"""Helpers for the connector tests: brokers in subprocesses, topics, deterministic message bodies."""
+"""Helpers for the connector tests: brokers and clusters in subprocesses, topics, deterministic message bodies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.client import Admin, Message, Producer
+from broker.client import Admin, Message, Producer, PullConsumer
+from broker.client.route import MessageQueue
+from broker.errors import TopicNotExistError
+from broker.namesrv.local_cluster import LocalCluster
 from broker.server.process import BrokerProcess
 
 # Small files so that expiry tests have several commit-log and consume-queue files to delete.
@@ -70,3 +73,42 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.2)
+
+
+def start_cluster(root: Path, brokers: int = 3, **kwargs: Any) -> LocalCluster:
+    """A name server and brokers as processes; registration every 500 ms and expiry after 3 s, so that brokers
+    joining and leaving show in routes within seconds (the defaults are 30 s and 120 s)."""
+    settings: dict[str, Any] = {"register_interval_ms": 500, "broker_expire_ms": 3000, **kwargs}
+    return LocalCluster(root, brokers=brokers, **settings).start()
+
+
+def cluster_topic(cluster: LocalCluster, topic: str, queues: int, brokers: list[str] | None = None) -> None:
+    """Create ``topic`` on each of ``brokers`` (default all) and wait until the name servers route it there."""
+    names = brokers or list(cluster.brokers)
+    for name in names:
+        with Admin(cluster.endpoint(name)) as admin:
+            admin.create_topic(topic, queues, if_not_exists=True)
+    with PullConsumer(namesrv=cluster.namesrv) as consumer:
+
+        def routed() -> bool:
+            consumer.router.refresh(topic)
+            try:
+                return set(names) <= set(consumer.router.route(topic).broker_names)
+            except TopicNotExistError:
+                return False
+
+        wait_for(routed, 30, f"the route of {topic} to list {names}")
+
+
+def cluster_fill(namesrv: str, topic: str, per_queue: int, queues: list[MessageQueue], *, first: int = 0) -> None:
+    """``per_queue`` messages to each of ``queues``; message i of broker b's queue q has body ``topic|b:q|i``."""
+    with Producer(namesrv=namesrv) as producer:
+        for mq in queues:
+            for lo in range(first, first + per_queue, 5000):
+                hi = min(lo + 5000, first + per_queue)
+                msgs = [Message(topic, cluster_body(mq, i)) for i in range(lo, hi)]
+                assert len(producer.send_batch(msgs, queue=mq)) == hi - lo
+
+
+def cluster_body(mq: MessageQueue, i: int) -> bytes:
+    return f"{mq.topic}|{mq.broker_name}:{mq.queue_id}|{i}".encode()

@@ -1,6 +1,8 @@
 """The streaming query of the exactly-once test, run as its own driver process so the test can SIGKILL it.
 
-python eo_query.py ENDPOINT TOPIC GROUP CHECKPOINT OUTPUT continuous|available-now
+python eo_query.py ENDPOINT TOPIC GROUP CHECKPOINT OUTPUT continuous|available-now MAX_PER_TRIGGER
+
+ENDPOINT is a broker's host:port, or namesrv=HOST:PORT for a cluster.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ def main() -> int:
     )  # fmt: skip
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    cluster = endpoint.startswith("namesrv=")
+    where = ("namesrv", endpoint.removeprefix("namesrv=")) if cluster else ("endpoints", endpoint)
     df = (
-        spark.readStream.format("sluice").option("endpoints", endpoint).option("topic", topic)
+        spark.readStream.format("sluice").option(*where).option("topic", topic)
         .option("consumerGroup", group).option("startingOffsets", "earliest")
         .option("maxMessagesPerTrigger", max_per_trigger).load()
-        .select("queue_id", "queue_offset", "body")
+        .select("broker", "queue_id", "queue_offset", "body")
     )  # fmt: skip
     writer = df.writeStream.format("parquet").option("path", output).option("checkpointLocation", checkpoint)
     if mode == "available-now":

@@ -1,6 +1,8 @@
 """Topic A -> transform -> topic B through the sluice sink, as its own driver process so a test can SIGKILL it.
 
 python sink_eo_query.py ENDPOINT SOURCE TARGET CHECKPOINT GUARANTEE MAX_PER_TRIGGER
+
+ENDPOINT is a broker's host:port, or namesrv=HOST:PORT for a cluster (source and sink both).
 """
 
 from __future__ import annotations
@@ -25,19 +27,23 @@ def main() -> int:
     )  # fmt: skip
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    cluster = endpoint.startswith("namesrv=")
+    where = ("namesrv", endpoint.removeprefix("namesrv=")) if cluster else ("endpoints", endpoint)
     df = (
-        spark.readStream.format("sluice").option("endpoints", endpoint).option("topic", source)
+        spark.readStream.format("sluice").option(*where).option("topic", source)
         .option("consumerGroup", f"mirror-{target}").option("startingOffsets", "earliest")
         .option("maxMessagesPerTrigger", max_per_trigger).load()
     )  # fmt: skip
-    # The transform: the body gains a suffix, the tag and the source queue are carried over.
+    # The transform: the body gains a suffix, the tag and the source queue are carried over. In a cluster the key
+    # is the id's last two digits: 100 keys spread over every broker's queues, where 4 queue ids would not be.
+    key = F.substring(F.col("body").cast("string"), -2, 2) if cluster else F.col("queue_id").cast("string")
     out = df.select(
         F.concat(F.col("body").cast("string"), F.lit("|mirrored")).alias("body"),
         F.col("tags"),
-        F.col("queue_id").cast("string").alias("sharding_key"),
+        key.alias("sharding_key"),
     )
     query = (
-        out.writeStream.format("sluice").option("endpoints", endpoint).option("topic", target)
+        out.writeStream.format("sluice").option(*where).option("topic", target)
         .option("deliveryGuarantee", guarantee).option("checkpointLocation", checkpoint)
         .trigger(availableNow=True).start()
     )  # fmt: skip

@@ -112,3 +112,14 @@ def test_fail_on_data_loss_both_ways_after_files_expire(spark: Any, expiring_bro
         lo_now, hi_now = admin.queue_offsets(topic)[0]
     assert hi_now == hi and lo_now >= lo
     assert batch(spark, endpoint, topic, startingOffsets=start, failOnDataLoss="false").count() == hi - lo_now
+
+
+def test_batch_read_of_a_topic_that_does_not_exist_fails_naming_it(spark: Any, broker: str) -> None:
+    """It returned 0 rows: a typo in the topic name read as an empty topic."""
+    with pytest.raises(Exception, match=r"topic 'no-such-topic' does not exist on the broker at .*sluice topic create"):
+        batch(spark, broker, "no-such-topic").collect()
+    with pytest.raises(Exception, match=r"topic 'no-such-topic' does not exist"):
+        topics = f"{new_topic(broker, 1)},no-such-topic"
+        spark.read.format("sluice").option("endpoints", broker).option("topics", topics).load().collect()
+    nothing = spark.read.format("sluice").option("endpoints", broker).option("topicPattern", "no-such-.*").load()
+    assert nothing.count() == 0  # a pattern that matches no topic is not an error

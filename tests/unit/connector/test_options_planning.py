@@ -42,6 +42,8 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
     [
         ({"endpoints": None}, "endpoints"),
         ({"endpoints": "localhost"}, "endpoints"),
+        ({"endpoints": "::1:10911"}, "endpoints"),  # IPv6 without brackets: the client's rule, at query start
+        ({"endpoints": " , "}, "endpoints"),
         ({"topics": "a,b"}, "topic"),
         ({"topic": "bad topic!"}, "topic"),
         ({"topic": None, "topicPattern": "("}, "topicPattern"),
@@ -102,8 +104,8 @@ def test_offset_json_naming_a_queue_twice_is_refused() -> None:
     with pytest.raises(SourceOptionError, match="startingOffsets: topic 't' names queue 0 twice"):
         parse_positions("broker-a", data, what="startingOffsets")
     assert parse_positions("broker-a", {"t": {"broker-a:0": 2, "broker-a:1": 7}}, what="x") == {
-        ("t", 0): 2,
-        ("t", 1): 7,
+        ("t", "broker-a", 0): 2,
+        ("t", "broker-a", 1): 7,
     }
 
 
@@ -112,6 +114,7 @@ def test_sink_endpoints_and_producer_group_are_checked_at_query_start() -> None:
     connection timeouts; the source refused the same endpoints at once."""
     base = {"endpoints": "127.0.0.1:10911", "topic": "t"}
     assert parse_sink_options(base).endpoints == "127.0.0.1:10911"
+    assert parse_sink_options({**base, "endpoints": "[::1]:10911, h:1"}).endpoints == "[::1]:10911,h:1"
     bad_values = {"endpoints": ["localhost", "h:99999"], "producerGroup": ["", "a b"]}
     for name, values in bad_values.items():
         for value in values:
@@ -120,7 +123,7 @@ def test_sink_endpoints_and_producer_group_are_checked_at_query_start() -> None:
 
 
 def test_offset_json_round_trip_and_broker_check() -> None:
-    off = SourceOffset("broker-a", {("t", 1): 5, ("t", 0): 7, ("s", 3): 0})
+    off = SourceOffset({("t", "broker-a", 1): 5, ("t", "broker-a", 0): 7, ("s", "broker-a", 3): 0})
     data = off.to_json()
     assert data == {"s": {"broker-a:3": 0}, "t": {"broker-a:0": 7, "broker-a:1": 5}}
     assert SourceOffset.from_json("broker-a", data) == off
@@ -201,23 +204,23 @@ def test_byte_limit_shares_bytes_by_backlog_and_always_moves() -> None:
 
     from connector.admission import AdmissionControl
 
-    calls: list[tuple[str, int, int, int, int]] = []
+    calls: list[tuple[object, int, int, int]] = []
 
-    def probe(topic: str, qid: int, s: int, cap: int, budget: int) -> int:
-        calls.append((topic, qid, s, cap, budget))
+    def probe(key: object, s: int, cap: int, budget: int) -> int:
+        calls.append((key, s, cap, budget))
         return min(cap, s + budget // 100)  # every entry is 100 bytes
 
     opts = parse_options({**BASE, "maxBytesPerTrigger": "1000"}, streaming=True)
     ac = AdmissionControl(opts)
     end = ac.end_offsets({("t", 0): 0, ("t", 1): 0}, {("t", 0): 30, ("t", 1): 10}, ReadMaxBytes(1000), probe,
                          available_now=False)  # fmt: skip
-    assert end == {("t", 0): 7, ("t", 1): 2} and [c[4] for c in calls] == [750, 250]
+    assert end == {("t", 0): 7, ("t", 1): 2} and [c[3] for c in calls] == [750, 250]
     tiny = AdmissionControl(parse_options({**BASE, "maxBytesPerTrigger": "10"}, streaming=True))
     end = tiny.end_offsets({("t", 0): 0}, {("t", 0): 30}, ReadMaxBytes(10), probe, available_now=False)
     assert end == {("t", 0): 1}  # one message even when it is larger than the whole budget
 
-    def big_head(topic: str, qid: int, s: int, cap: int, budget: int) -> int:  # queue 1's next message: 5,000 B
-        return s if qid == 1 and s == 0 else min(cap, s + budget // 100)
+    def big_head(key: tuple[str, int], s: int, cap: int, budget: int) -> int:  # queue 1's next message: 5,000 B
+        return s if key[1] == 1 and s == 0 else min(cap, s + budget // 100)
 
     for _ in range(3):  # queue 0 keeps the budget busy; queue 1 still moves, by one message past its share
         end = ac.end_offsets({("t", 0): 0, ("t", 1): 0}, {("t", 0): 90, ("t", 1): 10}, ReadMaxBytes(1000), big_head,
@@ -242,17 +245,16 @@ def test_broker_calls_are_retried_while_the_broker_is_unreachable() -> None:
 
 
 def test_group_commit_failure_is_retried_logged_and_never_fatal(caplog: pytest.LogCaptureFixture) -> None:
-    from broker.client import Admin, PullConsumer
-    from connector.broker_link import BrokerLink
+    from connector.broker_link import DirectLink
     from connector.group_commit import GroupCommitter
 
     dead = "127.0.0.1:9"  # nothing listens on the discard port: every call fails as unavailable
     committer = GroupCommitter("g")
-    link = BrokerLink(PullConsumer(dead, "g", timeout_s=0.5), Admin(dead, timeout_s=0.5))
-    assert committer.commit(link, {("t", 0): 5}) is False
+    link = DirectLink(dead, "broker-a", "g", 0.5)
+    assert committer.commit(link, {("t", "broker-a", 0): 5}) is False
     assert committer.failures == 1 and committer.committed is None
     assert "gave up committing group 'g'" in caplog.text
-    assert GroupCommitter(None).commit(link, {("t", 0): 5}) is True  # no group: nothing to do
+    assert GroupCommitter(None).commit(link, {("t", "broker-a", 0): 5}) is True  # no group: nothing to do
 
 
 def test_a_commit_with_too_many_attempts_names_the_fix() -> None:
@@ -292,7 +294,7 @@ def test_a_link_whose_admin_fails_closes_its_consumer(monkeypatch: pytest.Monkey
 
 
 def test_offset_json_naming_a_queue_that_does_not_exist_is_refused(broker: str) -> None:
-    """A typo in startingOffsets used to fall back to 'latest' for every queue, silently (Kafka refuses too)."""
+    """A typo in startingOffsets is refused, not taken as 'latest' for every queue, silently (Kafka refuses too)."""
     from broker.client import Admin
     from connector.broker_link import link_for
     from connector.offset_resolver import snapshot, starting_positions
@@ -309,7 +311,7 @@ def test_offset_json_naming_a_queue_that_does_not_exist_is_refused(broker: str) 
     ok = parse_options({"endpoints": broker, "topic": "jsonq", "startingOffsets": '{"jsonq": {"broker-a:1": -2}}'},
                        streaming=True)  # fmt: skip
     link = link_for(ok)
-    assert starting_positions(ok, link, snapshot(link, ["jsonq"]))[("jsonq", 1)] == 0
+    assert starting_positions(ok, link, snapshot(link, ["jsonq"]))[("jsonq", "broker-a", 1)] == 0
 
 
 def test_the_initial_offset_is_resolved_once(broker: str) -> None:

@@ -85,7 +85,7 @@ def test_a_group_the_broker_does_not_know_fails_at_once_saying_what_to_do(
     committer = GroupCommitter("nobody")
     started = time.monotonic()
     with pytest.raises(SourceOptionError, match="'nobody'"):
-        committer.commit(link_for(options), {("Strict", 0): 1})
+        committer.commit(link_for(options), {("Strict", "broker-a", 0): 1})
     assert time.monotonic() - started < 2.0  # no retries: those alone take 2.6 s
 
 

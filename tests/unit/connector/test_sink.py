@@ -75,7 +75,7 @@ def test_rows_in_equal_messages_out(spark: Any, broker: str, guarantee: str) -> 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
 def test_kilobyte_rows_with_default_batching(spark: Any, broker: str, guarantee: str) -> None:
     """6 MB of 1 KiB rows in one task, default batchMessages/batchBytes: every SendBatch fits the broker's 4 MiB
-    batch limit (a chunk used to end just past batchBytes, and at-least-once sends are not split)."""
+    batch limit (a chunk must not end just past batchBytes: at-least-once sends are not split)."""
     topic = new_topic(broker, queues=2, prefix="kib")
     df = spark.range(0, 6000, 1, 1).selectExpr("concat(lpad(cast(id as string), 8, '0'), repeat('k', 1016)) as body")
     write(df, broker, topic=topic, deliveryGuarantee=guarantee)

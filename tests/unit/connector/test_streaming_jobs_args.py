@@ -12,7 +12,7 @@ PARQUET = ["--checkpoint", "/tmp/never-used", "--topic", "A", "--output", "/tmp/
 
 @pytest.mark.parametrize("value", ["0", "-5", "many"])
 def test_max_messages_per_trigger_below_one_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """0 was dropped by a truthiness test, so the job ran with no limit at all."""
+    """0 must not pass as 'no limit' (a truthiness test would drop it, and the job would run unlimited)."""
     jobs = ((to_parquet, PARQUET), (topic_mirror, MIRROR), (windowed_counts, MIRROR))
     for job, argv in jobs:
         with pytest.raises(SystemExit) as exit_info:
@@ -30,3 +30,15 @@ def test_a_job_writing_into_its_own_source_is_refused(capsys: pytest.CaptureFixt
             job.main(["--checkpoint", "/tmp/never-used", "--source", "A", "--target", "A"])
         assert exit_info.value.code == 2
         assert "--source and --target are both 'A'" in capsys.readouterr().err
+
+
+def test_help_keeps_each_jobs_example_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help re-wrapped the job's example command into one paragraph of prose."""
+    for job in (to_parquet, topic_mirror, windowed_counts):
+        with pytest.raises(SystemExit):
+            job.build_parser().parse_args(["--help"])
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"usage: python -m streaming_jobs.{job.__name__.rsplit('.', 1)[1]} ")
+        example = [line for line in (job.__doc__ or "").splitlines() if line.startswith("    ")]
+        assert example and all(line in shown.splitlines() for line in example), (job.__name__, shown)
+        assert "(default: continuous)" in shown  # and every option's default is still shown

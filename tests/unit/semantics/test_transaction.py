@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from broker.errors import CorruptionError, MessageIllegalError
+from broker.errors import CorruptionError, MessageIllegalError, QueryNotFoundError
 from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.semantics.transaction import (
     DEFAULT_COMMIT_MEMORY_BYTES,
@@ -149,8 +149,8 @@ def test_bad_batches_are_refused_whole(box: StoreBox) -> None:
         with pytest.raises(MessageIllegalError):
             tx.put_half_batch(good, "spark", "")
         assert box.s.max_offset(TRANS_HALF_TOPIC, 0) == 0
-        res = tx.put_half_batch(batch("Out", [b"x" * 70_000]), "spark", "t1")  # over max_message_size
-        assert not res.ok and "MESSAGE_SIZE_EXCEEDED" in res.error
+        with pytest.raises(MessageIllegalError, match="MESSAGE_SIZE_EXCEEDED"):  # over max_message_size
+            tx.put_half_batch(batch("Out", [b"x" * 70_000]), "spark", "t1")
         assert tx.transaction("t1") is None  # its only puts were refused: nothing is kept for it
     finally:
         tx.shutdown()
@@ -227,10 +227,18 @@ def test_a_commit_past_its_memory_bound_stores_the_same_entries(box: StoreBox, b
         tx.shutdown()
 
 
-def test_end_of_an_unknown_id_is_recorded(box: StoreBox) -> None:
+def test_end_of_an_unknown_id_is_refused_unless_asked_to_record_it(box: StoreBox) -> None:
+    """An unknown id was recorded as ended by every caller: `sluice tx commit typo` invented an outcome that showed
+    in `tx list` and survived a restart. Only a caller that asks (the Spark sink, fencing its writers) records it."""
     tx = service(box)
     try:
-        out = tx.end_transaction("empty:1", commit=True)
+        for commit in (True, False):
+            with pytest.raises(QueryNotFoundError, match=r"no transaction 'typo:1'.*nothing was recorded"):
+                tx.end_transaction("typo:1", commit=commit)
+        with pytest.raises(QueryNotFoundError, match="'typo:2'"):
+            tx.end_transactions(False, txn_ids=["typo:2"])
+        assert tx.transaction("typo:1") is None and tx.list_transactions("typo") == []
+        out = tx.end_transaction("empty:1", commit=True, record_unknown=True)
         assert out.status is TxStatus.COMMITTED and out.half_count == 0
         assert tx.end_transaction("empty:1", commit=False).already_ended
     finally:
@@ -546,7 +554,7 @@ def test_at_most_max_outcomes_ended_transactions_are_remembered(box: StoreBox) -
     # and forgotten early: a re-run after a crash would then write the batch again).
     assert tx.put_half_batch(batch("Out", [b"one"]), "spark", "batch1").ok
     assert tx.end_transaction("batch1", commit=True).restored == 1
-    assert tx.end_transaction("batch0", commit=True, committed_attempts=["7"]).half_count == 0
+    assert tx.end_transaction("batch0", commit=True, committed_attempts=["7"], record_unknown=True).half_count == 0
     for i in range(6):
         tx.prepare_half("Out", 0, b"m%d" % i, {}, "rmq", txn_id=f"t{i}")
         tx.end_transaction(f"t{i}", commit=i % 2 == 0)
@@ -767,8 +775,8 @@ def _expire_every_half(box: StoreBox) -> None:
 def test_a_commit_that_can_never_finish_does_not_stop_check_back(
     box: StoreBox, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A commit whose halves (and decision) expired before its re-store finished: each pass used to fail on it
-    before checking back anyone, so open transactions were never asked and never rolled back."""
+    """A commit whose halves (and decision) expired before its re-store finished must not stop the pass: failing
+    on it before checking back anyone, open transactions would never be asked nor rolled back."""
     box.close()
     box.open(file_reserved_time_hours=0)
     asked: list[str] = []

@@ -145,7 +145,7 @@ def test_send_back_refuses_what_was_never_delivered(broker: BrokerController, en
 
 
 def test_raising_retry_queue_nums_grows_the_retry_topic(broker: BrokerController, endpoint: str) -> None:
-    """Send-back picks among retryQueueNums queues; a retry topic made with fewer used to strand the others."""
+    """Send-back picks among retryQueueNums queues; a retry topic made with fewer must grow, or the others strand."""
     with Producer(endpoint) as producer, Admin(endpoint) as admin:
         sent = producer.send(Message("Grow", b"again"), queue_id=0)
         with PullConsumer(endpoint, "grower") as consumer:
@@ -178,7 +178,7 @@ def test_a_new_consumer_from_last_still_gets_waiting_retries(broker: BrokerContr
 
 
 def test_a_raw_send_back_without_max_reconsume_times_retries(broker: BrokerController, endpoint: str) -> None:
-    """proto3's default 0 used to mean "no retries": the message went straight to the DLQ."""
+    """proto3's default 0 does not mean "no retries" (the message would go straight to the DLQ)."""
     with Producer(endpoint) as producer:
         sent = producer.send(Message("RawBack", b"once more"), queue_id=0)
     _raw_send_back(endpoint, "raw-back", sent.msg_id)

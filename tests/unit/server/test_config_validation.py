@@ -187,3 +187,15 @@ def test_config_file_error_names_the_format_it_was_read_as(tmp_path: Path) -> No
     js.write_text(json.dumps({"listen": "127.0.0.1:0"})[:-1])
     with pytest.raises(InvalidArgumentError, match=r"cfg\.json is not valid JSON: "):
         BrokerConfig.from_file(js)
+
+
+def test_unknown_settings_point_to_the_configuration_reference_not_a_source_file() -> None:
+    """An unknown store setting said `see broker/store/config.py`: a user reads the docs, not the source."""
+    for data, needle in (({"store": {"mapped_file_size": 1}}, "unknown store setting(s) ['mapped_file_size']"),
+                         ({"flush": "sync"}, "unknown setting(s) ['flush']")):  # fmt: skip
+        with pytest.raises(InvalidArgumentError) as e:
+            BrokerConfig.from_dict(data)
+        assert needle in e.value.message and "docs/operations.md" in e.value.message, e.value.message
+        assert ".py" not in e.value.message, e.value.message
+    with pytest.raises(InvalidArgumentError, match="mapped_file_size_commit_log"):  # and the names it knows
+        BrokerConfig.from_dict({"store": {"mapped_file_size": 1}})

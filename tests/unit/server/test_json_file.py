@@ -1,6 +1,6 @@
 """The broker's JSON config files (broker/json_file.py): the backup stands in for a damaged file, and a file that
-neither it nor its backup can stand for stops the broker with one error naming it (it used to start with the table
-empty, or die with a traceback on content that was JSON but not the expected shape)."""
+neither it nor its backup can stand for stops the broker with one error naming it (not a start with the table
+empty, nor a traceback on content that is JSON but not the expected shape)."""
 
 from __future__ import annotations
 

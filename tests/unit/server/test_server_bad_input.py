@@ -130,7 +130,7 @@ def test_errors_carry_grpc_status_and_response_code(broker: BrokerController, en
 
 
 def test_transaction_type_bits_in_plain_sends(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
-    """A plain send marked PREPARED or ROLLBACK used to be acknowledged and then never reach a consume queue."""
+    """A plain send marked PREPARED or ROLLBACK is refused: acknowledged, it would never reach a consume queue."""
     channel = grpc.insecure_channel(endpoint)
     stub = pb_grpc.BrokerStub(channel)
     try:
@@ -152,7 +152,7 @@ def test_transaction_type_bits_in_plain_sends(stored, endpoint: str) -> None:  #
 
 
 def test_refused_sends_create_no_topic(broker: BrokerController, endpoint: str) -> None:
-    """Auto-create happens only for a send that is stored: a refused one used to leave its topics behind."""
+    """Auto-create happens only for a send that is stored: a refused one leaves no topic behind."""
     good = encode_message(Message("NewB", b"x"), 0)
     with Producer(endpoint) as p, Admin(endpoint) as admin:
         with pytest.raises(InvalidArgumentError, match="queue 99 does not exist"):
@@ -185,7 +185,7 @@ def test_system_topics_cannot_be_created_or_deleted(broker: BrokerController, en
 
 
 def test_a_send_failing_after_stored_parts_says_which_were_stored(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
-    """send_batch splits into all-or-nothing calls; a later call's failure used to read "nothing stored"."""
+    """send_batch splits into all-or-nothing calls; a later call's failure says which parts were stored."""
     msgs = [Message(TOPIC, b"p" * 500) for _ in range(6)] + [Message(SCHEDULE_TOPIC, b"refused")]
     with Producer(endpoint, batch_limit_bytes=2000) as p:
         with pytest.raises(PartialSendError) as info:

@@ -8,7 +8,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from broker.client import Admin, Message, Producer, PullConsumer
+from broker.errors import InvalidArgumentError
 from broker.server.broker_controller import BrokerController
 
 
@@ -151,3 +154,38 @@ def test_ordinary_bad_input_is_an_error_line_not_a_traceback(broker: BrokerContr
     assert broker.store is not None and broker.store.wait_dispatched()
     with PullConsumer(endpoint, "bytes") as c:
         assert [m.body for m in c.pull("CliBytes", 0, 0).messages] == [b"caf\xe9"]
+
+
+def test_topic_create_refuses_zero_queues(broker: BrokerController, endpoint: str) -> None:
+    """`--queues 0` (and Admin.create_topic(t, 0)) created a topic with the broker's default of 8 queues."""
+    out = sluice(endpoint, "topic", "create", "Zero", "--queues", "0")
+    assert out.returncode == 2 and "--queues: 0 is below 1" in out.stderr
+    with Admin(endpoint) as admin:
+        with pytest.raises(InvalidArgumentError, match="at least one queue"):
+            admin.create_topic("Zero", 0)
+        assert "Zero" not in {t.topic for t in admin.list_topics()}
+
+
+def test_stats_counts_are_integers(broker: BrokerController, endpoint: str) -> None:
+    """`stats --json` printed every count as a float (3003.0) and the table printed big ones as 1.67772e+07."""
+    with Producer(endpoint) as p:
+        p.send_batch([Message("CliStats", b"x" * 1000)] * 1100, queue_id=0)  # over 1e6 bytes
+    stats = json.loads(sluice(endpoint, "stats", "--json").stdout)
+    assert isinstance(stats["broker_put_messages"], int) and stats["broker_put_messages"] >= 1100
+    assert isinstance(stats["topics"], int) and isinstance(stats["held_pulls"], int)
+    assert isinstance(stats["broker_uptime_s"], float)  # not a count
+    rows = dict(line.split() for line in sluice(endpoint, "stats").stdout.splitlines()[2:])
+    assert rows["broker_put_messages"] == str(stats["broker_put_messages"])
+    big = {k: v for k, v in stats.items() if isinstance(v, int) and v >= 1_000_000}
+    assert big and all(rows[k] == str(v) for k, v in big.items()), big  # e.g. sizes in bytes, not 1.67772e+07
+
+
+def test_consume_text_output_shows_user_properties(broker: BrokerController, endpoint: str) -> None:
+    """The text line showed tags and keys but hid the properties the message was sent with."""
+    sent = sluice(endpoint, "send", "CliProps", "--queue", "0", "--body", "hi", "--property", "region=eu",
+                  "--property", "tier=gold", "--keys", "k1")  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    out = sluice(endpoint, "consume", "CliProps", "--group", "props", "--from", "earliest")
+    assert out.returncode == 0, out.stderr
+    (line,) = out.stdout.splitlines()
+    assert "props={region=eu, tier=gold}" in line and "UNIQ_KEY" not in line and "keys=k1" in line, line

@@ -17,8 +17,8 @@ from broker.server.broker_controller import BrokerController
 def test_pulls_committing_offsets_during_delete_topic_bring_nothing_back(
     broker: BrokerController, endpoint: str
 ) -> None:
-    """A pull checks (and commits to) a topic found in the store while DeleteTopic runs: it used to register the
-    topic again, with an offset of the deleted generation that a new topic of the same name then started from."""
+    """A pull checks (and commits to) a topic found in the store while DeleteTopic runs: it must not register the
+    topic again, with an offset of the deleted generation that a new topic of the same name would start from."""
     with Producer(endpoint) as producer, Admin(endpoint) as admin:
         for round_ in range(5):
             topic = f"Doomed{round_}"

@@ -84,7 +84,7 @@ def test_sigterm_is_a_clean_shutdown(tmp_path: Path) -> None:
 
 
 def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
-    b = broker_factory(metrics_port=0)
+    b = broker_factory(metrics_port=0, cluster_name="Blue", broker_name="broker-m")
     ep = f"127.0.0.1:{b.port}"
     with Producer(ep) as p, PullConsumer(ep, "mg") as c:
         p.send_batch([Message("M", b"x" * 10) for _ in range(5)], queue_id=1)
@@ -94,13 +94,17 @@ def test_metrics_endpoint(broker_factory: BrokerFactory) -> None:
         c.commit_offsets({("M", 1): 2})
     with urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    assert "sluice_put_messages_total 5" in text
-    assert "sluice_get_messages_total 5" in text
-    assert 'sluice_queue_max_offset{topic="M",queue="1"} 5' in text
-    assert 'sluice_group_lag{group="mg",topic="M"} 3' in text
-    assert "sluice_long_poll_wait_seconds_count 1" in text
-    assert "sluice_put_latency_seconds_count 1" in text
-    assert "sluice_store_disk_usage_ratio " in text and "sluice_store_commit_log_bytes " in text
+    ours = 'cluster="Blue",broker="broker-m"'
+    assert f"sluice_put_messages_total{{{ours}}} 5" in text
+    assert f"sluice_get_messages_total{{{ours}}} 5" in text
+    assert f'sluice_queue_max_offset{{{ours},topic="M",queue="1"}} 5' in text
+    assert f'sluice_group_lag{{{ours},group="mg",topic="M"}} 3' in text
+    assert f"sluice_long_poll_wait_seconds_count{{{ours}}} 1" in text
+    assert f'sluice_put_latency_seconds_bucket{{{ours},le="+Inf"}} 1' in text
+    assert f"sluice_put_latency_seconds_count{{{ours}}} 1" in text
+    assert f"sluice_store_disk_usage_ratio{{{ours}}} " in text and f"sluice_store_commit_log_bytes{{{ours}}} " in text
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert series and all(line.split("{", 1)[1].startswith(ours) for line in series), "a series without its broker"
 
 
 def test_python_dash_m_broker_shows_every_command() -> None:

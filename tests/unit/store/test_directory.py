@@ -142,8 +142,8 @@ def test_index_file_names_stay_ordered_when_the_clock_steps_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Index files are loaded in name order (local time in ms, as RocketMQ names them). A clock stepping back
-    (NTP, or the local time at a DST change) used to give the newest file the smallest name, and after a restart
-    it was taken for the oldest."""
+    (NTP, or the local time at a DST change) must not give the newest file the smallest name, or after a restart
+    it would be taken for the oldest."""
     now_ns = [1_790_000_000_000 * 1_000_000]
     monkeypatch.setattr(index_file_module.time, "time_ns", lambda: now_ns[0])
     idx = IndexService(str(tmp_path), slots=4, entries=4, sync=os.fdatasync)

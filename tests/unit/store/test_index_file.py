@@ -94,8 +94,8 @@ def test_query_by_key_reads_only_the_newest_max_num(make_store: Callable[..., Me
 
 def test_candidates_that_are_not_matches_do_not_use_up_the_answer(store: MessageStore) -> None:
     """Keys of one hash, and messages stored later in the range's last second, are index candidates that the
-    exact checks reject: many of them in front used to fill the candidate limit (4 x max_num), and the matches
-    behind them were never read."""
+    exact checks reject: many of them in front must not fill the candidate limit (4 x max_num), or the matches
+    behind them would never be read."""
     assert key_hash("T#Aa") == key_hash("T#BB")  # Java's hashCode: "Aa" and "BB" collide
     assert store.put_message("T", 0, b"the Aa message", {Prop.KEYS: "Aa"}).ok
     for i in range(300):
@@ -151,7 +151,7 @@ def test_recovery_looks_past_an_empty_last_index_file(make_store: Callable[..., 
 
 def test_time_range_matches_by_the_truncated_second(tmp_path: object) -> None:
     """TIME DIF holds whole seconds since the file's first entry, so an entry's store time is only known to lie
-    in [ts, ts + 999]. A range starting inside that second used to miss it (the slack was added to the end)."""
+    in [ts, ts + 999]. A range starting inside that second finds it (slack added to the end would miss it)."""
     idx = IndexService(str(tmp_path), slots=8, entries=64, sync=os.fdatasync)
     begin = 1_790_000_000_000
     idx.put("T", ["first"], 100, begin)
@@ -163,8 +163,8 @@ def test_time_range_matches_by_the_truncated_second(tmp_path: object) -> None:
 
 
 def test_a_lookup_stops_at_the_first_entry_older_than_the_range(tmp_path: object) -> None:
-    """Chains run newest first: the walk used to go through every older entry of a hot key (under the lock the
-    dispatcher's index writes need, stalling dispatch), where RocketMQ stops."""
+    """Chains run newest first: the walk stops, as RocketMQ's does, instead of going through every older entry of
+    a hot key (under the lock the dispatcher's index writes need, stalling dispatch)."""
     idx = IndexService(str(tmp_path), slots=4, entries=5000, sync=os.fdatasync)
     begin = 1_790_000_000_000
     for i in range(4000):

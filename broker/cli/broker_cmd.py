@@ -1,0 +1,77 @@
+"""``sluice broker`` and ``sluice namesrv``: run a broker (or a name server) in the foreground until SIGTERM (exit
+0) or Ctrl-C (exit 130), then shut down cleanly (held pulls answered, offsets and topics saved, the store flushed
+and its lock released)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from broker.cli.interrupt import INTERRUPTED_EXIT
+
+STOP_POLL_S = 1.0  # the main thread looks for a stop signal this often
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from broker.config import BrokerConfig
+    from broker.server.allocator import tune_malloc
+    from broker.server.broker_controller import BrokerController
+    from broker.server.thread_placement import start_placement
+
+    tune_malloc()  # this process is the broker's own: see allocator.py for why and what it costs
+
+    overrides = {"store_path": args.store, "listen": args.listen, "flush_disk_type": args.flush,
+                 "metrics_port": args.metrics_port, "python_cpus": args.python_cpus, "namesrv_addr": args.namesrv,
+                 "cluster_name": args.cluster, "broker_name": args.broker_name, "broker_id": args.broker_id,
+                 "advertised_address": args.advertise,
+                 "register_interval_ms": args.register_interval_ms}  # fmt: skip
+    config = (
+        BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
+    )
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    controller = BrokerController(config)
+    controller.start()
+    start_placement(config.python_cpus, stop)  # after start: the threads to place exist (see thread_placement.py)
+    metrics = f", metrics on port {controller.metrics_port}" if controller.metrics_port is not None else ""
+    print(f"sluice broker ready on {controller.address} (store {config.store_dir}, {config.flush_disk_type}{metrics})",
+          flush=True)  # fmt: skip
+    while not stop.wait(STOP_POLL_S):
+        pass
+    controller.shutdown()
+    interrupted = signal.SIGINT in received
+    print(f"sluice broker stopped ({'interrupted' if interrupted else 'terminated'}); store {config.store_dir} closed "
+          "cleanly", flush=True)  # fmt: skip
+    return INTERRUPTED_EXIT if interrupted else 0
+
+
+def cmd_namesrv(args: argparse.Namespace) -> int:
+    """``sluice namesrv``: a name server until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
+    from broker.address import parse_listen
+    from broker.namesrv import DEFAULT_NAMESRV_PORT, NameServer
+
+    host, port = parse_listen(args.listen, DEFAULT_NAMESRV_PORT)
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms)
+    server.start()
+    print(f"sluice namesrv ready on {server.address}", flush=True)
+    while not stop.wait(STOP_POLL_S):
+        pass
+    server.shutdown()
+    return INTERRUPTED_EXIT if signal.SIGINT in received else 0

@@ -1,0 +1,295 @@
+"""The ``sluice`` command line's grammar: every command and option, each with its help text."""
+
+from __future__ import annotations
+
+import argparse
+from importlib import metadata
+from typing import Any
+
+from broker.address import DEFAULT_PORT
+from broker.cli.admin import cmd_query, cmd_stats, cmd_topic
+from broker.cli.args import datetime_ms, int_at_least, int_between, time_ms, timestamp_ms
+from broker.cli.broker_cmd import cmd_broker, cmd_namesrv
+from broker.cli.cluster import cmd_cluster
+from broker.cli.consume import cmd_consume
+from broker.cli.groups import RESET_RULE, cmd_group
+from broker.cli.send import cmd_send
+from broker.cli.transactions import cmd_tx
+from broker.client.connection import DEFAULT_ENDPOINT, ENDPOINT_ENV
+from broker.client.namesrv_client import DEFAULT_NAMESRV_PORT, NAMESRV_ENV
+
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+MAX_QUERY_RESULTS = 4096  # the broker's own bound on one key query
+
+DESCRIPTION = """\
+Sluice: a RocketMQ-style message broker. `sluice broker` runs one; the other commands talk to a running broker."""
+
+EPILOG = f"""\
+Client commands take --endpoint HOST:PORT (default ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT}; an IPv6 address goes
+in brackets: [::1]:{DEFAULT_PORT}) or, for a cluster, --namesrv HOST:PORT[,HOST:PORT] (default ${NAMESRV_ENV}), and
+--json (machine-readable output). Tables and JSON go to stdout, errors to
+stderr. Exit status: 0 done, 1 refused or failed (one `error:` line), 2 bad usage, 130 interrupted (Ctrl-C).
+`sluice COMMAND --help` describes each command."""
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written (their lists and examples keep their lines)."""
+
+
+def version() -> str:
+    try:
+        return metadata.version("sluice")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter)
+    parser.add_argument("--version", action="version", version=f"sluice {version()}")
+    parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
+                        help="logging level on stderr (default WARNING; INFO for `sluice broker`)")  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, description: str = "", with_client: bool = True) -> argparse.ArgumentParser:
+        return add_command(sub, name, summary, description, client=with_client)
+
+    _broker(command("broker", "run a broker in the foreground", BROKER_TEXT, with_client=False))
+    _namesrv(command("namesrv", "run a name server in the foreground (cluster mode)", NAMESRV_TEXT,
+                     with_client=False))  # fmt: skip
+    _cluster(command("cluster", "the brokers of a cluster, as the name servers know them", with_client=False))
+    _topic(command("topic", "create, list, delete or describe topics", with_client=False))
+    _send(command("send", "send messages: --body or --size N, else one message per line of stdin", SEND_TEXT))
+    _consume(command("consume", "print the messages of a topic and commit them for a group", CONSUME_TEXT))
+    _query(command("query", "find messages by key (and store time) or by message id", with_client=False))
+    _group(command("group", "consumer groups: list them, their lag, reset their offsets", with_client=False))
+    command("stats", "broker statistics (counters since start, store sizes)").set_defaults(func=cmd_stats)
+    _tx(command("tx", "transactions: list, commit or roll back (one id, or every open one by prefix)",
+                with_client=False))  # fmt: skip
+    return parser
+
+
+def client_options() -> argparse.ArgumentParser:
+    """--endpoint and --json, for every command that talks to a broker."""
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--endpoint", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                        help=f"the broker (default ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT}); with several, the first "
+                             "that answers")  # fmt: skip
+    client.add_argument("--namesrv", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                        help=f"name servers of a cluster, instead of --endpoint (default ${NAMESRV_ENV}); commands "
+                             "then act on every broker of the topic or cluster")  # fmt: skip
+    client.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    return client
+
+
+def add_command(
+    parent: Any, name: str, summary: str, description: str = "", *, client: bool = True
+) -> argparse.ArgumentParser:
+    """A (sub-)command whose --help starts with its one-line summary, then ``description`` as written."""
+    text = f"{summary[0].upper()}{summary[1:]}." + (f"\n\n{description}" if description else "")
+    parser: argparse.ArgumentParser = parent.add_parser(
+        name, parents=[client_options()] if client else [], help=summary, description=text, formatter_class=Formatter
+    )
+    return parser
+
+
+BROKER_TEXT = f"""\
+Data goes to --store (created when missing). Files are allocated whole: the first message takes a 1 GiB
+commit-log file, the first indexed key a ~420 MB key index, each queue a 6 MB consume-queue file. Prints one line
+with `ready on HOST:PORT` once it accepts requests. SIGTERM stops it cleanly with exit status 0, Ctrl-C with 130.
+Command-line options win over the --config file.
+Examples:
+  sluice broker --store ./store
+  sluice broker --store /var/lib/sluice --listen 0.0.0.0:{DEFAULT_PORT} --flush sync"""
+
+
+def _broker(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--store", default=None, metavar="DIR", help="store directory (default ~/store)")
+    b.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help=f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}); a missing port means {DEFAULT_PORT}, "
+                        "port 0 any free port, an IPv6 address goes in brackets: [::1]:0")  # fmt: skip
+    b.add_argument("--flush", choices=["async", "sync"], default=None,
+                   help="async (default): acknowledge once written to memory, flushed within 500 ms; sync: "
+                        "acknowledge once on disk")  # fmt: skip
+    b.add_argument("--config", default=None, metavar="FILE",
+                   help="broker settings file (.json or .toml; docs/operations.md lists the settings)")
+    b.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics over HTTP on this port (0: any free port; default: none)")
+    b.add_argument("--python-cpus", default=None, metavar="auto|off|LIST",
+                   help="CPUs for the broker's Python threads: auto (one CPU, the default), off, or a list like 2,3")
+    c = b.add_argument_group("cluster mode (docs/cluster.md)")
+    c.add_argument("--namesrv", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                   help="name servers to register with (default: none, a broker on its own)")
+    c.add_argument("--cluster", default=None, metavar="NAME", help="cluster name (default DefaultCluster)")
+    c.add_argument("--broker-name", default=None, metavar="NAME", help="broker group name (default: this host's name)")
+    c.add_argument("--broker-id", type=int_at_least(0), default=None, metavar="N",
+                   help="id in the broker group; 0 (the default) is the master")
+    c.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                   help="address registered for clients (default: the listen address, or this host's)")
+    c.add_argument("--register-interval-ms", type=int_at_least(1), default=None, metavar="MS",
+                   help="how often to register with the name servers when nothing changed (default 30000)")
+    b.set_defaults(func=cmd_broker, log_level_default="INFO")
+
+
+NAMESRV_TEXT = f"""\
+Keeps the cluster's routes in memory, from what brokers register; stateless (run two or more for availability,
+each on its own). Prints one line with `ready on HOST:PORT`; SIGTERM stops it with exit status 0.
+Example:
+  sluice namesrv --listen 0.0.0.0:{DEFAULT_NAMESRV_PORT}"""
+
+
+def _namesrv(n: argparse.ArgumentParser) -> None:
+    n.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_NAMESRV_PORT}", metavar="HOST:PORT",
+                   help=f"address to listen on (default 0.0.0.0:{DEFAULT_NAMESRV_PORT}; port 0: any free port)")
+    n.add_argument("--broker-expire-ms", type=int_at_least(1), default=120_000, metavar="MS",
+                   help="drop a broker from routes when it has not registered for this long (default 120000)")
+    n.set_defaults(func=cmd_namesrv, log_level_default="INFO")
+
+
+def _cluster(c: argparse.ArgumentParser) -> None:
+    csub = c.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add_command(csub, "list", "every live broker: cluster, name, id, role, address, topics, last registration and "
+                              "put rate (needs --namesrv)")  # fmt: skip
+    c.set_defaults(func=cmd_cluster)
+
+
+def _topic(t: argparse.ArgumentParser) -> None:
+    tsub = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tc = add_command(tsub, "create", "create a topic with a number of queues (each an ordered log)")
+    tc.add_argument("topic", help="topic name: letters, digits, %%, |, _ and -, at most 127 characters")
+    tc.add_argument("--queues", type=int_at_least(1), default=8, metavar="N", help="number of queues (default 8)")
+    tc.add_argument("--if-not-exists", action="store_true", help="an existing topic is not an error")
+    where = tc.add_mutually_exclusive_group()
+    where.add_argument("--cluster", default=None, metavar="NAME",
+                       help="with --namesrv: on every master of this cluster (default: of the only cluster)")
+    where.add_argument("--broker", default=None, metavar="NAME", help="with --namesrv: on this broker only")
+    add_command(tsub, "list", "list every topic: name, queues, RocketMQ permission bits (6: read and write)")
+    td = add_command(tsub, "delete", "delete a topic with its messages and every group's offsets on it")
+    td.add_argument("topic", help="the topic to delete")
+    tq = add_command(tsub, "describe", "each queue of a topic (per broker in a cluster): min offset, max offset, "
+                                       "messages")  # fmt: skip
+    tq.add_argument("topic", help="the topic to describe")
+    t.set_defaults(func=cmd_topic)
+
+
+SEND_TEXT = """\
+Without --queue, each batch of 1000 is spread over the topic's queues from a random first queue (the Python
+client's round-robin). Ctrl-C stops after the batch being sent is answered and says how many messages were sent and
+acknowledged (exit status 130).
+Examples:
+  sluice send orders --body '{"id": 1}' --tags created --keys order-1 --property region=eu
+  sluice send load-test --count 100000 --size 1024
+  seq 10 | sluice send numbers"""
+
+
+def _send(s: argparse.ArgumentParser) -> None:
+    s.add_argument("topic", help="topic to send to (created on the first send when the broker auto-creates topics)")
+    s.add_argument("--tags", default=None, metavar="TAG", help="the messages' tag (what --tags filters on)")
+    s.add_argument("--keys", default=None, metavar="K1,K2", help="comma-separated message keys (for `query key`)")
+    s.add_argument("--property", action="append", metavar="NAME=VALUE",
+                   help="a user property (repeatable; what --sql filters on)")
+    s.add_argument("--body", default=None, metavar="TEXT", help="the message body (UTF-8 text)")
+    s.add_argument("--count", type=int_at_least(1), default=None, metavar="N",
+                   help="number of messages with --body or --size (default 1)")
+    s.add_argument("--size", type=int_at_least(0), default=None, metavar="BYTES",
+                   help="body of this many generated bytes (instead of --body)")
+    s.add_argument("--queue", type=int_at_least(0), default=None, metavar="ID",
+                   help="send every message to this queue (default: spread over the queues)")
+    s.add_argument("--broker", default=None, metavar="NAME", help="with --namesrv: the broker of --queue")
+    s.set_defaults(func=cmd_send)
+
+
+CONSUME_TEXT = """\
+Starts at --from, prints each message (queue:offset, id, tags, keys, user properties, body), and at the end commits
+for --group the offsets after the last printed message of each queue. Ctrl-C stops, commits what was printed and
+exits with 130.
+Examples:
+  sluice consume orders --group audit --from earliest
+  sluice consume orders --group audit --follow --sql "region = 'eu' AND amount > 100\""""
+
+
+def _consume(c: argparse.ArgumentParser) -> None:
+    c.add_argument("topic", help="topic to read")
+    c.add_argument("--group", required=True, help="consumer group whose offsets are read and committed")
+    c.add_argument("--from", dest="origin", choices=["earliest", "latest", "committed"], default="committed",
+                   help="start position (default committed: the group's offsets, earliest where it has none)")
+    c.add_argument("--follow", action="store_true", help="keep waiting for new messages (Ctrl-C to stop)")
+    f = c.add_mutually_exclusive_group()
+    f.add_argument("--tags", default="*", metavar="EXPR", help="tag expression, e.g. 'TagA || TagB' (default *)")
+    f.add_argument("--sql", default=None, metavar="EXPR",
+                   help="SQL92 selector over the properties (TAGS included), e.g. \"region = 'eu' AND amount > 100\"")
+    c.add_argument("--max", type=int_at_least(1), default=None, metavar="N", help="stop after this many messages")
+    c.add_argument("--no-commit", action="store_true", help="do not commit the group's offsets at the end")
+    c.set_defaults(func=cmd_consume)
+
+
+QUERY_KEY_TEXT = """\
+The newest messages (at most --max) with KEY among their keys, or as their UNIQ_KEY, listed oldest first.
+TIME is milliseconds since the epoch or ISO 8601: 2026-11-26T10:00:00 (local time), 2026-11-26T10:00:00Z,
+2026-11-26T10:00:00+01:00, 2026-11-26.
+Example:
+  sluice query key orders order-1 --begin 2026-11-26T08:00:00Z --end 2026-11-26T09:00:00Z"""
+
+
+def _query(q: argparse.ArgumentParser) -> None:
+    qsub = q.add_subparsers(dest="kind", required=True, metavar="KIND")
+    qk = add_command(qsub, "key", "messages of a topic with a key, optionally within a store-time range",
+                     QUERY_KEY_TEXT)  # fmt: skip
+    qk.add_argument("topic", help="topic to search")
+    qk.add_argument("key", help="a message key (or UNIQ_KEY)")
+    qk.add_argument("--begin", type=time_ms, default=None, metavar="TIME", help="stored at or after this time")
+    qk.add_argument("--end", type=time_ms, default=None, metavar="TIME", help="stored at or before this time")
+    qk.add_argument("--max", type=int_between(1, MAX_QUERY_RESULTS), default=64, metavar="N",
+                    help=f"at most this many messages, the newest (default 64, at most {MAX_QUERY_RESULTS})")
+    qi = add_command(qsub, "id", "one message by its message id (as `send` prints it)")
+    qi.add_argument("msg_id", help="the message id (32 hex characters)")
+    q.set_defaults(func=cmd_query)
+
+
+RESET_TEXT = RESET_RULE + """
+
+Examples:
+  sluice group reset-offsets billing --topic orders --to-earliest --dry-run
+  sluice group reset-offsets billing --topic orders --to-datetime 2026-11-26T08:00:00Z"""
+
+
+def _group(g: argparse.ArgumentParser) -> None:
+    gsub = g.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add_command(gsub, "list", "every group with committed offsets, live consumers or settings: its live consumers "
+                              "and its topics")  # fmt: skip
+    gl = add_command(gsub, "lag", "a group's lag per queue: the queue's max offset, the committed offset, the lag")
+    gl.add_argument("group", help="the consumer group")
+    gl.add_argument("--topic", default=None, help="only this topic (default: every topic of the group)")
+    gr = add_command(gsub, "reset-offsets", "move a group's committed offsets on a topic to the earliest or latest "
+                                            "message, an offset or a time", RESET_TEXT)  # fmt: skip
+    gr.add_argument("group", help="the consumer group")
+    gr.add_argument("--topic", required=True, help="the topic whose offsets move")
+    to = gr.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="each queue's first message still stored")
+    to.add_argument("--to-latest", action="store_true", help="each queue's end (nothing left to consume)")
+    to.add_argument("--to-offset", type=int_at_least(0), default=None, metavar="N",
+                    help="this queue offset (moved into the queue's [min, max])")
+    to.add_argument("--to-datetime", type=datetime_ms, default=None, metavar="ISO8601",
+                    help="the first message stored at or after this time (local time without a zone)")
+    to.add_argument("--to-timestamp", type=timestamp_ms, default=None, metavar="MS",
+                    help="the same, in milliseconds since the epoch")
+    gr.add_argument("--queue", type=int_at_least(0), default=None, metavar="ID", help="only this queue")
+    gr.add_argument("--dry-run", action="store_true", help="show the offsets that would be set; change nothing")
+    g.set_defaults(func=cmd_group)
+
+
+def _tx(x: argparse.ArgumentParser) -> None:
+    xsub = x.add_subparsers(dest="action", required=True, metavar="ACTION")
+    xl = add_command(xsub, "list", "transactions the broker knows, by id: status, half messages, checks")
+    xl.add_argument("prefix", nargs="?", default="", help="only ids starting with this (default: every one)")
+    xl.add_argument("--status", choices=["OPEN", "ENDING", "COMMITTED", "ROLLED_BACK"], help="only this status")
+    for name, verb in (("commit", "commit"), ("rollback", "roll back")):
+        xe = add_command(
+            xsub, name, f"{verb} one open transaction, or every open one by prefix",
+            f"An ID the broker does not know is refused and nothing is recorded. A transaction that already ended "
+            f"otherwise\n(a {name} of a {'rolled-back' if name == 'commit' else 'committed'} one) is left as it is, "
+            "with exit status 1.",
+        )  # fmt: skip
+        xe.add_argument("target", metavar="ID", help="a transaction id (or, with --prefix, the start of ids)")
+        xe.add_argument("--prefix", dest="prefix_mode", action="store_true",
+                        help=f"{verb} every OPEN transaction whose id starts with ID")
+    x.set_defaults(func=cmd_tx)

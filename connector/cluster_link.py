@@ -1,0 +1,153 @@
+"""ClusterLink: the source's way to every broker of a cluster, found through its name servers (option ``namesrv``).
+
+* Routes: the client caches a topic's route for 30 s (RocketMQ's pollNameServerInterval); while planning, the
+  driver asks the name servers again at most every ``ROUTE_REFRESH_S``, so a broker or queue that joins shows up
+  as new partitions within a trigger or two, and a broker that leaves is noticed at the next trigger.
+* A broker of a topic's route that does not answer (after the usual retries) is named in ``gone`` while planning,
+  with the reason; the stream reader then stops the query or holds that broker's queues (failOnDataLoss).
+* A pull that cannot reach its broker asks for the topic's route again before its retry: a broker that came back at
+  another address is found there.
+* Group offsets are committed broker by broker, each broker storing its own queues' offsets (RocketMQ keeps a
+  queue's consumer offset on the broker that owns the queue). A broker the name servers no longer list is skipped:
+  its queues' offsets stay in Spark's checkpoint, and the next commit after it returns stores them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from broker.client import PullConsumer, RawPullResult
+from broker.client.route import MessageQueue
+from broker.client.router import Router
+from broker.errors import BrokerError, ServiceNotAvailableError, SubscriptionGroupNotExistError, TopicNotExistError
+from broker.proto import sluice_pb2 as pb
+from connector.broker_link import BrokerLink, BrokerQueue, retried
+from connector.offsets import QueueKey
+
+log = logging.getLogger(__name__)
+
+ROUTE_REFRESH_S = 1.0  # planning asks the name servers again at most this often per topic (each trigger, at most)
+MAX_REFRESH_TIMES = 10_000  # topics whose last refresh is remembered (a topicPattern over a large cluster)
+
+
+class ClusterLink(BrokerLink):
+    def __init__(self, namesrv: str, group: str, timeout_s: float) -> None:
+        self.router = Router(namesrv=namesrv, timeout_s=timeout_s)
+        self.consumer = PullConsumer(group=group, router=self.router)
+        self._refreshed: dict[str, float] = {}  # topic -> monotonic time of its last route refresh
+
+    def _fresh_route(self, topic: str) -> None:
+        now = time.monotonic()
+        if now - self._refreshed.get(topic, -ROUTE_REFRESH_S) >= ROUTE_REFRESH_S:
+            if len(self._refreshed) >= MAX_REFRESH_TIMES:
+                self._refreshed.clear()
+            self.router.refresh(topic)
+            self._refreshed[topic] = now
+
+    def queue_offsets(self, topic: str, gone: dict[str, str] | None = None) -> dict[BrokerQueue, tuple[int, int]]:
+        self._fresh_route(topic)
+        try:
+            route = retried(lambda: self.router.route(topic))
+        except TopicNotExistError:
+            return {}
+        out: dict[BrokerQueue, tuple[int, int]] = {}
+        for broker in sorted({mq.broker_name for mq in route.read_queues()}):
+            try:
+                out.update(retried(lambda broker=broker: self._broker_offsets(topic, broker)))  # type: ignore[misc]
+            except TopicNotExistError:
+                continue  # the broker left the route, or no longer holds the topic (the reader says which)
+            except ServiceNotAvailableError as e:
+                if gone is None:
+                    raise
+                gone[broker] = e.message
+        return out
+
+    def _broker_offsets(self, topic: str, broker: str) -> dict[BrokerQueue, tuple[int, int]]:
+        """TopicNotExistError once the broker is no longer in the topic's route (asked again after each failure:
+        a broker that stopped cleanly, or whose registration expired, leaves it)."""
+        conn = self.router.broker_connection(topic, broker, write=False)
+        try:
+            response = conn.call(conn.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic))
+        except ServiceNotAvailableError:
+            self.router.refresh(topic)
+            raise
+        return {(broker, q.queue_id): (q.min_offset, q.max_offset) for q in response.queues}
+
+    def topics(self) -> list[str]:
+        assert self.router.namesrv is not None
+        namesrv = self.router.namesrv
+        return sorted(retried(namesrv.topics))
+
+    def committed(self, topic: str) -> dict[BrokerQueue, int]:
+        try:
+            found = retried(lambda: self.consumer.committed_by_queue(topic))
+        except TopicNotExistError:
+            return {}
+        return {(mq.broker_name, mq.queue_id): off for mq, off in found.items()}
+
+    def offset_by_timestamp(self, topic: str, broker: str, queue_id: int, timestamp_ms: int) -> int:
+        request = pb.SearchOffsetByTimestampRequest(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)
+
+        def search() -> int:
+            conn = self.router.broker_connection(topic, broker, write=False)
+            return int(conn.call(conn.stub.SearchOffsetByTimestamp, request).offset)
+
+        return retried(search)
+
+    def commit(self, offsets: Mapping[QueueKey, int]) -> None:
+        """Each broker's queues to that broker; BrokerError after every live broker was tried when one failed."""
+        by_broker: dict[str, dict[MessageQueue, int]] = {}
+        for (topic, broker, qid), off in offsets.items():
+            by_broker.setdefault(broker, {})[MessageQueue(topic, broker, qid)] = off
+        live = self.live_brokers()
+        failed: list[BrokerError] = []
+        for broker, queues in sorted(by_broker.items()):
+            if broker not in live:
+                log.info("broker %s is not in the cluster now: its queues' group offsets are committed when it "
+                         "returns", broker)  # fmt: skip
+                continue
+            try:
+                self.consumer.commit_offsets(queues)
+            except SubscriptionGroupNotExistError:
+                raise  # permanent: the caller says how to fix it
+            except BrokerError as e:
+                failed.append(e)
+        if failed:
+            raise failed[0]
+
+    def pull_raw(self, key: QueueKey, offset: int, *, max_msgs: int, tags: str) -> RawPullResult:
+        topic, broker, qid = key
+        mq = MessageQueue(topic, broker, qid)
+
+        def pull() -> RawPullResult:
+            try:
+                return self.consumer.pull_raw(mq, offset, max_msgs=max_msgs, timeout_ms=0, tags=tags)
+            except ServiceNotAvailableError:
+                self.router.refresh(topic)  # the broker may be back at another address
+                raise
+
+        return retried(pull)
+
+    def live_brokers(self) -> set[str]:
+        return retried(lambda: {b.broker_name for b in self.router.cluster_brokers()})
+
+    def queues_on(self, broker: str, topic: str) -> set[int] | None:
+        listed = {b.broker_id: b.address for b in retried(self.router.cluster_brokers) if b.broker_name == broker}
+        if not listed:
+            return None
+        conn = self.router.connection(listed.get(0) or listed[min(listed)])  # the master, else a slave (reads)
+        try:
+            response = retried(lambda: conn.call(conn.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic)))
+        except TopicNotExistError:
+            return set()
+        self.router.refresh(topic)  # the route this client cached missed these queues: the next look asks again
+        return {q.queue_id for q in response.queues}
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.router.close()
+
+
+__all__ = ["ClusterLink"]

@@ -1,0 +1,91 @@
+"""A transaction over two brokers, its decision on a third (the coordinator), on real processes: the committer dies
+after committing one participant, the coordinator is SIGKILLed and restarted, and the other participant still
+commits its part by itself, asking the coordinator through the name servers. An undecided one is aborted on both
+participants, and a committer that comes back late cannot commit it any more."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import make_cluster
+
+from broker.client import Admin, PullConsumer
+from broker.client.coordinator import CoordinatorClient
+from broker.client.producer import Producer
+from broker.namesrv.local_cluster import LocalCluster
+from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
+from broker.semantics.transaction_codec import ATTEMPT
+from broker.semantics.txn_decision import Share, make_decision
+from broker.store.message import encode_entry, encode_properties
+
+TOPIC = "X"
+# Participants look at open halves every 200 ms once idle 300 ms, and fence after 5 checks: a few seconds, where
+# the defaults (6 s, 60 s, 15) take a quarter of an hour.
+BROKER_CONFIG = {"transaction_timeout_ms": 300, "transaction_check_interval_ms": 200, "transaction_check_max": 5}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    config = tmp_path / "broker.json"
+    config.write_text(json.dumps(BROKER_CONFIG))
+    with make_cluster(tmp_path, config=config) as c:
+        yield c
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.1)
+
+
+def halves(producer: Producer, txn_id: str, broker: str, bodies: list[bytes]) -> None:
+    props = encode_properties({ATTEMPT: "att1", COORDINATOR_PROPERTY: "broker-c"})
+    buffer = b"".join(encode_entry(TOPIC.encode(), i % 2, b, props) for i, b in enumerate(bodies))
+    producer.send_encoded(buffer, len(bodies), txn_id, broker_name=broker, topic=TOPIC)
+
+
+def visible(consumer: PullConsumer, broker: str) -> list[bytes]:
+    out: list[bytes] = []
+    for mq, (lo, hi) in sorted(consumer.queue_ranges(TOPIC).items()):
+        if mq.broker_name == broker and hi > lo:
+            out += [m.body for m in consumer.pull(mq, lo, max_msgs=hi - lo).messages]
+    return out
+
+
+def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_died(cluster: LocalCluster) -> None:
+    for name in ("broker-a", "broker-b"):
+        with Admin(cluster.endpoint(name)) as admin:
+            admin.create_topic(TOPIC, 2)
+    with Producer(namesrv=cluster.namesrv, group="spark") as producer:
+        router = producer.router
+        wait_for(lambda: (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1] == ["broker-a", "broker-b"],
+                 "both participants in the route")  # fmt: skip
+        client = CoordinatorClient(router)
+        consumer = PullConsumer(namesrv=cluster.namesrv, group="reader", router=router)
+        a_rows, b_rows = [b"a0", b"a1", b"a2"], [b"b0", b"b1"]
+        halves(producer, "T1", "broker-a", a_rows)
+        halves(producer, "T1", "broker-b", b_rows)
+        shares = [Share("broker-a", ("att1",), 3), Share("broker-b", ("att1",), 2)]
+        assert client.record("broker-c", make_decision("T1", True, shares)).commit  # the commit point
+        assert client.end("broker-a", "T1", True, ["att1"], expected_messages=3) == "COMMITTED"
+        # The committer dies here. The coordinator crashes too, and comes back on its store.
+        cluster.kill("broker-c")
+        cluster.restart("broker-c")
+        wait_for(lambda: sorted(visible(consumer, "broker-b")) == b_rows, "broker-b committing its part by itself")
+        assert sorted(visible(consumer, "broker-a")) == a_rows
+        assert client.transactions("broker-b", "T1") == {"T1": "COMMITTED"}
+
+        # Undecided: both participants wait, then fence ABORT at the coordinator and roll back.
+        halves(producer, "T2", "broker-a", [b"never"])
+        halves(producer, "T2", "broker-b", [b"never"])
+        for name in ("broker-a", "broker-b"):
+            wait_for(lambda name=name: client.transactions(name, "T2") == {"T2": "ROLLED_BACK"},  # type: ignore[misc]
+                     f"{name} rolling T2 back")  # fmt: skip
+        late = client.record("broker-c", make_decision("T2", True, [Share("broker-a", ("att1",), 1)]))
+        assert not late.commit  # a committer back late learns that the transaction was aborted
+        assert sorted(visible(consumer, "broker-a")) == a_rows and sorted(visible(consumer, "broker-b")) == b_rows

@@ -1,0 +1,30 @@
+"""RocketMQ 5's official Python client (rocketmq-python-client, pinned in pyproject.toml) against a real broker
+process: one broker for the module's tests (crash tests start their own), configured for quick redeliveries,
+check-backs and dead letters so that each test waits seconds, not RocketMQ's minutes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rmqv2_helpers import start_broker
+
+from broker.server.process import BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def broker_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = start_broker(tmp_path_factory.mktemp("rmqv2") / "store")
+    yield proc
+    assert proc.stop() == 0, "\n".join(proc.output)
+
+
+@pytest.fixture
+def endpoint(broker_proc: BrokerProcess) -> str:
+    return broker_proc.endpoint
+
+
+@pytest.fixture
+def store_dir(broker_proc: BrokerProcess) -> Path:
+    return Path(broker_proc.args[broker_proc.args.index("--store") + 1])

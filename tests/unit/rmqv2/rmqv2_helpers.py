@@ -1,0 +1,111 @@
+"""Helpers of the RocketMQ 5 protocol tests: broker processes, the official client's objects, polling."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rocketmq import ClientConfiguration, Credentials, Message, Producer, SimpleConsumer
+from rocketmq import FilterExpression as RmqFilter
+
+from broker.client import Admin
+from broker.server.process import BrokerProcess
+
+T = TypeVar("T")
+
+FAST: dict[str, Any] = {
+    "pop_min_invisible_ms": 1000,  # RocketMQ's 10 s minimum would make every redelivery test wait 10 s
+    "transaction_timeout_ms": 1000,
+    "transaction_check_interval_ms": 200,
+    "message_delay_level": " ".join(["1s"] * 18),  # a failed PushConsumer message comes back after 1 s
+    "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
+              "max_hash_slot_num": 4096, "max_index_num": 16384},
+}  # fmt: skip
+
+
+def start_broker(store: Path, **settings: Any) -> BrokerProcess:
+    config = store.parent / f"{store.name}.json"
+    config.write_text(json.dumps({**FAST, **settings}))
+    return BrokerProcess(store, config=config, log_level="WARNING").start()
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def new_topic(endpoint: str, queues: int = 4) -> str:
+    topic = name("t")
+    with Admin(endpoint) as admin:
+        admin.create_topic(topic, queues)
+    return topic
+
+
+def client_config(endpoint: str) -> ClientConfiguration:
+    return ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+
+
+def message(topic: str, body: bytes, *, tag: str | None = None, keys: list[str] | None = None,
+            group: str | None = None, deliver_s: int | None = None,
+            properties: dict[str, str] | None = None) -> Message:  # fmt: skip
+    m = Message()
+    m.topic, m.body = topic, body
+    if tag:
+        m.tag = tag
+    for k in keys or ():
+        m.keys = k  # the client's setter adds one key per assignment
+    if group:
+        m.message_group = group
+    if deliver_s:
+        m.delivery_timestamp = deliver_s
+    for k, v in (properties or {}).items():
+        m.add_property(k, v)
+    return m
+
+
+@contextmanager
+def producer(endpoint: str, *topics: str, checker: Any = None) -> Iterator[Producer]:
+    p = Producer(client_config(endpoint), topics, checker)
+    p.startup()
+    try:
+        yield p
+    finally:
+        p.shutdown()
+
+
+@contextmanager
+def simple_consumer(endpoint: str, group: str, topic: str, tag: str = "*", wait_s: int = 2) -> Iterator[SimpleConsumer]:
+    c = SimpleConsumer(client_config(endpoint), group, {topic: RmqFilter(tag)}, await_duration=wait_s)
+    c.startup()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def receive_until(consumer: SimpleConsumer, count: int, invisible_s: int, timeout_s: float = 30.0,
+                  ack: bool = True) -> list[Message]:  # fmt: skip
+    """Receive (and ack) until ``count`` messages came, or fail after ``timeout_s``."""
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < count:
+        assert time.monotonic() < deadline, f"received {len(out)} of {count} in {timeout_s} s"
+        for m in consumer.receive(32, invisible_s):
+            out.append(m)
+            if ack:
+                consumer.ack(m)
+    return out
+
+
+def wait_for(condition: Callable[[], T], timeout_s: float = 30.0, what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
+        time.sleep(0.05)
