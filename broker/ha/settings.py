@@ -62,7 +62,7 @@ class ReplicationSettings:
 
 
 def parse_controller(text: str) -> tuple[tuple[str, int], ...]:
-    from broker.config import parse_host_port
+    from broker.address import parse_listen
 
     if not text.startswith(CONTROLLER_SCHEME):
         raise InvalidArgumentError(f"controller {text[:60]!r} must be {CONTROLLER_SCHEME}HOST:PORT[,HOST:PORT...]")
@@ -71,7 +71,7 @@ def parse_controller(text: str) -> tuple[tuple[str, int], ...]:
         raise InvalidArgumentError(f"controller {text[:60]!r}: name 1..{MAX_ETCD_ENDPOINTS} etcd endpoints")
     out = []
     for item in items:
-        host, port = parse_host_port(item, 2379)
+        host, port = parse_listen(item, 2379)
         if port == 0 or host in ("0.0.0.0", "::"):
             raise InvalidArgumentError(f"etcd endpoint {item!r} must name a host and a port other than 0")
         out.append((host, port))
