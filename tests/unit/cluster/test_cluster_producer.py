@@ -39,8 +39,11 @@ def test_sends_spread_round_robin_over_every_brokers_queues(cluster: LocalCluste
         batches = [producer.send_batch([Message("Spread", b"b%d-%d" % (i, j)) for j in range(5)]) for i in range(24)]
     per_queue = Counter((r.broker_name, r.queue_id) for r in singles)
     assert len(per_queue) == 24 and set(per_queue.values()) == {4}  # each of 3 x 8 queues, exactly in turn
-    assert all(len({(r.broker_name, r.queue_id) for r in b}) == 1 for b in batches)  # a batch goes to one queue
-    assert len({(b[0].broker_name, b[0].queue_id) for b in batches}) == 24  # consecutive batches: the next queue
+    # a batch without a queue or key is spread in runs over consecutive queues (5 messages: 5 queues), and the
+    # next batch starts where it ended: 24 batches of 5 fill each of the 24 queues with 5
+    assert all(len({(r.broker_name, r.queue_id) for r in b}) == 5 for b in batches)
+    batched = Counter((r.broker_name, r.queue_id) for b in batches for r in b)
+    assert len(batched) == 24 and set(batched.values()) == {5}
     assert all(r.status is SendStatus.SEND_OK and len(r.uniq_key) == 32 for r in singles)
 
 
