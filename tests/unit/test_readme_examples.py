@@ -79,6 +79,16 @@ def test_the_python_client_example_runs_as_written(
     assert sum(lag.values()) == 1, lag
 
 
+def test_the_rocketmq_5_client_example_runs_as_written(
+    broker_process: BrokerProcess, readme_block: Callable[..., str], tmp_path: Path
+) -> None:
+    out = run_example(readme_block("RocketMQ 5 clients"), broker_process.endpoint, tmp_path)
+    assert out.splitlines()[-1].startswith("sent "), out
+    assert messages(broker_process.endpoint, "orders") == [b"from the official client"]
+    with Admin(broker_process.endpoint) as admin:  # stored with its key, as any message
+        assert [m.body for m in admin.query_by_key("orders", "order-rmq5")] == [b"from the official client"]
+
+
 @pytest.mark.spark
 @pytest.mark.slow  # a JVM and its Python workers: about a minute, two on a busy machine
 def test_the_spark_example_runs_as_written(
