@@ -30,6 +30,7 @@ from broker.errors import InvalidArgumentError
 ASYNC_MASTER, SYNC_MASTER, SLAVE = "ASYNC_MASTER", "SYNC_MASTER", "SLAVE"
 ROLES = (ASYNC_MASTER, SYNC_MASTER, SLAVE)
 CONTROLLER_SCHEME = "etcd://"
+ETCD_DEFAULT_PORT = 2379  # etcd's client port, for an endpoint written without one
 MAX_REPLICAS = 16  # replicas of one group; each slave holds a stream and a thread on the master
 MAX_SECRET_BYTES = 4096
 MIN_SECRET_BYTES = 16  # shorter secrets are guessable; 16 random bytes are 128 bits
@@ -62,7 +63,7 @@ class ReplicationSettings:
 
 
 def parse_controller(text: str) -> tuple[tuple[str, int], ...]:
-    from broker.config import parse_host_port
+    from broker.address import parse_listen
 
     if not text.startswith(CONTROLLER_SCHEME):
         raise InvalidArgumentError(f"controller {text[:60]!r} must be {CONTROLLER_SCHEME}HOST:PORT[,HOST:PORT...]")
@@ -71,7 +72,7 @@ def parse_controller(text: str) -> tuple[tuple[str, int], ...]:
         raise InvalidArgumentError(f"controller {text[:60]!r}: name 1..{MAX_ETCD_ENDPOINTS} etcd endpoints")
     out = []
     for item in items:
-        host, port = parse_host_port(item, 2379)
+        host, port = parse_listen(item, ETCD_DEFAULT_PORT)  # brackets for IPv6, as every address
         if port == 0 or host in ("0.0.0.0", "::"):
             raise InvalidArgumentError(f"etcd endpoint {item!r} must name a host and a port other than 0")
         out.append((host, port))
