@@ -35,8 +35,9 @@ def current_topics(options: SourceOptions, link: BrokerLink) -> list[str]:
 
 
 def missing_topics(options: SourceOptions, snap: Snapshot) -> list[str]:
-    """Topics the ``topic``/``topics`` option names that have no queue in ``snap``: they do not exist on the broker (or on any broker of the cluster)
-    (a topic always has at least one queue). A ``topicPattern`` matching nothing misses none."""
+    """Topics the ``topic``/``topics`` option names that have no queue in ``snap``: they do not exist on the broker
+    (or on any broker of the cluster; a topic always has at least one queue). A ``topicPattern`` matching nothing
+    misses none."""
     present = {t for t, _, _ in snap}
     return [t for t in options.topics if t not in present]
 

@@ -42,10 +42,10 @@ from broker.semantics import (
     SubscriptionGroupManager,
     TransactionService,
 )
-from broker.semantics.pop import PopService
-from broker.semantics.timer import TimerService
 from broker.semantics.decision_log import DecisionLog
 from broker.semantics.participant_resolver import ParticipantResolver
+from broker.semantics.pop import PopService
+from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.consumer_manager import ConsumerManager
