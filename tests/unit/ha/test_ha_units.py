@@ -105,6 +105,15 @@ def test_a_replication_endpoint_off_loopback_needs_a_secret(tmp_path: Path) -> N
         BrokerConfig.from_dict({"controller": "etcd://127.0.0.1:2379", "broker_id": 1, "role": "SLAVE"})
 
 
+def test_controller_endpoints_are_read_with_etcds_default_port() -> None:
+    settings = BrokerConfig.from_dict({"controller": "etcd://127.0.0.1:23790,[::1],etcd-2", "broker_id": 1,
+                                       "listen": "127.0.0.1:10911"}).replication()  # fmt: skip
+    assert settings is not None
+    assert settings.controller == (("127.0.0.1", 23790), ("::1", 2379), ("etcd-2", 2379))
+    with pytest.raises(InvalidArgumentError, match="other than 0"):
+        BrokerConfig.from_dict({"controller": "etcd://127.0.0.1:0", "broker_id": 1, "listen": "127.0.0.1:10911"})
+
+
 def test_in_sync_set_shrinks_only_once_recorded_and_acknowledges_when_every_member_holds() -> None:
     end = [1000]
     recorded: list[frozenset[int]] = []
