@@ -32,6 +32,13 @@ CONNECT_PROBE_S = 1.0  # how long to try each of several endpoints before moving
 # retrying its pulls kept even a new producer away. Tried again at least every second instead (RocketMQ's client
 # connects again at the next request).
 MAX_RECONNECT_BACKOFF_MS = 1000
+# How long one attempt to connect may take (gRPC's option for it is named min_reconnect_backoff; its default is
+# 20 s). A host that drops the SYNs (a killed container whose address is still in this machine's ARP cache, a
+# firewall) would otherwise hold a call until its own deadline, and DEADLINE_EXCEEDED counts as "may have reached
+# the broker": a producer could not send the message to another broker. A failed connect is UNAVAILABLE, "failed to
+# connect", which is known never to have left. RocketMQ's client gives up connecting after 3 s too
+# (connectTimeoutMillis).
+CONNECT_TIMEOUT_MS = 3000
 T = TypeVar("T")
 
 
@@ -49,6 +56,7 @@ def _channel(target: str) -> grpc.Channel:
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
             ("grpc.initial_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
             ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+            ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
         ],
     )
 

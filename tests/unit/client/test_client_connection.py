@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from broker.client import Admin, Message, Producer
-from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.client.connection import Connection
+from broker.errors import BrokerUnreachableError, InvalidArgumentError, ServiceNotAvailableError
+from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
 
 
@@ -30,3 +34,21 @@ def test_endpoint_from_environment(broker: BrokerController, endpoint: str, monk
     with Admin() as admin:
         assert admin.conn.target == endpoint
         assert admin.list_topics() == []
+
+
+def test_a_connect_that_gets_no_answer_fails_as_never_sent() -> None:
+    """A host that drops the connection's SYNs (a killed container whose address the machine still has in its ARP
+    cache, a firewall) must fail the call as never sent, within the connect timeout, so that a producer sends the
+    message to another broker. Without a connect timeout, gRPC kept connecting for 20 s, the call ran into its own
+    deadline, and DEADLINE_EXCEEDED counted as "may have been stored"."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # never accepted: with its one slot taken, Linux drops every further SYN
+        with socket.create_connection(listener.getsockname()):
+            conn = Connection(f"127.0.0.1:{listener.getsockname()[1]}")
+            try:
+                with pytest.raises(BrokerUnreachableError) as failed:
+                    conn.call(conn.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic="T"), timeout_s=20)
+            finally:
+                conn.close()
+    assert failed.value.request_sent is False, failed.value.message
