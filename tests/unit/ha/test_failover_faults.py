@@ -123,6 +123,7 @@ def test_master_sigkill_under_sync_load(tmp_path: Path) -> None:
 if LONG_FAILOVERS:
 
     @pytest.mark.slow
+    @pytest.mark.timeout(600 + 120 * LONG_FAILOVERS)  # a failover and a rejoin take 10-30 s on a busy 2-core VM
     def test_master_sigkill_under_sync_load_many_failovers(tmp_path: Path) -> None:
         _failovers(tmp_path, LONG_FAILOVERS)
 
