@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = ("crc", "dispatch", "store", "sync_ceiling", "server", "cluster", "replication", "spark_source",
-              "spark_sink", "peers")  # fmt: skip
+BENCHMARKS = ("crc", "dispatch", "store", "sync_ceiling", "server", "cluster", "replication", "rmqv2",
+              "spark_source", "spark_sink", "peers")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
