@@ -113,3 +113,28 @@ def check_port_free(host: str, port: int) -> None:
                         "addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
                     ) from None
                 return  # e.g. EACCES for a port below 1024: gRPC's bind reports it
+
+
+# Ports a process binds again after a restart (a killed replica, a restarted broker in a test) are taken below the
+# kernel's ephemeral range: a port from that range can be handed meanwhile to any other socket bound to port 0 or to
+# the local end of any outgoing connection, and the restart then fails with "address in use".
+FIXED_PORT_LOW, FIXED_PORT_HIGH = 20_000, 32_000
+FIXED_PORT_TRIES = 200
+
+
+def free_fixed_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` free now, outside the ephemeral range, for a listener that must get it again after a
+    restart. ServiceNotAvailableError when FIXED_PORT_TRIES random ports were all taken."""
+    import random
+
+    for _ in range(FIXED_PORT_TRIES):
+        port = random.randrange(FIXED_PORT_LOW, FIXED_PORT_HIGH)
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ServiceNotAvailableError(
+        f"no free port in {FIXED_PORT_LOW}..{FIXED_PORT_HIGH - 1} on {host} after {FIXED_PORT_TRIES} tries"
+    )

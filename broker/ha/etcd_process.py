@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from threading import Thread
 
+from broker.address import free_fixed_port
 from broker.errors import ServiceNotAvailableError
 
 START_TIMEOUT_S = 30.0
@@ -33,9 +33,7 @@ def ensure_etcd() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_fixed_port(host)  # replicas and etcd restart on the same ports
 
 
 class EtcdProcess:

@@ -3,7 +3,6 @@ retries after a lost answer stored once."""
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from cluster_helpers import create_everywhere, make_cluster, route_brokers, small_store_config, wait_for
 from lossy_proxy import LossyProxy
 
+from broker.address import free_fixed_port
 from broker.client import Message, Producer, PullConsumer, SendStatus
 from broker.client.namesrv_client import NameServerClient
 from broker.client.route import MessageQueue
@@ -98,7 +98,7 @@ def test_a_retry_after_a_lost_answer_is_stored_once(broker_process: BrokerProces
 def test_a_retry_after_a_lost_answer_in_a_cluster_goes_to_the_same_broker(tmp_path: Path) -> None:
     with make_cluster(tmp_path, brokers=2) as cluster:
         # a third broker whose advertised address is a proxy that can lose answers
-        port = free_port()
+        port = free_fixed_port()
         proxy = LossyProxy(f"127.0.0.1:{port}")
         lossy = BrokerProcess(tmp_path / "broker-lossy", listen=f"127.0.0.1:{port}",
                               config=small_store_config(tmp_path / "lossy-conf"),
@@ -134,12 +134,6 @@ def test_a_broker_that_never_answers_gives_an_unknown_outcome_not_a_failure(brok
             assert type(caught.value).__name__ == "SendOutcomeUnknownError"
     finally:
         proxy.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 from test_sink import flat, read_all
 
+from broker.address import free_fixed_port
 from broker.client import Admin, Message, Producer
 from broker.server.process import BrokerProcess
 
@@ -28,12 +28,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
 QUERY = Path(__file__).with_name("sink_eo_query.py")
 SOURCE, TARGET = "eo_source", "eo_target"
 QUEUES = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def produce(endpoint: str, n: int) -> None:
@@ -84,7 +78,7 @@ def run_with_crashes(tmp_path: Path, guarantee: str, n: int, kills: int, per_tri
     seed = int(os.environ.get("SLUICE_CRASH_SEED", time.time()))
     print(f"seed {seed} (SLUICE_CRASH_SEED to repeat)")
     rng = random.Random(seed)
-    listen = f"127.0.0.1:{free_port()}"
+    listen = f"127.0.0.1:{free_fixed_port()}"
     store, checkpoint, log = tmp_path / "store", tmp_path / "chk", tmp_path / "driver.log"
     broker = BrokerProcess(store, listen=listen).start()
     endpoint = broker.endpoint

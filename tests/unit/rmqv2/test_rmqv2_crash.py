@@ -4,7 +4,6 @@ delivered again, and a message received before the crash stays invisible until i
 from __future__ import annotations
 
 import random
-import socket
 import threading
 import time
 from pathlib import Path
@@ -12,13 +11,8 @@ from pathlib import Path
 import pytest
 from rmqv2_helpers import message, name, new_topic, producer, simple_consumer, start_broker
 
+from broker.address import free_fixed_port
 from broker.server.process import BrokerProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def restart(store: Path, port: int) -> BrokerProcess:
@@ -26,7 +20,7 @@ def restart(store: Path, port: int) -> BrokerProcess:
 
 
 def test_in_flight_messages_survive_sigkill(tmp_path: Path) -> None:
-    store, port = tmp_path / "store", free_port()
+    store, port = tmp_path / "store", free_fixed_port()
     proc = start_broker(store, listen=f"127.0.0.1:{port}")
     try:
         topic, group = new_topic(proc.endpoint), name("g")
@@ -63,7 +57,7 @@ def test_in_flight_messages_survive_sigkill(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_pop_consumption_through_repeated_sigkills_loses_and_repeats_nothing_acked(tmp_path: Path) -> None:
-    store, port = tmp_path / "store", free_port()
+    store, port = tmp_path / "store", free_fixed_port()
     proc = start_broker(store, listen=f"127.0.0.1:{port}")
     rng = random.Random(22)
     topic, group = new_topic(proc.endpoint), name("g")
