@@ -24,7 +24,7 @@ counts against its system (the achieved rate is reported beside; a sender that c
 
 The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
 loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any
-gRPC broker in Python here). Sluice's MB/s are printed as ratios of them.
+gRPC broker in Python here). Sluice's MB/s are printed as ratios of them, and its consume rates as ratios of the peers'.
 
 The peers are started by the benchmark from their Debian packages (installed with apt-get when missing) on free
 loopback ports, in a temporary directory removed at the end. Their clients are benchmark-only packages
@@ -795,12 +795,26 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
                 f"   max {lat.max_ms:8.2f} ms   (sent {lat.sent} at {lat.achieved_rate_per_s:,.0f}/s)"
             )
     print()
-    print("limits of this machine:")
+    print("limits of this machine, and ratios:")
     print(f"  disk write with fdatasync      {limits['disk_write_mb_s']:8.0f} MB/s")
     print(f"  gRPC loopback 1 MiB upload     {limits['grpc_upload_mb_s']:8.0f} MB/s")
     print(f"  gRPC loopback 1 MiB download   {limits['grpc_download_mb_s']:8.0f} MB/s")
     for name, value in ratios.items():
         print(f"  {name:<44} {value:6.2f}")
+
+
+def peer_ratios(results: list[SystemResult]) -> dict[str, float]:
+    """Sluice's consume rate over each peer's, size by size, from the same run (the same load on the machine)."""
+    sluice = next((r for r in results if r.name == "sluice" and r.throughput), None)
+    if sluice is None:
+        return {}
+    out: dict[str, float] = {}
+    for peer in results:
+        for t in sluice.throughput if peer is not sluice else ():
+            theirs = next((p for p in peer.throughput if p.size_b == t.size_b), None)
+            if theirs is not None:
+                out[f"sluice consume {t.size_b} B / {peer.name} consume"] = t.consume_msgs_s / theirs.consume_msgs_s
+    return out
 
 
 def limit_ratios(results: list[SystemResult], limits: dict[str, float]) -> dict[str, float]:
@@ -894,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
             "grpc_upload_mb_s": upload,
             "grpc_download_mb_s": download,
         }
-    ratios = limit_ratios(results, limits)
+    ratios = {**peer_ratios(results), **limit_ratios(results, limits)}
     print_table(results, limits, ratios)
 
     report = {
