@@ -1,6 +1,7 @@
 """Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
 
-    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--latency-rates 5000,250] [--no-charts]
+    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--rounds 1] [--latency-rates 5000,250]
+                          [--no-charts]
 
 Same machine, loopback, same message count and size, each system through its standard Python client:
 
@@ -10,7 +11,9 @@ Same machine, loopback, same message count and size, each system through its sta
   4000 acks pending), consume = pull ``fetch`` with AckAll, acking the last message of each batch.
 - **Sluice**: a broker subprocess (``python -m broker broker``, ASYNC_FLUSH), broker.client; produce =
   ``Producer.send_batch``, consume = ``PullConsumer.pull`` carrying the commit offset (and, as a second figure,
-  ``pull_raw``, which leaves entries encoded as the Spark connector reads them).
+  ``pull_raw``, which leaves entries encoded as the Spark connector reads them, and as a third ``pull_raw`` with
+  ``decode_entry`` on every entry, every field decoded up front). All are timed once the broker has indexed the
+  whole queue (the wait after the produce is recorded as ``index_wait_s``).
 
 Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, an uncounted warm-up run, and
 flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms).
@@ -24,7 +27,7 @@ counts against its system (the achieved rate is reported beside; a sender that c
 
 The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
 loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any
-gRPC broker in Python here). Sluice's MB/s are printed as ratios of them.
+gRPC broker in Python here). Sluice's MB/s are printed as ratios of them, and its consume rates as ratios of the peers'.
 
 The peers are started by the benchmark from their Debian packages (installed with apt-get when missing) on free
 loopback ports, in a temporary directory removed at the end. Their clients are benchmark-only packages
@@ -66,6 +69,7 @@ LATENCY_SIZE_B = 100
 LATENCY_WARMUP_MSGS = 500  # dropped from the percentiles: connection set-up, first topic route
 LATENCY_MIN_SAMPLES = 2000  # at low rates the run lasts longer, so that p99 rests on enough samples
 LATENCY_MAX_WALL_S = 12.0  # a sender that can't keep the rate stops after this long (reported as achieved rate)
+MAX_ROUNDS = 10  # each round stores every message count again: disk and time grow with it
 IDLE_AFTER_DONE_S = 1.0
 RECEIVE_TIMEOUT_S = 60.0  # a consumer that sees nothing new for this long fails the run
 SERVER_START_TIMEOUT_S = 30.0
@@ -87,6 +91,8 @@ class Throughput:
     produce_s: float
     consume_s: float
     consume_raw_s: float | None = None  # Sluice only: pull_raw, entries left encoded (the Spark connector's path)
+    index_wait_s: float | None = None  # Sluice only: from the last send's answer until the queue was fully indexed
+    consume_eager_s: float | None = None  # Sluice only: pull_raw + decode_entry per entry (eager decoding)
 
     @property
     def produce_msgs_s(self) -> float:
@@ -114,7 +120,26 @@ class Throughput:
         if self.consume_raw_s is not None:
             out["consume_raw_s"] = round(self.consume_raw_s, 4)
             out["consume_raw_msgs_s"] = round(self.count / self.consume_raw_s)
+        if self.index_wait_s is not None:
+            out["index_wait_s"] = round(self.index_wait_s, 4)
+        if self.consume_eager_s is not None:
+            out["consume_eager_s"] = round(self.consume_eager_s, 4)
+            out["consume_eager_msgs_s"] = round(self.count / self.consume_eager_s)
         return out
+
+
+def best_of(runs: list[Throughput]) -> Throughput:
+    """The shortest time of each figure over rounds: on a shared machine the other load only ever adds time."""
+
+    def least(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return min(known) if known else None
+
+    return Throughput(
+        runs[0].size_b, runs[0].count, min(r.produce_s for r in runs), min(r.consume_s for r in runs),
+        least([r.consume_raw_s for r in runs]), least([r.index_wait_s for r in runs]),
+        least([r.consume_eager_s for r in runs]),
+    )  # fmt: skip
 
 
 @dataclass
@@ -532,30 +557,49 @@ class SluiceBroker:
                 results = producer.send_batch(batch, queue_id=0)
                 assert len(results) == len(batch)
             produce_s = time.perf_counter() - t0
-        consume_s = self._consume(topic, count, size_b, raw=False)
-        consume_raw_s = self._consume(topic, count, size_b, raw=True)
-        return Throughput(size_b, count, produce_s, consume_s, consume_raw_s)
+        index_wait_s = self._wait_indexed(topic, count)
+        consume_s = self._consume(topic, count, size_b, "pull")
+        consume_raw_s = self._consume(topic, count, size_b, "raw")
+        consume_eager_s = self._consume(topic, count, size_b, "eager")
+        return Throughput(size_b, count, produce_s, consume_s, consume_raw_s, index_wait_s, consume_eager_s)
 
-    def _consume(self, topic: str, count: int, size_b: int, raw: bool) -> float:
-        """Seconds to pull the whole queue, committing offsets on each pull; decoded messages unless raw."""
+    def _wait_indexed(self, topic: str, count: int) -> float:
+        """Seconds until the dispatcher has indexed all ``count`` messages. Without this wait the first consume
+        (the decoded one) would also wait out the indexing that follows the produce, and the second not."""
         from broker.client import PullConsumer
 
-        with PullConsumer(self.endpoint, f"bench-raw-{raw}") as consumer:
+        t0 = time.perf_counter()
+        with PullConsumer(self.endpoint, "bench-index-wait") as consumer:
+            while consumer.queue_offsets(topic)[0][1] < count:
+                if time.perf_counter() - t0 > RECEIVE_TIMEOUT_S:
+                    raise RuntimeError(f"sluice: fewer than {count} messages indexed after {RECEIVE_TIMEOUT_S} s")
+                time.sleep(0.01)
+        return time.perf_counter() - t0
+
+    def _consume(self, topic: str, count: int, size_b: int, mode: str) -> float:
+        """Seconds to pull the whole queue, committing offsets on each pull. ``mode``: "pull" (PullConsumer.pull),
+        "raw" (pull_raw, entries not decoded) or "eager" (pull_raw, then decode_entry on every entry and its tags
+        read, as a client that decodes every field up front would)."""
+        from broker.client import PullConsumer
+        from broker.store.message import decode_entry
+
+        with PullConsumer(self.endpoint, f"bench-{mode}") as consumer:
             t0 = time.perf_counter()
             offset = 0
             while offset < count:
-                # A long-poll timeout: the dispatcher may still be indexing the last batch right after produce.
-                if raw:
-                    raw_result = consumer.pull_raw(topic, 0, offset, BATCH_MSGS, timeout_ms=1000, commit_offset=offset)
-                    got, status, next_offset = (
-                        len(raw_result.entry_positions),
-                        raw_result.status,
-                        raw_result.next_begin_offset,
-                    )
-                else:
+                # A long-poll timeout, in case a pull finds the queue's end before the last batch is visible.
+                if mode == "pull":
                     result = consumer.pull(topic, 0, offset, BATCH_MSGS, timeout_ms=1000, commit_offset=offset)
                     assert all(len(m.body) == size_b for m in result.messages)
                     got, status, next_offset = len(result.messages), result.status, result.next_begin_offset
+                else:
+                    raw = consumer.pull_raw(topic, 0, offset, BATCH_MSGS, timeout_ms=1000, commit_offset=offset)
+                    if mode == "eager":
+                        starts = raw.entry_positions
+                        ends = [*starts[1:], len(raw.buffer)]
+                        decoded = [decode_entry(raw.buffer, p, e) for p, e in zip(starts, ends, strict=True)]
+                        assert all(len(m.body) == size_b and m.tags is None for m in decoded)
+                    got, status, next_offset = len(raw.entry_positions), raw.status, raw.next_begin_offset
                 if got == 0:
                     raise RuntimeError(f"sluice: {status.name} after {offset} of {count} messages")
                 offset = next_offset
@@ -663,31 +707,74 @@ def missing_package_hint(e: ModuleNotFoundError) -> str:
     return f"{e}: install the benchmark's clients with `.venv/bin/pip install {package}`"
 
 
-def run_system(system: System, workdir: Path, scale: float, latency_rates: list[int]) -> SystemResult:
-    result = SystemResult(system.name)
-    print(f"{system.name}: starting", flush=True)
+def _guarded(result: SystemResult, step: Callable[[], None]) -> None:
+    """Run one step of a system's benchmark; a failure is recorded in its result (and ends its part of the run)."""
     try:
-        result.version = system.start(workdir)
-        for size_b in SIZES_B:
-            count = max(BATCH_MSGS, int(COUNT_BY_SIZE[size_b] * scale))
-            system.throughput(size_b, max(BATCH_MSGS, count // WARMUP_FRACTION), "warmup")  # not counted
-            t = system.throughput(size_b, count, "run")
-            print(f"  {size_b} B x {count}: produce {t.produce_msgs_s:,.0f} msgs/s, consume {t.consume_msgs_s:,.0f}")
-            result.throughput.append(t)
-        for rate in latency_rates:
-            lat_count = max(LATENCY_WARMUP_MSGS + LATENCY_MIN_SAMPLES, int(rate * LATENCY_DURATION_S))
-            lat = system.latency(rate, lat_count, LATENCY_SIZE_B)
-            result.latency.append(lat)
-            print(f"  latency at {rate}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): p50 {lat.p50_ms:.2f} ms")
+        step()
     except ModuleNotFoundError as e:
         result.error = missing_package_hint(e)
-        print(f"  FAILED: {result.error}", flush=True)
+        print(f"  {result.name} FAILED: {result.error}", flush=True)
     except Exception as e:  # noqa: BLE001 -- one system failing must not hide the others' figures; reported below
         result.error = f"{type(e).__name__}: {e}"
-        print(f"  FAILED: {result.error}", flush=True)
+        print(f"  {result.name} FAILED: {result.error}", flush=True)
+
+
+def run_systems(
+    names: list[str], workdir: Path, scale: float, latency_rates: list[int], rounds: int
+) -> list[SystemResult]:
+    """Every system started at once; the throughput runs go round the systems ``rounds`` times (so a burst of
+    other load on the machine falls on all of them, not on one) and each figure keeps its best round; then the
+    latency runs, one system at a time."""
+    systems = [SYSTEMS[name]() for name in names]
+    results = [SystemResult(system.name) for system in systems]
+    runs: dict[tuple[str, int], list[Throughput]] = {}
+    try:
+        for system, result in zip(systems, results, strict=True):
+            print(f"{system.name}: starting", flush=True)
+
+            def start(system: System = system, result: SystemResult = result) -> None:
+                result.version = system.start(workdir)
+
+            _guarded(result, start)
+        for round_no in range(rounds):
+            for system, result in zip(systems, results, strict=True):
+                for size_b in SIZES_B:
+                    if result.error:
+                        break
+                    count = max(BATCH_MSGS, int(COUNT_BY_SIZE[size_b] * scale))
+
+                    def measure(
+                        system: System = system, size_b: int = size_b, count: int = count, round_no: int = round_no
+                    ) -> None:
+                        if round_no == 0:  # not counted
+                            system.throughput(size_b, max(BATCH_MSGS, count // WARMUP_FRACTION), "warmup")
+                        t = system.throughput(size_b, count, f"run{round_no}")
+                        print(
+                            f"  round {round_no + 1} {system.name} {size_b} B x {count}: produce "
+                            f"{t.produce_msgs_s:,.0f} msgs/s, consume {t.consume_msgs_s:,.0f}", flush=True,
+                        )  # fmt: skip
+                        runs.setdefault((system.name, size_b), []).append(t)
+
+                    _guarded(result, measure)
+        for system, result in zip(systems, results, strict=True):
+            result.throughput = [best_of(runs[(system.name, b)]) for b in SIZES_B if (system.name, b) in runs]
+            for rate in latency_rates:
+                if result.error:
+                    break
+                lat_count = max(LATENCY_WARMUP_MSGS + LATENCY_MIN_SAMPLES, int(rate * LATENCY_DURATION_S))
+
+                def latency(system: System = system, result: SystemResult = result, rate: int = rate,
+                            lat_count: int = lat_count) -> None:  # fmt: skip
+                    lat = system.latency(rate, lat_count, LATENCY_SIZE_B)
+                    result.latency.append(lat)
+                    print(f"  {system.name} latency at {rate}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): "
+                          f"p50 {lat.p50_ms:.2f} ms", flush=True)  # fmt: skip
+
+                _guarded(result, latency)
     finally:
-        system.stop()
-    return result
+        for system in systems:
+            system.stop()
+    return results
 
 
 # ---- the machine's limits -----------------------------------------------------------------------------------
@@ -786,6 +873,11 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
             if t.consume_raw_s is not None:
                 raw = t.count / t.consume_raw_s
                 print(f"{r.name:<8} {t.size_b:>4} B consume with pull_raw (entries not decoded): {raw:,.0f} msgs/s")
+            if t.consume_eager_s is not None:
+                eager = t.count / t.consume_eager_s
+                print(f"{r.name:<8} {t.size_b:>4} B consume decoding every field (decode_entry): {eager:,.0f} msgs/s")
+            if t.index_wait_s is not None:
+                print(f"{r.name:<8} {t.size_b:>4} B indexed {t.index_wait_s:.3f} s after the last send's answer")
     print()
     print(f"end-to-end latency, {LATENCY_SIZE_B} B, single synchronous sends at a fixed rate:")
     for r in results:
@@ -795,12 +887,26 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
                 f"   max {lat.max_ms:8.2f} ms   (sent {lat.sent} at {lat.achieved_rate_per_s:,.0f}/s)"
             )
     print()
-    print("limits of this machine:")
+    print("limits of this machine, and ratios:")
     print(f"  disk write with fdatasync      {limits['disk_write_mb_s']:8.0f} MB/s")
     print(f"  gRPC loopback 1 MiB upload     {limits['grpc_upload_mb_s']:8.0f} MB/s")
     print(f"  gRPC loopback 1 MiB download   {limits['grpc_download_mb_s']:8.0f} MB/s")
     for name, value in ratios.items():
         print(f"  {name:<44} {value:6.2f}")
+
+
+def peer_ratios(results: list[SystemResult]) -> dict[str, float]:
+    """Sluice's consume rate over each peer's, size by size, from the same run (the same load on the machine)."""
+    sluice = next((r for r in results if r.name == "sluice" and r.throughput), None)
+    if sluice is None:
+        return {}
+    out: dict[str, float] = {}
+    for peer in results:
+        for t in sluice.throughput if peer is not sluice else ():
+            theirs = next((p for p in peer.throughput if p.size_b == t.size_b), None)
+            if theirs is not None:
+                out[f"sluice consume {t.size_b} B / {peer.name} consume"] = t.consume_msgs_s / theirs.consume_msgs_s
+    return out
 
 
 def limit_ratios(results: list[SystemResult], limits: dict[str, float]) -> dict[str, float]:
@@ -867,6 +973,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="throughput runs per system, taken in turn over the systems; each figure keeps its best (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
         "--latency-rates", default=",".join(map(str, LATENCY_RATES_PER_S)),
         help="comma list of msgs/s for the latency runs (default %(default)s)",
     )  # fmt: skip
@@ -877,6 +987,8 @@ def main(argv: list[str] | None = None) -> int:
         latency_rates = [int(r) for r in args.latency_rates.split(",") if r.strip()]
     except ValueError:
         parser.error(f"--latency-rates {args.latency_rates!r}: write whole msgs/s, e.g. 5000,250")
+    if not 1 <= args.rounds <= MAX_ROUNDS:
+        parser.error(f"--rounds must be 1..{MAX_ROUNDS}")
     if any(r <= 0 for r in latency_rates):
         parser.error("--latency-rates must be positive")
     unknown = sorted(set(names) - set(SYSTEMS))
@@ -886,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()[0]  # other work on the machine skews every figure: recorded with them
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
         workdir = Path(tmp)
-        results = [run_system(SYSTEMS[name](), workdir, args.scale, latency_rates) for name in names]
+        results = run_systems(names, workdir, args.scale, latency_rates, args.rounds)
         print("limits: disk, gRPC loopback", flush=True)
         upload, download = grpc_loopback_mb_s(workdir)
         limits = {
@@ -894,7 +1006,7 @@ def main(argv: list[str] | None = None) -> int:
             "grpc_upload_mb_s": upload,
             "grpc_download_mb_s": download,
         }
-    ratios = limit_ratios(results, limits)
+    ratios = {**peer_ratios(results), **limit_ratios(results, limits)}
     print_table(results, limits, ratios)
 
     report = {
@@ -909,6 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "batch_msgs": BATCH_MSGS,
             "scale": args.scale,
+            "rounds": args.rounds,
             "latency_rates_per_s": latency_rates,
             "latency_size_b": LATENCY_SIZE_B,
             "latency_duration_s": LATENCY_DURATION_S,

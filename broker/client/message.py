@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from broker.client.lazy_message import decode_pulled
 from broker.errors import MessageIllegalError
 from broker.semantics.transaction_codec import ATTEMPT, COMMITTED_ATTEMPTS
 from broker.store.message import (
@@ -14,7 +15,6 @@ from broker.store.message import (
     PROPERTY_SEPARATOR,
     Prop,
     StoredMessage,
-    decode_entry,
     encode_entry,
     encode_properties,
     validate_topic,
@@ -107,8 +107,6 @@ def encode_message(
 
 
 def decode_entries(buffer: bytes, positions: Iterable[int]) -> list[StoredMessage]:
-    pos_list = list(positions)
-    if not pos_list:
-        return []
-    ends = [*pos_list[1:], len(buffer)]
-    return [decode_entry(buffer, p, e) for p, e in zip(pos_list, ends, strict=True)]
+    """The messages of a pull answer; fields past the body and offsets are decoded when first read
+    (broker/client/lazy_message.py)."""
+    return decode_pulled(buffer, list(positions))

@@ -106,7 +106,7 @@ class PullConsumer:
         r = self._request(mq, offset, max_msgs, timeout_ms, tags, max_bytes, commit_offset, sql)
         messages = decode_entries(r.entries, r.entry_positions) if r.entries else []
         status = PullStatus[pb.PullStatus.Name(r.status)]
-        if wanted is not None:
+        if wanted is not None:  # "*" needs no check, and no message's properties decoded for it
             messages = [m for m in messages if tag_matches(wanted, m.tags)]
             if status is PullStatus.FOUND and not messages:  # only hash collisions came back, as RocketMQ
                 status = PullStatus.NO_MATCHED_MSG

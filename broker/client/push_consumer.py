@@ -239,7 +239,10 @@ class _QueueWorker(threading.Thread):
         """Call the listener chunk by chunk; retry a failed chunk until it succeeds. False when dropped."""
         o, mq = self.owner, self.key
         wanted = o.tag_sets[mq.topic]
-        messages = [o._restore_topic(m) for m in messages if tag_matches(wanted, m.tags)]
+        if wanted is not None:  # "*" needs no check, and no message's properties decoded for it
+            messages = [m for m in messages if tag_matches(wanted, m.tags)]
+        if mq.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):  # only a retry queue holds messages to show renamed
+            messages = [o._restore_topic(m) for m in messages]
         send_back_failed = o.send_back
         dead_letters = o.orderly and o.max_reconsume_times >= 0
         for start in range(0, len(messages), o.consume_batch_size):
