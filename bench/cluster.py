@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import tempfile
 import time
@@ -63,8 +64,18 @@ def _client(namesrv: str, broker_name: str, body_size: int, duration_s: float, s
     out.put(sum(counts))
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine (/proc/stat's first line; idle and iowait count as not busy)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
 def run_case(brokers: int, body_size: int, duration_s: float) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp, LocalCluster(Path(tmp), brokers=brokers) as c:
+    # one CPU for each broker's Python threads (with "auto" both would take the lowest CPU), the native ones free
+    cpus = [str(cpu) for cpu in sorted(os.sched_getaffinity(0))]
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp, \
+            LocalCluster(Path(tmp), brokers=brokers, python_cpus=cpus) as c:  # fmt: skip
         for name in c.names:
             with Admin(c.endpoint(name)) as admin:
                 admin.create_topic(TOPIC, QUEUES)
@@ -79,10 +90,15 @@ def run_case(brokers: int, body_size: int, duration_s: float) -> dict[str, float
                                                    start_at, out)) for i in range(CLIENTS)]  # fmt: skip
         for proc in procs:
             proc.start()
+        time.sleep(max(0.0, start_at + 0.5 - time.time()))
+        busy0, all0 = _cpu_times()  # the machine's CPU while the clients send (clients, brokers and the rest)
+        time.sleep(max(0.0, duration_s - 1.0))
+        busy1, all1 = _cpu_times()
         total = sum(out.get(timeout=duration_s + 120) for _ in procs)
         for proc in procs:
             proc.join()
-    return {"msgs_per_s": total / duration_s, "MB_per_s": total * body_size / duration_s / 1e6}
+    return {"msgs_per_s": total / duration_s, "MB_per_s": total * body_size / duration_s / 1e6,
+            "cpu_busy": (busy1 - busy0) / max(1, all1 - all0)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,22 +107,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="alternating repetitions of each case (default 2)")
     args = ap.parse_args(argv)
     runs: dict[str, list[float]] = {}
+    busy: dict[str, list[float]] = {}
     for _ in range(args.repeat):
         for size in (100, 1024):
             for brokers in (1, 2):
                 r = run_case(brokers, size, args.duration)
                 runs.setdefault(f"{brokers}_broker_{size}B", []).append(r["msgs_per_s"])
+                busy.setdefault(f"{brokers}_broker_{size}B", []).append(r["cpu_busy"])
     rows = []
     for size in (100, 1024):
         one, two = runs[f"1_broker_{size}B"], runs[f"2_broker_{size}B"]
         ratio = (sum(two) / len(two)) / (sum(one) / len(one))
         rows.append({"body_bytes": size, "one_broker_msgs_per_s": one, "two_brokers_msgs_per_s": two,
-                     "ratio": ratio})  # fmt: skip
-    print(f"{'body':>6}  {'1 broker msgs/s':>22}  {'2 brokers msgs/s':>22}  ratio")
+                     "ratio": ratio, "one_broker_cpu_busy": busy[f"1_broker_{size}B"],
+                     "two_brokers_cpu_busy": busy[f"2_broker_{size}B"]})  # fmt: skip
+    print(f"{'body':>6}  {'1 broker msgs/s':>26}  {'2 brokers msgs/s':>26}  ratio  machine CPU busy (1 / 2 brokers)")
     for row in rows:
         one = ", ".join(f"{v:,.0f}" for v in row["one_broker_msgs_per_s"])
         two = ", ".join(f"{v:,.0f}" for v in row["two_brokers_msgs_per_s"])
-        print(f"{row['body_bytes']:>5}B  {one:>22}  {two:>22}  {row['ratio']:.2f}")
+        b1 = sum(row["one_broker_cpu_busy"]) / len(row["one_broker_cpu_busy"])
+        b2 = sum(row["two_brokers_cpu_busy"]) / len(row["two_brokers_cpu_busy"])
+        print(f"{row['body_bytes']:>5}B  {one:>26}  {two:>26}  {row['ratio']:.2f}   {b1:.0%} / {b2:.0%}")
     result = {
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {mp.cpu_count()} CPUs",
         "command": "python -m bench.cluster", "duration_s": args.duration, "clients": CLIENTS,

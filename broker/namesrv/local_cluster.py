@@ -81,6 +81,7 @@ class LocalCluster:
         self, root: Path, *, brokers: int = 3, namesrvs: int = 1, cluster: str = "DefaultCluster",
         flush: str = "async", broker_expire_ms: int | None = None, register_interval_ms: int | None = None,
         config: Path | None = None, log_level: str = "WARNING", extra_broker_args: list[str] | None = None,
+        python_cpus: list[str] | None = None,
     ) -> None:  # fmt: skip
         self.root = root
         self.cluster = cluster
@@ -89,6 +90,9 @@ class LocalCluster:
         self.log_level = log_level
         self.register_interval_ms = register_interval_ms
         self.extra_broker_args = extra_broker_args or []
+        # Each broker's --python-cpus, in turn (broker/server/thread_placement.py): "auto" pins every broker's
+        # Python threads to the same lowest CPU, so brokers sharing a machine are given one CPU each.
+        self.python_cpus = python_cpus or []
         self.namesrvs = [NameServerProcess(broker_expire_ms=broker_expire_ms, log_level=log_level)
                          for _ in range(namesrvs)]  # fmt: skip
         self.names = [f"broker-{chr(ord('a') + i)}" for i in range(brokers)]
@@ -114,6 +118,9 @@ class LocalCluster:
         args = ["--namesrv", self.namesrv, "--cluster", self.cluster, "--broker-name", name]
         if self.register_interval_ms is not None:
             args += ["--register-interval-ms", str(self.register_interval_ms)]
+        if self.python_cpus:
+            index = self.names.index(name) if name in self.names else len(self.names)
+            args += ["--python-cpus", self.python_cpus[index % len(self.python_cpus)]]
         return args + self.extra_broker_args
 
     def add_broker(self, name: str, listen: str = "127.0.0.1:0") -> BrokerProcess:
