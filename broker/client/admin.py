@@ -55,6 +55,7 @@ from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
 from broker.client.results import ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue, TopicRoute
 from broker.client.router import Router
+from broker.client.tls import TlsSettings
 from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
@@ -82,8 +83,10 @@ class Admin:
     def __init__(
         self, endpoint: str | None = None, *, namesrv: str | None = None, timeout_s: float = 30.0,
         router: Router | None = None,
+        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
     ) -> None:  # fmt: skip
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s)
+        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key))  # fmt: skip
         self._owns_router = router is None
 
     @property

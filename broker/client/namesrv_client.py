@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.address import format_address, parse_listen
+from broker.client.tls import TlsSettings, explain, open_channel, split_scheme
 from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import namesrv_pb2_grpc as npb_grpc
@@ -32,7 +33,7 @@ T = TypeVar("T")
 
 def parse_namesrv_list(text: str | None) -> list[str]:
     """``host:port[,host:port...]`` -> addresses; InvalidArgumentError naming what is wrong."""
-    raw = text if text is not None else os.environ.get(NAMESRV_ENV, "")
+    raw, _https = split_scheme(text if text is not None else os.environ.get(NAMESRV_ENV, ""))
     items = [t.strip() for t in raw.split(",") if t.strip()]
     if not items:
         raise InvalidArgumentError(
@@ -52,12 +53,14 @@ def parse_namesrv_list(text: str | None) -> list[str]:
 class NameServerClient:
     """One channel per name server; ``call`` tries them in turn, starting with the last one that answered."""
 
-    def __init__(self, addresses: list[str], timeout_s: float = NAMESRV_TIMEOUT_S) -> None:
+    def __init__(self, addresses: list[str], timeout_s: float = NAMESRV_TIMEOUT_S, *,
+                 tls: TlsSettings | None = None) -> None:  # fmt: skip
         if not addresses:
             raise InvalidArgumentError("a name-server client needs at least one address")
         self.addresses = list(addresses)
         self.timeout_s = timeout_s
-        self._channels = {a: grpc.insecure_channel(a, options=[("grpc.enable_retries", 0)]) for a in self.addresses}
+        self.tls = tls
+        self._channels = {a: open_channel(a, [("grpc.enable_retries", 0)], tls) for a in self.addresses}
         self._stubs = {a: npb_grpc.NameServerStub(c) for a, c in self._channels.items()}
         self._preferred = 0
         self._lock = threading.Lock()
@@ -66,7 +69,7 @@ class NameServerClient:
         try:
             return getattr(self._stubs[address], method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+            raise explain(error_from_rpc(e), address, self.tls) from None
 
     def call(self, method: str, request: Any) -> Any:
         """The first answer, trying each name server once; an answer that is a refusal (a topic no broker holds)

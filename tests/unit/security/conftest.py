@@ -1,0 +1,34 @@
+"""Shared by the TLS tests: the test certificates (made once per run with openssl, certs.py) and in-process
+brokers from tests/unit/conftest.py's ``broker_factory``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from certs import Pki, make_pki
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers import the connector
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def tls_settings(pki: Pki, **more: str) -> dict[str, str]:
+    """Broker settings that serve TLS with the test server certificate."""
+    return {"tls_cert": str(pki.server_cert), "tls_key": str(pki.server_key), **more}
+
+
+@pytest.fixture
+def rotating_files(tmp_path: Path, pki: Pki) -> tuple[Path, Path]:
+    """A certificate and key at paths of the test's own (a copy of the server's), to be replaced on disk."""
+    cert, key = tmp_path / "server.pem", tmp_path / "server-key.pem"
+    cert.write_bytes(pki.server_cert.read_bytes())
+    key.write_bytes(pki.server_key.read_bytes())
+    return cert, key
