@@ -17,7 +17,7 @@ import grpc
 
 from broker.address import format_address, parse_listen
 from broker.client.tls import TlsSettings, explain, open_channel, split_scheme
-from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
+from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TlsError, TopicNotExistError
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import namesrv_pb2_grpc as npb_grpc
 from broker.proto.status import error_from_rpc
@@ -76,23 +76,20 @@ class NameServerClient:
         is the answer, not a reason to ask the next. BrokerUnreachableError when none answers."""
         with self._lock:
             start = self._preferred
-        failures: list[str] = []
+        failures: list[tuple[str, BrokerError]] = []
         for i in range(len(self.addresses)):
             index = (start + i) % len(self.addresses)
             address = self.addresses[index]
             try:
                 result = self.call_one(address, method, request)
             except BrokerUnreachableError as e:
-                failures.append(f"{address}: {e.message}")
+                failures.append((address, e))
                 continue
             if index != start:
                 with self._lock:
                     self._preferred = index
             return result
-        raise BrokerUnreachableError(
-            "no name server answered (" + "; ".join(failures) + "); check --namesrv and that they run",
-            request_sent=False,
-        )
+        raise none_answered(failures)
 
     # ------------------------------------------------------------------------------------------------ reads
     def route(self, topic: str) -> npb.TopicRouteData:
@@ -115,6 +112,16 @@ class NameServerClient:
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
+
+
+def none_answered(failures: list[tuple[str, BrokerError]]) -> BrokerUnreachableError:
+    """The error of a call no name server answered (address, error of each): a TlsError when TLS refused every one
+    (the fix is the same for all)."""
+    text = "; ".join(f"{a}: {e.message}" for a, e in failures)
+    if failures and all(isinstance(e, TlsError) for _, e in failures):
+        return TlsError(f"no name server accepted the connection ({text})")
+    return BrokerUnreachableError(f"no name server answered ({text}); check --namesrv and that they run",
+                                  request_sent=False)  # fmt: skip
 
 
 def route_or_none(client: NameServerClient, topic: str) -> npb.TopicRouteData | None:

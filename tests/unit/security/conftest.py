@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# the cluster, replication and connector suites' helpers, reused as they are
+sys.path.append(str(Path(__file__).parent.parent / "cluster"))
+sys.path.append(str(Path(__file__).parent.parent / "ha"))
+sys.path.append(str(Path(__file__).parent.parent / "connector"))
+
 from certs import Pki, make_pki
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers import the connector

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from certs import Pki
+from conftest import tls_settings
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.config import BrokerConfig
 from broker.errors import InvalidArgumentError, TlsError
-from certs import Pki
-from conftest import tls_settings
 
 TOPIC = "TlsTopic"
 
@@ -44,8 +44,7 @@ def test_plain_text_against_tls_and_tls_against_plain_text(broker_factory: Any, 
     with Admin(tls_broker.address) as admin, pytest.raises(TlsError, match="serves TLS but this client connects in "
                                                                            "plain text"):  # fmt: skip
         admin.list_topics()
-    with Admin(plain_broker.address, tls_ca=str(pki.ca)) as admin, pytest.raises(TlsError,
-                                                                                match="does not serve TLS"):  # fmt: skip
+    with Admin(plain_broker.address, tls_ca=str(pki.ca)) as admin, pytest.raises(TlsError, match="not serve TLS"):
         admin.list_topics()
 
 
@@ -55,7 +54,7 @@ def test_an_untrusted_certificate_and_one_for_another_host(broker_factory: Any, 
         admin.list_topics()
     other = broker_factory(store_dir=tmp_path / "other", tls_cert=str(pki.other_host_cert),
                            tls_key=str(pki.other_host_key))  # fmt: skip
-    with Admin(other.address, tls_ca=str(pki.ca)) as admin, pytest.raises(TlsError, match="not for host 127.0.0.1"):
+    with Admin(other.address, tls_ca=str(pki.ca)) as admin, pytest.raises(TlsError, match=r"not for host 127\.0\.0\.1"):
         admin.list_topics()
 
 
