@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def tls_settings(pki: Pki, **more: str) -> dict[str, str]:
     """Broker settings that serve TLS with the test server certificate."""
     return {"tls_cert": str(pki.server_cert), "tls_key": str(pki.server_key), **more}
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from streaming_jobs.common import spark_session
+
+    conf = {"spark.default.parallelism": "2"}
+    session = spark_session("sluice-tls-tests", shuffle_partitions=2, driver_memory="1g", conf=conf)
+    yield session
+    session.stop()
 
 
 @pytest.fixture
