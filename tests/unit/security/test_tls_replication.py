@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.client import Message, Producer
-from broker.client.tls import diagnose
 from certs import Pki
 from conftest import tls_settings
 from helpers import broker, brokers, caught_up, slave_of, wait_until
+
+from broker.client import Message, Producer
+from broker.client.tls import diagnose
 
 
 def test_replication_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:

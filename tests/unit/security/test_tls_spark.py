@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from certs import Pki
 from conftest import tls_settings
+
+from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 
 pytestmark = pytest.mark.spark
 
