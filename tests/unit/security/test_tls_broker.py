@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,7 +16,19 @@ import pytest
 from certs import Pki
 from conftest import tls_settings
 
-from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
+from broker.client import (
+    FIRST,
+    Admin,
+    ConsumeStatus,
+    LocalTransactionState,
+    Message,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    PushConsumer,
+    ReceivedMessage,
+    TransactionProducer,
+)
 from broker.config import BrokerConfig
 from broker.errors import InvalidArgumentError, TlsError
 
@@ -134,3 +147,29 @@ def test_settings_that_cannot_work_are_refused_before_start(pki: Pki, tmp_path: 
             BrokerConfig(store_path=store, **settings)
     with pytest.raises(InvalidArgumentError, match="tls_cert and tls_key together"):
         Producer("127.0.0.1:1", tls_cert=str(pki.client_cert))
+
+
+def test_push_consumer_and_transaction_producer_over_mutual_tls(broker_factory: Any, pki: Pki) -> None:
+    b = broker_factory(**tls_settings(pki, tls_ca=str(pki.ca), tls_client_auth="require"))
+    client = {"tls_ca": str(pki.ca), "tls_cert": str(pki.client_cert), "tls_key": str(pki.client_key)}
+    got: list[bytes] = []
+    arrived = threading.Event()
+
+    def listener(messages: list[ReceivedMessage]) -> ConsumeStatus:
+        got.extend(m.body for m in messages)
+        arrived.set()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    with Admin(b.address, **client) as admin:
+        admin.create_topic("TlsTx", 1)
+    with (
+        PushConsumer(b.address, "tls-push", {"TlsTx": "*"}, listener, consume_from=FIRST, long_poll_ms=1000,
+                     **client) as _consumer,
+        TransactionProducer(b.address, "tls-tx", lambda txn_id, msg: LocalTransactionState.COMMIT_MESSAGE,
+                            **client) as producer,
+    ):  # fmt: skip
+        sent = producer.send_in_transaction(Message("TlsTx", b"committed"),
+                                            lambda m, t: LocalTransactionState.COMMIT_MESSAGE)  # fmt: skip
+        assert sent.local_state is LocalTransactionState.COMMIT_MESSAGE
+        assert arrived.wait(30), "the push consumer got nothing"
+    assert got == [b"committed"]
