@@ -183,8 +183,8 @@ def _handshake(ctx: ssl.SSLContext, host: str, port: int, read: bool = False) ->
             if ctx.verify_mode == ssl.CERT_NONE:
                 return False  # it answered, but not with TLS
             raise
-        except (ConnectionResetError, TimeoutError, EOFError):
-            return False
+        except (ConnectionResetError, EOFError):
+            return False  # it hung up on a TLS hello: not TLS (a server that never answers is not judged)
         with tls:
             if read:  # the HTTP/2 preface and an empty SETTINGS frame: a server that accepts us answers
                 tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
