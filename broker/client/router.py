@@ -65,10 +65,13 @@ class Router:
                  tls: TlsSettings | None = None) -> None:  # fmt: skip
         self.timeout_s = timeout_s
         endpoint, tls = resolve(endpoint, tls)
-        namesrv, self.tls = resolve(namesrv, tls)
+        namesrv, tls = resolve(namesrv, tls)
         direct, servers = choose_source(endpoint, namesrv)
         if direct is not None:
-            direct, self.tls = resolve(direct, self.tls)  # $SLUICE_ENDPOINT may say https:// too
+            direct, tls = resolve(direct, tls)  # $SLUICE_ENDPOINT may say https:// too
+        elif namesrv is None:
+            tls = resolve(os.environ.get(NAMESRV_ENV, ""), tls)[1]  # and $SLUICE_NAMESRV
+        self.tls = tls
         self.namesrv: NameServerClient | None = NameServerClient(servers, tls=self.tls) if servers else None
         self._direct: Connection | None = Connection(direct, timeout_s, self.tls) if direct else None
         self._lock = threading.Lock()

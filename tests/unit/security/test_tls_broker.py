@@ -173,3 +173,13 @@ def test_push_consumer_and_transaction_producer_over_mutual_tls(broker_factory: 
         assert sent.local_state is LocalTransactionState.COMMIT_MESSAGE
         assert arrived.wait(30), "the push consumer got nothing"
     assert got == [b"committed"]
+
+
+def test_https_in_the_environment_means_tls(broker_factory: Any, pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = broker_factory(**tls_settings(pki))
+    monkeypatch.setenv("SLUICE_ENDPOINT", f"https://{b.address}")
+    with Admin(tls_ca=str(pki.ca)) as admin:
+        admin.list_topics()
+    # https:// alone trusts the system's CAs, which do not know the test CA
+    with Admin() as admin, pytest.raises(TlsError, match="is not trusted"):
+        admin.list_topics()
