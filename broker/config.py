@@ -26,6 +26,10 @@ from broker.server.thread_placement import parse_python_cpus
 from broker.store.config import StoreConfig
 from broker.store.message_store import MAX_BYTES_PER_GET
 
+if typing.TYPE_CHECKING:
+    from broker.client.tls import TlsSettings
+    from broker.server.tls import ServerTls
+
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
 # Store settings the broker sets from its own: a `store` table entry for one would silently win over what the
 # broker reports and relies on (`--flush sync` running ASYNC, data apart from the config directory, msgIds naming
@@ -217,6 +221,14 @@ class BrokerConfig:
     ha_lease_ttl_s: int = 5
     allow_unclean_election: bool = False
     ha_metadata_sync_ms: int = 200
+    # TLS (broker/server/tls.py, docs/security.md): with a certificate and its key (PEM files) every port of the
+    # broker serves TLS (client port, replication endpoint, metrics over HTTPS), and its own calls to name servers
+    # and other brokers use TLS, trusting tls_ca. tls_client_auth: none | request | require (mutual TLS, clients
+    # need a certificate from tls_ca). The files are read again when they change on disk.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_client_auth: str = "none"
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     def __post_init__(self) -> None:
@@ -251,6 +263,7 @@ class BrokerConfig:
                 raise InvalidArgumentError(f"{name} is {getattr(self, name)}; it must be a positive integer")
         self._check_ranges()
         self._check_cluster()
+        self.server_tls()
         self.replication()
         store = self.store_config()
         try:
@@ -312,7 +325,7 @@ class BrokerConfig:
         """The replication settings (None: a broker without replication); InvalidArgumentError for a bad one."""
         from broker.ha.settings import from_config
 
-        return from_config(
+        settings = from_config(
             role=self.role, controller=self.controller, ha_listen=self.ha_listen, listen=self.listen_address,
             ha_master_address=self.ha_master_address, ha_secret_file=self.ha_secret_file,
             min_insync_replicas=self.min_insync_replicas, ha_max_lag_ms=self.ha_max_lag_ms,
@@ -320,6 +333,18 @@ class BrokerConfig:
             allow_unclean_election=self.allow_unclean_election, ha_metadata_sync_ms=self.ha_metadata_sync_ms,
             broker_id=self.broker_id,
         )  # fmt: skip
+        return dataclasses.replace(settings, tls=self.server_tls()) if settings is not None else None
+
+    def server_tls(self) -> ServerTls | None:
+        """The TLS settings of every port (None: plain text); InvalidArgumentError for a bad or unreadable one."""
+        from broker.server.tls import ServerTls
+
+        return ServerTls.of(self.tls_cert, self.tls_key, self.tls_ca, self.tls_client_auth)
+
+    def client_tls(self) -> TlsSettings | None:
+        """What the broker's own clients (of name servers, other brokers, its master) connect with."""
+        tls = self.server_tls()
+        return tls.client_settings() if tls is not None else None
 
     @property
     def namesrv_list(self) -> list[str]:

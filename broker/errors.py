@@ -107,6 +107,15 @@ class BrokerUnreachableError(ServiceNotAvailableError):
         self.request_sent = request_sent
 
 
+class TlsError(BrokerUnreachableError):
+    """A connection the TLS layer refused (plain text against TLS or the reverse, an untrusted certificate, one
+    for another host, a client certificate missing or refused): nothing was sent; the message says what to change
+    (broker/client/tls.py diagnoses it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, request_sent=False)
+
+
 class SendOutcomeUnknownError(BrokerUnreachableError):
     """A send whose answer never came, even after retries to the same broker: the message may be stored (once; a
     retry is never stored a second time) or not. Look it up by its UNIQ_KEY (``sluice query key``) before sending

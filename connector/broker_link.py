@@ -23,6 +23,7 @@ from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistErr
 from connector.errors import SourceOptionError
 from connector.offsets import QueueKey
 from connector.options import SourceOptions
+from connector.tls_options import PLAIN, TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ T = TypeVar("T")
 RETRY_DELAYS_S = (0.0, 0.2, 1.0, 3.0, 5.0)  # about 9 s: rides out a broker restart, not an outage
 
 _lock = threading.Lock()
-_links: dict[tuple[str, str, str, int], BrokerLink] = {}
+_links: dict[tuple[str, str, str, int, TlsFiles], BrokerLink] = {}
 
 BrokerQueue = tuple[str, int]  # (broker name, queue id)
 
@@ -81,11 +82,12 @@ class BrokerLink:
 class DirectLink(BrokerLink):
     """One broker (``endpoints``); its queues are named by ``broker_name`` (the ``brokerName`` option)."""
 
-    def __init__(self, endpoints: str, broker_name: str, group: str, timeout_s: float) -> None:
+    def __init__(self, endpoints: str, broker_name: str, group: str, timeout_s: float,
+                 tls: TlsFiles = PLAIN) -> None:  # fmt: skip
         self.name = broker_name
-        self.consumer = PullConsumer(endpoints, group, timeout_s=timeout_s)
+        self.consumer = PullConsumer(endpoints, group, timeout_s=timeout_s, **tls.client_args())
         try:
-            self.admin = Admin(endpoints, timeout_s=timeout_s)
+            self.admin = Admin(endpoints, timeout_s=timeout_s, **tls.client_args())
         except BaseException:  # e.g. no endpoint answered: the consumer's channel must not stay open
             self.consumer.close()
             raise
@@ -149,16 +151,17 @@ def link_for(options: SourceOptions) -> BrokerLink:
     from connector.cluster_link import ClusterLink
 
     key = (options.namesrv or options.endpoints or "", options.broker_name or "", options.pull_group,
-           options.poll_timeout_ms)
+           options.poll_timeout_ms, options.tls)
     with _lock:
         link = _links.get(key)
         if link is None:
             timeout_s = options.poll_timeout_ms / 1000
             if options.namesrv is not None:
-                link = ClusterLink(options.namesrv, options.pull_group, timeout_s)
+                link = ClusterLink(options.namesrv, options.pull_group, timeout_s, options.tls)
             else:
                 assert options.endpoints is not None and options.broker_name is not None
-                link = DirectLink(options.endpoints, options.broker_name, options.pull_group, timeout_s)
+                link = DirectLink(options.endpoints, options.broker_name, options.pull_group, timeout_s,
+                                  options.tls)  # fmt: skip
             _links[key] = link
         return link
 

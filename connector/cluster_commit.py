@@ -49,6 +49,7 @@ from broker.client.coordinator import CoordinatorClient
 from broker.client.router import Router
 from broker.errors import BrokerError, ServiceNotAvailableError
 from broker.semantics.txn_decision import Decision, Share, make_decision
+from connector.tls_options import PLAIN, TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,8 @@ def query_prefix(txn_id: str) -> str:
     return txn_id.partition("@")[0]
 
 
-def live_masters(namesrv: str) -> list[str]:
-    router = Router(namesrv=namesrv)
+def live_masters(namesrv: str, tls: TlsFiles = PLAIN) -> list[str]:
+    router = Router(namesrv=namesrv, tls=tls.settings())
     try:
         return sorted(CoordinatorClient(router).masters())
     finally:
@@ -104,8 +105,8 @@ def _retried(call: Callable[[], T]) -> T:
 
 
 class ClusterCommit:
-    def __init__(self, namesrv: str) -> None:
-        self.router = Router(namesrv=namesrv)
+    def __init__(self, namesrv: str, tls: TlsFiles = PLAIN) -> None:
+        self.router = Router(namesrv=namesrv, tls=tls.settings())
         self.client = CoordinatorClient(self.router)
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from broker.errors import BrokerError, ServiceNotAvailableError, SubscriptionGro
 from broker.proto import sluice_pb2 as pb
 from connector.broker_link import BrokerLink, BrokerQueue, retried
 from connector.offsets import QueueKey
+from connector.tls_options import PLAIN, TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ MAX_REFRESH_TIMES = 10_000  # topics whose last refresh is remembered (a topicPa
 
 
 class ClusterLink(BrokerLink):
-    def __init__(self, namesrv: str, group: str, timeout_s: float) -> None:
-        self.router = Router(namesrv=namesrv, timeout_s=timeout_s)
+    def __init__(self, namesrv: str, group: str, timeout_s: float, tls: TlsFiles = PLAIN) -> None:
+        self.router = Router(namesrv=namesrv, timeout_s=timeout_s, tls=tls.settings())
         self.consumer = PullConsumer(group=group, router=self.router)
         self._refreshed: dict[str, float] = {}  # topic -> monotonic time of its last route refresh
 

@@ -6,7 +6,8 @@ naming the option, the value and what is accepted, so a typo fails the query at 
 
 Where the brokers are: ``endpoints`` (one broker, host:port) or ``namesrv`` (a cluster's name servers, as the Python
 client's ``namesrv=``), exactly one of them. ``brokerName`` names the one broker in the offsets and the ``broker``
-column; in a cluster the name servers name each broker, so it is refused there.
+column; in a cluster the name servers name each broker, so it is refused there. ``https://`` on them, or the
+``tls.*`` options (tls_options.py), make every connection TLS.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from typing import Literal
 
 from broker.address import parse_endpoint
 from broker.client.namesrv_client import parse_namesrv_list
+from broker.client.tls import TLS_SCHEME, split_scheme
 from broker.errors import InvalidArgumentError, MessageIllegalError
 from broker.server.consumer_offsets import MAX_GROUP_CHARS
 from broker.store.message import TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
 from connector.offsets import is_decimal
+from connector.tls_options import PLAIN, TLS_OPTIONS, TlsFiles, parse_tls_options
 
 StartMode = Literal["earliest", "latest", "committed", "json", "timestamp"]
 EARLIEST = -2  # in offset JSON, as Kafka's source
@@ -71,6 +74,7 @@ KNOWN_OPTIONS = {
         "pullBatchSize",
         "pollTimeoutMs",
         "includeProperties",
+        *TLS_OPTIONS,
     )
 }
 
@@ -108,6 +112,7 @@ class SourceOptions:
     pull_batch_size: int
     poll_timeout_ms: int
     include_properties: bool
+    tls: TlsFiles = PLAIN
 
     @property
     def cluster(self) -> bool:
@@ -174,6 +179,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         pull_batch_size=_bounded_int(opts, "pullBatchSize", DEFAULT_PULL_BATCH_SIZE, MAX_PULL_BATCH_SIZE),
         poll_timeout_ms=_bounded_int(opts, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, 3_600_000),
         include_properties=_bool(opts, "includeProperties", False),
+        tls=parse_tls_options(opts),
     )
 
 
@@ -188,8 +194,9 @@ def broker_options(opts: Mapping[str, str]) -> tuple[str | None, str | None]:
             raise SourceOptionError(
                 "give option 'endpoints' (one broker) or 'namesrv' (a cluster's name servers), not both"
             )
-        try:
-            return None, ",".join(parse_namesrv_list(opts["namesrv"]))
+        try:  # https:// on one name server means TLS with all of them: kept on the list for the clients
+            https = split_scheme(opts["namesrv"])[1]
+            return None, (TLS_SCHEME if https else "") + ",".join(parse_namesrv_list(opts["namesrv"]))
         except InvalidArgumentError as e:
             raise SourceOptionError(f"option 'namesrv': {e.message}") from None
     return parse_endpoints(opts.get("endpoints")), None
@@ -205,7 +212,7 @@ def parse_endpoints(value: str | None) -> str:
     parts = [p.strip() for p in value.split(",") if p.strip()]
     for part in parts:
         try:
-            parse_endpoint(part)  # the client's own rule (broker/address.py): a port, IPv6 in brackets
+            parse_endpoint(split_scheme(part)[0])  # the client's own rule (broker/address.py): a port, IPv6 in brackets
         except InvalidArgumentError as e:
             raise SourceOptionError(f"option 'endpoints': {e.message}") from None
     if not parts:

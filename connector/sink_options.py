@@ -10,6 +10,7 @@ from broker.errors import MessageIllegalError
 from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, TOPIC_PATTERN, validate_topic
 from connector.errors import SourceOptionError
 from connector.options import broker_options
+from connector.tls_options import PLAIN, TLS_OPTIONS, TlsFiles, parse_tls_options
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
@@ -39,6 +40,7 @@ KNOWN = {
         "ignoreExtraColumns",
         "maxMessageSize",
         "sendRetries",
+        *TLS_OPTIONS,
     )
 }
 
@@ -56,6 +58,7 @@ class SinkOptions:
     ignore_extra_columns: bool
     max_message_size: int
     send_retries: int
+    tls: TlsFiles = PLAIN
 
 
 def _int(opts: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -118,4 +121,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         ignore_extra_columns=_bool(opts, "ignoreExtraColumns", False),
         max_message_size=_int(opts, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1, 64 << 20),
         send_retries=_int(opts, "sendRetries", 5, 0, 100),
+        tls=parse_tls_options(opts),
     )

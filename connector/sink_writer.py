@@ -156,7 +156,7 @@ def _send_all(
 ) -> tuple[int, int, dict[str, int]]:  # fmt: skip
     """Encode and send every row; returns (messages, bytes, messages per broker). Raises on the first failure,
     naming the row. ``coordinator``: the broker that decides ``txn_id`` (a cluster), named in every half."""
-    producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv)
+    producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv, **opts.tls.client_args())
     extra = {ATTEMPT_PROPERTY: attempt} if txn_id else {}
     if txn_id and coordinator:
         extra[COORDINATOR_PROPERTY] = coordinator
@@ -236,7 +236,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
         self.opts = opts
         # A cluster's masters when the query (re)starts: every task of this run chooses its batches' coordinator
         # among the same brokers (cluster_commit.py).
-        self.masters = live_masters(opts.namesrv) if opts.namesrv and opts.exactly_once else []
+        self.masters = live_masters(opts.namesrv, opts.tls) if opts.namesrv and opts.exactly_once else []
         if opts.namesrv and opts.exactly_once:
             choose_coordinator("", self.masters)  # no live master at all: refused now, not in every task
 
@@ -248,7 +248,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
         prefix = f"spark:{query_id}:{batch_id}:"
         if self.opts.namesrv is not None:
             return self._write_to_cluster(self.opts.namesrv, iterator, prefix, query_id, run_id, attempt)
-        with Admin(self.opts.endpoints) as admin:
+        with Admin(self.opts.endpoints, **self.opts.tls.client_args()) as admin:
             if any(t.status == "COMMITTED" for t in admin.list_transactions(prefix)):
                 log.info(
                     "batch %d of query %s was committed by an earlier run; not sending it again", batch_id, query_id
@@ -263,7 +263,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
     ) -> SinkCommitMessage:
         coordinator = choose_coordinator(query_id, self.masters)
         txn_id = f"{prefix}{run_id}@{coordinator}"
-        with ClusterCommit(namesrv) as cc:
+        with ClusterCommit(namesrv, self.opts.tls) as cc:
             earlier = cc.earlier_commit(prefix, own=txn_id)
         if earlier is not None:
             log.info("%s was committed by an earlier run (%s); not sending it again", prefix, earlier)
@@ -284,7 +284,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
         log.info("sluice sink batch %d: %d messages, %d bytes committed", batchId, total, nbytes)
 
     def _commit_on_broker(self, done: list[SinkCommitMessage], txn_ids: set[str], batchId: int) -> None:
-        with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
+        with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S, **self.opts.tls.client_args()) as admin:
             for txn_id in txn_ids:
                 attempts = [m.attempt for m in done if m.transaction_id == txn_id]
                 _check_attempts(attempts, f"batch {batchId}")
@@ -308,7 +308,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 f"{sorted(txn_ids)}); the batch is not committed"
             )
         what = f"batch {batchId}"
-        with ClusterCommit(namesrv) as cc:
+        with ClusterCommit(namesrv, self.opts.tls) as cc:
             if earlier:
                 txn_id = earlier.pop()
                 cc.finish_earlier(txn_id, what)
@@ -324,11 +324,11 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         txn_ids = {m.transaction_id for m in messages if isinstance(m, SinkCommitMessage) and m.transaction_id}
         if self.opts.namesrv is not None:
-            with ClusterCommit(self.opts.namesrv) as cc:  # fences ABORT unless a decision stands
+            with ClusterCommit(self.opts.namesrv, self.opts.tls) as cc:  # fences ABORT unless a decision stands
                 for prefix in sorted({query_prefix(t) for t in txn_ids if t}):
                     cc.resolve_leftovers(prefix)
         else:
-            with Admin(self.opts.endpoints) as admin:
+            with Admin(self.opts.endpoints, **self.opts.tls.client_args()) as admin:
                 for txn_id in txn_ids:  # recorded even before any half arrived: a straggling task's are refused
                     admin.end_transaction(txn_id, commit=False, record_unknown=True)
         log.warning("sluice sink batch %d aborted; rolled back %s", batchId, sorted(t for t in txn_ids if t))
@@ -347,7 +347,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
             job = uuid.uuid4().hex
             self.transaction_id = f"spark-batch:{job}"
             if opts.namesrv is not None:
-                self.coordinator = choose_coordinator(job, live_masters(opts.namesrv))
+                self.coordinator = choose_coordinator(job, live_masters(opts.namesrv, opts.tls))
                 self.transaction_id += f"@{self.coordinator}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
@@ -360,7 +360,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, SinkCommitMessage)]
         if self.transaction_id and self.opts.namesrv is not None:
-            with ClusterCommit(self.opts.namesrv) as cc:
+            with ClusterCommit(self.opts.namesrv, self.opts.tls) as cc:
                 shares = _shares(done, self.transaction_id, "batch write")
                 if shares:
                     cc.commit(self.transaction_id, shares, "batch write")
@@ -368,7 +368,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
         elif self.transaction_id:
             attempts = [m.attempt for m in done]
             _check_attempts(attempts, "batch write")
-            with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S) as admin:
+            with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S, **self.opts.tls.client_args()) as admin:
                 outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts,
                                                 expected_messages=sum(m.messages for m in done),
                                                 record_unknown=True)  # fmt: skip
@@ -378,10 +378,10 @@ class SluiceBatchWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.transaction_id and self.opts.namesrv is not None:
-            with ClusterCommit(self.opts.namesrv) as cc:
+            with ClusterCommit(self.opts.namesrv, self.opts.tls) as cc:
                 cc.resolve_leftovers(self.transaction_id)
         elif self.transaction_id:
-            with Admin(self.opts.endpoints) as admin:
+            with Admin(self.opts.endpoints, **self.opts.tls.client_args()) as admin:
                 admin.end_transaction(self.transaction_id, commit=False, record_unknown=True)
 
 

@@ -24,8 +24,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     overrides = {"store_path": args.store, "listen": args.listen, "flush_disk_type": args.flush,
                  "metrics_port": args.metrics_port, "python_cpus": args.python_cpus, "namesrv_addr": args.namesrv,
                  "cluster_name": args.cluster, "broker_name": args.broker_name, "broker_id": args.broker_id,
-                 "advertised_address": args.advertise,
-                 "register_interval_ms": args.register_interval_ms}  # fmt: skip
+                 "advertised_address": args.advertise, "register_interval_ms": args.register_interval_ms,
+                 "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
+                 "tls_client_auth": args.tls_client_auth}  # fmt: skip
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )
@@ -57,8 +58,10 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     """``sluice namesrv``: a name server until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
     from broker.address import parse_listen
     from broker.namesrv import DEFAULT_NAMESRV_PORT, NameServer
+    from broker.server.tls import ServerTls
 
     host, port = parse_listen(args.listen, DEFAULT_NAMESRV_PORT)
+    tls = ServerTls.of(args.tls_cert or "", args.tls_key or "", args.tls_ca or "", args.tls_client_auth or "none")
     stop = threading.Event()
     received: list[int] = []
 
@@ -68,7 +71,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms)
+    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls)
     server.start()
     print(f"sluice namesrv ready on {server.address}", flush=True)
     while not stop.wait(STOP_POLL_S):

@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Any
 
+from broker.cli.args import tls_args
 from broker.cli.interrupt import INTERRUPTED_EXIT, StopOnInterrupt
 from broker.cli.output import message_dict, message_line
 from broker.client.route import MessageQueue
@@ -39,7 +40,10 @@ def start_offsets(consumer: Any, topic: str, origin: str) -> dict[MessageQueue, 
 def cmd_consume(args: argparse.Namespace) -> int:
     from broker.client import PullConsumer, PullStatus
 
-    with PullConsumer(args.endpoint, args.group, namesrv=args.namesrv) as consumer, StopOnInterrupt() as interrupt:
+    with (
+        PullConsumer(args.endpoint, args.group, namesrv=args.namesrv, **tls_args()) as consumer,
+        StopOnInterrupt() as interrupt,
+    ):
         offsets = start_offsets(consumer, args.topic, args.origin)
         start = dict(offsets)
         out: queue.Queue[Any] = queue.Queue(BUFFERED_MESSAGES)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from broker.cli.args import tls_args
 from broker.cli.output import emit, vars_of
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ at once."""
 def cmd_group(args: argparse.Namespace) -> int:
     from broker.client import Admin
 
-    with Admin(args.endpoint, namesrv=args.namesrv) as admin:
+    with Admin(args.endpoint, namesrv=args.namesrv, **tls_args()) as admin:
         if args.action == "list":
             groups = admin.list_groups()
             emit(args, [vars_of(g) for g in groups],

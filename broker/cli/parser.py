@@ -27,7 +27,8 @@ Sluice: a RocketMQ-style message broker. `sluice broker` runs one; the other com
 EPILOG = f"""\
 Client commands take --endpoint HOST:PORT (default ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT}; an IPv6 address goes
 in brackets: [::1]:{DEFAULT_PORT}) or, for a cluster, --namesrv HOST:PORT[,HOST:PORT] (default ${NAMESRV_ENV}), and
---json (machine-readable output). Tables and JSON go to stdout, errors to
+--json (machine-readable output). TLS: an https:// endpoint, or $SLUICE_TLS_CA (and $SLUICE_TLS_CERT,
+$SLUICE_TLS_KEY for mutual TLS), PEM files. Tables and JSON go to stdout, errors to
 stderr. Exit status: 0 done, 1 refused or failed (one `error:` line), 2 bad usage, 130 interrupted (Ctrl-C).
 `sluice COMMAND --help` describes each command."""
 
@@ -127,7 +128,19 @@ def _broker(b: argparse.ArgumentParser) -> None:
                    help="address registered for clients (default: the listen address, or this host's)")
     c.add_argument("--register-interval-ms", type=int_at_least(1), default=None, metavar="MS",
                    help="how often to register with the name servers when nothing changed (default 30000)")
+    _tls(b)
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
+
+
+def _tls(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("TLS (docs/security.md); the files are read again when they change")
+    t.add_argument("--tls-cert", default=None, metavar="FILE", help="serve TLS with this PEM certificate (chain)")
+    t.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's PEM private key")
+    t.add_argument("--tls-ca", default=None, metavar="FILE",
+                   help="PEM CA file: client certificates must come from it, and this process's own calls to other "
+                        "servers trust it (default: the system's CAs)")  # fmt: skip
+    t.add_argument("--tls-client-auth", choices=["none", "request", "require"], default=None,
+                   help="client certificates: none (default), request, require (mutual TLS; needs --tls-ca)")
 
 
 NAMESRV_TEXT = f"""\
@@ -142,6 +155,7 @@ def _namesrv(n: argparse.ArgumentParser) -> None:
                    help=f"address to listen on (default 0.0.0.0:{DEFAULT_NAMESRV_PORT}; port 0: any free port)")
     n.add_argument("--broker-expire-ms", type=int_at_least(1), default=120_000, metavar="MS",
                    help="drop a broker from routes when it has not registered for this long (default 120000)")
+    _tls(n)
     n.set_defaults(func=cmd_namesrv, log_level_default="INFO")
 
 

@@ -51,13 +51,14 @@ from broker.client.admin_results import (
 )
 from broker.client.connection import Connection
 from broker.client.message import decode_entries
+from broker.client.namesrv_client import none_answered
 from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
 from broker.client.results import ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue, TopicRoute
 from broker.client.router import Router
+from broker.client.tls import TlsSettings
 from broker.errors import (
     BrokerError,
-    BrokerUnreachableError,
     InvalidArgumentError,
     QueryNotFoundError,
     ResponseCode,
@@ -82,8 +83,10 @@ class Admin:
     def __init__(
         self, endpoint: str | None = None, *, namesrv: str | None = None, timeout_s: float = 30.0,
         router: Router | None = None,
+        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
     ) -> None:  # fmt: skip
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s)
+        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key))  # fmt: skip
         self._owns_router = router is None
 
     @property
@@ -109,22 +112,19 @@ class Admin:
                 f"cluster_info needs name servers (namesrv=); this admin talks to the single {self.router.describe()}"
             )
         found: dict[tuple[str, int], npb.BrokerLiveInfo] = {}
-        failures: list[str] = []
+        failures: list[tuple[str, BrokerError]] = []
         for address in namesrv.addresses:
             try:
                 answer = namesrv.call_one(address, "GetBrokerClusterInfo", npb.GetBrokerClusterInfoRequest())
             except BrokerError as e:
-                failures.append(f"{address}: {e.message}")
+                failures.append((address, e))
                 continue
             for b in answer.brokers:
                 known = found.get((b.broker_name, b.broker_id))
                 if known is None or b.last_update_ms > known.last_update_ms:
                     found[(b.broker_name, b.broker_id)] = b
         if len(failures) == len(namesrv.addresses):
-            raise BrokerUnreachableError(
-                "no name server answered (" + "; ".join(failures) + "); check --namesrv and that they run",
-                request_sent=False,
-            )
+            raise none_answered(failures)
         brokers = sorted(found.values(), key=lambda b: (b.cluster, b.broker_name, b.broker_id))
         return ClusterInfo(tuple(broker_info(b) for b in brokers))
 

@@ -2,7 +2,8 @@
 
 An endpoint is ``host:port`` (``[ipv6]:port``) or several comma-separated; with several, the first that answers is
 used. Each must name its port (``broker/address.py``): gRPC would otherwise try 443 and wait for a broker that
-is not there.
+is not there. ``https://host:port`` or TLS settings make the channel TLS (broker/client/tls.py); a call that fails
+at the TLS layer raises TlsError saying why.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.address import DEFAULT_PORT, format_address, parse_endpoint
+from broker.client.tls import TlsSettings, explain, open_channel, resolve
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -46,10 +48,10 @@ def resolve_endpoint(endpoint: str | None) -> str:
     return endpoint or os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
 
 
-def _channel(target: str) -> grpc.Channel:
-    return grpc.insecure_channel(
+def _channel(target: str, tls: TlsSettings | None) -> grpc.Channel:
+    return open_channel(
         target,
-        options=[
+        [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.enable_retries", 0),
@@ -58,12 +60,15 @@ def _channel(target: str) -> grpc.Channel:
             ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
             ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
         ],
+        tls,
     )
 
 
 class Connection:
-    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0) -> None:
-        self.endpoint = resolve_endpoint(endpoint)
+    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0, tls: TlsSettings | None = None) -> None:
+        plain, self.tls = resolve(resolve_endpoint(endpoint), tls)
+        assert plain is not None
+        self.endpoint = plain
         targets = [format_address(*parse_endpoint(e)) for e in self.endpoint.split(",") if e.strip()]
         if not targets:
             raise InvalidArgumentError(f"endpoint {endpoint!r} names no broker; write HOST:PORT[,HOST:PORT...]")
@@ -71,12 +76,11 @@ class Connection:
         self.target, self.channel = self._connect(targets)
         self.stub = pb_grpc.BrokerStub(self.channel)
 
-    @staticmethod
-    def _connect(targets: list[str]) -> tuple[str, grpc.Channel]:
+    def _connect(self, targets: list[str]) -> tuple[str, grpc.Channel]:
         if len(targets) == 1:
-            return targets[0], _channel(targets[0])  # connect lazily; errors surface on the first call
+            return targets[0], _channel(targets[0], self.tls)  # connect lazily; errors surface on the first call
         for target in targets:
-            channel = _channel(target)
+            channel = _channel(target, self.tls)
             try:
                 grpc.channel_ready_future(channel).result(timeout=CONNECT_PROBE_S)
                 return target, channel
@@ -90,7 +94,8 @@ class Connection:
         try:
             return method(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+            raise explain(error_from_rpc(e), self.target, self.tls) from None
 
     def close(self) -> None:
         self.channel.close()
+

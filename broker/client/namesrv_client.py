@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.address import format_address, parse_listen
-from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
+from broker.client.tls import TlsSettings, explain, open_channel, split_scheme
+from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TlsError, TopicNotExistError
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import namesrv_pb2_grpc as npb_grpc
 from broker.proto.status import error_from_rpc
@@ -32,7 +33,7 @@ T = TypeVar("T")
 
 def parse_namesrv_list(text: str | None) -> list[str]:
     """``host:port[,host:port...]`` -> addresses; InvalidArgumentError naming what is wrong."""
-    raw = text if text is not None else os.environ.get(NAMESRV_ENV, "")
+    raw, _https = split_scheme(text if text is not None else os.environ.get(NAMESRV_ENV, ""))
     items = [t.strip() for t in raw.split(",") if t.strip()]
     if not items:
         raise InvalidArgumentError(
@@ -52,12 +53,14 @@ def parse_namesrv_list(text: str | None) -> list[str]:
 class NameServerClient:
     """One channel per name server; ``call`` tries them in turn, starting with the last one that answered."""
 
-    def __init__(self, addresses: list[str], timeout_s: float = NAMESRV_TIMEOUT_S) -> None:
+    def __init__(self, addresses: list[str], timeout_s: float = NAMESRV_TIMEOUT_S, *,
+                 tls: TlsSettings | None = None) -> None:  # fmt: skip
         if not addresses:
             raise InvalidArgumentError("a name-server client needs at least one address")
         self.addresses = list(addresses)
         self.timeout_s = timeout_s
-        self._channels = {a: grpc.insecure_channel(a, options=[("grpc.enable_retries", 0)]) for a in self.addresses}
+        self.tls = tls
+        self._channels = {a: open_channel(a, [("grpc.enable_retries", 0)], tls) for a in self.addresses}
         self._stubs = {a: npb_grpc.NameServerStub(c) for a, c in self._channels.items()}
         self._preferred = 0
         self._lock = threading.Lock()
@@ -66,30 +69,27 @@ class NameServerClient:
         try:
             return getattr(self._stubs[address], method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+            raise explain(error_from_rpc(e), address, self.tls) from None
 
     def call(self, method: str, request: Any) -> Any:
         """The first answer, trying each name server once; an answer that is a refusal (a topic no broker holds)
         is the answer, not a reason to ask the next. BrokerUnreachableError when none answers."""
         with self._lock:
             start = self._preferred
-        failures: list[str] = []
+        failures: list[tuple[str, BrokerError]] = []
         for i in range(len(self.addresses)):
             index = (start + i) % len(self.addresses)
             address = self.addresses[index]
             try:
                 result = self.call_one(address, method, request)
             except BrokerUnreachableError as e:
-                failures.append(f"{address}: {e.message}")
+                failures.append((address, e))
                 continue
             if index != start:
                 with self._lock:
                     self._preferred = index
             return result
-        raise BrokerUnreachableError(
-            "no name server answered (" + "; ".join(failures) + "); check --namesrv and that they run",
-            request_sent=False,
-        )
+        raise none_answered(failures)
 
     # ------------------------------------------------------------------------------------------------ reads
     def route(self, topic: str) -> npb.TopicRouteData:
@@ -112,6 +112,16 @@ class NameServerClient:
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
+
+
+def none_answered(failures: list[tuple[str, BrokerError]]) -> BrokerUnreachableError:
+    """The error of a call no name server answered (address, error of each): a TlsError when TLS refused every one
+    (the fix is the same for all)."""
+    text = "; ".join(f"{a}: {e.message}" for a, e in failures)
+    if failures and all(isinstance(e, TlsError) for _, e in failures):
+        return TlsError(f"no name server accepted the connection ({text})")
+    return BrokerUnreachableError(f"no name server answered ({text}); check --namesrv and that they run",
+                                  request_sent=False)  # fmt: skip
 
 
 def route_or_none(client: NameServerClient, topic: str) -> npb.TopicRouteData | None:

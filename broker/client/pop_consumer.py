@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from broker.client.connection import Connection
 from broker.client.message import decode_entries
 from broker.client.results import ReceivedMessage
+from broker.client.tls import TlsSettings
 from broker.errors import InvalidArgumentError, InvalidReceiptHandleError
 from broker.proto import sluice_pb2 as pb
 
@@ -41,9 +42,10 @@ class PoppedMessage:
 
 class PopConsumer:
     def __init__(
-        self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, timeout_s: float = 30.0
-    ) -> None:
-        self.conn = Connection(endpoint, timeout_s)
+        self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, timeout_s: float = 30.0,
+        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+    ) -> None:  # fmt: skip
+        self.conn = Connection(endpoint, timeout_s, TlsSettings.of(tls_ca, tls_cert, tls_key))
         self.group = group
 
     def receive(

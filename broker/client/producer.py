@@ -53,6 +53,7 @@ from broker.client.message import Message, encode_message
 from broker.client.results import SendResult, SendStatus
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router, first_available
+from broker.client.tls import TlsSettings
 from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
@@ -199,10 +200,12 @@ class Producer:
         timeout_s: float = 30.0, batch_limit_bytes: int = DEFAULT_BATCH_LIMIT_BYTES,
         retry_times_when_send_failed: int = DEFAULT_RETRY_TIMES_WHEN_SEND_FAILED,
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S, router: Router | None = None,
+        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
     ) -> None:  # fmt: skip
         if retry_times_when_send_failed < 0 or attempt_timeout_s <= 0 or timeout_s <= 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0, the timeouts > 0")
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s)
+        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key))  # fmt: skip
         self._owns_router = router is None
         self.group = group
         self.timeout_s = timeout_s

@@ -19,6 +19,7 @@ from broker.client.message import decode_entries
 from broker.client.results import PullResult, PullStatus, RawPullResult, ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router
+from broker.client.tls import TlsSettings
 from broker.errors import InvalidArgumentError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.proto.subscription import parse_tags, tag_matches
@@ -32,8 +33,10 @@ class PullConsumer:
     def __init__(
         self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, namesrv: str | None = None,
         timeout_s: float = 30.0, router: Router | None = None,
+        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
     ) -> None:  # fmt: skip
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s)
+        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key))  # fmt: skip
         self._owns_router = router is None
         self.group = group
 

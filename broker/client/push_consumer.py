@@ -82,6 +82,7 @@ from broker.client.rebalance import AVERAGELY, STRATEGIES
 from broker.client.results import PullStatus, ReceivedMessage
 from broker.client.route import MessageQueue
 from broker.client.router import Router
+from broker.client.tls import TlsSettings
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
@@ -295,6 +296,7 @@ class PushConsumer:
         expression_types: Mapping[str, str] | None = None, lock_renew_interval_ms: int = 20_000,
         send_back: bool = True, lock_max_live_ms: int = CLIENT_LOCK_MAX_LIVE_MS,
         route_poll_interval_ms: int = DEFAULT_ROUTE_POLL_INTERVAL_MS,
+        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
     ) -> None:  # fmt: skip
         """``endpoint``: one broker (``host:port``); or ``None`` with ``namesrv="host:port[,host:port]"``: a
         cluster found through its name servers."""
@@ -340,7 +342,8 @@ class PushConsumer:
         self.heartbeat_interval_ms, self.rebalance_interval_ms = heartbeat_interval_ms, rebalance_interval_ms
         self.persist_interval_ms, self.route_poll_interval_ms = persist_interval_ms, route_poll_interval_ms
         self.control_timeout_s = min(timeout_s, CONTROL_CALL_TIMEOUT_S)
-        self.router = Router(endpoint, namesrv, timeout_s=timeout_s)  # after the checks: a refusal opens nothing
+        # after the checks: a refusal opens nothing
+        self.router = Router(endpoint, namesrv, timeout_s=timeout_s, tls=TlsSettings.of(tls_ca, tls_cert, tls_key))
         self.offsets: OffsetStore = (
             LocalOffsetStore(self.router, consume_from, consume_timestamp_ms, offset_store_path)
             if model is BROADCASTING

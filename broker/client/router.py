@@ -16,6 +16,9 @@ server lists it, the route holds that broker alone.
 Avoiding failed brokers: ``mark_failed`` keeps a broker out of the writable choices for ``FAULT_ISOLATION_S``
 (RocketMQ's latency fault tolerance isolates a broker after an exception); the send path still uses it when no
 other broker can take a message.
+
+TLS (broker/client/tls.py): one ``TlsSettings`` (or ``https://`` on the endpoint or a name server) serves the
+name servers and every broker the router connects to; a cluster runs TLS everywhere or nowhere.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from broker.client.connection import ENDPOINT_ENV, Connection, resolve_endpoint
 from broker.client.namesrv_client import NAMESRV_ENV, NameServerClient, parse_namesrv_list
 from broker.client.route import DIRECT_BROKER, MASTER_ID, BrokerGroup, MessageQueue, QueueData, TopicRoute
+from broker.client.tls import TlsSettings, resolve
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
@@ -57,11 +61,19 @@ def choose_source(endpoint: str | None, namesrv: str | None) -> tuple[str | None
 
 
 class Router:
-    def __init__(self, endpoint: str | None = None, namesrv: str | None = None, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, endpoint: str | None = None, namesrv: str | None = None, *, timeout_s: float = 30.0,
+                 tls: TlsSettings | None = None) -> None:  # fmt: skip
         self.timeout_s = timeout_s
+        endpoint, tls = resolve(endpoint, tls)
+        namesrv, tls = resolve(namesrv, tls)
         direct, servers = choose_source(endpoint, namesrv)
-        self.namesrv: NameServerClient | None = NameServerClient(servers) if servers else None
-        self._direct: Connection | None = Connection(direct, timeout_s) if direct else None
+        if direct is not None:
+            direct, tls = resolve(direct, tls)  # $SLUICE_ENDPOINT may say https:// too
+        elif namesrv is None:
+            tls = resolve(os.environ.get(NAMESRV_ENV, ""), tls)[1]  # and $SLUICE_NAMESRV
+        self.tls = tls
+        self.namesrv: NameServerClient | None = NameServerClient(servers, tls=self.tls) if servers else None
+        self._direct: Connection | None = Connection(direct, timeout_s, self.tls) if direct else None
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (monotonic expiry, route)
         self._connections: dict[str, Connection] = {}
@@ -158,7 +170,7 @@ class Router:
         with self._lock:
             conn = self._connections.get(address)
             if conn is None:
-                conn = self._connections[address] = Connection(address, self.timeout_s)
+                conn = self._connections[address] = Connection(address, self.timeout_s, self.tls)
             return conn
 
     def broker_connection(self, topic: str, broker_name: str, *, write: bool) -> Connection:

@@ -63,8 +63,10 @@ class TransactionProducer(Producer):
     def __init__(
         self, endpoint: str | None, group: str, checker: Checker, *, timeout_s: float = 30.0,
         client_id: str | None = None, namesrv: str | None = None,
+        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(endpoint, group, timeout_s=timeout_s, namesrv=namesrv)
+        super().__init__(endpoint, group, timeout_s=timeout_s, namesrv=namesrv, tls_ca=tls_ca, tls_cert=tls_cert,
+                         tls_key=tls_key)  # fmt: skip
         self.checker = checker
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.checks_answered = 0

@@ -12,8 +12,8 @@ a recorded exchange cannot be replayed and a stranger can pose as neither slave 
   before it writes a byte it receives.
 
 Without a secret (an endpoint on a loopback address only, settings.py refuses any other) the proofs are empty and
-the group name in Hello is the only check. The channel is not encrypted: mutual TLS comes with the broker's TLS
-settings.
+the group name in Hello is the only check. The proofs do not encrypt the stream: the broker's TLS settings do
+(broker/server/tls.py), with mutual TLS when tls_client_auth is require.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from broker.ha.slave import Follower
 from broker.json_file import load_json, write_json_atomic
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.server.broker_identity import BrokerIdentity
+from broker.server.tls import add_port
 from broker.store import truncation
 from broker.store.message_store import MessageStore
 from broker.store.truncation import Truncation
@@ -133,7 +134,7 @@ class ReplicationManager:
         hpb_grpc.add_ReplicationServicer_to_server(self.servicer, server)
         host, port = self.settings.ha_listen
         try:
-            self.ha_port = server.add_insecure_port(f"{host}:{port}")
+            self.ha_port = add_port(server, f"{host}:{port}", self.settings.tls, "the replication endpoint")
         except RuntimeError as e:
             raise ServiceNotAvailableError(f"cannot listen for replication on {host}:{port} ({e})") from None
         self.server = server

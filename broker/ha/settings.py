@@ -17,6 +17,10 @@
 * ``allow_unclean_election`` (false): controller mode, elect a live replica outside the in-sync set when no member
   of it is alive (acknowledged messages it lacks are lost).
 * ``ha_metadata_sync_ms`` (200): how often a master sends changed config files to its slaves.
+* ``tls``: the broker's TLS settings (tls_cert, tls_key, tls_ca, tls_client_auth), not a setting of its own: with
+  them the replication endpoint serves TLS and a replica connects to its master over TLS, presenting the broker's
+  certificate (broker/server/tls.py). The shared secret is still required off loopback: TLS keeps the stream
+  private, the secret proves the peer is a replica of this group.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from broker.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from broker.server.tls import ServerTls
 
 ASYNC_MASTER, SYNC_MASTER, SLAVE = "ASYNC_MASTER", "SYNC_MASTER", "SLAVE"
 ROLES = (ASYNC_MASTER, SYNC_MASTER, SLAVE)
@@ -50,6 +58,7 @@ class ReplicationSettings:
     lease_ttl_s: int
     allow_unclean_election: bool
     metadata_sync_ms: int
+    tls: ServerTls | None = None  # the broker's (BrokerConfig.replication sets it)
 
     @property
     def controller_mode(self) -> bool:

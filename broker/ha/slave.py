@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from broker.client.tls import TlsSettings, explain, open_channel
 from broker.errors import BrokerError, InvalidArgumentError, NotMasterError, ResponseCode
 from broker.ha import auth, chunk
 from broker.ha.master import PROTOCOL_VERSION
@@ -91,7 +92,7 @@ class Follower:
                     log.warning("replication from %s stopped: %s", target, e.message)
                 last_error = e.message
             except grpc.RpcError as e:
-                err = error_from_rpc(e)
+                err = explain(error_from_rpc(e), target, self._tls())
                 if not self._stop.is_set() and err.message != last_error:
                     log.warning("replication from %s stopped: %s", target, err.message)
                 last_error = err.message
@@ -100,6 +101,11 @@ class Follower:
                 self._carry = b""
             self._stop.wait(pause)
             pause = min(pause * 2, RECONNECT_MAX_S)
+
+    def _tls(self) -> TlsSettings | None:
+        """A replica connects with the broker's own TLS settings, presenting its certificate."""
+        tls = self.manager.settings.tls
+        return tls.client_settings() if tls is not None else None
 
     def _follow(self, target: str) -> None:
         m = self.manager
@@ -116,7 +122,7 @@ class Follower:
         )  # fmt: skip
         options = [("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]  # fmt: skip
-        with grpc.insecure_channel(target, options=options) as channel:
+        with open_channel(target, options, self._tls()) as channel:
             stub = hpb_grpc.ReplicationStub(channel)
             opened = stub.Open(hello, timeout=CALL_TIMEOUT_S)
             secret, nonce = m.settings.secret, opened.server_nonce

@@ -29,8 +29,9 @@ START_TIMEOUT_S = 60.0
 
 class NameServerProcess:
     def __init__(self, *, listen: str = "127.0.0.1:0", broker_expire_ms: int | None = None,
-                 log_level: str = "WARNING") -> None:  # fmt: skip
-        self.args = [sys.executable, "-m", "broker", "--log-level", log_level, "namesrv", "--listen", listen]
+                 log_level: str = "WARNING", extra_args: list[str] | None = None) -> None:  # fmt: skip
+        self.args = [sys.executable, "-m", "broker", "--log-level", log_level, "namesrv", "--listen", listen,
+                     *(extra_args or [])]  # fmt: skip
         if broker_expire_ms is not None:
             self.args += ["--broker-expire-ms", str(broker_expire_ms)]
         self.proc: subprocess.Popen[str] | None = None
@@ -81,7 +82,7 @@ class LocalCluster:
         self, root: Path, *, brokers: int = 3, namesrvs: int = 1, cluster: str = "DefaultCluster",
         flush: str = "async", broker_expire_ms: int | None = None, register_interval_ms: int | None = None,
         config: Path | None = None, log_level: str = "WARNING", extra_broker_args: list[str] | None = None,
-        python_cpus: list[str] | None = None,
+        python_cpus: list[str] | None = None, namesrv_args: list[str] | None = None,
     ) -> None:  # fmt: skip
         self.root = root
         self.cluster = cluster
@@ -93,8 +94,8 @@ class LocalCluster:
         # Each broker's --python-cpus, in turn (broker/server/thread_placement.py): "auto" pins every broker's
         # Python threads to the same lowest CPU, so brokers sharing a machine are given one CPU each.
         self.python_cpus = python_cpus or []
-        self.namesrvs = [NameServerProcess(broker_expire_ms=broker_expire_ms, log_level=log_level)
-                         for _ in range(namesrvs)]  # fmt: skip
+        self.namesrvs = [NameServerProcess(broker_expire_ms=broker_expire_ms, log_level=log_level,
+                                           extra_args=namesrv_args) for _ in range(namesrvs)]  # fmt: skip
         self.names = [f"broker-{chr(ord('a') + i)}" for i in range(brokers)]
         self.brokers: dict[str, BrokerProcess] = {}
 

@@ -1,7 +1,8 @@
 """NameServer: the route table behind a gRPC port, and the thread that expires silent brokers.
 
 Expiry also runs on every read and registration, so a route never names a broker past its expiry time; the
-thread only keeps the log honest when nobody asks (RocketMQ scans every 5 s as well).
+thread only keeps the log honest when nobody asks (RocketMQ scans every 5 s as well). With ``tls`` the port serves
+TLS (broker/server/tls.py); brokers and clients then connect with TLS settings of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from broker.errors import ServiceNotAvailableError
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
 from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc
+from broker.server.tls import ServerTls, add_port
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +29,11 @@ SHUTDOWN_GRACE_S = 5.0
 
 class NameServer:
     def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_NAMESRV_PORT,
-                 broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS) -> None:  # fmt: skip
+                 broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS, tls: ServerTls | None = None) -> None:  # fmt: skip
         if broker_expire_ms <= 0:
             raise ValueError("broker_expire_ms must be > 0")
         self.host, self.port = host, port
+        self.tls = tls
         self.table = RouteTable(broker_expire_ms)
         self.server: grpc.Server | None = None
         self._stop = threading.Event()
@@ -46,7 +49,7 @@ class NameServer:
                              options=[("grpc.so_reuseport", 0)])  # fmt: skip
         target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
-            self.port = server.add_insecure_port(target)
+            self.port = add_port(server, target, self.tls, "the name server")
         except RuntimeError as e:
             raise ServiceNotAvailableError(f"cannot listen on {target} ({e}); is another process using it?") from None
         npb_grpc.add_NameServerServicer_to_server(NameServerService(self.table), server)

@@ -55,7 +55,7 @@ def add_service(c: BrokerController, server: grpc.Server, sends: SendProcessor, 
         t = c.admin.topic_route(topic, cfg.auto_create_topic_enable)
         return t.read_queue_nums, t.write_queue_nums, t.perm
 
-    namesrv = NameServerClient(cfg.namesrv_list) if cfg.namesrv_list else None
+    namesrv = NameServerClient(cfg.namesrv_list, tls=cfg.client_tls()) if cfg.namesrv_list else None
     routes = RouteSource(cfg.broker_name or default_broker_name(), local, namesrv)
     backend = Backend(
         cfg, sends, pulls, c.admin, c.pops, c.transactions, c.groups, c.consumers, routes,

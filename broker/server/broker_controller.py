@@ -61,6 +61,7 @@ from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
 from broker.server.service import BrokerService
+from broker.server.tls import add_port
 from broker.server.topic_config import TopicConfigManager
 from broker.server.transaction_processor import CheckHub, TransactionProcessor
 from broker.store import MessageStore
@@ -179,7 +180,7 @@ class BrokerController:
         server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options,
                              interceptors=interceptors)  # fmt: skip
         try:
-            self.port = server.add_insecure_port(format_address(host, port))
+            self.port = add_port(server, format_address(host, port), cfg.server_tls(), "the broker's client port")
         except RuntimeError as e:
             raise ServiceNotAvailableError(
                 f"cannot listen on {format_address(host, port)} ({e}); is another broker using it?"
@@ -197,7 +198,8 @@ class BrokerController:
             self._wire(server, self.store)
             self._start_replication(self.store)
             if cfg.metrics_port is not None:
-                self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port)
+                self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port,
+                                                    cfg.server_tls())  # fmt: skip
                 self.metrics_server.start()
             self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
             self._tasks.start()
@@ -230,7 +232,8 @@ class BrokerController:
             return
         replication = self.replication
         self.registrar = NameServerRegistrar(
-            NameServerClient(cfg.namesrv_list), identity, self.topics, interval_ms=cfg.register_interval_ms,
+            NameServerClient(cfg.namesrv_list, tls=cfg.client_tls()), identity, self.topics,
+            interval_ms=cfg.register_interval_ms,
             auto_create_topic_enable=cfg.auto_create_topic_enable, runtime=self._runtime,
             role="MASTER" if cfg.broker_id == 0 else "SLAVE",
             ha_address=replication.ha_advertised if replication is not None else "",
@@ -354,7 +357,8 @@ class BrokerController:
         name = cfg.broker_name or default_broker_name()
         client = None
         if cfg.namesrv_list:
-            self._coordinator_router = Router(namesrv=cfg.namesrv_addr, timeout_s=COORDINATOR_CALL_TIMEOUT_S)
+            self._coordinator_router = Router(namesrv=cfg.namesrv_addr, timeout_s=COORDINATOR_CALL_TIMEOUT_S,
+                                              tls=cfg.client_tls())  # fmt: skip
             client = CoordinatorClient(self._coordinator_router)
         self.participants = ParticipantResolver(self.transactions, name,
                                                 coordinator_asker(self.decisions, name, client))  # fmt: skip

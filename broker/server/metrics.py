@@ -6,15 +6,23 @@ are computed at scrape time by collector callbacks, so nothing is stale and noth
 Every series of a broker carries its ``cluster`` and ``broker`` (broker name) labels first, so one Prometheus
 scraping every broker of a cluster can sum a figure over a cluster or tell the brokers apart without relabelling
 (RocketMQ's exporter labels its series with cluster and brokerName the same way).
+
+With the broker's TLS settings the port serves HTTPS with the broker's certificate (broker/server/tls.py): the
+metrics name every topic and group, which is worth keeping from whoever listens on the network.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.server.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +161,7 @@ class BrokerMetrics:
 class MetricsServer:
     """``GET /metrics`` (any path, in fact) on a daemon thread."""
 
-    def __init__(self, metrics: BrokerMetrics, host: str, port: int) -> None:
+    def __init__(self, metrics: BrokerMetrics, host: str, port: int, tls: ServerTls | None = None) -> None:
         render = metrics.render
 
         class Handler(BaseHTTPRequestHandler):
@@ -168,7 +176,9 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 log.debug("metrics: " + format, *args)
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server = ThreadingHTTPServer((host, port), Handler) if tls is None else _https_server(host, port,
+                                                                                                    Handler, tls)
+        self.scheme = "http" if tls is None else "https"
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
@@ -179,3 +189,20 @@ class MetricsServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _https_server(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls: ServerTls) -> ThreadingHTTPServer:
+    from broker.server.tls import HttpsWrapper
+
+    wrapper = HttpsWrapper(tls)
+
+    class HttpsServer(ThreadingHTTPServer):
+        def get_request(self) -> tuple[socket.socket, object]:
+            sock, address = super().get_request()
+            return wrapper.wrap(sock), address
+
+        def handle_error(self, request: object, client_address: object) -> None:
+            # a scraper without TLS, or with a certificate this server refuses: its problem, not the broker's
+            log.debug("metrics: connection from %s failed", client_address, exc_info=True)
+
+    return HttpsServer((host, port), handler)

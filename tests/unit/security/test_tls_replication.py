@@ -1,0 +1,33 @@
+"""Replication over mutual TLS: a SYNC_MASTER and its slave, both with the broker TLS settings; the slave fetches
+over TLS presenting the broker's certificate, and a write is acknowledged only once it holds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from certs import Pki
+from conftest import tls_settings
+from helpers import broker, brokers, caught_up, slave_of, wait_until
+
+from broker.client import Message, Producer
+from broker.client.tls import diagnose
+
+
+def test_replication_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
+    tls = tls_settings(pki, tls_ca=str(pki.ca), tls_client_auth="require")
+    client = {"tls_ca": str(pki.ca), "tls_cert": str(pki.client_cert), "tls_key": str(pki.client_key)}
+    with brokers() as bs:
+        m = broker(tmp_path / "m", role="SYNC_MASTER", min_insync_replicas=2, **tls)
+        bs.append(m)
+        s = slave_of(m, tmp_path / "s", **tls)
+        bs.append(s)
+        assert m.replication is not None and m.replication.in_sync is not None
+        wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync over TLS")  # type: ignore[union-attr]
+        with Producer(m.address, timeout_s=10, **client) as producer:
+            for i in range(20):
+                producer.send(Message("TlsReplicated", f"m{i}".encode()))
+        assert s.store is not None and caught_up(m, s)  # SYNC_MASTER: acknowledged once the slave held it
+        assert s.replication is not None and s.replication.follower is not None
+        assert s.replication.follower.connected_to.endswith(str(m.replication.ha_port))
+        # the replication endpoint itself speaks only TLS
+        assert "serves TLS" in (diagnose(f"127.0.0.1:{m.replication.ha_port}", None) or "")
