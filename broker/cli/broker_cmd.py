@@ -5,6 +5,7 @@ and its lock released)."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import threading
 
@@ -39,6 +40,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # `kill -USR1 PID` prints every thread's stack (a stuck replica, a hung test): the broker process's own, not an
+    # embedded broker's host process, whose stderr may be no file at all
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     controller = BrokerController(config)
     controller.start()
     start_placement(config.python_cpus, stop)  # after start: the threads to place exist (see thread_placement.py)

@@ -7,10 +7,8 @@ periodic tasks, persist offsets and topics, shut the store down (flush, remove t
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -167,7 +165,6 @@ class BrokerController:
         host, port = cfg.listen_address
         check_port_free(host, port)  # one clear error, before gRPC logs its own and before the store is made
         cfg.store_dir.mkdir(parents=True, exist_ok=True)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints every thread's stack
         options = [
             ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
             ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
