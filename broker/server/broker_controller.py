@@ -336,7 +336,8 @@ class BrokerController:
             self.store.shutdown()
 
     def _start_semantics(self, store: MessageStore) -> None:
-        """Builds the delay and transaction services; starts them unless replication decides when (master only)."""
+        """Builds the services that write (delay, transactions and their decisions, timers, pop); starts them unless
+        replication decides when (master only)."""
         cfg, config_dir = self.config, str(store.config.config_dir)
         self.schedule = ScheduleMessageService(store, config_dir, levels=cfg.message_delay_level)
         self.groups = SubscriptionGroupManager(
