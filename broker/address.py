@@ -17,6 +17,7 @@ own bind failure prints a C-level log line first and says only "failed to bind")
 from __future__ import annotations
 
 import errno
+import random
 import socket
 
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
@@ -125,8 +126,6 @@ FIXED_PORT_TRIES = 200
 def free_fixed_port(host: str = "127.0.0.1") -> int:
     """A port of ``host`` free now, outside the ephemeral range, for a listener that must get it again after a
     restart. ServiceNotAvailableError when FIXED_PORT_TRIES random ports were all taken."""
-    import random
-
     for _ in range(FIXED_PORT_TRIES):
         port = random.randrange(FIXED_PORT_LOW, FIXED_PORT_HIGH)
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:

@@ -1,8 +1,9 @@
 """The repository speaks to its users: no tracked text tells the story of how it was developed.
 
-Dated measurements and the reasons for a design are welcome; numbered work periods ("the sixth session", "the
-eleventh's"), what an issue asked for, and who tried what are not: a reader cannot act on them, and they go stale.
-The patterns below are the kinds of prose found; this file is left out of the scan (it has to name them).
+Dated measurements and the reasons for a design are welcome; numbered work periods (an ordinal before the word
+for a period of work, or "the eleventh's"), what an issue asked for, and who tried what are not: a reader cannot
+act on them, and they go stale. The patterns below are the kinds of prose found; this file is left out of the
+scan (it has to name them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 THIS_FILE = Path(__file__).resolve().relative_to(REPO).as_posix()
 MAX_FILE_BYTES = 4 << 20  # larger tracked files are data (results, images), not prose
 
+PERIOD = "session"  # the word for a period of work; written once, so this file's own text names no numbered one
 ORDINAL = (
     r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth"
     r"|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|\d+(?:st|nd|rd|th))"
@@ -22,7 +24,7 @@ ORDINAL = (
 HISTORY = re.compile(
     "|".join(
         (
-            rf"\b{ORDINAL}[- ]sessions?\b",  # "the sixth session", "sixth-session tables"
+            rf"\b{ORDINAL}[- ]{PERIOD}s?\b",  # an ordinal before the word, spaced or hyphenated
             rf"\bthe {ORDINAL}'s\b",  # "on the eleventh's day", "the sixth's figures"
             r"\bsessions? (?:no\.? ?)?\d+\b",  # "session 6"
             r"\b(?:measured|run|tried|found|seen)\s+(?:during|in)\s+(?:the|this|that|an?)\s+(?:[\w-]+\s+){0,3}session\b",
@@ -66,9 +68,9 @@ def history_prose(text: str) -> list[tuple[int, str]]:
 def test_the_patterns_find_development_history() -> None:
     """The search finds each kind of prose it is for, and leaves ordinary words alone."""
     found = [
-        "Measured 2026-11-24 (sixth session) with `python -m bench.store`",
-        "the sixth-session tables are kept for comparison",
-        "against 169k on the sixth session's day",
+        f"Measured 2026-11-24 (sixth {PERIOD}) with `python -m bench.store`",
+        f"the sixth-{PERIOD} tables are kept for comparison",
+        f"against 169k on the sixth {PERIOD}'s day",
         "(`sync_ceiling.json` the eleventh's)",
         "which is what session 6 measured",
         "figures measured during the quiet evening session",
