@@ -5,6 +5,7 @@ broker, metrics labels, and bad input (unknown names, topics without a route, a 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import time
 import urllib.request
@@ -44,8 +45,10 @@ ALL = set(BROKERS)
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One cluster for the module (every test uses topics and groups of its own), each broker serving metrics."""
-    with shared_cluster(tmp_path_factory.mktemp("admin"), extra_broker_args=["--metrics-port", "0"]) as c:
+    root = tmp_path_factory.mktemp("admin")
+    with shared_cluster(root, extra_broker_args=["--metrics-port", "0"]) as c:
         yield c
+    shutil.rmtree(root)  # three preallocated stores: tmp_path_retention_policy only removes function-scoped dirs
 
 
 def holds(cluster: LocalCluster, broker: str, topic: str) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     config.write_text(json.dumps(BROKER_SETTINGS))
     with shared_cluster(root, config=config) as c:
         yield c
+    shutil.rmtree(root)  # three preallocated stores: tmp_path_retention_policy only removes function-scoped dirs
 
 
 def create_everywhere(cluster: LocalCluster, topic: str, queues: int) -> list[MessageQueue]:

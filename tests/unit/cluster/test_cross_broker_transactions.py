@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_cluster
+from cluster_helpers import make_cluster
 
 from broker.client import Admin, PullConsumer
 from broker.client.coordinator import CoordinatorClient

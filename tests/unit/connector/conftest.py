@@ -7,6 +7,7 @@ session starts. Parallelism is kept low (local[2], 2 shuffle partitions): the ma
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -23,9 +24,11 @@ from streaming_jobs.common import spark_session
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc = start_broker(tmp_path_factory.mktemp("connector-broker") / "store")
+    root = tmp_path_factory.mktemp("connector-broker")
+    proc = start_broker(root / "store")
     yield proc.endpoint
     assert proc.stop() == 0
+    shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,9 +63,11 @@ def test_partitions_follow_max_messages_per_partition_and_min_partitions(spark: 
 
 @pytest.fixture(scope="module")
 def expiring_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc = start_broker(tmp_path_factory.mktemp("expiring") / "store", EXPIRING_STORE)
+    root = tmp_path_factory.mktemp("expiring")
+    proc = start_broker(root / "store", EXPIRING_STORE)
     yield proc.endpoint
     assert proc.stop() == 0
+    shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
 
 
 def test_fail_on_data_loss_both_ways_after_files_expire(spark: Any, expiring_broker: str, tmp_path: Path) -> None:

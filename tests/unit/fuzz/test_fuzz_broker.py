@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,7 @@ def fuzzer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzer]:
     finally:
         if f.broker is not None:
             f.stop()
+        shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
 
 
 def _entries_of(buffer: bytes) -> list[bytes]:

@@ -4,6 +4,7 @@ check-backs and dead letters so that each test waits seconds, not RocketMQ's min
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +16,11 @@ from broker.server.process import BrokerProcess
 
 @pytest.fixture(scope="module")
 def broker_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path_factory.mktemp("rmqv2") / "store")
+    root = tmp_path_factory.mktemp("rmqv2")
+    proc = start_broker(root / "store")
     yield proc
     assert proc.stop() == 0, "\n".join(proc.output)
+    shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
 
 
 @pytest.fixture

@@ -69,3 +69,8 @@ def make_pki(directory: Path) -> Pki:
     other = make_leaf(directory, "other-host", ca, "DNS:wrong.example")
     return Pki(ca[0], server[0], server[1], client[0], client[1], rogue[0], rogue_server[0], rogue_server[1],
                other[0], other[1])  # fmt: skip
+
+
+def tls_settings(pki: Pki, **more: str) -> dict[str, str]:
+    """Broker settings that serve TLS with the test server certificate."""
+    return {"tls_cert": str(pki.server_cert), "tls_key": str(pki.server_key), **more}

@@ -27,11 +27,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def tls_settings(pki: Pki, **more: str) -> dict[str, str]:
-    """Broker settings that serve TLS with the test server certificate."""
-    return {"tls_cert": str(pki.server_cert), "tls_key": str(pki.server_key), **more}
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     from streaming_jobs.common import spark_session

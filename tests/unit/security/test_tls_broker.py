@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import Pki
-from conftest import tls_settings
+from certs import Pki, tls_settings
 
 from broker.client import (
     FIRST,

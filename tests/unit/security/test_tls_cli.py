@@ -6,8 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from certs import Pki
-from conftest import tls_settings
+from certs import Pki, tls_settings
 
 from broker.cli.main import main
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from certs import Pki
-from conftest import tls_settings
+from certs import Pki, tls_settings
 from helpers import broker, brokers, caught_up, slave_of, wait_until
 
 from broker.client import Message, Producer

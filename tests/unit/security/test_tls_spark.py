@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from certs import Pki
-from conftest import tls_settings
+from certs import Pki, tls_settings
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 

@@ -17,7 +17,7 @@ from broker.semantics.system_topics import TRANS_DECISION_TOPIC
 from broker.semantics.txn_decision import Share, from_pb, make_decision, to_pb
 
 if TYPE_CHECKING:
-    from conftest import StoreBox
+    from store_box import StoreBox
 
 
 def decisions(box: StoreBox, **kwargs: object) -> DecisionLog:

@@ -15,7 +15,7 @@ from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.store.message import Prop, encode_entry, encode_properties
 
 if TYPE_CHECKING:
-    from conftest import StoreBox
+    from store_box import StoreBox
 
 FAST_LEVELS = "300ms 600ms 900ms"
 LATE_TOLERANCE_MS = 1000

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import StoreBox
+from store_box import StoreBox
 
 from broker.errors import ServiceNotAvailableError
 from broker.semantics.decision_log import DecisionLog

@@ -15,7 +15,7 @@ from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.store.message import Prop
 
 if TYPE_CHECKING:
-    from conftest import StoreBox
+    from store_box import StoreBox
 
 # 18 short levels so that a message can fail 17 times within a test
 FAST_LEVELS = " ".join(f"{10 + 5 * i}ms" for i in range(18))

@@ -35,7 +35,7 @@ from broker.semantics.transaction_codec import (
 from broker.store.message import Prop, StoredMessage, SysFlag, decode_entry, encode_entry, encode_properties
 
 if TYPE_CHECKING:
-    from conftest import StoreBox
+    from store_box import StoreBox
 
 
 def service(box: StoreBox, **kwargs: object) -> TransactionService:

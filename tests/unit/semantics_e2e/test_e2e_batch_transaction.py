@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SEMANTICS, SMALL_STORE, BrokerFactory, final_check
+from e2e_brokers import SEMANTICS, SMALL_STORE, BrokerFactory, final_check
 from e2e_util import read_topic, visible_count
 
 from broker.client import Admin, Message, Producer, encode_message

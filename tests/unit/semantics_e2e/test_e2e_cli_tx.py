@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import BrokerFactory
+from e2e_brokers import BrokerFactory
 
 from broker.cli import main
 from broker.client import Admin, Message, Producer, encode_message

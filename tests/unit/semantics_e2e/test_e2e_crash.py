@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SEMANTICS, SMALL_STORE, final_check, wait_until
+from e2e_brokers import SEMANTICS, SMALL_STORE, final_check, wait_until
 from e2e_util import read_topic
 
 from broker.client import (

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BrokerFactory, wait_until
+from e2e_brokers import BrokerFactory, wait_until
 from e2e_util import read_topic, visible_count
 
 from broker.client import Message, Producer, encode_message

@@ -8,7 +8,7 @@ import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from conftest import wait_until
+from e2e_brokers import wait_until
 
 from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
 from broker.server.broker_controller import BrokerController

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BrokerFactory, wait_until
+from e2e_brokers import BrokerFactory, wait_until
 
 from broker.client import Admin, Message, PopConsumer, Producer
 from broker.errors import InvalidArgumentError, InvalidReceiptHandleError

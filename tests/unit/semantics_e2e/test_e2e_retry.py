@@ -6,7 +6,7 @@ import threading
 from collections import Counter
 
 import pytest
-from conftest import wait_until
+from e2e_brokers import wait_until
 
 from broker.client import (
     BROADCASTING,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from conftest import wait_until
+from e2e_brokers import wait_until
 from e2e_util import read_topic
 
 from broker.client import FIRST, Message, Producer, PullConsumer, PushConsumer, ReceivedMessage

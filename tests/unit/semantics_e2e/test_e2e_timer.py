@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BrokerFactory, wait_until
+from e2e_brokers import BrokerFactory, wait_until
 from e2e_util import read_topic
 
 from broker.client import Admin, Message, Producer

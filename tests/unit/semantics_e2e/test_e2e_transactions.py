@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from conftest import SEMANTICS, wait_until
+from e2e_brokers import SEMANTICS, wait_until
 from e2e_util import read_topic, visible_count
 
 from broker.client import (
