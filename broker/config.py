@@ -27,6 +27,7 @@ from broker.store.config import StoreConfig
 from broker.store.message_store import MAX_BYTES_PER_GET
 
 if typing.TYPE_CHECKING:
+    from broker.client.credentials import Credentials
     from broker.client.tls import TlsSettings
     from broker.server.tls import ServerTls
 
@@ -52,7 +53,7 @@ POSITIVE_SETTINGS = (
     "transaction_check_interval_ms", "transaction_check_max", "transaction_max_halves", "transaction_max_outcomes",
     "register_interval_ms", "send_dedup_window_ms", "pop_max_invisible_ms", "pop_max_inflight_per_queue",
     "pop_auto_renew_invisible_ms", "timer_max_delay_ms", "timer_max_pending", "journal_compact_bytes",
-    "rmqv2_max_long_polling_ms",
+    "rmqv2_max_long_polling_ms", "auth_window_s",
     "max_total_queue_nums", "max_auto_create_topics_per_request", "max_consumers", "max_subscription_groups",
 )  # fmt: skip
 # What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
@@ -229,6 +230,16 @@ class BrokerConfig:
     tls_key: str = ""
     tls_ca: str = ""
     tls_client_auth: str = "none"
+    # Authentication and authorization (broker/auth, docs/security.md): auth_enabled turns both on. The first
+    # super user is auth_root_access_key / auth_root_secret_key, or $SLUICE_ROOT_ACCESS_KEY and
+    # $SLUICE_ROOT_SECRET_KEY at start; a broker with auth and no user at all refuses to start. Signed requests are
+    # accepted within auth_window_s of this broker's clock. Without TLS, auth needs allow_plaintext_auth: signed
+    # headers can be replayed by whoever reads the traffic, within the window.
+    auth_enabled: bool = False
+    allow_plaintext_auth: bool = False
+    auth_window_s: int = 900
+    auth_root_access_key: str = ""
+    auth_root_secret_key: str = field(default="", repr=False)
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     def __post_init__(self) -> None:
@@ -264,6 +275,7 @@ class BrokerConfig:
         self._check_ranges()
         self._check_cluster()
         self.server_tls()
+        self._check_auth()
         self.replication()
         store = self.store_config()
         try:
@@ -271,6 +283,17 @@ class BrokerConfig:
         except InvalidArgumentError as e:  # say where the value came from: the bare StoreConfig names are ambiguous
             raise InvalidArgumentError(f"in the store table: {e.message}") from None
         self._check_grpc_max_message_bytes(store)
+
+    def _check_auth(self) -> None:
+        if not self.auth_enabled:
+            return
+        if self.server_tls() is None and not self.allow_plaintext_auth:
+            raise InvalidArgumentError(
+                "auth without TLS sends replayable credentials in the clear: give tls_cert and tls_key (--tls-cert, "
+                "--tls-key), or allow_plaintext_auth (--allow-plaintext-auth) on a network you trust"
+            )
+        if bool(self.auth_root_access_key) != bool(self.auth_root_secret_key):
+            raise InvalidArgumentError("give auth_root_access_key and auth_root_secret_key together")
 
     def _check_ranges(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -340,6 +363,17 @@ class BrokerConfig:
         from broker.server.tls import ServerTls
 
         return ServerTls.of(self.tls_cert, self.tls_key, self.tls_ca, self.tls_client_auth)
+
+    def client_credentials(self) -> Credentials | None:
+        """What this broker signs its own calls to other brokers with: the root user's, when auth is on (every broker
+        of an authenticated cluster is started with the same root user)."""
+        if not self.auth_enabled:
+            return None
+        from broker.auth.accounts import root_user
+        from broker.client.credentials import Credentials
+
+        root = root_user(self)
+        return Credentials(root.access_key, root.secret_key) if root is not None else None
 
     def client_tls(self) -> TlsSettings | None:
         """What the broker's own clients (of name servers, other brokers, its master) connect with."""

@@ -48,6 +48,10 @@ class ResponseCode(enum.IntEnum):
     # This broker is not its group's master (a slave, or a master fenced by a newer epoch): nothing was done; the
     # client finds the group's master through the name servers.
     NOT_MASTER = 905
+    # No valid credentials: none given where the broker requires them, an unknown or disabled access key, a wrong
+    # signature, a malformed header, or a timestamp outside the broker's window (broker/auth). RocketMQ answers
+    # these with NO_PERMISSION too; a client must be able to tell "who are you" from "you may not".
+    UNAUTHENTICATED = 906
 
 
 # Values from a request that an error message repeats are cut to this many characters: a message travels in the
@@ -152,6 +156,12 @@ class NoPermissionError(BrokerError):
     consumption is disabled, a dead-letter queue pulled."""
 
     code = ResponseCode.NO_PERMISSION
+
+
+class AuthenticationError(BrokerError):
+    """The request carries no valid credentials (broker/auth); the message says which check failed, never a secret."""
+
+    code = ResponseCode.UNAUTHENTICATED
 
 
 class LimitExceededError(BrokerError):

@@ -32,15 +32,17 @@ T = TypeVar("T")
 MAX_CONFIG_BYTES = 1 << 30
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
-    """Replace ``path`` with ``data``: after a crash, the old file or the new one, never a torn one."""
+def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data``: after a crash, the old file or the new one, never a torn one. ``mode``: the
+    file's permissions from its first byte on (0o600 for files that hold secrets)."""
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     raw = json.dumps(data, indent=2, sort_keys=True).encode("utf-8")
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)  # a temp file left by a crash keeps the mode it was created with
         view = memoryview(raw)
         while view:
             view = view[os.write(fd, view) :]

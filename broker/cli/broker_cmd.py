@@ -27,7 +27,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "cluster_name": args.cluster, "broker_name": args.broker_name, "broker_id": args.broker_id,
                  "advertised_address": args.advertise, "register_interval_ms": args.register_interval_ms,
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
-                 "tls_client_auth": args.tls_client_auth}  # fmt: skip
+                 "tls_client_auth": args.tls_client_auth, "auth_enabled": args.auth,
+                 "allow_plaintext_auth": args.allow_plaintext_auth, "auth_window_s": args.auth_window_s}  # fmt: skip
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )

@@ -129,6 +129,14 @@ def _broker(b: argparse.ArgumentParser) -> None:
     c.add_argument("--register-interval-ms", type=int_at_least(1), default=None, metavar="MS",
                    help="how often to register with the name servers when nothing changed (default 30000)")
     _tls(b)
+    a = b.add_argument_group("authentication and authorization (docs/security.md)")
+    a.add_argument("--auth", action="store_true", default=None,
+                   help="require signed requests and check every call against the users' access control entries; "
+                        "the first super user comes from $SLUICE_ROOT_ACCESS_KEY and $SLUICE_ROOT_SECRET_KEY")
+    a.add_argument("--allow-plaintext-auth", action="store_true", default=None,
+                   help="allow --auth without TLS (signed headers can then be read and replayed within the window)")
+    a.add_argument("--auth-window-s", type=int, default=None, metavar="S",
+                   help="accept signatures made at most S seconds from this broker's clock (default 900)")  # fmt: skip
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
 
 

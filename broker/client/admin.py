@@ -50,6 +50,7 @@ from broker.client.admin_results import (
     transaction,
 )
 from broker.client.connection import Connection
+from broker.client.credentials import Credentials
 from broker.client.message import decode_entries
 from broker.client.namesrv_client import none_answered
 from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
@@ -84,9 +85,11 @@ class Admin:
         self, endpoint: str | None = None, *, namesrv: str | None = None, timeout_s: float = 30.0,
         router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None,
     ) -> None:  # fmt: skip
         self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
-                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key))  # fmt: skip
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
+                                       credentials=Credentials.of(access_key, secret_key))  # fmt: skip
         self._owns_router = router is None
 
     @property

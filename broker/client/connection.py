@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.address import DEFAULT_PORT, format_address, parse_endpoint
+from broker.client.credentials import Credentials, signed_channel
 from broker.client.tls import TlsSettings, explain, open_channel, resolve
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.proto import HTTP2_MAX_FRAME_BYTES
@@ -48,8 +49,8 @@ def resolve_endpoint(endpoint: str | None) -> str:
     return endpoint or os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
 
 
-def _channel(target: str, tls: TlsSettings | None) -> grpc.Channel:
-    return open_channel(
+def _channel(target: str, tls: TlsSettings | None, credentials: Credentials | None) -> grpc.Channel:
+    return signed_channel(open_channel(
         target,
         [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -61,11 +62,13 @@ def _channel(target: str, tls: TlsSettings | None) -> grpc.Channel:
             ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
         ],
         tls,
-    )
+    ), credentials)
 
 
 class Connection:
-    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0, tls: TlsSettings | None = None) -> None:
+    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0, tls: TlsSettings | None = None,
+                 credentials: Credentials | None = None) -> None:  # fmt: skip
+        self.credentials = credentials
         plain, self.tls = resolve(resolve_endpoint(endpoint), tls)
         assert plain is not None
         self.endpoint = plain
@@ -78,9 +81,10 @@ class Connection:
 
     def _connect(self, targets: list[str]) -> tuple[str, grpc.Channel]:
         if len(targets) == 1:
-            return targets[0], _channel(targets[0], self.tls)  # connect lazily; errors surface on the first call
+            # connect lazily; errors surface on the first call
+            return targets[0], _channel(targets[0], self.tls, self.credentials)
         for target in targets:
-            channel = _channel(target, self.tls)
+            channel = _channel(target, self.tls, self.credentials)
             try:
                 grpc.channel_ready_future(channel).result(timeout=CONNECT_PROBE_S)
                 return target, channel

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.client.connection import Connection
+from broker.client.credentials import Credentials
 from broker.client.message import decode_entries
 from broker.client.results import ReceivedMessage
 from broker.client.tls import TlsSettings
@@ -44,8 +45,10 @@ class PopConsumer:
     def __init__(
         self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, timeout_s: float = 30.0,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None,
     ) -> None:  # fmt: skip
-        self.conn = Connection(endpoint, timeout_s, TlsSettings.of(tls_ca, tls_cert, tls_key))
+        self.conn = Connection(endpoint, timeout_s, TlsSettings.of(tls_ca, tls_cert, tls_key),
+                               Credentials.of(access_key, secret_key))
         self.group = group
 
     def receive(

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 from broker.client.connection import Connection
+from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
 from broker.client.message import Message, encode_message
 from broker.client.results import SendResult, SendStatus
@@ -201,11 +202,13 @@ class Producer:
         retry_times_when_send_failed: int = DEFAULT_RETRY_TIMES_WHEN_SEND_FAILED,
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S, router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None,
     ) -> None:  # fmt: skip
         if retry_times_when_send_failed < 0 or attempt_timeout_s <= 0 or timeout_s <= 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0, the timeouts > 0")
         self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
-                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key))  # fmt: skip
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
+                                       credentials=Credentials.of(access_key, secret_key))  # fmt: skip
         self._owns_router = router is None
         self.group = group
         self.timeout_s = timeout_s

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.client.connection import Connection
+from broker.client.credentials import Credentials
 from broker.client.message import decode_entries
 from broker.client.results import PullResult, PullStatus, RawPullResult, ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue
@@ -34,9 +35,11 @@ class PullConsumer:
         self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, namesrv: str | None = None,
         timeout_s: float = 30.0, router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None,
     ) -> None:  # fmt: skip
         self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
-                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key))  # fmt: skip
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
+                                       credentials=Credentials.of(access_key, secret_key))  # fmt: skip
         self._owns_router = router is None
         self.group = group
 

@@ -75,6 +75,7 @@ from broker.client.consumer_options import (
     ConsumeStatus,
     MessageModel,
 )
+from broker.client.credentials import Credentials
 from broker.client.message import decode_entries
 from broker.client.offset_store import LocalOffsetStore, OffsetStore, QueueKey, RemoteOffsetStore
 from broker.client.pull_consumer import send_back
@@ -297,6 +298,7 @@ class PushConsumer:
         send_back: bool = True, lock_max_live_ms: int = CLIENT_LOCK_MAX_LIVE_MS,
         route_poll_interval_ms: int = DEFAULT_ROUTE_POLL_INTERVAL_MS,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None,
     ) -> None:  # fmt: skip
         """``endpoint``: one broker (``host:port``); or ``None`` with ``namesrv="host:port[,host:port]"``: a
         cluster found through its name servers."""
@@ -343,7 +345,8 @@ class PushConsumer:
         self.persist_interval_ms, self.route_poll_interval_ms = persist_interval_ms, route_poll_interval_ms
         self.control_timeout_s = min(timeout_s, CONTROL_CALL_TIMEOUT_S)
         # after the checks: a refusal opens nothing
-        self.router = Router(endpoint, namesrv, timeout_s=timeout_s, tls=TlsSettings.of(tls_ca, tls_cert, tls_key))
+        self.router = Router(endpoint, namesrv, timeout_s=timeout_s, tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
+                                       credentials=Credentials.of(access_key, secret_key))
         self.offsets: OffsetStore = (
             LocalOffsetStore(self.router, consume_from, consume_timestamp_ms, offset_store_path)
             if model is BROADCASTING

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from broker.client.connection import ENDPOINT_ENV, Connection, resolve_endpoint
+from broker.client.credentials import Credentials
 from broker.client.namesrv_client import NAMESRV_ENV, NameServerClient, parse_namesrv_list
 from broker.client.route import DIRECT_BROKER, MASTER_ID, BrokerGroup, MessageQueue, QueueData, TopicRoute
 from broker.client.tls import TlsSettings, resolve
@@ -62,7 +63,7 @@ def choose_source(endpoint: str | None, namesrv: str | None) -> tuple[str | None
 
 class Router:
     def __init__(self, endpoint: str | None = None, namesrv: str | None = None, *, timeout_s: float = 30.0,
-                 tls: TlsSettings | None = None) -> None:  # fmt: skip
+                 tls: TlsSettings | None = None, credentials: Credentials | None = None) -> None:  # fmt: skip
         self.timeout_s = timeout_s
         endpoint, tls = resolve(endpoint, tls)
         namesrv, tls = resolve(namesrv, tls)
@@ -72,8 +73,9 @@ class Router:
         elif namesrv is None:
             tls = resolve(os.environ.get(NAMESRV_ENV, ""), tls)[1]  # and $SLUICE_NAMESRV
         self.tls = tls
+        self.credentials = credentials
         self.namesrv: NameServerClient | None = NameServerClient(servers, tls=self.tls) if servers else None
-        self._direct: Connection | None = Connection(direct, timeout_s, self.tls) if direct else None
+        self._direct: Connection | None = Connection(direct, timeout_s, self.tls, credentials) if direct else None
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (monotonic expiry, route)
         self._connections: dict[str, Connection] = {}
@@ -170,7 +172,7 @@ class Router:
         with self._lock:
             conn = self._connections.get(address)
             if conn is None:
-                conn = self._connections[address] = Connection(address, self.timeout_s, self.tls)
+                conn = self._connections[address] = Connection(address, self.timeout_s, self.tls, self.credentials)
             return conn
 
     def broker_connection(self, topic: str, broker_name: str, *, write: bool) -> Connection:

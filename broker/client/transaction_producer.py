@@ -64,9 +64,10 @@ class TransactionProducer(Producer):
         self, endpoint: str | None, group: str, checker: Checker, *, timeout_s: float = 30.0,
         client_id: str | None = None, namesrv: str | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None,
     ) -> None:  # fmt: skip
         super().__init__(endpoint, group, timeout_s=timeout_s, namesrv=namesrv, tls_ca=tls_ca, tls_cert=tls_cert,
-                         tls_key=tls_key)  # fmt: skip
+                         tls_key=tls_key, access_key=access_key, secret_key=secret_key)  # fmt: skip
         self.checker = checker
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.checks_answered = 0

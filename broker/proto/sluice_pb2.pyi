@@ -1920,3 +1920,271 @@ class ResetConsumerOffsetsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResetConsumerOffsetsResponse: _TypeAlias = ResetConsumerOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class UserRequest(_message.Message):
+    """------------------------------------------------------------------------------------------------ users and ACLs
+
+    A secret key is only ever sent to the broker, never answered back (UserInfo has none).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    SECRET_KEY_FIELD_NUMBER: _builtins.int
+    SUPER_USER_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    """1 to 64 of letters, digits, '_', '.', '-'"""
+    secret_key: _builtins.str
+    """required by CreateUser"""
+    super_user: _builtins.bool
+    """super users pass every authorization check"""
+    enabled: _builtins.bool
+    """CreateUser: true when unset"""
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+        secret_key: _builtins.str | None = ...,
+        super_user: _builtins.bool | None = ...,
+        enabled: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_secret_key", b"_secret_key", "_super_user", b"_super_user", "enabled", b"enabled", "secret_key", b"secret_key", "super_user", b"super_user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_enabled", b"_enabled", "_secret_key", b"_secret_key", "_super_user", b"_super_user", "access_key", b"access_key", "enabled", b"enabled", "secret_key", b"secret_key", "super_user", b"super_user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
+    _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
+    _WhichOneofReturnType__secret_key: _TypeAlias = _typing.Literal["secret_key"]  # noqa: Y015
+    _WhichOneofArgType__secret_key: _TypeAlias = _typing.Literal["_secret_key", b"_secret_key"]  # noqa: Y015
+    _WhichOneofReturnType__super_user: _TypeAlias = _typing.Literal["super_user"]  # noqa: Y015
+    _WhichOneofArgType__super_user: _TypeAlias = _typing.Literal["_super_user", b"_super_user"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__enabled) -> _WhichOneofReturnType__enabled | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__secret_key) -> _WhichOneofReturnType__secret_key | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__super_user) -> _WhichOneofReturnType__super_user | None: ...
+
+Global___UserRequest: _TypeAlias = UserRequest  # noqa: Y015
+
+@_typing.final
+class UserInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    SUPER_USER_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    super_user: _builtins.bool
+    enabled: _builtins.bool
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+        super_user: _builtins.bool = ...,
+        enabled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key", b"access_key", "enabled", b"enabled", "super_user", b"super_user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserInfo: _TypeAlias = UserInfo  # noqa: Y015
+
+@_typing.final
+class DeleteUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key", b"access_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteUserRequest: _TypeAlias = DeleteUserRequest  # noqa: Y015
+
+@_typing.final
+class DeleteUserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteUserResponse: _TypeAlias = DeleteUserResponse  # noqa: Y015
+
+@_typing.final
+class ListUsersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersRequest: _TypeAlias = ListUsersRequest  # noqa: Y015
+
+@_typing.final
+class ListUsersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserInfo]: ...
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___UserInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersResponse: _TypeAlias = ListUsersResponse  # noqa: Y015
+
+@_typing.final
+class AclEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    SOURCE_IPS_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    resource: _builtins.str
+    """Cluster, Topic:NAME, Group:NAME; NAME literal, a prefix ending in '*', or '*'; or '*'"""
+    decision: _builtins.str
+    """Allow or Deny"""
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Pub, Sub, Create, Update, Delete, Get, List, All"""
+
+    @_builtins.property
+    def source_ips(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """CIDRs; empty: from anywhere. A condition, never a way around authentication"""
+
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        actions: _abc.Iterable[_builtins.str] | None = ...,
+        decision: _builtins.str = ...,
+        source_ips: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key", b"access_key", "actions", b"actions", "decision", b"decision", "resource", b"resource", "source_ips", b"source_ips"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclEntry: _TypeAlias = AclEntry  # noqa: Y015
+
+@_typing.final
+class GrantAclRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entry(self) -> Global___AclEntry: ...
+    def __init__(
+        self,
+        *,
+        entry: Global___AclEntry | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantAclRequest: _TypeAlias = GrantAclRequest  # noqa: Y015
+
+@_typing.final
+class RevokeAclRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    resource: _builtins.str
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every action on the resource"""
+
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        actions: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key", b"access_key", "actions", b"actions", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeAclRequest: _TypeAlias = RevokeAclRequest  # noqa: Y015
+
+@_typing.final
+class ListAclsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key", b"access_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAclsRequest: _TypeAlias = ListAclsRequest  # noqa: Y015
+
+@_typing.final
+class AclEntries(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___AclEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclEntries: _TypeAlias = AclEntries  # noqa: Y015

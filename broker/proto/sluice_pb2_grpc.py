@@ -189,6 +189,41 @@ class BrokerStub:
                 request_serializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.FromString,
                 _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/sluice.v1.Broker/CreateUser',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.UserRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.UserInfo.FromString,
+                _registered_method=True)
+        self.UpdateUser = channel.unary_unary(
+                '/sluice.v1.Broker/UpdateUser',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.UserRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.UserInfo.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/sluice.v1.Broker/DeleteUser',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.DeleteUserRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.DeleteUserResponse.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/sluice.v1.Broker/ListUsers',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
+        self.GrantAcl = channel.unary_unary(
+                '/sluice.v1.Broker/GrantAcl',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.GrantAclRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.AclEntries.FromString,
+                _registered_method=True)
+        self.RevokeAcl = channel.unary_unary(
+                '/sluice.v1.Broker/RevokeAcl',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.RevokeAclRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.AclEntries.FromString,
+                _registered_method=True)
+        self.ListAcls = channel.unary_unary(
+                '/sluice.v1.Broker/ListAcls',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.ListAclsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.AclEntries.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -402,6 +437,52 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateUser(self, request, context):
+        """---- users and access control (broker/auth; super users only). A change applies to the next request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateUser(self, request, context):
+        """Changes only the fields that are set; a disabled user is refused from the next request on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GrantAcl(self, request, context):
+        """Adds the actions to the user's entry for (resource, decision, source networks), creating it if needed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeAcl(self, request, context):
+        """Removes the actions (all of them when none are named) from the user's entries for the resource.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -559,6 +640,41 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ResetConsumerOffsets,
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.FromString,
                     response_serializer=broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.UserRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.UserInfo.SerializeToString,
+            ),
+            'UpdateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateUser,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.UserRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.UserInfo.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.DeleteUserRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.DeleteUserResponse.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ListUsersRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.ListUsersResponse.SerializeToString,
+            ),
+            'GrantAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantAcl,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.GrantAclRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.AclEntries.SerializeToString,
+            ),
+            'RevokeAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeAcl,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.RevokeAclRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.AclEntries.SerializeToString,
+            ),
+            'ListAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAcls,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.ListAclsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.AclEntries.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1398,6 +1514,195 @@ class Broker:
             '/sluice.v1.Broker/ResetConsumerOffsets',
             broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsRequest.SerializeToString,
             broker_dot_proto_dot_sluice__pb2.ResetConsumerOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/CreateUser',
+            broker_dot_proto_dot_sluice__pb2.UserRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.UserInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/UpdateUser',
+            broker_dot_proto_dot_sluice__pb2.UserRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.UserInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DeleteUser',
+            broker_dot_proto_dot_sluice__pb2.DeleteUserRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.DeleteUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ListUsers',
+            broker_dot_proto_dot_sluice__pb2.ListUsersRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.ListUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/GrantAcl',
+            broker_dot_proto_dot_sluice__pb2.GrantAclRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.AclEntries.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/RevokeAcl',
+            broker_dot_proto_dot_sluice__pb2.RevokeAclRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.AclEntries.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ListAcls',
+            broker_dot_proto_dot_sluice__pb2.ListAclsRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.AclEntries.FromString,
             options,
             channel_credentials,
             insecure,

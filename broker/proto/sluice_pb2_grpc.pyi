@@ -100,6 +100,17 @@ class BrokerStub:
     """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
     changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
     """
+    CreateUser: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.UserRequest, _sluice_pb2.UserInfo]
+    """---- users and access control (broker/auth; super users only). A change applies to the next request."""
+    UpdateUser: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.UserRequest, _sluice_pb2.UserInfo]
+    """Changes only the fields that are set; a disabled user is refused from the next request on."""
+    DeleteUser: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.DeleteUserRequest, _sluice_pb2.DeleteUserResponse]
+    ListUsers: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ListUsersRequest, _sluice_pb2.ListUsersResponse]
+    GrantAcl: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.GrantAclRequest, _sluice_pb2.AclEntries]
+    """Adds the actions to the user's entry for (resource, decision, source networks), creating it if needed."""
+    RevokeAcl: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.RevokeAclRequest, _sluice_pb2.AclEntries]
+    """Removes the actions (all of them when none are named) from the user's entries for the resource."""
+    ListAcls: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.ListAclsRequest, _sluice_pb2.AclEntries]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -162,6 +173,17 @@ class BrokerAsyncStub(BrokerStub):
     """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
     changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
     """
+    CreateUser: _aio.UnaryUnaryMultiCallable[_sluice_pb2.UserRequest, _sluice_pb2.UserInfo]  # type: ignore[assignment]
+    """---- users and access control (broker/auth; super users only). A change applies to the next request."""
+    UpdateUser: _aio.UnaryUnaryMultiCallable[_sluice_pb2.UserRequest, _sluice_pb2.UserInfo]  # type: ignore[assignment]
+    """Changes only the fields that are set; a disabled user is refused from the next request on."""
+    DeleteUser: _aio.UnaryUnaryMultiCallable[_sluice_pb2.DeleteUserRequest, _sluice_pb2.DeleteUserResponse]  # type: ignore[assignment]
+    ListUsers: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ListUsersRequest, _sluice_pb2.ListUsersResponse]  # type: ignore[assignment]
+    GrantAcl: _aio.UnaryUnaryMultiCallable[_sluice_pb2.GrantAclRequest, _sluice_pb2.AclEntries]  # type: ignore[assignment]
+    """Adds the actions to the user's entry for (resource, decision, source networks), creating it if needed."""
+    RevokeAcl: _aio.UnaryUnaryMultiCallable[_sluice_pb2.RevokeAclRequest, _sluice_pb2.AclEntries]  # type: ignore[assignment]
+    """Removes the actions (all of them when none are named) from the user's entries for the resource."""
+    ListAcls: _aio.UnaryUnaryMultiCallable[_sluice_pb2.ListAclsRequest, _sluice_pb2.AclEntries]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -407,5 +429,58 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         """Set a group's committed offsets, backwards or forwards, all or nothing; refused (NO_PERMISSION, nothing
         changed) while the group has live consumers, whose next commit would overwrite the reset (Kafka's rule).
         """
+
+    @_abc_1.abstractmethod
+    def CreateUser(
+        self,
+        request: _sluice_pb2.UserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.UserInfo, _abc.Awaitable[_sluice_pb2.UserInfo]]:
+        """---- users and access control (broker/auth; super users only). A change applies to the next request."""
+
+    @_abc_1.abstractmethod
+    def UpdateUser(
+        self,
+        request: _sluice_pb2.UserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.UserInfo, _abc.Awaitable[_sluice_pb2.UserInfo]]:
+        """Changes only the fields that are set; a disabled user is refused from the next request on."""
+
+    @_abc_1.abstractmethod
+    def DeleteUser(
+        self,
+        request: _sluice_pb2.DeleteUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.DeleteUserResponse, _abc.Awaitable[_sluice_pb2.DeleteUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListUsers(
+        self,
+        request: _sluice_pb2.ListUsersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.ListUsersResponse, _abc.Awaitable[_sluice_pb2.ListUsersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GrantAcl(
+        self,
+        request: _sluice_pb2.GrantAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.AclEntries, _abc.Awaitable[_sluice_pb2.AclEntries]]:
+        """Adds the actions to the user's entry for (resource, decision, source networks), creating it if needed."""
+
+    @_abc_1.abstractmethod
+    def RevokeAcl(
+        self,
+        request: _sluice_pb2.RevokeAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.AclEntries, _abc.Awaitable[_sluice_pb2.AclEntries]]:
+        """Removes the actions (all of them when none are named) from the user's entries for the resource."""
+
+    @_abc_1.abstractmethod
+    def ListAcls(
+        self,
+        request: _sluice_pb2.ListAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sluice_pb2.AclEntries, _abc.Awaitable[_sluice_pb2.AclEntries]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

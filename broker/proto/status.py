@@ -50,6 +50,7 @@ _GRPC_CODE = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ResponseCode.NOT_ENOUGH_REPLICAS: grpc.StatusCode.UNAVAILABLE,
     ResponseCode.NOT_MASTER: grpc.StatusCode.FAILED_PRECONDITION,
+    ResponseCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
 }
 assert set(_GRPC_CODE) == set(ResponseCode), "every response code needs its gRPC status"
 

@@ -544,6 +544,15 @@ class TransactionService:
                 self._changed.notify_all()
             raise
 
+    def producer_group_of(self, txn_id: str, half_commitlog_offset: int | None = None) -> str | None:
+        """The producer group of a transaction this broker holds (by id, or by a half's commit-log offset); None
+        when it holds none (authorization: broker/auth/requirements.py)."""
+        with self._lock:
+            if half_commitlog_offset is not None:
+                txn_id = self._by_half_cl_offset.get(half_commitlog_offset, "")
+            txn = self._txns.get(txn_id) if txn_id else None
+            return txn.producer_group if txn is not None else None
+
     def end_transaction_by_offset(self, half_commitlog_offset: int, commit: bool, **kwargs: Any) -> EndResult:
         """RocketMQ's END_TRANSACTION, which names the half message by its commit-log offset."""
         with self._lock:

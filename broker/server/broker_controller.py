@@ -19,11 +19,15 @@ from typing import Any
 import grpc
 
 from broker.address import check_port_free, format_address
+from broker.auth.accounts import Accounts, root_user
+from broker.auth.admin import AccountsAdmin
+from broker.auth.gate import AuthGate, AuthSettings
+from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
 from broker.client.router import Router
 from broker.config import BrokerConfig
-from broker.errors import ServiceNotAvailableError
+from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.ha.gate import ReplicationGate
 from broker.ha.manager import BrokerHooks, ReplicationManager
 from broker.ha.metrics import register_replication_metrics
@@ -45,6 +49,7 @@ from broker.semantics.participant_resolver import ParticipantResolver
 from broker.semantics.pop import PopService
 from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
+from broker.server.auth_lookup import BrokerLookup
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
@@ -122,6 +127,8 @@ class BrokerController:
         self.groups: SubscriptionGroupManager | None = None
         self.locks = QueueLockManager()
         self.server: grpc.Server | None = None
+        self.accounts: Accounts | None = None  # users and their access control entries (broker/auth)
+        self.auth_gate: AuthGate | None = None  # with auth on
         self.metrics_server: MetricsServer | None = None
         self.port = 0
         self.host = config.listen_address[0]
@@ -172,6 +179,19 @@ class BrokerController:
             ("grpc.http2.max_frame_size", HTTP2_MAX_FRAME_BYTES),
         ]
         interceptors: list[grpc.ServerInterceptor] = [MalformedRequestGuard()]
+        self.accounts = Accounts(cfg.config_dir, root_user(cfg))
+        self.accounts.load()
+        if cfg.auth_enabled:
+            if not self.accounts.has_any_user():
+                raise InvalidArgumentError(
+                    f"auth is on and there is no user: set {ROOT_ACCESS_KEY_ENV} and {ROOT_SECRET_KEY_ENV} (or "
+                    "auth_root_access_key and auth_root_secret_key) for the first super user"
+                )
+            tls = cfg.server_tls()
+            self.auth_gate = AuthGate(self.accounts, AuthSettings(cfg.auth_window_s, tls is not None and
+                                                                  tls.client_auth == "require"),
+                                      self.metrics.auth_refusals)  # fmt: skip
+            interceptors.append(self.auth_gate)
         if self.replication_settings is not None:
             interceptors.append(self.gate)
         server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options,
@@ -356,7 +376,7 @@ class BrokerController:
         client = None
         if cfg.namesrv_list:
             self._coordinator_router = Router(namesrv=cfg.namesrv_addr, timeout_s=COORDINATOR_CALL_TIMEOUT_S,
-                                              tls=cfg.client_tls())  # fmt: skip
+                                              tls=cfg.client_tls(), credentials=cfg.client_credentials())  # fmt: skip
             client = CoordinatorClient(self._coordinator_router)
         self.participants = ParticipantResolver(self.transactions, name,
                                                 coordinator_asker(self.decisions, name, client))  # fmt: skip
@@ -448,6 +468,10 @@ class BrokerController:
         service.retries, service.locks = retries, self.locks
         service.dedup = SendDeduplicator(store, cfg.send_dedup_window_ms)
         service.identity = (cfg.cluster_name, cfg.broker_name or default_broker_name())
+        assert self.accounts is not None
+        service.accounts = AccountsAdmin(self.accounts)
+        if self.auth_gate is not None:
+            self.auth_gate.lookup = BrokerLookup(store, self.transactions)
         self.service = service
         pb_grpc.add_BrokerServicer_to_server(service, server)
         if cfg.rmqv2_enable:

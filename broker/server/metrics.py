@@ -129,6 +129,9 @@ class BrokerMetrics:
         self.get_messages = Counter("sluice_get_messages_total", "Messages returned by pulls", c)
         self.get_bytes = Counter("sluice_get_bytes_total", "Bytes of commit-log entries returned by pulls", c)
         self.errors = Counter("sluice_request_errors_total", "Requests answered with an error, by response code", c)
+        self.auth_refusals = Counter(
+            "sluice_auth_refusals_total", "Calls refused by authentication or authorization, by reason", c
+        )
         self.put_latency = Histogram(
             "sluice_put_latency_seconds", "Time to store a send (includes the disk flush under SYNC_FLUSH)",
             LATENCY_BUCKETS_S, c,
@@ -147,7 +150,7 @@ class BrokerMetrics:
     def render(self) -> str:
         lines: list[str] = []
         families: list[Counter | Histogram | GaugeCollector] = [
-            self.put_messages, self.put_bytes, self.get_messages, self.get_bytes, self.errors,
+            self.put_messages, self.put_bytes, self.get_messages, self.get_bytes, self.errors, self.auth_refusals,
             self.put_latency, self.flush_latency, self.long_poll_wait, *self._gauges,
         ]  # fmt: skip
         for family in families:

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
+from broker.auth.admin import AccountsAdmin
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -147,6 +148,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.dedup: SendDeduplicator | None = None  # retried sends stored at most once (send_dedup.py)
         self.identity: tuple[str, str] = ("", "")  # (cluster, broker name) reported in TopicInfo
         self.pops: PopProcessor | None = None  # pop consumption (broker/semantics/pop.py)
+        self.accounts: AccountsAdmin | None = None  # users and access control (broker/auth)
 
     def _dedup(
         self, key: SendKey | None, retry: bool, keys: Callable[[], list[str | None]]
@@ -469,3 +471,37 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.ChangeInvisibleTimeRequest, context: grpc.ServicerContext
     ) -> pb.ChangeInvisibleTimeResponse:
         return self._pop().change(request)
+
+    # ---------------------------------------------------------------------------------------------- users and ACLs
+    def _accounts(self) -> AccountsAdmin:
+        if self.accounts is None:
+            raise ServiceNotAvailableError("users and access control are not available until the broker has started")
+        return self.accounts
+
+    @_answer
+    def CreateUser(self, request: pb.UserRequest, context: grpc.ServicerContext) -> pb.UserInfo:
+        return self._accounts().create_user(request)
+
+    @_answer
+    def UpdateUser(self, request: pb.UserRequest, context: grpc.ServicerContext) -> pb.UserInfo:
+        return self._accounts().update_user(request)
+
+    @_answer
+    def DeleteUser(self, request: pb.DeleteUserRequest, context: grpc.ServicerContext) -> pb.DeleteUserResponse:
+        return self._accounts().delete_user(request)
+
+    @_answer
+    def ListUsers(self, request: pb.ListUsersRequest, context: grpc.ServicerContext) -> pb.ListUsersResponse:
+        return self._accounts().list_users(request)
+
+    @_answer
+    def GrantAcl(self, request: pb.GrantAclRequest, context: grpc.ServicerContext) -> pb.AclEntries:
+        return self._accounts().grant(request)
+
+    @_answer
+    def RevokeAcl(self, request: pb.RevokeAclRequest, context: grpc.ServicerContext) -> pb.AclEntries:
+        return self._accounts().revoke(request)
+
+    @_answer
+    def ListAcls(self, request: pb.ListAclsRequest, context: grpc.ServicerContext) -> pb.AclEntries:
+        return self._accounts().list_acls(request)
