@@ -63,7 +63,7 @@ def batch_topics(entries: bytes) -> list[str]:
             raise InvalidArgumentError(f"the batch's entry at byte {pos} is cut short")
         total = I32.unpack_from(entries, pos)[0]
         topic_at = pos + BODY_START + I32.unpack_from(entries, pos + POS_BODY_LENGTH)[0]
-        if total <= 0 or not pos + BODY_START <= topic_at < min(end, pos + total):
+        if total <= 0 or pos + total > end or not pos + BODY_START <= topic_at < pos + total:
             raise InvalidArgumentError(f"the batch's entry at byte {pos} has inconsistent lengths")
         name = entries[topic_at + 1 : topic_at + 1 + entries[topic_at]].decode("utf-8", "replace")
         if name not in found:

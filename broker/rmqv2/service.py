@@ -1,8 +1,8 @@
 """``apache.rocketmq.v2.MessagingService``: each RPC translated to Sluice's processors (see the package docstring).
 
 Every answer carries a ``Status`` (codes.py); a refused request changes nothing. Every call must carry the client
-id header (``x-mq-client-id``), as the RocketMQ proxy requires; ``authorizer``, when set, is given every call's
-metadata first (where the ``authorization`` header is checked once the broker has authentication).
+id header (``x-mq-client-id``), as the RocketMQ proxy requires. Credentials and rights are checked before any of
+this runs, by the broker's AuthGate interceptor (broker/auth/gate.py), as for every other service.
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ PRODUCER_BACKOFF_INITIAL_MS, PRODUCER_BACKOFF_MAX_MS, PRODUCER_BACKOFF_MULTIPLIE
 RECEIVE_BATCH_SIZE = 32  # told to PushConsumers (the proxy's grpcClientConsumerLongPollingBatchSize)
 
 R = TypeVar("R")
-Authorizer = Callable[[dict[str, str], str], None]
 
 
 @dataclass
@@ -107,15 +106,12 @@ def _now_timestamp() -> timestamp_pb2.Timestamp:
 
 
 class MessagingService(v2g.MessagingServiceServicer):
-    def __init__(self, backend: Backend, clients: ClientRegistry, authorizer: Authorizer | None = None) -> None:
+    def __init__(self, backend: Backend, clients: ClientRegistry) -> None:
         self.b = backend
         self.clients = clients
-        self.authorizer = authorizer
 
     def _admit(self, context: grpc.ServicerContext, method: str) -> str:
         metadata = _metadata(context)
-        if self.authorizer is not None:
-            self.authorizer(metadata, method)
         client_id = metadata.get(CLIENT_ID_HEADER, "")
         if not client_id or len(client_id) > 255:
             raise ProtocolError(Code.CLIENT_ID_REQUIRED, f"header {CLIENT_ID_HEADER} is required (1..255 characters)")

@@ -3,6 +3,7 @@ of a transaction named by id or half offset, and the topic of a message named by
 
 from __future__ import annotations
 
+from broker.errors import BrokerError
 from broker.semantics.transaction import TransactionService
 from broker.store import MessageStore
 from broker.store.message import BODY_START, I32, POS_BODY_LENGTH
@@ -19,7 +20,7 @@ class BrokerLookup:
     def message_topic(self, msg_id: str) -> str | None:
         try:
             found = self.store.view_entry_by_msg_id(msg_id)
-        except ValueError:  # not an id at all: the handler says so
+        except (BrokerError, ValueError):  # not an id at all: the handler says so
             return None
         if found is None:
             return None
