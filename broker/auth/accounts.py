@@ -91,6 +91,17 @@ class Accounts:
         with self._lock:
             self._users, self._acls = loaded if loaded is not None else ({}, {})
 
+    def replace(self, data: dict[str, Any]) -> None:
+        """The master's file, on a slave (broker/ha/metadata_sync.py): written here and in force from the next
+        request. Content that is not a users file is logged and this copy kept, as for the other config files."""
+        try:
+            users, acls = _parse(data)
+        except (KeyError, TypeError, ValueError, AttributeError, InvalidArgumentError) as e:
+            log.error("the master sent a %s that cannot be read (%s); keeping this broker's copy", USERS_FILE, e)
+            return
+        with self._lock:
+            self._save(users, acls)
+
     def user(self, access_key: str) -> User | None:
         if self.root is not None and access_key == self.root.access_key:
             return self.root

@@ -45,7 +45,8 @@ DATA_WRITES = frozenset({"SendMessage", "SendBatch", "EndTransaction", "EndTrans
                          "Coordinator.RecordDecision", "v2.SendMessage", "v2.EndTransaction",
                          "v2.ForwardMessageToDeadLetterQueue", "v2.RecallMessage"})  # fmt: skip
 METADATA_WRITES = frozenset({"CreateTopic", "UpdateConsumerOffsets", "UpdateSubscriptionGroup", "ResetConsumerOffsets",
-                             "v2.UpdateOffset"})  # fmt: skip
+                             "v2.UpdateOffset", "CreateUser", "UpdateUser", "DeleteUser", "GrantAcl",
+                             "RevokeAcl"})  # fmt: skip
 POP = frozenset({"PopMessage", "AckMessage", "ChangeInvisibleTime", "v2.ReceiveMessage", "v2.AckMessage",
                  "v2.ChangeInvisibleDuration"})  # fmt: skip
 MASTER_ONLY = DATA_WRITES | METADATA_WRITES | POP | frozenset({"DeleteTopic", "LockBatchMQ", "UnlockBatchMQ",

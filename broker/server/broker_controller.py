@@ -294,6 +294,8 @@ class BrokerController:
             self.offsets.replace(data)
         elif self.groups is not None and name == os.path.basename(self.groups.path):
             self.groups.replace(data)
+        elif self.accounts is not None and name == self.accounts.path.name:
+            self.accounts.replace(data)
         else:
             return False  # delay progress and transaction state: read when the services start (as master)
         return True
