@@ -11,8 +11,8 @@ Deciding one need (a resource and the actions any one of which is enough):
   any, hold the caller's address, take part. A source network narrows an entry; it never lets anyone in who did
   not authenticate (RocketMQ's IP whitelist skipped authentication, its RIP-68 calls that a security problem).
 * The most specific of them decide: a literal name beats a prefix, a longer prefix a shorter one, any prefix
-  ``NAME:*``, and that the bare ``*``. At equal specificity Deny wins over Allow (RocketMQ 5.3.0 let Allow win, its
-  issue 9784; Kafka and NATS let Deny win).
+  ``NAME:*``, and that the bare ``*``. At equal specificity Deny wins over Allow (RocketMQ 5.3.0 let Allow win,
+  apache/rocketmq#9784; Kafka and NATS let Deny win).
 * Nothing matching is a Deny: once authorization is on, a user may do only what it was granted.
 
 A need on a named resource that an administrator may also meet through the cluster (``or_cluster``: creating,
