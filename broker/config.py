@@ -365,10 +365,8 @@ class BrokerConfig:
         return ServerTls.of(self.tls_cert, self.tls_key, self.tls_ca, self.tls_client_auth)
 
     def client_credentials(self) -> Credentials | None:
-        """What this broker signs its own calls to other brokers with: the root user's, when auth is on (every broker
-        of an authenticated cluster is started with the same root user)."""
-        if not self.auth_enabled:
-            return None
+        """What this broker signs its own calls to name servers and other brokers with: the root user's, when one is
+        set (every broker and name server of an authenticated cluster is started with the same root user)."""
         from broker.auth.accounts import root_user
         from broker.client.credentials import Credentials
 

@@ -76,8 +76,9 @@ def root_user(config: Any) -> User | None:
 class Accounts:
     """Users and entries of one broker (module docstring)."""
 
-    def __init__(self, config_dir: str | Path, root: User | None = None) -> None:
-        self.path = Path(config_dir) / USERS_FILE
+    def __init__(self, config_dir: str | Path | None, root: User | None = None) -> None:
+        """``config_dir`` None: the root user only, nothing read or written (a name server's)."""
+        self.path = Path(config_dir) / USERS_FILE if config_dir is not None else None
         self.root = replace(root, super_user=True, enabled=True) if root is not None else None
         self._lock = threading.Lock()  # one change at a time; readers never take it
         self._users: dict[str, User] = {}
@@ -87,7 +88,7 @@ class Accounts:
     def load(self) -> None:
         """Read the file (or its backup); an empty set when there is none. CorruptionError naming the file when it
         cannot be read."""
-        loaded = load_json(self.path, _parse)
+        loaded = load_json(self.path, _parse) if self.path is not None else None
         with self._lock:
             self._users, self._acls = loaded if loaded is not None else ({}, {})
 
@@ -129,6 +130,8 @@ class Accounts:
         data = {"users": {k: {"secret_key": u.secret_key, "super_user": u.super_user, "enabled": u.enabled}
                           for k, u in users.items()},
                 "acls": {k: [e.to_json() for e in v] for k, v in acls.items() if v}}  # fmt: skip
+        if self.path is None:
+            raise InvalidArgumentError("this server keeps no users besides its root user")
         write_json_atomic(self.path, data, mode=0o600)
         self._users, self._acls = users, acls
 

@@ -7,7 +7,8 @@ Each call is authenticated first, from its metadata alone:
   and never what the secret or the expected signature is;
 * else, when mutual TLS is required (so the certificate was verified), a client certificate whose common name or a
   subject alternative name is an enabled user's access key;
-* else UNAUTHENTICATED: nothing anonymous passes once authentication is on.
+* else UNAUTHENTICATED: nothing anonymous passes once authentication is on, except the methods the requirement
+  table declares ``ANONYMOUS`` (a name server's route reads).
 
 Then authorized: super users pass; anyone else needs every right the method's requirement (requirements.py) names
 for this request, decided by policy.py on the user's entries and the caller's address. A refusal is
@@ -38,7 +39,7 @@ import grpc
 
 from broker.auth.accounts import Accounts, User
 from broker.auth.policy import allows
-from broker.auth.requirements import Lookup, is_super_only, requirement_of
+from broker.auth.requirements import Lookup, is_anonymous, is_super_only, requirement_of
 from broker.auth.signature import (
     AUTHORIZATION_HEADER,
     DATE_TIME_HEADER,
@@ -161,6 +162,8 @@ class AuthGate(grpc.ServerInterceptor):
         context.abort(grpc_code_for(e.code), capped_details(e.message))
 
     def _admit(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
+        if is_anonymous(requirement_of(method)):
+            return
         metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
         who = "an anonymous caller"
         try:

@@ -17,6 +17,10 @@ The rules, the way RocketMQ 5.3 and Kafka put them:
 * Coordinating transactions across brokers (the exactly-once sink's decisions and the by-prefix listing and
   ending of transactions) needs Pub on the Cluster: those calls name transactions, not topics.
 * Users and access control entries: super users only (``SUPER_ONLY``); a right to manage rights is every right.
+* The name server (a name server started with auth): registering and unregistering brokers is for the cluster's
+  root user (the brokers sign with it); route reads are ``ANONYMOUS``, no credentials needed: a route names
+  brokers and topics, never a message, and every client asks for routes before it knows which broker holds its
+  users.
 
 A requirement function gets the parsed request and a ``Lookup`` for what only the broker knows (the group of a
 transaction that the request names by id, the topic of a message named by id). It raises InvalidArgumentError for
@@ -51,6 +55,10 @@ SUPER_ONLY: Requirement = lambda request, lookup: [need(CLUSTER, Action.ALL)]  #
 
 
 def _none(request: Any, lookup: Lookup) -> list[Need]:
+    return []
+
+
+def ANONYMOUS(request: Any, lookup: Lookup) -> list[Need]:
     return []
 
 
@@ -178,11 +186,20 @@ MESSAGING: dict[str, Requirement] = {
     "SyncLiteSubscription": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
 }
 
+NAMESRV: dict[str, Requirement] = {
+    "RegisterBroker": SUPER_ONLY,
+    "UnregisterBroker": SUPER_ONLY,
+    "GetRouteInfoByTopic": ANONYMOUS,
+    "GetBrokerClusterInfo": ANONYMOUS,
+    "GetAllTopicList": ANONYMOUS,
+}
+
 # gRPC service path -> its table
 TABLES: dict[str, dict[str, Requirement]] = {
     "/sluice.v1.Broker/": BROKER,
     "/sluice.v1.TransactionCoordinator/": COORDINATOR,
     "/apache.rocketmq.v2.MessagingService/": MESSAGING,
+    "/sluice.v1.NameServer/": NAMESRV,
 }
 
 
@@ -191,6 +208,10 @@ def requirement_of(full_method: str) -> Requirement | None:
     service, _, method = full_method.rpartition("/")
     table = TABLES.get(service + "/")
     return table.get(method) if table is not None else None
+
+
+def is_anonymous(requirement: Requirement | None) -> bool:
+    return requirement is ANONYMOUS
 
 
 def is_super_only(requirement: Requirement | None) -> bool:

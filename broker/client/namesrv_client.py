@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.address import format_address, parse_listen
+from broker.client.credentials import Credentials, signed_channel
 from broker.client.tls import TlsSettings, explain, open_channel, split_scheme
 from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TlsError, TopicNotExistError
 from broker.proto import namesrv_pb2 as npb
@@ -54,13 +55,14 @@ class NameServerClient:
     """One channel per name server; ``call`` tries them in turn, starting with the last one that answered."""
 
     def __init__(self, addresses: list[str], timeout_s: float = NAMESRV_TIMEOUT_S, *,
-                 tls: TlsSettings | None = None) -> None:  # fmt: skip
+                 tls: TlsSettings | None = None, credentials: Credentials | None = None) -> None:  # fmt: skip
         if not addresses:
             raise InvalidArgumentError("a name-server client needs at least one address")
         self.addresses = list(addresses)
         self.timeout_s = timeout_s
         self.tls = tls
-        self._channels = {a: open_channel(a, [("grpc.enable_retries", 0)], tls) for a in self.addresses}
+        self._channels = {a: signed_channel(open_channel(a, [("grpc.enable_retries", 0)], tls), credentials)
+                          for a in self.addresses}  # fmt: skip
         self._stubs = {a: npb_grpc.NameServerStub(c) for a, c in self._channels.items()}
         self._preferred = 0
         self._lock = threading.Lock()

@@ -2,7 +2,8 @@
 
 Expiry also runs on every read and registration, so a route never names a broker past its expiry time; the
 thread only keeps the log honest when nobody asks (RocketMQ scans every 5 s as well). With ``tls`` the port serves
-TLS (broker/server/tls.py); brokers and clients then connect with TLS settings of their own.
+TLS (broker/server/tls.py); brokers and clients then connect with TLS settings of their own. With a ``root`` user,
+only brokers signing as that user may register (broker/auth/gate.py).
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from concurrent import futures
 
 import grpc
 
+from broker.auth.accounts import Accounts, User
+from broker.auth.gate import AuthGate, AuthSettings
+from broker.auth.signature import DEFAULT_WINDOW_S
 from broker.errors import ServiceNotAvailableError
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
 from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc
+from broker.server.metrics import Counter
 from broker.server.tls import ServerTls, add_port
 
 log = logging.getLogger(__name__)
@@ -29,11 +34,16 @@ SHUTDOWN_GRACE_S = 5.0
 
 class NameServer:
     def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_NAMESRV_PORT,
-                 broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS, tls: ServerTls | None = None) -> None:  # fmt: skip
+                 broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS, tls: ServerTls | None = None,
+                 root: User | None = None, auth_window_s: int = DEFAULT_WINDOW_S) -> None:  # fmt: skip
+        """``root``: authentication on; brokers must sign their registrations as this user (route reads stay open,
+        broker/auth/requirements.py says why)."""
         if broker_expire_ms <= 0:
             raise ValueError("broker_expire_ms must be > 0")
         self.host, self.port = host, port
         self.tls = tls
+        self.refusals = Counter("sluice_namesrv_auth_refusals_total", "Registrations refused by authentication")
+        self.gate = AuthGate(Accounts(None, root), AuthSettings(auth_window_s, False), self.refusals) if root else None
         self.table = RouteTable(broker_expire_ms)
         self.server: grpc.Server | None = None
         self._stop = threading.Event()
@@ -46,7 +56,8 @@ class NameServer:
 
     def start(self) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(MAX_WORKERS, "namesrv-worker"),
-                             options=[("grpc.so_reuseport", 0)])  # fmt: skip
+                             options=[("grpc.so_reuseport", 0)],
+                             interceptors=[self.gate] if self.gate is not None else [])  # fmt: skip
         target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
             self.port = add_port(server, target, self.tls, "the name server")

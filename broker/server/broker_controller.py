@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from broker.address import check_port_free, format_address
-from broker.auth.accounts import Accounts, root_user
+from broker.auth.accounts import USERS_FILE, Accounts, root_user
 from broker.auth.admin import AccountsAdmin
 from broker.auth.gate import AuthGate, AuthSettings
 from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
@@ -249,7 +249,8 @@ class BrokerController:
             return
         replication = self.replication
         self.registrar = NameServerRegistrar(
-            NameServerClient(cfg.namesrv_list, tls=cfg.client_tls()), identity, self.topics,
+            NameServerClient(cfg.namesrv_list, tls=cfg.client_tls(), credentials=cfg.client_credentials()),
+            identity, self.topics,
             interval_ms=cfg.register_interval_ms,
             auto_create_topic_enable=cfg.auto_create_topic_enable, runtime=self._runtime,
             role="MASTER" if cfg.broker_id == 0 else "SLAVE",
@@ -294,7 +295,7 @@ class BrokerController:
             self.offsets.replace(data)
         elif self.groups is not None and name == os.path.basename(self.groups.path):
             self.groups.replace(data)
-        elif self.accounts is not None and name == self.accounts.path.name:
+        elif self.accounts is not None and name == USERS_FILE:
             self.accounts.replace(data)
         else:
             return False  # delay progress and transaction state: read when the services start (as master)

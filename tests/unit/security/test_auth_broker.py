@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,17 +19,21 @@ from certs import Pki, tls_settings
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
+from broker.auth.accounts import User
 from broker.auth.requirements import TABLES, is_super_only
 from broker.auth.signature import signed_metadata
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, encode_message
 from broker.client.connection import Connection
 from broker.client.credentials import Credentials
+from broker.client.namesrv_client import NameServerClient
 from broker.client.route import MessageQueue
 from broker.client.tls import TlsSettings
 from broker.config import BrokerConfig
 from broker.errors import AuthenticationError, BrokerError, InvalidArgumentError, NoPermissionError, TlsError
+from broker.namesrv import NameServer
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
+from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.broker_controller import BrokerController
@@ -52,6 +58,13 @@ def secured(broker_factory: Callable[..., BrokerController], pki: Pki) -> Broker
 @pytest.fixture
 def ep(secured: BrokerController) -> str:
     return secured.address
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.05)
 
 
 def tls(pki: Pki) -> dict[str, Any]:
@@ -422,3 +435,27 @@ def test_each_rpc_is_refused_without_its_right_and_admitted_with_it(ep: str, pki
         create_alice(ep, pki)
         checked.append(name)
     assert len(checked) >= 45, checked
+
+
+# ------------------------------------------------------------------------------------------------ name server
+def test_a_name_server_with_auth_takes_registrations_from_the_root_user_only(
+    broker_factory: Callable[..., BrokerController], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("SLUICE_ROOT_ACCESS_KEY", raising=False)
+    monkeypatch.delenv("SLUICE_ROOT_SECRET_KEY", raising=False)
+    with NameServer("127.0.0.1", 0, root=User(ROOT.access_key, ROOT.secret_key)) as ns:
+        fast = {"namesrv_addr": ns.address, "register_interval_ms": 200}
+        broker_factory(tmp_path / "signed", broker_name="signed", auth_root_access_key=ROOT.access_key,
+                       auth_root_secret_key=ROOT.secret_key, **fast)  # fmt: skip
+        broker_factory(tmp_path / "unsigned", broker_name="unsigned", **fast)
+        reader = NameServerClient([ns.address])  # route reads need no credentials
+
+        def names() -> set[str]:
+            return {
+                b.broker_name for b in reader.call("GetBrokerClusterInfo", npb.GetBrokerClusterInfoRequest()).brokers
+            }
+
+        wait_until(lambda: "signed" in names() and ns.refusals.value((("reason", "unauthenticated"),)) >= 2,
+                   "the signed broker registered and the unsigned one refused twice")  # fmt: skip
+        assert names() == {"signed"}
+        reader.close()

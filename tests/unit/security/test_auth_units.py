@@ -30,6 +30,7 @@ from broker.client import Message, encode_message
 from broker.client.credentials import Credentials
 from broker.errors import AuthenticationError, InvalidArgumentError, NoPermissionError
 from broker.proto import coordinator_pb2 as cpb
+from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, 0, tzinfo=dt.UTC)
@@ -224,6 +225,7 @@ def test_account_changes_refuse_bad_input_and_change_nothing(tmp_path: Path) -> 
 def served_methods() -> list[str]:
     methods = []
     for service in (*pb.DESCRIPTOR.services_by_name.values(), *cpb.DESCRIPTOR.services_by_name.values(),
+                    *npb.DESCRIPTOR.services_by_name.values(),
                     *v2s.DESCRIPTOR.services_by_name.values()):  # fmt: skip
         methods += [f"/{service.full_name}/{m.name}" for m in service.methods]
     return methods
