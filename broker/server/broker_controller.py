@@ -22,6 +22,7 @@ from broker.address import check_port_free, format_address
 from broker.auth.accounts import USERS_FILE, Accounts, root_user
 from broker.auth.admin import AccountsAdmin
 from broker.auth.gate import AuthGate, AuthSettings
+from broker.auth.http_basic import metrics_access
 from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
@@ -215,8 +216,10 @@ class BrokerController:
             self._wire(server, self.store)
             self._start_replication(self.store)
             if cfg.metrics_port is not None:
+                accounts = self.accounts
+                access = (lambda header, peer: metrics_access(accounts, header, peer)) if cfg.auth_enabled else None
                 self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port,
-                                                    cfg.server_tls())  # fmt: skip
+                                                    cfg.server_tls(), access)  # fmt: skip
                 self.metrics_server.start()
             self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
             self._tasks.start()

@@ -8,7 +8,8 @@ scraping every broker of a cluster can sum a figure over a cluster or tell the b
 (RocketMQ's exporter labels its series with cluster and brokerName the same way).
 
 With the broker's TLS settings the port serves HTTPS with the broker's certificate (broker/server/tls.py): the
-metrics name every topic and group, which is worth keeping from whoever listens on the network.
+metrics name every topic and group, which is worth keeping from whoever listens on the network. With auth on, a
+scrape needs a user's credentials by HTTP Basic and Get on the Cluster (broker/auth/http_basic.py).
 """
 
 from __future__ import annotations
@@ -164,11 +165,22 @@ class BrokerMetrics:
 class MetricsServer:
     """``GET /metrics`` (any path, in fact) on a daemon thread."""
 
-    def __init__(self, metrics: BrokerMetrics, host: str, port: int, tls: ServerTls | None = None) -> None:
+    def __init__(self, metrics: BrokerMetrics, host: str, port: int, tls: ServerTls | None = None,
+                 access: Callable[[str | None, str], int] | None = None) -> None:  # fmt: skip
+        """``access``: (Authorization header, peer address) -> HTTP status, when scrapes need credentials."""
         render = metrics.render
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                status = access(self.headers.get("Authorization"), self.client_address[0]) if access else 200
+                if status != 200:
+                    metrics.auth_refusals.inc(labels=(("reason", "unauthenticated" if status == 401 else "denied"),))
+                    self.send_response(status)
+                    if status == 401:
+                        self.send_header("WWW-Authenticate", 'Basic realm="sluice metrics"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = render().encode()
                 self.send_response(200)
                 self.send_header("Content-Type", CONTENT_TYPE)

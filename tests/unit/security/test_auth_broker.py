@@ -5,10 +5,14 @@ topics, source networks, and refusals that are counted and never carry a secret.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import logging
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -459,3 +463,30 @@ def test_a_name_server_with_auth_takes_registrations_from_the_root_user_only(
                    "the signed broker registered and the unsigned one refused twice")  # fmt: skip
         assert names() == {"signed"}
         reader.close()
+
+
+def test_metrics_need_a_user_with_get_on_the_cluster(broker_factory: Callable[..., BrokerController], pki: Pki) -> None:
+    b = broker_factory(**tls_settings(pki), auth_enabled=True, auth_root_access_key=ROOT.access_key,
+                       auth_root_secret_key=ROOT.secret_key, metrics_port=0)  # fmt: skip
+    url = f"https://127.0.0.1:{b.metrics_port}/metrics"
+    context = ssl.create_default_context(cafile=str(pki.ca))
+
+    def scrape(user: str | None, secret: str = "") -> int:
+        request = urllib.request.Request(url)
+        if user is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode())
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+                assert b"sluice_put_messages_total" in answer.read()
+                return int(answer.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    create_alice(b.address, pki)
+    assert scrape(None) == 401
+    assert scrape("alice", "wrong") == 401
+    assert scrape("alice", SECRET) == 403
+    grant(b.address, pki, "Cluster", "Get")
+    assert scrape("alice", SECRET) == 200
+    assert scrape(ROOT.access_key, ROOT.secret_key) == 200
+    assert b.metrics.auth_refusals.value((("reason", "denied"),)) >= 1
