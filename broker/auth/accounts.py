@@ -62,10 +62,15 @@ def _parse(data: dict[str, Any]) -> tuple[dict[str, User], dict[str, tuple[Entry
     return users, acls
 
 
+def root_user_from_env() -> User | None:
+    """The root user of ``$SLUICE_ROOT_ACCESS_KEY`` and ``$SLUICE_ROOT_SECRET_KEY`` (a name server's)."""
+    return root_user(None)
+
+
 def root_user(config: Any) -> User | None:
     """The root super user of a BrokerConfig: its auth_root_* settings, else the environment; None for neither."""
-    key = config.auth_root_access_key or os.environ.get(ROOT_ACCESS_KEY_ENV, "")
-    secret = config.auth_root_secret_key or os.environ.get(ROOT_SECRET_KEY_ENV, "")
+    key = (config.auth_root_access_key if config else "") or os.environ.get(ROOT_ACCESS_KEY_ENV, "")
+    secret = (config.auth_root_secret_key if config else "") or os.environ.get(ROOT_SECRET_KEY_ENV, "")
     if not key and not secret:
         return None
     if not (key and secret):

@@ -76,7 +76,10 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls)
+    from broker.auth.accounts import root_user_from_env
+
+    # A root user in the environment turns authentication on: only brokers signing as it may register.
+    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls, root=root_user_from_env())
     server.start()
     print(f"sluice namesrv ready on {server.address}", flush=True)
     while not stop.wait(STOP_POLL_S):
