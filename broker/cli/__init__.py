@@ -8,9 +8,11 @@
     sluice group list | lag GROUP | reset-offsets GROUP --topic T --to-earliest|--to-latest|--to-offset N|...
     sluice tx list|commit|rollback ...
     sluice stats
+    sluice user create|update|delete|list ...   |   sluice acl grant|revoke|list ...
 
 The grammar and help texts are in parser.py; each command in a module of its own (send.py, consume.py, groups.py,
-transactions.py, admin.py, broker_cmd.py); main.py turns failures into one ``error:`` line.
+transactions.py, admin.py, users.py, broker_cmd.py); profile.py says where a command's endpoint, TLS files and
+credentials come from; main.py turns failures into one ``error:`` line.
 """
 
 from broker.cli.main import main

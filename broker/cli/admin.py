@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from broker.cli.args import tls_args
 from broker.cli.output import emit, message_dict, number, vars_of
+from broker.cli.profile import client_args
 from broker.errors import InvalidArgumentError
 
 
 def cmd_topic(args: argparse.Namespace) -> int:
     from broker.client import Admin
 
-    with Admin(args.endpoint, namesrv=args.namesrv, **tls_args()) as admin:
+    with Admin(**client_args(args)) as admin:
         if args.action == "create":
             t = admin.create_topic(args.topic, args.queues, if_not_exists=args.if_not_exists, cluster=args.cluster,
                                    broker=args.broker)  # fmt: skip
@@ -53,7 +53,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if args.kind == "key" and args.begin is not None and args.end is not None and args.begin > args.end:
         raise InvalidArgumentError(f"--begin ({args.begin} ms) is after --end ({args.end} ms); swap them")
-    with Admin(args.endpoint, namesrv=args.namesrv, **tls_args()) as admin:
+    with Admin(**client_args(args)) as admin:
         if args.kind == "key":
             found = admin.query_by_key(args.topic, args.key, args.max, args.begin or 0, args.end or 0)
         else:
@@ -68,7 +68,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from broker.client import Admin
 
-    with Admin(args.endpoint, namesrv=args.namesrv, **tls_args()) as admin:
+    with Admin(**client_args(args)) as admin:
         values = admin.stats()
     emit(args, values, [[k, number(v)] for k, v in sorted(values.items())], ["stat", "value"])
     return 0

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from broker.client.tls import TlsArgs
 
 MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: a larger number is a typo, not a time
 
@@ -69,12 +64,3 @@ def datetime_ms(text: str) -> int:
 def time_ms(text: str) -> int:
     """Either form: milliseconds since the epoch (digits only) or an ISO 8601 time (``datetime_ms``)."""
     return timestamp_ms(text) if text.strip().isdecimal() else datetime_ms(text)
-
-
-def tls_args() -> TlsArgs:
-    """A client's TLS files from ``$SLUICE_TLS_CA``, ``$SLUICE_TLS_CERT`` and ``$SLUICE_TLS_KEY`` (all unset: plain
-    text, unless the endpoint says https://)."""
-    from broker.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TlsArgs
-
-    return TlsArgs(tls_ca=os.environ.get(CA_ENV) or None, tls_cert=os.environ.get(CERT_ENV) or None,
-                   tls_key=os.environ.get(KEY_ENV) or None)  # fmt: skip

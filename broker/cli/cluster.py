@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from broker.cli.args import tls_args
 from broker.cli.output import emit
+from broker.cli.profile import client_args
 from broker.errors import InvalidArgumentError
 
 
@@ -15,7 +15,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     if not args.namesrv and args.endpoint:
         raise InvalidArgumentError("`sluice cluster` asks the name servers: give --namesrv (or $SLUICE_NAMESRV)")
-    with Admin(args.endpoint, namesrv=args.namesrv, **tls_args()) as admin:
+    with Admin(**client_args(args)) as admin:
         info = admin.cluster_info()
     now_ms = int(time.time() * 1000)
     rows = [[b.cluster, b.broker_name, b.broker_id, b.role, b.address, b.topic_count,

@@ -14,9 +14,9 @@ import sys
 import threading
 from typing import Any
 
-from broker.cli.args import tls_args
 from broker.cli.interrupt import INTERRUPTED_EXIT, StopOnInterrupt
 from broker.cli.output import message_dict, message_line
+from broker.cli.profile import client_args
 from broker.client.route import MessageQueue
 from broker.errors import BrokerError
 
@@ -41,7 +41,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from broker.client import PullConsumer, PullStatus
 
     with (
-        PullConsumer(args.endpoint, args.group, namesrv=args.namesrv, **tls_args()) as consumer,
+        PullConsumer(group=args.group, **client_args(args)) as consumer,
         StopOnInterrupt() as interrupt,
     ):
         offsets = start_offsets(consumer, args.topic, args.origin)

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from broker.cli.args import tls_args
 from broker.cli.output import emit, vars_of
+from broker.cli.profile import client_args
 
 if TYPE_CHECKING:
     from broker.client import Admin, ResetTo
@@ -28,7 +28,7 @@ at once."""
 def cmd_group(args: argparse.Namespace) -> int:
     from broker.client import Admin
 
-    with Admin(args.endpoint, namesrv=args.namesrv, **tls_args()) as admin:
+    with Admin(**client_args(args)) as admin:
         if args.action == "list":
             groups = admin.list_groups()
             emit(args, [vars_of(g) for g in groups],

@@ -1,18 +1,22 @@
 """``sluice``'s entry point: parse, set up logging, run the command, and turn every failure into one line.
 
-A refused request or bad input prints ``error: <what and what to do> [RESPONSE_CODE]`` on stderr and exits with 1;
+A refused request or bad input prints ``error: <what and what to do> [RESPONSE_CODE]`` on stderr and exits with 1
+(an UNAUTHENTICATED one adds a line saying where the command's credentials came from, if anywhere);
 a usage mistake exits with 2 (argparse); Ctrl-C exits with 130 after the command's own summary (interrupt.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Sequence
 
 from broker.cli.interrupt import INTERRUPTED_EXIT
 from broker.cli.parser import build_parser
-from broker.errors import BrokerError
+from broker.cli.profile import PROFILE_ENV
+from broker.client.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV
+from broker.errors import BrokerError, ResponseCode
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,9 +36,19 @@ def run(argv: Sequence[str] | None) -> int:
         return int(args.func(args))
     except BrokerError as e:
         print(f"error: {e.message} [{e.code.name}]", file=sys.stderr)
+        if e.code is ResponseCode.UNAUTHENTICATED:
+            print(credentials_hint(args), file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0
     except OSError as e:  # e.g. a store directory that cannot be made: say what, without a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
+
+
+def credentials_hint(args: argparse.Namespace) -> str:
+    where = getattr(args, "credentials_from", "")
+    if where:
+        return f"(the access key and secret key came from {where})"
+    return (f"(this command sent no credentials: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}, or name a profile file "
+            f"with --profile FILE or ${PROFILE_ENV})")  # fmt: skip

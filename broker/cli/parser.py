@@ -13,8 +13,10 @@ from broker.cli.broker_cmd import cmd_broker, cmd_namesrv
 from broker.cli.cluster import cmd_cluster
 from broker.cli.consume import cmd_consume
 from broker.cli.groups import RESET_RULE, cmd_group
+from broker.cli.profile import PROFILE_ENV
 from broker.cli.send import cmd_send
 from broker.cli.transactions import cmd_tx
+from broker.cli.users import ACTIONS_HELP, RESOURCE_HELP, SHOWN_ONCE, cmd_acl, cmd_user
 from broker.client.connection import DEFAULT_ENDPOINT, ENDPOINT_ENV
 from broker.client.namesrv_client import DEFAULT_NAMESRV_PORT, NAMESRV_ENV
 
@@ -28,8 +30,11 @@ EPILOG = f"""\
 Client commands take --endpoint HOST:PORT (default ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT}; an IPv6 address goes
 in brackets: [::1]:{DEFAULT_PORT}) or, for a cluster, --namesrv HOST:PORT[,HOST:PORT] (default ${NAMESRV_ENV}), and
 --json (machine-readable output). TLS: an https:// endpoint, or $SLUICE_TLS_CA (and $SLUICE_TLS_CERT,
-$SLUICE_TLS_KEY for mutual TLS), PEM files. Tables and JSON go to stdout, errors to
-stderr. Exit status: 0 done, 1 refused or failed (one `error:` line), 2 bad usage, 130 interrupted (Ctrl-C).
+$SLUICE_TLS_KEY for mutual TLS), PEM files. Credentials, for a broker run with --auth: $SLUICE_ACCESS_KEY and
+$SLUICE_SECRET_KEY (never on the command line). --profile FILE (default $SLUICE_PROFILE): a file of KEY=VALUE lines
+setting any of these variables where the environment does not; one that holds a secret key must be private (chmod
+600). Tables and JSON go to stdout, errors to stderr. Exit status: 0 done, 1 refused or failed (one `error:`
+line), 2 bad usage, 130 interrupted (Ctrl-C).
 `sluice COMMAND --help` describes each command."""
 
 
@@ -66,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     command("stats", "broker statistics (counters since start, store sizes)").set_defaults(func=cmd_stats)
     _tx(command("tx", "transactions: list, commit or roll back (one id, or every open one by prefix)",
                 with_client=False))  # fmt: skip
+    _user(command("user", "users of a broker run with --auth: create, update, delete, list (super users only)",
+                  USER_TEXT, with_client=False))  # fmt: skip
+    _acl(command("acl", "access control entries of users: grant, revoke, list (super users only)", ACL_TEXT,
+                 with_client=False))  # fmt: skip
     return parser
 
 
@@ -79,16 +88,21 @@ def client_options() -> argparse.ArgumentParser:
                         help=f"name servers of a cluster, instead of --endpoint (default ${NAMESRV_ENV}); commands "
                              "then act on every broker of the topic or cluster")  # fmt: skip
     client.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    client.add_argument("--profile", default=None, metavar="FILE",
+                        help=f"KEY=VALUE settings (endpoint, credentials, TLS files) used where the environment sets "
+                             f"none (default ${PROFILE_ENV}); mode 600 when it holds a secret key")  # fmt: skip
     return client
 
 
 def add_command(
-    parent: Any, name: str, summary: str, description: str = "", *, client: bool = True
+    parent: Any, name: str, summary: str, description: str = "", *, client: bool = True, exact: bool = False
 ) -> argparse.ArgumentParser:
-    """A (sub-)command whose --help starts with its one-line summary, then ``description`` as written."""
+    """A (sub-)command whose --help starts with its one-line summary, then ``description`` as written. ``exact``:
+    options only as spelled in full (so ``--secret-key S`` is refused, not read as ``--secret-key-file S``)."""
     text = f"{summary[0].upper()}{summary[1:]}." + (f"\n\n{description}" if description else "")
     parser: argparse.ArgumentParser = parent.add_parser(
-        name, parents=[client_options()] if client else [], help=summary, description=text, formatter_class=Formatter
+        name, parents=[client_options()] if client else [], help=summary, description=text, formatter_class=Formatter,
+        allow_abbrev=not exact,
     )
     return parser
 
@@ -315,3 +329,94 @@ def _tx(x: argparse.ArgumentParser) -> None:
         xe.add_argument("--prefix", dest="prefix_mode", action="store_true",
                         help=f"{verb} every OPEN transaction whose id starts with ID")
     x.set_defaults(func=cmd_tx)
+
+
+USER_TEXT = """\
+Each broker keeps its own users (config/users.json), which a master replicates to its slaves; with --namesrv a
+change goes to every live master of the cluster (--cluster or --broker narrows it). A change applies to the user's
+next request. The root user, from the broker's $SLUICE_ROOT_ACCESS_KEY and $SLUICE_ROOT_SECRET_KEY, is changed
+there, not here.
+A secret key is never given on the command line: --secret-key-file FILE (- for stdin; a file must be mode 600), or
+none, and `user create` generates one."""
+
+
+def _where(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--cluster", default=None, metavar="NAME",
+                       help="with --namesrv: every live master of this cluster (default: of the only cluster)")
+    where.add_argument("--broker", default=None, metavar="NAME",
+                       help="with --namesrv: this master only (its slaves follow it)")
+
+
+def _secret_file(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--secret-key-file", default=None, metavar="FILE",
+                   help=f"{what} (- for standard input); surrounding whitespace is dropped")
+
+
+def _user(u: argparse.ArgumentParser) -> None:
+    usub = u.add_subparsers(dest="action", required=True, metavar="ACTION")
+    uc = add_command(usub, "create", "create a user", exact=True, description=f"""\
+Without --secret-key-file a secret key is generated and printed on stdout,
+{SHOWN_ONCE}.
+Examples:
+  sluice user create orders-app
+  sluice user create ops --super --secret-key-file ops.secret""")
+    uc.add_argument("access_key", metavar="ACCESS_KEY", help="1 to 64 letters, digits, '_', '.' and '-'")
+    uc.add_argument("--super", dest="super_user", action="store_true",
+                    help="a super user: passes every authorization check, may manage users")
+    _secret_file(uc, "read the secret key from this file instead of generating one")
+    _where(uc)
+    uu = add_command(usub, "update", "change a user's secret key, super user flag or enabled flag", exact=True,
+                     description="A disabled user is refused (UNAUTHENTICATED) from its next request on; --enable "
+                                 "lets it in again.")  # fmt: skip
+    uu.add_argument("access_key", metavar="ACCESS_KEY", help="the user")
+    _secret_file(uu, "the user's new secret key")
+    su = uu.add_mutually_exclusive_group()
+    su.add_argument("--super", dest="super_user", action="store_true", default=None, help="make it a super user")
+    su.add_argument("--no-super", dest="super_user", action="store_false", help="make it an ordinary user")
+    en = uu.add_mutually_exclusive_group()
+    en.add_argument("--enable", dest="enabled", action="store_true", default=None, help="let it in again")
+    en.add_argument("--disable", dest="enabled", action="store_false", help="refuse its requests")
+    _where(uu)
+    ud = add_command(usub, "delete", "delete a user and its access control entries")
+    ud.add_argument("access_key", metavar="ACCESS_KEY", help="the user")
+    _where(ud)
+    ul = add_command(usub, "list", "every user: access key, super user, enabled (never a secret key)")
+    _where(ul)
+    u.set_defaults(func=cmd_user)
+
+
+ACL_TEXT = f"""\
+An ordinary user may do only what its entries allow; anything else is refused (NO_PERMISSION). Super users pass.
+Resources: {RESOURCE_HELP}.
+Actions: {ACTIONS_HELP}.
+The most specific matching entry decides (a name beats a prefix, a longer prefix a shorter one, anything beats *);
+between equally specific entries Deny wins. See docs/security.md.
+Examples:
+  sluice acl grant orders-app --resource Topic:orders --actions Pub
+  sluice acl grant billing --resource Group:billing --actions Sub
+  sluice acl grant audit --resource 'Topic:*' --actions Sub --source-ip 10.0.0.0/8
+  sluice acl revoke orders-app --resource Topic:orders"""
+
+
+def _acl(a: argparse.ArgumentParser) -> None:
+    asub = a.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ag = add_command(asub, "grant", "allow (or --deny) actions on a resource to a user",
+                     "The actions join the user's entry with the same resource, decision and source networks, or "
+                     "make a new one.")  # fmt: skip
+    ag.add_argument("access_key", metavar="ACCESS_KEY", help="the user")
+    ag.add_argument("--resource", required=True, metavar="R", help=RESOURCE_HELP)
+    ag.add_argument("--actions", required=True, metavar="A,B", help=ACTIONS_HELP)
+    ag.add_argument("--deny", action="store_true", help="a Deny entry instead of Allow")
+    ag.add_argument("--source-ip", action="append", default=[], metavar="CIDR",
+                    help="only for requests from this network (repeatable; default: from anywhere)")
+    _where(ag)
+    ar = add_command(asub, "revoke", "take actions on a resource away from a user (Allow and Deny entries alike)")
+    ar.add_argument("access_key", metavar="ACCESS_KEY", help="the user")
+    ar.add_argument("--resource", required=True, metavar="R", help="the resource, written as it was granted")
+    ar.add_argument("--actions", default="", metavar="A,B", help="only these actions (default: every one)")
+    _where(ar)
+    al = add_command(asub, "list", "access control entries, of one user or of every user")
+    al.add_argument("access_key", metavar="ACCESS_KEY", nargs="?", default="", help="only this user's")
+    _where(al)
+    a.set_defaults(func=cmd_acl)

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from broker.cli.args import tls_args
 from broker.cli.interrupt import INTERRUPTED_EXIT, StopOnInterrupt
 from broker.cli.output import emit
+from broker.cli.profile import client_args
 from broker.client.route import MessageQueue
 from broker.errors import InvalidArgumentError
 
@@ -66,7 +66,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         target["queue"] = MessageQueue(args.topic, args.broker, args.queue)
     elif args.queue is not None:
         target["queue_id"] = args.queue
-    with Producer(args.endpoint, namesrv=args.namesrv, **tls_args()) as producer, StopOnInterrupt(notice) as stop:
+    with Producer(**client_args(args)) as producer, StopOnInterrupt(notice) as stop:
         bar = tqdm(total=count, unit="msg", file=sys.stderr, disable=count < PROGRESS_MIN_COUNT or args.json)
         try:
             for start in range(0, count, SEND_CHUNK):

@@ -12,8 +12,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from broker.cli.args import tls_args
 from broker.cli.output import emit, vars_of
+from broker.cli.profile import client_args
 from broker.errors import QueryNotFoundError
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ SIMILAR_SHOWN = 3  # ids named in the hint that an unknown id is a prefix of oth
 def cmd_tx(args: argparse.Namespace) -> int:
     from broker.client import Admin
 
-    with Admin(args.endpoint, namesrv=args.namesrv, **tls_args()) as admin:
+    with Admin(**client_args(args)) as admin:
         if args.action == "list":
             found = admin.list_transactions(args.prefix, args.status or "")
             rows = [[t.transaction_id, t.producer_group, t.status, t.half_count, t.check_times] for t in found]

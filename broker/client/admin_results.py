@@ -4,6 +4,10 @@ The rows of one broker (``TopicInfo``, ``QueueLag``, ``TransactionInfo``) are wh
 always received. In a cluster the same rows come as their ``Broker...`` subclasses, which add the broker that
 answered; code written against the base classes keeps working.
 
+Users and access control entries (``UserInfo``, ``AclEntry``) never carry a secret key: the broker never answers
+one. In a cluster each master keeps its own, so the rows come as ``BrokerUserInfo`` and ``BrokerAclEntry``, naming
+the broker that holds them.
+
 The cluster-wide views (``ClusterInfo``, ``TopicDescription``, ``GroupLag``) are what the ``sluice`` commands show;
 ``as_json()`` is the object ``--json`` prints. A broker that did not answer appears in a view with its ``error``
 (the reason) instead of failing the whole view: an operator looks at these while something is down.
@@ -101,6 +105,55 @@ class SubscriptionGroup:
     retry_queue_nums: int
     retry_max_times: int
     consume_message_orderly: bool = False  # pop consumption: FIFO per message group
+
+
+# ---------------------------------------------------------------------------------------------- users and ACLs
+@dataclass(frozen=True)
+class UserInfo:
+    """A user as a broker holds it (never its secret key)."""
+
+    access_key: str
+    super_user: bool
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class BrokerUserInfo(UserInfo):
+    """A user as one master of a cluster holds it (its slaves hold the same, replicated)."""
+
+    broker_name: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterUserInfo(UserInfo):
+    """A user changed on several brokers: ``super_user`` and ``enabled`` hold only when they hold on every one of
+    ``brokers`` (an update that sets neither leaves brokers that differed as they were)."""
+
+    brokers: tuple[BrokerUserInfo, ...] = ()
+
+    @staticmethod
+    def of(access_key: str, brokers: list[BrokerUserInfo]) -> ClusterUserInfo:
+        return ClusterUserInfo(access_key, all(b.super_user for b in brokers), all(b.enabled for b in brokers),
+                               tuple(brokers))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AclEntry:
+    """One access control entry of a user: ``decision`` (Allow or Deny) of ``actions`` on ``resource`` (Cluster,
+    Topic:NAME, Group:NAME, NAME may end in ``*``; or ``*``), from ``source_ips`` (CIDRs; empty: anywhere)."""
+
+    access_key: str
+    resource: str
+    actions: tuple[str, ...]
+    decision: str
+    source_ips: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BrokerAclEntry(AclEntry):
+    """An entry as one master of a cluster holds it."""
+
+    broker_name: str = ""
 
 
 # ---------------------------------------------------------------------------------------------- cluster views
@@ -234,3 +287,16 @@ def broker_info(b: npb.BrokerLiveInfo) -> BrokerInfo:
         uptime_ms=r.uptime_ms, data_version=b.data_version, auto_create_topic_enable=b.auto_create_topic_enable,
         ha_address=b.ha_address,
     )  # fmt: skip
+
+
+def user_info(u: pb.UserInfo, broker: BrokerInfo | None = None) -> UserInfo:
+    """A broker's user; with ``broker`` (a cluster), the row names it."""
+    if broker is None:
+        return UserInfo(u.access_key, u.super_user, u.enabled)
+    return BrokerUserInfo(u.access_key, u.super_user, u.enabled, broker.broker_name)
+
+
+def acl_entry(e: pb.AclEntry, broker: BrokerInfo | None = None) -> AclEntry:
+    """A broker's entry; with ``broker`` (a cluster), the row names it."""
+    fields = (e.access_key, e.resource, tuple(e.actions), e.decision, tuple(e.source_ips))
+    return AclEntry(*fields) if broker is None else BrokerAclEntry(*fields, broker.broker_name)
