@@ -172,7 +172,10 @@ class AuthGate(grpc.ServerInterceptor):
             self.authorize(user, method, request, context)
         except BrokerError as e:  # AuthenticationError, NoPermissionError, InvalidArgumentError from a requirement
             if who == "an anonymous caller" and AUTHORIZATION_HEADER in metadata:
-                who = "a caller with bad credentials"
+                try:
+                    who = f"access key {parse_header(metadata[AUTHORIZATION_HEADER]).access_key!r}"
+                except AuthenticationError:
+                    who = "a caller with a malformed authorization header"
             self._refuse(e, context, who, method.rsplit("/", 1)[-1])
 
     # ------------------------------------------------------------------------------------------ wrapping
