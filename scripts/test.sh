@@ -11,4 +11,4 @@ fi
 if printf '%s\n' "${args[@]}" | grep -qE '^tests(/unit(/ha)?)?/?$'; then
   bash scripts/ensure-etcd.sh  # the replication tests start their own etcd (broker/ha/etcd_process.py)
 fi
-exec .venv/bin/python -m pytest -q -rfEs "${args[@]}"
+exec .venv/bin/python -m pytest -q -rfEs --durations=30 "${args[@]}"  # the slowest tests, to keep the suite short
