@@ -18,7 +18,8 @@ most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a lo
 
 Nothing is cached across calls: a user's entries are read from ``Accounts`` on each call (dictionary lookups), so
 a revocation or a disabled user applies to the next request. The cost per call is one HMAC-SHA1 and a scan of the
-user's entries; measured in bench/security.py.
+user's entries; measured in bench/security.py. A SendBatch's topics are checked where the batch is parsed
+(deferred.py).
 
 A request that could not be parsed (request_guard.py) is authenticated and then passed to its handler, which
 refuses it as INVALID_ARGUMENT: its rights cannot be read from it, and it changes nothing.
@@ -31,15 +32,16 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from broker.auth import deferred
 from broker.auth.accounts import Accounts, User
-from broker.auth.policy import allows
-from broker.auth.requirements import Lookup, is_anonymous, is_super_only, requirement_of
+from broker.auth.policy import Action, Entry, allows, need, topic
+from broker.auth.requirements import DEFERRED_TOPIC_CHECKS, Lookup, is_anonymous, is_super_only, requirement_of
 from broker.auth.signature import (
     AUTHORIZATION_HEADER,
     DATE_TIME_HEADER,
@@ -71,7 +73,10 @@ class AuthSettings:
     certificate_names_user: bool  # mutual TLS is required, so a client certificate is a verified identity
 
 
-def source_address(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def source_address(peer: str) -> Address | None:
     """The address of gRPC's ``context.peer()`` (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``); None for other transports."""
     kind, _, rest = peer.partition(":")
     host = rest.rsplit(":", 1)[0].strip("[]") if kind in ("ipv4", "ipv6") else ""
@@ -153,6 +158,23 @@ class AuthGate(grpc.ServerInterceptor):
         for n in requirement(request, self.lookup):
             if not allows(entries, n, source):
                 raise NoPermissionError(f"user {user.access_key!r} lacks {n.describe()}")
+        if method in DEFERRED_TOPIC_CHECKS:
+            deferred.pending.set(self._topic_check(user, entries, source, method, context))
+
+    def _topic_check(self, user: User, entries: tuple[Entry, ...], source: Address | None, method: str,
+                     context: grpc.ServicerContext) -> deferred.TopicCheck:  # fmt: skip
+        def check(topics: Iterable[str]) -> None:
+            for name in topics:
+                n = need(topic(name), Action.PUB)
+                if not allows(entries, n, source):
+                    e = NoPermissionError(f"user {user.access_key!r} lacks {n.describe()}")
+                    self.refusals.inc(labels=(("reason", "denied"),))
+                    name = method.rsplit("/", 1)[-1]
+                    self._log.warn(user.access_key, f"{name} refused (denied) for user {user.access_key!r} from "
+                                                    f"{context.peer()}: {e.message}")  # fmt: skip
+                    raise e
+
+        return check
 
     def _refuse(self, e: BrokerError, context: grpc.ServicerContext, who: str, method: str) -> None:
         reason = "unauthenticated" if isinstance(e, AuthenticationError) else "denied"
@@ -188,8 +210,12 @@ class AuthGate(grpc.ServerInterceptor):
             inner_uu = handler.unary_unary
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                self._admit(method, request, context)
-                return inner_uu(request, context)
+                token = deferred.pending.set(None)  # a worker thread's last call must not lend this one its check
+                try:
+                    self._admit(method, request, context)
+                    return inner_uu(request, context)
+                finally:
+                    deferred.pending.reset(token)
 
             return handler._replace(unary_unary=unary)
         if handler.unary_stream is not None:

@@ -33,13 +33,12 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from broker.auth.policy import CLUSTER, Action, Need, group, need, topic
-from broker.errors import InvalidArgumentError
-from broker.store.message import BODY_START, I32, POS_BODY_LENGTH
 
 PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE, Action.DELETE,
                                                Action.GET, Action.LIST)  # fmt: skip
 READ_ANY = (PUB, SUB, GET)
-MAX_BATCH_TOPICS = 64  # distinct topics one SendBatch may need rights on; a real batch holds one or a few
+# Methods whose topic rights are checked where the request is parsed (deferred.py), beside their row's needs.
+DEFERRED_TOPIC_CHECKS = frozenset({"/sluice.v1.Broker/SendBatch"})
 
 
 class Lookup(Protocol):
@@ -60,26 +59,6 @@ def _none(request: Any, lookup: Lookup) -> list[Need]:
 
 def ANONYMOUS(request: Any, lookup: Lookup) -> list[Need]:
     return []
-
-
-def batch_topics(entries: bytes) -> list[str]:
-    """The distinct topics of a SendBatch's packed entries (store/message.py's layout), in first-seen order."""
-    found: dict[str, None] = {}
-    pos, end = 0, len(entries)
-    while pos < end:
-        if pos + BODY_START > end:
-            raise InvalidArgumentError(f"the batch's entry at byte {pos} is cut short")
-        total = I32.unpack_from(entries, pos)[0]
-        topic_at = pos + BODY_START + I32.unpack_from(entries, pos + POS_BODY_LENGTH)[0]
-        if total <= 0 or pos + total > end or not pos + BODY_START <= topic_at < pos + total:
-            raise InvalidArgumentError(f"the batch's entry at byte {pos} has inconsistent lengths")
-        name = entries[topic_at + 1 : topic_at + 1 + entries[topic_at]].decode("utf-8", "replace")
-        if name not in found:
-            found[name] = None
-            if len(found) > MAX_BATCH_TOPICS:
-                raise InvalidArgumentError(f"a batch may name at most {MAX_BATCH_TOPICS} topics")
-        pos += total
-    return list(found)
 
 
 def _pubs(topics: Iterable[str], producer_group: str, transactional: bool) -> list[Need]:
@@ -117,7 +96,8 @@ def _v2_name(resource: Any) -> str:
 
 BROKER: dict[str, Requirement] = {
     "SendMessage": lambda r, _: _pubs([r.topic], r.producer_group, r.transactional),
-    "SendBatch": lambda r, _: _pubs(batch_topics(r.entries), r.producer_group, bool(r.transaction_id)),
+    # Pub on each topic inside the batch: checked by the send processor (deferred.py); here the transaction's group
+    "SendBatch": lambda r, _: _pubs((), r.producer_group, bool(r.transaction_id)),
     "PullMessage": lambda r, _: _consume(r.consumer_group, r.topic),
     "QueryConsumerOffset": lambda r, _: _consume(r.consumer_group, r.topic),
     "UpdateConsumerOffsets": lambda r, _: _consume(r.consumer_group, *(o.topic for o in r.offsets)),

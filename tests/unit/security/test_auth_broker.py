@@ -24,7 +24,8 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
 from broker.auth.accounts import User
-from broker.auth.requirements import TABLES, is_super_only
+from broker.auth.policy import Action, need, topic
+from broker.auth.requirements import DEFERRED_TOPIC_CHECKS, TABLES, is_super_only
 from broker.auth.signature import signed_metadata
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, encode_message
 from broker.client.connection import Connection
@@ -424,6 +425,8 @@ def test_each_rpc_is_refused_without_its_right_and_admitted_with_it(ep: str, pki
         module = SERVICES[path][1]
         assert secured.auth_gate is not None
         needs = requirement(sample_request(getattr(module, method.input_type.name)), secured.auth_gate.lookup)
+        if path + name in DEFERRED_TOPIC_CHECKS:  # the topics inside the batch, checked by the send processor
+            needs.append(need(topic(TOPIC), Action.PUB))
         if needs:
             e = invoke(ep, pki, path, method, alice)
             assert e is not None and e.code() is grpc.StatusCode.PERMISSION_DENIED, (name, e)
@@ -490,3 +493,29 @@ def test_metrics_need_a_user_with_get_on_the_cluster(broker_factory: Callable[..
     assert scrape("alice", SECRET) == 200
     assert scrape(ROOT.access_key, ROOT.secret_key) == 200
     assert b.metrics.auth_refusals.value((("reason", "denied"),)) >= 1
+
+
+def test_a_batch_is_refused_whole_when_one_of_its_topics_is_not_allowed(
+    ep: str, pki: Pki, secured: BrokerController
+) -> None:
+    make_topic(ep, pki)
+    make_topic(ep, pki, "Forbidden")
+    create_alice(ep, pki, ("Topic:AuthT", "Pub", "Allow"), ("Group:AuthP", "Pub", "Allow"))
+    store = secured.store
+    assert store is not None
+
+    def stored() -> int:
+        return sum(store.max_offset(t, q) for t in (TOPIC, "Forbidden") for q in (0, 1))
+
+    mixed = b"".join(encode_message(Message(t, b"x"), 0) for t in (TOPIC, "Forbidden", TOPIC))
+    with Producer(ep, "AuthP", **as_alice(pki)) as p:
+        for transaction_id in (None, "auth-txn-1"):  # plain, and as half messages of a batch transaction
+            with pytest.raises(NoPermissionError, match="lacks Pub on Topic:Forbidden"):
+                p.send_encoded(mixed, 3, transaction_id)
+        assert stored() == 0
+        allowed = b"".join(encode_message(Message(TOPIC, b"x"), 0) for _ in range(3))
+        p.send_encoded(allowed, 3)
+        p.send_encoded(allowed, 3, "auth-txn-2")
+    with Producer(ep, "OtherGroup", **as_alice(pki)) as p, pytest.raises(NoPermissionError, match="Group:OtherGroup"):
+        p.send_encoded(allowed, 3, "auth-txn-3")  # a transaction of a group alice may not publish for
+    assert stored() == 3

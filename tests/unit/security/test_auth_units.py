@@ -17,7 +17,7 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 
 from broker.auth.accounts import Accounts, User
 from broker.auth.policy import CLUSTER, Action, Decision, Entry, Pattern, allows, decide, group, need, topic
-from broker.auth.requirements import TABLES, batch_topics, is_super_only, requirement_of
+from broker.auth.requirements import TABLES, is_super_only, requirement_of
 from broker.auth.signature import (
     DATE_TIME_HEADER,
     check_date_time,
@@ -26,7 +26,6 @@ from broker.auth.signature import (
     signature_matches,
     signed_metadata,
 )
-from broker.client import Message, encode_message
 from broker.client.credentials import Credentials
 from broker.errors import AuthenticationError, InvalidArgumentError, NoPermissionError
 from broker.proto import coordinator_pb2 as cpb
@@ -243,10 +242,3 @@ def test_user_administration_is_for_super_users_only() -> None:
         assert is_super_only(requirement_of(f"/sluice.v1.Broker/{name}"))
     assert not is_super_only(requirement_of("/sluice.v1.Broker/SendMessage"))
     assert is_super_only(requirement_of("/sluice.v1.Broker/NotAMethod"))
-
-
-def test_batch_topics_reads_every_entry_and_refuses_a_cut_batch() -> None:
-    entries = b"".join(encode_message(Message(t, b"body"), 0) for t in ("a", "b", "a"))
-    assert batch_topics(entries) == ["a", "b"]
-    with pytest.raises(InvalidArgumentError):
-        batch_topics(entries[:-3])
