@@ -1,13 +1,15 @@
 """The user and access-control RPCs (CreateUser ... ListAcls): requests in, Accounts calls, answers out.
 
 Answers never carry a secret key. Who may call these is the gate's business (super users only, requirements.py).
+A broker without auth refuses them all: whoever reached it could otherwise plant a super user that would still be
+there once auth is switched on.
 """
 
 from __future__ import annotations
 
 from broker.auth.accounts import Accounts, User
 from broker.auth.policy import Entry
-from broker.errors import InvalidArgumentError
+from broker.errors import InvalidArgumentError, NoPermissionError
 from broker.proto import sluice_pb2 as pb
 
 
@@ -22,8 +24,15 @@ def acl_entry(access_key: str, entry: Entry) -> pb.AclEntry:
 
 
 class AccountsAdmin:
-    def __init__(self, accounts: Accounts) -> None:
-        self.accounts = accounts
+    def __init__(self, accounts: Accounts, enabled: bool) -> None:
+        self._accounts = accounts
+        self.enabled = enabled
+
+    @property
+    def accounts(self) -> Accounts:
+        if not self.enabled:
+            raise NoPermissionError("users and access control need a broker started with auth (--auth)")
+        return self._accounts
 
     def create_user(self, r: pb.UserRequest) -> pb.UserInfo:
         if not r.HasField("secret_key"):

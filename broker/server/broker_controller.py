@@ -475,7 +475,7 @@ class BrokerController:
         service.dedup = SendDeduplicator(store, cfg.send_dedup_window_ms)
         service.identity = (cfg.cluster_name, cfg.broker_name or default_broker_name())
         assert self.accounts is not None
-        service.accounts = AccountsAdmin(self.accounts)
+        service.accounts = AccountsAdmin(self.accounts, cfg.auth_enabled)
         if self.auth_gate is not None:
             self.auth_gate.lookup = BrokerLookup(store, self.transactions)
         self.service = service

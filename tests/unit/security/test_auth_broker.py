@@ -519,3 +519,14 @@ def test_a_batch_is_refused_whole_when_one_of_its_topics_is_not_allowed(
     with Producer(ep, "OtherGroup", **as_alice(pki)) as p, pytest.raises(NoPermissionError, match="Group:OtherGroup"):
         p.send_encoded(allowed, 3, "auth-txn-3")  # a transaction of a group alice may not publish for
     assert stored() == 3
+
+
+def test_a_broker_without_auth_refuses_user_administration(broker_factory: Callable[..., BrokerController]) -> None:
+    b = broker_factory()
+    conn = Connection(b.address, 10)
+    try:
+        with pytest.raises(NoPermissionError, match="--auth"):
+            conn.call(conn.stub.CreateUser, pb.UserRequest(access_key="planted", secret_key="planted-secret"))
+    finally:
+        conn.close()
+    assert b.accounts is not None and b.accounts.user("planted") is None
