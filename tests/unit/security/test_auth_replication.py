@@ -28,7 +28,7 @@ def test_users_and_entries_reach_the_slave_and_the_slave_refuses_changes(tmp_pat
         s = slave_of(m, tmp_path / "s", **settings)
         bs.append(s)
         assert m.replication is not None and m.replication.in_sync is not None
-        wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync")  # type: ignore[union-attr]
+        wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync")
         root = Credentials("root", "root-secret-value")
         conn = Connection(m.address, 10, TlsSettings(str(pki.ca)), root)
         conn.call(conn.stub.CreateUser, pb.UserRequest(access_key="alice", secret_key="alice-secret"))
@@ -36,8 +36,8 @@ def test_users_and_entries_reach_the_slave_and_the_slave_refuses_changes(tmp_pat
             access_key="alice", resource="Topic:Replicated*", actions=["Pub"])))  # fmt: skip
         conn.close()
         assert s.accounts is not None
-        wait_until(lambda: s.accounts.user("alice") == User("alice", "alice-secret"), "alice on the slave")  # type: ignore[union-attr]
-        wait_until(lambda: len(s.accounts.entries("alice")) == 1, "alice's entry on the slave")  # type: ignore[union-attr]
+        wait_until(lambda: s.accounts.user("alice") == User("alice", "alice-secret"), "alice on the slave")
+        wait_until(lambda: len(s.accounts.entries("alice")) == 1, "alice's entry on the slave")
         assert (tmp_path / "s" / "config" / "users.json").stat().st_mode & 0o077 == 0
         with Producer(m.address, tls_ca=str(pki.ca), access_key="alice", secret_key="alice-secret") as p:
             p.send(Message("ReplicatedT", b"x"))
