@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,9 @@ SECRET_KEY_ENV = "SLUICE_SECRET_KEY"
 class Credentials:
     access_key: str
     secret_key: str = field(repr=False)
+    _signed: tuple[int, tuple[tuple[str, str], tuple[str, str]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         validate_access_key(self.access_key)
@@ -47,7 +51,14 @@ class Credentials:
         return Credentials.of(os.environ.get(ACCESS_KEY_ENV), os.environ.get(SECRET_KEY_ENV))
 
     def metadata(self) -> tuple[tuple[str, str], tuple[str, str]]:
-        return signed_metadata(self.access_key, self.secret_key, dt.datetime.now(dt.UTC))
+        """The headers of a call made now; made once a second (the timestamp has whole seconds), then reused."""
+        now_s = int(time.time())
+        cached = self._signed
+        if cached is not None and cached[0] == now_s:
+            return cached[1]
+        headers = signed_metadata(self.access_key, self.secret_key, dt.datetime.fromtimestamp(now_s, dt.UTC))
+        object.__setattr__(self, "_signed", (now_s, headers))  # a cache, not part of the value
+        return headers
 
 
 class _Details(grpc.ClientCallDetails):
