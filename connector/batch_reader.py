@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from connector.auth_options import explains_refusals
 from connector.broker_link import link_for
 from connector.data_loss import data_lost
 from connector.errors import SourceOptionError
@@ -30,6 +31,7 @@ class SluiceBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
+    @explains_refusals
     def partitions(self) -> list[InputPartition]:
         link = link_for(self.options)
         snap = snapshot(link, current_topics(self.options, link))

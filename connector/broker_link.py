@@ -20,6 +20,7 @@ from typing import TypeVar
 from broker.client import Admin, PullConsumer, RawPullResult
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistError, TopicNotExistError
+from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.errors import SourceOptionError
 from connector.offsets import QueueKey
 from connector.options import SourceOptions
@@ -31,7 +32,8 @@ T = TypeVar("T")
 RETRY_DELAYS_S = (0.0, 0.2, 1.0, 3.0, 5.0)  # about 9 s: rides out a broker restart, not an outage
 
 _lock = threading.Lock()
-_links: dict[tuple[str, str, str, int, TlsFiles], BrokerLink] = {}
+# keyed by the credentials too: two queries of different users in one worker never share a channel
+_links: dict[tuple[str, str, str, int, TlsFiles, AuthKeys], BrokerLink] = {}
 
 BrokerQueue = tuple[str, int]  # (broker name, queue id)
 
@@ -83,11 +85,11 @@ class DirectLink(BrokerLink):
     """One broker (``endpoints``); its queues are named by ``broker_name`` (the ``brokerName`` option)."""
 
     def __init__(self, endpoints: str, broker_name: str, group: str, timeout_s: float,
-                 tls: TlsFiles = PLAIN) -> None:  # fmt: skip
+                 tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS) -> None:  # fmt: skip
         self.name = broker_name
-        self.consumer = PullConsumer(endpoints, group, timeout_s=timeout_s, **tls.client_args())
+        self.consumer = PullConsumer(endpoints, group, timeout_s=timeout_s, **tls.client_args(), **auth.client_args())
         try:
-            self.admin = Admin(endpoints, timeout_s=timeout_s, **tls.client_args())
+            self.admin = Admin(endpoints, timeout_s=timeout_s, **tls.client_args(), **auth.client_args())
         except BaseException:  # e.g. no endpoint answered: the consumer's channel must not stay open
             self.consumer.close()
             raise
@@ -151,17 +153,17 @@ def link_for(options: SourceOptions) -> BrokerLink:
     from connector.cluster_link import ClusterLink
 
     key = (options.namesrv or options.endpoints or "", options.broker_name or "", options.pull_group,
-           options.poll_timeout_ms, options.tls)
+           options.poll_timeout_ms, options.tls, options.auth)
     with _lock:
         link = _links.get(key)
         if link is None:
             timeout_s = options.poll_timeout_ms / 1000
             if options.namesrv is not None:
-                link = ClusterLink(options.namesrv, options.pull_group, timeout_s, options.tls)
+                link = ClusterLink(options.namesrv, options.pull_group, timeout_s, options.tls, options.auth)
             else:
                 assert options.endpoints is not None and options.broker_name is not None
                 link = DirectLink(options.endpoints, options.broker_name, options.pull_group, timeout_s,
-                                  options.tls)  # fmt: skip
+                                  options.tls, options.auth)  # fmt: skip
             _links[key] = link
         return link
 

@@ -49,6 +49,7 @@ from broker.client.coordinator import CoordinatorClient
 from broker.client.router import Router
 from broker.errors import BrokerError, ServiceNotAvailableError
 from broker.semantics.txn_decision import Decision, Share, make_decision
+from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.tls_options import PLAIN, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,8 @@ def query_prefix(txn_id: str) -> str:
     return txn_id.partition("@")[0]
 
 
-def live_masters(namesrv: str, tls: TlsFiles = PLAIN) -> list[str]:
-    router = Router(namesrv=namesrv, tls=tls.settings())
+def live_masters(namesrv: str, tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS) -> list[str]:
+    router = Router(namesrv=namesrv, tls=tls.settings(), credentials=auth.credentials())
     try:
         return sorted(CoordinatorClient(router).masters())
     finally:
@@ -105,8 +106,8 @@ def _retried(call: Callable[[], T]) -> T:
 
 
 class ClusterCommit:
-    def __init__(self, namesrv: str, tls: TlsFiles = PLAIN) -> None:
-        self.router = Router(namesrv=namesrv, tls=tls.settings())
+    def __init__(self, namesrv: str, tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS) -> None:
+        self.router = Router(namesrv=namesrv, tls=tls.settings(), credentials=auth.credentials())
         self.client = CoordinatorClient(self.router)
 
     def close(self) -> None:

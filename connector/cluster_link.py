@@ -23,6 +23,7 @@ from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.errors import BrokerError, ServiceNotAvailableError, SubscriptionGroupNotExistError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
+from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.broker_link import BrokerLink, BrokerQueue, retried
 from connector.offsets import QueueKey
 from connector.tls_options import PLAIN, TlsFiles
@@ -34,8 +35,9 @@ MAX_REFRESH_TIMES = 10_000  # topics whose last refresh is remembered (a topicPa
 
 
 class ClusterLink(BrokerLink):
-    def __init__(self, namesrv: str, group: str, timeout_s: float, tls: TlsFiles = PLAIN) -> None:
-        self.router = Router(namesrv=namesrv, timeout_s=timeout_s, tls=tls.settings())
+    def __init__(self, namesrv: str, group: str, timeout_s: float, tls: TlsFiles = PLAIN,
+                 auth: AuthKeys = ANONYMOUS) -> None:  # fmt: skip
+        self.router = Router(namesrv=namesrv, timeout_s=timeout_s, tls=tls.settings(), credentials=auth.credentials())
         self.consumer = PullConsumer(group=group, router=self.router)
         self._refreshed: dict[str, float] = {}  # topic -> monotonic time of its last route refresh
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.errors import BrokerError, InvalidArgumentError, ResponseCode
+from broker.errors import AuthenticationError, BrokerError, InvalidArgumentError, NoPermissionError, ResponseCode
 
 
 class SourceOptionError(InvalidArgumentError):
@@ -18,3 +18,11 @@ class DataLossError(BrokerError):
 class BrokerGoneError(DataLossError):
     """A broker whose queues the query reads left the cluster (no name server lists it) or does not answer, and
     failOnDataLoss=true: its messages cannot be read, so the query stops rather than go on without them."""
+
+
+class CredentialsRefusedError(AuthenticationError):
+    """A broker refused the query's calls as unauthenticated: no options 'accessKey'/'secretKey', or wrong ones."""
+
+
+class RightsMissingError(NoPermissionError):
+    """A broker refused the query's user a right the query needs; the text names the right and what to grant."""

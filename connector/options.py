@@ -7,7 +7,8 @@ naming the option, the value and what is accepted, so a typo fails the query at 
 Where the brokers are: ``endpoints`` (one broker, host:port) or ``namesrv`` (a cluster's name servers, as the Python
 client's ``namesrv=``), exactly one of them. ``brokerName`` names the one broker in the offsets and the ``broker``
 column; in a cluster the name servers name each broker, so it is refused there. ``https://`` on them, or the
-``tls.*`` options (tls_options.py), make every connection TLS.
+``tls.*`` options (tls_options.py), make every connection TLS; ``accessKey`` and ``secretKey`` (auth_options.py) sign
+every call for brokers that require authentication.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from broker.client.tls import TLS_SCHEME, split_scheme
 from broker.errors import InvalidArgumentError, MessageIllegalError
 from broker.server.consumer_offsets import MAX_GROUP_CHARS
 from broker.store.message import TOPIC_PATTERN, validate_topic
+from connector.auth_options import ANONYMOUS, AUTH_OPTIONS, AuthKeys, parse_auth_options
 from connector.errors import SourceOptionError
 from connector.offsets import is_decimal
 from connector.tls_options import PLAIN, TLS_OPTIONS, TlsFiles, parse_tls_options
@@ -75,6 +77,7 @@ KNOWN_OPTIONS = {
         "pollTimeoutMs",
         "includeProperties",
         *TLS_OPTIONS,
+        *AUTH_OPTIONS,
     )
 }
 
@@ -113,6 +116,7 @@ class SourceOptions:
     poll_timeout_ms: int
     include_properties: bool
     tls: TlsFiles = PLAIN
+    auth: AuthKeys = ANONYMOUS
 
     @property
     def cluster(self) -> bool:
@@ -122,6 +126,14 @@ class SourceOptions:
     def pull_group(self) -> str:
         """The group executors pull under (shown by the broker's consumer tools)."""
         return self.consumer_group or "spark-sluice-reader"
+
+    def rights_needed(self) -> str:
+        """What a broker with authentication must grant the query's user (broker/auth/requirements.py)."""
+        listing = "; with 'topicPattern' also List on the Cluster (to list topics)" if self.topic_pattern else ""
+        return (
+            f"The sluice source needs Sub on each topic it reads (Topic:<name>) and on its consumer group "
+            f"(Group:{self.pull_group}){listing}"
+        )
 
     def topic_matches(self, topic: str) -> bool:
         if self.topic_pattern is not None:
@@ -180,6 +192,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         poll_timeout_ms=_bounded_int(opts, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, 3_600_000),
         include_properties=_bool(opts, "includeProperties", False),
         tls=parse_tls_options(opts),
+        auth=parse_auth_options(opts),
     )
 
 

@@ -18,6 +18,7 @@ from pyspark.sql.datasource import InputPartition
 
 from broker.client import PullStatus, RawPullResult
 from broker.errors import BrokerError, SubscriptionGroupNotExistError
+from connector.auth_options import refusals_explained
 from connector.broker_link import BrokerLink, link_for, unknown_group
 from connector.data_loss import data_lost
 from connector.offsets import QueueKey
@@ -47,6 +48,11 @@ class SluicePartition(InputPartition):
 
 
 def read_partition(options: SourceOptions, part: SluicePartition) -> Iterator[pa.RecordBatch]:
+    with refusals_explained(options):  # a refusal names what to grant (auth_options.py)
+        yield from _read(options, part)
+
+
+def _read(options: SourceOptions, part: SluicePartition) -> Iterator[pa.RecordBatch]:
     link = link_for(options)
     row_filter_tags = options.tag_set
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-pull") as pool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from broker.client.producer import DEFAULT_BATCH_LIMIT_BYTES
 from broker.errors import MessageIllegalError
 from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, TOPIC_PATTERN, validate_topic
+from connector.auth_options import ANONYMOUS, AUTH_OPTIONS, AuthKeys, parse_auth_options
 from connector.errors import SourceOptionError
 from connector.options import broker_options
 from connector.tls_options import PLAIN, TLS_OPTIONS, TlsFiles, parse_tls_options
@@ -41,6 +42,7 @@ KNOWN = {
         "maxMessageSize",
         "sendRetries",
         *TLS_OPTIONS,
+        *AUTH_OPTIONS,
     )
 }
 
@@ -59,6 +61,17 @@ class SinkOptions:
     max_message_size: int
     send_retries: int
     tls: TlsFiles = PLAIN
+    auth: AuthKeys = ANONYMOUS
+
+    def rights_needed(self) -> str:
+        """What a broker with authentication must grant the query's user (broker/auth/requirements.py)."""
+        if not self.exactly_once:
+            return "The sluice sink (at-least-once) needs Pub on each topic it writes (Topic:<name>)"
+        return (
+            "The exactly-once sluice sink needs Pub on each topic it writes (Topic:<name>), Pub on its producer "
+            f"group (Group:{self.producer_group}: its transactions) and Pub on the Cluster (transaction decisions "
+            "and the listing of its own transactions)"
+        )
 
 
 def _int(opts: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -122,4 +135,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         max_message_size=_int(opts, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1, 64 << 20),
         send_retries=_int(opts, "sendRetries", 5, 0, 100),
         tls=parse_tls_options(opts),
+        auth=parse_auth_options(opts),
     )

@@ -63,6 +63,7 @@ from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
 from broker.semantics.transaction import MAX_ATTEMPTS_PROPERTY_CHARS
 from broker.semantics.txn_decision import Share
 from connector.arrow_encoder import EncodedChunk, RowEncoder, check_columns
+from connector.auth_options import explains_refusals, refusals_explained
 from connector.cluster_commit import ClusterCommit, choose_coordinator, live_masters, query_prefix
 from connector.sink_options import SinkOptions
 
@@ -72,6 +73,7 @@ ATTEMPT_PROPERTY = "TRAN_ATTEMPT"  # the broker keeps only committed attempts' h
 # The commit call answers once every message of the batch is re-stored in its topic (1M messages: 4-8 s here);
 # one that timed out would fail the query though the broker finishes the commit.
 COMMIT_TIMEOUT_S = 600.0
+ADMIN_TIMEOUT_S = 30.0  # the sink's other calls to a broker (listing and rolling back transactions)
 RETRY_BACKOFF_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 
 
@@ -150,13 +152,22 @@ def check_column_types(schema: StructType) -> None:
             )
 
 
+def _admin(opts: SinkOptions, timeout_s: float = ADMIN_TIMEOUT_S) -> Admin:
+    return Admin(opts.endpoints, timeout_s=timeout_s, **opts.tls.client_args(), **opts.auth.client_args())
+
+
+def _cluster_commit(namesrv: str, opts: SinkOptions) -> ClusterCommit:
+    return ClusterCommit(namesrv, opts.tls, opts.auth)
+
+
 def _send_all(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str,
     coordinator: str | None = None,
 ) -> tuple[int, int, dict[str, int]]:  # fmt: skip
     """Encode and send every row; returns (messages, bytes, messages per broker). Raises on the first failure,
     naming the row. ``coordinator``: the broker that decides ``txn_id`` (a cluster), named in every half."""
-    producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv, **opts.tls.client_args())
+    producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv, **opts.tls.client_args(),
+                        **opts.auth.client_args())  # fmt: skip
     extra = {ATTEMPT_PROPERTY: attempt} if txn_id else {}
     if txn_id and coordinator:
         extra[COORDINATOR_PROPERTY] = coordinator
@@ -233,29 +244,32 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         check_columns(schema.names, opts.ignore_extra_columns, opts.topic, cluster=opts.namesrv is not None)
         check_column_types(schema)
-        self.opts = opts
+        self.options = opts
         # A cluster's masters when the query (re)starts: every task of this run chooses its batches' coordinator
         # among the same brokers (cluster_commit.py).
-        self.masters = live_masters(opts.namesrv, opts.tls) if opts.namesrv and opts.exactly_once else []
+        self.masters: list[str] = []
         if opts.namesrv and opts.exactly_once:
+            with refusals_explained(opts):
+                self.masters = live_masters(opts.namesrv, opts.tls, opts.auth)
             choose_coordinator("", self.masters)  # no live master at all: refused now, not in every task
 
+    @explains_refusals
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         query_id, batch_id, run_id, attempt = _task_ids()
-        if not self.opts.exactly_once:
-            n, b, per = _send_all(self.opts, iterator, None, attempt)
+        if not self.options.exactly_once:
+            n, b, per = _send_all(self.options, iterator, None, attempt)
             return SinkCommitMessage(None, attempt, n, b, per_broker=per)
         prefix = f"spark:{query_id}:{batch_id}:"
-        if self.opts.namesrv is not None:
-            return self._write_to_cluster(self.opts.namesrv, iterator, prefix, query_id, run_id, attempt)
-        with Admin(self.opts.endpoints, **self.opts.tls.client_args()) as admin:
+        if self.options.namesrv is not None:
+            return self._write_to_cluster(self.options.namesrv, iterator, prefix, query_id, run_id, attempt)
+        with _admin(self.options) as admin:
             if any(t.status == "COMMITTED" for t in admin.list_transactions(prefix)):
                 log.info(
                     "batch %d of query %s was committed by an earlier run; not sending it again", batch_id, query_id
                 )
                 return SinkCommitMessage(None, attempt, 0, 0, skipped=True)
         txn_id = prefix + run_id
-        n, b, _ = _send_all(self.opts, iterator, txn_id, attempt)
+        n, b, _ = _send_all(self.options, iterator, txn_id, attempt)
         return SinkCommitMessage(txn_id, attempt, n, b)
 
     def _write_to_cluster(
@@ -263,28 +277,29 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
     ) -> SinkCommitMessage:
         coordinator = choose_coordinator(query_id, self.masters)
         txn_id = f"{prefix}{run_id}@{coordinator}"
-        with ClusterCommit(namesrv, self.opts.tls) as cc:
+        with _cluster_commit(namesrv, self.options) as cc:
             earlier = cc.earlier_commit(prefix, own=txn_id)
         if earlier is not None:
             log.info("%s was committed by an earlier run (%s); not sending it again", prefix, earlier)
             return SinkCommitMessage(None, attempt, 0, 0, skipped=True, earlier=earlier)
-        n, b, per = _send_all(self.opts, iterator, txn_id, attempt, coordinator)
+        n, b, per = _send_all(self.options, iterator, txn_id, attempt, coordinator)
         return SinkCommitMessage(txn_id, attempt, n, b, per_broker=per)
 
+    @explains_refusals
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, SinkCommitMessage)]
         total, nbytes = sum(m.messages for m in done), sum(m.bytes for m in done)
         txn_ids = {m.transaction_id for m in done if m.transaction_id is not None}
         if len(txn_ids) > 1:
             raise BrokerError(f"batch {batchId}: tasks wrote under different transactions {sorted(txn_ids)}")
-        if self.opts.namesrv is not None and self.opts.exactly_once:
-            self._commit_in_cluster(self.opts.namesrv, done, txn_ids, batchId)
-        elif self.opts.exactly_once:
+        if self.options.namesrv is not None and self.options.exactly_once:
+            self._commit_in_cluster(self.options.namesrv, done, txn_ids, batchId)
+        elif self.options.exactly_once:
             self._commit_on_broker(done, txn_ids, batchId)
         log.info("sluice sink batch %d: %d messages, %d bytes committed", batchId, total, nbytes)
 
     def _commit_on_broker(self, done: list[SinkCommitMessage], txn_ids: set[str], batchId: int) -> None:
-        with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S, **self.opts.tls.client_args()) as admin:
+        with _admin(self.options, COMMIT_TIMEOUT_S) as admin:
             for txn_id in txn_ids:
                 attempts = [m.attempt for m in done if m.transaction_id == txn_id]
                 _check_attempts(attempts, f"batch {batchId}")
@@ -308,7 +323,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 f"{sorted(txn_ids)}); the batch is not committed"
             )
         what = f"batch {batchId}"
-        with ClusterCommit(namesrv, self.opts.tls) as cc:
+        with _cluster_commit(namesrv, self.options) as cc:
             if earlier:
                 txn_id = earlier.pop()
                 cc.finish_earlier(txn_id, what)
@@ -321,14 +336,15 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 return
             cc.resolve_leftovers(query_prefix(txn_id))
 
+    @explains_refusals
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         txn_ids = {m.transaction_id for m in messages if isinstance(m, SinkCommitMessage) and m.transaction_id}
-        if self.opts.namesrv is not None:
-            with ClusterCommit(self.opts.namesrv, self.opts.tls) as cc:  # fences ABORT unless a decision stands
+        if self.options.namesrv is not None:
+            with _cluster_commit(self.options.namesrv, self.options) as cc:  # fences ABORT unless a decision stands
                 for prefix in sorted({query_prefix(t) for t in txn_ids if t}):
                     cc.resolve_leftovers(prefix)
         else:
-            with Admin(self.opts.endpoints, **self.opts.tls.client_args()) as admin:
+            with _admin(self.options) as admin:
                 for txn_id in txn_ids:  # recorded even before any half arrived: a straggling task's are refused
                     admin.end_transaction(txn_id, commit=False, record_unknown=True)
         log.warning("sluice sink batch %d aborted; rolled back %s", batchId, sorted(t for t in txn_ids if t))
@@ -340,27 +356,30 @@ class SluiceBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         check_columns(schema.names, opts.ignore_extra_columns, opts.topic, cluster=opts.namesrv is not None)
         check_column_types(schema)
-        self.opts = opts
+        self.options = opts
         self.transaction_id: str | None = None
         self.coordinator: str | None = None
         if opts.exactly_once:
             job = uuid.uuid4().hex
             self.transaction_id = f"spark-batch:{job}"
             if opts.namesrv is not None:
-                self.coordinator = choose_coordinator(job, live_masters(opts.namesrv, opts.tls))
+                with refusals_explained(opts):
+                    self.coordinator = choose_coordinator(job, live_masters(opts.namesrv, opts.tls, opts.auth))
                 self.transaction_id += f"@{self.coordinator}"
 
+    @explains_refusals
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         from pyspark import TaskContext
 
         attempt = _attempt_id(TaskContext.get())
-        n, b, per = _send_all(self.opts, iterator, self.transaction_id, attempt, self.coordinator)
+        n, b, per = _send_all(self.options, iterator, self.transaction_id, attempt, self.coordinator)
         return SinkCommitMessage(self.transaction_id, attempt, n, b, per_broker=per)
 
+    @explains_refusals
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, SinkCommitMessage)]
-        if self.transaction_id and self.opts.namesrv is not None:
-            with ClusterCommit(self.opts.namesrv, self.opts.tls) as cc:
+        if self.transaction_id and self.options.namesrv is not None:
+            with _cluster_commit(self.options.namesrv, self.options) as cc:
                 shares = _shares(done, self.transaction_id, "batch write")
                 if shares:
                     cc.commit(self.transaction_id, shares, "batch write")
@@ -368,7 +387,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
         elif self.transaction_id:
             attempts = [m.attempt for m in done]
             _check_attempts(attempts, "batch write")
-            with Admin(self.opts.endpoints, timeout_s=COMMIT_TIMEOUT_S, **self.opts.tls.client_args()) as admin:
+            with _admin(self.options, COMMIT_TIMEOUT_S) as admin:
                 outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts,
                                                 expected_messages=sum(m.messages for m in done),
                                                 record_unknown=True)  # fmt: skip
@@ -376,12 +395,13 @@ class SluiceBatchWriter(DataSourceArrowWriter):
                 raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
         log.info("sluice sink: %d messages committed", sum(m.messages for m in done))
 
+    @explains_refusals
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        if self.transaction_id and self.opts.namesrv is not None:
-            with ClusterCommit(self.opts.namesrv, self.opts.tls) as cc:
+        if self.transaction_id and self.options.namesrv is not None:
+            with _cluster_commit(self.options.namesrv, self.options) as cc:
                 cc.resolve_leftovers(self.transaction_id)
         elif self.transaction_id:
-            with Admin(self.opts.endpoints, **self.opts.tls.client_args()) as admin:
+            with _admin(self.options) as admin:
                 admin.end_transaction(self.transaction_id, commit=False, record_unknown=True)
 
 

@@ -31,6 +31,7 @@ from broker.client import PullStatus
 from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistError
 from broker.store.message import I64, POS_QUEUE_OFFSET
 from connector.admission import AdmissionControl, default_read_limit
+from connector.auth_options import explains_refusals
 from connector.broker_link import BrokerLink, link_for, unknown_group
 from connector.data_loss import broker_gone, data_lost
 from connector.group_commit import GroupCommitter
@@ -62,6 +63,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ------------------------------------------------------------------------------------------------ offsets
 
+    @explains_refusals
     def initialOffset(self) -> dict:
         """Resolved once per reader: Spark asks again when it runs the first batch (its start), and a second look
         at a moving queue ("latest") would start that batch after what was planned for it, skipping the messages
@@ -91,6 +93,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         return default_read_limit(self.options)
 
+    @explains_refusals
     def prepareForTriggerAvailableNow(self) -> None:
         link = link_for(self.options)
         snap = snapshot(link, current_topics(self.options, link), tolerate_gone=self.options.cluster)
@@ -99,6 +102,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {k: hi for k, (_, hi) in snap.items()}
         log.info("Trigger.AvailableNow: reading up to %s", self._target)
 
+    @explains_refusals
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         link = link_for(self.options)
         begin = self._parse(start)
@@ -126,11 +130,13 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         return self._json({k: hi for k, (_, hi) in self._snapshot.items()})
 
+    @explains_refusals
     def commit(self, end: dict) -> None:
         self._committer.commit(link_for(self.options), self._parse(end))
 
     # ------------------------------------------------------------------------------------------------ planning
 
+    @explains_refusals
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, finish = self._parse(start), self._parse(end)
         missing = [k for k in finish if k not in begin]
