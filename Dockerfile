@@ -41,9 +41,13 @@ WORKDIR /var/lib/sluice
 VOLUME /var/lib/sluice
 EXPOSE 10911
 
-# `sluice stats` is a Python process (gRPC import included): 10 s leaves room on a busy machine.
+# `sluice stats` is a Python process (gRPC import included): 10 s leaves room on a busy machine. With --auth it
+# signs as the root user of the container's environment; with TLS it needs SLUICE_TLS_CA in that environment and a
+# certificate valid for SLUICE_HEALTH_ENDPOINT (docs/security.md, "The broker image").
 HEALTHCHECK --interval=10s --timeout=10s --start-period=20s --retries=3 \
-    CMD ["sluice", "stats", "--endpoint", "127.0.0.1:10911"]
+    CMD SLUICE_ACCESS_KEY="${SLUICE_ACCESS_KEY:-$SLUICE_ROOT_ACCESS_KEY}" \
+        SLUICE_SECRET_KEY="${SLUICE_SECRET_KEY:-$SLUICE_ROOT_SECRET_KEY}" \
+        sluice stats --endpoint "${SLUICE_HEALTH_ENDPOINT:-127.0.0.1:10911}"
 
 # Extra arguments (e.g. `--flush sync`) go after the image name and are appended.
 ENTRYPOINT ["sluice", "broker", "--store", "/var/lib/sluice", "--listen", "0.0.0.0:10911"]

@@ -51,6 +51,7 @@ from broker.auth.signature import (
 )
 from broker.errors import AuthenticationError, BrokerError, NoPermissionError
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
+from broker.server.handler_cache import WrappedHandlers
 from broker.server.metrics import Counter
 from broker.server.request_guard import MalformedRequest
 
@@ -116,6 +117,7 @@ class AuthGate(grpc.ServerInterceptor):
         self.clock = clock
         self.lookup: Lookup = _NoLookup()  # the broker's, once its store runs
         self._log = _RefusalLog()
+        self._wrapped = WrappedHandlers()
 
     # ------------------------------------------------------------------------------------------ the checks
     def authenticate(self, metadata: dict[str, str], context: grpc.ServicerContext) -> User:
@@ -205,7 +207,9 @@ class AuthGate(grpc.ServerInterceptor):
         handler = continuation(details)
         if handler is None:
             return None
-        method = details.method
+        return self._wrapped.get(details.method, handler, lambda h: self._wrap(details.method, h))
+
+    def _wrap(self, method: str, handler: Any) -> Any:
         if handler.unary_unary is not None:
             inner_uu = handler.unary_unary
 

@@ -34,6 +34,7 @@ import grpc
 from broker.errors import BrokerError, FlushSlaveTimeoutError, InvalidArgumentError, NotMasterError
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
+from broker.server.handler_cache import WrappedHandlers
 from broker.store.message import I32
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def _refuse(context: grpc.ServicerContext, e: BrokerError) -> None:
 class ReplicationGate(grpc.ServerInterceptor):
     def __init__(self) -> None:
         self.target: GateTarget | None = None  # set once the replication manager runs (None: everything passes)
+        self._wrapped = WrappedHandlers()
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
@@ -86,6 +88,9 @@ class ReplicationGate(grpc.ServerInterceptor):
         name = prefix + method
         if name not in MASTER_ONLY and name not in ("PullMessage", "GetTopicRoute"):
             return handler
+        return self._wrapped.get(details.method, handler, lambda h: self._wrap(name, h))
+
+    def _wrap(self, name: str, handler: Any) -> Any:
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(name, handler.unary_unary), request_deserializer=handler.request_deserializer,

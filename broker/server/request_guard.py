@@ -11,7 +11,6 @@ generated stubs register covered, including ones added later.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from broker.errors import InvalidArgumentError
+from broker.server.handler_cache import WrappedHandlers
 
 _MAX_REASON_CHARS = 200  # the parser's own words; what it quotes of the request is cut by the status layer too
 # What a message parser raises on bytes that are not a message of its type (protobuf's own error, and what its
@@ -58,9 +58,7 @@ class MalformedRequestGuard(grpc.ServerInterceptor):
     """Gives each method handler a parser that returns MalformedRequest instead of raising (module docstring)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # handler as registered -> the same handler with the tolerant parser (made once per method, not per call)
-        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped = WrappedHandlers()  # each method's handler with the tolerant parser, made once
 
     def intercept_service(
         self,
@@ -70,15 +68,9 @@ class MalformedRequestGuard(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        known = self._wrapped.get(id(handler))
-        if known is not None and known[0] is handler:
-            return known[1]
         method = handler_call_details.method
         text = method.decode("ascii", "replace") if isinstance(method, bytes) else str(method)
         name = text.rsplit("/", 1)[-1]
-        wrapped = handler._replace(
-            request_deserializer=_tolerant(handler.request_deserializer, name)
+        return self._wrapped.get(
+            text, handler, lambda h: h._replace(request_deserializer=_tolerant(h.request_deserializer, name))
         )
-        with self._lock:
-            self._wrapped[id(handler)] = (handler, wrapped)
-        return wrapped

@@ -242,3 +242,39 @@ def test_user_administration_is_for_super_users_only() -> None:
         assert is_super_only(requirement_of(f"/sluice.v1.Broker/{name}"))
     assert not is_super_only(requirement_of("/sluice.v1.Broker/SendMessage"))
     assert is_super_only(requirement_of("/sluice.v1.Broker/NotAMethod"))
+
+
+# ------------------------------------------------------------------------------------------------ interceptors
+def test_the_interceptors_wrap_each_method_once_not_per_call() -> None:
+    """gRPC runs every interceptor on every call: a handler built per call made the request guard in front keep
+    one cache entry per call (1.1 KB each, without bound)."""
+    import grpc
+
+    from broker.auth.gate import AuthGate, AuthSettings
+    from broker.ha.gate import ReplicationGate
+    from broker.server.metrics import Counter
+    from broker.server.request_guard import MalformedRequestGuard
+
+    registered = {m: grpc.unary_unary_rpc_method_handler(lambda r, c: r, request_deserializer=bytes)
+                  for m in ("/sluice.v1.Broker/SendMessage", "/sluice.v1.Broker/PullMessage")}  # fmt: skip
+
+    class Details(grpc.HandlerCallDetails):
+        def __init__(self, method: str) -> None:
+            self.method, self.invocation_metadata = method, ()
+
+    chain = [MalformedRequestGuard(), AuthGate(Accounts(None, User("root", "r")), AuthSettings(900, False),
+                                               Counter("c", "c")), ReplicationGate()]  # fmt: skip
+
+    def handler_for(method: str) -> grpc.RpcMethodHandler:
+        def through(i: int) -> grpc.RpcMethodHandler:
+            if i == len(chain):
+                return registered[method]
+            return chain[i].intercept_service(lambda d: through(i + 1), Details(method))  # type: ignore[no-any-return]
+
+        return through(0)
+
+    for method in registered:
+        first = handler_for(method)
+        assert all(handler_for(method) is first for _ in range(1000))
+    guard = chain[0]
+    assert isinstance(guard, MalformedRequestGuard) and len(guard._wrapped._wrapped) == 2
