@@ -171,9 +171,9 @@ class AuthGate(grpc.ServerInterceptor):
                 if not allows(entries, n, source):
                     e = NoPermissionError(f"user {user.access_key!r} lacks {n.describe()}")
                     self.refusals.inc(labels=(("reason", "denied"),))
-                    name = method.rsplit("/", 1)[-1]
-                    self._log.warn(user.access_key, f"{name} refused (denied) for user {user.access_key!r} from "
-                                                    f"{context.peer()}: {e.message}")  # fmt: skip
+                    rpc = method.rsplit("/", 1)[-1]
+                    self._log.warn(user.access_key, f"{rpc} refused (denied) for user {user.access_key!r} from "
+                                                   f"{context.peer()}: {e.message}")  # fmt: skip
                     raise e
 
         return check

@@ -50,7 +50,9 @@ def test_ctrl_c_stops_a_continuous_job_and_the_next_run_goes_on(broker: str, tmp
             proc.kill()
     assert "Traceback" not in err, err[-5000:]
     assert proc.returncode == 130, (proc.returncode, err[-5000:])
-    assert "interrupted: query stopped after micro-batch" in err, err[-3000:]
+    # "after micro-batch N", or "before its first micro-batch finished" when the signal came between the sink's
+    # commit (rows in the target) and Spark recording the batch's progress: a window a busy machine widens
+    assert "interrupted: query stopped " in err and "same --checkpoint" in err, err[-3000:]
     again = subprocess.run(job(*args, "--trigger", "available-now"), env=env, capture_output=True, text=True,
                            timeout=600)  # fmt: skip
     assert again.returncode == 0, again.stderr[-5000:]
