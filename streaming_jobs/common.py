@@ -140,6 +140,13 @@ def await_query(query: StreamingQuery) -> int:
         return 0
     query.stop()
     last = query.lastProgress
+    # Stop the session too: at interpreter exit, PySpark's accumulator server thread would otherwise read from the
+    # JVM going away and print an EOFError traceback.
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()
     where = f"after micro-batch {last['batchId']}" if last else "before its first micro-batch finished"
     print(f"interrupted: query stopped {where}; run again with the same --checkpoint to go on from there",
           file=sys.stderr)  # fmt: skip
