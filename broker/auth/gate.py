@@ -41,7 +41,14 @@ import grpc
 from broker.auth import deferred
 from broker.auth.accounts import Accounts, User
 from broker.auth.policy import Action, Entry, allows, need, topic
-from broker.auth.requirements import DEFERRED_TOPIC_CHECKS, Lookup, is_anonymous, is_super_only, requirement_of
+from broker.auth.requirements import (
+    DEFERRED_TOPIC_CHECKS,
+    Lookup,
+    Requirement,
+    is_anonymous,
+    is_super_only,
+    requirement_of,
+)
 from broker.auth.signature import (
     AUTHORIZATION_HEADER,
     DATE_TIME_HEADER,
@@ -144,10 +151,10 @@ class AuthGate(grpc.ServerInterceptor):
             "certificate that names a user)"
         )
 
-    def authorize(self, user: User, method: str, request: Any, context: grpc.ServicerContext) -> None:
+    def authorize(self, user: User, method: str, requirement: Requirement | None, request: Any,
+                  context: grpc.ServicerContext) -> None:  # fmt: skip
         if user.super_user:
             return
-        requirement = requirement_of(method)
         if is_super_only(requirement):
             raise NoPermissionError(
                 f"user {user.access_key!r} may not call {method.rsplit('/', 1)[-1]}: super users only"
@@ -186,14 +193,15 @@ class AuthGate(grpc.ServerInterceptor):
         context.abort(grpc_code_for(e.code), capped_details(e.message))
 
     def _admit(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
-        if is_anonymous(requirement_of(method)):
+        requirement = requirement_of(method)
+        if is_anonymous(requirement):
             return
         metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
         who = "an anonymous caller"
         try:
             user = self.authenticate(metadata, context)
             who = f"user {user.access_key!r}"
-            self.authorize(user, method, request, context)
+            self.authorize(user, method, requirement, request, context)
         except BrokerError as e:  # AuthenticationError, NoPermissionError, InvalidArgumentError from a requirement
             if who == "an anonymous caller" and AUTHORIZATION_HEADER in metadata:
                 try:
