@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test unit integration fuzz lint proto bench demo image clean test-failover
+.PHONY: venv test unit integration fuzz lint proto bench demo image clean test-failover test-crash
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ FAILOVERS ?= 50
 test-failover: $(STAMP)
 	bash scripts/ensure-etcd.sh
 	SLUICE_LONG_FAILOVERS=$(FAILOVERS) $(PY) -m pytest tests/unit/ha -q -s $(PYTEST_ARGS)
+
+## make test-crash: the Spark crash loops at full length (more driver kills over more messages than in `make test`)
+test-crash: $(STAMP)
+	SLUICE_LONG_CRASHES=1 $(PY) -m pytest tests/unit/connector/test_exactly_once.py \
+		tests/unit/connector/test_sink_exactly_once.py tests/unit/connector/test_cluster_exactly_once.py -q -s $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

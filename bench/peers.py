@@ -28,6 +28,8 @@ counts against its system (the achieved rate is reported beside; a sender that c
 The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
 loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any
 gRPC broker in Python here). Sluice's MB/s are printed as ratios of them, and its consume rates as ratios of the peers'.
+With Sluice among the systems, ``bench.hops`` follows: a message's time hop by hop, each beside its floor here (a
+bare grpcio round trip, a thread wake-up).
 
 The peers are started by the benchmark from their Debian packages (installed with apt-get when missing) on free
 loopback ports, in a temporary directory removed at the end. Their clients are benchmark-only packages
@@ -58,11 +60,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from bench.hops import Hop, print_hops
+from bench.hops import measure as measure_hops
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SIZES_B = (100, 1024)
 COUNT_BY_SIZE = {100: 200_000, 1024: 100_000}  # at scale 1.0
 WARMUP_FRACTION = 10  # each measured run follows an uncounted one of a tenth of its size (caches, first routes)
 BATCH_MSGS = 1000  # pipeline depth / batch / fetch size, the same for every system
+HOPS_CALLS = 2000  # samples per hop of bench.hops
 LATENCY_RATES_PER_S = (5000, 250)  # a broker's load, and a rate every system's single sends sustain here
 LATENCY_DURATION_S = 3.0
 LATENCY_SIZE_B = 100
@@ -1006,8 +1012,15 @@ def main(argv: list[str] | None = None) -> int:
             "grpc_upload_mb_s": upload,
             "grpc_download_mb_s": download,
         }
+    hops: list[Hop] = []
+    if "sluice" in names:
+        print("Sluice hop by hop, beside each hop's floor (bench.hops)", flush=True)
+        hops = measure_hops(HOPS_CALLS)
     ratios = {**peer_ratios(results), **limit_ratios(results, limits)}
     print_table(results, limits, ratios)
+    if hops:
+        print()
+        print_hops(hops)
 
     report = {
         "benchmark": "peers",
@@ -1030,6 +1043,7 @@ def main(argv: list[str] | None = None) -> int:
         "systems": {r.name: r.to_json() for r in results},
         "limits": {k: round(v, 1) for k, v in limits.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "hops": [asdict(h) for h in hops],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

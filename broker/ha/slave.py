@@ -195,6 +195,7 @@ class Follower:
         if checked.length:
             store.commit_log.append_replicated(offset, memoryview(data)[: checked.length],
                                                checked.last_store_timestamp, checked.fills_file)  # fmt: skip
+            store.notify_appended()
         if checked.fills_file:  # the rest of the file is the blank's: the next fetch asks for the next file
             self._carry = b""
         else:

@@ -1,9 +1,10 @@
 """Exactly-once over a 3-broker cluster with the driver SIGKILLed, each driver its own process (a real crash):
 
-* source: availableNow over 300,000 messages spread over every broker's queues, killed 3 times; the parquet output
+* source: availableNow over 120,000 messages spread over every broker's queues (300,000 in `make test-crash`),
+  killed 2 times (3); the parquet output
   equals the input, each message once, and the group's offsets (kept by each queue's broker) never pass the
   checkpoint;
-* sink: topic A -> topic B, every micro-batch spanning the three brokers, the driver killed 3 times exactly between
+* sink: topic A -> topic B, every micro-batch spanning the three brokers, the driver killed 2 times (3) exactly between
   two brokers' commits (a test hook stops it there; the brokers' state shows the decision recorded, one broker's
   part committed and another's not), and a broker SIGKILLed and restarted with its part of a batch open: B holds
   every row of A exactly once.
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 from connector_helpers import cluster_body, cluster_fill, cluster_topic, start_cluster, wait_for
+from crash_scale import crash_scale
 from test_exactly_once import start_query, wait_for_new_commit
 
 from broker.client import Message, Producer, PullConsumer
@@ -75,14 +77,15 @@ def checkpoint_done(checkpoint: Path, topic: str) -> dict[tuple[str, int], int]:
 def test_available_now_over_three_brokers_survives_driver_kills(
     spark: Any, cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    topic, group, per_queue = "eo_cluster", "g_eo_cluster", 25_000  # 12 queues: 300,000 messages
+    topic, group, per_queue = "eo_cluster", "g_eo_cluster", crash_scale(10_000, 25_000)  # 12 queues
     cluster_topic(cluster, topic, QUEUES)
     cluster_fill(cluster.namesrv, topic, per_queue, all_queues(topic))
     checkpoint, output, log = tmp_path / "chk", tmp_path / "out", tmp_path / "driver.log"
     args = [f"namesrv={cluster.namesrv}", topic, group, str(checkpoint), str(output)]
     rng = random.Random(int(os.environ.get("SLUICE_CRASH_SEED", time.time())))
-    for kill in range(3):
-        proc = start_query(args, "available-now", 30_000, log)  # 10 batches: kills land part-way through
+    per_trigger = 12 * per_queue // 10  # 10 batches: kills land part-way through
+    for kill in range(crash_scale(2, 3)):
+        proc = start_query(args, "available-now", per_trigger, log)
         wait_for_new_commit(checkpoint, proc, log, timeout_s=900)  # a driver start and a batch: minutes when busy
         time.sleep(rng.uniform(0.0, 2.0))
         os.killpg(proc.pid, signal.SIGKILL)  # the Python driver and its JVM: a crash, no shutdown hooks
@@ -94,7 +97,7 @@ def test_available_now_over_three_brokers_survives_driver_kills(
             assert off <= done.get((mq.broker_name, mq.queue_id), 0), f"group offset {off} of {mq} passes {done}"
         assert 0 < sum(done.values()) < 12 * per_queue, f"kill {kill + 1} landed outside the run: {done}"
         print(f"kill {kill + 1}: checkpoint at {sum(done.values())} messages")
-    proc = start_query(args, "available-now", 30_000, log)
+    proc = start_query(args, "available-now", per_trigger, log)
     assert proc.wait(timeout=1200) == 0, log.read_text()[-3000:]
 
     rows = spark.read.parquet(str(output)).select("broker", "queue_id", "queue_offset", "body").collect()
@@ -140,7 +143,8 @@ def wait_for_pause(pause: Path, proc: subprocess.Popen[bytes], log: Path, timeou
 def test_sink_batches_spanning_brokers_survive_kills_between_commits_and_a_broker_restart(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    source, target, n = "eo_a", "eo_b", 60_000  # 20,000 rows per trigger: 3 batches, each over the 3 brokers
+    kills = crash_scale(2, 3)
+    source, target, n = "eo_a", "eo_b", kills * 20_000  # 20,000 rows per trigger: a batch per kill, each over 3 brokers
     cluster_topic(cluster, source, QUEUES)
     cluster_topic(cluster, target, QUEUES)
     produce_ids(cluster.namesrv, source, n)
@@ -150,7 +154,7 @@ def test_sink_batches_spanning_brokers_survive_kills_between_commits_and_a_broke
     router = Router(namesrv=cluster.namesrv)
     client = CoordinatorClient(router)
     try:
-        for kill in range(3):
+        for kill in range(kills):
             with open(log, "ab") as out:
                 proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                         env={**os.environ, PAUSE_ENV: str(pause)})  # fmt: skip

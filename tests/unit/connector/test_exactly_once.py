@@ -19,14 +19,15 @@ from typing import Any
 
 import pytest
 from connector_helpers import body_of, fill, new_topic
+from crash_scale import crash_scale
 
 from broker.client import PullConsumer
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]  # 6 driver start-ups: ~11 min at load 9
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]  # KILLS + 1 driver start-ups
 
 QUERY = Path(__file__).with_name("eo_query.py")
 QUEUES = 4
-KILLS = 5
+KILLS = crash_scale(3, 5)
 FEED = 50  # messages per queue sent while each killed run is going
 
 

@@ -293,3 +293,18 @@ def test_puts_are_refused_while_dispatch_fails(
     assert s.wait_dispatched(timeout_s=3.0)
     assert (s.max_offset("Full", 0), s.max_offset("Other", 0)) == (1, 1)
     assert s.check() == []
+
+
+def test_a_put_wakes_the_dispatcher(make_store: Callable[..., MessageStore]) -> None:
+    """Puts and batches make their entries visible at once, not at the dispatcher's next idle look: with a 5 s
+    idle interval, each is dispatched in far less than that (a message's end-to-end time rests on it)."""
+    s = make_store(dispatch_interval_ms=5000)
+    time.sleep(0.05)  # the service has found nothing and sleeps its 5 s
+    for i, put in enumerate([lambda: s.put_message("Wake", 0, b"x"),
+                             lambda: s.put_batch(encode_entry(b"Wake", 0, b"y") * 2)]):  # fmt: skip
+        started = time.monotonic()
+        assert put().ok
+        while s.max_offset("Wake", 0) < 1 + 2 * i:
+            assert time.monotonic() - started < 2.0, "the put left its entry to the idle poll"
+            time.sleep(0.001)
+    assert s.check() == []

@@ -1,0 +1,281 @@
+"""Where one message's time goes, hop by hop, beside the floor Python allows for each hop on this machine.
+
+    python -m bench.hops [--calls 2000]
+
+A synchronous send and its delivery to a consumer waiting in a long poll, as ``bench.peers`` times it end to end,
+cut into the hops that can be measured apart (100 B bodies, one queue, p50 and p99 of ``--calls`` samples each):
+
+- **send**, client call to answer: ``Producer.send`` to a broker process. Floor: a bare grpcio unary call of 100 B
+  to a service in another process that answers at once.
+- **store put**: ``MessageStore.put_message`` in this process (the store's own work; no floor).
+- **dispatch**, put to visible: the put's return to the store's arrival listener (the dispatcher thread, woken by
+  the put, has written the consume-queue unit). Floor: a thread wake-up (an Event set in one thread until the
+  waiting thread runs).
+- **delivery**, answer to the held pull: the end-to-end time minus the send's p50. Floor: a thread wake-up plus
+  a gRPC round trip's worth (the held pull's answer).
+- **end to end**: the send's start to a held ``pull`` returning the message in another process. Floor: two gRPC
+  round trips.
+
+The sends here are paced (``PACE_S`` apart) so that each sample is a message's own time, not time queued behind
+the previous one; ``bench.peers`` measures the same path at fixed rates against Redis and NATS.
+
+Writes bench/results/hops.json. Other load on the machine skews every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BODY_B = 100
+CALLS = 2000
+WARMUP_CALLS = 200  # connection set-up, first route, first file mapping: not counted
+PACE_S = 0.002  # between end-to-end samples: a message at a time, none queued behind another
+START_TIMEOUT_S = 30.0
+TOPIC = "hops"
+
+ECHO_SERVER = """
+from concurrent import futures
+import grpc
+def put(request, context):
+    return b""
+handlers = {"Put": grpc.unary_unary_rpc_method_handler(put, lambda b: b, lambda b: b)}
+server = grpc.server(futures.ThreadPoolExecutor(4))
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", handlers),))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+server.wait_for_termination()
+"""
+
+
+@dataclass
+class Hop:
+    hop: str
+    system: str  # "sluice" or "floor"
+    p50_ms: float
+    p99_ms: float | None  # None: a floor derived from other floors' p50
+    samples: int
+
+
+def hop_of(hop: str, system: str, seconds: list[float]) -> Hop:
+    ms = np.array(seconds) * 1000
+    return Hop(hop, system, float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), len(seconds))
+
+
+# ---- floors -------------------------------------------------------------------------------------------------
+
+
+def grpc_call_floor(calls: int) -> list[float]:
+    """Round trips of a 100 B unary call to a service that answers at once, in another process."""
+    import grpc
+
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/bench.Echo/Put")
+            body = os.urandom(BODY_B)
+            return timed_calls(lambda: call(body), calls)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def thread_wakeup_floor(calls: int) -> list[float]:
+    """An Event set in one thread until the waiting thread runs: the least a hand-off between threads costs."""
+    ping, pong = threading.Event(), threading.Event()
+    woke_at = [0.0]
+
+    def waiter() -> None:
+        for _ in range(calls + WARMUP_CALLS):
+            ping.wait()
+            woke_at[0] = time.perf_counter()
+            ping.clear()
+            pong.set()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    samples = []
+    for i in range(calls + WARMUP_CALLS):
+        pong.clear()
+        t0 = time.perf_counter()
+        ping.set()
+        pong.wait()
+        if i >= WARMUP_CALLS:
+            samples.append(woke_at[0] - t0)
+    thread.join()
+    return samples
+
+
+def timed_calls(fn: Any, calls: int) -> list[float]:
+    for _ in range(WARMUP_CALLS):
+        fn()
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+# ---- Sluice's hops --------------------------------------------------------------------------------------------
+
+
+def store_hops(calls: int) -> tuple[list[float], list[float]]:
+    """(put, dispatch) in this process: put_message's own time, and its return to the arrival listener's call."""
+    from broker.store.config import StoreConfig
+    from broker.store.message_store import MessageStore
+
+    arrived = threading.Event()
+    arrived_at = [0.0]
+
+    def on_arrival(topic: str, queue_id: int, max_offset: int) -> None:
+        arrived_at[0] = time.perf_counter()
+        arrived.set()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = MessageStore(StoreConfig(store_path=tmp))
+        store.add_arrival_listener(on_arrival)
+        store.start()
+        try:
+            body = os.urandom(BODY_B)
+            puts, dispatches = [], []
+            for i in range(calls + WARMUP_CALLS):
+                arrived.clear()
+                t0 = time.perf_counter()
+                assert store.put_message(TOPIC, 0, body).ok
+                t1 = time.perf_counter()
+                if not arrived.wait(START_TIMEOUT_S):
+                    raise RuntimeError("the dispatcher never reported the put")
+                if i >= WARMUP_CALLS:
+                    puts.append(t1 - t0)
+                    dispatches.append(arrived_at[0] - t1)
+        finally:
+            store.shutdown()
+    return puts, dispatches
+
+
+def held_pull_consumer(endpoint: str, count: int, ready: Any, results: Any) -> None:
+    """In its own process: long-polling pulls of queue 0 until ``count`` messages came; their arrival times."""
+    from broker.client import PullConsumer
+
+    received: dict[int, float] = {}
+    with PullConsumer(endpoint, "hops") as consumer:
+        consumer.pull(TOPIC, 0, 0, max_msgs=1)  # connected and routed before the first send
+        ready.set()
+        offset = 0
+        deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
+        while len(received) < count and time.monotonic() < deadline:
+            result = consumer.pull(TOPIC, 0, offset, max_msgs=100, timeout_ms=1000)
+            now = time.perf_counter()
+            for m in result.messages:
+                received[int.from_bytes(m.body[:8], "big")] = now
+            offset = result.next_begin_offset
+    results.put(received)
+
+
+def broker_hops(calls: int) -> tuple[list[float], list[float]]:
+    """(send, end to end) against a broker process: each send's round trip, and its start to the held pull's
+    return in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux, shared by processes)."""
+    from broker.client import Admin, Message, Producer
+    from broker.server.process import BrokerProcess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = BrokerProcess(Path(tmp) / "store").start()
+        try:
+            with Admin(broker.endpoint) as admin:
+                admin.create_topic(TOPIC, queues=1)
+            ctx = multiprocessing.get_context("spawn")
+            ready, results = ctx.Event(), ctx.Queue()
+            total = calls + WARMUP_CALLS
+            consumer = ctx.Process(target=held_pull_consumer, args=(broker.endpoint, total, ready, results))
+            consumer.start()
+            if not ready.wait(START_TIMEOUT_S):
+                consumer.kill()
+                raise RuntimeError("the consumer process did not start")
+            sent_at: dict[int, float] = {}
+            sends = []
+            with Producer(broker.endpoint) as producer:
+                for seq in range(total):
+                    body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
+                    t0 = time.perf_counter()
+                    producer.send(Message(TOPIC, body), queue_id=0)
+                    t1 = time.perf_counter()
+                    if seq >= WARMUP_CALLS:
+                        sent_at[seq] = t0
+                        sends.append(t1 - t0)
+                    time.sleep(PACE_S)
+            received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
+            consumer.join(timeout=10)
+        finally:
+            broker.stop()
+    missing = [seq for seq in sent_at if seq not in received]
+    if missing:
+        raise RuntimeError(f"{len(missing)} messages never reached the consumer, e.g. {missing[:5]}")
+    return sends, [received[seq] - t0 for seq, t0 in sent_at.items()]
+
+
+# ---- report ---------------------------------------------------------------------------------------------------
+
+
+def measure(calls: int) -> list[Hop]:
+    grpc_floor = grpc_call_floor(calls)
+    wake_floor = thread_wakeup_floor(calls)
+    puts, dispatches = store_hops(calls)
+    sends, end_to_end = broker_hops(calls)
+    send_p50 = float(np.percentile(sends, 50))
+    delivery = [e - send_p50 for e in end_to_end]
+    floor_delivery = float(np.percentile(wake_floor, 50)) + float(np.percentile(grpc_floor, 50))
+    return [
+        hop_of("send: client call to answer", "sluice", sends),
+        hop_of("send: client call to answer", "floor", grpc_floor),
+        hop_of("store put", "sluice", puts),
+        hop_of("dispatch: put to visible", "sluice", dispatches),
+        hop_of("dispatch: put to visible", "floor", wake_floor),
+        hop_of("delivery: answer to the held pull", "sluice", delivery),
+        Hop("delivery: answer to the held pull", "floor", floor_delivery * 1000, None, 0),
+        hop_of("end to end", "sluice", end_to_end),
+        Hop("end to end", "floor", 2 * float(np.percentile(grpc_floor, 50)) * 1000, None, 0),
+    ]
+
+
+def print_hops(hops: list[Hop]) -> None:
+    print(f"{'hop':<36} {'system':<7} {'p50 ms':>8} {'p99 ms':>8}")
+    for h in hops:
+        p99 = "" if h.p99_ms is None else f"{h.p99_ms:8.3f}"
+        print(f"{h.hop:<36} {h.system:<7} {h.p50_ms:8.3f} {p99:>8}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=CALLS, help="samples per hop")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
+    hops = measure(args.calls)
+    print_hops(hops)
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / "hops.json"
+    record = {"date": time.strftime("%Y-%m-%d"), "calls": args.calls, "body_b": BODY_B,
+              "load_average": [load_before, os.getloadavg()[0]], "hops": [asdict(h) for h in hops]}  # fmt: skip
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
