@@ -5,19 +5,22 @@
 A synchronous send and its delivery to a consumer waiting in a long poll, as ``bench.peers`` times it end to end,
 cut into the hops that can be measured apart (100 B bodies, one queue, p50 and p99 of ``--calls`` samples each):
 
-- **send**, client call to answer: ``Producer.send`` to a broker process. Floor: a bare grpcio unary call of 100 B
-  to a service in another process that answers at once.
+- **send**, client call to answer: ``Producer.send`` to a broker process. Floors: a bare grpcio unary call of
+  100 B to a service in another process that answers at once, and under it a plain TCP round trip of 100 B between
+  two Python processes (what a Redis client pays: a socket, no threads in between).
 - **store put**: ``MessageStore.put_message`` in this process (the store's own work; no floor).
 - **dispatch**, put to visible: the put's return to the store's arrival listener (the dispatcher thread, woken by
   the put, has written the consume-queue unit). Floor: a thread wake-up (an Event set in one thread until the
   waiting thread runs).
-- **delivery**, answer to the held pull: the end-to-end time minus the send's p50. Floor: a thread wake-up plus
-  a gRPC round trip's worth (the held pull's answer).
-- **end to end**: the send's start to a held ``pull`` returning the message in another process. Floor: two gRPC
-  round trips.
+- **delivery**, answer to the held pull: the end-to-end time minus the send's p50. Floor (an estimate): a thread
+  wake-up plus half a paced gRPC round trip (the held pull's answer goes one way).
+- **end to end**: the send's start to a held ``pull`` returning the message in another process. Floor (an
+  estimate): one and a half paced gRPC round trips (the send's, then the answer's one way).
 
-The sends here are paced (``PACE_S`` apart) so that each sample is a message's own time, not time queued behind
-the previous one; ``bench.peers`` measures the same path at fixed rates against Redis and NATS.
+Calls are paced ``PACE_S`` apart, as messages at a fixed rate are (each sample is a message's own time, not time
+queued behind the previous one), and the send and its floors are also timed back to back: between the two, the
+difference is what waking idle threads costs (gRPC's poller and worker threads on both sides). ``bench.peers``
+measures the whole path at fixed rates against Redis and NATS.
 
 Writes bench/results/hops.json. Other load on the machine skews every figure.
 """
@@ -28,6 +31,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,24 +66,36 @@ server.wait_for_termination()
 """
 
 
+TCP_ECHO_SERVER = """
+import socket
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while data := conn.recv(65536):
+    conn.sendall(data[:1])
+"""
+
+
 @dataclass
 class Hop:
     hop: str
-    system: str  # "sluice" or "floor"
+    what: str  # "sluice", or the floor: "grpc" (a bare grpcio call), "tcp" (a bare socket), "thread" (a wake-up),
+    # "floor" (the sum of other floors' p50)
     p50_ms: float
     p99_ms: float | None  # None: a floor derived from other floors' p50
     samples: int
 
 
-def hop_of(hop: str, system: str, seconds: list[float]) -> Hop:
+def hop_of(hop: str, what: str, seconds: list[float]) -> Hop:
     ms = np.array(seconds) * 1000
-    return Hop(hop, system, float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), len(seconds))
+    return Hop(hop, what, float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), len(seconds))
 
 
 # ---- floors -------------------------------------------------------------------------------------------------
 
 
-def grpc_call_floor(calls: int) -> list[float]:
+def grpc_call_floor(calls: int, pace_s: float) -> list[float]:
     """Round trips of a 100 B unary call to a service that answers at once, in another process."""
     import grpc
 
@@ -90,7 +106,29 @@ def grpc_call_floor(calls: int) -> list[float]:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = channel.unary_unary("/bench.Echo/Put")
             body = os.urandom(BODY_B)
-            return timed_calls(lambda: call(body), calls)
+            return timed_calls(lambda: call(body), calls, pace_s)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def tcp_round_trip_floor(calls: int, pace_s: float) -> list[float]:
+    """100 B to a Python process over a TCP socket, one byte back: a round trip with nothing but the kernel and two
+    interpreters in it."""
+    server = subprocess.Popen([sys.executable, "-c", TCP_ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            body = os.urandom(BODY_B)
+
+            def round_trip() -> None:
+                sock.sendall(body)
+                if not sock.recv(1):
+                    raise RuntimeError("the TCP echo process closed the connection")
+
+            return timed_calls(round_trip, calls, pace_s)
     finally:
         server.kill()
         server.wait()
@@ -122,7 +160,7 @@ def thread_wakeup_floor(calls: int) -> list[float]:
     return samples
 
 
-def timed_calls(fn: Any, calls: int) -> list[float]:
+def timed_calls(fn: Any, calls: int, pace_s: float) -> list[float]:
     for _ in range(WARMUP_CALLS):
         fn()
     samples = []
@@ -130,6 +168,8 @@ def timed_calls(fn: Any, calls: int) -> list[float]:
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
+        if pace_s:
+            time.sleep(pace_s)
     return samples
 
 
@@ -189,9 +229,10 @@ def held_pull_consumer(endpoint: str, count: int, ready: Any, results: Any) -> N
     results.put(received)
 
 
-def broker_hops(calls: int) -> tuple[list[float], list[float]]:
-    """(send, end to end) against a broker process: each send's round trip, and its start to the held pull's
-    return in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux, shared by processes)."""
+def broker_hops(calls: int) -> tuple[list[float], list[float], list[float]]:
+    """(send paced, end to end, send back to back) against a broker process: each paced send's round trip, its
+    start to the held pull's return in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux, shared by
+    processes), and the round trips of sends one right after another."""
     from broker.client import Admin, Message, Producer
     from broker.server.process import BrokerProcess
 
@@ -220,45 +261,54 @@ def broker_hops(calls: int) -> tuple[list[float], list[float]]:
                         sent_at[seq] = t0
                         sends.append(t1 - t0)
                     time.sleep(PACE_S)
-            received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
-            consumer.join(timeout=10)
+                received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
+                consumer.join(timeout=10)
+                back_to_back = timed_calls(lambda: producer.send(Message(TOPIC, bytes(BODY_B)), queue_id=0), calls, 0)
         finally:
             broker.stop()
     missing = [seq for seq in sent_at if seq not in received]
     if missing:
         raise RuntimeError(f"{len(missing)} messages never reached the consumer, e.g. {missing[:5]}")
-    return sends, [received[seq] - t0 for seq, t0 in sent_at.items()]
+    return sends, [received[seq] - t0 for seq, t0 in sent_at.items()], back_to_back
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
 
 
 def measure(calls: int) -> list[Hop]:
-    grpc_floor = grpc_call_floor(calls)
+    grpc_floor = grpc_call_floor(calls, PACE_S)
+    grpc_floor_b2b = grpc_call_floor(calls, 0)
+    tcp_floor = tcp_round_trip_floor(calls, PACE_S)
+    tcp_floor_b2b = tcp_round_trip_floor(calls, 0)
     wake_floor = thread_wakeup_floor(calls)
     puts, dispatches = store_hops(calls)
-    sends, end_to_end = broker_hops(calls)
+    sends, end_to_end, sends_b2b = broker_hops(calls)
     send_p50 = float(np.percentile(sends, 50))
     delivery = [e - send_p50 for e in end_to_end]
-    floor_delivery = float(np.percentile(wake_floor, 50)) + float(np.percentile(grpc_floor, 50))
+    grpc_p50 = float(np.percentile(grpc_floor, 50))
+    wake_p50 = float(np.percentile(wake_floor, 50))
     return [
-        hop_of("send: client call to answer", "sluice", sends),
-        hop_of("send: client call to answer", "floor", grpc_floor),
+        hop_of("send, paced", "sluice", sends),
+        hop_of("send, paced", "grpc", grpc_floor),
+        hop_of("send, paced", "tcp", tcp_floor),
+        hop_of("send, back to back", "sluice", sends_b2b),
+        hop_of("send, back to back", "grpc", grpc_floor_b2b),
+        hop_of("send, back to back", "tcp", tcp_floor_b2b),
         hop_of("store put", "sluice", puts),
         hop_of("dispatch: put to visible", "sluice", dispatches),
-        hop_of("dispatch: put to visible", "floor", wake_floor),
+        hop_of("dispatch: put to visible", "thread", wake_floor),
         hop_of("delivery: answer to the held pull", "sluice", delivery),
-        Hop("delivery: answer to the held pull", "floor", floor_delivery * 1000, None, 0),
+        Hop("delivery: answer to the held pull", "floor", (wake_p50 + grpc_p50 / 2) * 1000, None, 0),
         hop_of("end to end", "sluice", end_to_end),
-        Hop("end to end", "floor", 2 * float(np.percentile(grpc_floor, 50)) * 1000, None, 0),
+        Hop("end to end", "floor", 1.5 * grpc_p50 * 1000, None, 0),
     ]
 
 
 def print_hops(hops: list[Hop]) -> None:
-    print(f"{'hop':<36} {'system':<7} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'hop':<36} {'what':<7} {'p50 ms':>8} {'p99 ms':>8}")
     for h in hops:
         p99 = "" if h.p99_ms is None else f"{h.p99_ms:8.3f}"
-        print(f"{h.hop:<36} {h.system:<7} {h.p50_ms:8.3f} {p99:>8}")
+        print(f"{h.hop:<36} {h.what:<7} {h.p50_ms:8.3f} {p99:>8}")
 
 
 def main(argv: list[str] | None = None) -> int:
