@@ -1,6 +1,6 @@
 """``sluice user create|update|delete|list`` and ``sluice acl grant|revoke|list``: users and their access control
 entries, on one broker or (``--namesrv``) on every master of a cluster, whose slaves receive them with the rest of
-the master's configuration (broker/client/admin.py says how).
+the master's configuration (broker/client/admin_access.py says how).
 
 A secret key comes from ``--secret-key-file`` (profile.py: a private file, or stdin), never from an argument. When
 ``user create`` is given none it generates one with ``secrets`` and prints it once on stdout: the broker never

@@ -16,12 +16,7 @@ In a cluster, as RocketMQ's MQAdminExt:
   (``BrokerTopicInfo``, ``BrokerQueueLag``, ``BrokerTransactionInfo``) and keys of offsets are ``(broker_name,
   queue_id)``, as ``PullConsumer``'s.
 
-Users and access control entries (``create_user`` ... ``list_acls``, super users only) live in each broker's own
-``config/users.json``, which a master replicates to its slaves (slaves refuse changes). In a cluster a change goes
-to every live master of the cluster (as topics do), or to one (``broker=``). A create or a grant first asks every
-target for its users: one that does not answer, or (create) holds the user already, or (grant) does not, changes
-nothing anywhere. An update, a delete or a revocation goes on to the other masters when one fails, so that taking
-rights away reaches every broker that answers; the error then names where it was done and where not.
+Users and access control entries (``create_user`` ... ``list_acls``, super users only): admin_access.py.
 
 A partial failure of a change made on several brokers (a create or a delete that one broker refused after others
 had done it) raises an error naming the brokers where it was done and the one that failed.
@@ -29,10 +24,11 @@ had done it) raises an error naming the brokers where it was done and the one th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from broker.auth.signature import validate_access_key, validate_secret_key
+from broker.client.admin_access import AccessAdmin
+from broker.client.admin_base import ask_broker, with_broker
 from broker.client.admin_results import (
     AclEntry,
     BrokerAclEntry,
@@ -55,24 +51,18 @@ from broker.client.admin_results import (
     TopicInfo,
     TransactionInfo,
     UserInfo,
-    acl_entry,
-    broker_info,
     broker_topic_info,
     group,
     queue_lag,
     topic_info,
     transaction,
-    user_info,
 )
 from broker.client.connection import Connection
-from broker.client.credentials import Credentials
 from broker.client.message import decode_entries
-from broker.client.namesrv_client import none_answered
 from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
 from broker.client.results import ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue, TopicRoute
 from broker.client.router import Router
-from broker.client.tls import TlsSettings
 from broker.errors import (
     BrokerError,
     InvalidArgumentError,
@@ -83,7 +73,6 @@ from broker.errors import (
     TopicExistsError,
     TopicNotExistError,
 )
-from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.system_topics import retry_topic
 from broker.store.message import parse_msg_id, validate_topic
@@ -96,89 +85,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-class Admin:
-    def __init__(
-        self, endpoint: str | None = None, *, namesrv: str | None = None, timeout_s: float = 30.0,
-        router: Router | None = None,
-        tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-        access_key: str | None = None, secret_key: str | None = None,
-    ) -> None:  # fmt: skip
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
-                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))  # fmt: skip
-        self._owns_router = router is None
-
-    @property
-    def cluster_mode(self) -> bool:
-        return self.router.cluster_mode
-
-    @property
-    def conn(self) -> Connection:
-        """The broker's connection, for an admin of one broker (``endpoint=``)."""
-        return self.router.direct
-
-    @property
-    def stub(self) -> Any:
-        return self.router.direct.stub
-
-    # ------------------------------------------------------------------------------------------ cluster
-    def cluster_info(self) -> ClusterInfo:
-        """Every live broker the name servers know (``sluice cluster list``; ``as_json()`` is its ``--json``).
-        Each name server is asked; a broker's latest registration wins."""
-        namesrv = self.router.namesrv
-        if namesrv is None:
-            raise InvalidArgumentError(
-                f"cluster_info needs name servers (namesrv=); this admin talks to the single {self.router.describe()}"
-            )
-        found: dict[tuple[str, int], npb.BrokerLiveInfo] = {}
-        failures: list[tuple[str, BrokerError]] = []
-        for address in namesrv.addresses:
-            try:
-                answer = namesrv.call_one(address, "GetBrokerClusterInfo", npb.GetBrokerClusterInfoRequest())
-            except BrokerError as e:
-                failures.append((address, e))
-                continue
-            for b in answer.brokers:
-                known = found.get((b.broker_name, b.broker_id))
-                if known is None or b.last_update_ms > known.last_update_ms:
-                    found[(b.broker_name, b.broker_id)] = b
-        if len(failures) == len(namesrv.addresses):
-            raise none_answered(failures)
-        brokers = sorted(found.values(), key=lambda b: (b.cluster, b.broker_name, b.broker_id))
-        return ClusterInfo(tuple(broker_info(b) for b in brokers))
-
-    def _targets(self, cluster: str | None, broker: str | None) -> list[BrokerInfo]:
-        """The masters a change goes to: one named broker, every master of the named cluster, or of the only
-        cluster there is. InvalidArgumentError for a name no live broker has."""
-        if cluster is not None and broker is not None:
-            raise InvalidArgumentError("give cluster= (every master of it) or broker= (one), not both")
-        info = self.cluster_info()
-        clusters = info.clusters()
-        if broker is not None:
-            found = [b for b in info.masters() if b.broker_name == broker]
-            if not found:
-                names = sorted(b.broker_name for b in info.masters())
-                raise InvalidArgumentError(
-                    f"broker {broker!r} is not a live master in {self.router.describe()}; live masters: {names}"
-                )
-            return found
-        if cluster is None:
-            if len(clusters) != 1:
-                raise InvalidArgumentError(
-                    f"name the cluster (cluster=) or the broker (broker=): {self.router.describe()} know clusters "
-                    f"{clusters}"
-                )
-            cluster = clusters[0]
-        found = info.masters(cluster)
-        if not found:
-            raise InvalidArgumentError(
-                f"cluster {cluster!r} has no live master in {self.router.describe()}; known clusters: {clusters}"
-            )
-        return found
-
-    def _connection(self, broker: BrokerInfo) -> Connection:
-        return self.router.connection(broker.address)
-
+class Admin(AccessAdmin):
     def _probe(self, broker: BrokerInfo, topic: str) -> TopicInfo | None:
         """The topic as ``broker`` holds it, None when it does not; raises when the broker does not answer."""
         conn = self._connection(broker)
@@ -187,7 +94,7 @@ class Admin:
         except TopicNotExistError:
             return None
         except BrokerError as e:
-            raise _with_broker(e, f"{broker.broker_name} ({broker.address})") from None
+            raise with_broker(e, f"{broker.broker_name} ({broker.address})") from None
 
     def _route(self, topic: str) -> TopicRoute:
         """The topic's route as the name servers (or the one broker) know it now, not as cached."""
@@ -350,7 +257,7 @@ class Admin:
                     for q in response.queues}  # fmt: skip
         out: dict[MessageQueue, tuple[int, int]] = {}
         for name, conn in self._topic_brokers(topic):
-            response = _ask(name, conn, "GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
+            response = ask_broker(name, conn, "GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
             for q in response.queues:
                 out[MessageQueue(topic, name, q.queue_id)] = (q.min_offset, q.max_offset)
         return out
@@ -423,7 +330,7 @@ class Admin:
             try:
                 ids.update(conn.call(conn.stub.GetConsumerList, request).client_ids)
             except BrokerError as e:
-                last = _with_broker(e, name)
+                last = with_broker(e, name)
         if last is not None and not ids:
             raise last
         return sorted(ids)
@@ -435,7 +342,7 @@ class Admin:
             return {o.queue_id: o.offset for o in self.conn.call(self.stub.QueryConsumerOffset, request).offsets}
         out: dict[Any, int] = {}
         for name, conn in self._topic_brokers(topic):
-            answer = _ask(name, conn, "QueryConsumerOffset", request)
+            answer = ask_broker(name, conn, "QueryConsumerOffset", request)
             out.update({(name, o.queue_id): o.offset for o in answer.offsets})
         return out
 
@@ -450,7 +357,7 @@ class Admin:
         brokers = [(DIRECT_BROKER, self.conn)] if not self.cluster_mode else self._topic_brokers(topic)
         out: list[ReceivedMessage] = []
         for name, conn in brokers:
-            r = _ask(name, conn, "QueryMessageByKey", request)
+            r = ask_broker(name, conn, "QueryMessageByKey", request)
             out += decode_entries(r.entries, r.entry_positions)
         return out
 
@@ -482,7 +389,7 @@ class Admin:
         request = pb.ListTransactionsRequest(prefix=prefix, status=status)
         out: list[TransactionInfo] = []
         for name, conn in self._brokers():
-            answer = _ask(name, conn, "ListTransactions", request)
+            answer = ask_broker(name, conn, "ListTransactions", request)
             out += [transaction(t, self._row_broker(name)) for t in answer.transactions]
         return sorted(out, key=lambda t: (t.transaction_id, getattr(t, "broker_name", "")))
 
@@ -543,7 +450,7 @@ class Admin:
         request = pb.EndTransactionsRequest(prefix=prefix, commit=commit)
         outcomes: dict[str, dict[str, str]] = {}
         for name, conn in self._brokers():
-            answer = _ask(name, conn, "EndTransactions", request)
+            answer = ask_broker(name, conn, "EndTransactions", request)
             for r in answer.results:
                 outcomes.setdefault(r.transaction_id, {})[name] = r.status
         return {
@@ -559,7 +466,7 @@ class Admin:
         sees most of them (a consumer heartbeats to every broker of its topics)."""
         found: dict[str, GroupInfo] = {}
         for name, conn in self._brokers():
-            for g in _ask(name, conn, "ListGroups", pb.ListGroupsRequest()).groups:
+            for g in ask_broker(name, conn, "ListGroups", pb.ListGroupsRequest()).groups:
                 known = found.get(g.consumer_group)
                 topics = sorted(set(g.topics) | set(known.topics if known else ()))
                 online = max(g.online_consumers, known.online_consumers if known else 0)
@@ -587,7 +494,7 @@ class Admin:
                 consumer_group=group, offsets=[pb.QueueOffset(topic=t, queue_id=q, offset=o) for _, t, q, o in items]
             )
             conn = self.router.broker_connection(items[0][1], broker_name, write=True)
-            answer = _ask(broker_name, conn, "ResetConsumerOffsets", request)
+            answer = ask_broker(broker_name, conn, "ResetConsumerOffsets", request)
             for (key, _, _, _), p in zip(items, answer.previous, strict=True):
                 previous[key] = p.offset
         return previous
@@ -644,7 +551,7 @@ class Admin:
             try:
                 return group(conn.call(conn.stub.GetSubscriptionGroup, request))
             except ServiceNotAvailableError as e:
-                last = _with_broker(e, b.broker_name)
+                last = with_broker(e, b.broker_name)
         raise last or ServiceNotAvailableError(f"no live master in {self.router.describe()}")
 
     def update_subscription_group(
@@ -677,175 +584,6 @@ class Admin:
         assert result is not None
         return result
 
-    # ------------------------------------------------------------------------------------------ users and ACLs
-    def create_user(
-        self, access_key: str, secret_key: str, super_user: bool = False, enabled: bool = True, *,
-        cluster: str | None = None, broker: str | None = None,
-    ) -> UserInfo:  # fmt: skip
-        """A new user (super users pass every authorization check); InvalidArgumentError when it exists. A cluster:
-        on every live master of ``cluster`` (of the only one when neither is named) or on the master ``broker``, as
-        a ``ClusterUserInfo`` with each broker's row; nothing is created when one of them holds the user already."""
-        validate_access_key(access_key)
-        validate_secret_key(secret_key)
-        request = pb.UserRequest(access_key=access_key, secret_key=secret_key, super_user=super_user, enabled=enabled)
-        if not self.cluster_mode:
-            self._one_broker(cluster, broker)
-            return user_info(self.conn.call(self.stub.CreateUser, request))
-        targets = self._targets(cluster, broker)
-        held = [b.broker_name for b, users in self._users_of(targets) if access_key in users]
-        if held:
-            raise InvalidArgumentError(
-                f"user {access_key!r} exists on {', '.join(held)}; nothing was created (update it, or create it on "
-                "the brokers that lack it with broker=)"
-            )
-        done = self._on_each(targets, "CreateUser", request, f"user {access_key!r} was created")
-        return ClusterUserInfo.of(access_key, [_broker_user(a, b) for b, a in done])
-
-    def update_user(
-        self, access_key: str, secret_key: str | None = None, super_user: bool | None = None,
-        enabled: bool | None = None, *, cluster: str | None = None, broker: str | None = None,
-    ) -> UserInfo:  # fmt: skip
-        """Change what is given of a user: a new secret key, super user or not, enabled or not (a disabled user is
-        refused from its next request on). QueryNotFoundError for an unknown user. A cluster: on the masters
-        ``create_user`` names, each tried even when one fails."""
-        validate_access_key(access_key)
-        if secret_key is not None:
-            validate_secret_key(secret_key)
-        if secret_key is None and super_user is None and enabled is None:
-            raise InvalidArgumentError("nothing to update: give a secret key, super_user or enabled")
-        request = pb.UserRequest(access_key=access_key, secret_key=secret_key, super_user=super_user, enabled=enabled)
-        if not self.cluster_mode:
-            self._one_broker(cluster, broker)
-            return user_info(self.conn.call(self.stub.UpdateUser, request))
-        targets = self._targets(cluster, broker)
-        done = self._on_each(targets, "UpdateUser", request, f"user {access_key!r} was updated")
-        return ClusterUserInfo.of(access_key, [_broker_user(a, b) for b, a in done])
-
-    def delete_user(self, access_key: str, *, cluster: str | None = None, broker: str | None = None) -> list[str]:
-        """Delete a user with its access control entries; the brokers it was deleted on (``[""]`` with one broker).
-        QueryNotFoundError when none of them holds it; in a cluster masters that do not hold it are passed over."""
-        validate_access_key(access_key)
-        request = pb.DeleteUserRequest(access_key=access_key)
-        if not self.cluster_mode:
-            self._one_broker(cluster, broker)
-            self.conn.call(self.stub.DeleteUser, request)
-            return [DIRECT_BROKER]
-        targets = self._targets(cluster, broker)
-        done = self._on_each(targets, "DeleteUser", request, f"user {access_key!r} was deleted", absent_ok=True)
-        if not done:
-            raise QueryNotFoundError(f"no user {access_key!r} on any live master of {self.router.describe()}")
-        return [b.broker_name for b, _ in done]
-
-    def list_users(self, *, cluster: str | None = None, broker: str | None = None) -> list[UserInfo]:
-        """Every user, by access key, the broker's root user included; never a secret key. A cluster: a
-        ``BrokerUserInfo`` per user and master, so a user one master lacks shows."""
-        if not self.cluster_mode:
-            self._one_broker(cluster, broker)
-            return [user_info(u) for u in self.conn.call(self.stub.ListUsers, pb.ListUsersRequest()).users]
-        rows = [u for _, users in self._users_of(self._targets(cluster, broker)) for u in users.values()]
-        return sorted(rows, key=_row_order)
-
-    def grant_acl(
-        self, access_key: str, resource: str, actions: str | Iterable[str], decision: str = "Allow",
-        source_ips: Iterable[str] = (), *, cluster: str | None = None, broker: str | None = None,
-    ) -> list[AclEntry]:  # fmt: skip
-        """Allow (or, ``decision="Deny"``, deny) ``actions`` (Pub, Sub, Create, Update, Delete, Get, List, All; a
-        list or one comma-separated string) on ``resource`` (Cluster, Topic:NAME, Group:NAME, NAME may end in
-        ``*``; or ``*``) to a user, from ``source_ips`` (CIDRs; none: from anywhere). The actions join the user's
-        entry with the same resource, decision and networks, or make a new one. Returns the user's entries after
-        the change (``BrokerAclEntry`` rows of every master in a cluster, where nothing is granted unless every
-        master holds the user)."""
-        validate_access_key(access_key)
-        wanted = _actions(actions)
-        if not wanted:
-            raise InvalidArgumentError("name at least one action to grant (Pub, Sub, Create, Update, Delete, Get, "
-                                       "List, All)")  # fmt: skip
-        entry = pb.AclEntry(access_key=access_key, resource=resource, actions=wanted, decision=decision,
-                            source_ips=list(source_ips))  # fmt: skip
-        request = pb.GrantAclRequest(entry=entry)
-        if not self.cluster_mode:
-            self._one_broker(cluster, broker)
-            return [acl_entry(e) for e in self.conn.call(self.stub.GrantAcl, request).entries]
-        targets = self._targets(cluster, broker)
-        missing = [b.broker_name for b, users in self._users_of(targets) if access_key not in users]
-        if missing:
-            raise QueryNotFoundError(
-                f"no user {access_key!r} on {', '.join(missing)}; nothing was granted (create it there first, with "
-                "broker=)"
-            )
-        done = self._on_each(targets, "GrantAcl", request, f"the grant to {access_key!r} was made")
-        return sorted((acl_entry(e, b) for b, a in done for e in a.entries), key=_row_order)
-
-    def revoke_acl(
-        self, access_key: str, resource: str, actions: str | Iterable[str] = (), *, cluster: str | None = None,
-        broker: str | None = None,
-    ) -> list[AclEntry]:  # fmt: skip
-        """Take ``actions`` (every action when none are named) on ``resource`` away from the user's entries, Allow
-        and Deny alike; applies to the user's next request. Returns the user's entries after the change. A
-        cluster: on the masters ``create_user`` names, each tried even when one fails."""
-        validate_access_key(access_key)
-        request = pb.RevokeAclRequest(access_key=access_key, resource=resource, actions=_actions(actions))
-        if not self.cluster_mode:
-            self._one_broker(cluster, broker)
-            return [acl_entry(e) for e in self.conn.call(self.stub.RevokeAcl, request).entries]
-        targets = self._targets(cluster, broker)
-        done = self._on_each(targets, "RevokeAcl", request, f"the revocation from {access_key!r} was made")
-        return sorted((acl_entry(e, b) for b, a in done for e in a.entries), key=_row_order)
-
-    def list_acls(self, access_key: str = "", *, cluster: str | None = None,
-                  broker: str | None = None) -> list[AclEntry]:  # fmt: skip
-        """The access control entries of one user, or of every user (``access_key=""``), by user. A cluster:
-        ``BrokerAclEntry`` rows of every master."""
-        if access_key:
-            validate_access_key(access_key)
-        request = pb.ListAclsRequest(access_key=access_key)
-        if not self.cluster_mode:
-            self._one_broker(cluster, broker)
-            return [acl_entry(e) for e in self.conn.call(self.stub.ListAcls, request).entries]
-        rows: list[AclEntry] = []
-        for b in self._targets(cluster, broker):
-            rows += [acl_entry(e, b) for e in _ask(b.broker_name, self._connection(b), "ListAcls", request).entries]
-        return sorted(rows, key=_row_order)
-
-    def _one_broker(self, cluster: str | None, broker: str | None) -> None:
-        if cluster is not None or broker is not None:
-            raise InvalidArgumentError(
-                "cluster= and broker= name brokers of a cluster; this admin talks to the single "
-                f"{self.router.describe()} (give namesrv=)"
-            )
-
-    def _users_of(self, targets: list[BrokerInfo]) -> list[tuple[BrokerInfo, dict[str, BrokerUserInfo]]]:
-        """Each target's users by access key; raises, naming the broker, when one does not answer."""
-        out = []
-        for b in targets:
-            answer = _ask(b.broker_name, self._connection(b), "ListUsers", pb.ListUsersRequest())
-            out.append((b, {u.access_key: _broker_user(u, b) for u in answer.users}))
-        return out
-
-    def _on_each(self, targets: list[BrokerInfo], method: str, request: Any, what: str,
-                 absent_ok: bool = False) -> list[tuple[BrokerInfo, Any]]:  # fmt: skip
-        """``method`` on every target, each tried even when another failed; the answers, or an error naming where
-        ``what`` and where it failed. ``absent_ok``: a broker answering QueryNotFoundError is passed over."""
-        done: list[tuple[BrokerInfo, Any]] = []
-        failed: list[tuple[BrokerInfo, BrokerError]] = []
-        for b in targets:
-            conn = self._connection(b)
-            try:
-                done.append((b, conn.call(getattr(conn.stub, method), request)))
-            except BrokerError as e:
-                if not (absent_ok and isinstance(e, QueryNotFoundError)):
-                    failed.append((b, e))
-        if not failed:
-            return done
-        first = failed[0][1]
-        if not done and len(failed) == 1:
-            raise _with_broker(first, failed[0][0].broker_name)
-        reasons = "; ".join(f"{b.broker_name}: {e.message}" for b, e in failed)
-        if done:
-            where = ", ".join(b.broker_name for b, _ in done)
-            raise BrokerError(f"{what} on {where}, but not on {reasons}", first.code)
-        raise BrokerError(f"refused by every broker: {reasons}", first.code)
-
     # ------------------------------------------------------------------------------------------ stats
     def stats(self, broker: str | None = None) -> dict[str, int | float]:
         """The broker's counters (``sluice stats``; counts are ints: the wire carries every value as a double); in a
@@ -859,47 +597,19 @@ class Admin:
             raise InvalidArgumentError("in a cluster, name the broker (stats(broker=...)) or use stats_by_broker()")
         (b,) = self._targets(None, broker)
         conn = self._connection(b)
-        return _numbers(_ask(b.broker_name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
+        return _numbers(ask_broker(b.broker_name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
 
     def stats_by_broker(self) -> dict[str, dict[str, int | float]]:
         """Every live master's counters, by broker name (``""`` for the one broker of ``endpoint=``)."""
         out: dict[str, dict[str, int | float]] = {}
         for name, conn in self._brokers():
-            out[name] = _numbers(_ask(name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
+            out[name] = _numbers(ask_broker(name, conn, "GetBrokerStats", pb.GetBrokerStatsRequest()).values)
         return out
-
-    def close(self) -> None:
-        if self._owns_router:
-            self.router.close()
-
-    def __enter__(self) -> Admin:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _with_broker(e: BrokerError, broker_name: str) -> BrokerError:
-    """``e`` with the broker's name in front (a cluster's answer names who gave it), same class and code."""
-    if not broker_name:
-        return e
-    try:
-        return type(e)(f"broker {broker_name}: {e.message}", e.code)
-    except TypeError:  # a subclass with another constructor (CorruptionError): keep the code
-        return BrokerError(f"broker {broker_name}: {e.message}", e.code)
-
-
-def _ask(broker_name: str, conn: Connection, method: str, request: Any) -> Any:
-    """One call to a broker, its error naming the broker."""
-    try:
-        return conn.call(getattr(conn.stub, method), request)
-    except BrokerError as e:
-        raise _with_broker(e, broker_name) from None
 
 
 def _on_broker(e: BrokerError, broker_name: str, done: list[str], what: str) -> BrokerError:
     """A change made on several brokers failed at ``broker_name`` after ``done``: say where it was done."""
-    failed = _with_broker(e, broker_name)
+    failed = with_broker(e, broker_name)
     if not done:
         return failed
     return BrokerError(f"{what} on {', '.join(done)}, but not on {broker_name}: {e.message}", e.code)
@@ -907,19 +617,3 @@ def _on_broker(e: BrokerError, broker_name: str, done: list[str], what: str) -> 
 
 def _numbers(values: Mapping[str, float]) -> dict[str, int | float]:
     return {k: int(v) if v.is_integer() else v for k, v in values.items()}
-
-
-def _broker_user(u: pb.UserInfo, b: BrokerInfo) -> BrokerUserInfo:
-    row = user_info(u, b)
-    assert isinstance(row, BrokerUserInfo)
-    return row
-
-
-def _row_order(row: UserInfo | AclEntry) -> tuple[str, str]:
-    return row.access_key, getattr(row, "broker_name", "")
-
-
-def _actions(actions: str | Iterable[str]) -> list[str]:
-    """A list of action names, from a list or one comma-separated string (``"Pub,Sub"``)."""
-    items = actions.split(",") if isinstance(actions, str) else list(actions)
-    return [a.strip() for a in items if a.strip()]
