@@ -214,6 +214,7 @@ class ReplicationManager:
             )  # fmt: skip
             in_sync = self.in_sync
             self.read_limit.source = lambda: in_sync.confirmed
+            self.read_limit.grew = in_sync.log_grew
             self.role = MASTER
         self._spawn(self._review_loop, "ha-review")
         self.hooks.start_master_services()

@@ -1,7 +1,7 @@
 """The master's config files reach its slaves (RocketMQ's SlaveSynchronize, pushed with the log instead of pulled
-every 10 s): topics, subscription groups, consumer offsets, delay-queue progress and the transaction checker's
-state, and the users with their access control entries, so that a promoted slave serves the same topics and groups
-from the same offsets to the same users.
+every 10 s): topics, subscription groups, consumer offsets, delay-queue and timer progress and the transaction
+checker's state, and the users with their access control entries, so that a promoted slave serves the same topics
+and groups from the same offsets to the same users, and does not deliver timer messages a second time.
 
 Master: every ``ha_metadata_sync_ms`` (and at once when asked, e.g. after an offset commit) it saves what is dirty
 (consumer offsets), then looks at each file (size and modification time first, bytes only when those changed);
@@ -30,7 +30,7 @@ from broker.json_file import MAX_CONFIG_BYTES, write_json_atomic
 log = logging.getLogger(__name__)
 
 SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json",
-                "transactionState.json", "users.json")  # fmt: skip
+                "transactionState.json", "users.json", "timerProgress.json")  # fmt: skip
 # What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 

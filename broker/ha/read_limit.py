@@ -29,6 +29,10 @@ class ReadLimit:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], int] = {}  # queue -> max offset a notice named, not yet visible
         self.source: Callable[[], int] | None = None  # the master's in-sync set, when this broker is master
+        # The master's "the log grew" (InSyncSet.log_grew), told of every dispatched write: with no replica to wait
+        # for, the confirmed offset is the log's end, and writes the broker makes itself (timer and delay
+        # deliveries, transaction results) pass no request handler that would move it.
+        self.grew: Callable[[], None] | None = None
 
     def install(self) -> None:
         self.store.read_limit = self.confirmed_offset
@@ -46,6 +50,9 @@ class ReadLimit:
             self.advanced()
 
     def listener(self, topic: str, queue_id: int, max_offset: int) -> None:
+        grew = self.grew
+        if grew is not None:
+            grew()
         if self.store.max_offset(topic, queue_id) >= max_offset:
             self.downstream(topic, queue_id, max_offset)
             return

@@ -14,7 +14,9 @@ Durability: a timer message is a message in the commit log, acknowledged like an
 delivered is kept in a journal (journal.py, ``config/timer/``): the lowest offset of the timer queue not yet
 delivered, and the offsets above it that were. At start the queue is read from that offset and every message not
 delivered is scheduled again, so a restart or crash loses none. A crash between a delivery and its journal record
-delivers that message a second time (at least once, as RocketMQ's timer and delay services).
+delivers that message a second time (at least once, as RocketMQ's timer and delay services). The master also
+keeps a copy of that progress in ``config/timerProgress.json`` for its slaves (timer_progress.py), so a promoted
+slave does not deliver again what the old master delivered.
 
 Memory: every pending timer message costs some 150 B (its time and offsets, in a heap); ``max_pending`` bounds them
 and a send past it is refused with SYSTEM_BUSY (the messages already accepted are always loaded).
@@ -36,6 +38,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from broker.errors import CorruptionError, InvalidReceiptHandleError, MessageIllegalError, SystemBusyError
+from broker.semantics import timer_progress
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
 from broker.semantics.system_topics import TIMER_READER_GROUP, TIMER_TOPIC
@@ -107,6 +110,9 @@ class TimerService:
         self.max_delay_ms, self.max_pending = max_delay_ms, max_pending
         self.folder = os.path.join(config_dir, TIMER_FOLDER)
         self.journal = Journal(self.folder, sync=sync, compact_bytes=compact_bytes)
+        self.progress_path = timer_progress.path_in(config_dir)
+        self._progress_dirty = False  # deliveries or recalls not yet in the progress file
+        self._progress_saved_at = 0.0  # time.monotonic() of the last save
         self.codec: HandleCodec | None = None
         self._lock = threading.Lock()
         self._delivering = threading.Lock()  # one delivery or one recall at a time: a recall never races a delivery
@@ -185,6 +191,8 @@ class TimerService:
     def start(self) -> None:
         self.codec = HandleCodec(load_secret(self.folder))
         self.journal.recover(self._restore, self._apply)
+        # A promoted slave's journal is older than the old master's copy of the progress (or empty): the newer wins.
+        self._low, self._done = timer_progress.merge(self._low, self._done, timer_progress.load(self.progress_path))
         self._scanned = self._low
         self._scan()
         self._done = {o for o in self._done if o >= self._low}
@@ -199,6 +207,7 @@ class TimerService:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._save_progress(force=True)
         self.journal.close()
 
     def pending_count(self) -> int:
@@ -233,6 +242,7 @@ class TimerService:
                 )
             msg = self.store.lookup_message(clo)
             self._record([offset])
+        self._wake.set()  # the timer thread saves the progress file, which the slaves copy: the recall is in it
         return (msg.properties.get(Prop.UNIQ_KEY) or msg.msg_id) if msg is not None else ""
 
     # ------------------------------------------------------------------------------------------ timer thread
@@ -250,6 +260,9 @@ class TimerService:
                 # delivered again until a restart.
                 log.exception("timer: delivery failed; retrying in %.1f s", RETRY_AFTER_FAILURE_S)
                 wait_s = RETRY_AFTER_FAILURE_S
+            self._save_progress()
+            if self._progress_dirty:  # saved at most every SAVE_INTERVAL_S: come back for the rest
+                wait_s = min(wait_s, timer_progress.SAVE_INTERVAL_S)
             self._wake.wait(wait_s)
             self._wake.clear()
 
@@ -318,8 +331,25 @@ class TimerService:
                 self._pending.pop(o, None)
                 self._done.add(o)
             self._advance_low()
+            self._progress_dirty = True
             if self.journal.due:
                 self.journal.checkpoint({"low": self._low, "done": sorted(self._done)})
+
+    def _save_progress(self, force: bool = False) -> None:
+        """The progress file, when deliveries changed it and SAVE_INTERVAL_S passed since the last save (``force``:
+        whenever it changed). A failed save is tried again next time: the journal holds the truth meanwhile."""
+        now = time.monotonic()
+        if not self._progress_dirty or (not force and now - self._progress_saved_at < timer_progress.SAVE_INTERVAL_S):
+            return
+        with self._lock:
+            low, done = self._low, set(self._done)
+            self._progress_dirty = False
+        try:
+            timer_progress.save(self.progress_path, low, done)
+        except OSError as e:
+            self._progress_dirty = True
+            log.warning("timer: could not save %s: %s", self.progress_path, e)
+        self._progress_saved_at = now
 
     def _advance_low(self) -> None:
         low = next(iter(self._pending), self._scanned)

@@ -301,7 +301,7 @@ class BrokerController:
         elif self.accounts is not None and name == USERS_FILE:
             self.accounts.replace(data)
         else:
-            return False  # delay progress and transaction state: read when the services start (as master)
+            return False  # delay and timer progress, transaction state: read when the services start (as master)
         return True
 
     def _role_changed(self) -> None:
