@@ -192,7 +192,8 @@ class TimerService:
         self.codec = HandleCodec(load_secret(self.folder))
         self.journal.recover(self._restore, self._apply)
         # A promoted slave's journal is older than the old master's copy of the progress (or empty): the newer wins.
-        self._low, self._done = timer_progress.merge(self._low, self._done, timer_progress.load(self.progress_path))
+        copy = timer_progress.load(self.progress_path)
+        self._low, self._done = timer_progress.merge(self._low, self._done, copy, self.store.max_phys_offset())
         self._scanned = self._low
         self._scan()
         self._done = {o for o in self._done if o >= self._low}
@@ -344,8 +345,9 @@ class TimerService:
         with self._lock:
             low, done = self._low, set(self._done)
             self._progress_dirty = False
+        log_end = self.store.max_phys_offset()  # read after them: past every delivery they name
         try:
-            timer_progress.save(self.progress_path, low, done)
+            timer_progress.save(self.progress_path, low, done, log_end)
         except OSError as e:
             self._progress_dirty = True
             log.warning("timer: could not save %s: %s", self.progress_path, e)

@@ -8,8 +8,14 @@ again every timer message still in the log. So the master saves which offsets of
 starts takes the newer of its journal and this file (``merge``), so a promoted slave delivers again only what the
 old master delivered in its last ``SAVE_INTERVAL_S`` plus one metadata sync: at least once, never lost.
 
-Format (JSON object): ``{"low": N, "done": [[start, end], ...]}``: every offset below ``low`` is delivered, and so
-is every offset in each half-open range ``[start, end)``. Ranges keep the file small when deliveries come in order
+The file may reach a slave before the log bytes of the deliveries it names (a slave behind by more than a fetch
+gets the config files with the first chunk). So the file also holds the commit-log end when it was saved, which
+is past every delivery it names; a starting service uses the copy only when its own log reaches that far, and its
+journal alone otherwise (deliveries repeat, none is lost).
+
+Format (JSON object): ``{"low": N, "done": [[start, end], ...], "log_end": B}``: every offset below ``low`` is
+delivered, and so is every offset in each half-open range ``[start, end)``; their deliveries lie below commit-log
+offset ``B``. Ranges keep the file small when deliveries come in order
 (the usual case: one range); at most ``MAX_RANGES`` are written, the lowest first, so a file never passes a few
 MB: a promoted slave delivers the offsets of dropped ranges again (at least once, as any copy older than the
 journal).
@@ -21,6 +27,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from broker.json_file import write_json_atomic
 
@@ -57,22 +64,28 @@ def from_ranges(ranges: Iterable[Iterable[int]]) -> set[int]:
     return out
 
 
-def save(path: str, low: int, done: Iterable[int]) -> None:
+class Progress(NamedTuple):
+    low: int
+    done: set[int]  # delivered offsets at or above low
+    log_end: int  # the commit log's end when saved: every delivery named lies below it
+
+
+def save(path: str, low: int, done: Iterable[int], log_end: int) -> None:
     ranges = to_ranges(o for o in done if o >= low)
     if len(ranges) > MAX_RANGES:
         log.warning("timer progress: %d ranges of delivered offsets, over %d; the highest are left out of %s (a "
                     "promoted slave delivers them again)", len(ranges), MAX_RANGES, path)  # fmt: skip
         ranges = ranges[:MAX_RANGES]
-    write_json_atomic(path, {"low": low, "done": ranges})
+    write_json_atomic(path, {"low": low, "done": ranges, "log_end": log_end})
 
 
-def load(path: str) -> tuple[int, set[int]] | None:
-    """(low, delivered offsets at or above it) from the file; None when there is none or it cannot be read (said
-    in the log: the journal alone then decides)."""
+def load(path: str) -> Progress | None:
+    """The file's record; None when there is none or it cannot be read (said in the log: the journal alone then
+    decides)."""
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read())
-        low = int(data["low"])
+        low, log_end = int(data["low"]), int(data["log_end"])
         done = {o for o in from_ranges(data.get("done", ())) if o >= low}
     except FileNotFoundError:
         return None
@@ -82,17 +95,21 @@ def load(path: str) -> tuple[int, set[int]] | None:
     if low < 0:
         log.error("timer progress %s has a negative low offset %d; ignored", path, low)
         return None
-    return low, done
+    return Progress(low, done, log_end)
 
 
-def merge(low: int, done: set[int], other: tuple[int, set[int]] | None) -> tuple[int, set[int]]:
+def merge(low: int, done: set[int], other: Progress | None, log_end: int) -> tuple[int, set[int]]:
     """The newer of two records of deliveries: the higher ``low``, and every offset either says is delivered at or
-    above it (both are records of deliveries that happened: the journal's own, and the last master's copy)."""
+    above it (both are records of deliveries that happened: the journal's own, and the last master's copy). The
+    copy only when this store's log (ending at ``log_end``) holds every delivery it names."""
     if other is None:
         return low, done
-    other_low, other_done = other
-    merged_low = max(low, other_low)
-    return merged_low, {o for o in done | other_done if o >= merged_low}
+    if other.log_end > log_end:
+        log.warning("timer progress: the copy names deliveries up to commit-log offset %d, past this store's end %d; "
+                    "using the journal alone (deliveries since it may repeat)", other.log_end, log_end)  # fmt: skip
+        return low, done
+    merged_low = max(low, other.low)
+    return merged_low, {o for o in done | other.done if o >= merged_low}
 
 
 def path_in(config_dir: str) -> str:
