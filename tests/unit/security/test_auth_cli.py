@@ -126,6 +126,8 @@ def test_a_generated_secret_is_printed_once_and_works(cli: Cli, broker: BrokerCo
     assert cli("acl", "grant", "bob", "--resource", "Topic:GenTopic", "--actions", "Pub").code == 0
     sent = cli("send", "GenTopic", "--body", "from bob", user=("bob", secret))
     assert sent.code == 0, sent.err
+    # Acknowledged is stored; visible to readers once the dispatcher has indexed it, a moment later
+    assert broker.store is not None and broker.store.wait_dispatched()
     with Admin(broker.address, access_key=ROOT, secret_key=ROOT_SECRET) as admin:
         assert admin.queue_offsets("GenTopic") == {0: (0, 1)}
 
