@@ -106,7 +106,7 @@ class ReplicationManager:
         store.replica = True  # until it takes office
         self.changes = Changes()
         self.metadata = MetadataSource(str(store.config.config_dir), hooks.save_config)
-        self.sink = MetadataSink(str(store.config.config_dir), hooks.replace_config)
+        self.sink = MetadataSink(str(store.config.config_dir), hooks.replace_config, store.max_phys_offset)
         self.follower = Follower(self)
         self.role = ""
         self.epoch = 0
@@ -329,6 +329,7 @@ class ReplicationManager:
 
     def slave_progress(self, confirmed: int) -> None:
         self.read_limit.set_confirmed(confirmed)
+        self.sink.catch_up()
 
     # ------------------------------------------------------------------------------------------ for the gate
     def is_master(self) -> bool:

@@ -10,6 +10,14 @@ last applied. Slave: each file received is checked (a JSON object), written atom
 and the broker's managers reload it; the slave then reports the version it applied (so a SYNC_MASTER's offset
 commit can wait until every in-sync replica holds it).
 
+Delay and timer progress and the transaction checker's scan positions name entries of the log (deliveries made,
+decisions taken), and a file reaches a slave with the first chunk of a fetch, possibly ahead of the log bytes it
+names. Their writers add the commit log's end when they saved (``LOG_END_KEY``), and a slave keeps such a copy in
+memory until its own log reaches that end: a promoted slave then acts on a copy its log bears out, and at worst
+delivers again what the newer copy named (RocketMQ's slaves take the master's delayOffset.json as it comes, and a
+promoted one skips the deliveries the copy names beyond its log: lost). The version the slave reports counts a
+waiting copy as applied: nothing waits for those files on the master.
+
 The slave never writes these files itself: a slave refuses offset commits (the client keeps them until a master
 answers), and the services that change delay progress and transaction state run on the master only. So nothing a
 slave holds is overwritten by an older copy (RocketMQ issue 1094: a slave's sync overwrote newer offsets).
@@ -31,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json",
                 "transactionState.json", "users.json", "timerProgress.json")  # fmt: skip
+LOG_END_KEY = "log_end"  # in a synced file: the writer's commit-log end when it saved (see above)
 # What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 
@@ -98,14 +107,18 @@ class MetadataSource:
 
 
 class MetadataSink:
-    """The slave's side: writes what the master sent and has the managers reload it."""
+    """The slave's side: writes what the master sent and has the managers reload it. Used from the follower's
+    thread only."""
 
-    def __init__(self, config_dir: str, replace: Callable[[str, dict[str, Any]], bool]) -> None:
+    def __init__(self, config_dir: str, replace: Callable[[str, dict[str, Any]], bool],
+                 log_end: Callable[[], int]) -> None:  # fmt: skip
         self.config_dir = config_dir
         # (file name, content) -> True when the broker's manager of that file replaced it (under its own lock, so
         # that no persist of its older table lands after); False: a file no running manager owns, written here
         self.replace = replace
+        self.log_end = log_end  # this slave's commit-log end
         self.version = 0
+        self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # name -> (log end it needs, content)
 
     def apply(self, version: int, files: dict[str, bytes]) -> None:
         for name, raw in files.items():
@@ -120,6 +133,24 @@ class MetadataSink:
             if not isinstance(data, dict):
                 log.error("master sent %s holding a JSON %s; keeping this slave's copy", name, type(data).__name__)
                 continue
-            if not self.replace(name, data):
-                write_json_atomic(os.path.join(self.config_dir, name), data)
+            self.waiting.pop(name, None)  # a newer copy replaces one still waiting
+            needs = data.get(LOG_END_KEY)
+            if isinstance(needs, int) and needs > self.log_end():
+                self.waiting[name] = (needs, data)
+                continue
+            self._write(name, data)
         self.version = max(self.version, version)
+
+    def catch_up(self) -> None:
+        """Write the copies that waited for this log to reach their end (after each fetch)."""
+        if not self.waiting:
+            return
+        end = self.log_end()
+        for name, (needs, data) in list(self.waiting.items()):
+            if needs <= end:
+                del self.waiting[name]
+                self._write(name, data)
+
+    def _write(self, name: str, data: dict[str, Any]) -> None:
+        if not self.replace(name, data):
+            write_json_atomic(os.path.join(self.config_dir, name), data)

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from broker.errors import CorruptionError, InvalidArgumentError, MessageIllegalError
+from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
@@ -289,7 +290,8 @@ class ScheduleMessageService:
         with self._lock:
             table: dict[str, Any] = dict(self._extra)
             table.update({str(level): off for level, off in sorted(self._offsets.items())})
-            write_json_atomic(self.path, {"offsetTable": table})
+            # the log's end: every delivery the table names lies below it (a slave's copy waits for it, metadata_sync)
+            write_json_atomic(self.path, {"offsetTable": table, LOG_END_KEY: self.store.max_phys_offset()})
 
     # ------------------------------------------------------------------------------------------ timers
 

@@ -29,6 +29,7 @@ import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def save(path: str, low: int, done: Iterable[int], log_end: int) -> None:
         log.warning("timer progress: %d ranges of delivered offsets, over %d; the highest are left out of %s (a "
                     "promoted slave delivers them again)", len(ranges), MAX_RANGES, path)  # fmt: skip
         ranges = ranges[:MAX_RANGES]
-    write_json_atomic(path, {"low": low, "done": ranges, "log_end": log_end})
+    write_json_atomic(path, {"low": low, "done": ranges, LOG_END_KEY: log_end})
 
 
 def load(path: str) -> Progress | None:
@@ -85,7 +86,7 @@ def load(path: str) -> Progress | None:
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read())
-        low, log_end = int(data["low"]), int(data["log_end"])
+        low, log_end = int(data["low"]), int(data[LOG_END_KEY])
         done = {o for o in from_ranges(data.get("done", ())) if o >= low}
     except FileNotFoundError:
         return None

@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
+from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
 from broker.semantics.send_checks import check_entries, check_message, validate_producer_group
@@ -1071,7 +1072,9 @@ class TransactionService:
             op_from = min([op_from] + [t.op_floor for t in self._txns.values() if t.status is TxStatus.ENDING])
             checks = {tid: t.check_times for tid, t in sorted(self._txns.items())
                       if t.status is TxStatus.OPEN and t.check_times}  # fmt: skip
-            write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from, "checkTimes": checks})
+            # with the log's end, which every decision and re-store the positions pass over lies below (metadata_sync)
+            write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from, "checkTimes": checks,
+                                          LOG_END_KEY: self.store.max_phys_offset()})  # fmt: skip
 
 
 __all__ = [

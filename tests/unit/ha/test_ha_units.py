@@ -3,6 +3,7 @@ challenge, the settings rules, and the store's crash-safe truncation."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from broker.errors import CorruptionError, InvalidArgumentError
 from broker.ha import auth, chunk, divergence
 from broker.ha.epoch_file import EpochEntry, EpochFile
 from broker.ha.in_sync import InSyncSet
+from broker.ha.metadata_sync import LOG_END_KEY, MetadataSink
 from broker.namesrv.route_table import Registration, RegistrationRefused, RouteTable
 from broker.store import MessageStore
 from broker.store.config import StoreConfig
@@ -179,3 +181,54 @@ def test_a_new_masters_registration_replaces_a_stale_one_at_once() -> None:
         table.register(_reg("old", "h1:1", 1), 20)
     with pytest.raises(RegistrationRefused):  # another broker of the same epoch: refused as before
         table.register(_reg("third", "h3:1", 2), 30)
+
+
+def test_a_slave_applies_progress_files_only_once_its_log_holds_what_they_name(tmp_path: Path) -> None:
+    """Delay progress (and the transaction checker's state, timer progress) carry the master's log end when saved;
+    a slave whose log is shorter keeps the copy in memory, writes it once its log reaches that end, and a newer
+    copy replaces one still waiting. Files without a log end are written at once."""
+    log_end = 1000
+    replaced: list[str] = []
+    sink = MetadataSink(str(tmp_path), lambda name, data: replaced.append(name) is not None, lambda: log_end)
+
+    def on_disk(name: str) -> object:
+        path = tmp_path / name
+        return json.loads(path.read_text()) if path.exists() else None
+
+    ahead = {"offsetTable": {"1": 7}, LOG_END_KEY: 1500}
+    sink.apply(3, {"delayOffset.json": json.dumps(ahead).encode(), "consumerOffset.json": b'{"offsetTable": {}}'})
+    assert on_disk("delayOffset.json") is None and on_disk("consumerOffset.json") == {"offsetTable": {}}
+    assert sink.version == 3  # nothing on the master waits for progress files
+    sink.catch_up()
+    assert on_disk("delayOffset.json") is None
+    newer = {"offsetTable": {"1": 9}, LOG_END_KEY: 1800}
+    sink.apply(4, {"delayOffset.json": json.dumps(newer).encode()})
+    log_end = 1600  # past the first copy's end, short of the newer one's: the newer one still waits
+    sink.catch_up()
+    assert on_disk("delayOffset.json") is None
+    log_end = 1800
+    sink.catch_up()
+    assert on_disk("delayOffset.json") == newer and not sink.waiting
+    within = {"halfScanFrom": 2, "opScanFrom": 1, "checkTimes": {}, LOG_END_KEY: 900}
+    sink.apply(5, {"transactionState.json": json.dumps(within).encode()})
+    assert on_disk("transactionState.json") == within and replaced == [
+        "consumerOffset.json", "delayOffset.json", "transactionState.json"]  # fmt: skip
+
+
+def test_progress_files_name_the_log_end_they_were_saved_at(tmp_path: Path) -> None:
+    """The delay service's and the transaction checker's files carry the commit log's end when they were saved."""
+    from broker.semantics.delay import ScheduleMessageService
+    from broker.semantics.transaction import TransactionService
+
+    store = MessageStore(StoreConfig(store_path=str(tmp_path / "store")))
+    store.start()
+    try:
+        store.put_message("T", 0, b"x" * 100)
+        schedule = ScheduleMessageService(store, str(tmp_path / "config"))
+        schedule.persist()
+        tx = TransactionService(store, str(tmp_path / "config"))
+        tx.persist()
+        for name in ("delayOffset.json", "transactionState.json"):
+            assert json.loads((tmp_path / "config" / name).read_text())[LOG_END_KEY] == store.max_phys_offset() > 0
+    finally:
+        store.shutdown()
