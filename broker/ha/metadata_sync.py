@@ -14,9 +14,9 @@ Delay and timer progress and the transaction checker's scan positions name entri
 decisions taken), and a file reaches a slave with the first chunk of a fetch, possibly ahead of the log bytes it
 names. Their writers add the commit log's end when they saved (``LOG_END_KEY``), and a slave keeps such a copy in
 memory until its own log reaches that end: a promoted slave then acts on a copy its log bears out, and at worst
-delivers again what the newer copy named (RocketMQ's slaves take the master's delayOffset.json as it comes, and a
-promoted one skips the deliveries the copy names beyond its log: lost). The version the slave reports counts a
-waiting copy as applied: nothing waits for those files on the master.
+delivers again what the newer copy named. (Taken as it came, a copy ahead of the log would have a promoted slave
+skip deliveries whose copies its log does not hold: those messages would be lost.) The version the slave reports
+counts a waiting copy as applied: nothing waits for those files on the master.
 
 The slave never writes these files itself: a slave refuses offset commits (the client keeps them until a master
 answers), and the services that change delay progress and transaction state run on the master only. So nothing a
