@@ -84,7 +84,7 @@ def test_available_now_over_three_brokers_survives_driver_kills(
     args = [f"namesrv={cluster.namesrv}", topic, group, str(checkpoint), str(output)]
     rng = random.Random(int(os.environ.get("SLUICE_CRASH_SEED", time.time())))
     per_trigger = 12 * per_queue // 10  # 10 batches: kills land part-way through
-    for kill in range(crash_scale(2, 3)):
+    for kill in range(crash_scale(1, 3)):
         proc = start_query(args, "available-now", per_trigger, log)
         wait_for_new_commit(checkpoint, proc, log, timeout_s=900)  # a driver start and a batch: minutes when busy
         time.sleep(rng.uniform(0.0, 2.0))

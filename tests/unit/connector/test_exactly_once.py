@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]  #
 
 QUERY = Path(__file__).with_name("eo_query.py")
 QUEUES = 4
-KILLS = crash_scale(3, 5)
+KILLS = crash_scale(2, 5)
 FEED = 50  # messages per queue sent while each killed run is going
 
 

@@ -115,7 +115,7 @@ def run_with_crashes(tmp_path: Path, guarantee: str, n: int, kills: int, per_tri
 
 def test_exactly_once_through_driver_and_broker_crashes(tmp_path: Path) -> None:
     n = crash_scale(60_000, 200_000)
-    ids = run_with_crashes(tmp_path, "exactly-once", n, kills=crash_scale(3, 5), per_trigger=n // 8)
+    ids = run_with_crashes(tmp_path, "exactly-once", n, kills=crash_scale(2, 5), per_trigger=n // 8)
     expected = {f"id-{i:07d}" for i in range(n)}
     missing = expected - set(ids)
     dupes = {k: c for k, c in ids.items() if c > 1}
@@ -126,7 +126,7 @@ def test_exactly_once_through_driver_and_broker_crashes(tmp_path: Path) -> None:
 
 def test_at_least_once_loses_nothing_and_may_duplicate(tmp_path: Path) -> None:
     n = crash_scale(30_000, 60_000)
-    kills = crash_scale(2, 3)
+    kills = crash_scale(1, 3)
     ids = run_with_crashes(tmp_path, "at-least-once", n, kills=kills, per_trigger=n // 6)
     expected = {f"id-{i:07d}" for i in range(n)}
     missing = expected - set(ids)
