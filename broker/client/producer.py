@@ -121,7 +121,14 @@ class SendResults(Sequence[SendResult]):
                           self.queue_ids[index], self.queue_offsets[index], self.broker_name, uniq)  # fmt: skip
 
     def __iter__(self) -> Iterator[SendResult]:
-        return (self[i] for i in range(len(self)))
+        return iter(self.to_list())
+
+    def to_list(self) -> list[SendResult]:
+        """Every SendResult at once: one comprehension, about a third of the cost of indexing each in turn."""
+        status, prefix, broker = self.status, self.msg_id_prefix, self.broker_name
+        uniq = self.uniq_keys or [""] * len(self)
+        rows = zip(self.commitlog_offsets, self.queue_ids, self.queue_offsets, uniq, strict=True)
+        return [SendResult(status, f"{prefix}{offset:016X}", qid, qoff, broker, u) for offset, qid, qoff, u in rows]
 
     def __repr__(self) -> str:
         return f"SendResults({len(self)} messages, {self.status.value})"
@@ -183,9 +190,22 @@ class UniqKeys:
     def __init__(self) -> None:
         self._prefix = f"{(random.getrandbits(48) << 16 | (os.getpid() & 0xFFFF)):016X}"
         self._counter = itertools.count(random.getrandbits(32))
+        self._lock = threading.Lock()
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFF_FFFF_FFFF_FFFF:016X}"
+        with self._lock:
+            n = next(self._counter)
+        return f"{self._prefix}{n & 0xFFFF_FFFF_FFFF_FFFF:016X}"
+
+    def take(self, n: int) -> list[str]:
+        """``n`` ids at once (a batch's): the counter is taken in one step, under a lock so that two threads'
+        blocks never overlap."""
+        with self._lock:
+            first = next(self._counter)
+            if n > 1:
+                self._counter = itertools.count(first + n)
+        prefix = self._prefix
+        return [f"{prefix}{c & 0xFFFF_FFFF_FFFF_FFFF:016X}" for c in range(first, first + n)]
 
 
 def _movable(e: BrokerError) -> bool:
@@ -349,7 +369,8 @@ class Producer:
         else:
             targets = self.spread(msgs)
         born = int(time.time() * 1000)
-        uniq = [m.properties.get(Prop.UNIQ_KEY) or self.uniq_keys.next() for m in msgs]
+        fresh = iter(self.uniq_keys.take(len(msgs)))
+        uniq = [m.properties.get(Prop.UNIQ_KEY) or next(fresh) for m in msgs]
         # every message encoded (and so checked) before anything is sent; a move to another queue patches queue ids
         entries = [encode_message(m, t.queue_id, born, uniq_key=u) for m, t, u in zip(msgs, targets, uniq, strict=True)]
         groups: dict[tuple[str, str], list[int]] = {}  # (topic, broker) -> its messages, in order of appearance
@@ -368,7 +389,10 @@ class Producer:
                 first = targets[part[0]]
                 send = functools.partial(self._send_with_failover, topic, first, ordered, request, "SendBatch")
                 mq, response = _stored_so_far(results, send)
-                for i, r in zip(part, SendResults(response, mq.broker_name, [uniq[i] for i in part]), strict=True):
+                stored = SendResults(response, mq.broker_name, [uniq[i] for i in part]).to_list()
+                if len(part) == len(msgs) == len(stored):  # the whole batch in one call: its results in order
+                    return stored
+                for i, r in zip(part, stored, strict=True):
                     results[i] = r
         return [r for r in results if r is not None]
 

@@ -35,14 +35,11 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from broker.errors import CorruptionError, InvalidArgumentError, MessageIllegalError
 from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
-from broker.store.batch import SmallBatch, ValidatedBatch, splice
 from broker.store.message import (
     Prop,
     StoredMessage,
@@ -170,17 +167,10 @@ class ScheduleMessageService:
         return DelayRewrite(SCHEDULE_TOPIC, level - 1, props)
 
     @staticmethod
-    def batch_has_delay(buffer: bytes, validated: SmallBatch | ValidatedBatch) -> bool:
-        """Whether any entry of a validated batch may carry a DELAY property. Only the properties are searched
-        (gathered into one string first): a search of the whole buffer cost a pass over every body. A hit may be
+    def batch_has_delay(properties: bytes) -> bool:
+        """Whether any entry may carry a DELAY property, given the batch's ``batch_properties``. A hit may be
         spurious (a value that merely contains the bytes); rewrite_batch_for_delay checks entry by entry."""
-        if isinstance(validated, SmallBatch):
-            return _DELAY_MARK[1:] in buffer
-        run = validated.run
-        with_props = np.flatnonzero(run.props_lengths > 0)
-        if not with_props.size:
-            return False
-        return _DELAY_MARK[1:] in splice(buffer, run.props_starts[with_props], run.props_lengths[with_props])
+        return _DELAY_MARK[1:] in properties
 
     def rewrite_batch_for_delay(self, buffer: bytes) -> bytes:
         """A client batch with every entry that has DELAY > 0 re-encoded for the schedule queue of its level (the

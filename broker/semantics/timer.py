@@ -43,7 +43,6 @@ from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
 from broker.semantics.system_topics import TIMER_READER_GROUP, TIMER_TOPIC
 from broker.store import GetStatus, MessageStore, PutStatus
-from broker.store.batch import SmallBatch, ValidatedBatch
 from broker.store.message import (
     Prop,
     StoredMessage,
@@ -158,9 +157,10 @@ class TimerService:
         return TimerRewrite(TIMER_TOPIC, 0, props)
 
     @staticmethod
-    def batch_has_timer(buffer: bytes, validated: SmallBatch | ValidatedBatch | None = None) -> bool:
-        """Whether any entry may carry a timer property (a cheap search; rewrite_batch checks entry by entry)."""
-        return any(mark[1:] in buffer for mark in _MARKS)
+    def batch_has_timer(properties: bytes) -> bool:
+        """Whether any entry may carry a timer property, given the batch's ``batch_properties`` (a cheap search;
+        rewrite_batch checks entry by entry)."""
+        return any(mark[1:] in properties for mark in _MARKS)
 
     def rewrite_batch(self, buffer: bytes) -> bytes:
         """A client batch with every timer entry re-addressed (the others unchanged, order kept)."""

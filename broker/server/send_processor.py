@@ -30,7 +30,7 @@ from broker.semantics.transaction_codec import is_half_batch
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
-from broker.store.batch import SmallBatch, ValidatedBatch, queue_ranges
+from broker.store.batch import SmallBatch, ValidatedBatch, batch_properties, queue_ranges
 from broker.store.message import validate_topic
 from broker.store.results import PutResult
 
@@ -134,10 +134,11 @@ class SendProcessor:
             return self._send_halves(buffer, validated, ranges, count, transaction_id, producer_group, started)
         self._check_topics(ranges)
         with self.topics.reserving(ranges):
-            timed = self.timers is not None and self.timers.batch_has_timer(buffer)
+            properties = batch_properties(buffer, validated)
+            timed = self.timers is not None and self.timers.batch_has_timer(properties)
             if self.timers is not None and timed:
                 buffer = self.timers.rewrite_batch(buffer)  # timer entries re-addressed; checked as sent above
-            if self.schedule is not None and (timed or self.schedule.batch_has_delay(buffer, validated)):
+            if self.schedule is not None and (timed or self.schedule.batch_has_delay(properties)):
                 # entries with DELAY are re-addressed to the schedule topic (validated above as sent, CRCs included)
                 result = self.store.put_batch(self.schedule.rewrite_batch_for_delay(buffer))
             elif timed:

@@ -530,6 +530,19 @@ class SmallBatch:
 _NOT_COUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 
 
+def batch_properties(buffer: bytes, validated: SmallBatch | ValidatedBatch) -> bytes:
+    """The PROPERTIES sections of a validated batch joined into one string, for the searches that decide whether
+    any entry may carry a property (DELAY, a timer): a search of the whole buffer passed over every body, about
+    0.5 ms a megabyte for each name. A small batch is searched as it is."""
+    if isinstance(validated, SmallBatch):
+        return buffer
+    run = validated.run
+    with_props = np.flatnonzero(run.props_lengths > 0)
+    if not with_props.size:
+        return b""
+    return splice(buffer, run.props_starts[with_props], run.props_lengths[with_props])
+
+
 def validate_small_batch(buffer: bytes | bytearray | memoryview, limit_bytes: int, max_body: int) -> SmallBatch | None:
     """Like validate_batch, entry by entry; None when the batch has more than SMALL_BATCH_ENTRIES entries.
 

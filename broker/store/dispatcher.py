@@ -339,6 +339,7 @@ class Dispatcher:
         want_keys = self.index is not None
         parse_props = self._may_need_props(data, 0, end)
         arrived: dict[tuple[str, int], tuple[ConsumeQueue, list[int], list[bytes]]] = {}
+        keyed: list[tuple[str, list[str], int, int]] = []  # (topic, keys, commit-log offset, store time)
         pack = CQ_UNIT.pack
         ts = self.last_dispatched_timestamp
         deleted = self.deleted_before
@@ -382,10 +383,12 @@ class Dispatcher:
             if props and want_keys and may_have_keys(props):
                 msg_keys = message_keys(props)
                 if msg_keys:
-                    assert self.index is not None
-                    self.index.put(topic, msg_keys, base + rel + pos, ts)
+                    keyed.append((topic, msg_keys, base + rel + pos, ts))
             pos += total
             count += 1
+        if keyed:
+            assert self.index is not None
+            self.index.put_many(keyed)
         for cq, qoffs, units in arrived.values():
             self._put_units(cq, qoffs, units)
         self.dispatched_offset = base + rel + pos  # after the units: a caller that waits on it finds them
@@ -431,11 +434,8 @@ class Dispatcher:
         phys = run.positions + base
         self._write_units(run, key_ids, keys, phys, tags, notify)
         if self.index is not None and keyed:
-            for i, p in keyed:
-                msg_keys = message_keys(p)
-                if msg_keys:
-                    topic = keys[int(key_ids[i])][0]
-                    self.index.put(topic, msg_keys, int(phys[i]), int(run.store_timestamps[i]))
+            at, times = phys.tolist(), run.store_timestamps.tolist()
+            self.index.put_many([(keys[int(key_ids[i])][0], message_keys(p), at[i], times[i]) for i, p in keyed])
         self.last_dispatched_timestamp = int(run.store_timestamps[-1])
 
     def _may_need_props(self, buf: Buffer, start: int, end: int) -> bool:

@@ -1,0 +1,140 @@
+"""Index runs: ``IndexService.put_many`` (numpy hashes, entries written a run at a time) against a reference
+written from the format alone, byte for byte, on random keys, collisions, file rolls and torn slots."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.store.index_file import (
+    INDEX_ENTRY,
+    INDEX_HEADER,
+    INDEX_SLOT,
+    VECTOR_MIN_KEYS,
+    IndexService,
+    key_hash,
+    key_hashes,
+)
+from broker.store.message import java_string_hash
+
+Message = tuple[str, list[str], int, int]
+
+
+def reference_index(messages: list[Message], slots: int, entries: int) -> list[bytes]:
+    """The index files that messages indexed one by one, from the module docstring's layout, must give."""
+    files: list[bytearray] = []
+    size = INDEX_HEADER.size + slots * INDEX_SLOT.size + entries * INDEX_ENTRY.size
+    header = [0, 0, 0, 0, slots, 1]
+    for topic, keys, phys, ts in messages:
+        hashes = list(dict.fromkeys(key_hash(f"{topic}#{k}") for k in keys if k))[: entries - 2]
+        if not hashes:
+            continue
+        if not files or header[5] + len(hashes) > entries:
+            files.append(bytearray(size))
+            header = [0, 0, 0, 0, slots, 1]
+        f = files[-1]
+        begin_ts = header[0] or ts
+        begin_phy = header[2] if header[5] > 1 else phys
+        for kh in hashes:
+            slot_at = INDEX_HEADER.size + (kh % slots) * INDEX_SLOT.size
+            prev = INDEX_SLOT.unpack_from(f, slot_at)[0]
+            at = INDEX_HEADER.size + slots * INDEX_SLOT.size + header[5] * INDEX_ENTRY.size
+            INDEX_ENTRY.pack_into(f, at, kh, phys, max(0, (ts - begin_ts) // 1000), prev)
+            INDEX_SLOT.pack_into(f, slot_at, header[5])
+            header[5] += 1
+        header[:4] = [begin_ts, ts, begin_phy, phys]
+        INDEX_HEADER.pack_into(f, 0, *header)
+    return [bytes(f) for f in files]
+
+
+def written(directory: Path) -> list[bytes]:
+    return [(directory / name).read_bytes() for name in sorted(os.listdir(directory))]
+
+
+def service(directory: Path, slots: int, entries: int) -> IndexService:
+    index = IndexService(str(directory), slots, entries, os.fsync, sync_dir=lambda _: None)
+    index.load()
+    return index
+
+
+KEY = st.text(alphabet=st.sampled_from("0123456789ABCDEF#é"), min_size=0, max_size=6) | st.sampled_from(
+    ["K" * 32, "L" * 32, "ü" * 3]
+)
+
+
+@st.composite
+def message_runs(draw: st.DrawFn) -> list[Message]:
+    n = draw(st.integers(1, 3 * VECTOR_MIN_KEYS))
+    phys, ts = 0, draw(st.integers(1, 10**12))  # a store time is never 0 (0 marks an empty header)
+    out: list[Message] = []
+    for _ in range(n):
+        phys += draw(st.integers(1, 500))
+        ts += draw(st.integers(0, 2_500))
+        out.append((draw(st.sampled_from(["T", "Topic", "ü"])), draw(st.lists(KEY, max_size=4)), phys, ts))
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs=st.lists(message_runs(), min_size=1, max_size=4), slots=st.sampled_from([1, 7, 64]),
+       entries=st.sampled_from([3, 9, 40, 1000]))  # fmt: skip
+def test_runs_write_the_files_one_by_one_indexing_writes(
+    tmp_path_factory: object, runs: list[list[Message]], slots: int, entries: int
+) -> None:
+    directory = tmp_path_factory.mktemp("index")  # type: ignore[attr-defined]
+    index = service(directory, slots, entries)
+    base = 0  # each run follows the one before in the commit log, as dispatch passes do
+    for run in runs:
+        run[:] = [(topic, keys, base + phys, ts) for topic, keys, phys, ts in run]
+        base = run[-1][2]
+        index.put_many(run)
+    expected = reference_index([m for run in runs for m in run], slots, entries)
+    assert written(directory) == expected
+    index.close()
+
+
+def test_a_run_of_one_key_a_message_rolls_files_as_one_by_one_indexing(tmp_path: Path) -> None:
+    run = [("T", [f"{i:032X}"], 100 * (i + 1), 1_000 * (i + 1)) for i in range(3 * VECTOR_MIN_KEYS + 5)]
+    index = service(tmp_path, 8, 9)
+    index.put_many(run)
+    assert written(tmp_path) == reference_index(run, 8, 9)
+    assert len(index.files) == 7  # 53 entries, 8 to a file of 9 (entry 0 is unused)
+    index.close()
+
+
+def test_a_run_already_indexed_is_skipped_whole_and_a_later_one_appended(tmp_path: Path) -> None:
+    index = service(tmp_path, 16, 1000)
+    run = [("T", [f"{i:032X}"], 100 * (i + 1), 1_000 + i) for i in range(40)]
+    index.put_many(run)
+    index.put_many(run)  # a re-dispatch after recovery: nothing twice
+    later = [("T", ["k"], 9_000, 2_000)]
+    index.put_many(later)
+    assert written(tmp_path) == reference_index(run + later, 16, 1000)
+    index.close()
+
+
+def test_a_torn_slot_past_the_count_starts_a_new_chain(tmp_path: Path) -> None:
+    index = service(tmp_path, 4, 1000)
+    index.put_many([("T", [f"a{i}"], i + 1, 0) for i in range(3)])
+    f = index.files[0]
+    slot = key_hash("T#b0") % 4
+    struct.pack_into(">i", f.mm, INDEX_HEADER.size + slot * INDEX_SLOT.size, 999)  # as a crash may leave it
+    index.put_many([("T", [f"b{i}"], 10 + i, 0) for i in range(VECTOR_MIN_KEYS)])
+    first_b = f.entry(4)
+    assert first_b.key_hash == key_hash("T#b0") and first_b.prev_index == 0
+    index.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=40) | st.text(alphabet="0123456789ABCDEF", min_size=32, max_size=32), max_size=60))
+def test_vector_hashes_are_javas_string_hash(keys: list[str]) -> None:
+    assert key_hashes(keys).tolist() == [key_hash(k) for k in keys]
+
+
+def test_the_hash_of_min_int_is_zero_in_both_paths() -> None:
+    # "polygenelubricants".hashCode() is Integer.MIN_VALUE in Java
+    assert java_string_hash("polygenelubricants") == -(1 << 31)
+    assert key_hashes(["polygenelubricants"] * VECTOR_MIN_KEYS).tolist() == [0] * VECTOR_MIN_KEYS
