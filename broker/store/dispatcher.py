@@ -64,6 +64,9 @@ _INDEXED_NAME_ENDS = np.frombuffer(b"TAGSKEYS_KEY", "<u4")
 CENSUS_MIN_BYTES = 16 * 1024
 assert Prop.TAGS[-4:] == "TAGS" and Prop.KEYS[-4:] == "KEYS" and Prop.UNIQ_KEY[-4:] == "_KEY", "name ends above"
 _NOT_COUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+UNIQ_KEY_CHARS = 32  # a producer's UNIQ_KEY: 32 hex characters (broker/client/producer.py, UniqKeys)
+_UNIQ_TAIL_BYTES = len(_UNIQ) + UNIQ_KEY_CHARS + 1  # UNIQ_KEY\x01 <32 characters> \x02
+_UNIQ_NAME = np.frombuffer(_UNIQ, np.uint8)
 _TAGS_LEN = len(_TAGS)
 _SEP_TAGS_LEN = len(_SEP_TAGS)
 
@@ -435,7 +438,7 @@ class Dispatcher:
         self._write_units(run, key_ids, keys, phys, tags, notify)
         if self.index is not None and keyed:
             at, times = phys.tolist(), run.store_timestamps.tolist()
-            self.index.put_many([(keys[int(key_ids[i])][0], message_keys(p), at[i], times[i]) for i, p in keyed])
+            self.index.put_many([(keys[int(key_ids[i])][0], ks, at[i], times[i]) for i, ks in keyed])
         self.last_dispatched_timestamp = int(run.store_timestamps[-1])
 
     def _may_need_props(self, buf: Buffer, start: int, end: int) -> bool:
@@ -461,7 +464,7 @@ class Dispatcher:
             self._tag_codes[tag] = code
         return code
 
-    def _tags_and_keyed(self, run: EntryRun, buf: Buffer) -> tuple[np.ndarray, list[tuple[int, bytes]]]:
+    def _tags_and_keyed(self, run: EntryRun, buf: Buffer) -> tuple[np.ndarray, list[tuple[int, list[str]]]]:
         """Tag code per entry, and (entry, properties) of the entries that may carry index keys.
 
         A batch usually repeats one properties string (same tag, no keys): when every entry's properties are the
@@ -469,7 +472,7 @@ class Dispatcher:
         """
         n = len(run)
         tags = np.zeros(n, np.int64)
-        keyed: list[tuple[int, bytes]] = []
+        keyed: list[tuple[int, list[str]]] = []  # (entry, its index keys)
         want_keys = self.index is not None
         with_props = np.flatnonzero(run.props_lengths > 0)
         if not with_props.size:
@@ -484,7 +487,16 @@ class Dispatcher:
         if same is not None:
             tags[with_props] = self._tag_code(same)
             if want_keys and may_have_keys(same):
-                keyed = [(i, same) for i in with_props.tolist()]
+                shared = message_keys(same)
+                keyed = [(i, shared) for i in with_props.tolist()] if shared else []
+            return tags, keyed
+        tailed = _uniq_tails(buf, starts, lengths)
+        if tailed is not None:  # a producer's batch: one shared prefix, then each message's own UNIQ_KEY
+            prefix, uniq_keys = tailed
+            tags[with_props] = self._tag_code(prefix)
+            if want_keys:
+                shared = message_keys(prefix)
+                keyed = [(i, [*shared, u]) for i, u in zip(with_props.tolist(), uniq_keys, strict=True)]
             return tags, keyed
         # property_value and _tag_code inlined: this loop is the dispatcher's per-message cost for varied properties
         codes: list[int] = []
@@ -505,7 +517,9 @@ class Dispatcher:
                 code = cache.get(p[j:k] if k >= 0 else p[j:])
                 codes.append(code if code is not None else tag_code(p))
             if want_keys and (_KEYS in p or _UNIQ in p):
-                keyed.append((i, p))
+                found = message_keys(p)
+                if found:
+                    keyed.append((i, found))
         tags[with_props] = codes
         return tags, keyed
 
@@ -588,6 +602,33 @@ def names_may_occur(buf: Buffer, start: int, end: int, name_ends: np.ndarray) ->
     found = ends.size > 0 and bool(np.isin(rows_at(arr, ends, 4).view("<u4").ravel(), name_ends).any())
     del arr  # the view holds an export of the mapped file (it could not be closed while one is alive)
     return found
+
+
+def _uniq_tails(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> tuple[bytes, list[str]] | None:
+    """(shared prefix, UNIQ_KEY of each) when every properties section is one shared prefix followed by a UNIQ_KEY
+    of UNIQ_KEY_CHARS printable ASCII characters, last, as a Sluice producer appends it; else None. Then
+    ``message_keys`` of each section is the prefix's keys and its UNIQ_KEY (the prefix holds no UNIQ_KEY name, so
+    the tail's is the first), found with a few numpy comparisons instead of parsing every section."""
+    prefix_lengths = lengths - _UNIQ_TAIL_BYTES
+    if (prefix_lengths < 0).any():
+        return None
+    arr = np.frombuffer(buf, np.uint8)
+    tails = rows_at(arr, starts + prefix_lengths, _UNIQ_TAIL_BYTES)
+    del arr
+    values = tails[:, len(_UNIQ) : -1]
+    if not ((tails[:, : len(_UNIQ)] == _UNIQ_NAME).all() and (tails[:, -1] == 2).all()):
+        return None
+    if ((values < 0x20) | (values >= 0x7F)).any():  # separators, other controls or UTF-8: the parsing path
+        return None
+    if (prefix_lengths == 0).all():
+        prefix = b""
+    else:
+        same = _same_bytes(buf, starts, prefix_lengths)
+        if same is None or not same.endswith(b"\x02") or same.startswith(_UNIQ) or b"\x02" + _UNIQ in same:
+            return None
+        prefix = same
+    text = values.tobytes().decode("ascii")
+    return prefix, [text[k : k + UNIQ_KEY_CHARS] for k in range(0, len(text), UNIQ_KEY_CHARS)]
 
 
 def _same_bytes(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> bytes | None:

@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -307,4 +308,57 @@ def test_a_put_wakes_the_dispatcher(make_store: Callable[..., MessageStore]) -> 
         while s.max_offset("Wake", 0) < 1 + 2 * i:
             assert time.monotonic() - started < 2.0, "the put left its entry to the idle poll"
             time.sleep(0.001)
+    assert s.check() == []
+
+
+_TAIL_CHARS = st.sampled_from("0123456789ABCDEF") | st.sampled_from(["\x01", "\x02", "\u00e9", " ", "~", "\x7f"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=st.sampled_from([{}, {"TAGS": "T"}, {"KEYS": "a b"}, {"UNIQ_KEY": "own"}, {"x": "UNIQ_KEY"}]),
+    tails=st.lists(st.text(_TAIL_CHARS, min_size=30, max_size=33), min_size=1, max_size=20),
+)
+def test_unique_key_tails_are_found_as_parsing_finds_them(prefix: dict[str, str], tails: list[str]) -> None:
+    """A producer's batch is one shared prefix of properties and each message's UNIQ_KEY last: the dispatcher
+    finds the keys and tag with numpy comparisons (``_uniq_tails``), or declines and parses each section. When it
+    answers, the answer is what parsing each section gives."""
+    head = encode_properties(prefix) if prefix else b""
+    sections = [head + b"UNIQ_KEY\x01" + t.encode() + b"\x02" for t in tails]
+    buf = b"".join(sections)
+    lengths = np.array([len(x) for x in sections], np.int64)
+    starts = np.cumsum(lengths) - lengths
+    found = dispatcher_module._uniq_tails(buf, starts, lengths)
+    clean = all(len(t) == 32 and all(" " <= c < "\x7f" for c in t) for t in tails)
+    if prefix in ({}, {"TAGS": "T"}, {"KEYS": "a b"}, {"x": "UNIQ_KEY"}) and clean:
+        assert found is not None  # the shapes it is for are not declined
+    if found is None:
+        return
+    shared, keys = found
+    for section, key in zip(sections, keys, strict=True):
+        assert message_keys(section) == [*message_keys(shared), key]
+        assert property_value(section, b"TAGS\x01") == property_value(shared, b"TAGS\x01")
+
+
+def test_a_producers_batch_is_indexed_and_tagged_as_full_decoding(
+    make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.client import Message
+    from broker.client.message import encode_message
+
+    monkeypatch.setattr(dispatcher_module, "SCALAR_DISPATCH_BYTES", 0)  # the numpy pass, as for a large batch
+    answers: list[bool] = []
+    real = dispatcher_module._uniq_tails
+    monkeypatch.setattr(dispatcher_module, "_uniq_tails", lambda *a: answers.append(real(*a) is not None) or real(*a))
+    s = make_store()
+    msgs = [Message("Pb", b"m%d" % i, tags="hot", keys=["order"]) for i in range(60)]
+    uniq = [f"{i:032X}" for i in range(60)]
+    assert s.put_batch(b"".join(encode_message(m, 0, 1, uniq_key=u) for m, u in zip(msgs, uniq, strict=True))).ok
+    assert s.wait_dispatched()
+    assert answers == [True]
+    cq = s.queues.find("Pb", 0)
+    assert cq is not None
+    assert {cq.unit(k).tag_hash for k in range(60)} == {tag_hash_code("hot")}  # type: ignore[union-attr]
+    assert [m.body for m in s.query_by_key("Pb", uniq[23])] == [b"m23"]
+    assert len(s.query_by_key("Pb", "order", max_num=1000)) == 60
     assert s.check() == []
