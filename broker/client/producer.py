@@ -361,8 +361,8 @@ class Producer:
         if queue is not None and any(m.topic != queue.topic for m in msgs):
             raise InvalidArgumentError(f"queue {queue} is not of the topic of every message")
         ordered = queue is not None or queue_id is not None or sharding_key is not None
+        pinned: dict[str, MessageQueue] = {}  # ordered: each topic's one queue
         if ordered:
-            pinned: dict[str, MessageQueue] = {}
             for topic in dict.fromkeys(m.topic for m in msgs):
                 pinned[topic] = self._resolve_queue(topic, queue, queue_id) or self.select_queue(topic, sharding_key)
             targets = [pinned[m.topic] for m in msgs]
@@ -374,14 +374,17 @@ class Producer:
         # every message encoded (and so checked) before anything is sent; a move to another queue patches queue ids
         entries = [encode_message(m, t.queue_id, born, uniq_key=u) for m, t, u in zip(msgs, targets, uniq, strict=True)]
         groups: dict[tuple[str, str], list[int]] = {}  # (topic, broker) -> its messages, in order of appearance
-        for i, (msg, target) in enumerate(zip(msgs, targets, strict=True)):
-            groups.setdefault((msg.topic, target.broker_name), []).append(i)
+        if ordered and len(pinned) == 1:  # one topic to one queue: one group, without a look at each message
+            groups[(msgs[0].topic, targets[0].broker_name)] = list(range(len(msgs)))
+        else:
+            for i, (msg, target) in enumerate(zip(msgs, targets, strict=True)):
+                groups.setdefault((msg.topic, target.broker_name), []).append(i)
         results: list[SendResult | None] = [None] * len(msgs)
         for (topic, broker_name), indexes in groups.items():
             for part in self._size_parts(entries, indexes):
 
                 def request(mq: MessageQueue, part: list[int] = part, home: str = broker_name) -> pb.SendBatchRequest:
-                    buffer = b"".join(entries[i] for i in part)
+                    buffer = b"".join(entries) if len(part) == len(entries) else b"".join([entries[i] for i in part])
                     if mq.broker_name != home:  # moved to another broker: every entry to its one queue
                         buffer = readdress(buffer, mq.queue_id)
                     return pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=len(part))
@@ -398,6 +401,8 @@ class Producer:
 
     def _size_parts(self, entries: list[bytes], indexes: list[int]) -> list[list[int]]:
         """Split one topic's messages into calls of at most ``batch_limit_bytes``."""
+        if len(indexes) == len(entries) and sum(map(len, entries)) <= self.batch_limit_bytes:
+            return [indexes]  # the whole batch fits one call (the common case): no look at each entry
         parts: list[list[int]] = [[]]
         size = 0
         for i in indexes:

@@ -71,3 +71,48 @@ def test_sluice_send_spreads_over_the_queues(broker: BrokerController, endpoint:
     with Admin(endpoint) as admin:
         counts = sorted(hi - lo for lo, hi in admin.queue_offsets("CliSpread").values())
     assert sum(counts) == 3000 and counts[0] >= 3000 // QUEUES - 3, counts  # 375 each, give or take a run
+
+
+def test_batch_results_and_unique_keys_match_what_was_stored(broker: BrokerController, endpoint: str) -> None:
+    """A batch's results, built in one pass, name each message where it was stored, whether the batch went in one
+    call or was cut into several by batch_limit_bytes; a message's own UNIQ_KEY is kept, the others get fresh
+    ones, and none repeats."""
+    from broker.store.message import Prop
+
+    with Admin(endpoint) as admin:
+        admin.create_topic("Results", 1)
+    with Producer(endpoint) as p:
+        msgs = [Message("Results", b"%d" % i, properties={Prop.UNIQ_KEY: "mine"} if i == 7 else {}) for i in range(50)]
+        whole = p.send_batch(msgs, queue_id=0)
+        p.batch_limit_bytes = 1_000  # several calls for the same messages
+        parts = p.send_batch(msgs, queue_id=0)
+    assert [r.queue_offset for r in whole + parts] == list(range(100))
+    assert whole[7].uniq_key == parts[7].uniq_key == "mine"
+    fresh = [r.uniq_key for r in whole + parts if r.uniq_key != "mine"]
+    assert len(set(fresh)) == len(fresh) == 98
+    assert broker.store is not None and broker.store.wait_dispatched()
+    for r in (whole[3], parts[49]):
+        found = broker.store.query_by_key("Results", r.uniq_key)
+        assert [m.queue_offset for m in found] == [r.queue_offset]
+        assert found[0].msg_id == r.msg_id
+
+
+def test_unique_key_blocks_never_overlap_across_threads() -> None:
+    import threading
+
+    from broker.client.producer import UniqKeys
+
+    keys = UniqKeys()
+    taken: list[list[str]] = [[] for _ in range(4)]
+
+    def take(k: int) -> None:
+        for n in range(200):
+            taken[k] += keys.take(n % 7) if k % 2 else [keys.next()]
+
+    threads = [threading.Thread(target=take, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [key for keys_of in taken for key in keys_of]
+    assert len(every) == len(set(every)) == 2 * 200 + 2 * sum(n % 7 for n in range(200))
