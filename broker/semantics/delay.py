@@ -256,13 +256,35 @@ class ScheduleMessageService:
             self._load()
 
     def _load(self) -> None:
+        """Read the file (the caller holds the lock, or is the constructor)."""
         loaded = load_json(self.path, self._parse)
-        if loaded is not None:
-            self._offsets, self._extra = loaded
+        if loaded is None:
+            return
+        self._offsets, self._extra, log_end = loaded
+        log_now = self.store.max_phys_offset()
+        if log_end is not None and log_end > log_now:
+            self._cut_back(log_end, log_now)
 
-    def _parse(self, data: dict[str, Any]) -> tuple[dict[int, int], dict[str, Any]]:
-        """``{"offsetTable": {level: offset}}``: the offsets of this broker's levels, and the rest kept as they
-        are (levels a changed messageDelayLevel no longer has); ValueError etc. when it is not that."""
+    def _cut_back(self, log_end: int, log_now: int) -> None:
+        """The file was saved when the log reached ``log_end``, and the log now ends before: it was cut back (a
+        replica truncated to where it agrees with its new master, or an ASYNC_FLUSH log that lost its unflushed
+        tail in a crash). Deliveries the file counts past a level's queue end were of the entries cut away, and
+        the queue will grow again with other entries at those offsets: each offset comes down to its queue's end
+        now, at start-up, before anything is appended (once the queue has grown again, the file's offsets would
+        pass over entries never delivered)."""
+        for level, offset in sorted(self._offsets.items()):
+            end = self.store.queue_end(SCHEDULE_TOPIC, level - 1)
+            if offset > end:
+                log.warning("schedule level %d: progress %d names deliveries past the queue end %d (saved at "
+                            "commit-log offset %d, the log ends at %d): moving back", level, offset, end, log_end,
+                            log_now)  # fmt: skip
+                self._offsets[level] = end
+        self._write()
+
+    def _parse(self, data: dict[str, Any]) -> tuple[dict[int, int], dict[str, Any], int | None]:
+        """``{"offsetTable": {level: offset}, "log_end": n}``: the offsets of this broker's levels, the rest kept as
+        they are (levels a changed messageDelayLevel no longer has), and the log end it was saved at (None in a
+        file from before the key); ValueError etc. when it is not that."""
         table = data.get("offsetTable", {})
         if not isinstance(table, dict):
             raise ValueError("expected {'offsetTable': {level: offset}}")
@@ -274,14 +296,19 @@ class ScheduleMessageService:
                 offsets[level] = int(value)
             else:
                 extra[str(key)] = value
-        return offsets, extra
+        log_end = data.get(LOG_END_KEY)
+        return offsets, extra, None if log_end is None else int(log_end)
 
     def persist(self) -> None:
         with self._lock:
-            table: dict[str, Any] = dict(self._extra)
-            table.update({str(level): off for level, off in sorted(self._offsets.items())})
-            # the log's end: every delivery the table names lies below it (a slave's copy waits for it, metadata_sync)
-            write_json_atomic(self.path, {"offsetTable": table, LOG_END_KEY: self.store.max_phys_offset()})
+            self._write()
+
+    def _write(self) -> None:
+        """The file from the offsets (the caller holds the lock, or is the constructor)."""
+        table: dict[str, Any] = dict(self._extra)
+        table.update({str(level): off for level, off in sorted(self._offsets.items())})
+        # the log's end: every delivery the table names lies below it (a slave's copy waits for it, metadata_sync)
+        write_json_atomic(self.path, {"offsetTable": table, LOG_END_KEY: self.store.max_phys_offset()})
 
     # ------------------------------------------------------------------------------------------ timers
 

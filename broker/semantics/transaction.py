@@ -63,7 +63,14 @@ from typing import Any
 
 import numpy as np
 
-from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
+from broker.errors import (
+    BrokerError,
+    CorruptionError,
+    InvalidArgumentError,
+    MessageIllegalError,
+    QueryNotFoundError,
+    ResponseCode,
+)
 from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
@@ -322,8 +329,33 @@ class TransactionService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        self._cut_back_state()
 
     # ------------------------------------------------------------------------------------------ lifecycle
+
+    def _cut_back_state(self) -> None:
+        """The state file names the log end it was saved at; a log that ends before it now was cut back (a
+        replica truncated to where it agrees with its new master, or an ASYNC_FLUSH log that lost its unflushed
+        tail in a crash). Scan starts past a queue's end would pass over the halves and decisions that take those
+        offsets next: each comes down to its queue's end here, at start-up, before anything is appended (once the
+        queues have grown again, recover() would skip them). An unreadable file is left to recover(), which
+        reports it."""
+        try:
+            data = load_json(self.path, dict)
+        except CorruptionError:
+            return
+        log_now = self.store.max_phys_offset()
+        log_end = None if data is None else data.get(LOG_END_KEY)
+        if data is None or not isinstance(log_end, int) or log_end <= log_now:
+            return
+        for key, topic in (("halfScanFrom", TRANS_HALF_TOPIC), ("opScanFrom", TRANS_OP_HALF_TOPIC)):
+            start, end = data.get(key, 0), self.store.queue_end(topic, 0)
+            if isinstance(start, int) and start > end:
+                log.warning("%s: %s %d is past the queue end %d (saved at commit-log offset %d, the log ends at "
+                            "%d): moving back", self.path, key, start, end, log_end, log_now)  # fmt: skip
+                data[key] = end
+        data[LOG_END_KEY] = log_now
+        write_json_atomic(self.path, data)
 
     def start(self) -> None:
         """Recover (finish interrupted commits), then start the check-back thread. Call before serving."""

@@ -662,6 +662,12 @@ class MessageStore:
         cq = self.queues.find(topic, queue_id)
         return self._visible_max(cq) if cq else 0
 
+    def queue_end(self, topic: str, queue_id: int) -> int:
+        """One past the queue's last unit, whether readers may see it yet or not (``max_offset`` is capped at the
+        read limit); 0 for a queue that does not exist."""
+        cq = self.queues.find(topic, queue_id)
+        return cq.max_offset if cq else 0
+
     def _visible_max(self, cq: ConsumeQueue) -> int:
         """One past the last unit readers may see: the queue's max offset, less the units whose entries end past
         ``read_limit()`` (a replicated group's confirmed offset, broker/ha/read_limit.py). Units are in commit-log

@@ -162,3 +162,26 @@ def test_batches_with_delayed_entries_are_rewritten_one_by_one(box: StoreBox) ->
     assert m.properties[Prop.REAL_TOPIC] == "T" and m.properties[Prop.REAL_QID] == "2"
     with pytest.raises(MessageIllegalError):
         sched.rewrite_batch_for_delay(delayed + b"\x00" * 12)
+
+
+def test_progress_saved_before_the_log_was_cut_back_moves_back_to_the_queue_ends(box: StoreBox) -> None:
+    """A replica truncated after an election (or a log that lost its unflushed tail) starts with a progress file
+    saved when its log was longer: deliveries it counts past a queue's end were of entries cut away, and new
+    entries will take those offsets, so each offset comes down to its queue's end at start-up."""
+    config_dir = os.path.join(box.path, "config")
+    os.makedirs(config_dir, exist_ok=True)
+    for i in range(3):
+        assert box.s.put_message(SCHEDULE_TOPIC, 0, b"%d" % i, {Prop.DELAY: "1"}).ok
+    assert box.s.wait_dispatched()
+    log_now = box.s.max_phys_offset()
+    path = os.path.join(config_dir, "delayOffset.json")
+    with open(path, "w") as f:  # saved when the log (and level 1's queue) was longer; level 2's queue is empty
+        json.dump({"offsetTable": {"1": 5, "2": 4, "3": 0}, "log_end": log_now + 10_000}, f)
+    sched = ScheduleMessageService(box.s, config_dir, FAST_LEVELS)
+    assert sched.offsets() == {1: 3, 2: 0, 3: 0}
+    with open(path) as f:
+        assert json.load(f) == {"offsetTable": {"1": 3, "2": 0, "3": 0}, "log_end": log_now}
+    with open(path, "w") as f:  # saved at or below the log's end: kept as it is
+        json.dump({"offsetTable": {"1": 2}, "log_end": log_now}, f)
+    sched.reload()
+    assert sched.offsets() == {1: 2}

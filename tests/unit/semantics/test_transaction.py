@@ -362,6 +362,33 @@ def test_state_survives_restart(box: StoreBox) -> None:
         tx.shutdown()
 
 
+def test_a_state_file_saved_before_the_log_was_cut_back_scans_from_the_queue_ends(box: StoreBox) -> None:
+    """A replica truncated after an election starts with a state file saved when its log was longer (its old
+    log's first 50 halves all decided). Its half queue now ends at 2, and the halves replicated from the new
+    master take offsets 2, 3, ...: a scan from 50 at promotion would never see them, and their transaction could
+    not be ended. The scan starts come down to the queue ends at start-up."""
+    tx = service(box)
+    tx.put_half_batch(batch("Out", [b"old-1", b"old-2"]), "spark", "old")
+    tx.end_transaction("old", commit=True)
+    tx.shutdown()
+    log_now = box.s.max_phys_offset()
+    state = os.path.join(box.path, "config", "transactionState.json")
+    with open(state, "w") as f:
+        json.dump({"halfScanFrom": 50, "opScanFrom": 40, "checkTimes": {}, "log_end": log_now + 10_000}, f)
+    op_end = box.s.queue_end(TRANS_OP_HALF_TOPIC, 0)
+    tx = TransactionService(box.s, os.path.join(box.path, "config"))  # start-up: built before replication runs
+    with open(state) as f:
+        assert json.load(f) == {"halfScanFrom": 2, "opScanFrom": op_end, "checkTimes": {}, "log_end": log_now}
+    halves = [encode_half_entry("Out", 0, body, None, "spark", "new") for body in (b"new-1", b"new-2")]
+    assert box.s.put_batch(b"".join(halves)).ok  # as the new master's halves arrive by replication
+    tx.start()  # taking office
+    try:
+        assert {t.txn_id: t.status for t in tx.list_transactions()} == {"new": TxStatus.OPEN}  # "old": forgotten
+        assert tx.end_transaction("new", commit=True).restored == 2
+    finally:
+        tx.shutdown()
+
+
 def test_a_start_refused_for_an_unreadable_state_file_leaves_it_alone(box: StoreBox) -> None:
     """Refused at recovery (state file and .bak unreadable), the service's shutdown still persisted its empty
     table over them: the next start succeeded and never saw the open transactions again."""
