@@ -50,7 +50,7 @@ from typing import Any, TypeVar, overload
 from broker.client.connection import Connection
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
-from broker.client.message import Message, encode_message
+from broker.client.message import Message, encode_messages
 from broker.client.results import SendResult, SendStatus
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router, first_available
@@ -372,7 +372,7 @@ class Producer:
         fresh = iter(self.uniq_keys.take(len(msgs)))
         uniq = [m.properties.get(Prop.UNIQ_KEY) or next(fresh) for m in msgs]
         # every message encoded (and so checked) before anything is sent; a move to another queue patches queue ids
-        entries = [encode_message(m, t.queue_id, born, uniq_key=u) for m, t, u in zip(msgs, targets, uniq, strict=True)]
+        entries = encode_messages(msgs, [t.queue_id for t in targets], born, uniq)
         groups: dict[tuple[str, str], list[int]] = {}  # (topic, broker) -> its messages, in order of appearance
         if ordered and len(pinned) == 1:  # one topic to one queue: one group, without a look at each message
             groups[(msgs[0].topic, targets[0].broker_name)] = list(range(len(msgs)))

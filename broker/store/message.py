@@ -287,6 +287,10 @@ def validate_topic(topic: str) -> bytes:
 # ------------------------------------------------------------------------------------------------- encoding
 
 
+DEFAULT_BORN_IP = b"\x7f\x00\x00\x01"  # BORNHOST of an entry a client encodes (the broker keeps what it is sent)
+UNSET_STORE_IP = b"\x00\x00\x00\x00"  # STOREHOST until the store fills it in at append time
+
+
 def entry_size(body_len: int, topic_len: int, props_len: int) -> int:
     return ENTRY_HEADER.size + body_len + 1 + topic_len + 2 + props_len
 
@@ -300,14 +304,14 @@ def encode_entry(
     flag: int = 0,
     sys_flag: int = 0,
     born_timestamp: int = 0,
-    born_ip: bytes = b"\x7f\x00\x00\x01",
+    born_ip: bytes = DEFAULT_BORN_IP,
     born_port: int = 0,
     reconsume_times: int = 0,
     prepared_transaction_offset: int = 0,
     queue_offset: int = 0,
     physical_offset: int = 0,
     store_timestamp: int = 0,
-    store_ip: bytes = b"\x00\x00\x00\x00",
+    store_ip: bytes = UNSET_STORE_IP,
     store_port: int = 0,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
 ) -> bytes:
