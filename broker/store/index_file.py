@@ -391,7 +391,7 @@ class IndexService:
             if offset > indexed_until:
                 for key in keys:
                     if key:
-                        names.append(f"{topic}#{key}")
+                        names.append(index_key(topic, key))
                         owners.append(m)
         if not names:
             return
