@@ -39,13 +39,13 @@ class _Entry(NamedTuple):
 
 def check_store(store: MessageStore) -> list[str]:
     problems: list[str] = []
-    if store.replica:  # a slave's appends assign no queue offsets: its table is rebuilt when it takes office
-        store.rebuild_queue_table()
     if not store.wait_dispatched():
         problems.append(
             f"dispatcher stuck at {store.dispatcher.dispatched_offset}, "
             f"commit log ends at {store.commit_log.max_offset}"
         )
+    if store.replica:  # a slave's appends assign no queue offsets: its table is rebuilt when it takes office,
+        store.rebuild_queue_table()  # from its queues, so after they hold every entry replicated so far
     entries = _check_commit_log(store, problems)
     _check_queues(store, entries, problems)
     _check_index(store, entries, problems)

@@ -15,7 +15,23 @@ SETTLE_S = 0.15  # ranges equal across this gap: the dispatcher has caught up
 SETTLE_TIMEOUT_S = 20.0
 
 
+def dispatched(admin: Admin) -> None:
+    """Wait until each broker's dispatcher has reached the commit-log end it had when called: a pause of the
+    broker (a garbage collection of the test's process, which hosts it) can outlast SETTLE_S."""
+    ends = {name: s["store_commit_log_max_offset"] for name, s in admin.stats_by_broker().items()}
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        now = admin.stats_by_broker()
+        if all(now[name]["store_dispatched_offset"] >= end for name, end in ends.items() if name in now):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"dispatch has not reached {ends} after {SETTLE_TIMEOUT_S} s")
+
+
 def settled_ranges(admin: Admin, topic: str) -> dict[int, tuple[int, int]]:
+    """Queue ranges once every append acknowledged before the call is dispatched and the ranges stop moving
+    (delayed and held units turn visible after their dispatch)."""
+    dispatched(admin)
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     last = admin.queue_offsets(topic)
     while time.monotonic() < deadline:
