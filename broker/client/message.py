@@ -99,16 +99,25 @@ def _properties_bytes(msg: Message, uniq_key: str | None = None) -> bytes:
     return text.encode("utf-8")
 
 
+def body_bytes(msg: Message) -> bytes:
+    """The message's body as bytes (a bytearray or memoryview copied); MessageIllegalError when it is neither, so
+    that a send refuses it before anything goes out."""
+    body = msg.body
+    if type(body) is bytes:
+        return body
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    raise MessageIllegalError(f"message body must be bytes, got {type(body).__name__}; encode text first")
+
+
 def encode_message(
     msg: Message, queue_id: int, born_timestamp: int | None = None, max_message_size: int = 4 << 20,
     uniq_key: str | None = None,
 ) -> bytes:
     """One commit-log entry for SendBatch (store fields zero; the broker fills them in). ``uniq_key``: the UNIQ_KEY
     property to add unless the message has its own."""
-    if not isinstance(msg.body, bytes | bytearray | memoryview):
-        raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}; encode text first")
     return encode_entry(
-        _topic_bytes(msg.topic), queue_id, bytes(msg.body), _properties_bytes(msg, uniq_key), flag=msg.flag,
+        _topic_bytes(msg.topic), queue_id, body_bytes(msg), _properties_bytes(msg, uniq_key), flag=msg.flag,
         born_timestamp=born_timestamp if born_timestamp is not None else int(time.time() * 1000),
         max_message_size=max_message_size,
     )  # fmt: skip
@@ -125,13 +134,7 @@ def encode_messages(
     topic_len, props_len = TOPIC_LEN.pack, PROPS_LEN.pack
     out: list[bytes] = []
     for msg, queue_id, uniq in zip(msgs, queue_ids, uniq_keys, strict=True):
-        body = msg.body
-        if type(body) is not bytes:
-            if not isinstance(body, bytearray | memoryview):
-                raise MessageIllegalError(
-                    f"message body must be bytes, got {type(body).__name__}; encode text first"
-                )
-            body = bytes(body)
+        body = body_bytes(msg)
         if len(body) > max_message_size:
             encode_message(msg, queue_id, born_timestamp, max_message_size, uniq)  # raises, saying why
         topic = _topic_bytes(msg.topic)

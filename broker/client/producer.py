@@ -50,7 +50,7 @@ from typing import Any, TypeVar, overload
 from broker.client.connection import Connection
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
-from broker.client.message import Message, encode_messages
+from broker.client.message import Message, body_bytes, encode_messages
 from broker.client.results import SendResult, SendStatus
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router, first_available
@@ -59,7 +59,6 @@ from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
     InvalidArgumentError,
-    MessageIllegalError,
     ResponseCode,
     SendOutcomeUnknownError,
     ServiceNotAvailableError,
@@ -327,12 +326,11 @@ class Producer:
         self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None,
         queue: MessageQueue | None = None,
     ) -> SendResult:  # fmt: skip
-        if not isinstance(msg.body, bytes | bytearray | memoryview):
-            raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}; encode text first")
+        body = body_bytes(msg)
         fixed = self._resolve_queue(msg.topic, queue, queue_id)
         properties = msg.all_properties()
         uniq = properties.setdefault(Prop.UNIQ_KEY, self.uniq_keys.next())
-        body, born = bytes(msg.body), int(time.time() * 1000)
+        born = int(time.time() * 1000)
 
         def request(mq: MessageQueue) -> pb.SendMessageRequest:
             return pb.SendMessageRequest(producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, body=body,
@@ -355,9 +353,8 @@ class Producer:
         failure after some calls were stored raises PartialSendError saying which messages were stored."""
         if not msgs:
             return []
-        for msg in msgs:  # every message checked before anything is sent
-            if not isinstance(msg.body, bytes | bytearray | memoryview):
-                raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}")
+        for msg in msgs:  # every body checked before a route is looked up (encode_messages checks the rest)
+            body_bytes(msg)
         if queue is not None and any(m.topic != queue.topic for m in msgs):
             raise InvalidArgumentError(f"queue {queue} is not of the topic of every message")
         ordered = queue is not None or queue_id is not None or sharding_key is not None

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import grpc
 
 from broker.client.connection import Connection
-from broker.client.message import Message
+from broker.client.message import Message, body_bytes
 from broker.client.producer import Producer, SendResults
 from broker.client.results import ReceivedMessage, SendResult
-from broker.errors import BrokerError, MessageIllegalError
+from broker.errors import BrokerError
 from broker.proto import sluice_pb2 as pb
 from broker.store.message import decode_entry
 
@@ -83,12 +83,11 @@ class TransactionProducer(Producer):
     def send_in_transaction(
         self, msg: Message, local_fn: LocalTransaction, *, queue_id: int | None = None, sharding_key: str | None = None
     ) -> TransactionSendResult:
-        if not isinstance(msg.body, bytes | bytearray | memoryview):
-            raise MessageIllegalError(f"message body must be bytes, got {type(msg.body).__name__}; encode text first")
+        body = body_bytes(msg)
         mq = self._resolve_queue(msg.topic, None, queue_id) or self.select_queue(msg.topic, sharding_key)
         txn_id = uuid.uuid4().hex.upper()
         request = pb.SendMessageRequest(
-            producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, body=bytes(msg.body),
+            producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, body=body,
             properties=msg.all_properties(), flag=msg.flag, born_timestamp=int(time.time() * 1000),
             transactional=True, transaction_id=txn_id,
         )  # fmt: skip
