@@ -134,7 +134,9 @@ def encode_messages(
     topic_len, props_len = TOPIC_LEN.pack, PROPS_LEN.pack
     out: list[bytes] = []
     for msg, queue_id, uniq in zip(msgs, queue_ids, uniq_keys, strict=True):
-        body = body_bytes(msg)
+        body = msg.body
+        if type(body) is not bytes:  # the common case without a call: this loop is the send path's largest cost
+            body = body_bytes(msg)
         if len(body) > max_message_size:
             encode_message(msg, queue_id, born_timestamp, max_message_size, uniq)  # raises, saying why
         topic = _topic_bytes(msg.topic)

@@ -1,17 +1,20 @@
 """Helpers of the semantics end-to-end tests: read a whole topic through PullConsumer.
 
 Consume queues are built asynchronously from the commit log, so a queue's max offset may trail a send or a commit
-that just returned by a few milliseconds; the helpers read the queue ranges once they have stopped moving.
+that just returned by a few milliseconds; the helpers read the queue ranges once the broker's dispatch has reached
+the log's end they saw and the ranges have stopped moving.
 """
 
 from __future__ import annotations
 
 import time
 
+from e2e_brokers import wait_until
+
 from broker.client import Admin, PullConsumer, PullStatus, ReceivedMessage
 from broker.errors import TopicNotExistError
 
-SETTLE_S = 0.15  # ranges equal across this gap: the dispatcher has caught up
+SETTLE_S = 0.15  # once dispatch has caught up, ranges equal across this gap: held and delayed units shown
 SETTLE_TIMEOUT_S = 20.0
 
 
@@ -19,13 +22,12 @@ def dispatched(admin: Admin) -> None:
     """Wait until each broker's dispatcher has reached the commit-log end it had when called: a pause of the
     broker (a garbage collection of the test's process, which hosts it) can outlast SETTLE_S."""
     ends = {name: s["store_commit_log_max_offset"] for name, s in admin.stats_by_broker().items()}
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while time.monotonic() < deadline:
+
+    def reached() -> bool:
         now = admin.stats_by_broker()
-        if all(now[name]["store_dispatched_offset"] >= end for name, end in ends.items() if name in now):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"dispatch has not reached {ends} after {SETTLE_TIMEOUT_S} s")
+        return all(now[name]["store_dispatched_offset"] >= end for name, end in ends.items() if name in now)
+
+    wait_until(reached, SETTLE_TIMEOUT_S, f"dispatch to the commit-log ends {ends}")
 
 
 def settled_ranges(admin: Admin, topic: str) -> dict[int, tuple[int, int]]:
