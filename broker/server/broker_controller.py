@@ -145,7 +145,11 @@ class BrokerController:
         self.gate = ReplicationGate()
         self.replication: ReplicationManager | None = None
         self._semantics_started = False
-        self._restart_lock = threading.Lock()
+        if not hasattr(self, "_restart_lock"):
+            # Kept across a restart in place, which runs __init__ again: the owner's shutdown waits for a restart
+            # under way and then stops what it started, and a closed broker is never started again by one.
+            self._restart_lock = threading.Lock()
+            self._closed = False
         self._last_runtime = (time.monotonic(), 0.0, 0.0)  # (when, put messages, get messages) at the last report
 
     def _held_elsewhere(self) -> int:
@@ -315,14 +319,14 @@ class BrokerController:
         """Stop everything and start again on the same store and ports: what a replica does when it stops being
         master or must truncate its log (broker/ha/manager.py says why through start-up)."""
         with self._restart_lock:
-            if self._stopped:
+            if self._stopped or self._closed:
                 return
             log.warning("restarting the broker in place: %s", why)
             config = self.config
             config.listen = f"{config.listen_address[0]}:{self.port}"
             if self.metrics_server is not None:
                 config.metrics_port = self.metrics_server.port
-            self.shutdown()
+            self._stop_all()
             deadline = time.monotonic() + RESTART_BIND_WAIT_S
             while True:  # the ports just closed may take a moment to be free again
                 self.__init__(config)  # type: ignore[misc]  # a fresh broker in this object: callers keep it
@@ -566,6 +570,13 @@ class BrokerController:
 
     # ------------------------------------------------------------------------------------------------ stop
     def shutdown(self) -> None:
+        """Stop for good. A restart in place under way (another thread) ends first; the broker it started is
+        stopped here, and none starts after."""
+        self._closed = True
+        with self._restart_lock:
+            self._stop_all()
+
+    def _stop_all(self) -> None:
         if self._stopped:
             return
         self._stopped = True

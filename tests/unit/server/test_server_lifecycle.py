@@ -11,6 +11,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.errors import BrokerError
 from broker.server.broker_controller import BrokerController
@@ -192,3 +194,26 @@ def test_offsets_are_still_saved_after_a_periodic_task_raised(broker_factory: Ca
             assert time.monotonic() < deadline, f"offsets not saved after the periodic task raised ({len(calls)} calls)"
             time.sleep(0.02)
     assert len(calls) >= 2
+
+
+def test_shutdown_during_a_restart_in_place_leaves_nothing_running(broker_factory: BrokerFactory,
+                                                                    tmp_path: Path) -> None:  # fmt: skip
+    """A replica restarts in place from a thread of its own (a truncation, a lost mastership); its owner's shutdown
+    at that moment must stop the restarted broker, not return while a new one starts behind it."""
+    store = tmp_path / "restarting"
+    for wait_for_restart in (True, False):  # the owner's shutdown after the restart began, and before
+        broker = broker_factory(store)
+        broker._restart_in_background("test")
+        deadline = time.monotonic() + 10
+        while wait_for_restart and not broker._restart_lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        broker.shutdown()
+        restarts = [t for t in threading.enumerate() if t.name == "broker-restart"]
+        for t in restarts:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in restarts)
+        assert broker._stopped
+        with Admin(f"127.0.0.1:{broker.port}", timeout_s=1) as admin, pytest.raises(BrokerError):
+            admin.stats()  # nobody answers on the port
+        again = broker_factory(store)  # the store's lock was released: nothing holds it
+        again.shutdown()
