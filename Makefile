@@ -35,10 +35,12 @@ test-failover: $(STAMP)
 	bash scripts/ensure-etcd.sh
 	SLUICE_LONG_FAILOVERS=$(FAILOVERS) $(PY) -m pytest tests/unit/ha -q -s $(PYTEST_ARGS)
 
-## make test-crash: the Spark crash loops at full length (more driver kills over more messages than in `make test`)
+## make test-crash: the Spark crash loops at full length (more driver kills over more messages than in `make test`,
+## more queries stopped mid-start)
 test-crash: $(STAMP)
 	SLUICE_LONG_CRASHES=1 $(PY) -m pytest tests/unit/connector/test_exactly_once.py \
-		tests/unit/connector/test_sink_exactly_once.py tests/unit/connector/test_cluster_exactly_once.py -q -s $(PYTEST_ARGS)
+		tests/unit/connector/test_sink_exactly_once.py tests/unit/connector/test_cluster_exactly_once.py \
+		tests/unit/connector/test_query_stop.py -q -s $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -32,8 +32,9 @@ T = TypeVar("T")
 RETRY_DELAYS_S = (0.0, 0.2, 1.0, 3.0, 5.0)  # about 9 s: rides out a broker restart, not an outage
 
 _lock = threading.Lock()
+LinkKey = tuple[str, str, str, int, TlsFiles, AuthKeys]  # (brokers, broker name, group, timeout, TLS, credentials)
 # keyed by the credentials too: two queries of different users in one worker never share a channel
-_links: dict[tuple[str, str, str, int, TlsFiles, AuthKeys], BrokerLink] = {}
+_links: dict[LinkKey, BrokerLink] = {}
 
 BrokerQueue = tuple[str, int]  # (broker name, queue id)
 
@@ -149,11 +150,15 @@ def retried(call: Callable[[], T], delays_s: tuple[float, ...] = RETRY_DELAYS_S)
     raise AssertionError("unreachable")
 
 
+def _link_key(options: SourceOptions) -> LinkKey:
+    return (options.namesrv or options.endpoints or "", options.broker_name or "", options.pull_group,
+            options.poll_timeout_ms, options.tls, options.auth)  # fmt: skip
+
+
 def link_for(options: SourceOptions) -> BrokerLink:
     from connector.cluster_link import ClusterLink
 
-    key = (options.namesrv or options.endpoints or "", options.broker_name or "", options.pull_group,
-           options.poll_timeout_ms, options.tls, options.auth)
+    key = _link_key(options)
     with _lock:
         link = _links.get(key)
         if link is None:
@@ -168,8 +173,17 @@ def link_for(options: SourceOptions) -> BrokerLink:
         return link
 
 
+def release_link(options: SourceOptions) -> None:
+    """Close and forget the link of ``options`` (the end of a driver-side reader); a later ``link_for`` opens a new
+    one. Links of other options stay open: other queries of the process may be using them."""
+    with _lock:
+        link = _links.pop(_link_key(options), None)
+    if link is not None:
+        link.close()
+
+
 def close_links() -> None:
-    """Close every cached channel (tests and the end of a driver-side reader)."""
+    """Close every cached channel of this process."""
     with _lock:
         for link in _links.values():
             link.close()

@@ -3,8 +3,8 @@
 Where each method runs (PySpark 4.3): one long-lived Python process on the driver owns one reader instance for the
 whole query and serves ``initialOffset``, ``latestOffset(start, limit)``, ``getDefaultReadLimit``,
 ``reportLatestOffset``, ``prepareForTriggerAvailableNow``, ``partitions(start, end)`` and ``commit(end)``, so it may
-keep state between triggers. ``read(partition)`` runs on executors in a different instance (pickled at planning
-time), so it uses nothing but the options and the partition.
+keep state between triggers; ``stop()`` runs there too, once, when the query ends. ``read(partition)`` runs on
+executors in a different instance (pickled at planning time), so it uses nothing but the options and the partition.
 
 Commit protocol: Spark calls ``commit(end)`` for batch N only after batch N+1 has been planned, i.e. after batch N
 is in the sink and the commit log. The engine runs batches one after another, so when ``latestOffset(start, ...)``
@@ -20,7 +20,10 @@ naming it, or with failOnDataLoss=false holds its queues at their offsets until 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -32,7 +35,7 @@ from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistErr
 from broker.store.message import I64, POS_QUEUE_OFFSET
 from connector.admission import AdmissionControl, default_read_limit
 from connector.auth_options import explains_refusals
-from connector.broker_link import BrokerLink, link_for, unknown_group
+from connector.broker_link import BrokerLink, link_for, release_link, unknown_group
 from connector.data_loss import broker_gone, data_lost
 from connector.group_commit import GroupCommitter
 from connector.offset_resolver import (
@@ -49,6 +52,9 @@ from connector.partition_reader import SluicePartition, read_partition
 from connector.planning import QueueRange, split_ranges
 
 log = logging.getLogger(__name__)
+
+# The module PySpark runs (``python -m``) as the driver-side process that owns a stream reader (module docstring).
+SOURCE_RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
 
 
 class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -160,6 +166,31 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, SluicePartition), type(partition)
         return read_partition(self.options, partition)
 
+    # ------------------------------------------------------------------------------------------------ stop
+
+    def stop(self) -> None:
+        """The query ended: close this reader's channels to its brokers; then, when Spark has already hung up on the
+        runner process this runs in, end that process at once (``_spark_hung_up`` says when).
+
+        PySpark's runner (pyspark/sql/streaming/python_streaming_source_runner.py, 4.3.0) has no stop request: it
+        calls ``stop()`` from the ``finally`` around its request loop, so only as that loop unwinds, with the reason
+        in flight. Stopping a query interrupts the query's thread, and an interrupted thread's I/O on the runner's
+        NIO channel closes it, so the runner may find its socket closed before Spark's SIGTERM arrives (or with none
+        to come, when the query stopped while Spark waited for the reader to be created): ``read_int`` (line 265)
+        raises EOFError, the runner's ``except BaseException`` writes the error to the closed socket and flushes it
+        (line 299), which raises again outside any handler, and Python prints the chained traceback to the driver's
+        stderr unless a SIGTERM cuts it short. Exiting here, with nothing left to tell a Spark that has gone, ends the
+        process before that path runs. A reader method's own error still takes it, so that Spark reports it.
+        """
+        try:
+            release_link(self.options)
+        finally:
+            if _spark_hung_up():
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(OSError, ValueError):  # the pipe to Spark may be gone as well
+                        stream.flush()
+                os._exit(0)
+
     # ------------------------------------------------------------------------------------------------ helpers
 
     def _parse(self, offset: Mapping) -> dict[QueueKey, int]:
@@ -222,6 +253,26 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _probe_bytes(self, key: QueueKey, start: int, cap: int, budget: int) -> int:
         topic, broker, queue_id = key
         return probe_bytes(link_for(self.options), self.options, topic, queue_id, start, cap, budget, broker=broker)
+
+
+def _spark_hung_up() -> bool:
+    """True only in PySpark's streaming-source runner process (never in a user's driver or an executor, where an
+    exit would end the program or the worker), while it unwinds because its socket to Spark is closed: EOFError
+    from reading it, or a ConnectionError from writing to it, raised by the runner's own I/O rather than by a
+    method of this package, whose errors Spark must still be told."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is None or spec.name != SOURCE_RUNNER_MODULE:
+        return False
+    exc = sys.exc_info()[1]  # inside the runner's ``finally``: the exception that ended its loop
+    if not isinstance(exc, (EOFError, ConnectionError)):
+        return False
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_globals.get("__name__", "").partition(".")[0] == __package__:
+            return False
+        frame = frame.tb_next
+    return True
 
 
 def probe_bytes(

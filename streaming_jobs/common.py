@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+log = logging.getLogger(__name__)
+
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, the shell's convention (as `sluice` commands)
 AWAIT_POLL_S = 1  # a query is waited for in py4j calls this long, so that Ctrl-C is seen between them
 
@@ -67,7 +69,31 @@ def spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    quiet_accumulator_hangups(spark)
     return spark
+
+
+def quiet_accumulator_hangups(spark: SparkSession) -> None:
+    """Make the driver's accumulator server take a connection the JVM closed as closed, not print a traceback.
+
+    Spark runs a Python data source's planning, and a Python sink's commit and abort, in Python workers from the
+    query's own thread, and merges their accumulator updates into the driver's server over an NIO channel. Stopping
+    a query (Ctrl-C) interrupts that thread, and an interrupted thread's I/O closes the channel: the server's handler
+    reads EOF, socketserver prints it as "Exception occurred during processing of request" with a traceback, and the
+    JVM opens a new connection for its next update. That print tells a user nothing to act on; any other error of the
+    server is still printed."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None:  # a PySpark without it, or a stopped context: nothing prints
+        return
+    report = server.handle_error
+
+    def handle_error(request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):  # called in socketserver's ``except``
+            log.debug("the JVM closed its accumulator connection (%s)", client_address)
+            return
+        report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def group_name(prefix: str, topics: list[str]) -> str:
