@@ -12,6 +12,7 @@ their meaning.
 from __future__ import annotations
 
 from broker.errors import NoPermissionError
+from broker.store.txn_visibility import MARKER_TOPIC as TRANS_MARKER_TOPIC
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # delayed messages; queue id = delay level - 1
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"  # transactional half (prepared) messages
@@ -19,6 +20,8 @@ TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # one op message per ended 
 TIMER_TOPIC = "rmq_sys_wheel_timer"  # timer messages (TIMER_DELIVER_MS) until they are due; queue 0
 # Sluice's own (RocketMQ has no transactions over several brokers): the decisions a coordinator broker keeps
 TRANS_DECISION_TOPIC = "SLUICE_SYS_TRANS_DECISION_TOPIC"
+# TRANS_MARKER_TOPIC (declared with its format in broker/store/txn_visibility.py): the commit and rollback markers
+# of transactions that write their messages in place
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # RocketMQ's internal topics that Sluice does not write, reserved all the same (TopicValidator's
@@ -35,7 +38,9 @@ TRANS_READER_GROUP = "CID_SYS_RMQ_TRANS"
 TIMER_READER_GROUP = "CID_SYS_RMQ_TIMER"
 
 SYSTEM_TOPICS = (
-    frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TIMER_TOPIC, TRANS_DECISION_TOPIC})
+    frozenset(
+        {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TIMER_TOPIC, TRANS_DECISION_TOPIC, TRANS_MARKER_TOPIC}
+    )
     | ROCKETMQ_RESERVED_TOPICS
 )
 

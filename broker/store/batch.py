@@ -28,11 +28,13 @@ from broker.store.message import (
     ENTRY_HEADER,
     H_BODY_CRC,
     H_BODY_LENGTH,
+    H_PREPARED_TX_OFFSET,
     H_QUEUE_ID,
     H_SYS_FLAG,
     MAX_TOPIC_BYTES,
     MESSAGE_MAGIC,
     MIN_ENTRY_SIZE,
+    POS_PREPARED_TX_OFFSET,
     PREFIX,
     TOPIC_PATTERN,
     EntryHeader,
@@ -42,6 +44,7 @@ from broker.store.message import (
     parse_layout,
     properties_complete,
     quick_layout,
+    takes_queue_offset,
 )
 
 Buffer = bytes | bytearray | memoryview | mmap.mmap  # anything entries can be read from
@@ -73,6 +76,27 @@ def gather(arr: np.ndarray, idx: np.ndarray, width: int, dtype: str) -> np.ndarr
     if idx.size == 0:
         return np.zeros(0, np.int64)
     return _rows(arr, width)[idx].view(dtype).ravel().astype(np.int64)
+
+
+def transaction_handles(arr: np.ndarray, run: EntryRun) -> np.ndarray | None:
+    """PREPARED TRANSACTION OFFSET of each PREPARED entry of ``run`` (0 for the others), None when there is none:
+    message.in_place_transactional for a whole run. ``arr``: the run's buffer as uint8."""
+    prepared = (run.sys_flags & SysFlag.TRANSACTION_MASK) == SysFlag.TRANSACTION_PREPARED_TYPE
+    if not prepared.any():
+        return None
+    handles = np.zeros(len(run), np.int64)
+    handles[prepared] = gather(arr, run.positions[prepared] + POS_PREPARED_TX_OFFSET, 8, ">i8")
+    return handles
+
+
+def counted_entries(arr: np.ndarray, run: EntryRun) -> np.ndarray:
+    """message.takes_queue_offset for every entry of ``run``."""
+    tx = run.sys_flags & SysFlag.TRANSACTION_MASK
+    counted = tx != SysFlag.TRANSACTION_ROLLBACK_TYPE
+    handles = transaction_handles(arr, run)
+    if handles is not None:
+        counted &= (tx != SysFlag.TRANSACTION_PREPARED_TYPE) | (handles > 0)
+    return counted
 
 
 def splice(source: bytes, starts: np.ndarray, lengths: np.ndarray) -> bytes:
@@ -524,10 +548,7 @@ class SmallBatch:
     data: bytearray
     positions: list[int]
     keys: list[tuple[str, int]]  # (topic, queue id) per entry
-    counted: list[bool]  # advances its queue's offset (prepared / rolled-back transactions do not)
-
-
-_NOT_COUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+    counted: list[bool]  # advances its queue's offset (message.takes_queue_offset)
 
 
 def batch_properties(buffer: bytes, validated: SmallBatch | ValidatedBatch) -> bytes:
@@ -586,7 +607,7 @@ def validate_small_batch(buffer: bytes | bytearray | memoryview, limit_bytes: in
         if name is None:
             names[raw] = name = _small_topic(raw, i)
         keys.append((name, h[H_QUEUE_ID]))
-        counted.append(h[H_SYS_FLAG] & SysFlag.TRANSACTION_MASK not in _NOT_COUNTED)
+        counted.append(takes_queue_offset(h[H_SYS_FLAG], h[H_PREPARED_TX_OFFSET]))
     return SmallBatch(bytearray(buf), positions, keys, counted)
 
 
@@ -666,8 +687,7 @@ def validate_batch(
         if not is_topic_name(raw):
             raise MessageIllegalError(_bad_topic(raw, int(np.flatnonzero(key_ids == len(keys))[0])))
         keys.append((raw.decode("ascii"), qid))
-    tx = run.sys_flags & SysFlag.TRANSACTION_MASK
-    counted = (tx != SysFlag.TRANSACTION_PREPARED_TYPE) & (tx != SysFlag.TRANSACTION_ROLLBACK_TYPE)
+    counted = counted_entries(np.frombuffer(buffer, np.uint8), run)
     return ValidatedBatch(bytearray(buffer), run, key_ids, keys, counted)
 
 

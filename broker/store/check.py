@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from broker.store.batch import Buffer, scan
+from broker.store.batch import Buffer, counted_entries, scan
 from broker.store.consume_queue import CQ_DTYPE
 from broker.store.dispatcher import message_keys
 from broker.store.index_file import INDEX_HEADER, index_key, key_hash
-from broker.store.message import SysFlag
 
 if TYPE_CHECKING:
     from broker.store.message_store import MessageStore
@@ -49,6 +48,7 @@ def check_store(store: MessageStore) -> list[str]:
     entries = _check_commit_log(store, problems)
     _check_queues(store, entries, problems)
     _check_index(store, entries, problems)
+    store.txn_visibility.check(problems)
     return problems[:MAX_PROBLEMS]
 
 
@@ -67,6 +67,7 @@ def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _En
         topics = run.topics(f.mm)
         props = run.properties(f.mm)
         phys_field = _phys_fields(f.mm, run.positions)
+        counted_all = counted_entries(np.frombuffer(f.mm, np.uint8), run)
         for i in range(len(run)):
             pos = int(run.positions[i])
             phys = f.file_from_offset + pos
@@ -78,8 +79,7 @@ def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _En
             last_ts = max(last_ts, ts)
             topic = topics[i].decode("ascii", "replace")
             qid, qoff = int(run.queue_ids[i]), int(run.queue_offsets[i])
-            tx = int(run.sys_flags[i]) & SysFlag.TRANSACTION_MASK
-            counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+            counted = bool(counted_all[i])
             deleted = phys < store.deleted_topics.get(topic, -1)
             if deleted:
                 counted = False  # an entry of a since-deleted topic: its queue numbering started over

@@ -13,12 +13,17 @@ how recovery finds the end. Their disk blocks are reserved as units are written,
 (mapped_file: ``reserve_as_written``): every queue has a file, and most queues hold far fewer units than a file.
 
 Readers see units up to ``max_offset``; the dispatcher writes up to ``written_offset``. The two differ only while a
-``VisibilityHold`` covers the queue: a batch-transaction commit holds every queue it writes to, so that its units,
-dispatched over many passes and queues, are all shown at the same instant when the hold is released.
+``VisibilityHold`` covers the queue, placed at some queue offset: readers see nothing from the lowest offset an
+active hold was placed at. A batch-transaction commit holds every queue it re-stores into from where it starts, so
+that its units, dispatched over many passes and queues, are all shown at the same instant when the hold is
+released; a transaction writing in place holds each queue from its first entry there until its marker
+(txn_visibility.py). Units in ``aborted`` ranges (entries of rolled-back transactions) are never shown: readers
+skip them.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import os
@@ -77,14 +82,32 @@ def data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
 
 
 class VisibilityHold:
-    """While active, the queues it was placed on show readers no unit written after it was placed. Releasing it is
-    one attribute write, so all of those queues show their new units at the same instant."""
+    """While active, the queues it was placed on show readers no unit from the offset it was placed at. Releasing
+    it is one write to a cell the hold may share with others (``release_together``), so every queue they cover
+    shows its new units at the same instant."""
 
-    __slots__ = ("active", "queues")
+    __slots__ = ("_cell", "queues")
 
     def __init__(self) -> None:
-        self.active = True
+        self._cell = [True]
         self.queues: list[ConsumeQueue] = []
+
+    @property
+    def active(self) -> bool:
+        return self._cell[0]
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._cell[0] = value
+
+    @staticmethod
+    def release_together(holds: list[VisibilityHold]) -> None:
+        """Release ``holds`` at one instant: they first share one cell (each still active), then it flips."""
+        cell = [True]
+        for hold in holds:
+            if hold.active:
+                hold._cell = cell
+        cell[0] = False
 
 
 class ConsumeQueue:
@@ -103,8 +126,10 @@ class ConsumeQueue:
         directory = os.path.join(root, topic, str(queue_id))
         self.files = MappedFileQueue(directory, file_size, sync, allocate, sync_dir=sync_dir, reserve_as_written=True)
         self.min_offset = 0  # first valid queue offset (moves forward when the commit log expires)
-        self._holds: tuple[VisibilityHold, ...] = ()
-        self._held_at = 0  # max_offset while any hold is active: written_offset when the first of them was placed
+        self._holds: tuple[tuple[VisibilityHold, int], ...] = ()  # (hold, the queue offset it hides from)
+        # [start, end) queue-offset ranges of rolled-back transactions' entries, sorted, disjoint: readers skip
+        # them (txn_visibility.py keeps them, here so that a read finds them without another lookup)
+        self.aborted: list[tuple[int, int]] = []
 
     @property
     def written_offset(self) -> int:
@@ -113,19 +138,61 @@ class ConsumeQueue:
 
     @property
     def max_offset(self) -> int:
-        """One past the last unit readers may see (written_offset, unless a hold is active)."""
-        for hold in self._holds:
-            if hold.active:
-                return self._held_at
-        return self.files.max_offset // CQ_UNIT_SIZE
+        """One past the last unit readers may see: written_offset, or the lowest offset an active hold hides
+        from, whichever is lower."""
+        written = self.files.max_offset // CQ_UNIT_SIZE
+        for hold, at in self._holds:  # few: the commits and open transactions writing to this queue
+            if hold.active and at < written:
+                written = at
+        return written
 
-    def place_hold(self, hold: VisibilityHold) -> None:
-        """Hide units written from now on until ``hold`` (and any hold already active here) is released."""
-        active = tuple(h for h in self._holds if h.active)
-        if not active:
-            self._held_at = self.written_offset  # set before the hold is visible to readers
-        self._holds = (*active, hold)
+    def place_hold(self, hold: VisibilityHold, at: int | None = None) -> None:
+        """Hide units from queue offset ``at`` (default: the next one written) until ``hold`` is released. ``at``
+        must not be below what readers already see: a queue never shrinks under a reader."""
+        self._holds = (*((h, a) for h, a in self._holds if h.active), (hold, self.written_offset if at is None else at))
         hold.queues.append(self)
+
+    def held(self) -> list[tuple[VisibilityHold, int]]:
+        """The active holds and the offsets they hide from (check())."""
+        return [(h, a) for h, a in self._holds if h.active]
+
+    def add_aborted(self, start: int, end: int) -> None:
+        """Never show units [start, end) (a rolled-back transaction's entries); merged with touching ranges."""
+        if start >= end:
+            return
+        ranges = self.aborted
+        i = bisect.bisect_left(ranges, (start, start))
+        if i > 0 and ranges[i - 1][1] >= start:
+            i -= 1
+            start = min(start, ranges[i][0])
+        j = i
+        while j < len(ranges) and ranges[j][0] <= end:
+            end = max(end, ranges[j][1])
+            j += 1
+        self.aborted = [*ranges[:i], (start, end), *ranges[j:]]  # a new list: readers iterate the old one
+
+    def aborted_mask(self, offset: int, count: int) -> np.ndarray | None:
+        """For units [offset, offset + count): True where the unit is in an aborted range; None when none is
+        (the common case, one comparison)."""
+        ranges = self.aborted
+        if not ranges or ranges[-1][1] <= offset:
+            return None
+        end = offset + count
+        i = max(bisect.bisect_right(ranges, (offset, offset)) - 1, 0)
+        mask: np.ndarray | None = None
+        for start, stop in ranges[i:]:
+            if start >= end:
+                break
+            if stop <= offset:
+                continue
+            if mask is None:
+                mask = np.zeros(count, np.bool_)
+            mask[max(start, offset) - offset : min(stop, end) - offset] = True
+        return mask
+
+    def is_aborted(self, queue_offset: int) -> bool:
+        mask = self.aborted_mask(queue_offset, 1)
+        return mask is not None and bool(mask[0])
 
     # ------------------------------------------------------------------------------------------------ load
     def load(self, commit_log_min: int, commit_log_end: int) -> None:

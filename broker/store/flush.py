@@ -262,7 +262,9 @@ class ConsumeQueueFlushService(ServiceThread):
         if not self.stopped:
             self.flush_all()
 
-    def flush_all(self) -> bool:
+    def flush_all(self, final: bool = False) -> bool:
+        """``final``: the store is shutting down; the transaction-visibility state is written whether or not it
+        changed, so the next start re-dispatches nothing."""
         # Snapshot first: everything dispatched before this point is in the files we are about to sync.
         offset = self.dispatcher.dispatched_offset
         ts = self.dispatcher.last_dispatched_timestamp
@@ -271,6 +273,8 @@ class ConsumeQueueFlushService(ServiceThread):
                 cq.flush()
             if self.index is not None:
                 self.index.flush()
+            if self.dispatcher.txn is not None:
+                self.dispatcher.txn.save(self.dispatcher.commit_log.min_offset, force=final)
             self.checkpoint.update(
                 logics_msg_timestamp=ts, logics_offset=offset, index_msg_timestamp=ts, index_offset=offset
             )

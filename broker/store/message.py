@@ -137,6 +137,23 @@ class SysFlag:
         return sys_flag & SysFlag.TRANSACTION_MASK
 
 
+def in_place_transactional(sys_flag: int, prepared_transaction_offset: int) -> bool:
+    """Whether an entry was written in its real queue by a transaction still to be decided there: transaction
+    type PREPARED with the transaction's handle (> 0) in PREPARED TRANSACTION OFFSET (txn_visibility.py). RocketMQ
+    never stores a PREPARED entry outside its half topic, and Sluice refuses transaction types from clients, so
+    no other entry looks like one."""
+    return sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_PREPARED_TYPE and prepared_transaction_offset > 0
+
+
+def takes_queue_offset(sys_flag: int, prepared_transaction_offset: int) -> bool:
+    """Whether an entry gets a unit in its consume queue: as RocketMQ, not a PREPARED (half) or ROLLBACK entry,
+    except an in-place transactional one, which readers skip until its transaction's marker shows it."""
+    tx = sys_flag & SysFlag.TRANSACTION_MASK
+    if tx == SysFlag.TRANSACTION_PREPARED_TYPE:
+        return prepared_transaction_offset > 0
+    return tx != SysFlag.TRANSACTION_ROLLBACK_TYPE
+
+
 class Prop:
     """Property names, spelled as RocketMQ's ``MessageConst`` so stored data reads the same."""
 
@@ -426,6 +443,7 @@ H_QUEUE_ID = EntryHeader._fields.index("queue_id")
 H_QUEUE_OFFSET = EntryHeader._fields.index("queue_offset")
 H_SYS_FLAG = EntryHeader._fields.index("sys_flag")
 H_STORE_TIMESTAMP = EntryHeader._fields.index("store_timestamp")
+H_PREPARED_TX_OFFSET = EntryHeader._fields.index("prepared_transaction_offset")
 H_BODY_LENGTH = EntryHeader._fields.index("body_length")
 _V6_FLAGS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 

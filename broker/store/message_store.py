@@ -49,8 +49,11 @@ from broker.store.index_file import IndexService
 from broker.store.message import (
     END_FILE_MIN_BLANK_LENGTH,
     I32,
+    I64,
     MAX_PROPERTIES_BYTES,
+    POS_PREPARED_TX_OFFSET,
     POS_STORE_HOST,
+    POS_SYS_FLAG,
     TOPIC_PATTERN,
     Prop,
     StoredMessage,
@@ -58,13 +61,16 @@ from broker.store.message import (
     decode_entry,
     encode_entry,
     encode_properties,
+    in_place_transactional,
     pack_ipv4,
     parse_msg_id,
+    takes_queue_offset,
     validate_topic,
 )
 from broker.store.queue_reader import QueueReader
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.results import GetResult, GetStatus, PutResult, PutStatus
+from broker.store.txn_visibility import TxnVisibility, state_path
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +186,8 @@ class MessageStore:
         )
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index)
         self.dispatcher.set_due_times(config.schedule_topic, config.delay_level_ms)
+        self.txn_visibility = TxnVisibility(state_path(config.config_dir), self.queues, self.dispatcher.listeners)
+        self.dispatcher.txn = self.txn_visibility
         self.checkpoint: Checkpoint | None = None
         self.recovery_report: RecoveryReport | None = None
         self._lock_fd = -1
@@ -227,6 +235,7 @@ class MessageStore:
             self.recovery_report = recover(
                 cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal, cut
             )
+            self.txn_visibility.save(self.commit_log.min_offset, force=True)  # the file exists from the first start
             self._settle_deletions()
             if abnormal or cut is not None:
                 self._sync_recovered_files()
@@ -307,7 +316,7 @@ class MessageStore:
             # step fails (a consume-queue file that cannot be created, say).
             log_flushed = flush_commit_log(self.commit_log, self.checkpoint, self._on_io_error)
             self.dispatcher.dispatch_available(notify=False)
-            queues_flushed = self._cq_flush is not None and self._cq_flush.flush_all()
+            queues_flushed = self._cq_flush is not None and self._cq_flush.flush_all(final=True)
             clean = log_flushed and queues_flushed and not self._write_error
         finally:
             self._close_files()
@@ -447,8 +456,7 @@ class MessageStore:
         if isinstance(encoded, PutResult):
             return encoded
         entry = encoded
-        tx = sys_flag & SysFlag.TRANSACTION_MASK
-        counted = tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+        counted = takes_queue_offset(sys_flag, prepared_transaction_offset)
         try:
             phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
         except (OSError, CreateMappedFileError) as e:
@@ -695,6 +703,15 @@ class MessageStore:
         limit = self.read_limit
         return limit is None or commitlog_offset + size <= limit()
 
+    def decided(self, msg: StoredMessage) -> bool:
+        """Whether a message looked up by key or id may be shown as far as transactions go: an in-place
+        transactional entry only once its marker committed it (below its queue's readable limit, not in an
+        aborted range: txn_visibility.py); any other entry always."""
+        if not in_place_transactional(msg.sys_flag, msg.prepared_transaction_offset):
+            return True
+        cq = self.queues.find(msg.topic, msg.queue_id)
+        return cq is not None and msg.queue_offset < cq.max_offset and not cq.is_aborted(msg.queue_offset)
+
     def queue_ranges(self, topic: str, queue_ids: Iterable[int]) -> list[tuple[int, int, int]]:
         """(queue id, min offset, max offset) of several queues as of one instant (no commit half-shown)."""
         with self._visibility_lock:
@@ -735,7 +752,12 @@ class MessageStore:
         raw = self.lookup_entry(parts.commitlog_offset)
         if raw is None or raw[POS_STORE_HOST : POS_STORE_HOST + 8] != parts.store_ip + I32.pack(parts.store_port):
             return None
-        return raw if self.confirmed(parts.commitlog_offset, len(raw)) else None  # replicas hold it (broker/ha)
+        if not self.confirmed(parts.commitlog_offset, len(raw)):  # replicas hold it (broker/ha)
+            return None
+        sys_flag, handle = I32.unpack_from(raw, POS_SYS_FLAG)[0], I64.unpack_from(raw, POS_PREPARED_TX_OFFSET)[0]
+        if in_place_transactional(sys_flag, handle):
+            return raw if self.decided(decode_entry(raw)) else None
+        return raw
 
     def view_by_msg_id(self, msg_id: str) -> StoredMessage | None:
         raw = self.view_entry_by_msg_id(msg_id)
@@ -799,6 +821,8 @@ class MessageStore:
                     continue
                 if confirmed_only and not self.confirmed(off, msg.store_size):
                     continue
+                if not self.decided(msg):
+                    continue
                 has_key = key in msg.keys or msg.properties.get(Prop.UNIQ_KEY) == key  # hash collisions stop here
                 if has_key and begin_ms <= msg.store_timestamp <= end_ms:
                     nbytes += len(msg.body)
@@ -848,6 +872,7 @@ class MessageStore:
             with self.dispatcher.lock:
                 for cq in self.queues.remove_topic(topic):
                     cq.destroy()
+                self.txn_visibility.forget_topic(topic)
                 table = self.commit_log.queue_table  # changed in place: appenders hold no other reference to it
                 for key in [k for k in table if k[0] == topic]:
                     del table[key]

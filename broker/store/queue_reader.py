@@ -2,7 +2,9 @@
 
 Three ways through, same answers (tested against each other): a struct-unpack fast path for a few units whose
 entries are one contiguous run (the common pull), a scalar loop for a few units with filters or gaps, and numpy
-for many units. Entries contiguous in one commit-log file are returned as one slice of it.
+for many units, or for any read that meets a rolled-back transaction's units (ConsumeQueue.aborted), which it
+skips as it skips units another tag filters out. Entries contiguous in one commit-log file are returned as one
+slice of it.
 """
 
 from __future__ import annotations
@@ -88,13 +90,16 @@ class QueueReader:
             # never skipped inside a FOUND answer, so a reader that must not lose data (a Spark source with
             # failOnDataLoss) sees the loss. Expiry removes the oldest files, so expired units are a prefix.
             return GetResult(GetStatus.OFFSET_TOO_SMALL, offset + expired, offset + expired, hi)
-        if message_filter is None and len(raw) <= SCALAR_GET_UNITS * CQ_UNIT.size:
+        aborted = cq.aborted_mask(offset, len(raw) // CQ_UNIT.size)  # rolled-back transactions' entries: skipped
+        if message_filter is None and aborted is None and len(raw) <= SCALAR_GET_UNITS * CQ_UNIT.size:
             return self._read_scalar(raw, offset, limit_bytes, tag_codes, lo, hi)
         units = np.frombuffer(raw, CQ_DTYPE)
         phys = units["offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)
         usable = (sizes > 0) & (phys >= self.commit_log.min_offset)
         removing = not usable.all()
+        if aborted is not None:
+            usable &= ~aborted
         if tag_codes:
             usable &= np.isin(units["tag"], np.fromiter(tag_codes, np.int64, len(tag_codes)))
         cand = np.flatnonzero(usable)

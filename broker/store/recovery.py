@@ -213,6 +213,8 @@ def recover(
         if rebuild >= 0:
             start = min(start, rebuild)
     start = max(commit_log.min_offset, min(start, end))
+    if dispatcher.txn is not None:  # its state may be older than the checkpoint: re-dispatch from there
+        start = max(commit_log.min_offset, dispatcher.txn.load(commit_log.min_offset, end, start))
     dispatcher.dispatched_offset = start
     report.redispatched_from = start
     started = time.perf_counter()

@@ -23,7 +23,14 @@ from broker.store.batch import (
     validate_small_batch,
     walk,
 )
-from broker.store.message import SysFlag, encode_entry, encode_properties, parse_layout, tag_hash_code
+from broker.store.message import (
+    SysFlag,
+    encode_entry,
+    encode_properties,
+    parse_layout,
+    tag_hash_code,
+    takes_queue_offset,
+)
 
 
 def _entry(
@@ -192,8 +199,7 @@ def _small_batch_by_definition(buf: bytes, max_body: int) -> tuple[list[int], li
         raw = _small_entry(buf, pos, nxt, i, max_body)
         lay = parse_layout(buf, pos, nxt)
         keys.append((_small_topic(raw, i), lay.header.queue_id))
-        tx = lay.header.sys_flag & SysFlag.TRANSACTION_MASK
-        counted.append(tx not in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE))
+        counted.append(takes_queue_offset(lay.header.sys_flag, lay.header.prepared_transaction_offset))
     return positions, keys, counted
 
 
