@@ -8,10 +8,11 @@ Exactly-once protocol (``deliveryGuarantee=exactly-once``, the default):
   from the checkpoint) gets a new run id, so a transaction an earlier run rolled back is never reused.
 * A task first asks whether any run already committed this (query, batch): Spark re-runs the last batch after a
   crash between the sink's commit and its own commit log, and those rows must not be sent again. Otherwise it sends
-  its rows as half messages of the transaction, each tagged with the task attempt's id, and reports the attempt,
-  message and byte counts in its commit message.
+  its rows into the transaction under the task attempt's id; the broker stores each row once, in its queue, unseen
+  until the commit (broker/semantics/txn_in_place.py). The task reports the attempt, message and byte counts in its
+  commit message.
 * The driver's ``commit(messages, batchId)`` ends the transaction with COMMIT, naming the attempts that succeeded:
-  halves of failed or speculative attempts are dropped, so no row is committed twice. The broker makes that one
+  rows of failed or speculative attempts are rolled back, so no row is committed twice. The broker makes that one
   atomic decision (finished by its recovery after a crash). Then it rolls back the query's older open transactions,
   which only a crashed earlier run can have left. ``abort`` rolls the transaction back.
 
@@ -59,7 +60,6 @@ from broker.errors import (
     ServiceNotAvailableError,
     SystemBusyError,
 )
-from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
 from broker.semantics.transaction import MAX_ATTEMPTS_PROPERTY_CHARS
 from broker.semantics.txn_decision import Share
 from connector.arrow_encoder import EncodedChunk, RowEncoder, check_columns
@@ -69,7 +69,6 @@ from connector.sink_options import SinkOptions
 
 log = logging.getLogger(__name__)
 
-ATTEMPT_PROPERTY = "TRAN_ATTEMPT"  # the broker keeps only committed attempts' halves (broker.semantics)
 # The commit call answers once every message of the batch is re-stored in its topic (1M messages: 4-8 s here);
 # one that timed out would fail the query though the broker finishes the commit.
 COMMIT_TIMEOUT_S = 600.0
@@ -168,18 +167,13 @@ def _send_all(
     naming the row. ``coordinator``: the broker that decides ``txn_id`` (a cluster), named in every half."""
     producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv, **opts.tls.client_args(),
                         **opts.auth.client_args())  # fmt: skip
-    extra = {ATTEMPT_PROPERTY: attempt} if txn_id else {}
-    if txn_id and coordinator:
-        extra[COORDINATOR_PROPERTY] = coordinator
     encoder = RowEncoder(
         default_topic=opts.topic,
         queue_count=None if opts.namesrv else producer.queue_count,
         queues=producer.queues if opts.namesrv else None,
-        extra_properties=extra,
         max_message_size=opts.max_message_size,
         batch_messages=opts.batch_messages,
         batch_bytes=opts.batch_bytes,
-        half=(opts.producer_group, txn_id) if txn_id else None,
     )
     nbytes = rows = 0
     per_broker: dict[str, int] = {}
@@ -198,7 +192,7 @@ def _send_all(
                 for chunk in encoder.encode(batch, first_row=rows):
                     if len(inflight) >= window:
                         done(inflight.pop(0).result())
-                    inflight.append(pool.submit(_send_chunk, producer, opts, chunk, txn_id))
+                    inflight.append(pool.submit(_send_chunk, producer, opts, chunk, txn_id, attempt, coordinator))
                     nbytes += len(chunk.buffer)
                 rows += batch.num_rows
             for f in inflight:
@@ -208,22 +202,26 @@ def _send_all(
     return sum(per_broker.values()), nbytes, per_broker
 
 
-def _send_chunk(producer: Producer, opts: SinkOptions, chunk: EncodedChunk, txn_id: str | None) -> EncodedChunk:
+def _send_chunk(
+    producer: Producer, opts: SinkOptions, chunk: EncodedChunk, txn_id: str | None, task_attempt: str,
+    coordinator: str | None,
+) -> EncodedChunk:  # fmt: skip
     # In a cluster the broker is found through the route of a topic the chunk writes (any: each routes to it).
     topic = next(iter(chunk.topics)) if opts.namesrv else None
-    for attempt in range(opts.send_retries + 1):
+    for retry in range(opts.send_retries + 1):
         try:
-            producer.send_encoded(chunk.buffer, chunk.count, transaction_id=txn_id, as_halves=txn_id is not None,
-                                  broker_name=chunk.broker, topic=topic)  # fmt: skip
+            producer.send_encoded(chunk.buffer, chunk.count, txn_id, attempt=task_attempt if txn_id else "",
+                                  coordinator=(coordinator or "") if txn_id else "", broker_name=chunk.broker,
+                                  topic=topic)  # fmt: skip
             return chunk
         except (ServiceNotAvailableError, SystemBusyError) as e:
             # An unanswered call may have stored the batch. Plain sends may repeat it (at-least-once); inside a
-            # transaction the task fails instead, and Spark's retry sends under a new attempt id, whose halves
+            # transaction the task fails instead, and Spark's retry sends under a new attempt id, whose rows
             # are the only ones the commit keeps.
-            if (txn_id is not None and isinstance(e, BrokerUnreachableError)) or attempt == opts.send_retries:
+            if (txn_id is not None and isinstance(e, BrokerUnreachableError)) or retry == opts.send_retries:
                 raise
-            delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-            log.warning("SendBatch failed (%s); retry %d in %.2f s", e, attempt + 1, delay)
+            delay = RETRY_BACKOFF_S[min(retry, len(RETRY_BACKOFF_S) - 1)]
+            log.warning("SendBatch failed (%s); retry %d in %.2f s", e, retry + 1, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
 

@@ -28,9 +28,10 @@ def cmd_tx(args: argparse.Namespace) -> int:
     with Admin(**client_args(args)) as admin:
         if args.action == "list":
             found = admin.list_transactions(args.prefix, args.status or "")
-            rows = [[t.transaction_id, t.producer_group, t.status, t.half_count, t.check_times] for t in found]
-            emit(args, [vars_of(t) for t in found], rows, ["transaction", "producer_group", "status", "halves",
-                                                             "checks"])  # fmt: skip
+            rows = [[t.transaction_id, t.producer_group, t.status, t.half_count, t.check_times,
+                     " ".join(t.held_queues)] for t in found]  # fmt: skip
+            emit(args, [vars_of(t) for t in found], rows, ["transaction", "producer_group", "status", "messages",
+                                                             "checks", "holds readers at"])  # fmt: skip
             return 0
         commit = args.action == "commit"
         ended = admin.end_transactions(args.target, commit) if args.prefix_mode else end_one(admin, args.target, commit)

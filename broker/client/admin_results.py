@@ -80,6 +80,8 @@ class TransactionInfo:
     check_times: int
     ended_ms: int
     complete: bool  # a commit whose messages are all in their real topics
+    # open and written in place: "topic/queue@offset" of each queue whose readers it holds back at that offset
+    held_queues: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,7 @@ def queue_lag(q: pb.QueueLag, broker_name: str | None) -> QueueLag:
 
 def transaction(t: pb.TransactionInfo, broker_name: str | None) -> TransactionInfo:
     fields = (t.transaction_id, t.producer_group, t.status, t.half_count, t.first_store_ms, t.last_activity_ms,
-              t.check_times, t.ended_ms, t.complete)  # fmt: skip
+              t.check_times, t.ended_ms, t.complete, tuple(t.held_queues))  # fmt: skip
     return TransactionInfo(*fields) if broker_name is None else BrokerTransactionInfo(*fields, broker_name)
 
 

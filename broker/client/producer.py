@@ -64,6 +64,7 @@ from broker.errors import (
     ServiceNotAvailableError,
 )
 from broker.proto import sluice_pb2 as pb
+from broker.semantics.transaction_codec import is_half_batch
 from broker.store.batch import split_entries
 from broker.store.message import I32, POS_QUEUE_ID, Prop, java_string_hash, validate_topic
 
@@ -412,8 +413,8 @@ class Producer:
         return parts
 
     def send_encoded(
-        self, buffer: bytes, count: int, transaction_id: str | None = None, *, as_halves: bool = False,
-        broker_name: str = DIRECT_BROKER, topic: str | None = None,
+        self, buffer: bytes, count: int, transaction_id: str | None = None, *, attempt: str = "",
+        coordinator: str = "", as_halves: bool = False, broker_name: str = DIRECT_BROKER, topic: str | None = None,
     ) -> SendResults:  # fmt: skip
         """Send entries already encoded with ``encode_entry`` (the fast path) to one broker; stored all-or-nothing.
 
@@ -421,22 +422,31 @@ class Producer:
         ``topic``'s route; a client of one broker leaves both out. The entries are never moved to another broker
         (their queue ids are that broker's).
 
-        With ``transaction_id`` the entries are sent as half messages of that batch transaction (invisible until
-        ``Admin.end_transaction(transaction_id, commit=True)``); any number of calls from any number of processes
-        may join one transaction. The entries are re-addressed as halves here (``half_batch.to_half_batch``) so the
-        broker only checks them; halves are bigger, so the buffer may go in several calls (each all-or-nothing).
+        With ``transaction_id`` the entries join that batch transaction, invisible until
+        ``Admin.end_transaction(transaction_id, commit=True)``; any number of calls from any number of processes
+        may join one transaction. They are stored once, in their queues (broker.semantics.txn_in_place), under
+        ``attempt`` (a commit may keep only some writers' attempts: ``committed_attempts``); ``coordinator`` names
+        the broker that decides a transaction spanning several brokers.
 
-        ``as_halves``: the entries are already half entries of ``transaction_id`` (``encode_half_entry``, or the
-        Spark sink's encoder), so the re-addressing is skipped; the broker checks them all the same.
+        ``as_halves``: send half messages instead (the buffer is re-addressed as halves here with
+        ``half_batch.to_half_batch``, unless it already is: ``encode_half_entry``): the broker copies them at the
+        commit. Halves are bigger, so the buffer may go in several calls (each all-or-nothing).
 
         Returns a lazy sequence of SendResult (one per entry, in order; for halves, the halves' positions)."""
-        if as_halves and not transaction_id:
-            raise InvalidArgumentError("as_halves=True needs the transaction_id the halves were encoded for")
         conn = self._connection(topic, broker_name)
         if not transaction_id:
+            if as_halves or attempt or coordinator:
+                raise InvalidArgumentError("as_halves, attempt and coordinator need a transaction_id")
             request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count)
             return SendResults(self._send_call(conn, "SendBatch", request), broker_name)
-        half = buffer if as_halves else to_half_batch(buffer, self.group, transaction_id)
+        if not as_halves:
+            # Not retried after an unknown outcome: a task that failed sends again under a new attempt instead.
+            request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count,
+                                          transaction_id=transaction_id, attempt=attempt, coordinator=coordinator)
+            return SendResults(conn.call(conn.stub.SendBatch, request, self.timeout_s), broker_name)  # fmt: skip
+        if attempt or coordinator:
+            raise InvalidArgumentError("half messages name their attempt and coordinator in their own properties")
+        half = buffer if is_half_batch(buffer) else to_half_batch(buffer, self.group, transaction_id)
         chunks = [(half, count)] if len(half) <= self.batch_limit_bytes else split_entries(half, self.batch_limit_bytes)
         results: SendResults | None = None
         done: list[SendResult | None] = []

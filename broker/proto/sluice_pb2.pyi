@@ -184,18 +184,26 @@ class SendBatchRequest(_message.Message):
     COUNT_FIELD_NUMBER: _builtins.int
     TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     RETRY_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    COORDINATOR_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     entries: _builtins.bytes
     """encode_entry(...) back to back; each carries its topic and queue id"""
     count: _builtins.int
     """number of entries, checked against the buffer (0: not checked)"""
     transaction_id: _builtins.str
-    """Non-empty: every entry is a half message of this batch transaction (any number of SendBatch calls from any
-    number of processes may join it). Entries may be plain (the broker rewrites them) or already in half form
-    (broker.semantics.transaction_codec.encode_half_entry: only checked, the fast path).
+    """Non-empty: every entry joins this batch transaction (any number of SendBatch calls from any number of
+    processes may join it). Entries encoded for their real topics are stored once, in place, unseen until the
+    commit (broker.semantics.txn_in_place); entries in half form (transaction_codec.encode_half_entry) are
+    stored as half messages and copied at the commit.
     """
     retry: _builtins.bool
     """as SendMessageRequest.retry, keyed by the first entry's UNIQ_KEY"""
+    attempt: _builtins.str
+    """In place only: the writer attempt the entries belong to (EndTransactionRequest.committed_attempts keeps
+    only listed attempts), and the broker that decides the transaction when it spans several brokers.
+    """
+    coordinator: _builtins.str
     def __init__(
         self,
         *,
@@ -204,10 +212,12 @@ class SendBatchRequest(_message.Message):
         count: _builtins.int = ...,
         transaction_id: _builtins.str = ...,
         retry: _builtins.bool = ...,
+        attempt: _builtins.str = ...,
+        coordinator: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "entries", b"entries", "producer_group", b"producer_group", "retry", b"retry", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "coordinator", b"coordinator", "count", b"count", "entries", b"entries", "producer_group", b"producer_group", "retry", b"retry", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1202,6 +1212,7 @@ class TransactionInfo(_message.Message):
     CHECK_TIMES_FIELD_NUMBER: _builtins.int
     ENDED_MS_FIELD_NUMBER: _builtins.int
     COMPLETE_FIELD_NUMBER: _builtins.int
+    HELD_QUEUES_FIELD_NUMBER: _builtins.int
     transaction_id: _builtins.str
     producer_group: _builtins.str
     status: _builtins.str
@@ -1211,6 +1222,10 @@ class TransactionInfo(_message.Message):
     check_times: _builtins.int
     ended_ms: _builtins.int
     complete: _builtins.bool
+    @_builtins.property
+    def held_queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Open and written in place: each queue whose readers it holds back, "topic/queue@offset" (the readable limit)"""
+
     def __init__(
         self,
         *,
@@ -1223,10 +1238,11 @@ class TransactionInfo(_message.Message):
         check_times: _builtins.int = ...,
         ended_ms: _builtins.int = ...,
         complete: _builtins.bool = ...,
+        held_queues: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_times", b"check_times", "complete", b"complete", "ended_ms", b"ended_ms", "first_store_ms", b"first_store_ms", "half_count", b"half_count", "last_activity_ms", b"last_activity_ms", "producer_group", b"producer_group", "status", b"status", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_times", b"check_times", "complete", b"complete", "ended_ms", b"ended_ms", "first_store_ms", b"first_store_ms", "half_count", b"half_count", "held_queues", b"held_queues", "last_activity_ms", b"last_activity_ms", "producer_group", b"producer_group", "status", b"status", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,12 +26,13 @@ from collections.abc import Callable
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.semantics.decision_log import MAX_QUERY_IDS
 from broker.semantics.transaction import TransactionService
+from broker.semantics.transaction_codec import COORDINATOR
 from broker.semantics.txn_decision import Decision
 from broker.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_PROPERTY = "TRAN_COORDINATOR"  # on a half: the broker that keeps its transaction's decision
+COORDINATOR_PROPERTY = COORDINATOR  # on a half: the broker that keeps its transaction's decision
 DEFAULT_MAX_PENDING = 100_000
 # (coordinator broker name, transaction ids, abort_undecided) -> the decisions that stand among them
 Ask = Callable[[str, list[str], bool], list[Decision]]

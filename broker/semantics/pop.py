@@ -56,7 +56,7 @@ from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.semantics.subscription_group import SubscriptionGroupManager
 from broker.semantics.system_topics import dlq_topic
 from broker.store import GetStatus, MessageStore, PutStatus
-from broker.store.message import Prop, StoredMessage
+from broker.store.message import Prop, StoredMessage, delivered_sys_flag
 
 log = logging.getLogger(__name__)
 
@@ -477,7 +477,9 @@ class PopService:
         self.create_dlq(topic)
         ip, _, port = msg.born_host.rpartition(":")
         put = self.store.put_message(
-            topic, 0, msg.body, props, flag=msg.flag, sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp,
+            topic, 0, msg.body, props, flag=msg.flag,
+            sys_flag=delivered_sys_flag(msg.sys_flag, msg.prepared_transaction_offset),
+            born_timestamp=msg.born_timestamp,
             born_host=(ip or "127.0.0.1", int(port) if port.isdigit() else 0),
             reconsume_times=max(msg.reconsume_times, 0) + attempts, wait_store_ok=None,
         )  # fmt: skip

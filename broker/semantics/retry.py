@@ -31,7 +31,7 @@ from broker.semantics.delay import ScheduleMessageService, _host_tuple
 from broker.semantics.subscription_group import SubscriptionGroupManager
 from broker.semantics.system_topics import dlq_topic, is_system_topic, retry_topic
 from broker.store import MessageStore, PutResult
-from broker.store.message import Prop, StoredMessage, SysFlag
+from broker.store.message import Prop, StoredMessage, SysFlag, delivered_sys_flag
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ class RetryService:
             raise QueryNotFoundError(f"no message at {where} (expired, or a wrong id); nothing was sent back")
         # Only what consumers were given may come back: a half message (open or rolled back), a pending delayed
         # one or a transaction decision copied to %RETRY% would deliver what was never delivered.
-        tx_type = SysFlag.transaction_type(msg.sys_flag)
-        if is_system_topic(msg.topic) or tx_type in _NEVER_DELIVERED:
+        tx_type = SysFlag.transaction_type(delivered_sys_flag(msg.sys_flag, msg.prepared_transaction_offset))
+        if is_system_topic(msg.topic) or tx_type in _NEVER_DELIVERED or not self.store.decided(msg):
             raise InvalidArgumentError(
                 f"the message at {where} is in {msg.topic!r} (SYSFLAG {msg.sys_flag:#x}): it was never delivered "
                 "to consumers, so it cannot be sent back; nothing was sent back"
@@ -135,7 +135,7 @@ class RetryService:
             msg.body,
             props,
             flag=msg.flag,
-            sys_flag=msg.sys_flag,
+            sys_flag=delivered_sys_flag(msg.sys_flag, msg.prepared_transaction_offset),
             born_timestamp=msg.born_timestamp,
             born_host=_host_tuple(msg.born_host),
             reconsume_times=reconsume_times,

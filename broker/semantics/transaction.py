@@ -75,8 +75,14 @@ from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
 from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
 from broker.semantics.send_checks import check_entries, check_message, validate_producer_group
-from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_READER_GROUP
+from broker.semantics.system_topics import (
+    TRANS_HALF_TOPIC,
+    TRANS_MARKER_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    TRANS_READER_GROUP,
+)
 from broker.semantics.transaction_codec import (
+    ATTEMPT,
     BATCH,
     COMMIT,
     COMMIT_START,
@@ -99,6 +105,14 @@ from broker.semantics.transaction_codec import (
     refuse_delay,
     rewrite_batch_as_half,
 )
+from broker.semantics.txn_in_place import (
+    IN_PLACE,
+    MESSAGES,
+    SLICE,
+    check_attempt,
+    slice_record_properties,
+    split_slices,
+)
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.store.batch import SmallBatch, ValidatedBatch, split_entries
 from broker.store.message import (
@@ -113,6 +127,7 @@ from broker.store.message import (
     SysFlag,
     decode_entry,
 )
+from broker.store.txn_visibility import MARKER_QUEUE_ID, OpenSlice, encode_marker, mark_in_place
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +223,10 @@ class _Txn:
     # Halves put one at a time, each with an entry in the end-by-offset table (TransactionService._drop_tables
     # removes them all; walking a batch transaction's million halves for entries it never had would be waste).
     single_puts: int = 0
+    # A transaction writing in place (txn_in_place.py): slice handle -> writer attempt. Its halves are its slice
+    # records, and no half message of the half/op kind may join it (nor a slice one that has them).
+    slices: dict[int, str] = field(default_factory=dict)
+    in_place: bool | None = None  # how its puts store messages, once the first one said (None: none yet)
 
     def decided_count(self) -> int:
         return self.decided_total if self.decided_total >= 0 else len(self.decided)
@@ -239,6 +258,8 @@ class TransactionInfo:
     check_times: int
     ended_ms: int
     complete: bool  # for a commit: every half is in its real topic
+    # open and written in place: "topic/queue@offset" of each queue whose readers it holds back (txn_visibility)
+    held_queues: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -321,6 +342,7 @@ class TransactionService:
         self.put_chunk_bytes = min(put_chunk_bytes, store.config.batch_limit_bytes)  # a chunk is one put_batch
         self._lock = threading.Lock()
         self._restore_lock = threading.Lock()
+        self._slice_lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._txns: dict[str, _Txn] = {}
         # half commit-log offset -> txn id, for RocketMQ's end-by-offset of single halves; a batch half is looked
@@ -386,7 +408,9 @@ class TransactionService:
 
     # ------------------------------------------------------------------------------------------ half messages
 
-    def _begin_put(self, txn_id: str, producer_group: str, count: int = 1, *, batch: bool = False) -> _Txn:
+    def _begin_put(
+        self, txn_id: str, producer_group: str, count: int = 1, *, batch: bool = False, in_place: bool = False
+    ) -> _Txn:
         check_transaction_id(txn_id)
         now = _now_ms()
         with self._lock:
@@ -395,6 +419,12 @@ class TransactionService:
                 raise TransactionError(
                     f"transaction {txn_id!r} is {txn.status.value}; no more half messages can join it "
                     "(start a new transaction id)"
+                )
+            if txn is not None and txn.in_place is not None and txn.in_place != in_place:
+                raise TransactionError(
+                    f"transaction {txn_id!r} holds messages written "
+                    f"{'in place' if txn.in_place else 'as half messages'}; one transaction cannot mix the two "
+                    "(send every batch of it the same way)"
                 )
             held = 0 if txn is None else len(txn.halves) + txn.inflight_halves
             if held + count > self.max_halves:  # checked before a new id is recorded: a refusal leaves no trace
@@ -405,6 +435,7 @@ class TransactionService:
                 )
             if txn is None:
                 txn = self._txns[txn_id] = _Txn(txn_id, producer_group, now, now)
+            txn.in_place = in_place
             txn.inflight_halves += count
             txn.batch = txn.batch or batch
             floor = self.store.max_offset(TRANS_HALF_TOPIC, 0)  # the put's halves get offsets at or above this
@@ -413,10 +444,11 @@ class TransactionService:
             txn.last_ms = now
             return txn
 
-    def _end_put(self, txn: _Txn, res: PutResult | None, count: int = 1) -> None:
+    def _end_put(self, txn: _Txn, res: PutResult | None, count: int = 1, *, halves: bool = True) -> None:
+        """``halves``: the put stored half messages (False: in-place entries, which are no halves)."""
         with self._lock:
             txn.inflight_halves -= count
-            if res is not None and res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            if halves and res is not None and res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
                 txn.halves.update(zip(res.queue_offsets, res.commitlog_offsets, strict=True))
                 if len(res.commitlog_offsets) == 1:
                     self._by_half_cl_offset[res.commitlog_offsets[0]] = txn.txn_id
@@ -507,6 +539,62 @@ class TransactionService:
         finally:
             self._end_put(txn, res, count)
         return res
+
+    def put_in_place(
+        self,
+        buffer: bytes | bytearray | memoryview,
+        producer_group: str,
+        txn_id: str,
+        *,
+        attempt: str = "",
+        coordinator: str = "",
+        wait_store_ok: bool | None = None,
+        declared: int = 0,
+        validated: SmallBatch | ValidatedBatch | None = None,
+    ) -> PutResult:
+        """Store a client batch encoded for its real topics in place, as entries of ``txn_id``'s slice for
+        ``attempt`` (txn_in_place.py); all of it or nothing. ``coordinator``: the broker that decides the
+        transaction (one over several brokers). The result's offsets are the entries' own."""
+        check_transaction_id(txn_id)
+        validate_producer_group(producer_group)
+        check_attempt(attempt)
+        if validated is None:
+            validated = self.store.validate_batch(buffer)
+            check_entries(validated)
+        count = len(validated.positions) if isinstance(validated, SmallBatch) else len(validated.run)
+        if declared and declared != count:
+            raise MessageIllegalError(
+                f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
+            )
+        txn = self._begin_put(txn_id, producer_group, count, batch=True, in_place=True)
+        res: PutResult | None = None
+        try:
+            handle = self._slice(txn, attempt, coordinator)
+            mark_in_place(validated, handle)
+            res = self.store.put_batch(validated.data, wait_store_ok=wait_store_ok, validated=validated)
+        finally:
+            self._end_put(txn, res, count, halves=False)
+        return res
+
+    def _slice(self, txn: _Txn, attempt: str, coordinator: str) -> int:
+        """The handle of ``txn``'s slice for ``attempt``, storing its slice record the first time."""
+        with self._slice_lock:  # one record per attempt, whatever the number of concurrent first batches
+            with self._lock:
+                for handle, known in txn.slices.items():
+                    if known == attempt:
+                        return handle
+            props = slice_record_properties(txn.txn_id, txn.producer_group, attempt, coordinator)
+            res = self.store.put_message(TRANS_HALF_TOPIC, 0, b"", props, wait_store_ok=False)
+            if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+                raise TransactionError(
+                    f"transaction {txn.txn_id!r}: the slice record of attempt {attempt!r} could not be stored "
+                    f"({res.status.name}: {res.error}); nothing stored"
+                )
+            handle = res.commitlog_offsets[0] + res.wrote_bytes  # the record's end: > 0 even at offset 0
+            with self._lock:
+                txn.halves[res.queue_offsets[0]] = res.commitlog_offsets[0]
+                txn.slices[handle] = attempt
+            return handle
 
     def _check_half_size(self, size: int, count: int) -> None:
         limit = self.store.config.batch_limit_bytes
@@ -617,6 +705,8 @@ class TransactionService:
     def _decide(
         self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None, expected: int | None = None
     ) -> EndResult:
+        if txn.slices:
+            return self._decide_in_place(txn, halves, commit, attempts, expected)
         kept, later, queues, total = self._commit_runs(sorted(halves), attempts) if commit else ([], [], set(), 0)
         if commit and expected is not None and total != expected:
             raise TransactionError(
@@ -668,6 +758,95 @@ class TransactionService:
             with self._lock:
                 txn.restoring = False
         return EndResult(txn.txn_id, txn.status, False, len(halves), restored, complete)
+
+    def _decide_in_place(
+        self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None, expected: int | None
+    ) -> EndResult:
+        """_decide for a transaction that wrote in place (txn_in_place.py): the decision, the marker, the finish."""
+        self._wait_for_dispatch()  # every entry of its slices registered: the count below is what readers get
+        with self._lock:
+            slices = dict(txn.slices)
+        keep, drop = split_slices(slices, commit, attempts)
+        entries = {s.handle: s.entries for s in self.store.txn_visibility.open_slices()}
+        total = sum(entries.get(h, 0) for h in keep)
+        if commit and expected is not None and total != expected:
+            raise TransactionError(
+                f"transaction {txn.txn_id!r}: the commit would make {total} messages visible but its writers sent "
+                f"{expected}; nothing decided, the transaction is still open (roll it back and write the batch again: "
+                "messages were lost, e.g. by a crash of the machine under ASYNC_FLUSH)"
+            )
+        props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK,
+                 BATCH: "true", IN_PLACE: "true", MESSAGES: str(total)}  # fmt: skip
+        if txn.producer_group:
+            props[Prop.PGROUP] = txn.producer_group
+        if attempts is not None:
+            props[COMMITTED_ATTEMPTS] = ",".join(attempts)
+        res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(
+                f"transaction {txn.txn_id!r}: the decision could not be stored ({res.status.name}: {res.error}); "
+                "nothing changed, end it again later"
+            )
+        with self._lock:
+            txn.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
+            txn.ended_ms = _now_ms()
+            txn.decision_op_offset = res.queue_offsets[0]
+            txn.decided = frozenset(halves)
+            txn.batch = True
+            txn.finished = False
+            txn.restoring = True
+            self._changed.notify_all()
+        complete = True
+        try:
+            if commit:
+                self.store.flush()  # acknowledged to writers that never send again: on disk under ASYNC_FLUSH too
+            self._mark(txn, keep, drop, total)
+        except (BrokerError, OSError) as e:
+            complete = False
+            log.error("transaction %s decided but its marker is not written (%s); the check thread retries",
+                      txn.txn_id, e)  # fmt: skip
+        finally:
+            with self._lock:
+                txn.restoring = False
+        return EndResult(txn.txn_id, txn.status, False, total, total, complete)
+
+    def _mark(self, txn: _Txn, keep: list[int], drop: list[int], total: int) -> None:
+        """Write the marker deciding the slices (unless the store has applied one), wait until readers see it, then
+        the finished op message."""
+        if keep + drop and any(self.store.txn_visibility.decision(h) is None for h in keep + drop):
+            res = self.store.put_message(TRANS_MARKER_TOPIC, MARKER_QUEUE_ID, encode_marker(keep, drop),
+                                         {Prop.TRANSACTION_ID: txn.txn_id}, wait_store_ok=True)  # fmt: skip
+            if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+                raise TransactionError(f"marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
+            if not self.store.wait_dispatched(DISPATCH_WAIT_S, up_to=res.commitlog_offsets[0] + res.wrote_bytes):
+                raise TransactionError(f"marker of {txn.txn_id!r} stored but not dispatched in {DISPATCH_WAIT_S} s")
+        res = self.store.put_message(
+            TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
+            wait_store_ok=False,
+        )  # fmt: skip
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
+        with self._lock:
+            txn.finished = True
+            self._drop_tables(txn)
+            txn.decided_total = total
+
+    def _finish_in_place(self, t: _Txn, op: StoredMessage) -> None:
+        """_finish_commit for a transaction that wrote in place: its slices from its slice records, then _mark."""
+        commit = op.properties.get(DECISION) == COMMIT
+        listed = op.properties.get(COMMITTED_ATTEMPTS)
+        attempts = None if listed is None else (listed.split(",") if listed else [])
+        slices: dict[int, str] = {}
+        for run in self._iter_half_runs(sorted(t.decided)):
+            assert run.positions is not None  # runs read from the store know where each entry starts
+            ends = [*run.positions[1:], len(run.buffer)]
+            for a, b in zip(run.positions, ends, strict=True):
+                entry = run.buffer[a:b]
+                slices[I64.unpack_from(entry, POS_PHYSICAL_OFFSET)[0] + len(entry)] = raw_property(entry, ATTEMPT) or ""
+        keep, drop = split_slices(slices, commit, attempts)
+        self._mark(t, keep, drop, int(op.properties.get(MESSAGES, "0") or 0))
+        log.warning("transaction %s: finished an interrupted %s of %d slices written in place", t.txn_id,
+                    "commit" if commit else "rollback", len(slices))  # fmt: skip
 
     def _commit_runs(
         self, offsets: list[int], attempts: list[str] | None
@@ -829,10 +1008,23 @@ class TransactionService:
 
     # ------------------------------------------------------------------------------------------ queries
 
-    def _info(self, t: _Txn) -> TransactionInfo:
+    def _info(self, t: _Txn, open_slices: Mapping[int, OpenSlice] | None = None) -> TransactionInfo:
+        """``open_slices`` (txn_visibility, by handle): for a transaction writing in place, whose count is its
+        messages, not its slice records, and which holds back the queues it writes to."""
         count = t.decided_count() if t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) else len(t.halves)
+        held: dict[tuple[str, int], int] = {}
+        if t.slices and t.status in (TxStatus.OPEN, TxStatus.ENDING):
+            open_slices = open_slices if open_slices is not None else self._open_slices()
+            mine = [open_slices[h] for h in t.slices if h in open_slices]
+            count = sum(s.entries for s in mine)
+            for s in mine:
+                for key, first in s.first_offsets.items():
+                    held[key] = min(held.get(key, first), first)
         return TransactionInfo(t.txn_id, t.producer_group, t.status, count, t.first_ms, t.last_ms, t.check_times,
-                               t.ended_ms, t.finished)  # fmt: skip
+                               t.ended_ms, t.finished, tuple(f"{k[0]}/{k[1]}@{at}" for k, at in sorted(held.items())))
+
+    def _open_slices(self) -> dict[int, OpenSlice]:
+        return {s.handle: s for s in self.store.txn_visibility.open_slices()}
 
     def transaction(self, txn_id: str) -> TransactionInfo | None:
         with self._lock:
@@ -840,9 +1032,10 @@ class TransactionService:
             return None if t is None else self._info(t)
 
     def list_transactions(self, prefix: str = "", status: TxStatus | None = None) -> list[TransactionInfo]:
+        open_slices = self._open_slices()
         with self._lock:
             return [
-                self._info(t)
+                self._info(t, open_slices)
                 for tid, t in sorted(self._txns.items())
                 if tid.startswith(prefix) and (status is None or t.status is status)
             ]
@@ -866,8 +1059,9 @@ class TransactionService:
         now = _now_ms()
         with self._lock:
             unfinished = [
-                t for t in self._txns.values() if t.status is TxStatus.COMMITTED and not t.finished and not t.restoring
-            ]
+                t for t in self._txns.values()
+                if t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) and not t.finished and not t.restoring
+            ]  # fmt: skip
             for t in unfinished:
                 t.restoring = True
             idle = [
@@ -983,6 +1177,9 @@ class TransactionService:
                 t = txns[tid] = _Txn(tid, raw_property(raw.entry, Prop.PGROUP) or "", stored_ms, stored_ms)
             t.halves[raw.queue_offset] = raw.commitlog_offset
             t.last_ms = max(t.last_ms, stored_ms)
+            if raw_property(raw.entry, SLICE) == "1":
+                t.slices[raw.commitlog_offset + len(raw.entry)] = raw_property(raw.entry, ATTEMPT) or ""
+            t.in_place = bool(t.slices)
         for tid, times in check_times.items():
             if tid in txns:
                 txns[tid].check_times = times
@@ -995,9 +1192,12 @@ class TransactionService:
             t.decision_op_offset = op.queue_offset
             t.batch = op.properties.get(BATCH) == "true" or COMMITTED_ATTEMPTS in op.properties
             ranges = decode_offsets(op.body)
-            t.finished = not commit or tid in finished
+            in_place = op.properties.get(IN_PLACE) == "true"  # its rollback also owes a marker
+            t.finished = tid in finished if in_place else not commit or tid in finished
             if t.finished:  # only its count and highest half are asked of it: no set of a million offsets
                 t.decided_total = sum(b - a + 1 for a, b in ranges)
+                if in_place:
+                    t.decided_total = int(op.properties.get(MESSAGES, "0") or 0)
                 t.top_half = max((b for _, b in ranges), default=-1)  # drop_tables adds its halves
             else:  # its re-store is to be finished: the halves it covers are needed one by one
                 t.decided = frozenset(o for a, b in ranges for o in range(a, b + 1))
@@ -1042,6 +1242,9 @@ class TransactionService:
         """Re-store the committed halves not yet in their real topics (idempotent), then mark finished."""
         self._wait_for_dispatch()  # re-stores of an earlier attempt must be in the consume queues we scan
         op = op or self._decision_op(t)
+        if op.properties.get(IN_PLACE) == "true":
+            self._finish_in_place(t, op)
+            return
         attempts = op.properties.get(COMMITTED_ATTEMPTS)
         allowed = None if attempts is None else (attempts.split(",") if attempts else [])
         done: set[int] = set()

@@ -63,6 +63,7 @@ FINISHED_TAG = "f"  # Sluice: every committed half of the transaction is in its 
 DECISION = "TRAN_DECISION"
 COMMIT_START = "TRAN_COMMIT_START"
 ATTEMPT = "TRAN_ATTEMPT"  # optional, on a half: which writer attempt sent it (e.g. "<partition>:<attempt>")
+COORDINATOR = "TRAN_COORDINATOR"  # on a half: the broker that keeps its transaction's decision (participant_resolver)
 COMMITTED_ATTEMPTS = "TRAN_COMMITTED_ATTEMPTS"  # on a commit decision: only halves of these attempts are committed
 BATCH = "TRAN_BATCH"  # "true" on a decision of a batch transaction (its outcome is kept the whole retention time)
 COMMIT = "COMMIT"
@@ -445,6 +446,7 @@ __all__ = [
     "COMMIT",
     "COMMITTED_ATTEMPTS",
     "COMMIT_START",
+    "COORDINATOR",
     "DECISION",
     "FINISHED_TAG",
     "HALF_PROPERTY_NAMES",

@@ -519,6 +519,22 @@ class BrokerController:
         self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
                                lambda: [((), float(self.hold.held_count()))])  # fmt: skip
 
+        def transaction_held() -> list[tuple[Labels, float]]:
+            held: dict[tuple[str, int], int] = {}
+            for piece in store.txn_visibility.open_slices():
+                for key, first in piece.first_offsets.items():
+                    held[key] = min(held.get(key, first), first)
+            out: list[tuple[Labels, float]] = []
+            for (t, q), at in sorted(held.items()):
+                cq = store.queues.find(t, q)
+                if cq is not None:
+                    out.append(((("topic", t), ("queue", str(q))), float(cq.written_offset - at)))
+            return out
+
+        self.metrics.add_gauge("sluice_queue_transaction_held_messages",
+                               "Messages of each queue readers cannot see yet: written from the first message of "
+                               "an open transaction on (its readable limit) to the end", transaction_held)  # fmt: skip
+
     def stats(self) -> dict[str, float]:
         assert self.store is not None
         extra: dict[str, Any] = {

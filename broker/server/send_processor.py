@@ -26,12 +26,12 @@ from broker.semantics import ScheduleMessageService, TransactionService
 from broker.semantics.send_checks import check_entries, check_message
 from broker.semantics.system_topics import is_system_topic
 from broker.semantics.timer import TimerService
-from broker.semantics.transaction_codec import is_half_batch
+from broker.semantics.transaction_codec import ATTEMPT, is_half_batch, raw_property
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
 from broker.store.batch import SmallBatch, ValidatedBatch, batch_properties, queue_ranges
-from broker.store.message import validate_topic
+from broker.store.message import ENTRY_HEADER, I32, validate_topic
 from broker.store.results import PutResult
 
 # Put statuses that mean "stored, but durability not confirmed": answered with a SendStatus, not an error.
@@ -60,6 +60,15 @@ def raise_for_put(result: PutResult, what: str) -> None:
     if result.status is PutStatus.FLUSH_DISK_TIMEOUT:
         raise FlushDiskTimeoutError(detail)
     raise BrokerError(f"{what} failed: {detail}", ResponseCode.SYSTEM_ERROR)
+
+
+def _names_its_attempt(buffer: bytes, attempt: str) -> bool:
+    """A writer that names its attempt in each message (TRAN_ATTEMPT, as half messages carry it) rather than in
+    the call: its batch is stored as half messages, which keep the property per message and are committed by it.
+    The first entry speaks for the batch (a writer sends one attempt per call)."""
+    if attempt or len(buffer) < ENTRY_HEADER.size:
+        return False
+    return raw_property(buffer[: I32.unpack_from(buffer, 0)[0]], ATTEMPT) is not None
 
 
 def _max_queue_ids(ranges: dict[str, tuple[int, int]]) -> dict[str, int]:
@@ -127,9 +136,15 @@ class SendProcessor:
         check_entries(validated)
         return validated, ranges
 
-    def send_batch(self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "") -> SendOutcome:
+    def send_batch(
+        self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "", *, attempt: str = "",
+        coordinator: str = "",
+    ) -> SendOutcome:  # fmt: skip
         started = time.perf_counter()
         validated, ranges = self._validated(buffer, count)
+        if transaction_id and not is_half_batch(buffer) and not _names_its_attempt(buffer, attempt):
+            return self._send_in_place(validated, ranges, count, transaction_id, producer_group, attempt, coordinator,
+                                       started)  # fmt: skip
         if transaction_id:
             return self._send_halves(buffer, validated, ranges, count, transaction_id, producer_group, started)
         self._check_topics(ranges)
@@ -147,14 +162,31 @@ class SendProcessor:
                 result = self.store.put_batch(buffer, validated=validated)
             return self._finish(result, started, "SendBatch", created=_max_queue_ids(ranges))
 
+    def _send_in_place(
+        self, validated: SmallBatch | ValidatedBatch, ranges: dict[str, tuple[int, int]], count: int,
+        transaction_id: str, producer_group: str, attempt: str, coordinator: str, started: float,
+    ) -> SendOutcome:  # fmt: skip
+        """A SendBatch in a transaction whose entries are encoded for their real topics: stored once, in place
+        (broker/semantics/txn_in_place.py); topics and queues checked as any send's."""
+        if self.transactions is None:
+            raise ServiceNotAvailableError("transactions are not enabled on this broker")
+        self._check_topics(ranges)
+        with self.topics.reserving(ranges):
+            result = self.transactions.put_in_place(
+                validated.data, producer_group, transaction_id, attempt=attempt, coordinator=coordinator,
+                declared=count, validated=validated,
+            )  # fmt: skip
+            return self._finish(result, started, "SendBatch (in a transaction)", transaction_id,
+                                created=_max_queue_ids(ranges))  # fmt: skip
+
     def _send_halves(
         self, buffer: bytes, validated: SmallBatch | ValidatedBatch, ranges: dict[str, tuple[int, int]], count: int,
         transaction_id: str, producer_group: str, started: float,
     ) -> SendOutcome:  # fmt: skip
-        """A SendBatch in a transaction, validated as any other (send_batch). The real topics are checked as any
-        send's: those of plain entries on the buffer as sent; those of entries already in half form (all of the
-        half topic, or the transaction service refuses them) as the service reports them to admit(), before
-        anything is stored."""
+        """A SendBatch in a transaction stored as half messages, validated as any other (send_batch). The real
+        topics are checked as any send's: those of plain entries (which name their attempt themselves) on the
+        buffer as sent; those of entries already in half form (all of the half topic, or the transaction service
+        refuses them) as the service reports them to admit(), before anything is stored."""
         if self.transactions is None:
             raise ServiceNotAvailableError("transactions are not enabled on this broker")
         real: dict[str, tuple[int, int]] = {}

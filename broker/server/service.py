@@ -191,7 +191,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         with self._dedup(key, request.retry, lambda: entry_uniq_keys(entries)) as stored:
             if stored is not None:
                 return _send_response(SendOutcome("SEND_OK", stored))
-            outcome = self.sends.send_batch(entries, request.count, request.transaction_id, request.producer_group)
+            outcome = self.sends.send_batch(entries, request.count, request.transaction_id, request.producer_group,
+                                            attempt=request.attempt, coordinator=request.coordinator)  # fmt: skip
         return _send_response(outcome)
 
     @_answer

@@ -127,7 +127,7 @@ def _info(t: TransactionInfo) -> pb.TransactionInfo:
     return pb.TransactionInfo(
         transaction_id=t.txn_id, producer_group=t.producer_group, status=t.status.value, half_count=t.half_count,
         first_store_ms=t.first_store_ms, last_activity_ms=t.last_activity_ms, check_times=t.check_times,
-        ended_ms=t.ended_ms, complete=t.complete,
+        ended_ms=t.ended_ms, complete=t.complete, held_queues=list(t.held_queues),
     )  # fmt: skip
 
 

@@ -145,6 +145,15 @@ def in_place_transactional(sys_flag: int, prepared_transaction_offset: int) -> b
     return sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_PREPARED_TYPE and prepared_transaction_offset > 0
 
 
+def delivered_sys_flag(sys_flag: int, prepared_transaction_offset: int) -> int:
+    """SYSFLAG for a copy of a delivered message (a retry, a dead letter): an in-place transactional entry that a
+    reader was given is a committed one, and its copy is a committed message (type COMMIT, as the half/op path
+    stores them), never a new in-place entry nor a PREPARED one no queue would take."""
+    if in_place_transactional(sys_flag, prepared_transaction_offset):
+        return (sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE
+    return sys_flag
+
+
 def takes_queue_offset(sys_flag: int, prepared_transaction_offset: int) -> bool:
     """Whether an entry gets a unit in its consume queue: as RocketMQ, not a PREPARED (half) or ROLLBACK entry,
     except an in-place transactional one, which readers skip until its transaction's marker shows it."""

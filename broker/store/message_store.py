@@ -186,13 +186,15 @@ class MessageStore:
         )
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index)
         self.dispatcher.set_due_times(config.schedule_topic, config.delay_level_ms)
-        self.txn_visibility = TxnVisibility(state_path(config.config_dir), self.queues, self.dispatcher.listeners)
+        self._visibility_lock = threading.Lock()  # release_visibility and markers vs queue_ranges
+        self.txn_visibility = TxnVisibility(
+            state_path(config.config_dir), self.queues, self.dispatcher.listeners, self._visibility_lock
+        )
         self.dispatcher.txn = self.txn_visibility
         self.checkpoint: Checkpoint | None = None
         self.recovery_report: RecoveryReport | None = None
         self._lock_fd = -1
         self._running = False
-        self._visibility_lock = threading.Lock()  # release_visibility vs queue_ranges
         self._disk_full = False
         self._write_error = ""
         # Why the dispatcher cannot write consume queues ("" = it can). Puts are refused meanwhile, as RocketMQ's

@@ -12,7 +12,7 @@ Formats (declared here, once):
   and whose PREPARED TRANSACTION OFFSET holds the handle (> 0) of the transaction *slice* it belongs to
   (message.in_place_transactional). It takes a queue offset and gets its unit like any message. A slice is what
   one writer wrote for one transaction (the sink: one task attempt); its handle is a commit-log offset chosen by
-  the transaction's writer (the offset of its own record of the slice), so a handle below the log's first
+  the transaction's writer (where its own record of the slice ends), so a handle at or below the log's first
   offset names nothing any more.
 * A **marker** is an entry of ``MARKER_TOPIC`` queue 0 whose body decides slices, all at one instant::
 
@@ -53,7 +53,9 @@ import numpy as np
 
 from broker import json_file  # the module, not its names: json_file imports broker.store.directory (a cycle)
 from broker.errors import CorruptionError, MessageIllegalError
+from broker.store.batch import SmallBatch, ValidatedBatch, put_rows
 from broker.store.consume_queue import ConsumeQueue, VisibilityHold
+from broker.store.message import I32, I64, POS_PREPARED_TX_OFFSET, POS_SYS_FLAG, SysFlag
 
 if TYPE_CHECKING:
     from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable
@@ -139,10 +141,15 @@ def _runs(qoffs: np.ndarray) -> list[tuple[int, int]]:
 
 
 class TxnVisibility:
-    def __init__(self, path: str, queues: ConsumeQueueTable, listeners: list[ArrivalListener]) -> None:
+    def __init__(
+        self, path: str, queues: ConsumeQueueTable, listeners: list[ArrivalListener], release_lock: threading.Lock
+    ) -> None:
         self.path = path
         self.queues = queues
         self.listeners = listeners  # the dispatcher's: pulls waiting on a queue wake when a marker shows entries
+        # Held while a marker's holds go: a reader of several queues at one instant (MessageStore.queue_ranges)
+        # takes it too, so it sees a transaction in all of its queues or in none
+        self.release_lock = release_lock
         self.lock = threading.Lock()  # the dispatcher (apply) against the flush thread (save)
         self.applied_to = 0  # commit-log offset below which every entry has been applied
         self._open: dict[int, _Slice] = {}
@@ -202,7 +209,8 @@ class TxnVisibility:
                         for start, end in spans:
                             cq.add_aborted(start, end)
                 released.append(piece)
-            VisibilityHold.release_together([p.hold for p in released])
+            with self.release_lock:
+                VisibilityHold.release_together([p.hold for p in released])
             self._changed = True
         for piece in released:
             for cq in piece.hold.queues:
@@ -330,6 +338,32 @@ def _parse_state(data: dict[str, Any]) -> tuple[int, dict[int, dict[QueueKey, li
     if applied_to < 0:
         raise ValueError(f"appliedTo {applied_to} is negative")
     return applied_to, open_slices, decided, aborted
+
+
+def mark_in_place(batch: SmallBatch | ValidatedBatch, handle: int) -> None:
+    """Make a validated batch's entries in-place entries of slice ``handle``: transaction type PREPARED in SYSFLAG
+    and the handle in PREPARED TRANSACTION OFFSET, in ``batch.data`` and in the scan the dispatcher is handed. The
+    entries must carry no transaction type (send_checks refuses one from clients); they keep their queue offsets
+    (message.takes_queue_offset), and BODYCRC covers the body only."""
+    if handle <= 0:
+        raise MessageIllegalError(f"slice handle {handle} must be a positive commit-log offset")
+    data = batch.data
+    if isinstance(batch, SmallBatch):
+        for pos in batch.positions:
+            flag = I32.unpack_from(data, pos + POS_SYS_FLAG)[0]
+            I32.pack_into(
+                data, pos + POS_SYS_FLAG, (flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_PREPARED_TYPE
+            )
+            I64.pack_into(data, pos + POS_PREPARED_TX_OFFSET, handle)
+        return
+    run = batch.run
+    flags = (run.sys_flags & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_PREPARED_TYPE
+    arr = np.frombuffer(data, np.uint8)
+    put_rows(arr, run.positions + POS_SYS_FLAG, flags.astype(">i4").view(np.uint8).reshape(-1, 4))
+    put_rows(arr, run.positions + POS_PREPARED_TX_OFFSET,
+             np.full(len(run), handle, ">i8").view(np.uint8).reshape(-1, 8))  # fmt: skip
+    del arr
+    run.sys_flags = flags.astype(run.sys_flags.dtype)
 
 
 def markers_in(entries: Iterable[tuple[int, bytes]], where: str) -> list[tuple[int, Marker]]:

@@ -43,10 +43,15 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) 
         time.sleep(0.1)
 
 
-def halves(producer: Producer, txn_id: str, broker: str, bodies: list[bytes]) -> None:
-    props = encode_properties({ATTEMPT: "att1", COORDINATOR_PROPERTY: "broker-c"})
+def halves(producer: Producer, txn_id: str, broker: str, bodies: list[bytes], in_place: bool = False) -> None:
+    """Rows of attempt att1 decided by broker-c: in place (the call names both), or as halves (each row does)."""
+    props = encode_properties({} if in_place else {ATTEMPT: "att1", COORDINATOR_PROPERTY: "broker-c"})
     buffer = b"".join(encode_entry(TOPIC.encode(), i % 2, b, props) for i, b in enumerate(bodies))
-    producer.send_encoded(buffer, len(bodies), txn_id, broker_name=broker, topic=TOPIC)
+    if in_place:
+        producer.send_encoded(buffer, len(bodies), txn_id, attempt="att1", coordinator="broker-c", broker_name=broker,
+                              topic=TOPIC)  # fmt: skip
+    else:
+        producer.send_encoded(buffer, len(bodies), txn_id, broker_name=broker, topic=TOPIC)
 
 
 def visible(consumer: PullConsumer, broker: str) -> list[bytes]:
@@ -57,7 +62,10 @@ def visible(consumer: PullConsumer, broker: str) -> list[bytes]:
     return out
 
 
-def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_died(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_died(
+    cluster: LocalCluster, in_place: bool
+) -> None:
     for name in ("broker-a", "broker-b"):
         with Admin(cluster.endpoint(name)) as admin:
             admin.create_topic(TOPIC, 2)
@@ -68,8 +76,8 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
         client = CoordinatorClient(router)
         consumer = PullConsumer(namesrv=cluster.namesrv, group="reader", router=router)
         a_rows, b_rows = [b"a0", b"a1", b"a2"], [b"b0", b"b1"]
-        halves(producer, "T1", "broker-a", a_rows)
-        halves(producer, "T1", "broker-b", b_rows)
+        halves(producer, "T1", "broker-a", a_rows, in_place)
+        halves(producer, "T1", "broker-b", b_rows, in_place)
         shares = [Share("broker-a", ("att1",), 3), Share("broker-b", ("att1",), 2)]
         assert client.record("broker-c", make_decision("T1", True, shares)).commit  # the commit point
         assert client.end("broker-a", "T1", True, ["att1"], expected_messages=3) == "COMMITTED"
@@ -81,8 +89,8 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
         assert client.transactions("broker-b", "T1") == {"T1": "COMMITTED"}
 
         # Undecided: both participants wait, then fence ABORT at the coordinator and roll back.
-        halves(producer, "T2", "broker-a", [b"never"])
-        halves(producer, "T2", "broker-b", [b"never"])
+        halves(producer, "T2", "broker-a", [b"never"], in_place)
+        halves(producer, "T2", "broker-b", [b"never"], in_place)
         for name in ("broker-a", "broker-b"):
             wait_for(lambda name=name: client.transactions(name, "T2") == {"T2": "ROLLED_BACK"},  # type: ignore[misc]
                      f"{name} rolling T2 back")  # fmt: skip

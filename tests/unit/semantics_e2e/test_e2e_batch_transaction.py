@@ -95,14 +95,22 @@ class VisibilityWatcher:
         self.admin.close()
 
 
-def test_committed_attempts_keep_only_the_named_writers(broker: BrokerController, endpoint: str) -> None:
-    txn_id = "query-8:batch-0:run-0"
+@pytest.mark.parametrize("in_place", [True, False])
+def test_committed_attempts_keep_only_the_named_writers(
+    broker: BrokerController, endpoint: str, in_place: bool
+) -> None:
+    """In place, each call names its attempt; as halves, each message does (TRAN_ATTEMPT)."""
+    txn_id = f"query-8:batch-0:run-{int(in_place)}"
     with Producer(endpoint) as producer, Admin(endpoint) as admin:
         for attempt in ("0.0.a", "0.1.b"):  # a failed task attempt and its successful retry
-            entries = [encode_message(Message("Att", f"{attempt}-{i}".encode(), properties={"TRAN_ATTEMPT": attempt}),
-                                      0) for i in range(10)]  # fmt: skip
-            producer.send_encoded(b"".join(entries), 10, transaction_id=txn_id)
-        # The writers' own count guards the commit: halves lost (a machine crash under ASYNC_FLUSH) would make
+            props = {} if in_place else {"TRAN_ATTEMPT": attempt}
+            entries = [encode_message(Message("Att", f"{attempt}-{i}".encode(), properties=props), 0)
+                       for i in range(10)]  # fmt: skip
+            if in_place:
+                producer.send_encoded(b"".join(entries), 10, transaction_id=txn_id, attempt=attempt)
+            else:
+                producer.send_encoded(b"".join(entries), 10, transaction_id=txn_id, as_halves=True)
+        # The writers' own count guards the commit: messages lost (a machine crash under ASYNC_FLUSH) would make
         # fewer visible than were sent. A wrong count is refused with nothing decided; the right one commits.
         for wrong in (9, 20):
             with pytest.raises(BrokerError, match=f"would make 10 messages visible but its writers sent {wrong}"):
@@ -112,6 +120,8 @@ def test_committed_attempts_keep_only_the_named_writers(broker: BrokerController
         assert admin.end_transaction(txn_id, commit=True, committed_attempts=["0.1.b"],
                                      expected_messages=10) == "COMMITTED"  # fmt: skip
     assert sorted(m.body for m in read_topic(endpoint, "Att")) == sorted(f"0.1.b-{i}".encode() for i in range(10))
+    broker.store.flush()  # type: ignore[union-attr]
+    assert broker.store.check() == []  # type: ignore[union-attr]
 
 
 @pytest.mark.slow
@@ -204,7 +214,7 @@ def send_halves(endpoint: str, txn_id: str, topic: str, n: int) -> None:
     with Producer(endpoint) as producer:
         for start in range(0, n, BATCH):
             entries = [encode_message(Message(topic, f"0:{i}".encode()), i % 8, 1) for i in range(start, start + BATCH)]
-            producer.send_encoded(b"".join(entries), len(entries), transaction_id=txn_id)
+            producer.send_encoded(b"".join(entries), len(entries), transaction_id=txn_id, as_halves=True)
 
 
 def test_half_batches_are_checked_against_their_real_queues(broker: BrokerController, endpoint: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from e2e_brokers import BrokerFactory
+from e2e_util import read_topic
 
 from broker.cli import main
 from broker.client import Admin, Message, Producer, encode_message
@@ -66,8 +67,7 @@ def test_a_decision_contradicting_the_earlier_one_says_so_and_exits_1(
     assert "error: transaction 'job:9' was already rolled back; the commit changed nothing" in err
     assert main(["tx", "rollback", "job:9", "--endpoint", endpoint]) == 0  # the same decision again: no conflict
     capsys.readouterr()
-    with Admin(endpoint) as admin:
-        assert all(hi == 0 for _, hi in admin.queue_offsets("CliTx").values())  # the commit made nothing visible
+    assert read_topic(endpoint, "CliTx") == []  # the commit made nothing visible
 
 
 def test_a_prefix_without_the_prefix_flag_is_not_taken_as_an_id(
@@ -90,3 +90,31 @@ def test_a_prefix_without_the_prefix_flag_is_not_taken_as_an_id(
     assert json.loads(capsys.readouterr().out) == {"batch:1": "COMMITTED", "batch:2": "COMMITTED"}
     assert main(["tx", "commit", "batch:", "--prefix", "--endpoint", endpoint]) == 0
     assert "no open transaction starts with 'batch:'" in capsys.readouterr().err
+
+
+def test_tx_list_names_the_queues_an_open_transaction_holds_back(
+    broker_factory: BrokerFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A transaction written in place holds its queues' readers at its first row until it ends: the list says
+    where, and the broker's metrics count the messages waiting behind it."""
+    broker = broker_factory(transaction_timeout_ms=600_000)
+    endpoint = f"127.0.0.1:{broker.port}"
+    with Producer(endpoint) as producer:
+        producer.send_encoded(encode_message(Message("CliHold", b"plain"), 1), 1)
+        rows = b"".join(encode_message(Message("CliHold", b"r%d" % i), i % 2) for i in range(6))
+        producer.send_encoded(rows, 6, transaction_id="job:held", attempt="t0")
+        producer.send_encoded(encode_message(Message("CliHold", b"after"), 0), 1)
+    assert main(["tx", "list", "job:held", "--endpoint", endpoint, "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    held = ["CliHold/0@0", "CliHold/1@1"]
+    assert (listed["status"], listed["half_count"], listed["held_queues"]) == ("OPEN", 6, held)
+    assert main(["tx", "list", "job:held", "--endpoint", endpoint]) == 0
+    assert "CliHold/0@0 CliHold/1@1" in capsys.readouterr().out
+    scrape = [line for line in broker.metrics.render().splitlines() if "transaction_held" in line and "{" in line]
+    assert [(line.split('queue="')[1][0], line.rsplit(" ", 1)[1]) for line in scrape] == [("0", "4"), ("1", "3")]
+    assert main(["tx", "commit", "job:held", "--endpoint", endpoint]) == 0
+    capsys.readouterr()
+    everything = [b"plain", b"after"] + [b"r%d" % i for i in range(6)]
+    assert sorted(m.body for m in read_topic(endpoint, "CliHold")) == sorted(everything)
+    assert main(["tx", "list", "job:held", "--endpoint", endpoint, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["held_queues"] == []

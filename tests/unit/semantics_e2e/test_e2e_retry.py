@@ -25,7 +25,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.server.broker_controller import BrokerController
 from broker.store import GetStatus
-from broker.store.message import Prop, parse_msg_id
+from broker.store.message import Prop, StoredMessage, SysFlag, parse_msg_id
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
 
@@ -128,12 +128,19 @@ def test_send_back_refuses_what_was_never_delivered(broker: BrokerController, en
     """An open or rolled-back half, or a pending delayed message, copied to %RETRY% would reach consumers."""
     with Producer(endpoint) as producer, Admin(endpoint) as admin:
         entry = encode_message(Message("Secret", b"uncommitted"), 0)
-        (half,) = producer.send_encoded(entry, 1, transaction_id="secret:1")
-        (rolled,) = producer.send_encoded(entry, 1, transaction_id="secret:2")
+        (half,) = producer.send_encoded(entry, 1, transaction_id="secret:1", as_halves=True)
+        (rolled,) = producer.send_encoded(entry, 1, transaction_id="secret:2", as_halves=True)
         assert admin.end_transaction("secret:2", commit=False) == "ROLLED_BACK"
         delayed = producer.send(Message("Later", b"in 5 s", properties={Prop.DELAY: "2"}))
         for msg_id in (half.msg_id, rolled.msg_id, delayed.msg_id):
             with pytest.raises(InvalidArgumentError, match="never delivered"):
+                _raw_send_back(endpoint, "snoop", msg_id)
+        # written in place: open or rolled back, no reader can name it (nor look it up)
+        (open_row,) = producer.send_encoded(entry, 1, transaction_id="secret:3")
+        (rolled_row,) = producer.send_encoded(entry, 1, transaction_id="secret:4")
+        assert admin.end_transaction("secret:4", commit=False) == "ROLLED_BACK"
+        for msg_id in (open_row.msg_id, rolled_row.msg_id):
+            with pytest.raises(QueryNotFoundError, match="no message"):
                 _raw_send_back(endpoint, "snoop", msg_id)
         with pytest.raises(InvalidArgumentError, match="never delivered"):  # by offset too
             _raw_send_back(endpoint, "snoop", commitlog_offset=parse_msg_id(half.msg_id).commitlog_offset)
@@ -227,3 +234,26 @@ def test_reconsume_times_from_a_client_are_checked(broker: BrokerController, end
         request = pb.ConsumerSendMsgBackRequest(consumer_group="G", commitlog_offset=offset)
         back = admin.conn.call(admin.conn.stub.ConsumerSendMsgBack, request)
     assert back.dead_letter and back.topic == "%DLQ%G" and back.reconsume_times == 2**31 - 1
+
+
+def test_a_committed_row_written_in_place_goes_back_as_a_committed_message(
+    broker: BrokerController, endpoint: str
+) -> None:
+    """A delivered row of a transaction that wrote in place carries PREPARED in its SYSFLAG (with its slice's
+    handle); its retry copy is a committed message, which its queue takes and readers see."""
+    assert broker.store is not None
+    with Producer(endpoint) as producer, Admin(endpoint) as admin:
+        (row,) = producer.send_encoded(encode_message(Message("Shown", b"row"), 0), 1, transaction_id="shown:1")
+        assert admin.end_transaction("shown:1", commit=True) == "COMMITTED"
+    _raw_send_back(endpoint, "again", row.msg_id)
+    (copy,) = [m for m in _schedule_messages(broker) if m.body == b"row"]
+    assert SysFlag.transaction_type(copy.sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE, copy.sys_flag
+
+
+def _schedule_messages(broker: BrokerController) -> list[StoredMessage]:
+    assert broker.store is not None and broker.store.wait_dispatched()
+    out: list[StoredMessage] = []
+    for qid in broker.store.queue_ids("SCHEDULE_TOPIC_XXXX"):
+        res = broker.store.get_message("t", "SCHEDULE_TOPIC_XXXX", qid, 0, 100)
+        out += res.messages()
+    return out

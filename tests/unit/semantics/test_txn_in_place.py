@@ -1,0 +1,149 @@
+"""Batch transactions written in place (txn_in_place.py) on a real store: one copy of each message, check-back and
+timeouts as for halves, attempts, limits, and refusals that store nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from broker.errors import InvalidArgumentError, MessageIllegalError
+from broker.semantics.system_topics import TRANS_HALF_TOPIC
+from broker.semantics.transaction import TransactionError, TransactionService, TxState, TxStatus
+from broker.semantics.transaction_codec import encode_half_entry
+from broker.store.message import Prop, StoredMessage, SysFlag, encode_entry, encode_properties
+
+if TYPE_CHECKING:
+    from store_box import StoreBox
+
+
+def service(box: StoreBox, **kwargs: object) -> TransactionService:
+    tx = TransactionService(box.s, os.path.join(box.path, "config"), **kwargs)  # type: ignore[arg-type]
+    tx.start()
+    return tx
+
+
+def rows(topic: str, bodies: list[bytes], queue_id: int = 0) -> bytes:
+    return b"".join(encode_entry(topic.encode(), queue_id, b, encode_properties({"k": "v"})) for b in bodies)
+
+
+def test_each_message_is_written_once_and_shown_by_the_commit(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        before = box.s.max_phys_offset()
+        sent = rows("Once", [b"m%04d" % i for i in range(1000)])
+        res = tx.put_in_place(sent, "spark", "q:1", attempt="a")
+        assert res.ok and res.queue_offsets == list(range(1000))
+        assert box.read_topic("Once") == []
+        assert tx.transaction("q:1").half_count == 1000  # type: ignore[union-attr]
+        out = tx.end_transaction("q:1", commit=True, expected_messages=1000)
+        assert out.status is TxStatus.COMMITTED and out.complete and out.half_count == 1000
+        got = box.read_topic("Once")
+        assert [m.body for m in got] == [b"m%04d" % i for i in range(1000)]
+        assert got[0].properties["k"] == "v" and got[0].commitlog_offset == res.commitlog_offsets[0]
+        # the rows once, plus a slice record, a decision, a marker and a finished op: well under one row's copy
+        overhead = box.s.max_phys_offset() - before - len(sent)
+        assert 0 < overhead < 1500, overhead
+        assert tx.transaction("q:1").half_count == 1000  # type: ignore[union-attr]
+    finally:
+        tx.shutdown()
+
+
+def test_an_open_transaction_holds_its_queues_and_check_back_ends_it(box: StoreBox) -> None:
+    asked: list[tuple[str, str, str]] = []
+
+    def checker(group: str, txn_id: str, record: StoredMessage) -> TxState | None:
+        asked.append((group, txn_id, record.properties.get(Prop.TRANSACTION_ID, "")))
+        return TxState.UNKNOWN
+
+    tx = service(box, checker=checker, transaction_timeout_ms=1, check_interval_ms=3_600_000, check_max=2)
+    try:
+        assert box.s.put_batch(rows("Held", [b"before"])).ok
+        assert tx.put_in_place(rows("Held", [b"t1", b"t2"]), "PG", "open:1", attempt="a").ok
+        assert box.s.put_batch(rows("Held", [b"after"])).ok
+        assert box.s.wait_dispatched()
+        assert box.s.queue_ranges("Held", [0]) == [(0, 0, 1)]  # the readable limit: the transaction's first row
+        assert [m.body for m in box.read_topic("Held")] == [b"before"]
+        time.sleep(0.01)
+        assert tx.check_once() == 1 and asked == [("PG", "open:1", "open:1")]
+        time.sleep(0.01)
+        assert tx.check_once() == 1
+        time.sleep(0.01)
+        assert tx.check_once() == 0  # check_max reached: rolled back, its rows skipped, the queue free again
+        assert tx.transaction("open:1").status is TxStatus.ROLLED_BACK  # type: ignore[union-attr]
+        assert [m.body for m in box.read_topic("Held")] == [b"before", b"after"]
+        assert box.s.queue_ranges("Held", [0]) == [(0, 0, 4)]
+    finally:
+        tx.shutdown()
+
+
+def test_a_restart_knows_the_attempts_and_their_rows(box: StoreBox) -> None:
+    tx = service(box)
+    for attempt in ("t0.0", "t0.1"):
+        assert tx.put_in_place(rows("Att", [attempt.encode() + b"-%d" % i for i in range(5)]), "spark", "r:1",
+                               attempt=attempt, coordinator="broker-b").ok  # fmt: skip
+    tx.shutdown()
+    box.crash()
+    box.open()
+    tx = service(box)
+    try:
+        info = tx.transaction("r:1")
+        assert info is not None and info.status is TxStatus.OPEN and info.half_count == 10
+        with pytest.raises(TransactionError, match="would make 5 messages visible but its writers sent 10"):
+            tx.end_transaction("r:1", commit=True, committed_attempts=["t0.1"], expected_messages=10)
+        assert tx.end_transaction("r:1", commit=True, committed_attempts=["t0.1"], expected_messages=5).complete
+        assert sorted(m.body for m in box.read_topic("Att")) == [b"t0.1-%d" % i for i in range(5)]
+        records = box.read_topic(TRANS_HALF_TOPIC)
+        assert {(m.properties["TRAN_ATTEMPT"], m.properties["TRAN_COORDINATOR"]) for m in records} == {
+            ("t0.0", "broker-b"), ("t0.1", "broker-b")
+        }  # fmt: skip
+    finally:
+        tx.shutdown()
+
+
+def test_a_transaction_cannot_mix_halves_and_rows_in_place(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        assert tx.put_in_place(rows("Mix", [b"a"]), "spark", "mix:1").ok
+        half = encode_half_entry("Mix", 0, b"h", {}, "spark", "mix:1")
+        with pytest.raises(TransactionError, match="cannot mix"):
+            tx.put_half_batch(half, "spark", "mix:1")
+        assert tx.put_half_batch(encode_half_entry("Mix", 0, b"h", {}, "spark", "mix:2"), "spark", "mix:2").ok
+        with pytest.raises(TransactionError, match="cannot mix"):
+            tx.put_in_place(rows("Mix", [b"b"]), "spark", "mix:2")
+    finally:
+        tx.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("attempt", "error"),
+    [("a,b", InvalidArgumentError), ("x" * 300, InvalidArgumentError), ("ok", MessageIllegalError)],
+)
+def test_bad_input_stores_nothing(box: StoreBox, attempt: str, error: type[Exception]) -> None:
+    tx = service(box)
+    try:
+        before = box.s.max_phys_offset()
+        buf = rows("Bad", [b"x"])
+        if error is MessageIllegalError:  # a transaction type set by the client
+            buf = encode_entry(b"Bad", 0, b"x", sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE)
+        with pytest.raises(error):
+            tx.put_in_place(buf, "spark", "bad:1", attempt=attempt)
+        assert box.s.max_phys_offset() == before and tx.transaction("bad:1") is None
+    finally:
+        tx.shutdown()
+
+
+def test_a_rolled_back_transactions_rows_never_show_and_are_counted_once(box: StoreBox) -> None:
+    tx = service(box)
+    try:
+        assert tx.put_in_place(rows("Gone", [b"g%d" % i for i in range(50)]), "spark", "gone:1").ok
+        out = tx.end_transaction("gone:1", commit=False)
+        assert out.status is TxStatus.ROLLED_BACK and out.complete
+        assert box.read_topic("Gone") == []
+        assert tx.end_transaction("gone:1", commit=True).status is TxStatus.ROLLED_BACK  # the first outcome stands
+        with pytest.raises(TransactionError, match="ROLLED_BACK"):
+            tx.put_in_place(rows("Gone", [b"late"]), "spark", "gone:1")
+    finally:
+        tx.shutdown()
