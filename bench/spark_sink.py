@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             def log_end() -> int:
                 with Admin(broker.endpoint) as admin:
-                    return int(admin.stats()["commit_log_max_offset"])
+                    return int(admin.stats()["store_commit_log_max_offset"])
 
             for name, make in cases.items():
                 times: list[float] = []

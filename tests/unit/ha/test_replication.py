@@ -61,6 +61,48 @@ def test_every_kind_of_entry_is_replicated_byte_for_byte(tmp_path: Path) -> None
         assert {"Single", "Batch", "Delayed", "Tx", "%RETRY%G", "SCHEDULE_TOPIC_XXXX"} <= set(s.store.topics())
 
 
+def _shown(b: BrokerController, topic: str, queue_id: int) -> list[bytes]:
+    """The bodies a reader of ``b``'s store gets from a queue, from its start."""
+    assert b.store is not None
+    out: list[bytes] = []
+    offset = 0
+    while True:
+        res = b.store.get_message("check", topic, queue_id, offset, 256)
+        if res.status.name not in ("FOUND", "NO_MATCHED_MESSAGE"):
+            return out
+        out += [m.body for m in res.messages()]
+        offset = res.next_begin_offset
+
+
+def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tmp_path: Path) -> None:
+    """The readable limit and the rolled-back ranges follow the log: a slave, reading the bytes its master wrote,
+    holds back the same open transaction and skips the same rolled-back rows."""
+    from broker.client.message import encode_message
+
+    with brokers() as bs:
+        m = broker(tmp_path / "m", role="SYNC_MASTER")
+        bs.append(m)
+        s = slave_of(m, tmp_path / "s")
+        bs.append(s)
+        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2, "slave in sync")  # type: ignore[union-attr]
+        with Producer(endpoint=m.address) as p, Admin(m.address) as admin:
+            for qid, txn in ((0, "ip-open"), (1, "ip-commit"), (2, "ip-rollback")):
+                rows = b"".join(encode_message(Message("Ip", f"{txn}-{i}".encode()), qid) for i in range(3))
+                p.send_encoded(rows, 3, transaction_id=txn, attempt="a")
+                p.send_batch([Message("Ip", f"plain-{qid}".encode())], queue_id=qid)
+            assert admin.end_transaction("ip-commit", commit=True) == "COMMITTED"
+            assert admin.end_transaction("ip-rollback", commit=False) == "ROLLED_BACK"
+            _same_logs(m, s)
+            for b in (m, s):
+                assert [_shown(b, "Ip", q) for q in range(3)] == [
+                    [], [b"ip-commit-0", b"ip-commit-1", b"ip-commit-2", b"plain-1"], [b"plain-2"]
+                ]  # fmt: skip
+            assert admin.end_transaction("ip-open", commit=True) == "COMMITTED"
+            _same_logs(m, s)
+            for b in (m, s):
+                assert _shown(b, "Ip", 0) == [b"ip-open-0", b"ip-open-1", b"ip-open-2", b"plain-0"]
+
+
 def _entries(topic: str, n: int) -> list[bytes]:
     from broker.client.message import encode_message
 

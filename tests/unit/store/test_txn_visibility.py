@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,9 +51,9 @@ def _mark(store: MessageStore, committed: list[int], aborted: list[int]) -> None
 
 
 def _read_all(store: MessageStore, topic: str, qid: int, max_msgs: int = 32) -> list[tuple[int, bytes]]:
-    """Every (queue offset, body) a reader pulling from 0 gets, in order."""
+    """Every (queue offset, body) a reader pulling from the queue's first offset gets, in order."""
     out: list[tuple[int, bytes]] = []
-    offset = 0
+    offset = store.min_offset(topic, qid)
     for _ in range(10_000):
         got = store.get_message("g", topic, qid, offset, max_msgs=max_msgs)
         if got.status is GetStatus.FOUND:
@@ -335,3 +336,25 @@ def test_large_batches_take_the_vectorised_dispatch_the_same_way(
     assert s2.recovery_report is not None and s2.recovery_report.redispatched_entries >= 902
     assert [b for _, b in _read_all(s2, "T", 0, 100)] == [*rows[:300], b"after"]
     assert s2.check() == []
+
+
+def test_rolled_back_entries_are_reclaimed_with_their_files(make_store: Callable[..., MessageStore]) -> None:
+    """Expiry deletes a rolled-back transaction's entries with their commit-log files like any message; its
+    aborted ranges and its decision go from the state with them."""
+    s = make_store(file_reserved_time_hours=1, delete_when="")
+    assert s.put_batch(_in_place("T", 0, 20, [b"x" * 300] * 30)).ok
+    _mark(s, [], [20])
+    for i in range(80):  # several more 16 KiB files
+        assert s.put_batch(_plain("T", 0, [b"p%03d" % i + b"." * 300])).ok
+    s.flush()
+    assert s.queues.queues[("T", 0)].aborted == [(0, 30)]
+    old = time.time() - 2 * 3600
+    for f in s.commit_log.files.files[:2]:  # the files holding the transaction's entries and its marker
+        os.utime(f.path, (old, old))
+    assert s.cleanup is not None and s.cleanup.clean_once(manual=True).deleted_commit_log_files == 2
+    assert s.min_offset("T", 0) >= 30
+    s.txn_visibility.save(s.commit_log.min_offset, force=True)
+    assert s.queues.queues[("T", 0)].aborted == [] and s.txn_visibility.decision(20) is None
+    left = _read_all(s, "T", 0)
+    assert left and all(b.startswith(b"p") for _, b in left) and left[-1][1].startswith(b"p079")
+    assert s.check() == []
