@@ -19,26 +19,22 @@ one broker).
 
 Unknown columns are an error naming them unless ``ignore_extra_columns`` is set.
 
-With ``half`` (producer group, transaction id) rows are encoded straight into half entries of that transaction,
-byte for byte what ``half_batch.to_half_batch`` makes of the plain entries, so the exactly-once writer does not
-encode every row twice.
+Rows are encoded for their real topics whatever the delivery guarantee: an exactly-once writer names its
+transaction and attempt in the call, and the broker stores the rows in place (broker/semantics/txn_in_place.py).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from broker.client.half_batch import HALF_TOPIC, half_suffix
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.errors import InvalidArgumentError, MessageIllegalError
-from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
-from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, half_properties, half_property_conflict
 from broker.store.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Prop,
@@ -49,8 +45,6 @@ from broker.store.message import (
 )
 
 KNOWN_COLUMNS = ("body", "topic", "tags", "keys", "properties", "sharding_key", "queue_id")
-# A row that sets a property a half entry gains takes the decoding path (see RowEncoder._half_props).
-_HALF_NAMES = frozenset(HALF_PROPERTY_NAMES)
 
 
 def check_columns(
@@ -109,19 +103,15 @@ class RowEncoder:
 
     default_topic: str | None
     queue_count: Callable[[str], int] | None = None
-    extra_properties: Mapping[str, str] = field(default_factory=dict)
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     batch_messages: int = 4096
     batch_bytes: int = 4 * 1024 * 1024
-    half: tuple[str, str] | None = None  # (producer group, transaction id): encode rows as that transaction's halves
     queues: Callable[[str], Sequence[MessageQueue]] | None = None
     # Rows without a queue or key go round-robin from a random queue (RocketMQ's producer): a query of many small
     # tasks would otherwise put every task's first rows in the same queues. Given: where the round-robin starts.
     round_robin: int = field(default_factory=lambda: random.randrange(1 << 30))
     _queues: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # topic -> its (broker, queue id)s
     _topic_bytes: dict[str, bytes] = field(default_factory=dict)
-    _suffixes: dict[tuple[bytes, int], bytes] = field(default_factory=dict)
-    _plain_halves: dict[tuple[bytes, int], bytes] = field(default_factory=dict)
 
     def _topic(self, name: str | None, row: int) -> tuple[str, bytes]:
         topic = name or self.default_topic
@@ -168,7 +158,6 @@ class RowEncoder:
         topics, tags, keys = cols.get("topic", none), cols.get("tags", none), cols.get("keys", none)
         props, shard, qids = cols.get("properties", none), cols.get("sharding_key", none), cols.get("queue_id", none)
         born = int(time.time() * 1000)
-        plain = encode_properties(dict(self.extra_properties))  # rows without properties, tags or keys of their own
         pending: dict[str, _Pending] = {}  # per broker
         for i in range(n):
             row = first_row + i
@@ -182,12 +171,7 @@ class RowEncoder:
                 # Only rows with properties, tags or keys of their own need their properties built and encoded.
                 own = self._properties(props[i], tags[i], keys[i]) if props[i] or tags[i] or keys[i] else None
                 broker, queue_id = self._queue(topic, qids[i], shard[i])
-                if self.half is None:
-                    raw_props = plain if own is None else encode_properties(own)
-                else:
-                    raw_props = (self._plain_half_props(topic_raw, queue_id) if own is None
-                                 else self._half_props(topic_raw, queue_id, own))  # fmt: skip
-                    topic_raw, queue_id = HALF_TOPIC, 0
+                raw_props = b"" if own is None else encode_properties(own)
                 entry = encode_entry(
                     topic_raw, queue_id, body, raw_props, born_timestamp=born, max_message_size=self.max_message_size
                 )
@@ -206,32 +190,6 @@ class RowEncoder:
         for broker, p in pending.items():
             if p.parts:
                 yield p.take(broker)
-
-    def _plain_half_props(self, topic: bytes, queue_id: int) -> bytes:
-        """_half_props of a row with only the writer's extra properties: the same bytes for every such row of a
-        queue, so encoded once per queue (most sink rows; about a third of the per-row encoding cost)."""
-        key = (topic, queue_id)
-        raw = self._plain_halves.get(key)
-        if raw is None:
-            raw = self._plain_halves[key] = self._half_props(topic, queue_id, dict(self.extra_properties))
-        return raw
-
-    def _half_props(self, topic: bytes, queue_id: int, props: dict[str, str]) -> bytes:
-        """A row's properties encoded as its half entry's: the half suffix appended to its own, or (when the row
-        itself names a half property) what ``rewrite_batch_as_half`` makes of them, which refuses a half property
-        of another value than the broker writes (another transaction's id, another REAL_TOPIC...)."""
-        assert self.half is not None
-        group, txn_id = self.half
-        if not _HALF_NAMES.isdisjoint(props):
-            conflict = half_property_conflict(props, topic.decode("ascii"), queue_id, group, txn_id)
-            if conflict:
-                raise MessageIllegalError(conflict)
-            return encode_properties(half_properties(props, topic.decode("ascii"), queue_id, group, txn_id))
-        key = (topic, queue_id)
-        suffix = self._suffixes.get(key)
-        if suffix is None:
-            suffix = self._suffixes[key] = half_suffix(topic, queue_id, group, txn_id)
-        return encode_properties(props) + suffix
 
     def _properties(self, props: object, tags: str | None, keys: object) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -257,10 +215,4 @@ class RowEncoder:
             joined = " ".join(keys)
             if joined:
                 out[Prop.KEYS] = joined
-        # The writer's own properties last: a row copied from a topic this sink wrote carries that write's
-        # TRAN_ATTEMPT, and letting it stand made the broker refuse every commit of the batch (its halves seemed
-        # to belong to another attempt), on every retry. Its TRAN_COORDINATOR goes too, whoever writes the row: on
-        # a half it hands the transaction's outcome to that broker (participant_resolver.py).
-        out.pop(COORDINATOR_PROPERTY, None)
-        out.update(self.extra_properties)
         return out

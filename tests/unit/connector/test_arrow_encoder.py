@@ -1,4 +1,4 @@
-"""The sink's row encoder in half mode against the definition: to_half_batch of the plain entries, byte for byte."""
+"""The sink's row encoder: chunks within the broker's limits, properties as the rows give them, queues spread."""
 
 from __future__ import annotations
 
@@ -10,23 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.client.half_batch import to_half_batch
 from broker.errors import MessageIllegalError
 from broker.store.message import iter_entries
 from connector.arrow_encoder import RowEncoder
-
-GROUP, TXN = "sluice-sink", "q1:7:run-a"
-_text = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_characters="\x01\x02"), max_size=12)
-# user properties, now and then naming a half property (the decoding rewrite's case)
-_props = st.dictionaries(st.one_of(_text.filter(bool), st.sampled_from(["REAL_TOPIC", "TRAN_MSG", "PGROUP"])), _text,
-                         max_size=3)  # fmt: skip
-
-
-def _encoders(**kw: object) -> tuple[RowEncoder, RowEncoder]:
-    def make(half: tuple[str, str] | None) -> RowEncoder:
-        return RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, round_robin=0, **kw)  # type: ignore[arg-type]
-
-    return make(None), make((GROUP, TXN))
 
 
 def _batch(rows: list[tuple[bytes, str | None, str | None, dict[str, str], int | None]]) -> pa.RecordBatch:
@@ -41,72 +27,18 @@ def _batch(rows: list[tuple[bytes, str | None, str | None, dict[str, str], int |
     )
 
 
-@settings(max_examples=120, deadline=None)
-@given(
-    rows=st.lists(
-        st.tuples(
-            st.binary(max_size=64),
-            st.sampled_from([None, "Out", "Other"]),
-            st.one_of(st.none(), _text),
-            _props,
-            st.one_of(st.none(), st.integers(0, 3)),
-        ),
-        min_size=1,
-        max_size=40,
-    ),
-    batch_messages=st.sampled_from([7, 4096]),
-    extra=st.sampled_from([{}, {"TRAN_ATTEMPT": "0.1.abc"}]),  # the exactly-once sink tags every row with one
-)
-def test_half_rows_equal_the_plain_rows_re_addressed(
-    rows: list,  # type: ignore[type-arg]
-    batch_messages: int,
-    extra: dict[str, str],
-) -> None:
-    """Property: every chunk the half-mode encoder yields is to_half_batch of the plain encoder's chunk; a row that
-    gives a half property another value than the broker writes is refused by both."""
-    plain, half = _encoders(batch_messages=batch_messages, extra_properties=extra)
-    batch = _batch(rows)
-    with mock.patch("connector.arrow_encoder.time.time", return_value=1_700_000_000.0):  # one born timestamp
-        plain_chunks = list(plain.encode(batch))
-        try:
-            half_chunks = list(half.encode(batch))
-        except MessageIllegalError as e:
-            assert "sets " in e.message, e.message
-            with pytest.raises(MessageIllegalError, match="into its half"):
-                for p in plain_chunks:
-                    to_half_batch(p.buffer, GROUP, TXN)
-            return
-    assert [c.count for c in half_chunks] == [c.count for c in plain_chunks]
-    assert [c.topics for c in half_chunks] == [c.topics for c in plain_chunks]  # per real topic, as before
-    for p, h in zip(plain_chunks, half_chunks, strict=True):
-        assert h.buffer == to_half_batch(p.buffer, GROUP, TXN)
-
-
-def test_a_row_naming_another_transaction_is_refused_with_its_row_number() -> None:
-    _, half = _encoders()
-    batch = _batch([(b"a", None, None, {}, None), (b"b", None, None, {"__transactionId__": "other"}, None)])
-    with pytest.raises(MessageIllegalError, match=r"row 1: carries __transactionId__='other', not 'q1:7:run-a'"):
-        list(half.encode(batch))
-
-
 def test_rows_without_their_own_properties_share_one_encoding() -> None:
-    """A row with no properties, tags or keys of its own is encoded with the writer's extra properties, once per
-    queue: the same entries as rows that take the per-row path (forced here: rows with a property of their own
-    whose properties then come out as the extra ones only)."""
-    extra = {"TRAN_ATTEMPT": "3.0.feed"}
+    """A row with no properties, tags or keys of its own takes the path that builds no properties: the same entries
+    as rows that take the per-row path (forced here: rows with a property of their own whose properties then
+    come out empty)."""
     bodies = [b"a", b"b", b"c", b"d", b"e"]
-    for half in (None, (GROUP, TXN)):
-        fast_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra,
-                              round_robin=0)  # fmt: skip
-        slow_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra,
-                              round_robin=0)  # fmt: skip
-        slow_enc._properties = lambda *a: dict(extra)  # type: ignore[method-assign]
-        with mock.patch("connector.arrow_encoder.time.time", return_value=1_700_000_000.0):
-            fast = b"".join(c.buffer for c in fast_enc.encode(pa.RecordBatch.from_pydict({"body": bodies})))
-            slow = b"".join(
-                c.buffer for c in slow_enc.encode(_batch([(b, None, None, {"x": "1"}, None) for b in bodies]))
-            )
-        assert fast == slow, half
+    fast_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, round_robin=0)
+    slow_enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, round_robin=0)
+    slow_enc._properties = lambda *a: {}  # type: ignore[method-assign]
+    with mock.patch("connector.arrow_encoder.time.time", return_value=1_700_000_000.0):
+        fast = b"".join(c.buffer for c in fast_enc.encode(pa.RecordBatch.from_pydict({"body": bodies})))
+        slow = b"".join(c.buffer for c in slow_enc.encode(_batch([(b, None, None, {"x": "1"}, None) for b in bodies])))
+    assert fast == slow
 
 
 @given(
@@ -167,16 +99,12 @@ def _decoded_properties(encoder: RowEncoder, batch: pa.RecordBatch) -> list[dict
     return [m.properties for c in encoder.encode(batch) for m in iter_entries(c.buffer)]
 
 
-def test_a_rows_own_tran_attempt_never_replaces_the_writers() -> None:
-    """A row copied from a topic this sink wrote carries that write's TRAN_ATTEMPT in its properties map. It
-    replaced the writer's, so the broker took the halves for another attempt's and refused the batch's commit on
-    every retry. The writer's own properties now win; the row's other properties are kept."""
-    extra = {"TRAN_ATTEMPT": "3.0.feed"}
-    batch = _batch([(b"a", None, None, {"TRAN_ATTEMPT": "12", "x": "1"}, None)])
-    for half in (None, (GROUP, TXN)):
-        enc = RowEncoder(default_topic="Out", queue_count=lambda t: 4, half=half, extra_properties=extra)
-        [props] = _decoded_properties(enc, batch)
-        assert (props["TRAN_ATTEMPT"], props["x"]) == ("3.0.feed", "1"), half
+def test_a_rows_own_properties_are_kept_as_given() -> None:
+    """A row copied from a topic an exactly-once write filled may carry TRAN_ATTEMPT or TRAN_COORDINATOR: they
+    stay as they are, since the writer's attempt and coordinator travel in its calls, not in its rows."""
+    batch = _batch([(b"a", None, "t", {"TRAN_ATTEMPT": "12", "TRAN_COORDINATOR": "b", "x": "1"}, None)])
+    [props] = _decoded_properties(RowEncoder(default_topic="Out", queue_count=lambda t: 4), batch)
+    assert props == {"TRAN_ATTEMPT": "12", "TRAN_COORDINATOR": "b", "x": "1", "TAGS": "t"}
 
 
 def test_a_key_with_a_space_is_refused_with_its_row_number() -> None:
