@@ -182,6 +182,11 @@ class TxnVisibility:
             cq.place_hold(piece.hold, runs[0][0])
             spans = piece.ranges[key] = []
         for start, end in runs:
+            # A queue's offsets only grow, so a range below the last one's end was registered already: the state
+            # was saved in the middle of a pass, and recovery dispatches that pass again
+            start = max(start, spans[-1][1]) if spans else start
+            if start >= end:
+                continue
             if spans and spans[-1][1] == start:
                 spans[-1][1] = end
             else:
