@@ -36,7 +36,9 @@ applied again. A file naming an offset past the recovered end of the log (a lost
 not used: the state is rebuilt from the first commit-log file. A store without the file (it is written at every
 start) holds no in-place entries. The file is rewritten by the consume-queue flush when the state changed, and
 at least every SAVE_EVERY_BYTES of log, which bounds the extra re-dispatch at a restart. Aborted ranges below a
-queue's first offset and decisions about handles below the log's first offset are dropped as the log expires.
+queue's first offset and decisions about handles at or below the log's first offset are dropped as the log
+expires; a slice still open when its handle falls there (its writer's record expired undecided: nothing can
+decide it any more) is rolled back, so that it cannot hold its queues for ever.
 """
 
 from __future__ import annotations
@@ -196,27 +198,35 @@ class TxnVisibility:
     def decide(self, marker: Marker) -> None:
         """Apply one marker: aborted slices' entries become aborted ranges, then every named slice's hold goes at
         one instant, and pulls waiting on those queues are woken."""
-        released: list[_Slice] = []
         with self.lock:
-            for handle in marker.committed:
-                self._decided[handle] = True
-                piece = self._open.pop(handle, None)
-                if piece is not None:
-                    released.append(piece)
-            for handle in marker.aborted:
-                self._decided[handle] = False
-                piece = self._open.pop(handle, None)
-                if piece is None:
-                    continue
-                for (topic, qid), spans in piece.ranges.items():
-                    cq = self.queues.find(topic, qid)
-                    if cq is not None:
-                        for start, end in spans:
-                            cq.add_aborted(start, end)
+            released = self._decide(marker)
+        self._wake(released)
+
+    def _decide(self, marker: Marker) -> list[_Slice]:
+        """decide() under the lock; returns the slices released, whose queues' readers are to be woken."""
+        released: list[_Slice] = []
+        for handle in marker.committed:
+            self._decided[handle] = True
+            piece = self._open.pop(handle, None)
+            if piece is not None:
                 released.append(piece)
-            with self.release_lock:
-                VisibilityHold.release_together([p.hold for p in released])
-            self._changed = True
+        for handle in marker.aborted:
+            self._decided[handle] = False
+            piece = self._open.pop(handle, None)
+            if piece is None:
+                continue
+            for (topic, qid), spans in piece.ranges.items():
+                cq = self.queues.find(topic, qid)
+                if cq is not None:
+                    for start, end in spans:
+                        cq.add_aborted(start, end)
+            released.append(piece)
+        with self.release_lock:
+            VisibilityHold.release_together([p.hold for p in released])
+        self._changed = True
+        return released
+
+    def _wake(self, released: list[_Slice]) -> None:
         for piece in released:
             for cq in piece.hold.queues:
                 for fn in self.listeners:
@@ -285,10 +295,18 @@ class TxnVisibility:
     def save(self, log_min: int, force: bool = False) -> None:
         """Write the state file if it changed or SAVE_EVERY_BYTES of log went by (or ``force``); drop what the log
         and the queues no longer hold first."""
+        released: list[_Slice] = []
         with self.lock:
+            orphans = tuple(h for h in self._open if h <= log_min)
+            if orphans:
+                # Their writers' records expired with the log's first files: no decision can name them any more
+                # (the transaction service finds transactions by those records), and their holds would keep
+                # their queues from readers for ever. Rolled back.
+                log.warning("transaction slices %s: their records expired undecided; rolled back", list(orphans))
+                released = self._decide(Marker((), orphans))
             if not (force or self._changed or self.applied_to - self._saved_at >= SAVE_EVERY_BYTES):
                 return
-            self._decided = {h: d for h, d in self._decided.items() if h >= log_min}
+            self._decided = {h: d for h, d in self._decided.items() if h > log_min}
             aborted: list[list[Any]] = []
             for (topic, qid), cq in list(self.queues.queues.items()):
                 if cq.aborted:
@@ -305,6 +323,7 @@ class TxnVisibility:
             self._changed = False
         json_file.write_json_atomic(self.path, state)
         self._saved_at = applied_to
+        self._wake(released)
 
     # ------------------------------------------------------------------------------------------------ check
     def check(self, problems: list[str]) -> None:

@@ -347,6 +347,8 @@ def test_rolled_back_entries_are_reclaimed_with_their_files(make_store: Callable
     _mark(s, [], [20])
     for i in range(80):  # several more 16 KiB files
         assert s.put_batch(_plain("T", 0, [b"p%03d" % i + b"." * 300])).ok
+    # a slice whose handle names a place in the files about to expire (where its writer's record would be)
+    assert s.put_batch(_in_place("T", 1, 21, [b"never decided"]) + _plain("T", 1, [b"behind it"])).ok
     s.flush()
     assert s.queues.queues[("T", 0)].aborted == [(0, 30)]
     old = time.time() - 2 * 3600
@@ -354,8 +356,11 @@ def test_rolled_back_entries_are_reclaimed_with_their_files(make_store: Callable
         os.utime(f.path, (old, old))
     assert s.cleanup is not None and s.cleanup.clean_once(manual=True).deleted_commit_log_files == 2
     assert s.min_offset("T", 0) >= 30
+    assert s.max_offset("T", 1) == 0  # held by that slice, whose record is gone with the files
     s.txn_visibility.save(s.commit_log.min_offset, force=True)
     assert s.queues.queues[("T", 0)].aborted == [] and s.txn_visibility.decision(20) is None
+    # that slice could never be decided: rolled back, so its queue is readable again
+    assert s.txn_visibility.open_slices() == [] and [b for _, b in _read_all(s, "T", 1)] == [b"behind it"]
     left = _read_all(s, "T", 0)
     assert left and all(b.startswith(b"p") for _, b in left) and left[-1][1].startswith(b"p079")
     assert s.check() == []
