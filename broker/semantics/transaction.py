@@ -114,7 +114,7 @@ from broker.semantics.txn_in_place import (
     split_slices,
 )
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
-from broker.store.batch import SmallBatch, ValidatedBatch, split_entries
+from broker.store.batch import SmallBatch, ValidatedBatch, batch_properties, split_entries
 from broker.store.message import (
     I32,
     I64,
@@ -126,6 +126,7 @@ from broker.store.message import (
     StoredMessage,
     SysFlag,
     decode_entry,
+    iter_entries,
 )
 from broker.store.txn_visibility import MARKER_QUEUE_ID, OpenSlice, encode_marker, mark_in_place
 
@@ -152,6 +153,7 @@ DEFAULT_COMMIT_MEMORY_BYTES = 512 << 20
 SCAN_BATCH = 1024  # messages per get while scanning a queue
 DISPATCH_WAIT_S = 30.0  # how long start-up recovery waits for the store's dispatcher to reach the log end
 MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in one property (limit 32767)
+_DELAY_NAME = f"{Prop.DELAY}\x01".encode()
 
 
 class TxState(enum.Enum):
@@ -566,6 +568,9 @@ class TransactionService:
             raise MessageIllegalError(
                 f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
             )
+        if _DELAY_NAME in batch_properties(bytes(validated.data), validated):  # a cheap search; hits checked one by one
+            for m in iter_entries(bytes(validated.data)):
+                refuse_delay(m.properties.get(Prop.DELAY), "a message of a transaction")
         txn = self._begin_put(txn_id, producer_group, count, batch=True, in_place=True)
         res: PutResult | None = None
         try:
@@ -1056,6 +1061,7 @@ class TransactionService:
     def check_once(self) -> int:
         """One check pass: finish stalled commits, check back idle open transactions, roll back those checked
         ``check_max`` times. Returns the number of transactions checked back."""
+        self._roll_back_orphans()
         now = _now_ms()
         with self._lock:
             unfinished = [
@@ -1092,6 +1098,25 @@ class TransactionService:
         for t in to_check:
             self._check_back(t)
         return len(to_check)
+
+    def _roll_back_orphans(self) -> None:
+        """Roll back, with a marker, the slices the store still holds open whose writer's record expired with the
+        log's first files and which no transaction here names: nothing can decide them any more (a transaction is
+        found by those records), and they would hold their queues from readers for ever. A marker, not a local
+        rule, so that replicas do the same from the log."""
+        log_min = self.store.min_phys_offset()
+        with self._lock:
+            known = {h for t in self._txns.values() for h in t.slices}
+        orphans = [s.handle for s in self.store.txn_visibility.open_slices() if s.handle <= log_min
+                   and s.handle not in known]  # fmt: skip
+        if not orphans:
+            return
+        log.warning("transaction slices %s: their records expired undecided; rolling them back", orphans)
+        res = self.store.put_message(TRANS_MARKER_TOPIC, MARKER_QUEUE_ID, encode_marker([], orphans), {},
+                                     wait_store_ok=True)  # fmt: skip
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            log.error("rollback marker of expired slices not stored (%s: %s); the next pass retries",
+                      res.status.name, res.error)  # fmt: skip
 
     def _retry_finish(self, t: _Txn) -> None:
         """check_once's retry of one stalled commit (``t.restoring`` set by the caller, cleared here)."""

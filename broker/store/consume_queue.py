@@ -190,6 +190,14 @@ class ConsumeQueue:
             mask[max(start, offset) - offset : min(stop, end) - offset] = True
         return mask
 
+    def aborted_end(self, queue_offset: int) -> int:
+        """The end of the aborted range holding ``queue_offset``; ``queue_offset`` itself when none holds it."""
+        ranges = self.aborted
+        i = bisect.bisect_right(ranges, (queue_offset, 1 << 62)) - 1
+        if i >= 0 and ranges[i][0] <= queue_offset < ranges[i][1]:
+            return ranges[i][1]
+        return queue_offset
+
     def is_aborted(self, queue_offset: int) -> bool:
         mask = self.aborted_mask(queue_offset, 1)
         return mask is not None and bool(mask[0])

@@ -188,8 +188,9 @@ class MessageStore:
         self.dispatcher.set_due_times(config.schedule_topic, config.delay_level_ms)
         self._visibility_lock = threading.Lock()  # release_visibility and markers vs queue_ranges
         self.txn_visibility = TxnVisibility(
-            state_path(config.config_dir), self.queues, self.dispatcher.listeners, self._visibility_lock
-        )
+            state_path(config.config_dir), self.queues, self.dispatcher.listeners, self._visibility_lock,
+            self.dispatcher.lock,
+        )  # fmt: skip
         self.dispatcher.txn = self.txn_visibility
         self.checkpoint: Checkpoint | None = None
         self.recovery_report: RecoveryReport | None = None
@@ -882,6 +883,9 @@ class MessageStore:
                     os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
                 except OSError:
                     pass  # not empty or not there: nothing of the deleted generation is left in it either way
+            # at once: a start from the previous file would put the deleted generation's holds and rolled-back
+            # ranges on the next generation's queues
+            self.txn_visibility.save(self.commit_log.min_offset, force=True)
 
     def _deleted_topics_path(self) -> str:
         return os.path.join(self.config.config_dir, DELETED_TOPICS_FILE)

@@ -107,7 +107,10 @@ class QueueReader:
             return self._read_filtered(cq, offset, units.size, cand, phys, sizes, limit_bytes, message_filter, lo, hi)
         if cand.size == 0:
             status = GetStatus.MESSAGE_WAS_REMOVING if removing else GetStatus.NO_MATCHED_MESSAGE
-            return GetResult(status, offset + units.size, lo, hi)
+            after = offset + units.size
+            if aborted is not None and aborted[-1]:  # past the whole rolled-back range in one answer
+                after = max(after, min(cq.aborted_end(after - 1), hi))
+            return GetResult(status, after, lo, hi)
         csum = np.cumsum(sizes[cand])
         take = max(1, int(np.searchsorted(csum, limit_bytes, side="right")))
         consumed = units.size if take == cand.size else int(cand[take])  # stop before the first unit not taken

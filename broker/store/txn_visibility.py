@@ -33,12 +33,13 @@ Rules (Kafka's last stable offset and aborted-transaction index, kept per queue)
 Persistence: ``txnVisibility.json`` (the store's config directory) holds the state as of commit-log offset
 ``appliedTo``. Recovery loads it and re-dispatches from no later than ``appliedTo``; entries below it are not
 applied again. A file naming an offset past the recovered end of the log (a lost tail, a replica's truncation) is
-not used: the state is rebuilt from the first commit-log file. A store without the file (it is written at every
-start) holds no in-place entries. The file is rewritten by the consume-queue flush when the state changed, and
-at least every SAVE_EVERY_BYTES of log, which bounds the extra re-dispatch at a restart. Aborted ranges below a
-queue's first offset and decisions about handles at or below the log's first offset are dropped as the log
-expires; a slice still open when its handle falls there (its writer's record expired undecided: nothing can
-decide it any more) is rolled back, so that it cannot hold its queues for ever.
+not used: the state is rebuilt from the first commit-log file, as it is for a store whose log is not empty but
+has no file (deleted by hand). The file is saved between dispatch passes only (under the dispatcher's lock), so it
+never holds an entry or marker at or past ``appliedTo``; the consume-queue flush rewrites it when the state
+changed, and at least every SAVE_EVERY_BYTES of log, which bounds the extra re-dispatch at a restart. Aborted
+ranges below a queue's first offset and decisions about handles at or below the log's first offset are dropped as
+the log expires. A slice left open after its writer's record expired is rolled back by a marker of the
+transaction service (TransactionService.check_once), so that replicas follow the log.
 """
 
 from __future__ import annotations
@@ -144,7 +145,12 @@ def _runs(qoffs: np.ndarray) -> list[tuple[int, int]]:
 
 class TxnVisibility:
     def __init__(
-        self, path: str, queues: ConsumeQueueTable, listeners: list[ArrivalListener], release_lock: threading.Lock
+        self,
+        path: str,
+        queues: ConsumeQueueTable,
+        listeners: list[ArrivalListener],
+        release_lock: threading.Lock,
+        pass_lock: threading.Lock,
     ) -> None:
         self.path = path
         self.queues = queues
@@ -152,7 +158,11 @@ class TxnVisibility:
         # Held while a marker's holds go: a reader of several queues at one instant (MessageStore.queue_ranges)
         # takes it too, so it sees a transaction in all of its queues or in none
         self.release_lock = release_lock
-        self.lock = threading.Lock()  # the dispatcher (apply) against the flush thread (save)
+        # The dispatcher's, held for a whole pass: the state is saved between passes only, so that it is the state
+        # of the log below ``applied_to`` exactly (a later cut of the log at ``applied_to`` or past it leaves it true)
+        self.pass_lock = pass_lock
+        self.lock = threading.Lock()  # the dispatcher (apply) against readers of the state
+        self._save_lock = threading.Lock()  # one writer of the file at a time (flush thread, store.flush callers)
         self.applied_to = 0  # commit-log offset below which every entry has been applied
         self._open: dict[int, _Slice] = {}
         self._decided: dict[int, bool] = {}  # handle -> committed (True) or rolled back (False)
@@ -265,7 +275,11 @@ class TxnVisibility:
         """Before recovery's re-dispatch (consume queues loaded): take the saved state; return where re-dispatch
         must start at the latest (``dispatch_from``, or earlier if the state was saved before it)."""
         state = json_file.load_json(self.path, _parse_state)
-        if state is None:
+        if state is None and log_end > log_min:
+            log.warning("%s: missing; rebuilt from the log's start %d", self.path, log_min)
+            self.applied_to = log_min
+            return log_min
+        if state is None:  # a store with an empty log: nothing to rebuild
             self.applied_to = dispatch_from
             return dispatch_from
         applied_to, open_slices, decided, aborted = state
@@ -295,15 +309,7 @@ class TxnVisibility:
     def save(self, log_min: int, force: bool = False) -> None:
         """Write the state file if it changed or SAVE_EVERY_BYTES of log went by (or ``force``); drop what the log
         and the queues no longer hold first."""
-        released: list[_Slice] = []
-        with self.lock:
-            orphans = tuple(h for h in self._open if h <= log_min)
-            if orphans:
-                # Their writers' records expired with the log's first files: no decision can name them any more
-                # (the transaction service finds transactions by those records), and their holds would keep
-                # their queues from readers for ever. Rolled back.
-                log.warning("transaction slices %s: their records expired undecided; rolled back", list(orphans))
-                released = self._decide(Marker((), orphans))
+        with self._save_lock, self.pass_lock, self.lock:
             if not (force or self._changed or self.applied_to - self._saved_at >= SAVE_EVERY_BYTES):
                 return
             self._decided = {h: d for h, d in self._decided.items() if h > log_min}
@@ -319,11 +325,9 @@ class TxnVisibility:
                 "decided": [[h, int(d)] for h, d in self._decided.items()],
                 "aborted": aborted,
             }
-            applied_to = self.applied_to
             self._changed = False
-        json_file.write_json_atomic(self.path, state)
-        self._saved_at = applied_to
-        self._wake(released)
+            json_file.write_json_atomic(self.path, state)  # under the locks: a file of one pass boundary, one writer
+            self._saved_at = self.applied_to
 
     # ------------------------------------------------------------------------------------------------ check
     def check(self, problems: list[str]) -> None:

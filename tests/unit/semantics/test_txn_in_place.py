@@ -119,15 +119,18 @@ def test_a_transaction_cannot_mix_halves_and_rows_in_place(box: StoreBox) -> Non
 
 @pytest.mark.parametrize(
     ("attempt", "error"),
-    [("a,b", InvalidArgumentError), ("x" * 300, InvalidArgumentError), ("ok", MessageIllegalError)],
-)
+    [("a,b", InvalidArgumentError), ("x" * 300, InvalidArgumentError), ("ok", MessageIllegalError),
+     ("delayed", MessageIllegalError)],
+)  # fmt: skip
 def test_bad_input_stores_nothing(box: StoreBox, attempt: str, error: type[Exception]) -> None:
     tx = service(box)
     try:
         before = box.s.max_phys_offset()
         buf = rows("Bad", [b"x"])
-        if error is MessageIllegalError:  # a transaction type set by the client
+        if attempt == "ok":  # a transaction type set by the client
             buf = encode_entry(b"Bad", 0, b"x", sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE)
+        if attempt == "delayed":  # a commit shows its messages at once: a delay would be ignored
+            buf += encode_entry(b"Bad", 0, b"later", encode_properties({"DELAY": "3"}))
         with pytest.raises(error):
             tx.put_in_place(buf, "spark", "bad:1", attempt=attempt)
         assert box.s.max_phys_offset() == before and tx.transaction("bad:1") is None
@@ -145,5 +148,27 @@ def test_a_rolled_back_transactions_rows_never_show_and_are_counted_once(box: St
         assert tx.end_transaction("gone:1", commit=True).status is TxStatus.ROLLED_BACK  # the first outcome stands
         with pytest.raises(TransactionError, match="ROLLED_BACK"):
             tx.put_in_place(rows("Gone", [b"late"]), "spark", "gone:1")
+    finally:
+        tx.shutdown()
+
+
+def test_a_slice_whose_record_expired_undecided_is_rolled_back_by_a_marker(
+    box: StoreBox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of a slice no transaction names any more (its record expired with the log's first files, say while
+    the broker was down) would hold their queue for ever: the check pass rolls them back with a marker, which
+    replicas apply from the log like any other."""
+    tx = service(box, check_interval_ms=3_600_000)
+    try:
+        assert box.s.put_batch(b"".join(
+            encode_entry(b"Orphan", 0, b, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE, prepared_transaction_offset=1)
+            for b in (b"lost-1", b"lost-2")) + rows("Orphan", [b"behind"])).ok  # fmt: skip
+        assert box.s.wait_dispatched() and box.s.max_offset("Orphan", 0) == 0
+        tx.check_once()
+        assert box.s.max_offset("Orphan", 0) == 0  # its handle is still inside the log: it may yet be decided
+        monkeypatch.setattr(box.s, "min_phys_offset", lambda: 2)  # as if the file holding offset 1 had expired
+        tx.check_once()
+        assert [m.body for m in box.read_topic("Orphan")] == [b"behind"]
+        assert box.s.txn_visibility.open_slices() == []
     finally:
         tx.shutdown()
