@@ -167,7 +167,7 @@ class ScheduleMessageService:
         return DelayRewrite(SCHEDULE_TOPIC, level - 1, props)
 
     @staticmethod
-    def batch_has_delay(properties: bytes) -> bool:
+    def batch_has_delay(properties: bytes | bytearray) -> bool:
         """Whether any entry may carry a DELAY property, given the batch's ``batch_properties``. A hit may be
         spurious (a value that merely contains the bytes); rewrite_batch_for_delay checks entry by entry."""
         return _DELAY_MARK[1:] in properties

@@ -157,7 +157,7 @@ class TimerService:
         return TimerRewrite(TIMER_TOPIC, 0, props)
 
     @staticmethod
-    def batch_has_timer(properties: bytes) -> bool:
+    def batch_has_timer(properties: bytes | bytearray) -> bool:
         """Whether any entry may carry a timer property, given the batch's ``batch_properties`` (a cheap search;
         rewrite_batch checks entry by entry)."""
         return any(mark[1:] in properties for mark in _MARKS)

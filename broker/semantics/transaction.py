@@ -568,7 +568,7 @@ class TransactionService:
             raise MessageIllegalError(
                 f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
             )
-        if _DELAY_NAME in batch_properties(bytes(validated.data), validated):  # a cheap search; hits checked one by one
+        if _DELAY_NAME in batch_properties(validated.data, validated):  # a cheap search; hits checked one by one
             for m in iter_entries(bytes(validated.data)):
                 refuse_delay(m.properties.get(Prop.DELAY), "a message of a transaction")
         txn = self._begin_put(txn_id, producer_group, count, batch=True, in_place=True)
@@ -719,23 +719,14 @@ class TransactionService:
                 f"{expected}; nothing decided, the transaction is still open (roll it back and write the batch again: "
                 "halves were lost, e.g. by a crash of the machine under ASYNC_FLUSH)"
             )
-        props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK}
-        if txn.producer_group:
-            props[Prop.PGROUP] = txn.producer_group
-        if attempts is not None:
-            props[COMMITTED_ATTEMPTS] = ",".join(attempts)
+        props: dict[str, str] = {}
         if txn.batch or attempts is not None:
             txn.batch = True
             props[BATCH] = "true"
         if commit:
             start = {q: self.store.max_offset(*q) for q in sorted(queues)}
             props[COMMIT_START] = encode_commit_start(start)
-        res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
-        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-            raise TransactionError(
-                f"transaction {txn.txn_id!r}: the decision could not be stored ({res.status.name}: {res.error}); "
-                "nothing changed, end it again later"
-            )
+        res = self._store_decision(txn, halves, commit, attempts, props)
         with self._lock:
             txn.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
             txn.ended_ms = _now_ms()
@@ -764,6 +755,38 @@ class TransactionService:
                 txn.restoring = False
         return EndResult(txn.txn_id, txn.status, False, len(halves), restored, complete)
 
+    def _store_decision(
+        self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None, props: dict[str, str]
+    ) -> PutResult:
+        """Store and flush the decision op message (the commit point): the halves it covers and ``props`` beside
+        the properties every decision carries. TransactionError, nothing decided, if the store refuses it."""
+        props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK,
+                 **props}  # fmt: skip
+        if txn.producer_group:
+            props[Prop.PGROUP] = txn.producer_group
+        if attempts is not None:
+            props[COMMITTED_ATTEMPTS] = ",".join(attempts)
+        res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(
+                f"transaction {txn.txn_id!r}: the decision could not be stored ({res.status.name}: {res.error}); "
+                "nothing changed, end it again later"
+            )
+        return res
+
+    def _store_finished(self, txn: _Txn) -> None:
+        """The op message saying the decision is complete (its copies stored, or its marker applied), then the
+        transaction's tables go."""
+        res = self.store.put_message(
+            TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
+            wait_store_ok=False,
+        )  # fmt: skip
+        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
+        with self._lock:
+            txn.finished = True
+            self._drop_tables(txn)
+
     def _decide_in_place(
         self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None, expected: int | None
     ) -> EndResult:
@@ -780,18 +803,8 @@ class TransactionService:
                 f"{expected}; nothing decided, the transaction is still open (roll it back and write the batch again: "
                 "messages were lost, e.g. by a crash of the machine under ASYNC_FLUSH)"
             )
-        props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK,
-                 BATCH: "true", IN_PLACE: "true", MESSAGES: str(total)}  # fmt: skip
-        if txn.producer_group:
-            props[Prop.PGROUP] = txn.producer_group
-        if attempts is not None:
-            props[COMMITTED_ATTEMPTS] = ",".join(attempts)
-        res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
-        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-            raise TransactionError(
-                f"transaction {txn.txn_id!r}: the decision could not be stored ({res.status.name}: {res.error}); "
-                "nothing changed, end it again later"
-            )
+        res = self._store_decision(txn, halves, commit, attempts,
+                                   {BATCH: "true", IN_PLACE: "true", MESSAGES: str(total)})  # fmt: skip
         with self._lock:
             txn.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
             txn.ended_ms = _now_ms()
@@ -825,15 +838,8 @@ class TransactionService:
                 raise TransactionError(f"marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
             if not self.store.wait_dispatched(DISPATCH_WAIT_S, up_to=res.commitlog_offsets[0] + res.wrote_bytes):
                 raise TransactionError(f"marker of {txn.txn_id!r} stored but not dispatched in {DISPATCH_WAIT_S} s")
-        res = self.store.put_message(
-            TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
-            wait_store_ok=False,
-        )  # fmt: skip
-        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-            raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
+        self._store_finished(txn)
         with self._lock:
-            txn.finished = True
-            self._drop_tables(txn)
             txn.decided_total = total
 
     def _finish_in_place(self, t: _Txn, op: StoredMessage) -> None:
@@ -888,15 +894,7 @@ class TransactionService:
             finally:
                 # Also on failure: a queue must not stay frozen; the check thread finishes the rest of the commit.
                 self.store.release_visibility(hold)
-        res = self.store.put_message(
-            TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
-            wait_store_ok=False,
-        )  # fmt: skip
-        if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-            raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
-        with self._lock:
-            txn.finished = True
-            self._drop_tables(txn)
+        self._store_finished(txn)
         return restored
 
     def _put_runs(self, txn: _Txn, committed: Iterable[CommittedRun]) -> int:

@@ -99,7 +99,7 @@ def counted_entries(arr: np.ndarray, run: EntryRun) -> np.ndarray:
     return counted
 
 
-def splice(source: bytes, starts: np.ndarray, lengths: np.ndarray) -> bytes:
+def splice(source: bytes | bytearray, starts: np.ndarray, lengths: np.ndarray) -> bytes:
     """The concatenation of ``source[starts[i] : starts[i] + lengths[i]]`` for every i, with one index array and
     one numpy gather instead of a slice per piece (how batches are re-addressed without a per-entry loop)."""
     lengths = lengths.astype(np.int64)
@@ -551,7 +551,7 @@ class SmallBatch:
     counted: list[bool]  # advances its queue's offset (message.takes_queue_offset)
 
 
-def batch_properties(buffer: bytes, validated: SmallBatch | ValidatedBatch) -> bytes:
+def batch_properties(buffer: bytes | bytearray, validated: SmallBatch | ValidatedBatch) -> bytes | bytearray:
     """The PROPERTIES sections of a validated batch joined into one string, for the searches that decide whether
     any entry may carry a property (DELAY, a timer): a search of the whole buffer passed over every body, about
     0.5 ms a megabyte for each name. A small batch is searched as it is."""

@@ -4,74 +4,24 @@ of a million rows. Every outcome is all of the kept attempt's rows once, or none
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 
 import pytest
+from test_transaction_crash import CONFIG, bodies_of, run_child
 
 from broker.client.message import Message, encode_message
 from broker.semantics.transaction import TransactionService, TxStatus
-from broker.store import GetStatus, MessageStore, StoreConfig
-from broker.store.message import BODY_START, I32, POS_BODY_LENGTH
+from broker.store import MessageStore, StoreConfig
 
 CHILD = os.path.join(os.path.dirname(__file__), "in_place_crash_child.py")
 COUNT = 40_000
 QUEUES = 4
 CYCLES = 5
-CONFIG = {"mapped_file_size_commit_log": 8 << 20, "max_message_size": 64 << 10, "max_batch_bytes": 1 << 20}
 KEPT, DROPPED = "task-0.1", "task-0.0"  # as the child names them
-
-
-def run_child(store_dir: str, txn_id: str, topic: str, kill_at: str, kill_after_s: float) -> str:
-    """Start the child, SIGKILL it ``kill_after_s`` after it prints ``kill_at``; return the last line it printed."""
-    proc = subprocess.Popen(
-        [sys.executable, CHILD, store_dir, txn_id, topic, str(COUNT), json.dumps(CONFIG)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    last = ""
-    try:
-        while last != kill_at:
-            line = proc.stdout.readline()
-            assert line, f"child exited early with {proc.wait()}"
-            last = line.strip()
-        time.sleep(kill_after_s)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        rest = proc.stdout.read()
-        proc.wait()
-    if "DONE" in rest.split():
-        last = "DONE"
-    return last
-
-
-def bodies_of(store: MessageStore, topic: str) -> Counter[bytes]:
-    """Bodies of every message readers get from the topic (raw entries: 40,000 decodes would dominate)."""
-    assert store.wait_dispatched()
-    seen: Counter[bytes] = Counter()
-    for qid in store.queue_ids(topic):
-        offset = 0
-        while True:
-            res = store.get_message("CHECK", topic, qid, offset, 4096)
-            if res.status is GetStatus.NO_MATCHED_MESSAGE:
-                offset = res.next_begin_offset
-                continue
-            if res.status is not GetStatus.FOUND:
-                break
-            buf = res.buffer
-            for pos in res.entry_positions:
-                body_len = I32.unpack_from(buf, pos + POS_BODY_LENGTH)[0]
-                seen[bytes(buf[pos + BODY_START : pos + BODY_START + body_len])] += 1
-            offset = res.next_begin_offset
-    return seen
 
 
 def kept_rows(txn_id: str, n: int = COUNT) -> set[bytes]:
@@ -93,7 +43,8 @@ def test_sigkill_anywhere_in_an_in_place_transaction_is_all_or_nothing(tmp_path:
     for cycle in range(CYCLES):
         txn_id, topic = f"query-2:{cycle}", f"InPlace{cycle}"
         kill_at, delay = KILL_POINTS[cycle % len(KILL_POINTS)]
-        last = run_child(store_dir, txn_id, topic, kill_at, delay * rng.uniform(0.5, 1.5))
+        last = run_child(store_dir, txn_id, topic, delay * rng.uniform(0.5, 1.5), child=CHILD, count=COUNT,
+                         kill_at=kill_at)  # fmt: skip
         store = MessageStore(StoreConfig(store_path=store_dir, **CONFIG))  # type: ignore[arg-type]
         store.start()
         tx = TransactionService(store, os.path.join(store_dir, "config"))

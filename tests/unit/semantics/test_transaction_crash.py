@@ -23,17 +23,20 @@ CYCLES = 4
 CONFIG = {"mapped_file_size_commit_log": 8 << 20, "max_message_size": 64 << 10, "max_batch_bytes": 1 << 20}
 
 
-def run_child(store_dir: str, txn_id: str, topic: str, kill_after_s: float) -> str:
-    """Start the child, SIGKILL it ``kill_after_s`` after it starts committing; return the last line it printed."""
+def run_child(
+    store_dir: str, txn_id: str, topic: str, kill_after_s: float, *, child: str = CHILD, count: int = COUNT,
+    kill_at: str = "COMMITTING",
+) -> str:  # fmt: skip
+    """Start ``child``, SIGKILL it ``kill_after_s`` after it prints ``kill_at``; return the last line it printed."""
     proc = subprocess.Popen(
-        [sys.executable, CHILD, store_dir, txn_id, topic, str(COUNT), json.dumps(CONFIG)],
+        [sys.executable, child, store_dir, txn_id, topic, str(count), json.dumps(CONFIG)],
         stdout=subprocess.PIPE,
         text=True,
     )
     assert proc.stdout is not None
     last = ""
     try:
-        while last != "COMMITTING":
+        while last != kill_at:
             line = proc.stdout.readline()
             assert line, f"child exited early with {proc.wait()}"
             last = line.strip()
@@ -48,13 +51,17 @@ def run_child(store_dir: str, txn_id: str, topic: str, kill_after_s: float) -> s
 
 
 def bodies_of(store: MessageStore, topic: str) -> Counter[bytes]:
-    """Bodies of every message of the topic, read from the raw entries (50,000 decodes would dominate the test)."""
+    """Bodies of every message readers get from the topic, read from the raw entries (tens of thousands of decodes
+    would dominate the test)."""
     assert store.wait_dispatched()
     seen: Counter[bytes] = Counter()
     for qid in store.queue_ids(topic):
         offset = 0
         while True:
             res = store.get_message("CHECK", topic, qid, offset, 4096)
+            if res.status is GetStatus.NO_MATCHED_MESSAGE:  # only rolled-back messages: past them
+                offset = res.next_begin_offset
+                continue
             if res.status is not GetStatus.FOUND:
                 break
             buf = res.buffer
