@@ -406,14 +406,14 @@ class Dispatcher:
                     keyed.append((topic, msg_keys, base + rel + pos, ts))
             pos += total
             count += 1
-        if keyed:
-            assert self.index is not None
-            self.index.put_many(keyed)
         if self.txn is not None:
             for key, (handles, qoffs) in in_place.items():  # before the units: held before readers could see them
                 self.txn.register(key, arrived[key][0], np.array(handles, np.int64), np.array(qoffs, np.int64))
         for cq, qoffs, units in arrived.values():
             self._put_units(cq, qoffs, units)
+        if keyed:  # after the units, as the vectorised path does: a message found by key is in its queue too
+            assert self.index is not None
+            self.index.put_many(keyed)
         if self.txn is not None:
             for _, marker in markers_in(markers, f.path):
                 self.txn.decide(marker)
