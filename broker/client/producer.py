@@ -66,7 +66,7 @@ from broker.errors import (
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.transaction_codec import is_half_batch
 from broker.store.batch import split_entries
-from broker.store.message import I32, POS_QUEUE_ID, Prop, java_string_hash, validate_topic
+from broker.store.message import I32, POS_QUEUE_ID, Prop, java_string_hash, msg_id_at, validate_topic
 
 T = TypeVar("T")
 
@@ -117,7 +117,7 @@ class SendResults(Sequence[SendResult]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         uniq = self.uniq_keys[index] if self.uniq_keys else ""
-        return SendResult(self.status, f"{self.msg_id_prefix}{self.commitlog_offsets[index]:016X}",
+        return SendResult(self.status, msg_id_at(self.msg_id_prefix, self.commitlog_offsets[index]),
                           self.queue_ids[index], self.queue_offsets[index], self.broker_name, uniq)  # fmt: skip
 
     def __iter__(self) -> Iterator[SendResult]:
@@ -128,7 +128,7 @@ class SendResults(Sequence[SendResult]):
         status, prefix, broker = self.status, self.msg_id_prefix, self.broker_name
         uniq = self.uniq_keys or [""] * len(self)
         rows = zip(self.commitlog_offsets, self.queue_ids, self.queue_offsets, uniq, strict=True)
-        return [SendResult(status, f"{prefix}{offset:016X}", qid, qoff, broker, u) for offset, qid, qoff, u in rows]
+        return [SendResult(status, msg_id_at(prefix, offset), qid, qoff, broker, u) for offset, qid, qoff, u in rows]
 
     def __repr__(self) -> str:
         return f"SendResults({len(self)} messages, {self.status.value})"

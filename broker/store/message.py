@@ -230,9 +230,21 @@ def pack_ipv4(host: str) -> bytes:
         return b"\x7f\x00\x00\x01"
 
 
+def msg_id_prefix_of(store_ip: bytes, store_port: int) -> str:
+    """The store host part of an offset message id (IPv4 + port, 16 upper-case hex characters): one per broker, so
+    a batch's answer carries it once and its message ids are made on demand (``msg_id_at``)."""
+    return (store_ip + I32.pack(store_port)).hex().upper()
+
+
+def msg_id_at(prefix: str, commitlog_offset: int) -> str:
+    """The offset message id of the entry at ``commitlog_offset`` of the store ``prefix`` names: 32 upper-case hex
+    characters (the format ``parse_msg_id`` reads)."""
+    return f"{prefix}{commitlog_offset:016X}"
+
+
 def make_msg_id(store_ip: bytes, store_port: int, commitlog_offset: int) -> str:
     """The offset message id: store IPv4 + port + commit log offset as 32 upper-case hex characters."""
-    return (store_ip + I32.pack(store_port) + I64.pack(commitlog_offset)).hex().upper()
+    return msg_id_at(msg_id_prefix_of(store_ip, store_port), commitlog_offset)
 
 
 class MsgIdParts(NamedTuple):

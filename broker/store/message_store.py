@@ -62,6 +62,7 @@ from broker.store.message import (
     encode_entry,
     encode_properties,
     in_place_transactional,
+    msg_id_prefix_of,
     pack_ipv4,
     parse_msg_id,
     takes_queue_offset,
@@ -551,7 +552,7 @@ class MessageStore:
         return entry
 
     def msg_id_prefix(self) -> str:
-        return self.commit_log.store_host_bytes.hex().upper()
+        return msg_id_prefix_of(self.commit_log.store_ip, self.commit_log.store_port)
 
     def validate_batch(
         self, buffer: bytes | bytearray | memoryview, known: np.ndarray | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from broker.store.message import StoredMessage, decode_entry
+from broker.store.message import StoredMessage, decode_entry, msg_id_at
 
 
 class PutStatus(enum.Enum):
@@ -39,7 +39,7 @@ class PutResult:
     def msg_ids(self) -> list[str]:
         """One offset msgId per message (store IPv4 + port + commit-log offset, 32 upper-case hex characters)."""
         prefix = self.msg_id_prefix
-        return [f"{prefix}{offset:016X}" for offset in self.commitlog_offsets]
+        return [msg_id_at(prefix, offset) for offset in self.commitlog_offsets]
 
 
 class GetStatus(enum.Enum):
