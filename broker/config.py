@@ -51,6 +51,7 @@ POSITIVE_SETTINGS = (
     "short_polling_time_ms", "long_polling_recheck_ms", "grpc_max_workers", "max_pull_msgs", "default_pull_max_msgs",
     "max_pull_bytes", "consumer_offset_persist_interval_ms", "consumer_expire_ms", "transaction_timeout_ms",
     "transaction_check_interval_ms", "transaction_check_max", "transaction_max_halves", "transaction_max_outcomes",
+    "transaction_max_open_ms",
     "register_interval_ms", "send_dedup_window_ms", "pop_max_invisible_ms", "pop_max_inflight_per_queue",
     "pop_auto_renew_invisible_ms", "timer_max_delay_ms", "timer_max_pending", "journal_compact_bytes",
     "rmqv2_max_long_polling_ms", "auth_window_s",
@@ -168,6 +169,9 @@ class BrokerConfig:
     # Half messages one transaction may hold: its table is kept in memory (some 100 B a message at the worst), so
     # this bounds what one transaction's table can cost the broker.
     transaction_max_halves: int = 4_000_000
+    # A transaction takes messages for this long after its first: readers of its queues wait for it meanwhile
+    # (broker/semantics/transaction.py, DEFAULT_MAX_OPEN_MS).
+    transaction_max_open_ms: int = 3_600_000
     # Committed entries a commit keeps from its check (before the decision) to its re-store; past this the rest are
     # made again as they are stored (broker/semantics/transaction.py), so a commit's memory stays bounded.
     transaction_commit_memory_bytes: int = 512 << 20

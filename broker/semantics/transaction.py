@@ -87,6 +87,7 @@ from broker.semantics.transaction_codec import (
     COMMIT,
     COMMIT_START,
     COMMITTED_ATTEMPTS,
+    COORDINATOR,
     DECISION,
     FINISHED_TAG,
     REMOVE_TAG,
@@ -122,6 +123,7 @@ from broker.store.message import (
     POS_PREPARED_TX_OFFSET,
     POS_STORE_TIMESTAMP,
     POS_SYS_FLAG,
+    PREFIX,
     Prop,
     StoredMessage,
     SysFlag,
@@ -144,6 +146,12 @@ DEFAULT_PUT_CHUNK_BYTES = 1 << 20  # re-store batches: well under the store's ba
 # A transaction's table (half offsets) is held in memory: about 100 B per half at the worst, so the default bounds
 # one transaction's table near 400 MB.
 DEFAULT_MAX_HALVES = 4_000_000
+# A transaction takes no more messages once this long after its first (Kafka's transaction.max.timeout.ms, there
+# 15 min): while it is open, readers of its queues see nothing past its first in-place row, and a writer that
+# keeps sending but never decides would otherwise hold them for ever (the idle check-back never fires for it).
+# Refused writes leave it idle, so the check-back and its rollback follow. An hour, as Flink's Kafka sink uses:
+# a Spark micro-batch that writes for longer fails with the setting named.
+DEFAULT_MAX_OPEN_MS = 3_600_000
 # A commit makes every half into its committed entry before it decides (so one bad half refuses the whole commit),
 # and keeps the entries it made, up to this many bytes, for storing after the decision; past it, halves are made
 # into committed entries a second time as they are stored (about 2.6 us more per message here). So a commit's
@@ -319,9 +327,13 @@ class TransactionService:
         max_halves: int = DEFAULT_MAX_HALVES,
         commit_memory_bytes: int = DEFAULT_COMMIT_MEMORY_BYTES,
         max_outcomes: int = DEFAULT_MAX_OUTCOMES,
+        max_open_ms: int = DEFAULT_MAX_OPEN_MS,
     ) -> None:
         if transaction_timeout_ms <= 0 or check_interval_ms <= 0 or check_max < 1 or put_chunk_bytes < 4096:
             raise InvalidArgumentError("transaction timeout, check interval, check max and chunk size must be positive")
+        if max_open_ms <= 0:
+            raise InvalidArgumentError(f"max_open_ms={max_open_ms}: a transaction must be able to take messages")
+        self.max_open_ms = max_open_ms
         if max_halves < 1:
             raise InvalidArgumentError(f"max_halves={max_halves}: a transaction must be able to hold a message")
         if commit_memory_bytes < 0:
@@ -337,6 +349,8 @@ class TransactionService:
         # Transactions whose halves name a coordinator broker are ended by its decision: they are handed to this
         # instead of being checked back, and instead of being rolled back alone after check_max checks (final).
         self.resolver: Resolver | None = None
+        # Raises when a new transaction names a coordinator broker this one could never ask (coordinator_names.py)
+        self.require_coordinator: Callable[[str], None] | None = None
         self.transaction_timeout_ms = transaction_timeout_ms
         self.check_interval_ms = check_interval_ms
         self.check_max = check_max
@@ -410,6 +424,16 @@ class TransactionService:
 
     # ------------------------------------------------------------------------------------------ half messages
 
+    def _check_coordinator(self, txn_id: str, coordinator: str) -> None:
+        """A transaction's first message here may not name a coordinator broker this one could never ask: it
+        would stay open, holding its queues, for ever (coordinator_names.py). Later ones are not asked again."""
+        if not coordinator or self.require_coordinator is None:
+            return
+        with self._lock:
+            known = txn_id in self._txns
+        if not known:
+            self.require_coordinator(coordinator)
+
     def _begin_put(
         self, txn_id: str, producer_group: str, count: int = 1, *, batch: bool = False, in_place: bool = False
     ) -> _Txn:
@@ -427,6 +451,13 @@ class TransactionService:
                     f"transaction {txn_id!r} holds messages written "
                     f"{'in place' if txn.in_place else 'as half messages'}; one transaction cannot mix the two "
                     "(send every batch of it the same way)"
+                )
+            if txn is not None and now - txn.first_ms >= self.max_open_ms:
+                raise TransactionError(
+                    f"transaction {txn_id!r} was opened {(now - txn.first_ms) / 60_000:.1f} min ago; a transaction "
+                    f"takes messages for {self.max_open_ms:,} ms (transaction_max_open_ms), since readers of its "
+                    "queues wait for it: commit or roll it back (a Spark query: a lower maxOffsetsPerTrigger makes "
+                    "shorter micro-batches)"
                 )
             held = 0 if txn is None else len(txn.halves) + txn.inflight_halves
             if held + count > self.max_halves:  # checked before a new id is recorded: a refusal leaves no trace
@@ -484,6 +515,7 @@ class TransactionService:
             raise MessageIllegalError(f"the half message {conflict}")
         refuse_delay(props.get(Prop.DELAY), "the half message")
         txn_id = txn_id or props.get(Prop.TRANSACTION_ID) or props.get(Prop.UNIQ_KEY) or uuid.uuid4().hex.upper()
+        self._check_coordinator(txn_id, props.get(COORDINATOR, ""))
         props = half_properties(props, topic, queue_id, producer_group, txn_id)
         put_kwargs["sys_flag"] = half_sys_flag(int(put_kwargs.get("sys_flag", 0)))
         txn = self._begin_put(txn_id, producer_group)
@@ -534,6 +566,8 @@ class TransactionService:
             raise MessageIllegalError(
                 f"SendBatch declares {declared} messages but the buffer holds {count}; nothing stored"
             )
+        first = bytes(buffer[: PREFIX.unpack_from(buffer, 0)[0]]) if count else b""
+        self._check_coordinator(txn_id, (raw_property(first, COORDINATOR) or "") if first else "")
         txn = self._begin_put(txn_id, producer_group, count, batch=True)
         res: PutResult | None = None
         try:
@@ -571,6 +605,7 @@ class TransactionService:
         if _DELAY_NAME in batch_properties(validated.data, validated):  # a cheap search; hits checked one by one
             for m in iter_entries(bytes(validated.data)):
                 refuse_delay(m.properties.get(Prop.DELAY), "a message of a transaction")
+        self._check_coordinator(txn_id, coordinator)
         txn = self._begin_put(txn_id, producer_group, count, batch=True, in_place=True)
         res: PutResult | None = None
         try:

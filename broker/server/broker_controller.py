@@ -45,6 +45,7 @@ from broker.semantics import (
     SubscriptionGroupManager,
     TransactionService,
 )
+from broker.semantics.coordinator_names import CoordinatorNames
 from broker.semantics.decision_log import DecisionLog
 from broker.semantics.participant_resolver import ParticipantResolver
 from broker.semantics.pop import PopService
@@ -376,8 +377,8 @@ class BrokerController:
         self.transactions = TransactionService(
             store, config_dir, checker=self._check_back, transaction_timeout_ms=cfg.transaction_timeout_ms,
             check_interval_ms=cfg.transaction_check_interval_ms, check_max=cfg.transaction_check_max,
-            max_halves=cfg.transaction_max_halves, commit_memory_bytes=cfg.transaction_commit_memory_bytes,
-            max_outcomes=cfg.transaction_max_outcomes,
+            max_halves=cfg.transaction_max_halves, max_open_ms=cfg.transaction_max_open_ms,
+            commit_memory_bytes=cfg.transaction_commit_memory_bytes, max_outcomes=cfg.transaction_max_outcomes,
         )  # fmt: skip
         self.decisions = DecisionLog(store, config_dir)
         # Always installed, with name servers or without: a broker must never roll back alone the halves of a
@@ -391,6 +392,9 @@ class BrokerController:
         self.participants = ParticipantResolver(self.transactions, name,
                                                 coordinator_asker(self.decisions, name, client))  # fmt: skip
         self.transactions.resolver = self.participants
+        router = self._coordinator_router
+        listed = None if router is None else (lambda: [b.broker_name for b in router.cluster_brokers()])
+        self.transactions.require_coordinator = CoordinatorNames(name, listed).require
         sync = cfg.flush_disk_type == "SYNC_FLUSH"
         self.timers = TimerService(store, config_dir, max_delay_ms=cfg.timer_max_delay_ms,
                                    max_pending=cfg.timer_max_pending, sync=sync,

@@ -16,6 +16,7 @@ from cluster_helpers import make_cluster
 from broker.client import Admin, PullConsumer
 from broker.client.coordinator import CoordinatorClient
 from broker.client.producer import Producer
+from broker.errors import BrokerError, ResponseCode
 from broker.namesrv.local_cluster import LocalCluster
 from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
 from broker.semantics.transaction_codec import ATTEMPT
@@ -97,3 +98,33 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
         late = client.record("broker-c", make_decision("T2", True, [Share("broker-a", ("att1",), 1)]))
         assert not late.commit  # a committer back late learns that the transaction was aborted
         assert sorted(visible(consumer, "broker-a")) == a_rows and sorted(visible(consumer, "broker-b")) == b_rows
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_transaction_naming_a_coordinator_the_name_servers_do_not_list_is_refused(
+    cluster: LocalCluster, in_place: bool
+) -> None:
+    """It could never be decided: open for ever, it would hold its queues' readers for ever."""
+    with Admin(cluster.endpoint("broker-a")) as admin:
+        admin.create_topic(TOPIC, 2)
+        end = admin.stats()["store_commit_log_max_offset"]
+    with Producer(namesrv=cluster.namesrv, group="spark") as producer:
+        router = producer.router
+        wait_for(lambda: "broker-a" in (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1],
+                 "broker-a in the route")  # fmt: skip
+        props = encode_properties({} if in_place else {ATTEMPT: "att1", COORDINATOR_PROPERTY: "broker-typo"})
+        buffer = encode_entry(TOPIC.encode(), 0, b"row", props)
+        with pytest.raises(BrokerError) as refused:
+            if in_place:
+                producer.send_encoded(buffer, 1, "T9", attempt="att1", coordinator="broker-typo",
+                                      broker_name="broker-a", topic=TOPIC)  # fmt: skip
+            else:
+                producer.send_encoded(buffer, 1, "T9", broker_name="broker-a", topic=TOPIC)
+        assert refused.value.code is ResponseCode.INVALID_ARGUMENT
+        assert "'broker-typo'" in refused.value.message and "broker-c" in refused.value.message
+        with Admin(cluster.endpoint("broker-a")) as admin:
+            assert admin.stats()["store_commit_log_max_offset"] == end  # nothing stored, not even a slice record
+            assert admin.list_transactions("T9") == []
+        halves(producer, "T10", "broker-a", [b"ok"], in_place)  # a coordinator the name servers list is taken
+        with Admin(cluster.endpoint("broker-a")) as admin:
+            assert [t.transaction_id for t in admin.list_transactions("T10")] == ["T10"]
