@@ -20,8 +20,10 @@ from broker.client.credentials import Credentials, signed_channel
 from broker.client.tls import TlsSettings, explain, open_channel, resolve
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.proto import HTTP2_MAX_FRAME_BYTES
+from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import error_from_rpc
+from broker.proto.wire import serialize
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,11 @@ class Connection:
         self.timeout_s = timeout_s
         self.target, self.channel = self._connect(targets)
         self.stub = pb_grpc.BrokerStub(self.channel)
+        # SendBatch takes Framed requests too (broker/proto/wire.py): a batch's entries are not copied by protobuf
+        self.stub.SendBatch = self.channel.unary_unary(
+            f"/{pb.DESCRIPTOR.services_by_name['Broker'].full_name}/SendBatch", request_serializer=serialize,
+            response_deserializer=pb.SendResponse.FromString,
+        )
 
     def _connect(self, targets: list[str]) -> tuple[str, grpc.Channel]:
         if len(targets) == 1:

@@ -64,6 +64,7 @@ from broker.errors import (
     ServiceNotAvailableError,
 )
 from broker.proto import sluice_pb2 as pb
+from broker.proto.wire import Framed
 from broker.semantics.transaction_codec import is_half_batch
 from broker.store.batch import split_entries
 from broker.store.message import I32, POS_QUEUE_ID, Prop, java_string_hash, msg_id_at, validate_topic
@@ -381,11 +382,11 @@ class Producer:
         for (topic, broker_name), indexes in groups.items():
             for part in self._size_parts(entries, indexes):
 
-                def request(mq: MessageQueue, part: list[int] = part, home: str = broker_name) -> pb.SendBatchRequest:
+                def request(mq: MessageQueue, part: list[int] = part, home: str = broker_name) -> Framed:
                     buffer = b"".join(entries) if len(part) == len(entries) else b"".join([entries[i] for i in part])
                     if mq.broker_name != home:  # moved to another broker: every entry to its one queue
                         buffer = readdress(buffer, mq.queue_id)
-                    return pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=len(part))
+                    return Framed(pb.SendBatchRequest(producer_group=self.group, count=len(part)), "entries", buffer)
 
                 first = targets[part[0]]
                 send = functools.partial(self._send_with_failover, topic, first, ordered, request, "SendBatch")
@@ -437,12 +438,13 @@ class Producer:
         if not transaction_id:
             if as_halves or attempt or coordinator:
                 raise InvalidArgumentError("as_halves, attempt and coordinator need a transaction_id")
-            request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count)
+            request = Framed(pb.SendBatchRequest(producer_group=self.group, count=count), "entries", buffer)
             return SendResults(self._send_call(conn, "SendBatch", request), broker_name)
         if not as_halves:
             # Not retried after an unknown outcome: a task that failed sends again under a new attempt instead.
-            request = pb.SendBatchRequest(producer_group=self.group, entries=buffer, count=count,
-                                          transaction_id=transaction_id, attempt=attempt, coordinator=coordinator)
+            head = pb.SendBatchRequest(producer_group=self.group, count=count, transaction_id=transaction_id,
+                                       attempt=attempt, coordinator=coordinator)
+            request = Framed(head, "entries", buffer)
             return SendResults(conn.call(conn.stub.SendBatch, request, self.timeout_s), broker_name)  # fmt: skip
         if attempt or coordinator:
             raise InvalidArgumentError("half messages name their attempt and coordinator in their own properties")
@@ -451,8 +453,8 @@ class Producer:
         results: SendResults | None = None
         done: list[SendResult | None] = []
         for chunk, n in chunks:
-            request = pb.SendBatchRequest(producer_group=self.group, entries=chunk, count=n,
-                                          transaction_id=transaction_id)  # fmt: skip
+            request = Framed(pb.SendBatchRequest(producer_group=self.group, count=n, transaction_id=transaction_id),
+                             "entries", chunk)
             # A transaction's halves are not retried after an unknown outcome: their commit names the attempts
             # whose halves it keeps, so a task that failed sends again under a new attempt instead.
             call = functools.partial(conn.call, conn.stub.SendBatch, request, self.timeout_s)
