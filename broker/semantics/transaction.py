@@ -333,7 +333,6 @@ class TransactionService:
             raise InvalidArgumentError("transaction timeout, check interval, check max and chunk size must be positive")
         if max_open_ms <= 0:
             raise InvalidArgumentError(f"max_open_ms={max_open_ms}: a transaction must be able to take messages")
-        self.max_open_ms = max_open_ms
         if max_halves < 1:
             raise InvalidArgumentError(f"max_halves={max_halves}: a transaction must be able to hold a message")
         if commit_memory_bytes < 0:
@@ -343,6 +342,7 @@ class TransactionService:
         self.commit_memory_bytes = commit_memory_bytes
         self.max_outcomes = max_outcomes
         self.max_halves = max_halves
+        self.max_open_ms = max_open_ms
         self.store = store
         self.path = os.path.join(config_dir, STATE_FILE)
         self.checker = checker
