@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import broker.semantics.transaction as transaction_module
 from broker.errors import InvalidArgumentError, MessageIllegalError, ResponseCode
 from broker.semantics.system_topics import TRANS_HALF_TOPIC
 from broker.semantics.transaction import TransactionError, TransactionService, TxState, TxStatus
@@ -79,36 +80,34 @@ def test_an_open_transaction_holds_its_queues_and_check_back_ends_it(box: StoreB
         tx.shutdown()
 
 
-def test_a_writer_that_never_decides_is_refused_past_the_lifetime_and_its_queues_are_freed(box: StoreBox) -> None:
-    """A writer sending more often than the idle timeout never lets the check-back fire; the lifetime stops it."""
-    lifetime_ms, idle_ms = 300, 100
+def test_a_writer_that_never_decides_is_refused_past_the_lifetime_and_its_queues_are_freed(
+    box: StoreBox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer sending more often than the idle timeout never lets the check-back fire; the lifetime stops it.
+    The service's clock is the test's, so no pause of the machine can make the writer look idle."""
+    now_ms = [1_000_000]
+    monkeypatch.setattr(transaction_module, "_now_ms", lambda: now_ms[0])
+    lifetime_ms, idle_ms, every_ms = 300, 100, 20
     tx = service(box, transaction_timeout_ms=idle_ms, check_interval_ms=3_600_000, check_max=1,
                  max_open_ms=lifetime_ms)  # fmt: skip
     try:
         assert box.s.put_batch(rows("Trickle", [b"before"])).ok
-        opened = time.monotonic()
-        sent = 0
-        while True:  # a write every 20 ms: never idle for idle_ms
-            try:
-                assert tx.put_in_place(rows("Trickle", [b"t%03d" % sent]), "PG", "trickle:1", attempt="a").ok
-            except TransactionError as e:
-                refused = e
-                break
-            sent += 1
+        for i in range(lifetime_ms // every_ms):  # a write every 20 ms: never idle for idle_ms
+            assert tx.put_in_place(rows("Trickle", [b"t%03d" % i]), "PG", "trickle:1", attempt="a").ok
+            now_ms[0] += every_ms
             assert tx.check_once() == 0  # still writing: not idle, nothing checked back
-            assert time.monotonic() - opened < 5, "the lifetime never refused a write"
-            time.sleep(0.02)
-        assert time.monotonic() - opened >= lifetime_ms / 1000
-        assert refused.code is ResponseCode.TRANSACTION_FAILED and "transaction_max_open_ms" in refused.message
         end = box.s.max_phys_offset()
-        with pytest.raises(TransactionError):  # refused again, storing nothing each time
-            tx.put_in_place(rows("Trickle", [b"late"]), "PG", "trickle:1", attempt="b")
+        for attempt in ("a", "b"):  # the lifetime is over: refused, storing nothing
+            with pytest.raises(TransactionError) as refused:
+                tx.put_in_place(rows("Trickle", [b"late"]), "PG", "trickle:1", attempt=attempt)
+            assert refused.value.code is ResponseCode.TRANSACTION_FAILED
+            assert "transaction_max_open_ms" in refused.value.message
         assert box.s.max_phys_offset() == end
         assert box.s.wait_dispatched()
         assert [m.body for m in box.read_topic("Trickle")] == [b"before"]  # held at the first row meanwhile
-        time.sleep(idle_ms / 1000 + 0.05)
+        now_ms[0] += idle_ms
         assert tx.check_once() == 1  # idle now: checked back once (no checker answers) ...
-        time.sleep(idle_ms / 1000 + 0.05)
+        now_ms[0] += idle_ms
         tx.check_once()  # ... and rolled back after check_max checks
         assert tx.transaction("trickle:1").status is TxStatus.ROLLED_BACK  # type: ignore[union-attr]
         assert box.s.put_batch(rows("Trickle", [b"after"])).ok
