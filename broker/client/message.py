@@ -73,6 +73,10 @@ def _topic_bytes(topic: str) -> bytes:
     return validate_topic(topic)
 
 
+_UNIQ_KEY_HEAD = f"{Prop.UNIQ_KEY}{NAME_VALUE_SEPARATOR}".encode()
+_PROPERTY_END = PROPERTY_SEPARATOR.encode()
+
+
 def _properties_bytes(msg: Message, uniq_key: str | None = None) -> bytes:
     """RocketMQ's ``name\x01value\x02`` encoding of user properties, TAGS and KEYS (and the UNIQ_KEY the producer
     gives the message, unless the message has its own), built in one pass."""
@@ -140,7 +144,10 @@ def encode_messages(
         if len(body) > max_message_size:
             encode_message(msg, queue_id, born_timestamp, max_message_size, uniq)  # raises, saying why
         topic = _topic_bytes(msg.topic)
-        props = _properties_bytes(msg, uniq)
+        if msg.properties or msg.tags or msg.keys:
+            props = _properties_bytes(msg, uniq)
+        else:  # a message with no property of its own (the common case): its UNIQ_KEY alone, as above
+            props = b"".join((_UNIQ_KEY_HEAD, uniq.encode(), _PROPERTY_END))
         if len(props) > MAX_PROPERTIES_BYTES:
             encode_message(msg, queue_id, born_timestamp, max_message_size, uniq)  # raises, saying why
         head = pack(
