@@ -1,8 +1,13 @@
 """The master's view of its replicas: who is in sync, how far each holds the log, and the confirmed offset.
 
 * Every connected slave reports the offset below which it holds the log (``written``). A replica is *caught up*
-  at the moment its report reaches the master's log end as it was at its previous report (Kafka's
-  lastCaughtUpTime): a follower keeping pace stays caught up under any load.
+  to a moment when it holds everything the master had written then (Kafka's lastCaughtUpTime, measured against
+  the log end at the replica's previous report). Kafka's one look back is not enough when more than a fetch is in
+  flight: 16 writers of 1 MiB batches waiting on a SYNC_MASTER keep about 16 MiB unconfirmed while a fetch
+  brings 4 MiB, so each report reached the log end of four reports before, never of the last one, and the
+  replica, keeping pace, left the set after ``max_lag_ms`` and writes were refused. So the set also remembers the
+  log end at reports, at most every END_SAMPLE_MS, over ``max_lag_ms``, and a report counts as caught up to the
+  newest remembered moment it covers.
 * The **in-sync set** holds the master and the replicas caught up within ``max_lag_ms``. A replica that falls
   further behind (or is gone) leaves it; a connected one that holds at least the confirmed offset and is caught up
   joins it again.
@@ -24,9 +29,11 @@ one after; it joins the local set first (acknowledgements wait for it from then 
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,6 +43,12 @@ log = logging.getLogger(__name__)
 
 # Fired with the new in-sync set (ids); True when it is recorded. Shrinks must be recorded before they count.
 RecordSet = Callable[[frozenset[int]], bool]
+
+
+# The log end at a report is remembered at most every END_SAMPLE_MS, and at most MAX_END_SAMPLES of them (a long
+# max_lag_ms spaces them further): a replica's caught-up time is at most one spacing older than it could be.
+END_SAMPLE_MS = 10
+MAX_END_SAMPLES = 10_000
 
 
 def monotonic_ms() -> int:
@@ -81,6 +94,9 @@ class InSyncSet:
         for rid in self._members - {master_id}:  # members recorded before this master took office: given max_lag
             self._replicas[rid] = Replica(rid, "", "", caught_up_ms=now)
         self._confirmed = confirmed
+        # (clock ms, master's log end) at reports, oldest first, covering at least max_lag_ms (module docstring)
+        self._sample_ms = max(END_SAMPLE_MS, -(-max_lag_ms // MAX_END_SAMPLES))
+        self._ends: deque[tuple[int, int]] = deque(maxlen=max_lag_ms // self._sample_ms + 2)
         self._sessions = 0
         self.closed = False
         with self._cond:
@@ -143,9 +159,13 @@ class InSyncSet:
                 return
             if written >= end:
                 r.caught_up_ms = now
-            elif written >= r._end_at_report and r._report_ms:
-                r.caught_up_ms = max(r.caught_up_ms, r._report_ms)
+            else:
+                if written >= r._end_at_report and r._report_ms:
+                    r.caught_up_ms = max(r.caught_up_ms, r._report_ms)
+                r.caught_up_ms = max(r.caught_up_ms, self._caught_up_to(written))
             r._end_at_report, r._report_ms = end, now
+            if not self._ends or now - self._ends[-1][0] >= self._sample_ms:
+                self._ends.append((now, end))
             r.written, r.flushed = written, flushed
             r.metadata_version = max(r.metadata_version, metadata_version)
             moved = self._recompute()
@@ -155,6 +175,12 @@ class InSyncSet:
             self.on_confirmed()
         if broker_id not in self._members:
             self.review()
+
+    def _caught_up_to(self, written: int) -> int:
+        """The newest remembered moment whose log end ``written`` covers; 0 when none is (caller holds _cond). The
+        ends never go back while this set lives (one master's term), so they are searched in order."""
+        i = bisect.bisect_right(self._ends, written, key=lambda sample: sample[1])
+        return self._ends[i - 1][0] if i else 0
 
     def log_grew(self) -> None:
         """The master wrote: with no replica in the set, the confirmed offset is its log end."""

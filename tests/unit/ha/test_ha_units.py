@@ -142,6 +142,24 @@ def test_in_sync_set_shrinks_only_once_recorded_and_acknowledges_when_every_memb
     assert s.members == {0, 1} and s.confirmed == 1000 and s.wait_confirmed(1000, 0.01)
 
 
+def test_a_replica_a_few_fetches_behind_stays_in_sync_and_one_falling_behind_leaves() -> None:
+    """SYNC writers keep several fetches of bytes unconfirmed: a replica always three reports behind the log end
+    (never at the end of its previous report) keeps pace, and stays; one whose backlog grows leaves."""
+    clock, end = [0], [0]
+    s = InSyncSet(0, lambda: end[0], min_insync=2, max_lag_ms=100, members=frozenset({1, 2}),
+                  clock_ms=lambda: clock[0])  # fmt: skip
+    steady, slow = s.connect(1, "a", "x"), s.connect(2, "b", "y")
+    for tick in range(1, 60):  # 590 ms, more than five times max_lag_ms
+        clock[0], end[0] = tick * 10, tick * 4 << 20  # 4 MiB a fetch, one fetch every 10 ms
+        s.report(1, steady, max(0, end[0] - (12 << 20)), 0, 0)  # 12 MiB behind: three fetches
+        s.report(2, slow, tick * 3 << 20, 0, 0)  # 3 MiB a fetch: further behind each time
+        s.review()
+        if tick * 10 <= 100:
+            assert s.members == {0, 1, 2}
+    assert s.members == {0, 1}
+    assert s.confirmed == end[0] - (12 << 20)
+
+
 def test_truncation_is_finished_by_the_next_start_after_a_crash(tmp_path: Path) -> None:
     cfg = StoreConfig(str(tmp_path), mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=3000 * 20,
                       max_hash_slot_num=1024, max_index_num=4096, max_message_size=64 * 1024)  # fmt: skip
