@@ -63,6 +63,9 @@ REVIEW_INTERVAL_S = 0.1  # how often a master reviews its in-sync set
 QUEUE_STARTS_FILE = "queueStarts.json"  # in ha/: see save_queue_starts
 CLASSIC_EPOCH = 1  # classic mode has no elections: every byte is of epoch 1
 HA_GRPC_MAX_MESSAGE_BYTES = 80 * 1024 * 1024  # slave.CHANNEL_MAX_MESSAGE_BYTES
+# The replication endpoint's worker threads are named HA_SERVER_THREAD_PREFIX_<n>; sluice broker runs them apart
+# from the other Python threads (server/thread_placement.py).
+HA_SERVER_THREAD_PREFIX = "ha-grpc"
 
 
 @dataclass
@@ -126,7 +129,7 @@ class ReplicationManager:
     # ------------------------------------------------------------------------------------------ life
     def bind(self) -> int:
         """Open the replication endpoint (before start: its port goes into the registration)."""
-        server = grpc.server(futures.ThreadPoolExecutor(MAX_REPLICAS * 2 + 2, "ha-grpc"), options=[
+        server = grpc.server(futures.ThreadPoolExecutor(MAX_REPLICAS * 2 + 2, HA_SERVER_THREAD_PREFIX), options=[
             ("grpc.max_receive_message_length", HA_GRPC_MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", HA_GRPC_MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0),
         ])  # fmt: skip

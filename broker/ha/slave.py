@@ -47,6 +47,7 @@ RECONNECT_MAX_S = 1.0
 CHANNEL_MAX_MESSAGE_BYTES = 80 * 1024 * 1024
 CALL_TIMEOUT_S = 3.0  # Open and Join; a master that does not answer this fast is taken for gone
 FETCH_WAIT_MS = 200  # how long the master may hold a fetch: also how soon a change of master is noticed
+FOLLOWER_THREAD_NAME = "ha-follower"  # sluice broker runs it apart from the other Python threads (thread_placement.py)
 
 
 class Follower:
@@ -63,7 +64,7 @@ class Follower:
         self._start = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ha-follower", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=FOLLOWER_THREAD_NAME, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

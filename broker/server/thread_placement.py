@@ -31,12 +31,18 @@ SCHED_BATCH it runs once the holder blocks, when the GIL is free. Same runs of 3
 47.1k msgs/s; CPU per message 21.4, 21.2 against 15.8, 15.7 us; context switches per message 3.2 against 1.2.
 Native threads keep the normal policy.
 
-One Python thread runs apart, on the other CPUs under the normal policy: the SYNC_FLUSH flusher
-(``broker/store/flush.py``, GroupCommitService). Its work is one fdatasync after another; each costs about 50 us
+Some Python threads run apart, on the other CPUs under the normal policy. The SYNC_FLUSH flusher
+(``broker/store/flush.py``, GroupCommitService): its work is one fdatasync after another; each costs about 50 us
 of kernel CPU here, and the disk's answer must wake it promptly. Among the pinned threads the first would take
 the writers' CPU and the second would wait behind writers that may not preempt (fdatasync wall time 395-453 us
 under load, against 236-249 us apart). It takes the GIL twice per sync, not per message, so its hand-offs cost
-little: 32 single-message SYNC writers went from 40.7-41.9k to 49.7-50.6k msgs/s (alternating runs).
+little: 32 single-message SYNC writers went from 40.7-41.9k to 49.7-50.6k msgs/s (alternating runs). And a
+slave's follower (``broker/ha/slave.py``): most of its work runs without the GIL (gRPC's C core receiving a 4 MiB
+chunk, the CRC kernel, the ``pwrite``), yet pinned it took turns with the slave's dispatcher on one CPU, and a
+SYNC_MASTER waits for it. Apart, SendBatch to a SYNC_MASTER with one slave (``bench.replication``'s case, one 8 s
+run per build, alternating, 2026-11-27) went from 119-124k to 149-153k msgs/s at 1 KiB and from 358-360k to
+433-446k at 100 B. The master's side of those fetches, the replication endpoint's worker threads, apart as well:
+159-170k to 172-179k at 1 KiB (same runs, the follower already apart).
 
 ``python_cpus`` (broker config / ``--python-cpus``): ``auto`` pins the Python threads to the lowest CPU this
 process may use when it may use two or more; ``off`` leaves every thread where the kernel puts it; a
@@ -51,6 +57,8 @@ import os
 import threading
 
 from broker.errors import InvalidArgumentError
+from broker.ha.manager import HA_SERVER_THREAD_PREFIX
+from broker.ha.slave import FOLLOWER_THREAD_NAME
 from broker.store.flush import GroupCommitService
 
 log = logging.getLogger(__name__)
@@ -60,8 +68,10 @@ RECONCILE_INTERVAL_S = 1.0  # how long a new thread may run unplaced; each pass 
 PYTHON_POLICY = os.SCHED_BATCH  # no wake-up preemption among GIL sharers (module docstring)
 NATIVE_POLICY = os.SCHED_OTHER  # a native thread created by a Python one inherits SCHED_BATCH: undone
 # Python threads that run apart from the others, on the CPUs not given to Python (module docstring): the SYNC_FLUSH
-# flusher, whose work is one fdatasync after another.
-APART_THREADS = frozenset({GroupCommitService.name})
+# flusher, whose work is one fdatasync after another, a slave's follower, whose work is mostly outside the GIL, and
+# the threads of the master's replication endpoint (by name prefix: a thread pool numbers them).
+APART_THREADS = frozenset({GroupCommitService.name, FOLLOWER_THREAD_NAME})
+APART_PREFIXES = (f"{HA_SERVER_THREAD_PREFIX}_",)
 
 
 def parse_python_cpus(spec: str, allowed: frozenset[int]) -> frozenset[int] | None:
@@ -87,14 +97,17 @@ def parse_python_cpus(spec: str, allowed: frozenset[int]) -> frozenset[int] | No
 
 class ThreadPlacement:
     """Pins Python threads to ``python_cpus`` under PYTHON_POLICY, puts the Python threads named in
-    ``apart_names`` on the other CPUs (all of them when there are none) under NATIVE_POLICY, and lets every other
-    thread of the process use ``all_cpus`` under NATIVE_POLICY."""
+    ``apart_names`` (or with a name starting with one of ``apart_prefixes``) on the other CPUs (all of them when
+    there are none) under NATIVE_POLICY, and lets every other thread of the process use ``all_cpus`` under
+    NATIVE_POLICY."""
 
     def __init__(
-        self, python_cpus: frozenset[int], all_cpus: frozenset[int], apart_names: frozenset[str] = APART_THREADS
-    ) -> None:
+        self, python_cpus: frozenset[int], all_cpus: frozenset[int], apart_names: frozenset[str] = APART_THREADS,
+        apart_prefixes: tuple[str, ...] = APART_PREFIXES,
+    ) -> None:  # fmt: skip
         assert python_cpus and python_cpus <= all_cpus, (python_cpus, all_cpus)
         self.apart_names = apart_names
+        self.apart_prefixes = apart_prefixes
         self._where = {  # thread kind -> (CPUs, scheduling policy)
             "python": (python_cpus, PYTHON_POLICY),
             "apart": ((all_cpus - python_cpus) or all_cpus, NATIVE_POLICY),
@@ -105,7 +118,7 @@ class ThreadPlacement:
 
     def _kinds(self) -> dict[int, str]:
         return {
-            t.native_id: "apart" if t.name in self.apart_names else "python"
+            t.native_id: "apart" if t.name in self.apart_names or t.name.startswith(self.apart_prefixes) else "python"
             for t in threading.enumerate()
             if t.native_id is not None
         }

@@ -18,6 +18,8 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerError, InvalidArgumentError
+from broker.ha.manager import HA_SERVER_THREAD_PREFIX
+from broker.ha.slave import FOLLOWER_THREAD_NAME
 from broker.server.process import BrokerProcess
 from broker.server.thread_placement import (
     NATIVE_POLICY,
@@ -88,8 +90,12 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
     release = threading.Event()
     worker = threading.Thread(target=release.wait, name="placement-test")
     worker.start()
-    flusher = threading.Thread(target=release.wait, name=GroupCommitService.name)  # a thread placed apart
+    flusher = threading.Thread(target=release.wait, name=GroupCommitService.name)  # threads placed apart
     flusher.start()
+    follower = threading.Thread(target=release.wait, name=FOLLOWER_THREAD_NAME)
+    follower.start()
+    fetch_worker = threading.Thread(target=release.wait, name=f"{HA_SERVER_THREAD_PREFIX}_3")
+    fetch_worker.start()
     try:
         os.sched_setaffinity(0, ALLOWED)
         placement = ThreadPlacement(narrow, ALLOWED)
@@ -103,6 +109,9 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
         assert os.sched_getscheduler(worker.native_id) == PYTHON_POLICY == os.sched_getscheduler(0)
         assert flusher.native_id is not None and _affinity(flusher.native_id) == ((ALLOWED - narrow) or ALLOWED)
         assert os.sched_getscheduler(flusher.native_id) == NATIVE_POLICY
+        assert follower.native_id is not None and _affinity(follower.native_id) == _affinity(flusher.native_id)
+        assert os.sched_getscheduler(follower.native_id) == NATIVE_POLICY
+        assert fetch_worker.native_id is not None and _affinity(fetch_worker.native_id) == _affinity(flusher.native_id)
         for tid in native_ids:
             try:
                 assert _affinity(tid) == ALLOWED, f"native thread {tid} still narrowed"
@@ -116,6 +125,8 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
         release.set()
         worker.join()
         flusher.join()
+        follower.join()
+        fetch_worker.join()
         server.stop(0)
 
 
