@@ -55,6 +55,10 @@ class Follower:
         self.manager = manager
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # start() and stop() come from different threads (the controller's follow, a shutdown): stop() must never
+        # see a thread that is assigned but not started yet (join() would raise), and a stopped follower stays
+        # stopped.
+        self._life = threading.Lock()
         self._reconnect = threading.Event()  # the master changed: leave the current session
         self.connected_to = ""  # the master's replication endpoint while a stream is up
         self.master_max_offset = 0
@@ -64,13 +68,19 @@ class Follower:
         self._start = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=FOLLOWER_THREAD_NAME, daemon=True)
-        self._thread.start()
+        with self._life:
+            if self._stop.is_set():
+                return
+            thread = threading.Thread(target=self._run, name=FOLLOWER_THREAD_NAME, daemon=True)
+            thread.start()
+            self._thread = thread
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        with self._life:
+            self._stop.set()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
 
     def reconnect(self) -> None:
         """Leave the session (the master changed): the loop connects to whoever is master now."""

@@ -4,6 +4,7 @@ challenge, the settings rules, and the store's crash-safe truncation."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from broker.ha import auth, chunk, divergence
 from broker.ha.epoch_file import EpochEntry, EpochFile
 from broker.ha.in_sync import InSyncSet
 from broker.ha.metadata_sync import LOG_END_KEY, MetadataSink
+from broker.ha.slave import FOLLOWER_THREAD_NAME, Follower
 from broker.namesrv.route_table import Registration, RegistrationRefused, RouteTable
 from broker.store import MessageStore
 from broker.store.config import StoreConfig
@@ -184,7 +186,6 @@ def test_truncation_is_finished_by_the_next_start_after_a_crash(tmp_path: Path) 
         store.shutdown()
 
 
-
 def _reg(store_id: str, address: str, epoch: int, broker_id: int = 0) -> Registration:
     return Registration("C", "g", broker_id, address, store_id, 1, {}, role="MASTER", epoch=epoch)
 
@@ -255,3 +256,46 @@ def test_progress_files_name_the_log_end_they_were_saved_at(tmp_path: Path) -> N
             assert json.loads((tmp_path / "config" / name).read_text())[LOG_END_KEY] == store.max_phys_offset() > 0
     finally:
         store.shutdown()
+
+
+class _NoMaster:
+    """What a follower asks its manager before connecting: no master known yet, so its loop only waits."""
+
+    def master_ha_address(self) -> str:
+        return ""
+
+
+def test_a_follower_stopped_while_it_starts_neither_fails_nor_keeps_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller's thread starts the follower when the broker becomes a replica while a shutdown (a restart
+    in place after fencing) stops it: stop() used to join a thread made but not started yet and raise, which
+    killed the restart and left the broker down. Here the follower's thread is held just before it starts while
+    the main thread stops the follower."""
+    starting, stopped = threading.Event(), threading.Event()
+    real_start = threading.Thread.start
+
+    def held_start(thread: threading.Thread) -> None:
+        if thread.name == FOLLOWER_THREAD_NAME and not starting.is_set():
+            starting.set()
+            stopped.wait(0.5)  # a stop() that does not wait for start() returns meanwhile
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", held_start)
+    follower = Follower(_NoMaster())  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            follower.start()
+        except BaseException as e:  # noqa: BLE001 -- reported by the assertion below
+            errors.append(e)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    assert starting.wait(10)
+    follower.stop()
+    stopped.set()
+    starter.join()
+    assert errors == []
+    assert not any(t.name == FOLLOWER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+    follower.start()  # a stopped follower stays stopped
+    assert not any(t.name == FOLLOWER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
