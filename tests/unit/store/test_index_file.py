@@ -12,9 +12,13 @@ from collections.abc import Callable
 import pytest
 
 from broker.errors import CorruptionError
-from broker.store import MessageStore, index_file
+from broker.store import MessageStore, commit_log, index_file
 from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, IndexService, key_hash
 from broker.store.message import BODY_START, Prop
+
+# A driven store clock: later than any real store time here (the log keeps its times monotonic), 100 ms into its
+# second, so that a millisecond later is still the same second.
+STORED_AT_MS = 1_900_000_000_100
 
 
 def test_layout_sizes() -> None:
@@ -92,23 +96,27 @@ def test_query_by_key_reads_only_the_newest_max_num(make_store: Callable[..., Me
     assert s.check() == []
 
 
-def test_candidates_that_are_not_matches_do_not_use_up_the_answer(store: MessageStore) -> None:
+def test_candidates_that_are_not_matches_do_not_use_up_the_answer(
+    store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Keys of one hash, and messages stored later in the range's last second, are index candidates that the
     exact checks reject: many of them in front must not fill the candidate limit (4 x max_num), or the matches
-    behind them would never be read."""
+    behind them would never be read. The store's clock is driven: 10 matches, then 290 messages a millisecond
+    later, in the same second."""
+    clock_ms = [STORED_AT_MS]
+    monkeypatch.setattr(commit_log, "now_ms", lambda: clock_ms[0])
     assert key_hash("T#Aa") == key_hash("T#BB")  # Java's hashCode: "Aa" and "BB" collide
     assert store.put_message("T", 0, b"the Aa message", {Prop.KEYS: "Aa"}).ok
     for i in range(300):
         assert store.put_message("T", 0, b"bb%d" % i, {Prop.KEYS: "BB"}).ok
-    first = store.put_message("E", 0, b"e0", {Prop.KEYS: "K"})
-    later = [store.put_message("E", 0, b"e%d" % i, {Prop.KEYS: "K"}) for i in range(1, 300)]
+    for i in range(300):
+        clock_ms[0] = STORED_AT_MS + (i >= 10)
+        assert store.put_message("E", 0, b"e%d" % i, {Prop.KEYS: "K"}).ok
     store.wait_dispatched()
     for max_num in (1, 64):
         assert [m.body for m in store.query_by_key("T", "Aa", max_num=max_num)] == [b"the Aa message"]
-    end = first.store_timestamp  # most of the 300 are stored later, in the same second
-    want = [b"e0"] + [b"e%d" % i for i, r in enumerate(later, 1) if r.store_timestamp <= end]
-    assert len(want) < 64
-    assert [m.body for m in store.query_by_key("E", "K", max_num=64, end_ms=end)] == want
+    want = [b"e%d" % i for i in range(10)]
+    assert [m.body for m in store.query_by_key("E", "K", max_num=64, end_ms=STORED_AT_MS)] == want
 
 
 @pytest.mark.parametrize("changed", [{"max_hash_slot_num": 16}, {"max_index_num": 128}])
