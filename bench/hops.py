@@ -12,10 +12,12 @@ cut into the hops that can be measured apart (100 B bodies, one queue, p50 and p
 - **dispatch**, put to visible: the put's return to the store's arrival listener (the dispatcher thread, woken by
   the put, has written the consume-queue unit). Floor: a thread wake-up (an Event set in one thread until the
   waiting thread runs).
-- **delivery**, answer to the held pull: the end-to-end time minus the send's p50. Floor (an estimate): a thread
-  wake-up plus half a paced gRPC round trip (the held pull's answer goes one way).
-- **end to end**: the send's start to a held ``pull`` returning the message in another process. Floor (an
-  estimate): one and a half paced gRPC round trips (the send's, then the answer's one way).
+- **delivery**, answer to the held pull: the end-to-end time minus the send's p50. Floor: the same for the relay
+  below (its end-to-end time minus the bare call's p50).
+- **end to end**: the send's start to a held ``pull`` returning the message in another process. Floor: a bare
+  grpcio relay, the least a broker served by Python gRPC can do: a service in a third process whose unary ``Put``
+  appends the body to a list and wakes its held unary ``Get``, which answers the waiting consumer at once (no
+  store, no checks, no encoding).
 
 Calls are paced ``PACE_S`` apart, as messages at a fixed rate are (each sample is a message's own time, not time
 queued behind the previous one), and the send and its floors are also timed back to back: between the two, the
@@ -51,14 +53,32 @@ PACE_S = 0.002  # between end-to-end samples: a message at a time, none queued b
 START_TIMEOUT_S = 30.0
 TOPIC = "hops"
 
-ECHO_SERVER = """
+# A bare grpcio service in another process: Echo answers at once (a call's floor); Put appends the body to a list
+# and wakes the held Get, which answers with what came after the offset it asked from (the relay floor).
+GRPC_SERVER = """
 from concurrent import futures
+import threading
 import grpc
-def put(request, context):
+GET_TIMEOUT_S = 1.0
+cond = threading.Condition()
+bodies = []
+def echo(request, context):
     return b""
-handlers = {"Put": grpc.unary_unary_rpc_method_handler(put, lambda b: b, lambda b: b)}
+def put(request, context):
+    with cond:
+        bodies.append(request)
+        cond.notify_all()
+    return b""
+def get(request, context):
+    start = int.from_bytes(request, "big")
+    with cond:
+        cond.wait_for(lambda: len(bodies) > start, timeout=GET_TIMEOUT_S)
+        return b"".join(bodies[start:start + 100])
+handlers = {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b),
+            "Put": grpc.unary_unary_rpc_method_handler(put, lambda b: b, lambda b: b),
+            "Get": grpc.unary_unary_rpc_method_handler(get, lambda b: b, lambda b: b)}
 server = grpc.server(futures.ThreadPoolExecutor(4))
-server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", handlers),))
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Relay", handlers),))
 port = server.add_insecure_port("127.0.0.1:0")
 server.start()
 print(port, flush=True)
@@ -81,9 +101,9 @@ while data := conn.recv(65536):
 class Hop:
     hop: str
     what: str  # "sluice", or the floor: "grpc" (a bare grpcio call), "tcp" (a bare socket), "thread" (a wake-up),
-    # "floor" (the sum of other floors' p50)
+    # "relay" (the bare grpcio relay: a put and a held get)
     p50_ms: float
-    p99_ms: float | None  # None: a floor derived from other floors' p50
+    p99_ms: float
     samples: int
 
 
@@ -99,12 +119,12 @@ def grpc_call_floor(calls: int, pace_s: float) -> list[float]:
     """Round trips of a 100 B unary call to a service that answers at once, in another process."""
     import grpc
 
-    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-c", GRPC_SERVER], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary("/bench.Echo/Put")
+            call = channel.unary_unary("/bench.Relay/Echo")
             body = os.urandom(BODY_B)
             return timed_calls(lambda: call(body), calls, pace_s)
     finally:
@@ -158,6 +178,68 @@ def thread_wakeup_floor(calls: int) -> list[float]:
             samples.append(woke_at[0] - t0)
     thread.join()
     return samples
+
+
+def relay_consumer(port: int, count: int, ready: Any, results: Any) -> None:
+    """In its own process: held gets from the relay until ``count`` bodies came; their arrival times."""
+    import grpc
+
+    received: dict[int, float] = {}
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=START_TIMEOUT_S)
+        get = channel.unary_unary("/bench.Relay/Get")
+        ready.set()
+        offset = 0
+        deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
+        while len(received) < count and time.monotonic() < deadline:
+            reply = get(offset.to_bytes(8, "big"))
+            now = time.perf_counter()
+            for i in range(0, len(reply), BODY_B):
+                received[int.from_bytes(reply[i : i + 8], "big")] = now
+            offset += len(reply) // BODY_B
+    results.put(received)
+
+
+def relay_floor(calls: int) -> list[float]:
+    """Paced puts to the bare relay, each from its start to the held get's return in a consumer process."""
+    import grpc
+
+    server = subprocess.Popen([sys.executable, "-c", GRPC_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        total = calls + WARMUP_CALLS
+        ctx = multiprocessing.get_context("spawn")
+        ready, results = ctx.Event(), ctx.Queue()
+        consumer = ctx.Process(target=relay_consumer, args=(port, total, ready, results))
+        consumer.start()
+        if not ready.wait(START_TIMEOUT_S):
+            consumer.kill()
+            raise RuntimeError("the relay's consumer process did not start")
+        sent_at: dict[int, float] = {}
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            put = channel.unary_unary("/bench.Relay/Put")
+            for seq in range(total):
+                body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
+                t0 = time.perf_counter()
+                put(body)
+                if seq >= WARMUP_CALLS:
+                    sent_at[seq] = t0
+                time.sleep(PACE_S)
+        received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
+        consumer.join(timeout=10)
+    finally:
+        server.kill()
+        server.wait()
+    return arrivals(sent_at, received, "the relay")
+
+
+def arrivals(sent_at: dict[int, float], received: dict[int, float], what: str) -> list[float]:
+    """Each message's time from its send's start to its arrival; every message must have arrived."""
+    missing = [seq for seq in sent_at if seq not in received]
+    if missing:
+        raise RuntimeError(f"{len(missing)} messages never reached {what}'s consumer, e.g. {missing[:5]}")
+    return [received[seq] - t0 for seq, t0 in sent_at.items()]
 
 
 def timed_calls(fn: Any, calls: int, pace_s: float) -> list[float]:
@@ -266,10 +348,7 @@ def broker_hops(calls: int) -> tuple[list[float], list[float], list[float]]:
                 back_to_back = timed_calls(lambda: producer.send(Message(TOPIC, bytes(BODY_B)), queue_id=0), calls, 0)
         finally:
             broker.stop()
-    missing = [seq for seq in sent_at if seq not in received]
-    if missing:
-        raise RuntimeError(f"{len(missing)} messages never reached the consumer, e.g. {missing[:5]}")
-    return sends, [received[seq] - t0 for seq, t0 in sent_at.items()], back_to_back
+    return sends, arrivals(sent_at, received, "the broker"), back_to_back
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
@@ -281,12 +360,12 @@ def measure(calls: int) -> list[Hop]:
     tcp_floor = tcp_round_trip_floor(calls, PACE_S)
     tcp_floor_b2b = tcp_round_trip_floor(calls, 0)
     wake_floor = thread_wakeup_floor(calls)
+    relay = relay_floor(calls)
     puts, dispatches = store_hops(calls)
     sends, end_to_end, sends_b2b = broker_hops(calls)
     send_p50 = float(np.percentile(sends, 50))
     delivery = [e - send_p50 for e in end_to_end]
     grpc_p50 = float(np.percentile(grpc_floor, 50))
-    wake_p50 = float(np.percentile(wake_floor, 50))
     return [
         hop_of("send, paced", "sluice", sends),
         hop_of("send, paced", "grpc", grpc_floor),
@@ -298,17 +377,16 @@ def measure(calls: int) -> list[Hop]:
         hop_of("dispatch: put to visible", "sluice", dispatches),
         hop_of("dispatch: put to visible", "thread", wake_floor),
         hop_of("delivery: answer to the held pull", "sluice", delivery),
-        Hop("delivery: answer to the held pull", "floor", (wake_p50 + grpc_p50 / 2) * 1000, None, 0),
+        hop_of("delivery: answer to the held pull", "relay", [e - grpc_p50 for e in relay]),
         hop_of("end to end", "sluice", end_to_end),
-        Hop("end to end", "floor", 1.5 * grpc_p50 * 1000, None, 0),
+        hop_of("end to end", "relay", relay),
     ]
 
 
 def print_hops(hops: list[Hop]) -> None:
     print(f"{'hop':<36} {'what':<7} {'p50 ms':>8} {'p99 ms':>8}")
     for h in hops:
-        p99 = "" if h.p99_ms is None else f"{h.p99_ms:8.3f}"
-        print(f"{h.hop:<36} {h.what:<7} {h.p50_ms:8.3f} {p99:>8}")
+        print(f"{h.hop:<36} {h.what:<7} {h.p50_ms:8.3f} {h.p99_ms:8.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
