@@ -31,14 +31,18 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, MutableMapping
 
 EXPERIMENTS_VAR = "GRPC_EXPERIMENTS"
 IOMGR_TCP = "-event_engine_client,-event_engine_listener"  # client channels and server listeners off EventEngine
 
 
-def choose_tcp_stack() -> bool:
-    """Ask gRPC core for the iomgr TCP stack when it is still possible and nobody chose; True if this call did."""
-    if "grpc" in sys.modules or EXPERIMENTS_VAR in os.environ:
+def choose_tcp_stack(
+    environ: MutableMapping[str, str] = os.environ, modules: Mapping[str, object] = sys.modules
+) -> bool:
+    """Ask gRPC core for the iomgr TCP stack when it is still possible and nobody chose; True if this call did.
+    ``environ`` and ``modules`` are the process's own; tests pass others."""
+    if "grpc" in modules or EXPERIMENTS_VAR in environ:
         return False
-    os.environ[EXPERIMENTS_VAR] = IOMGR_TCP
+    environ[EXPERIMENTS_VAR] = IOMGR_TCP
     return True
