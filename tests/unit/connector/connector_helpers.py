@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Admin, Message, Producer, PullConsumer
+from broker.client.results import ReceivedMessage
 from broker.client.route import MessageQueue
 from broker.errors import TopicNotExistError
 from broker.namesrv.local_cluster import LocalCluster
@@ -65,6 +66,21 @@ def fill(
                 msgs = [Message(topic, body_of(topic, q, i), tags=tags(i), keys=(f"k{i}",)) for i in range(lo, hi)]
                 results = producer.send_batch(msgs, queue_id=q)
                 assert len(results) == hi - lo
+
+
+def read_queues(endpoint: str, topic: str, *, timeout_s: float = 30.0) -> dict[int, list[ReceivedMessage]]:
+    """Every message a reader sees, each queue read from its first offset to its end, in queue order. Not the
+    queues' offset ranges: rolled-back rows of an exactly-once attempt keep their offsets, and reads skip them."""
+    out: dict[int, list[ReceivedMessage]] = {}
+    with Admin(endpoint, timeout_s=timeout_s) as admin, PullConsumer(endpoint, "test-reader", timeout_s=timeout_s) as c:
+        for qid, (lo, hi) in admin.queue_offsets(topic).items():
+            offset, msgs = lo, []
+            while offset < hi:
+                result = c.pull(topic, qid, offset, max_msgs=1000)
+                msgs.extend(result.messages)
+                offset = result.next_begin_offset
+            out[qid] = msgs
+    return out
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:

@@ -68,9 +68,7 @@ def test_the_coordinator_is_chosen_by_rendezvous_hashing() -> None:
 def test_rows_are_encoded_in_chunks_of_one_broker() -> None:
     queues = [MessageQueue("Out", b, q) for b in ("broker-a", "broker-b") for q in range(2)]
     enc = RowEncoder(default_topic="Out", queues=lambda t: queues, batch_messages=3)
-    batch = pa.RecordBatch.from_pydict(
-        {"body": [f"r{i}" for i in range(10)], "sharding_key": [None] * 8 + ["k", "k"]}
-    )
+    batch = pa.RecordBatch.from_pydict({"body": [f"r{i}" for i in range(10)], "sharding_key": [None] * 8 + ["k", "k"]})
     chunks = list(enc.encode(batch))
     placed: dict[str, list[tuple[str, int]]] = {}
     for chunk in chunks:

@@ -12,9 +12,7 @@ from broker.client import Admin
 from streaming_jobs import demo
 
 
-def test_the_broker_step_names_the_child_process_it_started(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_broker_step_names_the_child_process_it_started(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It printed "embedded broker ready" while it had started `sluice broker` as a subprocess."""
     broker = demo.start_broker(tmp_path / "store")
     try:
@@ -35,7 +33,7 @@ def test_the_broker_step_names_the_child_process_it_started(
 def test_each_step_says_what_it_does_and_the_heartbeat_is_counted_in_words(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """"200001 input rows" stood beside "events sent: 200000" without a word on the extra row (the heartbeat)."""
+    """ "200001 input rows" stood beside "events sent: 200000" without a word on the extra row (the heartbeat)."""
     broker = demo.start_broker(tmp_path / "store")
     try:
         demo.produce(broker.endpoint, 50)

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from connector_helpers import new_topic
+from connector_helpers import new_topic, read_queues
 
-from broker.client import Admin, Message, Producer, PullConsumer
+from broker.client import Message, Producer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1200)]
 MESSAGES = 3000
@@ -24,17 +24,8 @@ def job(*args: str) -> list[str]:
 
 
 def stored(endpoint: str, topic: str) -> list[bytes]:
-    """The bodies a reader sees, every queue read to its end. Not the queues' offset ranges: the rows of an attempt
-    the interrupt cut short were rolled back and keep their offsets, and reads skip them."""
-    bodies: list[bytes] = []
-    with Admin(endpoint, timeout_s=120) as admin, PullConsumer(endpoint, "interrupt-reader", timeout_s=120) as c:
-        for qid, (lo, hi) in admin.queue_offsets(topic).items():  # a Spark driver and its workers share the machine
-            offset = lo
-            while offset < hi:
-                result = c.pull(topic, qid, offset, max_msgs=1000)
-                bodies += [m.body for m in result.messages]
-                offset = result.next_begin_offset
-    return bodies
+    """The bodies a reader sees (a Spark driver and its workers share the machine: generous client timeouts)."""
+    return [m.body for msgs in read_queues(endpoint, topic, timeout_s=120).values() for m in msgs]
 
 
 def test_ctrl_c_stops_a_continuous_job_and_the_next_run_goes_on(broker: str, tmp_path: Path) -> None:

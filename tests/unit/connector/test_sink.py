@@ -6,9 +6,8 @@ import time
 from typing import Any
 
 import pytest
-from connector_helpers import new_topic
+from connector_helpers import new_topic, read_queues
 
-from broker.client import Admin, PullConsumer
 from broker.client.results import ReceivedMessage
 
 pytestmark = [pytest.mark.spark]
@@ -21,25 +20,10 @@ def read_all(
     are visible: a committed transaction's messages reach the consume queues a moment after the commit returns."""
     deadline = time.monotonic() + timeout_s
     while True:
-        got = _read_once(endpoint, topic)
+        got = read_queues(endpoint, topic)
         if expect is None or sum(map(len, got.values())) >= expect or time.monotonic() > deadline:
             return got
         time.sleep(0.1)
-
-
-def _read_once(endpoint: str, topic: str) -> dict[int, list[ReceivedMessage]]:
-    out: dict[int, list[ReceivedMessage]] = {}
-    consumer = PullConsumer(endpoint, "sink-test-reader")
-    with Admin(endpoint) as admin:
-        queues = admin.queue_offsets(topic)
-    for qid, (lo, hi) in queues.items():
-        offset, msgs = lo, []
-        while offset < hi:
-            res = consumer.pull(topic, qid, offset, max_msgs=1000)
-            msgs.extend(res.messages)
-            offset = res.next_begin_offset
-        out[qid] = msgs
-    return out
 
 
 def flat(by_queue: dict[int, list[ReceivedMessage]]) -> list[ReceivedMessage]:
