@@ -17,10 +17,23 @@ from broker.store.message import Prop
 FAST_POP = {"pop_min_invisible_ms": 100}
 
 
-def send(endpoint: str, topic: str, bodies: list[bytes], group: str | None = None) -> None:
+def send(endpoint: str, topic: str, bodies: list[bytes], group: str | None = None, *, wait: bool = True) -> None:
+    """Sends, then (``wait``) waits until the messages are in their consume queues: a send is answered once the
+    commit log holds the message, and the dispatcher writes its queue entry a moment later, so a pop right after
+    the answer may not see it yet."""
     with Producer(endpoint) as p:
-        for b in bodies:  # a message group is one queue (the sharding key picks it) and the message's property
-            p.send(Message(topic, b, properties={Prop.SHARDING_KEY: group} if group else {}), sharding_key=group)
+        # a message group is one queue (the sharding key picks it) and the message's property
+        sent = [p.send(Message(topic, b, properties={Prop.SHARDING_KEY: group} if group else {}), sharding_key=group)
+                for b in bodies]  # fmt: skip
+    if not wait:
+        return
+    with Admin(endpoint) as admin:
+
+        def visible() -> bool:
+            ends = {qid: hi for qid, (_, hi) in admin.queue_offsets(topic).items()}
+            return all(ends.get(r.queue_id, 0) > r.queue_offset for r in sent)
+
+        wait_until(visible, what=f"{len(sent)} sent messages of {topic} in its consume queues")
 
 
 def test_receive_ack_change_and_redelivery(broker_factory: BrokerFactory) -> None:
@@ -64,7 +77,7 @@ def test_long_polling_wakes_on_a_new_message(broker_factory: BrokerFactory) -> N
     send(endpoint, "Wait", [b"warm-up"])
     with PopConsumer(endpoint, "wait-g") as c:
         c.ack_all(c.receive("Wait", 10, invisible_ms=10_000))
-        threading.Timer(0.5, send, (endpoint, "Wait", [b"news"])).start()
+        threading.Timer(0.5, send, (endpoint, "Wait", [b"news"]), {"wait": False}).start()  # the pop waits
         started = time.monotonic()
         got = c.receive("Wait", 10, invisible_ms=10_000, wait_ms=20_000)
         assert [p.message.body for p in got] == [b"news"]
