@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from e2e_brokers import BrokerFactory, wait_until
+from e2e_util import dispatched
 
 from broker.client import Admin, Message, PopConsumer, Producer
 from broker.errors import InvalidArgumentError, InvalidReceiptHandleError
@@ -23,17 +24,11 @@ def send(endpoint: str, topic: str, bodies: list[bytes], group: str | None = Non
     the answer may not see it yet."""
     with Producer(endpoint) as p:
         # a message group is one queue (the sharding key picks it) and the message's property
-        sent = [p.send(Message(topic, b, properties={Prop.SHARDING_KEY: group} if group else {}), sharding_key=group)
-                for b in bodies]  # fmt: skip
-    if not wait:
-        return
-    with Admin(endpoint) as admin:
-
-        def visible() -> bool:
-            ends = {qid: hi for qid, (_, hi) in admin.queue_offsets(topic).items()}
-            return all(ends.get(r.queue_id, 0) > r.queue_offset for r in sent)
-
-        wait_until(visible, what=f"{len(sent)} sent messages of {topic} in its consume queues")
+        for b in bodies:
+            p.send(Message(topic, b, properties={Prop.SHARDING_KEY: group} if group else {}), sharding_key=group)
+    if wait:
+        with Admin(endpoint) as admin:
+            dispatched(admin)
 
 
 def test_receive_ack_change_and_redelivery(broker_factory: BrokerFactory) -> None:
