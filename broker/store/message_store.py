@@ -124,7 +124,7 @@ class DispatchService(ServiceThread):
 
     def run_once(self) -> None:
         try:
-            n = self.dispatcher.dispatch_available()
+            self.dispatcher.dispatch_available()
         except OSError as e:
             # A full disk or a failing one lasts: retrying every interval would write an error line each time
             # (a thousand a second, onto that same disk). Puts' wakeups do not cut the pause short; stop() does.
@@ -136,8 +136,9 @@ class DispatchService(ServiceThread):
         if self.backoff_s:
             self.backoff_s = 0.0
             self.on_state("")
-        if n == 0:
-            self.wait(self.interval_s)
+        # The pass went to the end of the log: no second look now (it would find nothing, and run before the pulls
+        # it just woke, on the same CPU). An append during the pass has set the wake-up, so this returns at once.
+        self.wait(self.interval_s)
 
 
 DELETED_TOPICS_FILE = "deletedTopics.json"  # in config/: {"deletedTopics": {topic: commit-log offset}}
