@@ -1,6 +1,6 @@
 """Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
 
-    python -m bench.peers [--systems sluice,redis,nats] [--scale 1.0] [--rounds 1] [--latency-rates 5000,250]
+    python -m bench.peers [--systems sluice,redis,nats,relay] [--scale 1.0] [--rounds 1] [--latency-rates 5000,250]
                           [--no-charts]
 
 Same machine, loopback, same message count and size, each system through its standard Python client:
@@ -14,6 +14,9 @@ Same machine, loopback, same message count and size, each system through its sta
   ``pull_raw``, which leaves entries encoded as the Spark connector reads them, and as a third ``pull_raw`` with
   ``decode_entry`` on every entry, every field decoded up front). All are timed once the broker has indexed the
   whole queue (the wait after the produce is recorded as ``index_wait_s``).
+- **The relay** (latency rows only): ``bench.hops``'s bare grpcio relay, a ``Put`` that wakes a held ``Get``, sent to
+  and read from exactly as the brokers are. It stores and checks nothing: its rows are what any broker reached
+  through Python gRPC pays at least on this machine, rate by rate.
 
 Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, an uncounted warm-up run, and
 flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms).
@@ -60,6 +63,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from bench.hops import GRPC_SERVER as RELAY_SERVER
 from bench.hops import Hop, print_hops
 from bench.hops import measure as measure_hops
 
@@ -357,6 +361,7 @@ def port_open(port: int) -> bool:
 
 class System(Protocol):
     name: str
+    batches: bool  # False: a latency floor, not a broker (no throughput runs)
 
     def start(self, workdir: Path) -> str: ...  # returns the server's version
     def throughput(self, size_b: int, count: int, run: str) -> Throughput: ...
@@ -366,6 +371,7 @@ class System(Protocol):
 
 class RedisStreams:
     name = "redis"
+    batches = True
 
     def __init__(self) -> None:
         self.server: Server | None = None
@@ -439,6 +445,7 @@ class RedisStreams:
 
 class NatsJetStream:
     name = "nats"
+    batches = True
 
     def __init__(self) -> None:
         self.server: Server | None = None
@@ -525,6 +532,7 @@ class NatsJetStream:
 
 class SluiceBroker:
     name = "sluice"
+    batches = True
     ready_port = re.compile(r"\bready\b.*?:(\d+)|:(\d+).*\bready\b")  # "sluice broker ready on HOST:PORT ..."
 
     def __init__(self) -> None:
@@ -700,7 +708,76 @@ def sluice_latency_consumer(
     return received_at
 
 
-SYSTEMS: dict[str, Callable[[], System]] = {"sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream}
+class GrpcRelay:
+    """The floor of the latency rows: ``bench.hops``'s bare grpcio relay (a ``Put`` appends the body to a list and
+    wakes a held ``Get``, which answers at once), measured exactly as the brokers are (same pacing, same consumer
+    process, same clock). No store, no checks, no encoding: the least any broker reached through Python gRPC pays
+    on this machine, at each rate."""
+
+    name = "relay"
+    batches = False
+
+    def __init__(self) -> None:
+        self.workdir = Path()
+        self.run = 0
+
+    def start(self, workdir: Path) -> str:
+        from importlib.metadata import version
+
+        self.workdir = workdir
+        return f"grpcio {version('grpcio')}"
+
+    def throughput(self, size_b: int, count: int, run: str) -> Throughput:
+        raise NotImplementedError("the relay is a latency floor only")
+
+    def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
+        import grpc
+
+        self.run += 1  # a relay of its own per run: its Get counts bodies from the first
+        server = Server([sys.executable, "-c", RELAY_SERVER], self.workdir / f"relay-{self.run}.log")
+        try:
+            server.wait_for(lambda: server.log_text().strip().isdigit(), "grpcio relay")
+            port = int(server.log_text())
+            consumer = LatencyConsumer(relay_latency_consumer, port, size_b, count)
+            sent_at: dict[int, float] = {}
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                put = channel.unary_unary("/bench.Relay/Put")
+                t0 = time.monotonic()
+                for seq, due in paced(rate_per_s, count):
+                    sent_at[seq] = due
+                    put(stamp(seq, size_b))
+                send_wall_s = time.monotonic() - t0
+            return latency_of(sent_at, consumer.received(), rate_per_s, size_b, send_wall_s)
+        finally:
+            server.stop()
+
+    def stop(self) -> None:
+        pass
+
+
+def relay_latency_consumer(
+    port: int, size_b: int, *, ready: Callable[[], None], more: Callable[[int], bool]
+) -> dict[int, float]:
+    import grpc
+
+    received_at: dict[int, float] = {}
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=SERVER_START_TIMEOUT_S)
+        get = channel.unary_unary("/bench.Relay/Get")
+        ready()
+        offset = 0
+        while more(len(received_at)):
+            reply = get(offset.to_bytes(8, "big"))  # held by the relay until a body past offset is there
+            now = time.monotonic()
+            for at in range(0, len(reply), size_b):
+                received_at[seq_of(reply[at : at + 8])] = now
+            offset += len(reply) // size_b
+    return received_at
+
+
+SYSTEMS: dict[str, Callable[[], System]] = {
+    "sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream, "relay": GrpcRelay,
+}  # fmt: skip
 
 
 # The peers' Python clients (and the charts) are benchmark-only packages, not dependencies of Sluice.
@@ -745,7 +822,7 @@ def run_systems(
         for round_no in range(rounds):
             for system, result in zip(systems, results, strict=True):
                 for size_b in SIZES_B:
-                    if result.error:
+                    if result.error or not system.batches:
                         break
                     count = max(BATCH_MSGS, int(COUNT_BY_SIZE[size_b] * scale))
 
@@ -975,7 +1052,10 @@ def write_charts(results: list[SystemResult], out_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--systems", default="sluice,redis,nats", help="comma list of sluice, redis, nats")
+    parser.add_argument(
+        "--systems", default="sluice,redis,nats,relay",
+        help="comma list of sluice, redis, nats, relay (the bare grpcio relay: latency rows only)",
+    )  # fmt: skip
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     parser.add_argument(
