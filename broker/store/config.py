@@ -80,10 +80,10 @@ class StoreConfig:
     # --- dispatch
     # How often an idle dispatcher looks for entries it was not told of. Every append wakes it at once
     # (MessageStore.notify_appended), so this look is a safety net only. RocketMQ's ReputMessageService looks
-    # every 1 ms; each look costs about 27 us of CPU here, on the CPU the broker's Python threads share: at 1 ms
-    # an idle broker used 2.7% of a CPU, and a broker taking 400 sends a second (one at a time, each read at
-    # once by a held pull) spent 853-870 us of CPU a message against 763-797 us at 100 ms (alternating runs,
-    # 2026-11-27). 10 ms keeps a missed wake-up short and the looks cheap.
+    # every 1 ms; here each look costs 27 us or more of the CPU the broker's Python threads share. An idle broker
+    # used 2.7% of a CPU at 1 ms and 0.85% at 10 ms; a broker taking 400 sends a second (one at a time, each read
+    # at once by a held pull) spent 907 us of CPU a message at 1 ms and 830 us at 10 ms (medians of four
+    # alternating runs, 2026-11-27). 10 ms keeps a missed wake-up short and the looks cheap.
     dispatch_interval_ms: int = 10
     # --- delay levels (RocketMQ keeps messageDelayLevel in the store config too): the consume queue of the
     # schedule topic holds each unit's due time (store time + the delay of level queue id + 1) in its tag field,
