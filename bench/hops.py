@@ -19,6 +19,9 @@ cut into the hops that can be measured apart (100 B bodies, one queue, p50 and p
   appends the body to a list and wakes its held unary ``Get``, which answers the waiting consumer at once (no
   store, no checks, no encoding).
 
+Beside the hops, the **server's CPU a message** over the paced end-to-end samples: the broker process's user and
+system time (all its threads, from ``/proc``) against the relay process's, each divided by the messages sent.
+
 Calls are paced ``PACE_S`` apart, as messages at a fixed rate are (each sample is a message's own time, not time
 queued behind the previous one), and the send and its floors are also timed back to back: between the two, the
 difference is what waking idle threads costs (gRPC's poller and worker threads on both sides). ``bench.peers``
@@ -105,6 +108,18 @@ class Hop:
     p50_ms: float
     p99_ms: float
     samples: int
+
+
+@dataclass
+class ServerCpu:
+    what: str  # "sluice" (the broker process) or "relay" (the bare grpcio relay's process)
+    us_per_msg: float  # user + system CPU of the whole process over the paced messages, divided by their number
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far, all its threads (Linux: /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (proc(5) 14 and 15)
 
 
 def hop_of(hop: str, what: str, seconds: list[float]) -> Hop:
@@ -200,8 +215,9 @@ def relay_consumer(port: int, count: int, ready: Any, results: Any) -> None:
     results.put(received)
 
 
-def relay_floor(calls: int) -> list[float]:
-    """Paced puts to the bare relay, each from its start to the held get's return in a consumer process."""
+def relay_floor(calls: int) -> tuple[list[float], float]:
+    """Paced puts to the bare relay, each from its start to the held get's return in a consumer process; and the
+    relay process's CPU seconds a message over them."""
     import grpc
 
     server = subprocess.Popen([sys.executable, "-c", GRPC_SERVER], stdout=subprocess.PIPE, text=True)
@@ -220,18 +236,21 @@ def relay_floor(calls: int) -> list[float]:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             put = channel.unary_unary("/bench.Relay/Put")
             for seq in range(total):
+                if seq == WARMUP_CALLS:
+                    cpu_s = process_cpu_s(server.pid)
                 body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
                 t0 = time.perf_counter()
                 put(body)
                 if seq >= WARMUP_CALLS:
                     sent_at[seq] = t0
                 time.sleep(PACE_S)
+            cpu_s = process_cpu_s(server.pid) - cpu_s
         received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
         consumer.join(timeout=10)
     finally:
         server.kill()
         server.wait()
-    return arrivals(sent_at, received, "the relay")
+    return arrivals(sent_at, received, "the relay"), cpu_s / calls
 
 
 def arrivals(sent_at: dict[int, float], received: dict[int, float], what: str) -> list[float]:
@@ -311,10 +330,11 @@ def held_pull_consumer(endpoint: str, count: int, ready: Any, results: Any) -> N
     results.put(received)
 
 
-def broker_hops(calls: int) -> tuple[list[float], list[float], list[float]]:
-    """(send paced, end to end, send back to back) against a broker process: each paced send's round trip, its
-    start to the held pull's return in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux, shared by
-    processes), and the round trips of sends one right after another."""
+def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], float]:
+    """(send paced, end to end, send back to back, CPU a message) against a broker process: each paced send's round
+    trip, its start to the held pull's return in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux,
+    shared by processes), the round trips of sends one right after another, and the broker process's CPU seconds
+    a message over the paced sends."""
     from broker.client import Admin, Message, Producer
     from broker.server.process import BrokerProcess
 
@@ -335,6 +355,8 @@ def broker_hops(calls: int) -> tuple[list[float], list[float], list[float]]:
             sends = []
             with Producer(broker.endpoint) as producer:
                 for seq in range(total):
+                    if seq == WARMUP_CALLS:
+                        cpu_s = process_cpu_s(broker.proc.pid)
                     body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
                     t0 = time.perf_counter()
                     producer.send(Message(TOPIC, body), queue_id=0)
@@ -343,30 +365,31 @@ def broker_hops(calls: int) -> tuple[list[float], list[float], list[float]]:
                         sent_at[seq] = t0
                         sends.append(t1 - t0)
                     time.sleep(PACE_S)
+                cpu_s = process_cpu_s(broker.proc.pid) - cpu_s
                 received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
                 consumer.join(timeout=10)
                 back_to_back = timed_calls(lambda: producer.send(Message(TOPIC, bytes(BODY_B)), queue_id=0), calls, 0)
         finally:
             broker.stop()
-    return sends, arrivals(sent_at, received, "the broker"), back_to_back
+    return sends, arrivals(sent_at, received, "the broker"), back_to_back, cpu_s / calls
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
 
 
-def measure(calls: int) -> list[Hop]:
+def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
     grpc_floor = grpc_call_floor(calls, PACE_S)
     grpc_floor_b2b = grpc_call_floor(calls, 0)
     tcp_floor = tcp_round_trip_floor(calls, PACE_S)
     tcp_floor_b2b = tcp_round_trip_floor(calls, 0)
     wake_floor = thread_wakeup_floor(calls)
-    relay = relay_floor(calls)
+    relay, relay_cpu_s = relay_floor(calls)
     puts, dispatches = store_hops(calls)
-    sends, end_to_end, sends_b2b = broker_hops(calls)
+    sends, end_to_end, sends_b2b, broker_cpu_s = broker_hops(calls)
     send_p50 = float(np.percentile(sends, 50))
     delivery = [e - send_p50 for e in end_to_end]
     grpc_p50 = float(np.percentile(grpc_floor, 50))
-    return [
+    hops = [
         hop_of("send, paced", "sluice", sends),
         hop_of("send, paced", "grpc", grpc_floor),
         hop_of("send, paced", "tcp", tcp_floor),
@@ -381,25 +404,31 @@ def measure(calls: int) -> list[Hop]:
         hop_of("end to end", "sluice", end_to_end),
         hop_of("end to end", "relay", relay),
     ]
+    return hops, [ServerCpu("sluice", broker_cpu_s * 1e6), ServerCpu("relay", relay_cpu_s * 1e6)]
 
 
-def print_hops(hops: list[Hop]) -> None:
+def print_hops(hops: list[Hop], cpu: list[ServerCpu]) -> None:
     print(f"{'hop':<36} {'what':<7} {'p50 ms':>8} {'p99 ms':>8}")
     for h in hops:
         print(f"{h.hop:<36} {h.what:<7} {h.p50_ms:8.3f} {h.p99_ms:8.3f}")
+    for c in cpu:
+        print(f"{'server CPU a paced message':<36} {c.what:<7} {c.us_per_msg:8.0f} us")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=CALLS, help="samples per hop")
     args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error("--calls must be at least 1")
     load_before = os.getloadavg()[0]
-    hops = measure(args.calls)
-    print_hops(hops)
+    hops, cpu = measure(args.calls)
+    print_hops(hops, cpu)
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / "hops.json"
     record = {"date": time.strftime("%Y-%m-%d"), "calls": args.calls, "body_b": BODY_B,
-              "load_average": [load_before, os.getloadavg()[0]], "hops": [asdict(h) for h in hops]}  # fmt: skip
+              "load_average": [load_before, os.getloadavg()[0]], "hops": [asdict(h) for h in hops],
+              "server_cpu": [asdict(c) for c in cpu]}  # fmt: skip
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

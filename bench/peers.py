@@ -64,7 +64,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bench.hops import GRPC_SERVER as RELAY_SERVER
-from bench.hops import Hop, print_hops
+from bench.hops import Hop, ServerCpu, print_hops
 from bench.hops import measure as measure_hops
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -1093,14 +1093,15 @@ def main(argv: list[str] | None = None) -> int:
             "grpc_download_mb_s": download,
         }
     hops: list[Hop] = []
+    server_cpu: list[ServerCpu] = []
     if "sluice" in names:
         print("Sluice hop by hop, beside each hop's floor (bench.hops)", flush=True)
-        hops = measure_hops(HOPS_CALLS)
+        hops, server_cpu = measure_hops(HOPS_CALLS)
     ratios = {**peer_ratios(results), **limit_ratios(results, limits)}
     print_table(results, limits, ratios)
     if hops:
         print()
-        print_hops(hops)
+        print_hops(hops, server_cpu)
 
     report = {
         "benchmark": "peers",
@@ -1124,6 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
         "limits": {k: round(v, 1) for k, v in limits.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "hops": [asdict(h) for h in hops],
+        "server_cpu": [asdict(c) for c in server_cpu],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
