@@ -27,6 +27,12 @@ def test_a_choice_made_by_the_process_is_kept_even_an_empty_one() -> None:
     assert run_python(code, **{EXPERIMENTS_VAR: "-event_engine_client"}).stdout.strip() == "'-event_engine_client'"
 
 
+def test_client_channels_stay_on_the_event_engine() -> None:
+    """An iomgr channel notices a broker's death only at its next send, which then cannot be moved to another
+    broker (grpc_stack.py); the choice must leave client channels alone."""
+    assert "event_engine_client" not in IOMGR_TCP and "-event_engine_listener" in IOMGR_TCP.split(",")
+
+
 def test_a_process_that_imported_grpc_first_keeps_its_stack() -> None:
     out = run_python(f"import os, grpc, broker; print(os.environ.get({EXPERIMENTS_VAR!r}))")
     assert out.stdout.strip() == "None"
