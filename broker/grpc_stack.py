@@ -41,7 +41,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 EXPERIMENTS_VAR = "GRPC_EXPERIMENTS"
-IOMGR_TCP = "-event_engine_listener"  # server listeners off the EventEngine; client channels stay on it
+IOMGR_LISTENER = "-event_engine_listener"  # server listeners off the EventEngine; client channels stay on it
 
 
 def choose_tcp_stack(
@@ -51,5 +51,5 @@ def choose_tcp_stack(
     True if this call did. ``environ`` and ``modules`` are the process's own; tests pass others."""
     if "grpc" in modules or EXPERIMENTS_VAR in environ:
         return False
-    environ[EXPERIMENTS_VAR] = IOMGR_TCP
+    environ[EXPERIMENTS_VAR] = IOMGR_LISTENER
     return True

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from broker.grpc_stack import EXPERIMENTS_VAR, IOMGR_TCP, choose_tcp_stack
+from broker.grpc_stack import EXPERIMENTS_VAR, IOMGR_LISTENER, choose_tcp_stack
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -18,7 +18,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_importing_broker_chooses_the_iomgr_stack_when_nobody_chose() -> None:
     out = run_python(f"import os, broker; print(os.environ[{EXPERIMENTS_VAR!r}])")
-    assert out.stdout.strip() == IOMGR_TCP
+    assert out.stdout.strip() == IOMGR_LISTENER
 
 
 def test_a_choice_made_by_the_process_is_kept_even_an_empty_one() -> None:
@@ -30,7 +30,7 @@ def test_a_choice_made_by_the_process_is_kept_even_an_empty_one() -> None:
 def test_client_channels_stay_on_the_event_engine() -> None:
     """An iomgr channel notices a broker's death only at its next send, which then cannot be moved to another
     broker (grpc_stack.py); the choice must leave client channels alone."""
-    assert "event_engine_client" not in IOMGR_TCP and "-event_engine_listener" in IOMGR_TCP.split(",")
+    assert "event_engine_client" not in IOMGR_LISTENER and "-event_engine_listener" in IOMGR_LISTENER.split(",")
 
 
 def test_a_process_that_imported_grpc_first_keeps_its_stack() -> None:
@@ -58,7 +58,7 @@ def test_choose_reports_whether_it_chose() -> None:
     assert choose_tcp_stack({}, {"grpc": object()}) is False  # too late: grpc read its variables at import
     environ: dict[str, str] = {}
     assert choose_tcp_stack(environ, {}) is True
-    assert environ == {EXPERIMENTS_VAR: IOMGR_TCP}
+    assert environ == {EXPERIMENTS_VAR: IOMGR_LISTENER}
     environ = {EXPERIMENTS_VAR: "x"}
     assert choose_tcp_stack(environ, {}) is False
     assert environ == {EXPERIMENTS_VAR: "x"}
