@@ -93,6 +93,7 @@ class ReplicaGroup:
                              flush=self.flush, config=self._config(broker_id), log_level=self.log_level,
                              extra_args=args)  # fmt: skip
         proc.output = deque(maxlen=OUTPUT_LINES)
+        self.brokers[broker_id] = proc  # before it starts: a watcher may act on its process while it starts
         deadline = time.monotonic() + START_WAIT_S
         while True:  # a port of a killed replica may linger a moment
             try:
@@ -102,7 +103,6 @@ class ReplicaGroup:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-        self.brokers[broker_id] = proc
         return proc
 
     def endpoint(self, broker_id: int) -> str:

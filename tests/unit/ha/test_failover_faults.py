@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from file_watch import FileWatch
 from jepsen import QUEUES, TOPIC, Workload, check, read_log, wait_until
 
 from broker.client import Admin
@@ -178,11 +180,14 @@ def test_replica_killed_during_truncation(tmp_path: Path) -> None:
             g.wait_master(other_than=old, timeout_s=60)
             w.wait_acknowledged(20, timeout_s=60)
             intent = tmp_path / f"replica-{old}" / "truncate.json"
-            g.start_replica(old)
-            wait_until(intent.exists, "the old master to start truncating", 60)
-            g.kill(old)
-            assert intent.exists(), "killed after the truncation finished: nothing tested"
-            g.start_replica(old)
+            # The intent lives ~40 ms, too short to poll for: the watch kills the old master as it appears. A kill
+            # before the broker said it was ready makes start_replica start it again, which finishes the cut.
+            with FileWatch(intent.parent, intent.name) as watch, ThreadPoolExecutor(1) as pool:
+                cut_short = pool.submit(watch.act_when_created, lambda: g.kill(old), 60)
+                g.start_replica(old)
+                assert cut_short.result(), "killed after the truncation finished: nothing tested"
+            if not g.running(old):
+                g.start_replica(old)
             wait_until(lambda: not intent.exists(), "the truncation to finish", 60)
             wait_until(lambda: g.state() is not None and old in g.state().in_sync, "the old master back in sync", 60)  # type: ignore[union-attr]
             w.wait_acknowledged(20)
