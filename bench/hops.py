@@ -42,11 +42,13 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.server import process_cpu_s
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BODY_B = 100
@@ -61,7 +63,9 @@ TOPIC = "hops"
 GRPC_SERVER = """
 from concurrent import futures
 import threading
+import time
 import grpc
+from broker.server.thread_names import ThreadNames
 GET_TIMEOUT_S = 1.0
 cond = threading.Condition()
 bodies = []
@@ -80,12 +84,15 @@ def get(request, context):
 handlers = {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b),
             "Put": grpc.unary_unary_rpc_method_handler(put, lambda b: b, lambda b: b),
             "Get": grpc.unary_unary_rpc_method_handler(get, lambda b: b, lambda b: b)}
-server = grpc.server(futures.ThreadPoolExecutor(4))
+server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="grpc-worker"))
 server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Relay", handlers),))
 port = server.add_insecure_port("127.0.0.1:0")
 server.start()
 print(port, flush=True)
-server.wait_for_termination()
+names = ThreadNames()  # named as the broker's are, so that CPU a thread compares role by role
+while True:
+    names.apply()
+    time.sleep(1.0)
 """
 
 
@@ -114,12 +121,42 @@ class Hop:
 class ServerCpu:
     what: str  # "sluice" (the broker process) or "relay" (the bare grpcio relay's process)
     us_per_msg: float  # user + system CPU of the whole process over the paced messages, divided by their number
+    # the same by thread role (OS thread name less its pool number, broker/server/thread_names.py), largest first
+    by_thread: dict[str, float] = field(default_factory=dict)
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used so far, all its threads (Linux: /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (proc(5) 14 and 15)
+ThreadCpu = dict[int, tuple[str, float]]  # native thread id -> (OS name, CPU seconds so far)
+
+
+def thread_cpu_s(pid: int) -> ThreadCpu:
+    """Each thread's OS name and user + system CPU seconds so far (Linux: /proc/PID/task/TID)."""
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    threads: ThreadCpu = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # the thread ended since the listing
+        threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) * tick_s)
+    return threads
+
+
+def thread_role(name: str) -> str:
+    """A thread's role: its name less a pool number ("grpc-worker_3", "schedule-level-12")."""
+    head, sep, tail = name.rpartition("_" if "_" in name else "-")
+    return head if sep and tail.isdigit() else name
+
+
+def cpu_by_role(before: ThreadCpu, after: ThreadCpu, calls: int) -> dict[str, float]:
+    """CPU microseconds a message by thread role between two thread_cpu_s readings, largest first; a thread
+    started in between counts from zero. Threads that ended in between are not seen (their CPU is in the total)."""
+    roles: dict[str, float] = {}
+    for tid, (name, cpu_s) in after.items():
+        used_s = cpu_s - before[tid][1] if tid in before else cpu_s
+        if used_s > 0:
+            roles[thread_role(name)] = roles.get(thread_role(name), 0.0) + used_s / calls * 1e6
+    return dict(sorted(roles.items(), key=lambda kv: -kv[1]))
 
 
 def hop_of(hop: str, what: str, seconds: list[float]) -> Hop:
@@ -215,9 +252,9 @@ def relay_consumer(port: int, count: int, ready: Any, results: Any) -> None:
     results.put(received)
 
 
-def relay_floor(calls: int) -> tuple[list[float], float]:
+def relay_floor(calls: int) -> tuple[list[float], ServerCpu]:
     """Paced puts to the bare relay, each from its start to the held get's return in a consumer process; and the
-    relay process's CPU seconds a message over them."""
+    relay process's CPU a message over them."""
     import grpc
 
     server = subprocess.Popen([sys.executable, "-c", GRPC_SERVER], stdout=subprocess.PIPE, text=True)
@@ -237,20 +274,21 @@ def relay_floor(calls: int) -> tuple[list[float], float]:
             put = channel.unary_unary("/bench.Relay/Put")
             for seq in range(total):
                 if seq == WARMUP_CALLS:
-                    cpu_s = process_cpu_s(server.pid)
+                    cpu_s, threads = process_cpu_s(server.pid), thread_cpu_s(server.pid)
                 body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
                 t0 = time.perf_counter()
                 put(body)
                 if seq >= WARMUP_CALLS:
                     sent_at[seq] = t0
                 time.sleep(PACE_S)
-            cpu_s = process_cpu_s(server.pid) - cpu_s
+            cpu = ServerCpu("relay", (process_cpu_s(server.pid) - cpu_s) / calls * 1e6,
+                            cpu_by_role(threads, thread_cpu_s(server.pid), calls))  # fmt: skip
         received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
         consumer.join(timeout=10)
     finally:
         server.kill()
         server.wait()
-    return arrivals(sent_at, received, "the relay"), cpu_s / calls
+    return arrivals(sent_at, received, "the relay"), cpu
 
 
 def arrivals(sent_at: dict[int, float], received: dict[int, float], what: str) -> list[float]:
@@ -330,11 +368,11 @@ def held_pull_consumer(endpoint: str, count: int, ready: Any, results: Any) -> N
     results.put(received)
 
 
-def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], float]:
+def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], ServerCpu]:
     """(send paced, end to end, send back to back, CPU a message) against a broker process: each paced send's round
     trip, its start to the held pull's return in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux,
-    shared by processes), the round trips of sends one right after another, and the broker process's CPU seconds
-    a message over the paced sends."""
+    shared by processes), the round trips of sends one right after another, and the broker process's CPU a message
+    over the paced sends."""
     from broker.client import Admin, Message, Producer
     from broker.server.process import BrokerProcess
 
@@ -356,7 +394,7 @@ def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], floa
             with Producer(broker.endpoint) as producer:
                 for seq in range(total):
                     if seq == WARMUP_CALLS:
-                        cpu_s = process_cpu_s(broker.proc.pid)
+                        cpu_s, threads = process_cpu_s(broker.proc.pid), thread_cpu_s(broker.proc.pid)
                     body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
                     t0 = time.perf_counter()
                     producer.send(Message(TOPIC, body), queue_id=0)
@@ -365,13 +403,14 @@ def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], floa
                         sent_at[seq] = t0
                         sends.append(t1 - t0)
                     time.sleep(PACE_S)
-                cpu_s = process_cpu_s(broker.proc.pid) - cpu_s
+                cpu = ServerCpu("sluice", (process_cpu_s(broker.proc.pid) - cpu_s) / calls * 1e6,
+                                cpu_by_role(threads, thread_cpu_s(broker.proc.pid), calls))  # fmt: skip
                 received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
                 consumer.join(timeout=10)
                 back_to_back = timed_calls(lambda: producer.send(Message(TOPIC, bytes(BODY_B)), queue_id=0), calls, 0)
         finally:
             broker.stop()
-    return sends, arrivals(sent_at, received, "the broker"), back_to_back, cpu_s / calls
+    return sends, arrivals(sent_at, received, "the broker"), back_to_back, cpu
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
@@ -383,9 +422,9 @@ def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
     tcp_floor = tcp_round_trip_floor(calls, PACE_S)
     tcp_floor_b2b = tcp_round_trip_floor(calls, 0)
     wake_floor = thread_wakeup_floor(calls)
-    relay, relay_cpu_s = relay_floor(calls)
+    relay, relay_cpu = relay_floor(calls)
     puts, dispatches = store_hops(calls)
-    sends, end_to_end, sends_b2b, broker_cpu_s = broker_hops(calls)
+    sends, end_to_end, sends_b2b, broker_cpu = broker_hops(calls)
     send_p50 = float(np.percentile(sends, 50))
     delivery = [e - send_p50 for e in end_to_end]
     grpc_p50 = float(np.percentile(grpc_floor, 50))
@@ -404,7 +443,7 @@ def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
         hop_of("end to end", "sluice", end_to_end),
         hop_of("end to end", "relay", relay),
     ]
-    return hops, [ServerCpu("sluice", broker_cpu_s * 1e6), ServerCpu("relay", relay_cpu_s * 1e6)]
+    return hops, [broker_cpu, relay_cpu]
 
 
 def print_hops(hops: list[Hop], cpu: list[ServerCpu]) -> None:
@@ -412,7 +451,8 @@ def print_hops(hops: list[Hop], cpu: list[ServerCpu]) -> None:
     for h in hops:
         print(f"{h.hop:<36} {h.what:<7} {h.p50_ms:8.3f} {h.p99_ms:8.3f}")
     for c in cpu:
-        print(f"{'server CPU a paced message':<36} {c.what:<7} {c.us_per_msg:8.0f} us")
+        roles = ", ".join(f"{role} {us:.0f}" for role, us in c.by_thread.items())
+        print(f"{'server CPU a paced message':<36} {c.what:<7} {c.us_per_msg:8.0f} us  ({roles})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from broker.config import BrokerConfig
     from broker.server.allocator import tune_malloc
     from broker.server.broker_controller import BrokerController
+    from broker.server.thread_names import ThreadNames
     from broker.server.thread_placement import start_placement
 
     tune_malloc()  # this process is the broker's own: see allocator.py for why and what it costs
@@ -50,8 +51,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
     metrics = f", metrics on port {controller.metrics_port}" if controller.metrics_port is not None else ""
     print(f"sluice broker ready on {controller.address} (store {config.store_dir}, {config.flush_disk_type}{metrics})",
           flush=True)  # fmt: skip
+    names = ThreadNames()  # gRPC starts workers on demand: named at each look for a stop (thread_names.py)
+    names.apply()
     while not stop.wait(STOP_POLL_S):
-        pass
+        names.apply()
     controller.shutdown()
     interrupted = signal.SIGINT in received
     print(f"sluice broker stopped ({'interrupted' if interrupted else 'terminated'}); store {config.store_dir} closed "
