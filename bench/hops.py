@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,24 +233,34 @@ def thread_wakeup_floor(calls: int) -> list[float]:
     return samples
 
 
-def relay_consumer(port: int, count: int, ready: Any, results: Any) -> None:
-    """In its own process: held gets from the relay until ``count`` bodies came; their arrival times."""
+def relay_receive(
+    port: int, body_b: int, ready: Callable[[], None], more: Callable[[int], bool], clock: Callable[[], float]
+) -> dict[int, float]:
+    """Held gets from the relay at ``port`` while ``more(bodies received)``: each body's arrival time on ``clock``,
+    by the sequence number in its first 8 bytes. ``ready()`` once connected. bench.peers reads the relay this way
+    too (on its clock, with its own end rule)."""
     import grpc
 
     received: dict[int, float] = {}
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         grpc.channel_ready_future(channel).result(timeout=START_TIMEOUT_S)
         get = channel.unary_unary("/bench.Relay/Get")
-        ready.set()
+        ready()
         offset = 0
-        deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
-        while len(received) < count and time.monotonic() < deadline:
-            reply = get(offset.to_bytes(8, "big"))
-            now = time.perf_counter()
-            for i in range(0, len(reply), BODY_B):
-                received[int.from_bytes(reply[i : i + 8], "big")] = now
-            offset += len(reply) // BODY_B
-    results.put(received)
+        while more(len(received)):
+            reply = get(offset.to_bytes(8, "big"))  # held by the relay until a body past offset is there
+            now = clock()
+            for at in range(0, len(reply), body_b):
+                received[int.from_bytes(reply[at : at + 8], "big")] = now
+            offset += len(reply) // body_b
+    return received
+
+
+def relay_consumer(port: int, count: int, ready: Any, results: Any) -> None:
+    """In its own process: held gets from the relay until ``count`` bodies came; their arrival times."""
+    deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
+    results.put(relay_receive(port, BODY_B, ready.set, lambda n: n < count and time.monotonic() < deadline,
+                              time.perf_counter))  # fmt: skip
 
 
 def relay_floor(calls: int) -> tuple[list[float], ServerCpu]:

@@ -64,7 +64,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bench.hops import GRPC_SERVER as RELAY_SERVER
-from bench.hops import Hop, ServerCpu, print_hops
+from bench.hops import Hop, ServerCpu, print_hops, relay_receive
 from bench.hops import measure as measure_hops
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -758,21 +758,7 @@ class GrpcRelay:
 def relay_latency_consumer(
     port: int, size_b: int, *, ready: Callable[[], None], more: Callable[[int], bool]
 ) -> dict[int, float]:
-    import grpc
-
-    received_at: dict[int, float] = {}
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        grpc.channel_ready_future(channel).result(timeout=SERVER_START_TIMEOUT_S)
-        get = channel.unary_unary("/bench.Relay/Get")
-        ready()
-        offset = 0
-        while more(len(received_at)):
-            reply = get(offset.to_bytes(8, "big"))  # held by the relay until a body past offset is there
-            now = time.monotonic()
-            for at in range(0, len(reply), size_b):
-                received_at[seq_of(reply[at : at + 8])] = now
-            offset += len(reply) // size_b
-    return received_at
+    return relay_receive(port, size_b, ready, more, time.monotonic)
 
 
 SYSTEMS: dict[str, Callable[[], System]] = {
