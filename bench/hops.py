@@ -17,7 +17,10 @@ cut into the hops that can be measured apart (100 B bodies, one queue, p50 and p
 - **end to end**: the send's start to a held ``pull`` returning the message in another process. Floor: a bare
   grpcio relay, the least a broker served by Python gRPC can do: a service in a third process whose unary ``Put``
   appends the body to a list and wakes its held unary ``Get``, which answers the waiting consumer at once (no
-  store, no checks, no encoding).
+  store, no checks, no encoding). Two more shapes of it show what other ways of serving Python gRPC would give:
+  ``relay-aio``, the same calls served by ``grpc.aio`` (an asyncio loop instead of a thread pool), and
+  ``relay-streams``, the puts written on one bidirectional stream (each answered on it before the next) and the
+  bodies pushed to the consumer on one server stream (no call a message, no re-request after each delivery).
 
 Beside the hops, the **server's CPU a message** over the paced end-to-end samples: the broker process's user and
 system time (all its threads, from ``/proc``) against the relay process's, each divided by the messages sent.
@@ -36,6 +39,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -82,9 +86,23 @@ def get(request, context):
     with cond:
         cond.wait_for(lambda: len(bodies) > start, timeout=GET_TIMEOUT_S)
         return b"".join(bodies[start:start + 100])
+def put_stream(requests, context):
+    for body in requests:
+        put(body, context)
+        yield b""
+def subscribe(request, context):
+    offset = int.from_bytes(request, "big")
+    while context.is_active():
+        with cond:
+            cond.wait_for(lambda: len(bodies) > offset, timeout=GET_TIMEOUT_S)
+            batch = bodies[offset:offset + 100]
+        offset += len(batch)
+        yield b"".join(batch)  # empty after GET_TIMEOUT_S without bodies: the reader may stop between messages
 handlers = {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b),
             "Put": grpc.unary_unary_rpc_method_handler(put, lambda b: b, lambda b: b),
-            "Get": grpc.unary_unary_rpc_method_handler(get, lambda b: b, lambda b: b)}
+            "Get": grpc.unary_unary_rpc_method_handler(get, lambda b: b, lambda b: b),
+            "PutStream": grpc.stream_stream_rpc_method_handler(put_stream, lambda b: b, lambda b: b),
+            "Subscribe": grpc.unary_stream_rpc_method_handler(subscribe, lambda b: b, lambda b: b)}
 server = grpc.server(futures.ThreadPoolExecutor(4, thread_name_prefix="grpc-worker"))
 server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Relay", handlers),))
 port = server.add_insecure_port("127.0.0.1:0")
@@ -94,6 +112,37 @@ names = ThreadNames()  # named as the broker's are, so that CPU a thread compare
 while True:
     names.apply()
     time.sleep(1.0)
+"""
+
+# The relay's Put and Get served by grpc.aio (one asyncio loop; gRPC's poller hands it completions), the same calls.
+AIO_SERVER = """
+import asyncio
+import grpc
+GET_TIMEOUT_S = 1.0
+async def main():
+    bodies, cond = [], asyncio.Condition()
+    async def put(request, context):
+        async with cond:
+            bodies.append(request)
+            cond.notify_all()
+        return b""
+    async def get(request, context):
+        start = int.from_bytes(request, "big")
+        async with cond:
+            try:
+                await asyncio.wait_for(cond.wait_for(lambda: len(bodies) > start), GET_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                pass
+            return b"".join(bodies[start:start + 100])
+    handlers = {"Put": grpc.unary_unary_rpc_method_handler(put, lambda b: b, lambda b: b),
+                "Get": grpc.unary_unary_rpc_method_handler(get, lambda b: b, lambda b: b)}
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Relay", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+asyncio.run(main())
 """
 
 
@@ -112,7 +161,7 @@ while data := conn.recv(65536):
 class Hop:
     hop: str
     what: str  # "sluice", or the floor: "grpc" (a bare grpcio call), "tcp" (a bare socket), "thread" (a wake-up),
-    # "relay" (the bare grpcio relay: a put and a held get)
+    # "relay" (the bare grpcio relay: a put and a held get), "relay-aio", "relay-streams" (RELAYS)
     p50_ms: float
     p99_ms: float
     samples: int
@@ -120,7 +169,7 @@ class Hop:
 
 @dataclass
 class ServerCpu:
-    what: str  # "sluice" (the broker process) or "relay" (the bare grpcio relay's process)
+    what: str  # "sluice" (the broker process) or a relay's process (RELAYS)
     us_per_msg: float  # user + system CPU of the whole process over the paced messages, divided by their number
     # the same by thread role (OS thread name less its pool number, broker/server/thread_names.py), largest first
     by_thread: dict[str, float] = field(default_factory=dict)
@@ -263,26 +312,74 @@ def relay_consumer(port: int, count: int, ready: Any, results: Any) -> None:
                               time.perf_counter))  # fmt: skip
 
 
-def relay_floor(calls: int) -> tuple[list[float], ServerCpu]:
-    """Paced puts to the bare relay, each from its start to the held get's return in a consumer process; and the
-    relay process's CPU a message over them."""
+def relay_stream_receive(
+    port: int, body_b: int, ready: Callable[[], None], more: Callable[[int], bool], clock: Callable[[], float]
+) -> dict[int, float]:
+    """``relay_receive`` through one server stream (``Subscribe``): the relay pushes bodies as they come, and an
+    empty message after a second without any, so that ``more`` is asked at least that often."""
     import grpc
 
-    server = subprocess.Popen([sys.executable, "-c", GRPC_SERVER], stdout=subprocess.PIPE, text=True)
+    received: dict[int, float] = {}
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=START_TIMEOUT_S)
+        stream = channel.unary_stream("/bench.Relay/Subscribe")((0).to_bytes(8, "big"))
+        ready()
+        try:
+            while more(len(received)):
+                reply = next(stream)
+                now = clock()
+                for at in range(0, len(reply), body_b):
+                    received[int.from_bytes(reply[at : at + 8], "big")] = now
+        finally:
+            stream.cancel()
+    return received
+
+
+def relay_stream_consumer(port: int, count: int, ready: Any, results: Any) -> None:
+    """In its own process: the relay's server stream until ``count`` bodies came; their arrival times."""
+    deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
+    results.put(relay_stream_receive(port, BODY_B, ready.set, lambda n: n < count and time.monotonic() < deadline,
+                                     time.perf_counter))  # fmt: skip
+
+
+RELAYS = {  # what -> (server script, whether puts and gets are streams)
+    "relay": (GRPC_SERVER, False),
+    "relay-aio": (AIO_SERVER, False),
+    "relay-streams": (GRPC_SERVER, True),
+}
+
+
+def relay_floor(calls: int, what: str = "relay") -> tuple[list[float], ServerCpu]:
+    """Paced puts to a bare relay (RELAYS), each from its start to its arrival in a consumer process; and the
+    relay process's CPU a message over them. Unary: each put a call, each body fetched by a held get. Streams: the
+    puts on one bidirectional stream, each answered on it before the next; the bodies pushed on one server stream."""
+    import grpc
+
+    script, streams = RELAYS[what]
+    server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
         total = calls + WARMUP_CALLS
         ctx = multiprocessing.get_context("spawn")
         ready, results = ctx.Event(), ctx.Queue()
-        consumer = ctx.Process(target=relay_consumer, args=(port, total, ready, results))
+        reader = relay_stream_consumer if streams else relay_consumer
+        consumer = ctx.Process(target=reader, args=(port, total, ready, results))
         consumer.start()
         if not ready.wait(START_TIMEOUT_S):
             consumer.kill()
             raise RuntimeError("the relay's consumer process did not start")
         sent_at: dict[int, float] = {}
+        outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            put = channel.unary_unary("/bench.Relay/Put")
+            if streams:
+                acks = channel.stream_stream("/bench.Relay/PutStream")(iter(outbox.get, None))
+
+                def put(body: bytes) -> None:
+                    outbox.put(body)
+                    next(acks)
+            else:
+                put = channel.unary_unary("/bench.Relay/Put")
             for seq in range(total):
                 if seq == WARMUP_CALLS:
                     cpu_s, threads = process_cpu_s(server.pid), thread_cpu_s(server.pid)
@@ -292,14 +389,15 @@ def relay_floor(calls: int) -> tuple[list[float], ServerCpu]:
                 if seq >= WARMUP_CALLS:
                     sent_at[seq] = t0
                 time.sleep(PACE_S)
-            cpu = ServerCpu("relay", (process_cpu_s(server.pid) - cpu_s) / calls * 1e6,
+            cpu = ServerCpu(what, (process_cpu_s(server.pid) - cpu_s) / calls * 1e6,
                             cpu_by_role(threads, thread_cpu_s(server.pid), calls))  # fmt: skip
+            outbox.put(None)  # ends the put stream
         received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
         consumer.join(timeout=10)
     finally:
         server.kill()
         server.wait()
-    return arrivals(sent_at, received, "the relay"), cpu
+    return arrivals(sent_at, received, f"the {what}"), cpu
 
 
 def arrivals(sent_at: dict[int, float], received: dict[int, float], what: str) -> list[float]:
@@ -433,7 +531,8 @@ def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
     tcp_floor = tcp_round_trip_floor(calls, PACE_S)
     tcp_floor_b2b = tcp_round_trip_floor(calls, 0)
     wake_floor = thread_wakeup_floor(calls)
-    relay, relay_cpu = relay_floor(calls)
+    relays = {what: relay_floor(calls, what) for what in RELAYS}
+    relay = relays["relay"][0]
     puts, dispatches = store_hops(calls)
     sends, end_to_end, sends_b2b, broker_cpu = broker_hops(calls)
     send_p50 = float(np.percentile(sends, 50))
@@ -452,18 +551,18 @@ def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
         hop_of("delivery: answer to the held pull", "sluice", delivery),
         hop_of("delivery: answer to the held pull", "relay", [e - grpc_p50 for e in relay]),
         hop_of("end to end", "sluice", end_to_end),
-        hop_of("end to end", "relay", relay),
+        *(hop_of("end to end", what, arrived) for what, (arrived, _) in relays.items()),
     ]
-    return hops, [broker_cpu, relay_cpu]
+    return hops, [broker_cpu, *(cpu for _, cpu in relays.values())]
 
 
 def print_hops(hops: list[Hop], cpu: list[ServerCpu]) -> None:
-    print(f"{'hop':<36} {'what':<7} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'hop':<36} {'what':<13} {'p50 ms':>8} {'p99 ms':>8}")
     for h in hops:
-        print(f"{h.hop:<36} {h.what:<7} {h.p50_ms:8.3f} {h.p99_ms:8.3f}")
+        print(f"{h.hop:<36} {h.what:<13} {h.p50_ms:8.3f} {h.p99_ms:8.3f}")
     for c in cpu:
         roles = ", ".join(f"{role} {us:.0f}" for role, us in c.by_thread.items())
-        print(f"{'server CPU a paced message':<36} {c.what:<7} {c.us_per_msg:8.0f} us  ({roles})")
+        print(f"{'server CPU a paced message':<36} {c.what:<13} {c.us_per_msg:8.0f} us  ({roles})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
 
-    python -m bench.peers [--systems sluice,redis,nats,relay] [--scale 1.0] [--rounds 1] [--latency-rates 5000,250]
-                          [--no-charts]
+    python -m bench.peers [--systems sluice,redis,nats,relay,relay-streams] [--scale 1.0] [--rounds 1]
+                          [--latency-rates 5000,250] [--no-charts]
 
 Same machine, loopback, same message count and size, each system through its standard Python client:
 
@@ -16,7 +16,9 @@ Same machine, loopback, same message count and size, each system through its sta
   whole queue (the wait after the produce is recorded as ``index_wait_s``).
 - **The relay** (latency rows only): ``bench.hops``'s bare grpcio relay, a ``Put`` that wakes a held ``Get``, sent to
   and read from exactly as the brokers are. It stores and checks nothing: its rows are what any broker reached
-  through Python gRPC pays at least on this machine, rate by rate.
+  through Python gRPC with a call a message pays at least on this machine, rate by rate. **relay-streams**: the
+  same relay with the puts on one bidirectional stream and the bodies pushed on one server stream (``bench.hops``
+  says more): what a protocol built on streams could reach.
 
 Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, an uncounted warm-up run, and
 flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms).
@@ -49,6 +51,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import re
 import shutil
 import socket
@@ -64,7 +67,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bench.hops import GRPC_SERVER as RELAY_SERVER
-from bench.hops import Hop, ServerCpu, print_hops, relay_receive
+from bench.hops import Hop, ServerCpu, print_hops, relay_receive, relay_stream_receive
 from bench.hops import measure as measure_hops
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -712,10 +715,11 @@ class GrpcRelay:
     """The floor of the latency rows: ``bench.hops``'s bare grpcio relay (a ``Put`` appends the body to a list and
     wakes a held ``Get``, which answers at once), measured exactly as the brokers are (same pacing, same consumer
     process, same clock). No store, no checks, no encoding: the least any broker reached through Python gRPC pays
-    on this machine, at each rate."""
+    on this machine, at each rate, with a call a message."""
 
     name = "relay"
     batches = False
+    streams = False
 
     def __init__(self) -> None:
         self.workdir = Path()
@@ -734,19 +738,29 @@ class GrpcRelay:
         import grpc
 
         self.run += 1  # a relay of its own per run: its Get counts bodies from the first
-        server = Server([sys.executable, "-c", RELAY_SERVER], self.workdir / f"relay-{self.run}.log")
+        server = Server([sys.executable, "-c", RELAY_SERVER], self.workdir / f"{self.name}-{self.run}.log")
         try:
             server.wait_for(lambda: server.log_text().strip().isdigit(), "grpcio relay")
             port = int(server.log_text())
-            consumer = LatencyConsumer(relay_latency_consumer, port, size_b, count)
+            reader = relay_stream_latency_consumer if self.streams else relay_latency_consumer
+            consumer = LatencyConsumer(reader, port, size_b, count)
             sent_at: dict[int, float] = {}
+            outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                put = channel.unary_unary("/bench.Relay/Put")
+                if self.streams:  # one bidirectional stream, each put answered on it before the next
+                    acks = channel.stream_stream("/bench.Relay/PutStream")(iter(outbox.get, None))
+
+                    def put(body: bytes) -> None:
+                        outbox.put(body)
+                        next(acks)
+                else:
+                    put = channel.unary_unary("/bench.Relay/Put")
                 t0 = time.monotonic()
                 for seq, due in paced(rate_per_s, count):
                     sent_at[seq] = due
                     put(stamp(seq, size_b))
                 send_wall_s = time.monotonic() - t0
+                outbox.put(None)
             return latency_of(sent_at, consumer.received(), rate_per_s, size_b, send_wall_s)
         finally:
             server.stop()
@@ -755,14 +769,30 @@ class GrpcRelay:
         pass
 
 
+class GrpcStreamRelay(GrpcRelay):
+    """The relay with streams instead of a call a message (``bench.hops``' ``relay-streams``): the sender's puts on
+    one bidirectional stream, the bodies pushed to the consumer on one server stream. What a broker protocol built
+    on streams could reach through Python gRPC; Sluice's protocol is a call a message."""
+
+    name = "relay-streams"
+    streams = True
+
+
 def relay_latency_consumer(
     port: int, size_b: int, *, ready: Callable[[], None], more: Callable[[int], bool]
 ) -> dict[int, float]:
     return relay_receive(port, size_b, ready, more, time.monotonic)
 
 
+def relay_stream_latency_consumer(
+    port: int, size_b: int, *, ready: Callable[[], None], more: Callable[[int], bool]
+) -> dict[int, float]:
+    return relay_stream_receive(port, size_b, ready, more, time.monotonic)
+
+
 SYSTEMS: dict[str, Callable[[], System]] = {
     "sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream, "relay": GrpcRelay,
+    "relay-streams": GrpcStreamRelay,
 }  # fmt: skip
 
 
@@ -1039,8 +1069,8 @@ def write_charts(results: list[SystemResult], out_dir: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--systems", default="sluice,redis,nats,relay",
-        help="comma list of sluice, redis, nats, relay (the bare grpcio relay: latency rows only)",
+        "--systems", default="sluice,redis,nats,relay,relay-streams",
+        help="comma list of sluice, redis, nats, relay, relay-streams (bare grpcio relays: latency rows only)",
     )  # fmt: skip
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
