@@ -349,6 +349,21 @@ RELAYS = {  # what -> (server script, whether puts and gets are streams)
 }
 
 
+def relay_sender(channel: Any, streams: bool) -> tuple[Callable[[bytes], object], Callable[[], None]]:
+    """The relay's put on ``channel`` (a grpc.Channel) and what ends the puts: a call each, or on one bidirectional
+    stream, each put answered on it before the next returns."""
+    if not streams:
+        return channel.unary_unary("/bench.Relay/Put"), lambda: None
+    outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    acks = channel.stream_stream("/bench.Relay/PutStream")(iter(outbox.get, None))
+
+    def put(body: bytes) -> None:
+        outbox.put(body)
+        next(acks)
+
+    return put, lambda: outbox.put(None)
+
+
 def relay_floor(calls: int, what: str = "relay") -> tuple[list[float], ServerCpu]:
     """Paced puts to a bare relay (RELAYS), each from its start to its arrival in a consumer process; and the
     relay process's CPU a message over them. Unary: each put a call, each body fetched by a held get. Streams: the
@@ -370,16 +385,8 @@ def relay_floor(calls: int, what: str = "relay") -> tuple[list[float], ServerCpu
             consumer.kill()
             raise RuntimeError("the relay's consumer process did not start")
         sent_at: dict[int, float] = {}
-        outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            if streams:
-                acks = channel.stream_stream("/bench.Relay/PutStream")(iter(outbox.get, None))
-
-                def put(body: bytes) -> None:
-                    outbox.put(body)
-                    next(acks)
-            else:
-                put = channel.unary_unary("/bench.Relay/Put")
+            put, end = relay_sender(channel, streams)
             for seq in range(total):
                 if seq == WARMUP_CALLS:
                     cpu_s, threads = process_cpu_s(server.pid), thread_cpu_s(server.pid)
@@ -391,7 +398,7 @@ def relay_floor(calls: int, what: str = "relay") -> tuple[list[float], ServerCpu
                 time.sleep(PACE_S)
             cpu = ServerCpu(what, (process_cpu_s(server.pid) - cpu_s) / calls * 1e6,
                             cpu_by_role(threads, thread_cpu_s(server.pid), calls))  # fmt: skip
-            outbox.put(None)  # ends the put stream
+            end()
         received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
         consumer.join(timeout=10)
     finally:

@@ -51,7 +51,6 @@ import json
 import multiprocessing
 import os
 import platform
-import queue
 import re
 import shutil
 import socket
@@ -67,7 +66,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bench.hops import GRPC_SERVER as RELAY_SERVER
-from bench.hops import Hop, ServerCpu, print_hops, relay_receive, relay_stream_receive
+from bench.hops import Hop, ServerCpu, print_hops, relay_receive, relay_sender, relay_stream_receive
 from bench.hops import measure as measure_hops
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -745,22 +744,14 @@ class GrpcRelay:
             reader = relay_stream_latency_consumer if self.streams else relay_latency_consumer
             consumer = LatencyConsumer(reader, port, size_b, count)
             sent_at: dict[int, float] = {}
-            outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                if self.streams:  # one bidirectional stream, each put answered on it before the next
-                    acks = channel.stream_stream("/bench.Relay/PutStream")(iter(outbox.get, None))
-
-                    def put(body: bytes) -> None:
-                        outbox.put(body)
-                        next(acks)
-                else:
-                    put = channel.unary_unary("/bench.Relay/Put")
+                put, end = relay_sender(channel, self.streams)
                 t0 = time.monotonic()
                 for seq, due in paced(rate_per_s, count):
                     sent_at[seq] = due
                     put(stamp(seq, size_b))
                 send_wall_s = time.monotonic() - t0
-                outbox.put(None)
+                end()
             return latency_of(sent_at, consumer.received(), rate_per_s, size_b, send_wall_s)
         finally:
             server.stop()
@@ -982,7 +973,7 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
     for r in results:
         for lat in r.latency:
             print(
-                f"  {r.name:<8} {lat.rate_per_s:>5}/s  p50 {lat.p50_ms:8.2f} ms   p99 {lat.p99_ms:8.2f} ms"
+                f"  {r.name:<13} {lat.rate_per_s:>5}/s  p50 {lat.p50_ms:8.2f} ms   p99 {lat.p99_ms:8.2f} ms"
                 f"   max {lat.max_ms:8.2f} ms   (sent {lat.sent} at {lat.achieved_rate_per_s:,.0f}/s)"
             )
     print()

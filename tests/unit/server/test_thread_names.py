@@ -38,7 +38,7 @@ def test_cpu_by_role_sums_a_roles_threads_and_counts_new_threads_from_zero() -> 
 
 
 def test_sluice_broker_names_its_threads(tmp_path: Path) -> None:
-    """A broker process after a send and a pull: its dispatcher, gRPC's server loop and a worker carry their names,
+    """A broker process after a send: its dispatcher, gRPC's server loop and a worker carry their names,
     and bench.hops reads their CPU by those names."""
     broker = BrokerProcess(tmp_path / "store").start()
     try:
