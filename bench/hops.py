@@ -282,6 +282,12 @@ def thread_wakeup_floor(calls: int) -> list[float]:
     return samples
 
 
+def _record(received: dict[int, float], reply: bytes, body_b: int, now: float) -> None:
+    """Each body of a relay's reply arrived at ``now``, by the sequence number in its first 8 bytes."""
+    for at in range(0, len(reply), body_b):
+        received[int.from_bytes(reply[at : at + 8], "big")] = now
+
+
 def relay_receive(
     port: int, body_b: int, ready: Callable[[], None], more: Callable[[int], bool], clock: Callable[[], float]
 ) -> dict[int, float]:
@@ -298,18 +304,9 @@ def relay_receive(
         offset = 0
         while more(len(received)):
             reply = get(offset.to_bytes(8, "big"))  # held by the relay until a body past offset is there
-            now = clock()
-            for at in range(0, len(reply), body_b):
-                received[int.from_bytes(reply[at : at + 8], "big")] = now
+            _record(received, reply, body_b, clock())
             offset += len(reply) // body_b
     return received
-
-
-def relay_consumer(port: int, count: int, ready: Any, results: Any) -> None:
-    """In its own process: held gets from the relay until ``count`` bodies came; their arrival times."""
-    deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
-    results.put(relay_receive(port, BODY_B, ready.set, lambda n: n < count and time.monotonic() < deadline,
-                              time.perf_counter))  # fmt: skip
 
 
 def relay_stream_receive(
@@ -327,19 +324,19 @@ def relay_stream_receive(
         try:
             while more(len(received)):
                 reply = next(stream)
-                now = clock()
-                for at in range(0, len(reply), body_b):
-                    received[int.from_bytes(reply[at : at + 8], "big")] = now
+                _record(received, reply, body_b, clock())
         finally:
             stream.cancel()
     return received
 
 
-def relay_stream_consumer(port: int, count: int, ready: Any, results: Any) -> None:
-    """In its own process: the relay's server stream until ``count`` bodies came; their arrival times."""
+def relay_consumer(port: int, streams: bool, count: int, ready: Any, results: Any) -> None:
+    """In its own process: the relay's bodies (held gets, or its server stream) until ``count`` came; their arrival
+    times."""
     deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
-    results.put(relay_stream_receive(port, BODY_B, ready.set, lambda n: n < count and time.monotonic() < deadline,
-                                     time.perf_counter))  # fmt: skip
+    receive = relay_stream_receive if streams else relay_receive
+    results.put(receive(port, BODY_B, ready.set, lambda n: n < count and time.monotonic() < deadline,
+                        time.perf_counter))  # fmt: skip
 
 
 RELAYS = {  # what -> (server script, whether puts and gets are streams)
@@ -375,36 +372,59 @@ def relay_floor(calls: int, what: str = "relay") -> tuple[list[float], ServerCpu
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
-        total = calls + WARMUP_CALLS
-        ctx = multiprocessing.get_context("spawn")
-        ready, results = ctx.Event(), ctx.Queue()
-        reader = relay_stream_consumer if streams else relay_consumer
-        consumer = ctx.Process(target=reader, args=(port, total, ready, results))
-        consumer.start()
-        if not ready.wait(START_TIMEOUT_S):
-            consumer.kill()
-            raise RuntimeError("the relay's consumer process did not start")
-        sent_at: dict[int, float] = {}
+        consumer, results = start_consumer(relay_consumer, port, streams, calls + WARMUP_CALLS)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             put, end = relay_sender(channel, streams)
-            for seq in range(total):
-                if seq == WARMUP_CALLS:
-                    cpu_s, threads = process_cpu_s(server.pid), thread_cpu_s(server.pid)
-                body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
-                t0 = time.perf_counter()
-                put(body)
-                if seq >= WARMUP_CALLS:
-                    sent_at[seq] = t0
-                time.sleep(PACE_S)
-            cpu = ServerCpu(what, (process_cpu_s(server.pid) - cpu_s) / calls * 1e6,
-                            cpu_by_role(threads, thread_cpu_s(server.pid), calls))  # fmt: skip
+            sent_at, _, cpu = paced_sends(put, calls, server.pid, what)
             end()
-        received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
-        consumer.join(timeout=10)
+        received = collect(consumer, results, calls + WARMUP_CALLS)
     finally:
         server.kill()
         server.wait()
     return arrivals(sent_at, received, f"the {what}"), cpu
+
+
+def start_consumer(target: Callable[..., None], *args: Any) -> tuple[Any, Any]:
+    """``target(*args, ready, results)`` in a spawned process (no GIL or gRPC state shared with the sender), once
+    it says it is connected; the process and its results queue."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, results = ctx.Event(), ctx.Queue()
+    consumer = ctx.Process(target=target, args=(*args, ready, results))
+    consumer.start()
+    if not ready.wait(START_TIMEOUT_S):
+        consumer.kill()
+        raise RuntimeError(f"the consumer process ({target.__name__}) did not start")
+    return consumer, results
+
+
+def collect(consumer: Any, results: Any, total: int) -> dict[int, float]:
+    """A consumer process's arrival times, once it has them all (or gave up)."""
+    received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
+    consumer.join(timeout=10)
+    return received
+
+
+def paced_sends(
+    send: Callable[[bytes], object], calls: int, server_pid: int, what: str
+) -> tuple[dict[int, float], list[float], ServerCpu]:
+    """WARMUP_CALLS, then ``calls`` sends of numbered BODY_B bodies, PACE_S apart: each counted send's start (by its
+    number) and round trip, and the server process's CPU a message over the counted ones."""
+    sent_at: dict[int, float] = {}
+    round_trips = []
+    for seq in range(calls + WARMUP_CALLS):
+        if seq == WARMUP_CALLS:
+            cpu_s, threads = process_cpu_s(server_pid), thread_cpu_s(server_pid)
+        body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
+        t0 = time.perf_counter()
+        send(body)
+        t1 = time.perf_counter()
+        if seq >= WARMUP_CALLS:
+            sent_at[seq] = t0
+            round_trips.append(t1 - t0)
+        time.sleep(PACE_S)
+    cpu = ServerCpu(what, (process_cpu_s(server_pid) - cpu_s) / calls * 1e6,
+                    cpu_by_role(threads, thread_cpu_s(server_pid), calls))  # fmt: skip
+    return sent_at, round_trips, cpu
 
 
 def arrivals(sent_at: dict[int, float], received: dict[int, float], what: str) -> list[float]:
@@ -497,32 +517,13 @@ def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], Serv
         try:
             with Admin(broker.endpoint) as admin:
                 admin.create_topic(TOPIC, queues=1)
-            ctx = multiprocessing.get_context("spawn")
-            ready, results = ctx.Event(), ctx.Queue()
-            total = calls + WARMUP_CALLS
-            consumer = ctx.Process(target=held_pull_consumer, args=(broker.endpoint, total, ready, results))
-            consumer.start()
-            if not ready.wait(START_TIMEOUT_S):
-                consumer.kill()
-                raise RuntimeError("the consumer process did not start")
-            sent_at: dict[int, float] = {}
-            sends = []
+            consumer, results = start_consumer(held_pull_consumer, broker.endpoint, calls + WARMUP_CALLS)
             with Producer(broker.endpoint) as producer:
-                for seq in range(total):
-                    if seq == WARMUP_CALLS:
-                        cpu_s, threads = process_cpu_s(broker.proc.pid), thread_cpu_s(broker.proc.pid)
-                    body = seq.to_bytes(8, "big") + bytes(BODY_B - 8)
-                    t0 = time.perf_counter()
-                    producer.send(Message(TOPIC, body), queue_id=0)
-                    t1 = time.perf_counter()
-                    if seq >= WARMUP_CALLS:
-                        sent_at[seq] = t0
-                        sends.append(t1 - t0)
-                    time.sleep(PACE_S)
-                cpu = ServerCpu("sluice", (process_cpu_s(broker.proc.pid) - cpu_s) / calls * 1e6,
-                                cpu_by_role(threads, thread_cpu_s(broker.proc.pid), calls))  # fmt: skip
-                received: dict[int, float] = results.get(timeout=START_TIMEOUT_S + total * PACE_S * 4)
-                consumer.join(timeout=10)
+                assert broker.proc is not None
+                sent_at, sends, cpu = paced_sends(
+                    lambda body: producer.send(Message(TOPIC, body), queue_id=0), calls, broker.proc.pid, "sluice"
+                )
+                received = collect(consumer, results, calls + WARMUP_CALLS)
                 back_to_back = timed_calls(lambda: producer.send(Message(TOPIC, bytes(BODY_B)), queue_id=0), calls, 0)
         finally:
             broker.stop()

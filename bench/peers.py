@@ -741,8 +741,7 @@ class GrpcRelay:
         try:
             server.wait_for(lambda: server.log_text().strip().isdigit(), "grpcio relay")
             port = int(server.log_text())
-            reader = relay_stream_latency_consumer if self.streams else relay_latency_consumer
-            consumer = LatencyConsumer(reader, port, size_b, count)
+            consumer = LatencyConsumer(relay_latency_consumer, port, size_b, self.streams, count)
             sent_at: dict[int, float] = {}
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 put, end = relay_sender(channel, self.streams)
@@ -770,15 +769,10 @@ class GrpcStreamRelay(GrpcRelay):
 
 
 def relay_latency_consumer(
-    port: int, size_b: int, *, ready: Callable[[], None], more: Callable[[int], bool]
+    port: int, size_b: int, streams: bool, *, ready: Callable[[], None], more: Callable[[int], bool]
 ) -> dict[int, float]:
-    return relay_receive(port, size_b, ready, more, time.monotonic)
-
-
-def relay_stream_latency_consumer(
-    port: int, size_b: int, *, ready: Callable[[], None], more: Callable[[int], bool]
-) -> dict[int, float]:
-    return relay_stream_receive(port, size_b, ready, more, time.monotonic)
+    receive = relay_stream_receive if streams else relay_receive
+    return receive(port, size_b, ready, more, time.monotonic)
 
 
 SYSTEMS: dict[str, Callable[[], System]] = {
