@@ -551,8 +551,11 @@ class Producer:
                     self.router.refresh(topic)  # the group's master may have changed: ask the name servers again
                 target = connect()
                 where = f"broker {target.endpoint}"
-                response = target.call(getattr(target.stub, method), request,
-                                       timeout_s=max(0.05, min(self.attempt_timeout_s, remaining)))  # fmt: skip
+                timeout_s = max(0.05, min(self.attempt_timeout_s, remaining))
+                if method == "SendMessage":
+                    response = target.send_message(request, timeout_s)
+                else:
+                    response = target.call(getattr(target.stub, method), request, timeout_s=timeout_s)
             except BrokerUnreachableError as e:
                 if unknown is None and not e.request_sent:
                     raise  # never reached the broker: nothing stored, another broker may take it

@@ -268,6 +268,38 @@ class SendResponse(_message.Message):
 Global___SendResponse: _TypeAlias = SendResponse  # noqa: Y015
 
 @_typing.final
+class SendStreamAnswer(_message.Message):
+    """One answer of SendStream, for the request at the same place in the stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """else the response code of its refusal (broker.errors.ResponseCode), never 0"""
+    error: _builtins.str
+    """and what was wrong, as a refused call's status details say it"""
+    @_builtins.property
+    def response(self) -> Global___SendResponse:
+        """the message was taken: as SendMessage would have answered it"""
+
+    def __init__(
+        self,
+        *,
+        response: Global___SendResponse | None = ...,
+        code: _builtins.int = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error", b"error", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamAnswer: _TypeAlias = SendStreamAnswer  # noqa: Y015
+
+@_typing.final
 class PullRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

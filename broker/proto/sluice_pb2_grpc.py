@@ -44,6 +44,11 @@ class BrokerStub:
                 request_serializer=broker_dot_proto_dot_sluice__pb2.SendBatchRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_sluice__pb2.SendResponse.FromString,
                 _registered_method=True)
+        self.SendStream = channel.stream_stream(
+                '/sluice.v1.Broker/SendStream',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.SendMessageRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.SendStreamAnswer.FromString,
+                _registered_method=True)
         self.PullMessage = channel.unary_unary(
                 '/sluice.v1.Broker/PullMessage',
                 request_serializer=broker_dot_proto_dot_sluice__pb2.PullRequest.SerializeToString,
@@ -238,6 +243,16 @@ class BrokerServicer:
 
     def SendBatch(self, request, context):
         """Many client-encoded entries in one buffer; validated whole, written with one copy, all or nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendStream(self, request_iterator, context):
+        """SendMessage on one long-lived stream: each request is served as a SendMessage call (the same checks, rights and
+        replication waits) and answered in order, one answer each; a refused message is an answer, the stream goes on.
+        The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
+        streams (SYSTEM_BUSY: send with SendMessage instead).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -496,6 +511,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.SendBatchRequest.FromString,
                     response_serializer=broker_dot_proto_dot_sluice__pb2.SendResponse.SerializeToString,
             ),
+            'SendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendStream,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.SendMessageRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.SendStreamAnswer.SerializeToString,
+            ),
             'PullMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.PullMessage,
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.PullRequest.FromString,
@@ -731,6 +751,33 @@ class Broker:
             '/sluice.v1.Broker/SendBatch',
             broker_dot_proto_dot_sluice__pb2.SendBatchRequest.SerializeToString,
             broker_dot_proto_dot_sluice__pb2.SendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.Broker/SendStream',
+            broker_dot_proto_dot_sluice__pb2.SendMessageRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.SendStreamAnswer.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,12 @@ class BrokerStub:
     """One message, fields given separately. The broker chooses the queue when queue_id < 0."""
     SendBatch: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.SendBatchRequest, _sluice_pb2.SendResponse]
     """Many client-encoded entries in one buffer; validated whole, written with one copy, all or nothing."""
+    SendStream: _grpc.StreamStreamMultiCallable[_sluice_pb2.SendMessageRequest, _sluice_pb2.SendStreamAnswer]
+    """SendMessage on one long-lived stream: each request is served as a SendMessage call (the same checks, rights and
+    replication waits) and answered in order, one answer each; a refused message is an answer, the stream goes on.
+    The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
+    streams (SYSTEM_BUSY: send with SendMessage instead).
+    """
     PullMessage: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.PullRequest, _sluice_pb2.PullResponse]
     """Raw entries from one queue; held (long polling) when nothing is there yet and suspend_timeout_ms > 0."""
     QueryConsumerOffset: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.QueryConsumerOffsetRequest, _sluice_pb2.QueryConsumerOffsetResponse]
@@ -119,6 +125,12 @@ class BrokerAsyncStub(BrokerStub):
     """One message, fields given separately. The broker chooses the queue when queue_id < 0."""
     SendBatch: _aio.UnaryUnaryMultiCallable[_sluice_pb2.SendBatchRequest, _sluice_pb2.SendResponse]  # type: ignore[assignment]
     """Many client-encoded entries in one buffer; validated whole, written with one copy, all or nothing."""
+    SendStream: _aio.StreamStreamMultiCallable[_sluice_pb2.SendMessageRequest, _sluice_pb2.SendStreamAnswer]  # type: ignore[assignment]
+    """SendMessage on one long-lived stream: each request is served as a SendMessage call (the same checks, rights and
+    replication waits) and answered in order, one answer each; a refused message is an answer, the stream goes on.
+    The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
+    streams (SYSTEM_BUSY: send with SendMessage instead).
+    """
     PullMessage: _aio.UnaryUnaryMultiCallable[_sluice_pb2.PullRequest, _sluice_pb2.PullResponse]  # type: ignore[assignment]
     """Raw entries from one queue; held (long polling) when nothing is there yet and suspend_timeout_ms > 0."""
     QueryConsumerOffset: _aio.UnaryUnaryMultiCallable[_sluice_pb2.QueryConsumerOffsetRequest, _sluice_pb2.QueryConsumerOffsetResponse]  # type: ignore[assignment]
@@ -201,6 +213,18 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sluice_pb2.SendResponse, _abc.Awaitable[_sluice_pb2.SendResponse]]:
         """Many client-encoded entries in one buffer; validated whole, written with one copy, all or nothing."""
+
+    @_abc_1.abstractmethod
+    def SendStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sluice_pb2.SendMessageRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sluice_pb2.SendStreamAnswer], _abc.AsyncIterator[_sluice_pb2.SendStreamAnswer]]:
+        """SendMessage on one long-lived stream: each request is served as a SendMessage call (the same checks, rights and
+        replication waits) and answered in order, one answer each; a refused message is an answer, the stream goes on.
+        The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
+        streams (SYSTEM_BUSY: send with SendMessage instead).
+        """
 
     @_abc_1.abstractmethod
     def PullMessage(

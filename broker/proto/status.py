@@ -116,6 +116,11 @@ def error_from_rpc(e: grpc.RpcError) -> BrokerError:
                 request_sent=not (status is grpc.StatusCode.UNAVAILABLE and never_connected(details or "")),
             )
         return BrokerError(f"gRPC call failed ({status.name}): {details}")
+    return error_for(raw_code, details)
+
+
+def error_for(raw_code: str | int, details: str) -> BrokerError:
+    """The broker's error for a response code and what the broker said (a refused call's, a refused message's)."""
     try:
         code = ResponseCode(int(raw_code))
     except ValueError:

@@ -35,6 +35,7 @@ from broker.ha.metrics import register_replication_metrics
 from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
+from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.rmqv2 import wiring as rmqv2_wiring
 from broker.rmqv2.clients import ClientRegistry
@@ -65,6 +66,7 @@ from broker.server.request_guard import MalformedRequestGuard
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
+from broker.server.send_stream import SEND_MESSAGE_METHOD, SendStreams, through_interceptors
 from broker.server.service import BrokerService
 from broker.server.tls import add_port
 from broker.server.topic_config import TopicConfigManager
@@ -113,6 +115,7 @@ class BrokerController:
         self.check_hub = CheckHub(max_streams=max(1, max_held // 2))
         # RocketMQ 5 clients' Telemetry streams hold a worker each too, as do held pops: all count against max_held.
         self.rmqv2_clients = ClientRegistry(expire_ms=config.consumer_expire_ms, max_streams=max(1, max_held // 2))
+        self.send_streams = SendStreams(max_streams=max(1, max_held // 2))  # and SendStream's (send_stream.py)
         self.pops: PopService | None = None
         self.timers: TimerService | None = None
         self.hold = PullHoldService(
@@ -129,6 +132,7 @@ class BrokerController:
         self.groups: SubscriptionGroupManager | None = None
         self.locks = QueueLockManager()
         self.server: grpc.Server | None = None
+        self._interceptors: tuple[grpc.ServerInterceptor, ...] = ()  # the client port's, outermost first
         self.accounts: Accounts | None = None  # users and their access control entries (broker/auth)
         self.auth_gate: AuthGate | None = None  # with auth on
         self.metrics_server: MetricsServer | None = None
@@ -154,9 +158,9 @@ class BrokerController:
         self._last_runtime = (time.monotonic(), 0.0, 0.0)  # (when, put messages, get messages) at the last report
 
     def _held_elsewhere(self) -> int:
-        """Calls other than held pulls that hold a gRPC worker: check streams, Telemetry streams, held pops."""
+        """Calls other than held pulls that hold a gRPC worker: check, Telemetry and send streams, held pops."""
         pops = self.pops.held_count() if self.pops is not None else 0
-        return self.check_hub.open_count() + self.rmqv2_clients.open_count() + pops
+        return self.check_hub.open_count() + self.rmqv2_clients.open_count() + self.send_streams.open_count() + pops
 
     def _check_back(self, group: str, txn_id: str, half: StoredMessage) -> None:
         """A transaction's check-back: through a RocketMQ 5 producer's Telemetry stream when one publishes to the
@@ -200,6 +204,7 @@ class BrokerController:
             interceptors.append(self.auth_gate)
         if self.replication_settings is not None:
             interceptors.append(self.gate)
+        self._interceptors = tuple(interceptors)
         server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options,
                              interceptors=interceptors)  # fmt: skip
         try:
@@ -486,6 +491,14 @@ class BrokerController:
         service.accounts = AccountsAdmin(self.accounts, cfg.auth_enabled)
         if self.auth_gate is not None:
             self.auth_gate.lookup = BrokerLookup(store, self.transactions)
+        service.send_streams = self.send_streams
+        send_message = grpc.unary_unary_rpc_method_handler(
+            service.SendMessage, request_deserializer=pb.SendMessageRequest.FromString,
+            response_serializer=pb.SendResponse.SerializeToString,
+        )  # fmt: skip
+        gated = through_interceptors(self._interceptors, SEND_MESSAGE_METHOD, send_message).unary_unary
+        assert gated is not None
+        service.send_one = gated
         self.service = service
         pb_grpc.add_BrokerServicer_to_server(service, server)
         if cfg.rmqv2_enable:
@@ -522,6 +535,8 @@ class BrokerController:
         self.metrics.add_gauge("sluice_store_commit_log_bytes", "Bytes held in commit-log files", commit_log_bytes)
         self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
                                lambda: [((), float(self.hold.held_count()))])  # fmt: skip
+        self.metrics.add_gauge("sluice_send_streams", "Open SendStream calls (each holds a gRPC worker thread)",
+                               lambda: [((), float(self.send_streams.open_count()))])  # fmt: skip
 
         def transaction_held() -> list[tuple[Labels, float]]:
             held: dict[tuple[str, int], int] = {}
@@ -606,6 +621,7 @@ class BrokerController:
         self.hold.shutdown()
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
         self.rmqv2_clients.shutdown()  # and Telemetry streams
+        self.send_streams.stop()  # and send streams, each at its next gap between messages
         if self.pops is not None:
             self.pops.release_held()  # held receives answer now; acks are still served until the server stops
         if self.server is not None:

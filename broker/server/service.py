@@ -34,6 +34,7 @@ from broker.server.request_guard import refuse_if_malformed
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
 from broker.server.send_processor import SendOutcome, SendProcessor
+from broker.server.send_stream import SendOne, SendStreams
 from broker.server.topic_config import TopicConfig
 from broker.server.transaction_processor import TransactionProcessor
 from broker.store.message import Prop, validate_topic
@@ -149,6 +150,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.identity: tuple[str, str] = ("", "")  # (cluster, broker name) reported in TopicInfo
         self.pops: PopProcessor | None = None  # pop consumption (broker/semantics/pop.py)
         self.accounts: AccountsAdmin | None = None  # users and access control (broker/auth)
+        # How each message of a SendStream is served: SendMessage as the server's interceptors wrap it (set by the
+        # controller; send_stream.py), and the limit of open streams.
+        self.send_one: SendOne = self.SendMessage
+        self.send_streams = SendStreams(max_streams=1 << 30)
 
     def _dedup(
         self, key: SendKey | None, retry: bool, keys: Callable[[], list[str | None]]
@@ -183,6 +188,18 @@ class BrokerService(pb_grpc.BrokerServicer):
                 transactional=request.transactional, transaction_id=request.transaction_id,
             )  # fmt: skip
         return _send_response(outcome)
+
+    def SendStream(
+        self, requests: Iterator[pb.SendMessageRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.SendStreamAnswer]:
+        answers = self.send_streams.serve(requests, context, self.send_one)
+        try:
+            first = next(answers, None)
+        except BrokerError as e:  # refused when it opens (the limit, a stopping broker), as a unary call is
+            self._refuse("SendStream", e, context)
+        if first is not None:
+            yield first
+            yield from answers
 
     @_answer
     def SendBatch(self, request: pb.SendBatchRequest, context: grpc.ServicerContext) -> pb.SendResponse:

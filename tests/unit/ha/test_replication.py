@@ -165,6 +165,7 @@ def test_sync_master_acknowledges_once_its_in_sync_replicas_hold_the_message(tmp
                 r = p.send(Message("T", f"m{i}".encode()))
                 entry_end = int(r.msg_id[16:], 16) + 1
                 assert s.store.max_phys_offset() >= entry_end  # acknowledged: the slave holds it already
+            assert p.conn.send_stream.answers == 21  # the refusal and the sends: each an answer on one send stream
             s.replication.follower.stop()  # type: ignore[union-attr]  # the slave stops confirming
             with pytest.raises(SendOutcomeUnknownError):  # stored on the master, never confirmed: unknown
                 p.send(Message("T", b"unconfirmed"))
@@ -214,8 +215,10 @@ def test_a_slave_refuses_writes_and_keeps_no_offsets_of_its_own(tmp_path: Path) 
         with Producer(endpoint=m.address) as p:
             p.send(Message("T", b"x"), queue_id=0)
         wait_until(lambda: s.topics.get("T") is not None and caught_up(m, s), "the topic on the slave")
-        with Producer(endpoint=s.address, timeout_s=2) as p, pytest.raises(BrokerError, match="not its group's master"):
-            p.send(Message("T", b"x"))
+        with Producer(endpoint=s.address, timeout_s=2) as p:
+            with pytest.raises(BrokerError, match="not its group's master"):
+                p.send(Message("T", b"x"))
+            assert p.conn.send_stream.answers == 1  # refused on the send stream, message by message
         with Admin(s.address) as admin, pytest.raises(BrokerError, match="not its group's master"):
             admin.create_topic("NewTopic", 4)
         with PullConsumer(endpoint=s.address, group="G") as c:

@@ -530,3 +530,33 @@ def test_a_broker_without_auth_refuses_user_administration(broker_factory: Calla
     finally:
         conn.close()
     assert b.accounts is not None and b.accounts.user("planted") is None
+
+
+def test_a_send_stream_is_authenticated_once_and_each_message_authorized(
+    ep: str, pki: Pki, secured: BrokerController
+) -> None:
+    """Producer.send goes on a SendStream: its open is authenticated (the date-time window applies then), and each
+    message needs the rights a SendMessage call needs; a refused message does not end the stream."""
+    make_topic(ep, pki)
+    make_topic(ep, pki, "AuthOther")
+    create_alice(ep, pki, ("Topic:AuthT", "Pub", "Allow"))
+    gate = secured.auth_gate
+    assert gate is not None
+    with pytest.raises(AuthenticationError), Producer(ep, **tls(pki)) as anonymous:
+        anonymous.send(Message(TOPIC, b"anonymous"), queue_id=0)
+    with Producer(ep, **as_alice(pki)) as p:
+        p.send(Message(TOPIC, b"1"), queue_id=0)
+        with pytest.raises(NoPermissionError, match="AuthOther"):
+            p.send(Message("AuthOther", b"2"), queue_id=0)
+        p.send(Message(TOPIC, b"3"), queue_id=0)
+        assert p.conn.send_stream.answers == 3  # one stream, the refusal one of its answers
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=gate.settings.window_s + 60)
+        gate.clock = lambda: later  # the stream's signed date-time is now outside the window
+        p.send(Message(TOPIC, b"4"), queue_id=0)  # checked when the stream opened; its messages are not re-dated
+        assert p.conn.send_stream.answers == 4
+        with pytest.raises(AuthenticationError, match="window"), Producer(ep, **as_alice(pki)) as fresh:
+            fresh.send(Message(TOPIC, b"replayed"), queue_id=0)  # a new stream is checked against the window
+    gate.clock = lambda: dt.datetime.now(dt.UTC)
+    with PullConsumer(ep, "reader", **as_root(pki)) as c:
+        bodies = [m.body for q in range(2) for m in c.pull(TOPIC, q, 0, max_msgs=100).messages]
+    assert sorted(bodies) == [b"1", b"3", b"4"]

@@ -2,8 +2,9 @@
 acknowledged is lost and the store is consistent.
 
 Sends (`--flush sync` and `--flush async`: SIGKILL leaves the page cache, so an acknowledged send survives a process
-kill with either), topic creation and consumer-offset commits, topic deletion, subscription-group updates. Kill
-moments come from a seeded RNG; the seed is SLUICE_CRASH_SEED when set, else the clock, and is printed.
+kill with either; single sends on the producer's send stream, batches as SendBatch calls), topic creation and
+consumer-offset commits, topic deletion, subscription-group updates. Kill moments come from a seeded RNG; the seed
+is SLUICE_CRASH_SEED when set, else the clock, and is printed.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Acked:
     at: dict[tuple[int, int], bytes] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     interrupted: int = 0  # writers the kill stopped in the middle of their loop
+    streamed: int = 0  # single sends answered on a send stream (broker/client/send_stream.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, qid: int, offset: int, body: bytes) -> None:
@@ -71,20 +73,29 @@ def producer_loop(endpoint: str, name: str, queue_id: int, acked: Acked, stop: t
                   topic: str = "Crash") -> None:  # fmt: skip
     """Send single messages and batches until the broker dies; record where each SEND_OK message was stored."""
     with Producer(endpoint, timeout_s=5) as p:
-        i = 0
-        while not stop.is_set():
-            n = 1 if i % 3 == 0 else 5
-            batch = [Message(topic, f"{name}-{i + k}".encode()) for k in range(n)]
-            try:
-                results = p.send_batch(batch, queue_id=queue_id) if n > 1 else [p.send(batch[0], queue_id=queue_id)]
-            except BrokerError:
-                with acked.lock:
-                    acked.interrupted += 1
-                return
-            for m, r in zip(batch, results, strict=True):
-                if r.status is SendStatus.SEND_OK:
-                    acked.add(r.queue_id, r.queue_offset, m.body)
-            i += n
+        try:
+            _send_until_stopped(p, name, queue_id, acked, stop, topic)
+        finally:
+            with acked.lock:
+                acked.streamed += p.conn.send_stream.answers
+
+
+def _send_until_stopped(p: Producer, name: str, queue_id: int, acked: Acked, stop: threading.Event,
+                        topic: str) -> None:  # fmt: skip
+    i = 0
+    while not stop.is_set():
+        n = 1 if i % 3 == 0 else 5
+        batch = [Message(topic, f"{name}-{i + k}".encode()) for k in range(n)]
+        try:
+            results = p.send_batch(batch, queue_id=queue_id) if n > 1 else [p.send(batch[0], queue_id=queue_id)]
+        except BrokerError:
+            with acked.lock:
+                acked.interrupted += 1
+            return
+        for m, r in zip(batch, results, strict=True):
+            if r.status is SendStatus.SEND_OK:
+                acked.add(r.queue_id, r.queue_offset, m.body)
+        i += n
 
 
 def kill_while_running(broker: BrokerProcess, workers: list[threading.Thread], stop: threading.Event,
@@ -152,6 +163,7 @@ def test_sigkill_broker_loses_no_acknowledged_message(tmp_path: Path, flush: str
         assert len(acked.at) > before, f"cycle {cycle}: nothing was acknowledged before the kill"
         assert acked.interrupted > interrupted_before, f"cycle {cycle}: the kill interrupted no writer"
     assert not acked.problems, acked.problems
+    assert acked.streamed > 0, "no single send went on a send stream"
     with BrokerProcess(store, flush=flush, config=config) as broker:
         stored = read_all(broker.endpoint)  # asserts dense offsets from 0
         wrong = {
