@@ -19,8 +19,8 @@ most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a lo
 Nothing is cached across calls: a user's entries are read from ``Accounts`` on each call (dictionary lookups), so
 a revocation or a disabled user applies to the next request. The cost per call is one HMAC-SHA1 and a scan of the
 user's entries; measured in bench/security.py. A SendBatch's topics are checked where the batch is parsed
-(deferred.py). A SendStream is authenticated when it opens, and each of its messages is admitted as a SendMessage
-call is, its signature checked again but not its date-time (server/send_stream.py).
+(deferred.py). A SendStream or PullStream is authenticated when it opens, and each of its requests is admitted as
+its unary call is, its signature checked again but not its date-time (server/call_stream.py).
 
 A request that could not be parsed (request_guard.py) is authenticated and then passed to its handler, which
 refuses it as INVALID_ARGUMENT: its rights cannot be read from it, and it changes nothing.
@@ -59,10 +59,10 @@ from broker.auth.signature import (
 )
 from broker.errors import AuthenticationError, BrokerError, NoPermissionError
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
+from broker.server.call_stream import StreamCallContext
 from broker.server.handler_cache import WrappedHandlers
 from broker.server.metrics import Counter
 from broker.server.request_guard import MalformedRequest
-from broker.server.send_stream import MessageContext
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class AuthGate(grpc.ServerInterceptor):
             if user is None or not user.enabled:
                 raise AuthenticationError(f"access key {signed.access_key!r} is unknown or disabled")
             date_time = metadata.get(DATE_TIME_HEADER)
-            if not isinstance(context, MessageContext):  # a stream's messages: its window was checked at its open
+            if not isinstance(context, StreamCallContext):  # a stream's requests: its window was checked at its open
                 check_date_time(date_time, self.clock(), self.settings.window_s)
             if date_time is None:
                 raise AuthenticationError(f"the {DATE_TIME_HEADER} header is missing")

@@ -98,8 +98,9 @@ BROKER: dict[str, Requirement] = {
     "SendMessage": lambda r, _: _pubs([r.topic], r.producer_group, r.transactional),
     # Pub on each topic inside the batch: checked by the send processor (deferred.py); here the transaction's group
     "SendBatch": lambda r, _: _pubs((), r.producer_group, bool(r.transaction_id)),
-    # Authenticated when it opens; each message then needs what a SendMessage call does (server/send_stream.py).
+    # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
     "SendStream": _none,
+    "PullStream": _none,
     "PullMessage": lambda r, _: _consume(r.consumer_group, r.topic),
     "QueryConsumerOffset": lambda r, _: _consume(r.consumer_group, r.topic),
     "UpdateConsumerOffsets": lambda r, _: _consume(r.consumer_group, *(o.topic for o in r.offsets)),

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.address import DEFAULT_PORT, format_address, parse_endpoint
+from broker.client.call_stream import CallStream
 from broker.client.credentials import Credentials, signed_channel
-from broker.client.send_stream import SendStream
 from broker.client.tls import TlsSettings, explain, open_channel, resolve
-from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -86,7 +86,7 @@ class Connection:
             f"/{pb.DESCRIPTOR.services_by_name['Broker'].full_name}/SendBatch", request_serializer=serialize,
             response_deserializer=pb.SendResponse.FromString,
         )
-        self.send_stream = SendStream(self.stub.SendStream, lambda e: explain(e, self.target, self.tls))
+        self.send_stream = CallStream(self.stub.SendStream, self.explain)
 
     def _connect(self, targets: list[str]) -> tuple[str, grpc.Channel]:
         if len(targets) == 1:
@@ -110,11 +110,15 @@ class Connection:
             raise explain(error_from_rpc(e), self.target, self.tls) from None
 
     def send_message(self, request: pb.SendMessageRequest, timeout_s: float | None = None) -> pb.SendResponse:
-        """SendMessage, on the connection's send stream when it can take it (send_stream.py), else as a call."""
-        response = self.send_stream.send(request, timeout_s or self.timeout_s)
+        """SendMessage, on the connection's send stream when it can take it (call_stream.py), else as a call."""
+        response: pb.SendResponse | None = self.send_stream.call(request, timeout_s or self.timeout_s)
         if response is None:
             response = self.call(self.stub.SendMessage, request, timeout_s)
         return response
+
+    def explain(self, error: BrokerError) -> BrokerError:
+        """``error`` with what the TLS layer says of this connection when it failed there (tls.py)."""
+        return explain(error, self.target, self.tls)
 
     def close(self) -> None:
         self.send_stream.close()

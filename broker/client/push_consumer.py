@@ -64,6 +64,7 @@ from pathlib import Path
 
 import grpc
 
+from broker.client.call_stream import CallStream
 from broker.client.connection import Connection
 from broker.client.consumer_options import (
     BROADCASTING,
@@ -140,6 +141,9 @@ class _QueueWorker(threading.Thread):
         self.owner, self.key = owner, key
         self.dropped = threading.Event()
         self._call: grpc.Future | None = None
+        # The queue's pulls go on one PullStream (broker/client/call_stream.py) of the broker's connection; calls
+        # when the broker takes no stream.
+        self._stream: tuple[Connection, CallStream] | None = None
         self._lock = threading.Lock()
 
     def drop(self) -> None:
@@ -147,6 +151,8 @@ class _QueueWorker(threading.Thread):
         with self._lock:
             if self._call is not None:
                 self._call.cancel()
+            if self._stream is not None:
+                self._stream[1].cancel()  # a held pull on it ends now
 
     def run(self) -> None:
         try:
@@ -154,6 +160,9 @@ class _QueueWorker(threading.Thread):
         except Exception:  # a worker must never die silently: log, and the next rebalance restarts it
             log.exception("pull loop of %s died", self.key)
         finally:
+            with self._lock:
+                if self._stream is not None:
+                    self._stream[1].cancel()
             self.owner._worker_done(self)
 
     def _loop(self) -> None:
@@ -212,30 +221,54 @@ class _QueueWorker(threading.Thread):
             commit_offset=-1 if commit is None else commit, expression_type=o.expression_types.get(mq.topic, "TAG"),
         )  # fmt: skip
         conn = o.router.queue_connection(mq)  # the queue's broker, as the route names it now
-        with self._lock:
-            if self.dropped.is_set():
-                return None
-            call = conn.stub.PullMessage.future(request, timeout=o.long_poll_ms / 1000 + 10)
-            self._call = call
+        timeout_s = o.long_poll_ms / 1000 + 10
         try:
-            response = call.result()
-        except grpc.FutureCancelledError:
-            return None
-        except grpc.RpcError as e:
+            response = self._pull_on_stream(conn, request, timeout_s)
+            if response is None and not self.dropped.is_set():
+                response = self._pull_call(conn, request, timeout_s)
+        except BrokerError as error:
             if self.dropped.is_set():
                 return None
-            error = error_from_rpc(e)
             if commit is not None and isinstance(error, InvalidArgumentError):
                 # The broker refused the piggy-backed commit (say the queue was cut back after a crash): stop
                 # sending it; the pull itself will be corrected by OFFSET_ILLEGAL.
                 o.offsets.mark_committed(mq, commit)
-            raise error from None
-        finally:
-            with self._lock:
-                self._call = None
+            raise
+        if response is None:
+            return None  # dropped meanwhile
         if commit is not None:
             o.offsets.mark_committed(mq, commit)
         return response
+
+    def _pull_on_stream(self, conn: Connection, request: pb.PullRequest, timeout_s: float) -> pb.PullResponse | None:
+        """The pull on the queue's stream; None when dropped or when the broker takes no stream now."""
+        with self._lock:
+            if self.dropped.is_set():
+                return None
+            if self._stream is None or self._stream[0] is not conn:  # first, or the queue's broker changed
+                if self._stream is not None:
+                    self._stream[1].cancel()
+                self._stream = (conn, CallStream(conn.stub.PullStream, conn.explain))
+            stream = self._stream[1]
+        response: pb.PullResponse | None = stream.call(request, timeout_s)
+        return response
+
+    def _pull_call(self, conn: Connection, request: pb.PullRequest, timeout_s: float) -> pb.PullResponse | None:
+        with self._lock:
+            if self.dropped.is_set():
+                return None
+            call = conn.stub.PullMessage.future(request, timeout=timeout_s)
+            self._call = call
+        try:
+            response: pb.PullResponse = call.result()
+            return response
+        except grpc.FutureCancelledError:
+            return None
+        except grpc.RpcError as e:
+            raise conn.explain(error_from_rpc(e)) from None
+        finally:
+            with self._lock:
+                self._call = None
 
     def _consume(self, messages: list[ReceivedMessage]) -> bool:
         """Call the listener chunk by chunk; retry a failed chunk until it succeeds. False when dropped."""

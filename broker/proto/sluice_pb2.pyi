@@ -396,6 +396,37 @@ class PullResponse(_message.Message):
 Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
 
 @_typing.final
+class PullStreamAnswer(_message.Message):
+    """One answer of PullStream, for the request at the same place in the stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """else the response code of its refusal, never 0"""
+    error: _builtins.str
+    @_builtins.property
+    def response(self) -> Global___PullResponse:
+        """as PullMessage would have answered it"""
+
+    def __init__(
+        self,
+        *,
+        response: Global___PullResponse | None = ...,
+        code: _builtins.int = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error", b"error", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullStreamAnswer: _TypeAlias = PullStreamAnswer  # noqa: Y015
+
+@_typing.final
 class QueueOffset(_message.Message):
     """------------------------------------------------------------------------------------------------ offsets"""
 

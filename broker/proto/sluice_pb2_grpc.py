@@ -49,6 +49,11 @@ class BrokerStub:
                 request_serializer=broker_dot_proto_dot_sluice__pb2.SendMessageRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_sluice__pb2.SendStreamAnswer.FromString,
                 _registered_method=True)
+        self.PullStream = channel.stream_stream(
+                '/sluice.v1.Broker/PullStream',
+                request_serializer=broker_dot_proto_dot_sluice__pb2.PullRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_sluice__pb2.PullStreamAnswer.FromString,
+                _registered_method=True)
         self.PullMessage = channel.unary_unary(
                 '/sluice.v1.Broker/PullMessage',
                 request_serializer=broker_dot_proto_dot_sluice__pb2.PullRequest.SerializeToString,
@@ -253,6 +258,14 @@ class BrokerServicer:
         replication waits) and answered in order, one answer each; a refused message is an answer, the stream goes on.
         The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
         streams (SYSTEM_BUSY: send with SendMessage instead).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullStream(self, request_iterator, context):
+        """PullMessage on one long-lived stream, as SendStream is SendMessage's: each request served as a PullMessage call
+        (held the same way), answered in order; the stream's end ends a held pull.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -516,6 +529,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.SendMessageRequest.FromString,
                     response_serializer=broker_dot_proto_dot_sluice__pb2.SendStreamAnswer.SerializeToString,
             ),
+            'PullStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PullStream,
+                    request_deserializer=broker_dot_proto_dot_sluice__pb2.PullRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_sluice__pb2.PullStreamAnswer.SerializeToString,
+            ),
             'PullMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.PullMessage,
                     request_deserializer=broker_dot_proto_dot_sluice__pb2.PullRequest.FromString,
@@ -778,6 +796,33 @@ class Broker:
             '/sluice.v1.Broker/SendStream',
             broker_dot_proto_dot_sluice__pb2.SendMessageRequest.SerializeToString,
             broker_dot_proto_dot_sluice__pb2.SendStreamAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.Broker/PullStream',
+            broker_dot_proto_dot_sluice__pb2.PullRequest.SerializeToString,
+            broker_dot_proto_dot_sluice__pb2.PullStreamAnswer.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,6 +52,10 @@ class BrokerStub:
     The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
     streams (SYSTEM_BUSY: send with SendMessage instead).
     """
+    PullStream: _grpc.StreamStreamMultiCallable[_sluice_pb2.PullRequest, _sluice_pb2.PullStreamAnswer]
+    """PullMessage on one long-lived stream, as SendStream is SendMessage's: each request served as a PullMessage call
+    (held the same way), answered in order; the stream's end ends a held pull.
+    """
     PullMessage: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.PullRequest, _sluice_pb2.PullResponse]
     """Raw entries from one queue; held (long polling) when nothing is there yet and suspend_timeout_ms > 0."""
     QueryConsumerOffset: _grpc.UnaryUnaryMultiCallable[_sluice_pb2.QueryConsumerOffsetRequest, _sluice_pb2.QueryConsumerOffsetResponse]
@@ -130,6 +134,10 @@ class BrokerAsyncStub(BrokerStub):
     replication waits) and answered in order, one answer each; a refused message is an answer, the stream goes on.
     The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
     streams (SYSTEM_BUSY: send with SendMessage instead).
+    """
+    PullStream: _aio.StreamStreamMultiCallable[_sluice_pb2.PullRequest, _sluice_pb2.PullStreamAnswer]  # type: ignore[assignment]
+    """PullMessage on one long-lived stream, as SendStream is SendMessage's: each request served as a PullMessage call
+    (held the same way), answered in order; the stream's end ends a held pull.
     """
     PullMessage: _aio.UnaryUnaryMultiCallable[_sluice_pb2.PullRequest, _sluice_pb2.PullResponse]  # type: ignore[assignment]
     """Raw entries from one queue; held (long polling) when nothing is there yet and suspend_timeout_ms > 0."""
@@ -224,6 +232,16 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         replication waits) and answered in order, one answer each; a refused message is an answer, the stream goes on.
         The stream itself is refused (a gRPC status) only when it opens: no credentials, or the broker's limit of open
         streams (SYSTEM_BUSY: send with SendMessage instead).
+        """
+
+    @_abc_1.abstractmethod
+    def PullStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sluice_pb2.PullRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sluice_pb2.PullStreamAnswer], _abc.AsyncIterator[_sluice_pb2.PullStreamAnswer]]:
+        """PullMessage on one long-lived stream, as SendStream is SendMessage's: each request served as a PullMessage call
+        (held the same way), answered in order; the stream's end ends a held pull.
         """
 
     @_abc_1.abstractmethod

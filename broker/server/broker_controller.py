@@ -54,6 +54,7 @@ from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.auth_lookup import BrokerLookup
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
+from broker.server.call_stream import PULL_MESSAGE_METHOD, SEND_MESSAGE_METHOD, CallStreams, through_interceptors
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.coordinator_service import CoordinatorService, coordinator_asker
@@ -66,7 +67,6 @@ from broker.server.request_guard import MalformedRequestGuard
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
-from broker.server.send_stream import SEND_MESSAGE_METHOD, SendStreams, through_interceptors
 from broker.server.service import BrokerService
 from broker.server.tls import add_port
 from broker.server.topic_config import TopicConfigManager
@@ -115,7 +115,7 @@ class BrokerController:
         self.check_hub = CheckHub(max_streams=max(1, max_held // 2))
         # RocketMQ 5 clients' Telemetry streams hold a worker each too, as do held pops: all count against max_held.
         self.rmqv2_clients = ClientRegistry(expire_ms=config.consumer_expire_ms, max_streams=max(1, max_held // 2))
-        self.send_streams = SendStreams(max_streams=max(1, max_held // 2))  # and SendStream's (send_stream.py)
+        self.call_streams = CallStreams(max_streams=max(1, max_held // 2))  # SendStream's, PullStream's
         self.pops: PopService | None = None
         self.timers: TimerService | None = None
         self.hold = PullHoldService(
@@ -158,9 +158,11 @@ class BrokerController:
         self._last_runtime = (time.monotonic(), 0.0, 0.0)  # (when, put messages, get messages) at the last report
 
     def _held_elsewhere(self) -> int:
-        """Calls other than held pulls that hold a gRPC worker: check, Telemetry and send streams, held pops."""
+        """Calls other than held pulls that hold a gRPC worker: check and Telemetry streams, send and pull streams
+        between two requests (call_stream.py), held pops."""
         pops = self.pops.held_count() if self.pops is not None else 0
-        return self.check_hub.open_count() + self.rmqv2_clients.open_count() + self.send_streams.open_count() + pops
+        streams = self.call_streams.waiting_count()
+        return self.check_hub.open_count() + self.rmqv2_clients.open_count() + streams + pops
 
     def _check_back(self, group: str, txn_id: str, half: StoredMessage) -> None:
         """A transaction's check-back: through a RocketMQ 5 producer's Telemetry stream when one publishes to the
@@ -491,14 +493,16 @@ class BrokerController:
         service.accounts = AccountsAdmin(self.accounts, cfg.auth_enabled)
         if self.auth_gate is not None:
             self.auth_gate.lookup = BrokerLookup(store, self.transactions)
-        service.send_streams = self.send_streams
-        send_message = grpc.unary_unary_rpc_method_handler(
+        service.call_streams = self.call_streams
+        gates = self._interceptors
+        service.send_one = through_interceptors(gates, SEND_MESSAGE_METHOD, grpc.unary_unary_rpc_method_handler(
             service.SendMessage, request_deserializer=pb.SendMessageRequest.FromString,
             response_serializer=pb.SendResponse.SerializeToString,
-        )  # fmt: skip
-        gated = through_interceptors(self._interceptors, SEND_MESSAGE_METHOD, send_message).unary_unary
-        assert gated is not None
-        service.send_one = gated
+        ))  # fmt: skip
+        service.pull_one = through_interceptors(gates, PULL_MESSAGE_METHOD, grpc.unary_unary_rpc_method_handler(
+            service.PullMessage, request_deserializer=pb.PullRequest.FromString,
+            response_serializer=pb.PullResponse.SerializeToString,
+        ))  # fmt: skip
         self.service = service
         pb_grpc.add_BrokerServicer_to_server(service, server)
         if cfg.rmqv2_enable:
@@ -535,8 +539,8 @@ class BrokerController:
         self.metrics.add_gauge("sluice_store_commit_log_bytes", "Bytes held in commit-log files", commit_log_bytes)
         self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
                                lambda: [((), float(self.hold.held_count()))])  # fmt: skip
-        self.metrics.add_gauge("sluice_send_streams", "Open SendStream calls (each holds a gRPC worker thread)",
-                               lambda: [((), float(self.send_streams.open_count()))])  # fmt: skip
+        self.metrics.add_gauge("sluice_call_streams", "Open SendStream and PullStream calls (a worker thread each)",
+                               lambda: [((), float(self.call_streams.open_count()))])  # fmt: skip
 
         def transaction_held() -> list[tuple[Labels, float]]:
             held: dict[tuple[str, int], int] = {}
@@ -621,7 +625,7 @@ class BrokerController:
         self.hold.shutdown()
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
         self.rmqv2_clients.shutdown()  # and Telemetry streams
-        self.send_streams.stop()  # and send streams, each at its next gap between messages
+        self.call_streams.stop()  # and send and pull streams, each at its next gap between requests
         if self.pops is not None:
             self.pops.release_held()  # held receives answer now; acks are still served until the server stops
         if self.server is not None:

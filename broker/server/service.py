@@ -25,6 +25,7 @@ from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics import QueueLockManager
 from broker.semantics.system_topics import refuse_system_topic
 from broker.server.admin_processor import AdminProcessor, pack_entries
+from broker.server.call_stream import CallStreams, UnaryBehavior
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.metrics import BrokerMetrics
@@ -34,7 +35,6 @@ from broker.server.request_guard import refuse_if_malformed
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
 from broker.server.send_processor import SendOutcome, SendProcessor
-from broker.server.send_stream import SendOne, SendStreams
 from broker.server.topic_config import TopicConfig
 from broker.server.transaction_processor import TransactionProcessor
 from broker.store.message import Prop, validate_topic
@@ -150,10 +150,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.identity: tuple[str, str] = ("", "")  # (cluster, broker name) reported in TopicInfo
         self.pops: PopProcessor | None = None  # pop consumption (broker/semantics/pop.py)
         self.accounts: AccountsAdmin | None = None  # users and access control (broker/auth)
-        # How each message of a SendStream is served: SendMessage as the server's interceptors wrap it (set by the
-        # controller; send_stream.py), and the limit of open streams.
-        self.send_one: SendOne = self.SendMessage
-        self.send_streams = SendStreams(max_streams=1 << 30)
+        # How each request of a SendStream and a PullStream is served: SendMessage and PullMessage as the server's
+        # interceptors wrap them (set by the controller; call_stream.py), and the limit of open streams.
+        self.send_one: UnaryBehavior = self.SendMessage
+        self.pull_one: UnaryBehavior = self.PullMessage
+        self.call_streams = CallStreams(max_streams=1 << 30)
 
     def _dedup(
         self, key: SendKey | None, retry: bool, keys: Callable[[], list[str | None]]
@@ -192,11 +193,20 @@ class BrokerService(pb_grpc.BrokerServicer):
     def SendStream(
         self, requests: Iterator[pb.SendMessageRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.SendStreamAnswer]:
-        answers = self.send_streams.serve(requests, context, self.send_one)
+        return self._streamed("SendStream", self.call_streams.serve(requests, context, self.send_one,
+                                                                    pb.SendStreamAnswer), context)  # fmt: skip
+
+    def PullStream(
+        self, requests: Iterator[pb.PullRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.PullStreamAnswer]:
+        return self._streamed("PullStream", self.call_streams.serve(requests, context, self.pull_one,
+                                                                    pb.PullStreamAnswer), context)  # fmt: skip
+
+    def _streamed(self, method: str, answers: Iterator[R], context: grpc.ServicerContext) -> Iterator[R]:
         try:
             first = next(answers, None)
         except BrokerError as e:  # refused when it opens (the limit, a stopping broker), as a unary call is
-            self._refuse("SendStream", e, context)
+            self._refuse(method, e, context)
         if first is not None:
             yield first
             yield from answers

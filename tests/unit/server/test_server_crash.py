@@ -59,7 +59,7 @@ class Acked:
     at: dict[tuple[int, int], bytes] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     interrupted: int = 0  # writers the kill stopped in the middle of their loop
-    streamed: int = 0  # single sends answered on a send stream (broker/client/send_stream.py)
+    streamed: int = 0  # single sends answered on a send stream (broker/client/call_stream.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, qid: int, offset: int, body: bytes) -> None:

@@ -1,6 +1,8 @@
-"""SendStream on a running broker: each message answered as SendMessage would answer it, in order, refusals
-included, with the stream going on; the producer's use of it (and its fallbacks: a busy stream, the broker's limit,
-a broker without the method); a send whose answer is late retried under its UNIQ_KEY and stored once."""
+"""SendStream and PullStream on a running broker: each message answered as SendMessage would answer it, in order,
+refusals included, with the stream going on; the producer's use of it (and its fallbacks: a busy stream, the
+broker's limit, a broker without the method); a send whose answer is late retried under its UNIQ_KEY and stored
+once; idle streams closed, a stopping broker's ended; a push consumer's pulls on streams, its holds ended with
+them."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.client import Message, Producer, PullConsumer, PullStatus
-from broker.client import send_stream as client_stream
+from broker.client import FIRST, Admin, Message, Producer, PullConsumer, PullStatus, PushConsumer, ReceivedMessage
+from broker.client import call_stream as client_stream
 from broker.errors import BrokerUnreachableError, MessageIllegalError, ResponseCode
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -84,7 +86,7 @@ def test_each_message_is_answered_in_order_and_a_refusal_does_not_end_the_stream
 def test_producer_sends_on_one_stream_and_reads_back(broker: BrokerController, endpoint: str) -> None:
     with Producer(endpoint) as p:
         results = [p.send(Message(TOPIC, f"m{i}".encode()), queue_id=0) for i in range(50)]
-        assert broker.send_streams.open_count() == 1
+        assert broker.call_streams.open_count() == 1
         assert p.conn.send_stream.answers == 50
         with pytest.raises(MessageIllegalError):
             p.send(Message(TOPIC, b"x" * (broker.store.config.max_message_size + 1)), queue_id=0)
@@ -93,9 +95,9 @@ def test_producer_sends_on_one_stream_and_reads_back(broker: BrokerController, e
     assert [r.queue_offset for r in results] == list(range(50))
     assert stored_bodies(endpoint) == [f"m{i}".encode() for i in range(50)] + [b"after"]
     deadline = time.monotonic() + 10
-    while broker.send_streams.open_count() and time.monotonic() < deadline:  # the producer's close ends it
+    while broker.call_streams.open_count() and time.monotonic() < deadline:  # the producer's close ends it
         time.sleep(0.02)
-    assert broker.send_streams.open_count() == 0
+    assert broker.call_streams.open_count() == 0
 
 
 def test_concurrent_senders_on_one_producer_are_all_stored_once(endpoint: str) -> None:
@@ -123,12 +125,12 @@ def test_concurrent_senders_on_one_producer_are_all_stored_once(endpoint: str) -
 
 
 def test_broker_limit_refuses_a_stream_and_the_producer_sends_unary(broker: BrokerController, endpoint: str) -> None:
-    broker.send_streams.max_streams = 1
+    broker.call_streams.max_streams = 1
     with Producer(endpoint) as first, Producer(endpoint) as second:
         first.send(Message(TOPIC, b"a"), queue_id=0)
         assert second.send(Message(TOPIC, b"b"), queue_id=0).queue_offset == 1  # refused stream: sent as a call
         assert second.conn.send_stream.answers == 0
-        assert broker.send_streams.open_count() == 1
+        assert broker.call_streams.open_count() == 1
         assert broker.metrics.errors.value(labels=(("code", "SYSTEM_BUSY"),)) >= 1
     assert stored_bodies(endpoint) == [b"a", b"b"]
 
@@ -183,11 +185,11 @@ def test_idle_stream_is_closed_and_opened_again(monkeypatch: pytest.MonkeyPatch,
     with Producer(endpoint) as p:
         p.send(Message(TOPIC, b"1"), queue_id=0)
         deadline = time.monotonic() + 10
-        while broker.send_streams.open_count() and time.monotonic() < deadline:
+        while broker.call_streams.open_count() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert broker.send_streams.open_count() == 0  # the broker's worker thread is free again
+        assert broker.call_streams.open_count() == 0  # the broker's worker thread is free again
         p.send(Message(TOPIC, b"2"), queue_id=0)
-        assert p.conn.send_stream.answers == 2 and broker.send_streams.open_count() == 1
+        assert p.conn.send_stream.answers == 2 and broker.call_streams.open_count() == 1
     assert stored_bodies(endpoint) == [b"1", b"2"]
 
 
@@ -197,11 +199,53 @@ def test_a_stopping_broker_ends_idle_streams_at_once(broker_factory: Any) -> Non
     broker = broker_factory(shutdown_grace_s=30)
     with Producer(f"127.0.0.1:{broker.port}", timeout_s=3) as p:
         p.send(Message(TOPIC, b"before"), queue_id=0)
-        assert broker.send_streams.open_count() == 1
+        assert broker.call_streams.open_count() == 1
         started = time.monotonic()
         broker.shutdown()
         assert time.monotonic() - started < 10, "the stop waited for the idle send stream"
-        assert broker.send_streams.open_count() == 0
+        assert broker.call_streams.open_count() == 0
         with pytest.raises(BrokerUnreachableError) as refused:
             p.send(Message(TOPIC, b"after"), queue_id=0)
         assert refused.value.request_sent is False
+
+
+def test_a_push_consumer_pulls_each_queue_on_a_stream_and_its_drop_ends_the_hold(
+    broker: BrokerController, endpoint: str
+) -> None:
+    """Each queue's held pull goes on a PullStream; delivery goes on, and the consumer's shutdown ends the streams
+    and their held pulls at once (not when the hold would have timed out)."""
+    with Admin(endpoint) as admin:
+        admin.create_topic(TOPIC, 2)
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def listener(messages: list[ReceivedMessage]) -> bool:
+        with lock:
+            got.extend(m.body for m in messages)
+        return True
+
+    consumer = PushConsumer(endpoint, "pg", {TOPIC: "*"}, listener, consume_from=FIRST, long_poll_ms=30_000,
+                            heartbeat_interval_ms=100, rebalance_interval_ms=200).start()  # fmt: skip
+    try:
+        with Producer(endpoint) as p:
+            for i in range(20):
+                p.send(Message(TOPIC, f"p{i}".encode()), queue_id=i % 2)
+                time.sleep(0.005)  # each one reaches a held pull
+        deadline = time.monotonic() + 20
+        while len(got) < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(got) == sorted(f"p{i}".encode() for i in range(20))
+        pulled = len(consumer.assigned_message_queues(include_retry=True))  # the topic's 2, the group's retry queue
+        deadline = time.monotonic() + 10
+        while broker.call_streams.open_count() != pulled and time.monotonic() < deadline:
+            time.sleep(0.02)  # the producer's stream ends with its close
+        assert broker.call_streams.open_count() == pulled == 3  # one pull stream a queue
+        assert broker.hold.held_count() == pulled
+    finally:
+        started = time.monotonic()
+        consumer.shutdown()
+    deadline = time.monotonic() + 5
+    while (broker.hold.held_count() or broker.call_streams.open_count()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert broker.hold.held_count() == 0 and broker.call_streams.open_count() == 0
+    assert time.monotonic() - started < 10  # the 30 s holds ended with their streams
