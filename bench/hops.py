@@ -5,7 +5,8 @@
 A synchronous send and its delivery to a consumer waiting in a long poll, as ``bench.peers`` times it end to end,
 cut into the hops that can be measured apart (100 B bodies, one queue, p50 and p99 of ``--calls`` samples each):
 
-- **send**, client call to answer: ``Producer.send`` to a broker process. Floors: a bare grpcio unary call of
+- **send**, client call to answer: ``Producer.send`` to a broker process (on the producer's SendStream,
+  broker/client/call_stream.py). Floors: a bare grpcio unary call of
   100 B to a service in another process that answers at once, and under it a plain TCP round trip of 100 B between
   two Python processes (what a Redis client pays: a socket, no threads in between).
 - **store put**: ``MessageStore.put_message`` in this process (the store's own work; no floor).
@@ -13,8 +14,10 @@ cut into the hops that can be measured apart (100 B bodies, one queue, p50 and p
   the put, has written the consume-queue unit). Floor: a thread wake-up (an Event set in one thread until the
   waiting thread runs).
 - **delivery**, answer to the held pull: the end-to-end time minus the send's p50. Floor: the same for the relay
-  below (its end-to-end time minus the bare call's p50).
-- **end to end**: the send's start to a held ``pull`` returning the message in another process. Floor: a bare
+  below (its end-to-end time minus the bare call's p50). And to a PushConsumer: a second run of paced sends read
+  by a PushConsumer (its pulls held on a PullStream), the time taken in its listener.
+- **end to end**: the send's start to a held ``PullConsumer.pull`` call returning the message in another process
+  (**sluice**) or to the PushConsumer's listener (**sluice, push**: what ``bench.peers`` measures). Floor: a bare
   grpcio relay, the least a broker served by Python gRPC can do: a service in a third process whose unary ``Put``
   appends the body to a list and wakes its held unary ``Get``, which answers the waiting consumer at once (no
   store, no checks, no encoding). Two more shapes of it show what other ways of serving Python gRPC would give:
@@ -62,6 +65,7 @@ WARMUP_CALLS = 200  # connection set-up, first route, first file mapping: not co
 PACE_S = 0.002  # between end-to-end samples: a message at a time, none queued behind another
 START_TIMEOUT_S = 30.0
 TOPIC = "hops"
+PUSH_TOPIC = "hops-push"  # the PushConsumer's run: a topic of its own, read from its first message
 
 # A bare grpcio service in another process: Echo answers at once (a call's floor); Put appends the body to a list
 # and wakes the held Get, which answers with what came after the offset it asked from (the relay floor).
@@ -504,11 +508,45 @@ def held_pull_consumer(endpoint: str, count: int, ready: Any, results: Any) -> N
     results.put(received)
 
 
-def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], ServerCpu]:
-    """(send paced, end to end, send back to back, CPU a message) against a broker process: each paced send's round
-    trip, its start to the held pull's return in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux,
-    shared by processes), the round trips of sends one right after another, and the broker process's CPU a message
-    over the paced sends."""
+def push_listener_consumer(endpoint: str, count: int, ready: Any, results: Any) -> None:
+    """In its own process: a PushConsumer of PUSH_TOPIC until ``count`` messages reached its listener; the times
+    they did."""
+    from broker.client import FIRST, PushConsumer
+
+    received: dict[int, float] = {}
+    done = threading.Event()
+
+    def listener(messages: list[Any]) -> None:  # returns nothing: consumed
+        now = time.perf_counter()
+        for m in messages:
+            received[int.from_bytes(m.body[:8], "big")] = now
+        if len(received) >= count:
+            done.set()
+
+    with PushConsumer(endpoint, "hops-push", {PUSH_TOPIC: "*"}, listener, consume_from=FIRST) as consumer:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not consumer.assigned_message_queues() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # its first pull held
+        ready.set()
+        done.wait(START_TIMEOUT_S + count * PACE_S * 4)
+    results.put(dict(received))
+
+
+@dataclass
+class BrokerRuns:
+    sends: list[float]  # paced sends' round trips
+    end_to_end: list[float]  # their start to the held pull's return in the consumer process
+    back_to_back: list[float]  # sends one right after another
+    cpu: ServerCpu  # the broker process's, over the paced sends
+    push_end_to_end: list[float]  # paced sends' start to a PushConsumer's listener in the consumer process
+    push_cpu: ServerCpu
+
+
+def broker_hops(calls: int) -> BrokerRuns:
+    """Against a broker process, two paced runs: one read by held pulls (``PullConsumer.pull``), one by a
+    PushConsumer's listener, each in a consumer process (time.perf_counter is CLOCK_MONOTONIC on Linux, shared by
+    processes); and sends back to back."""
     from broker.client import Admin, Message, Producer
     from broker.server.process import BrokerProcess
 
@@ -517,17 +555,25 @@ def broker_hops(calls: int) -> tuple[list[float], list[float], list[float], Serv
         try:
             with Admin(broker.endpoint) as admin:
                 admin.create_topic(TOPIC, queues=1)
+                admin.create_topic(PUSH_TOPIC, queues=1)
+            assert broker.proc is not None
             consumer, results = start_consumer(held_pull_consumer, broker.endpoint, calls + WARMUP_CALLS)
             with Producer(broker.endpoint) as producer:
-                assert broker.proc is not None
                 sent_at, sends, cpu = paced_sends(
                     lambda body: producer.send(Message(TOPIC, body), queue_id=0), calls, broker.proc.pid, "sluice"
                 )
                 received = collect(consumer, results, calls + WARMUP_CALLS)
                 back_to_back = timed_calls(lambda: producer.send(Message(TOPIC, bytes(BODY_B)), queue_id=0), calls, 0)
+                consumer, results = start_consumer(push_listener_consumer, broker.endpoint, calls + WARMUP_CALLS)
+                push_sent_at, _, push_cpu = paced_sends(
+                    lambda body: producer.send(Message(PUSH_TOPIC, body), queue_id=0), calls, broker.proc.pid,
+                    "sluice, push",
+                )  # fmt: skip
+                push_received = collect(consumer, results, calls + WARMUP_CALLS)
         finally:
             broker.stop()
-    return sends, arrivals(sent_at, received, "the broker"), back_to_back, cpu
+    return BrokerRuns(sends, arrivals(sent_at, received, "the broker"), back_to_back, cpu,
+                      arrivals(push_sent_at, push_received, "the broker"), push_cpu)  # fmt: skip
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
@@ -542,7 +588,8 @@ def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
     relays = {what: relay_floor(calls, what) for what in RELAYS}
     relay = relays["relay"][0]
     puts, dispatches = store_hops(calls)
-    sends, end_to_end, sends_b2b, broker_cpu = broker_hops(calls)
+    runs = broker_hops(calls)
+    sends, end_to_end = runs.sends, runs.end_to_end
     send_p50 = float(np.percentile(sends, 50))
     delivery = [e - send_p50 for e in end_to_end]
     grpc_p50 = float(np.percentile(grpc_floor, 50))
@@ -550,7 +597,7 @@ def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
         hop_of("send, paced", "sluice", sends),
         hop_of("send, paced", "grpc", grpc_floor),
         hop_of("send, paced", "tcp", tcp_floor),
-        hop_of("send, back to back", "sluice", sends_b2b),
+        hop_of("send, back to back", "sluice", runs.back_to_back),
         hop_of("send, back to back", "grpc", grpc_floor_b2b),
         hop_of("send, back to back", "tcp", tcp_floor_b2b),
         hop_of("store put", "sluice", puts),
@@ -558,10 +605,12 @@ def measure(calls: int) -> tuple[list[Hop], list[ServerCpu]]:
         hop_of("dispatch: put to visible", "thread", wake_floor),
         hop_of("delivery: answer to the held pull", "sluice", delivery),
         hop_of("delivery: answer to the held pull", "relay", [e - grpc_p50 for e in relay]),
+        hop_of("delivery: to a PushConsumer", "sluice", [e - send_p50 for e in runs.push_end_to_end]),
         hop_of("end to end", "sluice", end_to_end),
+        hop_of("end to end", "sluice, push", runs.push_end_to_end),
         *(hop_of("end to end", what, arrived) for what, (arrived, _) in relays.items()),
     ]
-    return hops, [broker_cpu, *(cpu for _, cpu in relays.values())]
+    return hops, [runs.cpu, runs.push_cpu, *(cpu for _, cpu in relays.values())]
 
 
 def print_hops(hops: list[Hop], cpu: list[ServerCpu]) -> None:

@@ -26,7 +26,8 @@ flushes to disk asynchronously (Redis every second, NATS on its sync interval, S
 End-to-end latency, at a fixed 5k msgs/s (a broker's load, more than one sender may carry) and at 250 msgs/s (a
 rate every system's single sends sustain here, so the figures show the systems rather than queueing behind a
 saturated sender): the producer sends single messages with the synchronous API at a fixed rate; the consumer
-runs in its own process; latency = receive time - scheduled send time, so a sender that falls behind the rate
+runs in its own process (Sluice's a PushConsumer, the time taken in its listener); latency = receive time -
+scheduled send time, so a sender that falls behind the rate
 counts against its system (the achieved rate is reported beside; a sender that can't keep up stops after
 ``LATENCY_MAX_WALL_S``).
 
@@ -694,19 +695,24 @@ def nats_latency_consumer(
 def sluice_latency_consumer(
     endpoint: str, topic: str, *, ready: Callable[[], None], more: Callable[[int], bool]
 ) -> dict[int, float]:
-    from broker.client import PullConsumer
+    """A PushConsumer's listener, as an application receives messages (its pulls held on a PullStream)."""
+    from broker.client import FIRST, PushConsumer
 
     received_at: dict[int, float] = {}
-    with PullConsumer(endpoint, f"group-{topic}") as consumer:
-        consumer.pull(topic, 0, 0, max_msgs=1)  # connected and routed before the producer starts
+
+    def listener(messages: list[Any]) -> None:  # returns nothing: consumed
+        now = time.monotonic()
+        for m in messages:
+            received_at[seq_of(m.body)] = now
+
+    with PushConsumer(endpoint, f"group-{topic}", {topic: "*"}, listener, consume_from=FIRST) as consumer:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not consumer.assigned_message_queues() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # its first pull held
         ready()
-        offset = 0
         while more(len(received_at)):
-            result = consumer.pull(topic, 0, offset, max_msgs=100, timeout_ms=100, commit_offset=offset)
-            now = time.monotonic()
-            for m in result.messages:
-                received_at[seq_of(m.body)] = now
-            offset = result.next_begin_offset
+            time.sleep(0.01)
     return received_at
 
 

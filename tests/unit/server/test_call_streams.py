@@ -219,10 +219,9 @@ def test_a_push_consumer_pulls_each_queue_on_a_stream_and_its_drop_ends_the_hold
     got: list[bytes] = []
     lock = threading.Lock()
 
-    def listener(messages: list[ReceivedMessage]) -> bool:
+    def listener(messages: list[ReceivedMessage]) -> None:  # returns nothing: consumed
         with lock:
             got.extend(m.body for m in messages)
-        return True
 
     consumer = PushConsumer(endpoint, "pg", {TOPIC: "*"}, listener, consume_from=FIRST, long_poll_ms=30_000,
                             heartbeat_interval_ms=100, rebalance_interval_ms=200).start()  # fmt: skip
