@@ -78,7 +78,12 @@ class _StreamEnd:
             if self._registered:
                 return True
             self._registered = True
-        return bool(self._stream.add_callback(self._fire))
+        if self._stream.add_callback(self._fire):
+            return True
+        with self._lock:  # the stream had ended: so has every request of it from now on
+            self._ended = True
+            self._current = None
+        return False
 
     def served(self) -> None:
         with self._lock:
