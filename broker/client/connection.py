@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from grpc._interceptor import _Channel as grpc_interceptor_channel
 
 from broker.address import DEFAULT_PORT, format_address, parse_endpoint
 from broker.client.call_stream import CallStream
@@ -86,7 +87,7 @@ class Connection:
             f"/{pb.DESCRIPTOR.services_by_name['Broker'].full_name}/SendBatch", request_serializer=serialize,
             response_deserializer=pb.SendResponse.FromString,
         )
-        self.send_stream = CallStream(self.stub.SendStream, self.explain)
+        self.send_stream = CallStream(self.stub.SendStream, self.explain, self.connected)
 
     def _connect(self, targets: list[str]) -> tuple[str, grpc.Channel]:
         if len(targets) == 1:
@@ -115,6 +116,20 @@ class Connection:
         if response is None:
             response = self.call(self.stub.SendMessage, request, timeout_s)
         return response
+
+    def connected(self) -> bool:
+        """Whether gRPC core holds a live connection to the broker now. A stream opened on a connection that has
+        since closed (the broker killed) would take a request and fail it with an unknown outcome; core knows of the
+        close as soon as its own threads read it, before the stream's status reaches Python (call_stream.py). Read
+        through grpcio's channel internals: True (no check) where they are not as expected."""
+        channel: Any = self.channel
+        while isinstance(channel, grpc_interceptor_channel):  # the signing interceptor's wrapper (credentials.py)
+            channel = channel._channel
+        core = getattr(channel, "_channel", None)
+        check = getattr(core, "check_connectivity_state", None)
+        if check is None:
+            return True
+        return bool(check(False) == grpc.ChannelConnectivity.READY.value[0])
 
     def explain(self, error: BrokerError) -> BrokerError:
         """``error`` with what the TLS layer says of this connection when it failed there (tls.py)."""

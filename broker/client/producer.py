@@ -552,8 +552,8 @@ class Producer:
                 target = connect()
                 where = f"broker {target.endpoint}"
                 timeout_s = max(0.05, min(self.attempt_timeout_s, remaining))
-                if method == "SendMessage":
-                    response = target.send_message(request, timeout_s)
+                if method == "SendMessage" and not self.router.cluster_mode:  # one broker: on its stream
+                    response = target.send_message(request, timeout_s)  # (call_stream.py: why not in a cluster)
                 else:
                     response = target.call(getattr(target.stub, method), request, timeout_s=timeout_s)
             except BrokerUnreachableError as e:

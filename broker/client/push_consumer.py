@@ -248,7 +248,7 @@ class _QueueWorker(threading.Thread):
             if self._stream is None or self._stream[0] is not conn:  # first, or the queue's broker changed
                 if self._stream is not None:
                     self._stream[1].cancel()
-                self._stream = (conn, CallStream(conn.stub.PullStream, conn.explain))
+                self._stream = (conn, CallStream(conn.stub.PullStream, conn.explain, conn.connected))
             stream = self._stream[1]
         response: pb.PullResponse | None = stream.call(request, timeout_s)
         return response

@@ -248,3 +248,4 @@ def test_a_push_consumer_pulls_each_queue_on_a_stream_and_its_drop_ends_the_hold
         time.sleep(0.02)
     assert broker.hold.held_count() == 0 and broker.call_streams.open_count() == 0
     assert time.monotonic() - started < 10  # the 30 s holds ended with their streams
+
