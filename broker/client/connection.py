@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
-from grpc._interceptor import _Channel as grpc_interceptor_channel
 
 from broker.address import DEFAULT_PORT, format_address, parse_endpoint
 from broker.client.call_stream import CallStream
@@ -122,14 +121,13 @@ class Connection:
         since closed (the broker killed) would take a request and fail it with an unknown outcome; core knows of the
         close as soon as its own threads read it, before the stream's status reaches Python (call_stream.py). Read
         through grpcio's channel internals: True (no check) where they are not as expected."""
-        channel: Any = self.channel
-        while isinstance(channel, grpc_interceptor_channel):  # the signing interceptor's wrapper (credentials.py)
-            channel = channel._channel
-        core = getattr(channel, "_channel", None)
-        check = getattr(core, "check_connectivity_state", None)
-        if check is None:
-            return True
-        return bool(check(False) == grpc.ChannelConnectivity.READY.value[0])
+        core: Any = self.channel
+        for _ in range(3):  # the signing interceptor's wrapper (credentials.py), grpcio's channel, core's channel
+            check = getattr(core, "check_connectivity_state", None)
+            if check is not None:
+                return bool(check(False) == grpc.ChannelConnectivity.READY.value[0])
+            core = getattr(core, "_channel", None)
+        return True
 
     def explain(self, error: BrokerError) -> BrokerError:
         """``error`` with what the TLS layer says of this connection when it failed there (tls.py)."""
