@@ -68,6 +68,18 @@ def _channel(target: str, tls: TlsSettings | None, credentials: Credentials | No
     ), credentials)
 
 
+def _core_connectivity_check(channel: grpc.Channel) -> Callable[[bool], int] | None:
+    """gRPC core's ``check_connectivity_state`` of ``channel``, found once by attribute (grpcio's internals): under
+    the signing interceptor's wrapper (credentials.py) and grpcio's channel. None where it is not there."""
+    core: Any = channel
+    for _ in range(3):
+        check = getattr(core, "check_connectivity_state", None)
+        if check is not None:
+            return check
+        core = getattr(core, "_channel", None)
+    return None
+
+
 class Connection:
     def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0, tls: TlsSettings | None = None,
                  credentials: Credentials | None = None) -> None:  # fmt: skip
@@ -86,6 +98,7 @@ class Connection:
             f"/{pb.DESCRIPTOR.services_by_name['Broker'].full_name}/SendBatch", request_serializer=serialize,
             response_deserializer=pb.SendResponse.FromString,
         )
+        self._connectivity = _core_connectivity_check(self.channel)
         self.send_stream = CallStream(self.stub.SendStream, self.explain, self.connected)
 
     def _connect(self, targets: list[str]) -> tuple[str, grpc.Channel]:
@@ -107,7 +120,7 @@ class Connection:
         try:
             return method(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
-            raise explain(error_from_rpc(e), self.target, self.tls) from None
+            raise self.explain(error_from_rpc(e)) from None
 
     def send_message(self, request: pb.SendMessageRequest, timeout_s: float | None = None) -> pb.SendResponse:
         """SendMessage, on the connection's send stream when it can take it (call_stream.py), else as a call."""
@@ -121,13 +134,7 @@ class Connection:
         since closed (the broker killed) would take a request and fail it with an unknown outcome; core knows of the
         close as soon as its own threads read it, before the stream's status reaches Python (call_stream.py). Read
         through grpcio's channel internals: True (no check) where they are not as expected."""
-        core: Any = self.channel
-        for _ in range(3):  # the signing interceptor's wrapper (credentials.py), grpcio's channel, core's channel
-            check = getattr(core, "check_connectivity_state", None)
-            if check is not None:
-                return bool(check(False) == grpc.ChannelConnectivity.READY.value[0])
-            core = getattr(core, "_channel", None)
-        return True
+        return self._connectivity is None or self._connectivity(False) == grpc.ChannelConnectivity.READY.value[0]
 
     def explain(self, error: BrokerError) -> BrokerError:
         """``error`` with what the TLS layer says of this connection when it failed there (tls.py)."""

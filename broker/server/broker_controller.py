@@ -35,7 +35,6 @@ from broker.ha.metrics import register_replication_metrics
 from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
-from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.rmqv2 import wiring as rmqv2_wiring
 from broker.rmqv2.clients import ClientRegistry
@@ -494,15 +493,8 @@ class BrokerController:
         if self.auth_gate is not None:
             self.auth_gate.lookup = BrokerLookup(store, self.transactions)
         service.call_streams = self.call_streams
-        gates = self._interceptors
-        service.send_one = through_interceptors(gates, SEND_MESSAGE_METHOD, grpc.unary_unary_rpc_method_handler(
-            service.SendMessage, request_deserializer=pb.SendMessageRequest.FromString,
-            response_serializer=pb.SendResponse.SerializeToString,
-        ))  # fmt: skip
-        service.pull_one = through_interceptors(gates, PULL_MESSAGE_METHOD, grpc.unary_unary_rpc_method_handler(
-            service.PullMessage, request_deserializer=pb.PullRequest.FromString,
-            response_serializer=pb.PullResponse.SerializeToString,
-        ))  # fmt: skip
+        service.send_one = through_interceptors(self._interceptors, SEND_MESSAGE_METHOD, service.SendMessage)
+        service.pull_one = through_interceptors(self._interceptors, PULL_MESSAGE_METHOD, service.PullMessage)
         self.service = service
         pb_grpc.add_BrokerServicer_to_server(service, server)
         if cfg.rmqv2_enable:

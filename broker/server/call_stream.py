@@ -212,8 +212,10 @@ class _CallDetails(NamedTuple):
 
 
 def through_interceptors(interceptors: Sequence[grpc.ServerInterceptor], method: str,
-                         handler: grpc.RpcMethodHandler) -> UnaryBehavior:  # fmt: skip
-    """The unary ``handler`` of ``method`` as the server runs it behind ``interceptors`` (the first outermost)."""
+                         behavior: UnaryBehavior) -> UnaryBehavior:  # fmt: skip
+    """The unary ``behavior`` of ``method`` as the server runs it behind ``interceptors`` (the first outermost). Its
+    requests arrive parsed (a stream's own parser, guarded, made them), so the handler has no (de)serializers."""
+    handler = grpc.unary_unary_rpc_method_handler(behavior)
 
     def resolve(index: int, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         if index == len(interceptors):
@@ -222,5 +224,5 @@ def through_interceptors(interceptors: Sequence[grpc.ServerInterceptor], method:
 
     resolved = resolve(0, _CallDetails(method, ()))  # the two fields interceptors read
     assert resolved is not None and resolved.unary_unary is not None, f"no unary handler of {method}"
-    behavior: UnaryBehavior = resolved.unary_unary
-    return behavior
+    gated: UnaryBehavior = resolved.unary_unary
+    return gated
