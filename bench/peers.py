@@ -21,7 +21,9 @@ Same machine, loopback, same message count and size, each system through its sta
   says more): what a protocol built on streams could reach.
 
 Every system gets one stream / one queue, batches of ``BATCH_MSGS`` messages, an uncounted warm-up run, and
-flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms).
+flushes to disk asynchronously (Redis every second, NATS on its sync interval, Sluice every 500 ms). The clients
+all run in this process, which keeps large freed blocks for reuse (``broker.client.tune_malloc()``, as a producer
+that sends large batches is advised to): the same for every client; ``--default-malloc`` leaves glibc's defaults.
 
 End-to-end latency, at a fixed 5k msgs/s (a broker's load, more than one sender may carry) and at 250 msgs/s (a
 rate every system's single sends sustain here, so the figures show the systems rather than queueing behind a
@@ -1073,6 +1075,10 @@ def main(argv: list[str] | None = None) -> int:
         "--latency-rates", default=",".join(map(str, LATENCY_RATES_PER_S)),
         help="comma list of msgs/s for the latency runs (default %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--default-malloc", action="store_true",
+        help="leave this process's malloc at glibc's defaults (else broker.client.tune_malloc(), for every client)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "peers.json")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
@@ -1088,6 +1094,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")
 
+    from broker.client import tune_malloc
+
+    client_malloc = "glibc defaults" if args.default_malloc or not tune_malloc() else "tuned"
     load_at_start = os.getloadavg()[0]  # other work on the machine skews every figure: recorded with them
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
         workdir = Path(tmp)
@@ -1127,6 +1136,7 @@ def main(argv: list[str] | None = None) -> int:
             "latency_size_b": LATENCY_SIZE_B,
             "latency_duration_s": LATENCY_DURATION_S,
             "queues_or_streams": 1,
+            "client_malloc": client_malloc,
         },
         "systems": {r.name: r.to_json() for r in results},
         "limits": {k: round(v, 1) for k, v in limits.items()},

@@ -15,8 +15,8 @@ STOP_POLL_S = 1.0  # the main thread looks for a stop signal this often
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
+    from broker.allocator import tune_malloc
     from broker.config import BrokerConfig
-    from broker.server.allocator import tune_malloc
     from broker.server.broker_controller import BrokerController
     from broker.server.thread_names import ThreadNames
     from broker.server.thread_placement import start_placement

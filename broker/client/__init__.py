@@ -1,5 +1,6 @@
 """The Python client: producers, pull and push consumers, and admin operations over gRPC."""
 
+from broker.allocator import tune_malloc
 from broker.client.admin import Admin, GroupInfo
 from broker.client.admin_results import (
     BrokerInfo,
@@ -46,5 +47,5 @@ __all__ = [
     "encode_message", "LocalTransactionState", "SubscriptionGroup", "TransactionInfo", "TransactionProducer",
     "TransactionSendResult", "user_properties", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",
     "BrokerTopicInfo", "BrokerTransactionInfo", "ClusterInfo", "ClusterTopicInfo", "GroupLag", "QueueRange",
-    "TopicDescription",
+    "TopicDescription", "tune_malloc",
 ]  # fmt: skip

@@ -528,10 +528,9 @@ class Dispatcher:
         with_props = np.flatnonzero(run.props_lengths > 0)
         if not with_props.size:
             return tags, keyed
-        # Untagged, unkeyed messages with varied properties (the exactly-once sink's halves and commits): nothing
-        # to parse. A body holding one of the names only sends the run down the per-entry path below.
-        if not self._may_need_props(buf, int(run.positions[0]), int(run.positions[-1] + run.sizes[-1])):
-            return tags, keyed
+        # The two shapes of a batch (one properties string; a producer's shared prefix and UNIQ_KEYs) are told from
+        # the sections alone, before the census of the whole run below, which reads every body too (0.3 ms of a
+        # batch of 1,000 x 1 KiB, 2026-11-28) and would find the names a shape's sections hold anyway.
         starts = run.props_starts[with_props]
         lengths = run.props_lengths[with_props]
         same = _same_bytes(buf, starts, lengths)
@@ -548,6 +547,10 @@ class Dispatcher:
             if want_keys:
                 shared = message_keys(prefix)
                 keyed = [(i, [*shared, u]) for i, u in zip(with_props.tolist(), uniq_keys, strict=True)]
+            return tags, keyed
+        # Untagged, unkeyed messages with varied properties (the exactly-once sink's halves and commits): nothing
+        # to parse. A body holding one of the names only sends the run down the per-entry path below.
+        if not self._may_need_props(buf, int(run.positions[0]), int(run.positions[-1] + run.sizes[-1])):
             return tags, keyed
         # property_value and _tag_code inlined: this loop is the dispatcher's per-message cost for varied properties
         codes: list[int] = []

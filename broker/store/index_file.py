@@ -23,7 +23,7 @@ candidates and the store checks each candidate's real key.
 The dispatcher indexes a whole run of messages at once (``IndexService.put_many``): every message a producer
 sends carries a UNIQ_KEY, so a run of 1,000 messages is 1,000 entries. Entry by entry in Python that cost about
 10 us a message (the 31-polynomial hash over ~45 characters, four struct calls), on the broker thread that also
-answers sends. ``key_hashes`` runs the polynomial column by column over all keys of one length in numpy, and
+answers sends. ``key_hashes`` computes the polynomial of all keys of one length as one matrix product, and
 ``IndexFile.put_entries`` writes a run's entries, then its count, then its slots, so that a crash at any point
 leaves no slot pointing at an entry past the count (the entries written and not linked are indexed again by the
 re-dispatch that follows recovery, since the header's END PHY OFFSET moves last).
@@ -31,6 +31,7 @@ re-dispatch that follows recovery, since the header's END PHY OFFSET moves last)
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -115,8 +116,14 @@ assert ENTRY_DTYPE.itemsize == INDEX_ENTRY.size
 
 
 def key_hashes(keys: list[str]) -> np.ndarray:
-    """``key_hash`` of every key, as int64: ASCII keys of one length (UNIQ_KEYs of one topic are) by Horner's rule
-    over their columns in uint32, which wraps as Java's int does; others one at a time."""
+    """``key_hash`` of every key, as int64. ASCII keys of one length (the UNIQ_KEYs of one topic are) in one matrix
+    product: each key's bytes times the powers of 31 (mod 2**32) at their places, summed in uint64 and cut to 32
+    bits, which is Java's wrapping int arithmetic. Others one at a time."""
+    if len(keys) >= VECTOR_MIN_KEYS:
+        length = len(keys[0])
+        joined = "".join(keys)
+        if len(joined) == length * len(keys) and joined.isascii() and min(map(len, keys)) == length:
+            return _same_length_hashes(joined.encode("ascii"), len(keys), length)
     out = np.empty(len(keys), np.int64)
     by_length: dict[int, list[int]] = {}
     for i, key in enumerate(keys):
@@ -127,15 +134,29 @@ def key_hashes(keys: list[str]) -> np.ndarray:
     for length, where in by_length.items():
         if len(where) < VECTOR_MIN_KEYS:
             out[where] = [key_hash(keys[i]) for i in where]
-            continue
-        columns = np.frombuffer("".join([keys[i] for i in where]).encode("ascii"), np.uint8)
-        columns = columns.reshape(len(where), length).T.copy()
-        h = np.zeros(len(where), np.uint32)
-        for column in columns:
-            h = h * np.uint32(31) + column
-        signed = h.view(np.int32).astype(np.int64)
-        out[where] = np.where(signed == -(1 << 31), 0, np.abs(signed))
+        else:
+            out[where] = _same_length_hashes("".join([keys[i] for i in where]).encode("ascii"), len(where), length)
     return out
+
+
+def _same_length_hashes(joined: bytes, count: int, length: int) -> np.ndarray:
+    """``key_hash`` of ``count`` ASCII keys of ``length`` characters, back to back in ``joined``. A character is
+    below 2**7 and a power of 31 mod 2**32 below 2**32, so a product is below 2**39 and a key's sum fits uint64
+    up to 2**25 characters (keys are far shorter: they live in a message's properties)."""
+    if length == 0:
+        return np.zeros(count, np.int64)
+    chars = np.frombuffer(joined, np.uint8).reshape(count, length).astype(np.uint64)
+    h = (chars @ _powers_of_31(length)).astype(np.uint32).view(np.int32).astype(np.int64)
+    return np.where(h == -(1 << 31), 0, np.abs(h))
+
+
+@functools.lru_cache(maxsize=64)
+def _powers_of_31(length: int) -> np.ndarray:
+    """31**(length-1), ..., 31, 1 mod 2**32: the weight of each place of a key of ``length`` characters."""
+    powers = [1] * length
+    for i in range(length - 2, -1, -1):
+        powers[i] = powers[i + 1] * 31 & 0xFFFFFFFF
+    return np.array(powers, np.uint64)
 
 
 def file_size(slots: int, entries: int) -> int:
@@ -390,14 +411,9 @@ class IndexService:
         """Index messages given as (topic, keys, commit-log offset, store time), in commit-log order: the same
         files, byte for byte, as ``put`` of each in turn. Messages at or below ``indexed_until`` are skipped."""
         indexed_until = self.indexed_until
-        names: list[str] = []
-        owners: list[int] = []  # the message of each name
-        for m, (topic, keys, offset, _) in enumerate(messages):
-            if offset > indexed_until:
-                for key in keys:
-                    if key:
-                        names.append(index_key(topic, key))
-                        owners.append(m)
+        fresh = [m for m, message in enumerate(messages) if message[2] > indexed_until]
+        owners = [m for m in fresh for key in messages[m][1] if key]  # the message of each name
+        names = [index_key(messages[m][0], key) for m in fresh for key in messages[m][1] if key]
         if not names:
             return
         if len(names) == 1:  # a single send's UNIQ_KEY: no arrays (a dispatch pass of one message: 26 -> 20 us)

@@ -138,3 +138,13 @@ def test_the_hash_of_min_int_is_zero_in_both_paths() -> None:
     # "polygenelubricants".hashCode() is Integer.MIN_VALUE in Java
     assert java_string_hash("polygenelubricants") == -(1 << 31)
     assert key_hashes(["polygenelubricants"] * VECTOR_MIN_KEYS).tolist() == [0] * VECTOR_MIN_KEYS
+
+
+@settings(max_examples=100, deadline=None)
+@given(length=st.integers(0, 300), count=st.integers(VECTOR_MIN_KEYS, 80), data=st.data())
+def test_keys_of_one_length_hash_in_one_product_as_javas_string_hash(
+    length: int, count: int, data: st.DataObject
+) -> None:
+    ascii_text = st.text(alphabet=st.characters(max_codepoint=127), min_size=length, max_size=length)
+    keys = [data.draw(ascii_text) for _ in range(count)]
+    assert key_hashes(keys).tolist() == [key_hash(k) for k in keys]

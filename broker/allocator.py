@@ -1,13 +1,18 @@
-"""glibc malloc settings for the standalone broker process: keep large freed blocks for reuse.
+"""glibc malloc settings for a process that moves megabyte messages: keep large freed blocks for reuse.
 
-Why: each SendBatch of about 1 MiB allocates several buffers of about its size (gRPC's receive slices, the request
-bytes, the protobuf copy). By default glibc serves blocks that large with fresh ``mmap`` calls and hands freed heap
-tops back to the kernel, so every call touches brand-new pages. Measured with ``bench/server.py``-style 1 KiB
-SendBatch calls of 1000 messages: 0.49 page faults and 3.1 us of kernel time per message by default, 0.03 and
-1.65 us with these settings (broker CPU 9.2 -> 8.1 us per message).
+Why: each SendBatch of about 1 MiB allocates several buffers of about its size, on both ends (the client's request
+bytes and gRPC's copy of them; the broker's receive slices, the request bytes, the protobuf copy). By default glibc
+serves blocks that large with fresh ``mmap`` calls and hands freed heap tops back to the kernel, so every call
+touches brand-new pages, and on a virtual machine each first touch of a page is a fault the host handles too.
+Measured with ``bench/server.py``-style 1 KiB SendBatch calls of 1000 messages: 0.49 page faults and 3.1 us of
+kernel time per message in the broker by default, 0.03 and 1.65 us with these settings (broker CPU 9.2 -> 8.1 us
+per message). In the producer's process, 533 page faults a call by default and none with them: ``send_batch`` of
+1,000 messages of 1 KiB 117,000-119,000 msgs/s against 139,000-140,000 (2026-11-28, alternating runs).
 
-The cost: up to TRIM_THRESHOLD_BYTES of freed memory stays mapped in the broker. Only ``sluice broker`` calls
-this; an embedded broker (tests, the demo, a Spark driver) leaves its host process's allocator alone.
+The cost: up to TRIM_THRESHOLD_BYTES of freed memory stays mapped in the process. ``sluice broker`` applies them
+to its own process. A client leaves its host process's allocator alone unless the application asks: a producer
+process that sends large batches calls ``broker.client.tune_malloc()`` once (an embedded broker, a Spark driver or
+executor, a test process keep glibc's defaults).
 """
 
 from __future__ import annotations
