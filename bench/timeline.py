@@ -9,6 +9,7 @@ few of its methods to note ``time.monotonic_ns()`` (the system-wide CLOCK_MONOTO
 processes); the consumer's process wraps its stream's answer. The steps of a message at queue offset ``i``:
 
 =====================  ==========================================================================================
+behind schedule        the message's scheduled time -> ``Producer.send`` called (the send before it still running)
 client to handler      ``Producer.send`` called -> the broker's SendMessage handler starts (the client's stream,
                        gRPC on both sides, the hand-off to a server thread, the request's parsing and the gates)
 checks before put      handler start -> ``MessageStore.put_message`` called (request checks, dedup, topic checks)
@@ -19,7 +20,7 @@ dispatch pass          pass start -> the held pulls told of the message (consume
 held pull answers      told -> the held pull's handler returns with the message (wake, read, encode)
 answer to consumer     handler returned -> the consumer's stream hands the answer to its worker (gRPC both sides)
 to the listener        -> the listener is called (decoding, the PushConsumer's own steps)
-end to end             the scheduled send time -> the listener (what ``bench.peers`` reports)
+end to end             the scheduled send time -> the listener (what ``bench.peers`` reports): the sum of the above
 handler after put      beside the path: ``put_message`` returned -> the handler returns (the send's answer)
 send round trip        beside the path: ``Producer.send`` called -> returned
 =====================  ==========================================================================================
@@ -54,8 +55,8 @@ WARMUP_MSGS = 300  # connection set-up, first route, the consumer's first pulls:
 BODY_B = 100
 TOPIC = "timeline"
 STEPS = (
-    "client to handler", "checks before put", "store put", "put to pass", "dispatch pass", "held pull answers",
-    "answer to consumer", "to the listener", "end to end", "handler after put", "send round trip",
+    "behind schedule", "client to handler", "checks before put", "store put", "put to pass", "dispatch pass",
+    "held pull answers", "answer to consumer", "to the listener", "end to end", "handler after put", "send round trip",
 )  # fmt: skip
 
 Stamp = tuple[Any, ...]
@@ -196,9 +197,9 @@ def steps_of(sends: list[Send], stamps: list[Stamp], consumer: dict[str, Any]) -
             continue
         t_told = told[k][0]
         t_pass = passes[bisect.bisect_right(passes, t_told) - 1]
-        rows.append((h0 - called, p0 - h0, p1 - p0, t_pass - p1, t_told - t_pass, answered[offset] - t_told,
-                     arrived[offset] - answered[offset], heard[offset] - arrived[offset], heard[offset] - due,
-                     h1 - p1, returned - called))  # fmt: skip
+        rows.append((called - due, h0 - called, p0 - h0, p1 - p0, t_pass - p1, t_told - t_pass,
+                     answered[offset] - t_told, arrived[offset] - answered[offset], heard[offset] - arrived[offset],
+                     heard[offset] - due, h1 - p1, returned - called))  # fmt: skip
     table = np.array(rows, np.float64).reshape(len(rows), len(STEPS)) / 1000
     return {step: table[:, i] for i, step in enumerate(STEPS)}
 

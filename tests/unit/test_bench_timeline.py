@@ -32,9 +32,9 @@ def test_each_step_is_the_time_between_its_two_stamps() -> None:
     steps = steps_of(sends, stamps, consumer)
     got = {step: list(values) for step, values in steps.items()}
     assert got == {
-        "client to handler": [190.0], "checks before put": [30.0], "store put": [40.0], "put to pass": [50.0],
-        "dispatch pass": [25.0], "held pull answers": [55.0], "answer to consumer": [150.0], "to the listener": [10.0],
-        "end to end": [560.0], "handler after put": [20.0], "send round trip": [390.0],
+        "behind schedule": [10.0], "client to handler": [190.0], "checks before put": [30.0], "store put": [40.0],
+        "put to pass": [50.0], "dispatch pass": [25.0], "held pull answers": [55.0], "answer to consumer": [150.0],
+        "to the listener": [10.0], "end to end": [560.0], "handler after put": [20.0], "send round trip": [390.0],
     }  # fmt: skip
     assert list(got) == list(STEPS)
 
