@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_case(brokers, size, args.duration)
                 runs.setdefault(f"{brokers}_broker_{size}B", []).append(r["msgs_per_s"])
                 busy.setdefault(f"{brokers}_broker_{size}B", []).append(r["cpu_busy"])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for size in (100, 1024):
         one, two = runs[f"1_broker_{size}B"], runs[f"2_broker_{size}B"]
         ratio = (sum(two) / len(two)) / (sum(one) / len(one))
@@ -123,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                      "two_brokers_cpu_busy": busy[f"2_broker_{size}B"]})  # fmt: skip
     print(f"{'body':>6}  {'1 broker msgs/s':>26}  {'2 brokers msgs/s':>26}  ratio  machine CPU busy (1 / 2 brokers)")
     for row in rows:
-        one = ", ".join(f"{v:,.0f}" for v in row["one_broker_msgs_per_s"])
-        two = ", ".join(f"{v:,.0f}" for v in row["two_brokers_msgs_per_s"])
+        one_s = ", ".join(f"{v:,.0f}" for v in row["one_broker_msgs_per_s"])
+        two_s = ", ".join(f"{v:,.0f}" for v in row["two_brokers_msgs_per_s"])
         b1 = sum(row["one_broker_cpu_busy"]) / len(row["one_broker_cpu_busy"])
         b2 = sum(row["two_brokers_cpu_busy"]) / len(row["two_brokers_cpu_busy"])
-        print(f"{row['body_bytes']:>5}B  {one:>26}  {two:>26}  {row['ratio']:.2f}   {b1:.0%} / {b2:.0%}")
+        print(f"{row['body_bytes']:>5}B  {one_s:>26}  {two_s:>26}  {row['ratio']:.2f}   {b1:.0%} / {b2:.0%}")
     result = {
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {mp.cpu_count()} CPUs",
         "command": "python -m bench.cluster", "duration_s": args.duration, "clients": CLIENTS,

@@ -11,6 +11,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 SIZES = (100, 1024, 64 * 1024)
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     import crcmod.predefined
 
     crcmod_fn = crcmod.predefined.mkCrcFun("crc-32")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for size in SIZES:
         body = os.urandom(size)
         assert crcmod_fn(body) == zlib.crc32(body)  # the same CRC, so either could be used

@@ -508,6 +508,15 @@ def held_pull_consumer(endpoint: str, count: int, ready: Any, results: Any) -> N
     results.put(received)
 
 
+def wait_push_ready(consumer: Any, timeout_s: float) -> None:
+    """Until a PushConsumer owns its queue (or ``timeout_s``), then a moment for its first pull to be held, so that
+    the first message measured does not wait for the consumer's start."""
+    deadline = time.monotonic() + timeout_s
+    while not consumer.assigned_message_queues() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # its first pull held
+
+
 def push_listener_consumer(endpoint: str, count: int, ready: Any, results: Any) -> None:
     """In its own process: a PushConsumer of PUSH_TOPIC until ``count`` messages reached its listener; the times
     they did."""
@@ -524,10 +533,7 @@ def push_listener_consumer(endpoint: str, count: int, ready: Any, results: Any) 
             done.set()
 
     with PushConsumer(endpoint, "hops-push", {PUSH_TOPIC: "*"}, listener, consume_from=FIRST) as consumer:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not consumer.assigned_message_queues() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # its first pull held
+        wait_push_ready(consumer, START_TIMEOUT_S)
         ready.set()
         done.wait(START_TIMEOUT_S + count * PACE_S * 4)
     results.put(dict(received))

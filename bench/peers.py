@@ -69,7 +69,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bench.hops import GRPC_SERVER as RELAY_SERVER
-from bench.hops import Hop, ServerCpu, print_hops, relay_receive, relay_sender, relay_stream_receive
+from bench.hops import Hop, ServerCpu, print_hops, relay_receive, relay_sender, relay_stream_receive, wait_push_ready
 from bench.hops import measure as measure_hops
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -708,10 +708,7 @@ def sluice_latency_consumer(
             received_at[seq_of(m.body)] = now
 
     with PushConsumer(endpoint, f"group-{topic}", {topic: "*"}, listener, consume_from=FIRST) as consumer:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not consumer.assigned_message_queues() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # its first pull held
+        wait_push_ready(consumer, SERVER_START_TIMEOUT_S)
         ready()
         while more(len(received_at)):
             time.sleep(0.01)

@@ -271,7 +271,7 @@ def authorize_costs(gate: AuthGate, user: User, method: str, request: Any, msgs:
     entries, source = gate.accounts.entries(user.access_key), source_address(context.peer())
 
     def authorize() -> None:
-        gate.authorize(user, method, request, context)
+        gate.authorize(user, method, requirement, request, context)
         deferred.check_topics(topics)
 
     out = {

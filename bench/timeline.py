@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.hops import wait_push_ready
 from bench.peers import SERVER_START_TIMEOUT_S, Server, SluiceBroker, paced
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -121,10 +122,7 @@ def consume(endpoint: str, count: int, ready: Any, out: Any) -> None:
             heard[m.queue_offset] = t
 
     with PushConsumer(endpoint, "timeline", {TOPIC: "*"}, listener, consume_from=FIRST) as consumer:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not consumer.assigned_message_queues() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # its first pull held
+        wait_push_ready(consumer, SERVER_START_TIMEOUT_S)
         ready.set()
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S + count / 100
         while len(heard) < count and time.monotonic() < deadline:
