@@ -540,15 +540,17 @@ class SluiceBroker:
     batches = True
     ready_port = re.compile(r"\bready\b.*?:(\d+)|:(\d+).*\bready\b")  # "sluice broker ready on HOST:PORT ..."
 
-    def __init__(self) -> None:
+    def __init__(self, launcher: list[str] | None = None) -> None:
         self.server: Server | None = None
         self.endpoint = ""
+        # What runs `broker ...`: ``python -m broker``, or a wrapper that does more first (bench.timeline's)
+        self.launcher = launcher or [sys.executable, "-m", "broker"]
 
     def start(self, workdir: Path) -> str:
         from importlib.metadata import version
 
         store = workdir / "sluice"
-        args = [sys.executable, "-m", "broker", "broker", "--store", str(store), "--listen", "127.0.0.1:0"]
+        args = [*self.launcher, "broker", "--store", str(store), "--listen", "127.0.0.1:0"]
         self.server = Server(args, workdir / "sluice.log")
         self.server.wait_for(lambda: self._ready_port() is not None, "sluice broker")
         self.endpoint = f"127.0.0.1:{self._ready_port()}"

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -46,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.hops import wait_push_ready
-from bench.peers import SERVER_START_TIMEOUT_S, Server, SluiceBroker, paced
+from bench.hops import start_consumer, wait_push_ready
+from bench.peers import SERVER_START_TIMEOUT_S, SluiceBroker, paced
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RATES_PER_S = (1000, 250)
@@ -136,24 +135,15 @@ def run_rate(rate_per_s: int, count: int, workdir: Path) -> dict[str, np.ndarray
     from broker.client import Admin, Message, Producer
 
     stamps_path = workdir / f"stamps-{rate_per_s}.json"
-    argv = [sys.executable, "-m", "bench.timeline", "--serve", str(stamps_path), "--", "broker",
-            "--store", str(workdir / f"store-{rate_per_s}"), "--listen", "127.0.0.1:0"]  # fmt: skip
-    server = Server(argv, workdir / f"broker-{rate_per_s}.log")
+    (workdir / str(rate_per_s)).mkdir()
+    broker = SluiceBroker(launcher=[sys.executable, "-m", "bench.timeline", "--serve", str(stamps_path), "--"])
     try:
-        server.wait_for(lambda: SluiceBroker.ready_port.search(server.log_text()) is not None, "sluice broker")
-        match = SluiceBroker.ready_port.search(server.log_text())
-        assert match is not None
-        endpoint = f"127.0.0.1:{match.group(1) or match.group(2)}"
-        with Admin(endpoint) as admin:
+        broker.start(workdir / str(rate_per_s))
+        with Admin(broker.endpoint) as admin:
             admin.create_topic(TOPIC, queues=1)
-        ctx = multiprocessing.get_context("spawn")
-        ready, out = ctx.Event(), ctx.Queue()
-        proc = ctx.Process(target=consume, args=(endpoint, count, ready, out), daemon=True)
-        proc.start()
-        if not ready.wait(SERVER_START_TIMEOUT_S):
-            raise RuntimeError("the consumer did not subscribe")
+        proc, out = start_consumer(consume, broker.endpoint, count)
         sends: list[Send] = []
-        with Producer(endpoint) as producer:
+        with Producer(broker.endpoint) as producer:
             for _, due in paced(rate_per_s, count):
                 called = time.monotonic_ns()
                 result = producer.send(Message(TOPIC, b"x" * BODY_B), queue_id=0)
@@ -161,7 +151,7 @@ def run_rate(rate_per_s: int, count: int, workdir: Path) -> dict[str, np.ndarray
         consumer: dict[str, Any] = out.get(timeout=SERVER_START_TIMEOUT_S + count / 100)
         proc.join(timeout=10)
     finally:
-        server.stop()
+        broker.stop()
     return steps_of(sends, json.loads(stamps_path.read_text()), consumer)
 
 
