@@ -6,7 +6,8 @@ pull loop and calls the listener in queue order. The loop's pulls go on a PullSt
 (broker/proto/follow.py): one request, then an answer as messages come; offsets are then committed by the control
 thread every ``persist_interval_ms`` (a pull sent afresh still carries the queue's pending commit).
 CLUSTERING splits the queues over the group (client-side, AVERAGELY or CIRCLE) and keeps offsets on the broker;
-BROADCASTING gives every consumer every queue and keeps offsets on the client (in memory, or in a JSON file when ``offset_store_path`` is given).
+BROADCASTING gives every consumer every queue and keeps offsets on the client (in memory, or in a JSON file when
+``offset_store_path`` is given).
 
 The listener returns ``ConsumeStatus.CONSUME_SUCCESS`` (or None) or ``RECONSUME_LATER``. In CLUSTERING mode a
 failed message (RECONSUME_LATER, or the listener raised) is sent back to the broker (ConsumerSendMsgBack, unless
