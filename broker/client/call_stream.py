@@ -27,11 +27,6 @@ What a call on the stream raises is what the unary call would raise for the same
   ``request_sent``: the outcome is unknown (a producer retries under the same UNIQ_KEY on a new stream, and the
   broker stores it once; a consumer pulls again from the same offset).
 
-A PullStream may follow its queue (broker/proto/follow.py): given ``follow``, a stream whose last answer said
-``following`` sends nothing for the pull the broker serves next and reads its answer; a call for any other pull
-ends that stream and opens a new one (the broker reads no request while it follows). ``follows`` tells the caller
-beforehand, so that it leaves a commit it would have piggy-backed to its periodic commits.
-
 gRPC has no timeout for a stream's next message: a watchdog thread, one per open stream, cancels the call when an
 answer is overdue (it looks every ``WATCH_PERIOD_S``, so a call times out up to that much late) and closes the
 stream after ``IDLE_CLOSE_S`` unused, giving the broker back the worker thread it holds. ``cancel`` ends the stream
@@ -57,19 +52,14 @@ FALLBACK_S = 10.0  # how long a broker that refused a stream is given calls befo
 _END = object()  # ends the request iterator gRPC reads from
 
 OpenStream = Callable[[Iterator[Any]], Any]  # the stub's SendStream: requests in, a call yielding answers out
-Follow = Callable[[Any, Any], Any]  # (request served, its response) -> the request the broker serves next
-Continues = Callable[[Any, Any], bool]  # (request asked for, request the broker serves next) -> the same pull
 
 
 class CallStream:
     """One kind of unary call on a stream of one connection, opened when first needed (module docstring)."""
 
     def __init__(self, open_stream: OpenStream, explain: Callable[[BrokerError], BrokerError] = lambda e: e,
-                 connected: Callable[[], bool] = lambda: True,
-                 follow: tuple[Follow, Continues] | None = None) -> None:  # fmt: skip
+                 connected: Callable[[], bool] = lambda: True) -> None:  # fmt: skip
         self._open_stream = open_stream
-        self._follow = follow
-        self._followed: Any = None  # the request the broker serves next on the open stream, unasked; None: none
         self._explain = explain  # a connection's TLS diagnosis of a failed connect
         self._connected = connected  # the channel's connection is up (Connection.connected)
         self._lock = threading.Lock()  # held by the one call in flight
@@ -81,17 +71,11 @@ class CallStream:
         self._last_used = 0.0
         self._fallback_until = 0.0
         self._closed = False
-        self.answers = 0  # answers read from the stream (refusals included)
-        self.sent = 0  # requests written on it: fewer than answers while the broker follows a pull
+        self.answers = 0  # requests answered on the stream (refusals included)
 
     def falling_back(self) -> bool:
         """True while requests go as calls because the broker refused a stream (module docstring)."""
         return time.monotonic() < self._fallback_until
-
-    def follows(self, request: Any) -> bool:
-        """Whether the open stream follows ``request``: the next call for it sends nothing (module docstring)."""
-        followed = self._followed
-        return followed is not None and self._follow is not None and self._follow[1](request, followed)
 
     def call(self, request: Any, timeout_s: float) -> Any:
         """The broker's response; None when the stream cannot take the request now (make the unary call)."""
@@ -102,8 +86,6 @@ class CallStream:
                 return None
             if self._call is not None and (self._call.done() or not self._connected()):
                 self._drop()  # ended, or its connection closed, since the last call (the broker went away)
-            elif self._followed is not None and not self.follows(request):
-                self._drop()  # the broker follows another pull and reads no request meanwhile: a new stream
             with self._state:
                 if self._closed:
                     return None
@@ -140,12 +122,7 @@ class CallStream:
     def _exchange(self, request: Any, timeout_s: float) -> Any:
         assert self._requests is not None
         self._deadline = time.monotonic() + timeout_s
-        served = self._followed
-        if served is None:
-            self._requests.put(request)
-            self.sent += 1
-            served = request
-        self._followed = None  # until this answer says the broker goes on
+        self._requests.put(request)
         try:
             answer = next(self._call)
         except grpc.RpcError as e:
@@ -162,8 +139,6 @@ class CallStream:
         self.answers += 1
         if answer.code:
             raise error_for(answer.code, answer.error)
-        if self._follow is not None and getattr(answer, "following", False):
-            self._followed = self._follow[0](served, answer.response)
         return answer.response
 
     def _broken(self, e: grpc.RpcError, timeout_s: float) -> None:
@@ -193,7 +168,6 @@ class CallStream:
         )
 
     def _drop(self) -> None:
-        self._followed = None
         if self._requests is not None:
             self._requests.put(_END)
         if self._call is not None:

@@ -2,12 +2,9 @@
 
 Inside: a control thread sends heartbeats, rebalances (every ``rebalance_interval_ms``, and at once when a
 heartbeat shows the group changed) and commits offsets; one worker thread per assigned queue runs a long-polling
-pull loop and calls the listener in queue order. The loop's pulls go on a PullStream that the broker follows
-(broker/proto/follow.py): one request, then an answer as messages come; offsets are then committed by the control
-thread every ``persist_interval_ms`` (a pull sent afresh still carries the queue's pending commit).
-CLUSTERING splits the queues over the group (client-side, AVERAGELY or CIRCLE) and keeps offsets on the broker;
-BROADCASTING gives every consumer every queue and keeps offsets on the client (in memory, or in a JSON file when
-``offset_store_path`` is given).
+pull loop and calls the listener in queue order. CLUSTERING splits the queues over the group (client-side,
+AVERAGELY or CIRCLE) and keeps offsets on the broker; BROADCASTING gives every consumer every queue and keeps
+offsets on the client (in memory, or in a JSON file when ``offset_store_path`` is given).
 
 The listener returns ``ConsumeStatus.CONSUME_SUCCESS`` (or None) or ``RECONSUME_LATER``. In CLUSTERING mode a
 failed message (RECONSUME_LATER, or the listener raised) is sent back to the broker (ConsumerSendMsgBack, unless
@@ -90,7 +87,6 @@ from broker.client.router import Router
 from broker.client.tls import TlsSettings
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
-from broker.proto.follow import continues, followed_pull
 from broker.proto.status import error_from_rpc
 from broker.proto.subscription import parse_tags, tag_matches
 from broker.semantics.queue_lock import DEFAULT_LOCK_MAX_LIVE_MS
@@ -218,22 +214,16 @@ class _QueueWorker(threading.Thread):
 
     def _pull(self, offset: int) -> pb.PullResponse | None:
         o, mq = self.owner, self.key
+        commit = o.offsets.pending_commit(mq) if o.model is CLUSTERING else None
         request = pb.PullRequest(
             consumer_group=o.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
             max_msgs=o.pull_batch_size, suspend_timeout_ms=o.long_poll_ms, tag_expression=o.subscription[mq.topic],
-            expression_type=o.expression_types.get(mq.topic, "TAG"), follow=True,
+            commit_offset=-1 if commit is None else commit, expression_type=o.expression_types.get(mq.topic, "TAG"),
         )  # fmt: skip
         conn = o.router.queue_connection(mq)  # the queue's broker, as the route names it now
-        stream = self._queue_stream(conn)
-        if stream is None:
-            return None  # dropped
-        # A pull the stream follows is not sent, and neither would a commit on it be: the periodic commit takes it.
-        commit = o.offsets.pending_commit(mq) if o.model is CLUSTERING and not stream.follows(request) else None
-        if commit is not None:
-            request.commit_offset = commit
         timeout_s = o.long_poll_ms / 1000 + 10
         try:
-            response = self._pull_on_stream(stream, request, timeout_s)
+            response = self._pull_on_stream(conn, request, timeout_s)
             if response is None and not self.dropped.is_set():
                 response = self._pull_call(conn, request, timeout_s)
         except BrokerError as error:
@@ -250,22 +240,16 @@ class _QueueWorker(threading.Thread):
             o.offsets.mark_committed(mq, commit)
         return response
 
-    def _queue_stream(self, conn: Connection) -> CallStream | None:
-        """The queue's PullStream on ``conn``, following the queue (broker/proto/follow.py); None when dropped."""
+    def _pull_on_stream(self, conn: Connection, request: pb.PullRequest, timeout_s: float) -> pb.PullResponse | None:
+        """The pull on the queue's stream; None when dropped or when the broker takes no stream now."""
         with self._lock:
             if self.dropped.is_set():
                 return None
             if self._stream is None or self._stream[0] is not conn:  # first, or the queue's broker changed
                 if self._stream is not None:
                     self._stream[1].cancel()
-                self._stream = (conn, CallStream(conn.stub.PullStream, conn.explain, conn.connected,
-                                                 (followed_pull, continues)))  # fmt: skip
-            return self._stream[1]
-
-    def _pull_on_stream(self, stream: CallStream, request: pb.PullRequest, timeout_s: float) -> pb.PullResponse | None:
-        """The pull on the queue's stream; None when dropped or when the broker takes no stream now."""
-        if self.dropped.is_set():
-            return None
+                self._stream = (conn, CallStream(conn.stub.PullStream, conn.explain, conn.connected))
+            stream = self._stream[1]
         response: pb.PullResponse | None = stream.call(request, timeout_s)
         return response
 

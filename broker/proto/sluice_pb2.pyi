@@ -313,7 +313,6 @@ class PullRequest(_message.Message):
     TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
     COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
     EXPRESSION_TYPE_FIELD_NUMBER: _builtins.int
-    FOLLOW_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -334,11 +333,6 @@ class PullRequest(_message.Message):
     """"TAG" (or empty): tag_expression is a tag expression; "SQL92": it is an SQL92 selector over properties,
     evaluated on the broker (a bad one is refused with INVALID_ARGUMENT naming the column of the error).
     """
-    follow: _builtins.bool
-    """On a PullStream: after this pull's answer the broker keeps pulling from each answer's next_begin_offset and
-    answers again without a new request, for as long as its answers say `following` (broker/proto/follow.py).
-    Ignored by PullMessage.
-    """
     def __init__(
         self,
         *,
@@ -352,11 +346,10 @@ class PullRequest(_message.Message):
         tag_expression: _builtins.str = ...,
         commit_offset: _builtins.int | None = ...,
         expression_type: _builtins.str = ...,
-        follow: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "expression_type", b"expression_type", "follow", b"follow", "max_bytes", b"max_bytes", "max_msgs", b"max_msgs", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "suspend_timeout_ms", b"suspend_timeout_ms", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset", "consumer_group", b"consumer_group", "expression_type", b"expression_type", "max_bytes", b"max_bytes", "max_msgs", b"max_msgs", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "suspend_timeout_ms", b"suspend_timeout_ms", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__commit_offset: _TypeAlias = _typing.Literal["commit_offset"]  # noqa: Y015
     _WhichOneofArgType__commit_offset: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset"]  # noqa: Y015
@@ -411,14 +404,9 @@ class PullStreamAnswer(_message.Message):
     RESPONSE_FIELD_NUMBER: _builtins.int
     CODE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
-    FOLLOWING_FIELD_NUMBER: _builtins.int
     code: _builtins.int
     """else the response code of its refusal, never 0"""
     error: _builtins.str
-    following: _builtins.bool
-    """The request asked to follow and the broker does: its next answer comes without a request, for the pull that
-    continues this one (broker/proto/follow.py); the stream reads no request until an answer says false.
-    """
     @_builtins.property
     def response(self) -> Global___PullResponse:
         """as PullMessage would have answered it"""
@@ -429,11 +417,10 @@ class PullStreamAnswer(_message.Message):
         response: Global___PullResponse | None = ...,
         code: _builtins.int = ...,
         error: _builtins.str = ...,
-        following: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error", b"error", "following", b"following", "response", b"response"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error", b"error", "response", b"response"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

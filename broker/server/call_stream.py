@@ -12,9 +12,7 @@ handler with a ``StreamCallContext`` whose ``abort`` raises ``CallRefused`` inst
 refusal is that request's answer (its response code and reason). A bad message, a topic the user may not use, a
 slave's NOT_MASTER: each answers one request, and the stream goes on. Answers come in request order, one for each
 request, and the next request is read only once the previous one is answered (for a send, after the replication
-gate's wait for the in-sync replicas): one request of a stream is in the broker at a time. A PullStream may follow
-its queue (broker/proto/follow.py): after an answer that says ``following`` the broker serves the continuing pull
-itself, through the same handler and checks, and reads the next request only after an answer that does not.
+gate's wait for the in-sync replicas): one request of a stream is in the broker at a time.
 
 Authentication happens once, when the stream opens (the auth gate's stream wrapper: the signature's date-time must
 be inside the window then). For each request the gate checks the stream's credentials again except the window (the
@@ -38,7 +36,6 @@ period for idle clients.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -50,7 +47,6 @@ from broker.proto.status import RESPONSE_CODE_KEY
 SEND_MESSAGE_METHOD = "/sluice.v1.Broker/SendMessage"
 PULL_MESSAGE_METHOD = "/sluice.v1.Broker/PullMessage"
 UnaryBehavior = Callable[[Any, Any], Any]  # a unary handler: (request, context) -> response
-Follow = Callable[[Any, Any, float], Any]  # (request, response, seconds it took) -> the request served next, or None
 
 
 class CallRefused(grpc.RpcError):
@@ -150,12 +146,10 @@ class CallStreams:
         self._stopping = False
 
     def serve(self, requests: Iterator[Any], context: grpc.ServicerContext, call_one: UnaryBehavior,
-              answer_type: Callable[..., Any], follow: Follow | None = None) -> Iterator[Any]:  # fmt: skip
+              answer_type: Callable[..., Any]) -> Iterator[Any]:  # fmt: skip
         """The answers of one stream: each request served by ``call_one``, its outcome as ``answer_type(response=)``
-        or ``answer_type(code=, error=)``. ``follow(request, response, served_s)``: the request to serve next
-        without reading one, or None (PullStream's following, broker/proto/follow.py); such an answer is made
-        with ``following=True``. Raises (before any answer) SystemBusyError at the limit, ServiceNotAvailableError
-        once the broker stops."""
+        or ``answer_type(code=, error=)``. Raises (before any answer) SystemBusyError at the limit,
+        ServiceNotAvailableError once the broker stops."""
         self._admit()
         end = _StreamEnd(context)
         try:
@@ -171,24 +165,14 @@ class CallStreams:
                 finally:
                     with self._lock:
                         self._waiting.discard(context)
-                while request is not None:
-                    started = time.monotonic()
-                    try:
-                        response = call_one(request, StreamCallContext(context, end))
-                    except CallRefused as r:
-                        yield answer_type(code=r.code, error=r.details)
-                        break
-                    finally:
-                        end.served()
-                    following = None if follow is None or self._stopping else follow(
-                        request, response, time.monotonic() - started)  # fmt: skip
-                    if following is None:
-                        yield answer_type(response=response)
-                        break
-                    yield answer_type(response=response, following=True)
-                    request = following
                 if request is None:
                     return
+                try:
+                    yield answer_type(response=call_one(request, StreamCallContext(context, end)))
+                except CallRefused as r:
+                    yield answer_type(code=r.code, error=r.details)
+                finally:
+                    end.served()
         finally:
             with self._lock:
                 self._open -= 1

@@ -21,7 +21,6 @@ from broker.auth.admin import AccountsAdmin
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from broker.proto.follow import followed_pull, may_follow
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics import QueueLockManager
 from broker.semantics.system_topics import refuse_system_topic
@@ -200,14 +199,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     def PullStream(
         self, requests: Iterator[pb.PullRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.PullStreamAnswer]:
-        answers = self.call_streams.serve(requests, context, self.pull_one, pb.PullStreamAnswer, self._follow)
-        return self._streamed("PullStream", answers, context)
-
-    def _follow(self, request: pb.PullRequest, response: pb.PullResponse, served_s: float) -> pb.PullRequest | None:
-        """The pull a following PullStream serves next, or None (broker/proto/follow.py)."""
-        if not may_follow(request, response, served_s, self.pulls.max_suspend_ms):
-            return None
-        return followed_pull(request, response)
+        return self._streamed("PullStream", self.call_streams.serve(requests, context, self.pull_one,
+                                                                    pb.PullStreamAnswer), context)  # fmt: skip
 
     def _streamed(self, method: str, answers: Iterator[R], context: grpc.ServicerContext) -> Iterator[R]:
         try:
