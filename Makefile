@@ -4,16 +4,32 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Every target installs exactly the versions in requirements/lock.txt (hashes checked); `make lock` refreshes it.
+LOCK := requirements/lock.txt
+RUNTIME_LOCK := requirements/runtime.txt
+UV_COMPILE := $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command 'make lock'
 
-.PHONY: venv test unit integration fuzz lint proto bench demo image clean test-failover test-crash
+.PHONY: venv test unit integration fuzz lint proto bench demo image clean test-failover test-crash lock
 
-$(STAMP): pyproject.toml
+# The lock holds pip, setuptools and wheel too: the venv's own pip installs them first, and the editable install of
+# Sluice is built without isolation by the locked setuptools (no build dependency is fetched unpinned).
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+## make lock: re-resolve the lock from pyproject.toml's ranges (the newest releases they allow), reinstall the venv
+## from it and regenerate the gRPC stubs with the locked grpcio-tools; review and commit all three
+lock: $(STAMP)
+	$(UV_COMPILE) --upgrade pyproject.toml requirements/tools.in --all-extras -o $(LOCK)
+	$(UV_COMPILE) pyproject.toml --constraint $(LOCK) -o $(RUNTIME_LOCK)
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(PY) -m broker.proto.build
+	touch $(STAMP)
 
 ## make proto: regenerate the gRPC stubs from broker/proto/sluice.proto
 proto: $(STAMP)
@@ -53,9 +69,8 @@ integration: $(STAMP)
 fuzz: $(STAMP)
 	SLUICE_FUZZ_LONG=1 $(PY) -m pytest tests/unit/fuzz -q -s $(PYTEST_ARGS)
 
-## make bench: every benchmark; tables on stdout, JSON (and charts) in bench/results/
+## make bench: every benchmark (the lock includes the bench extra's peers' clients); tables on stdout, JSON (and charts) in bench/results/
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench
 
 ## make demo: the main job on a broker it starts as a child process

@@ -4,7 +4,7 @@
 # The image is installed from a wheelhouse prepared on the host (`pip wheel`: sluice + its runtime dependencies,
 # not pyspark) with `pip install --no-index`, so building needs no network inside the image and no registry
 # beyond the base image. Both are cached under .docker-build/:
-#   - the dependency wheels by a hash of pyproject.toml's dependencies and the target Python (3.11);
+#   - the dependency wheels by a hash of the runtime lock (requirements/runtime.txt) and the target Python (3.11);
 #   - the image by a hash of the source, Dockerfile and base image: an unchanged tree is not rebuilt
 #     (sluice-broker:src-<hash>), and sluice-broker:latest points at the newest build.
 # Environment: BASE_IMAGE (default: python:3.11-slim, or sluice-base:bookworm when only that one is present, as
@@ -43,26 +43,11 @@ fi
 base_id=$(docker image inspect --format '{{.Id}}' "$BASE_IMAGE" 2>/dev/null || echo "$BASE_IMAGE")
 
 # ---- cache keys ---------------------------------------------------------------------------------------------
-# Packages the image needs beyond pyproject.toml's runtime dependencies (none today; space-separated).
-IMAGE_EXTRA_REQUIREMENTS=""
-# pyproject's runtime dependencies, each pinned to the version installed in the host venv when it is there: the
-# image then runs exactly what the host suite runs, and pip finds the wheels in its cache.
-deps=$(IMAGE_EXTRA_REQUIREMENTS="$IMAGE_EXTRA_REQUIREMENTS" "$PYTHON" - <<'EOF'
-import os
-import re
-import tomllib
-from importlib.metadata import PackageNotFoundError, version
-
-with open("pyproject.toml", "rb") as f:
-    requirements = tomllib.load(f)["project"]["dependencies"] + os.environ["IMAGE_EXTRA_REQUIREMENTS"].split()
-for requirement in sorted(set(requirements)):
-    name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
-    try:
-        print(f"{name}=={version(name)}")
-    except PackageNotFoundError:
-        print(requirement)
-EOF
-)
+# The broker's runtime dependencies at the lock's versions and hashes (requirements/runtime.txt, made by
+# `make lock`): the image runs exactly what the host suite runs.
+RUNTIME_LOCK=requirements/runtime.txt
+[ -f "$RUNTIME_LOCK" ] || die "no $RUNTIME_LOCK (run make lock)"
+deps=$(cat "$RUNTIME_LOCK")
 host_py=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 arch=$(uname -m)
 deps_key=$(printf '%s\n%s\n%s\n' "$deps" "$IMAGE_PYTHON_VERSION" "$arch" | sha256sum | cut -c1-16)
@@ -88,17 +73,17 @@ deps_dir="$WORK/deps-$deps_key"
 if [ ! -f "$deps_dir/.complete" ]; then
   rm -rf "$deps_dir"
   mkdir -p "$deps_dir"
-  mapfile -t dep_list <<<"$deps"
   if [ "$host_py" = "$IMAGE_PYTHON_VERSION" ]; then
     log "pip wheel of the runtime dependencies into $deps_dir"
-    "$PYTHON" -m pip wheel --quiet --wheel-dir "$deps_dir" "${dep_list[@]}" >"$WORK/pip.log" 2>&1 || die "pip wheel failed (log: $WORK/pip.log)"
+    "$PYTHON" -m pip wheel --quiet --require-hashes --no-deps --wheel-dir "$deps_dir" -r "$RUNTIME_LOCK" \
+      >"$WORK/pip.log" 2>&1 || die "pip wheel failed (log: $WORK/pip.log)"
   else
     # Host Python differs from the image's: fetch binary wheels for the image's interpreter instead.
     log "host Python $host_py != $IMAGE_PYTHON_VERSION: pip download of cp311 wheels into $deps_dir"
     "$PYTHON" -m pip download --quiet --only-binary=:all: --dest "$deps_dir" \
       --python-version "$IMAGE_PYTHON_VERSION" --implementation cp --abi cp311 \
       --platform "manylinux2014_$arch" --platform "manylinux_2_17_$arch" --platform "manylinux_2_28_$arch" \
-      "${dep_list[@]}" >"$WORK/pip.log" 2>&1 || die "pip download failed (log: $WORK/pip.log)"
+      --require-hashes --no-deps -r "$RUNTIME_LOCK" >"$WORK/pip.log" 2>&1 || die "pip download failed (log: $WORK/pip.log)"
   fi
   touch "$deps_dir/.complete"
   # Older dependency caches are dead weight.

@@ -19,6 +19,8 @@
 # SLUICE_DOCKERD_STORAGE_DRIVER (instead of the probed one; vfs is tried anyway if the engine won't start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/debian-pins.sh
+. scripts/debian-pins.sh
 
 STATE_DIR=${SLUICE_DOCKER_DIR:-/var/tmp/sluice-docker}
 OFFICIAL_BASE=python:3.11-slim
@@ -50,8 +52,10 @@ apt_install() {
     as_root apt-get update -qq >"$STATE_DIR/apt-update.log" 2>&1 || log "apt-get update reported errors (see $STATE_DIR/apt-update.log); continuing"
     APT_UPDATED=1
   fi
-  log "apt-get install $*"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+  local pinned
+  mapfile -t pinned < <(debian_pinned "$@")
+  log "apt-get install ${pinned[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pinned[@]}" \
     >"$STATE_DIR/apt-install.log" 2>&1 || {
     tail -20 "$STATE_DIR/apt-install.log" >&2
     die "apt-get install $* failed (full log: $STATE_DIR/apt-install.log)"

@@ -9,8 +9,11 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "etcd is not installed and this user cannot install it: run 'apt-get install -y etcd-server' as root" >&2
   exit 1
 fi
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/debian-pins.sh
+. scripts/debian-pins.sh
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq etcd-server >/dev/null
+apt-get install -y -qq "$(debian_pinned etcd-server)" >/dev/null
 # The package may start a system etcd on the default ports; the tests use their own, on other ports.
 command -v etcd >/dev/null
