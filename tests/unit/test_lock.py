@@ -97,12 +97,14 @@ def test_venv_holds_the_locked_versions() -> None:
             continue
         if installed != pinned:
             mismatched.append(f"{name}: locked {pinned}, installed {installed}")
-    assert not mismatched, "the venv differs from the lock (run `make venv` after `touch requirements/lock.txt`):\n" + (
-        "\n".join(mismatched)
-    )
+    advice = "the venv differs from the lock (run `make venv` after `touch requirements/lock.txt`)"
+    assert not mismatched, advice + ":\n" + "\n".join(mismatched)
 
 
-@pytest.mark.parametrize("stub", ["sluice_pb2_grpc.py", "namesrv_pb2_grpc.py", "coordinator_pb2_grpc.py", "ha_pb2_grpc.py"])
+STUBS = ["sluice_pb2_grpc.py", "namesrv_pb2_grpc.py", "coordinator_pb2_grpc.py", "ha_pb2_grpc.py"]
+
+
+@pytest.mark.parametrize("stub", STUBS)
 def test_committed_stubs_carry_the_locked_generator(stub: str) -> None:
     text = (ROOT / "broker" / "proto" / stub).read_text()
     match = re.search(r"^GRPC_GENERATED_VERSION = '([^']+)'", text, re.MULTILINE)
