@@ -171,7 +171,8 @@ each on its own). Prints one line with `ready on HOST:PORT`; SIGTERM stops it wi
 Brokers register by signing as the cluster's root user: the name server takes it from $SLUICE_ROOT_ACCESS_KEY and
 $SLUICE_ROOT_SECRET_KEY (the brokers' too) and does not start without it, unless --allow-anonymous-registration.
 Example:
-  SLUICE_ROOT_ACCESS_KEY=... SLUICE_ROOT_SECRET_KEY=... sluice namesrv --listen 0.0.0.0:{DEFAULT_NAMESRV_PORT}"""
+  export SLUICE_ROOT_ACCESS_KEY=root SLUICE_ROOT_SECRET_KEY="$(cat /run/secrets/sluice-root)"
+  sluice namesrv --listen 0.0.0.0:{DEFAULT_NAMESRV_PORT}"""
 
 
 def _namesrv(n: argparse.ArgumentParser) -> None:

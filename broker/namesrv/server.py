@@ -57,6 +57,7 @@ class NameServer:
             )
         self.host, self.port = host, port
         self.tls = tls
+        self.root = root
         self.refusals = Counter("sluice_namesrv_auth_refusals_total", "Registrations refused by authentication")
         self.gate = AuthGate(Accounts(None, root), AuthSettings(auth_window_s, False), self.refusals) if root else None
         self.table = RouteTable(broker_expire_ms)
@@ -85,7 +86,9 @@ class NameServer:
         self._expiry = threading.Thread(target=self._expire_loop, name="namesrv-expiry", daemon=True)
         self._expiry.start()
         log.info("name server listening on %s (brokers expire after %d ms)", self.address, self.table.broker_expire_ms)
-        if self.gate is None:
+        if self.root is not None:
+            log.info("registrations must be signed as root user %r", self.root.access_key)
+        else:
             log.warning("registration is NOT authenticated (--allow-anonymous-registration): anyone who reaches %s "
                         "can register or unregister brokers; brokers with --auth will not register here; for tests "
                         "and development only", self.address)  # fmt: skip
