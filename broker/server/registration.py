@@ -15,7 +15,6 @@ Design (RocketMQ's BrokerOuterAPI.registerBrokerAll, over Sluice's own messages)
   than after the name servers' expiry time (120 s).
 * A registration the name server refuses (another live broker holds this name and id) is logged at ERROR on every
   pass; the broker keeps serving its direct clients.
-
 * A broker with ``--auth`` registers only where registration is authenticated: otherwise anyone could replace or
   remove its routes there, whatever the broker itself checks. Its registrations say so
   (``require_authentication``), and a name server that takes registrations from anyone refuses them before it
