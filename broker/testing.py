@@ -208,7 +208,9 @@ class SluiceContainer(_ReadyLineContainer):
 
 
 class SluiceNameServerContainer(_ReadyLineContainer):
-    """``sluice namesrv`` in a container of the broker image, listening on ``NAMESRV_PORT``."""
+    """``sluice namesrv`` in a container of the broker image, listening on ``NAMESRV_PORT``, with
+    ``--allow-anonymous-registration`` (a test cluster; docs/security.md): with ``$SLUICE_ROOT_ACCESS_KEY`` and
+    ``$SLUICE_ROOT_SECRET_KEY`` given (``with_env``) registration is authenticated all the same."""
 
     what = "name server"
 
@@ -217,7 +219,8 @@ class SluiceNameServerContainer(_ReadyLineContainer):
         **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(image or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE,
-                         entrypoint=["sluice", "namesrv", "--listen", f"0.0.0.0:{NAMESRV_PORT}"], **kwargs)  # fmt: skip
+                         entrypoint=["sluice", "namesrv", "--listen", f"0.0.0.0:{NAMESRV_PORT}",
+                                     "--allow-anonymous-registration"], **kwargs)  # fmt: skip
         self.with_command(list(namesrv_args))
         self.start_timeout_s = start_timeout_s
 

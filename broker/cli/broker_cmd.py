@@ -81,8 +81,10 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     from broker.auth.accounts import root_user_from_env
 
-    # A root user in the environment turns authentication on: only brokers signing as it may register.
-    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls, root=root_user_from_env())
+    # Only brokers signing as the root user of the environment may register; without one the name server does not
+    # start unless registration is explicitly left open (broker/namesrv/server.py).
+    server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls, root=root_user_from_env(),
+                        allow_anonymous_registration=args.allow_anonymous_registration)  # fmt: skip
     server.start()
     print(f"sluice namesrv ready on {server.address}", flush=True)
     while not stop.wait(STOP_POLL_S):

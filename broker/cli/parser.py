@@ -168,7 +168,10 @@ def _tls(p: argparse.ArgumentParser) -> None:
 NAMESRV_TEXT = f"""\
 Keeps the cluster's routes in memory, from what brokers register; stateless (run two or more for availability,
 each on its own). Prints one line with `ready on HOST:PORT`; SIGTERM stops it with exit status 0.
+Brokers register by signing as the cluster's root user: the name server takes it from $SLUICE_ROOT_ACCESS_KEY and
+$SLUICE_ROOT_SECRET_KEY (the brokers' too) and does not start without it, unless --allow-anonymous-registration.
 Example:
+  export SLUICE_ROOT_ACCESS_KEY=root SLUICE_ROOT_SECRET_KEY="$(cat /run/secrets/sluice-root)"
   sluice namesrv --listen 0.0.0.0:{DEFAULT_NAMESRV_PORT}"""
 
 
@@ -177,6 +180,9 @@ def _namesrv(n: argparse.ArgumentParser) -> None:
                    help=f"address to listen on (default 0.0.0.0:{DEFAULT_NAMESRV_PORT}; port 0: any free port)")
     n.add_argument("--broker-expire-ms", type=int_at_least(1), default=120_000, metavar="MS",
                    help="drop a broker from routes when it has not registered for this long (default 120000)")
+    n.add_argument("--allow-anonymous-registration", action="store_true",
+                   help="start without the root user: anyone who reaches the port may then register and unregister "
+                        "brokers, and brokers with --auth refuse to register here; for tests and development only")
     _tls(n)
     n.set_defaults(func=cmd_namesrv, log_level_default="INFO")
 

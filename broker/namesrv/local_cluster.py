@@ -5,6 +5,11 @@ Each process prints its ``ready on HOST:PORT`` line; brokers listen on port 0 of
 name server(s) under names ``broker-a``, ``broker-b``, ... unless told otherwise. ``kill`` is a SIGKILL (a crash),
 ``stop`` a SIGTERM (a clean shutdown, which unregisters), ``restart`` starts a broker again on the same store
 (and, by default, the same port, so clients holding its address find it again).
+
+Name servers start with ``--allow-anonymous-registration`` unless told otherwise: a cluster on one machine is for
+tests and trials. With ``$SLUICE_ROOT_ACCESS_KEY`` and ``$SLUICE_ROOT_SECRET_KEY`` in the environment (which every
+process here inherits) registration is authenticated all the same: the flag only lets a name server start without
+them.
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ START_TIMEOUT_S = 60.0
 
 class NameServerProcess:
     def __init__(self, *, listen: str = "127.0.0.1:0", broker_expire_ms: int | None = None,
-                 log_level: str = "WARNING", extra_args: list[str] | None = None) -> None:  # fmt: skip
+                 log_level: str = "WARNING", extra_args: list[str] | None = None,
+                 allow_anonymous_registration: bool = True) -> None:  # fmt: skip
         self.args = [sys.executable, "-m", "broker", "--log-level", log_level, "namesrv", "--listen", listen,
                      *(extra_args or [])]  # fmt: skip
+        if allow_anonymous_registration:
+            self.args.append("--allow-anonymous-registration")
         if broker_expire_ms is not None:
             self.args += ["--broker-expire-ms", str(broker_expire_ms)]
         self.proc: subprocess.Popen[str] | None = None

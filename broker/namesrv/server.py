@@ -2,8 +2,15 @@
 
 Expiry also runs on every read and registration, so a route never names a broker past its expiry time; the
 thread only keeps the log honest when nobody asks (RocketMQ scans every 5 s as well). With ``tls`` the port serves
-TLS (broker/server/tls.py); brokers and clients then connect with TLS settings of their own. With a ``root`` user,
-only brokers signing as that user may register (broker/auth/gate.py).
+TLS (broker/server/tls.py); brokers and clients then connect with TLS settings of their own.
+
+Who may register. Registration is the cluster's control plane: a registration names where clients send and read
+(a broker of the same name with a higher epoch replaces the real master in every route) and an unregistration
+takes a broker out of them. So a name server needs a ``root`` user, the cluster's credential that every broker signs
+its registrations with (broker/auth/gate.py checks each RegisterBroker and UnregisterBroker; route reads stay
+open, broker/auth/requirements.py says why), and refuses to be made without one unless told
+``allow_anonymous_registration``: anyone who reaches the port may then register and unregister brokers, which is
+for tests and development on a trusted machine only. With a root user that setting changes nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ import grpc
 
 from broker.auth.accounts import Accounts, User
 from broker.auth.gate import AuthGate, AuthSettings
-from broker.auth.signature import DEFAULT_WINDOW_S
-from broker.errors import ServiceNotAvailableError
+from broker.auth.signature import DEFAULT_WINDOW_S, ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
+from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
 from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc
@@ -35,13 +42,22 @@ SHUTDOWN_GRACE_S = 5.0
 class NameServer:
     def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_NAMESRV_PORT,
                  broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS, tls: ServerTls | None = None,
-                 root: User | None = None, auth_window_s: int = DEFAULT_WINDOW_S) -> None:  # fmt: skip
-        """``root``: authentication on; brokers must sign their registrations as this user (route reads stay open,
-        broker/auth/requirements.py says why)."""
+                 root: User | None = None, auth_window_s: int = DEFAULT_WINDOW_S,
+                 allow_anonymous_registration: bool = False) -> None:  # fmt: skip
+        """``root``: brokers must sign their registrations as this user. Without one, InvalidArgumentError unless
+        ``allow_anonymous_registration`` (module docstring)."""
         if broker_expire_ms <= 0:
             raise ValueError("broker_expire_ms must be > 0")
+        if root is None and not allow_anonymous_registration:
+            raise InvalidArgumentError(
+                f"a name server needs the cluster's root user, which brokers sign their registrations with: set "
+                f"{ROOT_ACCESS_KEY_ENV} and {ROOT_SECRET_KEY_ENV} as for the brokers. Without it anyone who reaches "
+                "the port can register a broker (taking over a master's routes) or unregister one; "
+                "--allow-anonymous-registration allows that, for tests and development only"
+            )
         self.host, self.port = host, port
         self.tls = tls
+        self.root = root
         self.refusals = Counter("sluice_namesrv_auth_refusals_total", "Registrations refused by authentication")
         self.gate = AuthGate(Accounts(None, root), AuthSettings(auth_window_s, False), self.refusals) if root else None
         self.table = RouteTable(broker_expire_ms)
@@ -63,12 +79,19 @@ class NameServer:
             self.port = add_port(server, target, self.tls, "the name server")
         except RuntimeError as e:
             raise ServiceNotAvailableError(f"cannot listen on {target} ({e}); is another process using it?") from None
-        npb_grpc.add_NameServerServicer_to_server(NameServerService(self.table), server)
+        npb_grpc.add_NameServerServicer_to_server(NameServerService(self.table, authenticated=self.gate is not None),
+                                                  server)  # fmt: skip
         server.start()
         self.server = server
         self._expiry = threading.Thread(target=self._expire_loop, name="namesrv-expiry", daemon=True)
         self._expiry.start()
         log.info("name server listening on %s (brokers expire after %d ms)", self.address, self.table.broker_expire_ms)
+        if self.root is not None:
+            log.info("registrations must be signed as root user %r", self.root.access_key)
+        else:
+            log.warning("registration is NOT authenticated (--allow-anonymous-registration): anyone who reaches %s "
+                        "can register or unregister brokers; brokers with --auth will not register here; for tests "
+                        "and development only", self.address)  # fmt: skip
 
     def _expire_loop(self) -> None:
         while not self._stop.wait(EXPIRE_SCAN_MS / 1000):

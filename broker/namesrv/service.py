@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from broker.errors import BrokerError, ResponseCode
+from broker.errors import BrokerError, NoPermissionError, ResponseCode, shown
 from broker.namesrv.route_table import QueueSpec, Registration, RouteTable, Runtime
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import namesrv_pb2_grpc as npb_grpc
@@ -57,12 +57,21 @@ def runtime_to_pb(r: Runtime) -> npb.BrokerRuntime:
 
 
 class NameServerService(npb_grpc.NameServerServicer):
-    def __init__(self, table: RouteTable, clock_ms: Callable[[], int] = now_ms) -> None:
+    def __init__(self, table: RouteTable, clock_ms: Callable[[], int] = now_ms, *, authenticated: bool) -> None:
+        """``authenticated``: the auth gate (broker/auth/gate.py) runs in front of this servicer, so every
+        registration that reaches it was signed as the cluster's root user."""
         self.table = table
         self.clock_ms = clock_ms
+        self.authenticated = authenticated
 
     @_answer
     def RegisterBroker(self, request: npb.RegisterBrokerRequest, context: grpc.ServicerContext) -> Any:
+        if request.require_authentication and not self.authenticated:
+            raise NoPermissionError(
+                f"broker {shown(request.broker_name)} runs with --auth and this name server takes registrations from "
+                "anyone (--allow-anonymous-registration), so anyone could replace or remove its routes here: not "
+                "registered. Start the name server with the cluster's root user instead"
+            )
         topics = (
             {t.topic: QueueSpec(t.read_queue_nums, t.write_queue_nums, t.perm) for t in request.topics}
             if request.topics_included
@@ -80,7 +89,7 @@ class NameServerService(npb_grpc.NameServerServicer):
         master = self.table.master_of(request.broker_name, now)
         return npb.RegisterBrokerResponse(
             accepted=accepted, master_address=master.address if master else "",
-            master_ha_address=master.ha_address if master else "",
+            master_ha_address=master.ha_address if master else "", authenticated=self.authenticated,
         )  # fmt: skip
 
     @_answer

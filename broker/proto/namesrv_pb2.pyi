@@ -106,6 +106,7 @@ class RegisterBrokerRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     IN_SYNC_FIELD_NUMBER: _builtins.int
     LAG_BYTES_FIELD_NUMBER: _builtins.int
+    REQUIRE_AUTHENTICATION_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     broker_id: _builtins.int
@@ -135,6 +136,10 @@ class RegisterBrokerRequest(_message.Message):
     """in its group's in-sync set (the master always is)"""
     lag_bytes: _builtins.int
     """commit-log bytes behind its master (0 for the master)"""
+    require_authentication: _builtins.bool
+    """The broker runs with --auth and registers only where registration is authenticated: a name server that takes
+    registrations from anyone (--allow-anonymous-registration) refuses this one (NO_PERMISSION) and stores nothing.
+    """
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicQueues]: ...
     @_builtins.property
@@ -157,10 +162,11 @@ class RegisterBrokerRequest(_message.Message):
         epoch: _builtins.int = ...,
         in_sync: _builtins.bool = ...,
         lag_bytes: _builtins.int = ...,
+        require_authentication: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["runtime", b"runtime"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "epoch", b"epoch", "ha_address", b"ha_address", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "role", b"role", "runtime", b"runtime", "store_id", b"store_id", "topics", b"topics", "topics_included", b"topics_included"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "epoch", b"epoch", "ha_address", b"ha_address", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "require_authentication", b"require_authentication", "role", b"role", "runtime", b"runtime", "store_id", b"store_id", "topics", b"topics", "topics_included", b"topics_included"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -173,6 +179,7 @@ class RegisterBrokerResponse(_message.Message):
     ACCEPTED_FIELD_NUMBER: _builtins.int
     MASTER_ADDRESS_FIELD_NUMBER: _builtins.int
     MASTER_HA_ADDRESS_FIELD_NUMBER: _builtins.int
+    AUTHENTICATED_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
     """false: this name server does not hold the data_version of a keep-alive (it restarted, or the broker expired):
     send a full registration at once.
@@ -181,16 +188,21 @@ class RegisterBrokerResponse(_message.Message):
     """the broker group's master as this name server knows it (empty: none)"""
     master_ha_address: _builtins.str
     """that master's replication endpoint (empty: none): where a slave connects"""
+    authenticated: _builtins.bool
+    """true: this name server took the registration only because it was signed as the cluster's root user. A broker
+    with --auth treats false (a name server that does not check, or one older than this field) as a refusal.
+    """
     def __init__(
         self,
         *,
         accepted: _builtins.bool = ...,
         master_address: _builtins.str = ...,
         master_ha_address: _builtins.str = ...,
+        authenticated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "master_address", b"master_address", "master_ha_address", b"master_ha_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "authenticated", b"authenticated", "master_address", b"master_address", "master_ha_address", b"master_ha_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -270,6 +270,7 @@ class BrokerController:
             role="MASTER" if cfg.broker_id == 0 else "SLAVE",
             ha_address=replication.ha_advertised if replication is not None else "",
             replica_status=replication.status if replication is not None else None,
+            require_authentication=cfg.auth_enabled,
         )  # fmt: skip
         self.registrar.start()
 

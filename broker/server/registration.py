@@ -15,6 +15,14 @@ Design (RocketMQ's BrokerOuterAPI.registerBrokerAll, over Sluice's own messages)
   than after the name servers' expiry time (120 s).
 * A registration the name server refuses (another live broker holds this name and id) is logged at ERROR on every
   pass; the broker keeps serving its direct clients.
+* A broker with ``--auth`` registers only where registration is authenticated: otherwise anyone could replace or
+  remove its routes there, whatever the broker itself checks. Its registrations say so
+  (``require_authentication``), and a name server that takes registrations from anyone refuses them before it
+  stores anything, so the route never names the broker even for a moment; the answer of a name server that did
+  authenticate says so (``authenticated``), and a broker that gets an answer without it (a name server that
+  predates the field) unregisters at once and counts it as a refusal. Both ends decide from a field rather than by
+  probing with an unsigned call: a probe would be refused, logged and counted on every name server at every pass,
+  and on a name server that takes anyone would itself change the route.
 
 Internal topics (the schedule and transaction topics) are not registered: no client reads or writes them.
 
@@ -34,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from broker.client.namesrv_client import NameServerClient
-from broker.errors import BrokerError, BrokerUnreachableError
+from broker.errors import BrokerError, BrokerUnreachableError, NoPermissionError
 from broker.namesrv.route_table import Runtime
 from broker.proto import namesrv_pb2 as npb
 from broker.semantics.system_topics import is_system_topic
@@ -62,9 +70,11 @@ class NameServerRegistrar:
         self, namesrv: NameServerClient, identity: BrokerIdentity, topics: TopicConfigManager, *,
         interval_ms: int = DEFAULT_REGISTER_INTERVAL_MS, auto_create_topic_enable: bool = True,
         runtime: Callable[[], Runtime] = Runtime, role: str = "MASTER", ha_address: str = "",
-        replica_status: Callable[[], Status] | None = None,
+        replica_status: Callable[[], Status] | None = None, require_authentication: bool = False,
     ) -> None:  # fmt: skip
+        """``require_authentication``: register only with name servers that authenticate (module docstring)."""
         self.namesrv = namesrv
+        self.require_authentication = require_authentication
         self.identity = identity
         self.topics = topics
         self.interval_ms = interval_ms
@@ -135,17 +145,30 @@ class NameServerRegistrar:
         if state.sent_version == version:
             answer = self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=False),
                                            REGISTER_TIMEOUT_S)  # fmt: skip
+            self._check_authenticated(address, answer)
             if answer.accepted:
                 self.master_ha_address = answer.master_ha_address or self.master_ha_address
                 return
             log.info("name server %s does not know this broker's topics (it restarted?); registering them", address)
         answer = self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=True),
                                        REGISTER_TIMEOUT_S)  # fmt: skip
+        self._check_authenticated(address, answer)
         self.master_ha_address = answer.master_ha_address or self.master_ha_address
         if state.refused:
             log.info("name server %s accepts this broker's registration again", address)
         state.sent_version, state.refused = version, False
         self.registrations += 1
+
+    def _check_authenticated(self, address: str, answer: npb.RegisterBrokerResponse) -> None:
+        """A broker that requires authentication leaves a name server that took its registration without it."""
+        if not self.require_authentication or answer.authenticated:
+            return
+        self._unregister(self.identity.broker_id, [address])
+        raise NoPermissionError(
+            "this broker runs with --auth and the name server did not say it authenticated the registration (one "
+            "older than this broker?); anyone could replace or remove this broker's routes there, so it unregistered "
+            "again"
+        )
 
     def _request(self, version: int, *, full: bool) -> npb.RegisterBrokerRequest:
         ident = self.identity
@@ -154,6 +177,7 @@ class NameServerRegistrar:
             cluster=ident.cluster, broker_name=ident.broker_name, broker_id=ident.broker_id, address=ident.address,
             store_id=ident.store_id, data_version=version, topics_included=full,
             auto_create_topic_enable=self.auto_create_topic_enable, role=self.role, ha_address=self.ha_address,
+            require_authentication=self.require_authentication,
             runtime=npb.BrokerRuntime(put_messages_per_s=r.put_messages_per_s, get_messages_per_s=r.get_messages_per_s,
                                       commit_log_max_offset=r.commit_log_max_offset, uptime_ms=r.uptime_ms),
         )  # fmt: skip
@@ -178,11 +202,11 @@ class NameServerRegistrar:
             self._thread.join()
         self._unregister(self.identity.broker_id)
 
-    def _unregister(self, broker_id: int) -> None:
+    def _unregister(self, broker_id: int, addresses: list[str] | None = None) -> None:
         ident = self.identity
         request = npb.UnregisterBrokerRequest(cluster=ident.cluster, broker_name=ident.broker_name,
                                               broker_id=broker_id, store_id=ident.store_id)  # fmt: skip
-        for address in self.namesrv.addresses:
+        for address in self.namesrv.addresses if addresses is None else addresses:
             try:
                 self.namesrv.call_one(address, "UnregisterBroker", request, UNREGISTER_TIMEOUT_S)
             except BrokerError as e:

@@ -157,6 +157,7 @@ class ContainerReplicaGroup:
     def _start_namesrv(self) -> None:
         namesrv = self._container(["sluice", "namesrv"], [
             "--listen", f"0.0.0.0:{NAMESRV_PORT}", "--broker-expire-ms", str(self.broker_expire_ms),
+            "--allow-anonymous-registration",  # a test network of its own; the brokers run without --auth
         ])  # fmt: skip
         self.namesrv_container = namesrv
         namesrv.start()

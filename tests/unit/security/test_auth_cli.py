@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from broker.auth.accounts import User
 from broker.cli.main import main
 from broker.client.admin import AclEntry, Admin, BrokerUserInfo, UserInfo
 from broker.errors import InvalidArgumentError
@@ -341,7 +342,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster(broker_factory: Any, tmp_path: Path) -> Iterator[Cluster]:
-    ns = NameServer("127.0.0.1", 0)
+    ns = NameServer("127.0.0.1", 0, root=User(ROOT, ROOT_SECRET))  # the brokers run with --auth: they sign as root
     ns.start()
     try:
         brokers = {name: broker_factory(tmp_path / name, namesrv_addr=ns.address, broker_name=name, **AUTH)
