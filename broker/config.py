@@ -358,7 +358,7 @@ class BrokerConfig:
             min_insync_replicas=self.min_insync_replicas, ha_max_lag_ms=self.ha_max_lag_ms,
             ha_ack_timeout_ms=self.ha_ack_timeout_ms, ha_lease_ttl_s=self.ha_lease_ttl_s,
             allow_unclean_election=self.allow_unclean_election, ha_metadata_sync_ms=self.ha_metadata_sync_ms,
-            broker_id=self.broker_id,
+            broker_id=self.broker_id, auth_enabled=self.auth_enabled,
         )  # fmt: skip
         return dataclasses.replace(settings, tls=self.server_tls()) if settings is not None else None
 

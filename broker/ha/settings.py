@@ -7,7 +7,9 @@
   port when the client port is 0).
 * ``ha_master_address`` (""): classic slave, the master's replication endpoint; "": learned from the name servers.
 * ``ha_secret_file`` (""): a file holding the group's shared secret (auth.py); required unless the replication
-  endpoint is on a loopback address.
+  endpoint is on a loopback address, and always with ``auth_enabled``: without it the replication port is
+  unauthenticated, and any process that reaches it (any local user, on loopback) could pose as a replica and read
+  every topic's messages from the log, around the users' rights.
 * ``min_insync_replicas`` (2): SYNC_MASTER and controller mode, writes are refused while fewer replicas (the master
   counts) are in sync.
 * ``ha_max_lag_ms`` (5000): a replica not caught up with the master for this long leaves the in-sync set.
@@ -117,6 +119,7 @@ def from_config(
     *, role: str, controller: str, ha_listen: str, listen: tuple[str, int], ha_master_address: str,
     ha_secret_file: str, min_insync_replicas: int, ha_max_lag_ms: int, ha_ack_timeout_ms: int, ha_lease_ttl_s: int,
     allow_unclean_election: bool, ha_metadata_sync_ms: int, broker_id: int, read_files: bool = True,
+    auth_enabled: bool = False,
 ) -> ReplicationSettings | None:  # fmt: skip
     """The settings, or None for a broker without replication; InvalidArgumentError naming the first bad one.
     ``read_files=False`` checks everything but the secret file's content (a config validated before the file is
@@ -159,6 +162,12 @@ def from_config(
     secret = b""
     if ha_secret_file:
         secret = read_secret(ha_secret_file) if read_files else b"?" * MIN_SECRET_BYTES
+    elif auth_enabled:
+        raise InvalidArgumentError(
+            "a replicated broker with auth_enabled (--auth) needs the group's shared secret (ha_secret_file): "
+            "without it the replication port asks for no proof, and any process that reaches it, on loopback any "
+            "local user, could pose as a replica and read every topic from the log around the users' rights"
+        )
     elif not is_loopback(ha_host):
         raise InvalidArgumentError(
             f"the replication endpoint {ha_host}:{ha_port} is not a loopback address: give the group's replicas a "
