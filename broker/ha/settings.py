@@ -19,6 +19,8 @@
 * ``allow_unclean_election`` (false): controller mode, elect a live replica outside the in-sync set when no member
   of it is alive (acknowledged messages it lacks are lost).
 * ``ha_metadata_sync_ms`` (200): how often a master sends changed config files to its slaves.
+* ``etcd_ca_file``, ``etcd_cert_file``, ``etcd_key_file``, ``etcd_user``, ``etcd_password_file``: controller
+  mode, how the broker reaches etcd (TLS, a client certificate, an etcd user): etcd_security.py.
 * ``tls``: the broker's TLS settings (tls_cert, tls_key, tls_ca, tls_client_auth), not a setting of its own: with
   them the replication endpoint serves TLS and a replica connects to its master over TLS, presenting the broker's
   certificate (broker/server/tls.py). The shared secret is still required off loopback: TLS keeps the stream
@@ -29,10 +31,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from broker.errors import InvalidArgumentError
+from broker.ha.etcd_security import EtcdSecurity
 
 if TYPE_CHECKING:
     from broker.server.tls import ServerTls
@@ -61,6 +64,7 @@ class ReplicationSettings:
     allow_unclean_election: bool
     metadata_sync_ms: int
     tls: ServerTls | None = None  # the broker's (BrokerConfig.replication sets it)
+    etcd: EtcdSecurity = field(default_factory=EtcdSecurity)  # controller mode: TLS and credentials for etcd
 
     @property
     def controller_mode(self) -> bool:

@@ -126,7 +126,8 @@ def test_an_unproven_open_with_a_newer_epoch_does_not_fence_the_master(tmp_path:
                                              hello.SerializeToString())  # fmt: skip
                 with pytest.raises(grpc.RpcError) as refused:
                     stub.Join(hpb.JoinRequest(session=opened.session, proof=proof), timeout=5)
-                expected = ResponseCode.INVALID_ARGUMENT if forged == "spent handshake" else ResponseCode.UNAUTHENTICATED
+                spent = forged == "spent handshake"
+                expected = ResponseCode.INVALID_ARGUMENT if spent else ResponseCode.UNAUTHENTICATED
                 assert _code(refused.value) == expected, forged
             time.sleep(1.0)  # several controller ticks (controller.TICK_S): a fence would have happened by now
             assert r.is_master() and r.epoch == epoch and r.known_epoch() < HUGE_EPOCH
@@ -150,7 +151,8 @@ def test_an_unproven_open_with_a_newer_epoch_does_not_fence_the_master(tmp_path:
                 stub.Join(hpb.JoinRequest(session=opened.session, proof=proof), timeout=5)
             assert _code(stale.value) == ResponseCode.NOT_MASTER
             wait_until(lambda: not (m.replication is not None and m.replication.is_master()
-                                    and m.replication.epoch == epoch), "the proven newer epoch fencing the master")  # fmt: skip
+                                    and m.replication.epoch == epoch),
+                       "the proven newer epoch fencing the master")  # fmt: skip
 
 
 def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(tmp_path: Path) -> None:
