@@ -131,8 +131,8 @@ def classify(e: Exception, security: EtcdSecurity) -> type[CoordinationError]:
     code, text = _etcd_error(e)
     if code == _GRPC_PERMISSION_DENIED:
         return EtcdPermissionError
-    if code == _GRPC_UNAUTHENTICATED or (code == _GRPC_INVALID_ARGUMENT and (_MISSING_USER in text
-                                                                            or _BAD_CREDENTIALS in text)):
+    refused = code == _GRPC_INVALID_ARGUMENT and (_MISSING_USER in text or _BAD_CREDENTIALS in text)
+    if code == _GRPC_UNAUTHENTICATED or refused:
         return EtcdAuthError
     if _HTTP_TO_HTTPS in text or (security.protocol == "https" and any(s in text for s in _TLS_SIGNS)):
         return EtcdTlsError
@@ -144,8 +144,10 @@ def explain(kind: type[CoordinationError], security: EtcdSecurity) -> str:
     if kind is EtcdTlsError:
         if security.protocol == "http":
             return "etcd serves TLS: give etcd_ca_file (--etcd-ca-file), the CA that signed its certificate"
-        return ("the TLS connection failed: etcd's certificate must come from etcd_ca_file, and an etcd started "
-                "with --client-cert-auth needs etcd_cert_file and etcd_key_file from its --trusted-ca-file")
+        return (
+            "the TLS connection failed: etcd's certificate must come from etcd_ca_file, and an etcd started "
+            "with --client-cert-auth needs etcd_cert_file and etcd_key_file from its --trusted-ca-file"
+        )
     if kind is EtcdAuthError:
         if not security.user:
             return "etcd has auth enabled: give etcd_user (--etcd-user) and its password"

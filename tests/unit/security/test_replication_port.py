@@ -205,7 +205,8 @@ def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(
 
 def test_a_replicated_broker_with_auth_needs_the_group_secret(tmp_path: Path) -> None:
     base = {"listen": "127.0.0.1:0", "store_path": str(tmp_path / "s"), "role": "SYNC_MASTER", "auth_enabled": True,
-            "allow_plaintext_auth": True, "auth_root_access_key": "root", "auth_root_secret_key": "root-secret-0123"}
+            "allow_plaintext_auth": True, "auth_root_access_key": "root",
+            "auth_root_secret_key": "root-secret-0123"}  # fmt: skip
     with pytest.raises(InvalidArgumentError, match="ha_secret_file"):
         BrokerConfig(**base)  # type: ignore[arg-type]
     assert BrokerConfig(**base, ha_secret_file=_secret(tmp_path)).replication() is not None  # type: ignore[arg-type]
