@@ -226,6 +226,13 @@ class BrokerConfig:
     ha_lease_ttl_s: int = 5
     allow_unclean_election: bool = False
     ha_metadata_sync_ms: int = 200
+    # Controller mode: TLS and credentials for etcd (broker/ha/etcd_security.py, docs/replication.md). The password
+    # comes from etcd_password_file or $SLUICE_ETCD_PASSWORD only, never from this file or the command line.
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
     # TLS (broker/server/tls.py, docs/security.md): with a certificate and its key (PEM files) every port of the
     # broker serves TLS (client port, replication endpoint, metrics over HTTPS), and its own calls to name servers
     # and other brokers use TLS, trusting tls_ca. tls_client_auth: none | request | require (mutual TLS, clients
@@ -350,6 +357,7 @@ class BrokerConfig:
 
     def replication(self) -> ReplicationSettings | None:
         """The replication settings (None: a broker without replication); InvalidArgumentError for a bad one."""
+        from broker.ha import etcd_security
         from broker.ha.settings import from_config
 
         settings = from_config(
@@ -358,9 +366,14 @@ class BrokerConfig:
             min_insync_replicas=self.min_insync_replicas, ha_max_lag_ms=self.ha_max_lag_ms,
             ha_ack_timeout_ms=self.ha_ack_timeout_ms, ha_lease_ttl_s=self.ha_lease_ttl_s,
             allow_unclean_election=self.allow_unclean_election, ha_metadata_sync_ms=self.ha_metadata_sync_ms,
-            broker_id=self.broker_id,
+            broker_id=self.broker_id, auth_enabled=self.auth_enabled,
         )  # fmt: skip
-        return dataclasses.replace(settings, tls=self.server_tls()) if settings is not None else None
+        etcd = etcd_security.from_config(
+            ca_file=self.etcd_ca_file, cert_file=self.etcd_cert_file, key_file=self.etcd_key_file,
+            user=self.etcd_user, password_file=self.etcd_password_file,
+            endpoints=settings.controller if settings is not None else (),
+        )  # fmt: skip
+        return dataclasses.replace(settings, tls=self.server_tls(), etcd=etcd) if settings is not None else None
 
     def server_tls(self) -> ServerTls | None:
         """The TLS settings of every port (None: plain text); InvalidArgumentError for a bad or unreadable one."""

@@ -30,6 +30,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
                  "tls_client_auth": args.tls_client_auth, "auth_enabled": args.auth,
                  "allow_plaintext_auth": args.allow_plaintext_auth, "auth_window_s": args.auth_window_s}  # fmt: skip
+    overrides.update({"etcd_ca_file": args.etcd_ca_file, "etcd_cert_file": args.etcd_cert_file,
+                      "etcd_key_file": args.etcd_key_file, "etcd_user": args.etcd_user,
+                      "etcd_password_file": args.etcd_password_file})  # fmt: skip
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )

@@ -151,7 +151,31 @@ def _broker(b: argparse.ArgumentParser) -> None:
                    help="allow --auth without TLS (signed headers can then be read and replayed within the window)")
     a.add_argument("--auth-window-s", type=int, default=None, metavar="S",
                    help="accept signatures made at most S seconds from this broker's clock (default 900)")  # fmt: skip
+    _etcd(b)
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
+
+
+class _PasswordRefused(argparse.Action):
+    """``--etcd-password``: refused, with the way that works (and so not read as an abbreviation of
+    ``--etcd-password-file``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        parser.error(f"{option_string} is not taken on the command line, where every local user can read it (ps): "
+                     "give --etcd-password-file FILE or $SLUICE_ETCD_PASSWORD")  # fmt: skip
+
+
+def _etcd(b: argparse.ArgumentParser) -> None:
+    e = b.add_argument_group("etcd, controller mode (docs/replication.md)")
+    e.add_argument("--etcd-ca-file", default=None, metavar="FILE",
+                   help="PEM CA of etcd's server certificates: reach etcd over HTTPS, trusting this CA only")
+    e.add_argument("--etcd-cert-file", default=None, metavar="FILE",
+                   help="PEM client certificate for an etcd run with --client-cert-auth (needs --etcd-ca-file)")
+    e.add_argument("--etcd-key-file", default=None, metavar="FILE", help="the client certificate's PEM key")
+    e.add_argument("--etcd-user", default=None, metavar="NAME", help="etcd user, for an etcd with auth enabled")
+    e.add_argument("--etcd-password-file", default=None, metavar="FILE",
+                   help="file holding the etcd user's password (or $SLUICE_ETCD_PASSWORD; never on the command line)")
+    e.add_argument("--etcd-password", action=_PasswordRefused, help=argparse.SUPPRESS)
 
 
 def _tls(p: argparse.ArgumentParser) -> None:

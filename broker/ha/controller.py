@@ -36,7 +36,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.errors import BrokerError
-from broker.ha.etcd_client import Compare, CoordinationError, Etcd, KeyValue, Put
+from broker.ha.etcd_client import (
+    Compare,
+    CoordinationError,
+    Etcd,
+    EtcdAuthError,
+    EtcdPermissionError,
+    EtcdTlsError,
+    KeyValue,
+    Put,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +121,15 @@ class Controller:
         return self.prefix + "master"
 
     def start(self) -> None:
+        """Start the loop; first, a refusal of this broker's TLS or credentials by etcd stops the start with its
+        error (EtcdTlsError, EtcdAuthError, EtcdPermissionError): a broker that could never be elected must not look
+        healthy. An etcd that does not answer yet is waited for by the loop."""
+        try:
+            self.etcd.get(self.state_key)
+        except (EtcdTlsError, EtcdAuthError, EtcdPermissionError):
+            raise
+        except CoordinationError as e:
+            log.warning("etcd does not answer yet (%s); the group's state is read once it does", e.message)
         self._thread = threading.Thread(target=self._run, name="ha-controller", daemon=True)
         self._thread.start()
         self._keeper = threading.Thread(target=self._keep_alive_loop, name="ha-lease", daemon=True)

@@ -150,7 +150,8 @@ class ReplicationManager:
         s = self.settings
         if s.controller_mode:
             self.controller = Controller(
-                Etcd(s.controller), cluster=self.identity.cluster, broker_name=self.identity.broker_name,
+                Etcd(s.controller, security=s.etcd), cluster=self.identity.cluster,
+                broker_name=self.identity.broker_name,
                 broker_id=self.own_broker_id, address=self.identity.address, ha_address=ha_advertised,
                 store_id=self.identity.store_id, lease_ttl_s=s.lease_ttl_s, allow_unclean=s.allow_unclean_election,
                 hooks=ControllerHooks(follow=self._follow, elected=self._elected, fenced=self._fenced),

@@ -3,13 +3,20 @@
 Every replica runs it; only the group's current master serves it (others answer NOT_MASTER). A slave:
 
 1. Open: its Hello must name the same cluster and broker group, another broker id, the same commit-log file size
-   (offsets name the same files) and a protocol version this broker speaks. A slave that knows a newer master epoch
-   than this master's is refused, and tells this master it is stale (fencing). The answer: a session id and a
-   nonce. At most MAX_SESSIONS sessions exist; one not joined within JOIN_TIMEOUT_S goes.
-2. Join: with a secret, the slave's proof is checked in constant time (auth.py); the Handshake carries the master's
-   own proof and says where the slave's log continues (divergence.py): at its end, after cutting it back to the
-   divergence point, or from the master's first file. A slave told to cut or discard does so (crash-safely, at its
-   next start) and opens a new session.
+   (offsets name the same files) and a protocol version this broker speaks. The answer: a handshake id and a nonce.
+   Nothing else happens before the peer proved the group's secret: the handshake waits in a table of its own
+   (``Unproven``: at most MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE from one source address, each for
+   UNPROVEN_TIMEOUT_S), apart from the replica sessions, so strangers can neither fence this master with a made-up
+   epoch nor take the replicas' places. A source over its limit is refused with SYSTEM_BUSY.
+2. Join: with a secret, the slave's proof is checked first, in constant time (auth.py). Only a proven peer goes
+   on: a slave that knows a newer master epoch than this master's is refused, and tells this master it is stale
+   (fencing); then it takes one of MAX_SESSIONS replica sessions. The Handshake carries the master's own proof and
+   says where the slave's log continues (divergence.py): at its end, after cutting it back to the divergence point,
+   or from the master's first file. A slave told to cut or discard does so (crash-safely, at its next start) and
+   opens a new session.
+   Without a secret (``ha_secret_file`` unset, allowed on a loopback endpoint only, and never with ``auth_enabled``)
+   the proof is empty and every peer counts as proven: the port is then unauthenticated, open to every process of
+   the machine.
 3. Fetch, again and again: the request reports what the slave holds (its acknowledgement, to the in-sync set) and
    asks for bytes from an offset; the answer carries up to MAX_CHUNK_BYTES of one file and one epoch, the config
    files that changed since the slave's version, the confirmed offset and whether the slave is in sync. When there
@@ -22,7 +29,6 @@ A session not fetched from for SESSION_IDLE_S is dropped and its replica counts 
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +40,7 @@ from broker.errors import BrokerError, InvalidArgumentError, NotMasterError, Res
 from broker.ha import auth, divergence
 from broker.ha.chunk import MAX_CHUNK_BYTES
 from broker.ha.epoch_file import EpochEntry
+from broker.ha.unproven import Unproven, source_of
 from broker.proto import ha_pb2 as hpb
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
@@ -46,8 +53,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 QUEUE_KEY_SEPARATOR = "\x01"  # topic and queue id in Handshake.queue_starts (topics never hold it)
 MAX_WAIT_MS = 1000  # longest a fetch is held; a slave asks for less (slave.FETCH_WAIT_MS)
-MAX_SESSIONS = 64  # open sessions at once (a group has at most 16 replicas; the rest is room for reconnects)
-JOIN_TIMEOUT_S = 10.0
+MAX_SESSIONS = 64  # proven sessions at once (a group has at most 16 replicas; the rest is room for reconnects)
 SESSION_IDLE_S = 5.0
 MAX_EPOCH_ENTRIES_IN_HELLO = 10_000  # epoch_file.MAX_EPOCH_ENTRIES: a longer history is not a replica's
 
@@ -58,12 +64,12 @@ class StreamRefused(BrokerError):
 
 @dataclass
 class Session:
+    """A proven replica's stream, from its Join on."""
+
     hello: hpb.Hello
-    server_nonce: bytes
-    opened_at: float
-    epoch: int = 0  # set by Join: the master epoch it was joined under
-    number: int = 0  # the in-sync set's session number
-    last_fetch: float = 0.0
+    epoch: int  # the master epoch it was joined under
+    number: int  # the in-sync set's session number
+    last_fetch: float
     confirmed_sent: int = -1
     in_sync_sent: bool = False
 
@@ -80,11 +86,12 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
         self.manager = manager
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        self.unproven = Unproven()
 
     # ------------------------------------------------------------------------------------------ rpcs
     def Open(self, request: hpb.Hello, context: grpc.ServicerContext) -> Any:
         try:
-            return self._open(request)
+            return self._open(request, source_of(context.peer()))
         except BrokerError as e:
             _refuse(context, e)
 
@@ -101,32 +108,20 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
             _refuse(context, e)
 
     # ------------------------------------------------------------------------------------------ sessions
-    def _open(self, hello: hpb.Hello) -> hpb.Opened:
+    def _open(self, hello: hpb.Hello, source: str) -> hpb.Opened:
+        """A handshake, waiting for the peer's proof: nothing the Hello says is acted on before Join checks it."""
         self._check_hello(hello)
         m = self.manager
-        state = m.master_state()
-        if state is None:
+        if m.master_state() is None:
             raise NotMasterError(f"{m.identity_text()} is not the master of its group now")
-        if hello.known_epoch > state[0]:
-            m.saw_newer_epoch(hello.known_epoch, f"replica {hello.broker_id} knows epoch {hello.known_epoch}")
-            raise NotMasterError(f"this master's epoch {state[0]} is older than epoch {hello.known_epoch}")
-        now = time.monotonic()
-        with self._lock:
-            self._expire(now)
-            if len(self._sessions) >= MAX_SESSIONS:
-                raise StreamRefused(f"{MAX_SESSIONS} replication sessions are open; try again later",
-                                    ResponseCode.SYSTEM_BUSY)  # fmt: skip
-            sid = secrets.token_hex(16)
-            self._sessions[sid] = Session(hello, auth.nonce(), now)
-            return hpb.Opened(session=sid, server_nonce=self._sessions[sid].server_nonce)
+        hid, nonce = self.unproven.add(hello, source)
+        return hpb.Opened(session=hid, server_nonce=nonce)
 
     def _expire(self, now: float) -> None:
         for sid, s in list(self._sessions.items()):
-            idle = now - (s.last_fetch or s.opened_at)
-            if (not s.epoch and now - s.opened_at > JOIN_TIMEOUT_S) or (s.epoch and idle > SESSION_IDLE_S):
+            if now - s.last_fetch > SESSION_IDLE_S:
                 del self._sessions[sid]
-                if s.number:
-                    self._disconnected(s)
+                self._disconnected(s)
 
     def _disconnected(self, s: Session) -> None:
         state = self.manager.master_state()
@@ -134,38 +129,44 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
             state[1].disconnect(s.hello.broker_id, s.number)
         log.info("replica %d (%s): session ended", s.hello.broker_id, s.hello.address)
 
+    def session_count(self) -> int:
+        """Proven replica sessions open now (each holds one of MAX_SESSIONS slots)."""
+        with self._lock:
+            return len(self._sessions)
+
     def sweep(self) -> None:
         """Drop idle sessions (called by the master's review loop)."""
         with self._lock:
             self._expire(time.monotonic())
+        self.unproven.sweep()
 
     def _join(self, request: hpb.JoinRequest) -> hpb.Handshake:
         m = self.manager
-        with self._lock:
-            session = self._sessions.get(request.session)
-        if session is None or session.epoch:
-            raise StreamRefused("unknown or already joined replication session; open a new one",
+        pending = self.unproven.take(request.session)
+        if pending is None:
+            raise StreamRefused("unknown, expired or already joined replication handshake; open a new one",
                                 ResponseCode.INVALID_ARGUMENT)  # fmt: skip
-        hello = session.hello
+        hello, server_nonce = pending.hello, pending.server_nonce
         secret = m.settings.secret
-        if secret:
-            expected = auth.slave_proof(secret, session.server_nonce, hello.client_nonce, hello.SerializeToString())
+        if secret:  # first: until the proof holds, the Hello is a stranger's word
+            expected = auth.slave_proof(secret, server_nonce, hello.client_nonce, hello.SerializeToString())
             if not auth.same(expected, request.proof):
-                with self._lock:
-                    self._sessions.pop(request.session, None)
                 raise StreamRefused(
-                    f"replica {hello.broker_name}/{hello.broker_id} ({hello.address}) failed the challenge: its "
-                    "ha_secret_file differs from this master's", ResponseCode.NO_PERMISSION,
+                    f"a peer at {pending.source} posing as replica {hello.broker_name[:60]}/{hello.broker_id} failed "
+                    "the challenge: its ha_secret_file differs from this master's", ResponseCode.UNAUTHENTICATED,
                 )  # fmt: skip
         state = m.master_state()
         if state is None:
             raise NotMasterError(f"{m.identity_text()} is not the master of its group now")
         epoch, in_sync = state
+        if hello.known_epoch > epoch:  # a proven replica knows of a newer master: this one is stale
+            m.saw_newer_epoch(hello.known_epoch, f"replica {hello.broker_id} knows epoch {hello.known_epoch}")
+            raise NotMasterError(f"this master's epoch {epoch} is older than epoch {hello.known_epoch}")
         store = m.store
         slave_epochs = [EpochEntry(e.epoch, e.start_offset) for e in hello.epochs]
         plan = divergence.plan(m.epochs.entries, store.min_phys_offset(), store.max_phys_offset(), slave_epochs,
                                hello.max_offset)  # fmt: skip
-        proof = auth.master_proof(secret, hello.client_nonce, session.server_nonce) if secret else b""
+        proof = auth.master_proof(secret, hello.client_nonce, server_nonce) if secret else b""
         answer = hpb.Handshake(
             master_epoch=epoch, start_offset=plan.start_offset, truncate_to=plan.truncate_to, reset=plan.reset,
             proof=proof, master_min_offset=store.min_phys_offset(), master_max_offset=store.max_phys_offset(),
@@ -178,16 +179,17 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
             log.warning("replica %d (%s) must %s before it follows", hello.broker_id, hello.address,
                         "start again from this master's first file" if plan.reset
                         else f"truncate its log to {plan.truncate_to} (it ends at {hello.max_offset})")  # fmt: skip
-            with self._lock:
-                self._sessions.pop(request.session, None)
             return answer
         with self._lock:
+            self._expire(time.monotonic())
             for sid, other in list(self._sessions.items()):  # a replica's older session: replaced
-                if other.hello.broker_id == hello.broker_id and sid != request.session:
+                if other.hello.broker_id == hello.broker_id:
                     del self._sessions[sid]
-            session.number = in_sync.connect(hello.broker_id, hello.store_id, hello.address)
-            session.epoch = epoch
-            session.last_fetch = time.monotonic()
+            if len(self._sessions) >= MAX_SESSIONS:
+                raise StreamRefused(f"{MAX_SESSIONS} replication sessions are open; try again later",
+                                    ResponseCode.SYSTEM_BUSY)  # fmt: skip
+            number = in_sync.connect(hello.broker_id, hello.store_id, hello.address)
+            self._sessions[request.session] = Session(hello, epoch, number, time.monotonic())
         log.info("replica %d (%s) follows from commit-log offset %d", hello.broker_id, hello.address,
                  plan.start_offset)  # fmt: skip
         return answer
@@ -221,7 +223,7 @@ class ReplicationServicer(hpb_grpc.ReplicationServicer):
             session = self._sessions.get(request.session)
             if session is not None:
                 session.last_fetch = time.monotonic()
-        if session is None or not session.epoch:
+        if session is None:
             raise StreamRefused("unknown replication session (expired, or replaced); open a new one",
                                 ResponseCode.INVALID_ARGUMENT)  # fmt: skip
         state = m.master_state()

@@ -7,7 +7,9 @@
   port when the client port is 0).
 * ``ha_master_address`` (""): classic slave, the master's replication endpoint; "": learned from the name servers.
 * ``ha_secret_file`` (""): a file holding the group's shared secret (auth.py); required unless the replication
-  endpoint is on a loopback address.
+  endpoint is on a loopback address, and always with ``auth_enabled``: without it the replication port is
+  unauthenticated, and any process that reaches it (any local user, on loopback) could pose as a replica and read
+  every topic's messages from the log, around the users' rights.
 * ``min_insync_replicas`` (2): SYNC_MASTER and controller mode, writes are refused while fewer replicas (the master
   counts) are in sync.
 * ``ha_max_lag_ms`` (5000): a replica not caught up with the master for this long leaves the in-sync set.
@@ -17,6 +19,8 @@
 * ``allow_unclean_election`` (false): controller mode, elect a live replica outside the in-sync set when no member
   of it is alive (acknowledged messages it lacks are lost).
 * ``ha_metadata_sync_ms`` (200): how often a master sends changed config files to its slaves.
+* ``etcd_ca_file``, ``etcd_cert_file``, ``etcd_key_file``, ``etcd_user``, ``etcd_password_file``: controller
+  mode, how the broker reaches etcd (TLS, a client certificate, an etcd user): etcd_security.py.
 * ``tls``: the broker's TLS settings (tls_cert, tls_key, tls_ca, tls_client_auth), not a setting of its own: with
   them the replication endpoint serves TLS and a replica connects to its master over TLS, presenting the broker's
   certificate (broker/server/tls.py). The shared secret is still required off loopback: TLS keeps the stream
@@ -27,10 +31,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from broker.errors import InvalidArgumentError
+from broker.ha.etcd_security import EtcdSecurity
 
 if TYPE_CHECKING:
     from broker.server.tls import ServerTls
@@ -59,6 +64,7 @@ class ReplicationSettings:
     allow_unclean_election: bool
     metadata_sync_ms: int
     tls: ServerTls | None = None  # the broker's (BrokerConfig.replication sets it)
+    etcd: EtcdSecurity = field(default_factory=EtcdSecurity)  # controller mode: TLS and credentials for etcd
 
     @property
     def controller_mode(self) -> bool:
@@ -117,6 +123,7 @@ def from_config(
     *, role: str, controller: str, ha_listen: str, listen: tuple[str, int], ha_master_address: str,
     ha_secret_file: str, min_insync_replicas: int, ha_max_lag_ms: int, ha_ack_timeout_ms: int, ha_lease_ttl_s: int,
     allow_unclean_election: bool, ha_metadata_sync_ms: int, broker_id: int, read_files: bool = True,
+    auth_enabled: bool = False,
 ) -> ReplicationSettings | None:  # fmt: skip
     """The settings, or None for a broker without replication; InvalidArgumentError naming the first bad one.
     ``read_files=False`` checks everything but the secret file's content (a config validated before the file is
@@ -159,6 +166,12 @@ def from_config(
     secret = b""
     if ha_secret_file:
         secret = read_secret(ha_secret_file) if read_files else b"?" * MIN_SECRET_BYTES
+    elif auth_enabled:
+        raise InvalidArgumentError(
+            "a replicated broker with auth_enabled (--auth) needs the group's shared secret (ha_secret_file): "
+            "without it the replication port asks for no proof, and any process that reaches it, on loopback any "
+            "local user, could pose as a replica and read every topic from the log around the users' rights"
+        )
     elif not is_loopback(ha_host):
         raise InvalidArgumentError(
             f"the replication endpoint {ha_host}:{ha_port} is not a loopback address: give the group's replicas a "

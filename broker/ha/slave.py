@@ -174,7 +174,7 @@ class Follower:
         secret = m.settings.secret
         if secret and not auth.same(auth.master_proof(secret, client_nonce, server_nonce), hs.proof):
             raise BrokerError(f"{target} failed to prove it knows the group's secret: not following it",
-                              ResponseCode.NO_PERMISSION)  # fmt: skip
+                              ResponseCode.UNAUTHENTICATED)  # fmt: skip
         self._fence(hs.master_epoch)
         m.learned_epoch(hs.master_epoch)
         if hs.reset:

@@ -21,7 +21,10 @@ ROOT = {"auth_enabled": True, "auth_root_access_key": "root", "auth_root_secret_
 
 
 def test_users_and_entries_reach_the_slave_and_the_slave_refuses_changes(tmp_path: Path, pki: Pki) -> None:
-    settings = {**tls_settings(pki, tls_ca=str(pki.ca)), **ROOT}
+    secret = tmp_path / "ha-secret"  # a replicated group with auth proves itself on the replication port
+    secret.write_text("group-secret-0123456789abcdef")
+    secret.chmod(0o600)
+    settings = {**tls_settings(pki, tls_ca=str(pki.ca)), **ROOT, "ha_secret_file": str(secret)}
     with brokers() as bs:
         m = broker(tmp_path / "m", role="SYNC_MASTER", min_insync_replicas=2, **settings)
         bs.append(m)
