@@ -45,7 +45,7 @@ import grpc
 from broker.auth import deferred
 from broker.auth.accounts import Accounts, User
 from broker.auth.caller import Caller, current
-from broker.auth.held_streams import UserStreams
+from broker.auth.held_streams import HELD_ANSWER_STREAMS, UserStreams
 from broker.auth.policy import Action, Entry, allows, need, topic
 from broker.auth.requirements import (
     DEFERRED_TOPIC_CHECKS,
@@ -271,11 +271,18 @@ class AuthGate(grpc.ServerInterceptor):
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
 
+            held = method in HELD_ANSWER_STREAMS
+
             def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 current.set(None)
                 try:
-                    current.set(self._admit(method, request, context))
-                    yield from inner_us(request, context)
+                    caller = self._admit(method, request, context)
+                    current.set(caller)
+                    release = self._hold_stream(caller, method, context) if held else _nothing
+                    try:
+                        yield from inner_us(request, context)
+                    finally:
+                        release()
                 finally:
                     current.set(None)  # not reset: a generator may be closed on another thread than its own
 

@@ -1,8 +1,9 @@
 """How many long-lived streams one user may hold open at once, each on a gRPC worker thread.
 
-SendStream, PullStream and RocketMQ 5's Telemetry (streams of requests from the client) each hold a worker for their
-life. Their kinds have broker-wide limits (call_stream.py, rmqv2/clients.py, semantics/check_hub.py), but a user
-allowed nothing at all may open them (their rights are checked request by request), and two kinds together
+SendStream, PullStream and RocketMQ 5's Telemetry (streams of requests from the client) and the transaction check
+stream (``HELD_ANSWER_STREAMS``: one request, answers for the stream's life) each hold a worker for their life.
+Their kinds have broker-wide limits (call_stream.py, rmqv2/clients.py, semantics/check_hub.py), but a user allowed
+nothing at all may open the first three (their rights are checked request by request), and two kinds together
 reach the whole held-call budget: one credential, leaked or used by a looping client, could then keep every other
 user's streams out. So each user holds at most ``1 / USER_SHARE`` of the budget; super users are not counted (they
 may stop the broker anyway). Past it a stream is refused when it opens with SYSTEM_BUSY (RocketMQ 5:
@@ -19,9 +20,12 @@ from collections.abc import Callable
 from broker.errors import SystemBusyError
 
 # A quarter: the streams of at least four users fit at once, and one user's leaves three quarters to the others.
-# A client process opens a handful (a producer's SendStream, a consumer's PullStream per queue it pulls at once,
-# one Telemetry), so a quarter of the default budget (56 of 224) is far beyond one application's need.
+# A client process opens a handful (a producer's SendStream, one Telemetry, a push consumer's PullStream per queue
+# it pulls): a quarter of the default budget is 56; a consumer of more queues than that pulls the rest by calls.
 USER_SHARE = 4
+# Streams of answers to one request that stay open for the client's life (counted like the request streams, which
+# are all counted); a RocketMQ 5 receive or pull is a long poll of at most 20 s, and is not.
+HELD_ANSWER_STREAMS = frozenset({"/sluice.v1.Broker/TransactionCheckStream"})
 
 
 class UserStreams:

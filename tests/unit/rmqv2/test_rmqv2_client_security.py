@@ -384,6 +384,24 @@ def test_one_user_may_hold_a_quarter_of_the_stream_workers(secured: BrokerProces
         wait_for(lambda: _opens(stub, nobody, request), what="a stream after the others closed", timeout_s=10)
 
 
+def test_transaction_check_streams_count_against_the_users_share(secured: BrokerProcess) -> None:
+    group = name("pg")
+    producer = user(secured.endpoint, (f"Group:{group}", ["Pub"]))
+    subscribe = pb.TransactionCheckSubscribe(producer_group=group, client_id=name("c"))
+    with grpc.insecure_channel(secured.endpoint) as channel:
+        stub = pbg.BrokerStub(channel)
+        held = [stub.TransactionCheckStream(subscribe, metadata=signed(producer), timeout=60) for _ in range(PER_USER)]
+        try:
+            time.sleep(1)  # each opened and waiting for check-backs
+            with pytest.raises(grpc.RpcError) as refused:
+                next(stub.TransactionCheckStream(subscribe, metadata=signed(producer), timeout=10))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refusal_code(refused.value) == ResponseCode.SYSTEM_BUSY
+        finally:
+            for call in held:
+                call.cancel()
+
+
 def _opens(stub: Any, creds: tuple[str, str], request: Any) -> bool:
     s = SendStream(stub, creds)
     try:
