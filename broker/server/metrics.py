@@ -267,6 +267,9 @@ def _bounded(base: type[ThreadingHTTPServer], bounds: _Bounds) -> type[Threading
     """``base`` serving at most the connections ``bounds`` admit."""
 
     class Bounded(base):  # type: ignore[valid-type,misc]
+        # connections waiting to be accepted (socketserver's 5 would make a burst's sixth wait for a SYN resend, 1 s)
+        request_queue_size = 128
+
         def process_request(self, request: socket.socket, client_address: tuple[str, int]) -> None:
             if not bounds.admit(request, client_address[0]):
                 log.debug("metrics: connection from %s refused: too many connections", client_address[0])
@@ -288,6 +291,11 @@ def _bounded(base: type[ThreadingHTTPServer], bounds: _Bounds) -> type[Threading
             super().service_actions()
             bounds.cut_overdue()
 
+        def handle_error(self, request: object, client_address: object) -> None:
+            # a peer gone mid-answer or cut at its deadline, a scraper without TLS or with a certificate this server
+            # refuses: its problem, not the broker's (no traceback on stderr)
+            log.debug("metrics: connection from %s failed", client_address, exc_info=True)
+
     return Bounded
 
 
@@ -301,9 +309,5 @@ def _https_server(host: str, port: int, handler: type[BaseHTTPRequestHandler], t
         def get_request(self) -> tuple[socket.socket, object]:
             sock, address = super().get_request()
             return wrapper.wrap(sock), address
-
-        def handle_error(self, request: object, client_address: object) -> None:
-            # a scraper without TLS, or with a certificate this server refuses: its problem, not the broker's
-            log.debug("metrics: connection from %s failed", client_address, exc_info=True)
 
     return HttpsServer((host, port), handler)

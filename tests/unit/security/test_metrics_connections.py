@@ -82,7 +82,7 @@ def test_idle_connections_past_the_bound_are_closed_and_scrapes_still_answered(b
         assert len(closed) == 6  # the ones past its bound, at once: no thread is started for them
         for _ in range(3):
             status, took = scrape(port)
-            assert status == 200 and took < 2
+            assert status == 200 and took < 5  # not after the held ones' read timeout (10 s)
         assert scrape(port, None)[0] == 401  # and authentication still applies
     finally:
         for s in held:
@@ -103,8 +103,8 @@ def test_an_idle_connection_is_closed_after_the_read_timeout(server: MetricsServ
     (idle,) = idle_connections(server.port, 1)
     try:
         started = time.monotonic()
-        assert closed_by_server(idle, 5)
-        assert 0.8 < time.monotonic() - started < 3
+        assert closed_by_server(idle, 8)
+        assert 0.8 < time.monotonic() - started < 8  # read timeout 1 s; the bound leaves room for a busy machine
     finally:
         idle.close()
 
@@ -115,7 +115,7 @@ def test_a_trickling_connection_is_cut_at_its_deadline(server: MetricsServer) ->
         started = time.monotonic()
         slow.sendall(b"GET /metrics HTTP/1.1\r\n")
         cut = False
-        while time.monotonic() - started < 8 and not cut:
+        while time.monotonic() - started < 15 and not cut:
             time.sleep(0.5)  # within the read timeout each time
             try:
                 slow.sendall(b"X-Slow: 1\r\n")
@@ -123,7 +123,7 @@ def test_a_trickling_connection_is_cut_at_its_deadline(server: MetricsServer) ->
                 cut = True
                 break
             cut = closed_by_server(slow, 0.01)
-        assert cut and 2.5 < time.monotonic() - started < 6
+        assert cut and 2.5 < time.monotonic() - started < 12  # deadline 3 s, checked every 0.5 s
     finally:
         slow.close()
 
