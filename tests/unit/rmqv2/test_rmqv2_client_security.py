@@ -348,10 +348,9 @@ def test_one_user_may_hold_a_quarter_of_the_stream_workers(secured: BrokerProces
                 assert s.send(request).code == ResponseCode.NO_PERMISSION
                 held.append(s)
             for _ in range(2):
-                telemetry.append(Telemetry(v2stub, nobody, name("c")))
-            wait_for(lambda: all(not t.ended.is_set() for t in telemetry) and len(telemetry) == 2)
-            time.sleep(0.5)
-            assert not any(t.ended.is_set() for t in telemetry)
+                t = Telemetry(v2stub, nobody, name("c"))
+                telemetry.append(t)
+                assert t.send(publishing(topic)).status.code == v2.FORBIDDEN  # open, its settings refused
             # ... up to its share; past it every kind of stream is refused when it opens
             over = SendStream(stub, nobody)
             with pytest.raises(grpc.RpcError) as refused:
@@ -390,15 +389,16 @@ def test_transaction_check_streams_count_against_the_users_share(secured: Broker
     subscribe = pb.TransactionCheckSubscribe(producer_group=group, client_id=name("c"))
     with grpc.insecure_channel(secured.endpoint) as channel:
         stub = pbg.BrokerStub(channel)
-        held = [stub.TransactionCheckStream(subscribe, metadata=signed(producer), timeout=60) for _ in range(PER_USER)]
+        calls = [stub.TransactionCheckStream(subscribe, metadata=signed(producer), timeout=60)
+                 for _ in range(PER_USER + 1)]  # fmt: skip
         try:
-            time.sleep(1)  # each opened and waiting for check-backs
-            with pytest.raises(grpc.RpcError) as refused:
-                next(stub.TransactionCheckStream(subscribe, metadata=signed(producer), timeout=10))
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert refusal_code(refused.value) == ResponseCode.SYSTEM_BUSY
+            wait_for(lambda: any(c.done() for c in calls), what="a check stream refused")
+            time.sleep(0.5)
+            (refused,) = [c for c in calls if c.done()]  # one past the share; the others open, waiting for checks
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refusal_code(refused) == ResponseCode.SYSTEM_BUSY
         finally:
-            for call in held:
+            for call in calls:
                 call.cancel()
 
 
