@@ -56,6 +56,7 @@ POSITIVE_SETTINGS = (
     "pop_auto_renew_invisible_ms", "timer_max_delay_ms", "timer_max_pending", "journal_compact_bytes",
     "rmqv2_max_long_polling_ms", "auth_window_s",
     "max_total_queue_nums", "max_auto_create_topics_per_request", "max_consumers", "max_subscription_groups",
+    "rmqv2_max_clients",
 )  # fmt: skip
 # What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
 # one message), a pull answer's entry positions (5 bytes for each of at most 4096) and protobuf framing.
@@ -214,6 +215,9 @@ class BrokerConfig:
     # A ReceiveMessage long-polls between these bounds (the RocketMQ proxy's 5 s and 20 s), within its deadline.
     rmqv2_min_long_polling_ms: int = 5_000
     rmqv2_max_long_polling_ms: int = 20_000
+    # RocketMQ 5 clients remembered at once (each keeps its settings, a few hundred bytes); a user may hold a quarter
+    # of them (broker/rmqv2/clients.py). Past it a new client is refused with TOO_MANY_REQUESTS.
+    rmqv2_max_clients: int = 100_000
     # Replication and failover (broker/ha; the table of these settings is in broker/ha/settings.py)
     role: str = ""  # "": no replication; ASYNC_MASTER | SYNC_MASTER | SLAVE (classic mode)
     controller: str = ""  # etcd://HOST:PORT[,...]: controller mode, automatic failover

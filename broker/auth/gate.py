@@ -20,7 +20,10 @@ Nothing is cached across calls: a user's entries are read from ``Accounts`` on e
 a revocation or a disabled user applies to the next request. The cost per call is one HMAC-SHA1 and a scan of the
 user's entries; measured in bench/security.py. A SendBatch's topics are checked where the batch is parsed
 (deferred.py). A SendStream or PullStream is authenticated when it opens, and each of its requests is admitted as
-its unary call is, its signature checked again but not its date-time (server/call_stream.py).
+its unary call is, its signature checked again but not its date-time (server/call_stream.py). A stream counts
+against its user's share of the held worker threads while it is open (held_streams.py). The caller of each
+admitted call is readable inside its handler (caller.py), for the rights only the handler can decide (a RocketMQ 5
+Telemetry stream's settings, which arrive after it opened).
 
 A request that could not be parsed (request_guard.py) is authenticated and then passed to its handler, which
 refuses it as INVALID_ARGUMENT: its rights cannot be read from it, and it changes nothing.
@@ -41,6 +44,8 @@ import grpc
 
 from broker.auth import deferred
 from broker.auth.accounts import Accounts, User
+from broker.auth.caller import Caller, current
+from broker.auth.held_streams import HELD_ANSWER_STREAMS, UserStreams
 from broker.auth.policy import Action, Entry, allows, need, topic
 from broker.auth.requirements import (
     DEFERRED_TOPIC_CHECKS,
@@ -119,8 +124,11 @@ class AuthGate(grpc.ServerInterceptor):
     """Authentication and authorization of every call (module docstring)."""
 
     def __init__(self, accounts: Accounts, settings: AuthSettings, refusals: Counter,
-                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:  # fmt: skip
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+                 streams: UserStreams | None = None) -> None:  # fmt: skip
+        """``streams``: the per-user count of open streams (held_streams.py); None counts nothing."""
         self.accounts = accounts
+        self.streams = streams
         self.settings = settings
         self.refusals = refusals
         self.clock = clock
@@ -196,10 +204,12 @@ class AuthGate(grpc.ServerInterceptor):
         context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
         context.abort(grpc_code_for(e.code), capped_details(e.message))
 
-    def _admit(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
+    def _admit(self, method: str, request: Any, context: grpc.ServicerContext) -> Caller | None:
+        """The caller, authenticated and authorized for ``method``; None for an anonymous method. Aborts the call
+        (raises) when refused."""
         requirement = requirement_of(method)
         if is_anonymous(requirement):
-            return
+            return None
         metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
         who = "an anonymous caller"
         try:
@@ -213,6 +223,28 @@ class AuthGate(grpc.ServerInterceptor):
                 except AuthenticationError:
                     who = "a caller with a malformed authorization header"
             self._refuse(e, context, who, method.rsplit("/", 1)[-1])
+            raise  # not reached: abort raised
+        return Caller(user.access_key, source_address(context.peer()), self.accounts,
+                      lambda e: self._refused_inside(e, context, user.access_key, method))  # fmt: skip
+
+    def _refused_inside(self, e: NoPermissionError, context: grpc.ServicerContext, key: str, method: str) -> None:
+        """A refusal decided by a handler (caller.py): counted and logged as the gate's own are."""
+        self.refusals.inc(labels=(("reason", "denied"),))
+        rpc = method.rsplit("/", 1)[-1]
+        self._log.warn(key, f"{rpc} refused (denied) for user {key!r} from {context.peer()}: {e.message}")
+
+    def _hold_stream(self, caller: Caller | None, method: str, context: grpc.ServicerContext) -> Callable[[], None]:
+        """Count the stream against its user's share of the held workers (held_streams.py); aborts past it."""
+        if self.streams is None or caller is None:
+            return _nothing
+        user = self.accounts.user(caller.access_key)
+        if user is not None and user.super_user:
+            return _nothing
+        try:
+            return self.streams.hold(caller.access_key)
+        except BrokerError as e:
+            self._refuse(e, context, f"user {caller.access_key!r}", method.rsplit("/", 1)[-1])
+            raise  # not reached: abort raised
 
     # ------------------------------------------------------------------------------------------ wrapping
     def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
@@ -227,26 +259,68 @@ class AuthGate(grpc.ServerInterceptor):
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 token = deferred.pending.set(None)  # a worker thread's last call must not lend this one its check
+                caller_token = current.set(None)
                 try:
-                    self._admit(method, request, context)
+                    current.set(self._admit(method, request, context))
                     return inner_uu(request, context)
                 finally:
+                    current.reset(caller_token)
                     deferred.pending.reset(token)
 
             return handler._replace(unary_unary=unary)
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
 
+            held = method in HELD_ANSWER_STREAMS
+
             def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                self._admit(method, request, context)
-                yield from inner_us(request, context)
+                current.set(None)
+                try:
+                    caller = self._admit(method, request, context)
+                    current.set(caller)
+                    release = self._hold_stream(caller, method, context) if held else _nothing
+                    try:
+                        yield from inner_us(request, context)
+                    finally:
+                        release()
+                finally:
+                    current.set(None)  # not reset: a generator may be closed on another thread than its own
 
             return handler._replace(unary_stream=unary_stream)
-        inner = handler.stream_stream or handler.stream_unary
-        streaming = "stream_stream" if handler.stream_stream is not None else "stream_unary"
+        if handler.stream_stream is not None:
+            inner_ss = handler.stream_stream
 
-        def from_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            self._admit(method, None, context)  # rights from metadata only: see the requirement of these methods
-            return inner(requests, context)
+            def stream_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+                current.set(None)
+                try:
+                    caller = self._admit(method, None, context)  # from metadata only: see these methods' requirement
+                    current.set(caller)
+                    release = self._hold_stream(caller, method, context)
+                    try:
+                        yield from inner_ss(requests, context)
+                    finally:
+                        release()
+                finally:
+                    current.set(None)
 
-        return handler._replace(**{streaming: from_stream})
+            return handler._replace(stream_stream=stream_stream)
+        inner_su = handler.stream_unary
+
+        def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            caller_token = current.set(None)
+            try:
+                caller = self._admit(method, None, context)
+                current.set(caller)
+                release = self._hold_stream(caller, method, context)
+                try:
+                    return inner_su(requests, context)
+                finally:
+                    release()
+            finally:
+                current.reset(caller_token)
+
+        return handler._replace(stream_unary=stream_unary)
+
+
+def _nothing() -> None:
+    return None

@@ -2,7 +2,9 @@
 
 Every answer carries a ``Status`` (codes.py); a refused request changes nothing. Every call must carry the client
 id header (``x-mq-client-id``), as the RocketMQ proxy requires. Credentials and rights are checked before any of
-this runs, by the broker's AuthGate interceptor (broker/auth/gate.py), as for every other service.
+this runs, by the broker's AuthGate interceptor (broker/auth/gate.py), as for every other service; what only
+arrives later is checked here, for the caller the gate admitted (broker/auth/caller.py): a Telemetry stream's
+settings as each arrives, the group a client leaves. A client id is its first user's (clients.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
+from broker.auth.caller import Caller, current_caller
+from broker.auth.policy import Action, need
+from broker.auth.policy import group as group_resource
+from broker.auth.policy import topic as topic_resource
 from broker.config import BrokerConfig
 from broker.errors import BrokerError, MessageIllegalError, SystemBusyError
 from broker.rmqv2.clients import ClientRegistry
@@ -30,6 +36,7 @@ from broker.rmqv2.convert import Outgoing, message_id, to_sluice, to_v2
 from broker.rmqv2.route import RouteSource, assignments, message_queues, request_address
 from broker.semantics import SubscriptionGroupManager, TransactionService
 from broker.semantics.pop import PopRequest, PopService
+from broker.semantics.subscription_group import SubscriptionGroupConfig
 from broker.semantics.system_topics import is_system_topic
 from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
@@ -51,6 +58,11 @@ DEADLINE_MARGIN_MS = 200
 PRODUCER_MAX_ATTEMPTS = 3
 PRODUCER_BACKOFF_INITIAL_MS, PRODUCER_BACKOFF_MAX_MS, PRODUCER_BACKOFF_MULTIPLIER = 10, 1000, 2.0
 RECEIVE_BATCH_SIZE = 32  # told to PushConsumers (the proxy's grpcClientConsumerLongPollingBatchSize)
+# A Telemetry settings message is kept for its client's life and walked on each check-back and heartbeat: a
+# producer's topics or a consumer's subscriptions, at most this many (applications list a few), and at most this
+# size (the topics at their longest name, 255 characters, with room for filter expressions).
+MAX_SETTINGS_TOPICS = 256
+MAX_SETTINGS_BYTES = 128 << 10
 
 R = TypeVar("R")
 
@@ -111,11 +123,16 @@ class MessagingService(v2g.MessagingServiceServicer):
         self.clients = clients
 
     def _admit(self, context: grpc.ServicerContext, method: str) -> str:
-        metadata = _metadata(context)
-        client_id = metadata.get(CLIENT_ID_HEADER, "")
+        """The call's client id, seen now; refused when another user owns it or the client table is full."""
+        client_id = self._client_id(context)
+        self.clients.seen(client_id, current_caller())
+        return client_id
+
+    @staticmethod
+    def _client_id(context: grpc.ServicerContext) -> str:
+        client_id = _metadata(context).get(CLIENT_ID_HEADER, "")
         if not client_id or len(client_id) > 255:
             raise ProtocolError(Code.CLIENT_ID_REQUIRED, f"header {CLIENT_ID_HEADER} is required (1..255 characters)")
-        self.clients.seen(client_id)
         return client_id
 
     @staticmethod
@@ -172,19 +189,47 @@ class MessagingService(v2g.MessagingServiceServicer):
 
     @_unary(v2s.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
+        """Only the client's own user gets here (``_admit`` refuses another user's call naming the id); a group it
+        leaves needs Sub or Pub on it, as joining it did."""
         if request.HasField("group") and request.group.name:
-            self.b.consumers.unregister(self._group(request.group.name), client_id)
+            group = self._group(request.group.name)
+            caller = current_caller()
+            if caller is not None:
+                caller.require(need(group_resource(group), Action.SUB, Action.PUB))
+            self.b.consumers.unregister(group, client_id)
         self.clients.terminate(client_id)
         self.b.pops.release_client(client_id)
         return v2s.NotifyClientTerminationResponse(status=status())
 
+    def _check_settings(self, settings: Any, caller: Caller | None) -> None:
+        """Refuse settings past the limits, or naming what the caller may not use: Pub on each topic a producer
+        lists (it is sent those topics' check-backs), Sub on a consumer's group and each topic it subscribes."""
+        size = settings.ByteSize()
+        if size > MAX_SETTINGS_BYTES:
+            raise ProtocolError(Code.PAYLOAD_TOO_LARGE, f"settings of {size} bytes; at most {MAX_SETTINGS_BYTES}")
+        if settings.HasField("publishing"):
+            topics = [self._topic(t.name) for t in settings.publishing.topics]
+            needs = [need(topic_resource(t), Action.PUB) for t in dict.fromkeys(topics)]
+        elif settings.HasField("subscription"):
+            group = self._group(settings.subscription.group.name)
+            topics = [self._topic(e.topic.name) for e in settings.subscription.subscriptions]
+            needs = [need(group_resource(group), Action.SUB)]
+            needs += [need(topic_resource(t), Action.SUB) for t in dict.fromkeys(topics)]
+        else:
+            raise ProtocolError(Code.BAD_REQUEST, "settings carry neither publishing nor subscription")
+        if len(topics) > MAX_SETTINGS_TOPICS:
+            raise ProtocolError(Code.PAYLOAD_TOO_LARGE, f"settings list {len(topics)} topics; at most "
+                                                        f"{MAX_SETTINGS_TOPICS}")  # fmt: skip
+        if caller is not None:
+            caller.require(*needs)
+
     def _settings_answer(self, settings: Any) -> Any:
-        """The client's settings merged with the broker's (RocketMQ proxy's GrpcClientSettingsManager)."""
+        """The client's settings merged with the broker's (RocketMQ proxy's GrpcClientSettingsManager). A group the
+        settings name is not created here: the consumer's first receive or heartbeat does that, as in RocketMQ, on
+        a call that needs the right to consume it; until then the defaults a new group would get are told."""
         out = v2.Settings()
         out.CopyFrom(settings)
         if settings.HasField("publishing"):
-            for t in settings.publishing.topics:
-                self._topic(t.name)
             out.publishing.max_body_size = self.b.max_body_bytes
             out.publishing.validate_message_type = True
             out.backoff_policy.Clear()
@@ -194,7 +239,8 @@ class MessagingService(v2g.MessagingServiceServicer):
             exp.max.FromMilliseconds(PRODUCER_BACKOFF_MAX_MS)
             exp.multiplier = PRODUCER_BACKOFF_MULTIPLIER
         elif settings.HasField("subscription"):
-            cfg = self.b.groups.get(self._group(settings.subscription.group.name))
+            group = self._group(settings.subscription.group.name)
+            cfg = self.b.groups.peek(group) or SubscriptionGroupConfig(group)
             out.subscription.fifo = cfg.consume_message_orderly
             out.subscription.receive_batch_size = RECEIVE_BATCH_SIZE
             out.subscription.long_polling_timeout.FromMilliseconds(self.b.config.rmqv2_max_long_polling_ms)
@@ -208,13 +254,14 @@ class MessagingService(v2g.MessagingServiceServicer):
         return out
 
     def Telemetry(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        caller = current_caller()  # the reader thread below does not see this thread's context: passed along
         try:
-            client_id = self._admit(context, "Telemetry")
-            outbox = self.clients.open_stream(client_id)
+            client_id = self._client_id(context)
+            outbox = self.clients.open_stream(client_id, caller)
         except BrokerError as e:
             yield v2s.TelemetryCommand(status=status_of(e))
             return
-        reader = threading.Thread(target=self._read_telemetry, args=(client_id, request_iterator, outbox),
+        reader = threading.Thread(target=self._read_telemetry, args=(client_id, request_iterator, outbox, caller),
                                   name="rmqv2-telemetry", daemon=True)  # fmt: skip
         reader.start()
         try:
@@ -229,15 +276,16 @@ class MessagingService(v2g.MessagingServiceServicer):
         finally:
             self.clients.close_stream(client_id, outbox)
 
-    def _read_telemetry(self, client_id: str, commands: Iterator[Any], outbox: Any) -> None:
+    def _read_telemetry(self, client_id: str, commands: Iterator[Any], outbox: Any, caller: Caller | None) -> None:
         try:
             for command in commands:
                 kind = command.WhichOneof("command")
                 if kind != "settings":
                     continue  # thread stack traces, verification results: nothing asked them of this broker
                 try:
+                    self._check_settings(command.settings, caller)  # refused: the previous settings stay
                     answer = self._settings_answer(command.settings)
-                    self.clients.update_settings(client_id, command.settings)
+                    self.clients.update_settings(client_id, command.settings, caller)
                     reply = v2s.TelemetryCommand(status=status(), settings=answer)
                 except BrokerError as e:
                     reply = v2s.TelemetryCommand(status=status_of(e))

@@ -147,6 +147,11 @@ class SubscriptionGroupManager:
                 self._persist_locked()
             return cfg
 
+    def peek(self, group: str) -> SubscriptionGroupConfig | None:
+        """The group's settings if it exists; never creates it (for what a client may only describe, not make)."""
+        with self._lock:
+            return self._table.get(group)
+
     def get(self, group: str) -> SubscriptionGroupConfig:
         """Like ``find`` but SubscriptionGroupNotExistError when the group is unknown and not auto-created."""
         cfg = self.find(group)

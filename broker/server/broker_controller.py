@@ -22,6 +22,7 @@ from broker.address import check_port_free, format_address
 from broker.auth.accounts import USERS_FILE, Accounts, root_user
 from broker.auth.admin import AccountsAdmin
 from broker.auth.gate import AuthGate, AuthSettings
+from broker.auth.held_streams import UserStreams
 from broker.auth.http_basic import metrics_access
 from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.client.coordinator import CoordinatorClient
@@ -113,7 +114,8 @@ class BrokerController:
         max_held = config.grpc_max_workers - config.grpc_reserved_workers
         self.check_hub = CheckHub(max_streams=max(1, max_held // 2))
         # RocketMQ 5 clients' Telemetry streams hold a worker each too, as do held pops: all count against max_held.
-        self.rmqv2_clients = ClientRegistry(expire_ms=config.consumer_expire_ms, max_streams=max(1, max_held // 2))
+        self.rmqv2_clients = ClientRegistry(expire_ms=config.consumer_expire_ms, max_streams=max(1, max_held // 2),
+                                            max_clients=config.rmqv2_max_clients)  # fmt: skip
         self.call_streams = CallStreams(max_streams=max(1, max_held // 2))  # SendStream's, PullStream's
         self.pops: PopService | None = None
         self.timers: TimerService | None = None
@@ -199,9 +201,10 @@ class BrokerController:
                     "auth_root_access_key and auth_root_secret_key) for the first super user"
                 )
             tls = cfg.server_tls()
+            held_budget = cfg.grpc_max_workers - cfg.grpc_reserved_workers  # as max_held in __init__
             self.auth_gate = AuthGate(self.accounts, AuthSettings(cfg.auth_window_s, tls is not None and
                                                                   tls.client_auth == "require"),
-                                      self.metrics.auth_refusals)  # fmt: skip
+                                      self.metrics.auth_refusals, streams=UserStreams(held_budget))  # fmt: skip
             interceptors.append(self.auth_gate)
         if self.replication_settings is not None:
             interceptors.append(self.gate)

@@ -10,6 +10,11 @@ scraping every broker of a cluster can sum a figure over a cluster or tell the b
 With the broker's TLS settings the port serves HTTPS with the broker's certificate (broker/server/tls.py): the
 metrics name every topic and group, which is worth keeping from whoever listens on the network. With auth on, a
 scrape needs a user's credentials by HTTP Basic and Get on the Cluster (broker/auth/http_basic.py).
+
+Each connection is served on a thread of its own, so connections are bounded: at most ``MAX_CONNECTIONS`` at once
+and ``MAX_CONNECTIONS_PER_ADDRESS`` from one address (one peer that opens connections and sends nothing cannot
+keep the scrapers out); one past a bound is closed when accepted. A connection waits at most ``READ_TIMEOUT_S`` for
+each read and lives at most ``CONNECTION_DEADLINE_S`` in all (a peer sending a byte now and then is cut off too).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import bisect
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
@@ -30,6 +36,12 @@ log = logging.getLogger(__name__)
 Labels = tuple[tuple[str, str], ...]
 Sample = tuple[str, Labels, float]  # metric name (with suffix), labels, value
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Prometheus scrapes a target once at a time; a few scrapers (an HA pair, a person with curl) fit many times over.
+MAX_CONNECTIONS = 32
+MAX_CONNECTIONS_PER_ADDRESS = 4
+# A scrape's request arrives at once; Prometheus gives a whole scrape 10 s by default.
+READ_TIMEOUT_S = 10.0
+CONNECTION_DEADLINE_S = 30.0
 
 
 def _escape(value: str) -> str:
@@ -166,8 +178,11 @@ class MetricsServer:
     """``GET /metrics`` (any path, in fact) on a daemon thread."""
 
     def __init__(self, metrics: BrokerMetrics, host: str, port: int, tls: ServerTls | None = None,
-                 access: Callable[[str | None, str], int] | None = None) -> None:  # fmt: skip
-        """``access``: (Authorization header, peer address) -> HTTP status, when scrapes need credentials."""
+                 access: Callable[[str | None, str], int] | None = None, *, max_connections: int = MAX_CONNECTIONS,
+                 max_per_address: int = MAX_CONNECTIONS_PER_ADDRESS, read_timeout_s: float = READ_TIMEOUT_S,
+                 deadline_s: float = CONNECTION_DEADLINE_S) -> None:  # fmt: skip
+        """``access``: (Authorization header, peer address) -> HTTP status, when scrapes need credentials. The
+        bounds (module docstring) are keywords so that a test can shorten them."""
         render = metrics.render
 
         class Handler(BaseHTTPRequestHandler):
@@ -191,8 +206,10 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 log.debug("metrics: " + format, *args)
 
-        self._server = ThreadingHTTPServer((host, port), Handler) if tls is None else _https_server(host, port,
-                                                                                                    Handler, tls)
+        Handler.timeout = read_timeout_s  # each read of the request (StreamRequestHandler.setup)
+        bounds = _Bounds(max_connections, max_per_address, deadline_s)
+        self._server = _bounded(ThreadingHTTPServer, bounds)((host, port), Handler) if tls is None else \
+            _https_server(host, port, Handler, tls, bounds)  # fmt: skip
         self.scheme = "http" if tls is None else "https"
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -206,18 +223,91 @@ class MetricsServer:
         self._server.server_close()
 
 
-def _https_server(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls: ServerTls) -> ThreadingHTTPServer:
+class _Bounds:
+    """The connections being served: their count per address and their deadlines (module docstring)."""
+
+    def __init__(self, max_connections: int, max_per_address: int, deadline_s: float) -> None:
+        self.max_connections, self.max_per_address, self.deadline_s = max_connections, max_per_address, deadline_s
+        self._lock = threading.Lock()
+        self._open: dict[socket.socket, tuple[str, float]] = {}  # connection -> (address, deadline)
+        self._per_address: dict[str, int] = {}
+
+    def admit(self, sock: socket.socket, address: str) -> bool:
+        with self._lock:
+            if len(self._open) >= self.max_connections or self._per_address.get(address, 0) >= self.max_per_address:
+                return False
+            self._open[sock] = (address, time.monotonic() + self.deadline_s)
+            self._per_address[address] = self._per_address.get(address, 0) + 1
+            return True
+
+    def done(self, sock: socket.socket) -> None:
+        with self._lock:
+            found = self._open.pop(sock, None)
+            if found is None:
+                return
+            left = self._per_address.get(found[0], 1) - 1
+            if left > 0:
+                self._per_address[found[0]] = left
+            else:
+                self._per_address.pop(found[0], None)
+
+    def cut_overdue(self) -> None:
+        """Shut down connections past their deadline: the thread reading one gets end-of-file and finishes."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [sock for sock, (_, deadline) in self._open.items() if deadline <= now]
+        for sock in overdue:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
+
+
+def _bounded(base: type[ThreadingHTTPServer], bounds: _Bounds) -> type[ThreadingHTTPServer]:
+    """``base`` serving at most the connections ``bounds`` admit."""
+
+    class Bounded(base):  # type: ignore[valid-type,misc]
+        # connections waiting to be accepted (socketserver's 5 would make a burst's sixth wait for a SYN resend, 1 s)
+        request_queue_size = 128
+
+        def process_request(self, request: socket.socket, client_address: tuple[str, int]) -> None:
+            if not bounds.admit(request, client_address[0]):
+                log.debug("metrics: connection from %s refused: too many connections", client_address[0])
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except Exception:  # no thread started: the connection is not served, nor counted
+                bounds.done(request)
+                raise
+
+        def process_request_thread(self, request: socket.socket, client_address: tuple[str, int]) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                bounds.done(request)
+
+        def service_actions(self) -> None:  # serve_forever's loop, every poll interval (0.5 s)
+            super().service_actions()
+            bounds.cut_overdue()
+
+        def handle_error(self, request: object, client_address: object) -> None:
+            # a peer gone mid-answer or cut at its deadline, a scraper without TLS or with a certificate this server
+            # refuses: its problem, not the broker's (no traceback on stderr)
+            log.debug("metrics: connection from %s failed", client_address, exc_info=True)
+
+    return Bounded
+
+
+def _https_server(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls: ServerTls,
+                  bounds: _Bounds) -> ThreadingHTTPServer:  # fmt: skip
     from broker.server.tls import HttpsWrapper
 
     wrapper = HttpsWrapper(tls)
 
-    class HttpsServer(ThreadingHTTPServer):
+    class HttpsServer(_bounded(ThreadingHTTPServer, bounds)):  # type: ignore[misc]
         def get_request(self) -> tuple[socket.socket, object]:
             sock, address = super().get_request()
             return wrapper.wrap(sock), address
-
-        def handle_error(self, request: object, client_address: object) -> None:
-            # a scraper without TLS, or with a certificate this server refuses: its problem, not the broker's
-            log.debug("metrics: connection from %s failed", client_address, exc_info=True)
 
     return HttpsServer((host, port), handler)
