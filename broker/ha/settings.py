@@ -112,7 +112,7 @@ def read_secret(path: str) -> bytes:
     if len(secret) < MIN_SECRET_BYTES:
         raise InvalidArgumentError(
             f"ha_secret_file {path} holds {len(secret)} bytes; use at least {MIN_SECRET_BYTES} random bytes "
-            "(e.g. `head -c 32 /dev/urandom | base64 > FILE`), the same file on every replica of the group"
+            "(e.g. `(umask 077; head -c 32 /dev/urandom | base64 > FILE)`), the same file on every replica of the group"
         )
     return secret
 
