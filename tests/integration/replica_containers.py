@@ -65,7 +65,7 @@ SECRET_STAGED = f"{CONFIG_DIR}/group.secret.in"
 SECRET_FILE = "/tmp/group.secret"
 REPLICA_ENTRYPOINT = [
     "sh", "-c",
-    f'umask 077; cp {SECRET_STAGED} {SECRET_FILE} && exec sluice broker --store {STORE_DIR} '
+    f'(umask 077; cp {SECRET_STAGED} {SECRET_FILE}) && exec sluice broker --store {STORE_DIR} '
     f'--listen 0.0.0.0:{BROKER_PORT} "$@"',
     "sluice-broker",
 ]  # fmt: skip
