@@ -31,7 +31,7 @@ def refuse_if_shared(path: str | os.PathLike[str], what: str, info: os.stat_resu
     if stat.S_ISREG(info.st_mode) and info.st_mode & SHARED_BITS:
         mode = stat.S_IMODE(info.st_mode)
         raise InvalidArgumentError(
-            f"{what} {os.fspath(path)} holds a secret but its permissions {mode:04o} let other users read it; "
+            f"{what} {os.fspath(path)} holds a secret but its permissions {mode:04o} are open to other users; "
             f"refusing to use it. A secret others can read is no secret (ssh refuses such key files too): "
             f"chmod 600 {os.fspath(path)}"
         )

@@ -48,8 +48,9 @@ class Handle(NamedTuple):
 
 def load_secret(folder: str) -> bytes:
     """The store's handle secret, made on first use (written before any handle can be issued), readable by the
-    broker's user only. One an earlier version wrote with the umask's mode is made private and kept: a new secret
-    would refuse every handle in flight, and whoever could read the old one may have kept it anyway."""
+    broker's user only. One an earlier version wrote with the umask's mode is made private and kept, not replaced: a
+    new secret would refuse every handle in flight, and a handle forged with a copy of the old one is still used only
+    through calls that need the rights on its group and topic."""
     path = os.path.join(folder, SECRET_FILE)
     try:
         with open(path, "rb") as f:

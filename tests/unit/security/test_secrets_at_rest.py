@@ -72,14 +72,15 @@ def test_secret_files_are_private_after_the_first_start_and_a_rotation_keeps_no_
         with pytest.raises(AuthenticationError), Admin(broker.endpoint, access_key="alice",
                                                        secret_key=OLD_SECRET) as old:  # fmt: skip
             old.list_users()
-        users_file = store / "config" / USERS_FILE
-        assert mode_of(users_file) == 0o600
-        assert json.loads(users_file.read_text())["users"]["alice"]["secret_key"] == NEW_SECRET
-        assert not users_file.with_name(f"{USERS_FILE}.bak").exists()
-        for f in (store / "config").rglob("*"):  # the old secret is in no file of the config directory
-            assert not f.is_file() or OLD_SECRET.encode() not in f.read_bytes(), f
     finally:
         assert broker.stop() == 0, "\n".join(broker.output)
+    # stopped: no file of the config directory is being replaced while it is read
+    users_file = store / "config" / USERS_FILE
+    assert mode_of(users_file) == 0o600
+    assert json.loads(users_file.read_text())["users"]["alice"]["secret_key"] == NEW_SECRET
+    assert not users_file.with_name(f"{USERS_FILE}.bak").exists()
+    for f in (store / "config").rglob("*"):  # the old secret is in no file of the config directory
+        assert not f.is_file() or OLD_SECRET.encode() not in f.read_bytes(), f
 
 
 def test_files_holding_secrets_are_created_private_whatever_the_umask(tmp_path: Path) -> None:
@@ -129,7 +130,7 @@ def test_a_broker_refuses_to_start_with_a_config_file_holding_the_root_secret_th
     config = write_config(tmp_path / "broker.json", mode=mode)
     refused = refused_start(tmp_path / "store", "--config", str(config))
     assert refused.returncode == 1, refused.stderr
-    assert f"config file {config} holds a secret but its permissions {mode:04o} let other users read it" in (
+    assert f"config file {config} holds a secret but its permissions {mode:04o} are open to other users" in (
         refused.stderr
     )
     assert f"chmod 600 {config}" in refused.stderr and "[INVALID_ARGUMENT]" in refused.stderr
@@ -157,7 +158,7 @@ def test_a_broker_refuses_to_start_with_a_replication_secret_others_can_read(tmp
     config.write_text(json.dumps({"role": "SYNC_MASTER", "ha_secret_file": str(secret)}))
     refused = refused_start(tmp_path / "store", "--config", str(config))
     assert refused.returncode == 1, refused.stderr
-    assert f"ha_secret_file {secret} holds a secret but its permissions 0640 let other users read it" in (
+    assert f"ha_secret_file {secret} holds a secret but its permissions 0640 are open to other users" in (
         refused.stderr
     )
     assert f"chmod 600 {secret}" in refused.stderr
@@ -174,7 +175,7 @@ def test_a_broker_refuses_to_start_with_a_users_file_others_can_read(tmp_path: P
     config = write_config(tmp_path / "broker.json")
     refused = refused_start(tmp_path / "store", "--config", str(config))
     assert refused.returncode == 1, refused.stderr
-    assert f"users file {users_file} holds a secret but its permissions 0644 let other users read it" in (
+    assert f"users file {users_file} holds a secret but its permissions 0644 are open to other users" in (
         refused.stderr
     )
     assert users_file.read_bytes() == before and mode_of(users_file) == 0o644  # left for its owner to fix
