@@ -51,6 +51,7 @@ from broker.auth.signature import check_date_time, parse_header, signature_match
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.credentials import Credentials
 from broker.client.message import encode_message
+from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.server.metrics import Counter
 from broker.server.process import BrokerProcess
@@ -133,8 +134,7 @@ def running(kind: str, pki: Pki, workdir: Path) -> Iterator[tuple[BrokerProcess,
         args.append("--auth")
         config = workdir / "auth.json"  # the root user in a 0600 file: the environment would reach every broker
         root_user = {"auth_root_access_key": ROOT_ACCESS_KEY, "auth_root_secret_key": ROOT_SECRET_KEY}
-        config.write_text(json.dumps(root_user))
-        config.chmod(0o600)
+        write_private(config, json.dumps(root_user).encode())
     root = {**tls, "access_key": ROOT_ACCESS_KEY, "secret_key": ROOT_SECRET_KEY} if kind == "tls_auth" else tls
     client = {**tls, "access_key": USER_ACCESS_KEY, "secret_key": USER_SECRET_KEY} if kind == "tls_auth" else tls
     with tempfile.TemporaryDirectory(prefix="sluice-bench-security-", dir=workdir) as store:

@@ -20,6 +20,7 @@ from typing import Any
 from broker.address import DEFAULT_PORT, parse_endpoint, parse_listen
 from broker.errors import InvalidArgumentError
 from broker.ha.settings import ReplicationSettings
+from broker.private_file import refuse_if_shared
 from broker.semantics.delay import DelayLevels
 from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.server.thread_placement import parse_python_cpus
@@ -249,7 +250,8 @@ class BrokerConfig:
     # super user is auth_root_access_key / auth_root_secret_key, or $SLUICE_ROOT_ACCESS_KEY and
     # $SLUICE_ROOT_SECRET_KEY at start; a broker with auth and no user at all refuses to start. Signed requests are
     # accepted within auth_window_s of this broker's clock. Without TLS, auth needs allow_plaintext_auth: signed
-    # headers can be replayed by whoever reads the traffic, within the window.
+    # headers can be replayed by whoever reads the traffic, within the window. A config file that holds
+    # auth_root_secret_key must be readable by its owner only (chmod 600), or the broker refuses to start.
     auth_enabled: bool = False
     allow_plaintext_auth: bool = False
     auth_window_s: int = 900
@@ -449,7 +451,9 @@ class BrokerConfig:
         """Load a ``.json`` or ``.toml`` file; keyword overrides that are not None win over the file."""
         p = Path(path)
         try:
-            raw = p.read_bytes()
+            with open(p, "rb") as f:
+                info = os.fstat(f.fileno())  # the mode of the file read, checked below when it holds a secret
+                raw = f.read()
         except OSError as e:
             raise InvalidArgumentError(f"cannot read config file {p}: {e.strerror}") from None
         try:
@@ -466,6 +470,8 @@ class BrokerConfig:
         except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are both ValueErrors
             how = "" if p.suffix in (".toml", ".json") else " (only .toml files are read as TOML, others as JSON)"
             raise InvalidArgumentError(f"config file {p} is not valid {fmt}{how}: {e}") from None
+        if isinstance(data, dict) and data.get("auth_root_secret_key"):
+            refuse_if_shared(p, "config file", info)  # as ssh refuses a private key others can read
         return cls.from_dict(data, source=str(p), **overrides)
 
     @classmethod

@@ -3,7 +3,8 @@
 
 Writing: a temp file, fsynced, renamed over the old one, then the directory fsynced, so a crash or power loss
 leaves the old file or the new one, never a torn mix. The previous version is kept as ``NAME.bak`` (a hard link,
-no copy), as RocketMQ's ConfigManager keeps one.
+no copy), as RocketMQ's ConfigManager keeps one; not for a file of secrets (``backup=False``, the users file:
+broker/auth/accounts.py says why).
 
 Reading, as RocketMQ's ConfigManager: the file, else (missing or unreadable) its ``.bak``, else nothing. One
 difference: where RocketMQ starts empty when the file is unreadable and no backup exists, Sluice refuses with a
@@ -32,9 +33,11 @@ T = TypeVar("T")
 MAX_CONFIG_BYTES = 1 << 30
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], mode: int = 0o644) -> None:
+def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], mode: int = 0o644,
+                      backup: bool = True) -> None:  # fmt: skip
     """Replace ``path`` with ``data``: after a crash, the old file or the new one, never a torn one. ``mode``: the
-    file's permissions from its first byte on (0o600 for files that hold secrets)."""
+    file's permissions from its first byte on (0o600 for files that hold secrets). ``backup`` False: no ``.bak`` is
+    kept, and one left by an earlier write is removed (a file of secrets: its backup would keep a rotated one)."""
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
@@ -49,8 +52,8 @@ def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], mode: 
         os.fsync(fd)
     finally:
         os.close(fd)
-    if os.path.exists(path):
-        bak = f"{path}.bak"
+    bak = f"{path}.bak"
+    if backup and os.path.exists(path):
         if os.path.exists(bak):
             os.unlink(bak)
         try:
@@ -58,6 +61,11 @@ def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], mode: 
         except OSError:  # a file system without hard links: copy instead
             shutil.copyfile(path, bak)
     os.replace(tmp, path)
+    if not backup:
+        try:
+            os.unlink(bak)
+        except FileNotFoundError:
+            pass
     fsync_directory(directory)
 
 

@@ -231,9 +231,12 @@ REACH_TIMEOUT_S = 5.0  # a connect from this machine to a container on a local b
 BROKER_CONFIG_ENV = "SLUICE_BROKER_CONFIG"  # broker settings (JSON), written to a --config file in the container
 # The broker's advertised address is its IP on the network, looked up at every start: Docker may give a restarted
 # container another one. `hostname -i` lists the container's addresses from /etc/hosts; the first is the network's.
+# The config file is written under umask 077 (in a subshell: the broker keeps the image's umask): it may hold
+# auth_root_secret_key, and the broker refuses to start with such a file that others can read.
 BROKER_ENTRYPOINT = [
     "sh", "-c",
-    f'ip=$(hostname -i); if [ -n "${BROKER_CONFIG_ENV}" ]; then printf %s "${BROKER_CONFIG_ENV}" >/tmp/broker.json; '
+    f'ip=$(hostname -i); '
+    f'if [ -n "${BROKER_CONFIG_ENV}" ]; then (umask 077; printf %s "${BROKER_CONFIG_ENV}" >/tmp/broker.json); '
     f'set -- --config /tmp/broker.json "$@"; fi; exec sluice broker --store {STORE_DIR} '
     f'--listen 0.0.0.0:{BROKER_PORT} --advertise "${{ip%% *}}:{BROKER_PORT}" "$@"',
     "sluice-broker",

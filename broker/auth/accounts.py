@@ -1,9 +1,16 @@
 """The broker's users and their access control entries, kept in ``config/users.json``.
 
 One file holds both: ``{"users": {ACCESS_KEY: {"secret_key", "super_user", "enabled"}}, "acls": {ACCESS_KEY:
-[entry, ...]}}``, written as the other config files are (json_file.py: temp file, fsync, rename, a ``.bak``), with
-mode 0600 because it holds secrets. Secrets are stored as given: an HMAC signature can only be checked with the
-secret itself (RocketMQ stores them so too); the file's mode and the config directory's are what protect them.
+[entry, ...]}}``, written as the other config files are (json_file.py: temp file, fsync, rename), with mode 0600
+because it holds secrets. Secrets are stored as given: an HMAC signature can only be checked with the secret itself
+(RocketMQ stores them so too); the file's mode and the config directory's are what protect them. A broker refuses
+to start when group or others can read the file (broker/private_file.py).
+
+No ``.bak`` is kept, unlike the other config files: it would hold the previous version, so a secret just rotated
+(because it leaked) or a user just deleted would stay valid on disk until the next change. The rename already
+leaves the old file or the new one after a crash; what a backup adds is a copy for a file damaged later, and for
+this file the way back is the root user, which is never stored (below): restart with it and create the users
+again. A ``.bak`` an earlier version left is removed when the file is loaded (written again without one).
 
 The root user comes from the broker's start (``SLUICE_ROOT_ACCESS_KEY`` and ``SLUICE_ROOT_SECRET_KEY``, or the
 config file): a super user held in memory only, never written, and not changed by the user RPCs, so an operator
@@ -32,6 +39,7 @@ from broker.auth.signature import (
 )
 from broker.errors import InvalidArgumentError, NoPermissionError, QueryNotFoundError
 from broker.json_file import load_json, write_json_atomic
+from broker.private_file import PRIVATE_MODE, check_private
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +99,18 @@ class Accounts:
 
     # ---------------------------------------------------------------------------------------------- reading
     def load(self) -> None:
-        """Read the file (or its backup); an empty set when there is none. CorruptionError naming the file when it
-        cannot be read."""
-        loaded = load_json(self.path, _parse) if self.path is not None else None
+        """Read the file (or the backup an earlier version kept); an empty set when there is none. CorruptionError
+        naming the file when it cannot be read; InvalidArgumentError when group or others can read it."""
+        if self.path is None:
+            return
+        backup = self.path.with_name(f"{USERS_FILE}.bak")
+        for path in (self.path, backup):
+            check_private(path, "users file")
+        loaded = load_json(self.path, _parse)
         with self._lock:
             self._users, self._acls = loaded if loaded is not None else ({}, {})
+            if loaded is not None and backup.exists():
+                self._save(*loaded)  # written again without a backup, which removes it (module docstring)
 
     def replace(self, data: dict[str, Any]) -> None:
         """The master's file, on a slave (broker/ha/metadata_sync.py): written here and in force from the next
@@ -137,7 +152,7 @@ class Accounts:
                 "acls": {k: [e.to_json() for e in v] for k, v in acls.items() if v}}  # fmt: skip
         if self.path is None:
             raise InvalidArgumentError("this server keeps no users besides its root user")
-        write_json_atomic(self.path, data, mode=0o600)
+        write_json_atomic(self.path, data, mode=PRIVATE_MODE, backup=False)
         self._users, self._acls = users, acls
 
     def _not_root(self, access_key: str) -> None:

@@ -1,10 +1,12 @@
 """Who is calling and whether they may: a gRPC server interceptor in front of every service of the client port.
 
-Each call is authenticated first, from its metadata alone:
+Each call is authenticated first, from its metadata alone, before its body is parsed (below):
 
-* an ``authorization`` header (signature.py): the access key must name an enabled user, the ``x-mq-date-time``
-  must be inside the window, the signature must match; any failure is UNAUTHENTICATED, saying which check failed
-  and never what the secret or the expected signature is;
+* an ``authorization`` header (signature.py): the ``x-mq-date-time`` must be inside the window, the access key must
+  name an enabled user, the signature must match; any failure is UNAUTHENTICATED, never saying what the secret or
+  the expected signature is. An unknown or disabled access key and a wrong signature get the same answer
+  (``BAD_CREDENTIALS``), in about the same time (the signature is computed for an unknown key too, under a random
+  key): a caller cannot learn which access keys exist. The broker's log says which it was;
 * else, when mutual TLS is required (so the certificate was verified), a client certificate whose common name or a
   subject alternative name is an enabled user's access key;
 * else UNAUTHENTICATED: nothing anonymous passes once authentication is on, except the methods the requirement
@@ -17,13 +19,23 @@ NO_PERMISSION) like every other error, are counted in ``sluice_auth_refusals_tot
 most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a loop must not flood the log).
 
 Nothing is cached across calls: a user's entries are read from ``Accounts`` on each call (dictionary lookups), so
-a revocation or a disabled user applies to the next request. The cost per call is one HMAC-SHA1 and a scan of the
-user's entries; measured in bench/security.py. A SendBatch's topics are checked where the batch is parsed
-(deferred.py). A SendStream or PullStream is authenticated when it opens, and each of its requests is admitted as
-its unary call is, its signature checked again but not its date-time (server/call_stream.py). A stream counts
-against its user's share of the held worker threads while it is open (held_streams.py). The caller of each
-admitted call is readable inside its handler (caller.py), for the rights only the handler can decide (a RocketMQ 5
-Telemetry stream's settings, which arrive after it opened).
+a revocation or a disabled user applies to the next request. The cost per call is two HMAC-SHA1 (before the body
+and with it, below) and a scan of the user's entries; bench/security.py measures one of each. A SendBatch's topics
+are checked where the batch is parsed (deferred.py). A SendStream or PullStream is authenticated when it opens,
+and each of its requests is admitted as its unary call is, its signature checked again but not its date-time
+(server/call_stream.py).
+A stream counts against its user's share of the held worker threads while it is open (held_streams.py).
+The caller of each admitted call is readable inside its handler (caller.py), for the rights only the
+handler can decide (a RocketMQ 5 Telemetry stream's settings, which arrive after it opened).
+
+Before the body: gRPC hands a server interceptor the method and the metadata of a call before it reads the request
+(``intercept_service``), so the signature is checked there, and a call that fails gets a handler that refuses it
+without parsing its body (the bytes are read, never decoded): an unauthenticated caller reaches no protobuf parser
+of the broker. A call that passes is checked again by the wrapped handler, with its request, which authorization
+needs (a second HMAC, a few microseconds: the handler must not rely on having been reached through this one path).
+Two cases are decided in the wrapped handler only: a call with no header under mutual TLS (the client
+certificate's names are in the servicer context, which an interceptor does not get), and each request of a
+SendStream or PullStream (server/call_stream.py resolves those handlers once, for every request to come).
 
 A request that could not be parsed (request_guard.py) is authenticated and then passed to its handler, which
 refuses it as INVALID_ARGUMENT: its rights cannot be read from it, and it changes nothing.
@@ -34,6 +46,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -64,7 +77,7 @@ from broker.auth.signature import (
 )
 from broker.errors import AuthenticationError, BrokerError, NoPermissionError
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
-from broker.server.call_stream import StreamCallContext
+from broker.server.call_stream import StreamCallContext, StreamRequestDetails
 from broker.server.handler_cache import WrappedHandlers
 from broker.server.metrics import Counter
 from broker.server.request_guard import MalformedRequest
@@ -72,6 +85,21 @@ from broker.server.request_guard import MalformedRequest
 log = logging.getLogger(__name__)
 
 LOG_PER_SECOND = 5  # refusals logged per access key per second; the rest are only counted
+# The one answer to an unknown access key, a disabled user and a wrong signature (module docstring).
+BAD_CREDENTIALS = (
+    "access key {key!r} is unknown or disabled, or the signature is wrong: check the access key and the secret key"
+)
+# What an unknown access key's signature is computed under, so that its answer takes as long as a wrong signature's:
+# random, so that no signature matches it.
+_NO_USER_SECRET = secrets.token_hex(16)
+
+
+class BadCredentials(AuthenticationError):
+    """``BAD_CREDENTIALS``; ``cause`` (which of the three it was) goes to the broker's log, never to the caller."""
+
+    def __init__(self, access_key: str, cause: str) -> None:
+        super().__init__(BAD_CREDENTIALS.format(key=access_key))
+        self.cause = cause
 
 
 class _NoLookup:
@@ -137,22 +165,28 @@ class AuthGate(grpc.ServerInterceptor):
         self._wrapped = WrappedHandlers()
 
     # ------------------------------------------------------------------------------------------ the checks
-    def authenticate(self, metadata: dict[str, str], context: grpc.ServicerContext) -> User:
+    def authenticate(self, metadata: dict[str, str], context: grpc.ServicerContext | None) -> User:
+        """The caller's user; AuthenticationError when there is none. ``context`` None: from the headers alone,
+        before the body is read (``intercept_service``)."""
         header = metadata.get(AUTHORIZATION_HEADER)
         if header is not None:
             signed = parse_header(header)
-            user = self.accounts.user(signed.access_key)
-            if user is None or not user.enabled:
-                raise AuthenticationError(f"access key {signed.access_key!r} is unknown or disabled")
             date_time = metadata.get(DATE_TIME_HEADER)
             if not isinstance(context, StreamCallContext):  # a stream's requests: its window was checked at its open
                 check_date_time(date_time, self.clock(), self.settings.window_s)
             if date_time is None:
                 raise AuthenticationError(f"the {DATE_TIME_HEADER} header is missing")
-            if not signature_matches(user.secret_key, date_time, signed.signature_hex):
-                raise AuthenticationError(f"wrong signature for access key {signed.access_key!r}; check the secret key")
+            user = self.accounts.user(signed.access_key)
+            secret = user.secret_key if user is not None else _NO_USER_SECRET  # computed either way: same timing
+            matches = signature_matches(secret, date_time, signed.signature_hex)
+            if user is None:
+                raise BadCredentials(signed.access_key, "unknown access key")
+            if not user.enabled:
+                raise BadCredentials(signed.access_key, "disabled user")
+            if not matches:
+                raise BadCredentials(signed.access_key, "wrong signature")
             return user
-        if self.settings.certificate_names_user:
+        if self.settings.certificate_names_user and context is not None:
             auth = context.auth_context()
             for name in (*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())):
                 user = self.accounts.user(name.decode("utf-8", "replace"))
@@ -200,7 +234,8 @@ class AuthGate(grpc.ServerInterceptor):
     def _refuse(self, e: BrokerError, context: grpc.ServicerContext, who: str, method: str) -> None:
         reason = "unauthenticated" if isinstance(e, AuthenticationError) else "denied"
         self.refusals.inc(labels=(("reason", reason),))
-        self._log.warn(who, f"{method} refused ({reason}) for {who} from {context.peer()}: {e.message}")
+        cause = f" ({e.cause})" if isinstance(e, BadCredentials) else ""  # the log tells apart what the answer does not
+        self._log.warn(who, f"{method} refused ({reason}) for {who} from {context.peer()}: {e.message}{cause}")
         context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
         context.abort(grpc_code_for(e.code), capped_details(e.message))
 
@@ -217,11 +252,8 @@ class AuthGate(grpc.ServerInterceptor):
             who = f"user {user.access_key!r}"
             self.authorize(user, method, requirement, request, context)
         except BrokerError as e:  # AuthenticationError, NoPermissionError, InvalidArgumentError from a requirement
-            if who == "an anonymous caller" and AUTHORIZATION_HEADER in metadata:
-                try:
-                    who = f"access key {parse_header(metadata[AUTHORIZATION_HEADER]).access_key!r}"
-                except AuthenticationError:
-                    who = "a caller with a malformed authorization header"
+            if who == "an anonymous caller":
+                who = _caller(metadata)
             self._refuse(e, context, who, method.rsplit("/", 1)[-1])
             raise  # not reached: abort raised
         return Caller(user.access_key, source_address(context.peer()), self.accounts,
@@ -251,7 +283,37 @@ class AuthGate(grpc.ServerInterceptor):
         handler = continuation(details)
         if handler is None:
             return None
-        return self._wrapped.get(details.method, handler, lambda h: self._wrap(details.method, h))
+        wrapped = self._wrapped.get(details.method, handler, lambda h: self._wrap(details.method, h))
+        if isinstance(details, StreamRequestDetails):  # no call yet: each request is checked by the wrapped handler
+            return wrapped
+        refusal = self._refusal_before_parse(details.method, details.invocation_metadata)
+        return wrapped if refusal is None else self._refusing(handler, details.method, *refusal)
+
+    def _refusal_before_parse(self, method: str, invocation_metadata: Any) -> tuple[AuthenticationError, str] | None:
+        """Why a call must be refused from its headers alone, and who made it; None when it passes, or when only
+        its handler can tell (module docstring)."""
+        if is_anonymous(requirement_of(method)):
+            return None
+        metadata = {k: v for k, v in invocation_metadata or () if isinstance(v, str)}
+        if AUTHORIZATION_HEADER not in metadata and self.settings.certificate_names_user:
+            return None  # the client certificate is in the servicer context only
+        try:
+            self.authenticate(metadata, None)
+        except AuthenticationError as e:
+            return e, _caller(metadata)
+        return None
+
+    def _refusing(self, handler: Any, method: str, error: AuthenticationError, who: str) -> Any:
+        """A handler of ``handler``'s kind that refuses the call with ``error`` and never parses its body: without a
+        deserializer, gRPC hands the behaviour the bytes as they came (and the request guard in front leaves such a
+        handler as it is, so a refusal does not displace the handler it keeps for the method's other calls)."""
+
+        def refuse(_request: Any, context: grpc.ServicerContext) -> None:
+            self._refuse(error, context, who, method.rsplit("/", 1)[-1])
+
+        kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+                    if getattr(handler, k) is not None)  # fmt: skip
+        return handler._replace(request_deserializer=None, **{kind: refuse})
 
     def _wrap(self, method: str, handler: Any) -> Any:
         if handler.unary_unary is not None:
@@ -324,3 +386,13 @@ class AuthGate(grpc.ServerInterceptor):
 
 def _nothing() -> None:
     return None
+
+
+def _caller(metadata: dict[str, str]) -> str:
+    """Who a refused call was, for the log: the access key its header names, if any."""
+    if AUTHORIZATION_HEADER not in metadata:
+        return "an anonymous caller"
+    try:
+        return f"access key {parse_header(metadata[AUTHORIZATION_HEADER]).access_key!r}"
+    except AuthenticationError:
+        return "a caller with a malformed authorization header"

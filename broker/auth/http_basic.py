@@ -3,7 +3,8 @@ sends), a user's access key and secret key, and ``Get`` on the Cluster (or a sup
 
 The metrics port speaks HTTP, not gRPC, so the signed header of the client port does not apply; Basic sends the
 secret itself on every request, which is why it is accepted only over HTTPS unless the broker allows plain-text
-auth. Secrets are compared in constant time.
+auth. Secrets are compared in constant time, an unknown access key's too (with a random one), and every failure
+is the same 401.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import base64
 import binascii
 import hmac
 import ipaddress
+import secrets
 
 from broker.auth.accounts import Accounts
 from broker.auth.policy import CLUSTER, Action, allows, need
 
 MAX_HEADER_CHARS = 512
+_NO_USER_SECRET = secrets.token_hex(16)  # what an unknown access key's secret is compared with: matches nothing
 
 
 def metrics_access(accounts: Accounts, header: str | None, peer_host: str) -> int:
@@ -28,7 +31,9 @@ def metrics_access(accounts: Accounts, header: str | None, peer_host: str) -> in
     except (binascii.Error, UnicodeDecodeError):
         return 401
     user = accounts.user(access_key) if sep else None
-    if user is None or not user.enabled or not hmac.compare_digest(user.secret_key.encode(), secret_key.encode()):
+    expected = user.secret_key if user is not None else _NO_USER_SECRET  # compared either way: same timing
+    matches = hmac.compare_digest(expected.encode(), secret_key.encode())
+    if user is None or not user.enabled or not matches:
         return 401
     if user.super_user:
         return 200

@@ -19,6 +19,7 @@ from broker.ha.controller import GroupState
 from broker.ha.etcd_client import Etcd
 from broker.ha.etcd_process import EtcdProcess, free_port
 from broker.namesrv.local_cluster import NameServerProcess
+from broker.private_file import write_private
 from broker.server.process import BrokerProcess
 
 # Small files: a fresh store allocates a few MiB instead of 1.4 GB (tests start many).
@@ -70,7 +71,7 @@ class ReplicaGroup:
             data.pop("ha_listen", None)
             data.pop("role", None)
         path = self.root / f"replica-{broker_id}.json"
-        path.write_text(json.dumps(data))
+        write_private(path, json.dumps(data).encode())  # settings may hold auth_root_secret_key
         return path
 
     def start(self) -> ReplicaGroup:

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json",
                 "transactionState.json", "users.json", "timerProgress.json")  # fmt: skip
+PRIVATE_FILES = ("users.json",)  # they hold secrets: mode 0600 and no backup (broker/auth/accounts.py)
 LOG_END_KEY = "log_end"  # in a synced file: the writer's commit-log end when it saved (see above)
 # What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
 MAX_METADATA_BYTES = 64 * 1024 * 1024
@@ -153,4 +154,6 @@ class MetadataSink:
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
         if not self.replace(name, data):
-            write_json_atomic(os.path.join(self.config_dir, name), data)
+            private = name in PRIVATE_FILES
+            write_json_atomic(os.path.join(self.config_dir, name), data, mode=0o600 if private else 0o644,
+                              backup=not private)  # fmt: skip

@@ -9,7 +9,8 @@
 * ``ha_secret_file`` (""): a file holding the group's shared secret (auth.py); required unless the replication
   endpoint is on a loopback address, and always with ``auth_enabled``: without it the replication port is
   unauthenticated, and any process that reaches it (any local user, on loopback) could pose as a replica and read
-  every topic's messages from the log, around the users' rights.
+  every topic's messages from the log, around the users' rights. Refused when group or others can
+  read it (broker/private_file.py).
 * ``min_insync_replicas`` (2): SYNC_MASTER and controller mode, writes are refused while fewer replicas (the master
   counts) are in sync.
 * ``ha_max_lag_ms`` (5000): a replica not caught up with the master for this long leaves the in-sync set.
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from broker.errors import InvalidArgumentError
 from broker.ha.etcd_security import EtcdSecurity
+from broker.private_file import refuse_if_shared
 
 if TYPE_CHECKING:
     from broker.server.tls import ServerTls
@@ -104,17 +106,20 @@ def is_loopback(host: str) -> bool:
 
 def read_secret(path: str) -> bytes:
     try:
-        size = os.path.getsize(path)
-        if size > MAX_SECRET_BYTES:
-            raise InvalidArgumentError(f"ha_secret_file {path} is {size} bytes; a secret is at most {MAX_SECRET_BYTES}")
         with open(path, "rb") as f:
-            secret = f.read().strip()
+            info = os.fstat(f.fileno())  # the file read, not whatever the path names by then
+            if info.st_size > MAX_SECRET_BYTES:
+                raise InvalidArgumentError(
+                    f"ha_secret_file {path} is {info.st_size} bytes; a secret is at most {MAX_SECRET_BYTES}"
+                )
+            refuse_if_shared(path, "ha_secret_file", info)
+            secret = f.read(MAX_SECRET_BYTES).strip()
     except OSError as e:
         raise InvalidArgumentError(f"cannot read ha_secret_file {path}: {e.strerror}") from None
     if len(secret) < MIN_SECRET_BYTES:
         raise InvalidArgumentError(
             f"ha_secret_file {path} holds {len(secret)} bytes; use at least {MIN_SECRET_BYTES} random bytes "
-            "(e.g. `head -c 32 /dev/urandom | base64 > FILE`), the same file on every replica of the group"
+            "(e.g. `(umask 077; head -c 32 /dev/urandom | base64 > FILE)`), the same file on every replica of the group"
         )
     return secret
 

@@ -4,9 +4,10 @@ A handle names one delivery of one message: the queue, the queue offset and the 
 changes with every delivery and every change of invisible time), plus the time the delivery stops being invisible
 (for people reading logs; the broker judges expiry by its own record). It is signed with HMAC-SHA256 over those
 fields and the consumer group and topic, with a secret kept in the pop service's folder (``secret``, 32 random
-bytes made at the store's first start). A handle altered in any bit, made up, given for another group or topic, or
-issued by another broker's store fails the check and is refused with INVALID_RECEIPT_HANDLE; whether it is still
-current (not acked, not expired, not superseded by a later delivery or change) is the pop service's question.
+bytes made at the store's first start, mode 0600). A handle altered in any bit, made up, given for another group or
+topic, or issued by another broker's store fails the check and is refused with INVALID_RECEIPT_HANDLE; whether it
+is still current (not acked, not expired, not superseded by a later delivery or change) is the pop service's
+question.
 
 Wire form: URL-safe base64 without padding of ``version (1) | queue id (i32) | queue offset (i64) | sequence (i64)
 | invisible until ms (i64) | mac (16)``: 49 bytes, 66 characters.
@@ -18,12 +19,17 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import os
 import secrets
+import stat
 import struct
 from typing import NamedTuple
 
 from broker.errors import InvalidReceiptHandleError
+from broker.private_file import PRIVATE_MODE, SHARED_BITS, write_private
+
+log = logging.getLogger(__name__)
 
 VERSION = 1
 _FIELDS = struct.Struct(">Biqqq")
@@ -41,23 +47,25 @@ class Handle(NamedTuple):
 
 
 def load_secret(folder: str) -> bytes:
-    """The store's handle secret, made on first use (written before any handle can be issued)."""
+    """The store's handle secret, made on first use (written before any handle can be issued), readable by the
+    broker's user only. One an earlier version wrote with the umask's mode is made private and kept, not replaced: a
+    new secret would refuse every handle in flight, and a handle forged with a copy of the old one is still used only
+    through calls that need the rights on its group and topic."""
     path = os.path.join(folder, SECRET_FILE)
     try:
         with open(path, "rb") as f:
             secret = f.read()
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+            if len(secret) == SECRET_BYTES and mode & SHARED_BITS:
+                log.warning("receipt-handle secret %s had mode %04o; made private (0600)", path, mode)
+                os.fchmod(f.fileno(), PRIVATE_MODE)
         if len(secret) == SECRET_BYTES:
             return secret
     except FileNotFoundError:
         pass
     os.makedirs(folder, exist_ok=True)
     secret = secrets.token_bytes(SECRET_BYTES)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(secret)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_private(path, secret)
     return secret
 
 

@@ -206,7 +206,10 @@ class CallStreams:
             self._open += 1
 
 
-class _CallDetails(NamedTuple):
+class StreamRequestDetails(NamedTuple):
+    """The call details a stream's per-request handler is resolved with: no call yet, no metadata. An interceptor
+    that checks a call's headers leaves that to the handler here (broker/auth/gate.py)."""
+
     method: str
     invocation_metadata: tuple[tuple[str, str], ...]
 
@@ -222,7 +225,7 @@ def through_interceptors(interceptors: Sequence[grpc.ServerInterceptor], method:
             return handler
         return interceptors[index].intercept_service(lambda d: resolve(index + 1, d), details)
 
-    resolved = resolve(0, _CallDetails(method, ()))  # the two fields interceptors read
+    resolved = resolve(0, StreamRequestDetails(method, ()))  # the two fields interceptors read
     assert resolved is not None and resolved.unary_unary is not None, f"no unary handler of {method}"
     gated: UnaryBehavior = resolved.unary_unary
     return gated

@@ -39,7 +39,7 @@ from broker.errors import BrokerError, ServiceNotAvailableError
 from broker.ha.controller import GroupState
 from broker.ha.etcd_client import Etcd
 from broker.ha.etcd_process import ensure_etcd
-from broker.testing import BROKER_PORT, SluiceContainer
+from broker.testing import BROKER_PORT, STORE_DIR, SluiceContainer
 
 ETCD_PORT = 2379
 NAMESRV_PORT = 9876
@@ -57,6 +57,18 @@ SMALL_STORE = {
 START_TIMEOUT_S = 90.0  # a container start on a busy 2-core machine: Python, gRPC and the store's recovery
 POLL_S = 0.1
 LOG_TAIL_CHARS = 3000
+# Docker copies files in owned by root, and the broker runs as the image's user, which could not read a root-owned
+# 0600 file; the broker refuses a secret file others can read. So the secret is copied in as a staging file and
+# each replica's entrypoint makes its own private copy (a deployment mounts the secret owned by the broker's user,
+# mode 0600).
+SECRET_STAGED = f"{CONFIG_DIR}/group.secret.in"
+SECRET_FILE = "/tmp/group.secret"
+REPLICA_ENTRYPOINT = [
+    "sh", "-c",
+    f'(umask 077; cp {SECRET_STAGED} {SECRET_FILE}) && exec sluice broker --store {STORE_DIR} '
+    f'--listen 0.0.0.0:{BROKER_PORT} "$@"',
+    "sluice-broker",
+]  # fmt: skip
 
 
 def network_ip(container: DockerContainer, network: Network) -> str:
@@ -173,7 +185,7 @@ class ContainerReplicaGroup:
     def _replica_config(self) -> bytes:
         config = {
             "controller": f"etcd://{self.ips['etcd']}:{ETCD_PORT}", "ha_listen": f"0.0.0.0:{HA_PORT}",
-            "ha_secret_file": f"{CONFIG_DIR}/group.secret", "store": SMALL_STORE, **self.settings,
+            "ha_secret_file": SECRET_FILE, "store": SMALL_STORE, **self.settings,
         }  # fmt: skip
         return json.dumps(config).encode()
 
@@ -183,11 +195,11 @@ class ContainerReplicaGroup:
                 "--register-interval-ms", str(self.register_interval_ms))  # fmt: skip
         replica = SluiceContainer(
             self.image, broker_args=args, bind_host="127.0.0.1", start_timeout_s=START_TIMEOUT_S,
-            labels={LABEL: SESSION}, healthcheck=NO_HEALTHCHECK,
+            labels={LABEL: SESSION}, healthcheck=NO_HEALTHCHECK, entrypoint=REPLICA_ENTRYPOINT,
         )  # fmt: skip
         replica.with_network(self.network)
         replica.with_copy_into_container(self._replica_config(), f"{CONFIG_DIR}/replica.json")
-        replica.with_copy_into_container(self.secret, f"{CONFIG_DIR}/group.secret")
+        replica.with_copy_into_container(self.secret, SECRET_STAGED)
         return replica
 
     # ------------------------------------------------------------------------------------------------ access

@@ -17,6 +17,7 @@ from broker.ha.in_sync import InSyncSet
 from broker.ha.metadata_sync import LOG_END_KEY, MetadataSink
 from broker.ha.slave import FOLLOWER_THREAD_NAME, Follower
 from broker.namesrv.route_table import Registration, RegistrationRefused, RouteTable
+from broker.private_file import write_private
 from broker.store import MessageStore
 from broker.store.config import StoreConfig
 from broker.store.message import encode_entry
@@ -97,10 +98,10 @@ def test_a_replication_endpoint_off_loopback_needs_a_secret(tmp_path: Path) -> N
     with pytest.raises(InvalidArgumentError, match="ha_secret_file"):
         BrokerConfig.from_dict({"role": "SYNC_MASTER", "listen": "0.0.0.0:10911"})
     secret = tmp_path / "secret"
-    secret.write_text("a" * 32)
+    write_private(secret, b"a" * 32)
     assert BrokerConfig.from_dict({"role": "SYNC_MASTER", "listen": "0.0.0.0:10911",
                                    "ha_secret_file": str(secret)}).replication() is not None  # fmt: skip
-    secret.write_text("short")
+    write_private(secret, b"short")
     with pytest.raises(InvalidArgumentError, match="at least"):
         BrokerConfig.from_dict({"role": "SYNC_MASTER", "ha_secret_file": str(secret)})
     with pytest.raises(InvalidArgumentError, match="broker-id"):

@@ -19,6 +19,7 @@ from jepsen import Outcome, check, wait_until
 from broker.ha.etcd_process import EtcdProcess
 from broker.ha.local_group import SMALL_STORE
 from broker.namesrv.local_cluster import NameServerProcess
+from broker.private_file import write_private
 from broker.server.process import BrokerProcess
 
 NET = "10.231.7"
@@ -85,7 +86,7 @@ def _in_sync() -> set[int]:
 
 def test_partition_isolating_the_master_then_healed(network: None, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
-    secret.write_text(os.urandom(24).hex())
+    write_private(secret, os.urandom(24).hex().encode())
     etcd = EtcdProcess(tmp_path / "etcd", host=ADDRESS[OUTSIDE], prefix=_in(OUTSIDE))
     ns = NameServerProcess(listen=f"{ADDRESS[OUTSIDE]}:9876")
     ns.args = [*_in(OUTSIDE), *ns.args]

@@ -14,6 +14,7 @@ from rocketmq import ClientConfiguration, Credentials, Message, Producer, Simple
 from rocketmq import FilterExpression as RmqFilter
 
 from broker.client import Admin
+from broker.private_file import write_private
 from broker.server.process import BrokerProcess
 
 T = TypeVar("T")
@@ -30,7 +31,7 @@ FAST: dict[str, Any] = {
 
 def start_broker(store: Path, **settings: Any) -> BrokerProcess:
     config = store.parent / f"{store.name}.json"
-    config.write_text(json.dumps({**FAST, **settings}))
+    write_private(config, json.dumps({**FAST, **settings}).encode())  # it may hold auth_root_secret_key
     return BrokerProcess(store, config=config, log_level="WARNING").start()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from broker.auth.accounts import User
+from broker.auth.gate import BAD_CREDENTIALS
 from broker.cli.main import main
 from broker.client.admin import AclEntry, Admin, BrokerUserInfo, UserInfo
 from broker.errors import InvalidArgumentError
@@ -213,12 +214,13 @@ def test_a_disabled_user_is_refused_from_its_next_request(cli: Cli, tmp_path: Pa
     assert cli("user", "update", "erin", "--disable").code == 0
     refused = cli("user", "list", user=erin)
     assert refused.code == 1
-    assert "access key 'erin' is unknown or disabled [UNAUTHENTICATED]" in refused.err
+    assert f"{BAD_CREDENTIALS.format(key='erin')} [UNAUTHENTICATED]" in refused.err
     assert "came from the environment" in refused.err
     assert cli("user", "update", "erin", "--enable").code == 0
     assert cli("user", "list", user=erin).code == 0
     wrong = cli("user", "list", user=("erin", "not-the-secret"))
-    assert wrong.code == 1 and "wrong signature" in wrong.err and "not-the-secret" not in wrong.err
+    assert wrong.code == 1 and f"{BAD_CREDENTIALS.format(key='erin')} [UNAUTHENTICATED]" in wrong.err
+    assert "not-the-secret" not in wrong.err
 
 
 def test_user_and_acl_commands_need_a_super_user(cli: Cli, tmp_path: Path) -> None:
@@ -257,7 +259,7 @@ def test_a_profile_file_applies_where_the_environment_does_not(cli: Cli, tmp_pat
 
     # the environment's pair wins over the profile's, whole
     wrong = cli("user", "list", user=("root", "wrong-secret"), endpoint=False, env={"SLUICE_PROFILE": str(profile)})
-    assert wrong.code == 1 and "wrong signature" in wrong.err and "came from the environment" in wrong.err
+    assert wrong.code == 1 and "the signature is wrong" in wrong.err and "came from the environment" in wrong.err
     half = cli("user", "list", user=None, endpoint=False,
                env={"SLUICE_PROFILE": str(profile), "SLUICE_ACCESS_KEY": ROOT})  # fmt: skip
     assert half.code == 1 and "sets only one of SLUICE_ACCESS_KEY and SLUICE_SECRET_KEY" in half.err

@@ -233,7 +233,7 @@ def test_the_source_refuses_to_read_without_the_right_credentials(spark: Any, br
     assert "UNAUTHENTICATED" in anonymous and "requires credentials" in anonymous
     assert "Give the options 'accessKey' and 'secretKey'" in anonymous
     wrong = refusal(lambda: source(spark, broker, pki, **as_user(READER, "not-the-secret")).collect())
-    assert "UNAUTHENTICATED" in wrong and "wrong signature" in wrong and f"access key '{READER}'" in wrong
+    assert "UNAUTHENTICATED" in wrong and "the signature is wrong" in wrong and f"access key '{READER}'" in wrong
     assert "not-the-secret" not in wrong and READER_SECRET not in wrong
     # a user who may publish to the topic may see its offsets, but not read its messages
     publisher = refusal(lambda: source(spark, broker, pki, **as_user(PUBLISHER, PUBLISHER_SECRET)).collect())
@@ -256,7 +256,7 @@ def test_the_exactly_once_sink_refuses_to_write_without_the_right_credentials(sp
     anonymous = write()
     assert "UNAUTHENTICATED" in anonymous and "requires credentials" in anonymous
     wrong = write(**as_user(WRITER, "not-the-secret"))
-    assert "UNAUTHENTICATED" in wrong and "wrong signature" in wrong and "not-the-secret" not in wrong
+    assert "UNAUTHENTICATED" in wrong and "the signature is wrong" in wrong and "not-the-secret" not in wrong
     # the reader may not publish at all; the publisher may publish plain messages, but not transactional halves
     reader = write(**as_user(READER, READER_SECRET))
     assert "NO_PERMISSION" in reader and f"on Topic:{SINK_TOPIC}" in reader

@@ -258,23 +258,29 @@ def test_the_interceptors_wrap_each_method_once_not_per_call() -> None:
     registered = {m: grpc.unary_unary_rpc_method_handler(lambda r, c: r, request_deserializer=bytes)
                   for m in ("/sluice.v1.Broker/SendMessage", "/sluice.v1.Broker/PullMessage")}  # fmt: skip
 
+    signed = signed_metadata("root", "r", dt.datetime.now(dt.UTC))
+    wrong = signed_metadata("root", "not-r", dt.datetime.now(dt.UTC))
+
     class Details(grpc.HandlerCallDetails):
-        def __init__(self, method: str) -> None:
-            self.method, self.invocation_metadata = method, ()
+        def __init__(self, method: str, metadata: tuple[tuple[str, str], ...]) -> None:
+            self.method, self.invocation_metadata = method, metadata
 
     chain = [MalformedRequestGuard(), AuthGate(Accounts(None, User("root", "r")), AuthSettings(900, False),
                                                Counter("c", "c")), ReplicationGate()]  # fmt: skip
 
-    def handler_for(method: str) -> grpc.RpcMethodHandler:
+    def handler_for(method: str, metadata: tuple[tuple[str, str], ...] = signed) -> grpc.RpcMethodHandler:
         def through(i: int) -> grpc.RpcMethodHandler:
             if i == len(chain):
                 return registered[method]
-            return chain[i].intercept_service(lambda d: through(i + 1), Details(method))  # type: ignore[no-any-return]
+            return chain[i].intercept_service(lambda d: through(i + 1), Details(method, metadata))  # type: ignore[no-any-return]
 
         return through(0)
 
     for method in registered:
         first = handler_for(method)
         assert all(handler_for(method) is first for _ in range(1000))
+        refused = handler_for(method, wrong)  # refused before its body is parsed: a handler of its own, no parser
+        assert refused is not first and refused.request_deserializer is None
+        assert handler_for(method) is first  # the refusal did not displace the method's handler in the guard
     guard = chain[0]
     assert isinstance(guard, MalformedRequestGuard) and len(guard._wrapped._wrapped) == 2
