@@ -26,6 +26,7 @@ from broker.auth.signature import signed_metadata
 from broker.client import Admin, Message
 from broker.client.transaction_producer import LocalTransactionState, TransactionProducer
 from broker.errors import ResponseCode
+from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pbg
 from broker.proto.status import RESPONSE_CODE_KEY
@@ -48,7 +49,7 @@ SETTINGS: dict[str, Any] = {
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root = tmp_path_factory.mktemp("rmqv2-clients")
     config = root / "broker.json"
-    config.write_text(json.dumps(SETTINGS))
+    write_private(config, json.dumps(SETTINGS).encode())  # it holds auth_root_secret_key: 0600 or refused
     proc = BrokerProcess(root / "store", config=config, log_level="WARNING").start()
     yield proc
     assert proc.stop() == 0, "\n".join(proc.output)

@@ -30,6 +30,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
                                   "auth_root_secret_key": ROOT[1], "metrics_host": "127.0.0.1",
                                   "store": {"mapped_file_size_commit_log": 16 << 20,
                                             "mapped_file_size_consume_queue": 4000 * 20}}))  # fmt: skip
+    config.chmod(0o600)  # it holds the root secret: the broker refuses a config others can read
     proc = BrokerProcess(root / "store", config=config, metrics_port=0).start()
     yield proc
     assert proc.stop() == 0, "\n".join(proc.output)
