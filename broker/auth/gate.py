@@ -10,8 +10,10 @@ Each call is authenticated first, from its metadata alone:
 * else UNAUTHENTICATED: nothing anonymous passes once authentication is on, except the methods the requirement
   table declares ``ANONYMOUS`` (a name server's route reads).
 
-Then authorized: super users pass; anyone else needs every right the method's requirement (requirements.py) names
-for this request, decided by policy.py on the user's entries and the caller's address. A refusal is
+Then authorized: super users pass; anyone else needs every right the method's row (requirements.py) names for
+this request, decided by policy.py on the user's entries and the caller's address. The operations a row marks
+resolved (ending or joining a transaction, a send-back) are decided later by the operation on what it found
+(operations.py): the gate leaves the caller for them in ``operations.current``. A refusal is
 PERMISSION_DENIED naming the first missing right. Both refusals carry their response code (UNAUTHENTICATED,
 NO_PERMISSION) like every other error, are counted in ``sluice_auth_refusals_total`` by reason, and are logged at
 most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a loop must not flood the log).
@@ -39,7 +41,7 @@ from typing import Any
 
 import grpc
 
-from broker.auth import deferred
+from broker.auth import deferred, operations
 from broker.auth.accounts import Accounts, User
 from broker.auth.policy import Action, Entry, allows, need, topic
 from broker.auth.requirements import (
@@ -168,11 +170,24 @@ class AuthGate(grpc.ServerInterceptor):
         assert requirement is not None
         source = source_address(context.peer())
         entries = self.accounts.entries(user.access_key)
-        for n in requirement(request, self.lookup):
-            if not allows(entries, n, source):
-                raise NoPermissionError(f"user {user.access_key!r} lacks {n.describe()}")
+        caller = operations.Caller(user.access_key, entries, source, self._refusal_counter(user, method, context))
+        gate_needs = getattr(requirement, "gate_needs", requirement)  # a Row's resolved operations come later
+        operations.check(caller, gate_needs(request, self.lookup))
+        operations.current.set(caller)  # for the operations that decide on what they resolve (operations.py)
         if method in DEFERRED_TOPIC_CHECKS:
             deferred.pending.set(self._topic_check(user, entries, source, method, context))
+
+    def _refusal_counter(self, user: User, method: str, context: grpc.ServicerContext
+                         ) -> Callable[[NoPermissionError], None]:  # fmt: skip
+        """How an operation's own refusal (operations.authorize) is counted and logged, as the gate's are."""
+
+        def refused(e: NoPermissionError) -> None:
+            self.refusals.inc(labels=(("reason", "denied"),))
+            rpc = method.rsplit("/", 1)[-1]
+            self._log.warn(user.access_key, f"{rpc} refused (denied) for user {user.access_key!r} from "
+                                           f"{context.peer()}: {e.message}")  # fmt: skip
+
+        return refused
 
     def _topic_check(self, user: User, entries: tuple[Entry, ...], source: Address | None, method: str,
                      context: grpc.ServicerContext) -> deferred.TopicCheck:  # fmt: skip
@@ -226,11 +241,14 @@ class AuthGate(grpc.ServerInterceptor):
             inner_uu = handler.unary_unary
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                token = deferred.pending.set(None)  # a worker thread's last call must not lend this one its check
+                # a worker thread's last call must not lend this one its check or its caller
+                token = deferred.pending.set(None)
+                caller = operations.current.set(None)
                 try:
                     self._admit(method, request, context)
                     return inner_uu(request, context)
                 finally:
+                    operations.current.reset(caller)
                     deferred.pending.reset(token)
 
             return handler._replace(unary_unary=unary)
@@ -238,8 +256,13 @@ class AuthGate(grpc.ServerInterceptor):
             inner_us = handler.unary_stream
 
             def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                self._admit(method, request, context)
-                yield from inner_us(request, context)
+                # set, not reset by token: a generator may be closed from another thread's context
+                operations.current.set(None)
+                try:
+                    self._admit(method, request, context)
+                    yield from inner_us(request, context)
+                finally:
+                    operations.current.set(None)
 
             return handler._replace(unary_stream=unary_stream)
         inner = handler.stream_stream or handler.stream_unary

@@ -1,30 +1,39 @@
-"""What every RPC needs, declared once: method name -> the rights its request asks for (policy.py decides them).
+"""What every RPC does, declared once: method name -> the operations it does (operations.py holds their rights).
 
 Every method of every service a broker serves has a row here (the Broker service, the transaction coordinator,
-RocketMQ 5's MessagingService, and the user administration below); tests/unit/security walk this table against
-the services' descriptors, so a new RPC cannot be served without a declared requirement. A method missing here is
-refused for everyone but super users (default deny), never let through.
+RocketMQ 5's MessagingService, the name server); tests/unit/security walk these tables against the services'
+descriptors, so a new RPC cannot be served without a declared row. A method missing here is refused for everyone
+but super users (default deny), never let through.
+
+A row (``Row``) lists the operations of its method, each with the objects the request names. The gate (gate.py)
+checks the operations decided from the request before the handler runs; the resolved ones (a transaction's end
+or a half joining one, a send-back) are decided by the operation itself on what it found (operations.py). Called,
+a row gives every need of the call, the resolved ones previewed through the broker's ``Lookup`` (the group of a
+transaction named by id, the topic of a message named by id): what a caller must be granted, in tests and docs.
 
 The rules, the way RocketMQ 5.3 and Kafka put them:
 
-* Producing needs Pub on the topic. A transactional half also needs Pub on ``Group:<producer group>``: ending,
-  checking and listing a group's transactions is that right (Kafka's Write on the transactional id).
-* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks, send-backs and
-  a group's retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G`` to ``Group:G``).
-* Reading a topic's offsets and routes needs any of Pub, Sub or Get on it: producers, consumers and tools all do.
+* Producing needs Pub on the topic. A transactional half also needs Pub on ``Group:<producer group>``: opening,
+  joining, ending and checking a group's transactions is that right (Kafka's Write on the transactional id),
+  decided on the group the transaction was recorded under when it was opened, whatever group a later request
+  names. RocketMQ 5 clients name no producer group; their transactions are recorded under the topic's name.
+* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks and a group's
+  retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G`` to ``Group:G``). A send-back needs
+  Sub on the group and on the topic of the stored message it copies.
+* Reading a topic's offsets and routes needs any of Pub, Sub or Get on it: producers, consumers and tools all do
+  (a system topic's: super users only).
 * Administration needs Create/Update/Delete/Get/List on the named resource or on the Cluster; calls that name no
   resource (list every topic, broker statistics) need it on the Cluster.
 * Coordinating transactions across brokers (the exactly-once sink's decisions and the by-prefix listing and
-  ending of transactions) needs Pub on the Cluster: those calls name transactions, not topics.
+  ending of transactions) needs Pub on the Cluster: those calls name transactions, not groups.
 * Users and access control entries: super users only (``SUPER_ONLY``); a right to manage rights is every right.
 * The name server (a name server started with auth): registering and unregistering brokers is for the cluster's
   root user (the brokers sign with it); route reads are ``ANONYMOUS``, no credentials needed: a route names
   brokers and topics, never a message, and every client asks for routes before it knows which broker holds its
   users.
 
-A requirement function gets the parsed request and a ``Lookup`` for what only the broker knows (the group of a
-transaction that the request names by id, the topic of a message named by id). It raises InvalidArgumentError for
-a request it cannot read; it never needs the store's lock for more than a dictionary lookup.
+An objects function gets the parsed request and the ``Lookup``. It raises InvalidArgumentError for a request it
+cannot read; it never needs the store's lock for more than a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -32,17 +41,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from broker.auth.policy import CLUSTER, Action, Need, group, need, topic
+from broker.auth.operations import RULES, Operation, needs_of
+from broker.auth.policy import Need
 
-PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE, Action.DELETE,
-                                               Action.GET, Action.LIST)  # fmt: skip
-READ_ANY = (PUB, SUB, GET)
 # Methods whose topic rights are checked where the request is parsed (deferred.py), beside their row's needs.
 DEFERRED_TOPIC_CHECKS = frozenset({"/sluice.v1.Broker/SendBatch"})
+Op = Operation
 
 
 class Lookup(Protocol):
-    """What a requirement may ask the broker."""
+    """What a requirement may ask the broker (to preview a resolved operation's objects; see ``Row``)."""
 
     def transaction_group(self, txn_id: str, half_commitlog_offset: int | None) -> str | None: ...
 
@@ -50,89 +58,168 @@ class Lookup(Protocol):
 
 
 Requirement = Callable[[Any, Lookup], list[Need]]
-SUPER_ONLY: Requirement = lambda request, lookup: [need(CLUSTER, Action.ALL)]  # noqa: E731  (marker, see is_super_only)
+Objects = Callable[[Any, Lookup], dict[str, Any]]
 
 
-def _none(request: Any, lookup: Lookup) -> list[Need]:
-    return []
+class Row:
+    """One method: the operations it does, each with its objects as the request (and the broker's ``Lookup``)
+    name them. Called, it gives every need of the call (the gate's and, previewed through the lookup, the resolved
+    operations' ones: what the tests grant and the docs list); ``gate_needs`` only those the gate checks."""
+
+    __slots__ = ("uses",)
+
+    def __init__(self, *uses: tuple[Operation, Objects] | None) -> None:
+        self.uses = tuple(u for u in uses if u is not None)
+
+    def operations(self) -> tuple[Operation, ...]:
+        return tuple(op for op, _ in self.uses)
+
+    def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
+        return [n for op, objects in self.uses for n in needs_of(op, **objects(request, lookup))]
+
+    def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
+        return [n for op, objects in self.uses if not RULES[op].resolved
+                for n in needs_of(op, **objects(request, lookup))]  # fmt: skip
 
 
-def ANONYMOUS(request: Any, lookup: Lookup) -> list[Need]:
-    return []
+def on(operation: Operation, objects: Objects = lambda r, lookup: {}) -> tuple[Operation, Objects]:
+    return (operation, objects)
 
 
-def _pubs(topics: Iterable[str], producer_group: str, transactional: bool) -> list[Need]:
-    needs = [need(topic(t), PUB) for t in topics]
-    if transactional and producer_group:
-        needs.append(need(group(producer_group), PUB))
-    return needs
+SUPER_ONLY = Row(on(Op.SUPER_USER))  # marker (is_super_only): refused but to super users before anything is read
+ANONYMOUS = Row(on(Op.READ_ROUTES))  # marker (is_anonymous): no credentials asked
+_NONE = Row()
 
 
-def _consume(group_name: str, *topics: str) -> list[Need]:
-    return [need(group(group_name), SUB)] + [need(topic(t), SUB) for t in dict.fromkeys(topics)]
+def _names(*topics: str) -> dict[str, Any]:
+    return {"topics": list(topics)}
 
 
-def _admin(resource_of: Callable[[Any], Any], *actions: Action) -> Requirement:
-    return lambda r, lookup: [need(resource_of(r), *actions, or_cluster=True)]
+def _consume(group_name: str, topics: Iterable[str]) -> tuple[Operation, Objects]:
+    names = list(topics)
+    return on(Op.CONSUME, lambda r, lookup: {"group": group_name, "topics": names})
 
 
-def _end_transaction(r: Any, lookup: Lookup) -> list[Need]:
-    if r.producer_group:
-        return [need(group(r.producer_group), PUB)]
+def _end_transaction_objects(r: Any, lookup: Lookup) -> dict[str, Any]:
+    """The group the end will be decided on: the transaction's recorded one, else (an id recorded now, or one
+    this broker does not hold) the one the request names."""
     offset = r.half_commitlog_offset if r.WhichOneof("target") == "half_commitlog_offset" else None
     found = lookup.transaction_group(r.transaction_id, offset)
-    # An unknown transaction needs nothing more: the handler answers "not found", which tells nothing.
-    return [need(group(found), PUB)] if found else []
+    return {"producer_group": found if found is not None else r.producer_group}
 
 
-def _view_by_id(r: Any, lookup: Lookup) -> list[Need]:
-    found = lookup.message_topic(r.msg_id)
-    return [need(topic(found), SUB, GET)] if found else []
+def _v2_end_transaction_objects(r: Any, lookup: Lookup) -> dict[str, Any]:
+    found = lookup.transaction_group(r.transaction_id, None)  # RocketMQ 5 names no group: the topic stands for it
+    return {"producer_group": found if found is not None else _v2_name(r.topic)}
+
+
+def _joined(producer_group: str, txn_id: str, lookup: Lookup) -> tuple[Operation, Objects] | None:
+    """A half naming an id that is open already joins it: decided on that transaction's recorded group."""
+    found = lookup.transaction_group(txn_id, None) if txn_id else None
+    if found is None:
+        return None
+    return on(Op.JOIN_TRANSACTION, lambda r, lookup: {"producer_group": found})
 
 
 def _v2_name(resource: Any) -> str:
     return str(resource.name)
 
 
+def _row(build: Callable[[Any, Lookup], Row]) -> Row:
+    """A row whose operations depend on the request (a send that may be transactional)."""
+    return _Dynamic(build)
+
+
+class _Dynamic(Row):
+    __slots__ = ("build",)
+
+    def __init__(self, build: Callable[[Any, Lookup], Row]) -> None:
+        super().__init__()
+        self.build = build
+
+    def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
+        return self.build(request, lookup)(request, lookup)
+
+    def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
+        return self.build(request, lookup).gate_needs(request, lookup)
+
+
+def _send(topics: list[str], producer_group: str, txn_id: str, transactional: bool, lookup: Lookup) -> Row:
+    names = list(topics)
+    if not transactional:
+        return Row(on(Op.PUBLISH, lambda r, lookup: {"topics": names}))
+    return Row(on(Op.PUBLISH, lambda r, lookup: {"topics": names}),
+               on(Op.OPEN_TRANSACTION, lambda r, lookup: {"producer_group": producer_group}),
+               _joined(producer_group, txn_id, lookup))  # fmt: skip
+
+
+def _v2_send(r: Any, lookup: Lookup) -> Row:
+    topics = list(dict.fromkeys(_v2_name(m.topic) for m in r.messages))
+    transactional = [m for m in r.messages if m.system_properties.message_type == _V2_TRANSACTION]
+    if not transactional:
+        return _send(topics, "", "", False, lookup)
+    # RocketMQ 5 clients name no producer group: Sluice records their transactions under the topic's name
+    # (rmqv2/service.py), and the transaction's id is the message id the client chose.
+    first = transactional[0]
+    return _send(topics, _v2_name(first.topic), first.system_properties.message_id, True, lookup)
+
+
+_V2_TRANSACTION = 4  # apache.rocketmq.v2.MessageType.TRANSACTION
+
+
 BROKER: dict[str, Requirement] = {
-    "SendMessage": lambda r, _: _pubs([r.topic], r.producer_group, r.transactional),
-    # Pub on each topic inside the batch: checked by the send processor (deferred.py); here the transaction's group
-    "SendBatch": lambda r, _: _pubs((), r.producer_group, bool(r.transaction_id)),
-    # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
-    "SendStream": _none,
-    "PullStream": _none,
-    "PullMessage": lambda r, _: _consume(r.consumer_group, r.topic),
-    "QueryConsumerOffset": lambda r, _: _consume(r.consumer_group, r.topic),
-    "UpdateConsumerOffsets": lambda r, _: _consume(r.consumer_group, *(o.topic for o in r.offsets)),
-    "GetQueueOffsets": lambda r, _: [need(topic(r.topic), *READ_ANY)],
-    "SearchOffsetByTimestamp": lambda r, _: [need(topic(r.topic), *READ_ANY)],
-    "QueryMessageByKey": lambda r, _: [need(topic(r.topic), SUB, GET)],
-    "ViewMessageById": _view_by_id,
-    "CreateTopic": _admin(lambda r: topic(r.topic), CREATE),
-    "DeleteTopic": _admin(lambda r: topic(r.topic), DELETE),
-    "ListTopics": lambda r, _: [need(CLUSTER, LIST)],
-    "GetTopicRoute": lambda r, _: [need(topic(r.topic), *READ_ANY)],
-    "Heartbeat": lambda r, _: [need(group(r.consumer_group), SUB)] if r.consumer_group else [],
-    "GetConsumerList": lambda r, _: [need(group(r.consumer_group), SUB, GET)],
-    "GetConsumerLag": lambda r, _: (
-        [need(group(r.consumer_group), SUB, GET, or_cluster=True)]
-        + ([need(topic(r.topic), SUB, GET, or_cluster=True)] if r.topic else [])
+    "SendMessage": _row(
+        lambda r, lookup: _send(
+            [r.topic], r.producer_group, r.transaction_id, r.transactional or bool(r.transaction_id), lookup
+        )
     ),
-    "GetBrokerStats": lambda r, _: [need(CLUSTER, GET)],
-    "EndTransaction": _end_transaction,
-    "ListTransactions": lambda r, _: [need(CLUSTER, PUB, GET)],
-    "EndTransactions": lambda r, _: [need(CLUSTER, PUB, UPDATE)],
-    "TransactionCheckStream": lambda r, _: [need(group(r.producer_group), PUB)],
-    "ConsumerSendMsgBack": lambda r, _: [need(group(r.consumer_group), SUB)],
-    "LockBatchMQ": lambda r, _: _consume(r.consumer_group, *(q.topic for q in r.queues)),
-    "UnlockBatchMQ": lambda r, _: _consume(r.consumer_group, *(q.topic for q in r.queues)),
-    "GetSubscriptionGroup": _admin(lambda r: group(r.consumer_group), SUB, GET),
-    "UpdateSubscriptionGroup": _admin(lambda r: group(r.consumer_group), CREATE, UPDATE),
-    "PopMessage": lambda r, _: _consume(r.consumer_group, r.topic),
-    "AckMessage": lambda r, _: _consume(r.consumer_group, r.topic),
-    "ChangeInvisibleTime": lambda r, _: _consume(r.consumer_group, r.topic),
-    "ListGroups": lambda r, _: [need(CLUSTER, LIST)],
-    "ResetConsumerOffsets": _admin(lambda r: group(r.consumer_group), UPDATE),
+    # Pub on each topic inside the batch: checked by the send processor (deferred.py); here the transaction's group
+    "SendBatch": _row(lambda r, lookup: _send([], r.producer_group, r.transaction_id, bool(r.transaction_id), lookup)),
+    # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
+    "SendStream": _NONE,
+    "PullStream": _NONE,
+    "PullMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "QueryConsumerOffset": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "UpdateConsumerOffsets": Row(
+        on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [o.topic for o in r.offsets]})
+    ),
+    "GetQueueOffsets": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "SearchOffsetByTimestamp": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "QueryMessageByKey": Row(on(Op.QUERY_MESSAGES, lambda r, _: {"topic": r.topic})),
+    "ViewMessageById": Row(on(Op.VIEW_MESSAGE, lambda r, lookup: {"topic": lookup.message_topic(r.msg_id)})),
+    "CreateTopic": Row(on(Op.CREATE_TOPIC, lambda r, _: {"name": r.topic})),
+    "DeleteTopic": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
+    "ListTopics": Row(on(Op.LIST_RESOURCES)),
+    "GetTopicRoute": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group})),
+    "GetConsumerList": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
+    "GetConsumerLag": Row(on(Op.GROUP_LAG, lambda r, _: {"group": r.consumer_group, "topic": r.topic})),
+    "GetBrokerStats": Row(on(Op.CLUSTER_STATS)),
+    "EndTransaction": Row(on(Op.END_TRANSACTION, _end_transaction_objects)),
+    "ListTransactions": Row(on(Op.LIST_TRANSACTIONS)),
+    "EndTransactions": Row(on(Op.END_TRANSACTIONS)),
+    "TransactionCheckStream": Row(on(Op.CHECK_TRANSACTIONS, lambda r, _: {"producer_group": r.producer_group})),
+    # The retry topic written is the named group's; the message copied is resolved, and decided on its own topic.
+    "ConsumerSendMsgBack": Row(
+        on(
+            Op.SEND_BACK,
+            lambda r, lookup: {
+                "group": r.consumer_group,
+                "topic": (lookup.message_topic(r.msg_id) if r.WhichOneof("target") == "msg_id" else None) or "",
+            },
+        )
+    ),
+    "LockBatchMQ": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [q.topic for q in r.queues]})),
+    "UnlockBatchMQ": Row(
+        on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [q.topic for q in r.queues]})
+    ),
+    "GetSubscriptionGroup": Row(on(Op.READ_GROUP_SETTINGS, lambda r, _: {"name": r.consumer_group})),
+    "UpdateSubscriptionGroup": Row(on(Op.UPDATE_GROUP_SETTINGS, lambda r, _: {"name": r.consumer_group})),
+    "PopMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "AckMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "ChangeInvisibleTime": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "ListGroups": Row(on(Op.LIST_RESOURCES)),
+    "ResetConsumerOffsets": Row(on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group})),
     "CreateUser": SUPER_ONLY,
     "UpdateUser": SUPER_ONLY,
     "DeleteUser": SUPER_ONLY,
@@ -143,30 +230,35 @@ BROKER: dict[str, Requirement] = {
 }
 
 COORDINATOR: dict[str, Requirement] = {
-    "RecordDecision": lambda r, _: [need(CLUSTER, PUB)],
-    "QueryDecisions": lambda r, _: [need(CLUSTER, PUB, GET)],
+    "RecordDecision": Row(on(Op.RECORD_DECISION)),
+    "QueryDecisions": Row(on(Op.QUERY_DECISIONS)),
 }
+
+
+def _v2_consume(group_of: Callable[[Any], Any], topic_of: Callable[[Any], Any]) -> Row:
+    return Row(on(Op.CONSUME, lambda r, _: {"group": _v2_name(group_of(r)), "topics": [_v2_name(topic_of(r))]}))
+
 
 # RocketMQ 5's MessagingService (broker/rmqv2): its resources carry a namespace, which Sluice does not use.
 MESSAGING: dict[str, Requirement] = {
-    "QueryRoute": lambda r, _: [need(topic(_v2_name(r.topic)), *READ_ANY)],
-    "Heartbeat": lambda r, _: [need(group(_v2_name(r.group)), SUB)] if r.group.name else [],
-    "SendMessage": lambda r, _: [need(topic(t), PUB) for t in dict.fromkeys(_v2_name(m.topic) for m in r.messages)],
-    "QueryAssignment": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "ReceiveMessage": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "AckMessage": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "ForwardMessageToDeadLetterQueue": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "PullMessage": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "UpdateOffset": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "GetOffset": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "QueryOffset": lambda r, _: [need(topic(_v2_name(r.message_queue.topic)), *READ_ANY)],
-    "EndTransaction": lambda r, _: [need(topic(_v2_name(r.topic)), PUB)],
+    "QueryRoute": Row(on(Op.READ_TOPIC, lambda r, _: _names(_v2_name(r.topic)))),
+    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": _v2_name(r.group)})),
+    "SendMessage": _row(_v2_send),
+    "QueryAssignment": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "ReceiveMessage": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "AckMessage": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "ForwardMessageToDeadLetterQueue": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "PullMessage": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "UpdateOffset": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "GetOffset": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "QueryOffset": Row(on(Op.READ_TOPIC, lambda r, _: _names(_v2_name(r.message_queue.topic)))),
+    "EndTransaction": Row(on(Op.END_TRANSACTION, _v2_end_transaction_objects)),
     # A stream of client settings and commands; what the client then does is authorized call by call.
-    "Telemetry": _none,
-    "NotifyClientTermination": _none,
-    "ChangeInvisibleDuration": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "RecallMessage": lambda r, _: [need(topic(_v2_name(r.topic)), PUB)],
-    "SyncLiteSubscription": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
+    "Telemetry": _NONE,
+    "NotifyClientTermination": _NONE,
+    "ChangeInvisibleDuration": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "RecallMessage": Row(on(Op.PUBLISH, lambda r, _: _names(_v2_name(r.topic)))),
+    "SyncLiteSubscription": _v2_consume(lambda r: r.group, lambda r: r.topic),
 }
 
 NAMESRV: dict[str, Requirement] = {

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import pytest
 from certs import Pki, tls_settings
+from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
@@ -411,7 +412,24 @@ def invoke(ep: str, pki: Pki, path: str, method: Any, creds: Credentials) -> grp
                 next(iter(answer), None)
         except grpc.RpcError as e:
             return e
+    status = getattr(answer, "status", None) if not method.server_streaming else None
+    if getattr(status, "code", None) == v2.Code.FORBIDDEN:  # RocketMQ 5 answers refusals in its status
+        return V2Refusal(status.message)
     return None
+
+
+class V2Refusal(grpc.RpcError):
+    """A RocketMQ 5 answer refused for permission (its status, not the call's), read as the call's would be."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.PERMISSION_DENIED
+
+    def details(self) -> str:
+        return self.message
 
 
 def test_each_rpc_is_refused_without_its_right_and_admitted_with_it(ep: str, pki: Pki, secured: BrokerController
