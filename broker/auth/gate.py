@@ -20,9 +20,9 @@ most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a lo
 
 Nothing is cached across calls: a user's entries are read from ``Accounts`` on each call (dictionary lookups), so
 a revocation or a disabled user applies to the next request. The cost per call is one HMAC-SHA1 and a scan of the
-user's entries; measured in bench/security.py. A SendBatch's topics are checked where the batch is parsed
-(deferred.py). A SendStream or PullStream is authenticated when it opens, and each of its requests is admitted as
-its unary call is, its signature checked again but not its date-time (server/call_stream.py).
+user's entries; measured in bench/security.py. A SendBatch's topics are decided where the batch is parsed
+(operations.py's PUBLISH_BATCH). A SendStream or PullStream is authenticated when it opens, and each of its requests
+is admitted as its unary call is, its signature checked again but not its date-time (server/call_stream.py).
 
 A request that could not be parsed (request_guard.py) is authenticated and then passed to its handler, which
 refuses it as INVALID_ARGUMENT: its rights cannot be read from it, and it changes nothing.
@@ -35,17 +35,15 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from broker.auth import deferred, operations
+from broker.auth import operations
 from broker.auth.accounts import Accounts, User
-from broker.auth.policy import Action, Entry, allows, need, topic
 from broker.auth.requirements import (
-    DEFERRED_TOPIC_CHECKS,
     Lookup,
     Requirement,
     is_anonymous,
@@ -174,8 +172,6 @@ class AuthGate(grpc.ServerInterceptor):
         gate_needs = getattr(requirement, "gate_needs", requirement)  # a Row's resolved operations come later
         operations.check(caller, gate_needs(request, self.lookup))
         operations.current.set(caller)  # for the operations that decide on what they resolve (operations.py)
-        if method in DEFERRED_TOPIC_CHECKS:
-            deferred.pending.set(self._topic_check(user, entries, source, method, context))
 
     def _refusal_counter(self, user: User, method: str, context: grpc.ServicerContext
                          ) -> Callable[[NoPermissionError], None]:  # fmt: skip
@@ -188,21 +184,6 @@ class AuthGate(grpc.ServerInterceptor):
                                            f"{context.peer()}: {e.message}")  # fmt: skip
 
         return refused
-
-    def _topic_check(self, user: User, entries: tuple[Entry, ...], source: Address | None, method: str,
-                     context: grpc.ServicerContext) -> deferred.TopicCheck:  # fmt: skip
-        def check(topics: Iterable[str]) -> None:
-            for name in topics:
-                n = need(topic(name), Action.PUB)
-                if not allows(entries, n, source):
-                    e = NoPermissionError(f"user {user.access_key!r} lacks {n.describe()}")
-                    self.refusals.inc(labels=(("reason", "denied"),))
-                    rpc = method.rsplit("/", 1)[-1]
-                    self._log.warn(user.access_key, f"{rpc} refused (denied) for user {user.access_key!r} from "
-                                                   f"{context.peer()}: {e.message}")  # fmt: skip
-                    raise e
-
-        return check
 
     def _refuse(self, e: BrokerError, context: grpc.ServicerContext, who: str, method: str) -> None:
         reason = "unauthenticated" if isinstance(e, AuthenticationError) else "denied"
@@ -241,15 +222,12 @@ class AuthGate(grpc.ServerInterceptor):
             inner_uu = handler.unary_unary
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                # a worker thread's last call must not lend this one its check or its caller
-                token = deferred.pending.set(None)
-                caller = operations.current.set(None)
+                caller = operations.current.set(None)  # a worker thread's last call must not lend this one its caller
                 try:
                     self._admit(method, request, context)
                     return inner_uu(request, context)
                 finally:
                     operations.current.reset(caller)
-                    deferred.pending.reset(token)
 
             return handler._replace(unary_unary=unary)
         if handler.unary_stream is not None:

@@ -43,8 +43,10 @@ from typing import Any, Protocol
 
 from broker.auth.operations import RULES, Operation, needs_of
 from broker.auth.policy import Need
+from broker.errors import BrokerError
+from broker.store.message import Prop, iter_entries
 
-# Methods whose topic rights are checked where the request is parsed (deferred.py), beside their row's needs.
+# Methods whose topic rights are decided where the request is parsed (the send processor: PUBLISH_BATCH).
 DEFERRED_TOPIC_CHECKS = frozenset({"/sluice.v1.Broker/SendBatch"})
 Op = Operation
 
@@ -71,7 +73,8 @@ class Row:
     def __init__(self, *uses: tuple[Operation, Objects] | None) -> None:
         self.uses = tuple(u for u in uses if u is not None)
 
-    def operations(self) -> tuple[Operation, ...]:
+    def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
+        """The operations a call with ``request`` does (a send: transactional or not)."""
         return tuple(op for op, _ in self.uses)
 
     def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
@@ -143,6 +146,9 @@ class _Dynamic(Row):
     def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
         return self.build(request, lookup).gate_needs(request, lookup)
 
+    def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
+        return self.build(request, lookup).operations(request, lookup)
+
 
 def _send(topics: list[str], producer_group: str, txn_id: str, transactional: bool, lookup: Lookup) -> Row:
     names = list(topics)
@@ -151,6 +157,21 @@ def _send(topics: list[str], producer_group: str, txn_id: str, transactional: bo
     return Row(on(Op.PUBLISH, lambda r, lookup: {"topics": names}),
                on(Op.OPEN_TRANSACTION, lambda r, lookup: {"producer_group": producer_group}),
                _joined(producer_group, txn_id, lookup))  # fmt: skip
+
+
+def _batch_topics(entries: bytes) -> list[str]:
+    """The topics a SendBatch stores in (a half's real topic): only to preview its rows' needs (tests, docs); the
+    send processor decides them on its own validation of the batch."""
+    try:
+        return list(dict.fromkeys(m.properties.get(Prop.REAL_TOPIC) or m.topic for m in iter_entries(entries)))
+    except (BrokerError, ValueError, IndexError):  # a batch the processor refuses as malformed
+        return []
+
+
+def _send_batch(r: Any, lookup: Lookup) -> Row:
+    txn = bool(r.transaction_id)
+    return Row(on(Op.PUBLISH_BATCH, lambda r, lookup: {"topics": _batch_topics(r.entries)}),
+               *(u for u in _send([], r.producer_group, r.transaction_id, txn, lookup).uses if u[0] is not Op.PUBLISH))
 
 
 def _v2_send(r: Any, lookup: Lookup) -> Row:
@@ -173,8 +194,8 @@ BROKER: dict[str, Requirement] = {
             [r.topic], r.producer_group, r.transaction_id, r.transactional or bool(r.transaction_id), lookup
         )
     ),
-    # Pub on each topic inside the batch: checked by the send processor (deferred.py); here the transaction's group
-    "SendBatch": _row(lambda r, lookup: _send([], r.producer_group, r.transaction_id, bool(r.transaction_id), lookup)),
+    # Pub on each topic inside the batch: decided by the send processor on its validation of the batch
+    "SendBatch": _row(_send_batch),
     # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
     "SendStream": _NONE,
     "PullStream": _NONE,
