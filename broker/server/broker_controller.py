@@ -503,7 +503,9 @@ class BrokerController:
         if cfg.rmqv2_enable:
             rmqv2_wiring.add_service(self, server, sends, pulls)
         assert self.decisions is not None
-        cpb_grpc.add_TransactionCoordinatorServicer_to_server(CoordinatorService(self.decisions), server)
+        coordinator = CoordinatorService(self.decisions, lambda txn_id: (
+            self.transactions.producer_group_of(txn_id) if self.transactions is not None else None))
+        cpb_grpc.add_TransactionCoordinatorServicer_to_server(coordinator, server)
         self._register_gauges(store)
 
     def _register_gauges(self, store: MessageStore) -> None:

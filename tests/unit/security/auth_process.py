@@ -82,12 +82,13 @@ class Secured:
             answer = rpc(request, metadata=[*creds.metadata(), (CLIENT_ID_HEADER, "auth-test-client")], timeout=10)
             return list(answer) if method in ("ReceiveMessage", "PullMessage") else answer
 
-    def user(self, *grants: tuple[str, str]) -> Credentials:
-        """A new user holding exactly ``grants`` ((resource, "Pub,Sub"), ...)."""
+    def user(self, *grants: tuple[str, str] | tuple[str, str, str]) -> Credentials:
+        """A new user holding exactly ``grants`` ((resource, "Pub,Sub"[, "Deny"]), ...; Allow by default)."""
         creds = Credentials(f"user{next(_users)}", "user-secret-value")
         self.call("CreateUser", pb.UserRequest(access_key=creds.access_key, secret_key=creds.secret_key))
-        for resource, actions in grants:
-            entry = pb.AclEntry(access_key=creds.access_key, resource=resource, actions=actions.split(","))
+        for resource, actions, *decision in grants:
+            entry = pb.AclEntry(access_key=creds.access_key, resource=resource, actions=actions.split(","),
+                                decision=decision[0] if decision else "Allow")  # fmt: skip
             self.call("GrantAcl", pb.GrantAclRequest(entry=entry))
         return creds
 

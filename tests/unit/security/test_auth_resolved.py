@@ -163,6 +163,31 @@ def test_the_coordinator_needs_its_cluster_right(broker: Secured) -> None:
     assert list(found.decisions) == []  # nothing recorded
 
 
+def test_a_decision_on_a_transaction_this_broker_holds_is_an_end_of_it(broker: Secured) -> None:
+    """The coordinator's right is the Cluster's; where the transaction lies here, an entry denying its group
+    stands against a decision too, as against every other way of ending it."""
+    from broker.proto import coordinator_pb2 as cpb
+
+    topic, txn_id = broker.topic(unique("VictimT")), unique("victim-txn-")
+    broker.open_transaction(topic, "VictimP", txn_id)
+    fenced = broker.user(("Cluster", "Pub,Get"), ("Group:VictimP", "Pub", "Deny"))
+    decision = cpb.TransactionDecision(transaction_id=txn_id, outcome="ABORT")
+    for method, request in (("RecordDecision", cpb.RecordDecisionRequest(decision=decision)),
+                            ("QueryDecisions", cpb.QueryDecisionsRequest(transaction_ids=[txn_id],
+                                                                         abort_undecided=True))):  # fmt: skip
+        with pytest.raises(grpc.RpcError) as info:
+            broker.coordinator(method, request, fenced)
+        assert "lacks Pub on Group:VictimP" in info.value.details()  # type: ignore[attr-defined]
+    found = broker.coordinator("QueryDecisions", cpb.QueryDecisionsRequest(transaction_ids=[txn_id]), ROOT)
+    assert list(found.decisions) == []
+    with pytest.raises(NoPermissionError):  # nor through the Sluice service
+        broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=False), fenced)
+    assert_open(broker, txn_id, 1, topic)
+    sink = broker.user(("Cluster", "Pub"))  # the exactly-once sink's right: every group's transactions
+    recorded = broker.coordinator("RecordDecision", cpb.RecordDecisionRequest(decision=decision), sink)
+    assert recorded.outcome == "ABORT"
+
+
 def _v2_transactional(topic: str, message_id: str) -> v2s.SendMessageRequest:
     message = v2.Message(topic=v2.Resource(name=topic), body=b"attacker's half", system_properties=v2.SystemProperties(
         message_id=message_id, message_type=v2.TRANSACTION, body_encoding=v2.IDENTITY))  # fmt: skip
