@@ -247,7 +247,11 @@ class AuthGate(grpc.ServerInterceptor):
         streaming = "stream_stream" if handler.stream_stream is not None else "stream_unary"
 
         def from_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            self._admit(method, None, context)  # rights from metadata only: see the requirement of these methods
+            operations.current.set(None)
+            try:
+                self._admit(method, None, context)  # rights from metadata only: see the requirement of these methods
+            finally:
+                operations.current.set(None)  # each request of the stream is admitted as its unary call, caller too
             return inner(requests, context)
 
         return handler._replace(**{streaming: from_stream})

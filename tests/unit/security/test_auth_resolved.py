@@ -273,3 +273,28 @@ def test_no_lookup_creates_a_system_topic(broker: Secured) -> None:
             broker.call("PopMessage", pb.PopRequest(consumer_group="AttG", topic=name), creds)
     listed = {t.topic for t in broker.call("ListTopics", pb.ListTopicsRequest()).topics}
     assert name not in listed
+
+
+def test_after_a_restart_an_end_by_offset_is_decided_on_the_recovered_transaction(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A restart forgets which half lies at which offset (the table is not persisted): the end by offset finds the
+    half in the store, and the transaction recovered from it keeps its producer group."""
+    root = tmp_path_factory.mktemp("auth-restart")
+    broker = Secured(start_secured(root))
+    topic, txn_id = broker.topic("VictimT"), "victim-txn-restart"
+    offset = broker.open_transaction(topic, "VictimP", txn_id).commitlog_offsets[0]
+    assert broker.proc.stop() == 0
+    broker = Secured(start_secured(root))
+    try:
+        for creds in (broker.user(), broker.user(("Group:AttackerP", "Pub"))):
+            request = pb.EndTransactionRequest(half_commitlog_offset=offset, commit=True, producer_group="AttackerP")
+            with pytest.raises(NoPermissionError, match="lacks Pub on Group:VictimP"):
+                broker.call("EndTransaction", request, creds)
+        assert_open(broker, txn_id, 1, topic)
+        producer = broker.user(("Group:VictimP", "Pub"))
+        ended = broker.call("EndTransaction", pb.EndTransactionRequest(half_commitlog_offset=offset, commit=True),
+                            producer)  # fmt: skip
+        assert ended.status == "COMMITTED" and broker.visible(topic) == 1
+    finally:
+        assert broker.proc.stop() == 0, "\n".join(broker.proc.output)
