@@ -132,9 +132,9 @@ RULES: dict[Operation, Rule] = {
     ),
     Operation.JOIN_TRANSACTION: Rule(
         ("producer_group",),
-        _transaction_group,
+        lambda producer_group: [] if producer_group is None else _transaction_group(producer_group),
         True,
-        "Pub on the producer group recorded when the open transaction was opened",
+        "Pub on the producer group recorded when the open transaction was opened (None: no open one joined)",
     ),
     Operation.END_TRANSACTION: Rule(
         ("producer_group",),

@@ -116,12 +116,11 @@ def _v2_end_transaction_objects(r: Any, lookup: Lookup) -> dict[str, Any]:
     return {"producer_group": found if found is not None else _v2_name(r.topic)}
 
 
-def _joined(producer_group: str, txn_id: str, lookup: Lookup) -> tuple[Operation, Objects] | None:
-    """A half naming an id that is open already joins it: decided on that transaction's recorded group."""
-    found = lookup.transaction_group(txn_id, None) if txn_id else None
-    if found is None:
-        return None
-    return on(Op.JOIN_TRANSACTION, lambda r, lookup: {"producer_group": found})
+def _joined(txn_id: str) -> tuple[Operation, Objects]:
+    """A half naming an id that is open already joins it: decided on that transaction's recorded group (looked up
+    only when the row's needs are previewed: the transaction service decides it, under its lock)."""
+    return on(Op.JOIN_TRANSACTION, lambda r, lookup: {
+        "producer_group": lookup.transaction_group(txn_id, None) if txn_id else None})
 
 
 def _v2_name(resource: Any) -> str:
@@ -150,13 +149,13 @@ class _Dynamic(Row):
         return self.build(request, lookup).operations(request, lookup)
 
 
-def _send(topics: list[str], producer_group: str, txn_id: str, transactional: bool, lookup: Lookup) -> Row:
+def _send(topics: list[str], producer_group: str, txn_id: str, transactional: bool) -> Row:
     names = list(topics)
     if not transactional:
         return Row(on(Op.PUBLISH, lambda r, lookup: {"topics": names}))
     return Row(on(Op.PUBLISH, lambda r, lookup: {"topics": names}),
                on(Op.OPEN_TRANSACTION, lambda r, lookup: {"producer_group": producer_group}),
-               _joined(producer_group, txn_id, lookup))  # fmt: skip
+               _joined(txn_id))  # fmt: skip
 
 
 def _batch_topics(entries: bytes) -> list[str]:
@@ -171,18 +170,18 @@ def _batch_topics(entries: bytes) -> list[str]:
 def _send_batch(r: Any, lookup: Lookup) -> Row:
     txn = bool(r.transaction_id)
     return Row(on(Op.PUBLISH_BATCH, lambda r, lookup: {"topics": _batch_topics(r.entries)}),
-               *(u for u in _send([], r.producer_group, r.transaction_id, txn, lookup).uses if u[0] is not Op.PUBLISH))
+               *(u for u in _send([], r.producer_group, r.transaction_id, txn).uses if u[0] is not Op.PUBLISH))
 
 
 def _v2_send(r: Any, lookup: Lookup) -> Row:
     topics = list(dict.fromkeys(_v2_name(m.topic) for m in r.messages))
     transactional = [m for m in r.messages if m.system_properties.message_type == _V2_TRANSACTION]
     if not transactional:
-        return _send(topics, "", "", False, lookup)
+        return _send(topics, "", "", False)
     # RocketMQ 5 clients name no producer group: Sluice records their transactions under the topic's name
     # (rmqv2/service.py), and the transaction's id is the message id the client chose.
     first = transactional[0]
-    return _send(topics, _v2_name(first.topic), first.system_properties.message_id, True, lookup)
+    return _send(topics, _v2_name(first.topic), first.system_properties.message_id, True)
 
 
 _V2_TRANSACTION = 4  # apache.rocketmq.v2.MessageType.TRANSACTION
@@ -191,7 +190,7 @@ _V2_TRANSACTION = 4  # apache.rocketmq.v2.MessageType.TRANSACTION
 BROKER: dict[str, Requirement] = {
     "SendMessage": _row(
         lambda r, lookup: _send(
-            [r.topic], r.producer_group, r.transaction_id, r.transactional or bool(r.transaction_id), lookup
+            [r.topic], r.producer_group, r.transaction_id, r.transactional or bool(r.transaction_id)
         )
     ),
     # Pub on each topic inside the batch: decided by the send processor on its validation of the batch
