@@ -38,7 +38,7 @@ cannot read; it never needs the store's lock for more than a dictionary lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from broker.auth.operations import RULES, Operation, needs_of
@@ -68,10 +68,11 @@ class Row:
     name them. Called, it gives every need of the call (the gate's and, previewed through the lookup, the resolved
     operations' ones: what the tests grant and the docs list); ``gate_needs`` only those the gate checks."""
 
-    __slots__ = ("uses",)
+    __slots__ = ("gate_uses", "uses")
 
     def __init__(self, *uses: tuple[Operation, Objects] | None) -> None:
         self.uses = tuple(u for u in uses if u is not None)
+        self.gate_uses = tuple((RULES[op].needs, objects) for op, objects in self.uses if not RULES[op].resolved)
 
     def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
         """The operations a call with ``request`` does (a send: transactional or not)."""
@@ -81,8 +82,11 @@ class Row:
         return [n for op, objects in self.uses for n in needs_of(op, **objects(request, lookup))]
 
     def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
-        return [n for op, objects in self.uses if not RULES[op].resolved
-                for n in needs_of(op, **objects(request, lookup))]  # fmt: skip
+        """On every call: prebuilt, one objects function and one rule a use."""
+        if len(self.gate_uses) == 1:
+            needs, objects = self.gate_uses[0]
+            return needs(**objects(request, lookup))
+        return [n for needs, objects in self.gate_uses for n in needs(**objects(request, lookup))]
 
 
 def on(operation: Operation, objects: Objects = lambda r, lookup: {}) -> tuple[Operation, Objects]:
@@ -98,11 +102,6 @@ def _names(*topics: str) -> dict[str, Any]:
     return {"topics": list(topics)}
 
 
-def _consume(group_name: str, topics: Iterable[str]) -> tuple[Operation, Objects]:
-    names = list(topics)
-    return on(Op.CONSUME, lambda r, lookup: {"group": group_name, "topics": names})
-
-
 def _end_transaction_objects(r: Any, lookup: Lookup) -> dict[str, Any]:
     """The group the end will be decided on: the transaction's recorded one, else (an id recorded now, or one
     this broker does not hold) the one the request names."""
@@ -116,46 +115,40 @@ def _v2_end_transaction_objects(r: Any, lookup: Lookup) -> dict[str, Any]:
     return {"producer_group": found if found is not None else _v2_name(r.topic)}
 
 
-def _joined(txn_id: str) -> tuple[Operation, Objects]:
+def _joined(txn_id_of: Callable[[Any], str]) -> tuple[Operation, Objects]:
     """A half naming an id that is open already joins it: decided on that transaction's recorded group (looked up
     only when the row's needs are previewed: the transaction service decides it, under its lock)."""
-    return on(Op.JOIN_TRANSACTION, lambda r, lookup: {
-        "producer_group": lookup.transaction_group(txn_id, None) if txn_id else None})
+    return on(
+        Op.JOIN_TRANSACTION,
+        lambda r, lookup: {"producer_group": lookup.transaction_group(txn_id_of(r), None) if txn_id_of(r) else None},
+    )
 
 
 def _v2_name(resource: Any) -> str:
     return str(resource.name)
 
 
-def _row(build: Callable[[Any, Lookup], Row]) -> Row:
-    """A row whose operations depend on the request (a send that may be transactional)."""
-    return _Dynamic(build)
+class _Either(Row):
+    """A method whose operations depend on the request (a send that may be transactional): two prebuilt rows."""
 
+    __slots__ = ("other", "picks_other")
 
-class _Dynamic(Row):
-    __slots__ = ("build",)
-
-    def __init__(self, build: Callable[[Any, Lookup], Row]) -> None:
-        super().__init__()
-        self.build = build
+    def __init__(self, one: Row, other: Row, picks_other: Callable[[Any], bool]) -> None:
+        super().__init__(*one.uses)
+        self.other, self.picks_other = other, picks_other
 
     def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
-        return self.build(request, lookup)(request, lookup)
+        return self.other(request, lookup) if self.picks_other(request) else super().__call__(request, lookup)
 
     def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
-        return self.build(request, lookup).gate_needs(request, lookup)
+        if self.picks_other(request):
+            return self.other.gate_needs(request, lookup)
+        return super().gate_needs(request, lookup)
 
     def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
-        return self.build(request, lookup).operations(request, lookup)
-
-
-def _send(topics: list[str], producer_group: str, txn_id: str, transactional: bool) -> Row:
-    names = list(topics)
-    if not transactional:
-        return Row(on(Op.PUBLISH, lambda r, lookup: {"topics": names}))
-    return Row(on(Op.PUBLISH, lambda r, lookup: {"topics": names}),
-               on(Op.OPEN_TRANSACTION, lambda r, lookup: {"producer_group": producer_group}),
-               _joined(txn_id))  # fmt: skip
+        return (
+            self.other.operations(request, lookup) if self.picks_other(request) else super().operations(request, lookup)
+        )
 
 
 def _batch_topics(entries: bytes) -> list[str]:
@@ -167,34 +160,41 @@ def _batch_topics(entries: bytes) -> list[str]:
         return []
 
 
-def _send_batch(r: Any, lookup: Lookup) -> Row:
-    txn = bool(r.transaction_id)
-    return Row(on(Op.PUBLISH_BATCH, lambda r, lookup: {"topics": _batch_topics(r.entries)}),
-               *(u for u in _send([], r.producer_group, r.transaction_id, txn).uses if u[0] is not Op.PUBLISH))
-
-
-def _v2_send(r: Any, lookup: Lookup) -> Row:
-    topics = list(dict.fromkeys(_v2_name(m.topic) for m in r.messages))
-    transactional = [m for m in r.messages if m.system_properties.message_type == _V2_TRANSACTION]
-    if not transactional:
-        return _send(topics, "", "", False)
-    # RocketMQ 5 clients name no producer group: Sluice records their transactions under the topic's name
-    # (rmqv2/service.py), and the transaction's id is the message id the client chose.
-    first = transactional[0]
-    return _send(topics, _v2_name(first.topic), first.system_properties.message_id, True)
+_OPEN = on(Op.OPEN_TRANSACTION, lambda r, _: {"producer_group": r.producer_group})
+_SEND = on(Op.PUBLISH, lambda r, _: {"topics": [r.topic]})
+_SEND_BATCH = on(Op.PUBLISH_BATCH, lambda r, _: {"topics": _batch_topics(r.entries)})
 
 
 _V2_TRANSACTION = 4  # apache.rocketmq.v2.MessageType.TRANSACTION
 
 
+def _v2_transactional(r: Any) -> list[Any]:
+    return [m for m in r.messages if m.system_properties.message_type == _V2_TRANSACTION]
+
+
+def _v2_topics(r: Any) -> dict[str, Any]:
+    return {"topics": list(dict.fromkeys(_v2_name(m.topic) for m in r.messages))}
+
+
+# RocketMQ 5 clients name no producer group: Sluice records their transactions under the topic's name
+# (rmqv2/service.py), and the transaction's id is the message id the client chose.
+_V2_SEND = _Either(
+    Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r))),
+    Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r)),
+        on(Op.OPEN_TRANSACTION, lambda r, _: {"producer_group": _v2_name(_v2_transactional(r)[0].topic)}),
+        _joined(lambda r: _v2_transactional(r)[0].system_properties.message_id)),
+    lambda r: any(m.system_properties.message_type == _V2_TRANSACTION for m in r.messages),
+)  # fmt: skip
 BROKER: dict[str, Requirement] = {
-    "SendMessage": _row(
-        lambda r, lookup: _send(
-            [r.topic], r.producer_group, r.transaction_id, r.transactional or bool(r.transaction_id)
-        )
+    "SendMessage": _Either(
+        Row(_SEND),
+        Row(_SEND, _OPEN, _joined(lambda r: r.transaction_id)),
+        lambda r: r.transactional or bool(r.transaction_id),
     ),
     # Pub on each topic inside the batch: decided by the send processor on its validation of the batch
-    "SendBatch": _row(_send_batch),
+    "SendBatch": _Either(
+        Row(_SEND_BATCH), Row(_SEND_BATCH, _OPEN, _joined(lambda r: r.transaction_id)), lambda r: bool(r.transaction_id)
+    ),
     # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
     "SendStream": _NONE,
     "PullStream": _NONE,
@@ -263,7 +263,7 @@ def _v2_consume(group_of: Callable[[Any], Any], topic_of: Callable[[Any], Any]) 
 MESSAGING: dict[str, Requirement] = {
     "QueryRoute": Row(on(Op.READ_TOPIC, lambda r, _: _names(_v2_name(r.topic)))),
     "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": _v2_name(r.group)})),
-    "SendMessage": _row(_v2_send),
+    "SendMessage": _V2_SEND,
     "QueryAssignment": _v2_consume(lambda r: r.group, lambda r: r.topic),
     "ReceiveMessage": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
     "AckMessage": _v2_consume(lambda r: r.group, lambda r: r.topic),
