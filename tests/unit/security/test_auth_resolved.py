@@ -16,8 +16,9 @@ from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
 from broker.client import Message, encode_message
-from broker.errors import NoPermissionError, QueryNotFoundError, TopicNotExistError
+from broker.errors import NoPermissionError, QueryNotFoundError, ResponseCode, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
+from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.store.message import msg_id_at
 
@@ -298,3 +299,21 @@ def test_after_a_restart_an_end_by_offset_is_decided_on_the_recovered_transactio
         assert ended.status == "COMMITTED" and broker.visible(topic) == 1
     finally:
         assert broker.proc.stop() == 0, "\n".join(broker.proc.output)
+
+
+def test_a_send_stream_request_joining_another_producers_transaction_is_refused(broker: Secured) -> None:
+    """Each request of a SendStream is its unary call's, with the stream's caller: the join is decided the same."""
+    victim_topic, own = broker.topic(unique("VictimT")), broker.topic(unique("AttT"))
+    txn_id = unique("victim-txn-")
+    broker.open_transaction(victim_topic, "VictimP", txn_id)
+    attacker = broker.user((f"Topic:{own}", "Pub"), ("Group:AttackerP", "Pub"))
+    requests = [pb.SendMessageRequest(topic=own, queue_id=0, body=b"x", producer_group="AttackerP",
+                                      transactional=True, transaction_id=txn_id),
+                pb.SendMessageRequest(topic=own, queue_id=0, body=b"plain")]  # fmt: skip
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        answers = list(pb_grpc.BrokerStub(channel).SendStream(iter(requests), metadata=attacker.metadata(),
+                                                             timeout=10))  # fmt: skip
+    assert answers[0].code == ResponseCode.NO_PERMISSION and "lacks Pub on Group:VictimP" in answers[0].error
+    assert answers[1].code == 0 and answers[1].response.commitlog_offsets  # the stream goes on
+    assert_open(broker, txn_id, 1, victim_topic)
+    assert broker.visible(own) == 1
