@@ -676,7 +676,9 @@ class TransactionService:
         it. An id this broker has no record of is refused (QueryNotFoundError, nothing recorded: an outcome for a
         transaction that never existed is an invented one, RocketMQ refuses it too) unless ``record_unknown``: then
         the outcome is recorded for an empty transaction, asking again reports it, and halves sent under the id
-        later are refused (a writer that finished with nothing to send, or one fenced out before it sent)."""
+        later are refused (a writer that finished with nothing to send, or one fenced out before it sent).
+        ``producer_group``: the group an id recorded now is recorded under; with ``record_unknown``, an id already
+        recorded under another group is refused (TransactionError, nothing changed)."""
         check_transaction_id(txn_id)
         attempts = None if committed_attempts is None else sorted(set(committed_attempts))
         if attempts is not None:
@@ -688,6 +690,13 @@ class TransactionService:
             txn = self._txns.get(txn_id)
             if self.check_group is not None:  # an unknown id: decided on the group it would be recorded under
                 self.check_group("end", producer_group if txn is None else txn.producer_group)
+            if record_unknown and producer_group and txn is not None and txn.producer_group != producer_group:
+                # The caller claims the id for its group: an outcome recorded under another group is not its own
+                # to report (another user's record of a predictable id must not pass for this writer's commit).
+                raise TransactionError(
+                    f"transaction {txn_id!r} is recorded under another producer group than {producer_group!r}; "
+                    "nothing changed (a transaction id belongs to the group that opened or recorded it)"
+                )
             if txn is None and not record_unknown:
                 raise QueryNotFoundError(
                     f"no transaction {txn_id!r} on this broker (no half message was sent under that id, or it ended "

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
 from broker.client import Message, encode_message
-from broker.errors import NoPermissionError, QueryNotFoundError, ResponseCode, TopicNotExistError
+from broker.errors import BrokerError, NoPermissionError, QueryNotFoundError, ResponseCode, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
@@ -317,3 +317,20 @@ def test_a_send_stream_request_joining_another_producers_transaction_is_refused(
     assert answers[1].code == 0 and answers[1].response.commitlog_offsets  # the stream goes on
     assert_open(broker, txn_id, 1, victim_topic)
     assert broker.visible(own) == 1
+
+
+def test_an_id_recorded_by_another_group_does_not_pass_for_the_writers_own_outcome(broker: Secured) -> None:
+    """The sink's ids are predictable: a user with Pub on a group of its own records one first. The sink names
+    its group when it records its outcome; the id recorded under another group is refused, not taken as its own
+    commit (the batch fails loudly instead of being skipped)."""
+    txn_id = f"spark:{unique('q')}:9:attempt"
+    squatter = broker.user(("Group:AttackerP", "Pub"))
+    broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=True, record_unknown=True,
+                                                           producer_group="AttackerP"), squatter)  # fmt: skip
+    sink = broker.user(("Group:SinkP", "Pub"), ("Cluster", "Pub"))
+    with pytest.raises(BrokerError, match="recorded under another producer group") as refused:
+        broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=True,
+                                                               record_unknown=True, producer_group="SinkP"), sink)
+    assert refused.value.code is ResponseCode.TRANSACTION_FAILED
+    info = broker.transaction(txn_id)
+    assert info is not None and info.producer_group == "AttackerP" and info.status == "COMMITTED"
