@@ -304,7 +304,8 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 sent = sum(m.messages for m in done if m.transaction_id == txn_id)
                 # record_unknown: a batch whose tasks sent nothing has no halves, and its empty commit is recorded
                 outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts,
-                                                expected_messages=sent, record_unknown=True)  # fmt: skip
+                                                expected_messages=sent, record_unknown=True,
+                                                producer_group=self.options.producer_group)  # fmt: skip
                 if outcome != "COMMITTED":
                     raise BrokerError(f"batch {batchId}: transaction {txn_id} ended as {outcome}, not COMMITTED")
                 # Open ones of this query can only be a crashed earlier run's (this batch's is committed now).
@@ -344,7 +345,8 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
         else:
             with _admin(self.options) as admin:
                 for txn_id in txn_ids:  # recorded even before any half arrived: a straggling task's are refused
-                    admin.end_transaction(txn_id, commit=False, record_unknown=True)
+                    admin.end_transaction(txn_id, commit=False, record_unknown=True,
+                                          producer_group=self.options.producer_group)
         log.warning("sluice sink batch %d aborted; rolled back %s", batchId, sorted(t for t in txn_ids if t))
 
 
@@ -388,7 +390,8 @@ class SluiceBatchWriter(DataSourceArrowWriter):
             with _admin(self.options, COMMIT_TIMEOUT_S) as admin:
                 outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts,
                                                 expected_messages=sum(m.messages for m in done),
-                                                record_unknown=True)  # fmt: skip
+                                                record_unknown=True,
+                                                producer_group=self.options.producer_group)  # fmt: skip
             if outcome != "COMMITTED":
                 raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
         log.info("sluice sink: %d messages committed", sum(m.messages for m in done))
@@ -400,7 +403,8 @@ class SluiceBatchWriter(DataSourceArrowWriter):
                 cc.resolve_leftovers(self.transaction_id)
         elif self.transaction_id:
             with _admin(self.options) as admin:
-                admin.end_transaction(self.transaction_id, commit=False, record_unknown=True)
+                admin.end_transaction(self.transaction_id, commit=False, record_unknown=True,
+                                      producer_group=self.options.producer_group)
 
 
 __all__ = ["MessageIllegalError", "SinkCommitMessage", "SluiceBatchWriter", "SluiceStreamWriter"]

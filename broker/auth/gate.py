@@ -12,8 +12,10 @@ Each call is authenticated first, from its metadata alone, before its body is pa
 * else UNAUTHENTICATED: nothing anonymous passes once authentication is on, except the methods the requirement
   table declares ``ANONYMOUS`` (a name server's route reads).
 
-Then authorized: super users pass; anyone else needs every right the method's requirement (requirements.py) names
-for this request, decided by policy.py on the user's entries and the caller's address. A refusal is
+Then authorized: super users pass; anyone else needs every right the method's row (requirements.py) names for
+this request, decided by policy.py on the user's entries and the caller's address. The operations a row marks
+resolved (ending or joining a transaction, a send-back) are decided later by the operation on what it found
+(operations.py): the gate leaves the caller for them in ``caller.current`` (caller.py). A refusal is
 PERMISSION_DENIED naming the first missing right. Both refusals carry their response code (UNAUTHENTICATED,
 NO_PERMISSION) like every other error, are counted in ``sluice_auth_refusals_total`` by reason, and are logged at
 most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a loop must not flood the log).
@@ -21,9 +23,9 @@ most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a lo
 Nothing is cached across calls: a user's entries are read from ``Accounts`` on each call (dictionary lookups), so
 a revocation or a disabled user applies to the next request. The cost per call is two HMAC-SHA1 (before the body
 and with it, below) and a scan of the user's entries; bench/security.py measures one of each. A SendBatch's topics
-are checked where the batch is parsed (deferred.py). A SendStream or PullStream is authenticated when it opens,
-and each of its requests is admitted as its unary call is, its signature checked again but not its date-time
-(server/call_stream.py).
+are decided where the batch is parsed (operations.py's PUBLISH_BATCH). A SendStream or PullStream is authenticated
+when it opens, and each of its requests is admitted as its unary call is, its signature checked again but not its
+date-time (server/call_stream.py).
 A stream counts against its user's share of the held worker threads while it is open (held_streams.py).
 The caller of each admitted call is readable inside its handler (caller.py), for the rights only the
 handler can decide (a RocketMQ 5 Telemetry stream's settings, which arrive after it opened).
@@ -49,19 +51,17 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from broker.auth import deferred
+from broker.auth import operations
 from broker.auth.accounts import Accounts, User
 from broker.auth.caller import Caller, current
 from broker.auth.held_streams import HELD_ANSWER_STREAMS, UserStreams
-from broker.auth.policy import Action, Entry, allows, need, topic
 from broker.auth.requirements import (
-    DEFERRED_TOPIC_CHECKS,
     Lookup,
     Requirement,
     is_anonymous,
@@ -208,28 +208,9 @@ class AuthGate(grpc.ServerInterceptor):
         if isinstance(request, MalformedRequest):
             return  # refused by its handler (module docstring)
         assert requirement is not None
-        source = source_address(context.peer())
         entries = self.accounts.entries(user.access_key)
-        for n in requirement(request, self.lookup):
-            if not allows(entries, n, source):
-                raise NoPermissionError(f"user {user.access_key!r} lacks {n.describe()}")
-        if method in DEFERRED_TOPIC_CHECKS:
-            deferred.pending.set(self._topic_check(user, entries, source, method, context))
-
-    def _topic_check(self, user: User, entries: tuple[Entry, ...], source: Address | None, method: str,
-                     context: grpc.ServicerContext) -> deferred.TopicCheck:  # fmt: skip
-        def check(topics: Iterable[str]) -> None:
-            for name in topics:
-                n = need(topic(name), Action.PUB)
-                if not allows(entries, n, source):
-                    e = NoPermissionError(f"user {user.access_key!r} lacks {n.describe()}")
-                    self.refusals.inc(labels=(("reason", "denied"),))
-                    rpc = method.rsplit("/", 1)[-1]
-                    self._log.warn(user.access_key, f"{rpc} refused (denied) for user {user.access_key!r} from "
-                                                   f"{context.peer()}: {e.message}")  # fmt: skip
-                    raise e
-
-        return check
+        gate_needs = getattr(requirement, "gate_needs", requirement)  # a Row's resolved operations come later
+        operations.check(user.access_key, entries, source_address(context.peer()), gate_needs(request, self.lookup))
 
     def _refuse(self, e: BrokerError, context: grpc.ServicerContext, who: str, method: str) -> None:
         reason = "unauthenticated" if isinstance(e, AuthenticationError) else "denied"
@@ -320,14 +301,12 @@ class AuthGate(grpc.ServerInterceptor):
             inner_uu = handler.unary_unary
 
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                token = deferred.pending.set(None)  # a worker thread's last call must not lend this one its check
-                caller_token = current.set(None)
+                caller_token = current.set(None)  # a worker thread's last call must not lend this one its caller
                 try:
                     current.set(self._admit(method, request, context))
                     return inner_uu(request, context)
                 finally:
                     current.reset(caller_token)
-                    deferred.pending.reset(token)
 
             return handler._replace(unary_unary=unary)
         if handler.unary_stream is not None:

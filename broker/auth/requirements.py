@@ -1,48 +1,58 @@
-"""What every RPC needs, declared once: method name -> the rights its request asks for (policy.py decides them).
+"""What every RPC does, declared once: method name -> the operations it does (operations.py holds their rights).
 
 Every method of every service a broker serves has a row here (the Broker service, the transaction coordinator,
-RocketMQ 5's MessagingService, and the user administration below); tests/unit/security walk this table against
-the services' descriptors, so a new RPC cannot be served without a declared requirement. A method missing here is
-refused for everyone but super users (default deny), never let through.
+RocketMQ 5's MessagingService, the name server); tests/unit/security walk these tables against the services'
+descriptors, so a new RPC cannot be served without a declared row. A method missing here is refused for everyone
+but super users (default deny), never let through.
+
+A row (``Row``) lists the operations of its method, each with the objects the request names. The gate (gate.py)
+checks the operations decided from the request before the handler runs; the resolved ones (a transaction's end
+or a half joining one, a send-back) are decided by the operation itself on what it found (operations.py). Called,
+a row gives every need of the call, the resolved ones previewed through the broker's ``Lookup`` (the group of a
+transaction named by id, the topic of a message named by id): what a caller must be granted, in tests and docs.
 
 The rules, the way RocketMQ 5.3 and Kafka put them:
 
-* Producing needs Pub on the topic. A transactional half also needs Pub on ``Group:<producer group>``: ending,
-  checking and listing a group's transactions is that right (Kafka's Write on the transactional id).
-* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks, send-backs and
-  a group's retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G`` to ``Group:G``).
-* Reading a topic's offsets and routes needs any of Pub, Sub or Get on it: producers, consumers and tools all do.
+* Producing needs Pub on the topic. A transactional half also needs Pub on ``Group:<producer group>``: opening,
+  joining, ending and checking a group's transactions is that right (Kafka's Write on the transactional id),
+  decided on the group the transaction was recorded under when it was opened, whatever group a later request
+  names. RocketMQ 5 clients name no producer group; their transactions are recorded under the topic's name.
+* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks and a group's
+  retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G`` to ``Group:G``). A send-back needs
+  Sub on the group and on the topic of the stored message it copies.
+* Reading a topic's offsets and routes needs any of Pub, Sub or Get on it: producers, consumers and tools all do
+  (a system topic's: super users only).
 * Administration needs Create/Update/Delete/Get/List on the named resource or on the Cluster; calls that name no
   resource (list every topic, broker statistics) need it on the Cluster.
 * Coordinating transactions across brokers (the exactly-once sink's decisions and the by-prefix listing and
-  ending of transactions) needs Pub on the Cluster: those calls name transactions, not topics.
+  ending of transactions) needs Pub on the Cluster: those calls name transactions, not groups.
 * Users and access control entries: super users only (``SUPER_ONLY``); a right to manage rights is every right.
 * The name server (a name server started with auth): registering and unregistering brokers is for the cluster's
   root user (the brokers sign with it); route reads are ``ANONYMOUS``, no credentials needed: a route names
   brokers and topics, never a message, and every client asks for routes before it knows which broker holds its
   users.
 
-A requirement function gets the parsed request and a ``Lookup`` for what only the broker knows (the group of a
-transaction that the request names by id, the topic of a message named by id). It raises InvalidArgumentError for
-a request it cannot read; it never needs the store's lock for more than a dictionary lookup.
+An objects function gets the parsed request and the ``Lookup``. It raises InvalidArgumentError for a request it
+cannot read; it never needs the store's lock for more than a dictionary lookup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from broker.auth.policy import CLUSTER, Action, Need, group, need, topic
+from broker.auth.operations import RULES, Operation, needs_of
+from broker.auth.policy import Need
+from broker.errors import BrokerError
+from broker.store.message import Prop, iter_entries
 
-PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE, Action.DELETE,
-                                               Action.GET, Action.LIST)  # fmt: skip
-READ_ANY = (PUB, SUB, GET)
-# Methods whose topic rights are checked where the request is parsed (deferred.py), beside their row's needs.
+# Methods whose topic rights are decided where the request is parsed (the send processor: PUBLISH_BATCH).
 DEFERRED_TOPIC_CHECKS = frozenset({"/sluice.v1.Broker/SendBatch"})
+Op = Operation
 
 
 class Lookup(Protocol):
-    """What a requirement may ask the broker."""
+    """What a requirement may ask the broker (to preview a resolved operation's objects; see ``Row``)."""
 
     def transaction_group(self, txn_id: str, half_commitlog_offset: int | None) -> str | None: ...
 
@@ -50,89 +60,186 @@ class Lookup(Protocol):
 
 
 Requirement = Callable[[Any, Lookup], list[Need]]
-SUPER_ONLY: Requirement = lambda request, lookup: [need(CLUSTER, Action.ALL)]  # noqa: E731  (marker, see is_super_only)
+Objects = Callable[[Any, Lookup], dict[str, Any]]
 
 
-def _none(request: Any, lookup: Lookup) -> list[Need]:
-    return []
+class Row:
+    """One method: the operations it does, each with its objects as the request (and the broker's ``Lookup``)
+    name them. Called, it gives every need of the call (the gate's and, previewed through the lookup, the resolved
+    operations' ones: what the tests grant and the docs list); ``gate_needs`` only those the gate checks."""
+
+    __slots__ = ("gate_uses", "uses")
+
+    def __init__(self, *uses: tuple[Operation, Objects] | None) -> None:
+        self.uses = tuple(u for u in uses if u is not None)
+        self.gate_uses = tuple((RULES[op].needs, objects) for op, objects in self.uses if not RULES[op].resolved)
+
+    def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
+        """The operations a call with ``request`` does (a send: transactional or not)."""
+        return tuple(op for op, _ in self.uses)
+
+    def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
+        return [n for op, objects in self.uses for n in needs_of(op, **objects(request, lookup))]
+
+    def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
+        """On every call: prebuilt, one objects function and one rule a use."""
+        if len(self.gate_uses) == 1:
+            needs, objects = self.gate_uses[0]
+            return needs(**objects(request, lookup))
+        return [n for needs, objects in self.gate_uses for n in needs(**objects(request, lookup))]
 
 
-def ANONYMOUS(request: Any, lookup: Lookup) -> list[Need]:
-    return []
+def on(operation: Operation, objects: Objects = lambda r, lookup: {}) -> tuple[Operation, Objects]:
+    return (operation, objects)
 
 
-def _pubs(topics: Iterable[str], producer_group: str, transactional: bool) -> list[Need]:
-    needs = [need(topic(t), PUB) for t in topics]
-    if transactional and producer_group:
-        needs.append(need(group(producer_group), PUB))
-    return needs
+SUPER_ONLY = Row(on(Op.SUPER_USER))  # marker (is_super_only): refused but to super users before anything is read
+ANONYMOUS = Row(on(Op.READ_ROUTES))  # marker (is_anonymous): no credentials asked
+_NONE = Row()
 
 
-def _consume(group_name: str, *topics: str) -> list[Need]:
-    return [need(group(group_name), SUB)] + [need(topic(t), SUB) for t in dict.fromkeys(topics)]
+def _names(*topics: str) -> dict[str, Any]:
+    return {"topics": list(topics)}
 
 
-def _admin(resource_of: Callable[[Any], Any], *actions: Action) -> Requirement:
-    return lambda r, lookup: [need(resource_of(r), *actions, or_cluster=True)]
-
-
-def _end_transaction(r: Any, lookup: Lookup) -> list[Need]:
-    if r.producer_group:
-        return [need(group(r.producer_group), PUB)]
+def _end_transaction_objects(r: Any, lookup: Lookup) -> dict[str, Any]:
+    """The group the end will be decided on: the transaction's recorded one, else (an id recorded now, or one
+    this broker does not hold) the one the request names."""
     offset = r.half_commitlog_offset if r.WhichOneof("target") == "half_commitlog_offset" else None
     found = lookup.transaction_group(r.transaction_id, offset)
-    # An unknown transaction needs nothing more: the handler answers "not found", which tells nothing.
-    return [need(group(found), PUB)] if found else []
+    return {"producer_group": found if found is not None else r.producer_group}
 
 
-def _view_by_id(r: Any, lookup: Lookup) -> list[Need]:
-    found = lookup.message_topic(r.msg_id)
-    return [need(topic(found), SUB, GET)] if found else []
+def _v2_end_transaction_objects(r: Any, lookup: Lookup) -> dict[str, Any]:
+    found = lookup.transaction_group(r.transaction_id, None)  # RocketMQ 5 names no group: the topic stands for it
+    return {"producer_group": found if found is not None else _v2_name(r.topic)}
+
+
+def _joined(txn_id_of: Callable[[Any], str]) -> tuple[Operation, Objects]:
+    """A half naming an id that is open already joins it: decided on that transaction's recorded group (looked up
+    only when the row's needs are previewed: the transaction service decides it, under its lock)."""
+    return on(
+        Op.JOIN_TRANSACTION,
+        lambda r, lookup: {"producer_group": lookup.transaction_group(txn_id_of(r), None) if txn_id_of(r) else None},
+    )
 
 
 def _v2_name(resource: Any) -> str:
     return str(resource.name)
 
 
+class _Either(Row):
+    """A method whose operations depend on the request (a send that may be transactional): two prebuilt rows."""
+
+    __slots__ = ("other", "picks_other")
+
+    def __init__(self, one: Row, other: Row, picks_other: Callable[[Any], bool]) -> None:
+        super().__init__(*one.uses)
+        self.other, self.picks_other = other, picks_other
+
+    def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
+        return self.other(request, lookup) if self.picks_other(request) else super().__call__(request, lookup)
+
+    def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
+        if self.picks_other(request):
+            return self.other.gate_needs(request, lookup)
+        return super().gate_needs(request, lookup)
+
+    def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
+        return (
+            self.other.operations(request, lookup) if self.picks_other(request) else super().operations(request, lookup)
+        )
+
+
+def _batch_topics(entries: bytes) -> list[str]:
+    """The topics a SendBatch stores in (a half's real topic): only to preview its rows' needs (tests, docs); the
+    send processor decides them on its own validation of the batch."""
+    try:
+        return list(dict.fromkeys(m.properties.get(Prop.REAL_TOPIC) or m.topic for m in iter_entries(entries)))
+    except (BrokerError, ValueError, IndexError):  # a batch the processor refuses as malformed
+        return []
+
+
+_OPEN = on(Op.OPEN_TRANSACTION, lambda r, _: {"producer_group": r.producer_group})
+_SEND = on(Op.PUBLISH, lambda r, _: {"topics": [r.topic]})
+_SEND_BATCH = on(Op.PUBLISH_BATCH, lambda r, _: {"topics": _batch_topics(r.entries)})
+
+
+_V2_TRANSACTION = 4  # apache.rocketmq.v2.MessageType.TRANSACTION
+
+
+def _v2_transactional(r: Any) -> list[Any]:
+    return [m for m in r.messages if m.system_properties.message_type == _V2_TRANSACTION]
+
+
+def _v2_topics(r: Any) -> dict[str, Any]:
+    return {"topics": list(dict.fromkeys(_v2_name(m.topic) for m in r.messages))}
+
+
+# RocketMQ 5 clients name no producer group: Sluice records their transactions under the topic's name
+# (rmqv2/service.py), and the transaction's id is the message id the client chose.
+_V2_SEND = _Either(
+    Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r))),
+    Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r)),
+        on(Op.OPEN_TRANSACTION, lambda r, _: {"producer_group": _v2_name(_v2_transactional(r)[0].topic)}),
+        _joined(lambda r: _v2_transactional(r)[0].system_properties.message_id)),
+    lambda r: any(m.system_properties.message_type == _V2_TRANSACTION for m in r.messages),
+)  # fmt: skip
 BROKER: dict[str, Requirement] = {
-    "SendMessage": lambda r, _: _pubs([r.topic], r.producer_group, r.transactional),
-    # Pub on each topic inside the batch: checked by the send processor (deferred.py); here the transaction's group
-    "SendBatch": lambda r, _: _pubs((), r.producer_group, bool(r.transaction_id)),
-    # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
-    "SendStream": _none,
-    "PullStream": _none,
-    "PullMessage": lambda r, _: _consume(r.consumer_group, r.topic),
-    "QueryConsumerOffset": lambda r, _: _consume(r.consumer_group, r.topic),
-    "UpdateConsumerOffsets": lambda r, _: _consume(r.consumer_group, *(o.topic for o in r.offsets)),
-    "GetQueueOffsets": lambda r, _: [need(topic(r.topic), *READ_ANY)],
-    "SearchOffsetByTimestamp": lambda r, _: [need(topic(r.topic), *READ_ANY)],
-    "QueryMessageByKey": lambda r, _: [need(topic(r.topic), SUB, GET)],
-    "ViewMessageById": _view_by_id,
-    "CreateTopic": _admin(lambda r: topic(r.topic), CREATE),
-    "DeleteTopic": _admin(lambda r: topic(r.topic), DELETE),
-    "ListTopics": lambda r, _: [need(CLUSTER, LIST)],
-    "GetTopicRoute": lambda r, _: [need(topic(r.topic), *READ_ANY)],
-    "Heartbeat": lambda r, _: [need(group(r.consumer_group), SUB)] if r.consumer_group else [],
-    "GetConsumerList": lambda r, _: [need(group(r.consumer_group), SUB, GET)],
-    "GetConsumerLag": lambda r, _: (
-        [need(group(r.consumer_group), SUB, GET, or_cluster=True)]
-        + ([need(topic(r.topic), SUB, GET, or_cluster=True)] if r.topic else [])
+    "SendMessage": _Either(
+        Row(_SEND),
+        Row(_SEND, _OPEN, _joined(lambda r: r.transaction_id)),
+        lambda r: r.transactional or bool(r.transaction_id),
     ),
-    "GetBrokerStats": lambda r, _: [need(CLUSTER, GET)],
-    "EndTransaction": _end_transaction,
-    "ListTransactions": lambda r, _: [need(CLUSTER, PUB, GET)],
-    "EndTransactions": lambda r, _: [need(CLUSTER, PUB, UPDATE)],
-    "TransactionCheckStream": lambda r, _: [need(group(r.producer_group), PUB)],
-    "ConsumerSendMsgBack": lambda r, _: [need(group(r.consumer_group), SUB)],
-    "LockBatchMQ": lambda r, _: _consume(r.consumer_group, *(q.topic for q in r.queues)),
-    "UnlockBatchMQ": lambda r, _: _consume(r.consumer_group, *(q.topic for q in r.queues)),
-    "GetSubscriptionGroup": _admin(lambda r: group(r.consumer_group), SUB, GET),
-    "UpdateSubscriptionGroup": _admin(lambda r: group(r.consumer_group), CREATE, UPDATE),
-    "PopMessage": lambda r, _: _consume(r.consumer_group, r.topic),
-    "AckMessage": lambda r, _: _consume(r.consumer_group, r.topic),
-    "ChangeInvisibleTime": lambda r, _: _consume(r.consumer_group, r.topic),
-    "ListGroups": lambda r, _: [need(CLUSTER, LIST)],
-    "ResetConsumerOffsets": _admin(lambda r: group(r.consumer_group), UPDATE),
+    # Pub on each topic inside the batch: decided by the send processor on its validation of the batch
+    "SendBatch": _Either(
+        Row(_SEND_BATCH), Row(_SEND_BATCH, _OPEN, _joined(lambda r: r.transaction_id)), lambda r: bool(r.transaction_id)
+    ),
+    # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
+    "SendStream": _NONE,
+    "PullStream": _NONE,
+    "PullMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "QueryConsumerOffset": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "UpdateConsumerOffsets": Row(
+        on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [o.topic for o in r.offsets]})
+    ),
+    "GetQueueOffsets": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "SearchOffsetByTimestamp": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "QueryMessageByKey": Row(on(Op.QUERY_MESSAGES, lambda r, _: {"topic": r.topic})),
+    "ViewMessageById": Row(on(Op.VIEW_MESSAGE, lambda r, lookup: {"topic": lookup.message_topic(r.msg_id)})),
+    "CreateTopic": Row(on(Op.CREATE_TOPIC, lambda r, _: {"name": r.topic})),
+    "DeleteTopic": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
+    "ListTopics": Row(on(Op.LIST_RESOURCES)),
+    "GetTopicRoute": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group})),
+    "GetConsumerList": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
+    "GetConsumerLag": Row(on(Op.GROUP_LAG, lambda r, _: {"group": r.consumer_group, "topic": r.topic})),
+    "GetBrokerStats": Row(on(Op.CLUSTER_STATS)),
+    "EndTransaction": Row(on(Op.END_TRANSACTION, _end_transaction_objects)),
+    "ListTransactions": Row(on(Op.LIST_TRANSACTIONS)),
+    "EndTransactions": Row(on(Op.END_TRANSACTIONS)),
+    "TransactionCheckStream": Row(on(Op.CHECK_TRANSACTIONS, lambda r, _: {"producer_group": r.producer_group})),
+    # The retry topic written is the named group's; the message copied is resolved, and decided on its own topic.
+    "ConsumerSendMsgBack": Row(
+        on(
+            Op.SEND_BACK,
+            lambda r, lookup: {
+                "group": r.consumer_group,
+                "topic": (lookup.message_topic(r.msg_id) if r.WhichOneof("target") == "msg_id" else None) or "",
+            },
+        )
+    ),
+    "LockBatchMQ": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [q.topic for q in r.queues]})),
+    "UnlockBatchMQ": Row(
+        on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [q.topic for q in r.queues]})
+    ),
+    "GetSubscriptionGroup": Row(on(Op.READ_GROUP_SETTINGS, lambda r, _: {"name": r.consumer_group})),
+    "UpdateSubscriptionGroup": Row(on(Op.UPDATE_GROUP_SETTINGS, lambda r, _: {"name": r.consumer_group})),
+    "PopMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "AckMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "ChangeInvisibleTime": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "ListGroups": Row(on(Op.LIST_RESOURCES)),
+    "ResetConsumerOffsets": Row(on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group})),
     "CreateUser": SUPER_ONLY,
     "UpdateUser": SUPER_ONLY,
     "DeleteUser": SUPER_ONLY,
@@ -143,30 +250,35 @@ BROKER: dict[str, Requirement] = {
 }
 
 COORDINATOR: dict[str, Requirement] = {
-    "RecordDecision": lambda r, _: [need(CLUSTER, PUB)],
-    "QueryDecisions": lambda r, _: [need(CLUSTER, PUB, GET)],
+    "RecordDecision": Row(on(Op.RECORD_DECISION)),
+    "QueryDecisions": Row(on(Op.QUERY_DECISIONS)),
 }
+
+
+def _v2_consume(group_of: Callable[[Any], Any], topic_of: Callable[[Any], Any]) -> Row:
+    return Row(on(Op.CONSUME, lambda r, _: {"group": _v2_name(group_of(r)), "topics": [_v2_name(topic_of(r))]}))
+
 
 # RocketMQ 5's MessagingService (broker/rmqv2): its resources carry a namespace, which Sluice does not use.
 MESSAGING: dict[str, Requirement] = {
-    "QueryRoute": lambda r, _: [need(topic(_v2_name(r.topic)), *READ_ANY)],
-    "Heartbeat": lambda r, _: [need(group(_v2_name(r.group)), SUB)] if r.group.name else [],
-    "SendMessage": lambda r, _: [need(topic(t), PUB) for t in dict.fromkeys(_v2_name(m.topic) for m in r.messages)],
-    "QueryAssignment": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "ReceiveMessage": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "AckMessage": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "ForwardMessageToDeadLetterQueue": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "PullMessage": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "UpdateOffset": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "GetOffset": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.message_queue.topic)),
-    "QueryOffset": lambda r, _: [need(topic(_v2_name(r.message_queue.topic)), *READ_ANY)],
-    "EndTransaction": lambda r, _: [need(topic(_v2_name(r.topic)), PUB)],
+    "QueryRoute": Row(on(Op.READ_TOPIC, lambda r, _: _names(_v2_name(r.topic)))),
+    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": _v2_name(r.group)})),
+    "SendMessage": _V2_SEND,
+    "QueryAssignment": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "ReceiveMessage": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "AckMessage": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "ForwardMessageToDeadLetterQueue": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "PullMessage": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "UpdateOffset": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "GetOffset": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
+    "QueryOffset": Row(on(Op.READ_TOPIC, lambda r, _: _names(_v2_name(r.message_queue.topic)))),
+    "EndTransaction": Row(on(Op.END_TRANSACTION, _v2_end_transaction_objects)),
     # A stream of client settings and commands; what the client then does is authorized call by call.
-    "Telemetry": _none,
-    "NotifyClientTermination": _none,
-    "ChangeInvisibleDuration": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
-    "RecallMessage": lambda r, _: [need(topic(_v2_name(r.topic)), PUB)],
-    "SyncLiteSubscription": lambda r, _: _consume(_v2_name(r.group), _v2_name(r.topic)),
+    "Telemetry": _NONE,
+    "NotifyClientTermination": _NONE,
+    "ChangeInvisibleDuration": _v2_consume(lambda r: r.group, lambda r: r.topic),
+    "RecallMessage": Row(on(Op.PUBLISH, lambda r, _: _names(_v2_name(r.topic)))),
+    "SyncLiteSubscription": _v2_consume(lambda r: r.group, lambda r: r.topic),
 }
 
 NAMESRV: dict[str, Requirement] = {

@@ -396,13 +396,15 @@ class Admin(AccessAdmin):
     def end_transaction(
         self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None, *,
         expected_messages: int | None = None, broker: str | None = None, record_unknown: bool = False,
+        producer_group: str = "",
     ) -> str:  # fmt: skip
         """Commit or roll back every half message of ``txn_id`` atomically; returns the final status
         (COMMITTED / ROLLED_BACK), the first outcome when it had ended already. ``committed_attempts``: commit only
         halves whose TRAN_ATTEMPT property is listed. ``expected_messages``: the commit is refused (nothing
         decided) unless it would make exactly this many messages visible. An id the broker has no record of raises
         QueryNotFoundError and records nothing, unless ``record_unknown``: then the outcome of an empty transaction
-        is recorded, and halves sent under the id later are refused. The status returned is the first outcome when
+        is recorded (under ``producer_group``, which needs Pub on it; an id recorded under another group is then
+        refused), and halves sent under the id later are refused. The status returned is the first outcome when
         it had ended already: compare it with the decision asked for (a commit of a rolled-back transaction
         answers ROLLED_BACK).
 
@@ -412,7 +414,7 @@ class Admin(AccessAdmin):
         request = pb.EndTransactionRequest(
             transaction_id=txn_id, commit=commit, committed_attempts=committed_attempts or [],
             restrict_attempts=committed_attempts is not None, expected_messages=expected_messages,
-            record_unknown=record_unknown,
+            record_unknown=record_unknown, producer_group=producer_group,
         )  # fmt: skip
         if not self.cluster_mode:
             return self.conn.call(self.stub.EndTransaction, request).status

@@ -351,6 +351,13 @@ class TransactionService:
         self.resolver: Resolver | None = None
         # Raises when a new transaction names a coordinator broker this one could never ask (coordinator_names.py)
         self.require_coordinator: Callable[[str], None] | None = None
+        # Asked, under the lock and before anything changes, whether the running request may act on a transaction:
+        # (use, producer group) with use "end", "join" (a half naming an open transaction) or "open" (a half
+        # opening one), and the group recorded when the transaction was opened (for a new record: the group it
+        # takes). Raises to refuse. The broker sets its authorization (broker/auth/operations.py) here, so every
+        # front that ends or joins a transaction is decided on the transaction's own group, not on a name in its
+        # request.
+        self.check_group: Callable[[str, str], None] | None = None
         self.transaction_timeout_ms = transaction_timeout_ms
         self.check_interval_ms = check_interval_ms
         self.check_max = check_max
@@ -441,6 +448,8 @@ class TransactionService:
         now = _now_ms()
         with self._lock:
             txn = self._txns.get(txn_id)
+            if self.check_group is not None:
+                self.check_group(*(("open", producer_group) if txn is None else ("join", txn.producer_group)))
             if txn is not None and txn.status is not TxStatus.OPEN:
                 raise TransactionError(
                     f"transaction {txn_id!r} is {txn.status.value}; no more half messages can join it "
@@ -667,7 +676,9 @@ class TransactionService:
         it. An id this broker has no record of is refused (QueryNotFoundError, nothing recorded: an outcome for a
         transaction that never existed is an invented one, RocketMQ refuses it too) unless ``record_unknown``: then
         the outcome is recorded for an empty transaction, asking again reports it, and halves sent under the id
-        later are refused (a writer that finished with nothing to send, or one fenced out before it sent)."""
+        later are refused (a writer that finished with nothing to send, or one fenced out before it sent).
+        ``producer_group``: the group an id recorded now is recorded under; with ``record_unknown``, an id already
+        recorded under another group is refused (TransactionError, nothing changed)."""
         check_transaction_id(txn_id)
         attempts = None if committed_attempts is None else sorted(set(committed_attempts))
         if attempts is not None:
@@ -677,6 +688,15 @@ class TransactionService:
                 raise InvalidArgumentError("committed_attempts: each attempt id must be non-empty, without ','")
         with self._lock:
             txn = self._txns.get(txn_id)
+            if self.check_group is not None:  # an unknown id: decided on the group it would be recorded under
+                self.check_group("end", producer_group if txn is None else txn.producer_group)
+            if record_unknown and producer_group and txn is not None and txn.producer_group != producer_group:
+                # The caller claims the id for its group: an outcome recorded under another group is not its own
+                # to report (another user's record of a predictable id must not pass for this writer's commit).
+                raise TransactionError(
+                    f"transaction {txn_id!r} is recorded under another producer group than {producer_group!r}; "
+                    "nothing changed (a transaction id belongs to the group that opened or recorded it)"
+                )
             if txn is None and not record_unknown:
                 raise QueryNotFoundError(
                     f"no transaction {txn_id!r} on this broker (no half message was sent under that id, or it ended "
@@ -721,8 +741,12 @@ class TransactionService:
         if txn_id is None:
             half = self.store.lookup_message(half_commitlog_offset)
             if half is None or half.topic != TRANS_HALF_TOPIC:
+                if self.check_group is not None:  # the same answer to those who may not learn what lies there
+                    self.check_group("end", kwargs.get("producer_group", ""))
                 raise QueryNotFoundError(f"no half message at commit-log offset {half_commitlog_offset}")
             txn_id = half.properties.get(Prop.TRANSACTION_ID) or half.properties.get(Prop.UNIQ_KEY) or half.msg_id
+            if half.properties.get(Prop.PGROUP):  # an id recorded now takes the half's own group
+                kwargs["producer_group"] = half.properties[Prop.PGROUP]
         return self.end_transaction(txn_id, commit, **kwargs)
 
     def end_transactions(
@@ -740,7 +764,13 @@ class TransactionService:
         ids = list(txn_ids)
         if prefix is not None:
             ids += [t.txn_id for t in self.list_transactions(prefix) if not open_only or t.status is TxStatus.OPEN]
-        return [self.end_transaction(i, commit) for i in dict.fromkeys(ids)]
+        ids = list(dict.fromkeys(ids))
+        if self.check_group is not None:  # every one is allowed before any is ended
+            with self._lock:
+                groups = {t.producer_group for i in ids if (t := self._txns.get(i)) is not None}
+            for g in sorted(groups):
+                self.check_group("end", g)
+        return [self.end_transaction(i, commit) for i in ids]
 
     def _decide(
         self, txn: _Txn, halves: dict[int, int], commit: bool, attempts: list[str] | None, expected: int | None = None

@@ -24,6 +24,7 @@ from broker.auth.admin import AccountsAdmin
 from broker.auth.gate import AuthGate, AuthSettings
 from broker.auth.held_streams import UserStreams
 from broker.auth.http_basic import metrics_access
+from broker.auth.operations import transaction_access
 from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
@@ -390,6 +391,8 @@ class BrokerController:
             max_halves=cfg.transaction_max_halves, max_open_ms=cfg.transaction_max_open_ms,
             commit_memory_bytes=cfg.transaction_commit_memory_bytes, max_outcomes=cfg.transaction_max_outcomes,
         )  # fmt: skip
+        # ending or joining a transaction is decided on its recorded producer group, through every front
+        self.transactions.check_group = transaction_access
         self.decisions = DecisionLog(store, config_dir)
         # Always installed, with name servers or without: a broker must never roll back alone the halves of a
         # transaction another broker decides (without name servers, only its own decisions can be found).
@@ -504,7 +507,9 @@ class BrokerController:
         if cfg.rmqv2_enable:
             rmqv2_wiring.add_service(self, server, sends, pulls)
         assert self.decisions is not None
-        cpb_grpc.add_TransactionCoordinatorServicer_to_server(CoordinatorService(self.decisions), server)
+        coordinator = CoordinatorService(self.decisions, lambda txn_id: (
+            self.transactions.producer_group_of(txn_id) if self.transactions is not None else None))
+        cpb_grpc.add_TransactionCoordinatorServicer_to_server(coordinator, server)
         self._register_gauges(store)
 
     def _register_gauges(self, store: MessageStore) -> None:

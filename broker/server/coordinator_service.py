@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
+from broker.auth.operations import Operation, authorize
 from broker.client.coordinator import CoordinatorClient
 from broker.errors import BrokerError, ResponseCode, ServiceNotAvailableError
 from broker.proto import coordinator_pb2 as cpb
@@ -55,17 +56,34 @@ def _answer(method: Callable[[Any, Any, grpc.ServicerContext], R]) -> Callable[[
 
 
 class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
-    def __init__(self, decisions: DecisionLog) -> None:
+    """``local_group``: the producer group a transaction was recorded under on this broker (None: this broker holds
+    none of it). A decision ends a transaction: where this broker holds it, recording one (or an ABORT of an
+    undecided one) is also decided as ending it through any other front (broker/auth/operations.py), so that an
+    entry denying its group stands here too; elsewhere the gate's right on the Cluster decides alone."""
+
+    def __init__(self, decisions: DecisionLog, local_group: Callable[[str], str | None] = lambda txn_id: None
+                 ) -> None:  # fmt: skip
         self.decisions = decisions
+        self.local_group = local_group
+
+    def _authorize_end(self, txn_ids: list[str]) -> None:
+        for txn_id in txn_ids:
+            found = self.local_group(txn_id)
+            if found is not None:
+                authorize(Operation.END_TRANSACTION, producer_group=found)
 
     @_answer
     def RecordDecision(self, request: cpb.RecordDecisionRequest, context: grpc.ServicerContext
                        ) -> cpb.TransactionDecision:  # fmt: skip
-        return to_pb(self.decisions.record(from_pb(request.decision)))
+        decision = from_pb(request.decision)
+        self._authorize_end([decision.txn_id])
+        return to_pb(self.decisions.record(decision))
 
     @_answer
     def QueryDecisions(self, request: cpb.QueryDecisionsRequest, context: grpc.ServicerContext
                        ) -> cpb.QueryDecisionsResponse:  # fmt: skip
+        if request.abort_undecided:  # decides the named undecided ones: ABORT
+            self._authorize_end(list(request.transaction_ids))
         found = self.decisions.query(list(request.transaction_ids), request.prefix,
                                      abort_undecided=request.abort_undecided)  # fmt: skip
         return cpb.QueryDecisionsResponse(decisions=[to_pb(d) for d in found])

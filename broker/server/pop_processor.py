@@ -11,6 +11,7 @@ import itertools
 from broker.errors import InvalidArgumentError
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.pop import PopRequest, PopService
+from broker.semantics.system_topics import refuse_system_topic
 from broker.server.admin_processor import encode_stored
 from broker.server.consumer_offsets import validate_group
 
@@ -25,6 +26,7 @@ class PopProcessor:
 
     def pop(self, request: pb.PopRequest, time_remaining_s: float | None) -> pb.PopResponse:
         validate_group(request.consumer_group)
+        refuse_system_topic(request.topic, "pop")  # what the broker still owes is read by no client (operations.py)
         if request.poll_time_ms < 0 or request.max_msgs < 0:
             raise InvalidArgumentError("max_msgs and poll_time_ms must be >= 0 (0: default, answer at once)")
         popped = self.pops.pop(

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from broker.auth.operations import Operation, authorize
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, shown
 from broker.filter.sql92 import SqlFilter, compile_sql92
 from broker.proto import sluice_pb2 as pb
@@ -64,10 +65,14 @@ class RetryProcessor:
         if target is None:
             raise InvalidArgumentError("ConsumerSendMsgBack names no message: give commitlog_offset or msg_id")
         _check_origin_msg_id(request.origin_msg_id)
+        # The group's right first (what tells a stranger whether a message lies there is the group's own right),
+        # then the copied message's own topic, once found: never a topic the request names (operations.py).
+        authorize(Operation.SEND_BACK, group=request.consumer_group, topic="")
         message = self.retry.lookup(  # before the group or its retry topic is made: a refused call makes neither
             commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
             msg_id=request.msg_id if target == "msg_id" else None,
         )
+        authorize(Operation.SEND_BACK, group=request.consumer_group, topic=message.topic)
         self.ensure_retry_topic(request.consumer_group)
         result = self.retry.consumer_send_back(
             request.consumer_group,

@@ -13,7 +13,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from broker.auth.deferred import check_topics
+from broker.auth.operations import Operation, authorize
 from broker.errors import (
     BrokerError,
     FlushDiskTimeoutError,
@@ -212,7 +212,7 @@ class SendProcessor:
     def _check_topics(self, ranges: dict[str, tuple[int, int]]) -> None:
         """The topics and queues a batch's entries go to (for a transaction: their real ones). A batch in half form
         never comes here with its half topic: the transaction service checks it and admits its real queues."""
-        check_topics(ranges)  # the caller's Pub on each, when auth is on (broker/auth/deferred.py)
+        authorize(Operation.PUBLISH_BATCH, topics=ranges)  # the caller's Pub on each (broker/auth/operations.py)
         for topic, (min_queue_id, max_queue_id) in ranges.items():
             validate_topic(topic)
             if is_system_topic(topic):
