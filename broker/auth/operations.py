@@ -73,6 +73,9 @@ class Operation(enum.Enum):
     RESET_OFFSETS = "reset_offsets"
     SUPER_USER = "super_user"
     READ_ROUTES = "read_routes"
+    LEAVE_GROUP = "leave_group"
+    PUBLISHER_SETTINGS = "publisher_settings"
+    SUBSCRIBER_SETTINGS = "subscriber_settings"
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +209,19 @@ RULES: dict[Operation, Rule] = {
     Operation.RESET_OFFSETS: Rule(("name",), _admin(group_r, UPDATE), False, "Update on the group (or the Cluster)"),
     Operation.SUPER_USER: Rule((), lambda: [need(CLUSTER, ALL)], False, "super users only"),
     Operation.READ_ROUTES: Rule((), lambda: [], False, "nothing: no credentials needed (name server routes)"),
+    Operation.LEAVE_GROUP: Rule(
+        ("group",), lambda group: [need(group_r(group), SUB, PUB)] if group else [], False,
+        "Sub or Pub on the group a client leaves (if any), as joining it took",
+    ),
+    # A RocketMQ 5 Telemetry stream's settings arrive after the stream opened: decided as each one arrives.
+    Operation.PUBLISHER_SETTINGS: Rule(
+        ("topics",), lambda topics: [need(topic_r(t), PUB) for t in dict.fromkeys(topics)], True,
+        "Pub on each topic a producer's settings list (it is sent those topics' check-backs)",
+    ),
+    Operation.SUBSCRIBER_SETTINGS: Rule(
+        ("group", "topics"), lambda group, topics: _consume(group, topics), True,
+        "Sub on a consumer's group and on each topic its settings subscribe",
+    ),
 }
 
 

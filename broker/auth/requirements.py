@@ -273,9 +273,10 @@ MESSAGING: dict[str, Requirement] = {
     "GetOffset": _v2_consume(lambda r: r.group, lambda r: r.message_queue.topic),
     "QueryOffset": Row(on(Op.READ_TOPIC, lambda r, _: _names(_v2_name(r.message_queue.topic)))),
     "EndTransaction": Row(on(Op.END_TRANSACTION, _v2_end_transaction_objects)),
-    # A stream of client settings and commands; what the client then does is authorized call by call.
+    # A stream of client settings and commands: each settings message is decided as it arrives (PUBLISHER_SETTINGS,
+    # SUBSCRIBER_SETTINGS, in rmqv2/service.py); what the client then does is authorized call by call.
     "Telemetry": _NONE,
-    "NotifyClientTermination": _NONE,
+    "NotifyClientTermination": Row(on(Op.LEAVE_GROUP, lambda r, _: {"group": _v2_name(r.group)})),
     "ChangeInvisibleDuration": _v2_consume(lambda r: r.group, lambda r: r.topic),
     "RecallMessage": Row(on(Op.PUBLISH, lambda r, _: _names(_v2_name(r.topic)))),
     "SyncLiteSubscription": _v2_consume(lambda r: r.group, lambda r: r.topic),

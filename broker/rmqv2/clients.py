@@ -39,6 +39,7 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 
 from broker.auth import policy
 from broker.auth.caller import Caller, owner_of
+from broker.auth.operations import Operation, needs_of
 from broker.auth.policy import Action, need
 from broker.errors import NoPermissionError, SystemBusyError
 from broker.rmqv2.convert import to_v2
@@ -214,9 +215,9 @@ class ClientRegistry:
                 for o in c.streams
             ]  # fmt: skip
         real = _as_real(half)
-        needs = [need(policy.topic(real.topic), Action.PUB)]
-        if group != real.topic:
-            needs.append(need(policy.group(group), Action.PUB))
+        # A check-back hands the half's body to the client and lets it end the transaction: Pub on the topic, and
+        # what ending needs (operations.py: Pub on the transaction's group, a v2 transaction's being its topic's).
+        needs = [need(policy.topic(real.topic), Action.PUB), *needs_of(Operation.END_TRANSACTION, producer_group=group)]
         candidates = [o for caller, o in listing if caller is None or all(caller.allows(n) for n in needs)]
         if not candidates:
             return False

@@ -25,9 +25,7 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
 from broker.auth.caller import Caller, current_caller
-from broker.auth.policy import Action, need
-from broker.auth.policy import group as group_resource
-from broker.auth.policy import topic as topic_resource
+from broker.auth.operations import Operation, needs_of
 from broker.config import BrokerConfig
 from broker.errors import BrokerError, MessageIllegalError, SystemBusyError
 from broker.rmqv2.clients import ClientRegistry
@@ -190,13 +188,9 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         """Only the client's own user gets here (``_admit`` refuses another user's call naming the id); a group it
-        leaves needs Sub or Pub on it, as joining it did."""
+        leaves needs Sub or Pub on it, as joining it did (operations.py's LEAVE_GROUP, checked by the gate)."""
         if request.HasField("group") and request.group.name:
-            group = self._group(request.group.name)
-            caller = current_caller()
-            if caller is not None:
-                caller.require(need(group_resource(group), Action.SUB, Action.PUB))
-            self.b.consumers.unregister(group, client_id)
+            self.b.consumers.unregister(self._group(request.group.name), client_id)
         self.clients.terminate(client_id)
         self.b.pops.release_client(client_id)
         return v2s.NotifyClientTerminationResponse(status=status())
@@ -209,12 +203,11 @@ class MessagingService(v2g.MessagingServiceServicer):
             raise ProtocolError(Code.PAYLOAD_TOO_LARGE, f"settings of {size} bytes; at most {MAX_SETTINGS_BYTES}")
         if settings.HasField("publishing"):
             topics = [self._topic(t.name) for t in settings.publishing.topics]
-            needs = [need(topic_resource(t), Action.PUB) for t in dict.fromkeys(topics)]
+            needs = needs_of(Operation.PUBLISHER_SETTINGS, topics=topics)
         elif settings.HasField("subscription"):
             group = self._group(settings.subscription.group.name)
             topics = [self._topic(e.topic.name) for e in settings.subscription.subscriptions]
-            needs = [need(group_resource(group), Action.SUB)]
-            needs += [need(topic_resource(t), Action.SUB) for t in dict.fromkeys(topics)]
+            needs = needs_of(Operation.SUBSCRIBER_SETTINGS, group=group, topics=topics)
         else:
             raise ProtocolError(Code.BAD_REQUEST, "settings carry neither publishing nor subscription")
         if len(topics) > MAX_SETTINGS_TOPICS:

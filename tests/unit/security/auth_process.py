@@ -21,6 +21,7 @@ from broker.client.connection import Connection
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
 from broker.errors import TopicNotExistError
+from broker.private_file import write_private
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2 as pb
 from broker.server.process import BrokerProcess
@@ -43,7 +44,7 @@ FORBIDDEN = v2.Code.FORBIDDEN
 
 def start_secured(root: Path) -> BrokerProcess:
     config = root / "broker.json"
-    config.write_text(json.dumps(SETTINGS))
+    write_private(config, json.dumps(SETTINGS).encode())  # it holds the root secret: 0600, or the broker refuses it
     return BrokerProcess(root / "store", config=config, log_level="WARNING").start()
 
 
@@ -79,7 +80,8 @@ class Secured:
         every refusal of that protocol's handlers."""
         with grpc.insecure_channel(self.endpoint) as channel:
             rpc = getattr(v2g.MessagingServiceStub(channel), method)
-            answer = rpc(request, metadata=[*creds.metadata(), (CLIENT_ID_HEADER, "auth-test-client")], timeout=10)
+            client_id = f"auth-test-{creds.access_key}"  # a client id belongs to the first user naming it
+            answer = rpc(request, metadata=[*creds.metadata(), (CLIENT_ID_HEADER, client_id)], timeout=10)
             return list(answer) if method in ("ReceiveMessage", "PullMessage") else answer
 
     def user(self, *grants: tuple[str, str] | tuple[str, str, str]) -> Credentials:

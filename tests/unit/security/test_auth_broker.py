@@ -407,7 +407,7 @@ def invoke(ep: str, pki: Pki, path: str, method: Any, creds: Credentials) -> grp
     creds_channel = grpc.ssl_channel_credentials(pki.ca.read_bytes())
     with grpc.secure_channel(ep, creds_channel) as channel:
         rpc = getattr(stub_class(channel), method.name)
-        metadata = [*creds.metadata(), ("x-mq-client-id", "auth-test-client")]
+        metadata = [*creds.metadata(), ("x-mq-client-id", f"auth-test-{creds.access_key}")]
         try:
             answer = rpc(request, metadata=metadata, timeout=2)
             if method.server_streaming:
