@@ -1,0 +1,89 @@
+"""Pulls with SQL92 selectors over hostile properties do not hold up other clients of a broker process.
+
+The attack this guards against: one message with a 30,000-character property and a pull with ``price > 10.5``
+held the interpreter lock for 22 s in the number conversion (a backtracking regular expression), so every other
+client's send waited as long. Here one client pulls with hostile selectors over hostile messages in a loop while
+another client sends; every send must be answered within SEND_BOUND_S, as on an idle broker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.client import Message, Producer, PullConsumer, PullStatus
+from broker.errors import BrokerError, ResponseCode, SubscriptionParseError
+from broker.filter.sql92_lexer import MAX_EXPRESSION_CHARS
+from broker.server.process import BrokerProcess
+
+SEND_BOUND_S = 0.100  # an idle broker process answers a send in 1-3 ms here; the stall was 22 s
+SENDS = 200
+HOSTILE_CHARS = 30_000
+MATCHING = "9" * HOSTILE_CHARS  # Infinity as a double: matches price > 10.5
+HOSTILE_MESSAGES = {
+    b"digits then a letter": "1" * (HOSTILE_CHARS - 1) + "x",  # the 22 s one: not a number, so no match
+    b"split digit run": "1" * (HOSTILE_CHARS // 2) + "." + "1" * (HOSTILE_CHARS // 2 - 2) + "x",
+    b"zeros": "0" * HOSTILE_CHARS,  # a number, 0.0: compared a thousand times by the long selector below
+    b"matching": MATCHING,
+}
+LONG_SELECTOR = " OR ".join(["price > 10.5"] * ((MAX_EXPRESSION_CHARS - 100) // len("price > 10.5 OR ")))
+ZEROS_SELECTOR = "0" * MAX_EXPRESSION_CHARS  # 16,384 number tokens, then a parse error
+
+
+def attack(endpoint: str, stop: threading.Event, results: list[tuple[str, object]]) -> None:
+    """Pull the hostile messages with each hostile selector until told to stop; record what each pull gave."""
+    with PullConsumer(endpoint, "attacker") as consumer:
+        while not stop.is_set():
+            for name, sql in (("price > 10.5", "price > 10.5"), ("long", LONG_SELECTOR), ("zeros", ZEROS_SELECTOR)):
+                try:
+                    got = consumer.pull("Prices", 0, 0, sql=sql)
+                    results.append((name, (got.status, [m.body for m in got.messages])))
+                except BrokerError as e:
+                    results.append((name, e.code))
+
+
+def test_hostile_sql92_pulls_leave_other_clients_sends_prompt(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "store") as broker, Producer(broker.endpoint) as producer:
+        for body, price in HOSTILE_MESSAGES.items():
+            producer.send(Message("Prices", body, properties={"price": price}), queue_id=0)
+        producer.send(Message("Other", b"warm-up"), queue_id=0)  # the sender's channel and topic, before timing
+        stop = threading.Event()
+        results: list[tuple[str, object]] = []
+        attacker = threading.Thread(target=attack, args=(broker.endpoint, stop, results), daemon=True)
+        attacker.start()
+        try:
+            while len(results) < 3:  # the attack is under way: each selector has been evaluated once
+                assert attacker.is_alive()
+                time.sleep(0.01)
+            latencies = []
+            for i in range(SENDS):
+                start = time.perf_counter()
+                producer.send(Message("Other", f"{i}".encode()), queue_id=0)
+                latencies.append(time.perf_counter() - start)
+        finally:
+            stop.set()
+            attacker.join(timeout=60)
+        pulls_during_sends = len(results)
+        with PullConsumer(broker.endpoint, "checker") as checker:
+            others = checker.pull("Other", 0, 0, max_msgs=SENDS + 1).messages
+    assert max(latencies) < SEND_BOUND_S, sorted(latencies)[-5:]
+    assert pulls_during_sends >= 6, results  # pulls went on all along, not one stuck pull
+    assert [m.body for m in others] == [b"warm-up"] + [f"{i}".encode() for i in range(SENDS)]
+    want = {
+        "price > 10.5": (PullStatus.FOUND, [b"matching"]),
+        "long": (PullStatus.FOUND, [b"matching"]),
+        "zeros": ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+    }
+    assert {name: got for name, got in results} == want, results[:6]
+
+
+def test_the_zeros_selector_is_refused_as_a_parse_error(tmp_path: Path) -> None:
+    """What the attack's third pull gets, with the column of the first token that does not fit."""
+    with BrokerProcess(tmp_path / "store") as broker, PullConsumer(broker.endpoint, "g") as consumer:
+        with Producer(broker.endpoint) as producer:
+            producer.send(Message("Prices", b"x", properties={"price": "1"}), queue_id=0)
+        with pytest.raises(SubscriptionParseError, match="at column 2"):
+            consumer.pull("Prices", 0, 0, sql=ZEROS_SELECTOR)
