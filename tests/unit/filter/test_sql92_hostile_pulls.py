@@ -3,7 +3,8 @@
 The attack this guards against: one message with a 30,000-character property and a pull with ``price > 10.5``
 held the interpreter lock for 22 s in the number conversion (a backtracking regular expression), so every other
 client's send waited as long. Here one client pulls with hostile selectors over hostile messages in a loop while
-another client sends; every send must be answered within SEND_BOUND_S, as on an idle broker.
+another client sends; every send must be answered within SEND_BOUND_S, as on an idle broker. A hostile selector
+that is refused (16 KiB of number tokens, which took 3 s to tokenize) must be refused as quickly.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ HOSTILE_MESSAGES = {
 }
 LONG_SELECTOR = " OR ".join(["price > 10.5"] * ((MAX_EXPRESSION_CHARS - 100) // len("price > 10.5 OR ")))
 ZEROS_SELECTOR = "0" * MAX_EXPRESSION_CHARS  # 16,384 number tokens, then a parse error
+REFUSAL_BOUND_S = 2.0  # about 0.1 s here, with the broker's round trip; the quadratic lexer took 3 s
 
 
 def attack(endpoint: str, stop: threading.Event, results: list[tuple[str, object]]) -> None:
     """Pull the hostile messages with each hostile selector until told to stop; record what each pull gave."""
     with PullConsumer(endpoint, "attacker") as consumer:
         while not stop.is_set():
-            for name, sql in (("price > 10.5", "price > 10.5"), ("long", LONG_SELECTOR), ("zeros", ZEROS_SELECTOR)):
+            for name, sql in (("price > 10.5", "price > 10.5"), ("long", LONG_SELECTOR)):
                 try:
                     got = consumer.pull("Prices", 0, 0, sql=sql)
                     results.append((name, (got.status, [m.body for m in got.messages])))
@@ -55,7 +57,7 @@ def test_hostile_sql92_pulls_leave_other_clients_sends_prompt(tmp_path: Path) ->
         attacker = threading.Thread(target=attack, args=(broker.endpoint, stop, results), daemon=True)
         attacker.start()
         try:
-            while len(results) < 3:  # the attack is under way: each selector has been evaluated once
+            while len(results) < 2:  # the attack is under way: each selector has been evaluated once
                 assert attacker.is_alive()
                 time.sleep(0.01)
             latencies = []
@@ -72,18 +74,18 @@ def test_hostile_sql92_pulls_leave_other_clients_sends_prompt(tmp_path: Path) ->
     assert max(latencies) < SEND_BOUND_S, sorted(latencies)[-5:]
     assert pulls_during_sends >= 6, results  # pulls went on all along, not one stuck pull
     assert [m.body for m in others] == [b"warm-up"] + [f"{i}".encode() for i in range(SENDS)]
-    want = {
-        "price > 10.5": (PullStatus.FOUND, [b"matching"]),
-        "long": (PullStatus.FOUND, [b"matching"]),
-        "zeros": ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-    }
-    assert {name: got for name, got in results} == want, results[:6]
+    want = (PullStatus.FOUND, [b"matching"])  # every pull, both selectors: the hostile values simply do not match
+    assert all(got == want for _, got in results), results[:6]
 
 
-def test_the_zeros_selector_is_refused_as_a_parse_error(tmp_path: Path) -> None:
-    """What the attack's third pull gets, with the column of the first token that does not fit."""
+def test_a_selector_of_16_kib_of_number_tokens_is_refused_promptly(tmp_path: Path) -> None:
     with BrokerProcess(tmp_path / "store") as broker, PullConsumer(broker.endpoint, "g") as consumer:
         with Producer(broker.endpoint) as producer:
             producer.send(Message("Prices", b"x", properties={"price": "1"}), queue_id=0)
-        with pytest.raises(SubscriptionParseError, match="at column 2"):
+        consumer.pull("Prices", 0, 0, sql="price > 0")  # the consumer's channel, before timing
+        start = time.perf_counter()
+        with pytest.raises(SubscriptionParseError, match="at column 2") as refused:
             consumer.pull("Prices", 0, 0, sql=ZEROS_SELECTOR)
+        elapsed = time.perf_counter() - start
+    assert refused.value.code is ResponseCode.SUBSCRIPTION_PARSE_FAILED
+    assert elapsed < REFUSAL_BOUND_S, elapsed
