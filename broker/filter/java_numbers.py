@@ -43,8 +43,12 @@ def java_double_text(text: str) -> str | None:
     (underscores, Unicode digits, "inf"), hence the checks before it.
     """
     s = text.strip(JAVA_TRIM)
-    if s.isascii() and s.isdigit():  # the common case: plain digits
-        return s
+    if s.isascii():  # the common cases first: plain digits, and digits '.' digits
+        if s.isdigit():
+            return s
+        whole, _, fraction = s.partition(".")
+        if whole.isdigit() and fraction.isdigit():
+            return s
     body = s[1:] if s.startswith(_SIGNS) else s
     if body.endswith(_SUFFIXES):  # a float / double suffix, which NaN and Infinity cannot take
         body, s = body[:-1], s[:-1]
