@@ -11,9 +11,10 @@ The token rules follow RocketMQ's ``SelectorParser.jj`` (itself ActiveMQ's JMS s
 
 The longest match wins; on a tie a keyword beats an identifier and an integer beats a decimal, as JavaCC does.
 
-Tokenizing takes time linear in the text (at most ``MAX_EXPRESSION_CHARS``): every scan moves forward, and the
-two regular expressions left (``_IDENT``, ``_STRING``) cannot match a text in more than one way, so they never
-backtrack over more than they consume. Numbers are scanned by hand (``_NumberScanner``).
+Tokenizing takes time linear in the text (at most ``MAX_EXPRESSION_CHARS``): every scan moves forward, numbers are
+scanned by hand (``_NumberScanner``), and in the regular expressions left (``_IDENT``, ``_STRING``, ``_DIGIT_RUN``)
+each repetition has one way to go on, so a match backtracks at most over what it scanned once (and a string with
+no closing quote ends the tokenizing).
 """
 
 from __future__ import annotations
