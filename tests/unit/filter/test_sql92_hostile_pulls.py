@@ -3,12 +3,18 @@
 The attack this guards against: one message with a 30,000-character property and a pull with ``price > 10.5``
 held the interpreter lock for 22 s in the number conversion (a backtracking regular expression), so every other
 client's send waited as long. Here one client pulls with hostile selectors over hostile messages in a loop while
-another client sends; every send must be answered within SEND_BOUND_S, as on an idle broker. A hostile selector
-that is refused (16 KiB of number tokens, which took 3 s to tokenize) must be refused as quickly.
+another client sends 200 messages; they must be answered as on an idle broker. A hostile selector that is refused
+(16 KiB of number tokens, which took 3 s to tokenize) must be refused as quickly.
+
+"As on an idle broker", on this shared 2-core machine: with no pulls at all, a broker process answered 400 sends
+with a median of 0.5 ms, a 99th percentile of 4-15 ms and a maximum of 5-200 ms (six runs; the maximum is the
+machine's scheduling, not the broker's). With the hostile pulls: median 0.5-2 ms, 99th percentile 10-15 ms,
+maximum 22-94 ms. So: 99% of the sends within SEND_BOUND_S and every one within STALL_BOUND_S.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from pathlib import Path
@@ -20,8 +26,10 @@ from broker.errors import BrokerError, ResponseCode, SubscriptionParseError
 from broker.filter.sql92_lexer import MAX_EXPRESSION_CHARS
 from broker.server.process import BrokerProcess
 
-SEND_BOUND_S = 0.100  # an idle broker process answers a send in 1-3 ms here; the stall was 22 s
+SEND_BOUND_S = 0.100
+STALL_BOUND_S = 1.0  # the stall was 22 s
 SENDS = 200
+SLOW_SENDS_ALLOWED = SENDS // 100
 HOSTILE_CHARS = 30_000
 MATCHING = "9" * HOSTILE_CHARS  # Infinity as a double: matches price > 10.5
 HOSTILE_MESSAGES = {
@@ -52,6 +60,11 @@ def test_hostile_sql92_pulls_leave_other_clients_sends_prompt(tmp_path: Path) ->
         for body, price in HOSTILE_MESSAGES.items():
             producer.send(Message("Prices", body, properties={"price": price}), queue_id=0)
         producer.send(Message("Other", b"warm-up"), queue_id=0)  # the sender's channel and topic, before timing
+        with PullConsumer(broker.endpoint, "checker") as checker:  # every hostile message readable, before pulls
+            deadline = time.monotonic() + 30
+            while len(checker.pull("Prices", 0, 0).messages) < len(HOSTILE_MESSAGES):
+                assert time.monotonic() < deadline, "the hostile messages never became readable"
+                time.sleep(0.01)
         stop = threading.Event()
         results: list[tuple[str, object]] = []
         attacker = threading.Thread(target=attack, args=(broker.endpoint, stop, results), daemon=True)
@@ -61,17 +74,21 @@ def test_hostile_sql92_pulls_leave_other_clients_sends_prompt(tmp_path: Path) ->
                 assert attacker.is_alive()
                 time.sleep(0.01)
             latencies = []
+            gc.collect()  # the broker's answer is timed, not a collection in this process (it took 150 ms here
+            gc.disable()  # after the suites that fill this process with large objects)
             for i in range(SENDS):
                 start = time.perf_counter()
                 producer.send(Message("Other", f"{i}".encode()), queue_id=0)
                 latencies.append(time.perf_counter() - start)
         finally:
+            gc.enable()
             stop.set()
             attacker.join(timeout=60)
         pulls_during_sends = len(results)
         with PullConsumer(broker.endpoint, "checker") as checker:
             others = checker.pull("Other", 0, 0, max_msgs=SENDS + 1).messages
-    assert max(latencies) < SEND_BOUND_S, sorted(latencies)[-5:]
+    slow = sorted(t for t in latencies if t >= SEND_BOUND_S)
+    assert len(slow) <= SLOW_SENDS_ALLOWED and max(latencies) < STALL_BOUND_S, (slow, sorted(latencies)[-5:])
     assert pulls_during_sends >= 6, results  # pulls went on all along, not one stuck pull
     assert [m.body for m in others] == [b"warm-up"] + [f"{i}".encode() for i in range(SENDS)]
     want = (PullStatus.FOUND, [b"matching"])  # every pull, both selectors: the hostile values simply do not match
