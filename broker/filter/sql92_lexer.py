@@ -10,6 +10,11 @@ The token rules follow RocketMQ's ``SelectorParser.jj`` (itself ActiveMQ's JMS s
 - operators ``= <> < > <= >= ( ) , + -``; whitespace; ``-- line`` and ``/* block */`` comments.
 
 The longest match wins; on a tie a keyword beats an identifier and an integer beats a decimal, as JavaCC does.
+
+Tokenizing takes time linear in the text (at most ``MAX_EXPRESSION_CHARS``): every scan moves forward, numbers are
+scanned by hand (``_NumberScanner``), and in the regular expressions left (``_IDENT``, ``_STRING``, ``_DIGIT_RUN``)
+each repetition has one way to go on, so a match backtracks at most over what it scanned once (and a string with
+no closing quote ends the tokenizing).
 """
 
 from __future__ import annotations
@@ -66,10 +71,8 @@ OPERATORS = ("<>", "<=", ">=", "=", "<", ">", "(", ")", ",", "+", "-")  # two-ch
 
 _WHITESPACE = " \t\n\r\f"
 _IDENT = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
-_INTEGER = re.compile(r"(?:0|[1-9][0-9]*)[lL]?")
-_EXPONENT = r"(?:[eE][+-]?[0-9]+)"
-_DECIMAL = re.compile(rf"[0-9]+\.[0-9]*{_EXPONENT}?|\.[0-9]+{_EXPONENT}?|[0-9]+{_EXPONENT}")
 _STRING = re.compile(r"'(?:''|[^'])*'")
+_DIGIT_RUN = re.compile(r"[0-9]*")  # one greedy class with nothing after it: a single forward pass
 
 
 def _skip_blank(text: str, i: int) -> int:
@@ -93,18 +96,63 @@ def _skip_blank(text: str, i: int) -> int:
     return i
 
 
-def _number_token(text: str, i: int) -> Token | None:
-    integer = _INTEGER.match(text, i)
-    decimal = _DECIMAL.match(text, i)
-    int_len = integer.end() - i if integer else 0
-    dec_len = decimal.end() - i if decimal else 0
-    if int_len == 0 and dec_len == 0:
-        return None
-    if int_len >= dec_len:
-        assert integer is not None
-        return Token(Kind.INTEGER, integer.group(), i)
-    assert decimal is not None
-    return Token(Kind.DECIMAL, decimal.group(), i)
+def _is_digit(c: str) -> bool:
+    return "0" <= c <= "9"
+
+
+class _NumberScanner:
+    """Number tokens of one expression: ``0 | [1-9][0-9]* [lL]`` (integer) or ``[0-9]+ . [0-9]* [exp]``,
+    ``. [0-9]+ [exp]``, ``[0-9]+ exp`` (decimal), ``exp`` being ``[eE][+-]?[0-9]+``; the longer wins, an integer
+    on a tie.
+
+    Which one a digit run starts depends on what follows the whole run ('.' or an exponent: ``007.5`` is one
+    decimal), yet ``0000`` is four integer tokens: the run's end is remembered, so a run of n zeros costs O(n)
+    rather than one scan of the rest of the run per token, O(n^2) (3 s for 16 KiB of zeros).
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.run_start = self.run_end = -1  # the leading digit run measured last
+
+    def _lead_run_end(self, i: int) -> int:
+        if not self.run_start <= i < self.run_end:  # every position inside a run has the same run end
+            self.run_start, self.run_end = i, _digits_end(self.text, i)
+        return self.run_end
+
+    def _exponent_end(self, j: int) -> int:
+        """End of ``[eE][+-]?[0-9]+`` at j, or j when there is none."""
+        text = self.text
+        if j >= len(text) or text[j] not in "eE":
+            return j
+        k = j + 2 if j + 1 < len(text) and text[j + 1] in "+-" else j + 1
+        end = _digits_end(text, k)
+        return end if end > k else j
+
+    def token(self, i: int) -> Token:
+        """The number token at i, where text[i] is an ASCII digit, or '.' followed by one."""
+        text = self.text
+        if text[i] == ".":
+            return Token(Kind.DECIMAL, text[i : self._exponent_end(_digits_end(text, i + 1))], i)
+        run = self._lead_run_end(i)
+        int_end = i + 1 if text[i] == "0" else run
+        if int_end < len(text) and text[int_end] in "lL":
+            int_end += 1
+        if run < len(text) and text[run] == ".":
+            dec_end = self._exponent_end(_digits_end(text, run + 1))
+        else:
+            dec_end = self._exponent_end(run)
+            if dec_end == run:  # digits alone are no decimal
+                dec_end = i
+        if int_end >= dec_end:
+            return Token(Kind.INTEGER, text[i:int_end], i)
+        return Token(Kind.DECIMAL, text[i:dec_end], i)
+
+
+def _digits_end(text: str, i: int) -> int:
+    """End of the run of ASCII digits starting at i (i itself when there is none)."""
+    match = _DIGIT_RUN.match(text, i)
+    assert match is not None  # [0-9]* matches everywhere
+    return match.end()
 
 
 def tokenize(text: str) -> list[Token]:
@@ -114,6 +162,7 @@ def tokenize(text: str) -> list[Token]:
             text[:200], MAX_EXPRESSION_CHARS + 1, f"at most {MAX_EXPRESSION_CHARS} characters", f"{len(text)}"
         )
     tokens: list[Token] = []
+    numbers = _NumberScanner(text)
     i = _skip_blank(text, 0)
     while i < len(text):
         c = text[i]
@@ -124,9 +173,8 @@ def tokenize(text: str) -> list[Token]:
                 raise SqlParseError(text, i + 1, "a closing ' for this string", "the end of the expression")
             tok = Token(Kind.STRING, m.group()[1:-1].replace("''", "'"), i)
             i = m.end()
-        elif c.isascii() and (c.isdigit() or (c == "." and i + 1 < len(text) and text[i + 1].isdigit())):
-            tok = _number_token(text, i)
-            assert tok is not None
+        elif _is_digit(c) or (c == "." and i + 1 < len(text) and _is_digit(text[i + 1])):
+            tok = numbers.token(i)
             i += len(tok.text)
         elif (m := _IDENT.match(text, i)) is not None:
             word = m.group()
