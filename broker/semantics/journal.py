@@ -153,8 +153,14 @@ class Journal:
         data = encode_record(record)
         with self._lock:
             view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError:
+                # A full disk takes part of a record and refuses the rest: cut it off, or the next record, written
+                # once space returns, would follow a torn one, which recovery takes for damage.
+                os.ftruncate(self._fd, self._size)
+                raise
             if self.sync:
                 os.fdatasync(self._fd)
             self._size += len(data)

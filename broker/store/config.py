@@ -59,7 +59,12 @@ class StoreConfig:
     file_reserved_time_hours: float = 72
     delete_when: str = "04"  # hours of the day, ';'-separated, as RocketMQ ("": expired files go by disk usage only)
     disk_max_used_space_ratio: int = 75  # percent: over this, expired files go at once (not at delete_when)
-    disk_space_clean_forcibly_ratio: int = 85  # percent: over this, the oldest files go even if not expired
+    # percent: over this, with clean_file_forcibly_enable, the oldest files go even if not expired
+    disk_space_clean_forcibly_ratio: int = 85
+    # RocketMQ's cleanFileForciblyEnable, but off by default: deleting unexpired files to make room deletes
+    # acknowledged messages no consumer may have read. Off, a full disk refuses sends instead (as Kafka keeps its
+    # log and stops taking writes); on, RocketMQ's behaviour (docs/operations.md says what it costs).
+    clean_file_forcibly_enable: bool = False
     disk_space_warning_level_ratio: int = 90  # percent: over this, writes are refused until space is freed
     clean_resource_interval_ms: int = 10_000
     # Forced cleaning deletes at most this many files per pass so a pass never stalls readers for long.

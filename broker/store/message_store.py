@@ -12,6 +12,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -87,6 +88,9 @@ CHECK_DISPATCH_WAIT_S = 10.0
 # long, doubling per failure in a row up to the maximum.
 DISPATCH_BACKOFF_MIN_S = 0.01
 DISPATCH_BACKOFF_MAX_S = 1.0
+# After an ENOSPC, writes resume once the file system has room for the next commit-log file and this much more:
+# the consume-queue and index files of what is written next need a little too.
+DISK_FULL_MARGIN_BYTES = 1 << 20
 
 
 _I32_MIN, _I32_MAX, _I64_MIN, _I64_MAX = -(2**31), 2**31 - 1, -(2**63), 2**63 - 1
@@ -199,6 +203,7 @@ class MessageStore:
         self._lock_fd = -1
         self._running = False
         self._disk_full = False
+        self._enospc = False  # an append met ENOSPC: refused until the next commit-log file fits (_set_disk_full)
         self._write_error = ""
         # Why the dispatcher cannot write consume queues ("" = it can). Puts are refused meanwhile, as RocketMQ's
         # WRITE_LOGICS_QUEUE_ERROR bit does: acknowledged messages no consumer can see would only pile up.
@@ -366,12 +371,32 @@ class MessageStore:
         self._write_error = reason
 
     def _set_disk_full(self, full: bool) -> None:
+        """The cleanup service's verdict from its disk probe (over disk_space_warning_level_ratio or not). A refusal
+        that came from an ENOSPC is lifted only once the next commit-log file fits (_room_for_next_file): below the
+        ratio is not enough on a disk too small for the ratio to matter, and sends would fail one by one."""
+        if not full and self._enospc and not self._room_for_next_file():
+            full = True
         if full != self._disk_full:
             if full:
-                log.error("disk use over %d%%: refusing writes", self.config.disk_space_warning_level_ratio)
+                log.error("disk use over %d%%: refusing writes (no file is deleted to make room)",
+                          self.config.disk_space_warning_level_ratio)  # fmt: skip
             else:
-                log.warning("disk use back under %d%%: accepting writes", self.config.disk_space_warning_level_ratio)
+                log.warning("disk has room again: accepting writes")
+        if not full:
+            self._enospc = False
         self._disk_full = full
+
+    def _room_for_next_file(self) -> bool:
+        try:
+            free = shutil.disk_usage(self.config.store_path).free
+        except OSError:
+            return False
+        return free >= self.config.mapped_file_size_commit_log + DISK_FULL_MARGIN_BYTES
+
+    @property
+    def disk_full(self) -> bool:
+        """Whether writes are refused for want of disk space (what the metrics and ``stats`` report)."""
+        return self._disk_full
 
     def _set_dispatch_error(self, reason: str) -> None:
         if reason and not self._dispatch_error:
@@ -404,7 +429,10 @@ class MessageStore:
     def _append_failed(self, e: OSError | CreateMappedFileError) -> PutResult:
         self._counters["put_errors"] += 1
         if e.errno == errno.ENOSPC:
-            self._set_disk_full(True)  # the cleanup service's next disk probe lifts this once space is back
+            if not self._disk_full:
+                log.error("disk full (%s): refusing writes until the next commit-log file fits", e)
+            self._enospc = True
+            self._disk_full = True  # the cleanup service's next disk probe lifts this once space is back
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE, error=f"disk full: {e}; writes resume once space is freed"
             )
@@ -1011,6 +1039,7 @@ class MessageStore:
             commit_log_files=len(self.commit_log.files.files),
             consume_queues=len(self.queues.queues),
             disk_usage_ratio=self.config.disk_usage_probe(self.config.store_path),
+            disk_full=int(self._disk_full),
             writable=int(self.is_writable()),
         )
         return out
