@@ -210,24 +210,31 @@ def test_forced_cleaning_deletes_unexpired_messages_only_when_enabled(
         assert s.disk_full and not s.is_writable()
 
 
-def test_a_journal_record_cut_by_enospc_leaves_no_torn_record(small_disk: Path) -> None:
-    """The pop and timer journal on a disk that fills during an append: the append fails and the part written is
-    cut off, so the records appended once space is back follow whole ones and recovery reads them all (a torn
-    record in the middle of a journal is damage that stops the start)."""
+def test_the_journal_falls_behind_on_a_full_disk_and_catches_up_by_a_checkpoint(small_disk: Path) -> None:
+    """The pop and timer journal on a disk that fills during an append: the part written is cut off (a torn record
+    once hid every later one), the service goes on with its changes in memory, and the checkpoint written once
+    space returns holds them; recovery reads that state and the records after it."""
     folder = small_disk / "journal"
     journal = Journal(str(folder))
     journal.recover(lambda state: None, lambda record: None)
     journal.append({"n": 0})
     fill(small_disk, leave=4096)
-    big = {"n": 1, "pad": "x" * 64 * 1024}  # larger than the room left: part of it lands, then ENOSPC
+    journal.append({"n": 1, "pad": "x" * 64 * 1024})  # larger than the room left: part of it lands, then ENOSPC
+    journal.append({"n": 2})  # not written either: replay must not skip record 1
+    assert journal.due
+    fill(small_disk)  # and the room the cut part gave back
     with pytest.raises(OSError) as failed:
-        journal.append(big)
+        journal.checkpoint({"applied": [0, 1, 2]})  # still full: tried again at the next due check
     assert failed.value.errno == errno.ENOSPC
+    assert journal.due
     (small_disk / "filler").unlink()
-    journal.append({"n": 2})
+    journal.checkpoint({"applied": [0, 1, 2]})
+    assert not journal.due
+    journal.append({"n": 3})
     journal.close()
     again = Journal(str(folder))
+    restored: list[dict[str, Any] | None] = []
     seen: list[int] = []
-    again.recover(lambda state: None, lambda record: seen.append(record["n"]))
+    again.recover(restored.append, lambda record: seen.append(record["n"]))
     again.close()
-    assert seen == [0, 2]
+    assert restored == [{"applied": [0, 1, 2]}] and seen == [3]

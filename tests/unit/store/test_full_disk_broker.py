@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from small_fs import fill, free_bytes, tmpfs
 
-from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
+from broker.client import Admin, Message, PopConsumer, Producer, PullConsumer, PullStatus
 from broker.errors import ResponseCode, ServiceNotAvailableError
 from broker.server.process import BrokerProcess
 from broker.store import MessageStore, StoreConfig
@@ -30,6 +30,7 @@ QUEUES = 2
 # Sends refused for a full disk must be taken again within this long of the space coming back: the store probes
 # the disk every second (cleanup.DISK_PROBE_INTERVAL_S).
 RESUME_WITHIN_S = 2.5
+POP_ROUNDS = 40  # receive-and-ack rounds while full: enough to fill the page the pop journal's last record is in
 
 
 @pytest.fixture
@@ -78,6 +79,8 @@ def test_a_full_disk_refuses_sends_and_loses_nothing(small_disk: Path, tmp_path:
     with BrokerProcess(store, flush="sync", config=config, metrics_port=0, log_level="INFO") as b:
         with Producer(b.endpoint) as p, PullConsumer(b.endpoint, "readers") as c, Admin(b.endpoint) as admin:
             admin.create_topic("Full", QUEUES)
+            admin.create_topic("Popped", 1)
+            p.send_batch([Message("Popped", b"%04d" % i) for i in range(3 * POP_ROUNDS + 20)], queue_id=0)
             for n in range(0, 12_000, BATCH):  # three commit-log files of history
                 q = (n // BATCH) % QUEUES
                 p.send_batch([Message("Full", b"%08d" % i + BODY, keys=f"k{i}") for i in range(n, n + BATCH)],
@@ -103,6 +106,14 @@ def test_a_full_disk_refuses_sends_and_loses_nothing(small_disk: Path, tmp_path:
             assert [m.body[:8] for m in admin.query_by_key("Full", "k0")] == [b"00000000"]
             with pytest.raises(ServiceNotAvailableError):
                 p.send(Message("Full", b"still full"), queue_id=0)
+            popped: list[bytes] = []
+            with PopConsumer(b.endpoint, "poppers") as pc:
+                for _ in range(POP_ROUNDS):  # pop receives and acks go on, their journal behind
+                    got = pc.receive("Popped", 3, invisible_ms=60_000)
+                    pc.ack_all(got)
+                    popped += [m.message.body for m in got]
+            assert popped == [b"%04d" % i for i in range(3 * POP_ROUNDS)]
+            assert any("changes are kept in memory" in line for line in b.output)
 
             (small_disk / "filler").unlink()  # space comes back
             freed = time.monotonic()
@@ -128,3 +139,6 @@ def test_a_full_disk_refuses_sends_and_loses_nothing(small_disk: Path, tmp_path:
             assert bodies == acked[q]
     finally:
         s.shutdown()
+    with BrokerProcess(store, flush="sync", config=config) as b, PopConsumer(b.endpoint, "poppers") as pc:
+        got = pc.receive("Popped", 5, invisible_ms=60_000)  # acked while the disk was full: not delivered again
+        assert [m.message.body for m in got] == [b"%04d" % i for i in range(3 * POP_ROUNDS, 3 * POP_ROUNDS + 5)]
