@@ -588,6 +588,7 @@ class BrokerController:
                 self._periodic("saving consumer offsets", self.offsets.persist_if_dirty)
                 if self.groups is not None:
                     self._periodic("saving subscription groups", self.groups.persist_if_dirty)
+                self._periodic("saving topics", self.topics.persist_if_dirty)
             if now >= next_expire:
                 next_expire = now + CONSUMER_EXPIRE_SCAN_MS / 1000
                 self._periodic("expiring idle consumers", self.consumers.expire)
