@@ -414,6 +414,12 @@ class MessageStore:
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE, error="the store is not running (shut down or not started)"
             )
+        if self._disk_full and self._enospc:
+            return PutResult(
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                error=f"disk full: the next commit-log file ({self.config.mapped_file_size_commit_log} bytes) does "
+                "not fit; writes resume once space is freed",
+            )
         if self._disk_full:
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE,

@@ -104,7 +104,8 @@ def test_next_commit_log_file_that_cannot_be_created(open_store: Callable[..., M
     assert _read_all(s, "T", 0) == acked  # reads go on while the disk is full
     assert s.query_by_key("T", "k0")[0].body[:6] == b"000000"
     assert not s.is_writable() and s.disk_full
-    assert s.put_message("T", 0, b"still full").status is PutStatus.SERVICE_NOT_AVAILABLE
+    still = s.put_message("T", 0, b"still full")
+    assert still.status is PutStatus.SERVICE_NOT_AVAILABLE and "next commit-log file" in still.error, still
     assert s.check() == []
 
     s.abandon()  # a crash while the disk is full; restarted once space is back
