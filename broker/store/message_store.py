@@ -204,6 +204,7 @@ class MessageStore:
         self._running = False
         self._disk_full = False
         self._enospc = False  # an append met ENOSPC: refused until the next commit-log file fits (_set_disk_full)
+        self._disk_state_lock = threading.Lock()  # the cleanup thread's verdict vs an append's ENOSPC
         self._write_error = ""
         # Why the dispatcher cannot write consume queues ("" = it can). Puts are refused meanwhile, as RocketMQ's
         # WRITE_LOGICS_QUEUE_ERROR bit does: acknowledged messages no consumer can see would only pile up.
@@ -374,17 +375,18 @@ class MessageStore:
         """The cleanup service's verdict from its disk probe (over disk_space_warning_level_ratio or not). A refusal
         that came from an ENOSPC is lifted only once the next commit-log file fits (_room_for_next_file): below the
         ratio is not enough on a disk too small for the ratio to matter, and sends would fail one by one."""
-        if not full and self._enospc and not self._room_for_next_file():
-            full = True
-        if full != self._disk_full:
-            if full:
-                log.error("disk use over %d%%: refusing writes (no file is deleted to make room)",
-                          self.config.disk_space_warning_level_ratio)  # fmt: skip
-            else:
-                log.warning("disk has room again: accepting writes")
-        if not full:
-            self._enospc = False
-        self._disk_full = full
+        with self._disk_state_lock:
+            if not full and self._enospc and not self._room_for_next_file():
+                full = True
+            if full != self._disk_full:
+                if full:
+                    log.error("disk use over %d%%: refusing writes (no file is deleted to make room)",
+                              self.config.disk_space_warning_level_ratio)  # fmt: skip
+                else:
+                    log.warning("disk has room again: accepting writes")
+            if not full:
+                self._enospc = False
+            self._disk_full = full
 
     def _room_for_next_file(self) -> bool:
         try:
@@ -435,10 +437,11 @@ class MessageStore:
     def _append_failed(self, e: OSError | CreateMappedFileError) -> PutResult:
         self._counters["put_errors"] += 1
         if e.errno == errno.ENOSPC:
-            if not self._disk_full:
-                log.error("disk full (%s): refusing writes until the next commit-log file fits", e)
-            self._enospc = True
-            self._disk_full = True  # the cleanup service's next disk probe lifts this once space is back
+            with self._disk_state_lock:
+                if not self._disk_full:
+                    log.error("disk full (%s): refusing writes until the next commit-log file fits", e)
+                self._enospc = True
+                self._disk_full = True  # the cleanup service's next disk probe lifts this once space is back
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE, error=f"disk full: {e}; writes resume once space is freed"
             )
