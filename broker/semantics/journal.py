@@ -181,6 +181,11 @@ class Journal:
             self._size += len(data)
 
     @property
+    def behind(self) -> bool:
+        """Whether changes were kept in memory only (a full disk) and wait for a checkpoint."""
+        return self._behind
+
+    @property
     def due(self) -> bool:
         """Whether a checkpoint is due: the journal has grown past ``compact_bytes``, or it is behind (a full disk)."""
         return self._behind or self._size >= self.compact_bytes
@@ -189,22 +194,30 @@ class Journal:
         """``state``: everything appended so far, applied. The caller holds its own lock so no append comes between
         taking the state and this call."""
         with self._lock:
-            old = self._number
-            new_fd = os.open(self._journal_path(old + 1), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd, self._number, self._size = new_fd, old + 1, 0
+            if self._size == 0:
+                # Nothing in the current journal (a checkpoint that failed on a full disk made it): the snapshot
+                # can start at it, rather than a new empty journal per attempt while the disk stays full.
+                new = self._number
+            else:
+                new = self._number + 1
+                new_fd = os.open(self._journal_path(new), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd, self._number, self._size = new_fd, new, 0
         fsync_directory(self.folder)
         write_json_atomic(os.path.join(self.folder, SNAPSHOT_FILE),
-                          {"journal": old + 1, "crc": _state_crc(state), "state": state})  # fmt: skip
+                          {"journal": new, "crc": _state_crc(state), "state": state})  # fmt: skip
         if self._behind:
             log.warning("journal %s: caught up (checkpoint written)", self.folder)
         self._behind = False  # only now: without the snapshot, records after a skipped one must not be written
         for number in self._numbers():
-            if number <= old:
+            if number < new:
                 os.unlink(self._journal_path(number))
 
     def close(self) -> None:
+        if self._behind:
+            log.error("journal %s closed behind: changes since the disk filled are lost (checkpoint failed)",
+                      self.folder)  # fmt: skip
         with self._lock:
             if self._fd >= 0:
                 os.fsync(self._fd)
