@@ -69,6 +69,10 @@ class StoreConfig:
     clean_resource_interval_ms: int = 10_000
     # Forced cleaning deletes at most this many files per pass so a pass never stalls readers for long.
     delete_files_batch_max: int = 10
+    # Space the store keeps in a file of its own (disk_reserve.py) and gives back when the dispatcher meets a full
+    # disk, so that messages already acknowledged still get their consume-queue units and index entries. 4 MiB is
+    # some 100,000 of each (20 bytes apiece): more than can be acknowledged and not yet dispatched. 0: none.
+    disk_reserve_bytes: int = 4 << 20
     # Injectable so tests can simulate a full disk; returns used/total of the store's file system (0..1).
     disk_usage_probe: Callable[[str], float] = field(default=disk_usage_ratio, repr=False)
     # --- index
@@ -136,6 +140,8 @@ class StoreConfig:
                 raise InvalidArgumentError(f"{name} is {getattr(self, name)}; it must be a positive integer")
         # 0 is allowed (every file but the one being written is expired, as RocketMQ's fileReservedTime=0);
         # `not >=` also refuses NaN, which would never expire anything.
+        if self.disk_reserve_bytes < 0:
+            raise InvalidArgumentError(f"disk_reserve_bytes is {self.disk_reserve_bytes}; it must be >= 0 (0: none)")
         if not self.file_reserved_time_hours >= 0:
             raise InvalidArgumentError(
                 f"file_reserved_time_hours is {self.file_reserved_time_hours}; it must be a number of hours >= 0"

@@ -141,10 +141,10 @@ def test_writes_resume_by_themselves_once_space_is_freed(
 def test_dispatch_cut_by_enospc_in_the_middle_of_a_batch(
     open_store: Callable[..., MessageStore], small_disk: Path
 ) -> None:
-    """A batch to 40 new queues is stored (the commit-log file was reserved whole) but its consume-queue units stop
-    part way for want of space. Sends are refused meanwhile, reads of what is indexed go on; after a crash and a
-    restart every acknowledged message is read back and check() is clean."""
-    s = open_store()
+    """Without a disk reserve: a batch to 40 new queues is stored (the commit-log file was allocated whole) but its
+    consume-queue units stop part way for want of space. Sends are refused meanwhile, reads of what is indexed go
+    on; after a crash and a restart every acknowledged message is read back and check() is clean."""
+    s = open_store(disk_reserve_bytes=0)
     assert s.put_message("W", 0, b"first").ok
     assert s.wait_dispatched()
     fill(small_disk, leave=3 * 4096)
@@ -158,11 +158,38 @@ def test_dispatch_cut_by_enospc_in_the_middle_of_a_batch(
     assert _read_all(s, "W", 0)[:1] == [b"first"]  # what was indexed stays readable
     s.abandon()
     (small_disk / "filler").unlink()
-    s2 = open_store()
+    s2 = open_store(disk_reserve_bytes=0)
     assert _read_all(s2, "W", 0) == [b"first", b"000000"]
     assert [_read_all(s2, "W", q) for q in range(1, 40)] == [[b"%06d" % q] for q in range(1, 40)]
     assert s2.check() == []
     assert s2.put_message("W", 0, b"again").ok
+
+
+def test_the_disk_reserve_makes_stored_messages_readable_on_a_full_disk(
+    open_store: Callable[..., MessageStore], small_disk: Path
+) -> None:
+    """The same batch with the disk reserve (the default): dispatch meets ENOSPC, the store gives the reserve back,
+    and every acknowledged message is readable while the disk stays full; new sends may not take that room, and
+    resume once space is freed, with the reserve taken again."""
+    s = open_store(disk_reserve_bytes=1 << 20)
+    assert s.disk_reserve.held
+    assert s.put_message("W", 0, b"first").ok
+    assert s.wait_dispatched()
+    fill(small_disk)
+    assert s.put_batch(_batch("W", 0, 40, queues=40)).ok
+    assert s.wait_dispatched(5)  # with the reserve's room
+    assert not s.disk_reserve.held
+    assert [_read_all(s, "W", q) for q in range(40)] == [[b"first", b"000000"]] + [[b"%06d" % q] for q in range(1, 40)]
+    refused = s.put_message("W", 0, b"no room")
+    assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE and "disk reserve" in refused.error, refused
+    assert s.cleanup is not None
+    s.cleanup.clean_once(clean=False)
+    assert not s.is_writable()  # the probe does not lift it while the reserve cannot be taken again
+    (small_disk / "filler").unlink()
+    s.cleanup.clean_once(clean=False)
+    assert s.disk_reserve.held and s.is_writable()
+    assert s.put_message("W", 0, b"again").ok
+    assert s.check() == []
 
 
 def test_a_start_on_a_full_disk_fails_cleanly_and_damages_nothing(
@@ -170,18 +197,18 @@ def test_a_start_on_a_full_disk_fails_cleanly_and_damages_nothing(
 ) -> None:
     """Recovery that must write consume-queue units finds no room: the start fails with the OSError (it once died
     of SIGBUS, reading a hole of a consume-queue file through its mapping on a full tmpfs), and a start once space
-    is back recovers everything."""
-    s = open_store()
+    is back recovers everything. (No disk reserve: with one, the first store had dispatched everything.)"""
+    s = open_store(disk_reserve_bytes=0)
     assert s.put_message("W", 0, b"first").ok
     assert s.wait_dispatched()
     fill(small_disk, leave=3 * 4096)
     assert s.put_batch(_batch("W", 0, 40, queues=40)).ok
     s.abandon()
     with pytest.raises(OSError) as failed:
-        open_store()
+        open_store(disk_reserve_bytes=0)
     assert failed.value.errno == errno.ENOSPC
     (small_disk / "filler").unlink()
-    s2 = open_store()
+    s2 = open_store(disk_reserve_bytes=0)
     assert [_read_all(s2, "W", q) for q in range(40)] == [[b"first", b"000000"]] + [[b"%06d" % q] for q in range(1, 40)]
     assert s2.check() == []
 
