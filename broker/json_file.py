@@ -50,6 +50,9 @@ def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], mode: 
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    except OSError:
+        os.unlink(tmp)  # a half-written copy (ENOSPC) would keep the space a full disk needs back
+        raise
     finally:
         os.close(fd)
     bak = f"{path}.bak"

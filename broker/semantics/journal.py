@@ -17,6 +17,11 @@ Compaction: once the journal passes ``compact_bytes``, ``checkpoint(state)`` sta
 snapshot for N+1 (write_json_atomic: temp file, fsync, rename) and only then deletes journal N and older. A crash
 in between leaves the old snapshot and both journals, which replay to the same state.
 
+A full disk (ENOSPC) does not stop the service: the record is not written (a part the disk took is cut off again)
+and the journal is *behind*: no later record is written either, since replay must not skip one, and ``due`` asks
+for a checkpoint, whose snapshot holds every change kept in memory meanwhile; it succeeds once space returns. A
+crash before then loses those changes (pop: messages received or acked meanwhile are delivered again).
+
 Recovery reads the snapshot (its CRC checked), then every journal from its number on, in order. A record cut short
 at the end of the last journal (a crash during the append, never answered) is cut off and logged; a bad record
 anywhere else is damage, and start-up stops with a CorruptionError naming the file and the byte offset.
@@ -24,6 +29,7 @@ anywhere else is damage, and start-up stops with a CorruptionError naming the fi
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -114,6 +120,7 @@ class Journal:
         self._fd = -1
         self._number = 0
         self._size = 0
+        self._behind = False  # a record was not written for want of space: nothing is until a checkpoint
 
     def _journal_path(self, number: int) -> str:
         return os.path.join(self.folder, f"{JOURNAL_PREFIX}{number}")
@@ -149,38 +156,68 @@ class Journal:
         fsync_directory(self.folder)
 
     def append(self, record: dict[str, Any]) -> None:
-        """Durable (as configured) when this returns; OSError when the write failed (nothing may be answered)."""
+        """Durable (as configured) when this returns, unless the disk is full (module docstring: the journal is
+        then behind until a checkpoint); OSError when the write failed otherwise (nothing may be answered)."""
         data = encode_record(record)
         with self._lock:
+            if self._behind:
+                return  # the next checkpoint's snapshot holds this change
             view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as e:
+                # A full disk takes part of a record and refuses the rest: cut it off, or the next record, written
+                # once space returns, would follow a torn one, which recovery takes for damage.
+                os.ftruncate(self._fd, self._size)
+                if e.errno != errno.ENOSPC:
+                    raise
+                self._behind = True
+                log.error("journal %s: disk full (%s); changes are kept in memory until a checkpoint can be written "
+                          "(a crash before then loses them)", self._journal_path(self._number), e)  # fmt: skip
+                return
             if self.sync:
                 os.fdatasync(self._fd)
             self._size += len(data)
 
     @property
+    def behind(self) -> bool:
+        """Whether changes were kept in memory only (a full disk) and wait for a checkpoint."""
+        return self._behind
+
+    @property
     def due(self) -> bool:
-        """Whether the journal has grown past ``compact_bytes``: time for a checkpoint."""
-        return self._size >= self.compact_bytes
+        """Whether a checkpoint is due: the journal has grown past ``compact_bytes``, or it is behind (a full disk)."""
+        return self._behind or self._size >= self.compact_bytes
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         """``state``: everything appended so far, applied. The caller holds its own lock so no append comes between
         taking the state and this call."""
         with self._lock:
-            old = self._number
-            new_fd = os.open(self._journal_path(old + 1), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd, self._number, self._size = new_fd, old + 1, 0
+            if self._size == 0:
+                # Nothing in the current journal (a checkpoint that failed on a full disk made it): the snapshot
+                # can start at it, rather than a new empty journal per attempt while the disk stays full.
+                new = self._number
+            else:
+                new = self._number + 1
+                new_fd = os.open(self._journal_path(new), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd, self._number, self._size = new_fd, new, 0
         fsync_directory(self.folder)
         write_json_atomic(os.path.join(self.folder, SNAPSHOT_FILE),
-                          {"journal": old + 1, "crc": _state_crc(state), "state": state})  # fmt: skip
+                          {"journal": new, "crc": _state_crc(state), "state": state})  # fmt: skip
+        if self._behind:
+            log.warning("journal %s: caught up (checkpoint written)", self.folder)
+        self._behind = False  # only now: without the snapshot, records after a skipped one must not be written
         for number in self._numbers():
-            if number <= old:
+            if number < new:
                 os.unlink(self._journal_path(number))
 
     def close(self) -> None:
+        if self._behind:
+            log.error("journal %s closed behind: changes since the disk filled are lost (checkpoint failed)",
+                      self.folder)  # fmt: skip
         with self._lock:
             if self._fd >= 0:
                 os.fsync(self._fd)

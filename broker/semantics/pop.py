@@ -155,6 +155,11 @@ class PopService:
         self._stopped = self._draining = True
         self._wake_all()
         with self._lock:
+            if self.journal.behind:  # changes made while the disk was full: their last chance to be written
+                try:
+                    self.journal.checkpoint(self.book.to_state())
+                except OSError as e:
+                    log.error("pop: checkpoint at shutdown failed: %s", e)
             self.journal.close()
 
     def held_count(self) -> int:

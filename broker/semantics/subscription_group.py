@@ -17,6 +17,7 @@ Server wiring::
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,8 @@ from typing import Any
 
 from broker.errors import InvalidArgumentError, LimitExceededError, SubscriptionGroupNotExistError
 from broker.json_file import load_json, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
 MAX_GROUP_NAME_CHARS = 255  # RocketMQ's CHARACTER_MAX_LENGTH for group names
@@ -111,6 +114,8 @@ class SubscriptionGroupManager:
         self._lock = threading.Lock()
         self._table: dict[str, SubscriptionGroupConfig] = {}
         self._data_version = {"counter": 0, "timestamp": 0}
+        # A group auto-created while its file could not be written (a full disk): saved by persist_if_dirty.
+        self._dirty = False
         self._load()
 
     def replace(self, data: dict[str, Any]) -> None:
@@ -134,6 +139,7 @@ class SubscriptionGroupManager:
                 "dataVersion": self._data_version,
             },
         )
+        self._dirty = False  # the whole table is on disk, groups created unsaved included
 
     def find(self, group: str) -> SubscriptionGroupConfig | None:
         """The group's settings; created with defaults (and persisted) when unknown and auto_create is on."""
@@ -144,8 +150,20 @@ class SubscriptionGroupManager:
                 cfg.validate()
                 self._admit_locked(group)
                 self._table[group] = cfg
-                self._persist_locked()
+                try:
+                    self._persist_locked()
+                except OSError as e:
+                    # A pull or a heartbeat must not fail because a full disk cannot take the file: the group
+                    # exists in memory with default settings, which a restart before the save would create again.
+                    log.warning("group %s created but not saved (%s); saved once the disk takes it", group, e)
+                    self._dirty = True
             return cfg
+
+    def persist_if_dirty(self) -> None:
+        """Save groups auto-created while the file could not be written (OSError while it still cannot)."""
+        with self._lock:
+            if self._dirty:
+                self._persist_locked()
 
     def peek(self, group: str) -> SubscriptionGroupConfig | None:
         """The group's settings if it exists; never creates it (for what a client may only describe, not make)."""

@@ -209,6 +209,12 @@ class TimerService:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._save_progress(force=True)
+        with self._lock:
+            if self.journal.behind:  # changes made while the disk was full: their last chance to be written
+                try:
+                    self.journal.checkpoint({"low": self._low, "done": sorted(self._done)})
+                except OSError as e:
+                    log.error("timer: checkpoint at shutdown failed: %s", e)
         self.journal.close()
 
     def pending_count(self) -> int:

@@ -538,6 +538,8 @@ class BrokerController:
         self.metrics.add_gauge("sluice_group_lag", "Messages not yet consumed per group and topic", group_lags)
         self.metrics.add_gauge("sluice_store_disk_usage_ratio", "Used fraction of the store's file system", disk_ratio)
         self.metrics.add_gauge("sluice_store_commit_log_bytes", "Bytes held in commit-log files", commit_log_bytes)
+        self.metrics.add_gauge("sluice_store_disk_full", "1 while sends are refused for want of disk space",
+                               lambda: [((), float(store.disk_full))])  # fmt: skip
         self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
                                lambda: [((), float(self.hold.held_count()))])  # fmt: skip
         self.metrics.add_gauge("sluice_call_streams", "Open SendStream and PullStream calls (a worker thread each)",
@@ -589,6 +591,9 @@ class BrokerController:
             if now >= next_persist:
                 next_persist = now + persist_s
                 self._periodic("saving consumer offsets", self.offsets.persist_if_dirty)
+                if self.groups is not None:
+                    self._periodic("saving subscription groups", self.groups.persist_if_dirty)
+                self._periodic("saving topics", self.topics.persist_if_dirty)
             if now >= next_expire:
                 next_expire = now + CONSUMER_EXPIRE_SCAN_MS / 1000
                 self._periodic("expiring idle consumers", self.consumers.expire)
@@ -603,6 +608,9 @@ class BrokerController:
     def _periodic(what: str, task: Callable[[], object]) -> None:
         try:
             task()
+        except OSError as e:
+            # The disk (full, or failing): the same error every interval, so no traceback each time.
+            log.error("%s failed: %s; retried at the next interval", what, e)
         except Exception:
             # Broad on purpose: whatever fails, this thread must live on, or offsets would be saved only at shutdown
             # (a crash would then lose all progress since the start, not the last interval's).
@@ -636,8 +644,11 @@ class BrokerController:
         self._stop_tasks.set()
         if self._tasks is not None:
             self._tasks.join()
-        self.offsets.persist()
-        self.topics.persist()
+        for what, save in (("consumer offsets", self.offsets.persist), ("topics", self.topics.persist)):
+            try:
+                save()
+            except OSError as e:  # a full disk: the rest of the shutdown (the store's flush above all) still runs
+                log.error("saving %s at shutdown failed: %s; the last saved version stays", what, e)
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self._stop_semantics()

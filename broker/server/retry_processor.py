@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from broker.auth.operations import Operation, authorize
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, shown
 from broker.filter.sql92 import SqlFilter, compile_sql92
@@ -18,6 +20,8 @@ from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
 from broker.server.consumer_offsets import validate_group
 from broker.server.send_processor import raise_for_put
 from broker.server.topic_config import TopicConfigManager
+
+log = logging.getLogger(__name__)
 
 TAG, SQL92 = "TAG", "SQL92"
 # ORIGIN_MESSAGE_ID is kept in the copy's properties: the id of the first message (RocketMQ's are 32 hex
@@ -57,8 +61,13 @@ class RetryProcessor:
         raised after the topic was made (send-back picks among retryQueueNums queues, which must all exist)."""
         validate_group(group)  # before the group is recorded: a name no retry topic can take records nothing
         cfg = self.groups.get(group)
-        self.topics.create(retry_topic(group), cfg.retry_queue_nums, if_not_exists=True)
-        self.topics.grow(retry_topic(group), cfg.retry_queue_nums)
+        try:
+            self.topics.create(retry_topic(group), cfg.retry_queue_nums, if_not_exists=True)
+            self.topics.grow(retry_topic(group), cfg.retry_queue_nums)
+        except OSError as e:
+            # A consumer's heartbeat must not fail because a full disk cannot take topics.json: the topic exists in
+            # memory, is saved once the disk takes it, and a restart before that creates it again.
+            log.warning("retry topic of group %s created but not saved (%s); saved once the disk takes it", group, e)
 
     def send_back(self, request: pb.ConsumerSendMsgBackRequest) -> pb.ConsumerSendMsgBackResponse:
         target = request.WhichOneof("target")

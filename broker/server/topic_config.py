@@ -92,6 +92,7 @@ class TopicConfigManager:
         self._data_version = 0
         self._deleting: set[str] = set()  # topics under DeleteTopic: their store queues are not adopted again
         self._listeners: list[Callable[[], None]] = []  # told after every change (the name-server registrar)
+        self._dirty = False  # a change whose save failed (a full disk): saved again by persist_if_dirty
 
     def load(self) -> None:
         loaded = load_json(self.path, _parse_topics)
@@ -114,9 +115,11 @@ class TopicConfigManager:
             self._listeners.remove(listener)
 
     def _changed(self) -> None:
-        self.persist()
-        for listener in list(self._listeners):
-            listener()
+        try:
+            self.persist()
+        finally:  # the change is made in memory either way: the registrar must know of it
+            for listener in list(self._listeners):
+                listener()
 
     def replace(self, data: dict[str, Any]) -> None:
         """A slave: the master's file replaces this one and is loaded, under the writers' lock (a persist of the
@@ -132,7 +135,16 @@ class TopicConfigManager:
                     "topicConfigTable": {name: t.to_json() for name, t in sorted(self._topics.items())},
                     "dataVersion": self._data_version,
                 }
-            write_json_atomic(self.path, data)
+                self._dirty = False
+            try:
+                write_json_atomic(self.path, data)
+            except OSError:
+                self._dirty = True  # not on disk: the next persist_if_dirty tries again
+                raise
+
+    def persist_if_dirty(self) -> None:
+        if self._dirty:
+            self.persist()
 
     def _check_queue_nums(self, queue_nums: int) -> None:
         if not 1 <= queue_nums <= self.max_queue_nums:

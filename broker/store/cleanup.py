@@ -4,10 +4,12 @@ Rules (RocketMQ's CleanCommitLogService, percentages of the store's file system)
 
 * files older than ``file_reserved_time_hours`` (file mtime, as RocketMQ) go at ``delete_when`` (hour of day), or
   at once when disk use is over ``disk_max_used_space_ratio`` (75%);
-* over ``disk_space_clean_forcibly_ratio`` (85%) the oldest files go even if not expired, at most
-  ``delete_files_batch_max`` per pass;
 * over ``disk_space_warning_level_ratio`` (90%) writes are refused (reads go on) until a pass sees the disk below
-  it again.
+  it again;
+* over ``disk_space_clean_forcibly_ratio`` (85%) nothing unexpired is deleted by default: those files hold
+  acknowledged messages, and a full disk refuses sends instead (Kafka's choice). Only with
+  ``clean_file_forcibly_enable`` do the oldest files go even if not expired, at most ``delete_files_batch_max``
+  per pass (RocketMQ's choice, which trades those messages for room to write).
 
 The newest commit-log file is never deleted, nor any file not yet fully dispatched and flushed. Consumption
 state is not considered: an expired message is gone, and readers of it get OFFSET_TOO_SMALL with the new minimum.
@@ -68,6 +70,9 @@ class CleanupService(ServiceThread):
         # the first pass after a restart cleans them if earlier runs expired commit-log files: a run killed
         # between deleting those and cleaning the queues left them with stale minimums and expired files.
         self._cleaned_below = 0
+        # Whether the disk is over the forced-cleaning ratio with forced cleaning off: said once per episode in
+        # the log, not once a second.
+        self._pressure_logged = False
 
     def run_once(self) -> None:
         self.wait(DISK_PROBE_INTERVAL_S)
@@ -100,7 +105,8 @@ class CleanupService(ServiceThread):
         self._update_disk_full(ratio)
         if not clean and ratio < cfg.disk_max_used_space_ratio:
             return report
-        forced = ratio >= cfg.disk_space_clean_forcibly_ratio
+        forced = ratio >= cfg.disk_space_clean_forcibly_ratio and cfg.clean_file_forcibly_enable
+        self._log_pressure(ratio)
         if manual or forced or ratio >= cfg.disk_max_used_space_ratio or self._is_delete_hour(now_ms):
             report.deleted_commit_log_files = self._delete_commit_log_files(now_ms, forced)
         cl_min = self.commit_log.min_offset
@@ -123,6 +129,18 @@ class CleanupService(ServiceThread):
                     raise
         if self.index is not None:
             report.deleted_index_files = self.index.delete_before(cl_min)
+
+    def _log_pressure(self, ratio: float) -> None:
+        """Say once per episode that unexpired files are kept although the disk is over the forced-cleaning ratio."""
+        cfg = self.config
+        over = ratio >= cfg.disk_space_clean_forcibly_ratio and not cfg.clean_file_forcibly_enable
+        if over and not self._pressure_logged:
+            log.warning(
+                "disk use %.1f%% is over disk_space_clean_forcibly_ratio=%d%%: no unexpired commit-log file is "
+                "deleted (clean_file_forcibly_enable is off); sends are refused from %d%% until space is freed",
+                ratio, cfg.disk_space_clean_forcibly_ratio, cfg.disk_space_warning_level_ratio,
+            )  # fmt: skip
+        self._pressure_logged = over
 
     def _update_disk_full(self, ratio: float) -> None:
         self.set_disk_full(ratio >= self.config.disk_space_warning_level_ratio)

@@ -59,11 +59,20 @@ class StoreConfig:
     file_reserved_time_hours: float = 72
     delete_when: str = "04"  # hours of the day, ';'-separated, as RocketMQ ("": expired files go by disk usage only)
     disk_max_used_space_ratio: int = 75  # percent: over this, expired files go at once (not at delete_when)
-    disk_space_clean_forcibly_ratio: int = 85  # percent: over this, the oldest files go even if not expired
+    # percent: over this, with clean_file_forcibly_enable, the oldest files go even if not expired
+    disk_space_clean_forcibly_ratio: int = 85
+    # RocketMQ's cleanFileForciblyEnable, but off by default: deleting unexpired files to make room deletes
+    # acknowledged messages no consumer may have read. Off, a full disk refuses sends instead (as Kafka keeps its
+    # log and stops taking writes); on, RocketMQ's behaviour (docs/operations.md says what it costs).
+    clean_file_forcibly_enable: bool = False
     disk_space_warning_level_ratio: int = 90  # percent: over this, writes are refused until space is freed
     clean_resource_interval_ms: int = 10_000
     # Forced cleaning deletes at most this many files per pass so a pass never stalls readers for long.
     delete_files_batch_max: int = 10
+    # Space the store keeps in a file of its own (disk_reserve.py) and gives back when the dispatcher meets a full
+    # disk, so that messages already acknowledged still get their consume-queue units and index entries. 4 MiB is
+    # some 100,000 of each (20 bytes apiece): more than can be acknowledged and not yet dispatched. 0: none.
+    disk_reserve_bytes: int = 4 << 20
     # Injectable so tests can simulate a full disk; returns used/total of the store's file system (0..1).
     disk_usage_probe: Callable[[str], float] = field(default=disk_usage_ratio, repr=False)
     # --- index
@@ -131,6 +140,8 @@ class StoreConfig:
                 raise InvalidArgumentError(f"{name} is {getattr(self, name)}; it must be a positive integer")
         # 0 is allowed (every file but the one being written is expired, as RocketMQ's fileReservedTime=0);
         # `not >=` also refuses NaN, which would never expire anything.
+        if self.disk_reserve_bytes < 0:
+            raise InvalidArgumentError(f"disk_reserve_bytes is {self.disk_reserve_bytes}; it must be >= 0 (0: none)")
         if not self.file_reserved_time_hours >= 0:
             raise InvalidArgumentError(
                 f"file_reserved_time_hours is {self.file_reserved_time_hours}; it must be a number of hours >= 0"

@@ -244,7 +244,9 @@ class ConsumeQueue:
         dirty = False
         if f is not None:
             pos = end - f.file_from_offset
-            dirty = f.mm[pos : pos + CQ_UNIT_SIZE].count(0) != CQ_UNIT_SIZE if pos < f.file_size else False
+            # pread, not the mapping: the unit may lie in a hole, and a fault on a hole of a full tmpfs is SIGBUS
+            # (its shared mappings take a page even to read one), where pread reads zeros
+            dirty = os.pread(f.fd, CQ_UNIT_SIZE, pos).count(0) != CQ_UNIT_SIZE if pos < f.file_size else False
         if dirty:
             log.warning(
                 "consume queue %s/%d: dropping units from %s at byte %d (past the commit log's end)",

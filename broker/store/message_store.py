@@ -12,6 +12,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +37,7 @@ from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
 from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueue, VisibilityHold
 from broker.store.directory import make_dirs
+from broker.store.disk_reserve import DiskReserve
 from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher, DispatchHint
 from broker.store.faults import FaultInjector
 from broker.store.flush import (
@@ -87,6 +89,9 @@ CHECK_DISPATCH_WAIT_S = 10.0
 # long, doubling per failure in a row up to the maximum.
 DISPATCH_BACKOFF_MIN_S = 0.01
 DISPATCH_BACKOFF_MAX_S = 1.0
+# After an ENOSPC, writes resume once the file system has room for the next commit-log file and this much more:
+# the consume-queue and index files of what is written next need a little too.
+DISK_FULL_MARGIN_BYTES = 1 << 20
 
 
 _I32_MIN, _I32_MAX, _I64_MIN, _I64_MAX = -(2**31), 2**31 - 1, -(2**63), 2**63 - 1
@@ -115,9 +120,11 @@ def _out_of_range(**values: int) -> str:
 class DispatchService(ServiceThread):
     name = "reput-dispatch"
 
-    def __init__(self, dispatcher: Dispatcher, interval_ms: int, on_state: Callable[[str], None]) -> None:
+    def __init__(self, dispatcher: Dispatcher, interval_ms: int, on_state: Callable[[str], None],
+                 release_space: Callable[[], bool]) -> None:  # fmt: skip
         super().__init__()
         self.dispatcher = dispatcher
+        self.release_space = release_space  # frees the disk reserve on ENOSPC; True if it did
         self.interval_s = interval_ms / 1000
         self.backoff_s = 0.0  # after an OSError: the pause before the next try, doubled per failure in a row
         self.on_state = on_state  # told why dispatch fails, and "" once a pass succeeds again
@@ -126,6 +133,8 @@ class DispatchService(ServiceThread):
         try:
             self.dispatcher.dispatch_available()
         except OSError as e:
+            if e.errno == errno.ENOSPC and self.release_space():
+                return  # room was made: the next pass tries again at once
             # A full disk or a failing one lasts: retrying every interval would write an error line each time
             # (a thousand a second, onto that same disk). Puts' wakeups do not cut the pause short; stop() does.
             self.backoff_s = min(max(2 * self.backoff_s, DISPATCH_BACKOFF_MIN_S), DISPATCH_BACKOFF_MAX_S)
@@ -199,6 +208,9 @@ class MessageStore:
         self._lock_fd = -1
         self._running = False
         self._disk_full = False
+        self._enospc = False  # an append met ENOSPC: refused until the next commit-log file fits (_set_disk_full)
+        self._disk_state_lock = threading.Lock()  # the cleanup thread's verdict vs an append's ENOSPC
+        self.disk_reserve = DiskReserve(config.store_path, config.disk_reserve_bytes)
         self._write_error = ""
         # Why the dispatcher cannot write consume queues ("" = it can). Puts are refused meanwhile, as RocketMQ's
         # WRITE_LOGICS_QUEUE_ERROR bit does: acknowledged messages no consumer can see would only pile up.
@@ -242,6 +254,7 @@ class MessageStore:
             )
             self.txn_visibility.save(self.commit_log.min_offset, force=True)  # the file exists from the first start
             self._settle_deletions()
+            self.disk_reserve.make()  # after recovery, which may need the room more
             if abnormal or cut is not None:
                 self._sync_recovered_files()
             if cut is not None:
@@ -288,7 +301,8 @@ class MessageStore:
     def _start_services(self) -> None:
         cfg = self.config
         assert self.checkpoint is not None
-        self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms, self._set_dispatch_error)
+        self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms, self._set_dispatch_error,
+                                                 self._release_reserve)  # fmt: skip
         if cfg.sync_flush:
             self._group_commit = GroupCommitService(self.commit_log, self.checkpoint, self._on_io_error)
         else:
@@ -366,12 +380,45 @@ class MessageStore:
         self._write_error = reason
 
     def _set_disk_full(self, full: bool) -> None:
-        if full != self._disk_full:
-            if full:
-                log.error("disk use over %d%%: refusing writes", self.config.disk_space_warning_level_ratio)
-            else:
-                log.warning("disk use back under %d%%: accepting writes", self.config.disk_space_warning_level_ratio)
-        self._disk_full = full
+        """The cleanup service's verdict from its disk probe (over disk_space_warning_level_ratio or not). A refusal
+        that came from an ENOSPC is lifted only once the next commit-log file fits (_room_for_next_file): below the
+        ratio is not enough on a disk too small for the ratio to matter, and sends would fail one by one."""
+        with self._disk_state_lock:
+            if not full and self._enospc and not self._room_for_next_file():
+                full = True
+            reserve = self.disk_reserve
+            if not full and reserve.size and not reserve.held:  # taken again only with room to spare
+                full = bool(self._dispatch_error) or not self._room_for_next_file(reserve.size) or not reserve.make()
+            if full != self._disk_full:
+                if full:
+                    log.error("disk use over %d%%: refusing writes (no file is deleted to make room)",
+                              self.config.disk_space_warning_level_ratio)  # fmt: skip
+                else:
+                    log.warning("disk has room again: accepting writes")
+            if not full:
+                self._enospc = False
+            self._disk_full = full
+
+    def _release_reserve(self) -> bool:
+        """Dispatch met ENOSPC: free the disk reserve for the units of messages already stored, and refuse new
+        writes, which must not take that room, until the reserve is taken again (_set_disk_full)."""
+        if not self.disk_reserve.release():
+            return False
+        with self._disk_state_lock:
+            self._disk_full = True
+        return True
+
+    def _room_for_next_file(self, more: int = 0) -> bool:
+        try:
+            free = shutil.disk_usage(self.config.store_path).free
+        except OSError:
+            return False
+        return free >= self.config.mapped_file_size_commit_log + DISK_FULL_MARGIN_BYTES + more
+
+    @property
+    def disk_full(self) -> bool:
+        """Whether writes are refused for want of disk space (what the metrics and ``stats`` report)."""
+        return self._disk_full
 
     def _set_dispatch_error(self, reason: str) -> None:
         if reason and not self._dispatch_error:
@@ -389,6 +436,18 @@ class MessageStore:
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE, error="the store is not running (shut down or not started)"
             )
+        if self._disk_full and self.disk_reserve.size and not self.disk_reserve.held:
+            return PutResult(
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                error="disk full: the store's disk reserve went to messages already stored; writes resume once "
+                "space is freed",
+            )
+        if self._disk_full and self._enospc:
+            return PutResult(
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                error=f"disk full: the next commit-log file ({self.config.mapped_file_size_commit_log} bytes) does "
+                "not fit; writes resume once space is freed",
+            )
         if self._disk_full:
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE,
@@ -404,7 +463,11 @@ class MessageStore:
     def _append_failed(self, e: OSError | CreateMappedFileError) -> PutResult:
         self._counters["put_errors"] += 1
         if e.errno == errno.ENOSPC:
-            self._set_disk_full(True)  # the cleanup service's next disk probe lifts this once space is back
+            with self._disk_state_lock:
+                if not self._disk_full:
+                    log.error("disk full (%s): refusing writes until the next commit-log file fits", e)
+                self._enospc = True
+                self._disk_full = True  # the cleanup service's next disk probe lifts this once space is back
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE, error=f"disk full: {e}; writes resume once space is freed"
             )
@@ -1011,6 +1074,7 @@ class MessageStore:
             commit_log_files=len(self.commit_log.files.files),
             consume_queues=len(self.queues.queues),
             disk_usage_ratio=self.config.disk_usage_probe(self.config.store_path),
+            disk_full=int(self._disk_full),
             writable=int(self.is_writable()),
         )
         return out

@@ -1,11 +1,15 @@
-"""Expiry by time (at delete_when) and by disk ratio (75% expired-only, 85% forced, 90% refuse writes)."""
+"""Expiry by time (at delete_when) and by disk ratio (75% expired-only, 85% forced only with
+clean_file_forcibly_enable, 90% refuse writes)."""
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import time
 from collections.abc import Callable
+
+import pytest
 
 from broker.store import GetStatus, MessageStore, PutStatus
 from broker.store.message import Prop
@@ -73,9 +77,37 @@ def test_disk_ratio_over_75_deletes_expired_files_at_once(make_store: Callable[.
     assert s.check() == []
 
 
-def test_disk_ratio_over_85_deletes_even_unexpired_files(make_store: Callable[..., MessageStore]) -> None:
+def test_disk_ratio_over_85_deletes_nothing_unexpired_by_default(
+    make_store: Callable[..., MessageStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unexpired files hold acknowledged messages: disk pressure alone deletes none of them, and says so once."""
     probe = DiskProbe()
-    s = make_store(file_reserved_time_hours=72, delete_when="", disk_usage_probe=probe, delete_files_batch_max=2)
+    s = make_store(file_reserved_time_hours=72, delete_when="", disk_usage_probe=probe)
+    _fill(s)
+    files = [f.path for f in s.commit_log.files.files]
+    assert s.cleanup is not None and len(files) > 1
+    caplog.set_level(logging.WARNING)
+    for ratio in (0.87, 0.95, 1.0):
+        probe.ratio = ratio
+        report = s.cleanup.clean_once()
+        assert report.deleted_commit_log_files == 0 and report.deleted_consume_queue_files == 0
+    assert [f.path for f in s.commit_log.files.files] == files
+    assert s.get_message("g", "E", 0, 0).status is GetStatus.FOUND  # the oldest message is still there
+    assert not s.is_writable() and s.disk_full  # sends are refused instead
+    said = [r.getMessage() for r in caplog.records if "clean_file_forcibly_enable is off" in r.getMessage()]
+    assert len(said) == 1, said
+    probe.ratio = 0.5
+    s.cleanup.clean_once()
+    assert s.is_writable() and not s.disk_full
+
+
+def test_disk_ratio_over_85_deletes_even_unexpired_files_when_enabled(
+    make_store: Callable[..., MessageStore],
+) -> None:
+    """clean_file_forcibly_enable: RocketMQ's forced cleaning, which deletes unexpired (unconsumed) messages."""
+    probe = DiskProbe()
+    s = make_store(file_reserved_time_hours=72, delete_when="", disk_usage_probe=probe, delete_files_batch_max=2,
+                   clean_file_forcibly_enable=True)  # fmt: skip
     _fill(s)
     n_files = len(s.commit_log.files.files)
     assert s.cleanup is not None
@@ -95,7 +127,7 @@ def test_writes_refused_over_90_and_accepted_after_freeing(make_store: Callable[
     assert s.cleanup is not None
     probe.ratio = 0.95
     report = s.cleanup.clean_once()
-    assert report.disk_full and report.deleted_commit_log_files == 1  # forced cleaning runs too
+    assert report.disk_full and report.deleted_commit_log_files == 0  # forced cleaning is off by default
     assert not s.is_writable()
     refused = s.put_message("E", 0, b"no room")
     assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE and "90%" in refused.error

@@ -247,7 +247,7 @@ def test_dispatch_errors_back_off(
 ) -> None:
     """A consume-queue file that cannot be created (ENOSPC) lasts: the service retried every 1 ms interval and
     logged an error each time (about a thousand lines a second, onto the full disk)."""
-    s = make_store(dispatch_interval_ms=1)
+    s = make_store(dispatch_interval_ms=1, disk_reserve_bytes=0)  # with one, the refusal names the reserve used
     create = s.queues.find_or_create
 
     def disk_full(topic: str, queue_id: int) -> ConsumeQueue:
@@ -270,7 +270,7 @@ def test_puts_are_refused_while_dispatch_fails(
 ) -> None:
     """While consume queues cannot be written, the store acknowledged puts that no consumer could see (as
     RocketMQ's logic-queue error bit, it now refuses them) and takes writes again once a dispatch pass works."""
-    s = make_store(dispatch_interval_ms=1)
+    s = make_store(dispatch_interval_ms=1, disk_reserve_bytes=0)  # with one, the refusal names the reserve used
     create = s.queues.find_or_create
 
     def disk_full(topic: str, queue_id: int) -> ConsumeQueue:

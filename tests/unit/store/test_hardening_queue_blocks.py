@@ -66,7 +66,8 @@ def test_a_full_disk_at_a_reservation_refuses_writes_until_space_is_back(
 ) -> None:
     """ENOSPC reserving consume-queue blocks is a system call's error (never a SIGBUS on a mapped page): dispatch
     backs off, the store refuses puts meanwhile, and everything is dispatched once space is back."""
-    store = make_store(mapped_file_size_consume_queue=CQ_FILE_BYTES, dispatch_interval_ms=1)
+    # No disk reserve: with one, the refusal names the reserve given back (test_full_disk.py)
+    store = make_store(mapped_file_size_consume_queue=CQ_FILE_BYTES, dispatch_interval_ms=1, disk_reserve_bytes=0)
     store.faults.fail_allocations(errno.ENOSPC, kind="consumequeue")
     assert store.put_message("Full", 0, b"acknowledged").ok
     deadline = time.monotonic() + 10
