@@ -206,12 +206,13 @@ BROKER: dict[str, Requirement] = {
     "GetQueueOffsets": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
     "SearchOffsetByTimestamp": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
     "QueryMessageByKey": Row(on(Op.QUERY_MESSAGES, lambda r, _: {"topic": r.topic})),
+    # Decided by the handler on the entry it read (operations.py); previewed here through the lookup.
     "ViewMessageById": Row(on(Op.VIEW_MESSAGE, lambda r, lookup: {"topic": lookup.message_topic(r.msg_id)})),
     "CreateTopic": Row(on(Op.CREATE_TOPIC, lambda r, _: {"name": r.topic})),
     "DeleteTopic": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
     "ListTopics": Row(on(Op.LIST_RESOURCES)),
     "GetTopicRoute": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
-    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group})),
+    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group, "topics": list(r.subscriptions)})),
     "GetConsumerList": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
     "GetConsumerLag": Row(on(Op.GROUP_LAG, lambda r, _: {"group": r.consumer_group, "topic": r.topic})),
     "GetBrokerStats": Row(on(Op.CLUSTER_STATS)),
@@ -239,7 +240,9 @@ BROKER: dict[str, Requirement] = {
     "AckMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
     "ChangeInvisibleTime": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
     "ListGroups": Row(on(Op.LIST_RESOURCES)),
-    "ResetConsumerOffsets": Row(on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group})),
+    "ResetConsumerOffsets": Row(
+        on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group, "topics": [o.topic for o in r.offsets]})
+    ),
     "CreateUser": SUPER_ONLY,
     "UpdateUser": SUPER_ONLY,
     "DeleteUser": SUPER_ONLY,

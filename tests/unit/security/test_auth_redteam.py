@@ -5,12 +5,15 @@ attacker's retry and dead-letter topics hold nothing copied, the victim's pop st
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import grpc
 import pytest
-from auth_process import ROOT, Secured, start_secured, v2_refused
+from auth_process import ROOT, SETTINGS, Secured, start_secured, v2_refused
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
@@ -18,8 +21,11 @@ from broker.client import Message, encode_message
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
 from broker.errors import BrokerError, InvalidReceiptHandleError, MessageIllegalError, NoPermissionError
+from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
+from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC
+from broker.server.process import BrokerProcess
 from broker.store.message import Prop
 
 # The first delay level is 1 s (message_delay_level's default): a forged delivery would land within that.
@@ -58,8 +64,10 @@ def test_a_delayed_or_timed_send_cannot_name_where_the_broker_delivers_it(broker
     forged = {Prop.REAL_TOPIC: victim, Prop.REAL_QID: "0"}
     send_props(broker, own, {**forged, Prop.DELAY: "1"}, attacker)
     send_props(broker, own, {**forged, Prop.TIMER_DELAY_MS: "200"}, attacker)
-    batch = b"".join(encode_message(Message(own, b"forged %d" % i, properties=p), 0)
-                     for i, p in enumerate(({**forged, Prop.DELAY: "1"}, {**forged, Prop.TIMER_DELAY_MS: "200"})))
+    batch = b"".join(
+        encode_message(Message(own, b"forged %d" % i, properties=p), 0)
+        for i, p in enumerate(({**forged, Prop.DELAY: "1"}, {**forged, Prop.TIMER_DELAY_MS: "200"}))
+    )
     broker.call("SendBatch", pb.SendBatchRequest(entries=batch, count=2), attacker)
     _wait_stored(broker, own, 4, timeout_s=10 * FIRST_LEVEL_S)  # all four delivered, into the sender's topic
     assert broker.max_offset(victim) == 0
@@ -116,9 +124,10 @@ def test_a_receipt_handle_of_another_groups_pop_moves_nothing(broker: Secured) -
     acked = broker.call("AckMessage", pb.AckMessageRequest(consumer_group=own_group, topic=own_topic,
                                                            receipt_handles=[handle]), attacker)  # fmt: skip
     assert acked.errors[0]  # refused, not acked
+    change = pb.ChangeInvisibleTimeRequest(consumer_group=own_group, topic=own_topic, receipt_handle=handle,
+                                           invisible_time_ms=0)  # fmt: skip
     with pytest.raises(InvalidReceiptHandleError):
-        broker.call("ChangeInvisibleTime", pb.ChangeInvisibleTimeRequest(
-            consumer_group=own_group, topic=own_topic, receipt_handle=handle, invisible_time_ms=0), attacker)  # fmt: skip
+        broker.call("ChangeInvisibleTime", change, attacker)
     forward = v2s.ForwardMessageToDeadLetterQueueRequest(
         group=v2.Resource(name=own_group), topic=v2.Resource(name=own_topic), receipt_handle=handle,
         message_id="x", delivery_attempt=1, max_delivery_attempts=1)  # fmt: skip
@@ -133,3 +142,79 @@ def test_a_receipt_handle_of_another_groups_pop_moves_nothing(broker: Secured) -
                                                           receipt_handles=[handle]), ROOT)  # fmt: skip
     assert list(mine.errors) == [""]
 
+
+# ---------------------------------------------------------------------------------------- a group's view of topics
+def _lagged_topics(broker: Secured, group: str, creds: Credentials) -> set[str]:
+    answer = broker.call("GetConsumerLag", pb.GetConsumerLagRequest(consumer_group=group), creds)
+    return {q.topic for q in answer.queues}
+
+
+def test_a_groups_right_does_not_show_the_offsets_of_a_topic_the_caller_may_not_read(broker: Secured) -> None:
+    """A right on one's own group is no right on the topics it names: a heartbeat subscribing another topic, a
+    reset of the group's offsets on it, and the lag of "every topic of the group" would each tell (or set) what a
+    read of that topic's offsets needs a right on the topic for (Kafka asks Read on the topic for each)."""
+    victim, own, group = broker.topic(unique("VictimT")), broker.topic(unique("AttT")), unique("AttG")
+    for i in range(3):
+        broker.send(victim, b"victim %d" % i)
+    attacker = broker.user((f"Group:{group}", "Sub,Update"), (f"Topic:{own}", "Sub"))
+    with pytest.raises(NoPermissionError, match=f"lacks Sub on Topic:{victim}"):
+        broker.call("Heartbeat", pb.HeartbeatRequest(client_id="att-1", consumer_group=group,
+                                                     subscriptions={own: "*", victim: "*"}), attacker)  # fmt: skip
+    assert broker.call("GetConsumerList", pb.GetConsumerListRequest(consumer_group=group)).client_ids == []
+    reset = pb.ResetConsumerOffsetsRequest(consumer_group=group, offsets=[pb.QueueOffset(topic=victim, offset=1)])
+    with pytest.raises(NoPermissionError, match=f"lacks .* on Topic:{victim}"):
+        broker.call("ResetConsumerOffsets", reset, attacker)
+    committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(consumer_group=group, topic=victim,
+                                                                                 queue_id=-1))  # fmt: skip
+    assert list(committed.offsets) == []
+    # the group has offsets on both (another member of it reads the victim's topic): the attacker's lag of the
+    # whole group shows its own topic only; the super user's shows both
+    broker.call("UpdateConsumerOffsets", pb.UpdateConsumerOffsetsRequest(consumer_group=group, offsets=[
+        pb.QueueOffset(topic=victim, offset=1), pb.QueueOffset(topic=own, offset=0)]))  # fmt: skip
+    assert _lagged_topics(broker, group, attacker) == {own}
+    assert _lagged_topics(broker, group, ROOT) == {own, victim}
+    # the rights on the topic too: what a consumer of both holds
+    consumer = broker.user((f"Group:{group}", "Sub,Update"), (f"Topic:{own}", "Sub"), (f"Topic:{victim}", "Sub"))
+    broker.call("ResetConsumerOffsets", reset, consumer)  # (refused while the group has live consumers)
+    broker.call("Heartbeat", pb.HeartbeatRequest(client_id="att-2", consumer_group=group,
+                                                 subscriptions={own: "*", victim: "*"}), consumer)  # fmt: skip
+    assert _lagged_topics(broker, group, consumer) == {own, victim}
+
+
+# ------------------------------------------------------------------------------------------------ check-backs
+def _checks(broker: Secured, group: str, creds: Credentials, listen_s: float) -> list[str]:
+    """The transaction ids a producer's check stream receives in ``listen_s``."""
+    ids = []
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        stream = pb_grpc.BrokerStub(channel).TransactionCheckStream(
+            pb.TransactionCheckSubscribe(producer_group=group, client_id=f"checks-{creds.access_key}"),
+            metadata=creds.metadata(), timeout=listen_s)  # fmt: skip
+        try:
+            for check in stream:
+                ids.append(check.transaction_id)
+        except grpc.RpcError as e:
+            assert e.code() is grpc.StatusCode.DEADLINE_EXCEEDED, e  # type: ignore[attr-defined]
+    return ids
+
+
+def test_a_check_back_goes_only_to_a_producer_that_may_publish_to_the_halfs_topic(tmp_path: Path) -> None:
+    """A check-back carries the half's body: a right on a producer group that several producers share is no right
+    to the topics the others write. (A RocketMQ 5 producer's Telemetry stream is held to the same rule.)"""
+    config = tmp_path / "broker.json"
+    # checked back every 0.2 s once idle 0.2 s, never rolled back during the test
+    quick = {**SETTINGS, "transaction_timeout_ms": 200, "transaction_check_interval_ms": 200,
+             "transaction_check_max": 10_000}  # fmt: skip
+    write_private(config, json.dumps(quick).encode())
+    proc = BrokerProcess(tmp_path / "store", config=config, log_level="WARNING").start()
+    try:
+        broker = Secured(proc)
+        topic, txn_id = broker.topic(unique("VictimT")), unique("victim-txn-")
+        broker.open_transaction(topic, "SharedP", txn_id)
+        attacker = broker.user(("Group:SharedP", "Pub"), (f"Topic:{unique('AttT')}", "Pub"))
+        assert txn_id not in _checks(broker, "SharedP", attacker, listen_s=2.0)  # about ten checks went by
+        producer = broker.user(("Group:SharedP", "Pub"), (f"Topic:{topic}", "Pub"))
+        assert txn_id in _checks(broker, "SharedP", producer, listen_s=2.0)
+        info = broker.transaction(txn_id)
+        assert info is not None and info.status == "OPEN"
+    finally:
+        assert proc.stop() == 0, "\n".join(proc.output)
