@@ -218,3 +218,27 @@ def test_a_check_back_goes_only_to_a_producer_that_may_publish_to_the_halfs_topi
         assert info is not None and info.status == "OPEN"
     finally:
         assert proc.stop() == 0, "\n".join(proc.output)
+
+
+# ------------------------------------------------------------------------------------------------ administration
+def test_rights_on_every_topic_and_group_do_not_reach_system_topics_or_another_groups_retry_topics(
+    broker: Secured,
+) -> None:
+    """Create and Delete on ``Topic:*`` are rights on the users' topics: a system topic is the broker's (deleting
+    the schedule topic would drop every pending delay) and a group's retry topic is decided as that group."""
+    admin = broker.user(("Topic:*", "Create,Delete"))
+    pending = broker.max_offset(SCHEDULE_TOPIC)
+    for system in (SCHEDULE_TOPIC, TIMER_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_made_up"):
+        with pytest.raises(BrokerError, match="system topic"):
+            broker.call("DeleteTopic", pb.DeleteTopicRequest(topic=system), admin)
+        with pytest.raises(BrokerError, match="system topic"):
+            broker.call("CreateTopic", pb.CreateTopicRequest(topic=system, queue_nums=1), admin)
+    group = unique("VictimG")
+    broker.call("Heartbeat", pb.HeartbeatRequest(client_id="victim-1", consumer_group=group))  # makes %RETRY%G
+    for name in (f"%RETRY%{group}", f"%DLQ%{group}"):
+        with pytest.raises(NoPermissionError, match=f"lacks Delete on Topic:{name}"):
+            broker.call("DeleteTopic", pb.DeleteTopicRequest(topic=name), admin)
+    still = broker.call("GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=f"%RETRY%{group}"))
+    assert len(still.queues) > 0
+    assert broker.max_offset(SCHEDULE_TOPIC) == pending
+    assert broker.max_offset("rmq_sys_made_up") == 0
