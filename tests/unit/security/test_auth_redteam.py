@@ -20,7 +20,7 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 from broker.client import Message, encode_message
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
-from broker.errors import BrokerError, InvalidReceiptHandleError, MessageIllegalError, NoPermissionError
+from broker.errors import BrokerError, InvalidReceiptHandleError, MessageIllegalError, NoPermissionError, ResponseCode
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
@@ -242,3 +242,28 @@ def test_rights_on_every_topic_and_group_do_not_reach_system_topics_or_another_g
     assert len(still.queues) > 0
     assert broker.max_offset(SCHEDULE_TOPIC) == pending
     assert broker.max_offset("rmq_sys_made_up") == 0
+
+
+# ------------------------------------------------------------------------------------------------ streams
+def test_a_pull_stream_switching_to_another_topic_is_refused_for_that_request(broker: Secured) -> None:
+    """A PullStream is authenticated once; each request is the PullMessage call it stands for, decided with the
+    stream's caller: a request naming another topic (with the caller's own group) or another group is refused,
+    and commits nothing, while the stream serves the caller's own."""
+    victim, own, group = broker.topic(unique("VictimT")), broker.topic(unique("AttT")), unique("AttG")
+    broker.send(victim, b"the victim's secret body")
+    broker.send(own, b"mine")
+    attacker = broker.user((f"Topic:{own}", "Sub"), (f"Group:{group}", "Sub"))
+    requests = [pb.PullRequest(consumer_group=group, topic=own, queue_id=0, max_msgs=8),
+                pb.PullRequest(consumer_group=group, topic=victim, queue_id=0, max_msgs=8, commit_offset=1),
+                pb.PullRequest(consumer_group=unique("VictimG"), topic=own, queue_id=0, max_msgs=8),
+                pb.PullRequest(consumer_group=group, topic=f"%RETRY%{unique('VictimG')}", queue_id=0),
+                pb.PullRequest(consumer_group=group, topic=own, queue_id=0, max_msgs=8)]  # fmt: skip
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        answers = list(pb_grpc.BrokerStub(channel).PullStream(iter(requests), metadata=attacker.metadata(),
+                                                             timeout=10))  # fmt: skip
+    assert [a.code for a in answers] == [0, ResponseCode.NO_PERMISSION, ResponseCode.NO_PERMISSION,
+                                         ResponseCode.NO_PERMISSION, 0]  # fmt: skip
+    assert len(answers[0].response.entry_positions) == 1 and len(answers[4].response.entry_positions) == 1
+    committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(consumer_group=group, topic=victim,
+                                                                                 queue_id=-1))  # fmt: skip
+    assert list(committed.offsets) == []
