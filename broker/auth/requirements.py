@@ -17,8 +17,9 @@ The rules, the way RocketMQ 5.3 and Kafka put them:
   joining, ending and checking a group's transactions is that right (Kafka's Write on the transactional id),
   decided on the group the transaction was recorded under when it was opened, whatever group a later request
   names. RocketMQ 5 clients name no producer group; their transactions are recorded under the topic's name.
-* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks and a group's
-  retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G`` to ``Group:G``). A send-back needs
+* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks, a
+  heartbeat's subscriptions and a group's retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G``
+  to ``Group:G``); resetting a group's offsets also needs a read right on each topic reset. A send-back needs
   Sub on the group and on the topic of the stored message it copies.
 * Reading a topic's offsets and routes needs any of Pub, Sub or Get on it: producers, consumers and tools all do
   (a system topic's: super users only).

@@ -267,3 +267,18 @@ def test_a_pull_stream_switching_to_another_topic_is_refused_for_that_request(br
     committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(consumer_group=group, topic=victim,
                                                                                  queue_id=-1))  # fmt: skip
     assert list(committed.offsets) == []
+
+
+def test_a_half_whose_id_comes_from_its_uniq_key_joins_no_one_elses_transaction(broker: Secured) -> None:
+    """A transactional send with no transaction id takes its UNIQ_KEY as the id (RocketMQ): a key naming another
+    producer's open transaction is a join, decided on that transaction's group."""
+    victim_topic, own = broker.topic(unique("VictimT")), broker.topic(unique("AttT"))
+    txn_id = unique("victim-txn-")
+    broker.open_transaction(victim_topic, "VictimP", txn_id)
+    attacker = broker.user((f"Topic:{own}", "Pub"), ("Group:AttackerP", "Pub"))
+    with pytest.raises(NoPermissionError, match="lacks Pub on Group:VictimP"):
+        broker.call("SendMessage", pb.SendMessageRequest(topic=own, queue_id=0, body=b"x", producer_group="AttackerP",
+                                                         transactional=True,
+                                                         properties={Prop.UNIQ_KEY: txn_id}), attacker)  # fmt: skip
+    info = broker.transaction(txn_id)
+    assert info is not None and info.status == "OPEN" and info.half_count == 1
