@@ -20,13 +20,20 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 from broker.client import Message, encode_message
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
-from broker.errors import BrokerError, InvalidReceiptHandleError, MessageIllegalError, NoPermissionError, ResponseCode
+from broker.errors import (
+    BrokerError,
+    InvalidReceiptHandleError,
+    MessageIllegalError,
+    NoPermissionError,
+    QueryNotFoundError,
+    ResponseCode,
+)
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.semantics.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.server.process import BrokerProcess
-from broker.store.message import Prop
+from broker.store.message import Prop, msg_id_at
 
 # The first delay level is 1 s (message_delay_level's default): a forged delivery would land within that.
 FIRST_LEVEL_S = 1.0
@@ -282,3 +289,25 @@ def test_a_half_whose_id_comes_from_its_uniq_key_joins_no_one_elses_transaction(
                                                          properties={Prop.UNIQ_KEY: txn_id}), attacker)  # fmt: skip
     info = broker.transaction(txn_id)
     assert info is not None and info.status == "OPEN" and info.half_count == 1
+
+
+# ------------------------------------------------------------------------------------------------ deleted topics
+def test_a_topic_made_again_under_a_deleted_ones_name_does_not_open_the_deleted_messages(broker: Secured) -> None:
+    """A deleted topic's messages stay in the commit log until it expires: a right on a new topic of the same name
+    (given to someone else, later) is no right to them, by id or by a send-back of their offset, as a query by
+    key already skips them."""
+    name, group = unique("ReusedT"), unique("NewG")
+    broker.topic(name)
+    old = broker.send(name, b"the deleted topic's secret body")
+    broker.call("DeleteTopic", pb.DeleteTopicRequest(topic=name))
+    broker.topic(name)
+    newcomer = broker.user((f"Topic:{name}", "Sub"), (f"Group:{group}", "Sub"))
+    offset = old.commitlog_offsets[0]
+    with pytest.raises(QueryNotFoundError):
+        broker.call("ViewMessageById", pb.ViewMessageByIdRequest(msg_id=msg_id_at(old.msg_id_prefix, offset)),
+                    newcomer)  # fmt: skip
+    for target in ({"commitlog_offset": offset}, {"msg_id": msg_id_at(old.msg_id_prefix, offset)}):
+        with pytest.raises(QueryNotFoundError):
+            broker.call("ConsumerSendMsgBack", pb.ConsumerSendMsgBackRequest(consumer_group=group, delay_level=-1,
+                                                                             **target), newcomer)  # fmt: skip
+    assert broker.max_offset(f"%DLQ%{group}") == 0 and broker.max_offset(f"%RETRY%{group}") == 0
