@@ -311,3 +311,19 @@ def test_a_topic_made_again_under_a_deleted_ones_name_does_not_open_the_deleted_
             broker.call("ConsumerSendMsgBack", pb.ConsumerSendMsgBackRequest(consumer_group=group, delay_level=-1,
                                                                              **target), newcomer)  # fmt: skip
     assert broker.max_offset(f"%DLQ%{group}") == 0 and broker.max_offset(f"%RETRY%{group}") == 0
+
+
+def test_a_deleted_topics_pending_delayed_messages_are_not_delivered_into_a_topic_made_again(broker: Secured) -> None:
+    """Messages delayed (by level or by time) for a topic that is then deleted went with it: they are not delivered
+    into a topic made again under its name, where its new readers would get them."""
+    name = unique("ReusedT")
+    broker.topic(name)
+    for delay in ({Prop.DELAY: "1"}, {Prop.TIMER_DELAY_MS: "300"}):
+        send_props(broker, name, delay, ROOT)
+    broker.call("DeleteTopic", pb.DeleteTopicRequest(topic=name))
+    broker.topic(name)
+    control = broker.topic(unique("ControlT"))  # delayed after the first two: delivered once they are due
+    for delay in ({Prop.DELAY: "1"}, {Prop.TIMER_DELAY_MS: "300"}):
+        send_props(broker, control, delay, ROOT)
+    _wait_stored(broker, control, 2, timeout_s=10 * FIRST_LEVEL_S)
+    assert broker.max_offset(name) == 0
