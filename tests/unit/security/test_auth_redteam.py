@@ -327,3 +327,25 @@ def test_a_deleted_topics_pending_delayed_messages_are_not_delivered_into_a_topi
         send_props(broker, control, delay, ROOT)
     _wait_stored(broker, control, 2, timeout_s=10 * FIRST_LEVEL_S)
     assert broker.max_offset(name) == 0
+
+
+
+def test_a_groups_lag_and_reset_do_not_reach_a_system_topics_offsets(broker: Secured) -> None:
+    """A system topic's offsets count what the broker owes (pending delays, open transactions): a user holding every
+    right on every topic and group neither reads them through a group's lag nor sets a group's offsets there."""
+    delayed = broker.topic(unique("DelayedT"))
+    send_props(broker, delayed, {Prop.DELAY: "18"}, ROOT)  # pending for 2 h
+    group = unique("AttG")
+    broker.call("UpdateConsumerOffsets", pb.UpdateConsumerOffsetsRequest(
+        consumer_group=group, offsets=[pb.QueueOffset(topic=delayed, offset=0)]))  # fmt: skip
+    reader = broker.user(("Topic:*", "Sub,Get"), ("Group:*", "Sub,Get,Update"))
+    for system in (SCHEDULE_TOPIC, TIMER_TOPIC):
+        lag = broker.call("GetConsumerLag", pb.GetConsumerLagRequest(consumer_group=group, topic=system), reader)
+        assert list(lag.queues) == []
+        reset = pb.ResetConsumerOffsetsRequest(consumer_group=group, offsets=[pb.QueueOffset(topic=system,
+                                                                                             queue_id=17, offset=1)])
+        with pytest.raises(NoPermissionError, match="system topic"):
+            broker.call("ResetConsumerOffsets", reset, reader)
+        committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(
+            consumer_group=group, topic=system, queue_id=-1))  # fmt: skip
+        assert list(committed.offsets) == []
