@@ -93,6 +93,12 @@ def test_no_send_path_writes_into_a_system_topic(broker: Secured) -> None:
         entry = encode_message(Message(system, b"forged", properties=forged), 0)
         with pytest.raises(BrokerError):
             broker.call("SendBatch", pb.SendBatchRequest(entries=entry, count=1), attacker)
+    # nor, with Pub on every topic, into another group's retry or dead-letter topic (decided as that group)
+    group = unique("VictimG")
+    for name in (f"%RETRY%{group}", f"%DLQ%{group}"):
+        with pytest.raises(NoPermissionError, match=f"lacks Pub on Topic:{name}"):
+            send_props(broker, name, {}, attacker)
+        assert broker.max_offset(name) == 0
     time.sleep(FIRST_LEVEL_S * 1.5)
     assert {t: broker.max_offset(t) for t in before} == before
     assert broker.max_offset(victim) == 0
