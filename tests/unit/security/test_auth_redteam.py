@@ -335,7 +335,6 @@ def test_a_deleted_topics_pending_delayed_messages_are_not_delivered_into_a_topi
     assert broker.max_offset(name) == 0
 
 
-
 def test_a_groups_lag_and_reset_do_not_reach_a_system_topics_offsets(broker: Secured) -> None:
     """A system topic's offsets count what the broker owes (pending delays, open transactions): a user holding every
     right on every topic and group neither reads them through a group's lag nor sets a group's offsets there."""
@@ -348,8 +347,9 @@ def test_a_groups_lag_and_reset_do_not_reach_a_system_topics_offsets(broker: Sec
     for system in (SCHEDULE_TOPIC, TIMER_TOPIC):
         lag = broker.call("GetConsumerLag", pb.GetConsumerLagRequest(consumer_group=group, topic=system), reader)
         assert list(lag.queues) == []
-        reset = pb.ResetConsumerOffsetsRequest(consumer_group=group, offsets=[pb.QueueOffset(topic=system,
-                                                                                             queue_id=17, offset=1)])
+        reset = pb.ResetConsumerOffsetsRequest(
+            consumer_group=group, offsets=[pb.QueueOffset(topic=system, queue_id=17, offset=1)]
+        )
         with pytest.raises(NoPermissionError, match="system topic"):
             broker.call("ResetConsumerOffsets", reset, reader)
         committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(
