@@ -107,9 +107,14 @@ def _read_topic(topics: Iterable[str]) -> list[Need]:
     return [need(CLUSTER, ALL) if is_system_topic(t) else need(topic_r(t), *READ_ANY) for t in dict.fromkeys(topics)]
 
 
+def _topic_offsets(topic: str) -> Need:
+    """Reading where a topic stands for a group (its lag, a reset bounded by its offsets); a system topic's offsets
+    count what the broker owes: super users only, as _read_topic."""
+    return need(CLUSTER, ALL) if is_system_topic(topic) else need(topic_r(topic), SUB, GET, or_cluster=True)
+
+
 def _reset_offsets(group: str, topics: Iterable[str]) -> list[Need]:
-    topic_needs = [need(topic_r(t), SUB, GET, or_cluster=True) for t in dict.fromkeys(topics)]
-    return [need(group_r(group), UPDATE, or_cluster=True), *topic_needs]
+    return [need(group_r(group), UPDATE, or_cluster=True), *(_topic_offsets(t) for t in dict.fromkeys(topics))]
 
 
 def _admin(kind: Callable[[str], Any], *actions: Action) -> Callable[..., list[Need]]:
@@ -203,11 +208,10 @@ RULES: dict[Operation, Rule] = {
     Operation.GROUP_LAG: Rule(
         ("group", "topic"),
         lambda group, topic: (
-            [need(group_r(group), SUB, GET, or_cluster=True)]
-            + ([need(topic_r(topic), SUB, GET, or_cluster=True)] if topic else [])
+            [need(group_r(group), SUB, GET, or_cluster=True)] + ([_topic_offsets(topic)] if topic else [])
         ),
         False,
-        "Sub or Get on the group and the topic (or on the Cluster)",
+        "Sub or Get on the group and the topic (or on the Cluster; a system topic: super users only)",
     ),
     Operation.CREATE_TOPIC: Rule(("name",), _admin(topic_r, CREATE), False, "Create on the topic (or the Cluster)"),
     Operation.DELETE_TOPIC: Rule(("name",), _admin(topic_r, DELETE), False, "Delete on the topic (or the Cluster)"),
@@ -225,7 +229,7 @@ RULES: dict[Operation, Rule] = {
         ("name", "topics"),
         lambda name, topics=(): _reset_offsets(name, topics),
         False,
-        "Update on the group and Sub or Get on each topic reset (or the Cluster)",
+        "Update on the group and Sub or Get on each topic reset (or the Cluster; a system topic: super users only)",
     ),
     Operation.SUPER_USER: Rule((), lambda: [need(CLUSTER, ALL)], False, "super users only"),
     Operation.READ_ROUTES: Rule((), lambda: [], False, "nothing: no credentials needed (name server routes)"),

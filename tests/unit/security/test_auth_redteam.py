@@ -339,18 +339,19 @@ def test_a_groups_lag_and_reset_do_not_reach_a_system_topics_offsets(broker: Sec
     """A system topic's offsets count what the broker owes (pending delays, open transactions): a user holding every
     right on every topic and group neither reads them through a group's lag nor sets a group's offsets there."""
     delayed = broker.topic(unique("DelayedT"))
-    send_props(broker, delayed, {Prop.DELAY: "18"}, ROOT)  # pending for 2 h
+    send_props(broker, delayed, {Prop.DELAY: "18"}, ROOT)  # pending for 2 h: the schedule topic's offsets count it
+    assert broker.max_offset(SCHEDULE_TOPIC) > 0  # (the super user's look registers it in the topic table)
     group = unique("AttG")
     broker.call("UpdateConsumerOffsets", pb.UpdateConsumerOffsetsRequest(
         consumer_group=group, offsets=[pb.QueueOffset(topic=delayed, offset=0)]))  # fmt: skip
     reader = broker.user(("Topic:*", "Sub,Get"), ("Group:*", "Sub,Get,Update"))
     for system in (SCHEDULE_TOPIC, TIMER_TOPIC):
-        lag = broker.call("GetConsumerLag", pb.GetConsumerLagRequest(consumer_group=group, topic=system), reader)
-        assert list(lag.queues) == []
+        with pytest.raises(NoPermissionError, match="lacks All on Cluster"):
+            broker.call("GetConsumerLag", pb.GetConsumerLagRequest(consumer_group=group, topic=system), reader)
         reset = pb.ResetConsumerOffsetsRequest(
             consumer_group=group, offsets=[pb.QueueOffset(topic=system, queue_id=17, offset=1)]
         )
-        with pytest.raises(NoPermissionError, match="system topic"):
+        with pytest.raises(NoPermissionError, match="lacks All on Cluster"):
             broker.call("ResetConsumerOffsets", reset, reader)
         committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(
             consumer_group=group, topic=system, queue_id=-1))  # fmt: skip
