@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.auth.caller import Address, require
+from broker.auth.caller import Address, current_caller, require
 from broker.auth.policy import CLUSTER, Action, Entry, Need, allows, need
 from broker.auth.policy import group as group_r
 from broker.auth.policy import topic as topic_r
@@ -107,6 +107,16 @@ def _read_topic(topics: Iterable[str]) -> list[Need]:
     return [need(CLUSTER, ALL) if is_system_topic(t) else need(topic_r(t), *READ_ANY) for t in dict.fromkeys(topics)]
 
 
+def _topic_offsets(topic: str) -> Need:
+    """Reading where a topic stands for a group (its lag, a reset bounded by its offsets); a system topic's offsets
+    count what the broker owes: super users only, as _read_topic."""
+    return need(CLUSTER, ALL) if is_system_topic(topic) else need(topic_r(topic), SUB, GET, or_cluster=True)
+
+
+def _reset_offsets(group: str, topics: Iterable[str]) -> list[Need]:
+    return [need(group_r(group), UPDATE, or_cluster=True), *(_topic_offsets(t) for t in dict.fromkeys(topics))]
+
+
 def _admin(kind: Callable[[str], Any], *actions: Action) -> Callable[..., list[Need]]:
     return lambda name: [need(kind(name), *actions, or_cluster=True)]
 
@@ -169,8 +179,13 @@ RULES: dict[Operation, Rule] = {
         True,
         "Sub on the group and on the stored message's own topic",
     ),
+    # A consumer's subscriptions are what its group then reports (its lag, its topics): joining with a topic takes
+    # the right to read it, as a RocketMQ 5 consumer's settings do (SUBSCRIBER_SETTINGS).
     Operation.HEARTBEAT: Rule(
-        ("group",), lambda group: [need(group_r(group), SUB)] if group else [], False, "Sub on the group (if any)"
+        ("group", "topics"),
+        lambda group, topics=(): _consume(group, topics) if group else [],
+        False,
+        "Sub on the group and on each topic subscribed (a heartbeat naming no group: nothing)",
     ),
     Operation.READ_TOPIC: Rule(
         ("topics",), _read_topic, False, "Pub, Sub or Get on the topic (a system topic: super users only)"
@@ -178,23 +193,25 @@ RULES: dict[Operation, Rule] = {
     Operation.QUERY_MESSAGES: Rule(
         ("topic",), lambda topic: [need(topic_r(topic), SUB, GET)], False, "Sub or Get on the topic"
     ),
+    # Decided on the entry the handler read, not on a preview: an id naming an offset nothing is stored at yet
+    # previews no topic, and the message stored there a moment later must not pass unchecked.
     Operation.VIEW_MESSAGE: Rule(
         ("topic",),
         lambda topic: [need(topic_r(topic), SUB, GET)] if topic else [],
-        False,
+        True,
         "Sub or Get on the stored message's own topic",
     ),
     Operation.READ_GROUP: Rule(
         ("group",), lambda group: [need(group_r(group), SUB, GET)], False, "Sub or Get on the group"
     ),
+    # A lag of every topic of the group (no topic named) shows only the topics this rule allows (admin_processor).
     Operation.GROUP_LAG: Rule(
         ("group", "topic"),
         lambda group, topic: (
-            [need(group_r(group), SUB, GET, or_cluster=True)]
-            + ([need(topic_r(topic), SUB, GET, or_cluster=True)] if topic else [])
+            [need(group_r(group), SUB, GET, or_cluster=True)] + ([_topic_offsets(topic)] if topic else [])
         ),
         False,
-        "Sub or Get on the group and the topic (or on the Cluster)",
+        "Sub or Get on the group and the topic (or on the Cluster; a system topic: super users only)",
     ),
     Operation.CREATE_TOPIC: Rule(("name",), _admin(topic_r, CREATE), False, "Create on the topic (or the Cluster)"),
     Operation.DELETE_TOPIC: Rule(("name",), _admin(topic_r, DELETE), False, "Delete on the topic (or the Cluster)"),
@@ -206,7 +223,14 @@ RULES: dict[Operation, Rule] = {
     Operation.UPDATE_GROUP_SETTINGS: Rule(
         ("name",), _admin(group_r, CREATE, UPDATE), False, "Create or Update on the group (or the Cluster)"
     ),
-    Operation.RESET_OFFSETS: Rule(("name",), _admin(group_r, UPDATE), False, "Update on the group (or the Cluster)"),
+    # Setting a group's offsets on a topic is reading where that topic stands (the reset is bounded by its offsets):
+    # a right to read the topic too, as Kafka asks Read on the topic of each offset committed.
+    Operation.RESET_OFFSETS: Rule(
+        ("name", "topics"),
+        lambda name, topics=(): _reset_offsets(name, topics),
+        False,
+        "Update on the group and Sub or Get on each topic reset (or the Cluster; a system topic: super users only)",
+    ),
     Operation.SUPER_USER: Rule((), lambda: [need(CLUSTER, ALL)], False, "super users only"),
     Operation.READ_ROUTES: Rule((), lambda: [], False, "nothing: no credentials needed (name server routes)"),
     Operation.LEAVE_GROUP: Rule(
@@ -235,6 +259,13 @@ def check(access_key: str, entries: tuple[Entry, ...], source: Address | None, n
     for n in needs:
         if not allows(entries, n, source):
             raise NoPermissionError(f"user {access_key!r} lacks {n.describe()}")
+
+
+def allowed(operation: Operation, **objects: Any) -> bool:
+    """Whether the running call's caller may do ``operation`` on ``objects``, without refusing: for an answer that
+    leaves out what the caller may not see (a group's lag over every topic it has offsets on)."""
+    caller = current_caller()
+    return caller is None or all(caller.allows(n) for n in needs_of(operation, **objects))
 
 
 def authorize(operation: Operation, **objects: Any) -> None:

@@ -17,8 +17,9 @@ The rules, the way RocketMQ 5.3 and Kafka put them:
   joining, ending and checking a group's transactions is that right (Kafka's Write on the transactional id),
   decided on the group the transaction was recorded under when it was opened, whatever group a later request
   names. RocketMQ 5 clients name no producer group; their transactions are recorded under the topic's name.
-* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks and a group's
-  retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G`` to ``Group:G``). A send-back needs
+* Consuming needs Sub on the topic and Sub on the group (Kafka: Read on both); offsets, locks, acks, a
+  heartbeat's subscriptions and a group's retry and dead-letter topics follow (policy.py maps ``%RETRY%G``/``%DLQ%G``
+  to ``Group:G``); resetting a group's offsets also needs a read right on each topic reset. A send-back needs
   Sub on the group and on the topic of the stored message it copies.
 * Reading a topic's offsets and routes needs any of Pub, Sub or Get on it: producers, consumers and tools all do
   (a system topic's: super users only).
@@ -206,12 +207,13 @@ BROKER: dict[str, Requirement] = {
     "GetQueueOffsets": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
     "SearchOffsetByTimestamp": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
     "QueryMessageByKey": Row(on(Op.QUERY_MESSAGES, lambda r, _: {"topic": r.topic})),
+    # Decided by the handler on the entry it read (operations.py); previewed here through the lookup.
     "ViewMessageById": Row(on(Op.VIEW_MESSAGE, lambda r, lookup: {"topic": lookup.message_topic(r.msg_id)})),
     "CreateTopic": Row(on(Op.CREATE_TOPIC, lambda r, _: {"name": r.topic})),
     "DeleteTopic": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
     "ListTopics": Row(on(Op.LIST_RESOURCES)),
     "GetTopicRoute": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
-    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group})),
+    "Heartbeat": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group, "topics": list(r.subscriptions)})),
     "GetConsumerList": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
     "GetConsumerLag": Row(on(Op.GROUP_LAG, lambda r, _: {"group": r.consumer_group, "topic": r.topic})),
     "GetBrokerStats": Row(on(Op.CLUSTER_STATS)),
@@ -239,7 +241,9 @@ BROKER: dict[str, Requirement] = {
     "AckMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
     "ChangeInvisibleTime": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
     "ListGroups": Row(on(Op.LIST_RESOURCES)),
-    "ResetConsumerOffsets": Row(on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group})),
+    "ResetConsumerOffsets": Row(
+        on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group, "topics": [o.topic for o in r.offsets]})
+    ),
     "CreateUser": SUPER_ONLY,
     "UpdateUser": SUPER_ONLY,
     "DeleteUser": SUPER_ONLY,

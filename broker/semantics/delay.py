@@ -386,6 +386,10 @@ class ScheduleMessageService:
             log.error("scheduled message %s has no valid REAL_TOPIC/REAL_QID (%r, %r); skipped", msg.msg_id,
                       real_topic, real_qid)  # fmt: skip
             return True
+        if self.store.deleted_generation(real_topic, msg.commitlog_offset):
+            # delayed before its topic was deleted: it went with it (a topic made again under the name is another)
+            log.info("scheduled message %s: topic %r was deleted since; dropped", msg.msg_id, real_topic)
+            return True
         try:
             res = self.store.put_message(
                 real_topic,

@@ -73,7 +73,7 @@ class RetryService:
             else self.store.view_by_msg_id(msg_id)  # type: ignore[arg-type]
         )
         where = f"commit-log offset {commitlog_offset}" if commitlog_offset is not None else f"msgId {msg_id}"
-        if msg is None:
+        if msg is None or self.store.deleted_generation(msg.topic, msg.commitlog_offset):  # (by id: checked there)
             raise QueryNotFoundError(f"no message at {where} (expired, or a wrong id); nothing was sent back")
         # Only what consumers were given may come back: a half message (open or rolled back), a pending delayed
         # one or a transaction decision copied to %RETRY% would deliver what was never delivered.

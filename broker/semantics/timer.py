@@ -377,6 +377,10 @@ class TimerService:
             log.error("timer message %s has no valid REAL_TOPIC/REAL_QID (%r, %r); skipped", msg.msg_id, real_topic,
                       real_qid)  # fmt: skip
             return True
+        if self.store.deleted_generation(real_topic, msg.commitlog_offset):
+            # timed before its topic was deleted: it went with it (a topic made again under the name is another)
+            log.info("timer message %s: topic %r was deleted since; dropped", msg.msg_id, real_topic)
+            return True
         ip, _, port = msg.born_host.rpartition(":")
         res = self.store.put_message(
             real_topic, int(real_qid), msg.body, msg.properties, flag=msg.flag, sys_flag=msg.sys_flag,

@@ -6,6 +6,7 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from broker.auth.operations import Operation, allowed, authorize
 from broker.errors import InvalidArgumentError, QueryNotFoundError, SubscriptionGroupNotExistError, shown
 from broker.semantics.system_topics import is_system_topic, refuse_system_topic
 from broker.server.consumer_manager import ConsumerManager
@@ -184,10 +185,11 @@ class AdminProcessor:
                 f"consumer group {group!r} has no committed offsets and no live consumers on this broker; "
                 "check the group name (`sluice group lag` needs a group that has consumed or is consuming)"
             )
-        topics = (
-            [topic] if topic else sorted({*self.offsets.topics_of(group), *self.consumers.subscribed_topics(group)})
-        )
-        return self.lags(group, topics)
+        if topic:
+            return self.lags(group, [topic])  # the gate decided the named topic
+        found = sorted({*self.offsets.topics_of(group), *self.consumers.subscribed_topics(group)})
+        # the group's offsets may name topics other members read: only those the caller may read are shown
+        return self.lags(group, [t for t in found if allowed(Operation.GROUP_LAG, group=group, topic=t)])
 
     def lags(self, group: str, topics: Iterable[str]) -> list[QueueLag]:
         """Per-queue lag of ``group`` on ``topics``, unchecked: the metrics gauge asks it of every (group, topic)
@@ -230,7 +232,9 @@ class AdminProcessor:
                 f"no message with id {msg_id} on this broker (expired, or the id came from another broker)"
             )
         topic_at = BODY_START + I32.unpack_from(found, POS_BODY_LENGTH)[0]
-        refuse_system_topic(found[topic_at + 1 : topic_at + 1 + found[topic_at]].decode("ascii", "replace"), "view")
+        topic = found[topic_at + 1 : topic_at + 1 + found[topic_at]].decode("ascii", "replace")
+        authorize(Operation.VIEW_MESSAGE, topic=topic)  # the entry read, whatever the gate previewed
+        refuse_system_topic(topic, "view")
         return found
 
     # ------------------------------------------------------------------------------------------------ stats

@@ -6,6 +6,11 @@ the producer's connection. Here a transactional producer keeps a server-streamin
 the TransactionService's checker puts the check on one of them (round-robin) and returns None ("asked"): the
 producer answers later with ``EndTransaction(from_check=true)``. A group with no live producer is not asked; the
 check still counts, so a transaction whose producer never comes back is rolled back after ``check_max`` checks.
+
+With auth on, a check goes only to a stream whose user, when the check is sent, may end the transaction and publish
+to the half's real topic (the check carries the half's body): a right on a producer group that several producers
+share is no right to read the topics the others write, and a right revoked while the stream is open stops its
+checks (the same rule as a RocketMQ 5 producer's, broker/rmqv2/clients.py).
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from broker.auth import policy
+from broker.auth.caller import Caller, current_caller
+from broker.auth.operations import Operation, needs_of
+from broker.auth.policy import Action, need
 from broker.errors import InvalidArgumentError, SystemBusyError, shown
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import EndResult, TransactionInfo, TransactionService, TxState, TxStatus
 from broker.semantics.send_checks import validate_producer_group
 from broker.server.admin_processor import encode_stored
-from broker.store.message import StoredMessage
+from broker.store.message import Prop, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +55,15 @@ class CheckHub:
         self.max_streams = max_streams
         self._lock = threading.Lock()
         self._streams: dict[str, list[queue.Queue[pb.TransactionCheckRequest | None]]] = {}
+        self._callers: dict[int, Caller] = {}  # id of a stream's queue -> its user (with auth on)
         self._turn = itertools.count()
         self._closed = False
         # The store's entry at a commit-log offset, as stored (set once the store runs): a check carries the half
         # exactly as it lies in the log, as pulls and queries do.
         self.read_entry: Callable[[int], bytes | None] | None = None
 
-    def open(self, group: str) -> queue.Queue[pb.TransactionCheckRequest | None]:
+    def open(self, group: str, caller: Caller | None = None) -> queue.Queue[pb.TransactionCheckRequest | None]:
+        """``caller``: the stream's user, whose rights each check is decided on (module docstring)."""
         q: queue.Queue[pb.TransactionCheckRequest | None] = queue.Queue(MAX_PENDING_CHECKS)
         with self._lock:
             opened = self._open_locked()
@@ -65,6 +76,8 @@ class CheckHub:
             if self._closed:
                 q.put(None)
             self._streams.setdefault(group, []).append(q)
+            if caller is not None:
+                self._callers[id(q)] = caller
         return q
 
     def close_stream(self, group: str, q: queue.Queue[pb.TransactionCheckRequest | None]) -> None:
@@ -72,6 +85,7 @@ class CheckHub:
             streams = self._streams.get(group, [])
             if q in streams:
                 streams.remove(q)
+                self._callers.pop(id(q), None)
             if not streams:
                 self._streams.pop(group, None)
 
@@ -90,9 +104,13 @@ class CheckHub:
     def check(self, group: str, txn_id: str, half: StoredMessage) -> TxState | None:
         """The TransactionService's checker: hand the check to one live producer of the group."""
         with self._lock:
-            streams = list(self._streams.get(group, []))
+            listing = [(self._callers.get(id(q)), q) for q in self._streams.get(group, [])]
+        real_topic = half.properties.get(Prop.REAL_TOPIC) or half.topic  # a half's, or an in-place entry's own
+        needs = [need(policy.topic(real_topic), Action.PUB), *needs_of(Operation.END_TRANSACTION, producer_group=group)]
+        streams = [q for caller, q in listing if caller is None or all(caller.allows(n) for n in needs)]
         if not streams:
-            log.info("transaction %s: no live producer of group %r to check back with", txn_id, group)
+            log.info("transaction %s: no live producer of group %r (allowed to read %r) to check back with", txn_id,
+                     group, real_topic)  # fmt: skip
             return None
         target = streams[next(self._turn) % len(streams)]
         raw = self.read_entry(half.commitlog_offset) if self.read_entry is not None else None
@@ -190,7 +208,7 @@ class TransactionProcessor:
             raise InvalidArgumentError(
                 f"client_id {shown(request.client_id)} is over {MAX_CLIENT_ID_CHARS} characters; it names the producer"
             )
-        q = self.hub.open(request.producer_group)
+        q = self.hub.open(request.producer_group, current_caller())
         log.info("producer %s of %s opened a transaction check stream", request.client_id, request.producer_group)
         stream = self._serve_stream(request, context, q)
         # A call cancelled before gRPC first iterates the stream never runs its ``finally``: the stream is closed

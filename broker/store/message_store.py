@@ -49,10 +49,12 @@ from broker.store.flush import (
 )
 from broker.store.index_file import IndexService
 from broker.store.message import (
+    BODY_START,
     END_FILE_MIN_BLANK_LENGTH,
     I32,
     I64,
     MAX_PROPERTIES_BYTES,
+    POS_BODY_LENGTH,
     POS_PREPARED_TX_OFFSET,
     POS_STORE_HOST,
     POS_SYS_FLAG,
@@ -822,10 +824,20 @@ class MessageStore:
             return None
         if not self.confirmed(parts.commitlog_offset, len(raw)):  # replicas hold it (broker/ha)
             return None
+        topic_at = BODY_START + I32.unpack_from(raw, POS_BODY_LENGTH)[0]
+        if self.deleted_generation(raw[topic_at + 1 : topic_at + 1 + raw[topic_at]].decode("ascii", "replace"),
+                                   parts.commitlog_offset):  # fmt: skip
+            return None
         sys_flag, handle = I32.unpack_from(raw, POS_SYS_FLAG)[0], I64.unpack_from(raw, POS_PREPARED_TX_OFFSET)[0]
         if in_place_transactional(sys_flag, handle):
             return raw if self.decided(decode_entry(raw)) else None
         return raw
+
+    def deleted_generation(self, topic: str, commitlog_offset: int) -> bool:
+        """Whether the entry of ``topic`` at ``commitlog_offset`` was stored before the topic was last deleted: it
+        belongs to no topic any more (a topic made again under the name is another one), so no client reads it by
+        id or offset, as no query by key finds it."""
+        return commitlog_offset < self.deleted_topics.get(topic, -1)
 
     def view_by_msg_id(self, msg_id: str) -> StoredMessage | None:
         raw = self.view_entry_by_msg_id(msg_id)

@@ -245,10 +245,12 @@ def test_the_matrix_covers_every_operation(world: World) -> None:
     assert set(RULES) - ELSEWHERE <= done, sorted(op.value for op in set(RULES) - ELSEWHERE - done)
     resolved = {op for op, rule in RULES.items() if rule.resolved}
     assert resolved == {Operation.END_TRANSACTION, Operation.JOIN_TRANSACTION, Operation.SEND_BACK,
-                        Operation.PUBLISH_BATCH, Operation.PUBLISHER_SETTINGS, Operation.SUBSCRIBER_SETTINGS}
+                        Operation.PUBLISH_BATCH, Operation.PUBLISHER_SETTINGS, Operation.SUBSCRIBER_SETTINGS,
+                        Operation.VIEW_MESSAGE}
     # each resolved operation is reached through each front that has it, aimed at an object the request
     # does not name (AIMED)
     v2 = "/apache.rocketmq.v2.MessagingService/"
     for key in ("/sluice.v1.Broker/EndTransaction", f"{v2}EndTransaction", "/sluice.v1.Broker/SendMessage",
-                "/sluice.v1.Broker/SendBatch", f"{v2}SendMessage", "/sluice.v1.Broker/ConsumerSendMsgBack"):
+                "/sluice.v1.Broker/SendBatch", f"{v2}SendMessage", "/sluice.v1.Broker/ConsumerSendMsgBack",
+                "/sluice.v1.Broker/ViewMessageById"):
         assert key in AIMED
