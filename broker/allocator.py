@@ -4,10 +4,8 @@ Why: each SendBatch of about 1 MiB allocates several buffers of about its size, 
 bytes and gRPC's copy of them; the broker's receive slices, the request bytes, the protobuf copy). By default glibc
 serves blocks that large with fresh ``mmap`` calls and hands freed heap tops back to the kernel, so every call
 touches brand-new pages, and on a virtual machine each first touch of a page is a fault the host handles too.
-Measured with ``bench/server.py``-style 1 KiB SendBatch calls of 1000 messages: 0.49 page faults and 3.1 us of
-kernel time per message in the broker by default, 0.03 and 1.65 us with these settings (broker CPU 9.2 -> 8.1 us
-per message). In the producer's process, 533 page faults a call by default and none with them: ``send_batch`` of
-1,000 messages of 1 KiB 117,000-119,000 msgs/s against 139,000-140,000 (2026-11-28, alternating runs).
+With these settings the pages are reused: fewer page faults and less kernel time per message, in the broker and
+in a producer's process alike (docs/decisions.md, "glibc malloc thresholds").
 
 The cost: up to TRIM_THRESHOLD_BYTES of freed memory stays mapped in the process. ``sluice broker`` applies them
 to its own process. A client leaves its host process's allocator alone unless the application asks: a producer

@@ -5,27 +5,15 @@ accept: the one built on gRPC core's own pollers (``iomgr``) rather than its new
 Why the listener: in current grpcio releases, server listeners run on the EventEngine, which reads and writes
 sockets on a pool of its own threads and hands each completion to the thread that polls the completion queue; the
 older stack does the socket work on the polling thread itself. For a Python process, whose Python threads take
-turns on one GIL, every extra hand-off between threads is a wake-up on the path of each call. Measured with
-grpcio 1.85.3 on the 2-CPU development machine (2026-11-27; a unary call of 100 B to a service in another process
-that answers at once, both sides on the same stack, three alternating runs of each):
-
-    ==========================================  ===================  ===================
-    a bare call                                 EventEngine          iomgr
-    ==========================================  ===================  ===================
-    back to back, p50                           0.47-0.49 ms         0.30 ms
-    one every 2 ms, p50                         0.48-0.55 ms         0.38-0.42 ms
-    one every 2 ms, p99                         0.71-1.02 ms         0.57-0.90 ms
-    ==========================================  ===================  ===================
+turns on one GIL, every extra hand-off between threads is a wake-up on the path of each call: a bare call is
+faster both back to back and paced on iomgr (docs/decisions.md, "Servers on gRPC core's iomgr stack").
 
 Why not the client channels too, though they gain as much: an iomgr channel reads its socket only while a call
 waits on it, so a broker that died between two sends is noticed only when the next send writes to the dead
 connection. That send fails as "the request may have reached the broker", which a producer must not move to
 another broker (it could be stored twice); it retries the dead broker until its timeout instead of failing over
 at once. On the EventEngine the closed connection is seen when it closes and the next send fails as "never
-connected", which moves. (``tests/unit/cluster/test_cluster_producer.py``'s failover test: 1 of 4 runs failed with
-iomgr channels, none of 12 on the EventEngine.) Measured cost of EventEngine channels against iomgr ones, a broker
-on the iomgr listener either way (3,000 sends 2 ms apart each read by a held pull, four alternating runs, medians):
-send p50 0.62 against 0.55 ms, end-to-end p50 0.88 against 0.78 ms.
+connected", which moves (docs/decisions.md, "Client channels on gRPC core's iomgr stack").
 
 The choice goes through gRPC core's documented ``GRPC_EXPERIMENTS`` variable, which core reads once, when ``grpc``
 is first imported; so it is made when ``broker`` is imported (``broker/__init__.py``), and only when it still can

@@ -3,7 +3,7 @@
 Why: in the client, protobuf 7.36 (upb) serializing a SendBatchRequest built around 1 MiB of entries took about
 1.2 ms of each call (cProfile), where appending the same bytes to a buffer takes about 0.05 ms. Framed by hand,
 ``Producer.send_encoded`` of 1,000 messages of 1 KiB to a local broker takes 5.5 ms a call instead of 7.7 (medians,
-2026-11-27; docs/benchmarks.md, "Where produce's time goes"). The broker's answers keep protobuf's serializer:
+2026-11-27; docs/decisions.md, "The produce path"). The broker's answers keep protobuf's serializer:
 serializing a 4 MiB answer there measured 0.4 ms.
 
 Protobuf's wire format lets fields come in any order (the last value of a field wins), so

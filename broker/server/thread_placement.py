@@ -3,20 +3,9 @@ free.
 
 Why: the broker's Python threads (gRPC workers, dispatcher, flush and group commit, schedule and transaction
 services) share one GIL, so together they never use more than one CPU's worth of Python. Where they may run on
-any CPU, each GIL hand-off moves the interpreter's working set between CPUs and wakes a CPU that may be idle
-(an expensive wake-up on a virtual machine). Measured on the 2-CPU development machine, two alternating runs of
-each setting (``python -m bench.store --python-cpus off`` / ``auto``, ``python -m bench.server --python-cpus ...``):
-
-    =========================================  ====================  ====================
-    case                                       threads on any CPU    Python on one CPU
-    =========================================  ====================  ====================
-    store, SYNC, 32 writers of 16-msg batches  75k, 39k msg/s        108k, 94k msg/s
-    store, SYNC, 32 single-message writers     11.4k, 10.7k msg/s    17.5k, 14.8k msg/s
-      CPU per message                          93, 99 us             55, 64 us
-    broker, SendBatch 100 B: CPU per message   3.04, 3.06 us         2.54, 2.54 us
-    broker, single send p50                    1.18, 1.18 ms         0.92, 1.02 ms
-    broker, long-poll wake-up p99              5.1, 8.0 ms           3.9, 3.6 ms
-    =========================================  ====================  ====================
+any CPU, each GIL hand-off moves the interpreter's working set between CPUs and wakes a CPU that may be idle (an
+expensive wake-up on a virtual machine): on one CPU the broker spends less CPU per message and answers sooner
+(docs/decisions.md, "Python threads on one CPU").
 
 The native threads (gRPC's HTTP/2 and socket work, which runs without the GIL) keep every CPU, so the broker
 still uses the other CPUs for what can run in parallel. A native thread inherits the affinity of the thread that
@@ -26,23 +15,15 @@ threads are freed.
 The pinned Python threads also run under the SCHED_BATCH policy, which keeps a woken thread from preempting the
 running one. Preempting would not let it run anyway: it needs the GIL, which the running thread holds, so it
 would switch in, find the GIL taken, sleep on it and switch out again, two context switches for nothing. Under
-SCHED_BATCH it runs once the holder blocks, when the GIL is free. Same runs of 32 single-message SYNC writers at
-100 B (``bench.store``, threads on one CPU, without / with SCHED_BATCH, alternating): 37.2k, 39.4k against 46.1k,
-47.1k msgs/s; CPU per message 21.4, 21.2 against 15.8, 15.7 us; context switches per message 3.2 against 1.2.
-Native threads keep the normal policy.
+SCHED_BATCH it runs once the holder blocks, when the GIL is free. Native threads keep the normal policy.
 
 Some Python threads run apart, on the other CPUs under the normal policy. The SYNC_FLUSH flusher
-(``broker/store/flush.py``, GroupCommitService): its work is one fdatasync after another; each costs about 50 us
-of kernel CPU here, and the disk's answer must wake it promptly. Among the pinned threads the first would take
-the writers' CPU and the second would wait behind writers that may not preempt (fdatasync wall time 395-453 us
-under load, against 236-249 us apart). It takes the GIL twice per sync, not per message, so its hand-offs cost
-little: 32 single-message SYNC writers went from 40.7-41.9k to 49.7-50.6k msgs/s (alternating runs). And a
-slave's follower (``broker/ha/slave.py``): most of its work runs without the GIL (gRPC's C core receiving a 4 MiB
-chunk, the CRC kernel, the ``pwrite``), yet pinned it took turns with the slave's dispatcher on one CPU, and a
-SYNC_MASTER waits for it. Apart, SendBatch to a SYNC_MASTER with one slave (``bench.replication``'s case, one 8 s
-run per build, alternating, 2026-11-27) went from 119-124k to 149-153k msgs/s at 1 KiB and from 358-360k to
-433-446k at 100 B. The master's side of those fetches, the replication endpoint's worker threads, apart as well:
-159-170k to 172-179k at 1 KiB (same runs, the follower already apart).
+(``broker/store/flush.py``, GroupCommitService): its work is one fdatasync after another, whose kernel CPU would
+take the writers' CPU, and the disk's answer must wake it promptly, not wait behind writers that may not be
+preempted; it takes the GIL twice per sync, not per message, so its hand-offs cost little. A slave's follower
+(``broker/ha/slave.py``) and the master's replication endpoint threads: most of their work runs without the GIL
+(gRPC's C core receiving a 4 MiB chunk, the CRC kernel, the ``pwrite``), yet pinned the follower took turns with
+the slave's dispatcher on one CPU, and a SYNC_MASTER waits for it. docs/decisions.md has the measurements of each.
 
 ``python_cpus`` (broker config / ``--python-cpus``): ``auto`` pins the Python threads to the lowest CPU this
 process may use when it may use two or more; ``off`` leaves every thread where the kernel puts it; a
