@@ -115,8 +115,9 @@ def half_property_conflict(
 ) -> str:
     """What is wrong with a message joining transaction ``txn_id`` whose own properties give a half property
     (half_properties) another value than the broker writes from the send ("" if nothing): a REAL_TOPIC, REAL_QID,
-    TRAN_MSG, PGROUP or __transactionId__ of the client's own used to be overwritten without a word. The same
-    value is no conflict (``txn_id`` None: the id comes from the properties themselves)."""
+    TRAN_MSG, PGROUP or __transactionId__ of the client's own is refused (MessageIllegalError) rather than
+    overwritten without a word. The same value is no conflict (``txn_id`` None: the id comes from the properties
+    themselves)."""
     written = half_properties({}, real_topic, real_qid, producer_group, txn_id or props.get(Prop.TRANSACTION_ID, ""))
     for name, value in written.items():
         given = props.get(name)
