@@ -35,10 +35,11 @@ lock: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m broker.proto.build
 
-## make lint: ruff + mypy
+## make lint: ruff, mypy and the import contracts between rooms (pyproject.toml's [tool.importlinter])
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker connector streaming_jobs tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 ## make test: lint, then the whole suite (unit + integration)
 test: lint
