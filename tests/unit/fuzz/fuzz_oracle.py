@@ -164,10 +164,10 @@ class Fuzzer:
         assert self.stub is not None
         return self.judge(method, answer(getattr(self.stub, method), request, timeout_s))
 
-    def call_raw(self, method: str, data: bytes, *, streaming: bool = False, service: str = "sluice.v1.Broker",
-                 metadata: Metadata = ()) -> Answer:  # fmt: skip
-        """Bytes as they are, to any method; the answer's bytes as they are (a stream's: the list of them)."""
-        return self.judge(method, self.send_raw(f"/{service}/{method}", data, streaming=streaming, metadata=metadata))
+    def call_raw(self, method: str, data: bytes, *, streaming: bool = False) -> Answer:
+        """Bytes as they are, to any method of the Broker service; the answer's bytes as they are (a stream's: the
+        list of them), judged."""
+        return self.judge(method, self.send_raw(f"/sluice.v1.Broker/{method}", data, streaming=streaming))
 
     def send_raw(self, path: str, data: bytes | list[bytes], *, streaming: bool = False,
                  client_streaming: bool = False, metadata: Metadata = ()) -> Answer:  # fmt: skip

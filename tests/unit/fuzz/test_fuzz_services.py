@@ -40,8 +40,10 @@ from tests.unit.fuzz.fuzz_strategies import (
 )
 
 pytestmark = pytest.mark.slow
-# Long polling kept short: a ReceiveMessage of an empty queue waits this long, not RocketMQ's 5..20 s.
-BROKER_SETTINGS = {"store": STORE_SETTINGS, "rmqv2_min_long_polling_ms": 100, "rmqv2_max_long_polling_ms": 300}
+# Long polling kept short: a ReceiveMessage of an empty queue waits this long, not RocketMQ's 5..20 s. Dead-letter
+# topics pullable: a RocketMQ 5 send may name one, and the oracle reads every topic a send named.
+BROKER_SETTINGS = {"store": STORE_SETTINGS, "rmqv2_min_long_polling_ms": 100, "rmqv2_max_long_polling_ms": 300,
+                   "dlq_pull_enable": True}  # fmt: skip
 TELEMETRY_COMMANDS_MAX = 3
 
 
