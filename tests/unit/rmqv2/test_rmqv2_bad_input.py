@@ -1,6 +1,7 @@
-"""Bad input to the apache.rocketmq.v2 service that once failed inside the broker (answered INTERNAL_SERVER_ERROR, or
-a stream broken off) and is now refused with the protocol's code, storing nothing: bytes that are no request, and
-timestamps outside protobuf's Timestamp range (year 1 to 9999). Found by the fuzz suite (tests/unit/fuzz)."""
+"""Bad input to the apache.rocketmq.v2 service is refused with the protocol's code and stores nothing, never answered
+INTERNAL_SERVER_ERROR nor a stream broken off: bytes that are no request (unary, server-streaming and Telemetry
+calls), and timestamps outside protobuf's Timestamp range (year 1 to 9999), which protobuf refuses to convert. A
+message stored through sluice.v1 with any born time reads back through RocketMQ 5."""
 
 from __future__ import annotations
 

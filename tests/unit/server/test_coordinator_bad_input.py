@@ -1,7 +1,6 @@
 """Bad requests to the TransactionCoordinator service are refused clearly (INVALID_ARGUMENT with its response code,
-details any client accepts), and decide nothing. Both once failed: bytes that are no request were answered INTERNAL,
-and a reason quoting a long field passed the size a client accepts as trailing metadata. Found by the fuzz suite
-(tests/unit/fuzz)."""
+details any client accepts) and decide nothing: bytes that are no request, and a refusal whose reason quotes a long
+field (uncapped, it would pass the size gRPC accepts as metadata, and the client would see no code at all)."""
 
 from __future__ import annotations
 
