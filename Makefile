@@ -66,7 +66,8 @@ integration: $(STAMP)
 	bash scripts/test.sh tests/integration $(PYTEST_ARGS)
 
 ## make fuzz: the long fuzz run of a broker process (15x the examples of the one in `make test`, random rather
-## than fixed, SIGKILL between families); about 15 minutes on 2 cores
+## than fixed, SIGKILL between families): its Sluice, transaction coordinator and RocketMQ 5 services; about 20
+## minutes on 2 cores
 fuzz: $(STAMP)
 	SLUICE_FUZZ_LONG=1 $(PY) -m pytest tests/unit/fuzz -q -s $(PYTEST_ARGS)
 

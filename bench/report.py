@@ -83,6 +83,28 @@ def sync_ceiling(d: dict[str, Any]) -> str:
     return table(["case (32 writers, 100 B)", "msgs/s", "msgs per sync"], rows)
 
 
+def security(d: dict[str, Any]) -> str:
+    kinds = {"plain": "plain text", "tls": "TLS", "tls_auth": "TLS + auth"}
+    rows = []
+    for case in d["cases"]:
+        cells = []
+        for k in kinds:
+            c = d["median"][k][case]
+            cell = f"{c['msgs_per_s']:,.0f} [{c['msgs_per_s_min']:,.0f}-{c['msgs_per_s_max']:,.0f}]"
+            if k != "plain":
+                lo, hi = d["ratio_spread"][k][case]
+                cell += f" ({d['ratios'][k][case]:.2f}x [{lo:.2f}-{hi:.2f}])"
+            cells.append(cell)
+        rows.append([case.replace("_", " "), *cells])
+    t = d["target"]
+    return (
+        f"{d['rounds']} rounds of {d['duration_s']:g} s; median msgs/s [min-max of the rounds]\n\n"
+        + table(["case", *kinds.values()], rows)
+        + f"\n\ntarget: TLS + auth >= {t['tls_auth_ratio_at_least']}x plain, {t['case']}: "
+        + ("met" if t["met"] else "not met")
+    )
+
+
 SECTIONS = {
     "store": store,
     "sync_ceiling": sync_ceiling,
@@ -90,6 +112,7 @@ SECTIONS = {
     "spark_source": spark_source,
     "spark_sink": spark_sink,
     "peers": peers,
+    "security": security,
 }
 
 

@@ -14,10 +14,12 @@ two threads, as bench.server sends, and raw pull throughput of 100 B and 1 KiB m
 preloaded queues from the start again and again, up to 4096 messages or 8 MiB a call). Each figure also has the
 broker's and this client process's CPU time per message, which says on which side the extra cost lands.
 
-With ``--rounds N`` the brokers take turns N times (each round in another order) and each figure is the best of its
-rounds: on a shared machine other load only ever takes throughput away. Ratios are to plain text in the same run,
-the only comparison this machine allows (docs/benchmarks.md). Target: TLS + auth at least 0.8x plain text for
-SendBatch of 1 KiB.
+With ``--rounds N`` (at least three) the brokers take turns N times, each round in another order. Each figure is
+the median of its rounds, shown with the rounds' spread (lowest to highest): the best round alone would report the
+luckiest moment of a shared machine, not what a run can expect. Ratios are of the medians, to plain text in the
+same run, the only comparison this machine allows (docs/benchmarks.md); the spread of a ratio is that of its
+rounds' own ratios (each kind against plain text of the same round). Target: TLS + auth at least 0.8x plain text
+for SendBatch of 1 KiB, on the medians.
 
 Last, the gate alone, in this process: the time ``AuthGate`` spends authenticating and authorizing one SendBatch
 and one PullMessage request of the same user (no network, no TLS), split into its parts.
@@ -31,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,7 +73,9 @@ PULL_MAX_MSGS = 4096
 PULL_MAX_BYTES = 8 << 20
 GROUP = "sec-bench"
 TARGET_RATIO = 0.8  # TLS + auth against plain text, SendBatch of 1 KiB
+MIN_ROUNDS = 3  # a median of fewer rounds is one round's figure, and a spread of one says nothing
 MAX_ROUNDS = 10  # each round starts three brokers; more is a job for a quieter machine, not more rounds
+QUICK_DURATION_S = 1.0  # --quick: the shortest case that still runs a few hundred SendBatch calls
 DISPATCH_TIMEOUT_S = 60.0
 GATE_CALLS = 2000  # per gate measurement: long enough for a stable figure, short beside the broker runs
 
@@ -252,14 +257,14 @@ class _Peer:
 
 
 def per_call_us(fn: Callable[[], object], calls: int = GATE_CALLS) -> float:
-    """The best of three timings of ``calls`` calls, in microseconds a call."""
-    best = float("inf")
-    for _ in range(3):
+    """The median of three timings of ``calls`` calls, in microseconds a call."""
+    timings = []
+    for _ in range(MIN_ROUNDS):
         started = time.perf_counter()
         for _ in range(calls):
             fn()
-        best = min(best, (time.perf_counter() - started) / calls)
-    return best * 1e6
+        timings.append((time.perf_counter() - started) / calls)
+    return statistics.median(timings) * 1e6
 
 
 def authorize_costs(gate: AuthGate, user: User, method: str, request: Any, msgs: int, context: Any,
@@ -333,27 +338,45 @@ def gate_costs(workdir: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- report
-def best(runs: list[dict[str, dict[str, float]]], case: str) -> dict[str, float]:
-    """The round with the highest throughput of ``case`` (its CPU figures with it)."""
-    return max((r[case] for r in runs), key=lambda c: c["msgs_per_s"])
+FIGURES = ("msgs_per_s", "broker_cpu_us_per_msg", "client_cpu_us_per_msg")
+
+
+def median_of(runs: list[dict[str, dict[str, float]]], case: str) -> dict[str, float]:
+    """Each figure of ``case`` as the median of the rounds, and the rounds' lowest and highest throughput."""
+    out = {f: statistics.median(r[case][f] for r in runs) for f in FIGURES}
+    rates = [r[case]["msgs_per_s"] for r in runs]
+    out["msgs_per_s_min"], out["msgs_per_s_max"] = min(rates), max(rates)
+    return out
+
+
+def round_ratios(runs: dict[str, list[dict[str, dict[str, float]]]], kind: str, case: str) -> list[float]:
+    """``kind`` against plain text in each round: the spread of a ratio (rounds are paired by their number)."""
+    return [k[case]["msgs_per_s"] / p[case]["msgs_per_s"] for k, p in zip(runs[kind], runs["plain"], strict=True)]
+
+
+def rate(c: dict[str, float]) -> str:
+    """A case's median throughput and its rounds' spread."""
+    return f"{c['msgs_per_s']:,.0f} [{c['msgs_per_s_min']:,.0f}-{c['msgs_per_s_max']:,.0f}]"
 
 
 def render(report: dict[str, Any]) -> list[str]:
     lines = [
         f"TLS and authentication against plain text, {report['date']}, {report['source']} ({report['machine']}; "
-        f"{report['rounds']} round(s) of {report['duration_s']:g} s per case, best of the rounds; load average "
-        f"{report['load_average_at_start']:.2f} at the start, {report['load_average_at_end']:.2f} at the end)"
+        f"{report['rounds']} rounds of {report['duration_s']:g} s per case; median of the rounds, their spread "
+        f"min-max in brackets; load average {report['load_average_at_start']:.2f} at the start, "
+        f"{report['load_average_at_end']:.2f} at the end)"
     ]
     rows = [["case", *(KIND_NAMES[k] + " msgs/s" for k in KINDS), "target"]]
+    m, spread = report["median"], report["ratio_spread"]
     for case in report["cases"]:
-        b = report["best"]
-        cells = [f"{b['plain'][case]['msgs_per_s']:,.0f}"]
-        cells += [f"{b[k][case]['msgs_per_s']:,.0f} ({report['ratios'][k][case]:.2f}x)" for k in KINDS[1:]]
+        cells = [rate(m["plain"][case])]
+        cells += [f"{rate(m[k][case])} ({report['ratios'][k][case]:.2f}x [{spread[k][case][0]:.2f}-"
+                  f"{spread[k][case][1]:.2f}])" for k in KINDS[1:]]  # fmt: skip
         met = "met" if report["target"]["met"] else "not met"
         target = f">= {TARGET_RATIO}x: {met}" if case == report["target"]["case"] else ""
         rows.append([case.replace("_", " "), *cells, target])
         for side in ("broker", "client"):
-            rows.append([f"  {side} CPU us/msg", *(f"{b[k][case][f'{side}_cpu_us_per_msg']:.2f}" for k in KINDS), ""])
+            rows.append([f"  {side} CPU us/msg", *(f"{m[k][case][f'{side}_cpu_us_per_msg']:.2f}" for k in KINDS), ""])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     g = report["gate"]
@@ -387,12 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.security", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per throughput case (default 4)")
-    parser.add_argument("--rounds", type=int, default=3, help=f"turns of the three brokers, 1..{MAX_ROUNDS}")
-    parser.add_argument("--quick", action="store_true", help="one round of 1 s cases (a smoke test)")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
+                        help=f"turns of the three brokers, {MIN_ROUNDS}..{MAX_ROUNDS}")  # fmt: skip
+    quick = f"{MIN_ROUNDS} rounds of {QUICK_DURATION_S:g} s cases (the shortest run with a median)"
+    parser.add_argument("--quick", action="store_true", help=quick)
     args = parser.parse_args(argv)
-    if not 1 <= args.rounds <= MAX_ROUNDS:
-        parser.error(f"--rounds must be 1..{MAX_ROUNDS}")
-    rounds, duration_s = (1, 1.0) if args.quick else (args.rounds, args.duration)
+    if not MIN_ROUNDS <= args.rounds <= MAX_ROUNDS:
+        parser.error(f"--rounds must be {MIN_ROUNDS}..{MAX_ROUNDS}: a median and a spread need three rounds")
+    rounds, duration_s = (MIN_ROUNDS, QUICK_DURATION_S) if args.quick else (args.rounds, args.duration)
     load_at_start = os.getloadavg()[0]
     runs: dict[str, list[dict[str, dict[str, float]]]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="sluice-bench-security-") as tmp:
@@ -405,8 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_no + 1}/{rounds}: {KIND_NAMES[kind]} done", file=sys.stderr, flush=True)
         gate = gate_costs(workdir)
     cases = list(runs["plain"][0])
-    best_of = {k: {c: best(runs[k], c) for c in cases} for k in KINDS}
-    ratios = {k: {c: best_of[k][c]["msgs_per_s"] / best_of["plain"][c]["msgs_per_s"] for c in cases} for k in KINDS}
+    medians = {k: {c: median_of(runs[k], c) for c in cases} for k in KINDS}
+    ratios = {k: {c: medians[k][c]["msgs_per_s"] / medians["plain"][c]["msgs_per_s"] for c in cases} for k in KINDS}
+    ratio_spread = {k: {c: (min(r := round_ratios(runs, k, c)), max(r)) for c in cases} for k in KINDS}
     report = {
         "date": dt.datetime.now(dt.UTC).date().isoformat(),
         "command": "python -m bench.security " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -418,8 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": duration_s,
         "cases": cases,
         "runs": runs,
-        "best": best_of,
+        "median": medians,
         "ratios": ratios,
+        "ratio_spread": ratio_spread,
         "target": {
             "case": "send_batch_1KiB",
             "tls_auth_ratio_at_least": TARGET_RATIO,

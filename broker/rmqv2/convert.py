@@ -27,6 +27,8 @@ TRACE_CONTEXT = "TRACE_CONTEXT"
 MAX_USER_PROPERTIES = 128  # RocketMQ proxy's userPropertyMaxNum
 MAX_USER_PROPERTY_BYTES = 16 * 1024  # RocketMQ proxy's maxUserPropertySize
 MAX_MESSAGE_GROUP_BYTES = 64  # RocketMQ proxy's maxMessageGroupSize
+# google.protobuf.Timestamp's range (0001-01-01 .. 9999-12-31 23:59:59.999), in milliseconds since the epoch
+MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS = -62_135_596_800_000, 253_402_300_799_999
 
 # Property names the system owns (RocketMQ's MessageConst.STRING_HASH_SET and the ones this protocol maps): not
 # sendable as user properties, not shown as ones.
@@ -105,7 +107,7 @@ def to_sluice(m: v2.Message, born_host: str) -> Outgoing:
             )
         props[Prop.SHARDING_KEY] = sp.message_group
     if sp.HasField("delivery_timestamp"):
-        props[Prop.TIMER_DELIVER_MS] = str(sp.delivery_timestamp.ToMilliseconds())
+        props[Prop.TIMER_DELIVER_MS] = str(millis(sp.delivery_timestamp, "delivery timestamp"))
     if sp.delivery_attempt > 0:
         props[Prop.RECONSUME_TIME] = str(sp.delivery_attempt)
     if sp.trace_context:
@@ -117,7 +119,7 @@ def to_sluice(m: v2.Message, born_host: str) -> Outgoing:
     if any(_has_separator(k) or _has_separator(v) for k, v in props.items()):
         raise MessageIllegalError("a property holds a \\x01 or \\x02 byte, which the store reserves as separators")
     sys_flag = SysFlag.COMPRESSED if sp.body_encoding == v2.GZIP else 0
-    born = sp.born_timestamp.ToMilliseconds() if sp.HasField("born_timestamp") else 0
+    born = millis(sp.born_timestamp, "born timestamp") if sp.HasField("born_timestamp") else 0
     return Outgoing(m.topic.name, bytes(m.body), props, sys_flag, born, sp.message_type, sp.message_group,
                     sp.message_id)  # fmt: skip
 
@@ -127,9 +129,20 @@ def message_id(msg: StoredMessage) -> str:
     return msg.properties.get(Prop.UNIQ_KEY) or msg.msg_id
 
 
+def millis(value: timestamp_pb2.Timestamp, what: str) -> int:
+    """A Timestamp's milliseconds; MessageIllegalError for one outside Timestamp's range (year 1 to 9999), where
+    protobuf's conversion raises ValueError: a bad request, not a broker failure."""
+    try:
+        return int(value.ToMilliseconds())
+    except ValueError as e:
+        raise MessageIllegalError(f"{what} is out of range ({e})") from None
+
+
 def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    """``ms`` as a Timestamp, held to Timestamp's range: a message sent through sluice.v1 may carry any born time
+    or TIMER_DELIVER_MS, and reading it must not fail."""
     ts = timestamp_pb2.Timestamp()
-    ts.FromMilliseconds(ms)
+    ts.FromMilliseconds(min(max(ms, MIN_TIMESTAMP_MS), MAX_TIMESTAMP_MS))
     return ts
 
 

@@ -30,7 +30,7 @@ from broker.config import BrokerConfig
 from broker.errors import BrokerError, MessageIllegalError, SystemBusyError
 from broker.rmqv2.clients import ClientRegistry
 from broker.rmqv2.codes import Code, ProtocolError, status, status_of
-from broker.rmqv2.convert import Outgoing, message_id, to_sluice, to_v2
+from broker.rmqv2.convert import Outgoing, message_id, millis, to_sluice, to_v2
 from broker.rmqv2.route import RouteSource, assignments, message_queues, request_address
 from broker.semantics import SubscriptionGroupManager, TransactionService
 from broker.semantics.pop import PopRequest, PopService
@@ -41,6 +41,7 @@ from broker.server.admin_processor import AdminProcessor
 from broker.server.consumer_manager import CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.pull_processor import FOUND, PullProcessor, PullRequestArgs
+from broker.server.request_guard import MalformedRequest
 from broker.server.send_processor import SendProcessor
 from broker.store.message import Prop, decode_entry, java_string_hash, validate_topic
 
@@ -96,6 +97,7 @@ def _unary(response: type[Any]) -> Callable[[Callable[..., R]], Callable[..., R]
         def wrapper(self: MessagingService, request: Any, context: grpc.ServicerContext) -> R:
             try:
                 client_id = self._admit(context, method.__name__)
+                _well_formed(request)
                 return method(self, request, context, client_id)
             except BrokerError as e:
                 log.info("%s refused: %s", method.__name__, e.message)
@@ -272,10 +274,10 @@ class MessagingService(v2g.MessagingServiceServicer):
     def _read_telemetry(self, client_id: str, commands: Iterator[Any], outbox: Any, caller: Caller | None) -> None:
         try:
             for command in commands:
-                kind = command.WhichOneof("command")
-                if kind != "settings":
+                if not isinstance(command, MalformedRequest) and command.WhichOneof("command") != "settings":
                     continue  # thread stack traces, verification results: nothing asked them of this broker
                 try:
+                    _well_formed(command)
                     self._check_settings(command.settings, caller)  # refused: the previous settings stay
                     answer = self._settings_answer(command.settings)
                     self.clients.update_settings(client_id, command.settings, caller)
@@ -381,6 +383,7 @@ class MessagingService(v2g.MessagingServiceServicer):
     def ReceiveMessage(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
             client_id = self._admit(context, "ReceiveMessage")
+            _well_formed(request)
             topic, group = self._topic(request.message_queue.topic.name), self._group(request.group.name)
             expression = request.filter_expression
             kind = "SQL92" if expression.type == v2.SQL else "TAG"
@@ -448,6 +451,7 @@ class MessagingService(v2g.MessagingServiceServicer):
     def PullMessage(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
             self._admit(context, "PullMessage")
+            _well_formed(request)
             topic, group = self._topic(request.message_queue.topic.name), self._group(request.group.name)
             expression = request.filter_expression
             hold_ms = request.long_polling_timeout.ToMilliseconds() if request.HasField("long_polling_timeout") else 0
@@ -485,7 +489,7 @@ class MessagingService(v2g.MessagingServiceServicer):
     def QueryOffset(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic, queue_id = self._topic(request.message_queue.topic.name), request.message_queue.id
         if request.query_offset_policy == v2.TIMESTAMP:
-            offset = self.b.admin.search_offset(topic, queue_id, request.timestamp.ToMilliseconds())
+            offset = self.b.admin.search_offset(topic, queue_id, _ms(request.timestamp, Code.BAD_REQUEST, "timestamp"))
         else:
             ranges = {q: (lo, hi) for q, lo, hi in self.b.admin.queue_offsets(topic)}
             if queue_id not in ranges:
@@ -506,6 +510,21 @@ class MessagingService(v2g.MessagingServiceServicer):
         return v2s.SyncLiteSubscriptionResponse(status=status(Code.UNSUPPORTED, "lite topics are not supported"))
 
 
+def _well_formed(request: Any) -> None:
+    """BAD_REQUEST for bytes that were no request of the method (the broker's request guard marks them)."""
+    if isinstance(request, MalformedRequest):
+        raise ProtocolError(Code.BAD_REQUEST, f"{request.method}: the request is not a valid protobuf message of its "
+                                              f"type ({request.reason})")  # fmt: skip
+
+
+def _ms(value: Any, code: int, what: str) -> int:
+    """A request's Timestamp in milliseconds; refused with ``code`` outside Timestamp's range."""
+    try:
+        return millis(value, what)
+    except MessageIllegalError as e:
+        raise ProtocolError(code, e.message) from None
+
+
 def _receive_status(e: BrokerError) -> Any:
     if isinstance(e, SystemBusyError):
         return status(Code.TOO_MANY_REQUESTS, e.message)
@@ -516,6 +535,7 @@ def _illegal_code(text: str) -> int:
     """The proxy's code for a message it refuses, by what the refusal names."""
     lowered = text.lower()
     for word, code in (("tag", Code.ILLEGAL_MESSAGE_TAG), ("key ", Code.ILLEGAL_MESSAGE_KEY),
+                       ("delivery timestamp", Code.ILLEGAL_DELIVERY_TIME),
                        ("message group", Code.ILLEGAL_MESSAGE_GROUP), ("message id", Code.ILLEGAL_MESSAGE_ID),
                        ("user propert", Code.ILLEGAL_MESSAGE_PROPERTY_KEY)):  # fmt: skip
         if word in lowered:

@@ -22,10 +22,11 @@ from broker.client.coordinator import CoordinatorClient
 from broker.errors import BrokerError, ResponseCode, ServiceNotAvailableError
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
-from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
+from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics.decision_log import DecisionLog
 from broker.semantics.participant_resolver import Ask
 from broker.semantics.txn_decision import Decision, from_pb, to_pb
+from broker.server.request_guard import refuse_if_malformed
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,9 @@ R = TypeVar("R")
 
 
 def _abort(context: grpc.ServicerContext, code: ResponseCode, text: str) -> NoReturn:
+    # Capped as the Broker service's: a reason quoting the request could pass what a client accepts as metadata.
     context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(code))),))
-    context.abort(grpc_code_for(code), text)
+    context.abort(grpc_code_for(code), capped_details(text))
     raise AssertionError("unreachable: context.abort raises")
 
 
@@ -42,9 +44,10 @@ def _answer(method: Callable[[Any, Any, grpc.ServicerContext], R]) -> Callable[[
     @functools.wraps(method)
     def wrapper(self: CoordinatorService, request: Any, context: grpc.ServicerContext) -> R:
         try:
+            refuse_if_malformed(request)  # bytes that are no request of the method (request_guard.py)
             return method(self, request, context)
         except BrokerError as e:
-            log.info("%s refused: %s (%s)", method.__name__, e.message, e.code.name)
+            log.info("%s refused: %s (%s)", method.__name__, capped_details(e.message), e.code.name)
             _abort(context, e.code, e.message)
         except Exception as e:  # the last line of defence, as BrokerService's: logged, answered INTERNAL
             if isinstance(e, grpc.RpcError):

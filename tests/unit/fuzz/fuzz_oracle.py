@@ -2,8 +2,11 @@
 message remembered and read back after each family of requests.
 
 Rules (the standards' on bad input): a call is answered OK or refused with a Sluice response code in the
-trailing metadata and a status that is not INTERNAL, with details any receiver accepts; every message the broker
-acknowledged reads back byte for byte (by msgId and by pull, the same bytes); the store passes ``check()``.
+trailing metadata and a status that is not INTERNAL, with details any receiver accepts; a stream ends by itself
+within the call's deadline (a deadline reached is a failure), except a subscription the broker keeps open by
+design, and then only for a request it accepts; every message the broker acknowledged reads back byte for byte (by
+msgId and by pull, the same bytes); the store passes ``check()``. A service's own oracle (fuzz_coordinator.py,
+fuzz_rmqv2.py) adds its checks to ``Fuzzer.checks``: they run with the read-back, before and after each restart.
 """
 
 from __future__ import annotations
@@ -11,18 +14,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+from hypothesis import HealthCheck, settings
 
 from broker.config import BrokerConfig
+from broker.errors import BrokerError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.semantics.send_checks import validate_producer_group
 from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX
 from broker.server.process import BrokerProcess
+from broker.server.transaction_processor import MAX_CLIENT_ID_CHARS
 from broker.store import MessageStore
 from broker.store.message import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP, decode_entry, parse_layout
 from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal
@@ -37,6 +44,32 @@ CALL_TIMEOUT_S = 60.0  # generous: a busy 2-core CI machine can take seconds ove
 STOP_TIMEOUT_S = 300.0
 # FUZZ_LONG (make fuzz): many more examples per family, and a SIGKILL instead of a clean stop between families.
 LONG = os.environ.get("SLUICE_FUZZ_LONG", "") not in ("", "0")
+SCALE = 15 if LONG else 1  # each family's examples: the default run's count times this
+FUZZ_SETTINGS = settings(
+    deadline=None, database=None, derandomize=not LONG, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)  # fmt: skip
+# How long a subscription stream the broker keeps open by design is watched: long enough for a refusal to arrive.
+SUBSCRIPTION_WAIT_S = 1.0
+Metadata = Sequence[tuple[str, str]]
+
+
+def _kept_open_check_stream(data: bytes) -> bool:
+    """Whether the broker keeps this TransactionCheckStream open (its own checks of the subscription pass): there
+    a deadline is the expected outcome, for any other request it is a hung call."""
+    request = pb.TransactionCheckSubscribe()
+    try:
+        request.ParseFromString(data)
+        validate_producer_group(request.producer_group)
+    except (ValueError, BrokerError):  # DecodeError is a ValueError
+        return False
+    return len(request.client_id) <= MAX_CLIENT_ID_CHARS
+
+
+# Streams that stay open until the client ends them, by their method's path: whether a request keeps one open.
+SUBSCRIPTIONS: dict[str, Callable[[bytes], bool]] = {
+    "/sluice.v1.Broker/TransactionCheckStream": _kept_open_check_stream,
+}
 
 
 def masked(entry: bytes) -> bytes:
@@ -83,6 +116,9 @@ class Fuzzer:
     problems: list[str] = field(default_factory=list)
     families: int = 0
     _mark: tuple[int, int] = (0, 0)  # (calls, refused) when the family began
+    _checked: list[str] = field(default_factory=list)  # what the services' checks found at the last read-back
+    # A service's own oracle, run with every read-back: its argument says when, it returns what it checked
+    checks: list[Callable[[str], str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------------------------------ broker
@@ -112,34 +148,50 @@ class Fuzzer:
     # ------------------------------------------------------------------------------------------ calls
     def judge(self, what: str, a: Answer) -> Answer:
         """Record a call's outcome; a refusal that is not clear is a problem (reported at the family's end)."""
+        self.record(what, refused=not a.ok, problem="" if a.ok or clear_refusal(a) else str(a))
+        return a
+
+    def record(self, what: str, *, refused: bool, problem: str = "") -> None:
+        """Count a call (refused or not); ``problem``: what was wrong with its answer (reported at the family's
+        end)."""
         with self._lock:
             self.calls += 1
-            if not a.ok:
-                self.refused += 1
-                if not clear_refusal(a):
-                    self.problems.append(f"{what}: {a}")
-        return a
+            self.refused += refused
+            if problem:
+                self.problems.append(f"{what}: {problem}")
 
     def call(self, method: str, request: Any, timeout_s: float = CALL_TIMEOUT_S) -> Answer:
         assert self.stub is not None
         return self.judge(method, answer(getattr(self.stub, method), request, timeout_s))
 
     def call_raw(self, method: str, data: bytes, *, streaming: bool = False) -> Answer:
-        """Bytes as they are, to any method (a streaming one: its first answer, a deadline meaning it is open)."""
+        """Bytes as they are, to any method of the Broker service; the answer's bytes as they are (a stream's: the
+        list of them), judged."""
+        return self.judge(method, self.send_raw(f"/sluice.v1.Broker/{method}", data, streaming=streaming))
+
+    def send_raw(self, path: str, data: bytes | list[bytes], *, streaming: bool = False,
+                 client_streaming: bool = False, metadata: Metadata = ()) -> Answer:  # fmt: skip
+        """A call of any method with bytes as they are, not judged. A stream is read to its end: one still open at
+        its deadline is a deadline answer (a failure), unless it is a subscription the broker keeps open for this
+        request (SUBSCRIPTIONS), which is answered OK with no response."""
         assert self.channel is not None
-        path = f"/sluice.v1.Broker/{method}"
+        raw: dict[str, Any] = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
+        if client_streaming:
+            assert isinstance(data, list)
+            both = self.channel.stream_stream(path, **raw)
+            return answer(lambda d, timeout: list(both(iter(d), timeout=timeout, metadata=metadata)), data,
+                          CALL_TIMEOUT_S)  # fmt: skip
+        assert isinstance(data, bytes)
         if streaming:
-            stream = self.channel.unary_stream(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
-
-            def first(request: bytes, timeout: float) -> object:
-                return next(iter(stream(request, timeout=timeout)), None)
-
-            a = answer(first, data, 1.0)
-            if a.status == grpc.StatusCode.DEADLINE_EXCEEDED:  # opened, and nothing to check back yet
-                return self.judge(method, Answer(grpc.StatusCode.OK, None, ""))
-            return self.judge(method, a)
-        unary = self.channel.unary_unary(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
-        return self.judge(method, answer(unary, data, CALL_TIMEOUT_S))
+            stream = self.channel.unary_stream(path, **raw)
+            kept_open = SUBSCRIPTIONS.get(path)
+            a = answer(lambda d, timeout: list(stream(d, timeout=timeout, metadata=metadata)), data,
+                       SUBSCRIPTION_WAIT_S if kept_open is not None else CALL_TIMEOUT_S)  # fmt: skip
+            if a.status == grpc.StatusCode.DEADLINE_EXCEEDED and a.code is None and kept_open and kept_open(data):
+                return Answer(grpc.StatusCode.OK, None, "")  # open, as the broker keeps this subscription
+            return a
+        unary = self.channel.unary_unary(path, **raw)
+        return answer(lambda d, timeout: unary(d, timeout=timeout, metadata=metadata), data, CALL_TIMEOUT_S)
 
     # ------------------------------------------------------------------------------------------ acknowledged
     def sent_batch(self, request: pb.SendBatchRequest, a: Answer, entries: list[bytes], plain: list[bool]) -> None:
@@ -202,8 +254,8 @@ class Fuzzer:
         self._read_back(f"{name}, after {'SIGKILL' if kill else 'SIGTERM'} and restart")
         self._mark = (self.calls, self.refused)
         return (f"{name}: {calls} requests, {refused} refused clearly; {len(self.acked)} acknowledged messages read "
-                f"back byte for byte; check() clean (stop {t1 - t0:.1f} s, check {t2 - t1:.1f} s, start "
-                f"{t3 - t2:.1f} s)")  # fmt: skip
+                f"back byte for byte; {''.join(c + '; ' for c in self._checked)}check() clean (stop {t1 - t0:.1f} s, "
+                f"check {t2 - t1:.1f} s, start {t3 - t2:.1f} s)")  # fmt: skip
 
     def _commit_transactions(self) -> None:
         for txn_id, halves in sorted(self.transactions.items()):
@@ -243,6 +295,7 @@ class Fuzzer:
 
     def _read_back(self, when: str) -> None:
         assert self.call("GetBrokerStats", pb.GetBrokerStatsRequest()).ok, f"{when}: the broker does not answer"
+        self._checked = [check(when) for check in self.checks]
         for m in self.acked:
             view = self.call("ViewMessageById", pb.ViewMessageByIdRequest(msg_id=m.msg_id))
             assert view.ok, f"{when}: acknowledged {m.msg_id} cannot be viewed: {view}"

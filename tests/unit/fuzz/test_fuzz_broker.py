@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.client.half_batch import half_suffix
@@ -29,7 +29,7 @@ from broker.semantics.transaction_codec import HALF_TOPIC_BYTES
 from broker.store.batch import scan
 from broker.store.message import Prop, decode_entry
 from broker.store.numbers import is_ascii_digits
-from tests.unit.fuzz.fuzz_oracle import LONG, STORE_SETTINGS, Fuzzer
+from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, Fuzzer
 from tests.unit.fuzz.fuzz_strategies import (
     BAD_TOPICS,
     GROUP,
@@ -37,6 +37,7 @@ from tests.unit.fuzz.fuzz_strategies import (
     batches,
     mutate,
     names,
+    not_requests,
     numbers,
     pack_entry,
     requests,
@@ -45,11 +46,6 @@ from tests.unit.fuzz.fuzz_strategies import (
 )
 
 pytestmark = pytest.mark.slow
-SCALE = 15 if LONG else 1
-FUZZ_SETTINGS = settings(
-    deadline=None, database=None, derandomize=not LONG, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +149,7 @@ def test_bytes_that_are_no_request_family(fuzzer: Fuzzer) -> None:
     methods = [(m.name, m.server_streaming) for m in pb.DESCRIPTOR.services_by_name["Broker"].methods]
 
     @settings(FUZZ_SETTINGS, max_examples=150 * SCALE)
-    @given(st.sampled_from(methods), st.one_of(st.binary(max_size=200), st.binary(min_size=1, max_size=8).map(
-        lambda b: b"\x0a" + bytes([len(b)]) + b.replace(b"a", b"\xff"))))  # fmt: skip
+    @given(st.sampled_from(methods), not_requests())
     def one(method: tuple[str, bool], data: bytes) -> None:
         fuzzer.call_raw(method[0], data, streaming=method[1])
 
