@@ -107,7 +107,7 @@ def test_consumer_registry_versions_and_expiry() -> None:
     time.sleep(0.1)
     assert cm.expire() == [("g", "b")]
     assert not cm.has_group("g")
-    assert cm._groups == {}  # a group with no consumers left is not kept (every name ever seen would be)
+    assert cm._groups == {}  # a group with no consumers left is dropped (else every name ever seen would stay)
     v4 = cm.heartbeat("g", "c", {"T": "*"}, CLUSTERING)
     assert v4 > v3 and cm.consumer_ids("g") == (["c"], v4)  # back with a version never used before
     assert cm.unregister("g", "c") > v4 and cm._groups == {}
