@@ -86,12 +86,12 @@ from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.client.tls import TlsSettings
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
+from broker.format.message import Prop
+from broker.format.system_topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.proto.subscription import parse_tags, tag_matches
 from broker.semantics.queue_lock import DEFAULT_LOCK_MAX_LIVE_MS
-from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, retry_topic
-from broker.store.message import Prop
 
 log = logging.getLogger(__name__)
 

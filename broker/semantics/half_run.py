@@ -40,6 +40,17 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.errors import MessageIllegalError, shown
+from broker.format.batch import MAX_QUEUE_ID, EntryRun, gather, headers, put_rows, queue_id_ranges, rows_at, scan
+from broker.format.message import (
+    BODY_START,
+    MAX_PROPERTIES_BYTES,
+    MESSAGE_MAGIC,
+    POS_PHYSICAL_OFFSET,
+    TOPIC_LEN,
+    Prop,
+    SysFlag,
+    validate_topic,
+)
 from broker.semantics.transaction_codec import (
     ATTEMPT,
     HALF_PROPERTY_NAMES,
@@ -49,17 +60,6 @@ from broker.semantics.transaction_codec import (
     commit_raw,
     property_of,
     real_queue_id,
-)
-from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, put_rows, queue_id_ranges, rows_at, scan
-from broker.store.message import (
-    BODY_START,
-    MAX_PROPERTIES_BYTES,
-    MESSAGE_MAGIC,
-    POS_PHYSICAL_OFFSET,
-    TOPIC_LEN,
-    Prop,
-    SysFlag,
-    validate_topic,
 )
 
 MAX_DISTINCT_PER_RUN = 64  # distinct real queues (or writer attempts) matched in bulk per run

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, shown
-from broker.store.batch import SmallBatch, ValidatedBatch, gather
-from broker.store.message import (
+from broker.format.batch import SmallBatch, ValidatedBatch, gather
+from broker.format.message import (
     BODY_START,
     I32,
     POS_BODY_LENGTH,
@@ -36,7 +36,7 @@ from broker.store.message import (
     SysFlag,
     encode_properties,
 )
-from broker.store.properties import check_sections, not_canonical, section_fault
+from broker.format.properties import check_sections, not_canonical, section_fault
 
 MAX_PRODUCER_GROUP_CHARS = 255  # RocketMQ's CHARACTER_MAX_LENGTH for group names
 

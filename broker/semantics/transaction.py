@@ -71,16 +71,31 @@ from broker.errors import (
     QueryNotFoundError,
     ResponseCode,
 )
-from broker.ha.metadata_sync import LOG_END_KEY
-from broker.json_file import load_json, write_json_atomic
-from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
-from broker.semantics.send_checks import check_entries, check_message, validate_producer_group
-from broker.semantics.system_topics import (
+from broker.format.batch import SmallBatch, ValidatedBatch, batch_properties, split_entries
+from broker.format.message import (
+    I32,
+    I64,
+    POS_PHYSICAL_OFFSET,
+    POS_PREPARED_TX_OFFSET,
+    POS_STORE_TIMESTAMP,
+    POS_SYS_FLAG,
+    PREFIX,
+    Prop,
+    StoredMessage,
+    SysFlag,
+    decode_entry,
+    iter_entries,
+)
+from broker.format.system_topics import (
     TRANS_HALF_TOPIC,
     TRANS_MARKER_TOPIC,
     TRANS_OP_HALF_TOPIC,
     TRANS_READER_GROUP,
 )
+from broker.ha.metadata_sync import LOG_END_KEY
+from broker.json_file import load_json, write_json_atomic
+from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
+from broker.semantics.send_checks import check_entries, check_message, validate_producer_group
 from broker.semantics.transaction_codec import (
     ATTEMPT,
     BATCH,
@@ -115,21 +130,6 @@ from broker.semantics.txn_in_place import (
     split_slices,
 )
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
-from broker.store.batch import SmallBatch, ValidatedBatch, batch_properties, split_entries
-from broker.store.message import (
-    I32,
-    I64,
-    POS_PHYSICAL_OFFSET,
-    POS_PREPARED_TX_OFFSET,
-    POS_STORE_TIMESTAMP,
-    POS_SYS_FLAG,
-    PREFIX,
-    Prop,
-    StoredMessage,
-    SysFlag,
-    decode_entry,
-    iter_entries,
-)
 from broker.store.txn_visibility import MARKER_QUEUE_ID, OpenSlice, encode_marker, mark_in_place
 
 log = logging.getLogger(__name__)

@@ -29,11 +29,8 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.errors import CorruptionError, MessageIllegalError, shown
-from broker.semantics.delay import parse_delay_level
-from broker.semantics.send_checks import check_message
-from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker.store.batch import MAX_QUEUE_ID, scan
-from broker.store.message import (
+from broker.format.batch import MAX_QUEUE_ID, scan
+from broker.format.message import (
     BODY_START,
     ENTRY_HEADER,
     I32,
@@ -55,8 +52,11 @@ from broker.store.message import (
     parse_layout,
     validate_topic,
 )
-from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
-from broker.store.properties import not_canonical, section_fault
+from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.format.properties import not_canonical, section_fault
+from broker.format.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker.semantics.delay import parse_delay_level
+from broker.semantics.send_checks import check_message
 
 REMOVE_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVETAG
 FINISHED_TAG = "f"  # Sluice: every committed half of the transaction is in its real topic

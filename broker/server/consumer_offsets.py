@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidArgumentError, LimitExceededError
+from broker.format.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
+from broker.format.system_topics import RETRY_GROUP_TOPIC_PREFIX
 from broker.json_file import load_json, write_json_atomic
-from broker.semantics.system_topics import RETRY_GROUP_TOPIC_PREFIX
-from broker.store.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,7 @@ import numpy as np
 
 from broker import json_file  # the module, not its names: json_file imports broker.store.directory (a cycle)
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
-from broker.store import truncation
-from broker.store.batch import (
+from broker.format.batch import (
     MAX_QUEUE_ID,
     EntryRun,
     SmallBatch,
@@ -30,25 +29,7 @@ from broker.store.batch import (
     validate_batch,
     validate_small_batch,
 )
-from broker.store.check import check_store
-from broker.store.checkpoint import Checkpoint
-from broker.store.cleanup import CleanupService
-from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
-from broker.store.config import StoreConfig
-from broker.store.consume_queue import ConsumeQueue, VisibilityHold
-from broker.store.directory import make_dirs
-from broker.store.disk_reserve import DiskReserve
-from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher, DispatchHint
-from broker.store.faults import FaultInjector
-from broker.store.flush import (
-    AsyncFlushService,
-    ConsumeQueueFlushService,
-    GroupCommitService,
-    ServiceThread,
-    flush_commit_log,
-)
-from broker.store.index_file import IndexService
-from broker.store.message import (
+from broker.format.message import (
     BODY_START,
     END_FILE_MIN_BLANK_LENGTH,
     I32,
@@ -72,6 +53,25 @@ from broker.store.message import (
     takes_queue_offset,
     validate_topic,
 )
+from broker.store import truncation
+from broker.store.check import check_store
+from broker.store.checkpoint import Checkpoint
+from broker.store.cleanup import CleanupService
+from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
+from broker.store.config import StoreConfig
+from broker.store.consume_queue import ConsumeQueue, VisibilityHold
+from broker.store.directory import make_dirs
+from broker.store.disk_reserve import DiskReserve
+from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher, DispatchHint
+from broker.store.faults import FaultInjector
+from broker.store.flush import (
+    AsyncFlushService,
+    ConsumeQueueFlushService,
+    GroupCommitService,
+    ServiceThread,
+    flush_commit_log,
+)
+from broker.store.index_file import IndexService
 from broker.store.queue_reader import QueueReader
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.results import GetResult, GetStatus, PutResult, PutStatus

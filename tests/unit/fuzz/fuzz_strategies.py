@@ -10,8 +10,8 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import strategies as st
 
+from broker.format.message import ENTRY_HEADER, MESSAGE_MAGIC, PROPS_LEN, SysFlag, encode_properties
 from broker.proto import sluice_pb2 as pb
-from broker.store.message import ENTRY_HEADER, MESSAGE_MAGIC, PROPS_LEN, SysFlag, encode_properties
 
 BROKER = pb.DESCRIPTOR.services_by_name["Broker"]
 # The oracle reads these and the FzNew* topics the sends create: requests other than sends never name them (a

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from broker.errors import CorruptionError, MessageIllegalError, QueryNotFoundError
-from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker.format.message import Prop, StoredMessage, SysFlag, decode_entry, encode_entry, encode_properties
+from broker.format.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.semantics.transaction import (
     DEFAULT_COMMIT_MEMORY_BYTES,
     TransactionError,
@@ -32,7 +33,6 @@ from broker.semantics.transaction_codec import (
     encode_offsets,
     raw_property,
 )
-from broker.store.message import Prop, StoredMessage, SysFlag, decode_entry, encode_entry, encode_properties
 
 if TYPE_CHECKING:
     from store_box import StoreBox

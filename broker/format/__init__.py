@@ -1,0 +1,19 @@
+"""The message format: what a message is on the wire and on disk, shared by every room that reads or writes one.
+
+The store keeps entries in this format, the semantics (delays, transactions, retries) rewrite them, the server and
+the RocketMQ 5 front translate them, and the client and the Spark connector encode and decode them without any of
+those rooms. So this room sits at the bottom: it imports only ``broker.errors`` and itself (an import contract in
+pyproject.toml keeps it so), and the client and the connector need nothing else of the broker's inside.
+
+It holds:
+
+* ``message``: the entry layout (88-byte header, field positions, magic codes, sys flags), the single-message
+  encoding and decoding, RocketMQ's property string (``Prop`` names), message ids (the offset id, ``UNIQ_KEY``)
+  and topic validation;
+* ``properties``: scanning and checking property sections without decoding them (a numpy kernel);
+* ``numbers``: the decimal numbers that properties carry;
+* ``scan_kernel``: the vectorised walk over a run of entries that ``batch`` and ``properties`` build on;
+* ``batch``: the batch encoding clients send and the broker validates, splices and splits;
+* ``system_topics``: the names of RocketMQ's and Sluice's system topics and groups, and the retry / dead-letter
+  topic names.
+"""
