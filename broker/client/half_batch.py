@@ -22,7 +22,7 @@ from broker.format.message import (
     SysFlag,
 )
 from broker.format.system_topics import TRANS_HALF_TOPIC
-from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, check_transaction_id, rewrite_batch_as_half
+from broker.format.transaction_codec import HALF_PROPERTY_NAMES, check_transaction_id, rewrite_batch_as_half
 
 HALF_TOPIC = TRANS_HALF_TOPIC.encode("ascii")
 _HALF_TOPIC_FIELD = bytes([len(HALF_TOPIC)]) + HALF_TOPIC

@@ -14,6 +14,14 @@ It holds:
 * ``numbers``: the decimal numbers that properties carry;
 * ``scan_kernel``: the vectorised walk over a run of entries that ``batch`` and ``properties`` build on;
 * ``batch``: the batch encoding clients send and the broker validates, splices and splits;
-* ``system_topics``: the names of RocketMQ's and Sluice's system topics and groups, and the retry / dead-letter
-  topic names.
+* ``send_checks``: what every sent message must be (transaction bits, reconsume times, canonical properties, a
+  producer group), checked alike by the broker on every send path and by a client that makes half messages;
+* ``system_topics``: the names of RocketMQ's and Sluice's system topics and groups, the retry / dead-letter
+  topic names, and the longest group name they leave room for;
+* ``transaction_codec``: the wire parts of a transaction: half-message properties and entries, op messages,
+  decision properties, committed entries;
+* ``txn_decision``: a transaction decision over several brokers and its bounds (its protobuf form is
+  ``broker/proto/decision.py``: this room imports no stubs);
+* ``lock_lease``: how long a broker keeps an orderly consumer's queue lock, which the client renews within;
+* ``signature``: how a request is signed (the client signs, ``broker/auth`` verifies).
 """

@@ -51,7 +51,7 @@ from broker.format.message import (
     SysFlag,
     validate_topic,
 )
-from broker.semantics.transaction_codec import (
+from broker.format.transaction_codec import (
     ATTEMPT,
     HALF_PROPERTY_NAMES,
     HALF_TOPIC_BYTES,

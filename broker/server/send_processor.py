@@ -24,11 +24,11 @@ from broker.errors import (
 )
 from broker.format.batch import SmallBatch, ValidatedBatch, batch_properties, queue_ranges
 from broker.format.message import ENTRY_HEADER, I32, validate_topic
+from broker.format.send_checks import check_entries, check_message
 from broker.format.system_topics import is_system_topic
+from broker.format.transaction_codec import ATTEMPT, is_half_batch, raw_property
 from broker.semantics import ScheduleMessageService, TransactionService
-from broker.semantics.send_checks import check_entries, check_message
 from broker.semantics.timer import TimerService
-from broker.semantics.transaction_codec import ATTEMPT, is_half_batch, raw_property
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus

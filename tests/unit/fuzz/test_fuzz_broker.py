@@ -27,8 +27,8 @@ from broker.client.half_batch import half_suffix
 from broker.format.batch import scan
 from broker.format.message import Prop, decode_entry
 from broker.format.numbers import is_ascii_digits
+from broker.format.transaction_codec import HALF_TOPIC_BYTES
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.transaction_codec import HALF_TOPIC_BYTES
 from tests.unit.fuzz.fuzz_oracle import LONG, STORE_SETTINGS, Fuzzer
 from tests.unit.fuzz.fuzz_strategies import (
     BAD_TOPICS,

@@ -13,7 +13,7 @@ from broker.client.half_batch import to_half_batch
 from broker.errors import MessageIllegalError
 from broker.format.batch import split_entries
 from broker.format.message import encode_entry
-from broker.semantics.transaction_codec import check_half_batch, rewrite_batch_as_half
+from broker.format.transaction_codec import check_half_batch, rewrite_batch_as_half
 
 TOPICS = ["T", "Topic2", "X_y-z", "%RETRY%g"]
 

@@ -53,10 +53,9 @@ from broker.format.message import (
     validate_topic,
 )
 from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
-from broker.format.properties import not_canonical, section_fault
+from broker.format.properties import not_canonical, property_number, section_fault
+from broker.format.send_checks import check_message
 from broker.format.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker.semantics.delay import parse_delay_level
-from broker.semantics.send_checks import check_message
 
 REMOVE_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVETAG
 FINISHED_TAG = "f"  # Sluice: every committed half of the transaction is in its real topic
@@ -72,6 +71,7 @@ ROLLBACK = "ROLLBACK"
 HALF_TOPIC_BYTES = validate_topic(TRANS_HALF_TOPIC)
 OP_TOPIC_BYTES = validate_topic(TRANS_OP_HALF_TOPIC)
 MAX_TRANSACTION_ID_CHARS = 512  # it travels in every half's properties
+MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in one property (limit 32767)
 
 
 def real_queue_id(value: str | bytes | None) -> int | None:
@@ -103,7 +103,7 @@ def refuse_delay(level: str | None, what: str) -> None:
     """MessageIllegalError for a half carrying a delay (DELAY > 0). Why: a commit stores its halves in their real
     topics at once, not through the delay service, so the delay would be silently ignored (RocketMQ's producer
     drops DELAY from transactional sends; Sluice says so instead)."""
-    if level is not None and parse_delay_level({Prop.DELAY: level}) > 0:
+    if level is not None and property_number(Prop.DELAY, level) > 0:
         raise MessageIllegalError(
             f"{what} has DELAY={shown(level)}: delayed transactional messages are not supported (a committed message "
             "is delivered at once); send it without DELAY, or send a plain delayed message after the commit"
