@@ -10,6 +10,8 @@ It holds:
 * ``message``: the entry layout (88-byte header, field positions, magic codes, sys flags), the single-message
   encoding and decoding, RocketMQ's property string (``Prop`` names), message ids (the offset id, ``UNIQ_KEY``)
   and topic validation;
+* ``single``: one message encoded as a commit-log entry from its fields, with the checks a put of one message
+  makes (what ``MessageStore.put_message`` writes);
 * ``properties``: scanning and checking property sections without decoding them (a numpy kernel);
 * ``numbers``: the decimal numbers that properties carry;
 * ``scan_kernel``: the vectorised walk over a run of entries that ``batch`` and ``properties`` build on;
