@@ -8,7 +8,7 @@ checks add what the broker's own semantics need of every message:
 * SYSFLAG transaction bits are the broker's to set (a plain message marked PREPARED was acknowledged and never
   delivered);
 * RECONSUME_TIMES is not negative (a negative count skipped retry delays and bought extra retries);
-* PROPERTIES are canonical (``store.properties``: decoded and encoded again they are the same bytes), so a message
+* PROPERTIES are canonical (``format.properties``: decoded and encoded again they are the same bytes), so a message
   that was accepted can always be read, sent back, delayed and committed as it was sent;
 * a producer group names a transaction's producers (check-backs go to it): one is required, as a group name.
 

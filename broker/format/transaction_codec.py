@@ -75,7 +75,7 @@ MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in
 
 
 def real_queue_id(value: str | bytes | None) -> int | None:
-    """The queue id a REAL_QID value names (ASCII digits, store.numbers, below MAX_QUEUE_ID); None if it names none.
+    """The queue id a REAL_QID value names (ASCII digits, format.numbers, below MAX_QUEUE_ID); None if it names none.
     The one reading of REAL_QID: the send check, the commit and recovery must agree on every value."""
     if value is None or not is_ascii_digits(value) or len(value) > MAX_NUMBER_DIGITS:
         return None

@@ -104,7 +104,7 @@ class DelayRewrite(NamedTuple):
 
 def parse_delay_level(props: Mapping[str, str]) -> int:
     """The DELAY property as an int (0 when absent, or "0": no delay); MessageIllegalError unless it is ASCII
-    digits (store.numbers: "-5" was stored as no delay and " 3" taken as 3)."""
+    digits (format.numbers: "-5" was stored as no delay and " 3" taken as 3)."""
     raw = props.get(Prop.DELAY)
     return 0 if raw is None else property_number(Prop.DELAY, raw)
 
