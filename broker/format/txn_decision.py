@@ -91,4 +91,3 @@ def make_decision(txn_id: str, commit: bool, shares: Iterable[Share] = ()) -> De
                 f"fit {MAX_ATTEMPTS_PROPERTY_CHARS} characters"
             )
     return Decision(txn_id, commit, participants)
-
