@@ -19,9 +19,9 @@ import tempfile
 import time
 from typing import Any
 
+from broker.format.message import encode_entry, encode_properties
 from broker.store import MessageStore, StoreConfig
 from broker.store import dispatcher as dispatcher_module
-from broker.store.message import encode_entry, encode_properties
 
 ENTRIES_PER_PASS = (4, 16, 64, 128, 256, 512)
 BODY = os.urandom(100)

@@ -602,7 +602,7 @@ class SluiceBroker:
         "raw" (pull_raw, entries not decoded) or "eager" (pull_raw, then decode_entry on every entry and its tags
         read, as a client that decodes every field up front would)."""
         from broker.client import PullConsumer
-        from broker.store.message import decode_entry
+        from broker.format.message import decode_entry
 
         with PullConsumer(self.endpoint, f"bench-{mode}") as consumer:
             t0 = time.perf_counter()

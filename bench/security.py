@@ -52,10 +52,10 @@ from broker.auth.gate import AuthGate, AuthSettings, source_address
 from broker.auth.operations import Operation
 from broker.auth.policy import allows
 from broker.auth.requirements import requirement_of
-from broker.auth.signature import check_date_time, parse_header, signature_matches
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.credentials import Credentials
 from broker.client.message import encode_message
+from broker.format.signature import check_date_time, parse_header, signature_matches
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.server.metrics import Counter

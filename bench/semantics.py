@@ -27,7 +27,7 @@ from typing import Any
 from broker.client import Admin, Message, Producer
 from broker.client.half_batch import to_half_batch
 from broker.client.message import encode_message
-from broker.semantics.transaction_codec import rewrite_batch_as_half
+from broker.format.transaction_codec import rewrite_batch_as_half
 from broker.server.process import BrokerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "semantics.json"

@@ -35,8 +35,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 
 from broker.client import Admin, Producer
+from broker.format.message import encode_entry
 from broker.server.process import BrokerProcess
-from broker.store.message import encode_entry
 from connector import SCHEMA, register
 from connector.record_batch import RowFilter, decode_entries
 

@@ -31,9 +31,9 @@ import threading
 import time
 from typing import Any
 
+from broker.format.message import encode_entry
 from broker.server.thread_placement import ThreadPlacement, parse_python_cpus
 from broker.store import MessageStore, StoreConfig
-from broker.store.message import encode_entry
 
 TOPIC = "BenchTopic"
 QUEUES = 8

@@ -19,10 +19,10 @@ from typing import Any
 
 from broker.address import DEFAULT_PORT, parse_endpoint, parse_listen
 from broker.errors import InvalidArgumentError
+from broker.format.system_topics import SCHEDULE_TOPIC
 from broker.ha.settings import ReplicationSettings
 from broker.private_file import refuse_if_shared
 from broker.semantics.delay import DelayLevels
-from broker.semantics.system_topics import SCHEDULE_TOPIC
 from broker.server.thread_placement import parse_python_cpus
 from broker.store.config import StoreConfig
 from broker.store.message_store import MAX_BYTES_PER_GET

@@ -1,6 +1,6 @@
 """Arrow record batches -> commit-log entries, the sink's hot path.
 
-Each row becomes one entry in the commit-log format (``broker.store.message.encode_entry``) so that a task can hand a
+Each row becomes one entry in the commit-log format (``broker.format.message.encode_entry``) so that a task can hand a
 whole buffer to ``SendBatch`` and the broker stores it with one copy. Columns:
 
     body          binary or string, required, never null
@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.errors import InvalidArgumentError, MessageIllegalError
-from broker.store.message import (
+from broker.format.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Prop,
     encode_entry,

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, Protocol, TypedDict, TypeVar
 
-from broker.auth.signature import validate_access_key, validate_secret_key
 from broker.client.credentials import Credentials
 from broker.errors import AuthenticationError, InvalidArgumentError, NoPermissionError
+from broker.format.signature import validate_access_key, validate_secret_key
 from connector.errors import CredentialsRefusedError, RightsMissingError, SourceOptionError
 
 AUTH_OPTIONS = ("accessKey", "secretKey")

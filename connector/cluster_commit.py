@@ -48,7 +48,7 @@ from typing import TypeVar
 from broker.client.coordinator import CoordinatorClient
 from broker.client.router import Router
 from broker.errors import BrokerError, ServiceNotAvailableError
-from broker.semantics.txn_decision import Decision, Share, make_decision
+from broker.format.txn_decision import Decision, Share, make_decision
 from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.tls_options import PLAIN, TlsFiles
 

@@ -23,8 +23,8 @@ from broker.address import parse_endpoint
 from broker.client.namesrv_client import parse_namesrv_list
 from broker.client.tls import TLS_SCHEME, split_scheme
 from broker.errors import InvalidArgumentError, MessageIllegalError
-from broker.server.consumer_offsets import MAX_GROUP_CHARS
-from broker.store.message import TOPIC_PATTERN, validate_topic
+from broker.format.message import TOPIC_PATTERN, validate_topic
+from broker.format.system_topics import MAX_GROUP_CHARS
 from connector.auth_options import ANONYMOUS, AUTH_OPTIONS, AuthKeys, parse_auth_options
 from connector.errors import SourceOptionError
 from connector.offsets import is_decimal

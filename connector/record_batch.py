@@ -1,6 +1,6 @@
 """Raw commit-log entries (as a pull returns them) -> one ``pyarrow.RecordBatch`` in ``schema.ARROW_SCHEMA``.
 
-Entries have an 88-byte fixed header (``broker.store.message.ENTRY_HEADER``), so every fixed field of every entry is
+Entries have an 88-byte fixed header (``broker.format.message.ENTRY_HEADER``), so every fixed field of every entry is
 gathered at once with numpy fancy indexing on the raw buffer instead of being unpacked entry by entry. The variable
 parts (body, properties) are cut out of the buffer by Arrow itself: a binary array whose offsets alternate between
 "start of part" and "end of part" over the whole buffer has the wanted parts at its even positions, and ``take``
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.errors import CorruptionError
-from broker.store.message import (
+from broker.format.message import (
     BODY_START,
     ENTRY_HEADER,
     MESSAGE_MAGIC,

@@ -60,8 +60,8 @@ from broker.errors import (
     ServiceNotAvailableError,
     SystemBusyError,
 )
-from broker.semantics.transaction import MAX_ATTEMPTS_PROPERTY_CHARS
-from broker.semantics.txn_decision import Share
+from broker.format.transaction_codec import MAX_ATTEMPTS_PROPERTY_CHARS
+from broker.format.txn_decision import Share
 from connector.arrow_encoder import EncodedChunk, RowEncoder, check_columns
 from connector.auth_options import explains_refusals, refusals_explained
 from connector.cluster_commit import ClusterCommit, choose_coordinator, live_masters, query_prefix

@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 
 from broker.client import PullStatus
 from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistError
-from broker.store.message import I64, POS_QUEUE_OFFSET
+from broker.format.message import I64, POS_QUEUE_OFFSET
 from connector.admission import AdmissionControl, default_read_limit
 from connector.auth_options import explains_refusals
 from connector.broker_link import BrokerLink, link_for, release_link, unknown_group

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from broker.server.consumer_offsets import MAX_GROUP_CHARS
+from broker.format.system_topics import MAX_GROUP_CHARS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from broker.auth.policy import Action, Decision, Entry, Pattern, parse_networks
-from broker.auth.signature import (
+from broker.errors import InvalidArgumentError, NoPermissionError, QueryNotFoundError
+from broker.format.signature import (
     ROOT_ACCESS_KEY_ENV,
     ROOT_SECRET_KEY_ENV,
     validate_access_key,
     validate_secret_key,
 )
-from broker.errors import InvalidArgumentError, NoPermissionError, QueryNotFoundError
 from broker.json_file import load_json, write_json_atomic
 from broker.private_file import PRIVATE_MODE, check_private
 

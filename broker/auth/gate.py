@@ -2,7 +2,7 @@
 
 Each call is authenticated first, from its metadata alone, before its body is parsed (below):
 
-* an ``authorization`` header (signature.py): the ``x-mq-date-time`` must be inside the window, the access key must
+* an ``authorization`` header (format/signature.py): ``x-mq-date-time`` must be inside the window, the access key must
   name an enabled user, the signature must match; any failure is UNAUTHENTICATED, never saying what the secret or
   the expected signature is. An unknown or disabled access key and a wrong signature get the same answer
   (``BAD_CREDENTIALS``), in about the same time (the signature is computed for an unknown key too, under a random
@@ -68,14 +68,14 @@ from broker.auth.requirements import (
     is_super_only,
     requirement_of,
 )
-from broker.auth.signature import (
+from broker.errors import AuthenticationError, BrokerError, NoPermissionError
+from broker.format.signature import (
     AUTHORIZATION_HEADER,
     DATE_TIME_HEADER,
     check_date_time,
     parse_header,
     signature_matches,
 )
-from broker.errors import AuthenticationError, BrokerError, NoPermissionError
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.server.call_stream import StreamCallContext, StreamRequestDetails
 from broker.server.handler_cache import WrappedHandlers

@@ -21,7 +21,7 @@ it admitted and reset when the call ends; a super user's caller passes every che
 broker's own work (check-back answers recorded by a thread, recovery, the participant resolver), nothing is set and
 ``authorize`` lets everything through: authorization never changes what an authorized caller sees.
 
-System topics (semantics/system_topics.py) hold what the broker still owes; no client reads their messages through
+System topics (broker/format/system_topics.py) hold what the broker still owes; no client reads their messages through
 any read path whatever its rights (the processors refuse those reads for everyone); their offsets and routes are
 for super users only, and no lookup creates one.
 """
@@ -38,7 +38,7 @@ from broker.auth.policy import CLUSTER, Action, Entry, Need, allows, need
 from broker.auth.policy import group as group_r
 from broker.auth.policy import topic as topic_r
 from broker.errors import NoPermissionError
-from broker.semantics.system_topics import is_system_topic
+from broker.format.system_topics import is_system_topic
 
 PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST, ALL = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE,
                                                     Action.DELETE, Action.GET, Action.LIST, Action.ALL)  # fmt: skip

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from broker.auth.operations import RULES, Operation, needs_of
 from broker.auth.policy import Need
 from broker.errors import BrokerError
-from broker.store.message import Prop, iter_entries
+from broker.format.message import Prop, iter_entries
 
 # Methods whose topic rights are decided where the request is parsed (the send processor: PUBLISH_BATCH).
 DEFERRED_TOPIC_CHECKS = frozenset({"/sluice.v1.Broker/SendBatch"})

@@ -36,7 +36,7 @@ PROFILE_ENV = "SLUICE_PROFILE"
 PROFILE_KEYS = (ENDPOINT_ENV, NAMESRV_ENV, ACCESS_KEY_ENV, SECRET_KEY_ENV, CA_ENV, CERT_ENV, KEY_ENV)
 MAX_PROFILE_BYTES = 16 * 1024  # seven settings of a few hundred characters each, with comments: a larger file is
 # not a profile, and it is read whole
-MAX_SECRET_FILE_BYTES = 4096  # a secret is at most 64 characters (broker/auth/signature.py); allow a comment's room
+MAX_SECRET_FILE_BYTES = 4096  # a secret is at most 64 characters (broker/format/signature.py); allow a comment's room
 PRIVATE_MODE_MASK = 0o077  # any bit for group or others
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from broker.client.admin_results import AclEntry, UserInfo
 
 # 30 random bytes, 40 URL-safe characters: 240 bits, more than HMAC-SHA1's 160-bit output can use, and within the
-# 64 characters a secret key may have (broker/auth/signature.py).
+# 64 characters a secret key may have (broker/format/signature.py).
 GENERATED_SECRET_BYTES = 30
 SHOWN_ONCE = "shown only this once: the broker never answers it back"
 RESOURCE_HELP = ("Cluster, Topic:NAME, Group:NAME (NAME may end in * for a prefix, or be *), or * for every "

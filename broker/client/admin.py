@@ -73,9 +73,9 @@ from broker.errors import (
     TopicExistsError,
     TopicNotExistError,
 )
+from broker.format.message import parse_msg_id, validate_topic
+from broker.format.system_topics import retry_topic
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.system_topics import retry_topic
-from broker.store.message import parse_msg_id, validate_topic
 
 __all__ = [
     "AclEntry", "Admin", "BrokerAclEntry", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from broker.auth.signature import validate_access_key, validate_secret_key
 from broker.client.admin_base import AdminBase, ask_broker, with_broker
 from broker.client.admin_results import (
     AclEntry,
@@ -26,6 +25,7 @@ from broker.client.admin_results import (
 )
 from broker.client.route import DIRECT_BROKER
 from broker.errors import BrokerError, InvalidArgumentError, QueryNotFoundError
+from broker.format.signature import validate_access_key, validate_secret_key
 from broker.proto import sluice_pb2 as pb
 
 

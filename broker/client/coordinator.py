@@ -15,10 +15,11 @@ from broker.client.connection import Connection
 from broker.client.route import MASTER_ID
 from broker.client.router import Router
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.format.txn_decision import Decision
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.txn_decision import Decision, from_pb, to_pb
+from broker.proto.decision import from_pb, to_pb
 
 
 class CoordinatorClient:

@@ -1,6 +1,6 @@
 """A client's access key and secret key, and the channel interceptor that signs each call with them.
 
-Every call carries a fresh ``x-mq-date-time`` and its ``MQv2-HMAC-SHA1`` signature (broker/auth/signature.py: the
+Every call carries a fresh ``x-mq-date-time`` and its ``MQv2-HMAC-SHA1`` signature (broker/format/signature.py: the
 header RocketMQ 5's clients send, so the same user works for both); the broker refuses one signed more than its
 window (15 minutes by default) away from its clock, so a client whose clock is off by more gets UNAUTHENTICATED
 saying so. The secret never leaves this object: its repr hides it, and it is not part of any error.
@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from broker.auth.signature import signed_metadata, validate_access_key, validate_secret_key
 from broker.errors import InvalidArgumentError
+from broker.format.signature import signed_metadata, validate_access_key, validate_secret_key
 
 ACCESS_KEY_ENV = "SLUICE_ACCESS_KEY"
 SECRET_KEY_ENV = "SLUICE_SECRET_KEY"

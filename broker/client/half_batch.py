@@ -15,14 +15,14 @@ from __future__ import annotations
 import numpy as np
 
 from broker.errors import MessageIllegalError
-from broker.semantics.system_topics import TRANS_HALF_TOPIC
-from broker.semantics.transaction_codec import HALF_PROPERTY_NAMES, check_transaction_id, rewrite_batch_as_half
-from broker.store.batch import MAX_QUEUE_ID, EntryRun, scan, splice
-from broker.store.message import (
+from broker.format.batch import MAX_QUEUE_ID, EntryRun, scan, splice
+from broker.format.message import (
     MAX_PROPERTIES_BYTES,
     Prop,
     SysFlag,
 )
+from broker.format.system_topics import TRANS_HALF_TOPIC
+from broker.format.transaction_codec import HALF_PROPERTY_NAMES, check_transaction_id, rewrite_batch_as_half
 
 HALF_TOPIC = TRANS_HALF_TOPIC.encode("ascii")
 _HALF_TOPIC_FIELD = bytes([len(HALF_TOPIC)]) + HALF_TOPIC

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from broker.store.batch import HEADER_DTYPE, gather, headers
-from broker.store.message import (
+from broker.format.batch import HEADER_DTYPE, gather, headers
+from broker.format.message import (
     BODY_START,
     ENTRY_HEADER,
     MESSAGE_MAGIC,

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 from broker.client.lazy_message import decode_pulled
 from broker.errors import MessageIllegalError
-from broker.semantics.transaction_codec import ATTEMPT, COMMITTED_ATTEMPTS
-from broker.store.message import (
+from broker.format.message import (
     DEFAULT_BORN_IP,
     ENTRY_HEADER,
     MAX_PROPERTIES_BYTES,
@@ -27,9 +26,10 @@ from broker.store.message import (
     encode_properties,
     validate_topic,
 )
+from broker.format.transaction_codec import ATTEMPT, COMMITTED_ATTEMPTS
 
 # Properties the broker or this library set or interpret: RocketMQ's MessageConst names (Prop), a batch
-# transaction's attempt markers (broker/semantics/transaction_codec.py) and the DLQ_ origin ones; every other
+# transaction's attempt markers (broker/format/transaction_codec.py) and the DLQ_ origin ones; every other
 # property is the application's own.
 BROKER_PROPERTIES = frozenset({v for k, v in vars(Prop).items() if k.isupper()} | {ATTEMPT, COMMITTED_ATTEMPTS})
 BROKER_PROPERTY_PREFIXES = ("DLQ_",)

@@ -103,8 +103,8 @@ class NameServerClient:
         return result
 
     def replica_groups(self) -> list[Any]:
-        """Each broker group's master, epoch, in-sync members and slaves' lag (broker/ha/cluster_view.py)."""
-        from broker.ha.cluster_view import group_rows
+        """Each broker group's master, epoch, in-sync members and slaves' lag (broker/client/cluster_view.py)."""
+        from broker.client.cluster_view import group_rows
 
         return list(group_rows(self.cluster_info()))
 

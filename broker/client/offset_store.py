@@ -25,8 +25,8 @@ from broker.client.consumer_options import ConsumeFrom
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
+from broker.format.system_topics import RETRY_GROUP_TOPIC_PREFIX
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.system_topics import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -63,11 +63,11 @@ from broker.errors import (
     SendOutcomeUnknownError,
     ServiceNotAvailableError,
 )
+from broker.format.batch import split_entries
+from broker.format.message import I32, POS_QUEUE_ID, Prop, java_string_hash, msg_id_at, validate_topic
+from broker.format.transaction_codec import is_half_batch
 from broker.proto import sluice_pb2 as pb
 from broker.proto.wire import Data, Framed
-from broker.semantics.transaction_codec import is_half_batch
-from broker.store.batch import split_entries
-from broker.store.message import I32, POS_QUEUE_ID, Prop, java_string_hash, msg_id_at, validate_topic
 
 T = TypeVar("T")
 

@@ -86,19 +86,19 @@ from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.client.tls import TlsSettings
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
+from broker.format.lock_lease import DEFAULT_LOCK_MAX_LIVE_MS
+from broker.format.message import Prop
+from broker.format.system_topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.proto.subscription import parse_tags, tag_matches
-from broker.semantics.queue_lock import DEFAULT_LOCK_MAX_LIVE_MS
-from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, retry_topic
-from broker.store.message import Prop
 
 log = logging.getLogger(__name__)
 
 EARLY_ANSWER_BACKOFF_S = 0.1
 LOCK_RETRY_S = 1.0  # orderly: an unlocked queue (held by another consumer) is tried again this often
 # Orderly: how long the client trusts a lock without renewing it -- RocketMQ's client lockMaxLiveTime, half of the
-# broker's (broker.semantics.queue_lock.DEFAULT_LOCK_MAX_LIVE_MS), so a client whose renewals stop pauses its queues
+# broker's (broker.format.lock_lease.DEFAULT_LOCK_MAX_LIVE_MS), so a client whose renewals stop pauses its queues
 # well before the broker could give them to another consumer.
 CLIENT_LOCK_MAX_LIVE_MS = DEFAULT_LOCK_MAX_LIVE_MS // 2
 DEFAULT_ROUTE_POLL_INTERVAL_MS = 30_000  # RocketMQ's pollNameServerInterval

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from broker.store.message import StoredMessage
+from broker.format.message import StoredMessage
 
 # A pulled message: StoredMessage exposes msg_id, topic, queue_id, queue_offset, commitlog_offset, body, tags,
 # keys, properties, born_timestamp/store_timestamp (and hosts) and reconsume_times.

@@ -32,8 +32,8 @@ from broker.client.message import Message, body_bytes
 from broker.client.producer import Producer, SendResults
 from broker.client.results import ReceivedMessage, SendResult
 from broker.errors import BrokerError
+from broker.format.message import decode_entry
 from broker.proto import sluice_pb2 as pb
-from broker.store.message import decode_entry
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ from broker.filter.sql92_parser import (
     Value,
     parse,
 )
-from broker.store.message import StoredMessage
+from broker.format.message import StoredMessage
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,6 @@ mode over Kafka's rules. docs/replication.md is the operator's guide; this is th
 * **Metadata** (metadata_sync.py): the master's topics, subscription groups, consumer offsets, delay progress and
   transaction state files reach the slaves with the fetches.
 * **Roles** (manager.py): taking and leaving office; settings.py lists every setting; metrics.py the metrics;
-  cluster_view.py what `sluice cluster list` shows; local_group.py and etcd_process.py run groups for tests and
-  benchmarks.
+  (broker/client/cluster_view.py: what `sluice cluster list` shows); local_group.py and etcd_process.py run groups
+  for tests and benchmarks.
 """

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.errors import CorruptionError
-from broker.store.batch import first_unstorable, scan
-from broker.store.message import BLANK_MAGIC, END_FILE_MIN_BLANK_LENGTH, POS_PHYSICAL_OFFSET, PREFIX
+from broker.format.batch import first_unstorable, scan
+from broker.format.message import BLANK_MAGIC, END_FILE_MIN_BLANK_LENGTH, POS_PHYSICAL_OFFSET, PREFIX
 
 # A chunk's bytes are one gRPC message: 4 MiB keeps a maximal batch (4 MiB) to one or two chunks and the stream's
 # memory bounded (the slave keeps at most a chunk plus an entry's tail).

@@ -32,10 +32,10 @@ from typing import Any, Protocol
 import grpc
 
 from broker.errors import BrokerError, FlushSlaveTimeoutError, InvalidArgumentError, NotMasterError
+from broker.format.message import I32
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import RESPONSE_CODE_KEY, grpc_code_for
 from broker.server.handler_cache import WrappedHandlers
-from broker.store.message import I32
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass, field, replace
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, TopicNotExistError
-from broker.store.message import validate_topic
+from broker.format.message import validate_topic
 
 log = logging.getLogger(__name__)
 

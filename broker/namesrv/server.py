@@ -23,8 +23,8 @@ import grpc
 
 from broker.auth.accounts import Accounts, User
 from broker.auth.gate import AuthGate, AuthSettings
-from broker.auth.signature import DEFAULT_WINDOW_S, ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.format.signature import DEFAULT_WINDOW_S, ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
 from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc

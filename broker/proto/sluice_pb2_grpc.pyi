@@ -5,7 +5,7 @@ isort:skip_file
 Sluice broker wire API. Regenerate the Python stubs with `make proto` (python -m broker.proto.build).
 
 Throughput paths carry commit-log entries as raw bytes, never one protobuf object per message:
-  * SendBatch: the client encodes every message with broker.store.message.encode_entry (store fields zero)
+  * SendBatch: the client encodes every message with broker.format.message.encode_entry (store fields zero)
     and sends the entries back to back in one `entries` buffer; the broker validates and appends it whole.
   * PullMessage / QueryMessageByKey / ViewMessageById: entries come back exactly as they lie in the commit
     log, in `entries`, with the start of each one in `entry_positions`; the client decodes.

@@ -6,7 +6,7 @@ tag string exactly.
 from __future__ import annotations
 
 from broker.errors import SubscriptionParseError
-from broker.store.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, tag_hash_code
+from broker.format.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, tag_hash_code
 
 SUB_ALL = "*"
 MAX_EXPRESSION_CHARS = 4096

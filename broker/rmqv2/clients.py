@@ -42,8 +42,8 @@ from broker.auth.caller import Caller, owner_of
 from broker.auth.operations import Operation, needs_of
 from broker.auth.policy import Action, need
 from broker.errors import NoPermissionError, SystemBusyError
+from broker.format.message import Prop, StoredMessage
 from broker.rmqv2.convert import to_v2
-from broker.store.message import Prop, StoredMessage
 
 log = logging.getLogger(__name__)
 

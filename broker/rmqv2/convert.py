@@ -19,8 +19,8 @@ from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as v2
 
 from broker.errors import MessageIllegalError
+from broker.format.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, Prop, StoredMessage, SysFlag
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
-from broker.store.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, Prop, StoredMessage, SysFlag
 
 BORN_HOST = "__BORNHOST"  # RocketMQ's MessageConst.PROPERTY_BORN_HOST
 TRACE_CONTEXT = "TRACE_CONTEXT"

@@ -28,6 +28,8 @@ from broker.auth.caller import Caller, current_caller
 from broker.auth.operations import Operation, needs_of
 from broker.config import BrokerConfig
 from broker.errors import BrokerError, MessageIllegalError, SystemBusyError
+from broker.format.message import Prop, decode_entry, java_string_hash, validate_topic
+from broker.format.system_topics import is_system_topic
 from broker.rmqv2.clients import ClientRegistry
 from broker.rmqv2.codes import Code, ProtocolError, status, status_of
 from broker.rmqv2.convert import Outgoing, message_id, millis, to_sluice, to_v2
@@ -35,7 +37,6 @@ from broker.rmqv2.route import RouteSource, assignments, message_queues, request
 from broker.semantics import SubscriptionGroupManager, TransactionService
 from broker.semantics.pop import PopRequest, PopService
 from broker.semantics.subscription_group import SubscriptionGroupConfig
-from broker.semantics.system_topics import is_system_topic
 from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.consumer_manager import CLUSTERING, ConsumerManager
@@ -43,7 +44,6 @@ from broker.server.consumer_offsets import validate_group
 from broker.server.pull_processor import FOUND, PullProcessor, PullRequestArgs
 from broker.server.request_guard import MalformedRequest
 from broker.server.send_processor import SendProcessor
-from broker.store.message import Prop, decode_entry, java_string_hash, validate_topic
 
 log = logging.getLogger(__name__)
 

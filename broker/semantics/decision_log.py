@@ -55,14 +55,15 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from broker.errors import InvalidArgumentError
+from broker.format.message import Prop
+from broker.format.system_topics import TRANS_DECISION_TOPIC, TRANS_READER_GROUP
+from broker.format.transaction_codec import check_transaction_id
+from broker.format.txn_decision import Decision, make_decision
 from broker.json_file import load_json, write_json_atomic
 from broker.proto import coordinator_pb2 as cpb
-from broker.semantics.system_topics import TRANS_DECISION_TOPIC, TRANS_READER_GROUP
+from broker.proto.decision import from_pb, to_pb
 from broker.semantics.transaction import DEFAULT_OUTCOME_RETENTION_MS, TransactionError
-from broker.semantics.transaction_codec import check_transaction_id
-from broker.semantics.txn_decision import Decision, from_pb, make_decision, to_pb
 from broker.store import GetStatus, MessageStore, PutStatus
-from broker.store.message import Prop
 
 log = logging.getLogger(__name__)
 

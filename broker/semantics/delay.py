@@ -36,11 +36,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from broker.errors import CorruptionError, InvalidArgumentError, MessageIllegalError
-from broker.ha.metadata_sync import LOG_END_KEY
-from broker.json_file import load_json, write_json_atomic
-from broker.semantics.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
-from broker.store import GetStatus, MessageStore, PutResult, PutStatus
-from broker.store.message import (
+from broker.format.message import (
     Prop,
     StoredMessage,
     decode_properties,
@@ -49,8 +45,12 @@ from broker.store.message import (
     parse_layout,
     validate_topic,
 )
-from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
-from broker.store.properties import property_number
+from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.format.properties import property_number
+from broker.format.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
+from broker.ha.metadata_sync import LOG_END_KEY
+from broker.json_file import load_json, write_json_atomic
+from broker.store import GetStatus, MessageStore, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class DelayRewrite(NamedTuple):
 
 def parse_delay_level(props: Mapping[str, str]) -> int:
     """The DELAY property as an int (0 when absent, or "0": no delay); MessageIllegalError unless it is ASCII
-    digits (store.numbers: "-5" was stored as no delay and " 3" taken as 3)."""
+    digits (format.numbers: "-5" was stored as no delay and " 3" taken as 3)."""
     raw = props.get(Prop.DELAY)
     return 0 if raw is None else property_number(Prop.DELAY, raw)
 

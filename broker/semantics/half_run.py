@@ -40,18 +40,8 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.errors import MessageIllegalError, shown
-from broker.semantics.transaction_codec import (
-    ATTEMPT,
-    HALF_PROPERTY_NAMES,
-    HALF_TOPIC_BYTES,
-    RawHalf,
-    check_half_batch,
-    commit_raw,
-    property_of,
-    real_queue_id,
-)
-from broker.store.batch import MAX_QUEUE_ID, EntryRun, gather, headers, put_rows, queue_id_ranges, rows_at, scan
-from broker.store.message import (
+from broker.format.batch import MAX_QUEUE_ID, EntryRun, gather, headers, put_rows, queue_id_ranges, rows_at, scan
+from broker.format.message import (
     BODY_START,
     MAX_PROPERTIES_BYTES,
     MESSAGE_MAGIC,
@@ -60,6 +50,16 @@ from broker.store.message import (
     Prop,
     SysFlag,
     validate_topic,
+)
+from broker.format.transaction_codec import (
+    ATTEMPT,
+    HALF_PROPERTY_NAMES,
+    HALF_TOPIC_BYTES,
+    RawHalf,
+    check_half_batch,
+    commit_raw,
+    property_of,
+    real_queue_id,
 )
 
 MAX_DISTINCT_PER_RUN = 64  # distinct real queues (or writer attempts) matched in bulk per run

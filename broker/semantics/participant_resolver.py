@@ -24,11 +24,11 @@ import threading
 from collections.abc import Callable
 
 from broker.errors import BrokerError, InvalidArgumentError
+from broker.format.message import StoredMessage
+from broker.format.transaction_codec import COORDINATOR
+from broker.format.txn_decision import Decision
 from broker.semantics.decision_log import MAX_QUERY_IDS
 from broker.semantics.transaction import TransactionService
-from broker.semantics.transaction_codec import COORDINATOR
-from broker.semantics.txn_decision import Decision
-from broker.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 

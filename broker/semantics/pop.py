@@ -48,15 +48,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.errors import BrokerError, InvalidArgumentError, InvalidReceiptHandleError, ServiceNotAvailableError
+from broker.format.message import Prop, StoredMessage, delivered_sys_flag
+from broker.format.system_topics import dlq_topic
 from broker.proto.subscription import parse_tags, tag_codes, tag_matches
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.pop_book import PopBook, QueueKey
 from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.semantics.subscription_group import SubscriptionGroupManager
-from broker.semantics.system_topics import dlq_topic
 from broker.store import GetStatus, MessageStore, PutStatus
-from broker.store.message import Prop, StoredMessage, delivered_sys_flag
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.errors import InvalidArgumentError
+from broker.format.lock_lease import DEFAULT_LOCK_MAX_LIVE_MS
 
-DEFAULT_LOCK_MAX_LIVE_MS = 60_000
 MAX_QUEUES_PER_REQUEST = 4096  # a lock batch is answered under one mutex: bound its size
 
 Queue = tuple[str, int]  # (topic, queue id)

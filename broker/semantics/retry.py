@@ -27,11 +27,11 @@ import threading
 from dataclasses import dataclass
 
 from broker.errors import BrokerError, InvalidArgumentError, QueryNotFoundError, ResponseCode
+from broker.format.message import Prop, StoredMessage, SysFlag, delivered_sys_flag
+from broker.format.system_topics import dlq_topic, is_system_topic, retry_topic
 from broker.semantics.delay import ScheduleMessageService, _host_tuple
 from broker.semantics.subscription_group import SubscriptionGroupManager
-from broker.semantics.system_topics import dlq_topic, is_system_topic, retry_topic
 from broker.store import MessageStore, PutResult
-from broker.store.message import Prop, StoredMessage, SysFlag, delivered_sys_flag
 
 log = logging.getLogger(__name__)
 

@@ -38,12 +38,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from broker.errors import CorruptionError, InvalidReceiptHandleError, MessageIllegalError, SystemBusyError
-from broker.semantics import timer_progress
-from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
-from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
-from broker.semantics.system_topics import TIMER_READER_GROUP, TIMER_TOPIC
-from broker.store import GetStatus, MessageStore, PutStatus
-from broker.store.message import (
+from broker.format.message import (
     Prop,
     StoredMessage,
     decode_properties,
@@ -52,6 +47,11 @@ from broker.store.message import (
     parse_layout,
     validate_topic,
 )
+from broker.format.system_topics import TIMER_READER_GROUP, TIMER_TOPIC
+from broker.semantics import timer_progress
+from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
+from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
+from broker.store import GetStatus, MessageStore, PutStatus
 
 log = logging.getLogger(__name__)
 

@@ -71,17 +71,29 @@ from broker.errors import (
     QueryNotFoundError,
     ResponseCode,
 )
-from broker.ha.metadata_sync import LOG_END_KEY
-from broker.json_file import load_json, write_json_atomic
-from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
-from broker.semantics.send_checks import check_entries, check_message, validate_producer_group
-from broker.semantics.system_topics import (
+from broker.format.batch import SmallBatch, ValidatedBatch, batch_properties, split_entries
+from broker.format.message import (
+    I32,
+    I64,
+    POS_PHYSICAL_OFFSET,
+    POS_PREPARED_TX_OFFSET,
+    POS_STORE_TIMESTAMP,
+    POS_SYS_FLAG,
+    PREFIX,
+    Prop,
+    StoredMessage,
+    SysFlag,
+    decode_entry,
+    iter_entries,
+)
+from broker.format.send_checks import check_entries, check_message, validate_producer_group
+from broker.format.system_topics import (
     TRANS_HALF_TOPIC,
     TRANS_MARKER_TOPIC,
     TRANS_OP_HALF_TOPIC,
     TRANS_READER_GROUP,
 )
-from broker.semantics.transaction_codec import (
+from broker.format.transaction_codec import (
     ATTEMPT,
     BATCH,
     COMMIT,
@@ -90,6 +102,7 @@ from broker.semantics.transaction_codec import (
     COORDINATOR,
     DECISION,
     FINISHED_TAG,
+    MAX_ATTEMPTS_PROPERTY_CHARS,
     REMOVE_TAG,
     ROLLBACK,
     RawHalf,
@@ -106,6 +119,9 @@ from broker.semantics.transaction_codec import (
     refuse_delay,
     rewrite_batch_as_half,
 )
+from broker.ha.metadata_sync import LOG_END_KEY
+from broker.json_file import load_json, write_json_atomic
+from broker.semantics.half_run import CommittedRun, HalfRun, check_halves, commit_halves
 from broker.semantics.txn_in_place import (
     IN_PLACE,
     MESSAGES,
@@ -115,21 +131,6 @@ from broker.semantics.txn_in_place import (
     split_slices,
 )
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
-from broker.store.batch import SmallBatch, ValidatedBatch, batch_properties, split_entries
-from broker.store.message import (
-    I32,
-    I64,
-    POS_PHYSICAL_OFFSET,
-    POS_PREPARED_TX_OFFSET,
-    POS_STORE_TIMESTAMP,
-    POS_SYS_FLAG,
-    PREFIX,
-    Prop,
-    StoredMessage,
-    SysFlag,
-    decode_entry,
-    iter_entries,
-)
 from broker.store.txn_visibility import MARKER_QUEUE_ID, OpenSlice, encode_marker, mark_in_place
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,6 @@ DEFAULT_MAX_OPEN_MS = 3_600_000
 DEFAULT_COMMIT_MEMORY_BYTES = 512 << 20
 SCAN_BATCH = 1024  # messages per get while scanning a queue
 DISPATCH_WAIT_S = 30.0  # how long start-up recovery waits for the store's dispatcher to reach the log end
-MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in one property (limit 32767)
 _DELAY_NAME = f"{Prop.DELAY}\x01".encode()
 
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from broker.errors import InvalidArgumentError
-from broker.semantics.transaction_codec import ATTEMPT, COORDINATOR
-from broker.store.message import Prop
+from broker.format.message import Prop
+from broker.format.transaction_codec import ATTEMPT, COORDINATOR
 
 SLICE = "TRAN_SLICE"  # "1" on a slice record
 IN_PLACE = "TRAN_IN_PLACE"  # "true" on the decision of a transaction that wrote in place

@@ -8,14 +8,7 @@ from dataclasses import dataclass
 
 from broker.auth.operations import Operation, allowed, authorize
 from broker.errors import InvalidArgumentError, QueryNotFoundError, SubscriptionGroupNotExistError, shown
-from broker.semantics.system_topics import is_system_topic, refuse_system_topic
-from broker.server.consumer_manager import ConsumerManager
-from broker.server.consumer_offsets import ConsumerOffsetManager, QueueKey, validate_group
-from broker.server.pull_hold import PullHoldService
-from broker.server.pull_processor import PullProcessor
-from broker.server.topic_config import TopicConfig, TopicConfigManager
-from broker.store import MessageStore
-from broker.store.message import (
+from broker.format.message import (
     BODY_START,
     I32,
     POS_BODY_LENGTH,
@@ -24,6 +17,13 @@ from broker.store.message import (
     encode_properties,
     validate_topic,
 )
+from broker.format.system_topics import is_system_topic, refuse_system_topic
+from broker.server.consumer_manager import ConsumerManager
+from broker.server.consumer_offsets import ConsumerOffsetManager, QueueKey, validate_group
+from broker.server.pull_hold import PullHoldService
+from broker.server.pull_processor import PullProcessor
+from broker.server.topic_config import TopicConfig, TopicConfigManager
+from broker.store import MessageStore
 
 DEFAULT_QUERY_MAX = 64
 QUERY_MAX_LIMIT = 4096

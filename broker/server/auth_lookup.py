@@ -4,9 +4,9 @@ of a transaction named by id or half offset, and the topic of a message named by
 from __future__ import annotations
 
 from broker.errors import BrokerError
+from broker.format.message import BODY_START, I32, POS_BODY_LENGTH
 from broker.semantics.transaction import TransactionService
 from broker.store import MessageStore
-from broker.store.message import BODY_START, I32, POS_BODY_LENGTH
 
 
 class BrokerLookup:

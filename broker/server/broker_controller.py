@@ -25,12 +25,13 @@ from broker.auth.gate import AuthGate, AuthSettings
 from broker.auth.held_streams import UserStreams
 from broker.auth.http_basic import metrics_access
 from broker.auth.operations import transaction_access
-from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
 from broker.client.router import Router
 from broker.config import BrokerConfig
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.format.message import StoredMessage
+from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.ha.gate import ReplicationGate
 from broker.ha.manager import BrokerHooks, ReplicationManager
 from broker.ha.metrics import register_replication_metrics
@@ -73,7 +74,6 @@ from broker.server.tls import add_port
 from broker.server.topic_config import TopicConfigManager
 from broker.server.transaction_processor import CheckHub, TransactionProcessor
 from broker.store import MessageStore
-from broker.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 

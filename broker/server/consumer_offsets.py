@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidArgumentError, LimitExceededError
+from broker.format.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
+from broker.format.system_topics import MAX_GROUP_CHARS, RETRY_GROUP_TOPIC_PREFIX
 from broker.json_file import load_json, write_json_atomic
-from broker.semantics.system_topics import RETRY_GROUP_TOPIC_PREFIX
-from broker.store.message import MAX_TOPIC_BYTES, TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,6 @@ QueueKey = tuple[str, int]  # (topic, queue id)
 MAX_OFFSETS = 1_000_000
 
 
-# A group becomes part of its %RETRY% and %DLQ% topic names, which must fit the topic limit: the longer prefix
-# decides. (A longer name was accepted once, and every heartbeat and send-back then failed naming its retry topic.)
-MAX_GROUP_CHARS = MAX_TOPIC_BYTES - len(RETRY_GROUP_TOPIC_PREFIX)  # 120
 
 
 def validate_group(group: str) -> None:

@@ -20,12 +20,13 @@ import grpc
 from broker.auth.operations import Operation, authorize
 from broker.client.coordinator import CoordinatorClient
 from broker.errors import BrokerError, ResponseCode, ServiceNotAvailableError
+from broker.format.txn_decision import Decision
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
+from broker.proto.decision import from_pb, to_pb
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics.decision_log import DecisionLog
 from broker.semantics.participant_resolver import Ask
-from broker.semantics.txn_decision import Decision, from_pb, to_pb
 from broker.server.request_guard import refuse_if_malformed
 
 log = logging.getLogger(__name__)

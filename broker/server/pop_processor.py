@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 
 from broker.errors import InvalidArgumentError
+from broker.format.system_topics import refuse_system_topic
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.pop import PopRequest, PopService
-from broker.semantics.system_topics import refuse_system_topic
 from broker.server.admin_processor import encode_stored
 from broker.server.consumer_offsets import validate_group
 

@@ -25,14 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.errors import InvalidArgumentError
+from broker.format.message import StoredMessage, validate_topic
+from broker.format.system_topics import refuse_system_topic
 from broker.proto.subscription import parse_tags, tag_codes
-from broker.semantics.system_topics import refuse_system_topic
 from broker.server.consumer_offsets import ConsumerOffsetManager, validate_group
 from broker.server.metrics import BrokerMetrics
 from broker.server.pull_hold import PullHoldService
 from broker.server.topic_config import TopicConfigManager
 from broker.store import GetStatus, MessageStore
-from broker.store.message import StoredMessage, validate_topic
 from broker.store.results import GetResult
 
 FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING
 
 from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerError, BrokerUnreachableError, NoPermissionError
+from broker.format.system_topics import is_system_topic
 from broker.namesrv.route_table import Runtime
 from broker.proto import namesrv_pb2 as npb
-from broker.semantics.system_topics import is_system_topic
 from broker.server.broker_identity import BrokerIdentity
 from broker.server.topic_config import TopicConfigManager
 

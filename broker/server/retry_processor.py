@@ -14,9 +14,9 @@ import logging
 from broker.auth.operations import Operation, authorize
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, shown
 from broker.filter.sql92 import SqlFilter, compile_sql92
+from broker.format.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import RetryService, SubscriptionGroupConfig, SubscriptionGroupManager
-from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
 from broker.server.consumer_offsets import validate_group
 from broker.server.send_processor import raise_for_put
 from broker.server.topic_config import TopicConfigManager

@@ -35,10 +35,10 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from broker.errors import SystemBusyError
-from broker.semantics.system_topics import SCHEDULE_TOPIC
-from broker.semantics.transaction_codec import raw_property
+from broker.format.message import BODY_START, I32, POS_BODY_LENGTH, Prop
+from broker.format.system_topics import SCHEDULE_TOPIC
+from broker.format.transaction_codec import raw_property
 from broker.store import MessageStore, PutStatus
-from broker.store.message import BODY_START, I32, POS_BODY_LENGTH, Prop
 from broker.store.results import PutResult
 
 log = logging.getLogger(__name__)

@@ -22,16 +22,16 @@ from broker.errors import (
     ResponseCode,
     ServiceNotAvailableError,
 )
+from broker.format.batch import SmallBatch, ValidatedBatch, batch_properties, queue_ranges
+from broker.format.message import ENTRY_HEADER, I32, validate_topic
+from broker.format.send_checks import check_entries, check_message
+from broker.format.system_topics import is_system_topic
+from broker.format.transaction_codec import ATTEMPT, is_half_batch, raw_property
 from broker.semantics import ScheduleMessageService, TransactionService
-from broker.semantics.send_checks import check_entries, check_message
-from broker.semantics.system_topics import is_system_topic
 from broker.semantics.timer import TimerService
-from broker.semantics.transaction_codec import ATTEMPT, is_half_batch, raw_property
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
-from broker.store.batch import SmallBatch, ValidatedBatch, batch_properties, queue_ranges
-from broker.store.message import ENTRY_HEADER, I32, validate_topic
 from broker.store.results import PutResult
 
 # Put statuses that mean "stored, but durability not confirmed": answered with a SendStatus, not an error.

@@ -19,11 +19,12 @@ import grpc
 
 from broker.auth.admin import AccountsAdmin
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
+from broker.format.message import Prop, validate_topic
+from broker.format.system_topics import refuse_system_topic
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics import QueueLockManager
-from broker.semantics.system_topics import refuse_system_topic
 from broker.server.admin_processor import AdminProcessor, pack_entries
 from broker.server.call_stream import CallStreams, UnaryBehavior
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
@@ -37,7 +38,6 @@ from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
 from broker.server.transaction_processor import TransactionProcessor
-from broker.store.message import Prop, validate_topic
 from broker.store.results import PutResult
 
 log = logging.getLogger(__name__)

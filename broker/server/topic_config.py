@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidArgumentError, LimitExceededError, TopicExistsError, TopicNotExistError
+from broker.format.message import validate_topic
+from broker.format.system_topics import is_system_topic
 from broker.json_file import load_json, write_json_atomic
-from broker.semantics.system_topics import is_system_topic
-from broker.store.message import validate_topic
 
 log = logging.getLogger(__name__)
 

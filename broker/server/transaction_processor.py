@@ -29,11 +29,11 @@ from broker.auth.caller import Caller, current_caller
 from broker.auth.operations import Operation, needs_of
 from broker.auth.policy import Action, need
 from broker.errors import InvalidArgumentError, SystemBusyError, shown
+from broker.format.message import Prop, StoredMessage
+from broker.format.send_checks import validate_producer_group
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import EndResult, TransactionInfo, TransactionService, TxState, TxStatus
-from broker.semantics.send_checks import validate_producer_group
 from broker.server.admin_processor import encode_stored
-from broker.store.message import Prop, StoredMessage
 
 log = logging.getLogger(__name__)
 

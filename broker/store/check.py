@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from broker.store.batch import Buffer, counted_entries, scan
+from broker.format.batch import Buffer, counted_entries, scan
 from broker.store.consume_queue import CQ_DTYPE
 from broker.store.dispatcher import message_keys
 from broker.store.index_file import INDEX_HEADER, index_key, key_hash

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker.format.numbers import is_ascii_digits
 from broker.store.commit_log import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
 from broker.store.flush import ServiceThread
 from broker.store.index_file import IndexService
-from broker.store.numbers import is_ascii_digits
 
 log = logging.getLogger(__name__)
 

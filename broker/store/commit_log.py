@@ -20,11 +20,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError
-from broker.store.batch import SmallBatch, ValidatedBatch, assign_queue_offsets
-from broker.store.config import StoreConfig
-from broker.store.directory import fsync_directory
-from broker.store.mapped_file import MappedFile, MappedFileQueue
-from broker.store.message import (
+from broker.format.batch import SmallBatch, ValidatedBatch, assign_queue_offsets
+from broker.format.message import (
     END_FILE_MIN_BLANK_LENGTH,
     ENTRY_HEADER,
     I32,
@@ -45,6 +42,9 @@ from broker.store.message import (
     pack_ipv4,
     parse_layout,
 )
+from broker.store.config import StoreConfig
+from broker.store.directory import fsync_directory
+from broker.store.mapped_file import MappedFile, MappedFileQueue
 
 _QUEUE_AND_PHYS = struct.Struct(">qq")  # QUEUEOFFSET then PHYSICALOFFSET: adjacent in the entry header
 assert POS_QUEUE_OFFSET + 8 == 28

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.errors import InvalidArgumentError
-from broker.store.message import DEFAULT_MAX_MESSAGE_SIZE, END_FILE_MIN_BLANK_LENGTH
-from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.format.message import DEFAULT_MAX_MESSAGE_SIZE, END_FILE_MIN_BLANK_LENGTH
+from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"

@@ -20,13 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.errors import CorruptionError
-from broker.store.batch import Buffer, EntryRun, queue_keys, rows_at, scan, transaction_handles
-from broker.store.commit_log import CommitLog
-from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
-from broker.store.directory import fsync_directory
-from broker.store.index_file import IndexService
-from broker.store.mapped_file import MappedFile
-from broker.store.message import (
+from broker.format.batch import Buffer, EntryRun, queue_keys, rows_at, scan, transaction_handles
+from broker.format.message import (
     BLANK_MAGIC,
     H_PREPARED_TX_OFFSET,
     H_QUEUE_ID,
@@ -43,6 +38,11 @@ from broker.store.message import (
     tag_hash_code,
     takes_queue_offset,
 )
+from broker.store.commit_log import CommitLog
+from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
+from broker.store.directory import fsync_directory
+from broker.store.index_file import IndexService
+from broker.store.mapped_file import MappedFile
 from broker.store.txn_visibility import MARKER_TOPIC, TxnVisibility, markers_in
 
 log = logging.getLogger(__name__)

@@ -44,9 +44,9 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.errors import CorruptionError
+from broker.format.message import java_string_hash
+from broker.format.numbers import is_ascii_digits
 from broker.store.directory import fsync_directory, make_dirs
-from broker.store.message import java_string_hash
-from broker.store.numbers import is_ascii_digits
 
 log = logging.getLogger(__name__)
 

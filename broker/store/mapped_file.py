@@ -37,8 +37,8 @@ import threading
 from collections.abc import Callable
 
 from broker.errors import CorruptionError
+from broker.format.numbers import is_ascii_digits
 from broker.store.directory import fsync_directory, make_dirs
-from broker.store.numbers import is_ascii_digits
 
 log = logging.getLogger(__name__)
 

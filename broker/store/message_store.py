@@ -21,8 +21,7 @@ import numpy as np
 
 from broker import json_file  # the module, not its names: json_file imports broker.store.directory (a cycle)
 from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
-from broker.store import truncation
-from broker.store.batch import (
+from broker.format.batch import (
     MAX_QUEUE_ID,
     EntryRun,
     SmallBatch,
@@ -30,6 +29,27 @@ from broker.store.batch import (
     validate_batch,
     validate_small_batch,
 )
+from broker.format.message import (
+    BODY_START,
+    END_FILE_MIN_BLANK_LENGTH,
+    I32,
+    I64,
+    POS_BODY_LENGTH,
+    POS_PREPARED_TX_OFFSET,
+    POS_STORE_HOST,
+    POS_SYS_FLAG,
+    TOPIC_PATTERN,
+    Prop,
+    StoredMessage,
+    decode_entry,
+    in_place_transactional,
+    msg_id_prefix_of,
+    parse_msg_id,
+    takes_queue_offset,
+    validate_topic,
+)
+from broker.format.single import Refusal, SingleEncoder
+from broker.store import truncation
 from broker.store.check import check_store
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
@@ -48,30 +68,6 @@ from broker.store.flush import (
     flush_commit_log,
 )
 from broker.store.index_file import IndexService
-from broker.store.message import (
-    BODY_START,
-    END_FILE_MIN_BLANK_LENGTH,
-    I32,
-    I64,
-    MAX_PROPERTIES_BYTES,
-    POS_BODY_LENGTH,
-    POS_PREPARED_TX_OFFSET,
-    POS_STORE_HOST,
-    POS_SYS_FLAG,
-    TOPIC_PATTERN,
-    Prop,
-    StoredMessage,
-    SysFlag,
-    decode_entry,
-    encode_entry,
-    encode_properties,
-    in_place_transactional,
-    msg_id_prefix_of,
-    pack_ipv4,
-    parse_msg_id,
-    takes_queue_offset,
-    validate_topic,
-)
 from broker.store.queue_reader import QueueReader
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.results import GetResult, GetStatus, PutResult, PutStatus
@@ -94,29 +90,6 @@ DISPATCH_BACKOFF_MAX_S = 1.0
 # After an ENOSPC, writes resume once the file system has room for the next commit-log file and this much more:
 # the consume-queue and index files of what is written next need a little too.
 DISK_FULL_MARGIN_BYTES = 1 << 20
-
-
-_I32_MIN, _I32_MAX, _I64_MIN, _I64_MAX = -(2**31), 2**31 - 1, -(2**63), 2**63 - 1
-# The range of each numeric put argument: its entry field's width (ENTRY_HEADER), no narrower, because a batch
-# entry may carry any value of that width, and such a message must be as storable again by put_message (a
-# transaction commit, a retry or a delay re-puts stored fields).
-_PUT_FIELD_RANGES = {
-    "flag": (_I32_MIN, _I32_MAX),
-    "sys_flag": (_I32_MIN, _I32_MAX),
-    "born_timestamp": (_I64_MIN, _I64_MAX),
-    "born_port": (_I32_MIN, _I32_MAX),
-    "reconsume_times": (_I32_MIN, _I32_MAX),
-    "prepared_transaction_offset": (_I64_MIN, _I64_MAX),
-}
-
-
-def _out_of_range(**values: int) -> str:
-    """The message naming the first put argument outside its _PUT_FIELD_RANGES range."""
-    for name, value in values.items():
-        lo, hi = _PUT_FIELD_RANGES[name]
-        if not lo <= value <= hi:
-            return f"{name} {value} is outside {lo}..{hi}; send a value in that range"
-    raise AssertionError(f"no argument is out of range: {values}")
 
 
 class DispatchService(ServiceThread):
@@ -223,8 +196,7 @@ class MessageStore:
         self._cq_flush: ConsumeQueueFlushService | None = None
         self._dispatch_service: DispatchService | None = None
         self.cleanup: CleanupService | None = None
-        self._topic_cache: dict[str, bytes] = {}
-        self._born_ip_cache: dict[str, bytes] = {}
+        self._single = SingleEncoder()
         self._counters = {"put_msgs": 0, "put_bytes": 0, "put_errors": 0, "get_msgs": 0, "get_bytes": 0, "gets": 0}
         # topic -> commit-log offset where it was last deleted: entries below belong to a deleted generation. On
         # disk (DELETED_TOPICS_FILE), so recovery's re-dispatch skips them instead of bringing the topic back.
@@ -564,51 +536,15 @@ class MessageStore:
         prepared_transaction_offset: int,
     ) -> bytearray | PutResult:
         """The encoded entry (queue offset, physical offset, store time still zero), or the PutResult saying why not."""
-        try:
-            topic_raw = self._topic_cache.get(topic) or self._topic_cache.setdefault(topic, validate_topic(topic))
-            if not 0 <= queue_id < MAX_QUEUE_ID:
-                raise MessageIllegalError(f"queue id {queue_id} is outside 0..{MAX_QUEUE_ID - 1}")
-            props_raw = encode_properties(properties) if properties else b""
-        except MessageIllegalError as e:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=e.message)
-        if len(props_raw) > MAX_PROPERTIES_BYTES:
-            return PutResult(
-                PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                error=f"properties are {len(props_raw)} bytes, over {MAX_PROPERTIES_BYTES}; "
-                "move big values to the body",
-            )
-        if len(body) > self.config.max_message_size:
-            return PutResult(
-                PutStatus.MESSAGE_ILLEGAL,
-                error=f"MESSAGE_SIZE_EXCEEDED: body is {len(body)} bytes, over maxMessageSize "
-                f"{self.config.max_message_size}; split it or raise the limit",
-            )
-        if sys_flag & (SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6):
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, error="IPv6 host flags are not supported by this store")
-        if not (
-            _I32_MIN <= flag <= _I32_MAX
-            and _I32_MIN <= sys_flag <= _I32_MAX
-            and _I64_MIN <= born_timestamp <= _I64_MAX
-            and _I32_MIN <= born_host[1] <= _I32_MAX
-            and _I32_MIN <= reconsume_times <= _I32_MAX
-            and _I64_MIN <= prepared_transaction_offset <= _I64_MAX
-        ):  # one chained test on the hot path; the field by field message only when it fails
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=_out_of_range(
-                flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp, born_port=born_host[1],
-                reconsume_times=reconsume_times, prepared_transaction_offset=prepared_transaction_offset,
-            ))  # fmt: skip
-        born_ip = self._born_ip_cache.get(born_host[0])
-        if born_ip is None:
-            born_ip = self._born_ip_cache.setdefault(born_host[0], pack_ipv4(born_host[0]))
-        entry = bytearray(
-            encode_entry(
-                topic_raw, queue_id, body, props_raw, flag=flag, sys_flag=sys_flag,
-                born_timestamp=born_timestamp or now_ms(), born_ip=born_ip, born_port=born_host[1],
-                reconsume_times=reconsume_times, prepared_transaction_offset=prepared_transaction_offset,
-                store_ip=self.commit_log.store_ip, store_port=self.commit_log.store_port,
-                max_message_size=self.config.max_message_size,
-            )
+        entry = self._single.encode(
+            topic, queue_id, body, properties, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
+            born_host=born_host, reconsume_times=reconsume_times,
+            prepared_transaction_offset=prepared_transaction_offset, store_ip=self.commit_log.store_ip,
+            store_port=self.commit_log.store_port, max_message_size=self.config.max_message_size, now_ms=now_ms,
         )  # fmt: skip
+        if isinstance(entry, Refusal):
+            status = PutStatus.PROPERTIES_SIZE_EXCEEDED if entry.properties_too_large else PutStatus.MESSAGE_ILLEGAL
+            return PutResult(status, error=entry.reason)
         if len(entry) + END_FILE_MIN_BLANK_LENGTH > self.config.mapped_file_size_commit_log:
             return PutResult(
                 PutStatus.MESSAGE_ILLEGAL,

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from broker.format.message import StoredMessage, decode_entry
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
-from broker.store.message import StoredMessage, decode_entry
 from broker.store.results import GetResult, GetStatus
 
 # Gets of at most this many units decode them with struct instead of numpy: below it numpy's fixed cost per call

@@ -20,16 +20,16 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from broker.store.batch import first_unstorable, scan
+from broker.format.batch import first_unstorable, scan
+from broker.format.message import TOPIC_PATTERN
+from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.format.scan_kernel import COMPILED_MIN_BYTES
 from broker.store.checkpoint import Checkpoint
 from broker.store.commit_log import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
 from broker.store.index_file import IndexService
 from broker.store.mapped_file import MappedFile
-from broker.store.message import TOPIC_PATTERN
-from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
-from broker.store.scan_kernel import COMPILED_MIN_BYTES
 from broker.store.truncation import Truncation
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from broker.store.message import StoredMessage, decode_entry, msg_id_at
+from broker.format.message import StoredMessage, decode_entry, msg_id_at
 
 
 class PutStatus(enum.Enum):

@@ -56,16 +56,17 @@ import numpy as np
 
 from broker import json_file  # the module, not its names: json_file imports broker.store.directory (a cycle)
 from broker.errors import CorruptionError, MessageIllegalError
-from broker.store.batch import SmallBatch, ValidatedBatch, put_rows
+from broker.format.batch import SmallBatch, ValidatedBatch, put_rows
+from broker.format.message import I32, I64, POS_PREPARED_TX_OFFSET, POS_SYS_FLAG, SysFlag
+from broker.format.system_topics import TRANS_MARKER_TOPIC
 from broker.store.consume_queue import ConsumeQueue, VisibilityHold
-from broker.store.message import I32, I64, POS_PREPARED_TX_OFFSET, POS_SYS_FLAG, SysFlag
 
 if TYPE_CHECKING:
     from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable
 
 log = logging.getLogger(__name__)
 
-MARKER_TOPIC = "SLUICE_SYS_TRANS_MARKER_TOPIC"
+MARKER_TOPIC = TRANS_MARKER_TOPIC  # named with the other system topics (broker/format/system_topics.py)
 MARKER_QUEUE_ID = 0
 MARKER_HEADER = struct.Struct(
     ">"

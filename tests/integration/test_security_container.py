@@ -20,9 +20,9 @@ import docker
 import pytest
 from sluice_containers import LABEL, SESSION
 
-from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.errors import AuthenticationError, NoPermissionError, TlsError
+from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.testing import SluiceContainer
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "unit" / "security"))  # the TLS tests' certificates

@@ -48,3 +48,21 @@ def test_the_broker_importing_the_connector_breaks_its_contract(tmp_path: Path) 
     result = lint_imports(tree)
     assert result.returncode != 0
     assert "broker.client.spark -> connector.options" in result.stdout
+
+
+def test_the_client_importing_the_store_breaks_its_contract(tmp_path: Path) -> None:
+    tree = copy_tree(tmp_path)
+    (tree / "broker" / "client" / "inside.py").write_text("from broker.store import message_store  # noqa: F401\n")
+    result = lint_imports(tree)
+    assert result.returncode != 0
+    assert "The client and the connector know the broker only by its format and wire" in result.stdout
+    assert "BROKEN" in result.stdout and "broker.client.inside -> broker.store.message_store" in result.stdout
+
+
+def test_the_format_importing_the_semantics_breaks_its_contract(tmp_path: Path) -> None:
+    tree = copy_tree(tmp_path)
+    (tree / "broker" / "format" / "upward.py").write_text("from broker.semantics import delay  # noqa: F401\n")
+    result = lint_imports(tree)
+    assert result.returncode != 0
+    assert "broker.format, the message format every room shares, imports only broker.errors" in result.stdout
+    assert "BROKEN" in result.stdout and "broker.format.upward -> broker.semantics.delay" in result.stdout

@@ -77,7 +77,7 @@ def test_batch_results_and_unique_keys_match_what_was_stored(broker: BrokerContr
     """A batch's results, built in one pass, name each message where it was stored, whether the batch went in one
     call or was cut into several by batch_limit_bytes; a message's own UNIQ_KEY is kept, the others get fresh
     ones, and none repeats."""
-    from broker.store.message import Prop
+    from broker.format.message import Prop
 
     with Admin(endpoint) as admin:
         admin.create_topic("Results", 1)

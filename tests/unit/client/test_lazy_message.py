@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.lazy_message import VECTOR_MIN_ENTRIES, LazyMessage, decode_pulled
 from broker.errors import CorruptionError
-from broker.server.broker_controller import BrokerController
-from broker.store.message import (
+from broker.format.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     MAX_PROPERTIES_BYTES,
     MAX_TOPIC_BYTES,
@@ -34,6 +33,7 @@ from broker.store.message import (
     encode_entry,
     encode_properties,
 )
+from broker.server.broker_controller import BrokerController
 
 FIELDS = [f.name for f in dataclasses.fields(StoredMessage)]
 TOPIC_CHARS = "abcXYZ019%|_-"

@@ -17,11 +17,11 @@ from broker.client import Admin, PullConsumer
 from broker.client.coordinator import CoordinatorClient
 from broker.client.producer import Producer
 from broker.errors import BrokerError, ResponseCode
+from broker.format.message import encode_entry, encode_properties
+from broker.format.transaction_codec import ATTEMPT
+from broker.format.txn_decision import Share, make_decision
 from broker.namesrv.local_cluster import LocalCluster
 from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
-from broker.semantics.transaction_codec import ATTEMPT
-from broker.semantics.txn_decision import Share, make_decision
-from broker.store.message import encode_entry, encode_properties
 
 TOPIC = "X"
 # Participants look at open halves every 200 ms once idle 300 ms, and fence after 5 checks: a few seconds, where

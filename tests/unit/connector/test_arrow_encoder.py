@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import MessageIllegalError
-from broker.store.message import iter_entries
+from broker.format.message import iter_entries
 from connector.arrow_encoder import RowEncoder
 
 

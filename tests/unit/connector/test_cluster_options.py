@@ -8,7 +8,7 @@ import pytest
 
 from broker.client.route import MessageQueue
 from broker.errors import MessageIllegalError
-from broker.store.message import iter_entries, java_string_hash
+from broker.format.message import iter_entries, java_string_hash
 from connector.arrow_encoder import RowEncoder
 from connector.cluster_commit import choose_coordinator, coordinator_of, query_prefix
 from connector.errors import SourceOptionError

@@ -334,7 +334,7 @@ def test_the_initial_offset_is_resolved_once(broker: str) -> None:
 
 def test_to_parquet_default_group_follows_the_parsed_topics() -> None:
     """--topic "clicks, views" made the group "parquet-clicks- views", refused for an option nobody set."""
-    from broker.server.consumer_offsets import MAX_GROUP_CHARS
+    from broker.format.system_topics import MAX_GROUP_CHARS
     from connector.options import _group
     from streaming_jobs.common import group_name
     from streaming_jobs.to_parquet import default_group

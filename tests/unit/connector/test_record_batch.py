@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from broker.errors import CorruptionError
-from broker.store.message import encode_entry, encode_properties, iter_entries
+from broker.format.message import encode_entry, encode_properties, iter_entries
 from connector.record_batch import RowFilter, decode_entries
 from connector.schema import ARROW_SCHEMA
 

@@ -9,7 +9,7 @@ import pytest
 from connector_helpers import new_topic
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
-from broker.store.message import Prop
+from broker.format.message import Prop
 
 pytestmark = pytest.mark.spark
 

@@ -15,8 +15,8 @@ from broker.errors import BrokerError, ResponseCode, SubscriptionParseError
 from broker.filter import EvaluationError, SqlParseError, compile_sql92
 from broker.filter.sql92 import SqlFilter, java_parse_double, java_parse_int
 from broker.filter.sql92_parser import MAX_DEPTH, MAX_NESTING
+from broker.format.message import StoredMessage
 from broker.server.broker_controller import BrokerController
-from broker.store.message import StoredMessage
 
 # ------------------------------------------------------------------------------------------------ evaluation
 

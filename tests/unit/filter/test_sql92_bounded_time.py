@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from broker.filter import SqlParseError, compile_sql92, sql92_lexer
 from broker.filter.sql92 import EvaluationError, SqlFilter
 from broker.filter.sql92_lexer import MAX_EXPRESSION_CHARS, Kind, Token, tokenize
-from broker.store.message import MAX_PROPERTIES_BYTES, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+from broker.format.message import MAX_PROPERTIES_BYTES, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 
 EVALUATION_BOUND_S = 0.050
 COMPILE_BOUND_S = 1.0

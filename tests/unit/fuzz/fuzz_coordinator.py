@@ -14,9 +14,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from broker.errors import BrokerError
+from broker.format.transaction_codec import check_transaction_id
 from broker.proto import coordinator_pb2 as cpb
 from broker.semantics.decision_log import MAX_QUERY_IDS
-from broker.semantics.transaction_codec import check_transaction_id
 from tests.unit.fuzz.fuzz_oracle import Fuzzer
 from tests.unit.server.hardening_rpc import Answer
 

@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, settings
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerError
+from broker.format.message import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP, decode_entry, parse_layout
+from broker.format.send_checks import validate_producer_group
+from broker.format.system_topics import DLQ_GROUP_TOPIC_PREFIX
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from broker.semantics.send_checks import validate_producer_group
-from broker.semantics.system_topics import DLQ_GROUP_TOPIC_PREFIX
 from broker.server.process import BrokerProcess
 from broker.server.transaction_processor import MAX_CLIENT_ID_CHARS
 from broker.store import MessageStore
-from broker.store.message import POS_QUEUE_OFFSET, POS_STORE_TIMESTAMP, decode_entry, parse_layout
 from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal
 
 # The store fields the broker fills in (QUEUEOFFSET + PHYSICALOFFSET, STORETIMESTAMP + STOREHOST): an acknowledged

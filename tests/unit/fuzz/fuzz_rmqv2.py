@@ -21,9 +21,9 @@ from google.protobuf.message_factory import GetMessageClass
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
+from broker.format.message import decode_entry
+from broker.format.system_topics import is_system_topic
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.system_topics import is_system_topic
-from broker.store.message import decode_entry
 from tests.unit.fuzz.fuzz_oracle import Fuzzer, Metadata
 from tests.unit.fuzz.fuzz_strategies import FRESH_ID
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
+from broker.format.message import ENTRY_HEADER, MESSAGE_MAGIC, PROPS_LEN, SysFlag, encode_properties
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import sluice_pb2 as pb
-from broker.store.message import ENTRY_HEADER, MESSAGE_MAGIC, PROPS_LEN, SysFlag, encode_properties
 
 BROKER = pb.DESCRIPTOR.services_by_name["Broker"]
 # The oracle reads these and the FzNew* topics the sends create: requests other than sends never name them (a

@@ -24,11 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.client.half_batch import half_suffix
+from broker.format.batch import scan
+from broker.format.message import Prop, decode_entry
+from broker.format.numbers import is_ascii_digits
+from broker.format.transaction_codec import HALF_TOPIC_BYTES
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.transaction_codec import HALF_TOPIC_BYTES
-from broker.store.batch import scan
-from broker.store.message import Prop, decode_entry
-from broker.store.numbers import is_ascii_digits
 from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, Fuzzer
 from tests.unit.fuzz.fuzz_strategies import (
     BAD_TOPICS,

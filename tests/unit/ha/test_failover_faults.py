@@ -17,9 +17,9 @@ from file_watch import FileWatch
 from jepsen import QUEUES, TOPIC, Workload, check, read_log, wait_until
 
 from broker.client import Admin
+from broker.client.cluster_view import broker_rows
 from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerError
-from broker.ha.cluster_view import broker_rows
 from broker.ha.local_group import ReplicaGroup
 
 # Short leases keep each failover a few seconds; the defaults (5 s) are what bench.replication measures.

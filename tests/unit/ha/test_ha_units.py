@@ -11,6 +11,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.errors import CorruptionError, InvalidArgumentError
+from broker.format.message import encode_entry
 from broker.ha import auth, chunk, divergence
 from broker.ha.epoch_file import EpochEntry, EpochFile
 from broker.ha.in_sync import InSyncSet
@@ -20,7 +21,6 @@ from broker.namesrv.route_table import Registration, RegistrationRefused, RouteT
 from broker.private_file import write_private
 from broker.store import MessageStore
 from broker.store.config import StoreConfig
-from broker.store.message import encode_entry
 from broker.store.truncation import Truncation, intent_path, request
 
 E = EpochEntry

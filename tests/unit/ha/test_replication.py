@@ -11,10 +11,10 @@ from helpers import broker, brokers, caught_up, commit_log_bytes, slave_of, wait
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.errors import BrokerError, NotEnoughReplicasError, SendOutcomeUnknownError
+from broker.format.message import Prop
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import timer_progress
 from broker.server.broker_controller import BrokerController
-from broker.store.message import Prop
 
 
 def _same_logs(master: BrokerController, *slaves: BrokerController) -> None:

@@ -22,10 +22,10 @@ from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
-from broker.auth.signature import signed_metadata
 from broker.client import Admin, Message
 from broker.client.transaction_producer import LocalTransactionState, TransactionProducer
 from broker.errors import ResponseCode
+from broker.format.signature import signed_metadata
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pbg

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rmqv2_helpers import message, name, new_topic, producer, receive_until, simple_consumer
 
 from broker.client import Message, PopConsumer, Producer, PullConsumer
-from broker.store.message import Prop
+from broker.format.message import Prop
 
 
 def test_sluice_producer_to_official_simple_consumer(endpoint: str) -> None:

@@ -11,7 +11,7 @@ from rocketmq import TransactionChecker, TransactionResolution
 from rocketmq.v5.exception import ClientException
 
 from broker.client import Admin, PullConsumer
-from broker.store.message import Prop
+from broker.format.message import Prop
 
 
 def test_normal_messages_keep_the_client_message_id_tag_keys_and_properties(endpoint: str) -> None:

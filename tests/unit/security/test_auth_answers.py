@@ -17,9 +17,9 @@ from secured_process import ROOT, ROOT_SECRET, start_secured
 
 from broker.auth.accounts import Accounts, User
 from broker.auth.gate import BAD_CREDENTIALS, AuthGate, AuthSettings
-from broker.auth.signature import signed_metadata
 from broker.client import Admin
 from broker.errors import ResponseCode
+from broker.format.signature import signed_metadata
 from broker.namesrv import NameServer
 from broker.namesrv.service import now_ms
 from broker.proto.status import RESPONSE_CODE_KEY

@@ -27,7 +27,6 @@ from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 from broker.auth.accounts import User
 from broker.auth.policy import Action, need, topic
 from broker.auth.requirements import DEFERRED_TOPIC_CHECKS, TABLES, is_super_only
-from broker.auth.signature import signed_metadata
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, encode_message
 from broker.client.connection import Connection
 from broker.client.credentials import Credentials
@@ -36,6 +35,7 @@ from broker.client.route import MessageQueue
 from broker.client.tls import TlsSettings
 from broker.config import BrokerConfig
 from broker.errors import AuthenticationError, BrokerError, InvalidArgumentError, NoPermissionError, TlsError
+from broker.format.signature import signed_metadata
 from broker.namesrv import NameServer
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc

@@ -28,11 +28,11 @@ from broker.auth.requirements import TABLES, Row, is_anonymous, is_super_only
 from broker.client import Message, encode_message
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
+from broker.format.message import msg_id_at
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from broker.store.message import msg_id_at
 
 TOPIC, GROUP, OWN_PRODUCER = "MxT", "MxG", "MxOwnP"
 VICTIM_PRODUCER = "MxVictimP"  # the group the matrix's open transactions are recorded under

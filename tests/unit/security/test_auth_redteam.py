@@ -28,12 +28,12 @@ from broker.errors import (
     QueryNotFoundError,
     ResponseCode,
 )
+from broker.format.message import Prop, msg_id_at
+from broker.format.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from broker.semantics.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.server.process import BrokerProcess
-from broker.store.message import Prop, msg_id_at
 
 # The first delay level is 1 s (message_delay_level's default): a forged delivery would land within that.
 FIRST_LEVEL_S = 1.0

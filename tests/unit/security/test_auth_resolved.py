@@ -17,10 +17,10 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 
 from broker.client import Message, encode_message
 from broker.errors import BrokerError, NoPermissionError, QueryNotFoundError, ResponseCode, TopicNotExistError
+from broker.format.message import msg_id_at
+from broker.format.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from broker.semantics.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker.store.message import msg_id_at
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from certs import Pki
 
-from broker.auth.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
+from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.proto import sluice_pb2 as pb
 from broker.server.process import BrokerProcess
 from connector.errors import SourceOptionError

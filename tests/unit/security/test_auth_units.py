@@ -18,7 +18,9 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 from broker.auth.accounts import Accounts, User
 from broker.auth.policy import CLUSTER, Action, Decision, Entry, Pattern, allows, decide, group, need, topic
 from broker.auth.requirements import TABLES, is_super_only, requirement_of
-from broker.auth.signature import (
+from broker.client.credentials import Credentials
+from broker.errors import AuthenticationError, InvalidArgumentError, NoPermissionError
+from broker.format.signature import (
     DATE_TIME_HEADER,
     check_date_time,
     parse_header,
@@ -26,8 +28,6 @@ from broker.auth.signature import (
     signature_matches,
     signed_metadata,
 )
-from broker.client.credentials import Credentials
-from broker.errors import AuthenticationError, InvalidArgumentError, NoPermissionError
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb

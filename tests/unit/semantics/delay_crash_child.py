@@ -11,9 +11,9 @@ import os
 import sys
 import time
 
+from broker.format.message import Prop
 from broker.semantics.delay import ScheduleMessageService
 from broker.store import MessageStore, StoreConfig
-from broker.store.message import Prop
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from broker.format.message import StoredMessage
 from broker.store import GetStatus, MessageStore, StoreConfig
-from broker.store.message import StoredMessage
 
 SMALL = dict(
     mapped_file_size_commit_log=1 << 20,

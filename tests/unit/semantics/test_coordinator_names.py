@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
+from broker.format.message import encode_entry, encode_properties
+from broker.format.transaction_codec import ATTEMPT, COORDINATOR
 from broker.semantics.coordinator_names import KNOWN_TTL_S, MAX_KNOWN, CoordinatorNames
 from broker.semantics.transaction import TransactionService
-from broker.semantics.transaction_codec import ATTEMPT, COORDINATOR
-from broker.store.message import encode_entry, encode_properties
 
 if TYPE_CHECKING:
     from store_box import StoreBox

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from broker.errors import InvalidArgumentError, MessageIllegalError
+from broker.format.system_topics import TRANS_DECISION_TOPIC
+from broker.format.txn_decision import Share, make_decision
 from broker.proto import coordinator_pb2 as cpb
+from broker.proto.decision import from_pb, to_pb
 from broker.semantics.decision_log import MAX_QUERY_IDS, STATE_FILE, DecisionLog
-from broker.semantics.system_topics import TRANS_DECISION_TOPIC
-from broker.semantics.txn_decision import Share, from_pb, make_decision, to_pb
 
 if TYPE_CHECKING:
     from store_box import StoreBox

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from broker.errors import InvalidArgumentError, MessageIllegalError
+from broker.format.message import Prop, encode_entry, encode_properties
+from broker.format.system_topics import SCHEDULE_TOPIC
 from broker.semantics.delay import DEFAULT_DELAY_LEVELS, DelayLevels, ScheduleMessageService, due_time_ms
-from broker.semantics.system_topics import SCHEDULE_TOPIC
-from broker.store.message import Prop, encode_entry, encode_properties
 
 if TYPE_CHECKING:
     from store_box import StoreBox

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from broker.client import Message, encode_message
 from broker.client.half_batch import to_half_batch
 from broker.errors import MessageIllegalError
-from broker.semantics.half_run import MAX_DISTINCT_PER_RUN, HalfRun, check_halves, commit_halves
-from broker.semantics.transaction_codec import (
+from broker.format.batch import scan
+from broker.format.message import POS_PHYSICAL_OFFSET, decode_entry, encode_entry
+from broker.format.transaction_codec import (
     ATTEMPT,
     RawHalf,
     check_half_batch,
@@ -22,8 +23,7 @@ from broker.semantics.transaction_codec import (
     encode_half_entry,
     raw_property,
 )
-from broker.store.batch import scan
-from broker.store.message import POS_PHYSICAL_OFFSET, decode_entry, encode_entry
+from broker.semantics.half_run import MAX_DISTINCT_PER_RUN, HalfRun, check_halves, commit_halves
 
 TOPICS = ["T", "Topic2", "X_y-z", "%RETRY%g"]
 

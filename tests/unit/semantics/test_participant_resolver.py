@@ -13,12 +13,12 @@ import pytest
 from store_box import StoreBox
 
 from broker.errors import ServiceNotAvailableError
+from broker.format.message import StoredMessage, encode_entry, encode_properties
+from broker.format.transaction_codec import ATTEMPT
+from broker.format.txn_decision import Decision, Share, make_decision
 from broker.semantics.decision_log import DecisionLog
 from broker.semantics.participant_resolver import COORDINATOR_PROPERTY, ParticipantResolver
 from broker.semantics.transaction import TransactionService, TxStatus
-from broker.semantics.transaction_codec import ATTEMPT
-from broker.semantics.txn_decision import Decision, Share, make_decision
-from broker.store.message import StoredMessage, encode_entry, encode_properties
 
 CHECK_MAX = 3
 

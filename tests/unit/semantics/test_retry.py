@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from broker.errors import BrokerError, InvalidArgumentError, QueryNotFoundError, ResponseCode
+from broker.format.message import Prop
+from broker.format.system_topics import SCHEDULE_TOPIC
 from broker.semantics.delay import ScheduleMessageService
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC, RetryService
 from broker.semantics.subscription_group import SubscriptionGroupConfig, SubscriptionGroupManager
-from broker.semantics.system_topics import SCHEDULE_TOPIC
-from broker.store.message import Prop
 
 if TYPE_CHECKING:
     from store_box import StoreBox

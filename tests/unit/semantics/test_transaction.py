@@ -11,15 +11,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from broker.errors import CorruptionError, MessageIllegalError, QueryNotFoundError
-from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker.semantics.transaction import (
-    DEFAULT_COMMIT_MEMORY_BYTES,
-    TransactionError,
-    TransactionService,
-    TxState,
-    TxStatus,
-)
-from broker.semantics.transaction_codec import (
+from broker.format.message import Prop, StoredMessage, SysFlag, decode_entry, encode_entry, encode_properties
+from broker.format.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker.format.transaction_codec import (
     ATTEMPT,
     FINISHED_TAG,
     RawHalf,
@@ -32,7 +26,13 @@ from broker.semantics.transaction_codec import (
     encode_offsets,
     raw_property,
 )
-from broker.store.message import Prop, StoredMessage, SysFlag, decode_entry, encode_entry, encode_properties
+from broker.semantics.transaction import (
+    DEFAULT_COMMIT_MEMORY_BYTES,
+    TransactionError,
+    TransactionService,
+    TxState,
+    TxStatus,
+)
 
 if TYPE_CHECKING:
     from store_box import StoreBox

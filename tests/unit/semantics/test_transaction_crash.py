@@ -13,9 +13,9 @@ from collections import Counter
 
 import pytest
 
+from broker.format.message import BODY_START, I32, POS_BODY_LENGTH
 from broker.semantics.transaction import TransactionService, TxStatus
 from broker.store import GetStatus, MessageStore, StoreConfig
-from broker.store.message import BODY_START, I32, POS_BODY_LENGTH
 
 CHILD = os.path.join(os.path.dirname(__file__), "txn_crash_child.py")
 COUNT = 50_000

@@ -11,10 +11,10 @@ import pytest
 
 import broker.semantics.transaction as transaction_module
 from broker.errors import InvalidArgumentError, MessageIllegalError, ResponseCode
-from broker.semantics.system_topics import TRANS_HALF_TOPIC
+from broker.format.message import Prop, StoredMessage, SysFlag, encode_entry, encode_properties
+from broker.format.system_topics import TRANS_HALF_TOPIC
+from broker.format.transaction_codec import encode_half_entry
 from broker.semantics.transaction import TransactionError, TransactionService, TxState, TxStatus
-from broker.semantics.transaction_codec import encode_half_entry
-from broker.store.message import Prop, StoredMessage, SysFlag, encode_entry, encode_properties
 
 if TYPE_CHECKING:
     from store_box import StoreBox

@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
+from broker.format.transaction_codec import encode_half_entry
 from broker.semantics.transaction import TransactionService
-from broker.semantics.transaction_codec import encode_half_entry
 from broker.store import MessageStore, StoreConfig
 
 BATCH = 1000

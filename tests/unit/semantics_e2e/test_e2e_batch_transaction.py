@@ -17,10 +17,10 @@ from e2e_util import read_topic, visible_count
 from broker.client import Admin, Message, Producer, encode_message
 from broker.client.half_batch import to_half_batch
 from broker.errors import BrokerError, MessageIllegalError, QueryNotFoundError
+from broker.format.message import encode_entry
 from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
-from broker.store.message import encode_entry
 
 CHILD = os.path.join(os.path.dirname(__file__), "batch_txn_child.py")
 WORKERS, PER_WORKER, BATCH = 4, 12_500, 2_500

@@ -31,8 +31,8 @@ from broker.client import (
     TransactionProducer,
 )
 from broker.errors import BrokerError
+from broker.format.message import Prop
 from broker.server.process import BrokerProcess
-from broker.store.message import Prop
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from e2e_util import read_topic, visible_count
 
 from broker.client import Message, Producer, encode_message
 from broker.errors import MessageIllegalError
-from broker.semantics.system_topics import SCHEDULE_TOPIC
-from broker.store.message import Prop
+from broker.format.message import Prop
+from broker.format.system_topics import SCHEDULE_TOPIC
 
 LEVEL_2_MS = 5_000
 LATE_TOLERANCE_MS = 2_500  # "late by at most ~1 s plus load": this machine runs other suites at the same time

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from broker.client import Message, encode_message
 from broker.client.half_batch import to_half_batch
 from broker.errors import MessageIllegalError
-from broker.semantics.transaction_codec import check_half_batch, rewrite_batch_as_half
-from broker.store.batch import split_entries
-from broker.store.message import encode_entry
+from broker.format.batch import split_entries
+from broker.format.message import encode_entry
+from broker.format.transaction_codec import check_half_batch, rewrite_batch_as_half
 
 TOPICS = ["T", "Topic2", "X_y-z", "%RETRY%g"]
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from e2e_brokers import wait_until
 
 from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
+from broker.format.message import Prop
 from broker.server.broker_controller import BrokerController
-from broker.store.message import Prop
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
 QUEUES, PER_QUEUE = 4, 100

@@ -13,7 +13,7 @@ from e2e_util import dispatched
 
 from broker.client import Admin, Message, PopConsumer, Producer
 from broker.errors import InvalidArgumentError, InvalidReceiptHandleError
-from broker.store.message import Prop
+from broker.format.message import Prop
 
 FAST_POP = {"pop_min_invisible_ms": 100}
 

@@ -21,11 +21,11 @@ from broker.client import (
 )
 from broker.client.message import encode_message
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
+from broker.format.message import Prop, StoredMessage, SysFlag, parse_msg_id
 from broker.proto import sluice_pb2 as pb
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.server.broker_controller import BrokerController
 from broker.store import GetStatus
-from broker.store.message import Prop, StoredMessage, SysFlag, parse_msg_id
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
 

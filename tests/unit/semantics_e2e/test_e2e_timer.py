@@ -13,8 +13,8 @@ from e2e_util import read_topic
 
 from broker.client import Admin, Message, Producer
 from broker.errors import MessageIllegalError
+from broker.format.message import Prop
 from broker.server.process import BrokerProcess
-from broker.store.message import Prop
 
 
 def timer_message(topic: str, body: bytes, deliver_ms: int) -> Message:

@@ -25,11 +25,11 @@ from broker.client import (
     TransactionProducer,
 )
 from broker.errors import SystemBusyError
+from broker.format.message import Prop
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.server.broker_controller import BrokerController
 from broker.server.transaction_processor import TransactionProcessor
-from broker.store.message import Prop
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 
 from broker.config import BrokerConfig, check_setting_types
 from broker.errors import InvalidArgumentError
-from broker.semantics.system_topics import SCHEDULE_TOPIC
+from broker.format.system_topics import SCHEDULE_TOPIC
 from broker.store import StoreConfig
 
 SMALL_STORE = {"mapped_file_size_commit_log": 1 << 20, "max_message_size": 64 * 1024}

@@ -12,11 +12,11 @@ import grpc
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.errors import LimitExceededError, ResponseCode
+from broker.format.message import encode_entry
 from broker.proto import sluice_pb2 as pb
 from broker.server.process import BrokerProcess
 from broker.store import MessageStore, StoreConfig
 from broker.store.mapped_file import RESERVE_FIRST_BYTES
-from broker.store.message import encode_entry
 from tests.unit.conftest import BrokerFactory
 from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal, stub
 

@@ -13,10 +13,10 @@ from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
 
 from broker.client import Message, Producer
 from broker.errors import MessageIllegalError, ResponseCode
+from broker.format.message import encode_entry
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import MAX_DETAILS_ENCODED_BYTES, grpc_code_for
 from broker.server.broker_controller import BrokerController
-from broker.store.message import encode_entry
 from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal, raw_method, stub
 
 BROKER = pb.DESCRIPTOR.services_by_name["Broker"]

@@ -13,11 +13,11 @@ from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.half_batch import half_suffix
 from broker.client.message import encode_message
 from broker.errors import BrokerError, ResponseCode
+from broker.format.message import POS_BODY_CRC, POS_SYS_FLAG, SysFlag, encode_entry, encode_properties
+from broker.format.system_topics import TRANS_HALF_TOPIC
+from broker.format.transaction_codec import HALF_TOPIC_BYTES, encode_half_entry
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.system_topics import TRANS_HALF_TOPIC
-from broker.semantics.transaction_codec import HALF_TOPIC_BYTES, encode_half_entry
 from broker.server.broker_controller import BrokerController
-from broker.store.message import POS_BODY_CRC, POS_SYS_FLAG, SysFlag, encode_entry, encode_properties
 from tests.unit.server.hardening_rpc import Answer, answer, stub
 
 TOPIC = "HardT"

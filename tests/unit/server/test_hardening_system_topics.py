@@ -9,8 +9,8 @@ import pytest
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.errors import ResponseCode
+from broker.format.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.proto import sluice_pb2 as pb
-from broker.semantics.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.server.broker_controller import BrokerController
 from tests.unit.server.hardening_rpc import Answer, answer, stub
 

@@ -18,12 +18,12 @@ from broker.errors import (
     SubscriptionParseError,
     TopicNotExistError,
 )
+from broker.format.message import SysFlag, encode_entry
+from broker.format.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY
-from broker.semantics.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.server.broker_controller import BrokerController
-from broker.store.message import SysFlag, encode_entry
 
 TOPIC = "Kept"
 

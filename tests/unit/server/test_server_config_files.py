@@ -11,13 +11,13 @@ import pytest
 
 from broker.config import BrokerConfig, parse_host_port
 from broker.errors import InvalidArgumentError, MessageIllegalError, TopicExistsError, TopicNotExistError
+from broker.format.message import encode_entry
 from broker.json_file import read_json, write_json_atomic
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.metrics import BrokerMetrics
 from broker.server.send_processor import SendProcessor
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, StoreConfig
-from broker.store.message import encode_entry
 
 
 def test_config_defaults_are_rocketmq_defaults() -> None:

@@ -9,11 +9,11 @@ import urllib.request
 import pytest
 
 from broker.errors import SubscriptionParseError
+from broker.format.message import tag_hash_code
 from broker.proto.subscription import parse_tags, tag_codes, tag_matches
 from broker.server.consumer_manager import CLUSTERING, ConsumerManager
 from broker.server.metrics import BrokerMetrics, MetricsServer
 from broker.server.pull_hold import PullHoldService
-from broker.store.message import tag_hash_code
 
 
 def test_arrival_between_check_and_sleep_still_wakes_the_pull() -> None:

@@ -8,8 +8,8 @@ from collections import defaultdict
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
 from broker.client.message import encode_message
+from broker.format.message import parse_msg_id
 from broker.server.broker_controller import BrokerController
-from broker.store.message import parse_msg_id
 
 SIZES = [0, 1, 7, 100, 1000, 4096, 20_000, 100_000]
 WEIGHTS = [2, 4, 6, 30, 30, 15, 10, 3]

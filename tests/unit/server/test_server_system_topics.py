@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from broker.client import Admin, Message, Producer, encode_message
-from broker.semantics.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker.format.message import Prop
+from broker.format.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.server.broker_controller import BrokerController
-from broker.store.message import Prop
 
 BrokerFactory = Callable[..., BrokerController]  # the broker_factory fixture (tests/unit/conftest.py)
 

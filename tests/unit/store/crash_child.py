@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 import sys
 
+from broker.format.message import encode_entry, encode_properties
 from broker.store import MessageStore, PutStatus, StoreConfig
-from broker.store.message import encode_entry, encode_properties
 
 CRASH_CONFIG = dict(
     mapped_file_size_commit_log=64 * 1024,

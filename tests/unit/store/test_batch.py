@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import MessageIllegalError
-from broker.store import GetStatus, MessageStore, PutStatus
-from broker.store.batch import (
+from broker.format.batch import (
     SMALL_BATCH_ENTRIES,
     _py_walk,
     _small_entry,
@@ -23,7 +22,7 @@ from broker.store.batch import (
     validate_small_batch,
     walk,
 )
-from broker.store.message import (
+from broker.format.message import (
     SysFlag,
     encode_entry,
     encode_properties,
@@ -31,6 +30,7 @@ from broker.store.message import (
     tag_hash_code,
     takes_queue_offset,
 )
+from broker.store import GetStatus, MessageStore, PutStatus
 
 
 def _entry(

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.format.message import Prop
 from broker.store import MessageStore
 from broker.store.consume_queue import CQ_UNIT
 from broker.store.index_file import INDEX_ENTRY
-from broker.store.message import Prop
 
 
 def _filled(make_store: Callable[..., MessageStore]) -> MessageStore:

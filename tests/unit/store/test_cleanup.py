@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.format.message import Prop
 from broker.store import GetStatus, MessageStore, PutStatus
-from broker.store.message import Prop
 
 HOUR_MS = 3600 * 1000
 

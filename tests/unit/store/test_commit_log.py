@@ -7,8 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.store import MessageStore, PutStatus
-from broker.store.message import (
+from broker.format.message import (
     BLANK_MAGIC,
     BODY_START,
     ENTRY_HEADER,
@@ -18,6 +17,7 @@ from broker.store.message import (
     encode_entry,
     encode_properties,
 )
+from broker.store import MessageStore, PutStatus
 
 
 def test_put_fills_store_fields(store: MessageStore) -> None:

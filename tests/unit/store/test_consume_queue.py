@@ -6,9 +6,9 @@ import os
 import struct
 from collections.abc import Callable
 
+from broker.format.message import tag_hash_code
 from broker.store import MessageStore
 from broker.store.consume_queue import CQ_UNIT
-from broker.store.message import tag_hash_code
 
 
 def _units(path: str) -> list[tuple[int, int, int]]:

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.format.message import encode_entry, encode_properties, tag_hash_code
 from broker.store import MessageStore
 from broker.store import dispatcher as dispatcher_module
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.dispatcher import message_keys, names_may_occur, property_value
-from broker.store.message import encode_entry, encode_properties, tag_hash_code
 from broker.store.results import PutStatus
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from small_fs import fill, free_bytes, tmpfs
 
+from broker.format.message import encode_entry, encode_properties
 from broker.semantics.journal import Journal
 from broker.store import GetStatus, MessageStore, PutStatus, StoreConfig
-from broker.store.message import encode_entry, encode_properties
 from broker.store.results import PutResult
 
 FS_MIB = 8

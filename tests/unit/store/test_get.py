@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from broker.errors import ServiceNotAvailableError
+from broker.format.message import BODY_START, ENTRY_HEADER, MESSAGE_MAGIC, PREFIX, tag_hash_code
 from broker.store import GetStatus, MessageStore
 from broker.store.consume_queue import CQ_UNIT
-from broker.store.message import BODY_START, ENTRY_HEADER, MESSAGE_MAGIC, PREFIX, tag_hash_code
 
 
 def _fill(store: MessageStore, topic: str, n: int, qid: int = 0) -> None:

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import MessageIllegalError
-from broker.store import scan_kernel
-from broker.store.message import decode_properties, encode_properties
-from broker.store.properties import first_bad_section, property_number, section_fault
+from broker.format import scan_kernel
+from broker.format.message import decode_properties, encode_properties
+from broker.format.properties import first_bad_section, property_number, section_fault
 
 PIECES = [b"\x00", b"\x01", b"\x02", b"a", b"bc", b"KEYS", b"\xff", b"\xc3\xa9", b"\xc2", b"\xe2\x82\xac",
           b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x90\x80\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf",

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from broker.errors import CorruptionError
+from broker.format.message import BODY_START, Prop
 from broker.store import MessageStore, commit_log, index_file
 from broker.store.index_file import INDEX_ENTRY, INDEX_HEADER, IndexService, key_hash
-from broker.store.message import BODY_START, Prop
 
 # A driven store clock: later than any real store time here (the log keeps its times monotonic), 100 ms into its
 # second, so that a millisecond later is still the same second.

@@ -10,6 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.format.message import java_string_hash
 from broker.store.index_file import (
     INDEX_ENTRY,
     INDEX_HEADER,
@@ -19,7 +20,6 @@ from broker.store.index_file import (
     key_hash,
     key_hashes,
 )
-from broker.store.message import java_string_hash
 
 Message = tuple[str, list[str], int, int]
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import CorruptionError, MessageIllegalError
-from broker.store.message import (
+from broker.format.message import (
     BLANK_MAGIC,
     MESSAGE_MAGIC,
     decode_entry,

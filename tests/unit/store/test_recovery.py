@@ -13,10 +13,10 @@ import pytest
 
 from broker import json_file
 from broker.errors import StoreLockedError
+from broker.format.message import BODY_START, Prop, encode_entry, encode_properties
 from broker.store import MessageStore, PutResult, PutStatus, mapped_file
 from broker.store.consume_queue import CQ_UNIT
 from broker.store.flush import flush_commit_log
-from broker.store.message import BODY_START, Prop, encode_entry, encode_properties
 from broker.store.recovery import FIRST_CHUNK_BYTES, RECOVERY_CHUNK_BYTES
 
 

@@ -13,9 +13,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.store import scan_kernel
-from broker.store.batch import _py_walk, body_crcs, scan, walk
-from broker.store.message import BLANK_MAGIC, PREFIX, encode_entry, encode_properties
+from broker.format import scan_kernel
+from broker.format.batch import _py_walk, body_crcs, scan, walk
+from broker.format.message import BLANK_MAGIC, PREFIX, encode_entry, encode_properties
 
 _MAGIC = b"\xda\xa3\x20\xa7"
 _bodies = st.lists(

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.format.batch import first_bad_topic, first_incomplete_properties, scan
+from broker.format.message import StoredMessage, encode_entry, encode_properties, is_topic_name, properties_complete
 from broker.store import MessageStore, PutStatus
-from broker.store.batch import first_bad_topic, first_incomplete_properties, scan
-from broker.store.message import StoredMessage, encode_entry, encode_properties, is_topic_name, properties_complete
 
 
 def _zero_tail(s: MessageStore, offset: int, size: int, nbytes: int) -> str:

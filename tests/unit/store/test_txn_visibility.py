@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from broker.errors import CorruptionError, MessageIllegalError
+from broker.format.message import SysFlag, decode_entry, encode_entry, encode_properties, make_msg_id
 from broker.store import GetStatus, MessageStore
-from broker.store.message import SysFlag, decode_entry, encode_entry, encode_properties, make_msg_id
 from broker.store.txn_visibility import (
     MARKER_QUEUE_ID,
     MARKER_TOPIC,

@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from broker.errors import MessageIllegalError
+from broker.format.batch import MAX_QUEUE_ID
+from broker.format.message import encode_entry
 from broker.store import GetStatus, MessageStore
-from broker.store.batch import MAX_QUEUE_ID
-from broker.store.message import encode_entry
 
 
 def _batch(topic: bytes, queues: range, per_queue: int) -> bytes:

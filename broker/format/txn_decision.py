@@ -1,8 +1,9 @@
 """The decision of a transaction whose halves lie on several brokers, and each participant's share of a commit.
 
 The wire form and the stored form are one declaration: ``TransactionDecision`` in ``broker/proto/coordinator.proto``
-(a decision is stored as that message's bytes). This module checks a decision's bounds once, for both the
-coordinator (decision_log.py) and the participants (participant_resolver.py).
+(a decision is stored as that message's bytes; broker/proto/decision.py converts). This module checks a
+decision's bounds once, for the coordinator (decision_log.py), the participants (participant_resolver.py) and the
+Spark sink that asks for a decision (connector/cluster_commit.py).
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.errors import InvalidArgumentError
-from broker.proto import coordinator_pb2 as cpb
-from broker.semantics.transaction import MAX_ATTEMPTS_PROPERTY_CHARS
-from broker.semantics.transaction_codec import check_transaction_id
+from broker.format.transaction_codec import MAX_ATTEMPTS_PROPERTY_CHARS, check_transaction_id
 
 COMMIT = "COMMIT"
 ABORT = "ABORT"
@@ -92,22 +91,3 @@ def make_decision(txn_id: str, commit: bool, shares: Iterable[Share] = ()) -> De
                 f"fit {MAX_ATTEMPTS_PROPERTY_CHARS} characters"
             )
     return Decision(txn_id, commit, participants)
-
-
-def to_pb(d: Decision) -> cpb.TransactionDecision:
-    return cpb.TransactionDecision(
-        transaction_id=d.txn_id, outcome=d.outcome, decided_ms=d.decided_ms,
-        participants=[cpb.ParticipantShare(broker_name=s.broker_name, committed_attempts=list(s.committed_attempts),
-                                           expected_messages=s.expected_messages) for s in d.participants],
-    )  # fmt: skip
-
-
-def from_pb(m: cpb.TransactionDecision) -> Decision:
-    """A decision from its message, checked as ``make_decision`` checks (InvalidArgumentError)."""
-    if m.outcome not in (COMMIT, ABORT):
-        raise InvalidArgumentError(
-            f"decision of {m.transaction_id[:60]!r}: outcome {m.outcome!r} is not COMMIT or ABORT"
-        )
-    shares = [Share(p.broker_name, tuple(p.committed_attempts), p.expected_messages) for p in m.participants]
-    d = make_decision(m.transaction_id, m.outcome == COMMIT, shares)
-    return d.stamped(m.decided_ms)

@@ -21,8 +21,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from broker.errors import CorruptionError, MessageIllegalError, shown
-from broker.store import scan_kernel
-from broker.store.message import (
+from broker.format import scan_kernel
+from broker.format.message import (
     BLANK_MAGIC,
     BODY_START,
     ENTRY_HEADER,
@@ -580,7 +580,7 @@ def validate_small_batch(buffer: bytes | bytearray | memoryview, limit_bytes: in
         why = _BATCH_REASONS.get(reason, reason) or "trailing bytes after the last entry"
         raise MessageIllegalError(
             f"batch entry {len(positions)} (at byte {end}) is malformed: {why}; re-encode the batch with "
-            "broker.store.message.encode_entry"
+            "broker.format.message.encode_entry"
         )
     keys: list[tuple[str, int]] = []
     counted: list[bool] = []
@@ -634,7 +634,7 @@ def _small_entry(buf: bytes, pos: int, nxt: int, i: int, max_body: int) -> bytes
 def _incomplete_batch_entry(i: int, pos: int) -> str:
     return (
         f"batch entry {i} (at byte {pos}): its {_INCOMPLETE_PROPERTIES}; encode them with "
-        "broker.store.message.encode_properties"
+        "broker.format.message.encode_properties"
     )
 
 
@@ -663,7 +663,7 @@ def validate_batch(
         reason = _BATCH_REASONS.get(run.stop_reason, run.stop_reason) or "trailing bytes after the last entry"
         raise MessageIllegalError(
             f"batch entry {len(run)} (at byte {run.end}) is malformed: {reason}; re-encode the batch with "
-            "broker.store.message.encode_entry"
+            "broker.format.message.encode_entry"
         )
     too_big = np.flatnonzero(run.body_lengths > max_body)
     if too_big.size:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from broker.errors import MessageIllegalError, shown
-from broker.store import scan_kernel
-from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.format import scan_kernel
+from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
 
 NAME_END = 1  # \x01 ends a name
 PAIR_END = 2  # \x02 ends a value

@@ -12,7 +12,7 @@ their meaning.
 from __future__ import annotations
 
 from broker.errors import NoPermissionError
-from broker.store.txn_visibility import MARKER_TOPIC as TRANS_MARKER_TOPIC
+from broker.format.message import MAX_TOPIC_BYTES
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # delayed messages; queue id = delay level - 1
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"  # transactional half (prepared) messages
@@ -20,10 +20,14 @@ TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # one op message per ended 
 TIMER_TOPIC = "rmq_sys_wheel_timer"  # timer messages (TIMER_DELIVER_MS) until they are due; queue 0
 # Sluice's own (RocketMQ has no transactions over several brokers): the decisions a coordinator broker keeps
 TRANS_DECISION_TOPIC = "SLUICE_SYS_TRANS_DECISION_TOPIC"
-# TRANS_MARKER_TOPIC (declared with its format in broker/store/txn_visibility.py): the commit and rollback markers
-# of transactions that write their messages in place
+# The commit and rollback markers of transactions that write their messages in place (their entry format is in
+# broker/store/txn_visibility.py)
+TRANS_MARKER_TOPIC = "SLUICE_SYS_TRANS_MARKER_TOPIC"
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+# A group becomes part of its %RETRY% and %DLQ% topic names, which must fit the topic limit: the longer prefix
+# decides. (A longer name was accepted once, and every heartbeat and send-back then failed naming its retry topic.)
+MAX_GROUP_CHARS = MAX_TOPIC_BYTES - len(RETRY_GROUP_TOPIC_PREFIX)  # 120
 # RocketMQ's internal topics that Sluice does not write, reserved all the same (TopicValidator's
 # NOT_ALLOWED_SEND_TOPIC_SET), and the prefix of its newer system topics (TopicValidator.SYSTEM_TOPIC_PREFIX).
 ROCKETMQ_RESERVED_TOPICS = frozenset(

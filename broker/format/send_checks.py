@@ -8,7 +8,7 @@ checks add what the broker's own semantics need of every message:
 * SYSFLAG transaction bits are the broker's to set (a plain message marked PREPARED was acknowledged and never
   delivered);
 * RECONSUME_TIMES is not negative (a negative count skipped retry delays and bought extra retries);
-* PROPERTIES are canonical (``store.properties``: decoded and encoded again they are the same bytes), so a message
+* PROPERTIES are canonical (``format.properties``: decoded and encoded again they are the same bytes), so a message
   that was accepted can always be read, sent back, delayed and committed as it was sent;
 * a producer group names a transaction's producers (check-backs go to it): one is required, as a group name.
 
@@ -24,8 +24,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from broker.errors import InvalidArgumentError, MessageIllegalError, shown
-from broker.store.batch import SmallBatch, ValidatedBatch, gather
-from broker.store.message import (
+from broker.format.batch import SmallBatch, ValidatedBatch, gather
+from broker.format.message import (
     BODY_START,
     I32,
     POS_BODY_LENGTH,
@@ -36,7 +36,7 @@ from broker.store.message import (
     SysFlag,
     encode_properties,
 )
-from broker.store.properties import check_sections, not_canonical, section_fault
+from broker.format.properties import check_sections, not_canonical, section_fault
 
 MAX_PRODUCER_GROUP_CHARS = 255  # RocketMQ's CHARACTER_MAX_LENGTH for group names
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from broker.store.message import BLANK_MAGIC, MESSAGE_MAGIC, MIN_ENTRY_SIZE
+from broker.format.message import BLANK_MAGIC, MESSAGE_MAGIC, MIN_ENTRY_SIZE
 
 COMPILED_MIN_BYTES = 64 * 1024  # below this the Python loops finish before numba would have loaded
 

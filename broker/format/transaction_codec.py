@@ -29,11 +29,8 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.errors import CorruptionError, MessageIllegalError, shown
-from broker.semantics.delay import parse_delay_level
-from broker.semantics.send_checks import check_message
-from broker.semantics.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker.store.batch import MAX_QUEUE_ID, scan
-from broker.store.message import (
+from broker.format.batch import MAX_QUEUE_ID, scan
+from broker.format.message import (
     BODY_START,
     ENTRY_HEADER,
     I32,
@@ -55,8 +52,10 @@ from broker.store.message import (
     parse_layout,
     validate_topic,
 )
-from broker.store.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
-from broker.store.properties import not_canonical, section_fault
+from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
+from broker.format.properties import not_canonical, property_number, section_fault
+from broker.format.send_checks import check_message
+from broker.format.system_topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 REMOVE_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVETAG
 FINISHED_TAG = "f"  # Sluice: every committed half of the transaction is in its real topic
@@ -72,10 +71,11 @@ ROLLBACK = "ROLLBACK"
 HALF_TOPIC_BYTES = validate_topic(TRANS_HALF_TOPIC)
 OP_TOPIC_BYTES = validate_topic(TRANS_OP_HALF_TOPIC)
 MAX_TRANSACTION_ID_CHARS = 512  # it travels in every half's properties
+MAX_ATTEMPTS_PROPERTY_CHARS = 16 * 1024  # the committed-attempt list travels in one property (limit 32767)
 
 
 def real_queue_id(value: str | bytes | None) -> int | None:
-    """The queue id a REAL_QID value names (ASCII digits, store.numbers, below MAX_QUEUE_ID); None if it names none.
+    """The queue id a REAL_QID value names (ASCII digits, format.numbers, below MAX_QUEUE_ID); None if it names none.
     The one reading of REAL_QID: the send check, the commit and recovery must agree on every value."""
     if value is None or not is_ascii_digits(value) or len(value) > MAX_NUMBER_DIGITS:
         return None
@@ -103,7 +103,7 @@ def refuse_delay(level: str | None, what: str) -> None:
     """MessageIllegalError for a half carrying a delay (DELAY > 0). Why: a commit stores its halves in their real
     topics at once, not through the delay service, so the delay would be silently ignored (RocketMQ's producer
     drops DELAY from transactional sends; Sluice says so instead)."""
-    if level is not None and parse_delay_level({Prop.DELAY: level}) > 0:
+    if level is not None and property_number(Prop.DELAY, level) > 0:
         raise MessageIllegalError(
             f"{what} has DELAY={shown(level)}: delayed transactional messages are not supported (a committed message "
             "is delivered at once); send it without DELAY, or send a plain delayed message after the commit"
