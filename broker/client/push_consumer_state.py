@@ -123,8 +123,13 @@ class PushConsumerState:
         self.persist_interval_ms, self.route_poll_interval_ms = persist_interval_ms, route_poll_interval_ms
         self.control_timeout_s = min(timeout_s, CONTROL_CALL_TIMEOUT_S)
         # after the checks: a refusal opens nothing
-        self.router = Router(endpoint, namesrv, timeout_s=timeout_s, tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))
+        self.router = Router(
+            endpoint,
+            namesrv,
+            timeout_s=timeout_s,
+            tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
+            credentials=Credentials.of(access_key, secret_key),
+        )
         self.offsets: OffsetStore = (
             LocalOffsetStore(self.router, consume_from, consume_timestamp_ms, offset_store_path)
             if model is BROADCASTING

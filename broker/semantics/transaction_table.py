@@ -192,7 +192,6 @@ def committed_by(entry: bytes, txn_id: str) -> bool:
     return (raw_property(entry, Prop.TRANSACTION_ID) or raw_property(entry, Prop.UNIQ_KEY)) == txn_id
 
 
-
 class TransactionTable:
     """The service's state, shared by its parts: the transactions by id, their locks, limits and hooks."""
 
@@ -284,8 +283,18 @@ class TransactionTable:
             for s in mine:
                 for key, first in s.first_offsets.items():
                     held[key] = min(held.get(key, first), first)
-        return TransactionInfo(t.txn_id, t.producer_group, t.status, count, t.first_ms, t.last_ms, t.check_times,
-                               t.ended_ms, t.finished, tuple(f"{k[0]}/{k[1]}@{at}" for k, at in sorted(held.items())))
+        return TransactionInfo(
+            t.txn_id,
+            t.producer_group,
+            t.status,
+            count,
+            t.first_ms,
+            t.last_ms,
+            t.check_times,
+            t.ended_ms,
+            t.finished,
+            tuple(f"{k[0]}/{k[1]}@{at}" for k, at in sorted(held.items())),
+        )
 
     def _open_slices(self) -> dict[int, OpenSlice]:
         return {s.handle: s for s in self.store.txn_visibility.open_slices()}
