@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from bench.hops import start_consumer, wait_push_ready
-from bench.peers import SERVER_START_TIMEOUT_S, SluiceBroker, paced
+from bench.peers.pacing import paced
+from bench.peers.settings import SERVER_START_TIMEOUT_S
+from bench.peers.sluice import SluiceBroker
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RATES_PER_S = (1000, 250)

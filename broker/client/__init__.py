@@ -19,6 +19,7 @@ from broker.client.admin_results import (
     TopicInfo,
     TransactionInfo,
 )
+from broker.client.allocation import AVERAGELY, CIRCLE
 from broker.client.consumer_options import (
     BROADCASTING,
     CLUSTERING,
@@ -35,7 +36,6 @@ from broker.client.pop_consumer import PopConsumer, PoppedMessage
 from broker.client.producer import PartialSendError, Producer
 from broker.client.pull_consumer import PullConsumer
 from broker.client.push_consumer import PushConsumer
-from broker.client.rebalance import AVERAGELY, CIRCLE
 from broker.client.results import PullResult, PullStatus, RawPullResult, ReceivedMessage, SendResult, SendStatus
 from broker.client.transaction_producer import LocalTransactionState, TransactionProducer, TransactionSendResult
 

@@ -1,0 +1,29 @@
+"""What a compared system offers (start, throughput, latency, stop) and the systems by their ``--systems`` names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from bench.peers.nats_jetstream import NatsJetStream
+from bench.peers.redis_streams import RedisStreams
+from bench.peers.relay import GrpcRelay, GrpcStreamRelay
+from bench.peers.results import Latency, Throughput
+from bench.peers.sluice import SluiceBroker
+
+
+class System(Protocol):
+    name: str
+    batches: bool  # False: a latency floor, not a broker (no throughput runs)
+
+    def start(self, workdir: Path) -> str: ...  # returns the server's version
+    def throughput(self, size_b: int, count: int, run: str) -> Throughput: ...
+    def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency: ...
+    def stop(self) -> None: ...
+
+
+SYSTEMS: dict[str, Callable[[], System]] = {
+    "sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream, "relay": GrpcRelay,
+    "relay-streams": GrpcStreamRelay,
+}  # fmt: skip
