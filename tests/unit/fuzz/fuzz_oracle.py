@@ -167,7 +167,16 @@ class Fuzzer:
     def call_raw(self, method: str, data: bytes, *, streaming: bool = False) -> Answer:
         """Bytes as they are, to any method of the Broker service; the answer's bytes as they are (a stream's: the
         list of them), judged."""
-        return self.judge(method, self.send_raw(f"/sluice.v1.Broker/{method}", data, streaming=streaming))
+        a = self.judge(method, self.send_raw(f"/sluice.v1.Broker/{method}", data, streaming=streaming))
+        if method == "DeleteTopic" and a.ok:
+            self.forget_topic(pb.DeleteTopicRequest.FromString(data).topic)
+        return a
+
+    def forget_topic(self, topic: str) -> None:
+        """A topic deleted by a request the broker accepted: its messages belong to no topic any more and are read
+        by no id, offset or key (a topic made again under the name is another one), so none is owed back."""
+        self.acked = [m for m in self.acked if m.topic != topic]
+        self.transactions = {t: [h for h in halves if h.topic != topic] for t, halves in self.transactions.items()}
 
     def send_raw(self, path: str, data: bytes | list[bytes], *, streaming: bool = False,
                  client_streaming: bool = False, metadata: Metadata = ()) -> Answer:  # fmt: skip
