@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from broker.client import PullConsumer, RawPullResult
 from broker.client.route import MessageQueue
@@ -25,10 +26,13 @@ from broker.errors import BrokerError, ServiceNotAvailableError, SubscriptionGro
 from broker.proto import sluice_pb2 as pb
 from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.broker_link import BrokerLink, BrokerQueue, retried
+from connector.failover import until_master
 from connector.offsets import QueueKey
 from connector.tls_options import PLAIN, TlsFiles
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ROUTE_REFRESH_S = 1.0  # planning asks the name servers again at most this often per topic (each trigger, at most)
 MAX_REFRESH_TIMES = 10_000  # topics whose last refresh is remembered (a topicPattern over a large cluster)
@@ -52,7 +56,7 @@ class ClusterLink(BrokerLink):
     def queue_offsets(self, topic: str, gone: dict[str, str] | None = None) -> dict[BrokerQueue, tuple[int, int]]:
         self._fresh_route(topic)
         try:
-            route = retried(lambda: self.router.route(topic))
+            route = self._routed(topic, lambda: self.router.route(topic))
         except TopicNotExistError:
             return {}
         out: dict[BrokerQueue, tuple[int, int]] = {}
@@ -85,7 +89,7 @@ class ClusterLink(BrokerLink):
 
     def committed(self, topic: str) -> dict[BrokerQueue, int]:
         try:
-            found = retried(lambda: self.consumer.committed_by_queue(topic))
+            found = self._routed(topic, lambda: self.consumer.committed_by_queue(topic))
         except TopicNotExistError:
             return {}
         return {(mq.broker_name, mq.queue_id): off for mq, off in found.items()}
@@ -97,7 +101,8 @@ class ClusterLink(BrokerLink):
             conn = self.router.broker_connection(topic, broker, write=False)
             return int(conn.call(conn.stub.SearchOffsetByTimestamp, request).offset)
 
-        return retried(search)
+        return until_master(search, self.router, f"offset by time of {topic}/{broker}/{queue_id}",
+                            retry_if=_read_retry, topic=topic)  # fmt: skip
 
     def commit(self, offsets: Mapping[QueueKey, int]) -> None:
         """Each broker's queues to that broker; BrokerError after every live broker was tried when one failed."""
@@ -131,7 +136,15 @@ class ClusterLink(BrokerLink):
                 self.router.refresh(topic)  # the broker may be back at another address
                 raise
 
-        return retried(pull)
+        # A read of offsets planned on this broker: tried again while it (or its group's master) is away, also when
+        # a failover or a late registration leaves it out of the topic's route for a moment.
+        return until_master(pull, self.router, f"pull of {topic}/{broker}/{qid}", retry_if=_read_retry, topic=topic)
+
+    def _routed(self, topic: str, call: Callable[[], T]) -> T:
+        """``call()`` retried while a broker restarts (``retried``), and while the name servers, during a
+        failover, list some group without a master and so may say that no live broker holds ``topic``."""
+        return until_master(lambda: retried(call), self.router, f"the route of {topic}", retry_if=_never,
+                            topic=topic)  # fmt: skip
 
     def live_brokers(self) -> set[str]:
         return retried(lambda: {b.broker_name for b in self.router.cluster_brokers()})
@@ -151,6 +164,15 @@ class ClusterLink(BrokerLink):
     def close(self) -> None:
         self.consumer.close()
         self.router.close()
+
+
+def _read_retry(e: BrokerError) -> bool:
+    """Reads change nothing: any unavailable broker, or one missing from the route, is asked again."""
+    return isinstance(e, (ServiceNotAvailableError, TopicNotExistError))
+
+
+def _never(e: BrokerError) -> bool:
+    return False
 
 
 __all__ = ["ClusterLink"]
