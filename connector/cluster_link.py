@@ -6,7 +6,9 @@
 * A broker of a topic's route that does not answer (after the usual retries) is named in ``gone`` while planning,
   with the reason; the stream reader then stops the query or holds that broker's queues (failOnDataLoss).
 * A pull that cannot reach its broker asks for the topic's route again before its retry: a broker that came back at
-  another address is found there.
+  another address, or a group's new master, is found there. Pulls, and route lookups that meet a group without a
+  master ("no live broker holds topic" between the dead master's registration expiring and the new one's), wait
+  up to ``connector.failover.FAILOVER_WAIT_S``.
 * Group offsets are committed broker by broker, each broker storing its own queues' offsets (RocketMQ keeps a
   queue's consumer offset on the broker that owns the queue). A broker the name servers no longer list is skipped:
   its queues' offsets stay in Spark's checkpoint, and the next commit after it returns stores them.
@@ -137,7 +139,7 @@ class ClusterLink(BrokerLink):
                 raise
 
         # A read of offsets planned on this broker: tried again while it (or its group's master) is away, also when
-        # a failover or a late registration leaves it out of the topic's route for a moment.
+        # a failover leaves its group out of the topic's route for a moment.
         return until_master(pull, self.router, f"pull of {topic}/{broker}/{qid}", retry_if=_read_retry, topic=topic)
 
     def _routed(self, topic: str, call: Callable[[], T]) -> T:
@@ -167,8 +169,10 @@ class ClusterLink(BrokerLink):
 
 
 def _read_retry(e: BrokerError) -> bool:
-    """Reads change nothing: any unavailable broker, or one missing from the route, is asked again."""
-    return isinstance(e, (ServiceNotAvailableError, TopicNotExistError))
+    """Reads change nothing: a broker that does not answer is asked again, whatever the call did. (A broker
+    missing from the topic's route is waited for only while a group has no master: one that left the cluster is
+    said at once.)"""
+    return isinstance(e, ServiceNotAvailableError)
 
 
 def _never(e: BrokerError) -> bool:

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from broker.client.route import MASTER_ID
 from broker.client.router import Router
-from broker.errors import BrokerError, BrokerUnreachableError, ServiceNotAvailableError, TopicNotExistError
+from broker.errors import BrokerError, BrokerUnreachableError, ServiceNotAvailableError, TlsError, TopicNotExistError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,10 @@ def group_without_master(router: Router) -> bool:
 
 def nothing_stored(e: BrokerError) -> bool:
     """The call certainly stored nothing: refused before the write (NOT_MASTER, NOT_ENOUGH_REPLICAS, no live
-    master, no writable queue), or its connection was never made. A call without an answer is not such a call."""
+    master, no writable queue), or its connection was never made. A call without an answer is not such a call,
+    nor one TLS refused (a setting to change, not a master to wait for)."""
+    if isinstance(e, TlsError):
+        return False
     if isinstance(e, BrokerUnreachableError):
         return not e.request_sent
     return isinstance(e, ServiceNotAvailableError)
