@@ -48,7 +48,7 @@ from typing import TypeVar
 
 from broker.client.coordinator import CoordinatorClient
 from broker.client.router import Router
-from broker.errors import BrokerError, ServiceNotAvailableError
+from broker.errors import BrokerError, NotMasterError, ServiceNotAvailableError
 from broker.semantics.txn_decision import Decision, Share, make_decision
 from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.failover import FAILOVER_WAIT_S, group_without_master
@@ -96,9 +96,10 @@ def live_masters(namesrv: str, tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS
 
 
 def _retried(call: Callable[[], T], router: Router | None = None) -> T:
-    """``call()`` retried while a broker is unavailable: about 10 s, and past that up to FAILOVER_WAIT_S while
-    ``router`` shows a broker group without its master (a failover under way: the coordinator or a participant of
-    that group answers again once its new master registers)."""
+    """``call()`` retried while a broker is unavailable: about 10 s, and past that up to FAILOVER_WAIT_S while a
+    master is moving: ``router`` shows a broker group without its master, or a broker registered as master says it
+    no longer is (NOT_MASTER; the name servers catch up with its successor's registration). The coordinator or a
+    participant of that group answers again once its new master registers."""
     started = time.monotonic()
     attempt = 0
     while True:
@@ -107,9 +108,8 @@ def _retried(call: Callable[[], T], router: Router | None = None) -> T:
             return call()
         except ServiceNotAvailableError as e:
             attempt += 1
-            if attempt >= len(RETRY_DELAYS_S) and (
-                router is None or time.monotonic() - started >= FAILOVER_WAIT_S or not group_without_master(router)
-            ):
+            moving = isinstance(e, NotMasterError) or (router is not None and group_without_master(router))
+            if attempt >= len(RETRY_DELAYS_S) and (not moving or time.monotonic() - started >= FAILOVER_WAIT_S):
                 raise
             log.warning("broker call failed (%s); retrying", e.message)
 
@@ -138,10 +138,11 @@ class ClusterCommit:
         masters = self._retried(self.client.masters)
         statuses: dict[str, set[str]] = {}
         for broker in sorted(masters):
-            for d in self._retried(functools.partial(self.client.query, broker, prefix=batch_prefix, masters=masters)):
+            # each try asks the name servers for the master again: after a failover the first answer can be stale
+            for d in self._retried(functools.partial(self.client.query, broker, prefix=batch_prefix)):
                 if d.commit:
                     return d.txn_id
-            found = self._retried(functools.partial(self.client.transactions, broker, batch_prefix, masters=masters))
+            found = self._retried(functools.partial(self.client.transactions, broker, batch_prefix))
             for txn_id, status in found.items():
                 if txn_id != own:
                     statuses.setdefault(txn_id, set()).add(status)
