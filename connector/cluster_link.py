@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from broker.client import PullConsumer, RawPullResult
+from broker.client.results import PullStatus
 from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.errors import BrokerError, ServiceNotAvailableError, SubscriptionGroupNotExistError, TopicNotExistError
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ROUTE_REFRESH_S = 1.0  # planning asks the name servers again at most this often per topic (each trigger, at most)
+# A queue that ends below offsets the driver planned: after a failover, a replica that restarted or was just
+# elected can show readers less than was confirmed until its replicas report (within a heartbeat or two); asked
+# again for this long before the reader takes it for a lost tail.
+SHORT_TAIL_RECHECK_S = 15.0
+SHORT_TAIL_PAUSE_S = 0.5
 MAX_REFRESH_TIMES = 10_000  # topics whose last refresh is remembered (a topicPattern over a large cluster)
 
 
@@ -140,7 +146,16 @@ class ClusterLink(BrokerLink):
 
         # A read of offsets planned on this broker: tried again while it (or its group's master) is away, also when
         # a failover leaves its group out of the topic's route for a moment.
-        return until_master(pull, self.router, f"pull of {topic}/{broker}/{qid}", retry_if=_read_retry, topic=topic)
+        deadline = time.monotonic() + SHORT_TAIL_RECHECK_S
+        while True:
+            r = until_master(pull, self.router, f"pull of {topic}/{broker}/{qid}", retry_if=_read_retry, topic=topic)
+            short = r.status not in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG) and r.max_offset < offset
+            if not short or time.monotonic() >= deadline:
+                return r  # a tail still short after the recheck is the reader's data loss (failOnDataLoss)
+            log.warning("%s ends at %d, below the planned offset %d; asking again (a replica that just took over "
+                        "may not show what was confirmed yet)", mq, r.max_offset, offset)  # fmt: skip
+            self.router.refresh(topic)
+            time.sleep(SHORT_TAIL_PAUSE_S)
 
     def _routed(self, topic: str, call: Callable[[], T]) -> T:
         """``call()`` retried while a broker restarts (``retried``), and while the name servers, during a
