@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import EXPIRING_STORE, body_of, fill, new_topic, start_broker, wait_for
+from connector_helpers import EXPIRING_STORE, body_of, fill, new_topic, start_broker
 from pyspark.errors import StreamingQueryException
 
 from broker.client import Admin
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -95,7 +96,8 @@ def test_fail_on_data_loss_both_ways_after_files_expire(spark: Any, expiring_bro
     # More messages roll the tiny commit-log files; the broker deletes the old ones (reserved time: 1 s).
     fill(endpoint, topic, 2000, [0], first=300, chunk=100)
     with Admin(endpoint) as admin:
-        wait_for(lambda: admin.queue_offsets(topic)[0][0] > 300, timeout_s=60, what="expiry past offset 300")
+        wait_until(lambda: admin.queue_offsets(topic)[0][0] > 300,
+                   "expiry past offset 300", timeout_s=60, interval_s=0.2)  # fmt: skip
         lo, hi = admin.queue_offsets(topic)[0]
 
     failed, seen = run("true")

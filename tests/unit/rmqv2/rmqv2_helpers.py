@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,11 +102,3 @@ def receive_until(consumer: SimpleConsumer, count: int, invisible_s: int, timeou
     return out
 
 
-def wait_for(condition: Callable[[], T], timeout_s: float = 30.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
-        time.sleep(0.05)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from certs import Pki, tls_settings
-from helpers import broker, brokers, slave_of, wait_until
+from helpers import broker, brokers, slave_of
 
 from broker.auth.accounts import User
 from broker.client import Message, Producer
@@ -16,6 +16,7 @@ from broker.client.credentials import Credentials
 from broker.client.tls import TlsSettings
 from broker.errors import NotMasterError
 from broker.proto import sluice_pb2 as pb
+from tests.support.waiting import wait_until
 
 ROOT = {"auth_enabled": True, "auth_root_access_key": "root", "auth_root_secret_key": "root-secret-value"}
 
