@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import create_everywhere, make_cluster, route_brokers, small_store_config
 from lossy_proxy import LossyProxy
 
 from broker.address import free_fixed_port
@@ -18,6 +17,7 @@ from broker.client.route import MessageQueue
 from broker.errors import BrokerError, BrokerUnreachableError
 from broker.namesrv.local_cluster import LocalCluster
 from broker.server.process import BrokerProcess
+from tests.support.cluster import create_everywhere, make_cluster, route_brokers, small_store_config
 from tests.support.waiting import wait_until
 
 

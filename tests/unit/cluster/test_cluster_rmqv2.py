@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import grpc
-from cluster_helpers import create_everywhere, make_cluster, route_brokers
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
@@ -15,6 +14,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
 from broker.client import Admin
 from broker.client.namesrv_client import NameServerClient
+from tests.support.cluster import create_everywhere, make_cluster, route_brokers
 from tests.support.waiting import wait_until
 
 

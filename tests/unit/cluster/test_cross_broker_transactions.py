@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import make_cluster
 
 from broker.client import Admin, PullConsumer
 from broker.client.coordinator import CoordinatorClient
@@ -21,6 +20,7 @@ from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
 from broker.semantics.transaction_codec import ATTEMPT
 from broker.semantics.txn_decision import Share, make_decision
 from broker.store.message import encode_entry, encode_properties
+from tests.support.cluster import make_cluster
 from tests.support.waiting import wait_until
 
 TOPIC = "X"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,6 @@ from broker.client.results import ReceivedMessage
 from broker.client.route import MessageQueue
 from broker.errors import TopicNotExistError
 from broker.namesrv.local_cluster import LocalCluster
-from broker.server.process import BrokerProcess
 from tests.support.waiting import wait_until
 
 # Small files so that expiry tests have several commit-log and consume-queue files to delete.
@@ -27,14 +25,6 @@ EXPIRING_STORE: dict[str, Any] = {
     "max_hash_slot_num": 4096,
     "max_index_num": 16384,
 }
-
-
-def start_broker(store: Path, store_config: dict[str, Any] | None = None) -> BrokerProcess:
-    config = None
-    if store_config is not None:
-        config = store.parent / f"{store.name}.json"
-        config.write_text(json.dumps({"store": store_config}))
-    return BrokerProcess(store, config=config).start()
 
 
 def new_topic(endpoint: str, queues: int = 8, prefix: str = "t") -> str:

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import EXPIRING_STORE, body_of, fill, new_topic, start_broker
+from connector_helpers import EXPIRING_STORE, body_of, fill, new_topic
 from pyspark.errors import StreamingQueryException
 
 from broker.client import Admin
+from tests.support.brokers import start_broker
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
@@ -65,7 +66,7 @@ def test_partitions_follow_max_messages_per_partition_and_min_partitions(spark: 
 @pytest.fixture(scope="module")
 def expiring_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("expiring")
-    proc = start_broker(root / "store", EXPIRING_STORE)
+    proc = start_broker(root / "store", {"store": EXPIRING_STORE})
     yield proc.endpoint
     assert proc.stop() == 0
     shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs

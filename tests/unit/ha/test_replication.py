@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import broker, brokers, caught_up, commit_log_bytes, slave_of
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.errors import BrokerError, NotEnoughReplicasError, SendOutcomeUnknownError
@@ -15,6 +14,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.semantics import timer_progress
 from broker.server.broker_controller import BrokerController
 from broker.store.message import Prop
+from tests.support.replicas import broker, brokers, caught_up, commit_log_bytes, slave_of
 from tests.support.waiting import wait_until
 
 

@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rmqv2_helpers import message, name, receive_until, start_broker
+from rmqv2_helpers import FAST, message, name, receive_until
 from rocketmq import ClientConfiguration, Credentials, Producer, SimpleConsumer
 from rocketmq import FilterExpression as RmqFilter
 
 from broker.client import Admin
 from broker.proto import sluice_pb2 as pb
 from broker.server.process import BrokerProcess
+from tests.support.brokers import start_broker
 from tests.support.waiting import wait_for
 
 ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "root-secret-value"}
@@ -27,7 +28,7 @@ AUTH = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_ke
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root = tmp_path_factory.mktemp("rmqv2-auth")
-    proc = start_broker(root / "store", **AUTH)
+    proc = start_broker(root / "store", {**FAST, **AUTH})
     yield proc
     assert proc.stop() == 0, "\n".join(proc.output)
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import SMALL_STORE, broker, brokers, caught_up, slave_of
 
 from broker.client import Message, Producer
 from broker.client.results import SendStatus
@@ -28,6 +27,7 @@ from broker.ha.master import PROTOCOL_VERSION
 from broker.proto import ha_pb2 as hpb
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.proto.status import error_from_rpc
+from tests.support.replicas import SMALL_STORE, broker, brokers, caught_up, slave_of
 from tests.support.waiting import wait_until
 
 HUGE_EPOCH = 1 << 62

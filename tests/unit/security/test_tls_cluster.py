@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from certs import Pki
-from cluster_helpers import make_cluster, route_brokers
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.client.namesrv_client import NameServerClient
 from broker.client.tls import TlsSettings
 from broker.errors import TlsError
+from tests.support.certs import Pki
+from tests.support.cluster import make_cluster, route_brokers
 from tests.support.waiting import wait_until
 
 TOPIC = "TlsClusterTopic"

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from certs import Pki, tls_settings
-from helpers import broker, brokers, caught_up, slave_of
-
 from broker.client import Message, Producer
 from broker.client.tls import diagnose
+from tests.support.certs import Pki, tls_settings
+from tests.support.replicas import broker, brokers, caught_up, slave_of
 from tests.support.waiting import wait_until
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 import pytest
-from certs import Pki, tls_settings
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
@@ -42,6 +41,7 @@ from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.broker_controller import BrokerController
+from tests.support.certs import Pki, tls_settings
 from tests.support.waiting import wait_until
 
 ROOT = Credentials("root", "root-secret-value")

@@ -6,13 +6,13 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import create_everywhere, make_cluster, route_brokers, small_store_config
 
 from broker.client import Message, Producer
 from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
 from broker.namesrv.local_cluster import LocalCluster
 from broker.server.process import BrokerProcess
+from tests.support.cluster import create_everywhere, make_cluster, route_brokers, small_store_config
 from tests.support.waiting import wait_until
 
 

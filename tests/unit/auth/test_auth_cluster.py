@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import Pki
-from cluster_helpers import make_cluster
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.errors import AuthenticationError, NoPermissionError
+from tests.support.certs import Pki
+from tests.support.cluster import make_cluster
 from tests.support.waiting import wait_until
 
 TOPIC, GROUP = "AuthClusterTopic", "auth-cluster-group"

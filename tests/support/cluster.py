@@ -1,9 +1,13 @@
-"""Shared by the cluster tests: a cluster of real processes with fast registration, and polling."""
+"""Shared by the cluster, name server and security tests: a cluster of real processes (a name server and brokers on
+port 0 of 127.0.0.1, each in its own store directory) with fast registration, and the ``cluster`` fixture."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from broker.client import Admin
 from broker.client.namesrv_client import NameServerClient
@@ -56,3 +60,10 @@ def create_everywhere(cluster: LocalCluster, topic: str, queues: int = 8) -> Non
         wait_until(lambda: route_brokers(ns, topic) == set(cluster.names), f"{topic} on every broker")
     finally:
         ns.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A name server and three brokers, stopped at teardown (a suite's conftest imports it to offer it)."""
+    with make_cluster(tmp_path) as c:
+        yield c
