@@ -8,9 +8,9 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# Often enough that a wait ends soon after its condition holds, rarely enough that polling a broker over gRPC
-# does not load the two cores the suite shares with the brokers it tests.
-INTERVAL_S = 0.05
+# Often enough to see a condition that holds only for moments (a replica in sync while a flood of connections makes
+# it flap), rarely enough that polling a broker over gRPC does not load the cores the brokers under test share.
+INTERVAL_S = 0.02
 TIMEOUT_S = 30.0  # the default for a condition a broker meets within seconds on an idle machine
 
 
