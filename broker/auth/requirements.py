@@ -1,7 +1,7 @@
 """What every RPC does, declared once: method name -> the operations it does (operations.py holds their rights).
 
 Every method of every service a broker serves has a row here (the Broker service, the transaction coordinator,
-RocketMQ 5's MessagingService, the name server); tests/unit/security walk these tables against the services'
+RocketMQ 5's MessagingService, the name server); tests/unit/auth walk these tables against the services'
 descriptors, so a new RPC cannot be served without a declared row. A method missing here is refused for everyone
 but super users (default deny), never let through.
 

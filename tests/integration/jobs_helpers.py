@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sluice_containers import wait_dispatched
-
 from broker.client import Admin, Message, Producer, PullConsumer, SendStatus
 from broker.client.results import ReceivedMessage
+from tests.support.brokers import wait_dispatched
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 240.0  # one job run on local[2]: Spark start (~10 s) plus a few small micro-batches

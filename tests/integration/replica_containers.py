@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +39,7 @@ from broker.ha.controller import GroupState
 from broker.ha.etcd_client import Etcd
 from broker.ha.etcd_process import ensure_etcd
 from broker.testing import BROKER_PORT, STORE_DIR, SluiceContainer
+from tests.support.waiting import wait_until
 
 ETCD_PORT = 2379
 NAMESRV_PORT = 9876
@@ -83,15 +83,6 @@ def network_ip(container: DockerContainer, network: Network) -> str:
 
 def log_text(container: DockerContainer) -> str:
     return bytes(container.get_wrapped_container().logs(stdout=True, stderr=True)).decode(errors="replace")
-
-
-def wait_for(condition: Any, what: str, timeout_s: float) -> None:
-    """Poll ``condition()`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 def _running(container: DockerContainer) -> bool:
@@ -164,7 +155,7 @@ class ContainerReplicaGroup:
             except OSError:
                 return False
 
-        wait_for(healthy, "etcd to answer", START_TIMEOUT_S)
+        wait_until(healthy, "etcd to answer", timeout_s=START_TIMEOUT_S)
 
     def _start_namesrv(self) -> None:
         namesrv = self._container(["sluice", "namesrv"], [
@@ -180,7 +171,7 @@ class ContainerReplicaGroup:
                 raise ServiceNotAvailableError(f"the name server exited:\n{log_text(namesrv)[-LOG_TAIL_CHARS:]}")
             return " ready " in f" {log_text(namesrv)} "
 
-        wait_for(ready, "the name server to be ready", START_TIMEOUT_S)
+        wait_until(ready, "the name server to be ready", timeout_s=START_TIMEOUT_S)
 
     def _replica_config(self) -> bytes:
         config = {
@@ -239,7 +230,7 @@ class ContainerReplicaGroup:
             found.append(state.master)
             return True
 
-        wait_for(elected, f"a master other than {other_than}", timeout_s)
+        wait_until(elected, f"a master other than {other_than}", timeout_s=timeout_s)
         return found[-1]
 
     def wait_in_sync(self, count: int, timeout_s: float) -> None:
@@ -247,7 +238,7 @@ class ContainerReplicaGroup:
             state = self.state()
             return state is not None and len(state.in_sync) >= count
 
-        wait_for(enough, f"{count} replicas in sync", timeout_s)
+        wait_until(enough, f"{count} replicas in sync", timeout_s=timeout_s)
 
     def docker_kill(self, broker_id: int) -> None:
         """``docker kill`` (SIGKILL) of the replica's container, returning once it has exited."""

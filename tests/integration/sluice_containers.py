@@ -124,19 +124,3 @@ def docker_time(text: str) -> float:
         return 0.0
 
 
-def wait_dispatched(endpoint: str, topic: str, max_offsets: dict[int, int], timeout_s: float = 30.0) -> None:
-    """Until every queue's max offset reaches the given one. A send is acknowledged once in the commit log; the
-    consume queues that pulls read are built right after by the dispatcher (as RocketMQ's reput service does),
-    so a pull issued the instant a send returns may not see it yet."""
-    from broker.client import Admin
-
-    deadline = time.monotonic() + timeout_s
-    with Admin(endpoint) as admin:
-        while True:
-            have = {qid: hi for qid, (_lo, hi) in admin.queue_offsets(topic).items()}
-            behind = {qid: (have.get(qid, 0), want) for qid, want in max_offsets.items() if have.get(qid, 0) < want}
-            if not behind:
-                return
-            if time.monotonic() > deadline:
-                pytest.fail(f"{topic}: queues not dispatched within {timeout_s}s (have, want): {behind}")
-            time.sleep(0.05)

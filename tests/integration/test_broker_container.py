@@ -8,10 +8,11 @@ import time
 
 import docker
 import pytest
-from sluice_containers import BrokerFactory, check_store, exec_json, exec_text, run_in_volume, wait_dispatched
+from sluice_containers import BrokerFactory, check_store, exec_json, exec_text, run_in_volume
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendResult, SendStatus
 from broker.testing import STORE_DIR, SluiceContainer
+from tests.support.brokers import wait_dispatched
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from broker.client.results import ReceivedMessage, SendResult
 from broker.errors import BrokerError, SendOutcomeUnknownError, TopicNotExistError
 from broker.testing import SluiceCluster
 from streaming_jobs.common import spark_session
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -57,14 +58,6 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
 def create_topic(namesrv: str, topic: str) -> None:
     """On both brokers; returns once the name server's route lists both."""
     with Admin(namesrv=namesrv) as admin:
@@ -78,7 +71,7 @@ def create_topic(namesrv: str, topic: str) -> None:
             return False
 
     try:
-        wait_for(routed, f"{topic} on both brokers in the route")
+        wait_until(routed, f"{topic} on both brokers in the route", timeout_s=WAIT_S, interval_s=0.1)
     finally:
         ns.close()
 
@@ -108,7 +101,7 @@ def read_all(namesrv: str, topic: str, at_least: int) -> list[tuple[Located, Rec
                     offset = result.next_begin_offset
         return len(found) >= at_least
 
-    wait_for(read, f"{at_least} messages of {topic} readable")
+    wait_until(read, f"{at_least} messages of {topic} readable", timeout_s=WAIT_S, interval_s=0.1)
     return found
 
 
@@ -208,18 +201,21 @@ def test_a_killed_broker_container_loses_no_acknowledged_message(cluster: Sluice
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: len(load.acked_since(0)) >= LOAD_SENDS or bool(load.failed), "sends before the kill")
+        wait_until(lambda: len(load.acked_since(0)) >= LOAD_SENDS or bool(load.failed),
+                   "sends before the kill", timeout_s=WAIT_S, interval_s=0.1)  # fmt: skip
         cluster.kill_broker(0)  # docker kill: SIGKILL, the container exits
         killed = time.monotonic()
         # A producer that starts now takes its turns at broker-a's queues too, while this machine still has the dead
         # container's address in its ARP cache (connects to it get no answer): each such send goes to broker-b.
         with Producer(namesrv=namesrv, timeout_s=SEND_TIMEOUT_S) as fresh:
             late = [where(fresh.send(Message("failover", f"late-{i}".encode(), keys=f"late-{i}"))) for i in range(8)]
-        wait_for(lambda: len(load.acked_since(killed)) >= LOAD_SENDS or bool(load.failed), "sends while one is down")
+        wait_until(lambda: len(load.acked_since(killed)) >= LOAD_SENDS or bool(load.failed),
+                   "sends while one is down", timeout_s=WAIT_S, interval_s=0.1)  # fmt: skip
         down = load.acked_since(killed)
         cluster.restart_broker(0)  # the same container and store, registered again
         restarted = time.monotonic()
-        wait_for(lambda: len(load.acked_since(restarted)) >= LOAD_SENDS or bool(load.failed), "sends after it")
+        wait_until(lambda: len(load.acked_since(restarted)) >= LOAD_SENDS or bool(load.failed),
+                   "sends after it", timeout_s=WAIT_S, interval_s=0.1)  # fmt: skip
     finally:
         load.stop.set()
         for t in threads:

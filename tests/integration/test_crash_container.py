@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import docker
 import pytest
-from sluice_containers import BrokerFactory, check_store, wait_dispatched
+from sluice_containers import BrokerFactory, check_store
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
 from broker.errors import BrokerError
 from broker.testing import SluiceContainer
+from tests.support.brokers import wait_dispatched
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

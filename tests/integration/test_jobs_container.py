@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from jobs_helpers import create_topics, flat, produce, read_topic, run_job, star
 from broker.client import Message
 from broker.errors import BrokerError
 from broker.testing import SluiceContainer
+from tests.support.waiting import became_true
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(420)]
 
@@ -145,16 +145,6 @@ EO_MESSAGES = 30_000
 EO_PER_TRIGGER = 2000
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
-    """Poll ``cond()`` until true or the time is up; whether it became true."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def mirrored(endpoint: str) -> int:
     """Messages in eo_b; -1 while the broker is away."""
     try:
@@ -192,7 +182,8 @@ def test_exactly_once_mirror_across_broker_restart_and_driver_kill(broker: Sluic
         return log.read_text(errors="replace")[-4000:]
 
     def progress(endpoint: str, beyond: int, timeout_s: float = 120) -> bool:
-        return wait_for(lambda: mirrored(endpoint) >= beyond + 2 * EO_PER_TRIGGER, timeout_s)
+        return became_true(lambda: mirrored(endpoint) >= beyond + 2 * EO_PER_TRIGGER,
+                           timeout_s=timeout_s, interval_s=0.5)  # fmt: skip
 
     proc = start_continuous(endpoint)
     try:

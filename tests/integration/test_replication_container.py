@@ -19,11 +19,12 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from replica_containers import ContainerReplicaGroup, wait_for
+from replica_containers import ContainerReplicaGroup
 
 from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
 from broker.client.namesrv_client import NameServerClient, route_or_none
 from broker.errors import BrokerError, BrokerUnreachableError, SendOutcomeUnknownError
+from tests.support.waiting import wait_until
 
 TOPIC = "FailoverTopic"
 QUEUES = 4
@@ -168,7 +169,8 @@ def _failover_under_load(group: ContainerReplicaGroup) -> None:
     group.wait_in_sync(3, START_TIMEOUT_S)
     with Admin(group.endpoint(old)) as admin:
         admin.create_topic(TOPIC, QUEUES, if_not_exists=True)
-    wait_for(lambda: _route_ready(group.namesrv), "the topic's route on the name server", 30)
+    wait_until(lambda: _route_ready(group.namesrv),
+               "the topic's route on the name server", timeout_s=30)  # fmt: skip
     assert _registered_master(group.namesrv)[0] == group.endpoint(old)  # the container's address, as registered
 
     deliveries = Deliveries()
@@ -180,8 +182,10 @@ def _failover_under_load(group: ContainerReplicaGroup) -> None:
     load = Load(group.namesrv).start()
     try:
         load_started = time.monotonic()
-        wait_for(lambda: len(load.acked()) >= ACKED_BEFORE_KILL, f"{ACKED_BEFORE_KILL} acknowledged sends", 90)
-        wait_for(lambda: len(deliveries.bodies()) >= ACKED_BEFORE_KILL // 2, "the consumer to be consuming", 60)
+        wait_until(lambda: len(load.acked()) >= ACKED_BEFORE_KILL,
+                   f"{ACKED_BEFORE_KILL} acknowledged sends", timeout_s=90)  # fmt: skip
+        wait_until(lambda: len(deliveries.bodies()) >= ACKED_BEFORE_KILL // 2,
+                   "the consumer to be consuming", timeout_s=60)  # fmt: skip
         rate_before = len(load.acked()) / (time.monotonic() - load_started)
 
         old_ip = group.ips[f"replica-{old}"]
@@ -189,27 +193,29 @@ def _failover_under_load(group: ContainerReplicaGroup) -> None:
         group.docker_kill(old)
         new = group.wait_master(FAILOVER_TIMEOUT_S, other_than=old)
         elected_s = time.monotonic() - killed_at
-        wait_for(lambda: load.acked(killed_at, not_ip=old_ip), "a send acknowledged by the new master",
-                 FAILOVER_TIMEOUT_S)  # fmt: skip
+        wait_until(lambda: load.acked(killed_at, not_ip=old_ip),
+                   "a send acknowledged by the new master", timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
         resumed_s = min(o.done_at for o in load.acked(killed_at, not_ip=old_ip)) - killed_at
         assert {o.store_ip for o in load.acked(killed_at, not_ip=old_ip)} == {group.ips[f"replica-{new}"]}
-        wait_for(lambda: _registered_master(group.namesrv)[0] == group.endpoint(new),
-                 "the name server to route writes to the new master", FAILOVER_TIMEOUT_S)  # fmt: skip
+        wait_until(lambda: _registered_master(group.namesrv)[0] == group.endpoint(new),
+                   "the name server to route writes to the new master", timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
         state = group.state()
         assert state is not None and state.master == new and old not in state.in_sync, state
 
-        wait_for(lambda: len(load.acked(killed_at)) >= ACKED_AFTER_KILL,
-                 f"{ACKED_AFTER_KILL} sends acknowledged after the kill", FAILOVER_TIMEOUT_S)  # fmt: skip
+        wait_until(lambda: len(load.acked(killed_at)) >= ACKED_AFTER_KILL,
+                   f"{ACKED_AFTER_KILL} sends acknowledged after the kill", timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
         by_new = {o.body for o in load.acked(killed_at, not_ip=old_ip)}
-        wait_for(lambda: len(by_new & deliveries.bodies()) >= CONSUMED_AFTER_KILL,
-                 "the consumer to go on with messages the new master acknowledged", FAILOVER_TIMEOUT_S)  # fmt: skip
+        wait_until(lambda: len(by_new & deliveries.bodies()) >= CONSUMED_AFTER_KILL,
+                   "the consumer to go on with messages the new master acknowledged",
+                   timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
         consumer_resumed_s = min(t for _q, _o, body, t in deliveries.snapshot() if body in by_new) - killed_at
     finally:
         load.stop()
     try:
         acked = load.acked()
         want = {o.body for o in acked}
-        wait_for(lambda: want <= deliveries.bodies(), "every acknowledged message to be consumed", DRAIN_TIMEOUT_S)
+        wait_until(lambda: want <= deliveries.bodies(),
+                   "every acknowledged message to be consumed", timeout_s=DRAIN_TIMEOUT_S)  # fmt: skip
     finally:
         consumer.shutdown()
 

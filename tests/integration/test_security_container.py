@@ -10,8 +10,6 @@ users and topic.
 from __future__ import annotations
 
 import json
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +22,8 @@ from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.errors import AuthenticationError, NoPermissionError, TlsError
 from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.testing import SluiceContainer
-
-sys.path.append(str(Path(__file__).resolve().parents[1] / "unit" / "security"))  # the TLS tests' certificates
-from certs import Pki, make_pki
+from tests.support.brokers import wait_dispatched
+from tests.support.certs import Pki, make_pki
 
 pytestmark = pytest.mark.integration
 
@@ -90,16 +87,6 @@ def create_user(admin: Admin, access_key: str, secret_key: str, *grants: tuple[s
         admin.grant_acl(access_key, resource, actions)
 
 
-def wait_dispatched(admin: Admin, topic: str, queue_id: int, max_offset: int) -> None:
-    """Until the queue's consume queue reaches ``max_offset``: a send is acknowledged once it is in the commit log,
-    and the consume queue a pull reads is built right after."""
-    deadline = time.monotonic() + DISPATCH_TIMEOUT_S
-    while (have := admin.queue_offsets(topic).get(queue_id, (0, 0))[1]) < max_offset:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{topic} queue {queue_id}: max offset {have} after {DISPATCH_TIMEOUT_S} s, want {max_offset}")
-        time.sleep(0.05)
-
-
 def test_producer_and_consumer_with_credentials_and_the_ca(secured: SluiceContainer, pki: Pki) -> None:
     endpoint, ca = secured.get_endpoint(), str(pki.ca)
     with root_admin(secured, pki) as admin:
@@ -112,7 +99,7 @@ def test_producer_and_consumer_with_credentials_and_the_ca(secured: SluiceContai
             first = producer.send(Message("payments", bodies[0], keys=("p-0",)), queue_id=1)
             rest = producer.send_batch([Message("payments", b) for b in bodies[1:]], queue_id=1)
         assert [r.queue_offset for r in (first, *rest)] == list(range(200))
-        wait_dispatched(admin, "payments", 1, 200)
+        wait_dispatched(admin, "payments", {1: 200}, timeout_s=DISPATCH_TIMEOUT_S)
 
     with PullConsumer(endpoint, "payments-audit", tls_ca=ca, access_key="payments-reader",
                       secret_key="reader-secret") as consumer:  # fmt: skip
@@ -158,7 +145,7 @@ def test_a_user_with_pub_only_cannot_consume(secured: SluiceContainer, pki: Pki)
         create_user(admin, "events-writer", "events-secret", ("Topic:events", "Pub"))
         with Producer(endpoint, **credentials) as producer:
             producer.send(Message("events", b"written"), queue_id=0)
-        wait_dispatched(admin, "events", 0, 1)
+        wait_dispatched(admin, "events", {0: 1}, timeout_s=DISPATCH_TIMEOUT_S)
         with PullConsumer(endpoint, "events-readers", **credentials) as consumer:
             with pytest.raises(NoPermissionError, match="'events-writer' lacks Sub on Group:events-readers"):
                 consumer.pull("events", 0, 0)

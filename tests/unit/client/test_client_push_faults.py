@@ -18,6 +18,7 @@ from broker.client.offset_store import RemoteOffsetStore
 from broker.client.push_consumer import _QueueWorker
 from broker.proto import sluice_pb2 as pb
 from broker.server.broker_controller import BrokerController
+from tests.support.waiting import wait_until
 
 FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_interval_ms": 100, "long_poll_ms": 1000}
 
@@ -89,13 +90,6 @@ def test_shutdown_from_the_listener_commits_unregisters_and_closes(broker: Broke
         consumer.conn.call(consumer.conn.stub.GetConsumerList, pb.GetConsumerListRequest(consumer_group="sg"))
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
-
-
 def assignment_holds(consumer: PushConsumer, expected: set[tuple[str, int]], seconds: float) -> bool:
     """True when ``consumer`` keeps exactly ``expected`` throughout ``seconds`` (several rebalances)."""
     deadline = time.monotonic() + seconds
@@ -122,7 +116,7 @@ def test_rebalance_after_broker_restart_keeps_the_queues(
         assert c.assigned_queues() == everything
         with Producer(endpoint) as p:
             p.send(Message("Rs", b"before"), queue_id=0)
-        wait_until(lambda: b"before" in sink, 10)
+        wait_until(lambda: b"before" in sink, timeout_s=10)
         b.shutdown()
         # the restarted broker lists no consumer until a heartbeat, due here only in a minute
         b = broker_factory(tmp_path / "s", listen=f"127.0.0.1:{port}")
@@ -131,7 +125,7 @@ def test_rebalance_after_broker_restart_keeps_the_queues(
             assert admin.consumer_list("rsg") == ["r1"]  # re-registered by the rebalance's heartbeat
         with Producer(endpoint) as p:
             p.send(Message("Rs", b"after"), queue_id=1)
-        wait_until(lambda: b"after" in sink, 10)
+        wait_until(lambda: b"after" in sink, timeout_s=10)
     finally:
         c.shutdown()
 
@@ -151,7 +145,7 @@ def test_broadcasting_keeps_its_queues_while_the_broker_is_down(
         with Producer(endpoint) as p:
             p.send_batch([Message("Bd", b"0")], queue_id=0)
             p.send_batch([Message("Bd", b"1")], queue_id=1)
-        wait_until(lambda: sorted(sink) == [b"0", b"1"], 10)
+        wait_until(lambda: sorted(sink) == [b"0", b"1"], timeout_s=10)
         b.shutdown()  # every route request fails now
         assert assignment_holds(c, {("Bd", 0), ("Bd", 1)}, 1.5)
     finally:

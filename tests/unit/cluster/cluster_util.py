@@ -4,9 +4,7 @@ consumer settings fast enough for tests, and waiting for a topic's route."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +17,6 @@ FAST = {
     "heartbeat_interval_ms": 200, "rebalance_interval_ms": 200, "persist_interval_ms": 200, "long_poll_ms": 1000,
     "route_poll_interval_ms": 300, "pull_backoff_ms": 200,
 }  # fmt: skip
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not reached in {timeout_s:.0f} s"
-        time.sleep(0.05)
 
 
 class Sink:

@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from cluster_util import FAST, Sink, route_brokers, shared_cluster, wait_until
+from cluster_util import FAST, Sink, route_brokers, shared_cluster
 
 from broker.client import (
     Admin,
@@ -37,6 +37,7 @@ from broker.errors import (
     TopicNotExistError,
 )
 from broker.namesrv.local_cluster import LocalCluster
+from tests.support.waiting import wait_until
 
 BROKERS = ["broker-a", "broker-b", "broker-c"]
 ALL = set(BROKERS)
@@ -75,7 +76,7 @@ def test_cluster_info_lists_every_broker_with_address_role_and_put_rate(shared: 
         assert {"cluster", "broker_name", "broker_id", "address", "role", "last_update_ms", "put_messages_per_s",
                 "topic_count"} <= set(data["brokers"][0])  # fmt: skip
         admin.create_topic("AdmRate", 1, broker="broker-b")
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmRate") == {"broker-b"}, what="AdmRate routed")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmRate") == {"broker-b"}, "AdmRate routed")
         busy = MessageQueue("AdmRate", "broker-b", 0)
 
         def b_reports_puts() -> bool:
@@ -83,7 +84,7 @@ def test_cluster_info_lists_every_broker_with_address_role_and_put_rate(shared: 
             rates = {b.broker_name: b.put_messages_per_s for b in admin.cluster_info().brokers}
             return rates["broker-b"] > 0
 
-        wait_until(b_reports_puts, what="broker-b's put rate in its registration")
+        wait_until(b_reports_puts, "broker-b's put rate in its registration")
 
 
 def test_create_on_a_cluster_or_on_one_broker(shared: LocalCluster) -> None:
@@ -100,8 +101,8 @@ def test_create_on_a_cluster_or_on_one_broker(shared: LocalCluster) -> None:
         assert [holds(shared, name, "AdmOne") for name in BROKERS] == [None, 2, None]
         defaulted = admin.create_topic("AdmOnly", 1)  # one cluster known: that one
         assert [b.broker_name for b in defaulted.brokers] == BROKERS  # type: ignore[attr-defined]
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmAll") == ALL, what="AdmAll routed on every broker")
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmOne") == {"broker-b"}, what="AdmOne routed on b")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmAll") == ALL, "AdmAll routed on every broker")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmOne") == {"broker-b"}, "AdmOne routed on b")
 
         with pytest.raises(TopicExistsError, match="already exists on broker-a, broker-b, broker-c") as exists:
             admin.create_topic("AdmAll", 8, cluster="DefaultCluster")
@@ -114,7 +115,7 @@ def test_create_on_a_cluster_or_on_one_broker(shared: LocalCluster) -> None:
             ("broker-a", 3), ("broker-b", 2), ("broker-c", 3)
         ]  # fmt: skip
         assert grown.read_queue_nums == 8
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmOne") == ALL, what="AdmOne routed on every broker")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmOne") == ALL, "AdmOne routed on every broker")
         info = admin.topic_info("AdmOne")
         assert isinstance(info, ClusterTopicInfo) and info.read_queue_nums == 8
         listed = [t for t in admin.list_topics() if t.topic == "AdmOne"]
@@ -151,12 +152,12 @@ def test_delete_removes_the_topic_from_every_broker_that_holds_it(shared: LocalC
     with Admin(namesrv=shared.namesrv) as admin, Producer(namesrv=shared.namesrv) as p:
         admin.create_topic("AdmDel", 2, cluster="DefaultCluster")
         admin.create_topic("AdmDelOne", 2, broker="broker-c")
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmDel") == ALL, what="AdmDel routed")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmDel") == ALL, "AdmDel routed")
         for name in BROKERS:
             p.send(Message("AdmDel", name.encode()), queue=MessageQueue("AdmDel", name, 0))
         assert admin.delete_topic("AdmDel") == BROKERS
         assert [holds(shared, name, "AdmDel") for name in BROKERS] == [None, None, None]
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmDel") == set(), what="AdmDel's route gone")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmDel") == set(), "AdmDel's route gone")
         with pytest.raises(TopicNotExistError, match="AdmDel"):
             admin.delete_topic("AdmDel")
         with pytest.raises(TopicNotExistError, match="broker-a"):
@@ -170,12 +171,12 @@ def test_lag_offsets_and_describe_span_the_brokers(shared: LocalCluster) -> None
     committed = {("broker-a", 0): 2, ("broker-b", 1): 7, ("broker-c", 0): 0}
     with Admin(namesrv=shared.namesrv) as admin, Producer(namesrv=shared.namesrv) as p:
         admin.create_topic("AdmLag", 2, cluster="DefaultCluster")
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmLag") == ALL, what="AdmLag routed")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmLag") == ALL, "AdmLag routed")
         for (name, q), n in sent.items():
             p.send_batch([Message("AdmLag", f"{name}-{i}".encode()) for i in range(n)],
                          queue=MessageQueue("AdmLag", name, q))  # fmt: skip
         expected_ranges = {(name, q): (0, sent.get((name, q), 0)) for name in BROKERS for q in (0, 1)}
-        wait_until(lambda: admin.queue_offsets("AdmLag") == expected_ranges, what="every send dispatched")
+        wait_until(lambda: admin.queue_offsets("AdmLag") == expected_ranges, "every send dispatched")
         with PullConsumer(namesrv=shared.namesrv, group="adm-lag") as consumer:
             consumer.commit_offsets({MessageQueue("AdmLag", name, q): o for (name, q), o in committed.items()})
         assert admin.committed_offsets("adm-lag", "AdmLag") == committed
@@ -207,7 +208,7 @@ def test_lag_offsets_and_describe_span_the_brokers(shared: LocalCluster) -> None
 def test_transactions_are_listed_and_ended_on_every_broker_holding_halves(shared: LocalCluster) -> None:
     with Admin(namesrv=shared.namesrv) as admin, Producer(namesrv=shared.namesrv) as p:
         admin.create_topic("AdmTx", 1, cluster="DefaultCluster")
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmTx") == ALL, what="AdmTx routed")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmTx") == ALL, "AdmTx routed")
         entry = encode_message(Message("AdmTx", b"half"), 0)
         for txn, brokers in (("ADMTX-1", ["broker-a", "broker-c"]), ("ADMTX-2", ["broker-b"])):
             for name in brokers:
@@ -222,7 +223,7 @@ def test_transactions_are_listed_and_ended_on_every_broker_holding_halves(shared
         assert admin.end_transactions("ADMTX-", False) == {"ADMTX-2": "ROLLED_BACK"}
         # broker-b's rolled-back row keeps its offset, and readers skip it
         offsets = {("broker-a", 0): (0, 1), ("broker-b", 0): (0, 1), ("broker-c", 0): (0, 1)}
-        wait_until(lambda: admin.queue_offsets("AdmTx") == offsets, what="the transactions ended")
+        wait_until(lambda: admin.queue_offsets("AdmTx") == offsets, "the transactions ended")
         with PullConsumer(namesrv=shared.namesrv, group="admtx-reader") as consumer:
             shown = {mq.broker_name: len(consumer.pull(mq, 0).messages) for mq in consumer.queue_ranges("AdmTx")}
         assert shown == {"broker-a": 1, "broker-b": 0, "broker-c": 1}, "the commit visible on a and c only"
@@ -233,10 +234,10 @@ def test_transactions_are_listed_and_ended_on_every_broker_holding_halves(shared
 def test_queries_and_stats_reach_every_broker(shared: LocalCluster) -> None:
     with Admin(namesrv=shared.namesrv) as admin, Producer(namesrv=shared.namesrv) as p:
         admin.create_topic("AdmQuery", 1, cluster="DefaultCluster")
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmQuery") == ALL, what="AdmQuery routed")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmQuery") == ALL, "AdmQuery routed")
         results = {name: p.send(Message("AdmQuery", name.encode(), keys="k"), queue=MessageQueue("AdmQuery", name, 0))
                    for name in BROKERS}  # fmt: skip
-        wait_until(lambda: len(admin.query_by_key("AdmQuery", "k")) == 3, what="the key indexed on every broker")
+        wait_until(lambda: len(admin.query_by_key("AdmQuery", "k")) == 3, "the key indexed on every broker")
         assert sorted(m.body for m in admin.query_by_key("AdmQuery", "k")) == [b.encode() for b in BROKERS]
         for name, result in results.items():
             assert admin.view_message(result.msg_id).body == name.encode()
@@ -258,7 +259,7 @@ def scrape(port: int | None) -> str:
 def test_every_metric_series_names_its_cluster_and_broker(shared: LocalCluster) -> None:
     with Producer(namesrv=shared.namesrv) as p, Admin(namesrv=shared.namesrv) as admin:
         admin.create_topic("AdmMetrics", 1, cluster="DefaultCluster")
-        wait_until(lambda: route_brokers(shared.namesrv, "AdmMetrics") == ALL, what="AdmMetrics routed")
+        wait_until(lambda: route_brokers(shared.namesrv, "AdmMetrics") == ALL, "AdmMetrics routed")
         p.send_batch([Message("AdmMetrics", b"m")] * 3, queue=MessageQueue("AdmMetrics", "broker-c", 0))
     for name in BROKERS:
         text = scrape(shared.brokers[name].metrics_port)

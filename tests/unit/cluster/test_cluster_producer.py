@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import create_everywhere, make_cluster, route_brokers, small_store_config, wait_for
 from lossy_proxy import LossyProxy
 
 from broker.address import free_fixed_port
@@ -18,6 +17,8 @@ from broker.client.route import MessageQueue
 from broker.errors import BrokerError, BrokerUnreachableError
 from broker.namesrv.local_cluster import LocalCluster
 from broker.server.process import BrokerProcess
+from tests.support.cluster import create_everywhere, make_cluster, route_brokers, small_store_config
+from tests.support.waiting import wait_until
 
 
 def stored_bodies(consumer: PullConsumer, topic: str) -> Counter[bytes]:
@@ -78,7 +79,7 @@ def test_a_send_moves_to_another_broker_when_one_is_down(cluster: LocalCluster) 
         batch = producer.send_batch([Message("Failover", b"batch-%d" % i) for i in range(30)])
     assert {r.broker_name for r in [*results, *batch]} == {"broker-a", "broker-c"}  # no error reached the caller
     ns = NameServerClient([cluster.namesrv])
-    wait_for(lambda: route_brokers(ns, "Failover") == {"broker-a", "broker-c"}, "broker-b to expire")
+    wait_until(lambda: route_brokers(ns, "Failover") == {"broker-a", "broker-c"}, "broker-b to expire")
     ns.close()
     with PullConsumer(namesrv=cluster.namesrv) as consumer:
         bodies = stored_bodies(consumer, "Failover")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from cluster_util import FAST, Sink, route_brokers, shared_cluster, wait_until
+from cluster_util import FAST, Sink, route_brokers, shared_cluster
 
 from broker.client import (
     BROADCASTING,
@@ -34,6 +34,7 @@ from broker.client.route import MessageQueue
 from broker.errors import BrokerError, BrokerUnreachableError
 from broker.namesrv.local_cluster import LocalCluster
 from broker.proto import sluice_pb2 as pb
+from tests.support.waiting import wait_until
 
 BROKERS = ["broker-a", "broker-b", "broker-c"]
 ALL = set(BROKERS)
@@ -56,7 +57,7 @@ def create_everywhere(cluster: LocalCluster, topic: str, queues: int) -> list[Me
     """The topic on every broker, once the name servers route it there; its queues in route order."""
     with Admin(namesrv=cluster.namesrv) as admin:
         admin.create_topic(topic, queues, cluster="DefaultCluster")
-    wait_until(lambda: route_brokers(cluster.namesrv, topic) == ALL, what=f"{topic} routed on every broker")
+    wait_until(lambda: route_brokers(cluster.namesrv, topic) == ALL, f"{topic} routed on every broker")
     return [MessageQueue(topic, name, q) for name in BROKERS for q in range(queues)]
 
 
@@ -84,7 +85,7 @@ def send_when_reachable(producer: Producer, queues: list[MessageQueue], prefix: 
             pending.pop(0)
         return True
 
-    wait_until(sends, what="every broker reachable")
+    wait_until(sends, "every broker reachable")
     return sent
 
 
@@ -120,7 +121,7 @@ def test_two_consumers_split_the_union_of_every_brokers_queues(shared: LocalClus
             a, b = split(consumers)
             return not a & b and a | b == set(queues) and len(a) == len(b) == 6
 
-        wait_until(halves, what="the 12 queues of three brokers split 6/6")
+        wait_until(halves, "the 12 queues of three brokers split 6/6")
         assert all(isinstance(mq, MessageQueue) for mq in consumers[0].assigned_queues())
         # AVERAGELY over the union in route order: c1 holds a's 4 queues and 2 of b's, c2 the rest
         assert {mq.broker_name for mq in consumers[0].assigned_message_queues()} == {"broker-a", "broker-b"}
@@ -129,20 +130,20 @@ def test_two_consumers_split_the_union_of_every_brokers_queues(shared: LocalClus
             held = {mq for c in consumers for mq in c.assigned_message_queues(include_retry=True)} - set(queues)
             return {mq.broker_name for mq in held}
 
-        wait_until(lambda: retry_brokers() == ALL, what="the retry topic's queues of every broker assigned")
+        wait_until(lambda: retry_brokers() == ALL, "the retry topic's queues of every broker assigned")
         with Producer(namesrv=shared.namesrv) as p:
             sent = send_to_each(p, queues, "s", 10)
-        wait_until(lambda: sink.bodies() == sent, what="every message consumed")
+        wait_until(lambda: sink.bodies() == sent, "every message consumed")
         assert len(failed_once) == 12 and sink.duplicates() == {}  # each failed one came back exactly once
         with Admin(namesrv=shared.namesrv) as admin:
             assert admin.consumer_list("pc-split") == ["c1", "c2"]
             retried = admin.queue_offsets("%RETRY%pc-split")
             assert {name: hi for (name, _), (_, hi) in retried.items()} == dict.fromkeys(BROKERS, 4)  # 4 queues each
             consumers[0].shutdown()
-            wait_until(lambda: consumers[1].assigned_message_queues() == set(queues), what="c2 takes every queue")
+            wait_until(lambda: consumers[1].assigned_message_queues() == set(queues), "c2 takes every queue")
             with Producer(namesrv=shared.namesrv) as p:
                 more = send_to_each(p, queues, "t", 2)
-            wait_until(lambda: sink.bodies() >= more, what="c2 consumes every broker's queues")
+            wait_until(lambda: sink.bodies() >= more, "c2 consumes every broker's queues")
             consumers[1].shutdown()
             assert admin.consumer_list("pc-split") == []
             lag = admin.group_lag("pc-split", "PcSplit")
@@ -161,10 +162,10 @@ def test_broadcasting_consumers_each_read_every_brokers_queues(shared: LocalClus
                               consume_from=FIRST, offset_store_path=path, **FAST).start()
                  for sink, path in zip(sinks, paths, strict=True)]  # fmt: skip
     try:
-        wait_until(lambda: all(share == set(queues) for share in split(consumers)), what="every queue to each")
+        wait_until(lambda: all(share == set(queues) for share in split(consumers)), "every queue to each")
         with Producer(namesrv=shared.namesrv) as p:
             sent = send_to_each(p, queues, "bc", 3)
-        wait_until(lambda: all(s.bodies() == sent for s in sinks), what="every message to each consumer")
+        wait_until(lambda: all(s.bodies() == sent for s in sinks), "every message to each consumer")
     finally:
         for c in consumers:
             c.shutdown()
@@ -182,10 +183,10 @@ def test_a_topic_without_a_route_is_reported_and_consumed_once_created(
         assert consumer.assigned_message_queues() == set()
         assert any("no live broker holds topic 'PcLater'" in r.getMessage() for r in caplog.records)
         queues = create_everywhere(shared, "PcLater", 1)
-        wait_until(lambda: consumer.assigned_message_queues() == set(queues), what="the new topic's queues")
+        wait_until(lambda: consumer.assigned_message_queues() == set(queues), "the new topic's queues")
         with Producer(namesrv=shared.namesrv) as p:
             sent = send_to_each(p, queues, "later", 2)
-        wait_until(lambda: sink.bodies() == sent, what="the new topic consumed")
+        wait_until(lambda: sink.bodies() == sent, "the new topic consumed")
 
 
 def intruder_gets(cluster: LocalCluster, group: str, mq: MessageQueue) -> bool:
@@ -217,15 +218,15 @@ def test_orderly_consumers_lock_each_queue_on_its_broker(shared: LocalCluster) -
     consumers = [PushConsumer(None, "pc-order", {"PcOrder": "*"}, listener, namesrv=shared.namesrv,
                               client_id=f"o{i}", **opts).start() for i in (1, 2)]  # fmt: skip
     try:
-        wait_until(lambda: set.union(*split(consumers)) == set(queues), what="every queue assigned")
+        wait_until(lambda: set.union(*split(consumers)) == set(queues), "every queue assigned")
         for c in consumers:  # each queue is locked on the broker that holds it, for its consumer only
             for mq in c.assigned_message_queues():
-                wait_until(lambda mq=mq: not intruder_gets(shared, "pc-order", mq), what=f"{mq} locked")
+                wait_until(lambda mq=mq: not intruder_gets(shared, "pc-order", mq), f"{mq} locked")
         with Producer(namesrv=shared.namesrv) as p:
             for n in range(20):
                 for key in ("k1", "k2", "k3", "k4", "k5"):
                     p.send(Message("PcOrder", f"{key}:{n}".encode()), sharding_key=key)
-        wait_until(lambda: sum(map(len, seen.values())) == 100, what="every ordered message consumed")
+        wait_until(lambda: sum(map(len, seen.values())) == 100, "every ordered message consumed")
         assert seen == {key: list(range(20)) for key in ("k1", "k2", "k3", "k4", "k5")}
     finally:
         for c in consumers:
@@ -239,18 +240,18 @@ def test_a_broker_leaving_the_route_drops_its_queues_and_they_come_back(shared: 
     consumer = PushConsumer(None, "pc-route", {"PcRoute": "*"}, sink, namesrv=shared.namesrv, consume_from=FIRST,
                             **FAST).start()  # fmt: skip
     try:
-        wait_until(lambda: consumer.assigned_message_queues() == set(queues), what="all six queues")
+        wait_until(lambda: consumer.assigned_message_queues() == set(queues), "all six queues")
         with Producer(namesrv=shared.namesrv) as p:
             before = send_to_each(p, queues, "before", 5)
-            wait_until(lambda: sink.bodies() >= before, what="the first messages consumed")
+            wait_until(lambda: sink.bodies() >= before, "the first messages consumed")
             shared.kill("broker-c")  # gone without unregistering: the name server expires it after 3 s
-            wait_until(lambda: consumer.assigned_message_queues() == set(queues) - c_queues, what="c's queues dropped")
+            wait_until(lambda: consumer.assigned_message_queues() == set(queues) - c_queues, "c's queues dropped")
             during = send_to_each(p, [mq for mq in queues if mq not in c_queues], "during", 5)
-            wait_until(lambda: sink.bodies() >= during, what="a's and b's queues consumed while c is away")
+            wait_until(lambda: sink.bodies() >= during, "a's and b's queues consumed while c is away")
             shared.restart("broker-c")
-            wait_until(lambda: consumer.assigned_message_queues() == set(queues), what="c's queues back")
+            wait_until(lambda: consumer.assigned_message_queues() == set(queues), "c's queues back")
             after = send_when_reachable(p, queues, "after", 5)
-        wait_until(lambda: sink.bodies() >= after, what="every broker's queues consumed again")
+        wait_until(lambda: sink.bodies() >= after, "every broker's queues consumed again")
         assert sink.bodies() == before | during | after
         # c's queues restart at the offsets c had saved: messages consumed after its last save come again (at least
         # once), and only messages of c's queues
@@ -274,17 +275,17 @@ def test_committed_offsets_live_on_each_broker_across_its_restarts(shared: Local
     with Producer(namesrv=shared.namesrv) as p:
         first = send_to_each(p, queues, "first", 4)
     with PushConsumer(None, "pc-off", {"PcOffsets": "*"}, sink, namesrv=shared.namesrv, consume_from=FIRST, **FAST):
-        wait_until(lambda: sink.bodies() == first, what="the first messages consumed")
+        wait_until(lambda: sink.bodies() == first, "the first messages consumed")
     with PullConsumer(namesrv=shared.namesrv, group="pc-off") as reader:
         committed = reader.committed_by_queue("PcOffsets")
         assert committed == dict.fromkeys(queues, 4)  # each queue's offset, on the broker that owns it
         saved = {"0": 4, "1": 4}
-        wait_until(lambda: offsets_saved(shared, "broker-a", "PcOffsets@pc-off", saved), what="broker-a saved them")
+        wait_until(lambda: offsets_saved(shared, "broker-a", "PcOffsets@pc-off", saved), "broker-a saved them")
         shared.kill("broker-a")  # a crash, after its periodic save
         shared.restart("broker-a")
         assert shared.stop("broker-b") == 0  # a clean stop saves them on the way out
         shared.restart("broker-b")
-        wait_until(lambda: route_brokers(shared.namesrv, "PcOffsets") == ALL, what="a and b routed again")
+        wait_until(lambda: route_brokers(shared.namesrv, "PcOffsets") == ALL, "a and b routed again")
 
         def read_back() -> dict[MessageQueue, int] | None:
             try:
@@ -293,11 +294,11 @@ def test_committed_offsets_live_on_each_broker_across_its_restarts(shared: Local
                 reader.router.refresh("PcOffsets")
                 return None
 
-        wait_until(lambda: read_back() == committed, what="every broker's offsets read back")
+        wait_until(lambda: read_back() == committed, "every broker's offsets read back")
     with Producer(namesrv=shared.namesrv) as p:
         second = send_to_each(p, queues, "second", 3)
     with PushConsumer(None, "pc-off", {"PcOffsets": "*"}, sink, namesrv=shared.namesrv, consume_from=FIRST, **FAST):
-        wait_until(lambda: sink.bodies() == first | second, what="the new messages consumed")
+        wait_until(lambda: sink.bodies() == first | second, "the new messages consumed")
     assert sink.duplicates() == {}  # nothing consumed before the restarts came again
 
 
@@ -332,23 +333,23 @@ def test_consuming_goes_on_while_a_broker_is_killed_and_restarted(
 
         producer = threading.Thread(target=produce, name="producer")
         try:
-            wait_until(lambda: shared_out(consumers, queues), what="the 12 queues shared out")
+            wait_until(lambda: shared_out(consumers, queues), "the 12 queues shared out")
             producer.start()
-            wait_until(lambda: set(acked.values()) == ALL and len(sink.bodies()) >= 300, what="traffic on every broker")
+            wait_until(lambda: set(acked.values()) == ALL and len(sink.bodies()) >= 300, "traffic on every broker")
             cluster.kill("broker-b")
             killed_at = len(acked)
-            wait_until(lambda: len(acked) >= killed_at + 300, what="sends going on to a and c")
+            wait_until(lambda: len(acked) >= killed_at + 300, "sends going on to a and c")
             while_away = set(list(acked)[killed_at:])
             assert {acked[b] for b in while_away} <= {"broker-a", "broker-c"}
-            wait_until(lambda: sink.bodies() >= while_away, what="a's and c's messages consumed while b is away")
+            wait_until(lambda: sink.bodies() >= while_away, "a's and c's messages consumed while b is away")
             assert set.union(*split(consumers)) >= b_queues  # still assigned, their workers waiting for b
             cluster.restart("broker-b")
             with Producer(namesrv=cluster.namesrv) as p:  # the sending producer avoids b for 30 s after its failure
                 back = send_when_reachable(p, sorted(b_queues), "back", 5)
-            wait_until(lambda: sink.bodies() >= back, what="b's queues consumed again")
+            wait_until(lambda: sink.bodies() >= back, "b's queues consumed again")
             stop.set()
             producer.join()
-            wait_until(lambda: sink.bodies() >= set(acked), what="every acknowledged message consumed")
+            wait_until(lambda: sink.bodies() >= set(acked), "every acknowledged message consumed")
         finally:
             stop.set()
             if producer.is_alive():

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import grpc
-from cluster_helpers import create_everywhere, make_cluster, route_brokers, wait_for
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
@@ -15,6 +14,8 @@ from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
 from broker.client import Admin
 from broker.client.namesrv_client import NameServerClient
+from tests.support.cluster import create_everywhere, make_cluster, route_brokers
+from tests.support.waiting import wait_until
 
 
 def test_query_route_answers_the_clusters_route_and_clients_use_every_broker(tmp_path: Path) -> None:
@@ -22,7 +23,7 @@ def test_query_route_answers_the_clusters_route_and_clients_use_every_broker(tmp
         topic = "Spread"
         create_everywhere(cluster, topic, queues=2)
         ns = NameServerClient([cluster.namesrv])
-        wait_for(lambda: route_brokers(ns, topic) == {"broker-a", "broker-b"}, "both brokers in the route")
+        wait_until(lambda: route_brokers(ns, topic) == {"broker-a", "broker-b"}, "both brokers in the route")
         entry = cluster.endpoint("broker-a")
         with grpc.insecure_channel(entry) as channel:
             r = v2g.MessagingServiceStub(channel).QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=topic)),

@@ -6,12 +6,10 @@ participants, and a committer that comes back late cannot commit it any more."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import make_cluster
 
 from broker.client import Admin, PullConsumer
 from broker.client.coordinator import CoordinatorClient
@@ -22,6 +20,8 @@ from broker.format.transaction_codec import ATTEMPT
 from broker.format.txn_decision import Share, make_decision
 from broker.namesrv.local_cluster import LocalCluster
 from broker.semantics.participant_resolver import COORDINATOR_PROPERTY
+from tests.support.cluster import make_cluster
+from tests.support.waiting import wait_until
 
 TOPIC = "X"
 # Participants look at open halves every 200 ms once idle 300 ms, and fence after 5 checks: a few seconds, where
@@ -35,13 +35,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     config.write_text(json.dumps(BROKER_CONFIG))
     with make_cluster(tmp_path, config=config) as c:
         yield c
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.1)
 
 
 def halves(producer: Producer, txn_id: str, broker: str, bodies: list[bytes], in_place: bool = False) -> None:
@@ -72,8 +65,8 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
             admin.create_topic(TOPIC, 2)
     with Producer(namesrv=cluster.namesrv, group="spark") as producer:
         router = producer.router
-        wait_for(lambda: (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1] == ["broker-a", "broker-b"],
-                 "both participants in the route")  # fmt: skip
+        wait_until(lambda: (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1] == ["broker-a", "broker-b"],
+                   "both participants in the route", timeout_s=60, interval_s=0.1)  # fmt: skip
         client = CoordinatorClient(router)
         consumer = PullConsumer(namesrv=cluster.namesrv, group="reader", router=router)
         a_rows, b_rows = [b"a0", b"a1", b"a2"], [b"b0", b"b1"]
@@ -85,7 +78,8 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
         # The committer dies here. The coordinator crashes too, and comes back on its store.
         cluster.kill("broker-c")
         cluster.restart("broker-c")
-        wait_for(lambda: sorted(visible(consumer, "broker-b")) == b_rows, "broker-b committing its part by itself")
+        wait_until(lambda: sorted(visible(consumer, "broker-b")) == b_rows,
+                   "broker-b committing its part by itself", timeout_s=60, interval_s=0.1)  # fmt: skip
         assert sorted(visible(consumer, "broker-a")) == a_rows
         assert client.transactions("broker-b", "T1") == {"T1": "COMMITTED"}
 
@@ -93,8 +87,8 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
         halves(producer, "T2", "broker-a", [b"never"], in_place)
         halves(producer, "T2", "broker-b", [b"never"], in_place)
         for name in ("broker-a", "broker-b"):
-            wait_for(lambda name=name: client.transactions(name, "T2") == {"T2": "ROLLED_BACK"},  # type: ignore[misc]
-                     f"{name} rolling T2 back")  # fmt: skip
+            wait_until(lambda name=name: client.transactions(name, "T2") == {"T2": "ROLLED_BACK"},  # type: ignore[misc]
+                       f"{name} rolling T2 back", timeout_s=60, interval_s=0.1)  # fmt: skip
         late = client.record("broker-c", make_decision("T2", True, [Share("broker-a", ("att1",), 1)]))
         assert not late.commit  # a committer back late learns that the transaction was aborted
         assert sorted(visible(consumer, "broker-a")) == a_rows and sorted(visible(consumer, "broker-b")) == b_rows
@@ -110,8 +104,8 @@ def test_a_transaction_naming_a_coordinator_the_name_servers_do_not_list_is_refu
         end = admin.stats()["store_commit_log_max_offset"]
     with Producer(namesrv=cluster.namesrv, group="spark") as producer:
         router = producer.router
-        wait_for(lambda: "broker-a" in (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1],
-                 "broker-a in the route")  # fmt: skip
+        wait_until(lambda: "broker-a" in (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1],
+                   "broker-a in the route", timeout_s=60, interval_s=0.1)  # fmt: skip
         props = encode_properties({} if in_place else {ATTEMPT: "att1", COORDINATOR_PROPERTY: "broker-typo"})
         buffer = encode_entry(TOPIC.encode(), 0, b"row", props)
         with pytest.raises(BrokerError) as refused:

@@ -17,9 +17,8 @@ import pytest
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-from connector_helpers import start_broker
-
 from streaming_jobs.common import spark_session
+from tests.support.brokers import start_broker
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +12,7 @@ from broker.client.results import ReceivedMessage
 from broker.client.route import MessageQueue
 from broker.errors import TopicNotExistError
 from broker.namesrv.local_cluster import LocalCluster
-from broker.server.process import BrokerProcess
+from tests.support.waiting import wait_until
 
 # Small files so that expiry tests have several commit-log and consume-queue files to delete.
 EXPIRING_STORE: dict[str, Any] = {
@@ -27,14 +25,6 @@ EXPIRING_STORE: dict[str, Any] = {
     "max_hash_slot_num": 4096,
     "max_index_num": 16384,
 }
-
-
-def start_broker(store: Path, store_config: dict[str, Any] | None = None) -> BrokerProcess:
-    config = None
-    if store_config is not None:
-        config = store.parent / f"{store.name}.json"
-        config.write_text(json.dumps({"store": store_config}))
-    return BrokerProcess(store, config=config).start()
 
 
 def new_topic(endpoint: str, queues: int = 8, prefix: str = "t") -> str:
@@ -83,14 +73,6 @@ def read_queues(endpoint: str, topic: str, *, timeout_s: float = 30.0) -> dict[i
     return out
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
-
-
 def start_cluster(root: Path, brokers: int = 3, **kwargs: Any) -> LocalCluster:
     """A name server and brokers as processes; registration every 500 ms and expiry after 3 s, so that brokers
     joining and leaving show in routes within seconds (the defaults are 30 s and 120 s)."""
@@ -113,7 +95,7 @@ def cluster_topic(cluster: LocalCluster, topic: str, queues: int, brokers: list[
             except TopicNotExistError:
                 return False
 
-        wait_for(routed, 30, f"the route of {topic} to list {names}")
+        wait_until(routed, f"the route of {topic} to list {names}", timeout_s=30, interval_s=0.2)
 
 
 def cluster_fill(namesrv: str, topic: str, per_queue: int, queues: list[MessageQueue], *, first: int = 0) -> None:

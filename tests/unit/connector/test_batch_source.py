@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import EXPIRING_STORE, body_of, fill, new_topic, start_broker, wait_for
+from connector_helpers import EXPIRING_STORE, body_of, fill, new_topic
 from pyspark.errors import StreamingQueryException
 
 from broker.client import Admin
+from tests.support.brokers import start_broker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +66,7 @@ def test_partitions_follow_max_messages_per_partition_and_min_partitions(spark: 
 @pytest.fixture(scope="module")
 def expiring_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("expiring")
-    proc = start_broker(root / "store", EXPIRING_STORE)
+    proc = start_broker(root / "store", {"store": EXPIRING_STORE})
     yield proc.endpoint
     assert proc.stop() == 0
     shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
@@ -95,7 +97,8 @@ def test_fail_on_data_loss_both_ways_after_files_expire(spark: Any, expiring_bro
     # More messages roll the tiny commit-log files; the broker deletes the old ones (reserved time: 1 s).
     fill(endpoint, topic, 2000, [0], first=300, chunk=100)
     with Admin(endpoint) as admin:
-        wait_for(lambda: admin.queue_offsets(topic)[0][0] > 300, timeout_s=60, what="expiry past offset 300")
+        wait_until(lambda: admin.queue_offsets(topic)[0][0] > 300,
+                   "expiry past offset 300", timeout_s=60, interval_s=0.2)  # fmt: skip
         lo, hi = admin.queue_offsets(topic)[0]
 
     failed, seen = run("true")

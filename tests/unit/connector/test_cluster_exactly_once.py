@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import cluster_body, cluster_fill, cluster_topic, start_cluster, wait_for
+from connector_helpers import cluster_body, cluster_fill, cluster_topic, start_cluster
 from crash_scale import crash_scale
 from test_exactly_once import start_query, wait_for_new_commit
 
@@ -35,6 +35,7 @@ from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.namesrv.local_cluster import LocalCluster
 from connector.cluster_commit import PAUSE_ENV, coordinator_of
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -174,8 +175,8 @@ def test_sink_batches_spanning_brokers_survive_kills_between_commits_and_a_broke
                 crashed = next(b for b in others if status[b] == "OPEN")
                 cluster.kill(crashed)
                 cluster.restart(crashed)
-                wait_for(lambda: client.transactions(crashed, txn_id).get(txn_id) == "OPEN", 60,  # noqa: B023
-                         f"{crashed} to recover its open part of {txn_id}")  # fmt: skip
+                wait_until(lambda: client.transactions(crashed, txn_id).get(txn_id) == "OPEN",  # noqa: B023
+                           f"{crashed} to recover its open part of {txn_id}", timeout_s=60, interval_s=0.2)  # fmt: skip
         with open(log, "ab") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]

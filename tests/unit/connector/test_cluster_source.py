@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import cluster_body, cluster_fill, cluster_topic, start_cluster, wait_for
+from connector_helpers import cluster_body, cluster_fill, cluster_topic, start_cluster
 from pyspark.errors import StreamingQueryException
 
 from broker.client import PullConsumer
 from broker.client.route import MessageQueue
 from broker.namesrv.local_cluster import LocalCluster
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -75,12 +76,12 @@ def test_brokers_joining_and_leaving_a_running_query(spark: Any, cluster: LocalC
     checkpoint, output = tmp_path / "chk", tmp_path / "out"
     q = start_query(spark, cluster.namesrv, checkpoint, output)
     try:
-        wait_for(lambda: count(spark, output) >= 240, 180, "the two brokers' 240 messages")
+        wait_until(lambda: count(spark, output) >= 240, "the two brokers' 240 messages", timeout_s=180, interval_s=0.2)
         # A broker joins the cluster while the query runs; the topic gets queues there: new partitions from 0.
         cluster.add_broker("broker-c")
         cluster_topic(cluster, TOPIC, QUEUES, ["broker-c"])
         cluster_fill(cluster.namesrv, TOPIC, 25, queues("broker-c"))
-        wait_for(lambda: count(spark, output) >= 315, 180, "broker-c's 75 messages")
+        wait_until(lambda: count(spark, output) >= 315, "broker-c's 75 messages", timeout_s=180, interval_s=0.2)
         progress = json.loads(q.lastProgress["sources"][0]["endOffset"])[TOPIC]
         assert progress["broker-c:0"] == 25 and progress["broker-a:2"] == 40
         # A broker leaves (a clean stop unregisters it at once): the query stops, naming it.
@@ -100,10 +101,12 @@ def test_brokers_joining_and_leaving_a_running_query(spark: Any, cluster: LocalC
     q = start_query(spark, cluster.namesrv, checkpoint, output, failOnDataLoss="false")
     try:
         cluster_fill(cluster.namesrv, TOPIC, 5, queues("broker-c"), first=25)
-        wait_for(lambda: count(spark, output) >= 315 + 15 + 15, 180, "broker-a and broker-c's new rows")
+        wait_until(lambda: count(spark, output) >= 315 + 15 + 15,
+                   "broker-a and broker-c's new rows", timeout_s=180, interval_s=0.2)  # fmt: skip
         cluster.restart("broker-b")  # back on its store: read on from where the query was, nothing twice
         cluster_fill(cluster.namesrv, TOPIC, 10, queues("broker-b"), first=40)
-        wait_for(lambda: count(spark, output) >= 345 + 30, 180, "broker-b's rows after its return")
+        wait_until(lambda: count(spark, output) >= 345 + 30,
+                   "broker-b's rows after its return", timeout_s=180, interval_s=0.2)  # fmt: skip
     finally:
         q.stop()
     got = rows_by_queue(spark, output)

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import body_of, fill, new_topic, wait_for
+from connector_helpers import body_of, fill, new_topic
 
 from broker.client import Message, Producer, PullConsumer
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -83,11 +84,13 @@ def test_continuous_query_picks_up_new_messages(spark: Any, broker: str, tmp_pat
         .option("checkpointLocation", str(tmp_path / "chk")).trigger(processingTime="200 milliseconds").start()
     )  # fmt: skip
     try:
-        wait_for(lambda: q.lastProgress is not None, what="the first trigger")
+        wait_until(lambda: q.lastProgress is not None, "the first trigger", timeout_s=60, interval_s=0.2)
         fill(broker, topic, 25, range(4), first=10)
-        wait_for(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 100, what="100 new rows")
+        wait_until(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 100,
+                   "100 new rows", timeout_s=60, interval_s=0.2)  # fmt: skip
         fill(broker, topic, 5, [1], first=35)
-        wait_for(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 105, what="5 more rows")
+        wait_until(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 105,
+                   "5 more rows", timeout_s=60, interval_s=0.2)  # fmt: skip
         time.sleep(1)
     finally:
         q.stop()
@@ -177,15 +180,15 @@ def test_min_messages_per_trigger_waits_for_enough_or_the_delay(spark: Any, brok
         return int(spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c)
 
     try:
-        wait_for(lambda: q.lastProgress is not None, what="the first trigger")
+        wait_until(lambda: q.lastProgress is not None, "the first trigger", timeout_s=60, interval_s=0.2)
         started = time.monotonic()
         fill(broker, topic, 10, range(2))  # 20 < 50: held back until maxTriggerDelay passes
         time.sleep(2)
         assert count() == 0
-        wait_for(lambda: count() == 20, timeout_s=60, what="the delayed batch")
+        wait_until(lambda: count() == 20, "the delayed batch", timeout_s=60, interval_s=0.2)
         assert time.monotonic() - started >= 4
         fill(broker, topic, 30, range(2), first=10)  # 60 >= 50: at once
-        wait_for(lambda: count() == 80, timeout_s=30, what="the full batch")
+        wait_until(lambda: count() == 80, "the full batch", timeout_s=30, interval_s=0.2)
     finally:
         q.stop()
 
@@ -237,11 +240,12 @@ def test_topic_appearing_while_running_is_read_from_its_earliest_offset(
         .trigger(processingTime="200 milliseconds").start()
     )  # fmt: skip
     try:
-        wait_for(lambda: q.lastProgress is not None, what="the first trigger")
+        wait_until(lambda: q.lastProgress is not None, "the first trigger", timeout_s=60, interval_s=0.2)
         fill(broker, first, 3, [0])
         later = new_topic(broker, 2, prefix=prefix)
         fill(broker, later, 4, range(2))  # sent before the query could see the topic: still read, from offset 0
-        wait_for(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 11, what="11 rows")
+        wait_until(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 11,
+                   "11 rows", timeout_s=60, interval_s=0.2)  # fmt: skip
     finally:
         q.stop()
     got = rows(spark, table, "topic, queue_id, queue_offset")

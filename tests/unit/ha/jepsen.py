@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.client import Message, Producer
@@ -220,9 +219,3 @@ def check(name: str, outcomes: list[Outcome], logs: dict[str, dict[tuple[int, in
     return report
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import broker, brokers, caught_up, commit_log_bytes, wait_until
 
 from broker.client import Message, Producer
 from broker.errors import BrokerError, SendOutcomeUnknownError
@@ -14,6 +13,8 @@ from broker.ha.controller import GroupState
 from broker.ha.etcd_client import Etcd
 from broker.ha.etcd_process import EtcdProcess
 from broker.server.broker_controller import BrokerController
+from tests.support.replicas import broker, brokers, caught_up, commit_log_bytes
+from tests.support.waiting import wait_until
 
 
 def _replica(tmp_path: Path, etcd: EtcdProcess, broker_id: int, port: int = 0, **settings: object) -> BrokerController:

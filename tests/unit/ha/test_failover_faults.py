@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 from file_watch import FileWatch
-from jepsen import QUEUES, TOPIC, Workload, check, read_log, wait_until
+from jepsen import QUEUES, TOPIC, Workload, check, read_log
 
 from broker.client import Admin
 from broker.client.cluster_view import broker_rows
 from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerError
 from broker.ha.local_group import ReplicaGroup
+from tests.support.waiting import wait_until
 
 # Short leases keep each failover a few seconds; the defaults (5 s) are what bench.replication measures.
 SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000}
@@ -55,7 +56,8 @@ def _prepare(g: ReplicaGroup) -> None:
     master = g.wait_master()
     with Admin(g.endpoint(master)) as admin:
         admin.create_topic(TOPIC, QUEUES, if_not_exists=True)
-    wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3, "all three replicas in sync")  # type: ignore[union-attr]
+    wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
+               "all three replicas in sync", timeout_s=60)  # fmt: skip
 
 
 def _heal_and_check(g: ReplicaGroup, w: Workload, name: str, **extra: float) -> None:
@@ -63,14 +65,16 @@ def _heal_and_check(g: ReplicaGroup, w: Workload, name: str, **extra: float) -> 
     for rid in g.ids:
         if not g.running(rid):
             g.start_replica(rid)
-    wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3, "every replica back in sync", 90)  # type: ignore[union-attr]
+    wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
+               "every replica back in sync", timeout_s=90)  # fmt: skip
     master = g.wait_master()
     end = read_log(g.endpoint(master))
     logs = {}
     for rid in g.ids:  # every replica holds the same log once caught up (reads stop at the confirmed offset)
-        wait_until(lambda rid=rid: len(read_log(g.endpoint(rid))) >= len(end), f"replica {rid} caught up", 60)
+        wait_until(lambda rid=rid: len(read_log(g.endpoint(rid))) >= len(end), f"replica {rid} caught up", timeout_s=60)
         logs[f"replica-{rid}"] = read_log(g.endpoint(rid))
-    wait_until(lambda: _registered(g), "the name server to show one master of the current epoch, all in sync", 30)
+    wait_until(lambda: _registered(g),
+               "the name server to show one master of the current epoch, all in sync", timeout_s=30)  # fmt: skip
     report = check(name, w.outcomes, logs)
     report.extra.update(extra)
     print("\n" + report.table())
@@ -106,7 +110,8 @@ def _failovers(tmp_path: Path, count: int) -> None:
                 w.wait_acknowledged(1, timeout_s=60)
                 times.append(time.monotonic() - killed)
                 g.start_replica(master)  # it returns as a replica (truncating first when it diverged)
-                wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3, "the killed one in sync", 60)  # type: ignore[union-attr]
+                wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
+                           "the killed one in sync", timeout_s=60)  # fmt: skip
                 w.wait_acknowledged(10)
         except AssertionError:
             _diagnose(g)
@@ -146,7 +151,8 @@ def test_master_paused_longer_than_its_lease(tmp_path: Path) -> None:
             time.sleep(max(0.0, 2 * SETTINGS["ha_lease_ttl_s"] - (time.monotonic() - paused)))
             g.resume(old)
             # the old master rejoins as a replica of the new epoch
-            wait_until(lambda: g.state() is not None and old in g.state().in_sync, "the old master back in sync", 60)  # type: ignore[union-attr]
+            wait_until(lambda: g.state() is not None and old in g.state().in_sync,  # type: ignore[union-attr]
+                       "the old master back in sync", timeout_s=60)  # fmt: skip
             w.wait_acknowledged(20)
         except AssertionError:
             _diagnose(g)
@@ -172,7 +178,7 @@ def test_replica_killed_during_truncation(tmp_path: Path) -> None:
             time.sleep(0.3)
             before = g.log_end(old)
             w.burst(16)  # appended by the master, which then waits for replicas that cannot answer
-            wait_until(lambda: g.log_end(old) > before, "the master's log to run ahead of its replicas'")
+            wait_until(lambda: g.log_end(old) > before, "the master's log to run ahead of its replicas'", timeout_s=60)
             time.sleep(0.3)
             g.kill(old)
             for r in others:
@@ -188,8 +194,9 @@ def test_replica_killed_during_truncation(tmp_path: Path) -> None:
                 assert cut_short.result(), "killed after the truncation finished: nothing tested"
             if not g.running(old):
                 g.start_replica(old)
-            wait_until(lambda: not intent.exists(), "the truncation to finish", 60)
-            wait_until(lambda: g.state() is not None and old in g.state().in_sync, "the old master back in sync", 60)  # type: ignore[union-attr]
+            wait_until(lambda: not intent.exists(), "the truncation to finish", timeout_s=60)
+            wait_until(lambda: g.state() is not None and old in g.state().in_sync,  # type: ignore[union-attr]
+                       "the old master back in sync", timeout_s=60)  # fmt: skip
             w.wait_acknowledged(20)
         except AssertionError:
             _diagnose(g)

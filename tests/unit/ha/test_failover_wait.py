@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.errors import ServiceNotAvailableError, TopicNotExistError
 from broker.ha.local_group import ReplicaGroup
 from connector.failover import group_without_master, until_master
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,7 +43,7 @@ def test_lookups_wait_out_a_failover_then_say_no_master_came_back(group: Replica
         admin.create_topic(TOPIC, 2)
     with Producer(namesrv=group.namesrv) as producer:
         router = producer.router
-        wait_until(lambda: _master_address(producer) == group.endpoint(master), "the route to the master", 30)
+        wait_until(lambda: _master_address(producer) == group.endpoint(master), "the route to the master", timeout_s=30)
         assert not group_without_master(router)
 
         started = time.monotonic()
@@ -59,7 +59,8 @@ def test_lookups_wait_out_a_failover_then_say_no_master_came_back(group: Replica
         assert sent.queue_offset == 0
         queues = until_master(lambda: producer.queues(TOPIC), router, "the writable queues", topic=TOPIC)
         assert [q.queue_id for q in queues] == [0, 1]
-        wait_until(lambda: _master_address(producer) == group.endpoint(new), "the route to the new master", 60)
+        wait_until(lambda: _master_address(producer) == group.endpoint(new), "the route to the new master",
+                   timeout_s=60)
         with PullConsumer(endpoint=group.endpoint(new), group="failover-wait") as consumer:
             stored = consumer.pull(MessageQueue(TOPIC, DIRECT_BROKER, 0), 0).messages
         assert [m.body for m in stored] == [b"after the kill"]  # stored once, on the new master
@@ -67,7 +68,7 @@ def test_lookups_wait_out_a_failover_then_say_no_master_came_back(group: Replica
         for rid in group.ids:
             if group.running(rid):
                 group.kill(rid)
-        wait_until(lambda: group_without_master(router), "the name server to drop the dead master", 30)
+        wait_until(lambda: group_without_master(router), "the name server to drop the dead master", timeout_s=30)
         router.refresh(TOPIC)
         started = time.monotonic()
         with pytest.raises(ServiceNotAvailableError, match=f"no master came back within {SHORT_WAIT_S:.0f} s"):

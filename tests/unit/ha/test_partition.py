@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jepsen import Outcome, check, wait_until
+from jepsen import Outcome, check
 
 from broker.ha.etcd_process import EtcdProcess
 from broker.ha.local_group import SMALL_STORE
 from broker.namesrv.local_cluster import NameServerProcess
 from broker.private_file import write_private
 from broker.server.process import BrokerProcess
+from tests.support.waiting import wait_until
 
 NET = "10.231.7"
 OUTSIDE = "slx"  # etcd, name server, client
@@ -113,7 +114,7 @@ def test_partition_isolating_the_master_then_healed(network: None, tmp_path: Pat
 
         for rid in REPLICAS:
             start(rid)
-        wait_until(lambda: len(_in_sync()) == 3, "three replicas in sync", 90)
+        wait_until(lambda: len(_in_sync()) == 3, "three replicas in sync", timeout_s=90)
         stop, out, progress = tmp_path / "stop", tmp_path / "outcomes.json", tmp_path / "progress"
         workload = subprocess.Popen([*_in(OUTSIDE), sys.executable, str(CLIENT), "workload", "--namesrv", namesrv,
                                      "--stop-file", str(stop), "--out", str(out), "--progress", str(progress)],
@@ -125,23 +126,23 @@ def test_partition_isolating_the_master_then_healed(network: None, tmp_path: Pat
             except (OSError, ValueError):
                 return 0
 
-        wait_until(lambda: acked() > 50, "acknowledged sends before the partition", 90)
+        wait_until(lambda: acked() > 50, "acknowledged sends before the partition", timeout_s=90)
         old = _master()
         assert old is not None
         _ip("-n", HUB, "link", "set", f"h-{REPLICAS[old]}", "down")  # the master's cable is cut
-        wait_until(lambda: _master() not in (None, old), "a new master on the majority side", 90)
+        wait_until(lambda: _master() not in (None, old), "a new master on the majority side", timeout_s=90)
         before = acked()
-        wait_until(lambda: acked() > before + 50, "acknowledged sends to the new master", 90)
+        wait_until(lambda: acked() > before + 50, "acknowledged sends to the new master", timeout_s=90)
         _ip("-n", HUB, "link", "set", f"h-{REPLICAS[old]}", "up")  # healed
-        wait_until(lambda: len(_in_sync()) == 3, "the old master back in sync as a replica", 120)
+        wait_until(lambda: len(_in_sync()) == 3, "the old master back in sync as a replica", timeout_s=120)
         before = acked()
-        wait_until(lambda: acked() > before + 20, "acknowledged sends after healing", 90)
+        wait_until(lambda: acked() > before + 20, "acknowledged sends after healing", timeout_s=90)
         stop.touch()
         workload.wait(timeout=120)
         outcomes = [Outcome(**o) for o in json.loads(out.read_text())]
         logs_file = tmp_path / "logs.json"
         endpoints = [f"{ADDRESS[REPLICAS[rid]]}:10911" for rid in REPLICAS]
-        wait_until(lambda: _same_length(endpoints, logs_file), "every replica to hold the same log", 120)
+        wait_until(lambda: _same_length(endpoints, logs_file), "every replica to hold the same log", timeout_s=120)
         raw = json.loads(logs_file.read_text())
         logs = {ep: {_position(k): v for k, v in log.items()} for ep, log in raw.items()}
         report = check("partition of the master, healed", outcomes, logs)

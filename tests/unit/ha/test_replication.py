@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import broker, brokers, caught_up, commit_log_bytes, slave_of, wait_until
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.errors import BrokerError, NotEnoughReplicasError, SendOutcomeUnknownError
@@ -15,6 +14,8 @@ from broker.format.message import Prop
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import timer_progress
 from broker.server.broker_controller import BrokerController
+from tests.support.replicas import broker, brokers, caught_up, commit_log_bytes, slave_of
+from tests.support.waiting import wait_until
 
 
 def _same_logs(master: BrokerController, *slaves: BrokerController) -> None:
@@ -40,7 +41,8 @@ def test_every_kind_of_entry_is_replicated_byte_for_byte(tmp_path: Path) -> None
         bs.append(m)
         s = slave_of(m, tmp_path / "s")
         bs.append(s)
-        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2, "slave in sync")  # type: ignore[union-attr]
+        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
+                   "slave in sync")  # fmt: skip
         with Producer(endpoint=m.address) as p, Admin(m.address) as admin:
             p.send(Message("Single", b"one", tags="A", keys="k1"), queue_id=0)  # a single message
             p.send_batch([Message("Batch", f"b{i}".encode(), keys=f"bk{i}") for i in range(300)])  # a batch
@@ -54,8 +56,10 @@ def test_every_kind_of_entry_is_replicated_byte_for_byte(tmp_path: Path) -> None
                 msg = c.pull("Single", 0, 0).messages[0]
                 c.send_back(msg, delay_level=1)  # a retry: %RETRY%G by way of the schedule topic
             assert m.store is not None
-            wait_until(lambda: m.store.max_offset("Delayed", 0) == 1, "the delayed message to be delivered")  # type: ignore[union-attr]
-            wait_until(lambda: m.store.max_offset("%RETRY%G", 0) == 1, "the retry to be delivered")  # type: ignore[union-attr]
+            wait_until(lambda: m.store.max_offset("Delayed", 0) == 1,  # type: ignore[union-attr]
+                       "the delayed message to be delivered")  # fmt: skip
+            wait_until(lambda: m.store.max_offset("%RETRY%G", 0) == 1,  # type: ignore[union-attr]
+                       "the retry to be delivered")  # fmt: skip
         _same_logs(m, s)
         assert s.store is not None
         assert {"Single", "Batch", "Delayed", "Tx", "%RETRY%G", "SCHEDULE_TOPIC_XXXX"} <= set(s.store.topics())
@@ -84,7 +88,8 @@ def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tm
         bs.append(m)
         s = slave_of(m, tmp_path / "s")
         bs.append(s)
-        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2, "slave in sync")  # type: ignore[union-attr]
+        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
+                   "slave in sync")  # fmt: skip
         with Producer(endpoint=m.address) as p, Admin(m.address) as admin:
             for qid, txn in ((0, "ip-open"), (1, "ip-commit"), (2, "ip-rollback")):
                 rows = b"".join(encode_message(Message("Ip", f"{txn}-{i}".encode()), qid) for i in range(3))
@@ -169,7 +174,8 @@ def test_sync_master_acknowledges_once_its_in_sync_replicas_hold_the_message(tmp
             s.replication.follower.stop()  # type: ignore[union-attr]  # the slave stops confirming
             with pytest.raises(SendOutcomeUnknownError):  # stored on the master, never confirmed: unknown
                 p.send(Message("T", b"unconfirmed"))
-            wait_until(lambda: len(m.replication.in_sync.members) == 1, "the slave out of the in-sync set")  # type: ignore[union-attr]
+            wait_until(lambda: len(m.replication.in_sync.members) == 1,  # type: ignore[union-attr]
+                       "the slave out of the in-sync set")  # fmt: skip
             before = m.store.max_phys_offset()
             with pytest.raises(NotEnoughReplicasError):
                 p.send(Message("T", b"refused again"))
@@ -197,7 +203,8 @@ def test_reads_stop_at_the_confirmed_offset(tmp_path: Path) -> None:
             s.shutdown()
             s = slave_of(m, tmp_path / "s")  # back: it catches up and confirms
             bs.append(s)
-            wait_until(lambda: m.store.max_offset("T", 0) == 2, "the unconfirmed message to become visible")  # type: ignore[union-attr]
+            wait_until(lambda: m.store.max_offset("T", 0) == 2,  # type: ignore[union-attr]
+                       "the unconfirmed message to become visible")  # fmt: skip
             with PullConsumer(endpoint=m.address, group="G") as c:
                 assert [x.body for x in c.pull("T", 0, 0).messages] == [b"confirmed", b"unconfirmed"]
             with PullConsumer(endpoint=s.address, group="G") as c:  # the slave serves reads up to it too
@@ -261,7 +268,8 @@ def test_a_promoted_slave_delivers_timer_messages_once(tmp_path: Path) -> None:
         bs.append(m)
         s = slave_of(m, tmp_path / "s")
         bs.append(s)
-        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2, "slave in sync")  # type: ignore[union-attr]
+        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
+                   "slave in sync")  # fmt: skip
         now = int(time.time() * 1000)
         early = [f"early-{i}".encode() for i in range(20)]
         late = [f"late-{i}".encode() for i in range(5)]
@@ -271,7 +279,8 @@ def test_a_promoted_slave_delivers_timer_messages_once(tmp_path: Path) -> None:
             for body in late:
                 p.send(Message("Timed", body, properties={Prop.TIMER_DELIVER_MS: str(now + 8000)}), queue_id=0)
         assert m.store is not None and s.store is not None
-        wait_until(lambda: m.store.max_offset("Timed", 0) == len(early), "the early ones delivered")  # type: ignore[union-attr]
+        wait_until(lambda: m.store.max_offset("Timed", 0) == len(early),  # type: ignore[union-attr]
+                   "the early ones delivered")  # fmt: skip
         copy = timer_progress.path_in(str(s.store.config.config_dir))
         wait_until(lambda: (timer_progress.load(copy) or (0, set()))[0] >= len(early), "the slave's copy of it")
         assert m.store.max_offset("Timed", 0) == len(early), "the late ones came due before the failover"
@@ -299,4 +308,5 @@ def test_a_lone_master_shows_what_it_writes_itself(tmp_path: Path) -> None:
             due = int(time.time() * 1000) + 300
             p.send(Message("Later", b"timed", properties={Prop.TIMER_DELIVER_MS: str(due)}), queue_id=0)
         assert m.store is not None
-        wait_until(lambda: m.store.max_offset("Later", 0) == 1, "the timer message visible, no send after it", 10)  # type: ignore[union-attr]
+        wait_until(lambda: m.store.max_offset("Later", 0) == 1,  # type: ignore[union-attr]
+                   "the timer message visible, no send after it", timeout_s=10)  # fmt: skip

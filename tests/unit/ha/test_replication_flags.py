@@ -10,7 +10,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.route import DIRECT_BROKER, MessageQueue
@@ -19,6 +18,7 @@ from broker.ha.etcd_process import EtcdProcess, free_port
 from broker.namesrv.local_cluster import NameServerProcess
 from broker.private_file import write_private
 from broker.server.process import BrokerProcess
+from tests.support.waiting import wait_until
 
 FLAGS = ("--role", "--controller", "--ha-listen", "--ha-secret-file", "--min-insync-replicas")
 SECRET = b"flags-test-group-secret-0123456789"
@@ -83,8 +83,9 @@ def test_classic_pair_from_flags_alone(tmp_path: Path, processes: ExitStack) -> 
             return False  # the slave is not in sync yet
         return True
 
-    wait_until(send, "the master to take a send with its slave in sync", 60)
-    wait_until(lambda: _stored(slave.endpoint, "Flags") == [b"replicated"], "the slave to serve the message", 30)
+    wait_until(send, "the master to take a send with its slave in sync", timeout_s=60)
+    wait_until(lambda: _stored(slave.endpoint, "Flags") == [b"replicated"], "the slave to serve the message",
+               timeout_s=30)
 
 
 def test_controller_pair_from_flags_alone(tmp_path: Path, etcd: EtcdProcess, processes: ExitStack) -> None:
@@ -111,6 +112,6 @@ def test_controller_pair_from_flags_alone(tmp_path: Path, etcd: EtcdProcess, pro
             return True
         return False
 
-    wait_until(send_to_master, "a master elected through etcd to take a send with its peer in sync", 60)
+    wait_until(send_to_master, "a master elected through etcd to take a send with its peer in sync", timeout_s=60)
     other = next(r.endpoint for r in replicas if r.endpoint != stored[0])
-    wait_until(lambda: b"replicated" in _stored(other, "Flags"), "the other replica to serve the message", 30)
+    wait_until(lambda: b"replicated" in _stored(other, "Flags"), "the other replica to serve the message", timeout_s=30)

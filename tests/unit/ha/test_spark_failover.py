@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.namesrv_client import NameServerClient, route_or_none
 from broker.client.route import MASTER_ID, MessageQueue
 from broker.ha.local_group import ReplicaGroup
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -117,9 +117,10 @@ def prepare(g: ReplicaGroup, topics: list[str]) -> int:
     with Admin(g.endpoint(master)) as admin:
         for topic in topics:
             admin.create_topic(topic, QUEUES, if_not_exists=True)
-    wait_until(lambda: (s := g.state()) is not None and len(s.in_sync) == 3, "all three replicas in sync", 60)
+    wait_until(lambda: (s := g.state()) is not None and len(s.in_sync) == 3, "all three replicas in sync", timeout_s=60)
     for topic in topics:
-        wait_until(lambda topic=topic: routed_master(g, topic) == g.endpoint(master), f"the route of {topic}", 30)
+        wait_until(lambda topic=topic: routed_master(g, topic) == g.endpoint(master),
+                   f"the route of {topic}", timeout_s=30)  # fmt: skip
     return master
 
 
@@ -129,7 +130,8 @@ def fail_over(g: ReplicaGroup, run: Run, topic: str) -> int:
     g.kill(old)
     killed = time.monotonic()
     new = g.wait_master(other_than=old, timeout_s=60)
-    wait_until(lambda: routed_master(g, topic) == g.endpoint(new), "the name server to route to the new master", 60)
+    wait_until(lambda: routed_master(g, topic) == g.endpoint(new),
+               "the name server to route to the new master", timeout_s=60)  # fmt: skip
     run.failover_s = time.monotonic() - killed
     run.failovers += 1
     return new
@@ -198,7 +200,7 @@ class Query:
     def until(self, checkpoint: Path, topic: str, rows: int, timeout_s: float = 240) -> None:
         """Until the checkpoint has committed ``rows`` source messages."""
         wait_until(lambda: self.alive() and committed_rows(checkpoint, topic) >= rows,
-                   f"the query to commit {rows} rows", timeout_s)  # fmt: skip
+                   f"the query to commit {rows} rows", timeout_s=timeout_s)  # fmt: skip
 
     def stop(self) -> None:
         self.query.stop()

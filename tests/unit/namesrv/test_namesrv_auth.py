@@ -35,6 +35,7 @@ from broker.proto import namesrv_pb2 as npb
 from broker.proto import namesrv_pb2_grpc as npb_grpc
 from broker.server.broker_controller import BrokerController
 from broker.server.process import BrokerProcess
+from tests.support.waiting import wait_until
 
 ROOT = Credentials("root", "namesrv-root-secret-61c2")
 ROOT_ENV = {"SLUICE_ROOT_ACCESS_KEY": ROOT.access_key, "SLUICE_ROOT_SECRET_KEY": ROOT.secret_key}
@@ -51,14 +52,6 @@ ATTACKERS = [  # no credentials, the root user's name with a wrong secret, a use
     Credentials(ROOT.access_key, "not-the-root-secret"),
     Credentials("mallory", "mallory-secret-0000"),
 ]
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def route_or_none(ns: NameServerClient, topic: str) -> npb.TopicRouteData | None:
@@ -146,7 +139,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         broker = auth_broker(root / BROKER, ns.address, QUIET_REGISTER_INTERVAL_MS)
         with Admin(broker.endpoint, access_key=ROOT.access_key, secret_key=ROOT.secret_key) as admin:
             admin.create_topic(TOPIC, 4)  # wakes the registrar: the route follows at once
-        wait_for(lambda: route_or_none(reader, TOPIC) is not None, f"{TOPIC}'s route on the name server")
+        wait_until(lambda: route_or_none(reader, TOPIC) is not None, f"{TOPIC}'s route on the name server")
         yield Secured(ns, broker, store_id_of(root / BROKER), reader)
         assert broker.stop() == 0, "\n".join(broker.output)
         assert ns.stop() == 0, "\n".join(ns.output)
@@ -217,7 +210,7 @@ def test_with_the_flag_it_starts_and_takes_anyone(tmp_path: Path) -> None:
     ns = namesrv_process({}, anonymous=True)
     reader = NameServerClient([ns.address])
     try:
-        wait_for(lambda: any("NOT authenticated" in line for line in ns.output), "the name server's warning")
+        wait_until(lambda: any("NOT authenticated" in line for line in ns.output), "the name server's warning")
         victim = takeover(BROKER, epoch=1, store_id="victim-store", address="127.0.0.1:3")
         answer = reader.call_one(ns.address, "RegisterBroker", victim)
         assert answer.accepted and not answer.authenticated
@@ -248,7 +241,7 @@ def test_a_broker_with_auth_does_not_register_with_a_name_server_that_takes_anyo
             return sum(f"name server {ns.address} refused this broker's registration" in line
                        and "--allow-anonymous-registration" in line for line in running.output) >= 2  # fmt: skip
 
-        wait_for(said_why, "the broker's log saying, at two passes, why it did not register")
+        wait_until(said_why, "the broker's log saying, at two passes, why it did not register")
         assert brokers_seen(reader) == [] and route_or_none(reader, TOPIC) is None
         # the name server refuses such a registration itself, before storing anything
         error = refusal(ns.address, None, "RegisterBroker", takeover(BROKER, 1, require_authentication=True))

@@ -9,15 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rmqv2_helpers import start_broker
+from rmqv2_helpers import FAST
 
 from broker.server.process import BrokerProcess
+from tests.support.brokers import start_broker
 
 
 @pytest.fixture(scope="module")
 def broker_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root = tmp_path_factory.mktemp("rmqv2")
-    proc = start_broker(root / "store")
+    proc = start_broker(root / "store", FAST)
     yield proc
     assert proc.stop() == 0, "\n".join(proc.output)
     shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs

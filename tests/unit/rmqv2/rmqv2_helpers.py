@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 from rocketmq import ClientConfiguration, Credentials, Message, Producer, SimpleConsumer
 from rocketmq import FilterExpression as RmqFilter
 
 from broker.client import Admin
-from broker.private_file import write_private
-from broker.server.process import BrokerProcess
 
 T = TypeVar("T")
 
@@ -27,12 +23,6 @@ FAST: dict[str, Any] = {
     "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384},
 }  # fmt: skip
-
-
-def start_broker(store: Path, **settings: Any) -> BrokerProcess:
-    config = store.parent / f"{store.name}.json"
-    write_private(config, json.dumps({**FAST, **settings}).encode())  # it may hold auth_root_secret_key
-    return BrokerProcess(store, config=config, log_level="WARNING").start()
 
 
 def name(prefix: str) -> str:
@@ -102,11 +92,3 @@ def receive_until(consumer: SimpleConsumer, count: int, invisible_s: int, timeou
     return out
 
 
-def wait_for(condition: Callable[[], T], timeout_s: float = 30.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
-        time.sleep(0.05)

@@ -10,13 +10,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rmqv2_helpers import message, name, receive_until, start_broker, wait_for
+from rmqv2_helpers import FAST, message, name, receive_until
 from rocketmq import ClientConfiguration, Credentials, Producer, SimpleConsumer
 from rocketmq import FilterExpression as RmqFilter
 
 from broker.client import Admin
 from broker.proto import sluice_pb2 as pb
 from broker.server.process import BrokerProcess
+from tests.support.brokers import start_broker
+from tests.support.waiting import wait_for
 
 ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "root-secret-value"}
 AUTH = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT["access_key"],
@@ -26,7 +28,7 @@ AUTH = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_ke
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root = tmp_path_factory.mktemp("rmqv2-auth")
-    proc = start_broker(root / "store", **AUTH)
+    proc = start_broker(root / "store", {**FAST, **AUTH})
     yield proc
     assert proc.stop() == 0, "\n".join(proc.output)
 
@@ -74,7 +76,7 @@ def send_refused(broker: BrokerProcess, topic: str, ak: str, sk: str, because: s
             producer.send(message(topic, b"refused"))
     finally:
         producer.shutdown()
-    wait_for(lambda: any(because in line and ak in line for line in broker.output), what=f"a refusal: {because}")
+    wait_for(lambda: any(because in line and ak in line for line in broker.output), f"a refusal: {because}")
 
 
 def test_wrong_credentials_and_missing_rights_are_refused(secured: BrokerProcess) -> None:

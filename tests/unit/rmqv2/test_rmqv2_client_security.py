@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
-from rmqv2_helpers import name, wait_for
+from rmqv2_helpers import name
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
@@ -31,6 +31,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pbg
 from broker.proto.status import RESPONSE_CODE_KEY
 from broker.server.process import BrokerProcess
+from tests.support.waiting import wait_for
 
 ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "root-secret-value"}
 MAX_CLIENTS = 40  # a user may hold a quarter: 10
@@ -163,8 +164,8 @@ def test_telemetry_settings_need_pub_and_only_a_producer_with_the_rights_gets_ch
 
         with TransactionProducer(ep, group, checker, access_key=victim[0], secret_key=victim[1]) as producer:
             sent = producer.send_in_transaction(Message(topic, b"half body"), lambda m, t: LocalTransactionState.UNKNOW)
-            wait_for(lambda: txn_status(ep, sent.transaction_id) == "COMMITTED", timeout_s=30,
-                     what="the victim's transaction committed by its own check-back")  # fmt: skip
+            wait_for(lambda: txn_status(ep, sent.transaction_id) == "COMMITTED",
+                     "the victim's transaction committed by its own check-back", timeout_s=30)  # fmt: skip
         assert sent.transaction_id in asked
         for stream in (refused, listing):
             assert not [c for c in stream.drain() if c.HasField("recover_orphaned_transaction_command")]
@@ -389,7 +390,7 @@ def test_one_user_may_hold_a_quarter_of_the_stream_workers(secured: BrokerProces
             for t in telemetry:
                 t.close()
         # closed streams are released: the user may open one again
-        wait_for(lambda: _opens(stub, nobody, request), what="a stream after the others closed", timeout_s=10)
+        wait_for(lambda: _opens(stub, nobody, request), "a stream after the others closed", timeout_s=10)
 
 
 def test_transaction_check_streams_count_against_the_users_share(secured: BrokerProcess) -> None:
@@ -401,7 +402,7 @@ def test_transaction_check_streams_count_against_the_users_share(secured: Broker
         calls = [stub.TransactionCheckStream(subscribe, metadata=signed(producer), timeout=60)
                  for _ in range(PER_USER + 1)]  # fmt: skip
         try:
-            wait_for(lambda: any(c.done() for c in calls), what="a check stream refused")
+            wait_for(lambda: any(c.done() for c in calls), "a check stream refused")
             time.sleep(0.5)
             (refused,) = [c for c in calls if c.done()]  # one past the share; the others open, waiting for checks
             assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

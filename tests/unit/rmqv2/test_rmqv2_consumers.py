@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from rmqv2_helpers import client_config, message, name, new_topic, producer, receive_until, simple_consumer, wait_for
+from rmqv2_helpers import client_config, message, name, new_topic, producer, receive_until, simple_consumer
 from rocketmq import ConsumeResult, MessageListener, PushConsumer, SimpleConsumer
 from rocketmq import FilterExpression as RmqFilter
 from rocketmq.grpc_protocol import Code, FilterType
@@ -17,6 +17,7 @@ from rocketmq.v5.exception import BadRequestException
 from broker.client import Admin, ReceivedMessage
 from broker.errors import TopicNotExistError
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
+from tests.support.waiting import wait_for
 
 
 def test_acked_messages_are_not_delivered_again_and_unacked_ones_are(endpoint: str) -> None:
@@ -66,7 +67,7 @@ def test_messages_go_to_the_dead_letter_queue_after_max_attempts(endpoint: str) 
     with simple_consumer(endpoint, group, topic) as c:
         attempts = [m.delivery_attempt for m in receive_until(c, 2, invisible_s=1, ack=False)]
         assert attempts == [1, 2]
-        dead = wait_for(lambda: dead_letters(endpoint, group, mid), what="the dead letter")
+        dead = wait_for(lambda: dead_letters(endpoint, group, mid), "the dead letter")
         assert len(dead) == 1 and dead[0].body == b"poison"
         assert dead[0].properties[DLQ_ORIGIN_MESSAGE_ID] == mid and dead[0].properties[DLQ_ORIGIN_TOPIC] == topic
         time.sleep(1.5)
@@ -110,8 +111,8 @@ def test_push_consumers_with_a_listener_that_succeeds_and_one_that_fails(endpoin
     ok, failing = Recording(), Recording(fail_first=2)  # two groups, each gets every message
     consumers = [push_consumer(endpoint, name("ok"), topic, ok), push_consumer(endpoint, name("fail"), topic, failing)]
     try:
-        wait_for(lambda: {i for i, _, _ in ok.seen} == ids, what="every message consumed by the good listener")
-        wait_for(lambda: all(failing.attempts[i] >= 3 for i in ids), what="every message retried twice")
+        wait_for(lambda: {i for i, _, _ in ok.seen} == ids, "every message consumed by the good listener")
+        wait_for(lambda: all(failing.attempts[i] >= 3 for i in ids), "every message retried twice")
         time.sleep(1.5)  # acked after the third attempt: nothing comes a fourth time
     finally:
         for c in consumers:
@@ -131,7 +132,7 @@ def test_fifo_order_per_message_group_with_two_consumers(endpoint: str) -> None:
         with producer(endpoint, topic) as p:
             for i in range(40):
                 p.send(message(topic, f"{i % 4}:{i // 4}".encode(), group=f"g{i % 4}"))
-        wait_for(lambda: len({b for _, b, _ in listener.seen}) == 40, what="all 40 consumed")
+        wait_for(lambda: len({b for _, b, _ in listener.seen}) == 40, "all 40 consumed")
     finally:
         for c in consumers:
             c.shutdown()

@@ -9,19 +9,20 @@ import time
 from pathlib import Path
 
 import pytest
-from rmqv2_helpers import message, name, new_topic, producer, simple_consumer, start_broker
+from rmqv2_helpers import FAST, message, name, new_topic, producer, simple_consumer
 
 from broker.address import free_fixed_port
 from broker.server.process import BrokerProcess
+from tests.support.brokers import start_broker
 
 
 def restart(store: Path, port: int) -> BrokerProcess:
-    return start_broker(store, listen=f"127.0.0.1:{port}")
+    return start_broker(store, {**FAST, "listen": f"127.0.0.1:{port}"})
 
 
 def test_in_flight_messages_survive_sigkill(tmp_path: Path) -> None:
     store, port = tmp_path / "store", free_fixed_port()
-    proc = start_broker(store, listen=f"127.0.0.1:{port}")
+    proc = start_broker(store, {**FAST, "listen": f"127.0.0.1:{port}"})
     try:
         topic, group = new_topic(proc.endpoint), name("g")
         with producer(proc.endpoint, topic) as p:
@@ -58,7 +59,7 @@ def test_in_flight_messages_survive_sigkill(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_pop_consumption_through_repeated_sigkills_loses_and_repeats_nothing_acked(tmp_path: Path) -> None:
     store, port = tmp_path / "store", free_fixed_port()
-    proc = start_broker(store, listen=f"127.0.0.1:{port}")
+    proc = start_broker(store, {**FAST, "listen": f"127.0.0.1:{port}"})
     rng = random.Random(22)
     topic, group = new_topic(proc.endpoint), name("g")
     sent: set[str] = set()

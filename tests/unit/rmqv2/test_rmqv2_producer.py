@@ -6,12 +6,13 @@ import threading
 import time
 
 import pytest
-from rmqv2_helpers import message, name, new_topic, producer, receive_until, simple_consumer, wait_for
+from rmqv2_helpers import message, name, new_topic, producer, receive_until, simple_consumer
 from rocketmq import TransactionChecker, TransactionResolution
 from rocketmq.v5.exception import ClientException
 
 from broker.client import Admin, PullConsumer
 from broker.format.message import Prop
+from tests.support.waiting import wait_for
 
 
 def test_normal_messages_keep_the_client_message_id_tag_keys_and_properties(endpoint: str) -> None:

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import Pki
-from helpers import broker, brokers, wait_until
 
 from broker.cli.parser import build_parser
 from broker.client import Message, Producer
@@ -23,6 +21,9 @@ from broker.ha.etcd_client import CoordinationError, Etcd, EtcdAuthError, EtcdPe
 from broker.ha.etcd_process import EtcdProcess, EtcdTls
 from broker.ha.etcd_security import PASSWORD_ENV, EtcdSecurity
 from broker.server.broker_controller import BrokerController
+from tests.support.certs import Pki
+from tests.support.replicas import broker, brokers
+from tests.support.waiting import wait_until
 
 STATE_KEY = "/sluice/DefaultCluster/g/state"
 MEMBERS = "/sluice/DefaultCluster/g/members/"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import SMALL_STORE, broker, brokers, caught_up, slave_of, wait_until
 
 from broker.client import Message, Producer
 from broker.client.results import SendStatus
@@ -28,6 +27,8 @@ from broker.ha.master import PROTOCOL_VERSION
 from broker.proto import ha_pb2 as hpb
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.proto.status import error_from_rpc
+from tests.support.replicas import SMALL_STORE, broker, brokers, caught_up, slave_of
+from tests.support.waiting import wait_until
 
 HUGE_EPOCH = 1 << 62
 FLOOD = 80  # more than the master's 64 replica slots (master.MAX_SESSIONS)
@@ -188,7 +189,8 @@ def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(
             s = slave_of(m, tmp_path / "s", ha_secret_file=secret)  # joins while the flood goes on
             bs.append(s)
             assert r.in_sync is not None
-            wait_until(lambda: len(r.in_sync.members) == 2, "the real slave in sync despite the flood")  # type: ignore[union-attr]
+            wait_until(lambda: len(r.in_sync.members) == 2,  # type: ignore[union-attr]
+                       "the real slave in sync despite the flood")  # fmt: skip
             with Producer(endpoint=m.address, timeout_s=10) as p:
                 sent = p.send(Message("FloodT", b"acknowledged by both", keys="after-flood"))
             assert sent.status is SendStatus.SEND_OK  # a SYNC_MASTER acknowledges once the slave holds it

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from secured_process import ROOT, ROOT_SECRET, refused_start, start_secured, write_config
 
 from broker.auth.accounts import USERS_FILE, Accounts, User
 from broker.client import Admin
@@ -23,6 +22,7 @@ from broker.errors import AuthenticationError, InvalidArgumentError
 from broker.json_file import write_json_atomic
 from broker.private_file import write_private
 from broker.semantics.receipt_handle import SECRET_BYTES, load_secret
+from tests.support.secured_process import ROOT, ROOT_SECRET, refused_start, start_secured, write_config
 
 OLD_SECRET, NEW_SECRET = "alice-old-secret-4711", "alice-new-secret-0815"
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import Pki, tls_settings
 
 from broker.client import (
     FIRST,
@@ -30,6 +29,7 @@ from broker.client import (
 )
 from broker.config import BrokerConfig
 from broker.errors import InvalidArgumentError, TlsError
+from tests.support.certs import Pki, tls_settings
 
 TOPIC = "TlsTopic"
 

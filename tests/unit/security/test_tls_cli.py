@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from certs import Pki, tls_settings
 
 from broker.cli.main import main
+from tests.support.certs import Pki, tls_settings
 
 
 def test_cli_commands_read_the_tls_files_from_the_environment(broker_factory: Any, pki: Pki,

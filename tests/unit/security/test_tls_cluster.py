@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from certs import Pki
-from cluster_helpers import make_cluster, route_brokers, wait_for
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.client.namesrv_client import NameServerClient
 from broker.client.tls import TlsSettings
 from broker.errors import TlsError
+from tests.support.certs import Pki
+from tests.support.cluster import make_cluster, route_brokers
+from tests.support.waiting import wait_until
 
 TOPIC = "TlsClusterTopic"
 
@@ -31,7 +32,7 @@ def test_a_cluster_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
         ns = NameServerClient(cluster.namesrv.split(","), tls=TlsSettings(**{k[4:] + "_file": v
                                                                             for k, v in client.items()}))  # fmt: skip
         try:  # registration over TLS is what puts both brokers in the route
-            wait_for(lambda: route_brokers(ns, TOPIC) == set(cluster.names), "both brokers in the route")
+            wait_until(lambda: route_brokers(ns, TOPIC) == set(cluster.names), "both brokers in the route")
         finally:
             ns.close()
         with Producer(namesrv=cluster.namesrv, **client) as producer:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from certs import Pki, tls_settings
-from helpers import broker, brokers, caught_up, slave_of, wait_until
-
 from broker.client import Message, Producer
 from broker.client.tls import diagnose
+from tests.support.certs import Pki, tls_settings
+from tests.support.replicas import broker, brokers, caught_up, slave_of
+from tests.support.waiting import wait_until
 
 
 def test_replication_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
@@ -21,7 +21,8 @@ def test_replication_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
         s = slave_of(m, tmp_path / "s", **tls)
         bs.append(s)
         assert m.replication is not None and m.replication.in_sync is not None
-        wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync over TLS")  # type: ignore[union-attr]
+        wait_until(lambda: len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
+                   "the slave in sync over TLS")  # fmt: skip
         with Producer(m.address, timeout_s=10, **client) as producer:
             for i in range(20):
                 producer.send(Message("TlsReplicated", f"m{i}".encode()))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from certs import Pki, tls_settings
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
+from tests.support.certs import Pki, tls_settings
 
 pytestmark = pytest.mark.spark
 

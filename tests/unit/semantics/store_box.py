@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from broker.format.message import StoredMessage
 from broker.store import GetStatus, MessageStore, StoreConfig
 
@@ -64,14 +61,6 @@ class StoreBox:
     def read_topic(self, topic: str) -> list[StoredMessage]:
         assert self.s.wait_dispatched()
         return [m for q in sorted(self.s.queue_ids(topic)) for m in self.read_queue(topic, q)]
-
-    @staticmethod
-    def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-            time.sleep(0.005)
 
     def crash(self) -> None:
         """What SIGKILL leaves: nothing flushed by us, abort file kept (page cache keeps the bytes)."""

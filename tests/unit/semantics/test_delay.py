@@ -13,6 +13,7 @@ from broker.errors import InvalidArgumentError, MessageIllegalError
 from broker.format.message import Prop, encode_entry, encode_properties
 from broker.format.system_topics import SCHEDULE_TOPIC
 from broker.semantics.delay import DEFAULT_DELAY_LEVELS, DelayLevels, ScheduleMessageService, due_time_ms
+from tests.support.waiting import wait_until
 
 if TYPE_CHECKING:
     from store_box import StoreBox
@@ -61,7 +62,7 @@ def test_messages_are_delivered_when_due_not_before(box: StoreBox) -> None:
             assert res.ok
             sent[str(i)] = (res.store_timestamp, min(level, 3), res.msg_ids[0])
         assert box.s.max_offset("Orders", 0) == 0  # nothing visible yet
-        box.wait_for(lambda: len(box.read_topic("Orders")) == 5, 5, "5 delayed messages")
+        wait_until(lambda: len(box.read_topic("Orders")) == 5, "5 delayed messages", timeout_s=5, interval_s=0.005)
         got = box.read_topic("Orders")
     finally:
         sched.shutdown()
@@ -88,7 +89,7 @@ def test_pending_delay_survives_restart_and_is_delivered_once(box: StoreBox) -> 
     sched = ScheduleMessageService(box.s, config_dir, FAST_LEVELS)
     sched.start()
     assert sched.put_message("T", 0, b"early", {Prop.DELAY: "1"}).ok
-    box.wait_for(lambda: len(box.read_topic("T")) == 1, 5, "first delivery")
+    wait_until(lambda: len(box.read_topic("T")) == 1, "first delivery", timeout_s=5, interval_s=0.005)
     res = sched.put_message("T", 0, b"late", {Prop.DELAY: "3"})
     sched.shutdown()
     box.crash()  # the broker dies while the message waits
@@ -98,7 +99,7 @@ def test_pending_delay_survives_restart_and_is_delivered_once(box: StoreBox) -> 
     assert sched.offsets() == {1: 1}
     sched.start()
     try:
-        box.wait_for(lambda: len(box.read_topic("T")) == 2, 5, "delivery after restart")
+        wait_until(lambda: len(box.read_topic("T")) == 2, "delivery after restart", timeout_s=5, interval_s=0.005)
         time.sleep(0.3)  # would a second copy come?
         bodies = [m.body for m in box.read_topic("T")]
     finally:
@@ -126,7 +127,7 @@ def test_bad_real_topic_is_skipped_not_stuck(box: StoreBox) -> None:
     sched.start()
     try:
         assert sched.put_message("T", 0, b"good", {Prop.DELAY: "1"}).ok
-        box.wait_for(lambda: len(box.read_topic("T")) == 1, 5, "the good message")
+        wait_until(lambda: len(box.read_topic("T")) == 1, "the good message", timeout_s=5, interval_s=0.005)
     finally:
         sched.shutdown()
     assert sched.offsets()[1] == 2
@@ -143,7 +144,7 @@ def test_restart_of_the_service_on_one_store(box: StoreBox) -> None:
     assert len(box.s.dispatcher.listeners) == 1
     sched.start()
     try:
-        box.wait_for(lambda: len(box.read_topic("T")) == 2, 5, "both deliveries")
+        wait_until(lambda: len(box.read_topic("T")) == 2, "both deliveries", timeout_s=5, interval_s=0.005)
     finally:
         sched.shutdown()
 

@@ -19,6 +19,7 @@ from broker.format.txn_decision import Decision, Share, make_decision
 from broker.semantics.decision_log import DecisionLog
 from broker.semantics.participant_resolver import COORDINATOR_PROPERTY, ParticipantResolver
 from broker.semantics.transaction import TransactionService, TxStatus
+from tests.support.waiting import wait_until
 
 CHECK_MAX = 3
 
@@ -170,7 +171,7 @@ def test_the_resolver_thread_resolves_on_its_own(
     try:
         time.sleep(0.01)
         participant.tx.check_once()  # the pass only notes T; the resolver's thread asks and commits
-        box.wait_for(lambda: participant.status("T") is TxStatus.COMMITTED, what="the resolver's commit")
+        wait_until(lambda: participant.status("T") is TxStatus.COMMITTED, "the resolver's commit", interval_s=0.005)
     finally:
         participant.resolver.shutdown()
     assert [m.body for m in box.read_topic("Out")] == [b"x"]

@@ -13,6 +13,7 @@ from broker.format.system_topics import SCHEDULE_TOPIC
 from broker.semantics.delay import ScheduleMessageService
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC, RetryService
 from broker.semantics.subscription_group import SubscriptionGroupConfig, SubscriptionGroupManager
+from tests.support.waiting import wait_until
 
 if TYPE_CHECKING:
     from store_box import StoreBox
@@ -41,7 +42,7 @@ def test_first_send_back_goes_to_retry_topic_with_level_3(box: StoreBox) -> None
     assert scheduled[0].properties[Prop.REAL_TOPIC] == "%RETRY%G"
     sched.start()
     try:
-        box.wait_for(lambda: len(box.read_topic("%RETRY%G")) == 1, 5, "the retry message")
+        wait_until(lambda: len(box.read_topic("%RETRY%G")) == 1, "the retry message", timeout_s=5, interval_s=0.005)
     finally:
         sched.shutdown()
     m = box.read_topic("%RETRY%G")[0]
@@ -65,7 +66,8 @@ def test_a_message_failing_17_times_ends_in_the_dlq_with_its_history(box: StoreB
             res = retry.consumer_send_back("G", msg_id=current.msg_id)
             assert not res.dead_letter and res.reconsume_times == failure
             levels.append(res.delay_level)
-            box.wait_for(lambda n=failure: len(box.read_topic("%RETRY%G")) == n, 5, f"retry {failure}")
+            wait_until(lambda n=failure: len(box.read_topic("%RETRY%G")) == n,
+                       f"retry {failure}", timeout_s=5, interval_s=0.005)  # fmt: skip
             current = box.read_topic("%RETRY%G")[-1]
             assert current.reconsume_times == failure
         assert current is not None

@@ -33,6 +33,7 @@ from broker.semantics.transaction import (
     TxState,
     TxStatus,
 )
+from tests.support.waiting import wait_until
 
 if TYPE_CHECKING:
     from store_box import StoreBox
@@ -329,7 +330,7 @@ def test_check_thread_runs_on_its_own(box: StoreBox) -> None:
     tx = service(box, checker=checker, transaction_timeout_ms=50, check_interval_ms=20)
     try:
         tx.prepare_half("Pay", 0, b"auto", {}, "PG", txn_id="a")
-        box.wait_for(lambda: box.s.max_offset("Pay", 0) == 1, 5, "commit by check-back")
+        wait_until(lambda: box.s.max_offset("Pay", 0) == 1, "commit by check-back", timeout_s=5, interval_s=0.005)
         info = tx.transaction("a")
         assert info is not None and info.status is TxStatus.COMMITTED
         assert [m.body for m in box.read_topic("Pay")] == [b"auto"]
@@ -490,7 +491,8 @@ def test_stalled_commit_is_finished_by_the_check_thread(box: StoreBox) -> None:
 
         tx._put_chunk = flaky  # type: ignore[method-assign]
         assert not tx.end_transaction("s", commit=True).complete
-        box.wait_for(lambda: tx.transaction("s").complete, 5, "the background finish")  # type: ignore[union-attr]
+        wait_until(lambda: tx.transaction("s").complete,  # type: ignore[union-attr]
+                   "the background finish", timeout_s=5, interval_s=0.005)  # fmt: skip
         assert len(box.read_topic("Out")) == 200
         assert len({m.body for m in box.read_topic("Out")}) == 200
     finally:

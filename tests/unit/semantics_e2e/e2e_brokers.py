@@ -7,7 +7,6 @@ must be clean when each test ends.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,8 +48,3 @@ def final_check(store_dir: Path, **settings: Any) -> None:
         final.shutdown()
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
-        time.sleep(0.02)

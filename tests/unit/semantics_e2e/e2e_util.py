@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import time
 
-from e2e_brokers import wait_until
-
 from broker.client import Admin, PullConsumer, PullStatus, ReceivedMessage
 from broker.errors import TopicNotExistError
+from tests.support.waiting import wait_until
 
 SETTLE_S = 0.15  # once dispatch has caught up, ranges equal across this gap: held and delayed units shown
 SETTLE_TIMEOUT_S = 20.0
@@ -27,7 +26,7 @@ def dispatched(admin: Admin) -> None:
         now = admin.stats_by_broker()
         return all(now[name]["store_dispatched_offset"] >= end for name, end in ends.items() if name in now)
 
-    wait_until(reached, SETTLE_TIMEOUT_S, f"dispatch to the commit-log ends {ends}")
+    wait_until(reached, f"dispatch to the commit-log ends {ends}", timeout_s=SETTLE_TIMEOUT_S)
 
 
 def settled_ranges(admin: Admin, topic: str) -> dict[int, tuple[int, int]]:

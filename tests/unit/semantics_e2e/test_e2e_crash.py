@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_brokers import SEMANTICS, SMALL_STORE, final_check, wait_until
+from e2e_brokers import SEMANTICS, SMALL_STORE, final_check
 from e2e_util import read_topic
 
 from broker.client import (
@@ -33,6 +33,7 @@ from broker.client import (
 from broker.errors import BrokerError
 from broker.format.message import Prop
 from broker.server.process import BrokerProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +145,7 @@ def verify_send_backs(endpoint: str, acked: list[SentBack]) -> None:
             retried.update(found(m) for m in read_queue(c, RETRY))
             return want_retry <= retried
 
-        wait_until(all_retried, timeout_s=20, what=f"{len(want_retry - retried)} acknowledged retries in {RETRY}")
+        wait_until(all_retried, f"{len(want_retry - retried)} acknowledged retries in {RETRY}", timeout_s=20)
 
 
 def test_sigkill_during_send_back_keeps_retries_and_dead_letters(tmp_path: Path) -> None:
@@ -262,7 +263,7 @@ def test_sigkill_during_transactions_keeps_halves_and_rollbacks(tmp_path: Path) 
 
     with BrokerProcess(store, config=quick) as broker:
         with TransactionProducer(broker.endpoint, "crash-tx", commit_all):
-            wait_until(lambda: set(tx.open) <= asked, timeout_s=20, what="check-back of the open transactions")
+            wait_until(lambda: set(tx.open) <= asked, "check-back of the open transactions", timeout_s=20)
             status: dict[str, tuple[str, bool]] = {}  # (status, complete): a commit's re-store may still run
             with Admin(broker.endpoint) as admin:
 
@@ -270,7 +271,7 @@ def test_sigkill_during_transactions_keeps_halves_and_rollbacks(tmp_path: Path) 
                     status.update((t.transaction_id, (t.status, t.complete)) for t in admin.list_transactions())
                     return all(status.get(t) in (("COMMITTED", True), ("ROLLED_BACK", True)) for t in tx.open)
 
-                wait_until(ended, timeout_s=20, what="the open transactions ended")
+                wait_until(ended, "the open transactions ended", timeout_s=20)
         bad = {t: status[t] for t in tx.open if status[t] != ("COMMITTED", True)}  # e.g. rolled back: out of checks
         assert not bad, f"{len(bad)} of {len(tx.open)} checked-back open transactions not committed: {bad}"
         assert not asked & set(tx.rolled_back), "the broker asked about a transaction whose rollback was acknowledged"

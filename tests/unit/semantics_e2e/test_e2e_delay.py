@@ -6,13 +6,14 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_brokers import BrokerFactory, wait_until
+from e2e_brokers import BrokerFactory
 from e2e_util import read_topic, visible_count
 
 from broker.client import Message, Producer, encode_message
 from broker.errors import MessageIllegalError
 from broker.format.message import Prop
 from broker.format.system_topics import SCHEDULE_TOPIC
+from tests.support.waiting import wait_until
 
 LEVEL_2_MS = 5_000
 LATE_TOLERANCE_MS = 2_500  # "late by at most ~1 s plus load": this machine runs other suites at the same time
@@ -36,7 +37,7 @@ def test_level_2_arrives_after_5_s_and_survives_a_restart_while_waiting(
     broker.shutdown()  # restart while the message waits
     broker = broker_factory(store_dir)
     endpoint = f"127.0.0.1:{broker.port}"
-    wait_until(lambda: visible_count(endpoint, "Later") == 2, timeout_s=LEVEL_2_MS / 1000 + 10, what="delivery")
+    wait_until(lambda: visible_count(endpoint, "Later") == 2, "delivery", timeout_s=LEVEL_2_MS / 1000 + 10)
     got = [m for m in read_topic(endpoint, "Later") if m.body == b"wait for me"]
     assert len(got) == 1
     m = got[0]
@@ -56,7 +57,7 @@ def test_short_levels_batch_and_clamping(broker_factory: BrokerFactory) -> None:
         clamped = producer.send(Message("Soon", b"clamped", properties={Prop.DELAY: "99"}))  # above 18: level 18
     # delayed entries of the batch were stored in the schedule queue of level 3 (queue 2), the others in queue 0
     assert [r.queue_id for r in sent] == [2 if i % 2 else 0 for i in range(100)] and clamped.queue_id == 17
-    wait_until(lambda: visible_count(endpoint, "Soon") == 101, timeout_s=10, what="delayed batch delivery")
+    wait_until(lambda: visible_count(endpoint, "Soon") == 101, "delayed batch delivery", timeout_s=10)
     bodies = sorted(m.body for m in read_topic(endpoint, "Soon"))
     assert bodies == sorted([f"{i}".encode() for i in range(100)] + [b"clamped"])
 
@@ -81,8 +82,8 @@ def test_batch_delay_is_read_from_properties_only_and_checked_before_the_rewrite
         assert broker.store.max_offset(SCHEDULE_TOPIC, 2) == before
         late = producer.send_encoded(b"".join(delayed), 40)
         assert [r.queue_id for r in late] == [2] * 40  # level 3: schedule queue 2
-    wait_until(lambda: broker.store.max_offset(SCHEDULE_TOPIC, 2) == before + 40, timeout_s=10, what="dispatch")
-    wait_until(lambda: visible_count(endpoint, "Body") == 80, timeout_s=10, what="delivery (level 3: 200 ms)")
+    wait_until(lambda: broker.store.max_offset(SCHEDULE_TOPIC, 2) == before + 40, "dispatch", timeout_s=10)
+    wait_until(lambda: visible_count(endpoint, "Body") == 80, "delivery (level 3: 200 ms)", timeout_s=10)
     assert sorted(m.body for m in read_topic(endpoint, "Body")) == sorted(
         [fake + b"%d" % i for i in range(40)] + [b"late%d" % i for i in range(40)]
     )

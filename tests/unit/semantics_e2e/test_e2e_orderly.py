@@ -8,11 +8,10 @@ import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from e2e_brokers import wait_until
-
 from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PushConsumer, ReceivedMessage
 from broker.format.message import Prop
 from broker.server.broker_controller import BrokerController
+from tests.support.waiting import wait_until
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
 QUEUES, PER_QUEUE = 4, 100
@@ -47,7 +46,7 @@ def test_orderly_keeps_order_per_queue_under_a_failing_listener(broker: BrokerCo
     consumer = PushConsumer(endpoint, "ord-group", {"Ord": "*"}, listener, orderly=True, consume_from=FIRST,
                             reconsume_delay_ms=10, **FAST)  # fmt: skip
     with consumer:
-        wait_until(lambda: sum(len(v) for v in done.values()) == QUEUES * PER_QUEUE, timeout_s=60, what="consumed")
+        wait_until(lambda: sum(len(v) for v in done.values()) == QUEUES * PER_QUEUE, "consumed", timeout_s=60)
         held = broker.locks.locked_queues("ord-group")  # every queue of the topic (8, auto-created), by this client
         assert held == {("Ord", q): consumer.client_id for q in range(8)}
     assert broker.locks.locked_queues("ord-group") == {}  # released on shutdown
@@ -90,10 +89,10 @@ def test_queues_handed_over_between_orderly_consumers_keep_order(broker: BrokerC
     first = PushConsumer(endpoint, "hand-group", {"Hand": "*"}, listener_of("a"), orderly=True, consume_from=FIRST,
                          client_id="a", **FAST).start()  # fmt: skip
     try:
-        wait_until(lambda: sum(len(v) for v in consumed.values()) >= 100, what="first consumer started")
+        wait_until(lambda: sum(len(v) for v in consumed.values()) >= 100, "first consumer started")
         with PushConsumer(endpoint, "hand-group", {"Hand": "*"}, listener_of("b"), orderly=True, consume_from=FIRST,
                           client_id="b", **FAST):  # fmt: skip
-            wait_until(lambda: sum(len(v) for v in consumed.values()) >= 1200, timeout_s=60, what="all consumed")
+            wait_until(lambda: sum(len(v) for v in consumed.values()) >= 1200, "all consumed", timeout_s=60)
             time.sleep(0.5)  # anything consumed twice would show up now
     finally:
         first.shutdown()
@@ -124,7 +123,7 @@ def test_orderly_with_max_reconsume_times_dead_letters_and_goes_on(broker: Broke
     consumer = PushConsumer(endpoint, "ord-dlq", {"OrdDlq": "*"}, listener, orderly=True, consume_from=FIRST,
                             reconsume_delay_ms=10, max_reconsume_times=2, **FAST)  # fmt: skip
     with consumer:
-        wait_until(lambda: len(done) == 4, timeout_s=30, what="the queue goes on past the dead letter")
+        wait_until(lambda: len(done) == 4, "the queue goes on past the dead letter", timeout_s=30)
     assert done == [b"a", b"b", b"c", b"d"]
     assert attempts[b"poison"] == 3  # the first try and max_reconsume_times=2 retries
     assert broker.store is not None

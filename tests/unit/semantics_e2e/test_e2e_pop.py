@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_brokers import BrokerFactory, wait_until
+from e2e_brokers import BrokerFactory
 from e2e_util import dispatched
 
 from broker.client import Admin, Message, PopConsumer, Producer
 from broker.errors import InvalidArgumentError, InvalidReceiptHandleError
 from broker.format.message import Prop
+from tests.support.waiting import wait_until
 
 FAST_POP = {"pop_min_invisible_ms": 100}
 
@@ -101,14 +102,14 @@ def test_in_flight_state_survives_a_restart(broker_factory: BrokerFactory, tmp_p
     with PopConsumer(endpoint, "kept-g") as c:
         got = {p.message.body: p for p in c.receive("Kept", 2, invisible_ms=1_500)}
         c.ack(got[b"acked"])
-    wait_until(lambda: compact_bytes > 4096 or (store / "config" / "pop" / "snapshot.json").exists(), 5,
-               "a snapshot of the pop journal")  # fmt: skip
+    wait_until(lambda: compact_bytes > 4096 or (store / "config" / "pop" / "snapshot.json").exists(),
+               "a snapshot of the pop journal", timeout_s=5)  # fmt: skip
     broker.shutdown()
     broker = broker_factory(store, **settings)
     endpoint = f"127.0.0.1:{broker.port}"
     with PopConsumer(endpoint, "kept-g") as c:
         now = c.receive("Kept", 10, invisible_ms=10_000)
         assert [p.message.body for p in now] == [b"never-received"]  # "out" is still invisible
-        wait_until(lambda: bool(now.extend(c.receive("Kept", 10, invisible_ms=10_000)) or len(now) == 2), 10,
-                   "the in-flight one delivered again")  # fmt: skip
+        wait_until(lambda: bool(now.extend(c.receive("Kept", 10, invisible_ms=10_000)) or len(now) == 2),
+                   "the in-flight one delivered again", timeout_s=10)  # fmt: skip
         assert [(p.message.body, p.delivery_attempt) for p in now[1:]] == [(b"out", 2)]

@@ -6,7 +6,6 @@ import threading
 from collections import Counter
 
 import pytest
-from e2e_brokers import wait_until
 
 from broker.client import (
     BROADCASTING,
@@ -26,6 +25,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.server.broker_controller import BrokerController
 from broker.store import GetStatus
+from tests.support.waiting import wait_until
 
 FAST = {"heartbeat_interval_ms": 200, "rebalance_interval_ms": 300, "persist_interval_ms": 200, "long_poll_ms": 1000}
 
@@ -52,7 +52,7 @@ def test_message_failing_17_times_ends_in_the_dlq_with_its_history(broker: Broke
     with Producer(endpoint) as producer:
         sent = producer.send(Message("Fragile", b"poison", keys=["p1"], properties={"n": "1"}))
     with PushConsumer(endpoint, "fragile-group", {"Fragile": "*"}, always_fails, consume_from=FIRST, **FAST):
-        wait_until(lambda: dead_letters(broker, "fragile-group") != [], timeout_s=60, what="dead letter")
+        wait_until(lambda: dead_letters(broker, "fragile-group") != [], "dead letter", timeout_s=60)
     assert calls == {sent.msg_id: 17}
     assert seen_reconsume == list(range(17))
     (dead,) = dead_letters(broker, "fragile-group")
@@ -78,7 +78,7 @@ def test_group_settings_retry_max_times_and_consume_enable(broker: BrokerControl
     with Producer(endpoint) as producer:
         producer.send(Message("Short", b"x"))
     with PushConsumer(endpoint, "short-fuse", {"Short": "*"}, fails, consume_from=FIRST, **FAST):
-        wait_until(lambda: dead_letters(broker, "short-fuse") != [], timeout_s=30, what="dead letter")
+        wait_until(lambda: dead_letters(broker, "short-fuse") != [], "dead letter", timeout_s=30)
     assert calls == [0, 1, 2]
     with Admin(endpoint) as admin:
         assert admin.update_subscription_group("short-fuse", consume_enable=False).consume_enable is False
@@ -102,7 +102,7 @@ def test_success_after_retries_and_max_reconsume_from_the_client(broker: BrokerC
     with Producer(endpoint) as producer:
         producer.send_batch([Message("Flaky2", f"{i}".encode()) for i in range(8)])
     with PushConsumer(endpoint, "flaky2", {"Flaky2": "*"}, flaky, consume_from=FIRST, max_reconsume_times=5, **FAST):
-        wait_until(lambda: len(done) == 8, timeout_s=30, what="all consumed")
+        wait_until(lambda: len(done) == 8, "all consumed", timeout_s=30)
     assert sorted(done, key=int) == [f"{i}".encode() for i in range(8)] and attempts[b"3"] == 3
     assert dead_letters(broker, "flaky2") == []
 
@@ -165,7 +165,7 @@ def test_raising_retry_queue_nums_grows_the_retry_topic(broker: BrokerController
         info = admin.topic_info("%RETRY%grower")
         assert info.read_queue_nums == info.write_queue_nums == 8
         wait_until(lambda: sum(h for _, h in admin.queue_offsets("%RETRY%grower").values()) == 21,
-                   timeout_s=20, what="every retry delivered to a readable queue")  # fmt: skip
+                   "every retry delivered to a readable queue", timeout_s=20)  # fmt: skip
     assert sent.msg_id
 
 
@@ -176,12 +176,12 @@ def test_a_new_consumer_from_last_still_gets_waiting_retries(broker: BrokerContr
     with PullConsumer(endpoint, "latecomer") as consumer:
         (msg,) = consumer.pull("Late", 0, 0).messages
         consumer.send_back(msg)
-        wait_until(lambda: consumer.queue_offsets("%RETRY%latecomer")[0][1] == 1, timeout_s=20, what="retry due")
+        wait_until(lambda: consumer.queue_offsets("%RETRY%latecomer")[0][1] == 1, "retry due", timeout_s=20)
         consumer.commit_offsets({("Late", 0): 1})
     got: list[bytes] = []
     with PushConsumer(endpoint, "latecomer", {"Late": "*"}, lambda ms: got.extend(m.body for m in ms)
                       or ConsumeStatus.CONSUME_SUCCESS, **FAST):  # fmt: skip
-        wait_until(lambda: got == [b"retry me"], timeout_s=20, what="the waiting retry")
+        wait_until(lambda: got == [b"retry me"], "the waiting retry", timeout_s=20)
 
 
 def test_a_raw_send_back_without_max_reconsume_times_retries(broker: BrokerController, endpoint: str) -> None:
@@ -190,7 +190,7 @@ def test_a_raw_send_back_without_max_reconsume_times_retries(broker: BrokerContr
         sent = producer.send(Message("RawBack", b"once more"), queue_id=0)
     _raw_send_back(endpoint, "raw-back", sent.msg_id)
     with PullConsumer(endpoint, "raw-back") as consumer:
-        wait_until(lambda: consumer.queue_offsets("%RETRY%raw-back")[0][1] == 1, timeout_s=20, what="the retry")
+        wait_until(lambda: consumer.queue_offsets("%RETRY%raw-back")[0][1] == 1, "the retry", timeout_s=20)
     assert dead_letters(broker, "raw-back") == []
     zero = pb.ConsumerSendMsgBackRequest(consumer_group="raw-back", msg_id=sent.msg_id, max_reconsume_times=0)
     with PullConsumer(endpoint, "raw-back") as consumer:  # an explicit 0 still means no retry

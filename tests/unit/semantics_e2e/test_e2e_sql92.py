@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from e2e_brokers import wait_until
 from e2e_util import read_topic
 
 from broker.client import FIRST, Message, Producer, PullConsumer, PushConsumer, ReceivedMessage
@@ -16,6 +15,7 @@ from broker.errors import SubscriptionParseError
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.broker_controller import BrokerController
+from tests.support.waiting import wait_until
 
 N = 10_000
 Props = dict[str, str]
@@ -96,5 +96,5 @@ def test_push_consumer_with_an_sql92_subscription(broker: BrokerController, endp
         producer.send_batch([Message("SqlPush", b"x", properties={"a": str(i)}) for i in range(20)], queue_id=0)
     with PushConsumer(endpoint, "sql-push", {"SqlPush": "a > 5 AND a <> 10"}, listener, consume_from=FIRST,
                       expression_types={"SqlPush": "SQL92"}, long_poll_ms=500):  # fmt: skip
-        wait_until(lambda: len(got) >= 13, timeout_s=20, what="filtered messages")
+        wait_until(lambda: len(got) >= 13, "filtered messages", timeout_s=20)
     assert sorted(got) == [i for i in range(6, 20) if i != 10]

@@ -8,13 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_brokers import BrokerFactory, wait_until
+from e2e_brokers import BrokerFactory
 from e2e_util import read_topic
 
 from broker.client import Admin, Message, Producer
 from broker.errors import MessageIllegalError
 from broker.format.message import Prop
 from broker.server.process import BrokerProcess
+from tests.support.waiting import wait_until
 
 
 def timer_message(topic: str, body: bytes, deliver_ms: int) -> Message:
@@ -33,7 +34,7 @@ def test_timer_messages_arrive_at_their_time_not_before(broker_factory: BrokerFa
     early = _read(endpoint)
     if int(time.time() * 1000) < now + 1500:  # (on a machine slow enough to pass the first time, skip this look)
         assert early == []
-    wait_until(lambda: len(_read(endpoint)) == 4, 20, "four timer messages delivered")
+    wait_until(lambda: len(_read(endpoint)) == 4, "four timer messages delivered", timeout_s=20)
     delivered = {m.body: m for m in _read(endpoint)}
     for i, t in enumerate(times):
         m = delivered[f"t{i}".encode()]
@@ -83,11 +84,11 @@ def test_pending_timer_messages_survive_a_restart(broker_factory: BrokerFactory,
     with Producer(endpoint) as p:
         p.send(timer_message("Timed", b"early", now + 300))
         p.send(timer_message("Timed", b"late", now + 2500))
-    wait_until(lambda: len(_read(endpoint)) == 1, 20, "the early one delivered")
+    wait_until(lambda: len(_read(endpoint)) == 1, "the early one delivered", timeout_s=20)
     broker.shutdown()
     broker = broker_factory(store)
     endpoint = f"127.0.0.1:{broker.port}"
-    wait_until(lambda: len(_read(endpoint)) == 2, 20, "the late one delivered after the restart")
+    wait_until(lambda: len(_read(endpoint)) == 2, "the late one delivered after the restart", timeout_s=20)
     time.sleep(0.5)
     assert sorted(m.body for m in _read(endpoint)) == [b"early", b"late"]  # the early one not again
 
@@ -105,7 +106,7 @@ def test_timer_messages_survive_sigkill_and_are_delivered_once(tmp_path: Path) -
         time.sleep(1.0)  # about half delivered
         proc.kill()
         proc = BrokerProcess(store, config=config).start()
-        wait_until(lambda: len(_read(proc.endpoint)) >= 20, 30, "every timer message delivered")
+        wait_until(lambda: len(_read(proc.endpoint)) >= 20, "every timer message delivered", timeout_s=30)
         time.sleep(0.5)
         bodies = [m.body for m in _read(proc.endpoint)]
         assert set(bodies) == {f"k{i}".encode() for i in range(20)}, "timer messages lost"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from e2e_brokers import SEMANTICS, wait_until
+from e2e_brokers import SEMANTICS
 from e2e_util import read_topic, visible_count
 
 from broker.client import (
@@ -30,6 +30,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.server.broker_controller import BrokerController
 from broker.server.transaction_processor import TransactionProcessor
+from tests.support.waiting import wait_until
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)  # fmt: skip
@@ -87,7 +88,7 @@ def test_check_back_decides_an_unknown_transaction(
         sent = producer.send_in_transaction(Message("Tx", b"maybe"), lambda m, t: UNKNOW)
         assert status(endpoint, sent.transaction_id) == "OPEN"
         want = "COMMITTED" if answer is COMMIT else "ROLLED_BACK"
-        wait_until(lambda: status(endpoint, sent.transaction_id) == want, timeout_s=20, what=want)
+        wait_until(lambda: status(endpoint, sent.transaction_id) == want, want, timeout_s=20)
     assert checker.asked[sent.transaction_id] == 1
     assert visible_count(endpoint, "Tx") == (1 if answer is COMMIT else 0)
 
@@ -96,7 +97,7 @@ def test_unknown_until_the_15th_check_then_rolled_back(broker: BrokerController,
     checker = Checker(UNKNOW)
     with TransactionProducer(endpoint, "tx-group", checker) as producer:
         sent = producer.send_in_transaction(Message("Tx", b"never decided"), lambda m, t: None)
-        wait_until(lambda: status(endpoint, sent.transaction_id) == "ROLLED_BACK", timeout_s=30, what="rollback")
+        wait_until(lambda: status(endpoint, sent.transaction_id) == "ROLLED_BACK", "rollback", timeout_s=30)
     assert checker.asked[sent.transaction_id] == 15
     assert visible_count(endpoint, "Tx") == 0
     with Admin(endpoint) as admin:
@@ -112,7 +113,7 @@ def test_a_raising_local_transaction_is_left_to_the_check_back(broker: BrokerCon
     with TransactionProducer(endpoint, "tx-group", checker) as producer:
         sent = producer.send_in_transaction(Message("Tx", b"recovered"), broken)
         assert sent.local_state is UNKNOW
-        wait_until(lambda: visible_count(endpoint, "Tx") == 1, timeout_s=20, what="commit by check-back")
+        wait_until(lambda: visible_count(endpoint, "Tx") == 1, "commit by check-back", timeout_s=20)
     assert [m.body for m in read_topic(endpoint, "Tx")] == [b"recovered"]
 
 
@@ -136,9 +137,9 @@ def test_a_slow_producer_is_checked_once_per_transaction_timeout(broker: BrokerC
             def counted(least: int) -> bool:
                 return all(t.check_times >= least for t in admin.list_transactions() if t.transaction_id in ids)
 
-            wait_until(lambda: counted(6), timeout_s=20, what="six checks while the producer is stuck")
+            wait_until(lambda: counted(6), "six checks while the producer is stuck", timeout_s=20)
             release.set()
-            wait_until(lambda: visible_count(endpoint, "Tx") == 20, timeout_s=20, what="every transaction committed")
+            wait_until(lambda: visible_count(endpoint, "Tx") == 20, "every transaction committed", timeout_s=20)
             stuck_s = time.monotonic() - first_ask[0]
             assert {t.transaction_id: t.status for t in admin.list_transactions()} == dict.fromkeys(ids, "COMMITTED")
     # Checks of one transaction are a timeout apart: over stuck_s, at most stuck_s / timeout + 1 of them, and one
@@ -159,7 +160,8 @@ def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Ca
     try:
         for i in range(5):  # one at a time, so the fifth (g4) is the one past the limit
             producers.append(TransactionProducer(ep, f"g{i}", Checker(UNKNOW)))
-            wait_until(lambda: hub.open_count() == min(len(producers), 4), 10, "check streams opened one by one")
+            wait_until(lambda: hub.open_count() == min(len(producers), 4),
+                       "check streams opened one by one", timeout_s=10)  # fmt: skip
         time.sleep(0.5)
         assert hub.open_count() == 4 and hub.live("g4") == 0  # the fifth is refused, not queued on a worker
         with Admin(ep) as admin, PullConsumer(ep, "g") as consumer:
@@ -173,7 +175,7 @@ def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Ca
                        for _ in range(4)]  # fmt: skip
             for t in holders:
                 t.start()
-            wait_until(lambda: broker.hold.held_count() == 4, 10, "4 held pulls")
+            wait_until(lambda: broker.hold.held_count() == 4, "4 held pulls", timeout_s=10)
             started = time.monotonic()
             assert consumer.pull("Busy", 0, 0, timeout_ms=10_000).status is PullStatus.NO_NEW_MSG
             assert time.monotonic() - started < 3.0  # 4 streams + 4 pulls: the budget is spent, answered at once
@@ -183,7 +185,7 @@ def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Ca
             for t in holders:
                 t.join(5)
         producers.pop(0).close()
-        wait_until(lambda: hub.open_count() == 4 and hub.live("g4") == 1, 10, "the refused producer's stream")
+        wait_until(lambda: hub.open_count() == 4 and hub.live("g4") == 1, "the refused producer's stream", timeout_s=10)
     finally:
         for p in producers:
             p.close()

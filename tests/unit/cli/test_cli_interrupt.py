@@ -9,12 +9,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import Admin, Message, Producer
 from broker.server.broker_controller import BrokerController
+from tests.support.waiting import wait_until
 
 INTERRUPTED = 130
 
@@ -23,13 +22,6 @@ def popen(endpoint: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "broker", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)  # fmt: skip
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
@@ -54,7 +46,7 @@ def test_ctrl_c_during_send_reports_what_was_acknowledged(broker: BrokerControll
     with Admin(endpoint) as admin:
         admin.create_topic("IntSend", 4)
     proc = popen(endpoint, "send", "IntSend", "--count", "100000000", "--size", "16")
-    wait_until(lambda: stored(endpoint, "IntSend") >= 5000)
+    wait_until(lambda: stored(endpoint, "IntSend") >= 5000, timeout_s=60)
     _, err = interrupt(proc)
     match = re.search(r"interrupted: (\d+) of 100000000 messages sent to IntSend, (\d+) acknowledged", err)
     assert match, err

@@ -13,7 +13,6 @@ from typing import Any
 
 import grpc
 import pytest
-from secured_process import ROOT, ROOT_SECRET, start_secured
 
 from broker.auth.accounts import Accounts, User
 from broker.auth.gate import BAD_CREDENTIALS, AuthGate, AuthSettings
@@ -26,6 +25,7 @@ from broker.proto.status import RESPONSE_CODE_KEY
 from broker.server.metrics import Counter
 from broker.server.process import BrokerProcess
 from broker.server.request_guard import MalformedRequestGuard
+from tests.support.secured_process import ROOT, ROOT_SECRET, start_secured
 
 TOPIC = "AnswersT"
 CALL_TIMEOUT_S = 10.0

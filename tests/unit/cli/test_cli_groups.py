@@ -9,10 +9,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PullConsumer, PushConsumer, ReceivedMessage
 from broker.server.broker_controller import BrokerController
+from tests.support.waiting import wait_until
 
 FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_interval_ms": 100, "long_poll_ms": 1000}
 
@@ -21,13 +21,6 @@ def sluice(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
     return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=120,
                           env=env)  # fmt: skip
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 class Counting:

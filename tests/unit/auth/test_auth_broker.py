@@ -10,7 +10,6 @@ import contextlib
 import datetime as dt
 import logging
 import ssl
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,7 +18,6 @@ from typing import Any
 
 import grpc
 import pytest
-from certs import Pki, tls_settings
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
@@ -43,6 +41,8 @@ from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.broker_controller import BrokerController
+from tests.support.certs import Pki, tls_settings
+from tests.support.waiting import wait_until
 
 ROOT = Credentials("root", "root-secret-value")
 # gRPC service path -> (stub class, module of its messages, service name)
@@ -64,13 +64,6 @@ def secured(broker_factory: Callable[..., BrokerController], pki: Pki) -> Broker
 @pytest.fixture
 def ep(secured: BrokerController) -> str:
     return secured.address
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def tls(pki: Pki) -> dict[str, Any]:

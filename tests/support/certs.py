@@ -2,7 +2,8 @@
 
 ``make_pki(dir)`` writes a CA, a server certificate for 127.0.0.1 and localhost signed by it, a client certificate
 signed by it, a second CA nobody trusts with a server certificate of its own, and a server certificate from the
-trusted CA for another host name only.
+trusted CA for another host name only. The ``pki`` fixture makes them once per run for the suites that import it
+into their conftest.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 DAYS = 2  # a test run never lasts longer; short-lived keys are the point of rotation
 
@@ -74,3 +77,8 @@ def make_pki(directory: Path) -> Pki:
 def tls_settings(pki: Pki, **more: str) -> dict[str, str]:
     """Broker settings that serve TLS with the test server certificate."""
     return {"tls_cert": str(pki.server_cert), "tls_key": str(pki.server_key), **more}
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))

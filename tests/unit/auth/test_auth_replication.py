@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from certs import Pki, tls_settings
-from helpers import broker, brokers, slave_of, wait_until
 
 from broker.auth.accounts import User
 from broker.client import Message, Producer
@@ -16,6 +14,9 @@ from broker.client.credentials import Credentials
 from broker.client.tls import TlsSettings
 from broker.errors import NotMasterError
 from broker.proto import sluice_pb2 as pb
+from tests.support.certs import Pki, tls_settings
+from tests.support.replicas import broker, brokers, slave_of
+from tests.support.waiting import wait_until
 
 ROOT = {"auth_enabled": True, "auth_root_access_key": "root", "auth_root_secret_key": "root-secret-value"}
 

@@ -6,13 +6,14 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import create_everywhere, make_cluster, route_brokers, small_store_config, wait_for
 
 from broker.client import Message, Producer
 from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
 from broker.namesrv.local_cluster import LocalCluster
 from broker.server.process import BrokerProcess
+from tests.support.cluster import create_everywhere, make_cluster, route_brokers, small_store_config
+from tests.support.waiting import wait_until
 
 
 def test_brokers_register_their_topics_at_once_and_a_clean_shutdown_unregisters(tmp_path: Path) -> None:
@@ -37,10 +38,10 @@ def test_a_killed_broker_leaves_the_routes_after_the_expiry_time(cluster: LocalC
     cluster.kill("broker-b")
     killed_at = time.monotonic()
     assert "broker-b" in route_brokers(ns, "Expiry")  # a name server cannot tell a crash from a pause at once
-    wait_for(lambda: route_brokers(ns, "Expiry") == {"broker-a", "broker-c"}, "broker-b expired")
+    wait_until(lambda: route_brokers(ns, "Expiry") == {"broker-a", "broker-c"}, "broker-b expired")
     assert time.monotonic() - killed_at >= 2.0  # the 3 s expiry, less one 500 ms registration interval at most
     cluster.restart("broker-b")
-    wait_for(lambda: len(route_brokers(ns, "Expiry")) == 3, "broker-b back with its topics")
+    wait_until(lambda: len(route_brokers(ns, "Expiry")) == 3, "broker-b back with its topics")
     ns.close()
 
 
@@ -51,8 +52,8 @@ def test_another_broker_claiming_a_live_name_is_refused_and_a_restart_replaces_i
     impostor = BrokerProcess(cluster.root / "impostor", log_level="INFO",
                              extra_args=["--namesrv", cluster.namesrv, "--broker-name", "broker-a"])  # fmt: skip
     with impostor:
-        wait_for(lambda: any("refused this broker's registration" in line for line in impostor.output),
-                 "the impostor's refusal in its log")  # fmt: skip
+        wait_until(lambda: any("refused this broker's registration" in line for line in impostor.output),
+                   "the impostor's refusal in its log")  # fmt: skip
         addresses = {b.broker_name: b.address for b in ns.cluster_info().brokers}
         assert addresses["broker-a"] == original  # never merged, never replaced
         impostor.stop()
@@ -60,7 +61,7 @@ def test_another_broker_claiming_a_live_name_is_refused_and_a_restart_replaces_i
     cluster.kill("broker-a")
     restarted = cluster.restart("broker-a", same_port=False)
     assert restarted.endpoint != original
-    took = wait_for(lambda: {b.broker_name: b.address for b in ns.cluster_info().brokers}["broker-a"]
+    took = wait_until(lambda: {b.broker_name: b.address for b in ns.cluster_info().brokers}["broker-a"]
                     == restarted.endpoint, "the new address")  # fmt: skip
     assert took < 2.0  # not the 3 s expiry of the old registration
     ns.close()
@@ -71,7 +72,7 @@ def test_two_name_servers_each_know_the_cluster_and_clients_survive_losing_one(t
         create_everywhere(cluster, "TwoNs")
         for address in cluster.namesrv.split(","):  # brokers register with each name server on its own
             ns = NameServerClient([address])
-            wait_for(lambda ns=ns: len(route_brokers(ns, "TwoNs")) == 2, f"routes on {address}")
+            wait_until(lambda ns=ns: len(route_brokers(ns, "TwoNs")) == 2, f"routes on {address}")
             ns.close()
         cluster.namesrvs[0].kill()
         with Producer(namesrv=cluster.namesrv) as producer:
@@ -83,7 +84,7 @@ def test_auto_created_topics_land_on_the_broker_that_received_the_first_send(clu
     ns = NameServerClient([cluster.namesrv])
     with Producer(namesrv=cluster.namesrv) as producer:
         first = producer.send(Message("Fresh", b"1"))
-        wait_for(lambda: route_brokers(ns, "Fresh") == {first.broker_name}, "the auto-created route")
+        wait_until(lambda: route_brokers(ns, "Fresh") == {first.broker_name}, "the auto-created route")
         later = [producer.send(Message("Fresh", b"x")) for _ in range(10)]
     assert {r.broker_name for r in later} == {first.broker_name}
     ns.close()

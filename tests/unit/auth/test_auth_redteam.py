@@ -13,7 +13,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from auth_process import ROOT, SETTINGS, Secured, start_secured, v2_refused
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
@@ -34,6 +33,7 @@ from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.process import BrokerProcess
+from tests.support.auth_process import ROOT, SETTINGS, Secured, start_secured, v2_refused
 
 # The first delay level is 1 s (message_delay_level's default): a forged delivery would land within that.
 FIRST_LEVEL_S = 1.0

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from auth_process import ROOT, Secured, start_secured, v2_end, v2_refused, v2_status
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
@@ -21,6 +20,7 @@ from broker.format.message import msg_id_at
 from broker.format.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from tests.support.auth_process import ROOT, Secured, start_secured, v2_end, v2_refused, v2_status
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from typing import Any
 
 import grpc
 import pytest
-from auth_process import FORBIDDEN, Secured, start_secured
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
@@ -33,6 +32,7 @@ from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from tests.support.auth_process import FORBIDDEN, Secured, start_secured
 
 TOPIC, GROUP, OWN_PRODUCER = "MxT", "MxG", "MxOwnP"
 VICTIM_PRODUCER = "MxVictimP"  # the group the matrix's open transactions are recorded under

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import Pki
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
@@ -26,6 +25,7 @@ from broker.server.process import BrokerProcess
 from connector.errors import SourceOptionError
 from connector.options import parse_options
 from connector.sink_options import parse_sink_options
+from tests.support.certs import Pki
 
 ROOT, ROOT_SECRET = "root", "root-secret-7c41d0"
 SOURCE_TOPIC, SINK_TOPIC, QUIET_TOPIC = "AuthSparkIn", "AuthSparkOut", "AuthSparkQuiet"

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from certs import Pki
-from cluster_helpers import make_cluster, wait_for
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.errors import AuthenticationError, NoPermissionError
+from tests.support.certs import Pki
+from tests.support.cluster import make_cluster
+from tests.support.waiting import wait_until
 
 TOPIC, GROUP = "AuthClusterTopic", "auth-cluster-group"
 ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "cluster-root-secret"}
@@ -29,8 +30,8 @@ def test_an_authenticated_cluster_over_tls(tmp_path: Path, pki: Pki, monkeypatch
     with make_cluster(tmp_path, brokers=2, namesrv_args=tls_flags(pki),
                       extra_broker_args=[*tls_flags(pki), "--auth"]) as cluster:  # fmt: skip
         with Admin(namesrv=cluster.namesrv, **ca, **ROOT) as admin:
-            wait_for(lambda: {b.broker_name for b in admin.cluster_info().brokers} == set(cluster.names),
-                     "both brokers registered, signed as root")  # fmt: skip
+            wait_until(lambda: {b.broker_name for b in admin.cluster_info().brokers} == set(cluster.names),
+                       "both brokers registered, signed as root")  # fmt: skip
             admin.create_topic(TOPIC, 2, cluster="DefaultCluster")
             admin.create_user("alice", "alice-cluster-secret")
             admin.grant_acl("alice", f"Topic:{TOPIC}", ["Pub", "Sub"])

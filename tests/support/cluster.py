@@ -1,16 +1,19 @@
-"""Shared by the cluster tests: a cluster of real processes with fast registration, and polling."""
+"""Shared by the cluster, name server and security tests: a cluster of real processes (a name server and brokers on
+port 0 of 127.0.0.1, each in its own store directory) with fast registration, and the ``cluster`` fixture."""
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from broker.client import Admin
 from broker.client.namesrv_client import NameServerClient
 from broker.errors import TopicNotExistError
 from broker.namesrv.local_cluster import LocalCluster
+from tests.support.waiting import wait_until
 
 # Registration every 500 ms and expiry after 3 s keep tests of routes, expiry and failover short; the production
 # defaults (30 s and 120 s) are checked by the configuration tests.
@@ -40,16 +43,6 @@ def make_cluster(root: Path, brokers: int = 3, **kwargs: object) -> LocalCluster
     return LocalCluster(root, brokers=brokers, **settings)  # type: ignore[arg-type]
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> float:
-    """Poll until ``condition()``; returns the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
 def route_brokers(ns: NameServerClient, topic: str) -> set[str]:
     try:
         return {q.broker_name for q in ns.route(topic).queue_datas}
@@ -64,6 +57,13 @@ def create_everywhere(cluster: LocalCluster, topic: str, queues: int = 8) -> Non
             admin.create_topic(topic, queues)
     ns = NameServerClient(cluster.namesrv.split(","))
     try:
-        wait_for(lambda: route_brokers(ns, topic) == set(cluster.names), f"{topic} on every broker")
+        wait_until(lambda: route_brokers(ns, topic) == set(cluster.names), f"{topic} on every broker")
     finally:
         ns.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A name server and three brokers, stopped at teardown (a suite's conftest imports it to offer it)."""
+    with make_cluster(tmp_path) as c:
+        yield c

@@ -4,8 +4,7 @@ process, on 127.0.0.1 port 0, with small store files so that logs roll over file
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,14 +41,6 @@ def brokers() -> Iterator[list[BrokerController]]:
     finally:
         for b in reversed(started):
             b.shutdown()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def caught_up(master: BrokerController, slave: BrokerController) -> bool:
