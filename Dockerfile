@@ -33,9 +33,9 @@ RUN /opt/sluice/bin/pip install --no-cache-dir --no-index --no-deps /tmp/wheels/
     && rm -rf /tmp/wheels
 
 USER sluice
-# The compiled scan loops (broker/store/scan_kernel.py) are built now, into NUMBA_CACHE_DIR, not at the first
+# The compiled scan loops (broker/format/scan_kernel.py) are built now, into NUMBA_CACHE_DIR, not at the first
 # large scan of a running broker (about 2 s of compilation holding the GIL).
-RUN python3 -c "from broker.store import scan_kernel; scan_kernel.warm()"
+RUN python3 -c "from broker.format import scan_kernel; scan_kernel.warm()"
 WORKDIR /var/lib/sluice
 # The store (commit log, consume queues, index, config) lives on a volume so it survives the container.
 VOLUME /var/lib/sluice
