@@ -120,6 +120,15 @@ def store_id_of(broker_root: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ an authenticated one
+def kill_what_runs(reader: NameServerClient, broker: BrokerProcess | None, ns: NameServerProcess) -> None:
+    """A test's teardown after a failure: the processes it left running are killed (a passing test stopped them)."""
+    reader.close()
+    if broker is not None and broker.proc is not None and broker.proc.poll() is None:
+        broker.kill()
+    if ns.running:
+        ns.kill()
+
+
 @dataclass
 class Secured:
     ns: NameServerProcess
@@ -144,11 +153,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         assert broker.stop() == 0, "\n".join(broker.output)
         assert ns.stop() == 0, "\n".join(ns.output)
     finally:
-        reader.close()
-        if broker is not None and broker.proc is not None and broker.proc.poll() is None:
-            broker.kill()
-        if ns.running:
-            ns.kill()
+        kill_what_runs(reader, broker, ns)
 
 
 def test_the_root_user_registers_and_unregisters_and_anyone_reads_routes(secured: Secured) -> None:
@@ -250,11 +255,7 @@ def test_a_broker_with_auth_does_not_register_with_a_name_server_that_takes_anyo
         assert broker.stop() == 0
         assert ns.stop() == 0
     finally:
-        reader.close()
-        if broker is not None and broker.proc is not None and broker.proc.poll() is None:
-            broker.kill()
-        if ns.running:
-            ns.kill()
+        kill_what_runs(reader, broker, ns)
 
 
 class _OlderNameServer(NameServerService):
