@@ -158,3 +158,16 @@ def v2_end(topic: str, txn_id: str) -> Any:
     return v2s.EndTransactionRequest(topic=v2.Resource(name=topic), transaction_id=txn_id, message_id=txn_id,
                                      resolution=v2.COMMIT, source=v2.SOURCE_CLIENT)  # fmt: skip
 
+
+
+def name_resources(request: Any, name: str, message_type: str, topic: str, group: str) -> None:
+    """Fill a sample request's message field ``name`` (of ``message_type``) so that it names ``topic`` and
+    ``group``, the way every front's requests carry them: what an authorization test needs its rights read from."""
+    if name in ("topic", "group") and message_type == "Resource":
+        getattr(request, name).name = topic if name == "topic" else group
+    elif name == "message_queue":
+        request.message_queue.topic.name = topic
+    elif name == "messages":
+        request.messages.add().topic.name = topic
+    elif name in ("offsets", "queues"):
+        getattr(request, name).add().topic = topic

@@ -41,6 +41,7 @@ from broker.proto import namesrv_pb2 as npb
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.broker_controller import BrokerController
+from tests.support.auth_process import name_resources
 from tests.support.certs import Pki, tls_settings
 from tests.support.waiting import wait_until
 
@@ -373,15 +374,7 @@ def sample_request(message_type: Any) -> Any:
             elif name == "entries" and field.type == field.TYPE_BYTES:
                 setattr(request, name, encode_message(Message(TOPIC, b"x"), 0))
             continue
-        sub = field.message_type.name
-        if name in ("topic", "group") and sub == "Resource":
-            getattr(request, name).name = TOPIC if name == "topic" else GROUP
-        elif name == "message_queue":
-            request.message_queue.topic.name = TOPIC
-        elif name == "messages":
-            request.messages.add().topic.name = TOPIC
-        elif name in ("offsets", "queues"):
-            getattr(request, name).add().topic = TOPIC
+        name_resources(request, name, field.message_type.name, TOPIC, GROUP)
     return request
 
 

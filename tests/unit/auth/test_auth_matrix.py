@@ -32,7 +32,7 @@ from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from tests.support.auth_process import FORBIDDEN, Secured, start_secured
+from tests.support.auth_process import FORBIDDEN, Secured, name_resources, start_secured
 
 TOPIC, GROUP, OWN_PRODUCER = "MxT", "MxG", "MxOwnP"
 VICTIM_PRODUCER = "MxVictimP"  # the group the matrix's open transactions are recorded under
@@ -105,15 +105,7 @@ def sample_request(message_type: Any) -> Any:
                 with contextlib.suppress(TypeError, AttributeError):  # a repeated field of that name: left empty
                     setattr(request, name, value)
             continue
-        sub = f.message_type.name
-        if name in ("topic", "group") and sub == "Resource":
-            getattr(request, name).name = TOPIC if name == "topic" else GROUP
-        elif name == "message_queue":
-            request.message_queue.topic.name = TOPIC
-        elif name == "messages":
-            request.messages.add().topic.name = TOPIC
-        elif name in ("offsets", "queues"):
-            getattr(request, name).add().topic = TOPIC
+        name_resources(request, name, f.message_type.name, TOPIC, GROUP)
     return request
 
 
