@@ -38,6 +38,7 @@ committed, the driver writes the transaction id there and waits until the file i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -47,9 +48,10 @@ from typing import TypeVar
 
 from broker.client.coordinator import CoordinatorClient
 from broker.client.router import Router
-from broker.errors import BrokerError, ServiceNotAvailableError
+from broker.errors import BrokerError, NotMasterError, ServiceNotAvailableError
 from broker.format.txn_decision import Decision, Share, make_decision
 from connector.auth_options import ANONYMOUS, AuthKeys
+from connector.failover import FAILOVER_WAIT_S, group_without_master
 from connector.tls_options import PLAIN, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -93,22 +95,32 @@ def live_masters(namesrv: str, tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS
         router.close()
 
 
-def _retried(call: Callable[[], T]) -> T:
-    for attempt, delay_s in enumerate(RETRY_DELAYS_S):
-        time.sleep(delay_s)
+def _retried(call: Callable[[], T], router: Router | None = None) -> T:
+    """``call()`` retried while a broker is unavailable: about 10 s, and past that up to FAILOVER_WAIT_S while a
+    master is moving: ``router`` shows a broker group without its master, or a broker registered as master says it
+    no longer is (NOT_MASTER; the name servers catch up with its successor's registration). The coordinator or a
+    participant of that group answers again once its new master registers."""
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        time.sleep(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)])
         try:
             return call()
         except ServiceNotAvailableError as e:
-            if attempt == len(RETRY_DELAYS_S) - 1:
+            attempt += 1
+            moving = isinstance(e, NotMasterError) or (router is not None and group_without_master(router))
+            if attempt >= len(RETRY_DELAYS_S) and (not moving or time.monotonic() - started >= FAILOVER_WAIT_S):
                 raise
             log.warning("broker call failed (%s); retrying", e.message)
-    raise AssertionError("unreachable")
 
 
 class ClusterCommit:
     def __init__(self, namesrv: str, tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS) -> None:
         self.router = Router(namesrv=namesrv, tls=tls.settings(), credentials=auth.credentials())
         self.client = CoordinatorClient(self.router)
+
+    def _retried(self, call: Callable[[], T]) -> T:
+        return _retried(call, self.router)
 
     def close(self) -> None:
         self.router.close()
@@ -123,13 +135,14 @@ class ClusterCommit:
     def earlier_commit(self, batch_prefix: str, own: str) -> str | None:
         """The transaction of an earlier run that committed this batch (ids starting with ``batch_prefix``), else
         None; BrokerError when an earlier run's transaction is open and its coordinator does not answer."""
-        masters = _retried(self.client.masters)
+        masters = self._retried(self.client.masters)
         statuses: dict[str, set[str]] = {}
         for broker in sorted(masters):
-            for d in _retried(lambda broker=broker: self.client.query(broker, prefix=batch_prefix, masters=masters)):  # type: ignore[misc]
+            # each try asks the name servers for the master again: after a failover the first answer can be stale
+            for d in self._retried(functools.partial(self.client.query, broker, prefix=batch_prefix)):
                 if d.commit:
                     return d.txn_id
-            found = _retried(lambda broker=broker: self.client.transactions(broker, batch_prefix, masters=masters))  # type: ignore[misc]
+            found = self._retried(functools.partial(self.client.transactions, broker, batch_prefix))
             for txn_id, status in found.items():
                 if txn_id != own:
                     statuses.setdefault(txn_id, set()).add(status)
@@ -152,7 +165,7 @@ class ClusterCommit:
         """Decide COMMIT on the coordinator, then commit every participant's share."""
         coordinator = coordinator_of(txn_id)
         decision = make_decision(txn_id, True, shares)
-        standing = _retried(lambda: self.client.record(coordinator, decision))
+        standing = self._retried(lambda: self.client.record(coordinator, decision))
         if not standing.commit:
             raise BrokerError(
                 f"{what}: transaction {txn_id} was aborted: a broker holding its rows waited for the decision "
@@ -166,7 +179,7 @@ class ClusterCommit:
         """Commit every participant's share of a COMMIT decision (ends already done report their outcome).
         ``pause``: the test hook may stop the driver after the first participant (PAUSE_ENV)."""
         for i, share in enumerate(decision.participants):
-            status = _retried(lambda share=share: self.client.end(  # type: ignore[misc]
+            status = self._retried(lambda share=share: self.client.end(  # type: ignore[misc]
                 share.broker_name, decision.txn_id, True, share.committed_attempts,
                 expected_messages=share.expected_messages, timeout_s=COMMIT_TIMEOUT_S,
             ))  # fmt: skip
@@ -180,7 +193,7 @@ class ClusterCommit:
         """An earlier run committed this batch: commit what its driver did not get to."""
         coordinator = coordinator_of(txn_id)
         try:
-            found = _retried(lambda: self.client.query(coordinator, [txn_id]))
+            found = self._retried(lambda: self.client.query(coordinator, [txn_id]))
         except ServiceNotAvailableError as e:
             log.warning("%s was committed by an earlier run (%s), whose coordinator %s does not answer (%s); its "
                         "brokers commit their parts by themselves when it is back", what, txn_id, coordinator,
@@ -195,7 +208,7 @@ class ClusterCommit:
         """End every open transaction starting with ``prefix`` on every live master by its coordinator's decision
         (ABORT when it has none); returns how many were ended. Best effort: what fails is logged, and the brokers
         resolve those by themselves."""
-        masters = _retried(self.client.masters)
+        masters = self._retried(self.client.masters)
         ended = 0
         for broker in sorted(masters):
             try:

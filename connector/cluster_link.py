@@ -6,7 +6,9 @@
 * A broker of a topic's route that does not answer (after the usual retries) is named in ``gone`` while planning,
   with the reason; the stream reader then stops the query or holds that broker's queues (failOnDataLoss).
 * A pull that cannot reach its broker asks for the topic's route again before its retry: a broker that came back at
-  another address is found there.
+  another address, or a group's new master, is found there. Pulls, and route lookups that meet a group without a
+  master ("no live broker holds topic" between the dead master's registration expiring and the new one's), wait
+  up to ``connector.failover.FAILOVER_WAIT_S``.
 * Group offsets are committed broker by broker, each broker storing its own queues' offsets (RocketMQ keeps a
   queue's consumer offset on the broker that owns the queue). A broker the name servers no longer list is skipped:
   its queues' offsets stay in Spark's checkpoint, and the next commit after it returns stores them.
@@ -16,21 +18,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from broker.client import PullConsumer, RawPullResult
+from broker.client.results import PullStatus
 from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.errors import BrokerError, ServiceNotAvailableError, SubscriptionGroupNotExistError, TopicNotExistError
 from broker.proto import sluice_pb2 as pb
 from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.broker_link import BrokerLink, BrokerQueue, retried
+from connector.failover import until_master
 from connector.offsets import QueueKey
 from connector.tls_options import PLAIN, TlsFiles
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 ROUTE_REFRESH_S = 1.0  # planning asks the name servers again at most this often per topic (each trigger, at most)
+# A queue that ends below offsets the driver planned: after a failover, a replica that restarted or was just
+# elected can show readers less than was confirmed until its replicas report (within a heartbeat or two); asked
+# again for this long before the reader takes it for a lost tail.
+SHORT_TAIL_RECHECK_S = 15.0
+SHORT_TAIL_PAUSE_S = 0.5
 MAX_REFRESH_TIMES = 10_000  # topics whose last refresh is remembered (a topicPattern over a large cluster)
 
 
@@ -52,7 +64,7 @@ class ClusterLink(BrokerLink):
     def queue_offsets(self, topic: str, gone: dict[str, str] | None = None) -> dict[BrokerQueue, tuple[int, int]]:
         self._fresh_route(topic)
         try:
-            route = retried(lambda: self.router.route(topic))
+            route = self._routed(topic, lambda: self.router.route(topic))
         except TopicNotExistError:
             return {}
         out: dict[BrokerQueue, tuple[int, int]] = {}
@@ -85,7 +97,7 @@ class ClusterLink(BrokerLink):
 
     def committed(self, topic: str) -> dict[BrokerQueue, int]:
         try:
-            found = retried(lambda: self.consumer.committed_by_queue(topic))
+            found = self._routed(topic, lambda: self.consumer.committed_by_queue(topic))
         except TopicNotExistError:
             return {}
         return {(mq.broker_name, mq.queue_id): off for mq, off in found.items()}
@@ -97,7 +109,8 @@ class ClusterLink(BrokerLink):
             conn = self.router.broker_connection(topic, broker, write=False)
             return int(conn.call(conn.stub.SearchOffsetByTimestamp, request).offset)
 
-        return retried(search)
+        return until_master(search, self.router, f"offset by time of {topic}/{broker}/{queue_id}",
+                            retry_if=_read_retry, topic=topic)  # fmt: skip
 
     def commit(self, offsets: Mapping[QueueKey, int]) -> None:
         """Each broker's queues to that broker; BrokerError after every live broker was tried when one failed."""
@@ -131,7 +144,24 @@ class ClusterLink(BrokerLink):
                 self.router.refresh(topic)  # the broker may be back at another address
                 raise
 
-        return retried(pull)
+        # A read of offsets planned on this broker: tried again while it (or its group's master) is away, also when
+        # a failover leaves its group out of the topic's route for a moment.
+        deadline = time.monotonic() + SHORT_TAIL_RECHECK_S
+        while True:
+            r = until_master(pull, self.router, f"pull of {topic}/{broker}/{qid}", retry_if=_read_retry, topic=topic)
+            short = r.status not in (PullStatus.FOUND, PullStatus.NO_MATCHED_MSG) and r.max_offset < offset
+            if not short or time.monotonic() >= deadline:
+                return r  # a tail still short after the recheck is the reader's data loss (failOnDataLoss)
+            log.warning("%s ends at %d, below the planned offset %d; asking again (a replica that just took over "
+                        "may not show what was confirmed yet)", mq, r.max_offset, offset)  # fmt: skip
+            self.router.refresh(topic)
+            time.sleep(SHORT_TAIL_PAUSE_S)
+
+    def _routed(self, topic: str, call: Callable[[], T]) -> T:
+        """``call()`` retried while a broker restarts (``retried``), and while the name servers, during a
+        failover, list some group without a master and so may say that no live broker holds ``topic``."""
+        return until_master(lambda: retried(call), self.router, f"the route of {topic}", retry_if=_never,
+                            topic=topic)  # fmt: skip
 
     def live_brokers(self) -> set[str]:
         return retried(lambda: {b.broker_name for b in self.router.cluster_brokers()})
@@ -151,6 +181,17 @@ class ClusterLink(BrokerLink):
     def close(self) -> None:
         self.consumer.close()
         self.router.close()
+
+
+def _read_retry(e: BrokerError) -> bool:
+    """Reads change nothing: a broker that does not answer is asked again, whatever the call did. (A broker
+    missing from the topic's route is waited for only while a group has no master: one that left the cluster is
+    said at once.)"""
+    return isinstance(e, ServiceNotAvailableError)
+
+
+def _never(e: BrokerError) -> bool:
+    return False
 
 
 __all__ = ["ClusterLink"]

@@ -25,8 +25,8 @@ all-or-nothing across brokers, a dying driver included, is in cluster_commit.py.
 
 from __future__ import annotations
 
+import itertools
 import logging
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,9 +53,11 @@ from pyspark.sql.types import (
 )
 
 from broker.client import Admin, Producer
+from broker.client.route import MessageQueue
 from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
+    FlushSlaveTimeoutError,
     MessageIllegalError,
     ServiceNotAvailableError,
     SystemBusyError,
@@ -65,6 +67,7 @@ from broker.format.txn_decision import Share
 from connector.arrow_encoder import EncodedChunk, RowEncoder, check_columns
 from connector.auth_options import explains_refusals, refusals_explained
 from connector.cluster_commit import ClusterCommit, choose_coordinator, live_masters, query_prefix
+from connector.failover import nothing_stored, until_master
 from connector.sink_options import SinkOptions
 
 log = logging.getLogger(__name__)
@@ -73,7 +76,12 @@ log = logging.getLogger(__name__)
 # one that timed out would fail the query though the broker finishes the commit.
 COMMIT_TIMEOUT_S = 600.0
 ADMIN_TIMEOUT_S = 30.0  # the sink's other calls to a broker (listing and rolling back transactions)
-RETRY_BACKOFF_S = (0.05, 0.2, 0.5, 1.0, 2.0)
+# An unanswered call inside a transaction sends the task's rows again under a new attempt; more than this many in
+# one task is not a failover but a broker that keeps failing, and the task fails (Spark may retry it).
+MAX_SLICE_RESENDS = 3
+# Rows a task keeps to send again (Arrow bytes): a larger slice is not kept, and an unanswered call fails the task
+# as before (Spark retries it under a new attempt).
+MAX_KEPT_SLICE_BYTES = 256 << 20
 
 
 @dataclass
@@ -159,18 +167,76 @@ def _cluster_commit(namesrv: str, opts: SinkOptions) -> ClusterCommit:
     return ClusterCommit(namesrv, opts.tls, opts.auth)
 
 
+class _Slice:
+    """A task's rows as Spark hands them, kept (up to MAX_KEPT_SLICE_BYTES) so that they can be sent again under a
+    new attempt when a call inside the transaction got no answer."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], keep: bool) -> None:
+        self.kept: list[pa.RecordBatch] = []
+        self.kept_bytes = 0
+        self.whole = keep  # every row read so far is in ``kept``
+        self._rest = self._read(batches)
+
+    def _read(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if self.whole:
+                self.kept.append(batch)
+                self.kept_bytes += batch.nbytes
+                if self.kept_bytes > MAX_KEPT_SLICE_BYTES:
+                    self.whole, self.kept = False, []
+            yield batch
+
+    def rows(self) -> Iterator[pa.RecordBatch]:
+        """From the first row: those read so far, then the rest as Spark gives them."""
+        return itertools.chain(list(self.kept), self._rest)
+
+
+def _outcome_unknown(e: BrokerError) -> bool:
+    """A call of a transaction that may or may not have stored its rows (no answer, or stored on the master but
+    not confirmed by its replicas)."""
+    return (isinstance(e, BrokerUnreachableError) and e.request_sent) or isinstance(e, FlushSlaveTimeoutError)
+
+
 def _send_all(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str,
     coordinator: str | None = None,
+) -> tuple[int, int, dict[str, int], str]:  # fmt: skip
+    """Encode and send every row; returns (messages, bytes, messages per broker, the attempt that sent them).
+
+    Inside a transaction, a call without an answer (its rows may be stored, or not) sends the whole slice again
+    under a new attempt id (``<attempt>.<n>``): the commit names only that attempt, so rows the earlier one may
+    have stored are rolled back, never committed twice. Raises on any other failure, naming the row.
+    ``coordinator``: the broker that decides ``txn_id`` (a cluster), named in every half."""
+    rows = _Slice(batches, keep=txn_id is not None)
+    for resend in range(MAX_SLICE_RESENDS + 1):
+        sent_as = attempt if resend == 0 else f"{attempt}.{resend}"
+        try:
+            n, nbytes, per = _send_slice(opts, rows.rows(), txn_id, sent_as, coordinator)
+            return n, nbytes, per, sent_as
+        except BrokerError as e:
+            if txn_id is None or not _outcome_unknown(e) or not rows.whole or resend == MAX_SLICE_RESENDS:
+                raise
+            log.warning("a call of transaction %s got no answer (%s); sending the task's rows again as attempt %s",
+                        txn_id, e.message, f"{attempt}.{resend + 1}")  # fmt: skip
+    raise AssertionError("unreachable")
+
+
+def _send_slice(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str, coordinator: str | None,
 ) -> tuple[int, int, dict[str, int]]:  # fmt: skip
-    """Encode and send every row; returns (messages, bytes, messages per broker). Raises on the first failure,
-    naming the row. ``coordinator``: the broker that decides ``txn_id`` (a cluster), named in every half."""
     producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv, **opts.tls.client_args(),
                         **opts.auth.client_args())  # fmt: skip
+    router = producer.router if opts.namesrv else None
+
+    def queues(topic: str) -> list[MessageQueue]:
+        # the writable queues of a group electing a new master are none for a moment: looked up again meanwhile
+        return until_master(lambda: producer.queues(topic), router, f"the writable queues of topic {topic!r}",
+                            topic=topic)  # fmt: skip
+
     encoder = RowEncoder(
         default_topic=opts.topic,
         queue_count=None if opts.namesrv else producer.queue_count,
-        queues=producer.queues if opts.namesrv else None,
+        queues=queues if opts.namesrv else None,
         max_message_size=opts.max_message_size,
         batch_messages=opts.batch_messages,
         batch_bytes=opts.batch_bytes,
@@ -206,24 +272,31 @@ def _send_chunk(
     producer: Producer, opts: SinkOptions, chunk: EncodedChunk, txn_id: str | None, task_attempt: str,
     coordinator: str | None,
 ) -> EncodedChunk:  # fmt: skip
+    """One SendBatch. A call that certainly stored nothing (NOT_MASTER, a refused connection, no live master) is
+    made again while a master moves (failover.py). A busy broker, and for plain sends an unanswered call, are
+    retried ``sendRetries`` times. Inside a transaction an unanswered call is not: ``_send_all`` sends the slice
+    again under a new attempt."""
     # In a cluster the broker is found through the route of a topic the chunk writes (any: each routes to it).
     topic = next(iter(chunk.topics)) if opts.namesrv else None
-    for retry in range(opts.send_retries + 1):
-        try:
-            producer.send_encoded(chunk.buffer, chunk.count, txn_id, attempt=task_attempt if txn_id else "",
-                                  coordinator=(coordinator or "") if txn_id else "", broker_name=chunk.broker,
-                                  topic=topic)  # fmt: skip
-            return chunk
-        except (ServiceNotAvailableError, SystemBusyError) as e:
-            # An unanswered call may have stored the batch. Plain sends may repeat it (at-least-once); inside a
-            # transaction the task fails instead, and Spark's retry sends under a new attempt id, whose rows
-            # are the only ones the commit keeps.
-            if (txn_id is not None and isinstance(e, BrokerUnreachableError)) or retry == opts.send_retries:
-                raise
-            delay = RETRY_BACKOFF_S[min(retry, len(RETRY_BACKOFF_S) - 1)]
-            log.warning("SendBatch failed (%s); retry %d in %.2f s", e, retry + 1, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+    retries = 0
+
+    def send() -> EncodedChunk:
+        producer.send_encoded(chunk.buffer, chunk.count, txn_id, attempt=task_attempt if txn_id else "",
+                              coordinator=(coordinator or "") if txn_id else "", broker_name=chunk.broker,
+                              topic=topic)  # fmt: skip
+        return chunk
+
+    def retry_if(e: BrokerError) -> bool:
+        nonlocal retries
+        if nothing_stored(e):
+            return True
+        if isinstance(e, SystemBusyError) or (txn_id is None and isinstance(e, ServiceNotAvailableError)):
+            retries += 1  # plain sends may repeat a batch (at-least-once)
+            return retries <= opts.send_retries
+        return False
+
+    what = f"SendBatch of {chunk.count} rows to broker {chunk.broker!r}"
+    return until_master(send, producer.router if opts.namesrv else None, what, retry_if=retry_if, topic=topic)
 
 
 def _shares(done: list[SinkCommitMessage], txn_id: str, what: str) -> list[Share]:
@@ -255,7 +328,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         query_id, batch_id, run_id, attempt = _task_ids()
         if not self.options.exactly_once:
-            n, b, per = _send_all(self.options, iterator, None, attempt)
+            n, b, per, _ = _send_all(self.options, iterator, None, attempt)
             return SinkCommitMessage(None, attempt, n, b, per_broker=per)
         prefix = f"spark:{query_id}:{batch_id}:"
         if self.options.namesrv is not None:
@@ -267,7 +340,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 )
                 return SinkCommitMessage(None, attempt, 0, 0, skipped=True)
         txn_id = prefix + run_id
-        n, b, _ = _send_all(self.options, iterator, txn_id, attempt)
+        n, b, _, attempt = _send_all(self.options, iterator, txn_id, attempt)
         return SinkCommitMessage(txn_id, attempt, n, b)
 
     def _write_to_cluster(
@@ -280,7 +353,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
         if earlier is not None:
             log.info("%s was committed by an earlier run (%s); not sending it again", prefix, earlier)
             return SinkCommitMessage(None, attempt, 0, 0, skipped=True, earlier=earlier)
-        n, b, per = _send_all(self.options, iterator, txn_id, attempt, coordinator)
+        n, b, per, attempt = _send_all(self.options, iterator, txn_id, attempt, coordinator)
         return SinkCommitMessage(txn_id, attempt, n, b, per_broker=per)
 
     @explains_refusals
@@ -372,7 +445,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
         from pyspark import TaskContext
 
         attempt = _attempt_id(TaskContext.get())
-        n, b, per = _send_all(self.options, iterator, self.transaction_id, attempt, self.coordinator)
+        n, b, per, attempt = _send_all(self.options, iterator, self.transaction_id, attempt, self.coordinator)
         return SinkCommitMessage(self.transaction_id, attempt, n, b, per_broker=per)
 
     @explains_refusals

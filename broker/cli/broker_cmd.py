@@ -33,6 +33,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     overrides.update({"etcd_ca_file": args.etcd_ca_file, "etcd_cert_file": args.etcd_cert_file,
                       "etcd_key_file": args.etcd_key_file, "etcd_user": args.etcd_user,
                       "etcd_password_file": args.etcd_password_file})  # fmt: skip
+    overrides.update({"role": args.role, "controller": args.controller, "ha_listen": args.ha_listen,
+                      "ha_secret_file": args.ha_secret_file,
+                      "min_insync_replicas": args.min_insync_replicas})  # fmt: skip
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )

@@ -152,6 +152,7 @@ def _broker(b: argparse.ArgumentParser) -> None:
     a.add_argument("--auth-window-s", type=int, default=None, metavar="S",
                    help="accept signatures made at most S seconds from this broker's clock (default 900)")  # fmt: skip
     _etcd(b)
+    _replication(b)
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
 
 
@@ -163,6 +164,24 @@ class _PasswordRefused(argparse.Action):
                  option_string: str | None = None) -> None:  # fmt: skip
         parser.error(f"{option_string} is not taken on the command line, where every local user can read it (ps): "
                      "give --etcd-password-file FILE or $SLUICE_ETCD_PASSWORD")  # fmt: skip
+
+
+def _replication(b: argparse.ArgumentParser) -> None:
+    r = b.add_argument_group("replication (docs/replication.md)")
+    r.add_argument("--role", type=str.upper, choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"], default=None,
+                   help="classic mode (a fixed master, no failover): this broker's role in its group; a slave takes "
+                        "--broker-id 1 or more")  # fmt: skip
+    r.add_argument("--controller", default=None, metavar="etcd://HOST:PORT[,HOST:PORT]",
+                   help="controller mode (automatic failover): etcd decides which replica of the group is master; "
+                        "every replica is started the same way")  # fmt: skip
+    r.add_argument("--ha-listen", default=None, metavar="HOST:PORT",
+                   help="replication endpoint (default: the listen host, client port + 1)")
+    r.add_argument("--ha-secret-file", default=None, metavar="FILE",
+                   help="file (readable by its owner only) holding the group's shared secret; required unless the "
+                        "replication endpoint is on loopback")  # fmt: skip
+    r.add_argument("--min-insync-replicas", type=int_at_least(1), default=None, metavar="N",
+                   help="SYNC_MASTER and controller mode: refuse writes while fewer replicas (the master counts) "
+                        "are in sync (default 2)")  # fmt: skip
 
 
 def _etcd(b: argparse.ArgumentParser) -> None:
