@@ -38,8 +38,8 @@ from broker.json_file import MAX_CONFIG_BYTES, write_json_atomic
 log = logging.getLogger(__name__)
 
 SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json",
-                "transactionState.json", "users.json", "timerProgress.json")  # fmt: skip
-PRIVATE_FILES = ("users.json",)  # they hold secrets: mode 0600 and no backup (broker/auth/accounts.py)
+                "transactionState.json", "users.json", "timerProgress.json", "popState.json")  # fmt: skip
+PRIVATE_FILES = ("users.json", "popState.json")  # they hold secrets: mode 0600 and no backup (broker/auth/accounts.py)
 LOG_END_KEY = "log_end"  # in a synced file: the writer's commit-log end when it saved (see above)
 # What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
 MAX_METADATA_BYTES = 64 * 1024 * 1024
