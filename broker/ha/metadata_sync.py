@@ -1,6 +1,7 @@
 """The master's config files reach its slaves (RocketMQ's SlaveSynchronize, pushed with the log instead of pulled
-every 10 s): topics, subscription groups, consumer offsets, delay-queue and timer progress and the transaction
-checker's state, and the users with their access control entries, so that a promoted slave serves the same topics
+every 10 s): topics, subscription groups, consumer offsets, delay-queue and timer progress, the transaction
+checker's state, the snapshot of the pop record (broker/semantics/pop_log.py), and the users with their access
+control entries, so that a promoted slave serves the same topics
 and groups from the same offsets to the same users, and does not deliver timer messages a second time.
 
 Master: every ``ha_metadata_sync_ms`` (and at once when asked, e.g. after an offset commit) it saves what is dirty
