@@ -99,6 +99,9 @@ class PopLog:
         applied, end = 0, start
         if cq is not None:
             end = cq.max_offset
+            if start > end:  # this replica's log was cut back (truncated to a new master's) below the snapshot
+                log.warning("pop journal: the snapshot covers records up to %d, past the log's %d; kept as it is (the "
+                            "master's next snapshot replaces it)", start, end)  # fmt: skip
             if start < cq.min_offset:
                 log.error("pop journal: records %d..%d expired before a snapshot covered them; messages received or "
                           "acked then may be delivered again", start, cq.min_offset)  # fmt: skip

@@ -9,9 +9,9 @@ The delivered copy is in the commit log, and so in every in-sync replica's log a
 indexes the log it holds, broker/server/send_dedup.py relies on the same): it is its own record. It carries the
 timer message's UNIQ_KEY and TIMER_DELIVER_MS and lies after the timer message in the log. So a starting timer
 service asks the index, for each message already due and not recorded as delivered, whether such a copy is in its
-real topic, and records the ones found as delivered instead of storing them again. This uses no new state and no
-new channel: a copy that reached the new master's log is there to be found; one that did not was never confirmed,
-never read by a consumer, and is stored now, once.
+real topic (and for those due within ``CLOCK_SLACK_MS``), and records the ones found as delivered instead of storing
+them again. This uses no new state and no new channel: a copy that reached the new master's log is there to be
+found; one that did not was never confirmed, never read by a consumer, and is stored now, once.
 
 Which to ask about. Deliveries are made in order of time (the timer heap), so the ones the records miss are the
 earliest due messages the records call pending: the walk goes in that order and stops after ``MAX_MISSES`` in a
@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 
 # Due messages in a row without a delivered copy after which the walk stops (see above): each costs an index lookup
 MAX_MISSES = 256
-# The copy's store time is the delivering master's clock, at or after the due time; this much earlier is looked at
-# too, for a clock that differed between the replicas
+# The copy's store time is the delivering master's clock, at or after the due time: this much earlier is looked at
+# too, and messages due this much later than now, for a clock that differed between the replicas
 CLOCK_SLACK_MS = 60_000
 
 

@@ -22,7 +22,7 @@ SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000
             "pop_min_invisible_ms": 100}  # fmt: skip
 TOPIC, GROUP = "PopOrders", "pop-ha"
 MESSAGES = 60
-INVISIBLE_MS = 9_000  # long enough that the new master is up well before the in-flight messages are due again
+INVISIBLE_MS = 10_000  # long enough that the new master is up well before the in-flight messages are due again
 
 
 def _group(root: Path) -> ReplicaGroup:
