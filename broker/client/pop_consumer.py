@@ -11,7 +11,8 @@ queue assignment: any number of consumers of a group share a topic (broker/seman
             handle(m.message)
             consumer.ack(m)
 
-One broker per consumer (``endpoint=``); receipt handles are only valid at the broker that issued them.
+One broker per consumer (``endpoint=``); receipt handles are only valid at the broker that issued them (in a
+replicated group: at its group's master, also one promoted since).
 """
 
 from __future__ import annotations

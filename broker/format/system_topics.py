@@ -23,6 +23,8 @@ TRANS_DECISION_TOPIC = "SLUICE_SYS_TRANS_DECISION_TOPIC"
 # The commit and rollback markers of transactions that write their messages in place (their entry format is in
 # broker/store/txn_visibility.py)
 TRANS_MARKER_TOPIC = "SLUICE_SYS_TRANS_MARKER_TOPIC"
+# The pop bookkeeping of a replicated group, one record per change (broker/semantics/pop_log.py)
+POP_JOURNAL_TOPIC = "SLUICE_SYS_POP_JOURNAL_TOPIC"
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # A group becomes part of its %RETRY% and %DLQ% topic names, which must fit the topic limit: the longer prefix
@@ -43,7 +45,8 @@ TIMER_READER_GROUP = "CID_SYS_RMQ_TIMER"
 
 SYSTEM_TOPICS = (
     frozenset(
-        {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TIMER_TOPIC, TRANS_DECISION_TOPIC, TRANS_MARKER_TOPIC}
+        {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TIMER_TOPIC, TRANS_DECISION_TOPIC, TRANS_MARKER_TOPIC,
+         POP_JOURNAL_TOPIC}
     )
     | ROCKETMQ_RESERVED_TOPICS
 )

@@ -22,7 +22,8 @@ mode over Kafka's rules. docs/replication.md is the operator's guide; this is th
   and restarts in place as a replica; replicas refuse masters older than the newest epoch they know; only the
   master of the current epoch can change the recorded in-sync set.
 * **Metadata** (metadata_sync.py): the master's topics, subscription groups, consumer offsets, delay progress and
-  transaction state files reach the slaves with the fetches.
+  transaction state files reach the slaves with the fetches, and so does the snapshot of the pop record, whose
+  changes are messages in the log (broker/semantics/pop_log.py).
 * **Roles** (manager.py): taking and leaving office; settings.py lists every setting; metrics.py the metrics;
   (broker/client/cluster_view.py: what `sluice cluster list` shows); local_group.py and etcd_process.py run groups
   for tests and benchmarks.

@@ -17,8 +17,8 @@
   files (metadata_sync.py), so an acknowledged commit survives a failover.
 * The same rules hold for the broker's other services, named here with a prefix: the transaction coordinator's
   (``Coordinator.``; a decision is a message in the log) and RocketMQ 5's MessagingService (``v2.``). Pop
-  consumption (PopMessage, AckMessage, ChangeInvisibleTime and their v2 forms) is served by the master only: its
-  in-flight records are the master's.
+  consumption (PopMessage, AckMessage, ChangeInvisibleTime and their v2 forms) is served by the master only; its
+  records are messages in the log, and the pop service itself refuses and waits by these rules (semantics/pop_log.py).
 * DeleteTopic is refused on a replicated group: a slave rebuilds its consume queues from the log and cannot tell
   the deleted generation's queue offsets from the next one's.
 """

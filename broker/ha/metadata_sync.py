@@ -1,6 +1,7 @@
 """The master's config files reach its slaves (RocketMQ's SlaveSynchronize, pushed with the log instead of pulled
-every 10 s): topics, subscription groups, consumer offsets, delay-queue and timer progress and the transaction
-checker's state, and the users with their access control entries, so that a promoted slave serves the same topics
+every 10 s): topics, subscription groups, consumer offsets, delay-queue and timer progress, the transaction
+checker's state, the snapshot of the pop record (broker/semantics/pop_log.py), and the users with their access
+control entries, so that a promoted slave serves the same topics
 and groups from the same offsets to the same users, and does not deliver timer messages a second time.
 
 Master: every ``ha_metadata_sync_ms`` (and at once when asked, e.g. after an offset commit) it saves what is dirty
@@ -38,8 +39,8 @@ from broker.json_file import MAX_CONFIG_BYTES, write_json_atomic
 log = logging.getLogger(__name__)
 
 SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json",
-                "transactionState.json", "users.json", "timerProgress.json")  # fmt: skip
-PRIVATE_FILES = ("users.json",)  # they hold secrets: mode 0600 and no backup (broker/auth/accounts.py)
+                "transactionState.json", "users.json", "timerProgress.json", "popState.json")  # fmt: skip
+PRIVATE_FILES = ("users.json", "popState.json")  # they hold secrets: mode 0600 and no backup (broker/auth/accounts.py)
 LOG_END_KEY = "log_end"  # in a synced file: the writer's commit-log end when it saved (see above)
 # What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
 MAX_METADATA_BYTES = 64 * 1024 * 1024

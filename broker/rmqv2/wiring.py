@@ -12,6 +12,7 @@ from broker.rmqv2.route import RouteSource
 from broker.rmqv2.service import Backend, MessagingService
 from broker.semantics.delay import DelayLevels
 from broker.semantics.pop import PopService
+from broker.semantics.pop_log import PopLog
 from broker.server.broker_identity import default_broker_name
 from broker.server.pull_processor import PullProcessor
 from broker.server.send_processor import SendProcessor
@@ -35,6 +36,16 @@ def pop_service(c: BrokerController, store: MessageStore, config_dir: str, sync:
         if c.topics.get(topic) is not None and c.offsets.query(group, topic).get(queue_id) != offset:
             c.offsets.commit(group, {(topic, queue_id): offset})
 
+    def admit() -> None:
+        if c.replication is not None:
+            c.replication.admit_write()
+
+    def confirm(end: int) -> bool:
+        return c.replication is not None and c.replication.wrote(end)
+
+    def replicated(folder: str) -> PopLog:  # a replicated group keeps its pop state in the commit log (pop_log.py)
+        return PopLog(store, config_dir, folder, admit=admit, confirm=confirm)
+
     return PopService(
         store, c.groups, config_dir,
         read_queue_nums=lambda topic: c.topics.require(topic).read_queue_nums,
@@ -44,6 +55,7 @@ def pop_service(c: BrokerController, store: MessageStore, config_dir: str, sync:
         max_inflight_per_queue=cfg.pop_max_inflight_per_queue,
         auto_renew_invisible_ms=cfg.pop_auto_renew_invisible_ms, compact_bytes=cfg.journal_compact_bytes,
         can_hold=c.hold.can_hold, client_alive=c.rmqv2_clients.alive,
+        replicated=replicated if c.replication_settings is not None else None,
     )  # fmt: skip
 
 

@@ -10,8 +10,11 @@ group's next message is not delivered while an earlier one of it is out (pop_boo
 Bookkeeping is ``PopBook`` (pop_book.py); every change to it is appended to the pop journal (journal.py, in
 ``config/pop/``) before the request is answered, so a broker restart or crash neither loses a message nor forgets
 one in flight: a received message stays invisible until its time across a restart, and a message acked before the
-crash is never delivered again. Receipt handles are signed (receipt_handle.py) and checked against the book: one
-that is expired, acked, or superseded by a later delivery or change of invisible time is refused.
+crash is never delivered again. In a replicated group the records go into the replicated commit log instead, and a
+request is answered once the in-sync replicas hold them, so the same holds across a failover (pop_log.py).
+
+Receipt handles are signed (receipt_handle.py) and checked against the book: one that is expired, acked, or
+superseded by a later delivery or change of invisible time is refused.
 
 Differences from RocketMQ, on purpose:
 
@@ -53,6 +56,7 @@ from broker.format.system_topics import dlq_topic
 from broker.proto.subscription import parse_tags, tag_codes, tag_matches
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.pop_book import PopBook, QueueKey
+from broker.semantics.pop_log import PopLog
 from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
 from broker.semantics.retry import DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC
 from broker.semantics.subscription_group import SubscriptionGroupManager
@@ -111,6 +115,7 @@ class PopService:
         max_invisible_ms: int = DEFAULT_MAX_INVISIBLE_MS, max_inflight_per_queue: int = DEFAULT_MAX_INFLIGHT_PER_QUEUE,
         auto_renew_invisible_ms: int = DEFAULT_AUTO_RENEW_INVISIBLE_MS, compact_bytes: int = DEFAULT_COMPACT_BYTES,
         can_hold: Callable[[], bool] = lambda: True, client_alive: Callable[[str], bool] = lambda owner: True,
+        replicated: Callable[[str], PopLog] | None = None,
     ) -> None:  # fmt: skip
         self.store, self.groups = store, groups
         self.folder = os.path.join(config_dir, POP_FOLDER)
@@ -122,7 +127,9 @@ class PopService:
         self.auto_renew_invisible_ms = auto_renew_invisible_ms
         self.can_hold, self.client_alive = can_hold, client_alive
         self.book = PopBook()
-        self.journal = Journal(self.folder, sync=sync, compact_bytes=compact_bytes)
+        # replicated: (this service's folder) -> its journal in the commit log (pop_log.py)
+        self.log = replicated(self.folder) if replicated is not None else None
+        self.journal: Journal | PopLog = self.log or Journal(self.folder, sync=sync, compact_bytes=compact_bytes)
         self.codec: HandleCodec | None = None
         self._lock = threading.RLock()
         self._turn: dict[tuple[str, str], itertools.count[int]] = {}
@@ -139,9 +146,11 @@ class PopService:
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.codec = HandleCodec(load_secret(self.folder))
         with self._lock:
             self.journal.recover(self.book.restore, self.book.apply)
+            if self.log is not None:
+                self.log.checkpoint(self.book.to_state())  # the slaves get the book and the handle secret now
+        self.codec = HandleCodec(self.log.secret() if self.log is not None else load_secret(self.folder))
         outstanding = sum(len(q.records) for q in self.book.queues.values())
         log.info("pop: %d queues, %d messages outstanding after recovery", len(self.book.queues), outstanding)
         self.store.add_arrival_listener(self._on_arrival)
@@ -175,6 +184,22 @@ class PopService:
     def pop(self, req: PopRequest, time_remaining_s: float | None = None) -> list[PoppedMessage]:
         """Up to ``max_msgs`` messages, each invisible to the group for ``invisible_ms`` (or auto-renewed); waits up
         to ``long_poll_ms`` when none is there."""
+        self._admit()
+        found = self._pop(req, time_remaining_s)
+        self._settle()
+        return found
+
+    def _admit(self) -> None:
+        """Replicated: refused before anything changes while too few replicas are in sync (pop_log.py)."""
+        if self.log is not None:
+            self.log.admit()
+
+    def _settle(self) -> None:
+        """Replicated: answered only once every in-sync replica holds this request's records (pop_log.py)."""
+        if self.log is not None:
+            self.log.settle()
+
+    def _pop(self, req: PopRequest, time_remaining_s: float | None) -> list[PoppedMessage]:
         if self._stopped or self.codec is None:
             raise ServiceNotAvailableError("the broker is shutting down; receive from another broker or later")
         if req.auto_renew_owner:
@@ -390,15 +415,18 @@ class PopService:
 
     def ack(self, group: str, topic: str, handle: str) -> None:
         key, h = self._decode(group, topic, handle)
+        self._admit()
         with self._lock:
             self.journal.append(self.book.ack(key, h.offset, h.seq, _now_ms()))
             self._renew.pop((key, h.offset), None)
+        self._settle()
         self._wake(topic)  # a FIFO group's next message may be due now
 
     def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
         """Ack several deliveries with one journal record per queue; per handle None (acked) or why not."""
         results: list[BrokerError | None] = []
         done: dict[QueueKey, list[int]] = {}
+        self._admit()
         with self._lock:
             now = _now_ms()
             for handle in handles:
@@ -415,6 +443,7 @@ class PopService:
                 results.append(None)
             for key, offsets in done.items():
                 self.journal.append(self.book.remove(key, offsets))
+        self._settle()
         if done:
             self._wake(topic)
         return results
@@ -432,6 +461,7 @@ class PopService:
         """A new invisible time from now; returns the message's new handle (the old one is superseded)."""
         self._check_invisible(invisible_ms, 0)
         key, h = self._decode(group, topic, handle)
+        self._admit()
         with self._lock:
             record, _ = self.book.change(key, h.offset, h.seq, _now_ms(), invisible_ms)
             self.journal.append(record)
@@ -439,6 +469,7 @@ class PopService:
             r = self.book.queues[key].records[h.offset]
             msg = self._lookup(key, h.offset, r.commitlog_offset)
             new_handle, until = self._handle(key, h.offset)
+        self._settle()
         if msg is None:
             raise InvalidArgumentError(f"message {topic}/{h.queue_id}@{h.offset} no longer exists (expired)")
         return PoppedMessage(msg, new_handle, max(msg.reconsume_times, 0) + r.attempts, until)
@@ -447,6 +478,7 @@ class PopService:
         """Store the message a current handle names in %DLQ%{group}, then end it (RocketMQ 5's
         ForwardMessageToDeadLetterQueue). Returns the DLQ topic."""
         key, h = self._decode(group, topic, handle)
+        self._admit()
         with self._lock:
             r = self.book.check(key, h.offset, h.seq, _now_ms())
             msg = self._lookup(key, h.offset, r.commitlog_offset)
@@ -454,6 +486,7 @@ class PopService:
                 self._store_dead_letter(group, msg, r.attempts)
             self.journal.append(self.book.remove(key, [h.offset]))
             self._renew.pop((key, h.offset), None)
+        self._settle()
         self._wake(topic)
         return dlq_topic(group)
 

@@ -13,8 +13,9 @@ in its topic within milliseconds of its time on an idle broker (the target is 1 
 Durability: a timer message is a message in the commit log, acknowledged like any other. Which of them were
 delivered is kept in a journal (journal.py, ``config/timer/``): the lowest offset of the timer queue not yet
 delivered, and the offsets above it that were. At start the queue is read from that offset and every message not
-delivered is scheduled again, so a restart or crash loses none. A crash between a delivery and its journal record
-delivers that message a second time (at least once, as RocketMQ's timer and delay services). The master also
+delivered is scheduled again, so a restart or crash loses none. A delivery made before a crash and missing from the
+journal is found at start in the log itself (its copy in the real topic, by UNIQ_KEY: timer_delivered.py) and not
+made again, so a timer message is delivered once (RocketMQ's timer delivers it again: at least once). The master also
 keeps a copy of that progress in ``config/timerProgress.json`` for its slaves (timer_progress.py), so a promoted
 slave does not deliver again what the old master delivered.
 
@@ -48,7 +49,7 @@ from broker.format.message import (
     validate_topic,
 )
 from broker.format.system_topics import TIMER_READER_GROUP, TIMER_TOPIC
-from broker.semantics import timer_progress
+from broker.semantics import timer_delivered, timer_progress
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.receipt_handle import Handle, HandleCodec, load_secret
 from broker.store import GetStatus, MessageStore, PutStatus
@@ -120,6 +121,7 @@ class TimerService:
         self._done: set[int] = set()  # delivered offsets at or above ``_low``
         self._low = 0  # every timer-queue offset below it is delivered
         self._scanned = 0  # the next timer-queue offset to read
+        self._unchecked_from = self._unchecked_below = 0  # see start()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -197,6 +199,13 @@ class TimerService:
         self._scanned = self._low
         self._scan()
         self._done = {o for o in self._done if o >= self._low}
+        # Deliveries made after the last records (a crash, a failover) are in the log: found, not made again.
+        due_by = int(time.time() * 1000) + timer_delivered.CLOCK_SLACK_MS  # the old master's clock may run ahead
+        found = timer_delivered.delivered(self.store, (e for e in sorted(self._heap) if e[0] <= due_by))
+        if found:
+            self._record(found)
+        # timer-queue offsets from here on, stored below this log end, were not looked at above: at their time
+        self._unchecked_from, self._unchecked_below = self._scanned, self.store.max_phys_offset()
         log.info("timer: %d messages pending after recovery (queue offsets from %d)", len(self._pending), self._low)
         self.store.add_arrival_listener(self._on_arrival)
         self._stop.clear()
@@ -317,7 +326,10 @@ class TimerService:
                     if offset not in self._pending:  # recalled
                         heapq.heappop(self._heap)
                         continue
-                    if not self._deliver(clo):
+                    if offset >= self._unchecked_from and clo < self._unchecked_below and \
+                            timer_delivered.has_copy(self.store, deliver, clo):  # fmt: skip
+                        pass  # delivered before the last records (a failover): recorded now, not made again
+                    elif not self._deliver(clo):
                         wait_s = RETRY_AFTER_FAILURE_S
                         break
                     heapq.heappop(self._heap)

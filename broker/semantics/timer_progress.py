@@ -5,8 +5,8 @@ commit log. Without a copy of the progress a promoted slave would read the timer
 again every timer message still in the log. So the master saves which offsets of the timer queue were delivered
 (or recalled) at most every ``SAVE_INTERVAL_S`` while they change, and the replication's metadata sync
 (broker/ha/metadata_sync.py) carries the file to the slaves with the other config files. A timer service that
-starts takes the newer of its journal and this file (``merge``), so a promoted slave delivers again only what the
-old master delivered in its last ``SAVE_INTERVAL_S`` plus one metadata sync: at least once, never lost.
+starts takes the newer of its journal and this file (``merge``), and what the old master delivered in its last
+``SAVE_INTERVAL_S`` plus one metadata sync is found in the log at start (timer_delivered.py), not delivered again.
 
 The file may reach a slave before the log bytes of the deliveries it names (a slave behind by more than a fetch
 gets the config files with the first chunk). So the file also holds the commit-log end when it was saved, which
