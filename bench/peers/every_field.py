@@ -149,7 +149,7 @@ def sluice_pull(endpoint: str, topic: str, count: int, group: str) -> float:
         return time.perf_counter() - t0
 
 
-def sluice_push(endpoint: str, topic: str, count: int, group: str) -> float:
+def sluice_push(endpoint: str, topic: str, count: int, group: str, batch: int = BATCH_MSGS) -> float:
     """Seconds from the end of the listener's first call to the end of the call that brings ``count`` messages,
     per message after the first call's (the consumer's start-up, its first rebalance and pull, is not timed)."""
     from broker.client import FIRST, PushConsumer
@@ -169,8 +169,8 @@ def sluice_push(endpoint: str, topic: str, count: int, group: str) -> float:
         if seen[0] >= count:
             done.set()
 
-    with PushConsumer(endpoint, group, {topic: "*"}, listener, consume_from=FIRST, pull_batch_size=BATCH_MSGS,
-                      consume_batch_size=BATCH_MSGS):  # fmt: skip
+    with PushConsumer(endpoint, group, {topic: "*"}, listener, consume_from=FIRST, pull_batch_size=batch,
+                      consume_batch_size=batch):  # fmt: skip
         if not done.wait(RECEIVE_TIMEOUT_S):
             raise RuntimeError(f"sluice push: {seen[0]} of {count} messages after {RECEIVE_TIMEOUT_S} s")
     if len(marks) < 2:
