@@ -195,11 +195,49 @@ def _canonical_sections(
     n = len(bounds)
     if count and (np.diff(bounds) == count).all() and all(names[j::count].count(names[j]) == n for j in range(count)):
         # every section holds the same names in the same order: one tuple of names (hashes computed once)
-        shared = tuple(names[:count])
         columns = [values[j::count] for j in range(count)]
+        alike = _ALIKE.get(count)
+        if alike is not None:
+            return alike(names[:count], columns)
+        shared = tuple(names[:count])
         return list(map(dict, map(zip, repeat(shared), zip(*columns, strict=True))))
     ends_of = bounds.tolist()
     return [dict(zip(names[a:b], values[a:b], strict=True)) for a, b in zip([0, *ends_of[:-1]], ends_of, strict=True)]
 
+
+# Dicts of the same names built by a dict display (about half what dict(zip(...)) costs a message), for the common
+# numbers of properties: TAGS, KEYS and UNIQ_KEY with a few of the application's own. A name twice keeps its first
+# place and its last value in a display as in dict(zip(...)).
+def _alike_1(k: list[str], c: list[list[str]]) -> list[dict[str, str]]:
+    (k0,) = k
+    return [{k0: a} for a in c[0]]
+
+
+def _alike_2(k: list[str], c: list[list[str]]) -> list[dict[str, str]]:
+    k0, k1 = k
+    return [{k0: a, k1: b} for a, b in zip(*c, strict=True)]
+
+
+def _alike_3(k: list[str], c: list[list[str]]) -> list[dict[str, str]]:
+    k0, k1, k2 = k
+    return [{k0: a, k1: b, k2: d} for a, b, d in zip(*c, strict=True)]
+
+
+def _alike_4(k: list[str], c: list[list[str]]) -> list[dict[str, str]]:
+    k0, k1, k2, k3 = k
+    return [{k0: a, k1: b, k2: d, k3: e} for a, b, d, e in zip(*c, strict=True)]
+
+
+def _alike_5(k: list[str], c: list[list[str]]) -> list[dict[str, str]]:
+    k0, k1, k2, k3, k4 = k
+    return [{k0: a, k1: b, k2: d, k3: e, k4: f} for a, b, d, e, f in zip(*c, strict=True)]
+
+
+def _alike_6(k: list[str], c: list[list[str]]) -> list[dict[str, str]]:
+    k0, k1, k2, k3, k4, k5 = k
+    return [{k0: a, k1: b, k2: d, k3: e, k4: f, k5: g} for a, b, d, e, f, g in zip(*c, strict=True)]
+
+
+_ALIKE = {1: _alike_1, 2: _alike_2, 3: _alike_3, 4: _alike_4, 5: _alike_5, 6: _alike_6}
 
 __all__ = ["HeaderColumns", "header_columns", "host_text", "properties_column", "topic_column"]

@@ -137,3 +137,13 @@ def test_an_answer_of_one_topic_and_one_host_shares_their_strings() -> None:
     assert columns.store_host == ["10.0.0.7:10911"] * 50
     assert columns.msg_id[3] == f"0A00000700002A9F{3 * 99:016X}"
     assert properties_column(buf, tails)[7] == {"TAGS": "a", "i": "7"}
+
+
+def test_answers_whose_entries_share_their_names_whatever_their_number() -> None:
+    for count in range(1, 9):
+        names = [f"n{j}" for j in range(count)]
+        if count > 2:
+            names[2] = names[0]  # a name twice: its first place, its last value
+        entries = [encode_entry(b"T", 0, b"b", "".join(f"{n}\x01v{j}.{i}\x02" for j, n in enumerate(names)).encode())
+                   for i in range(40)]  # fmt: skip
+        assert_columns_equal(*answer(entries))
