@@ -20,6 +20,11 @@ the application every field it exposes, as text where the application gets text:
   the server, without an ``XACK`` an entry): the acknowledgement work closest to Sluice's commit of one offset a
   pull.
 
+Two more rows say where the floor lies: **sluice pull, body only** (the same pulls reading the body alone, which
+Sluice decodes lazily: what the pull itself costs) and **python floor** (StoredMessages built from values already
+in hand and every field read, in this process without I/O: what handing an application such objects costs in
+CPython before anything is received or decoded). Sluice's every-field pull cannot beat the sum of the two.
+
 Each row is timed ``--rounds`` times (at least three) in turn with the others, so a burst of other load falls on
 all of them; a figure is the median of its rounds, with the slowest and fastest round beside it, and each ratio is
 the median of the per-round ratios (round ``i`` of Sluice over round ``i`` of Redis). The stream and the topic are
@@ -48,7 +53,8 @@ from bench.peers.sluice import SluiceBroker
 
 MIN_ROUNDS = 3  # a median needs three rounds to say anything a best round does not
 WARMUP_MSGS = 2 * BATCH_MSGS  # read once by every reader before its rounds: connections, routes, first pulls
-ROWS = ("sluice pull", "sluice push", "redis XREAD", "redis XREADGROUP NOACK")
+ROWS = ("sluice pull", "sluice push", "redis XREAD", "redis XREADGROUP NOACK", "sluice pull, body only",
+        "python floor")  # fmt: skip
 RATIOS = (("sluice pull", "redis XREAD"), ("sluice pull", "redis XREADGROUP NOACK"),
           ("sluice push", "redis XREAD"), ("sluice push", "redis XREADGROUP NOACK"))  # fmt: skip
 
@@ -149,6 +155,45 @@ def sluice_pull(endpoint: str, topic: str, count: int, group: str) -> float:
         return time.perf_counter() - t0
 
 
+def sluice_pull_body(endpoint: str, topic: str, count: int, group: str) -> float:
+    """``sluice_pull`` reading the body alone: the pull's own cost (transport, broker, a message object each)."""
+    from broker.client import PullConsumer
+
+    with PullConsumer(endpoint, group) as consumer:
+        t0 = time.perf_counter()
+        offset, touched = 0, 0
+        while offset < count:
+            result = consumer.pull(topic, 0, offset, min(BATCH_MSGS, count - offset), timeout_ms=1000,
+                                   commit_offset=offset)  # fmt: skip
+            if not result.messages:
+                raise RuntimeError(f"sluice: {result.status.name} after {offset} of {count} messages")
+            for m in result.messages:
+                touched += len(m.body)
+            offset = result.next_begin_offset
+        consumer.commit_offsets({(topic, 0): offset})
+        return time.perf_counter() - t0
+
+
+def python_floor(count: int, size_b: int) -> float:
+    """Seconds this Python takes to build ``count`` StoredMessages from values it already holds (no bytes read,
+    nothing decoded, no I/O) and read every field of each as ``touch_message`` does: the least any Python client
+    that hands an application such objects pays, before it receives or decodes anything."""
+    from broker.format.message import StoredMessage
+
+    body, topic, host = os.urandom(size_b), "every-field", "127.0.0.1:10911"
+    props = [{"TAGS": "TagA", "KEYS": f"k{i}", "app": f"v{i}", "UNIQ_KEY": uuid.uuid4().hex.upper()}
+             for i in range(count)]  # fmt: skip
+    ids = [f"7F00000100002A9F{i:016X}" for i in range(count)]
+    t0 = time.perf_counter()
+    touched = 0
+    for start in range(0, count, BATCH_MSGS):
+        batch = [StoredMessage(topic, 0, i, i * 200, body, props[i], 0, 0, 1, host, 2, host, 0, 0, 200, ids[i])
+                 for i in range(start, min(start + BATCH_MSGS, count))]  # fmt: skip
+        for m in batch:
+            touched += touch_message(m)
+    return time.perf_counter() - t0
+
+
 def sluice_push(endpoint: str, topic: str, count: int, group: str, batch: int = BATCH_MSGS) -> float:
     """Seconds from the end of the listener's first call to the end of the call that brings ``count`` messages,
     per message after the first call's (the consumer's start-up, its first rebalance and pull, is not timed)."""
@@ -229,13 +274,17 @@ def redis_xreadgroup_noack(r: Any, key: str, count: int, group: str) -> float:
 # ---------------------------------------------------------------------------------------------------------- run
 
 
-def readers_of(endpoint: str, topic: str, r: Any, key: str) -> dict[str, Callable[[int, str], float]]:
+def readers_of(
+    endpoint: str, topic: str, r: Any, key: str, size_b: int
+) -> dict[str, Callable[[int, str], float]]:
     """Each row's reader: (messages to read, a consumer group of its own) -> seconds."""
     return {
         "sluice pull": lambda n, g: sluice_pull(endpoint, topic, n, g),
         "sluice push": lambda n, g: sluice_push(endpoint, topic, n, g),
         "redis XREAD": lambda n, g: redis_xread(r, key, n, g),
         "redis XREADGROUP NOACK": lambda n, g: redis_xreadgroup_noack(r, key, n, g),
+        "sluice pull, body only": lambda n, g: sluice_pull_body(endpoint, topic, n, g),
+        "python floor": lambda n, g: python_floor(n, size_b),
     }
 
 
@@ -253,7 +302,7 @@ def run_every_field(workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
         for size_b in SIZES_B:
             count = max(4 * BATCH_MSGS, int(COUNT_BY_SIZE[size_b] * scale))
             topic, key = sluice_fill(sluice.endpoint, size_b, count), redis_fill(r, size_b, count)
-            readers = readers_of(sluice.endpoint, topic, r, key)
+            readers = readers_of(sluice.endpoint, topic, r, key, size_b)
             rows = {name: Row(name, size_b, count, []) for name in ROWS}
             for i, read in enumerate(readers.values()):
                 read(WARMUP_MSGS, f"every-field-warmup-{i}")

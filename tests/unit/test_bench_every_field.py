@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from bench.peers.every_field import (
     Row,
+    python_floor,
     ratios_of,
     sluice_fill,
     sluice_pull,
+    sluice_pull_body,
     sluice_push,
     touch_entry,
     touch_message,
@@ -28,6 +30,7 @@ def test_the_sluice_rows_read_every_field_of_every_message(endpoint: str) -> Non
     assert "UNIQ_KEY" in eager[3].properties  # as the Producer sends every message
     assert sluice_pull(endpoint, topic, count, "pull") > 0
     assert sluice_push(endpoint, topic, count, "push", batch=100) > 0
+    assert sluice_pull_body(endpoint, topic, count, "body") > 0 and python_floor(300, 100) > 0
     with PullConsumer(endpoint, "pull") as consumer:  # the pull row commits what it read
         assert consumer.committed_offsets(topic) == {0: count}
 
