@@ -25,6 +25,10 @@ Sluice decodes lazily: what the pull itself costs) and **python floor** (StoredM
 in hand and every field read, in this process without I/O: what handing an application such objects costs in
 CPython before anything is received or decoded). Sluice's every-field pull cannot beat the sum of the two.
 
+In-process figures follow (``decode_costs``: this thread's CPU time, the best of several answers, so less
+sensitive to other load): what making the pulled messages of one answer and reading their body, or every field,
+costs a message, beside ``decode_entry`` reading every field and the python floor.
+
 Each row is timed ``--rounds`` times (at least three) in turn with the others, so a burst of other load falls on
 all of them; a figure is the median of its rounds, with the slowest and fastest round beside it, and each ratio is
 the median of the per-round ratios (round ``i`` of Sluice over round ``i`` of Redis). The stream and the topic are
@@ -178,20 +182,98 @@ def python_floor(count: int, size_b: int) -> float:
     """Seconds this Python takes to build ``count`` StoredMessages from values it already holds (no bytes read,
     nothing decoded, no I/O) and read every field of each as ``touch_message`` does: the least any Python client
     that hands an application such objects pays, before it receives or decodes anything."""
-    from broker.format.message import StoredMessage
+    values = floor_values(count, size_b)
+    t0 = time.perf_counter()
+    read_floor(values)
+    return time.perf_counter() - t0
 
-    body, topic, host = os.urandom(size_b), "every-field", "127.0.0.1:10911"
+
+def floor_values(count: int, size_b: int) -> tuple[bytes, list[dict[str, str]], list[str]]:
+    """What ``read_floor`` builds its messages from: a body, each message's properties and message id."""
     props = [{"TAGS": "TagA", "KEYS": f"k{i}", "app": f"v{i}", "UNIQ_KEY": uuid.uuid4().hex.upper()}
              for i in range(count)]  # fmt: skip
-    ids = [f"7F00000100002A9F{i:016X}" for i in range(count)]
-    t0 = time.perf_counter()
-    touched = 0
-    for start in range(0, count, BATCH_MSGS):
+    return os.urandom(size_b), props, [f"7F00000100002A9F{i:016X}" for i in range(count)]
+
+
+def read_floor(values: tuple[bytes, list[dict[str, str]], list[str]]) -> int:
+    from broker.format.message import StoredMessage
+
+    body, props, ids = values
+    topic, host, touched = "every-field", "127.0.0.1:10911", 0
+    for start in range(0, len(ids), BATCH_MSGS):
         batch = [StoredMessage(topic, 0, i, i * 200, body, props[i], 0, 0, 1, host, 2, host, 0, 0, 200, ids[i])
-                 for i in range(start, min(start + BATCH_MSGS, count))]  # fmt: skip
+                 for i in range(start, min(start + BATCH_MSGS, len(ids)))]  # fmt: skip
         for m in batch:
             touched += touch_message(m)
-    return time.perf_counter() - t0
+    return touched
+
+
+DECODE_REPEATS = 50  # in-process timings: the best of this many, each over one answer of BATCH_MSGS messages
+
+
+def pull_answer(size_b: int) -> tuple[bytes, list[int]]:
+    """A pull answer of BATCH_MSGS entries as ``sluice_fill``'s messages are stored (their store fields filled in
+    as the broker fills them), made in this process."""
+    import struct
+
+    from broker.client.message import Message, encode_messages
+    from broker.format.message import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, POS_STORE_HOST, POS_STORE_TIMESTAMP
+
+    payload = os.urandom(size_b)
+    msgs = [Message("every-field", payload, tags="TagA", keys=[f"k{i}"], properties={"app": f"v{i}"})
+            for i in range(BATCH_MSGS)]  # fmt: skip
+    entries = encode_messages(msgs, [0] * BATCH_MSGS, int(time.time() * 1000), [uuid.uuid4().hex.upper()
+                              for _ in msgs])  # fmt: skip
+    out, positions, at = [], [], 0
+    for i, raw in enumerate(entries):
+        e = bytearray(raw)
+        struct.pack_into(">q", e, POS_QUEUE_OFFSET, i)
+        struct.pack_into(">q", e, POS_PHYSICAL_OFFSET, at)
+        struct.pack_into(">q", e, POS_STORE_TIMESTAMP, int(time.time() * 1000))
+        struct.pack_into(">4si", e, POS_STORE_HOST, b"\x7f\x00\x00\x01", 10911)
+        positions.append(at)
+        at += len(e)
+        out.append(bytes(e))
+    return b"".join(out), positions
+
+
+def decode_costs(size_b: int) -> dict[str, float]:
+    """Microseconds of this thread's CPU a message (the best of DECODE_REPEATS answers, so less sensitive to other
+    load than the rows above): the pulled messages made and their body read; made and every field read; the same
+    with ``decode_entry`` (every field decoded up front); and the python floor's objects built and read."""
+    from broker.client.message import decode_entries
+    from broker.format.message import decode_entry
+
+    buf, positions = pull_answer(size_b)
+    ends = [*positions[1:], len(buf)]
+
+    def body() -> None:
+        for m in decode_entries(buf, positions):
+            len(m.body)
+
+    def every() -> None:
+        for m in decode_entries(buf, positions):
+            touch_message(m)
+
+    def eager() -> None:
+        for p, e in zip(positions, ends, strict=True):
+            touch_message(decode_entry(buf, p, e))
+
+    values = floor_values(BATCH_MSGS, size_b)
+
+    def floor() -> None:
+        read_floor(values)
+
+    out = {}
+    for name, fn in (("pull decode, body read", body), ("pull decode, every field read", every),
+                     ("decode_entry, every field read", eager), ("python floor", floor)):  # fmt: skip
+        times = []
+        for _ in range(DECODE_REPEATS):
+            t0 = time.thread_time()
+            fn()
+            times.append(time.thread_time() - t0)
+        out[name] = round(min(times) / BATCH_MSGS * 1e6, 3)
+    return out
 
 
 def sluice_push(endpoint: str, topic: str, count: int, group: str, batch: int = BATCH_MSGS) -> float:
@@ -312,7 +394,7 @@ def run_every_field(workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
                 print(f"  every field {size_b} B round {round_no + 1}: " + ", ".join(
                     f"{name} {rows[name].rates[-1]:,.0f}" for name in ROWS), flush=True)  # fmt: skip
             out["sizes"][str(size_b)] = {"rows": {name: row.to_json() for name, row in rows.items()},
-                                         "ratios": ratios_of(rows)}  # fmt: skip
+                                         "ratios": ratios_of(rows), "decode_us": decode_costs(size_b)}  # fmt: skip
     finally:
         sluice.stop()
         peer.stop()
@@ -327,6 +409,8 @@ def print_every_field(found: dict[str, Any]) -> None:
                   f"({row['min_msgs_s']:,}..{row['max_msgs_s']:,})")  # fmt: skip
         for name, ratio in part["ratios"].items():
             print(f"  {size:>5} B {name:<45} {ratio['median']:5.2f} ({ratio['min']:.2f}..{ratio['max']:.2f})")
+        for name, us in part["decode_us"].items():
+            print(f"  {size:>5} B in process, {name:<40} {us:6.2f} us a message")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench.peers.every_field import (
     Row,
+    decode_costs,
     python_floor,
     ratios_of,
     sluice_fill,
@@ -46,3 +47,10 @@ def test_figures_are_medians_and_ratios_are_taken_round_by_round() -> None:
     assert rows["sluice pull"].median == 200.0
     assert rows["sluice pull"].to_json()["min_msgs_s"] == 100 and rows["sluice pull"].to_json()["max_msgs_s"] == 300
     assert ratios_of(rows) == {"sluice pull / redis XREAD": {"median": 1.0, "min": 0.5, "max": 3.0}}
+
+
+def test_the_in_process_costs_cover_each_way_of_reading() -> None:
+    costs = decode_costs(100)
+    assert set(costs) == {"pull decode, body read", "pull decode, every field read", "decode_entry, every field read",
+                          "python floor"}  # fmt: skip
+    assert 0 < costs["pull decode, body read"] < costs["pull decode, every field read"]
