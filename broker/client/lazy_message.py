@@ -70,36 +70,42 @@ class PulledMessages(list[StoredMessage]):
     """The messages of one pull answer (a list): where its messages find one another to decode a group of fields
     for all of them at once. Pickled or copied, it is a plain list."""
 
-    __slots__ = ("__weakref__", "_buf", "_done", "_members", "_positions", "_tails")
-    _buf: bytes  # the pull answer
+    __slots__ = ("__weakref__", "_core", "_done", "_members")
+    _core: _Answer
     _members: tuple[LazyMessage, ...]  # its messages in answer order, whatever the list holds later
-    _positions: Sequence[int] | np.ndarray  # where each member's entry starts
-    _tails: Sequence[int] | np.ndarray  # where each member's TOPIC LEN byte is
     _done: set[str]  # the groups decoded for every member
 
     def __reduce__(self) -> tuple[type[list[StoredMessage]], tuple[list[StoredMessage]]]:
         return list, (list(self),)
 
 
-def _no_answer() -> PulledMessages | None:
-    return None
+class _Answer:
+    """What the messages of one pull answer share (each holds it and its index): the answer's bytes, where each
+    entry and its TOPIC LEN byte are, and a weak reference to their list (a strong one would be a cycle)."""
+
+    __slots__ = ("buf", "messages", "positions", "tails", "vectors")
+
+    def __init__(
+        self, buf: bytes, positions: Sequence[int], tails: Sequence[int],
+        messages: Callable[[], PulledMessages | None], vectors: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:  # fmt: skip
+        self.buf, self.positions, self.tails, self.messages = buf, positions, tails, messages
+        self.vectors = vectors  # (positions, tails) as int64 arrays, for an answer of VECTOR_MIN_ENTRIES or more
 
 
 class LazyMessage(StoredMessage):
     """A StoredMessage whose fields other than body, queue id and offsets are decoded on first read."""
 
-    __slots__ = ("_answer", "_at", "_buf", "_tail")
-    _at: int  # where this entry starts in the answer
-    _buf: bytes  # the pull answer
-    _tail: int  # where its TOPIC LEN byte is
-    _answer: Callable[[], PulledMessages | None]  # a weak reference to the list of its answer
+    __slots__ = ("_core", "_i")
+    _core: _Answer  # its pull answer
+    _i: int  # its index there
 
     def __getattr__(self, name: str) -> Any:
         # Called only for an empty slot (or an unknown name): decode that field's group, then read the slot.
         group = _GROUP.get(name)
         if group is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        answer = self._answer()
+        answer = self._core.messages()
         if answer is not None and group not in answer._done:
             _FILL[group](answer)
             answer._done.add(group)
@@ -111,10 +117,8 @@ class LazyMessage(StoredMessage):
         """Decode every field now and drop the reference to the pull answer."""
         for name in _FIELDS:
             getattr(self, name)
-        for slot in ("_at", "_buf", "_tail"):
-            if hasattr(self, slot):
-                delattr(self, slot)
-        self._answer = _no_answer
+        if hasattr(self, "_core"):
+            del self._core
         return self
 
     def __eq__(self, other: object) -> bool:
@@ -137,7 +141,8 @@ class LazyMessage(StoredMessage):
 
 
 def _decode_header(m: LazyMessage) -> None:
-    h = ENTRY_HEADER.unpack_from(m._buf, m._at)
+    core = m._core
+    h = ENTRY_HEADER.unpack_from(core.buf, core.positions[m._i])
     (total, _, _, _, m.flag, _, physical, m.sys_flag, m.born_timestamp, born_ip, born_port, m.store_timestamp,
      store_ip, store_port, m.reconsume_times, m.prepared_transaction_offset, _) = h  # fmt: skip
     m.store_size = total
@@ -147,13 +152,15 @@ def _decode_header(m: LazyMessage) -> None:
 
 
 def _decode_topic(m: LazyMessage) -> None:
-    buf, tail = m._buf, m._tail
+    core = m._core
+    buf, tail = core.buf, core.tails[m._i]
     m.topic = buf[tail + 1 : tail + 1 + buf[tail]].decode("ascii", "replace")
 
 
 def _decode_properties(m: LazyMessage) -> None:
-    buf = m._buf
-    props_len_at = m._tail + 1 + buf[m._tail]
+    core = m._core
+    buf, tail = core.buf, core.tails[m._i]
+    props_len_at = tail + 1 + buf[tail]
     start = props_len_at + PROPS_LEN.size
     m.properties = decode_properties(buf[start : start + PROPS_LEN.unpack_from(buf, props_len_at)[0]])
 
@@ -162,12 +169,12 @@ def _decode_properties(m: LazyMessage) -> None:
 
 
 def _fill_header(answer: PulledMessages) -> None:
-    members = answer._members
-    if len(members) < VECTOR_MIN_ENTRIES:
+    members, core = answer._members, answer._core
+    if core.vectors is None:
         for m in members:
             _decode_header(m)
         return
-    columns = header_columns(answer._buf, np.asarray(answer._positions, np.int64))
+    columns = header_columns(core.buf, core.vectors[0])
     for m, flag, sys_flag, born_ts, born_host, store_ts, store_host, reconsume, prepared, size, msg_id in zip(
         members, *columns, strict=True
     ):
@@ -177,22 +184,22 @@ def _fill_header(answer: PulledMessages) -> None:
 
 
 def _fill_topic(answer: PulledMessages) -> None:
-    members = answer._members
-    if len(members) < VECTOR_MIN_ENTRIES:
+    members, core = answer._members, answer._core
+    if core.vectors is None:
         for m in members:
             _decode_topic(m)
         return
-    for m, topic in zip(members, topic_column(answer._buf, np.asarray(answer._tails, np.int64)), strict=True):
+    for m, topic in zip(members, topic_column(core.buf, core.vectors[1]), strict=True):
         m.topic = topic
 
 
 def _fill_properties(answer: PulledMessages) -> None:
-    members = answer._members
-    if len(members) < VECTOR_MIN_ENTRIES:
+    members, core = answer._members, answer._core
+    if core.vectors is None:
         for m in members:
             _decode_properties(m)
         return
-    for m, props in zip(members, properties_column(answer._buf, np.asarray(answer._tails, np.int64)), strict=True):
+    for m, props in zip(members, properties_column(core.buf, core.vectors[1]), strict=True):
         m.properties = props
 
 
@@ -227,32 +234,30 @@ def _eager(buffer: bytes, positions: Sequence[int]) -> list[StoredMessage]:
     return [decode_entry(buffer, p, e) for p, e in zip(positions, ends, strict=True)]
 
 
-def _answer_of(
-    buf: bytes, out: PulledMessages, positions: Sequence[int] | np.ndarray, tails: Sequence[int] | np.ndarray
-) -> PulledMessages:
-    members = cast("tuple[LazyMessage, ...]", tuple(out))  # only LazyMessages were appended
-    out._buf, out._members, out._positions, out._tails, out._done = buf, members, positions, tails, set()
+def _answer_of(out: PulledMessages, core: _Answer) -> PulledMessages:
+    out._core, out._done = core, set()
+    out._members = cast("tuple[LazyMessage, ...]", tuple(out))  # only LazyMessages were appended
     return out
 
 
 def _small_answer(buf: bytes, positions: Sequence[int]) -> PulledMessages | None:
     out = PulledMessages()
-    answer = weakref.ref(out)
     tails: list[int] = []
+    core = _Answer(buf, positions, tails, weakref.ref(out), None)
     new = LazyMessage.__new__
     ends = [*positions[1:], len(buf)]
-    for p, end in zip(positions, ends, strict=True):
+    for i, (p, end) in enumerate(zip(positions, ends, strict=True)):
         lay = quick_layout(buf, p, end) if p >= 0 else None
         if lay is None:
             return None
         h, topic_at = lay[0], lay[1]
         m = new(LazyMessage)
-        m._buf, m._at, m._tail, m._answer = buf, p, topic_at - 1, answer
+        m._core, m._i = core, i
         m.body = buf[p + BODY_START : topic_at - 1]
         m.queue_id, m.queue_offset, m.commitlog_offset = h[3], h[5], h[6]
         out.append(m)
         tails.append(topic_at - 1)
-    return _answer_of(buf, out, positions, tails)
+    return _answer_of(out, core)
 
 
 def _large_answer(buf: bytes, positions: Sequence[int]) -> PulledMessages | None:
@@ -281,15 +286,16 @@ def _large_answer(buf: bytes, positions: Sequence[int]) -> PulledMessages | None
     if not ((props_len >= 0) & (props_len_at + PROPS_LEN.size + props_len == entry_end)).all():
         return None
     out = PulledMessages()
-    answer = weakref.ref(out)
+    tails = tail.tolist()
+    core = _Answer(buf, positions, tails, weakref.ref(out), (pos, tail))
     new = LazyMessage.__new__
     body_at = (pos + BODY_START).tolist()
-    columns = zip(positions, body_at, tail.tolist(), h["queue_id"].tolist(), h["queue_offset"].tolist(),
+    columns = zip(range(len(tails)), body_at, tails, h["queue_id"].tolist(), h["queue_offset"].tolist(),
                   h["physical_offset"].tolist(), strict=True)  # fmt: skip
-    for p, b, t, queue_id, queue_offset, commitlog_offset in columns:
+    for i, b, t, queue_id, queue_offset, commitlog_offset in columns:
         m = new(LazyMessage)
-        m._buf, m._at, m._tail, m._answer = buf, p, t, answer
+        m._core, m._i = core, i
         m.body = buf[b:t]
         m.queue_id, m.queue_offset, m.commitlog_offset = queue_id, queue_offset, commitlog_offset
         out.append(m)
-    return _answer_of(buf, out, pos, tail)
+    return _answer_of(out, core)

@@ -187,7 +187,7 @@ def test_a_body_is_one_slice_of_the_answer_and_fields_can_be_set() -> None:
     assert m.topic == "Other" and m.properties == {"TAGS": "a", "x": "y"} and m.tags == "a"
     assert isinstance(m, LazyMessage)
     m.materialize()
-    assert not hasattr(m, "_buf") and m.topic == "Other" and m.store_host == "0.0.0.0:0"
+    assert not hasattr(m, "_core") and m.topic == "Other" and m.store_host == "0.0.0.0:0"
     with pytest.raises(AttributeError):
         m.no_such_field  # type: ignore[attr-defined]  # noqa: B018 -- an unknown name still raises
 
