@@ -172,7 +172,7 @@ def _canonical_sections(
     buf: bytes, begin: list[int], end: list[int], ends: np.ndarray, filled: np.ndarray
 ) -> list[dict[str, str]] | None:
     """Every section's dict from one decode and one split, or None when some section is not a run of
-    ``name\x01value\x02`` pairs in UTF-8 (then ``decode_properties``, the definition, decodes each). ``ends``:
+    ``name\\x01value\\x02`` pairs in UTF-8 (then ``decode_properties``, the definition, decodes each). ``ends``:
     where each section ends in their concatenation; ``filled``: which are not empty."""
     joined = b"".join([buf[a:b] for a, b in zip(begin, end, strict=True)])
     if not joined:
