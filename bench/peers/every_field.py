@@ -376,6 +376,8 @@ def run_every_field(workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
     import redis
 
     rounds = max(rounds, MIN_ROUNDS)
+    workdir = workdir / "every-field"  # apart from the stores of a run that used ``workdir`` before
+    workdir.mkdir()
     sluice, peer = SluiceBroker(), RedisStreams()
     out: dict[str, Any] = {"rounds": rounds, "hiredis": bool(redis.utils.HIREDIS_AVAILABLE), "sizes": {}}
     try:
