@@ -33,6 +33,10 @@ scheduled send time, so a sender that falls behind the rate
 counts against its system (the achieved rate is reported beside; a sender that can't keep up stops after
 ``LATENCY_MAX_WALL_S``).
 
+Consume with every field of every message read, like for like (Sluice's pull and push listener beside Redis's
+``XREAD`` and ``XREADGROUP ... NOACK``, the same fields on both sides, medians of at least three rounds with their
+spread): ``bench.peers.every_field``, run after the rows above when Sluice and Redis are both among the systems.
+
 The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
 loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any
 gRPC broker in Python here). Sluice's MB/s are printed as ratios of them, and its consume rates as ratios of the peers'.
@@ -46,6 +50,6 @@ bench/results/peers_throughput.png and bench/results/peers_latency.png. Other lo
 figure: the load average at start and end is recorded in the JSON.
 
 The package holds one module per system (``sluice``, ``redis_streams``, ``nats_jetstream``, ``relay``), the
-machine's ``floors``, the ``table`` and ``charts``, the ``rounds`` over the systems and the ``cli``; ``results``,
-``pacing``, ``processes`` and ``settings`` are what they share.
+``every_field`` rows, the machine's ``floors``, the ``table`` and ``charts``, the ``rounds`` over the systems and the
+``cli``; ``results``, ``pacing``, ``processes`` and ``settings`` are what they share.
 """

@@ -14,6 +14,7 @@ import bench.peers
 from bench.hops import Hop, ServerCpu, print_hops
 from bench.hops import measure as measure_hops
 from bench.peers.charts import write_charts
+from bench.peers.every_field import print_every_field, run_every_field
 from bench.peers.floors import disk_write_mb_s, grpc_loopback_mb_s
 from bench.peers.rounds import missing_package_hint, run_systems
 from bench.peers.settings import (
@@ -72,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
         workdir = Path(tmp)
         results = run_systems(names, workdir, args.scale, latency_rates, args.rounds)
+        every_field: dict[str, object] = {}
+        if {"sluice", "redis"} <= set(names):
+            print("consume with every field read: Sluice and Redis (bench.peers.every_field)", flush=True)
+            try:
+                every_field = run_every_field(workdir, args.scale, args.rounds)
+            except Exception as e:  # noqa: BLE001 -- the rows above stand without these; the error is reported
+                every_field = {"error": f"{type(e).__name__}: {e}"}
+                print(f"  every field FAILED: {every_field['error']}", flush=True)
         print("limits: disk, gRPC loopback", flush=True)
         upload, download = grpc_loopback_mb_s(workdir)
         limits = {
@@ -86,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         hops, server_cpu = measure_hops(HOPS_CALLS)
     ratios = {**peer_ratios(results), **limit_ratios(results, limits)}
     print_table(results, limits, ratios)
+    if every_field and "error" not in every_field:
+        print_every_field(every_field)
     if hops:
         print()
         print_hops(hops, server_cpu)
@@ -112,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "systems": {r.name: r.to_json() for r in results},
         "limits": {k: round(v, 1) for k, v in limits.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "every_field": every_field,
         "hops": [asdict(h) for h in hops],
         "server_cpu": [asdict(c) for c in server_cpu],
     }

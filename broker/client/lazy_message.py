@@ -16,8 +16,17 @@ How:
   empty slots, and Python calls ``__getattr__`` only when a slot is empty: it decodes the field's group (the
   header's numbers and the hosts and message id; the topic; the properties) into the slots, so every later read
   is a plain slot read, and assignments work as on a StoredMessage.
+- A group is decoded for every message of the answer at once, the first time any of them reads a field of it:
+  a consumer reads the same fields of each message, and the columns of broker/format/pulled_columns.py cost a
+  fraction of a decode per message (and a fraction of ``__getattr__``'s own cost, paid once an answer instead of
+  once a message and group). The messages find their answer through ``PulledMessages``, the list ``decode_pulled``
+  returns, by a weak reference (no reference cycle, so an answer is freed as soon as nothing uses it): a message
+  kept after its list is gone decodes its groups on its own. So a field assigned before any message of the answer
+  has read its group is replaced when one does (as is one assigned before its own message reads a field of the
+  same group): assign a field after reading it.
 - Equality is field by field with any StoredMessage, ``repr`` is StoredMessage's, and pickling or copying gives
-  an eagerly decoded StoredMessage: nothing an application sees tells the two apart but ``type()``.
+  an eagerly decoded StoredMessage (a plain list of them for the list): nothing an application sees tells the
+  two apart but ``type()``.
 
 Memory: a LazyMessage keeps a reference to its pull answer until every lazy field has been read (``materialize``
 reads them all); an answer is at most the pull's byte limit, so a kept message pins at most one answer.
@@ -26,8 +35,9 @@ reads them all); an answer is at most the pull's byte limit, so a kept message p
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -44,9 +54,11 @@ from broker.format.message import (
     make_msg_id,
     quick_layout,
 )
+from broker.format.pulled_columns import header_columns, host_text, properties_column, topic_column
 
 # Below this many entries the per-entry Python check (about 1 us each) costs less than numpy's fixed cost of about
-# 30 us an answer; above it numpy checks an entry in well under 100 ns.
+# 30 us an answer; above it numpy checks an entry in well under 100 ns. The same holds for decoding a group of
+# fields for every message of an answer (broker/format/pulled_columns.py against a loop of the decoders below).
 VECTOR_MIN_ENTRIES = 32
 _V6_FLAGS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 _FIELDS = tuple(f.name for f in dataclasses.fields(StoredMessage))
@@ -54,29 +66,59 @@ _SLOT = {name: StoredMessage.__dict__[name] for name in _FIELDS}  # the member d
 assert HEADER_DTYPE.itemsize == ENTRY_HEADER.size
 
 
+class PulledMessages(list[StoredMessage]):
+    """The messages of one pull answer (a list): where its messages find one another to decode a group of fields
+    for all of them at once. Pickled or copied, it is a plain list."""
+
+    __slots__ = ("__weakref__", "_core", "_done", "_members")
+    _core: _Answer
+    _members: tuple[LazyMessage, ...]  # its messages in answer order, whatever the list holds later
+    _done: set[str]  # the groups decoded for every member
+
+    def __reduce__(self) -> tuple[type[list[StoredMessage]], tuple[list[StoredMessage]]]:
+        return list, (list(self),)
+
+
+class _Answer:
+    """What the messages of one pull answer share (each holds it and its index): the answer's bytes, where each
+    entry and its TOPIC LEN byte are, and a weak reference to their list (a strong one would be a cycle)."""
+
+    __slots__ = ("buf", "messages", "positions", "tails", "vectors")
+
+    def __init__(
+        self, buf: bytes, positions: Sequence[int], tails: Sequence[int],
+        messages: Callable[[], PulledMessages | None], vectors: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:  # fmt: skip
+        self.buf, self.positions, self.tails, self.messages = buf, positions, tails, messages
+        self.vectors = vectors  # (positions, tails) as int64 arrays, for an answer of VECTOR_MIN_ENTRIES or more
+
+
 class LazyMessage(StoredMessage):
     """A StoredMessage whose fields other than body, queue id and offsets are decoded on first read."""
 
-    __slots__ = ("_at", "_buf", "_tail")
-    _at: int  # where this entry starts in the answer
-    _buf: bytes  # the pull answer
-    _tail: int  # where its TOPIC LEN byte is
+    __slots__ = ("_core", "_i")
+    _core: _Answer  # its pull answer
+    _i: int  # its index there
 
     def __getattr__(self, name: str) -> Any:
         # Called only for an empty slot (or an unknown name): decode that field's group, then read the slot.
-        decoder = _DECODERS.get(name)
-        if decoder is None:
+        group = _GROUP.get(name)
+        if group is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        decoder(self)
+        answer = self._core.messages()
+        if answer is not None and group not in answer._done:
+            _FILL[group](answer)
+            answer._done.add(group)
+        else:
+            _DECODE[group](self)
         return _SLOT[name].__get__(self)
 
     def materialize(self) -> LazyMessage:
         """Decode every field now and drop the reference to the pull answer."""
         for name in _FIELDS:
             getattr(self, name)
-        for slot in LazyMessage.__slots__:
-            if hasattr(self, slot):
-                delattr(self, slot)
+        if hasattr(self, "_core"):
+            del self._core
         return self
 
     def __eq__(self, other: object) -> bool:
@@ -95,46 +137,89 @@ class LazyMessage(StoredMessage):
         return StoredMessage, tuple(getattr(self, name) for name in _FIELDS)
 
 
-def _host(ip: bytes, port: int) -> str:
-    return f"{ip[0]}.{ip[1]}.{ip[2]}.{ip[3]}:{port}"  # socket.inet_ntoa's text, without its call
+# ------------------------------------------------------------------------------------------ one message, a group
 
 
 def _decode_header(m: LazyMessage) -> None:
-    h = ENTRY_HEADER.unpack_from(m._buf, m._at)
+    core = m._core
+    h = ENTRY_HEADER.unpack_from(core.buf, core.positions[m._i])
     (total, _, _, _, m.flag, _, physical, m.sys_flag, m.born_timestamp, born_ip, born_port, m.store_timestamp,
      store_ip, store_port, m.reconsume_times, m.prepared_transaction_offset, _) = h  # fmt: skip
     m.store_size = total
-    m.born_host = _host(born_ip, born_port)
-    m.store_host = _host(store_ip, store_port)
+    m.born_host = host_text(born_ip, born_port)
+    m.store_host = host_text(store_ip, store_port)
     m.msg_id = make_msg_id(store_ip, store_port, physical)
 
 
 def _decode_topic(m: LazyMessage) -> None:
-    buf, tail = m._buf, m._tail
+    core = m._core
+    buf, tail = core.buf, core.tails[m._i]
     m.topic = buf[tail + 1 : tail + 1 + buf[tail]].decode("ascii", "replace")
 
 
 def _decode_properties(m: LazyMessage) -> None:
-    buf = m._buf
-    props_len_at = m._tail + 1 + buf[m._tail]
+    core = m._core
+    buf, tail = core.buf, core.tails[m._i]
+    props_len_at = tail + 1 + buf[tail]
     start = props_len_at + PROPS_LEN.size
     m.properties = decode_properties(buf[start : start + PROPS_LEN.unpack_from(buf, props_len_at)[0]])
 
 
+# ----------------------------------------------------------------------------------- every message of an answer
+
+
+def _fill_header(answer: PulledMessages) -> None:
+    members, core = answer._members, answer._core
+    if core.vectors is None:
+        for m in members:
+            _decode_header(m)
+        return
+    columns = header_columns(core.buf, core.vectors[0])
+    for m, flag, sys_flag, born_ts, born_host, store_ts, store_host, reconsume, prepared, size, msg_id in zip(
+        members, *columns, strict=True
+    ):
+        m.flag, m.sys_flag, m.born_timestamp, m.born_host = flag, sys_flag, born_ts, born_host
+        m.store_timestamp, m.store_host, m.reconsume_times = store_ts, store_host, reconsume
+        m.prepared_transaction_offset, m.store_size, m.msg_id = prepared, size, msg_id
+
+
+def _fill_topic(answer: PulledMessages) -> None:
+    members, core = answer._members, answer._core
+    if core.vectors is None:
+        for m in members:
+            _decode_topic(m)
+        return
+    for m, topic in zip(members, topic_column(core.buf, core.vectors[1]), strict=True):
+        m.topic = topic
+
+
+def _fill_properties(answer: PulledMessages) -> None:
+    members, core = answer._members, answer._core
+    if core.vectors is None:
+        for m in members:
+            _decode_properties(m)
+        return
+    for m, props in zip(members, properties_column(core.buf, core.vectors[1]), strict=True):
+        m.properties = props
+
+
 _HEADER_FIELDS = ("flag", "sys_flag", "born_timestamp", "born_host", "store_timestamp", "store_host",
                   "reconsume_times", "prepared_transaction_offset", "store_size", "msg_id")  # fmt: skip
-_DECODERS: dict[str, Callable[[LazyMessage], None]] = {
-    **dict.fromkeys(_HEADER_FIELDS, _decode_header),
-    "topic": _decode_topic,
-    "properties": _decode_properties,
-}
+_GROUP: dict[str, str] = {**dict.fromkeys(_HEADER_FIELDS, "header"), "topic": "topic", "properties": "properties"}
+_DECODE: dict[str, Callable[[LazyMessage], None]] = {
+    "header": _decode_header, "topic": _decode_topic, "properties": _decode_properties,
+}  # fmt: skip
+_FILL: dict[str, Callable[[PulledMessages], None]] = {
+    "header": _fill_header, "topic": _fill_topic, "properties": _fill_properties,
+}  # fmt: skip
 _EAGER_FIELDS = ("body", "queue_id", "queue_offset", "commitlog_offset")
-assert set(_DECODERS) | set(_EAGER_FIELDS) == set(_FIELDS), set(_FIELDS) - set(_DECODERS) - set(_EAGER_FIELDS)
+assert set(_GROUP) | set(_EAGER_FIELDS) == set(_FIELDS), set(_FIELDS) - set(_GROUP) - set(_EAGER_FIELDS)
 
 
 def decode_pulled(buffer: bytes, positions: Sequence[int]) -> list[StoredMessage]:
-    """The messages of a pull answer (``positions``: where each entry starts, in order), as LazyMessages; an
-    answer with a badly framed entry goes through ``decode_entry``, which raises CorruptionError naming it."""
+    """The messages of a pull answer (``positions``: where each entry starts, in order), as LazyMessages in a
+    PulledMessages; an answer with a badly framed entry goes through ``decode_entry``, which raises
+    CorruptionError naming it."""
     if not positions:
         return []
     if len(positions) < VECTOR_MIN_ENTRIES:
@@ -149,24 +234,33 @@ def _eager(buffer: bytes, positions: Sequence[int]) -> list[StoredMessage]:
     return [decode_entry(buffer, p, e) for p, e in zip(positions, ends, strict=True)]
 
 
-def _small_answer(buf: bytes, positions: Sequence[int]) -> list[StoredMessage] | None:
-    out: list[StoredMessage] = []
+def _answer_of(out: PulledMessages, core: _Answer) -> PulledMessages:
+    out._core, out._done = core, set()
+    out._members = cast("tuple[LazyMessage, ...]", tuple(out))  # only LazyMessages were appended
+    return out
+
+
+def _small_answer(buf: bytes, positions: Sequence[int]) -> PulledMessages | None:
+    out = PulledMessages()
+    tails: list[int] = []
+    core = _Answer(buf, positions, tails, weakref.ref(out), None)
     new = LazyMessage.__new__
     ends = [*positions[1:], len(buf)]
-    for p, end in zip(positions, ends, strict=True):
+    for i, (p, end) in enumerate(zip(positions, ends, strict=True)):
         lay = quick_layout(buf, p, end) if p >= 0 else None
         if lay is None:
             return None
         h, topic_at = lay[0], lay[1]
         m = new(LazyMessage)
-        m._buf, m._at, m._tail = buf, p, topic_at - 1
+        m._core, m._i = core, i
         m.body = buf[p + BODY_START : topic_at - 1]
         m.queue_id, m.queue_offset, m.commitlog_offset = h[3], h[5], h[6]
         out.append(m)
-    return out
+        tails.append(topic_at - 1)
+    return _answer_of(out, core)
 
 
-def _large_answer(buf: bytes, positions: Sequence[int]) -> list[StoredMessage] | None:
+def _large_answer(buf: bytes, positions: Sequence[int]) -> PulledMessages | None:
     """parse_layout's framing rules over every entry at once; None when any entry breaks one."""
     arr = np.frombuffer(buf, np.uint8)
     pos = np.asarray(positions, np.int64)
@@ -191,15 +285,17 @@ def _large_answer(buf: bytes, positions: Sequence[int]) -> list[StoredMessage] |
     props_len = gather(arr, props_len_at, PROPS_LEN.size, ">i2")
     if not ((props_len >= 0) & (props_len_at + PROPS_LEN.size + props_len == entry_end)).all():
         return None
-    out: list[StoredMessage] = []
+    out = PulledMessages()
+    tails = tail.tolist()
+    core = _Answer(buf, positions, tails, weakref.ref(out), (pos, tail))
     new = LazyMessage.__new__
     body_at = (pos + BODY_START).tolist()
-    columns = zip(positions, body_at, tail.tolist(), h["queue_id"].tolist(), h["queue_offset"].tolist(),
+    columns = zip(range(len(tails)), body_at, tails, h["queue_id"].tolist(), h["queue_offset"].tolist(),
                   h["physical_offset"].tolist(), strict=True)  # fmt: skip
-    for p, b, t, queue_id, queue_offset, commitlog_offset in columns:
+    for i, b, t, queue_id, queue_offset, commitlog_offset in columns:
         m = new(LazyMessage)
-        m._buf, m._at, m._tail = buf, p, t
+        m._core, m._i = core, i
         m.body = buf[b:t]
         m.queue_id, m.queue_offset, m.commitlog_offset = queue_id, queue_offset, commitlog_offset
         out.append(m)
-    return out
+    return _answer_of(out, core)

@@ -110,10 +110,12 @@ class PullConsumer:
         offset, max_msgs, timeout_ms = _positional(rest, max_msgs, timeout_ms)
         wanted = parse_tags(tags) if sql is None else None
         r = self._request(mq, offset, max_msgs, timeout_ms, tags, max_bytes, commit_offset, sql)
-        messages = decode_entries(r.entries, r.entry_positions) if r.entries else []
+        entries = r.entries  # one copy of the answer out of the response, not one a read
+        messages = decode_entries(entries, r.entry_positions) if entries else []
         status = PullStatus[pb.PullStatus.Name(r.status)]
         if wanted is not None:  # "*" needs no check, and no message's properties decoded for it
-            messages = [m for m in messages if tag_matches(wanted, m.tags)]
+            # in place: the list decode_entries returns is how its messages decode a group of fields all at once
+            messages[:] = [m for m in messages if tag_matches(wanted, m.tags)]
             if status is PullStatus.FOUND and not messages:  # only hash collisions came back, as RocketMQ
                 status = PullStatus.NO_MATCHED_MSG
         return PullResult(status, messages, r.next_begin_offset, r.min_offset, r.max_offset)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import grpc
@@ -47,6 +48,7 @@ class QueueWorker(threading.Thread):
         # when the broker takes no stream.
         self._stream: tuple[Connection, CallStream] | None = None
         self._lock = threading.Lock()
+        self._ahead: ThreadPoolExecutor | None = None  # sends the next pull while the listener works (_pull_ahead)
 
     def drop(self) -> None:
         self.dropped.set()
@@ -64,7 +66,9 @@ class QueueWorker(threading.Thread):
         finally:
             with self._lock:
                 if self._stream is not None:
-                    self._stream[1].cancel()
+                    self._stream[1].cancel()  # ends a pull sent ahead, too
+            if self._ahead is not None:
+                self._ahead.shutdown(wait=False)
             self.owner._worker_done(self)
 
     def _loop(self) -> None:
@@ -73,13 +77,18 @@ class QueueWorker(threading.Thread):
             if self.dropped.wait(LOCK_RETRY_S):
                 return
         offset = self._initial_offset()
+        ahead: tuple[float, Future[pb.PullResponse | None]] | None = None  # the next pull, sent while consuming
         while offset is not None and not self.dropped.is_set():
             if o.orderly and not o._hold_lock(mq):
                 self.dropped.wait(LOCK_RETRY_S)
                 continue
             started = time.monotonic()
             try:
-                response = self._pull(offset)
+                if ahead is None:
+                    response = self._pull(offset)
+                else:
+                    (started, pending), ahead = ahead, None
+                    response = pending.result()
             except BrokerError as e:
                 if self.dropped.is_set():
                     return
@@ -92,6 +101,7 @@ class QueueWorker(threading.Thread):
             status = PullStatus[pb.PullStatus.Name(response.status)]
             if status is PullStatus.FOUND:
                 messages = decode_entries(response.entries, response.entry_positions)
+                ahead = self._pull_ahead(response.next_begin_offset)
                 if not self._consume(messages):
                     return
             elif status is PullStatus.NO_NEW_MSG and time.monotonic() - started < o.long_poll_ms / 2000:
@@ -102,6 +112,19 @@ class QueueWorker(threading.Thread):
                             response.min_offset, response.max_offset, response.next_begin_offset)  # fmt: skip
             offset = response.next_begin_offset
             o.offsets.update(mq, offset)
+
+    def _pull_ahead(self, offset: int) -> tuple[float, Future[pb.PullResponse | None]] | None:
+        """A concurrent consumer's next pull, sent before the listener is called with this one's messages, so that
+        the broker finds and sends the next answer while the listener works (one after the other, the two take
+        the larger part of a push consumer's time a message). Its offset is this answer's next one whatever the
+        listener says: a failed message is sent back (or retried here) before the worker moves on. The pull
+        carries the commit of what was consumed before this answer; the rest goes with the next pull or the
+        periodic commit. Orderly consumers pull after each answer, under the queue's lock."""
+        if self.owner.orderly:
+            return None
+        if self._ahead is None:
+            self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pull-ahead-{self.key}")
+        return time.monotonic(), self._ahead.submit(self._pull, offset)
 
     def _initial_offset(self) -> int | None:
         """Where to start; asked again while the broker cannot answer (say it restarts), None once dropped."""

@@ -15,6 +15,8 @@ It holds:
 * ``properties``: scanning and checking property sections without decoding them (a numpy kernel);
 * ``numbers``: the decimal numbers that properties carry;
 * ``scan_kernel``: the vectorised walk over a run of entries that ``batch`` and ``properties`` build on;
+* ``pulled_columns``: every field ``message.decode_entry`` gives, for all entries of a pull answer at once (one
+  column a field), which the client's pulled messages read when an application reads their fields;
 * ``batch``: the batch encoding clients send and the broker validates, splices and splits;
 * ``send_checks``: what every sent message must be (transaction bits, reconsume times, canonical properties, a
   producer group), checked alike by the broker on every send path and by a client that makes half messages;

@@ -405,11 +405,13 @@ class StoredMessage:
 
     @property
     def tags(self) -> str | None:
-        return self.properties.get(Prop.TAGS)
+        return self.properties.get("TAGS")  # Prop.TAGS, without its lookup: a consumer reads this once a message
 
     @property
     def keys(self) -> list[str]:
-        raw = self.properties.get(Prop.KEYS, "")
+        raw = self.properties.get("KEYS", "")  # Prop.KEYS
+        if " " not in raw:  # one key or none, the common case: no split
+            return [raw] if raw else []
         return [k for k in raw.split(" ") if k]
 
 

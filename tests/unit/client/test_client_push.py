@@ -157,3 +157,32 @@ def test_settings_that_cannot_work_are_refused(setting: str, value: int) -> None
     without complaint, logged a retry every 3 s and consumed nothing."""
     with pytest.raises(InvalidArgumentError, match=setting):
         PushConsumer("127.0.0.1:1", "g", {"T": "*"}, lambda msgs: True, **{setting: value})
+
+
+def test_a_queue_pulled_ahead_of_its_listener_arrives_in_order_once_with_every_field(
+    broker: BrokerController, endpoint: str
+) -> None:
+    # The next pull goes out before the listener has the current batch (push_worker._pull_ahead): each message
+    # still comes once, in queue order, with its fields decoded, and the group's offset reaches the queue's end.
+    with Admin(endpoint) as admin:
+        admin.create_topic("Ahead", 1)
+    with Producer(endpoint) as p:
+        for start in range(0, 600, 200):
+            p.send_batch([Message("Ahead", f"{i}".encode(), tags=f"t{i % 3}", keys=[f"k{i}"]) for i in
+                          range(start, start + 200)], queue_id=0)  # fmt: skip
+    seen: list[tuple[int, bytes, str | None, list[str], str]] = []
+
+    def listener(msgs: list[ReceivedMessage]) -> None:
+        time.sleep(0.01)  # a listener that works: the next answer is on its way meanwhile
+        seen.extend((m.queue_offset, m.body, m.tags, m.keys, m.msg_id) for m in msgs)
+
+    options = {**FAST, "pull_batch_size": 64, "consume_batch_size": 16}
+    with PushConsumer(endpoint, "ahead", {"Ahead": "*"}, listener, consume_from=FIRST, **options) as c:
+        wait_until(lambda: len(seen) >= 600)
+        wait_until(lambda: c.offsets.offsets().get(("Ahead", 0)) == 600)
+    assert [s[0] for s in seen] == list(range(600))
+    assert [s[1] for s in seen] == [f"{i}".encode() for i in range(600)]
+    assert all(tags == f"t{i % 3}" and keys == [f"k{i}"] and len(msg_id) == 32 for i, (_, _, tags, keys, msg_id)
+               in enumerate(seen))  # fmt: skip
+    with Admin(endpoint) as admin:
+        assert sum(x.lag for x in admin.consumer_lag("ahead", "Ahead")) == 0

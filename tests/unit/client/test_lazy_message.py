@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.client import Admin, Message, Producer, PullConsumer
-from broker.client.lazy_message import VECTOR_MIN_ENTRIES, LazyMessage, decode_pulled
+from broker.client.lazy_message import VECTOR_MIN_ENTRIES, LazyMessage, PulledMessages, decode_pulled
 from broker.errors import CorruptionError
 from broker.format.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -187,7 +187,7 @@ def test_a_body_is_one_slice_of_the_answer_and_fields_can_be_set() -> None:
     assert m.topic == "Other" and m.properties == {"TAGS": "a", "x": "y"} and m.tags == "a"
     assert isinstance(m, LazyMessage)
     m.materialize()
-    assert not hasattr(m, "_buf") and m.topic == "Other" and m.store_host == "0.0.0.0:0"
+    assert not hasattr(m, "_core") and m.topic == "Other" and m.store_host == "0.0.0.0:0"
     with pytest.raises(AttributeError):
         m.no_such_field  # type: ignore[attr-defined]  # noqa: B018 -- an unknown name still raises
 
@@ -221,3 +221,23 @@ def test_a_real_pull_equals_decode_entry(broker: BrokerController, endpoint: str
     assert one == [want[5]]
     assert [m.queue_offset for m in tagged] == [i for i in range(count) if i % 3 == 1]
     assert [m.properties["ü"] for m in pulled] == [str(i) for i in range(count)]
+
+
+def test_a_group_is_decoded_for_the_whole_answer_and_a_message_kept_alone_still_decodes() -> None:
+    raw = [encode_entry(b"T", 0, f"m{i}".encode(), encode_properties({"TAGS": f"t{i % 2}", "i": str(i)}),
+                        queue_offset=i, physical_offset=1000 + i) for i in range(2 * VECTOR_MIN_ENTRIES)]  # fmt: skip
+    buf, positions = answer(raw)
+    want = eager(buf, positions)
+    assert not isinstance(want, str)
+    pulled = decode_pulled(buf, positions)
+    assert isinstance(pulled, PulledMessages) and type(pickle.loads(pickle.dumps(pulled))) is list
+    assert pulled[5].tags == "t1"  # the properties of every message of the answer, at once
+    assert all(StoredMessage.__dict__["properties"].__get__(m) for m in pulled)  # each slot set: no decode left
+    pulled[:] = [m for m in pulled if m.tags == "t0"]  # filtered in place, as PullConsumer.pull does
+    assert [m.msg_id for m in pulled] == [w.msg_id for w in want[::2]]
+    kept = decode_pulled(buf, positions)[7]  # its list is gone at once: it decodes on its own
+    assert kept.topic == "T" and kept == want[7]
+    one = decode_pulled(buf, positions)
+    first = one[0].materialize()  # every group decoded for the answer, then the message lets go of it
+    first.topic = "Other"
+    assert one[1].topic == "T" and first.topic == "Other" and one[1:] == want[1:]
