@@ -28,7 +28,7 @@ from broker.auth.operations import transaction_access
 from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
 from broker.client.router import Router
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, parse_host_port
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.format.message import StoredMessage
 from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
@@ -39,6 +39,8 @@ from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.remoting.broker_table import broker_processors
+from broker.remoting.server import RemotingServer
 from broker.rmqv2 import wiring as rmqv2_wiring
 from broker.rmqv2.clients import ClientRegistry
 from broker.semantics import (
@@ -146,6 +148,7 @@ class BrokerController:
         self._started_at = 0.0
         self.identity: BrokerIdentity | None = None
         self.registrar: NameServerRegistrar | None = None
+        self.remoting: RemotingServer | None = None  # RocketMQ's remoting port (remoting_listen), when served
         # Replication (broker/ha): None for a broker on its own. The gate refuses writes on a slave and holds
         # acknowledgements for the in-sync replicas; the manager runs this replica's role.
         self.replication_settings = config.replication()
@@ -239,6 +242,7 @@ class BrokerController:
             self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
             self._tasks.start()
             server.start()
+            self._start_remoting()
             self._start_registration()
         except BaseException:
             self._abort_start()
@@ -260,6 +264,23 @@ class BrokerController:
                                            self.advertised_address(), load_store_id(cfg.config_dir))  # fmt: skip
         return self.identity
 
+    def _start_remoting(self) -> None:
+        """RocketMQ's remoting port beside the gRPC one, over the same processors (broker/remoting)."""
+        cfg = self.config
+        if not cfg.remoting_listen:
+            return
+        host, port = parse_host_port(cfg.remoting_listen)
+        self.remoting = RemotingServer(broker_processors(self.service), host, port, tls=cfg.server_tls(),
+                                       name="broker-remoting")  # fmt: skip
+        self.remoting.start()
+        cfg.remoting_listen = format_address(host, self.remoting.port)  # a restart in place binds the same port
+
+    def remoting_address(self) -> str:
+        """HOST:PORT of the remoting port registered for RocketMQ 4 clients ("": none served)."""
+        if self.remoting is None:
+            return ""
+        return f"{advertised_ip(self.remoting.host)}:{self.remoting.port}"
+
     def _start_registration(self) -> None:
         cfg = self.config
         identity = self._own_identity()
@@ -274,7 +295,7 @@ class BrokerController:
             role="MASTER" if cfg.broker_id == 0 else "SLAVE",
             ha_address=replication.ha_advertised if replication is not None else "",
             replica_status=replication.status if replication is not None else None,
-            require_authentication=cfg.auth_enabled,
+            require_authentication=cfg.auth_enabled, remoting_address=self.remoting_address(),
         )  # fmt: skip
         self.registrar.start()
 
@@ -367,6 +388,8 @@ class BrokerController:
         self._stop_tasks.set()
         if self.registrar is not None:
             self.registrar.shutdown()
+        if self.remoting is not None:
+            self.remoting.shutdown()
         if self.server is not None:
             self.server.stop(0)
         if self.replication is not None:
@@ -631,6 +654,8 @@ class BrokerController:
         log.info("broker shutting down")
         if self.registrar is not None:
             self.registrar.shutdown()  # first: clients stop routing here while in-flight calls finish
+        if self.remoting is not None:
+            self.remoting.shutdown()
         self.hold.shutdown()
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
         self.rmqv2_clients.shutdown()  # and Telemetry streams

@@ -309,8 +309,13 @@ class BrokerService(pb_grpc.BrokerServicer):
     # ---------------------------------------------------------------------------------------------- consumers
     @_answer
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        return pb.HeartbeatResponse(group_version=self.heartbeat(request))
+
+    def heartbeat(self, request: pb.HeartbeatRequest) -> int:
+        """A consumer's heartbeat or leave (also the remoting front's HEART_BEAT and UNREGISTER_CLIENT): the group's
+        version after it; 0 for a producer's, which records nothing yet."""
         if not request.consumer_group:  # a producer: nothing to track yet
-            return pb.HeartbeatResponse()
+            return 0
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         _check_heartbeat(request)
@@ -327,7 +332,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             version = self.consumers.heartbeat(
                 request.consumer_group, request.client_id, dict(request.subscriptions), model
             )
-        return pb.HeartbeatResponse(group_version=version)
+        return version
 
     @_answer
     def GetConsumerList(
