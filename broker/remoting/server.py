@@ -175,7 +175,8 @@ class RemotingServer:
         try:
             while not conn.closed:
                 try:
-                    prefix = await asyncio.wait_for(reader.readexactly(PREFIX_BYTES), self.idle_timeout_s)
+                    async with asyncio.timeout(self.idle_timeout_s):  # cheaper than wait_for: no task per read
+                        prefix = await reader.readexactly(PREFIX_BYTES)
                 except asyncio.IncompleteReadError as e:
                     if e.partial:
                         log.warning("remoting: closing the connection from %s: truncated frame (%d of %d length "
@@ -186,7 +187,8 @@ class RemotingServer:
                     break
                 length = body_length(prefix)
                 try:
-                    data = await asyncio.wait_for(reader.readexactly(length), self.idle_timeout_s)
+                    async with asyncio.timeout(self.idle_timeout_s):
+                        data = await reader.readexactly(length)
                 except asyncio.IncompleteReadError as e:
                     log.warning("remoting: closing the connection from %s: truncated frame (%d of %d bytes)",
                                 address, len(e.partial), length)  # fmt: skip
