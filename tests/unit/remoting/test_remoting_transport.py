@@ -9,10 +9,12 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
-from broker.errors import BrokerUnreachableError, TopicNotExistError
+from broker.config import BrokerConfig
+from broker.errors import BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand, SerializeType
@@ -180,3 +182,9 @@ def test_connections_past_the_limit_are_closed() -> None:
         with RemotingClient(s.address) as second:
             wait_until(lambda: second.closed, "the connection past the limit to be closed", timeout_s=5)
         assert first.invoke(RemotingCommand(ECHO)).code == ResponseCode.SUCCESS
+
+
+def test_a_broker_with_auth_refuses_to_serve_remoting_without_its_signatures(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="ACL signatures"):
+        BrokerConfig(store_path=str(tmp_path), remoting_listen="127.0.0.1:0", auth_enabled=True)
+    assert BrokerConfig(store_path=str(tmp_path), remoting_listen="127.0.0.1:0").remoting_listen == "127.0.0.1:0"
