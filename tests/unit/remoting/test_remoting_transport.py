@@ -15,6 +15,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
+from broker.remoting import server as server_module
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand, SerializeType
@@ -188,3 +189,14 @@ def test_a_broker_with_auth_refuses_to_serve_remoting_without_its_signatures(tmp
     with pytest.raises(InvalidArgumentError, match="ACL signatures"):
         BrokerConfig(store_path=str(tmp_path), remoting_listen="127.0.0.1:0", auth_enabled=True)
     assert BrokerConfig(store_path=str(tmp_path), remoting_listen="127.0.0.1:0").remoting_listen == "127.0.0.1:0"
+
+
+def test_requests_past_the_queue_bound_are_answered_system_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "MAX_QUEUED_REQUESTS", 1)
+    with RemotingServer({SLOW: Slow()}, "127.0.0.1", 0, workers=1) as s, RemotingClient(s.address) as c:
+        running = c.invoke_async(RemotingCommand(SLOW, ext_fields={"ms": "400"}))
+        wait_until(lambda: s._queued == 0, "the first request to start", timeout_s=5)
+        queued = c.invoke_async(RemotingCommand(SLOW, ext_fields={"ms": "0"}))  # waits for the only worker
+        busy = c.invoke(RemotingCommand(SLOW, ext_fields={"ms": "0"}))
+        assert busy.code == ResponseCode.SYSTEM_BUSY and busy.remark is not None and "[OVERLOAD]" in busy.remark
+        assert running.result_or_raise(5, c).code == queued.result_or_raise(5, c).code == ResponseCode.SUCCESS
