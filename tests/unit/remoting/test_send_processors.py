@@ -109,8 +109,9 @@ def test_sluices_send_is_read_by_a_remoting_pull(broker: BrokerController, endpo
     assert got[0] == decode_entry(r.body)  # the stored bytes, unchanged
 
 
-def test_a_compressed_body_is_stored_as_sent(broker: BrokerController, endpoint: str,
-                                            remoting: MessageProcessors) -> None:  # fmt: skip
+def test_a_compressed_body_is_stored_as_sent_and_given_inflated_to_sluice_clients(
+    broker: BrokerController, endpoint: str, remoting: MessageProcessors
+) -> None:
     body = b"compress me " * 1000
     packed, bits = compressed_body(body)
     assert send(remoting, "RC", packed, {"UNIQ_KEY": "UC"}, sys_flag=bits).code == ResponseCode.SUCCESS
@@ -118,9 +119,10 @@ def test_a_compressed_body_is_stored_as_sent(broker: BrokerController, endpoint:
     r = answered(call(remoting, PULL_MESSAGE, pull_header("g", "RC", 0, 0)))
     [m] = iter_stored(r.body)
     assert (m.body, m.sys_flag) == (packed, bits)
-    with PullConsumer(endpoint, "g") as c:
+    assert inflated_body(m.sys_flag, m.body) == body == zlib.decompress(m.body)
+    with PullConsumer(endpoint, "g") as c:  # Sluice's own client is given it inflated
         sluice = c.pull("RC", 0, 0).messages[0]
-    assert inflated_body(sluice.sys_flag, sluice.body) == body == zlib.decompress(sluice.body)
+    assert (sluice.body, sluice.sys_flag, sluice.properties["UNIQ_KEY"]) == (body, 0, "UC")
 
 
 def test_a_half_message_is_a_transaction_of_its_producer_group(broker: BrokerController,
