@@ -3,7 +3,8 @@
 ``message_processors(controller)`` takes what ``BrokerController`` wired for its gRPC service (the send, pull and
 retry processors, the pull hold service, the accounts when auth is on) and returns the table entries
 ``{request code: processor}`` for the transport to register, with the ``shutdown`` that answers held pulls when the
-broker stops (call it before the broker's own shutdown, as the gRPC server is stopped before the store).
+broker stops (call it before the broker's own shutdown, as the gRPC server is stopped before the store). Replication's
+rules for gRPC calls apply to these requests too (``message_replication``), through the broker's ``gate``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.remoting.message_outcomes import Access
+from broker.remoting.message_replication import Replication
 from broker.remoting.processor import Processor
 from broker.remoting.pull_processor import PullMessageProcessor
 from broker.remoting.pull_request import PULL_MESSAGE, SubscriptionOf
@@ -41,9 +43,10 @@ def message_processors(
     service = controller.service
     assert service is not None and service.retries is not None, "build the processors of a started broker"
     access = Access(controller.accounts if controller.config.auth_enabled else None)
+    replication = Replication(controller.gate)
     suspender = PullSuspender(service.pulls, controller.hold)
-    sends = SendMessageProcessor(service.sends, access)
+    sends = SendMessageProcessor(service.sends, access, replication)
     table: dict[int, Processor] = dict.fromkeys(SEND_CODES, sends)
-    table[PULL_MESSAGE] = PullMessageProcessor(service.pulls, suspender, access, subscription_of)
-    table[CONSUMER_SEND_MSG_BACK] = SendBackProcessor(service.retries, access)
+    table[PULL_MESSAGE] = PullMessageProcessor(service.pulls, suspender, access, subscription_of, replication)
+    table[CONSUMER_SEND_MSG_BACK] = SendBackProcessor(service.retries, access, replication)
     return MessageProcessors(table, suspender)

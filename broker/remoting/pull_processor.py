@@ -18,6 +18,7 @@ from __future__ import annotations
 from broker.errors import BrokerError, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import Access, failure, refusal
+from broker.remoting.message_replication import Replication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.pull_request import SubscriptionOf, parse_pull, pull_args
 from broker.remoting.pull_suspend import PullSuspender
@@ -46,16 +47,19 @@ def pull_answer(request: RemotingCommand, outcome: PullOutcome) -> RemotingComma
 class PullMessageProcessor:
     def __init__(
         self, pulls: PullProcessor, suspender: PullSuspender, access: Access,
-        subscription_of: SubscriptionOf | None = None,
+        subscription_of: SubscriptionOf | None = None, replication: Replication | None = None,
     ) -> None:  # fmt: skip
         self.pulls, self.suspender, self.access = pulls, suspender, access
         self.subscription_of = subscription_of
+        self.replication = replication or Replication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:
             req = parse_pull(request.ext_fields)
             with self.access.admitted(context, "PULL_MESSAGE", req):
                 args = pull_args(req, self.subscription_of)
+                if not self.replication.is_master():
+                    args.commit_offset = -1  # a slave keeps no offsets of its own
                 outcome = self.pulls.pull(args)
             hold_ms = min(req.suspend_ms, self.pulls.max_suspend_ms)
             if outcome.status != NO_NEW_MSG or hold_ms <= 0:

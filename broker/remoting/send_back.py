@@ -17,6 +17,7 @@ from broker.errors import BrokerError
 from broker.proto import sluice_pb2 as pb
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import INT64, Access, failure, int_field, refusal, text_field
+from broker.remoting.message_replication import Replication
 from broker.remoting.processor import Answer, RequestContext
 from broker.server.consumer_offsets import validate_group
 from broker.server.retry_processor import RetryProcessor
@@ -45,14 +46,16 @@ def parse_send_back(ext: dict[str, str]) -> SendBackRequest:
 
 
 class SendBackProcessor:
-    def __init__(self, retries: RetryProcessor, access: Access) -> None:
+    def __init__(self, retries: RetryProcessor, access: Access, replication: Replication | None = None) -> None:
         self.retries, self.access = retries, access
+        self.replication = replication or Replication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:
             req = parse_send_back(request.ext_fields)
             validate_group(req.consumer_group)
             with self.access.admitted(context, "CONSUMER_SEND_MSG_BACK", req):
+                target = self.replication.before_write("CONSUMER_SEND_MSG_BACK")
                 call = pb.ConsumerSendMsgBackRequest(
                     consumer_group=req.consumer_group, commitlog_offset=req.commitlog_offset,
                     delay_level=req.delay_level, origin_msg_id=req.origin_msg_id,
@@ -60,6 +63,7 @@ class SendBackProcessor:
                 if req.max_reconsume_times is not None:
                     call.max_reconsume_times = req.max_reconsume_times
                 self.retries.send_back(call)
+            self.replication.after_write(target, "CONSUMER_SEND_MSG_BACK")
             return request.response(0)
         except BrokerError as e:
             return refusal(request, e)

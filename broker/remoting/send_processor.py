@@ -23,6 +23,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.message_batch import decode_batch, sluice_batch
 from broker.remoting.message_outcomes import Access, failure, refusal
 from broker.remoting.message_properties import parse_properties
+from broker.remoting.message_replication import Replication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.send_request import SEND_BATCH_MESSAGE, SEND_MESSAGE, SEND_MESSAGE_V2, SendRequest, parse_send
 from broker.server.send_processor import SendOutcome, SendProcessor
@@ -32,7 +33,7 @@ DEFAULT_REGION = "DefaultRegion"  # MixAll.DEFAULT_TRACE_REGION_ID, what a Rocke
 STATUS_CODES = {"SEND_OK": ResponseCode.SUCCESS, "FLUSH_DISK_TIMEOUT": ResponseCode.FLUSH_DISK_TIMEOUT}
 
 
-def send_answer(request: RemotingCommand, outcome: SendOutcome) -> RemotingCommand:
+def send_answer(request: RemotingCommand, outcome: SendOutcome, replicated: bool = True) -> RemotingCommand:
     r = outcome.result
     ids = ",".join(msg_id_at(r.msg_id_prefix, offset) for offset in r.commitlog_offsets)
     ext = {
@@ -44,25 +45,26 @@ def send_answer(request: RemotingCommand, outcome: SendOutcome) -> RemotingComma
     }
     if outcome.transaction_id:
         ext["transactionId"] = outcome.transaction_id
-    return request.response(int(STATUS_CODES[outcome.status]), ext_fields=ext)
+    code = STATUS_CODES[outcome.status] if replicated else ResponseCode.FLUSH_SLAVE_TIMEOUT
+    return request.response(int(code), ext_fields=ext)
 
 
 class SendMessageProcessor:
     """One message (codes 10 and 310) or a batch (320), by the request's code."""
 
-    def __init__(self, sends: SendProcessor, access: Access) -> None:
+    def __init__(self, sends: SendProcessor, access: Access, replication: Replication | None = None) -> None:
         self.sends, self.access = sends, access
+        self.replication = replication or Replication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:
             req = parse_send(request.code, request.ext_fields)
-            if req.batch:
-                with self.access.admitted(context, "SEND_BATCH_MESSAGE", req):
-                    outcome = self._batch(request, req, context)
-            else:
-                with self.access.admitted(context, "SEND_MESSAGE", req):
-                    outcome = self._one(request, req)
-            return send_answer(request, outcome)
+            name = "SEND_BATCH_MESSAGE" if req.batch else "SEND_MESSAGE"
+            with self.access.admitted(context, name, req):
+                target = self.replication.before_write(name)
+                outcome = self._batch(request, req, context) if req.batch else self._one(request, req)
+            replicated = self.replication.replicated(target, outcome.result.commitlog_offsets)
+            return send_answer(request, outcome, replicated)
         except BrokerError as e:
             return refusal(request, e, ResponseCode.MESSAGE_ILLEGAL)
         except Exception as e:  # noqa: BLE001 - the last line of defence: answered, and the broker serves on

@@ -153,3 +153,50 @@ def test_sends_need_pub_on_the_topic_with_auth(broker_factory: Callable[..., Bro
         assert send(table, "RA2", b"y", user="u").code == ResponseCode.NO_PERMISSION
     finally:
         table.shutdown()
+
+
+class ReplicationStandIn:
+    """The replication manager as the broker's gate asks it (broker/ha/gate.py GateTarget): master or slave, and
+    whether the in-sync replicas confirm a write."""
+
+    def __init__(self, master: bool, confirms: bool = True) -> None:
+        self.master, self.confirms = master, confirms
+        self.waited: list[int] = []
+
+    def is_master(self) -> bool:
+        return self.master
+
+    def identity_text(self) -> str:
+        return "broker b (slave)"
+
+    def admit_write(self) -> None:
+        return None
+
+    def log_end(self) -> int:
+        return 0
+
+    def entry_end(self, commitlog_offset: int) -> int:
+        return commitlog_offset + 1
+
+    def wrote(self, end_offset: int) -> bool:
+        self.waited.append(end_offset)
+        return self.confirms
+
+    def metadata_changed(self) -> bool:
+        return True
+
+
+def test_replication_rules_apply_to_remoting_sends(broker: BrokerController, remoting: MessageProcessors) -> None:
+    assert broker.store is not None
+    broker.gate.target = slave = ReplicationStandIn(master=False)
+    try:
+        r = send(remoting, "RR", b"x")
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "master" in (r.remark or "")
+        assert broker.store.max_phys_offset() == 0
+        broker.gate.target = master = ReplicationStandIn(master=True, confirms=False)
+        r = send(remoting, "RR", b"x")
+        assert r.code == ResponseCode.FLUSH_SLAVE_TIMEOUT and r.ext_fields["msgId"]  # stored on the master
+        assert master.waited == [parse_offset_msg_id(r.ext_fields["msgId"])[1] + 1]
+        assert slave.waited == []
+    finally:
+        broker.gate.target = None
