@@ -294,6 +294,16 @@ NAMESRV: dict[str, Requirement] = {
     "GetAllTopicList": ANONYMOUS,
 }
 
+# RocketMQ's remoting protocol (broker/remoting): request code name -> row, over the requests its processors parse
+# (``topic``, ``producer_group``, ``transactional``, ``consumer_group`` as the gRPC requests name them). A batch's
+# topics and a send-back's message are decided by the operations themselves, as over gRPC.
+REMOTING: dict[str, Requirement] = {
+    "SEND_MESSAGE": _Either(Row(_SEND), Row(_SEND, _OPEN), lambda r: r.transactional),
+    "SEND_BATCH_MESSAGE": Row(on(Op.PUBLISH_BATCH, lambda r, _: {"topics": [r.topic]})),
+    "PULL_MESSAGE": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "CONSUMER_SEND_MSG_BACK": Row(on(Op.SEND_BACK, lambda r, _: {"group": r.consumer_group, "topic": ""})),
+}
+
 # gRPC service path -> its table
 TABLES: dict[str, dict[str, Requirement]] = {
     "/sluice.v1.Broker/": BROKER,

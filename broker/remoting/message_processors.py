@@ -1,0 +1,52 @@
+"""The remoting processors of message traffic (sends, pulls, send-backs), built from a running broker in one call.
+
+``message_processors(controller)`` takes what ``BrokerController`` wired for its gRPC service (the send, pull and
+retry processors, the pull hold service, the accounts when auth is on) and returns the table entries
+``{request code: processor}`` for the transport to register, with the ``shutdown`` that answers held pulls when the
+broker stops (call it before the broker's own shutdown, as the gRPC server is stopped before the store). Replication's
+rules for gRPC calls apply to these requests too (``message_replication``), through the broker's ``gate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker.remoting.message_outcomes import Access
+from broker.remoting.message_replication import Replication
+from broker.remoting.processor import Processor
+from broker.remoting.pull_processor import PullMessageProcessor
+from broker.remoting.pull_request import PULL_MESSAGE, SubscriptionOf
+from broker.remoting.pull_suspend import PullSuspender
+from broker.remoting.send_back import CONSUMER_SEND_MSG_BACK, SendBackProcessor
+from broker.remoting.send_processor import SEND_CODES, SendMessageProcessor
+
+if TYPE_CHECKING:
+    from broker.server.broker_controller import BrokerController
+
+
+@dataclass
+class MessageProcessors:
+    table: dict[int, Processor]
+    suspender: PullSuspender
+
+    def shutdown(self) -> None:
+        self.suspender.shutdown()
+
+
+def message_processors(
+    controller: BrokerController, *, subscription_of: SubscriptionOf | None = None
+) -> MessageProcessors:
+    """The entries for SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, PULL_MESSAGE and CONSUMER_SEND_MSG_BACK.
+    ``subscription_of``: the (expression, type) a group's heartbeat registered for a topic, which filters the
+    pulls of push consumers (they send none); without it they are given everything and filter by tag themselves."""
+    service = controller.service
+    assert service is not None and service.retries is not None, "build the processors of a started broker"
+    access = Access(controller.accounts if controller.config.auth_enabled else None)
+    replication = Replication(controller.gate)
+    suspender = PullSuspender(service.pulls, controller.hold)
+    sends = SendMessageProcessor(service.sends, access, replication)
+    table: dict[int, Processor] = dict.fromkeys(SEND_CODES, sends)
+    table[PULL_MESSAGE] = PullMessageProcessor(service.pulls, suspender, access, subscription_of, replication)
+    table[CONSUMER_SEND_MSG_BACK] = SendBackProcessor(service.retries, access, replication)
+    return MessageProcessors(table, suspender)
