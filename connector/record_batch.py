@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.errors import CorruptionError, MessageIllegalError
+from broker.format.compression import COMPRESSED, inflated_body
 from broker.format.message import (
     BODY_START,
     ENTRY_HEADER,
@@ -29,7 +30,6 @@ from broker.format.message import (
     Prop,
     decode_properties,
 )
-from broker.remoting.message_sysflag import COMPRESSED, inflated_body
 from connector.schema import ARROW_SCHEMA
 
 _NUMPY_CODES = {"i": ">i4", "q": ">i8", "4s": "V4"}

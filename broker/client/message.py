@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from broker.client.lazy_message import decode_pulled
 from broker.errors import MessageIllegalError
+from broker.format.compression import COMPRESSED, COMPRESSION_TYPE_MASK, inflated_body
 from broker.format.message import (
     DEFAULT_BORN_IP,
     ENTRY_HEADER,
@@ -28,7 +29,6 @@ from broker.format.message import (
     validate_topic,
 )
 from broker.format.transaction_codec import ATTEMPT, COMMITTED_ATTEMPTS
-from broker.remoting.message_sysflag import COMPRESSED, COMPRESSION_TYPE_MASK, inflated_body
 
 # Properties the broker or this library set or interpret: RocketMQ's MessageConst names (Prop), a batch
 # transaction's attempt markers (broker/format/transaction_codec.py) and the DLQ_ origin ones; every other

@@ -18,6 +18,7 @@ import struct
 from collections.abc import Iterator
 
 from broker.errors import MessageIllegalError, shown
+from broker.format.compression import BORNHOST_V6, STOREHOST_V6
 from broker.format.message import (
     ENTRY_HEADER,
     MAX_PROPERTIES_BYTES,
@@ -29,7 +30,6 @@ from broker.format.message import (
     body_crc,
 )
 from broker.remoting.message_properties import format_properties, parse_properties_bytes
-from broker.remoting.message_sysflag import BORNHOST_V6, STOREHOST_V6
 
 BORN_HOST, STORE_HOST = "born_host", "store_host"
 # (name, struct code) in wire order, through BODY's length; a host is address bytes + port (int32).

@@ -18,10 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from broker.errors import InvalidArgumentError
+from broker.remoting.codes import RequestCode
 from broker.remoting.message_outcomes import INT64, int_field, text_field
 from broker.server.pull_processor import PullRequestArgs
 
-PULL_MESSAGE = 11  # RequestCode.PULL_MESSAGE
+PULL_MESSAGE = RequestCode.PULL_MESSAGE
 FLAG_COMMIT_OFFSET = 0x1
 FLAG_SUSPEND = 0x2
 FLAG_SUBSCRIPTION = 0x4

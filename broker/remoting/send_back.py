@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from broker.errors import BrokerError
 from broker.proto import sluice_pb2 as pb
+from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import INT64, Access, failure, int_field, refusal, text_field
 from broker.remoting.message_replication import Replication
@@ -22,7 +23,7 @@ from broker.remoting.processor import Answer, RequestContext
 from broker.server.consumer_offsets import validate_group
 from broker.server.retry_processor import RetryProcessor
 
-CONSUMER_SEND_MSG_BACK = 36  # RequestCode.CONSUMER_SEND_MSG_BACK
+CONSUMER_SEND_MSG_BACK = RequestCode.CONSUMER_SEND_MSG_BACK
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.format.message import SysFlag
+from broker.remoting.codes import RequestCode
 from broker.remoting.message_outcomes import INT64, bool_field, int_field, text_field
 
-# RequestCode.SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE
-SEND_MESSAGE = 10
-SEND_MESSAGE_V2 = 310
-SEND_BATCH_MESSAGE = 320
+SEND_MESSAGE = RequestCode.SEND_MESSAGE
+SEND_MESSAGE_V2 = RequestCode.SEND_MESSAGE_V2
+SEND_BATCH_MESSAGE = RequestCode.SEND_BATCH_MESSAGE
 
 # SendMessageRequestHeaderV2's one-letter names -> SendMessageRequestHeader's.
 V2_NAMES = {

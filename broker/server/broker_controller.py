@@ -40,6 +40,7 @@ from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.remoting.broker_table import broker_processors
+from broker.remoting.message_processors import MessageProcessors, message_processors
 from broker.remoting.server import RemotingServer
 from broker.rmqv2 import wiring as rmqv2_wiring
 from broker.rmqv2.clients import ClientRegistry
@@ -149,6 +150,7 @@ class BrokerController:
         self.identity: BrokerIdentity | None = None
         self.registrar: NameServerRegistrar | None = None
         self.remoting: RemotingServer | None = None  # RocketMQ's remoting port (remoting_listen), when served
+        self.remoting_messages: MessageProcessors | None = None  # its sends, pulls (and held pulls), send-backs
         # Replication (broker/ha): None for a broker on its own. The gate refuses writes on a slave and holds
         # acknowledgements for the in-sync replicas; the manager runs this replica's role.
         self.replication_settings = config.replication()
@@ -270,8 +272,9 @@ class BrokerController:
         if not cfg.remoting_listen:
             return
         host, port = parse_host_port(cfg.remoting_listen)
-        self.remoting = RemotingServer(broker_processors(self.service), host, port, tls=cfg.server_tls(),
-                                       name="broker-remoting")  # fmt: skip
+        self.remoting_messages = message_processors(self)
+        table = {**broker_processors(self.service), **self.remoting_messages.table}
+        self.remoting = RemotingServer(table, host, port, tls=cfg.server_tls(), name="broker-remoting")
         self.remoting.start()
         cfg.remoting_listen = format_address(host, self.remoting.port)  # a restart in place binds the same port
 
@@ -388,6 +391,8 @@ class BrokerController:
         self._stop_tasks.set()
         if self.registrar is not None:
             self.registrar.shutdown()
+        if self.remoting_messages is not None:
+            self.remoting_messages.shutdown()  # held pulls are answered while their connections are open
         if self.remoting is not None:
             self.remoting.shutdown()
         if self.server is not None:
@@ -654,6 +659,8 @@ class BrokerController:
         log.info("broker shutting down")
         if self.registrar is not None:
             self.registrar.shutdown()  # first: clients stop routing here while in-flight calls finish
+        if self.remoting_messages is not None:
+            self.remoting_messages.shutdown()  # held pulls are answered while their connections are open
         if self.remoting is not None:
             self.remoting.shutdown()
         self.hold.shutdown()

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import MessageIllegalError
+from broker.format.compression import COMPRESSED, compressed_body, inflated_body
 from broker.format.message import ENTRY_HEADER, StoredMessage, decode_entry, encode_entry, encode_properties
 from broker.remoting.message_batch import BatchItem, decode_batch, encode_batch, sluice_batch
 from broker.remoting.message_entry import (
@@ -21,7 +22,6 @@ from broker.remoting.message_entry import (
     parse_offset_msg_id,
 )
 from broker.remoting.message_properties import format_properties, parse_properties
-from broker.remoting.message_sysflag import COMPRESSED, compressed_body, inflated_body
 
 # ------------------------------------------------------------------------------------------------ properties
 
@@ -195,7 +195,7 @@ def test_compressed_bodies_are_inflated_for_readers() -> None:
 
 
 def test_a_compressed_body_inflating_without_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import broker.remoting.message_sysflag as sysflag
+    import broker.format.compression as sysflag
 
     monkeypatch.setattr(sysflag, "MAX_INFLATED_BYTES", 1000)
     with pytest.raises(MessageIllegalError, match="inflates past 1000"):

@@ -20,11 +20,11 @@ from message_wire_helpers import (
 
 from broker.client import Message, Producer, PullConsumer, PullStatus
 from broker.errors import ResponseCode
+from broker.format.compression import compressed_body, inflated_body
 from broker.format.message import decode_entry
 from broker.remoting.message_batch import BatchItem, encode_batch
 from broker.remoting.message_entry import iter_stored, parse_offset_msg_id
 from broker.remoting.message_processors import MessageProcessors, message_processors
-from broker.remoting.message_sysflag import compressed_body, inflated_body
 from broker.server.broker_controller import BrokerController
 
 __all__ = ["remoting"]  # the fixture
