@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from broker.server.broker_controller import BrokerController
 
 
+# The request codes these processors answer (docs/remoting.md's table is checked against them).
+MESSAGE_CODES = (*SEND_CODES, PULL_MESSAGE, CONSUMER_SEND_MSG_BACK)
+
+
 @dataclass
 class MessageProcessors:
     table: dict[int, Processor]
