@@ -272,11 +272,6 @@ class BrokerConfig:
         parse_host_port(self.listen)
         if self.remoting_listen:
             parse_host_port(self.remoting_listen)
-            if self.auth_enabled:  # the remoting port would take offset commits and heartbeats from anyone
-                raise InvalidArgumentError(
-                    "remoting_listen with auth: the remoting port does not check RocketMQ's ACL signatures yet "
-                    "(docs/remoting.md), so it would serve every request unauthenticated; leave one of them out"
-                )
         if self.store_dir.exists() and not self.store_dir.is_dir():
             raise InvalidArgumentError(
                 f"store path {self.store_dir} is a file, not a directory; give a directory for the store (it is "

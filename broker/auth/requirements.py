@@ -302,6 +302,22 @@ REMOTING: dict[str, Requirement] = {
     "SEND_BATCH_MESSAGE": Row(on(Op.PUBLISH_BATCH, lambda r, _: {"topics": [r.topic]})),
     "PULL_MESSAGE": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
     "CONSUMER_SEND_MSG_BACK": Row(on(Op.SEND_BACK, lambda r, _: {"group": r.consumer_group, "topic": ""})),
+    # Offsets and membership (broker/remoting/admission.py names their ``topic`` and ``consumer_group``; a
+    # heartbeat is decided once per consumer group it carries, over that group's subscriptions), as over gRPC.
+    "GET_MAX_OFFSET": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "GET_MIN_OFFSET": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "GET_EARLIEST_MSG_STORETIME": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "SEARCH_OFFSET_BY_TIMESTAMP": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "QUERY_CONSUMER_OFFSET": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "UPDATE_CONSUMER_OFFSET": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "HEART_BEAT": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group, "topics": list(r.subscriptions)})),
+    "UNREGISTER_CLIENT": Row(on(Op.LEAVE_GROUP, lambda r, _: {"group": r.consumer_group})),
+    "GET_CONSUMER_LIST_BY_GROUP": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
+    # The name server's: route reads, open as its gRPC port's are (module docstring).
+    "GET_ROUTEINFO_BY_TOPIC": ANONYMOUS,
+    "GET_BROKER_CLUSTER_INFO": ANONYMOUS,
+    "GET_ALL_TOPIC_LIST_FROM_NAMESERVER": ANONYMOUS,
+    "GET_KV_CONFIG": ANONYMOUS,
 }
 
 # gRPC service path -> its table

@@ -33,6 +33,8 @@ from broker.namesrv.remoting_processor import NameServerRemoting
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
 from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc
+from broker.remoting.admission import anonymous_codes, declared_codes
+from broker.remoting.authentication import Authenticator
 from broker.remoting.server import RemotingServer
 from broker.server.metrics import Counter
 from broker.server.tls import ServerTls, add_port
@@ -71,8 +73,12 @@ class NameServer:
         self.server: grpc.Server | None = None
         self.remoting: RemotingServer | None = None
         if remoting_listen is not None:
+            # With a root user, the codes the requirement table does not mark ANONYMOUS (none served yet: route reads
+            # only) take the root user's RocketMQ ACL signature, as the gRPC port's registrations do.
+            authenticator = (Authenticator(Accounts(None, root), anonymous_codes(), self.refusals, declared_codes())
+                             if root else None)  # fmt: skip
             self.remoting = RemotingServer(NameServerRemoting(self.table, now_ms).processors(), *remoting_listen,
-                                           tls=tls, name="namesrv-remoting")  # fmt: skip
+                                           tls=tls, name="namesrv-remoting", authenticator=authenticator)  # fmt: skip
         self._stop = threading.Event()
         self._expiry: threading.Thread | None = None
 

@@ -3,6 +3,10 @@
 Several threads may call :meth:`RemotingClient.invoke` at once: each request gets its own opaque, a reader thread
 completes the waiting caller when the answer with that opaque arrives, whatever the order the server answers in.
 Requests the server sends (broker-to-client calls such as ``NOTIFY_CONSUMER_IDS_CHANGED``) go to ``on_request``.
+
+Given ``credentials`` (anything with ``access_key`` and ``secret_key``: broker.client's ``Credentials``), every
+request is signed as a RocketMQ 4 client's ACL hook signs it (signature.py) just before it is sent, after its
+fields are final.
 """
 
 from __future__ import annotations
@@ -15,15 +19,31 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Protocol
 
 from broker.errors import BrokerError, BrokerUnreachableError, RemotingFrameError
 from broker.remoting.command import FLAG_ONEWAY, RemotingCommand
 from broker.remoting.frame import PREFIX_BYTES, body_length, decode_frame, encode_frame
+from broker.remoting.signature import sign
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 3.0  # RocketMQ clients' default request timeout
 CONNECT_TIMEOUT_S = 3.0
+
+
+class Signer(Protocol):
+    @property
+    def access_key(self) -> str: ...
+
+    @property
+    def secret_key(self) -> str: ...
+
+
+def signed(command: RemotingCommand, credentials: Signer) -> RemotingCommand:
+    """``command`` with its ``AccessKey`` and ``Signature`` set (in place), as RocketMQ's ``AclClientRPCHook``."""
+    sign(command.ext_fields, command.body, credentials.access_key, credentials.secret_key)
+    return command
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -33,9 +53,11 @@ def parse_address(address: str) -> tuple[str, int]:
 
 class RemotingClient:
     def __init__(self, address: str, *, ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None,
-                 on_request: Callable[[RemotingCommand], None] | None = None) -> None:  # fmt: skip
+                 on_request: Callable[[RemotingCommand], None] | None = None,
+                 credentials: Signer | None = None) -> None:  # fmt: skip
         host, port = parse_address(address)
         self.address = address
+        self.credentials = credentials
         try:
             sock = socket.create_connection((host, port), CONNECT_TIMEOUT_S)
         except OSError as e:
@@ -82,6 +104,8 @@ class RemotingClient:
             self._sock.sendall(data)
 
     def _send(self, command: RemotingCommand) -> None:
+        if self.credentials is not None and not command.is_response:
+            signed(command, self.credentials)
         frame = encode_frame(command)
         try:
             with self._send_lock:

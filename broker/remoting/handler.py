@@ -20,3 +20,16 @@ class Handler:
             return self.handle(request)
         except BrokerError as e:
             return request.response(error_code(e), remark=e.message)
+
+
+class ContextHandler:
+    """A :class:`Handler` whose function also reads the request's context (its user, its connection)."""
+
+    def __init__(self, handle: Callable[[RemotingCommand, RequestContext], Answer]) -> None:
+        self.handle = handle
+
+    def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
+        try:
+            return self.handle(request, context)
+        except BrokerError as e:
+            return request.response(error_code(e), remark=e.message)

@@ -156,6 +156,15 @@ class Access:
             )
         return Caller(context.user, _source(context.peer.address), self.accounts)
 
+    def check(self, context: RequestContext, code_name: str, *requests: Any) -> None:
+        """NoPermissionError unless the caller may do each of ``requests`` (of one code) by the code's row."""
+        caller = self.caller(context)
+        if caller is None:
+            return
+        row: Row = REMOTING[code_name]  # type: ignore[assignment]
+        for request in requests:
+            caller.require(*row.gate_needs(request, _NoLookup()))
+
     @contextmanager
     def admitted(self, context: RequestContext, code_name: str, request: Any) -> Iterator[Caller | None]:
         """Check the request's row, and make the caller the running call's for the work inside (NoPermissionError

@@ -16,24 +16,31 @@ A queue id the topic does not have reads as an empty queue (offset 0), as Rocket
 does not hold is ``TOPIC_NOT_EXIST``. A group without a committed offset is ``QUERY_NOT_FOUND`` (the client then
 starts where its ``consumeFromWhere`` says); RocketMQ answers 0 instead when the queue still starts at offset 0
 and its first message is in memory, a heuristic Sluice does not copy: the client's own rule decides.
+
+Rights (with auth on), as the gRPC calls of the same reads and writes: a queue's offsets need Pub, Sub or Get on
+the topic; a group's committed offset, read or written, Sub on the group and on the topic (broker/auth/
+requirements.py ``REMOTING``, checked by admission.py before anything is read or stored).
 """
 
 from __future__ import annotations
 
 from broker.remoting import header_fields as f
+from broker.remoting.admission import Admitted
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.handler import Handler
+from broker.remoting.message_outcomes import Access
 from broker.remoting.processor import Processor
 from broker.server.admin_processor import AdminProcessor
 
 
 class OffsetProcessors:
-    def __init__(self, admin: AdminProcessor) -> None:
+    def __init__(self, admin: AdminProcessor, access: Access | None = None) -> None:
         self.admin = admin
+        self.access = access or Access(None)
 
     def processors(self) -> dict[int, Processor]:
-        return {
+        handlers = {
             RequestCode.GET_MAX_OFFSET: Handler(self.max_offset),
             RequestCode.GET_MIN_OFFSET: Handler(self.min_offset),
             RequestCode.GET_EARLIEST_MSG_STORETIME: Handler(self.earliest_time),
@@ -41,6 +48,7 @@ class OffsetProcessors:
             RequestCode.QUERY_CONSUMER_OFFSET: Handler(self.query_consumer_offset),
             RequestCode.UPDATE_CONSUMER_OFFSET: Handler(self.update_consumer_offset),
         }
+        return {code: Admitted(handler, self.access, code) for code, handler in handlers.items()}
 
     def _range(self, request: RemotingCommand) -> tuple[int, int]:
         topic, queue_id = f.text(request, "topic"), f.int32(request, "queueId")

@@ -22,6 +22,13 @@ What the server guarantees, whatever a peer sends:
 * A connection silent for ``IDLE_TIMEOUT_S`` is closed (RocketMQ's serverChannelMaxIdleTimeSeconds); at most
   ``max_connections`` are open at once, a connection past that is closed as soon as it is accepted.
 
+Authentication: with an ``Authenticator`` (authentication.py) every request of a served code is authenticated on
+its worker thread before its processor runs; a refusal is answered ``NO_PERMISSION`` and the processor never runs.
+The user goes to the processor in ``RequestContext.user``.
+
+Connections closing: ``on_close(peer)`` is called (on the loop's thread) for each connection that ends, so that what
+was registered through it (a consumer's membership) is forgotten, as RocketMQ does when a channel closes.
+
 TLS: with a ``ServerTls`` (broker/server/tls.py, the settings the gRPC ports use) every connection is TLS, with the
 same certificate, key and client-certificate rule. Unlike the gRPC ports the certificate is read once at start:
 replacing the files takes a restart for this port. RocketMQ's "permissive" mode (TLS and plain text on one port,
@@ -34,15 +41,16 @@ import asyncio
 import logging
 import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from broker.errors import BrokerError, ServiceNotAvailableError
+from broker.errors import AuthenticationError, BrokerError, ServiceNotAvailableError
+from broker.remoting.authentication import Authenticator
 from broker.remoting.codes import ResponseCode, error_code, not_supported_remark
 from broker.remoting.command import FLAG_RESPONSE, RemotingCommand
 from broker.remoting.connection import Connection
 from broker.remoting.frame import PREFIX_BYTES, body_length, decode_frame
-from broker.remoting.processor import Answer, Processor, RequestContext
+from broker.remoting.processor import Answer, Peer, Processor, RequestContext
 from broker.server.tls import ServerTls
 
 log = logging.getLogger(__name__)
@@ -76,8 +84,11 @@ class RemotingServer:
         self, processors: Mapping[int, Processor], host: str = "0.0.0.0", port: int = 0, *,
         tls: ServerTls | None = None, workers: int = DEFAULT_WORKERS,
         max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S, name: str = "remoting",
+        authenticator: Authenticator | None = None, on_close: Callable[[Peer], None] | None = None,
     ) -> None:  # fmt: skip
         self.processors = dict(processors)
+        self.authenticator = authenticator
+        self.on_close = on_close
         self.host, self.port = host, port
         self.tls = tls
         self.max_connections = max_connections
@@ -204,6 +215,11 @@ class RemotingServer:
         finally:
             self._connections.discard(conn)
             conn.close()
+            if self.on_close is not None:
+                try:
+                    self.on_close(conn)
+                except Exception:  # a listener's bug must not end the server
+                    log.exception("remoting: forgetting the connection from %s failed", address)
 
     # ------------------------------------------------------------------------------------------------ dispatch
     def _dispatch(self, conn: Connection, request: RemotingCommand) -> None:
@@ -234,7 +250,10 @@ class RemotingServer:
         with self._queued_lock:
             self._queued -= 1
         try:
-            answer: Answer = processor.process(request, RequestContext(peer=conn))
+            user = self.authenticator.user_of(request, conn.address) if self.authenticator is not None else None
+            answer: Answer = processor.process(request, RequestContext(peer=conn, user=user))
+        except AuthenticationError as e:  # logged (at a bounded rate) by the authenticator
+            answer = request.response(error_code(e), remark=e.message)
         except BrokerError as e:
             log.info("remoting: request %d from %s refused: %s", request.code, conn.address, e.message)
             answer = request.response(error_code(e), remark=e.message)

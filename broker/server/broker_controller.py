@@ -39,7 +39,11 @@ from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.remoting.admission import anonymous_codes, declared_codes
+from broker.remoting.authentication import Authenticator
 from broker.remoting.broker_table import broker_processors
+from broker.remoting.client_processor import ClientProcessors
+from broker.remoting.message_outcomes import Access
 from broker.remoting.message_processors import MessageProcessors, message_processors
 from broker.remoting.server import RemotingServer
 from broker.rmqv2 import wiring as rmqv2_wiring
@@ -272,9 +276,20 @@ class BrokerController:
         if not cfg.remoting_listen:
             return
         host, port = parse_host_port(cfg.remoting_listen)
-        self.remoting_messages = message_processors(self)
-        table = {**broker_processors(self.service), **self.remoting_messages.table}
-        self.remoting = RemotingServer(table, host, port, tls=cfg.server_tls(), name="broker-remoting")
+        assert self.service is not None
+        consumers = self.service.consumers
+        self.remoting_messages = message_processors(self, subscription_of=consumers.subscription)
+        access = Access(self.accounts if cfg.auth_enabled else None)
+        clients = ClientProcessors(self.service, access)
+        consumers.add_listener(clients.channels.changed)  # NOTIFY_CONSUMER_IDS_CHANGED to the group's clients
+        table = {**broker_processors(self.service, access, clients), **self.remoting_messages.table}
+        authenticator = None
+        if cfg.auth_enabled:  # RocketMQ 4's ACL signature on every request (broker/remoting/authentication.py)
+            assert self.accounts is not None
+            authenticator = Authenticator(self.accounts, anonymous_codes(), self.metrics.auth_refusals,
+                                          declared_codes())  # fmt: skip
+        self.remoting = RemotingServer(table, host, port, tls=cfg.server_tls(), name="broker-remoting",
+                                       authenticator=authenticator, on_close=clients.channels.closed)  # fmt: skip
         self.remoting.start()
         cfg.remoting_listen = format_address(host, self.remoting.port)  # a restart in place binds the same port
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NoReturn, TypeVar
 
@@ -311,9 +311,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         return pb.HeartbeatResponse(group_version=self.heartbeat(request))
 
-    def heartbeat(self, request: pb.HeartbeatRequest) -> int:
+    def heartbeat(self, request: pb.HeartbeatRequest, expression_types: Mapping[str, str] | None = None) -> int:
         """A consumer's heartbeat or leave (also the remoting front's HEART_BEAT and UNREGISTER_CLIENT): the group's
-        version after it; 0 for a producer's, which records nothing yet."""
+        version after it; 0 for a producer's, which records nothing yet. ``expression_types``: topic -> SQL92 for
+        the subscriptions that are not tag expressions (a RocketMQ 4 heartbeat's; gRPC's are all tags)."""
         if not request.consumer_group:  # a producer: nothing to track yet
             return 0
         validate_group(request.consumer_group)
@@ -330,7 +331,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             elif self.retries is not None:
                 self.retries.admit_broadcast(request.consumer_group)
             version = self.consumers.heartbeat(
-                request.consumer_group, request.client_id, dict(request.subscriptions), model
+                request.consumer_group, request.client_id, dict(request.subscriptions), model, expression_types
             )
         return version
 
