@@ -9,6 +9,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from message_wire_helpers import SUSPEND, pull_header, v2_header
@@ -22,10 +23,12 @@ from broker.proto import sluice_pb2 as pb
 from broker.remoting import signature
 from broker.remoting.admission import anonymous_codes, declared_codes
 from broker.remoting.authentication import Authenticator
+from broker.remoting.broker_table import broker_processors
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored
+from broker.remoting.message_processors import MESSAGE_CODES
 from broker.remoting.message_properties import format_properties
 from broker.remoting.server import RemotingServer
 from broker.server.process import BrokerProcess
@@ -269,3 +272,12 @@ def test_the_other_members_are_notified_when_a_client_joins_or_leaves(secured: S
         wait_until(lambda: seen.count(group) == 5, "the notice of the closed connection", timeout_s=5)
         ids = secured.call("GetConsumerList", pb.GetConsumerListRequest(consumer_group=group)).client_ids
         assert list(ids) == ["first@1"]
+
+
+def test_every_served_code_declares_its_rights() -> None:
+    """A code served without a REMOTING row would be for super users only: each one the broker and the name server
+    answer has its row (the one the processors check)."""
+    served = {*broker_processors(SimpleNamespace(admin=None)), *MESSAGE_CODES}  # type: ignore[arg-type]
+    served |= set(NameServerRemoting(RouteTable(), lambda: 0).processors())
+    assert served - declared_codes() == set()
+    assert anonymous_codes() == set(NameServerRemoting(RouteTable(), lambda: 0).processors())
