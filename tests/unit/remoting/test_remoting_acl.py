@@ -18,6 +18,7 @@ from broker.auth.accounts import Accounts, User
 from broker.client.credentials import Credentials
 from broker.namesrv.remoting_processor import NameServerRemoting
 from broker.namesrv.route_table import RouteTable
+from broker.namesrv.server import NameServer
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import signature
@@ -202,12 +203,15 @@ def test_a_code_without_declared_rights_is_for_super_users_only(tmp_path: Path) 
 
 
 def test_the_name_servers_route_reads_need_no_credentials() -> None:
-    accounts = Accounts(None, User("root", "root-secret-value", super_user=True))
-    auth = Authenticator(accounts, anonymous_codes(), None, declared_codes())
-    table = NameServerRemoting(RouteTable(60_000), lambda: 0).processors()
-    with RemotingServer(table, "127.0.0.1", 0, authenticator=auth) as server, RemotingClient(server.address) as c:
-        listed = c.invoke(RemotingCommand(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))
-        assert listed.code == ResponseCode.SUCCESS and json.loads(listed.body) == {"topicList": []}
+    """A name server with a root user (registrations signed) still serves route reads to anyone, as over gRPC."""
+    root = User("root", "root-secret-value", super_user=True)
+    with NameServer("127.0.0.1", 0, root=root, remoting_listen=("127.0.0.1", 0)) as ns:
+        assert ns.remoting is not None and ns.remoting.authenticator is not None
+        with RemotingClient(ns.remoting.address) as c:
+            listed = c.invoke(RemotingCommand(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))
+            assert listed.code == ResponseCode.SUCCESS and json.loads(listed.body) == {"topicList": []}
+            route = c.invoke(RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields={"topic": "Any"}))
+            assert route.code == ResponseCode.TOPIC_NOT_EXIST
 
 
 # ------------------------------------------------------------------------------------------------ subscriptions
