@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from broker.remoting.message_entry import iter_stored
 from broker.remoting.message_processors import MESSAGE_CODES
 from broker.remoting.message_properties import format_properties
 from broker.remoting.server import RemotingServer
+from broker.server.consumer_manager import ConsumerManager
 from broker.server.process import BrokerProcess
 from tests.support.auth_process import ROOT, SETTINGS, Secured
 from tests.support.waiting import wait_until
@@ -224,18 +226,40 @@ def heartbeat(group: str, client_id: str, topic: str, expression: str = "*", kin
     return RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(data).encode())
 
 
-def test_a_push_pull_is_filtered_by_the_heartbeats_sql92_subscription(secured: Secured) -> None:
-    topic, group = secured.topic("AclSql"), "AclSqlG"
-    with client(secured) as c:
-        for i in range(4):
-            assert c.invoke(send_command(topic, b"m%d" % i, {"a": str(i)})).code == ResponseCode.SUCCESS
-        wait_until(lambda: secured.max_offset(topic) == 4, "the four messages", timeout_s=5)
-        assert c.invoke(heartbeat(group, "sql-consumer@1", topic, "a >= 2", "SQL92")).code == ResponseCode.SUCCESS
+def test_a_push_pull_is_filtered_by_the_heartbeats_subscription(secured: Secured) -> None:
+    topic = secured.topic("AclSql")
+
+    def push_pull(c: RemotingClient, group: str) -> list[bytes]:
         # a push consumer's pull: SUSPEND only, no subscription of its own (an empty one, as the Java client)
         header = {**pull_header(group, topic, 0, 0, sys_flag=SUSPEND, subscription=""), "expressionType": ""}
         answer = c.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=header))
         assert answer.code == ResponseCode.SUCCESS
-        assert [m.body for m in iter_stored(answer.body)] == [b"m2", b"m3"]
+        return [m.body for m in iter_stored(answer.body)]
+
+    with client(secured) as c:
+        for i in range(4):
+            props = {"a": str(i), "TAGS": "TagA" if i % 2 else "TagB"}
+            assert c.invoke(send_command(topic, b"m%d" % i, props)).code == ResponseCode.SUCCESS
+        wait_until(lambda: secured.max_offset(topic) == 4, "the four messages", timeout_s=5)
+        assert c.invoke(heartbeat("AclSqlG", "sql@1", topic, "a >= 2", "SQL92")).code == ResponseCode.SUCCESS
+        assert c.invoke(heartbeat("AclTagG", "tag@1", topic, "TagA")).code == ResponseCode.SUCCESS
+        assert push_pull(c, "AclSqlG") == [b"m2", b"m3"]
+        assert push_pull(c, "AclTagG") == [b"m1", b"m3"]
+        assert push_pull(c, "AclNoBeatG") == [b"m0", b"m1", b"m2", b"m3"]  # no heartbeat: everything
+
+
+def test_the_consumer_table_keeps_expression_types_and_tells_its_listeners() -> None:
+    table, told = ConsumerManager(), []
+    table.add_listener(told.append)
+    table.heartbeat("G", "c1", {"T": "a > 1"}, "CLUSTERING", {"T": "SQL92"})
+    table.heartbeat("G", "c1", {"T": "a > 1"}, "CLUSTERING", {"T": "SQL92"})  # nothing changed: not told
+    assert table.subscription("G", "T") == ("a > 1", "SQL92") and told == ["G"]
+    time.sleep(0.002)  # heartbeats are told apart by their millisecond
+    table.heartbeat("G", "c2", {"T": "TagA"}, "CLUSTERING")  # a gRPC heartbeat: tags, the latest one wins
+    assert table.subscription("G", "T") == ("TagA", "TAG") and table.subscription("G", "Other") is None
+    table.unregister("G", "c2")
+    table.unregister("G", "nobody")  # not a member: nothing changed
+    assert told == ["G", "G", "G"]
 
 
 # ------------------------------------------------------------------------------------------------ notices
