@@ -39,7 +39,9 @@ from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.remoting.admin_table import admin_processors
 from broker.remoting.broker_table import broker_processors
+from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_processors import MessageProcessors, message_processors
 from broker.remoting.server import RemotingServer
 from broker.rmqv2 import wiring as rmqv2_wiring
@@ -272,10 +274,14 @@ class BrokerController:
         if not cfg.remoting_listen:
             return
         host, port = parse_host_port(cfg.remoting_listen)
-        self.remoting_messages = message_processors(self)
-        table = {**broker_processors(self.service), **self.remoting_messages.table}
+        assert self.store is not None
+        msg_ids = RemotingIds(self.store.msg_id_prefix())  # ids name the remoting address once it is bound
+        self.remoting_messages = message_processors(self, msg_ids=msg_ids)
+        table = {**broker_processors(self.service), **self.remoting_messages.table,
+                 **admin_processors(self, msg_ids)}  # fmt: skip
         self.remoting = RemotingServer(table, host, port, tls=cfg.server_tls(), name="broker-remoting")
         self.remoting.start()
+        msg_ids.bind(self.remoting_address())
         cfg.remoting_listen = format_address(host, self.remoting.port)  # a restart in place binds the same port
 
     def remoting_address(self) -> str:
