@@ -34,6 +34,6 @@ class Remoting:
 
 @pytest.fixture
 def remoting_broker(broker_factory: Callable[..., BrokerController]) -> Iterator[Remoting]:
-    broker = broker_factory(remoting_listen="127.0.0.1:0")
+    broker = broker_factory(remoting_listen="127.0.0.1:0", broker_name="broker-a")
     with RemotingClient(broker.remoting_address()) as client:
         yield Remoting(broker, client)
