@@ -11,7 +11,9 @@ from admin_wire_helpers import Remoting, remoting_broker
 
 from broker.client import Message, Producer
 from broker.format.message import POS_STORE_HOST
+from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored, parse_offset_msg_id
 
 __all__ = ["remoting_broker"]  # the fixture
@@ -30,7 +32,8 @@ def test_an_id_a_remoting_send_returned_finds_its_message_at_the_address_it_name
     host, offset = parse_offset_msg_id(sent.ext_fields["msgId"])
     assert host == r.broker.remoting_address()  # not the gRPC port, which does not speak remoting
     _dispatched(r)
-    answer = r.call(VIEW, offset=str(offset))
+    with RemotingClient(host) as client:  # as a 4.x client does: to the address the id names
+        answer = client.invoke(RemotingCommand(VIEW, ext_fields={"offset": str(offset)}))
     assert answer.code == ResponseCode.SUCCESS, answer.remark
     # the stored entry, its STOREHOST naming the remoting address (hand-built: IPv4 then the int32 port)
     assert r.broker.store is not None
