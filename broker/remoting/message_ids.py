@@ -2,9 +2,10 @@
 
 A RocketMQ offset message id is the store host (IPv4 and port) and the commit-log offset, and a 4.x client or
 ``mqadmin queryMsgById`` connects to the address in the id and asks ``VIEW_MESSAGE_BY_ID`` there with the offset.
-Sluice's store writes one store host into every entry it stores: the broker's gRPC address (the entries are
-replicated and read byte for byte, so they are not rewritten). An id naming the gRPC port would send a remoting
-client to a port that does not speak its protocol, so the remoting front names its own address instead:
+Sluice's store writes one store host into every entry it stores (entries are replicated and pulled byte for byte):
+the broker's remoting address when its port is set, else its gRPC address, since a remoting port of 0 is known only
+once bound, after the store starts (BrokerController._store_host). For that case, and for entries stored before the
+port was set, the remoting front names its own address in the ids it gives:
 
 * send answers (``msgId``, which the client keeps as ``offsetMsgId``) carry the remoting address and the
   commit-log offset (:meth:`RemotingIds.msg_id`);
@@ -12,10 +13,10 @@ client to a port that does not speak its protocol, so the remoting front names i
   address (:meth:`RemotingIds.served`), so the ids a client decodes from them lead back to this port;
 * ``VIEW_MESSAGE_BY_ID`` reads its ``offset`` field alone: an id of either address finds the message.
 
-Pulled entries are sent as stored (the pull path ships the stored bytes): the ``offsetMsgId`` a 4.x consumer decodes
-from a pulled message names the gRPC address (docs/remoting.md, "What differs"). The message's ``UNIQ_KEY`` (the id
-4.x clients show as ``msgId``) finds it over either port (``QUERY_MESSAGE`` with ``_UNIQUE_KEY_QUERY``). Entries
-with an IPv6 host field, and brokers whose remoting address is not IPv4, keep the stored host.
+Pulled entries are sent as stored: with a remoting port of 0 the ``offsetMsgId`` a 4.x consumer decodes from a
+pulled message names the gRPC address (docs/remoting.md, "What differs"); the message's ``UNIQ_KEY`` (the id 4.x
+clients show as ``msgId``) finds it over either port (``QUERY_MESSAGE``). Entries with an IPv6 host field, and
+brokers whose remoting address is not IPv4, keep the stored host.
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ class BrokerController:
             cfg.store_dir.mkdir(parents=True, exist_ok=True)  # after the bind: a refused start leaves no directory
             self.topics.load()
             self.offsets.load()
-            self.store = self._start_store(advertised_ip(host), self.port)
+            self.store = self._start_store(*self._store_host(host))
             self.topics.store_queue_ids = self.store.queue_ids
             for topic in self.store.topics():  # topics with data but no config entry (lost topics.json...)
                 if self.topics.get(topic) is None:
@@ -495,6 +495,17 @@ class BrokerController:
             if started:
                 self.schedule.shutdown()
             self.schedule = None
+
+    def _store_host(self, host: str) -> tuple[str, int]:
+        """The address written into every stored entry, which offset msgIds carry and RocketMQ 4 clients and
+        ``mqadmin queryMsgById`` connect to: the remoting address when its port is set (known before it is bound),
+        else the gRPC one; the remoting front then names its own address in the ids it gives
+        (broker/remoting/message_ids.py). Sluice's clients find a message by id whichever address it names."""
+        if self.config.remoting_listen:
+            remoting_host, remoting_port = parse_host_port(self.config.remoting_listen)
+            if remoting_port:
+                return advertised_ip(remoting_host), remoting_port
+        return advertised_ip(host), self.port
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
         # Built by the config, which already validated it: the store table cannot override the broker's own values.

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Callable
 
 from admin_wire_helpers import Remoting, remoting_broker
+from message_wire_helpers import pull_header
 
-from broker.client import Message, Producer
+from broker.client import Admin, Message, Producer
 from broker.format.message import POS_STORE_HOST
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored, parse_offset_msg_id
+from broker.server.broker_controller import BrokerController
 
 __all__ = ["remoting_broker"]  # the fixture
 
@@ -92,3 +95,26 @@ def test_query_by_key_finds_messages_of_both_protocols(remoting_broker: Remoting
     assert "indexLastUpdatePhyoffset" in missing.ext_fields
     assert r.call(QUERY, **{**ext, "topic": "NoSuchTopic"}).code == ResponseCode.TOPIC_NOT_EXIST
     assert r.call(QUERY, **{**ext, "maxNum": "x"}).code == ResponseCode.INVALID_PARAMETER
+
+
+def test_with_a_set_remoting_port_stored_entries_name_it_so_pulled_ids_lead_there_too(
+    broker_factory: Callable[..., BrokerController],
+) -> None:
+    with socket.socket() as s:  # a free port to set (a port of 0 is only known once bound, after the store starts)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    broker = broker_factory(remoting_listen=f"127.0.0.1:{port}")
+    endpoint, address = f"127.0.0.1:{broker.port}", f"127.0.0.1:{port}"
+    with Producer(endpoint) as producer:
+        result = producer.send(Message("PT", b"pulled"), queue_id=0)
+    assert parse_offset_msg_id(result.msg_id)[0] == address  # the gRPC send's id names the remoting port too
+    assert broker.store is not None and broker.store.wait_dispatched()
+    with RemotingClient(address) as client:
+        pulled = client.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=pull_header("pg", "PT", 0, 0)))
+        assert pulled.code == ResponseCode.SUCCESS, pulled.remark
+        (m,) = iter_stored(pulled.body)  # as stored: the offset id a 4.x consumer decodes
+        assert (m.store_host, m.msg_id) == (address, result.msg_id)
+        viewed = client.invoke(RemotingCommand(VIEW, ext_fields={"offset": str(m.commitlog_offset)}))
+        assert viewed.body == broker.store.lookup_entry(m.commitlog_offset)
+    with Admin(endpoint) as admin:  # Sluice's own lookup by id is not bound to the address in it
+        assert admin.view_message(result.msg_id).body == b"pulled"
