@@ -39,7 +39,7 @@ FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASY
 BROKER_OWNED_STORE_SETTINGS = {
     "store_path": "the top-level store_path (or --store); the broker's config directory lives inside it",
     "flush_disk_type": "the top-level flush_disk_type (or --flush)",
-    "store_host": "the top-level listen (or --listen); msgIds carry the address the broker listens on",
+    "store_host": "the top-level listen (or --listen), or remoting_listen when its port is set; msgIds carry it",
     "schedule_topic": "nothing: delayed messages always go to " + SCHEDULE_TOPIC,
     "delay_level_ms": 'the top-level message_delay_level (e.g. "1s 5s 10s")',
     "disk_usage_probe": "nothing: it is a test hook, not a setting",

@@ -318,6 +318,21 @@ REMOTING: dict[str, Requirement] = {
     "GET_BROKER_CLUSTER_INFO": ANONYMOUS,
     "GET_ALL_TOPIC_LIST_FROM_NAMESERVER": ANONYMOUS,
     "GET_KV_CONFIG": ANONYMOUS,
+    # mqadmin deleteTopic's name server half: signed by the name server's root user (the only one it knows).
+    "DELETE_TOPIC_IN_NAMESRV": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
+    # queries and mqadmin's codes (broker/remoting/query_processor.py, topic_ and group_admin_processor.py)
+    "QUERY_MESSAGE": Row(on(Op.QUERY_MESSAGES, lambda r, _: {"topic": r.topic})),
+    "VIEW_MESSAGE_BY_ID": Row(on(Op.VIEW_MESSAGE, lambda r, _: {"topic": ""})),  # decided on the entry read
+    "UPDATE_AND_CREATE_TOPIC": Row(on(Op.CREATE_TOPIC, lambda r, _: {"name": r.topic})),
+    "DELETE_TOPIC_IN_BROKER": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
+    "GET_TOPIC_STATS_INFO": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "GET_BROKER_RUNTIME_INFO": Row(on(Op.CLUSTER_STATS)),
+    "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP": Row(on(Op.UPDATE_GROUP_SETTINGS, lambda r, _: {"name": r.consumer_group})),
+    "GET_CONSUMER_CONNECTION_LIST": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
+    "GET_CONSUME_STATS": Row(on(Op.GROUP_LAG, lambda r, _: {"group": r.consumer_group, "topic": r.topic})),
+    "INVOKE_BROKER_TO_RESET_OFFSET": Row(
+        on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group, "topics": [r.topic]})
+    ),
 }
 
 # gRPC service path -> its table

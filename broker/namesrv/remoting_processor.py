@@ -10,6 +10,11 @@
 * ``GET_BROKER_CLUSTER_INFO`` (106): ``brokerAddrTable`` and ``clusterAddrTable`` of the brokers with a remoting
   address.
 * ``GET_ALL_TOPIC_LIST_FROM_NAMESERVER`` (206): ``{"topicList": [...]}``.
+* ``DELETE_TOPIC_IN_NAMESRV`` (216): ``mqadmin deleteTopic`` sends it after deleting the topic in the brokers, whose
+  deletion already re-registered them without it (a topic change wakes the registrar at once). A name server that
+  takes anonymous registrations (no root user) drops the topic from every route, as RocketMQ's does; one that
+  authenticates registrations changes nothing, since this port checks no credentials and a route write from it
+  would let anyone hide a topic its brokers still hold. SUCCESS either way, as RocketMQ answers.
 * ``GET_KV_CONFIG`` (101): Sluice keeps no name-server KV configuration, so every key is RocketMQ's "not found"
   (``QUERY_NOT_FOUND``), which clients take as "no value".
 """
@@ -37,9 +42,11 @@ def _json(body: dict[str, Any], request: RemotingCommand) -> bytes:
 
 
 class NameServerRemoting:
-    def __init__(self, table: RouteTable, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, table: RouteTable, clock_ms: Callable[[], int], *, open_routes: bool = False) -> None:
+        """``open_routes``: registrations are not authenticated, so a route change from this port opens nothing."""
         self.table = table
         self.clock_ms = clock_ms
+        self.open_routes = open_routes
 
     def processors(self) -> dict[int, Processor]:
         return {
@@ -47,6 +54,7 @@ class NameServerRemoting:
             RequestCode.GET_BROKER_CLUSTER_INFO: Handler(self.cluster_info),
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: Handler(self.topic_list),
             RequestCode.GET_KV_CONFIG: Handler(self.kv_config),
+            RequestCode.DELETE_TOPIC_IN_NAMESRV: Handler(self.delete_topic),
         }
 
     def route(self, request: RemotingCommand) -> RemotingCommand:
@@ -85,6 +93,11 @@ class NameServerRemoting:
     def topic_list(self, request: RemotingCommand) -> RemotingCommand:
         body = {"topicList": self.table.topic_names(self.clock_ms())}
         return request.response(ResponseCode.SUCCESS, body=fastjson.dumps(body, standard=True))
+
+    def delete_topic(self, request: RemotingCommand) -> RemotingCommand:
+        if self.open_routes:
+            self.table.delete_topic(request.ext_fields.get("topic", ""))
+        return request.response(ResponseCode.SUCCESS)
 
     def kv_config(self, request: RemotingCommand) -> RemotingCommand:
         namespace, key = request.ext_fields.get("namespace", ""), request.ext_fields.get("key", "")

@@ -234,6 +234,19 @@ class RouteTable:
         log.info("broker %s/%d at %s unregistered", broker_name, broker_id, old.address)
         return True
 
+    def delete_topic(self, topic: str) -> int:
+        """Drop ``topic`` from every registration (``mqadmin deleteTopic``, after the brokers deleted it); the
+        number of registrations that held it. A broker that still holds it brings it back with its next full
+        registration, which a change of its topics sends."""
+        check_topic(topic)
+        with self._lock:
+            holders = [b for b in self._brokers.values() if topic in b.topics]
+            for b in holders:
+                del b.topics[topic]
+        if holders:
+            log.info("topic %s deleted from the routes of %d broker(s)", topic, len(holders))
+        return len(holders)
+
     def master_of(self, broker_name: str, now_ms: int) -> BrokerLive | None:
         """The group's master registration (id 0), if live."""
         with self._lock:

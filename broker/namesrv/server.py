@@ -13,8 +13,8 @@ open, broker/auth/requirements.py says why), and refuses to be made without one 
 for tests and development on a trusted machine only. With a root user that setting changes nothing.
 
 With ``remoting_listen`` (``HOST:PORT``) the name server also serves RocketMQ's remoting protocol on that port, for
-RocketMQ 4 clients and ``mqadmin`` (broker/namesrv/remoting_processor.py): route reads only, with the same TLS
-settings; registration stays on the gRPC port.
+RocketMQ 4 clients and ``mqadmin`` (broker/namesrv/remoting_processor.py): route reads (and, without a root user,
+``mqadmin deleteTopic``'s route deletion), with the same TLS settings; registration stays on the gRPC port.
 """
 
 from __future__ import annotations
@@ -73,12 +73,13 @@ class NameServer:
         self.server: grpc.Server | None = None
         self.remoting: RemotingServer | None = None
         if remoting_listen is not None:
-            # With a root user, the codes the requirement table does not mark ANONYMOUS (none served yet: route reads
-            # only) take the root user's RocketMQ ACL signature, as the gRPC port's registrations do.
+            # With a root user, every code the requirement table does not mark ANONYMOUS (all but the route reads)
+            # takes the root user's RocketMQ ACL signature, as the gRPC port's registrations do.
             authenticator = (Authenticator(Accounts(None, root), anonymous_codes(), self.refusals, declared_codes())
                              if root else None)  # fmt: skip
-            self.remoting = RemotingServer(NameServerRemoting(self.table, now_ms).processors(), *remoting_listen,
-                                           tls=tls, name="namesrv-remoting", authenticator=authenticator)  # fmt: skip
+            processors = NameServerRemoting(self.table, now_ms, open_routes=self.gate is None).processors()
+            self.remoting = RemotingServer(processors, *remoting_listen, tls=tls, name="namesrv-remoting",
+                                           authenticator=authenticator)  # fmt: skip
         self._stop = threading.Event()
         self._expiry: threading.Thread | None = None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access
 from broker.remoting.message_replication import Replication
 from broker.remoting.processor import Processor
@@ -39,17 +40,19 @@ class MessageProcessors:
 
 
 def message_processors(
-    controller: BrokerController, *, subscription_of: SubscriptionOf | None = None
+    controller: BrokerController, *, subscription_of: SubscriptionOf | None = None,
+    msg_ids: RemotingIds | None = None,
 ) -> MessageProcessors:
     """The entries for SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, PULL_MESSAGE and CONSUMER_SEND_MSG_BACK.
     ``subscription_of``: the (expression, type) a group's heartbeat registered for a topic, which filters the
-    pulls of push consumers (they send none); without it they are given everything and filter by tag themselves."""
+    pulls of push consumers (they send none); without it they are given everything and filter by tag themselves.
+    ``msg_ids``: the remoting address send answers' ids name (message_ids.py); None: the store's host."""
     service = controller.service
     assert service is not None and service.retries is not None, "build the processors of a started broker"
     access = Access(controller.accounts if controller.config.auth_enabled else None)
     replication = Replication(controller.gate)
     suspender = PullSuspender(service.pulls, controller.hold)
-    sends = SendMessageProcessor(service.sends, access, replication)
+    sends = SendMessageProcessor(service.sends, access, replication, msg_ids)
     table: dict[int, Processor] = dict.fromkeys(SEND_CODES, sends)
     table[PULL_MESSAGE] = PullMessageProcessor(service.pulls, suspender, access, subscription_of, replication)
     table[CONSUMER_SEND_MSG_BACK] = SendBackProcessor(service.retries, access, replication)

@@ -8,7 +8,8 @@ topics auto-created the same way, delays, timers and transactions the same. What
   transaction bits itself, so they are cleared from the sysFlag sent;
 * a batch body (``message_batch``) becomes the commit-log entries SendBatch validates and stores whole.
 
-The answer (``SendMessageResponseHeader``): ``msgId`` the offset message id (comma-joined for a batch; the client
+The answer (``SendMessageResponseHeader``): ``msgId`` the offset message id, naming the remoting address
+(message_ids.py) (comma-joined for a batch; the client
 keeps its UNIQ_KEY as the message id users see and this as ``offsetMsgId``), ``queueId``, ``queueOffset`` (the
 first of a batch), ``transactionId`` for a half, and ``MSG_REGION``/``TRACE_ON``, which a 4.x client reads from
 every send answer. A stored message whose flush timed out is answered FLUSH_DISK_TIMEOUT with the same fields (it
@@ -21,6 +22,7 @@ from broker.errors import BrokerError, ResponseCode
 from broker.format.message import SysFlag, msg_id_at
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_batch import decode_batch, sluice_batch
+from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access, failure, refusal
 from broker.remoting.message_properties import parse_properties
 from broker.remoting.message_replication import Replication
@@ -33,9 +35,12 @@ DEFAULT_REGION = "DefaultRegion"  # MixAll.DEFAULT_TRACE_REGION_ID, what a Rocke
 STATUS_CODES = {"SEND_OK": ResponseCode.SUCCESS, "FLUSH_DISK_TIMEOUT": ResponseCode.FLUSH_DISK_TIMEOUT}
 
 
-def send_answer(request: RemotingCommand, outcome: SendOutcome, replicated: bool = True) -> RemotingCommand:
+def send_answer(request: RemotingCommand, outcome: SendOutcome, replicated: bool = True,
+                msg_ids: RemotingIds | None = None) -> RemotingCommand:  # fmt: skip
+    """``msg_ids``: the remoting address the ids name (broker/remoting/message_ids.py); None: the store's host."""
     r = outcome.result
-    ids = ",".join(msg_id_at(r.msg_id_prefix, offset) for offset in r.commitlog_offsets)
+    prefix = msg_ids.prefix if msg_ids is not None else r.msg_id_prefix
+    ids = ",".join(msg_id_at(prefix, offset) for offset in r.commitlog_offsets)
     ext = {
         "msgId": ids,
         "queueId": str(r.queue_ids[0] if r.queue_ids else 0),
@@ -52,9 +57,11 @@ def send_answer(request: RemotingCommand, outcome: SendOutcome, replicated: bool
 class SendMessageProcessor:
     """One message (codes 10 and 310) or a batch (320), by the request's code."""
 
-    def __init__(self, sends: SendProcessor, access: Access, replication: Replication | None = None) -> None:
+    def __init__(self, sends: SendProcessor, access: Access, replication: Replication | None = None,
+                 msg_ids: RemotingIds | None = None) -> None:  # fmt: skip
         self.sends, self.access = sends, access
         self.replication = replication or Replication(None)
+        self.msg_ids = msg_ids
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:
@@ -64,7 +71,7 @@ class SendMessageProcessor:
                 target = self.replication.before_write(name)
                 outcome = self._batch(request, req, context) if req.batch else self._one(request, req)
             replicated = self.replication.replicated(target, outcome.result.commitlog_offsets)
-            return send_answer(request, outcome, replicated)
+            return send_answer(request, outcome, replicated, self.msg_ids)
         except BrokerError as e:
             return refusal(request, e, ResponseCode.MESSAGE_ILLEGAL)
         except Exception as e:  # noqa: BLE001 - the last line of defence: answered, and the broker serves on

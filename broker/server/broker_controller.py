@@ -39,10 +39,12 @@ from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.remoting.admin_table import admin_processors
 from broker.remoting.admission import anonymous_codes, declared_codes
 from broker.remoting.authentication import Authenticator
 from broker.remoting.broker_table import broker_processors
 from broker.remoting.client_processor import ClientProcessors
+from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access
 from broker.remoting.message_processors import MessageProcessors, message_processors
 from broker.remoting.server import RemotingServer
@@ -232,7 +234,7 @@ class BrokerController:
             cfg.store_dir.mkdir(parents=True, exist_ok=True)  # after the bind: a refused start leaves no directory
             self.topics.load()
             self.offsets.load()
-            self.store = self._start_store(advertised_ip(host), self.port)
+            self.store = self._start_store(*self._store_host(host))
             self.topics.store_queue_ids = self.store.queue_ids
             for topic in self.store.topics():  # topics with data but no config entry (lost topics.json...)
                 if self.topics.get(topic) is None:
@@ -276,13 +278,15 @@ class BrokerController:
         if not cfg.remoting_listen:
             return
         host, port = parse_host_port(cfg.remoting_listen)
-        assert self.service is not None
+        assert self.service is not None and self.store is not None
         consumers = self.service.consumers
-        self.remoting_messages = message_processors(self, subscription_of=consumers.subscription)
+        msg_ids = RemotingIds(self.store.msg_id_prefix())  # ids name the remoting address once it is bound
+        self.remoting_messages = message_processors(self, subscription_of=consumers.subscription, msg_ids=msg_ids)
         access = Access(self.accounts if cfg.auth_enabled else None)
         clients = ClientProcessors(self.service, access)
         consumers.add_listener(clients.channels.changed)  # NOTIFY_CONSUMER_IDS_CHANGED to the group's clients
-        table = {**broker_processors(self.service, access, clients), **self.remoting_messages.table}
+        table = {**broker_processors(self.service, access, clients), **self.remoting_messages.table,
+                 **admin_processors(self, msg_ids)}  # fmt: skip
         authenticator = None
         if cfg.auth_enabled:  # RocketMQ 4's ACL signature on every request (broker/remoting/authentication.py)
             assert self.accounts is not None
@@ -291,6 +295,7 @@ class BrokerController:
         self.remoting = RemotingServer(table, host, port, tls=cfg.server_tls(), name="broker-remoting",
                                        authenticator=authenticator, on_close=clients.channels.closed)  # fmt: skip
         self.remoting.start()
+        msg_ids.bind(self.remoting_address())
         cfg.remoting_listen = format_address(host, self.remoting.port)  # a restart in place binds the same port
 
     def remoting_address(self) -> str:
@@ -504,6 +509,17 @@ class BrokerController:
             if started:
                 self.schedule.shutdown()
             self.schedule = None
+
+    def _store_host(self, host: str) -> tuple[str, int]:
+        """The address written into every stored entry, which offset msgIds carry and RocketMQ 4 clients and
+        ``mqadmin queryMsgById`` connect to: the remoting address when its port is set (known before it is bound),
+        else the gRPC one; the remoting front then names its own address in the ids it gives
+        (broker/remoting/message_ids.py). Sluice's clients find a message by id whichever address it names."""
+        if self.config.remoting_listen:
+            remoting_host, remoting_port = parse_host_port(self.config.remoting_listen)
+            if remoting_port:
+                return advertised_ip(remoting_host), remoting_port
+        return advertised_ip(host), self.port
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
         # Built by the config, which already validated it: the store table cannot override the broker's own values.

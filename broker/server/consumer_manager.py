@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from broker.errors import BrokerError, LimitExceededError, ResponseCode
@@ -170,6 +170,14 @@ class ConsumerManager:
             if info is None:
                 return []
             return sorted({t for c in info.consumers.values() for t in c.subscriptions})
+
+    def members(self, group: str) -> list[ConsumerInfo]:
+        """The group's live consumers (copies), sorted by client id: what an administrator's connection list shows."""
+        with self._lock:
+            info = self._groups.get(group)
+            if info is None:
+                return []
+            return [replace(c, subscriptions=dict(c.subscriptions)) for _, c in sorted(info.consumers.items())]
 
     def live_groups(self) -> dict[str, tuple[int, list[str]]]:
         """Every group with live consumers: (how many, the topics they subscribe to, sorted)."""

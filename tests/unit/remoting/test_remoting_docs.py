@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from broker.namesrv.remoting_processor import NameServerRemoting
 from broker.namesrv.route_table import RouteTable
+from broker.remoting.admin_table import ADMIN_CODES
 from broker.remoting.broker_table import broker_processors
 from broker.remoting.codes import RequestCode
 from broker.remoting.message_processors import MESSAGE_CODES
@@ -22,5 +23,5 @@ def test_the_supported_codes_table_is_the_processor_tables() -> None:
     namesrv = NameServerRemoting(RouteTable(), lambda: 0).processors()
     broker = broker_processors(SimpleNamespace(admin=None))  # type: ignore[arg-type]  # building needs no broker
     served = {(int(c), RequestCode(c).name, "name server") for c in namesrv}
-    served |= {(int(c), RequestCode(c).name, "broker") for c in [*broker, *MESSAGE_CODES]}
+    served |= {(int(c), RequestCode(c).name, "broker") for c in [*broker, *MESSAGE_CODES, *ADMIN_CODES]}
     assert documented == served
