@@ -302,6 +302,13 @@ REMOTING: dict[str, Requirement] = {
     "SEND_BATCH_MESSAGE": Row(on(Op.PUBLISH_BATCH, lambda r, _: {"topics": [r.topic]})),
     "PULL_MESSAGE": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
     "CONSUMER_SEND_MSG_BACK": Row(on(Op.SEND_BACK, lambda r, _: {"group": r.consumer_group, "topic": ""})),
+    # translated into the sluice.v1 requests of the same work, decided by those requests' rows
+    "END_TRANSACTION": BROKER["EndTransaction"],
+    "LOCK_BATCH_MQ": BROKER["LockBatchMQ"],
+    "UNLOCK_BATCH_MQ": BROKER["UnlockBatchMQ"],
+    "POP_MESSAGE": BROKER["PopMessage"],
+    "ACK_MESSAGE": BROKER["AckMessage"],
+    "CHANGE_MESSAGE_INVISIBLETIME": BROKER["ChangeInvisibleTime"],
 }
 
 # gRPC service path -> its table

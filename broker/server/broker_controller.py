@@ -173,8 +173,12 @@ class BrokerController:
 
     def _check_back(self, group: str, txn_id: str, half: StoredMessage) -> None:
         """A transaction's check-back: through a RocketMQ 5 producer's Telemetry stream when one publishes to the
-        group (the topic, as the RocketMQ proxy names it), else through a Sluice producer's check stream."""
-        if not self.rmqv2_clients.check(group, txn_id, half):
+        group (the topic, as the RocketMQ proxy names it), else over a RocketMQ 4 producer's remoting connection,
+        else through a Sluice producer's check stream."""
+        if self.rmqv2_clients.check(group, txn_id, half):
+            return
+        remoting = self.remoting_messages.producers if self.remoting_messages is not None else None
+        if remoting is None or not remoting.check(group, txn_id, half):
             self.check_hub.check(group, txn_id, half)
 
     @property
