@@ -50,7 +50,8 @@ def parse_lock_body(body: bytes) -> tuple[pb.LockBatchRequest, dict[tuple[str, i
         raise InvalidArgumentError("the body is not LockBatchRequestBody JSON") from None
     if not isinstance(data, dict):
         raise InvalidArgumentError("the body is not a LockBatchRequestBody object")
-    mq_set = data.get("mqSet") or []
+    mq_set = data.get("mqSet")
+    mq_set = [] if mq_set is None else mq_set
     if not isinstance(mq_set, list):
         raise InvalidArgumentError("LockBatchRequestBody: mqSet is not a list")
     queues = [_queue(e) for e in mq_set]

@@ -18,10 +18,10 @@ retryFlag 0, Sluice redelivers from the topic itself), ``orderCountInfo`` (empty
 ``POP_CK`` property) names a checkpoint of its broker's revive queues; Sluice's pops have no such checkpoint: a
 delivery is named by a signed receipt handle (broker/semantics/receipt_handle.py), which no RocketMQ string can
 carry. So each message comes with ``POP_CK`` set to Sluice's receipt handle (a 5.x client keeps a ``POP_CK`` the
-broker set), and ``extraInfo`` of ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME must be that handle; a RocketMQ-built
-``extraInfo`` is refused INVALID_PARAMETER. CHANGE_MESSAGE_INVISIBLETIME's answer adds ``extraInfo``, the new handle
-(a change starts a new delivery; the old handle no longer acks), beside RocketMQ's ``popTime``, ``invisibleTime``
-and ``reviveQid``.
+broker set when the answer carries ``startOffsetInfo``, as this one always does), and ``extraInfo`` of ACK_MESSAGE
+and CHANGE_MESSAGE_INVISIBLETIME must be that handle; a RocketMQ-built ``extraInfo`` is refused INVALID_PARAMETER.
+CHANGE_MESSAGE_INVISIBLETIME's answer adds ``extraInfo``, the new handle (a change starts a new delivery; the old
+handle no longer acks), beside RocketMQ's ``popTime``, ``invisibleTime`` and ``reviveQid``.
 
 **ACK_MESSAGE** header: ``consumerGroup``, ``topic``, ``queueId``, ``offset`` (read by nothing here), ``extraInfo``.
 SUCCESS, or the refusal's code (codes.py: a stale, foreign or forged handle is INVALID_PARAMETER).
