@@ -21,8 +21,9 @@ from broker.remoting import fastjson
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import INT32, Access, failure
-from broker.remoting.processor import Answer, Processor, RequestContext
-from broker.remoting.transaction_processor import refused
+from broker.remoting.message_replication import Replication
+from broker.remoting.processor import Answer, RequestContext
+from broker.remoting.transaction_processor import master_only, refused
 from broker.server.service import BrokerService
 
 LOCK_BATCH_MQ, UNLOCK_BATCH_MQ = RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ
@@ -66,14 +67,17 @@ def parse_lock_body(body: bytes) -> tuple[pb.LockBatchRequest, dict[tuple[str, i
 class LockProcessor:
     """Both codes, by the request's code."""
 
-    def __init__(self, service: BrokerService, access: Access) -> None:
+    def __init__(self, service: BrokerService, access: Access, replication: Replication | None = None) -> None:
         self.service, self.access = service, access
+        self.replication = replication or Replication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:
             lock = request.code == LOCK_BATCH_MQ
             call, names = parse_lock_body(request.body)
-            with self.access.admitted(context, "LOCK_BATCH_MQ" if lock else "UNLOCK_BATCH_MQ", call):
+            name = "LOCK_BATCH_MQ" if lock else "UNLOCK_BATCH_MQ"
+            with self.access.admitted(context, name, call):
+                master_only(self.replication, name)
                 if not lock:
                     self.service.unlock_batch(call)
                     return request.response(int(ResponseCode.SUCCESS))
@@ -85,8 +89,3 @@ class LockProcessor:
             return refused(request, e)
         except Exception as e:  # noqa: BLE001 - the last line of defence: answered, and the broker serves on
             return failure(request, e)
-
-
-def lock_processors(service: BrokerService, access: Access) -> dict[int, Processor]:
-    processor = LockProcessor(service, access)
-    return dict.fromkeys(LOCK_CODES, processor)

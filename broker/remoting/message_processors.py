@@ -73,8 +73,8 @@ def message_processors(
     table[RequestCode.UNREGISTER_CLIENT] = ProducerUnregister(clients[RequestCode.UNREGISTER_CLIENT], producers)
     if service.transactions is not None:
         table[END_TRANSACTION] = EndTransactionProcessor(service.transactions, access, replication)
-    table.update(dict.fromkeys(LOCK_CODES, LockProcessor(service, access)))
-    pops = PopMessageProcessors(service.pops, access) if service.pops is not None else None
+    table.update(dict.fromkeys(LOCK_CODES, LockProcessor(service, access, replication)))
+    pops = PopMessageProcessors(service.pops, access, replication) if service.pops is not None else None
     if pops is not None:
         table.update(dict.fromkeys(POP_CODES, pops))
     return MessageProcessors(table, suspender, producers, pops)

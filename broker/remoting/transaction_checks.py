@@ -57,6 +57,7 @@ CLIENT_INNER_PRODUCER = "CLIENT_INNER_PRODUCER"
 
 @dataclass
 class _Producer:
+    peer: Peer  # held here, so its id() (the table's key) is not reused while the entry lives
     caller: Caller | None
     seen: float  # time.monotonic() of its last heartbeat
 
@@ -94,7 +95,7 @@ class RemotingProducers:
         self.access = access
         self.expire_s = expire_s
         self._lock = threading.Lock()
-        self._groups: dict[str, dict[Peer, _Producer]] = {}
+        self._groups: dict[str, dict[int, _Producer]] = {}  # group -> id(peer) -> producer
         self._turn = itertools.count()
 
     def heard(self, groups: list[str], context: RequestContext) -> None:
@@ -106,18 +107,19 @@ class RemotingProducers:
             count = sum(len(ps) for ps in self._groups.values())
             for group in groups:
                 known = self._groups.setdefault(group, {})
-                if context.peer not in known and count >= MAX_PRODUCER_ENTRIES:
+                key = id(context.peer)
+                if key not in known and count >= MAX_PRODUCER_ENTRIES:
                     log.warning("remoting: %d producer connections known; %s of %r not recorded for check-backs",
                                 count, context.peer.address, group)  # fmt: skip
                     continue
-                count += context.peer not in known
-                known[context.peer] = _Producer(caller, now)
+                count += key not in known
+                known[key] = _Producer(context.peer, caller, now)
 
     def forget(self, group: str, peer: Peer) -> None:
         with self._lock:
             known = self._groups.get(group)
             if known is not None:
-                known.pop(peer, None)
+                known.pop(id(peer), None)
                 if not known:
                     del self._groups[group]
 
@@ -129,8 +131,8 @@ class RemotingProducers:
     def _prune_locked(self, now: float) -> None:
         for group in list(self._groups):
             known = self._groups[group]
-            for peer in [p for p, e in known.items() if _closed(p) or now - e.seen > self.expire_s]:
-                del known[peer]
+            for key in [k for k, e in known.items() if _closed(e.peer) or now - e.seen > self.expire_s]:
+                del known[key]
             if not known:
                 del self._groups[group]
 
@@ -138,10 +140,10 @@ class RemotingProducers:
         """Send the check to one of the group's connections that may take it; False when there is none."""
         with self._lock:
             self._prune_locked(time.monotonic())
-            listing = list(self._groups.get(group, {}).items())
+            listing = list(self._groups.get(group, {}).values())
         real_topic = half.properties.get(Prop.REAL_TOPIC) or half.topic
         needs = [need(policy.topic(real_topic), Action.PUB), *needs_of(Operation.END_TRANSACTION, producer_group=group)]
-        peers = [p for p, e in listing if e.caller is None or all(e.caller.allows(n) for n in needs)]
+        peers = [e.peer for e in listing if e.caller is None or all(e.caller.allows(n) for n in needs)]
         if not peers:
             return False
         peer = peers[next(self._turn) % len(peers)]

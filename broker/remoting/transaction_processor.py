@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.errors import BrokerError, InvalidArgumentError
+from broker.errors import BrokerError, InvalidArgumentError, NotMasterError
 from broker.format.send_checks import validate_producer_group
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import header_fields as f
@@ -46,6 +46,14 @@ def refused(request: RemotingCommand, e: BrokerError) -> RemotingCommand:
     code = error_code(e)
     log.info("remoting request %d refused: %s (%s)", request.code, e.message[:200], code.name)
     return request.response(int(code), remark=e.message[:MAX_REMARK_CHARS])
+
+
+def master_only(replication: Replication, what: str) -> None:
+    """Queue locks and pops are the master's (its lock table, its in-flight records), as the replication gate
+    rules for their gRPC calls: a slave refuses them with NOT_MASTER (answered SERVICE_NOT_AVAILABLE)."""
+    if not replication.is_master():
+        raise NotMasterError(f"this broker is not its group's master; send {what} to the master (clients find it "
+                             "through the name servers)")  # fmt: skip
 
 
 def end_request(request: RemotingCommand) -> pb.EndTransactionRequest | None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from message_wire_helpers import Slave, answered, call
 
 from broker.client import Admin
 from broker.proto import sluice_pb2 as pb
@@ -16,9 +17,11 @@ from broker.remoting import fastjson
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from broker.remoting.message_processors import message_processors
 from broker.server.broker_controller import BrokerController
 
 GROUP, TOPIC = "orderly", "LockT"
+LOCK_BATCH_MQ = RequestCode.LOCK_BATCH_MQ
 
 
 @pytest.fixture
@@ -90,3 +93,28 @@ def test_a_refused_lock_locks_nothing(remoting_broker: BrokerController, client:
     r = client.invoke(RemotingCommand(RequestCode.LOCK_BATCH_MQ, body=body))
     assert r.code == code, r.remark
     assert remoting_broker.locks.locked_queues(GROUP) == {}
+
+
+def test_a_slave_or_a_caller_without_rights_locks_nothing(broker_factory: Callable[..., BrokerController]) -> None:
+    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
+                            allow_plaintext_auth=True)  # fmt: skip
+    assert broker.accounts is not None
+    broker.accounts.create_user("u", "u-secret-123")
+    with Admin(broker.address, access_key="root", secret_key="root-secret-1") as admin:
+        admin.create_topic(TOPIC, 2)
+    table = message_processors(broker)
+    try:
+        refused = answered(call(table, LOCK_BATCH_MQ, {}, lock_body("A", 0), user="u"))
+        assert refused.code == ResponseCode.NO_PERMISSION
+        assert broker.locks.locked_queues(GROUP) == {}
+        broker.gate.target = Slave()  # type: ignore[assignment]
+        try:
+            on_slave = answered(call(table, LOCK_BATCH_MQ, {}, lock_body("A", 0), user="root"))
+        finally:
+            broker.gate.target = None
+        assert on_slave.code == ResponseCode.SERVICE_NOT_AVAILABLE and "master" in (on_slave.remark or "")
+        assert broker.locks.locked_queues(GROUP) == {}
+        ok = answered(call(table, LOCK_BATCH_MQ, {}, lock_body("A", 0), user="root"))
+        assert ok.code == ResponseCode.SUCCESS and broker.locks.owner(GROUP, TOPIC, 0) == "A"
+    finally:
+        table.shutdown()

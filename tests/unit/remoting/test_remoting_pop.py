@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from message_wire_helpers import Slave, answered, call
 
 from broker.client import Admin, Message, PopConsumer, Producer
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored
+from broker.remoting.message_processors import message_processors
 from broker.server.broker_controller import BrokerController
 
 GROUP, TOPIC = "pop-g", "PopT"
@@ -119,3 +121,33 @@ def test_pop_refusals(remoting_broker: BrokerController, client: RemotingClient)
     missing = client.invoke(RemotingCommand(RequestCode.POP_MESSAGE, ext_fields={"consumerGroup": GROUP}))
     assert missing.code == ResponseCode.INVALID_PARAMETER
     assert pop(client).code == ResponseCode.SUCCESS  # refused pops took nothing
+
+
+def test_a_slave_pops_nothing(remoting_broker: BrokerController, client: RemotingClient) -> None:
+    remoting_broker.gate.target = Slave()  # type: ignore[assignment]
+    try:
+        on_slave = pop(client)
+    finally:
+        remoting_broker.gate.target = None
+    assert on_slave.code == ResponseCode.SERVICE_NOT_AVAILABLE and "master" in (on_slave.remark or "")
+    r = pop(client)  # it took nothing
+    assert r.code == ResponseCode.SUCCESS and len(list(iter_stored(r.body))) == 2
+
+
+def test_pop_needs_sub_on_the_group_and_topic_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
+    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
+                            allow_plaintext_auth=True)  # fmt: skip
+    assert broker.accounts is not None
+    broker.accounts.create_user("u", "u-secret-123")
+    with Admin(broker.address, access_key="root", secret_key="root-secret-1") as admin:
+        admin.create_topic(TOPIC, 1)
+    table = message_processors(broker)
+    header = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "-1", "maxMsgNums": "32", "invisibleTime": "60000",
+              "pollTime": "0"}  # fmt: skip
+    try:
+        assert answered(call(table, RequestCode.POP_MESSAGE, header, user="u")).code == ResponseCode.NO_PERMISSION
+        ack = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "0", "offset": "0", "extraInfo": "x"}
+        assert answered(call(table, RequestCode.ACK_MESSAGE, ack, user="u")).code == ResponseCode.NO_PERMISSION
+        assert answered(call(table, RequestCode.POP_MESSAGE, header, user="root")).code == ResponseCode.PULL_NOT_FOUND
+    finally:
+        table.shutdown()

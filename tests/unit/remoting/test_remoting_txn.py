@@ -9,7 +9,7 @@ import queue
 from collections.abc import Callable, Iterator
 
 import pytest
-from message_wire_helpers import v2_header
+from message_wire_helpers import FakePeer, Slave, answered, call, v2_header
 
 from broker.client import PullConsumer, PullStatus
 from broker.format.message import SysFlag
@@ -18,7 +18,9 @@ from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored, parse_offset_msg_id
+from broker.remoting.message_processors import message_processors
 from broker.remoting.message_properties import format_properties
+from broker.remoting.processor import RequestContext
 from broker.server.broker_controller import BrokerController
 from tests.support.waiting import wait_until
 
@@ -171,3 +173,54 @@ def test_checks_go_only_to_the_groups_live_connections(
     heartbeat(client, GROUP)
     client.close()
     wait_until(lambda: producers.live(GROUP) == 0, "the closed connection dropped", timeout_s=5)
+
+
+def test_a_slave_refuses_end_transaction(remoting_broker: BrokerController, producer: ProducerLink) -> None:
+    client, _ = producer
+    sent = send_half(client, "TxS", b"s", "U6")
+    remoting_broker.gate.target = Slave()  # type: ignore[assignment]
+    try:
+        r = end(client, sent, COMMIT, oneway=False)
+        assert r is not None and r.code == ResponseCode.SERVICE_NOT_AVAILABLE, r.remark
+    finally:
+        remoting_broker.gate.target = None
+    assert remoting_broker.transactions is not None
+    [still] = remoting_broker.transactions.list_transactions(sent.ext_fields["transactionId"])
+    assert still.status.value == "OPEN"
+
+
+def test_with_auth_ends_and_checks_need_the_groups_rights(broker_factory: Callable[..., BrokerController]) -> None:
+    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
+                            allow_plaintext_auth=True, transaction_timeout_ms=1)  # fmt: skip
+    assert broker.accounts is not None and broker.transactions is not None
+    broker.accounts.create_user("u", "u-secret-123")
+    table = message_processors(broker)
+    broker.remoting_messages = table  # as _start_remoting wires it (the port itself is not served with auth yet)
+    try:
+        props = format_properties({"UNIQ_KEY": "UA", "TRAN_MSG": "true", "PGROUP": GROUP}).rstrip("\x02")
+        header = v2_header("TxA", props, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE, group=GROUP)
+        sent = answered(call(table, RequestCode.SEND_MESSAGE_V2, header, b"a", user="root"))
+        assert sent.code == ResponseCode.SUCCESS, sent.remark
+        _, offset = parse_offset_msg_id(sent.ext_fields["msgId"])
+        ending = {"producerGroup": GROUP, "commitLogOffset": str(offset), "commitOrRollback": COMMIT,
+                  "tranStateTableOffset": "0", "msgId": "UA"}  # fmt: skip
+        refused = answered(call(table, RequestCode.END_TRANSACTION, ending, user="u"))
+        assert refused.code == ResponseCode.NO_PERMISSION
+        [still] = broker.transactions.list_transactions(sent.ext_fields["transactionId"])
+        assert still.status.value == "OPEN"
+        # a check goes only to a connection whose user may end the group's transactions and publish to the topic
+        producers = table.producers
+        assert producers is not None
+        no_rights, root = FakePeer("127.0.0.1:1"), FakePeer("127.0.0.1:2")
+        beat = fastjson.dumps({"clientID": "c", "producerDataSet": [{"groupName": GROUP}]}, standard=True)
+        for peer, user in ((no_rights, "u"), (root, "root")):
+            heard = table.table[RequestCode.HEART_BEAT].process(RemotingCommand(RequestCode.HEART_BEAT, body=beat),
+                                                                RequestContext(peer, user))  # fmt: skip
+            assert isinstance(heard, RemotingCommand) and heard.code == ResponseCode.SUCCESS
+        assert broker.transactions.check_once() == 1
+        assert no_rights.sent == [] and [c.code for c in root.sent] == [RequestCode.CHECK_TRANSACTION_STATE]
+        ok = answered(call(table, RequestCode.END_TRANSACTION, ending, user="root"))
+        assert ok.code == ResponseCode.SUCCESS, ok.remark
+    finally:
+        broker.remoting_messages = None
+        table.shutdown()
