@@ -333,6 +333,13 @@ REMOTING: dict[str, Requirement] = {
     "INVOKE_BROKER_TO_RESET_OFFSET": Row(
         on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group, "topics": [r.topic]})
     ),
+    # translated into the sluice.v1 requests of the same work, decided by those requests' rows
+    "END_TRANSACTION": BROKER["EndTransaction"],
+    "LOCK_BATCH_MQ": BROKER["LockBatchMQ"],
+    "UNLOCK_BATCH_MQ": BROKER["UnlockBatchMQ"],
+    "POP_MESSAGE": BROKER["PopMessage"],
+    "ACK_MESSAGE": BROKER["AckMessage"],
+    "CHANGE_MESSAGE_INVISIBLETIME": BROKER["ChangeInvisibleTime"],
 }
 
 # gRPC service path -> its table

@@ -179,8 +179,12 @@ class BrokerController:
 
     def _check_back(self, group: str, txn_id: str, half: StoredMessage) -> None:
         """A transaction's check-back: through a RocketMQ 5 producer's Telemetry stream when one publishes to the
-        group (the topic, as the RocketMQ proxy names it), else through a Sluice producer's check stream."""
-        if not self.rmqv2_clients.check(group, txn_id, half):
+        group (the topic, as the RocketMQ proxy names it), else over a RocketMQ 4 producer's remoting connection,
+        else through a Sluice producer's check stream."""
+        if self.rmqv2_clients.check(group, txn_id, half):
+            return
+        remoting = self.remoting_messages.producers if self.remoting_messages is not None else None
+        if remoting is None or not remoting.check(group, txn_id, half):
             self.check_hub.check(group, txn_id, half)
 
     @property
@@ -281,10 +285,11 @@ class BrokerController:
         assert self.service is not None and self.store is not None
         consumers = self.service.consumers
         msg_ids = RemotingIds(self.store.msg_id_prefix())  # ids name the remoting address once it is bound
-        self.remoting_messages = message_processors(self, subscription_of=consumers.subscription, msg_ids=msg_ids)
         access = Access(self.accounts if cfg.auth_enabled else None)
         clients = ClientProcessors(self.service, access)
         consumers.add_listener(clients.channels.changed)  # NOTIFY_CONSUMER_IDS_CHANGED to the group's clients
+        self.remoting_messages = message_processors(self, subscription_of=consumers.subscription, msg_ids=msg_ids,
+                                                    clients=clients)  # fmt: skip
         table = {**broker_processors(self.service, access, clients), **self.remoting_messages.table,
                  **admin_processors(self, msg_ids)}  # fmt: skip
         authenticator = None

@@ -436,13 +436,21 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @_answer
     def LockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+        return self.lock_batch(request)
+
+    @_answer
+    def UnlockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+        return self.unlock_batch(request)
+
+    def lock_batch(self, request: pb.LockBatchRequest) -> pb.LockBatchResponse:
+        """LockBatchMQ's work, for every front (the remoting port's LOCK_BATCH_MQ too)."""
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         held = self._locks().lock_batch(request.consumer_group, self._lock_queues(request), request.client_id)
         return pb.LockBatchResponse(queues=[pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(held)])
 
-    @_answer
-    def UnlockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+    def unlock_batch(self, request: pb.LockBatchRequest) -> pb.LockBatchResponse:
+        """UnlockBatchMQ's work, for every front."""
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         queues = self._lock_queues(request, existing=False)

@@ -27,6 +27,16 @@ class FakePeer:
         self.sent.append(command)
 
 
+class Slave:
+    """A replication manager that is not its group's master (broker/ha/gate.py GateTarget, the parts asked)."""
+
+    def is_master(self) -> bool:
+        return False
+
+    def identity_text(self) -> str:
+        return "broker b (slave)"
+
+
 @pytest.fixture
 def remoting(broker: BrokerController) -> Iterator[MessageProcessors]:
     built = message_processors(broker)
