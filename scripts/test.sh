@@ -11,4 +11,7 @@ fi
 if printf '%s\n' "${args[@]}" | grep -qE '^tests(/unit(/ha)?)?/?$'; then
   bash scripts/ensure-etcd.sh  # the replication tests start their own etcd (broker/ha/etcd_process.py)
 fi
+if printf '%s\n' "${args[@]}" | grep -qE '^tests(/unit(/remoting(/test_rocketmq4_js_client\.py)?)?)?/?$'; then
+  bash scripts/ensure-rocketmq-js.sh  # the RocketMQ 4 client the remoting tests drive (tests/remoting_js)
+fi
 exec .venv/bin/python -m pytest -q -rfEs --durations=30 "${args[@]}"  # the slowest tests, to keep the suite short
