@@ -16,9 +16,22 @@ from typing import Any
 import pytest
 
 from broker.client import PullConsumer
+from broker.client.credentials import Credentials
+from broker.client.namesrv_client import NameServerClient
 from broker.client.results import PullStatus, ReceivedMessage
-from broker.namesrv.local_cluster import LocalCluster
-from tests.support.cluster import BROKER_EXPIRE_MS, create_everywhere, make_cluster, small_store_config
+from broker.namesrv.local_cluster import LocalCluster, NameServerProcess
+from broker.private_file import write_private
+from broker.remoting.codes import ResponseCode
+from broker.server.process import BrokerProcess
+from tests.support.auth_process import ROOT, SETTINGS, Secured
+from tests.support.cluster import (
+    BROKER_EXPIRE_MS,
+    REGISTER_INTERVAL_MS,
+    create_everywhere,
+    make_cluster,
+    route_brokers,
+    small_store_config,
+)
 from tests.support.waiting import wait_until
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "remoting_js"
@@ -167,3 +180,54 @@ def test_a_broker_killed_mid_run_loses_nothing_acknowledged_and_sends_move_on(cl
     wait_until(lambda: sorted(m.body.decode() for m in read_over_grpc(cluster, topic)) == want,
                "every acknowledged message over gRPC", timeout_s=20)  # fmt: skip
 
+def test_a_message_by_its_id_from_the_broker_the_id_names(cluster: LocalCluster) -> None:
+    topic = new_topic(cluster, "JsById")
+    result = run_scenario("message_by_id", namesrv=namesrv(cluster), topic=topic)
+    stored_on = cluster.brokers[result["sent"]["brokerName"]]
+    assert result["address"] == stored_on.remoting_endpoint, (  # the id leads a RocketMQ client to the remoting port
+        f"the id names {result['address']}; gRPC is {stored_on.endpoint}, remoting {stored_on.remoting_endpoint}"
+    )
+    assert result.get("code") == 0, result
+    found = result["found"]
+    assert (found["msgId"], found["topic"], found["body"]) == (result["sent"]["msgId"], topic, "viewed-by-id")
+    assert (found["tags"], found["keys"]) == ("TagV", "view-key")
+
+
+def test_under_auth_signed_requests_are_served_and_requests_without_rights_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_ROOT_ACCESS_KEY", ROOT.access_key)  # the name server takes the broker's signed
+    monkeypatch.setenv("SLUICE_ROOT_SECRET_KEY", ROOT.secret_key)  # registration only
+    ns = NameServerProcess(extra_args=REMOTING, allow_anonymous_registration=False).start()
+    config = tmp_path / "broker.json"
+    write_private(config, json.dumps(SETTINGS).encode())  # it holds the root secret: owner-only, or refused
+    broker = BrokerProcess(tmp_path / "store", config=config, extra_args=[
+        "--namesrv", ns.address, "--broker-name", "broker-auth", "--register-interval-ms", str(REGISTER_INTERVAL_MS),
+        *REMOTING])  # fmt: skip
+    try:
+        secured = Secured(broker.start())
+        topic, group = secured.topic("JsAuth", 2), "js-auth"
+        writer = secured.user((f"Topic:{topic}", "Pub"))
+        reader = secured.user((f"Topic:{topic}", "Sub"), (f"Group:{group}", "Sub"))
+        nobody = secured.user()
+        names = NameServerClient([ns.address])
+        try:
+            wait_until(lambda: route_brokers(names, topic) == {"broker-auth"}, "the topic's route", timeout_s=10)
+        finally:
+            names.close()
+        result = run_scenario("auth", namesrv=ns.remoting_address, topic=topic, group=group, count=3,
+                              writer=js_credentials(writer), reader=js_credentials(reader),
+                              nobody=js_credentials(nobody))  # fmt: skip
+        assert result["sent"] == ["SEND_OK"] * 3
+        for refused in ("nobody", "unsigned", "forged"):
+            assert "sent" not in result[refused] and result[refused]["code"] == ResponseCode.NO_PERMISSION, refused
+        assert sorted(m["body"] for m in result["received"]) == [f"signed-{i}" for i in range(3)]
+        assert secured.max_offset(topic) == 3  # nothing of the refused sends was stored
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.stop()
+        ns.stop()
+
+
+def js_credentials(creds: Credentials) -> dict[str, str]:
+    return {"accessKey": creds.access_key, "secretKey": creds.secret_key}
