@@ -13,10 +13,10 @@ port was set, the remoting front names its own address in the ids it gives:
   address (:meth:`RemotingIds.served`), so the ids a client decodes from them lead back to this port;
 * ``VIEW_MESSAGE_BY_ID`` reads its ``offset`` field alone: an id of either address finds the message.
 
-Pulled entries are sent as stored: with a remoting port of 0 the ``offsetMsgId`` a 4.x consumer decodes from a
-pulled message names the gRPC address (docs/remoting.md, "What differs"); the message's ``UNIQ_KEY`` (the id 4.x
-clients show as ``msgId``) finds it over either port (``QUERY_MESSAGE``). Entries with an IPv6 host field, and
-brokers whose remoting address is not IPv4, keep the stored host.
+* pulled entries likewise (:meth:`RemotingIds.served_all`: a copy of the answer with 8 bytes set per entry, made
+  only when the store's host is not the remoting address, that is with a remoting port of 0).
+
+Entries with an IPv6 host field, and brokers whose remoting address is not IPv4, keep the stored host.
 """
 
 from __future__ import annotations
@@ -52,6 +52,22 @@ class RemotingIds:
 
     def msg_id(self, commitlog_offset: int) -> str:
         return msg_id_at(self.prefix, commitlog_offset)
+
+    def served_all(self, entries: bytes) -> bytes:
+        """A pull answer's entries (one after another, each led by its total size) with their STOREHOST naming the
+        remoting address; the same bytes when the store already writes that address (a set remoting port)."""
+        if self._host is None or self.prefix == self.store_prefix:
+            return entries
+        out = bytearray(entries)
+        pos = 0
+        while pos + POS_STORE_HOST + _HOST_BYTES <= len(out):
+            size = I32.unpack_from(out, pos)[0]
+            if size <= 0:
+                break  # not an entry: leave the rest as it is
+            if not I32.unpack_from(out, pos + POS_SYS_FLAG)[0] & _V6_FLAGS:
+                out[pos + POS_STORE_HOST : pos + POS_STORE_HOST + _HOST_BYTES] = self._host
+            pos += size
+        return bytes(out)
 
     def served(self, entry: bytes) -> bytes:
         """``entry`` with its STOREHOST naming the remoting address (unchanged when that cannot be written)."""

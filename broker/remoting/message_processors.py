@@ -69,7 +69,7 @@ def message_processors(
     suspender = PullSuspender(service.pulls, controller.hold)
     sends = SendMessageProcessor(service.sends, access, replication, msg_ids)
     table: dict[int, Processor] = dict.fromkeys(SEND_CODES, sends)
-    table[PULL_MESSAGE] = PullMessageProcessor(service.pulls, suspender, access, subscription_of, replication)
+    table[PULL_MESSAGE] = PullMessageProcessor(service.pulls, suspender, access, subscription_of, replication, msg_ids)
     table[CONSUMER_SEND_MSG_BACK] = SendBackProcessor(service.retries, access, replication)
     # transactions (with their check-backs over the producers' connections), queue locks, pops
     producers = RemotingProducers(access, ids=msg_ids)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from broker.errors import BrokerError, ResponseCode
 from broker.remoting.command import RemotingCommand
+from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access, failure, refusal
 from broker.remoting.message_replication import Replication
 from broker.remoting.processor import Answer, RequestContext
@@ -33,7 +34,7 @@ STATUS_CODES = {
 MASTER_ID = "0"  # MixAll.MASTER_ID: suggestWhichBrokerId when the master answers
 
 
-def pull_answer(request: RemotingCommand, outcome: PullOutcome) -> RemotingCommand:
+def pull_answer(request: RemotingCommand, outcome: PullOutcome, ids: RemotingIds | None = None) -> RemotingCommand:
     ext = {
         "suggestWhichBrokerId": MASTER_ID,
         "nextBeginOffset": str(outcome.next_begin_offset),
@@ -41,6 +42,8 @@ def pull_answer(request: RemotingCommand, outcome: PullOutcome) -> RemotingComma
         "maxOffset": str(outcome.max_offset),
     }
     body = outcome.buffer if outcome.status == FOUND else b""
+    if body and ids is not None:
+        body = ids.served_all(bytes(body))  # offset ids lead to this port (message_ids.py)
     return request.response(int(STATUS_CODES[outcome.status]), ext_fields=ext, body=body)
 
 
@@ -48,8 +51,10 @@ class PullMessageProcessor:
     def __init__(
         self, pulls: PullProcessor, suspender: PullSuspender, access: Access,
         subscription_of: SubscriptionOf | None = None, replication: Replication | None = None,
+        ids: RemotingIds | None = None,
     ) -> None:  # fmt: skip
         self.pulls, self.suspender, self.access = pulls, suspender, access
+        self.ids = ids
         self.subscription_of = subscription_of
         self.replication = replication or Replication(None)
 
@@ -63,7 +68,7 @@ class PullMessageProcessor:
                 outcome = self.pulls.pull(args)
             hold_ms = min(req.suspend_ms, self.pulls.max_suspend_ms)
             if outcome.status != NO_NEW_MSG or hold_ms <= 0:
-                return pull_answer(request, outcome)
+                return pull_answer(request, outcome, self.ids)
             args.commit_offset = -1  # committed by the first try
             return self.suspender.suspend(args, hold_ms, lambda later: self._later(request, later), outcome)
         except BrokerError as e:
@@ -71,10 +76,9 @@ class PullMessageProcessor:
         except Exception as e:  # noqa: BLE001 - the last line of defence: answered, and the broker serves on
             return failure(request, e)
 
-    @staticmethod
-    def _later(request: RemotingCommand, later: PullOutcome | Exception) -> RemotingCommand:
+    def _later(self, request: RemotingCommand, later: PullOutcome | Exception) -> RemotingCommand:
         if isinstance(later, PullOutcome):
-            return pull_answer(request, later)
+            return pull_answer(request, later, self.ids)
         if isinstance(later, BrokerError):
             return refusal(request, later)
         return failure(request, later)
