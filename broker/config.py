@@ -39,7 +39,7 @@ FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASY
 BROKER_OWNED_STORE_SETTINGS = {
     "store_path": "the top-level store_path (or --store); the broker's config directory lives inside it",
     "flush_disk_type": "the top-level flush_disk_type (or --flush)",
-    "store_host": "the top-level listen (or --listen); msgIds carry the address the broker listens on",
+    "store_host": "the top-level listen (or --listen), or remoting_listen when its port is set; msgIds carry it",
     "schedule_topic": "nothing: delayed messages always go to " + SCHEDULE_TOPIC,
     "delay_level_ms": 'the top-level message_delay_level (e.g. "1s 5s 10s")',
     "disk_usage_probe": "nothing: it is a test hook, not a setting",
@@ -193,6 +193,10 @@ class BrokerConfig:
     # HOST:PORT clients and other brokers reach this broker at, registered with the name servers. Empty: the listen
     # host when it is a concrete address, else this machine's address, with the bound port.
     advertised_address: str = ""
+    # HOST:PORT of RocketMQ's remoting protocol (broker/remoting, docs/remoting.md): RocketMQ 4 clients connect here,
+    # and the broker registers it with the name servers for them. Empty (the default): not served, since a port
+    # nobody asked for is one more to secure; RocketMQ's own is 10911.
+    remoting_listen: str = ""
     # A send retried after its answer was lost is answered with the stored result when the first attempt stored it
     # within this long (broker/server/send_dedup.py); later retries are stored again.
     send_dedup_window_ms: int = 300_000
@@ -266,6 +270,8 @@ class BrokerConfig:
         """InvalidArgumentError naming the first setting that cannot work, before anything is started: a value that
         only fails inside start() would leave a half-started broker, and some (a 0 interval) never fail at all."""
         parse_host_port(self.listen)
+        if self.remoting_listen:
+            parse_host_port(self.remoting_listen)
         if self.store_dir.exists() and not self.store_dir.is_dir():
             raise InvalidArgumentError(
                 f"store path {self.store_dir} is a file, not a directory; give a directory for the store (it is "

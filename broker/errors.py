@@ -220,3 +220,11 @@ class StoreLockedError(BrokerError):
     """Another broker process already holds the store directory's ``lock`` file."""
 
     code = ResponseCode.SERVICE_NOT_AVAILABLE
+
+
+class RemotingFrameError(BrokerError):
+    """A remoting frame that cannot be read (broker/remoting/frame.py): a length over the limit, a negative or
+    oversized header length, a truncated frame, an unknown serialization type or a header that does not parse. The
+    transport closes that connection: after a bad frame the stream's boundaries are lost."""
+
+    code = ResponseCode.INVALID_ARGUMENT

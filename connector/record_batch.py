@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker.errors import CorruptionError
+from broker.errors import CorruptionError, MessageIllegalError
+from broker.format.compression import COMPRESSED, inflated_body
 from broker.format.message import (
     BODY_START,
     ENTRY_HEADER,
@@ -219,6 +220,22 @@ def _properties_by_row(props_bin: pa.BinaryArray, include: bool) -> _Properties:
     return _Properties(tags, keys, props)
 
 
+def _bodies(bodies: pa.BinaryArray, sys_flags: np.ndarray) -> pa.BinaryArray:
+    """Bodies as readers are given them: one a RocketMQ 4 producer sent compressed (SYSFLAG COMPRESSED; stored as
+    sent) inflated, as Sluice's client gives it (broker/client/message.py); one that cannot be (LZ4, ZSTD) as
+    stored. Rows without the bit (nearly always all of them) stay the zero-copy cut."""
+    compressed = np.flatnonzero(sys_flags.astype(np.int64) & COMPRESSED)
+    if compressed.size == 0:
+        return bodies
+    values = bodies.to_pylist()
+    for i in compressed.tolist():
+        try:
+            values[i] = inflated_body(int(sys_flags[i]), values[i])
+        except MessageIllegalError:
+            continue
+    return pa.array(values, bodies.type)
+
+
 def decode_entries(
     buffer: bytes,
     positions: Sequence[int],
@@ -247,7 +264,7 @@ def decode_entries(
         _msg_ids(lay.header_bytes),
         meta.tags,
         meta.keys,
-        _cut(buf, lay.body_start, lay.body_end),
+        _bodies(_cut(buf, lay.body_start, lay.body_end), h["sys_flag"]),
         meta.props,
         pa.array(h["born_timestamp"].astype(np.int64) * 1000, _TS_TYPE),
         pa.array(h["store_timestamp"].astype(np.int64) * 1000, _TS_TYPE),

@@ -8,6 +8,8 @@ declare -A DEBIAN_PINS=(
   [docker.io]=20.10.24+dfsg1-1+deb12u1+b6 # with containerd 1.6.20~ds1-1+deb12u3, runc 1.1.5+ds1-1+deb12u1
   [debootstrap]=1.0.128+nmu2+deb12u2      # builds the local base image (scripts/ensure-docker.sh)
   [etcd-server]=3.4.23-4+b4               # controller mode's etcd in the replication and security tests
+  [nodejs]=18.20.4+dfsg-1~deb12u3         # runs the RocketMQ 4 JavaScript client (scripts/ensure-rocketmq-js.sh)
+  [npm]=9.2.0~ds1-1                       # installs it from tests/remoting_js/package-lock.json
 )
 
 debian_pinned() {

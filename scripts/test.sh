@@ -11,6 +11,9 @@ fi
 if printf '%s\n' "${args[@]}" | grep -qE '^tests(/unit(/ha)?)?/?$'; then
   bash scripts/ensure-etcd.sh  # the replication tests start their own etcd (broker/ha/etcd_process.py)
 fi
+if printf '%s\n' "${args[@]}" | grep -qE '^tests(/unit(/remoting(/test_rocketmq4_js_client\.py)?)?)?/?$'; then
+  bash scripts/ensure-rocketmq-js.sh  # the RocketMQ 4 client the remoting tests drive (tests/remoting_js)
+fi
 # Spark drivers (the connector's tests and crash loops, the jobs) start in about half the time with these JVM options;
 # scripts/spark-cds.sh says what they are and why. A caller's own SPARK_SUBMIT_OPTS is kept.
 SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-$(bash scripts/spark-cds.sh)}"

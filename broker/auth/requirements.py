@@ -294,6 +294,54 @@ NAMESRV: dict[str, Requirement] = {
     "GetAllTopicList": ANONYMOUS,
 }
 
+# RocketMQ's remoting protocol (broker/remoting): request code name -> row, over the requests its processors parse
+# (``topic``, ``producer_group``, ``transactional``, ``consumer_group`` as the gRPC requests name them). A batch's
+# topics and a send-back's message are decided by the operations themselves, as over gRPC.
+REMOTING: dict[str, Requirement] = {
+    "SEND_MESSAGE": _Either(Row(_SEND), Row(_SEND, _OPEN), lambda r: r.transactional),
+    "SEND_BATCH_MESSAGE": Row(on(Op.PUBLISH_BATCH, lambda r, _: {"topics": [r.topic]})),
+    "PULL_MESSAGE": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "CONSUMER_SEND_MSG_BACK": Row(on(Op.SEND_BACK, lambda r, _: {"group": r.consumer_group, "topic": ""})),
+    # Offsets and membership (broker/remoting/admission.py names their ``topic`` and ``consumer_group``; a
+    # heartbeat is decided once per consumer group it carries, over that group's subscriptions), as over gRPC.
+    "GET_MAX_OFFSET": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "GET_MIN_OFFSET": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "GET_EARLIEST_MSG_STORETIME": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "SEARCH_OFFSET_BY_TIMESTAMP": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "QUERY_CONSUMER_OFFSET": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "UPDATE_CONSUMER_OFFSET": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
+    "HEART_BEAT": Row(on(Op.HEARTBEAT, lambda r, _: {"group": r.consumer_group, "topics": list(r.subscriptions)})),
+    "UNREGISTER_CLIENT": Row(on(Op.LEAVE_GROUP, lambda r, _: {"group": r.consumer_group})),
+    "GET_CONSUMER_LIST_BY_GROUP": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
+    # The name server's: route reads, open as its gRPC port's are (module docstring).
+    "GET_ROUTEINFO_BY_TOPIC": ANONYMOUS,
+    "GET_BROKER_CLUSTER_INFO": ANONYMOUS,
+    "GET_ALL_TOPIC_LIST_FROM_NAMESERVER": ANONYMOUS,
+    "GET_KV_CONFIG": ANONYMOUS,
+    # mqadmin deleteTopic's name server half: signed by the name server's root user (the only one it knows).
+    "DELETE_TOPIC_IN_NAMESRV": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
+    # queries and mqadmin's codes (broker/remoting/query_processor.py, topic_ and group_admin_processor.py)
+    "QUERY_MESSAGE": Row(on(Op.QUERY_MESSAGES, lambda r, _: {"topic": r.topic})),
+    "VIEW_MESSAGE_BY_ID": Row(on(Op.VIEW_MESSAGE, lambda r, _: {"topic": ""})),  # decided on the entry read
+    "UPDATE_AND_CREATE_TOPIC": Row(on(Op.CREATE_TOPIC, lambda r, _: {"name": r.topic})),
+    "DELETE_TOPIC_IN_BROKER": Row(on(Op.DELETE_TOPIC, lambda r, _: {"name": r.topic})),
+    "GET_TOPIC_STATS_INFO": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
+    "GET_BROKER_RUNTIME_INFO": Row(on(Op.CLUSTER_STATS)),
+    "UPDATE_AND_CREATE_SUBSCRIPTIONGROUP": Row(on(Op.UPDATE_GROUP_SETTINGS, lambda r, _: {"name": r.consumer_group})),
+    "GET_CONSUMER_CONNECTION_LIST": Row(on(Op.READ_GROUP, lambda r, _: {"group": r.consumer_group})),
+    "GET_CONSUME_STATS": Row(on(Op.GROUP_LAG, lambda r, _: {"group": r.consumer_group, "topic": r.topic})),
+    "INVOKE_BROKER_TO_RESET_OFFSET": Row(
+        on(Op.RESET_OFFSETS, lambda r, _: {"name": r.consumer_group, "topics": [r.topic]})
+    ),
+    # translated into the sluice.v1 requests of the same work, decided by those requests' rows
+    "END_TRANSACTION": BROKER["EndTransaction"],
+    "LOCK_BATCH_MQ": BROKER["LockBatchMQ"],
+    "UNLOCK_BATCH_MQ": BROKER["UnlockBatchMQ"],
+    "POP_MESSAGE": BROKER["PopMessage"],
+    "ACK_MESSAGE": BROKER["AckMessage"],
+    "CHANGE_MESSAGE_INVISIBLETIME": BROKER["ChangeInvisibleTime"],
+}
+
 # gRPC service path -> its table
 TABLES: dict[str, dict[str, Requirement]] = {
     "/sluice.v1.Broker/": BROKER,

@@ -29,7 +29,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "advertised_address": args.advertise, "register_interval_ms": args.register_interval_ms,
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
                  "tls_client_auth": args.tls_client_auth, "auth_enabled": args.auth,
-                 "allow_plaintext_auth": args.allow_plaintext_auth, "auth_window_s": args.auth_window_s}  # fmt: skip
+                 "allow_plaintext_auth": args.allow_plaintext_auth, "auth_window_s": args.auth_window_s,
+                 "remoting_listen": args.remoting_listen}  # fmt: skip
     overrides.update({"etcd_ca_file": args.etcd_ca_file, "etcd_cert_file": args.etcd_cert_file,
                       "etcd_key_file": args.etcd_key_file, "etcd_user": args.etcd_user,
                       "etcd_password_file": args.etcd_password_file})  # fmt: skip
@@ -55,6 +56,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     controller.start()
     start_placement(config.python_cpus, stop)  # after start: the threads to place exist (see thread_placement.py)
     metrics = f", metrics on port {controller.metrics_port}" if controller.metrics_port is not None else ""
+    if controller.remoting is not None:
+        metrics += f", remoting on {controller.remoting.address}"
     print(f"sluice broker ready on {controller.address} (store {config.store_dir}, {config.flush_disk_type}{metrics})",
           flush=True)  # fmt: skip
     names = ThreadNames()  # gRPC starts workers on demand: named at each look for a stop (thread_names.py)
@@ -89,10 +92,13 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 
     # Only brokers signing as the root user of the environment may register; without one the name server does not
     # start unless registration is explicitly left open (broker/namesrv/server.py).
+    remoting = parse_listen(args.remoting_listen, DEFAULT_NAMESRV_PORT) if args.remoting_listen else None
     server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls, root=root_user_from_env(),
-                        allow_anonymous_registration=args.allow_anonymous_registration)  # fmt: skip
+                        allow_anonymous_registration=args.allow_anonymous_registration,
+                        remoting_listen=remoting)  # fmt: skip
     server.start()
-    print(f"sluice namesrv ready on {server.address}", flush=True)
+    also = f", remoting on {server.remoting.address}" if server.remoting is not None else ""
+    print(f"sluice namesrv ready on {server.address}{also}", flush=True)
     while not stop.wait(STOP_POLL_S):
         pass
     server.shutdown()

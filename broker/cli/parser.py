@@ -140,6 +140,9 @@ def _broker(b: argparse.ArgumentParser) -> None:
                    help="id in the broker group; 0 (the default) is the master")
     c.add_argument("--advertise", default=None, metavar="HOST:PORT",
                    help="address registered for clients (default: the listen address, or this host's)")
+    b.add_argument("--remoting-listen", default=None, metavar="HOST:PORT",
+                   help="also serve RocketMQ's remoting protocol (RocketMQ 4 clients) on this address, registered "
+                        "with the name servers (default: none; RocketMQ's port is 10911); docs/remoting.md")
     c.add_argument("--register-interval-ms", type=int_at_least(1), default=None, metavar="MS",
                    help="how often to register with the name servers when nothing changed (default 30000)")
     _tls(b)
@@ -226,6 +229,9 @@ def _namesrv(n: argparse.ArgumentParser) -> None:
     n.add_argument("--allow-anonymous-registration", action="store_true",
                    help="start without the root user: anyone who reaches the port may then register and unregister "
                         "brokers, and brokers with --auth refuse to register here; for tests and development only")
+    n.add_argument("--remoting-listen", default=None, metavar="HOST:PORT",
+                   help="also serve RocketMQ's remoting protocol (RocketMQ 4 clients, mqadmin) on this address "
+                        "(default: none; RocketMQ's port is 9876; port 0: any free port); docs/remoting.md")
     _tls(n)
     n.set_defaults(func=cmd_namesrv, log_level_default="INFO")
 

@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 
 from broker.client.lazy_message import decode_pulled
 from broker.errors import MessageIllegalError
+from broker.format.compression import COMPRESSED, COMPRESSION_TYPE_MASK, inflated_body
 from broker.format.message import (
     DEFAULT_BORN_IP,
     ENTRY_HEADER,
     MAX_PROPERTIES_BYTES,
     MESSAGE_MAGIC,
     NAME_VALUE_SEPARATOR,
+    POS_SYS_FLAG,
     PROPERTY_SEPARATOR,
     PROPS_LEN,
     TOPIC_LEN,
@@ -160,5 +162,19 @@ def encode_messages(
 
 def decode_entries(buffer: bytes, positions: Iterable[int]) -> list[StoredMessage]:
     """The messages of a pull answer; fields past the body and offsets are decoded when first read
-    (broker/client/lazy_message.py)."""
-    return decode_pulled(buffer, list(positions))
+    (broker/client/lazy_message.py). A body a RocketMQ 4 producer sent compressed (SYSFLAG's COMPRESSED bit, the
+    store keeps it as sent) is given inflated, its compression bits cleared, so that it reads the same whichever
+    protocol wrote it; one it cannot inflate (LZ4, ZSTD) is given as stored, the bits telling what it is."""
+    at = list(positions)
+    messages = decode_pulled(buffer, at)
+    for m, p in zip(messages, at, strict=True):
+        if buffer[p + _SYS_FLAG_LOW_BYTE] & COMPRESSED:  # one byte a message: the rest stays lazy
+            try:
+                m.body = inflated_body(m.sys_flag, m.body)
+            except MessageIllegalError:
+                continue
+            m.sys_flag &= ~(COMPRESSED | COMPRESSION_TYPE_MASK)
+    return messages
+
+
+_SYS_FLAG_LOW_BYTE = POS_SYS_FLAG + 3  # big-endian: the byte holding COMPRESSED

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.errors import ServiceNotAvailableError
-from broker.server.process import BrokerProcess
+from broker.server.process import REMOTING_PATTERN, BrokerProcess
 
 READY = re.compile(r"ready on (\S+):(\d+)")
 START_TIMEOUT_S = 60.0
@@ -44,6 +44,7 @@ class NameServerProcess:
             self.args += ["--broker-expire-ms", str(broker_expire_ms)]
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
+        self.remoting_address = ""  # HOST:PORT of its remoting port (``--remoting-listen``), "" when none
         self.output: deque[str] = deque(maxlen=200)
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> NameServerProcess:
@@ -56,6 +57,9 @@ class NameServerProcess:
             match = READY.search(line)
             if match:
                 self.address = f"127.0.0.1:{match.group(2)}"
+                remoting = REMOTING_PATTERN.search(line)
+                if remoting:
+                    self.remoting_address = f"127.0.0.1:{remoting.group(2)}"
                 threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
                 return self
             if time.monotonic() > deadline:

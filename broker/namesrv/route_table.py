@@ -78,6 +78,7 @@ class BrokerLive:
     epoch: int = 0
     in_sync: bool = False
     lag_bytes: int = 0
+    remoting_address: str = ""  # HOST:PORT of its RocketMQ remoting port ("": none); routes for remoting clients
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Registration:
     epoch: int = 0
     in_sync: bool = False
     lag_bytes: int = 0
+    remoting_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class TopicRoute:
 
     queues: dict[str, QueueSpec]  # broker name -> queues
     brokers: dict[str, tuple[str, dict[int, str]]]  # broker name -> (cluster, {broker id: address})
+    # broker name -> {broker id: remoting address}, members that serve RocketMQ's remoting protocol only
+    remoting: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,8 @@ def check_registration(reg: Registration) -> None:
     _check_name("cluster", reg.cluster)
     _check_name("broker name", reg.broker_name)
     _check_name("address", reg.address, MAX_ADDRESS_CHARS)
+    if reg.remoting_address:
+        _check_name("remoting address", reg.remoting_address, MAX_ADDRESS_CHARS)
     _check_name("store id", reg.store_id, MAX_STORE_ID_CHARS)
     if not 0 <= reg.broker_id <= MAX_BROKER_ID:
         raise InvalidArgumentError(f"broker id {reg.broker_id} must be in 0..{MAX_BROKER_ID}")
@@ -177,6 +183,7 @@ class RouteTable:
                 old.address, old.role, old.ha_address, old.runtime = reg.address, reg.role, reg.ha_address, reg.runtime
                 old.auto_create_topic_enable = reg.auto_create_topic_enable
                 old.epoch, old.in_sync, old.lag_bytes = reg.epoch, reg.in_sync, reg.lag_bytes
+                old.remoting_address = reg.remoting_address
                 return True
             if old is None and len(self._brokers) >= MAX_BROKERS:
                 raise RegistrationRefused(f"this name server holds {MAX_BROKERS} brokers already; no room for another")
@@ -188,6 +195,7 @@ class RouteTable:
                 store_id=reg.store_id, data_version=reg.data_version, last_update_ms=now_ms, topics=dict(reg.topics),
                 auto_create_topic_enable=reg.auto_create_topic_enable, role=reg.role, ha_address=reg.ha_address,
                 runtime=reg.runtime, epoch=reg.epoch, in_sync=reg.in_sync, lag_bytes=reg.lag_bytes,
+                remoting_address=reg.remoting_address,
             )  # fmt: skip
             return True
 
@@ -226,6 +234,19 @@ class RouteTable:
         log.info("broker %s/%d at %s unregistered", broker_name, broker_id, old.address)
         return True
 
+    def delete_topic(self, topic: str) -> int:
+        """Drop ``topic`` from every registration (``mqadmin deleteTopic``, after the brokers deleted it); the
+        number of registrations that held it. A broker that still holds it brings it back with its next full
+        registration, which a change of its topics sends."""
+        check_topic(topic)
+        with self._lock:
+            holders = [b for b in self._brokers.values() if topic in b.topics]
+            for b in holders:
+                del b.topics[topic]
+        if holders:
+            log.info("topic %s deleted from the routes of %d broker(s)", topic, len(holders))
+        return len(holders)
+
     def master_of(self, broker_name: str, now_ms: int) -> BrokerLive | None:
         """The group's master registration (id 0), if live."""
         with self._lock:
@@ -254,6 +275,7 @@ class RouteTable:
                 groups.setdefault(b.broker_name, []).append(b)
             queues: dict[str, QueueSpec] = {}
             brokers: dict[str, tuple[str, dict[int, str]]] = {}
+            remoting: dict[str, dict[int, str]] = {}
             for name, members in sorted(groups.items()):
                 members.sort(key=lambda b: b.broker_id)
                 source = members[0]  # the master when it is live (id 0), else the lowest live id
@@ -262,9 +284,12 @@ class RouteTable:
                     continue
                 queues[name] = spec
                 brokers[name] = (source.cluster, {b.broker_id: b.address for b in members})
+                served = {b.broker_id: b.remoting_address for b in members if b.remoting_address}
+                if served:
+                    remoting[name] = served
         if not queues:
             raise TopicNotExistError(f"no live broker holds topic {topic!r}")
-        return TopicRoute(queues, brokers)
+        return TopicRoute(queues, brokers, remoting)
 
     def brokers(self, now_ms: int) -> list[BrokerSummary]:
         """Every live broker (its registration without the topic table, and how many topics it holds)."""

@@ -11,6 +11,10 @@ its registrations with (broker/auth/gate.py checks each RegisterBroker and Unreg
 open, broker/auth/requirements.py says why), and refuses to be made without one unless told
 ``allow_anonymous_registration``: anyone who reaches the port may then register and unregister brokers, which is
 for tests and development on a trusted machine only. With a root user that setting changes nothing.
+
+With ``remoting_listen`` (``HOST:PORT``) the name server also serves RocketMQ's remoting protocol on that port, for
+RocketMQ 4 clients and ``mqadmin`` (broker/namesrv/remoting_processor.py): route reads (and, without a root user,
+``mqadmin deleteTopic``'s route deletion), with the same TLS settings; registration stays on the gRPC port.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ from broker.auth.accounts import Accounts, User
 from broker.auth.gate import AuthGate, AuthSettings
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.format.signature import DEFAULT_WINDOW_S, ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
+from broker.namesrv.remoting_processor import NameServerRemoting
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
 from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc
+from broker.remoting.admission import anonymous_codes, declared_codes
+from broker.remoting.authentication import Authenticator
+from broker.remoting.server import RemotingServer
 from broker.server.metrics import Counter
 from broker.server.tls import ServerTls, add_port
 
@@ -43,7 +51,8 @@ class NameServer:
     def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_NAMESRV_PORT,
                  broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS, tls: ServerTls | None = None,
                  root: User | None = None, auth_window_s: int = DEFAULT_WINDOW_S,
-                 allow_anonymous_registration: bool = False) -> None:  # fmt: skip
+                 allow_anonymous_registration: bool = False,
+                 remoting_listen: tuple[str, int] | None = None) -> None:  # fmt: skip
         """``root``: brokers must sign their registrations as this user. Without one, InvalidArgumentError unless
         ``allow_anonymous_registration`` (module docstring)."""
         if broker_expire_ms <= 0:
@@ -62,6 +71,15 @@ class NameServer:
         self.gate = AuthGate(Accounts(None, root), AuthSettings(auth_window_s, False), self.refusals) if root else None
         self.table = RouteTable(broker_expire_ms)
         self.server: grpc.Server | None = None
+        self.remoting: RemotingServer | None = None
+        if remoting_listen is not None:
+            # With a root user, every code the requirement table does not mark ANONYMOUS (all but the route reads)
+            # takes the root user's RocketMQ ACL signature, as the gRPC port's registrations do.
+            authenticator = (Authenticator(Accounts(None, root), anonymous_codes(), self.refusals, declared_codes())
+                             if root else None)  # fmt: skip
+            processors = NameServerRemoting(self.table, now_ms, open_routes=self.gate is None).processors()
+            self.remoting = RemotingServer(processors, *remoting_listen, tls=tls, name="namesrv-remoting",
+                                           authenticator=authenticator)  # fmt: skip
         self._stop = threading.Event()
         self._expiry: threading.Thread | None = None
 
@@ -83,6 +101,13 @@ class NameServer:
                                                   server)  # fmt: skip
         server.start()
         self.server = server
+        if self.remoting is not None:
+            try:
+                self.remoting.start()
+            except ServiceNotAvailableError:
+                server.stop(None)
+                self.server = None
+                raise
         self._expiry = threading.Thread(target=self._expire_loop, name="namesrv-expiry", daemon=True)
         self._expiry.start()
         log.info("name server listening on %s (brokers expire after %d ms)", self.address, self.table.broker_expire_ms)
@@ -99,6 +124,8 @@ class NameServer:
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self.remoting is not None:
+            self.remoting.shutdown()
         if self.server is not None:
             self.server.stop(SHUTDOWN_GRACE_S).wait()
             self.server = None

@@ -82,7 +82,7 @@ class NameServerService(npb_grpc.NameServerServicer):
             address=request.address, store_id=request.store_id, data_version=request.data_version, topics=topics,
             auto_create_topic_enable=request.auto_create_topic_enable, role=request.role or "MASTER",
             ha_address=request.ha_address, runtime=runtime_from_pb(request.runtime), epoch=request.epoch,
-            in_sync=request.in_sync, lag_bytes=request.lag_bytes,
+            in_sync=request.in_sync, lag_bytes=request.lag_bytes, remoting_address=request.remoting_address,
         )  # fmt: skip
         now = self.clock_ms()
         accepted = self.table.register(reg, now)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62roker/proto/namesrv.proto\x12\tsluice.v1\"]\n\x0bTopicQueues\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"y\n\rBrokerRuntime\x12\x1a\n\x12put_messages_per_s\x18\x01 \x01(\x01\x12\x1a\n\x12get_messages_per_s\x18\x02 \x01(\x01\x12\x1d\n\x15\x63ommit_log_max_offset\x18\x03 \x01(\x03\x12\x11\n\tuptime_ms\x18\x04 \x01(\x03\"\x8c\x03\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x10\n\x08store_id\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61ta_version\x18\x06 \x01(\x03\x12\x17\n\x0ftopics_included\x18\x07 \x01(\x08\x12&\n\x06topics\x18\x08 \x03(\x0b\x32\x16.sluice.v1.TopicQueues\x12 \n\x18\x61uto_create_topic_enable\x18\t \x01(\x08\x12)\n\x07runtime\x18\n \x01(\x0b\x32\x18.sluice.v1.BrokerRuntime\x12\x0c\n\x04role\x18\x0b \x01(\t\x12\x12\n\nha_address\x18\x0c \x01(\t\x12\r\n\x05\x65poch\x18\r \x01(\x03\x12\x0f\n\x07in_sync\x18\x0e \x01(\x08\x12\x11\n\tlag_bytes\x18\x0f \x01(\x03\x12\x1e\n\x16require_authentication\x18\x10 \x01(\x08\"t\n\x16RegisterBrokerResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x16\n\x0emaster_address\x18\x02 \x01(\t\x12\x19\n\x11master_ha_address\x18\x03 \x01(\t\x12\x15\n\rauthenticated\x18\x04 \x01(\x08\"d\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x10\n\x08store_id\x18\x04 \x01(\t\"\x1a\n\x18UnregisterBrokerResponse\"$\n\x13GetRouteInfoRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"a\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"\xa4\x01\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12<\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32&.sluice.v1.BrokerData.BrokerAddrsEntry\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"h\n\x0eTopicRouteData\x12)\n\x0bqueue_datas\x18\x01 \x03(\x0b\x32\x14.sluice.v1.QueueData\x12+\n\x0c\x62roker_datas\x18\x02 \x03(\x0b\x32\x15.sluice.v1.BrokerData\"\x1d\n\x1bGetBrokerClusterInfoRequest\"\xbf\x02\n\x0e\x42rokerLiveInfo\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x16\n\x0elast_update_ms\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x61ta_version\x18\x07 \x01(\x03\x12\x13\n\x0btopic_count\x18\x08 \x01(\x05\x12)\n\x07runtime\x18\t \x01(\x0b\x32\x18.sluice.v1.BrokerRuntime\x12 \n\x18\x61uto_create_topic_enable\x18\n \x01(\x08\x12\x12\n\nha_address\x18\x0b \x01(\t\x12\r\n\x05\x65poch\x18\x0c \x01(\x03\x12\x0f\n\x07in_sync\x18\r \x01(\x08\x12\x11\n\tlag_bytes\x18\x0e \x01(\x03\"?\n\x11\x42rokerClusterInfo\x12*\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x19.sluice.v1.BrokerLiveInfo\"\x18\n\x16GetAllTopicListRequest\"\x1b\n\tTopicList\x12\x0e\n\x06topics\x18\x01 \x03(\t2\xbc\x03\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .sluice.v1.RegisterBrokerRequest\x1a!.sluice.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".sluice.v1.UnregisterBrokerRequest\x1a#.sluice.v1.UnregisterBrokerResponse\x12P\n\x13GetRouteInfoByTopic\x12\x1e.sluice.v1.GetRouteInfoRequest\x1a\x19.sluice.v1.TopicRouteData\x12\\\n\x14GetBrokerClusterInfo\x12&.sluice.v1.GetBrokerClusterInfoRequest\x1a\x1c.sluice.v1.BrokerClusterInfo\x12J\n\x0fGetAllTopicList\x12!.sluice.v1.GetAllTopicListRequest\x1a\x14.sluice.v1.TopicListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62roker/proto/namesrv.proto\x12\tsluice.v1\"]\n\x0bTopicQueues\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"y\n\rBrokerRuntime\x12\x1a\n\x12put_messages_per_s\x18\x01 \x01(\x01\x12\x1a\n\x12get_messages_per_s\x18\x02 \x01(\x01\x12\x1d\n\x15\x63ommit_log_max_offset\x18\x03 \x01(\x03\x12\x11\n\tuptime_ms\x18\x04 \x01(\x03\"\xa6\x03\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x10\n\x08store_id\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61ta_version\x18\x06 \x01(\x03\x12\x17\n\x0ftopics_included\x18\x07 \x01(\x08\x12&\n\x06topics\x18\x08 \x03(\x0b\x32\x16.sluice.v1.TopicQueues\x12 \n\x18\x61uto_create_topic_enable\x18\t \x01(\x08\x12)\n\x07runtime\x18\n \x01(\x0b\x32\x18.sluice.v1.BrokerRuntime\x12\x0c\n\x04role\x18\x0b \x01(\t\x12\x12\n\nha_address\x18\x0c \x01(\t\x12\r\n\x05\x65poch\x18\r \x01(\x03\x12\x0f\n\x07in_sync\x18\x0e \x01(\x08\x12\x11\n\tlag_bytes\x18\x0f \x01(\x03\x12\x1e\n\x16require_authentication\x18\x10 \x01(\x08\x12\x18\n\x10remoting_address\x18\x11 \x01(\t\"t\n\x16RegisterBrokerResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x16\n\x0emaster_address\x18\x02 \x01(\t\x12\x19\n\x11master_ha_address\x18\x03 \x01(\t\x12\x15\n\rauthenticated\x18\x04 \x01(\x08\"d\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x10\n\x08store_id\x18\x04 \x01(\t\"\x1a\n\x18UnregisterBrokerResponse\"$\n\x13GetRouteInfoRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"a\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"\xa4\x01\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12<\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32&.sluice.v1.BrokerData.BrokerAddrsEntry\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"h\n\x0eTopicRouteData\x12)\n\x0bqueue_datas\x18\x01 \x03(\x0b\x32\x14.sluice.v1.QueueData\x12+\n\x0c\x62roker_datas\x18\x02 \x03(\x0b\x32\x15.sluice.v1.BrokerData\"\x1d\n\x1bGetBrokerClusterInfoRequest\"\xbf\x02\n\x0e\x42rokerLiveInfo\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x16\n\x0elast_update_ms\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x61ta_version\x18\x07 \x01(\x03\x12\x13\n\x0btopic_count\x18\x08 \x01(\x05\x12)\n\x07runtime\x18\t \x01(\x0b\x32\x18.sluice.v1.BrokerRuntime\x12 \n\x18\x61uto_create_topic_enable\x18\n \x01(\x08\x12\x12\n\nha_address\x18\x0b \x01(\t\x12\r\n\x05\x65poch\x18\x0c \x01(\x03\x12\x0f\n\x07in_sync\x18\r \x01(\x08\x12\x11\n\tlag_bytes\x18\x0e \x01(\x03\"?\n\x11\x42rokerClusterInfo\x12*\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x19.sluice.v1.BrokerLiveInfo\"\x18\n\x16GetAllTopicListRequest\"\x1b\n\tTopicList\x12\x0e\n\x06topics\x18\x01 \x03(\t2\xbc\x03\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .sluice.v1.RegisterBrokerRequest\x1a!.sluice.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".sluice.v1.UnregisterBrokerRequest\x1a#.sluice.v1.UnregisterBrokerResponse\x12P\n\x13GetRouteInfoByTopic\x12\x1e.sluice.v1.GetRouteInfoRequest\x1a\x19.sluice.v1.TopicRouteData\x12\\\n\x14GetBrokerClusterInfo\x12&.sluice.v1.GetBrokerClusterInfoRequest\x1a\x1c.sluice.v1.BrokerClusterInfo\x12J\n\x0fGetAllTopicList\x12!.sluice.v1.GetAllTopicListRequest\x1a\x14.sluice.v1.TopicListb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,33 +38,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BROKERRUNTIME']._serialized_start=136
   _globals['_BROKERRUNTIME']._serialized_end=257
   _globals['_REGISTERBROKERREQUEST']._serialized_start=260
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=656
-  _globals['_REGISTERBROKERRESPONSE']._serialized_start=658
-  _globals['_REGISTERBROKERRESPONSE']._serialized_end=774
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=776
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=876
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=878
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=904
-  _globals['_GETROUTEINFOREQUEST']._serialized_start=906
-  _globals['_GETROUTEINFOREQUEST']._serialized_end=942
-  _globals['_QUEUEDATA']._serialized_start=944
-  _globals['_QUEUEDATA']._serialized_end=1041
-  _globals['_BROKERDATA']._serialized_start=1044
-  _globals['_BROKERDATA']._serialized_end=1208
-  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_start=1158
-  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_end=1208
-  _globals['_TOPICROUTEDATA']._serialized_start=1210
-  _globals['_TOPICROUTEDATA']._serialized_end=1314
-  _globals['_GETBROKERCLUSTERINFOREQUEST']._serialized_start=1316
-  _globals['_GETBROKERCLUSTERINFOREQUEST']._serialized_end=1345
-  _globals['_BROKERLIVEINFO']._serialized_start=1348
-  _globals['_BROKERLIVEINFO']._serialized_end=1667
-  _globals['_BROKERCLUSTERINFO']._serialized_start=1669
-  _globals['_BROKERCLUSTERINFO']._serialized_end=1732
-  _globals['_GETALLTOPICLISTREQUEST']._serialized_start=1734
-  _globals['_GETALLTOPICLISTREQUEST']._serialized_end=1758
-  _globals['_TOPICLIST']._serialized_start=1760
-  _globals['_TOPICLIST']._serialized_end=1787
-  _globals['_NAMESERVER']._serialized_start=1790
-  _globals['_NAMESERVER']._serialized_end=2234
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=682
+  _globals['_REGISTERBROKERRESPONSE']._serialized_start=684
+  _globals['_REGISTERBROKERRESPONSE']._serialized_end=800
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=802
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=902
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=904
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=930
+  _globals['_GETROUTEINFOREQUEST']._serialized_start=932
+  _globals['_GETROUTEINFOREQUEST']._serialized_end=968
+  _globals['_QUEUEDATA']._serialized_start=970
+  _globals['_QUEUEDATA']._serialized_end=1067
+  _globals['_BROKERDATA']._serialized_start=1070
+  _globals['_BROKERDATA']._serialized_end=1234
+  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_start=1184
+  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_end=1234
+  _globals['_TOPICROUTEDATA']._serialized_start=1236
+  _globals['_TOPICROUTEDATA']._serialized_end=1340
+  _globals['_GETBROKERCLUSTERINFOREQUEST']._serialized_start=1342
+  _globals['_GETBROKERCLUSTERINFOREQUEST']._serialized_end=1371
+  _globals['_BROKERLIVEINFO']._serialized_start=1374
+  _globals['_BROKERLIVEINFO']._serialized_end=1693
+  _globals['_BROKERCLUSTERINFO']._serialized_start=1695
+  _globals['_BROKERCLUSTERINFO']._serialized_end=1758
+  _globals['_GETALLTOPICLISTREQUEST']._serialized_start=1760
+  _globals['_GETALLTOPICLISTREQUEST']._serialized_end=1784
+  _globals['_TOPICLIST']._serialized_start=1786
+  _globals['_TOPICLIST']._serialized_end=1813
+  _globals['_NAMESERVER']._serialized_start=1816
+  _globals['_NAMESERVER']._serialized_end=2260
 # @@protoc_insertion_point(module_scope)

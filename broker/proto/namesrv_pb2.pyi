@@ -107,6 +107,7 @@ class RegisterBrokerRequest(_message.Message):
     IN_SYNC_FIELD_NUMBER: _builtins.int
     LAG_BYTES_FIELD_NUMBER: _builtins.int
     REQUIRE_AUTHENTICATION_FIELD_NUMBER: _builtins.int
+    REMOTING_ADDRESS_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     broker_id: _builtins.int
@@ -140,6 +141,10 @@ class RegisterBrokerRequest(_message.Message):
     """The broker runs with --auth and registers only where registration is authenticated: a name server that takes
     registrations from anyone (--allow-anonymous-registration) refuses this one (NO_PERMISSION) and stores nothing.
     """
+    remoting_address: _builtins.str
+    """HOST:PORT of the broker's RocketMQ remoting port (broker/remoting; empty: it serves none). Routes given to
+    remoting clients name this address instead of `address`.
+    """
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicQueues]: ...
     @_builtins.property
@@ -163,10 +168,11 @@ class RegisterBrokerRequest(_message.Message):
         in_sync: _builtins.bool = ...,
         lag_bytes: _builtins.int = ...,
         require_authentication: _builtins.bool = ...,
+        remoting_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["runtime", b"runtime"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "epoch", b"epoch", "ha_address", b"ha_address", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "require_authentication", b"require_authentication", "role", b"role", "runtime", b"runtime", "store_id", b"store_id", "topics", b"topics", "topics_included", b"topics_included"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topic_enable", b"auto_create_topic_enable", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster", b"cluster", "data_version", b"data_version", "epoch", b"epoch", "ha_address", b"ha_address", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "remoting_address", b"remoting_address", "require_authentication", b"require_authentication", "role", b"role", "runtime", b"runtime", "store_id", b"store_id", "topics", b"topics", "topics_included", b"topics_included"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

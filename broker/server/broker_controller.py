@@ -28,7 +28,7 @@ from broker.auth.operations import transaction_access
 from broker.client.coordinator import CoordinatorClient
 from broker.client.namesrv_client import NameServerClient
 from broker.client.router import Router
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, parse_host_port
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.format.message import StoredMessage
 from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
@@ -39,6 +39,15 @@ from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.remoting.admin_table import admin_processors
+from broker.remoting.admission import anonymous_codes, declared_codes
+from broker.remoting.authentication import Authenticator
+from broker.remoting.broker_table import broker_processors
+from broker.remoting.client_processor import ClientProcessors
+from broker.remoting.message_ids import RemotingIds
+from broker.remoting.message_outcomes import Access
+from broker.remoting.message_processors import MessageProcessors, message_processors
+from broker.remoting.server import RemotingServer
 from broker.rmqv2 import wiring as rmqv2_wiring
 from broker.rmqv2.clients import ClientRegistry
 from broker.semantics import (
@@ -146,6 +155,8 @@ class BrokerController:
         self._started_at = 0.0
         self.identity: BrokerIdentity | None = None
         self.registrar: NameServerRegistrar | None = None
+        self.remoting: RemotingServer | None = None  # RocketMQ's remoting port (remoting_listen), when served
+        self.remoting_messages: MessageProcessors | None = None  # its sends, pulls (and held pulls), send-backs
         # Replication (broker/ha): None for a broker on its own. The gate refuses writes on a slave and holds
         # acknowledgements for the in-sync replicas; the manager runs this replica's role.
         self.replication_settings = config.replication()
@@ -168,8 +179,12 @@ class BrokerController:
 
     def _check_back(self, group: str, txn_id: str, half: StoredMessage) -> None:
         """A transaction's check-back: through a RocketMQ 5 producer's Telemetry stream when one publishes to the
-        group (the topic, as the RocketMQ proxy names it), else through a Sluice producer's check stream."""
-        if not self.rmqv2_clients.check(group, txn_id, half):
+        group (the topic, as the RocketMQ proxy names it), else over a RocketMQ 4 producer's remoting connection,
+        else through a Sluice producer's check stream."""
+        if self.rmqv2_clients.check(group, txn_id, half):
+            return
+        remoting = self.remoting_messages.producers if self.remoting_messages is not None else None
+        if remoting is None or not remoting.check(group, txn_id, half):
             self.check_hub.check(group, txn_id, half)
 
     @property
@@ -223,7 +238,7 @@ class BrokerController:
             cfg.store_dir.mkdir(parents=True, exist_ok=True)  # after the bind: a refused start leaves no directory
             self.topics.load()
             self.offsets.load()
-            self.store = self._start_store(advertised_ip(host), self.port)
+            self.store = self._start_store(*self._store_host(host))
             self.topics.store_queue_ids = self.store.queue_ids
             for topic in self.store.topics():  # topics with data but no config entry (lost topics.json...)
                 if self.topics.get(topic) is None:
@@ -239,6 +254,7 @@ class BrokerController:
             self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
             self._tasks.start()
             server.start()
+            self._start_remoting()
             self._start_registration()
         except BaseException:
             self._abort_start()
@@ -260,6 +276,39 @@ class BrokerController:
                                            self.advertised_address(), load_store_id(cfg.config_dir))  # fmt: skip
         return self.identity
 
+    def _start_remoting(self) -> None:
+        """RocketMQ's remoting port beside the gRPC one, over the same processors (broker/remoting)."""
+        cfg = self.config
+        if not cfg.remoting_listen:
+            return
+        host, port = parse_host_port(cfg.remoting_listen)
+        assert self.service is not None and self.store is not None
+        consumers = self.service.consumers
+        msg_ids = RemotingIds(self.store.msg_id_prefix())  # ids name the remoting address once it is bound
+        access = Access(self.accounts if cfg.auth_enabled else None)
+        clients = ClientProcessors(self.service, access)
+        consumers.add_listener(clients.channels.changed)  # NOTIFY_CONSUMER_IDS_CHANGED to the group's clients
+        self.remoting_messages = message_processors(self, subscription_of=consumers.subscription, msg_ids=msg_ids,
+                                                    clients=clients)  # fmt: skip
+        table = {**broker_processors(self.service, access, clients), **self.remoting_messages.table,
+                 **admin_processors(self, msg_ids)}  # fmt: skip
+        authenticator = None
+        if cfg.auth_enabled:  # RocketMQ 4's ACL signature on every request (broker/remoting/authentication.py)
+            assert self.accounts is not None
+            authenticator = Authenticator(self.accounts, anonymous_codes(), self.metrics.auth_refusals,
+                                          declared_codes())  # fmt: skip
+        self.remoting = RemotingServer(table, host, port, tls=cfg.server_tls(), name="broker-remoting",
+                                       authenticator=authenticator, on_close=clients.channels.closed)  # fmt: skip
+        self.remoting.start()
+        msg_ids.bind(self.remoting_address())
+        cfg.remoting_listen = format_address(host, self.remoting.port)  # a restart in place binds the same port
+
+    def remoting_address(self) -> str:
+        """HOST:PORT of the remoting port registered for RocketMQ 4 clients ("": none served)."""
+        if self.remoting is None:
+            return ""
+        return f"{advertised_ip(self.remoting.host)}:{self.remoting.port}"
+
     def _start_registration(self) -> None:
         cfg = self.config
         identity = self._own_identity()
@@ -274,7 +323,7 @@ class BrokerController:
             role="MASTER" if cfg.broker_id == 0 else "SLAVE",
             ha_address=replication.ha_advertised if replication is not None else "",
             replica_status=replication.status if replication is not None else None,
-            require_authentication=cfg.auth_enabled,
+            require_authentication=cfg.auth_enabled, remoting_address=self.remoting_address(),
         )  # fmt: skip
         self.registrar.start()
 
@@ -367,6 +416,10 @@ class BrokerController:
         self._stop_tasks.set()
         if self.registrar is not None:
             self.registrar.shutdown()
+        if self.remoting_messages is not None:
+            self.remoting_messages.shutdown()  # held pulls are answered while their connections are open
+        if self.remoting is not None:
+            self.remoting.shutdown()
         if self.server is not None:
             self.server.stop(0)
         if self.replication is not None:
@@ -461,6 +514,17 @@ class BrokerController:
             if started:
                 self.schedule.shutdown()
             self.schedule = None
+
+    def _store_host(self, host: str) -> tuple[str, int]:
+        """The address written into every stored entry, which offset msgIds carry and RocketMQ 4 clients and
+        ``mqadmin queryMsgById`` connect to: the remoting address when its port is set (known before it is bound),
+        else the gRPC one; the remoting front then names its own address in the ids it gives
+        (broker/remoting/message_ids.py). Sluice's clients find a message by id whichever address it names."""
+        if self.config.remoting_listen:
+            remoting_host, remoting_port = parse_host_port(self.config.remoting_listen)
+            if remoting_port:
+                return advertised_ip(remoting_host), remoting_port
+        return advertised_ip(host), self.port
 
     def _start_store(self, ip: str, port: int) -> MessageStore:
         # Built by the config, which already validated it: the store table cannot override the broker's own values.
@@ -631,6 +695,10 @@ class BrokerController:
         log.info("broker shutting down")
         if self.registrar is not None:
             self.registrar.shutdown()  # first: clients stop routing here while in-flight calls finish
+        if self.remoting_messages is not None:
+            self.remoting_messages.shutdown()  # held pulls are answered while their connections are open
+        if self.remoting is not None:
+            self.remoting.shutdown()
         self.hold.shutdown()
         self.check_hub.shutdown()  # open check streams end, so the server's stop need not wait for them
         self.rmqv2_clients.shutdown()  # and Telemetry streams

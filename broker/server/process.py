@@ -21,6 +21,7 @@ from broker.errors import ServiceNotAvailableError
 
 READY_PATTERN = re.compile(r"ready on (\S+):(\d+)")
 METRICS_PATTERN = re.compile(r"metrics on port (\d+)")  # in the ready line when --metrics-port is given
+REMOTING_PATTERN = re.compile(r"remoting on (\S+):(\d+)")  # in the ready line when --remoting-listen is given
 START_TIMEOUT_S = 60.0
 
 
@@ -40,6 +41,7 @@ class BrokerProcess:
         self.endpoint = ""
         self.port = 0
         self.metrics_port: int | None = None  # the bound metrics port (``--metrics-port 0`` picks one)
+        self.remoting_endpoint = ""  # HOST:PORT of the remoting port (``--remoting-listen``), "" when none
         self.output: deque[str] = deque(maxlen=200)  # last lines of the child's stderr, for failure messages
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> BrokerProcess:
@@ -55,6 +57,9 @@ class BrokerProcess:
                 self.endpoint = local_endpoint(match.group(1).strip("[]"), self.port)
                 metrics = METRICS_PATTERN.search(line)
                 self.metrics_port = int(metrics.group(1)) if metrics else None
+                remoting = REMOTING_PATTERN.search(line)
+                if remoting:
+                    self.remoting_endpoint = local_endpoint(remoting.group(1).strip("[]"), int(remoting.group(2)))
                 threading.Thread(target=self._drain_stdout, daemon=True).start()
                 return self
             if time.monotonic() > deadline:

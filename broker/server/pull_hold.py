@@ -23,6 +23,18 @@ class _Waiter:
     event: threading.Event = field(default_factory=threading.Event)
 
 
+class _CallingEvent(threading.Event):
+    """An event that also calls a function when set: a watched pull (``PullHoldService.watch``)."""
+
+    def __init__(self, on_set: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_set = on_set
+
+    def set(self) -> None:
+        super().set()
+        self._on_set()
+
+
 class PullHoldService:
     def __init__(self, *, long_polling_enable: bool = True, short_polling_time_ms: int = 1000,
                  recheck_ms: int = 5000, max_held: int = 1 << 30,
@@ -106,6 +118,24 @@ class PullHoldService:
                 self._holding -= 1
             if self.long_polling_enable:  # still listed unless an arrival or shutdown took it off
                 self._remove(key, waiter)
+
+    def watch(
+        self, topic: str, queue_id: int, offset: int, on_arrival: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Call ``on_arrival`` (on the dispatcher's thread: it must be cheap) once a message at ``offset`` may exist,
+        or at shutdown, without holding a thread: for fronts that answer a held pull later (the remoting protocol's
+        pulls). Returns the function that cancels the watch; None when nothing can be held (after shutdown, or
+        with long polling off): the caller re-checks on its own schedule. The caller re-checks the queue after
+        registering, as ``wait_for`` does, so an arrival between its pull and the watch is not missed."""
+        if not self.long_polling_enable:
+            return None
+        waiter = _Waiter(offset, _CallingEvent(on_arrival))
+        key = (topic, queue_id)
+        with self._lock:
+            if self._stopped:
+                return None
+            self._waiters.setdefault(key, []).append(waiter)
+        return lambda: self._remove(key, waiter)
 
     def _remove(self, key: tuple[str, int], waiter: _Waiter) -> None:
         with self._lock:

@@ -71,6 +71,7 @@ class NameServerRegistrar:
         interval_ms: int = DEFAULT_REGISTER_INTERVAL_MS, auto_create_topic_enable: bool = True,
         runtime: Callable[[], Runtime] = Runtime, role: str = "MASTER", ha_address: str = "",
         replica_status: Callable[[], Status] | None = None, require_authentication: bool = False,
+        remoting_address: str = "",
     ) -> None:  # fmt: skip
         """``require_authentication``: register only with name servers that authenticate (module docstring)."""
         self.namesrv = namesrv
@@ -81,6 +82,7 @@ class NameServerRegistrar:
         self.auto_create_topic_enable = auto_create_topic_enable
         self.runtime = runtime
         self.role, self.ha_address = role, ha_address
+        self.remoting_address = remoting_address  # the RocketMQ remoting port clients reach ("": none served)
         self.replica_status = replica_status
         self.master_ha_address = ""  # the group's master's replication endpoint, from the last answer
         self._registered_id = identity.broker_id
@@ -177,7 +179,7 @@ class NameServerRegistrar:
             cluster=ident.cluster, broker_name=ident.broker_name, broker_id=ident.broker_id, address=ident.address,
             store_id=ident.store_id, data_version=version, topics_included=full,
             auto_create_topic_enable=self.auto_create_topic_enable, role=self.role, ha_address=self.ha_address,
-            require_authentication=self.require_authentication,
+            require_authentication=self.require_authentication, remoting_address=self.remoting_address,
             runtime=npb.BrokerRuntime(put_messages_per_s=r.put_messages_per_s, get_messages_per_s=r.get_messages_per_s,
                                       commit_log_max_offset=r.commit_log_max_offset, uptime_ms=r.uptime_ms),
         )  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NoReturn, TypeVar
 
@@ -309,8 +309,14 @@ class BrokerService(pb_grpc.BrokerServicer):
     # ---------------------------------------------------------------------------------------------- consumers
     @_answer
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        return pb.HeartbeatResponse(group_version=self.heartbeat(request))
+
+    def heartbeat(self, request: pb.HeartbeatRequest, expression_types: Mapping[str, str] | None = None) -> int:
+        """A consumer's heartbeat or leave (also the remoting front's HEART_BEAT and UNREGISTER_CLIENT): the group's
+        version after it; 0 for a producer's, which records nothing yet. ``expression_types``: topic -> SQL92 for
+        the subscriptions that are not tag expressions (a RocketMQ 4 heartbeat's; gRPC's are all tags)."""
         if not request.consumer_group:  # a producer: nothing to track yet
-            return pb.HeartbeatResponse()
+            return 0
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         _check_heartbeat(request)
@@ -325,9 +331,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             elif self.retries is not None:
                 self.retries.admit_broadcast(request.consumer_group)
             version = self.consumers.heartbeat(
-                request.consumer_group, request.client_id, dict(request.subscriptions), model
+                request.consumer_group, request.client_id, dict(request.subscriptions), model, expression_types
             )
-        return pb.HeartbeatResponse(group_version=version)
+        return version
 
     @_answer
     def GetConsumerList(
@@ -430,13 +436,21 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @_answer
     def LockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+        return self.lock_batch(request)
+
+    @_answer
+    def UnlockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+        return self.unlock_batch(request)
+
+    def lock_batch(self, request: pb.LockBatchRequest) -> pb.LockBatchResponse:
+        """LockBatchMQ's work, for every front (the remoting port's LOCK_BATCH_MQ too)."""
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         held = self._locks().lock_batch(request.consumer_group, self._lock_queues(request), request.client_id)
         return pb.LockBatchResponse(queues=[pb.MessageQueue(topic=t, queue_id=q) for t, q in sorted(held)])
 
-    @_answer
-    def UnlockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
+    def unlock_batch(self, request: pb.LockBatchRequest) -> pb.LockBatchResponse:
+        """UnlockBatchMQ's work, for every front."""
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         queues = self._lock_queues(request, existing=False)

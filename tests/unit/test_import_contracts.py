@@ -54,6 +54,16 @@ VIOLATIONS = {
         "broker.format, the message format every room shares, imports only broker.errors",
         "broker.format.upward -> broker.semantics.delay",
     ),
+    "the store importing the remoting front": (
+        "broker/store/wire.py", "from broker.remoting import codes",
+        "Only the server, name server and command-line wiring and the client import",
+        "broker.store.wire -> broker.remoting.codes",
+    ),
+    "the remoting front reaching into the store": (
+        "broker/remoting/shortcut.py", "from broker.store import message_store",
+        "The remoting front (broker/remoting) translates to the broker's processors",
+        "broker.remoting.shortcut -> broker.store.message_store",
+    ),
 }
 
 

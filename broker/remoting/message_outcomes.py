@@ -1,0 +1,180 @@
+"""What the message processors share: reading typed header fields, answering every outcome with RocketMQ's code, and
+deciding the caller's rights through the same table and checks as every other front.
+
+**Codes.** Sluice's ``ResponseCode`` is RocketMQ's numbering (broker/errors.py), so a refusal answers its own code;
+the codes only Sluice has are answered with the one a 4.x client acts on the same way:
+
+| Sluice outcome                | remoting answer            | why                                                 |
+|-------------------------------|----------------------------|-----------------------------------------------------|
+| INVALID_ARGUMENT (a send)     | MESSAGE_ILLEGAL (13)       | the client does not retry what cannot be stored     |
+| INVALID_ARGUMENT (otherwise)  | SYSTEM_ERROR (1)           | as RocketMQ answers a header it cannot use          |
+| LIMIT_EXCEEDED                | SYSTEM_ERROR (1)           | a producer retries another broker, which has room   |
+| NOT_ENOUGH_REPLICAS           | SYSTEM_ERROR (1)           | RocketMQ 5's in-sync replicas refusal: not stored   |
+| NOT_MASTER                    | SERVICE_NOT_AVAILABLE (14) | as a RocketMQ slave answers a send                  |
+| UNAUTHENTICATED               | NO_PERMISSION (16)         | RocketMQ's ACL answers both with it                 |
+| STORE_CORRUPTED, others > 900 | SYSTEM_ERROR (1)           |                                                     |
+| an I/O error (OSError)        | SERVICE_NOT_AVAILABLE (14) | the disk, not the request: retry later or elsewhere |
+| any other exception           | SYSTEM_ERROR (1), logged   | the last line: the broker keeps serving             |
+
+**Rights.** A processor runs ``admitted(...)`` around its work: with auth off nothing is decided; with auth on the
+caller is the user the transport authenticated (``RequestContext.user``; none: refused NO_PERMISSION), set as the
+running call's caller (broker/auth/caller.py) so that the operations that decide on what they find (a batch's
+topics, a send-back's message) decide as they do for gRPC, and the request's own needs are checked from its row in
+``broker.auth.requirements.REMOTING``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from broker.auth.accounts import Accounts
+from broker.auth.caller import Caller, current
+from broker.auth.requirements import REMOTING, Row
+from broker.errors import BrokerError, InvalidArgumentError, NoPermissionError, ResponseCode, shown
+from broker.remoting.command import RemotingCommand
+from broker.remoting.processor import RequestContext
+
+log = logging.getLogger(__name__)
+
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+# RocketMQ's remark is a header string: a refusal's text is cut to this many characters so that an echo of a long
+# request value never makes the frame large.
+MAX_REMARK_CHARS = 1024
+
+_RENAMED = {
+    ResponseCode.LIMIT_EXCEEDED: ResponseCode.SYSTEM_ERROR,
+    ResponseCode.NOT_ENOUGH_REPLICAS: ResponseCode.SYSTEM_ERROR,
+    ResponseCode.NOT_MASTER: ResponseCode.SERVICE_NOT_AVAILABLE,
+    ResponseCode.UNAUTHENTICATED: ResponseCode.NO_PERMISSION,
+}
+
+
+# ------------------------------------------------------------------------------------------------- header fields
+
+
+def text_field(ext: Mapping[str, str], name: str, default: str | None = None) -> str:
+    """A string field; a required one (no default) that is missing or empty is refused, as RocketMQ's header decoder
+    refuses a missing not-null field (an empty value reads as absent in its binary header)."""
+    value = ext.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise InvalidArgumentError(f"the request lacks its {name!r} header field")
+        return default
+    return value
+
+
+def int_field(ext: Mapping[str, str], name: str, default: int | None = None, bounds: tuple[int, int] = INT32) -> int:
+    """An int32 (or, with ``bounds=INT64``, an int64) field written in decimal."""
+    raw = ext.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise InvalidArgumentError(f"the request lacks its {name!r} header field")
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"header field {name!r}={shown(raw)} is not an integer") from None
+    if not bounds[0] <= value <= bounds[1]:
+        raise InvalidArgumentError(f"header field {name!r}={shown(raw)} is out of range")
+    return value
+
+
+def bool_field(ext: Mapping[str, str], name: str) -> bool:
+    """Java's ``Boolean.parseBoolean``: "true" in any case is true, anything else (or nothing) false."""
+    return ext.get(name, "").strip().lower() == "true"
+
+
+# ------------------------------------------------------------------------------------------------- outcomes
+
+
+def code_of(e: BrokerError, invalid: ResponseCode = ResponseCode.SYSTEM_ERROR) -> ResponseCode:
+    """The remoting code a refusal is answered with (module docstring); ``invalid``: INVALID_ARGUMENT's."""
+    if e.code is ResponseCode.INVALID_ARGUMENT:
+        return invalid
+    if e.code in _RENAMED:
+        return _RENAMED[e.code]
+    return e.code if e.code < ResponseCode.STORE_CORRUPTED else ResponseCode.SYSTEM_ERROR
+
+
+def refusal(request: RemotingCommand, e: BrokerError, invalid: ResponseCode = ResponseCode.SYSTEM_ERROR,
+            ext_fields: dict[str, str] | None = None) -> RemotingCommand:  # fmt: skip
+    """The answer to a refused request: its code and the reason as the remark."""
+    code = code_of(e, invalid)
+    log.info("remoting request %d refused: %s (%s)", request.code, e.message[:200], code.name)
+    return request.response(int(code), remark=e.message[:MAX_REMARK_CHARS], ext_fields=ext_fields)
+
+
+def failure(request: RemotingCommand, e: Exception) -> RemotingCommand:
+    """The answer when the broker itself failed a request (not the request's fault)."""
+    if isinstance(e, OSError):
+        log.error("remoting request %d failed on an I/O error: %s", request.code, e)
+        remark = f"the broker's files failed it ({e}); retry later"[:MAX_REMARK_CHARS]
+        return request.response(int(ResponseCode.SERVICE_NOT_AVAILABLE), remark=remark)
+    log.exception("remoting request %d failed unexpectedly", request.code)
+    return request.response(int(ResponseCode.SYSTEM_ERROR),
+                            remark=f"internal broker error ({type(e).__name__}); see the broker's log")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- rights
+
+
+class _NoLookup:
+    """Rows of remoting requests are decided on what the request names; resolved operations decide themselves."""
+
+    def transaction_group(self, txn_id: str, half_commitlog_offset: int | None) -> str | None:
+        return None
+
+    def message_topic(self, msg_id: str) -> str | None:
+        return None
+
+
+def _source(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    host = address.rpartition(":")[0].strip("[]") or address
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+class Access:
+    """Rights of remoting callers: ``accounts`` None means auth is off (every request passes, as over gRPC)."""
+
+    def __init__(self, accounts: Accounts | None) -> None:
+        self.accounts = accounts
+
+    def caller(self, context: RequestContext) -> Caller | None:
+        if self.accounts is None:
+            return None
+        if context.user is None:
+            raise NoPermissionError(
+                "this broker requires authentication: sign requests with an AccessKey and its Signature"
+            )
+        return Caller(context.user, _source(context.peer.address), self.accounts)
+
+    def check(self, context: RequestContext, code_name: str, *requests: Any) -> None:
+        """NoPermissionError unless the caller may do each of ``requests`` (of one code) by the code's row."""
+        caller = self.caller(context)
+        if caller is None:
+            return
+        row: Row = REMOTING[code_name]  # type: ignore[assignment]
+        for request in requests:
+            caller.require(*row.gate_needs(request, _NoLookup()))
+
+    @contextmanager
+    def admitted(self, context: RequestContext, code_name: str, request: Any) -> Iterator[Caller | None]:
+        """Check the request's row, and make the caller the running call's for the work inside (NoPermissionError
+        when refused: nothing done)."""
+        caller = self.caller(context)
+        token = current.set(caller)
+        try:
+            if caller is not None:
+                row: Row = REMOTING[code_name]  # type: ignore[assignment]
+                caller.require(*row.gate_needs(request, _NoLookup()))
+            yield caller
+        finally:
+            current.reset(token)
