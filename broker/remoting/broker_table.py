@@ -6,6 +6,7 @@ from __future__ import annotations
 from broker.remoting.client_processor import ClientProcessors
 from broker.remoting.offset_processor import OffsetProcessors
 from broker.remoting.processor import Processor
+from broker.remoting.route_processor import BrokerRouteProcessor
 from broker.server.service import BrokerService
 
 
@@ -13,4 +14,5 @@ def broker_processors(service: BrokerService) -> dict[int, Processor]:
     table: dict[int, Processor] = {}
     table.update(OffsetProcessors(service.admin).processors())
     table.update(ClientProcessors(service).processors())
+    table.update(BrokerRouteProcessor(service).processors())
     return table
