@@ -30,8 +30,9 @@ What differs from gRPC, because RocketMQ's requests carry less:
   a RocketMQ 4 client;
 * transactions, TLS and signed requests are not offered over this transport yet: use the gRPC endpoint.
 
-One TCP connection per broker carries every call, matched by ``opaque`` (broker/remoting/client.py); a connection
-that broke is opened again at the next call.
+One TCP connection per broker carries every call, matched by ``opaque``, its answers read by the calling threads
+themselves (remoting_wire.py: a synchronous sender switches no thread); a connection that broke is opened again
+at the next call.
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from broker.client.remoting_wire import RemotingWire
 from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, ResponseCode
 from broker.format.message import BODY_START, ENTRY_HEADER, PROPS_LEN, TOPIC_LEN
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_for
 from broker.proto.wire import Framed
-from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode
 from broker.remoting.codes import ResponseCode as Wire
 from broker.remoting.command import RemotingCommand
@@ -162,11 +163,11 @@ class RemotingConnection:
         self.address = address
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._client: RemotingClient | None = None
+        self._client: RemotingWire | None = None
         self.stub = _Stub(self)
 
     # ------------------------------------------------------------------------------------------------ calls
-    def _open(self) -> RemotingClient:
+    def _open(self) -> RemotingWire:
         client = self._client
         if client is not None and not client.closed:
             return client
@@ -174,7 +175,7 @@ class RemotingConnection:
             if self._client is None or self._client.closed:
                 if self._client is not None:
                     self._client.close()
-                self._client = RemotingClient(self.address)
+                self._client = RemotingWire(self.address)
             return self._client
 
     def invoke(self, code: int, ext: dict[str, str], body: bytes = b"", timeout_s: float | None = None

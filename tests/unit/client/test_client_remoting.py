@@ -153,3 +153,37 @@ def test_batch_runs_copy_bodies_and_properties_as_rocketmq_batches() -> None:
     ]
     with pytest.raises(InvalidArgumentError):
         batch_runs(entries[:-1])
+
+
+def test_one_connection_serves_threads_at_once_and_a_held_pull_blocks_no_one(ends: Ends) -> None:
+    """The callers read their own answers (remoting_wire.py): a held pull on the connection leaves the others'
+    calls answered at once, and sends from several threads each get their own answer."""
+    with PullConsumer(ends.remoting, "rc-threads") as rc, Producer(ends.remoting) as p:
+        hi = rc.queue_offsets(TOPIC)[1][1]
+        held: list[object] = []
+        holder = threading.Thread(target=lambda: held.append(rc.pull(TOPIC, 1, hi, timeout_ms=8000)))
+        holder.start()
+        time.sleep(0.2)  # the held pull is waiting on the broker, its caller reading the connection
+        started = time.monotonic()
+        for _ in range(5):
+            assert rc.pull(TOPIC, 0, 0, max_msgs=1).status in (PullStatus.FOUND, PullStatus.NO_NEW_MSG)
+        assert time.monotonic() - started < 4.0  # not behind the held pull
+        results: list[SendResult] = []
+        lock = threading.Lock()
+
+        def send_many(n: int) -> None:
+            for i in range(n):
+                r = p.send(Message(TOPIC, b"t%d" % i), queue_id=3)
+                with lock:
+                    results.append(r)
+
+        senders = [threading.Thread(target=send_many, args=(20,)) for _ in range(4)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        assert len({r.queue_offset for r in results}) == 80 and len({r.msg_id for r in results}) == 80
+        p.send(Message(TOPIC, b"for the held pull"), queue_id=1)
+        holder.join(timeout=10)
+    (result,) = held
+    assert result.status is PullStatus.FOUND and result.messages[0].body == b"for the held pull"  # type: ignore[attr-defined]
