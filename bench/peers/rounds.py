@@ -43,11 +43,12 @@ def _guarded(result: SystemResult, step: Callable[[], None]) -> None:
 
 
 def run_systems(
-    names: list[str], workdir: Path, scale: float, latency_rates: list[int], rounds: int
-) -> list[SystemResult]:
+    names: list[str], workdir: Path, scale: float, latency_rates: list[int], rounds: int,
+    also: Callable[[list[System]], None] | None = None,
+) -> list[SystemResult]:  # fmt: skip
     """Every system started at once; the throughput runs go round the systems ``rounds`` times (so a burst of
     other load on the machine falls on all of them, not on one) and each figure keeps its best round; then the
-    latency runs, one system at a time."""
+    latency runs, one system at a time; then ``also(the started systems)`` (the synchronous senders' rounds)."""
     systems = [SYSTEMS[name]() for name in names]
     results = [SystemResult(system.name) for system in systems]
     runs: dict[tuple[str, int], list[Throughput]] = {}
@@ -94,6 +95,8 @@ def run_systems(
                           f"p50 {lat.p50_ms:.2f} ms", flush=True)  # fmt: skip
 
                 _guarded(result, latency)
+        if also is not None:
+            also([s for s, r in zip(systems, results, strict=True) if not r.error])
     finally:
         for system in systems:
             system.stop()
