@@ -41,10 +41,11 @@ import json
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.client.remoting_wire import RemotingWire
 from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, ResponseCode
+from broker.format.batch import walk
 from broker.format.message import BODY_START, ENTRY_HEADER, PROPS_LEN, TOPIC_LEN
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_for
@@ -123,15 +124,23 @@ def batch_runs(entries: bytes) -> list[tuple[str, int, int, int, bytes, int]]:
 
 
 def entry_positions(body: bytes) -> list[int]:
-    """Where each stored entry of a pull's body starts."""
-    positions, pos = [], 0
-    while pos + 4 <= len(body):
-        positions.append(pos)
-        total = _I32.unpack_from(body, pos)[0]
-        if total <= 0:
-            raise BrokerError(f"pulled entry at byte {pos} has TOTALSIZE {total}; the broker answered a bad body")
-        pos += total
-    return positions
+    """Where each stored entry of a pull's body starts (the broker's own walk of TOTALSIZE, in numpy)."""
+    positions, _, stopped = walk(body, 0, len(body))
+    if stopped:
+        raise BrokerError(f"the broker answered a pull with a body that is no run of entries ({stopped})")
+    result: list[int] = positions.tolist()
+    return result
+
+
+class PullAnswer(NamedTuple):
+    """A pull's answer with a gRPC PullResponse's fields (the body is not copied into a protobuf message)."""
+
+    status: int
+    entries: bytes
+    entry_positions: list[int]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
 
 
 def _send_response(answer: RemotingCommand, count: int) -> pb.SendResponse:
@@ -257,7 +266,7 @@ class _Stub:
             out.queue_offsets.extend(part.queue_offsets)
         return out
 
-    def PullMessage(self, request: pb.PullRequest, timeout: float | None = None) -> pb.PullResponse:
+    def PullMessage(self, request: pb.PullRequest, timeout: float | None = None) -> PullAnswer:
         flags = PULL_FLAG_SUBSCRIPTION | (PULL_FLAG_SUSPEND if request.suspend_timeout_ms > 0 else 0)
         commit = request.commit_offset if request.HasField("commit_offset") and request.commit_offset >= 0 else -1
         if commit >= 0:
@@ -277,10 +286,9 @@ class _Stub:
             raise _refused(answer)
         f = answer.ext_fields
         body = answer.body if status == pb.FOUND else b""
-        return pb.PullResponse(
-            status=status, entries=body, entry_positions=entry_positions(body),
-            next_begin_offset=int(f.get("nextBeginOffset", "0")), min_offset=int(f.get("minOffset", "0")),
-            max_offset=int(f.get("maxOffset", "0")),
+        return PullAnswer(
+            status, body, entry_positions(body) if body else [], int(f.get("nextBeginOffset", "0")),
+            int(f.get("minOffset", "0")), int(f.get("maxOffset", "0")),
         )  # fmt: skip
 
     def UpdateConsumerOffsets(self, request: pb.UpdateConsumerOffsetsRequest, timeout: float | None = None
