@@ -26,6 +26,7 @@ from bench.peers.settings import (
     MAX_ROUNDS,
     RESULTS_DIR,
 )
+from bench.peers.spread import print_spread
 from bench.peers.sync_sender import SyncSender, measure_sync_senders, print_sync_senders
 from bench.peers.systems import SYSTEMS
 from bench.peers.table import limit_ratios, peer_ratios, print_table
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         hops, server_cpu = measure_hops(HOPS_CALLS)
     ratios = {**peer_ratios(results), **limit_ratios(results, limits)}
     print_table(results, limits, ratios)
+    print()
+    print("medians of the rounds [lowest, highest]:")
+    for r in results:
+        print_spread(r.name, r.spread)
     ratios.update(print_sync_senders(senders))
     if hops:
         print()
