@@ -21,6 +21,7 @@ class RedisStreams:
 
     def __init__(self) -> None:
         self.server: Server | None = None
+        self.latency_runs = 0
         self.port = 0
 
     def start(self, workdir: Path) -> str:
@@ -84,7 +85,8 @@ class RedisStreams:
         return rate
 
     def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
-        key = f"bench-latency-{rate_per_s}"
+        self.latency_runs += 1  # each round of a rate on a key of its own
+        key = f"bench-latency-{rate_per_s}-{self.latency_runs}"
         producer = self.client()
         producer.xgroup_create(key, "g", id="$", mkstream=True)
         consumer = LatencyConsumer(redis_latency_consumer, self.port, key, count)

@@ -25,6 +25,7 @@ class SluiceBroker:
 
     def __init__(self, launcher: list[str] | None = None) -> None:
         self.server: Server | None = None
+        self.latency_runs = 0
         self.endpoint = ""  # the broker's gRPC port: topics are created there
         self.sync_runs = 0
         self.client_endpoint = ""  # where the producers and consumers go (the gRPC port, or remoting:// in a subclass)
@@ -123,7 +124,8 @@ class SluiceBroker:
     def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
         from broker.client import Admin, Message, Producer
 
-        topic = f"bench-latency-{rate_per_s}"
+        self.latency_runs += 1  # each round of a rate on a topic of its own
+        topic = f"bench-latency-{rate_per_s}-{self.latency_runs}"
         with Admin(self.endpoint) as admin:
             admin.create_topic(topic, queues=1)
         consumer = LatencyConsumer(self.latency_consumer(), self.client_endpoint, topic, count)
