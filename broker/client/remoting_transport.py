@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 from broker.client.remoting_wire import RemotingWire
 from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, ResponseCode
 from broker.format.batch import walk
-from broker.format.message import BODY_START, ENTRY_HEADER, PROPS_LEN, TOPIC_LEN
+from broker.format.message import BODY_START, ENTRY_HEADER, PROPS_LEN, TOPIC_LEN, EntryHeader
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_for
 from broker.proto.wire import Framed
@@ -67,8 +67,9 @@ _PULLED = {Wire.SUCCESS: pb.FOUND, Wire.PULL_NOT_FOUND: pb.NO_NEW_MSG, Wire.PULL
            Wire.PULL_OFFSET_MOVED: pb.OFFSET_ILLEGAL}  # fmt: skip
 PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUSPEND, PULL_FLAG_SUBSCRIPTION = 0x1, 0x2, 0x4  # PullSysFlag
 _I32 = struct.Struct(">i")
-_Q = struct.Struct(">q")
-_POS_QUEUE_ID, _POS_FLAG, _POS_SYS_FLAG, _POS_BORN, _POS_BODY_LEN = 12, 16, 36, 40, 84
+_H_QUEUE_ID, _H_FLAG, _H_SYS_FLAG, _H_BORN, _H_BODY_LEN = (
+    EntryHeader._fields.index(n) for n in ("queue_id", "flag", "sys_flag", "born_timestamp", "body_length")
+)
 
 
 def is_remoting(endpoint: str | None) -> bool:
@@ -88,38 +89,36 @@ def batch_runs(entries: bytes) -> list[tuple[str, int, int, int, bytes, int]]:
     born timestamp, body, message count). The bodies and properties are copied as they are: both encodings share
     RocketMQ's property string."""
     runs: list[tuple[str, int, int, int, bytes, int]] = []
-    key: tuple[str, int, int, int] | None = None
+    key: tuple[bytes, int, int, int] | None = None
     parts: list[bytes | memoryview] = []
     count, pos, end = 0, 0, len(entries)
     view = memoryview(entries)
+    head, item_head = ENTRY_HEADER.unpack_from, ITEM_HEAD.pack
     while pos < end:
-        total = _I32.unpack_from(entries, pos)[0]
+        total = _I32.unpack_from(entries, pos)[0] if pos + 4 <= end else 0
         if total < BODY_START or pos + total > end:
             raise InvalidArgumentError(f"entry at byte {pos}: TOTALSIZE {total} does not fit the batch buffer")
-        flag = _I32.unpack_from(entries, pos + _POS_FLAG)[0]
-        body_len = _I32.unpack_from(entries, pos + _POS_BODY_LEN)[0]
+        h = head(entries, pos)
+        body_len = h[_H_BODY_LEN]
         topic_at = pos + BODY_START + body_len
         if body_len < 0 or topic_at >= pos + total:
             raise InvalidArgumentError(f"entry at byte {pos}: body length {body_len} does not fit TOTALSIZE {total}")
         props_len_at = topic_at + TOPIC_LEN.size + entries[topic_at]
-        here = (
-            entries[topic_at + 1 : props_len_at].decode("utf-8"), _I32.unpack_from(entries, pos + _POS_QUEUE_ID)[0],
-            _I32.unpack_from(entries, pos + _POS_SYS_FLAG)[0], _Q.unpack_from(entries, pos + _POS_BORN)[0],
-        )  # fmt: skip
+        here = (entries[topic_at + 1 : props_len_at], h[_H_QUEUE_ID], h[_H_SYS_FLAG], h[_H_BORN])
         if here != key:
             if key is not None:
-                runs.append((*key, b"".join(parts), count))
+                runs.append((key[0].decode("utf-8"), *key[1:], b"".join(parts), count))
             key, parts, count = here, [], 0
-        props_len = PROPS_LEN.unpack_from(entries, props_len_at)[0]
-        props_end = props_len_at + PROPS_LEN.size + props_len
-        if props_end != pos + total:
+        props_end = pos + total
+        props_len = props_end - props_len_at - PROPS_LEN.size
+        if props_len < 0 or PROPS_LEN.unpack_from(entries, props_len_at)[0] != props_len:
             raise InvalidArgumentError(f"entry at byte {pos}: its lengths do not end at TOTALSIZE {total}")
-        parts += [ITEM_HEAD.pack(MIN_ITEM_SIZE + body_len + props_len, 0, 0, flag, body_len),
-                  view[pos + BODY_START : topic_at], view[props_len_at:props_end]]  # fmt: skip
+        parts += (item_head(MIN_ITEM_SIZE + body_len + props_len, 0, 0, h[_H_FLAG], body_len),
+                  view[pos + BODY_START : topic_at], view[props_len_at:props_end])  # fmt: skip
         count += 1
         pos += total
     if key is not None:
-        runs.append((*key, b"".join(parts), count))
+        runs.append((key[0].decode("utf-8"), *key[1:], b"".join(parts), count))
     return runs
 
 
