@@ -1,6 +1,7 @@
 """Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
 
-    python -m bench.peers [--systems sluice,redis,nats,relay,relay-streams] [--scale 1.0] [--rounds 1]
+    python -m bench.peers [--systems sluice,sluice-remoting,redis,nats,relay,relay-streams,tcp-relay] [--scale 1.0]
+                          [--rounds 1]
                           [--latency-rates 5000,250] [--no-charts]
 
 Same machine, loopback, same message count and size, each system through its standard Python client:
@@ -32,6 +33,12 @@ runs in its own process (Sluice's a PushConsumer, the time taken in its listener
 scheduled send time, so a sender that falls behind the rate
 counts against its system (the achieved rate is reported beside; a sender that can't keep up stops after
 ``LATENCY_MAX_WALL_S``).
+
+**sluice-remoting** is the same broker over its RocketMQ remoting port (``remoting://``, a PullConsumer holding
+its pulls for the latency rows); **tcp-relay** (``tcp_floor``) is their floor: a bare asyncio TCP relay doing the
+remoting framing and nothing else. **One synchronous sender** (``sync_sender``): sends a second of each system
+that offers ``sync_sends``, median of at least three rounds with the lowest and highest. Every figure's median
+and spread over the rounds are in the JSON (``spread``); latency rows are the median of ``--rounds`` runs.
 
 The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
 loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any
