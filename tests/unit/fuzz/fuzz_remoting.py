@@ -96,6 +96,9 @@ class Remoting:
         """Bytes as they are on a fresh connection: the answer (if any) judged, what a send carried remembered
         (``intended``: the command the bytes were made from, before any damage)."""
         command = first_frame(data)
+        # Bytes after a whole first frame are a second frame, broken: the server closes the connection on it, and
+        # may do so before the first frame's answer is written (the first request may have been carried out).
+        trailing = command is not None and len(data) > PREFIX_BYTES + body_length(data[:PREFIX_BYTES])
         answer, ended = self._exchange(data, command)
         what = f"remoting frame {data[:24].hex()}..."
         problem = ""
@@ -104,10 +107,10 @@ class Remoting:
             if answer is not None and answer.code == ResponseCode.SUCCESS and intended is not None and \
                     intended.code in SEND_CODES:  # fmt: skip
                 problem = "a frame that is no frame was answered SUCCESS"
-        else:
+        elif not (trailing and answer is None):
             problem = self._judge_answer(command, answer)
         self.fuzzer.record(what, refused=answer is None or answer.code != ResponseCode.SUCCESS, problem=problem)
-        self._remember(command or intended, answer, malformed=command is None)
+        self._remember(command or intended, answer, malformed=command is None, lost=trailing and answer is None)
         self.serves()
 
     def request(self, command: RemotingCommand) -> None:
@@ -166,16 +169,17 @@ class Remoting:
             self._probe.close()
 
     # ------------------------------------------------------------------------------------------ what was sent
-    def _remember(self, command: RemotingCommand | None, answer: RemotingCommand | None, *, malformed: bool) -> None:
+    def _remember(self, command: RemotingCommand | None, answer: RemotingCommand | None, *, malformed: bool,
+                  lost: bool = False) -> None:  # fmt: skip
         if command is None or command.code not in SEND_CODES:
             return
         ext = command.ext_fields if command.code == RequestCode.SEND_MESSAGE else {
-            _LONG_NAMES.get(k, k): v for k, v in command.ext_fields.items()
+            V2_NAMES.get(k, k): v for k, v in command.ext_fields.items()
         }  # fmt: skip
         topic, sys_flag = ext.get("topic", ""), _int(ext.get("sysFlag"))
         ok = answer is not None and answer.code in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT)
-        # unknown: a one-way send well framed (never answered)
-        unknown = not malformed and command.is_oneway
+        # unknown: a one-way send well framed (never answered), or one whose answer the broken bytes after it lost
+        unknown = not malformed and (command.is_oneway or lost)
         batch = command.code == RequestCode.SEND_BATCH_MESSAGE or ext.get("batch", "").lower() == "true"
         if batch:
             try:
