@@ -1,6 +1,7 @@
 """Sluice beside Redis Streams and NATS JetStream, and beside the limits of this machine.
 
-    python -m bench.peers [--systems sluice,redis,nats,relay,relay-streams] [--scale 1.0] [--rounds 1]
+    python -m bench.peers [--systems sluice,sluice-remoting,redis,nats,relay,relay-streams,tcp-relay] [--scale 1.0]
+                          [--rounds 1]
                           [--latency-rates 5000,250] [--no-charts]
 
 Same machine, loopback, same message count and size, each system through its standard Python client:
@@ -36,6 +37,12 @@ counts against its system (the achieved rate is reported beside; a sender that c
 Consume with every field of every message read, like for like (Sluice's pull and push listener beside Redis's
 ``XREAD`` and ``XREADGROUP ... NOACK``, the same fields on both sides, medians of at least three rounds with their
 spread): ``bench.peers.every_field``, run after the rows above when Sluice and Redis are both among the systems.
+
+**sluice-remoting** is the same broker over its RocketMQ remoting port (``remoting://``, a PullConsumer holding
+its pulls for the latency rows); **tcp-relay** (``tcp_floor``) is their floor: a bare asyncio TCP relay doing the
+remoting framing and nothing else. **One synchronous sender** (``sync_sender``): sends a second of each system
+that offers ``sync_sends``, median of at least three rounds with the lowest and highest. Every figure's median
+and spread over the rounds are in the JSON (``spread``); latency rows are the median of ``--rounds`` runs.
 
 The limits: sequential disk write bandwidth with fdatasync (the ceiling for sustained produce), and gRPC on
 loopback with 1 MiB messages through a trivial sink/source service in another process (the ceiling of any

@@ -9,6 +9,7 @@ import platform
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import bench.peers
 from bench.hops import Hop, ServerCpu, print_hops
@@ -26,6 +27,8 @@ from bench.peers.settings import (
     MAX_ROUNDS,
     RESULTS_DIR,
 )
+from bench.peers.spread import print_spread
+from bench.peers.sync_sender import SyncSender, measure_sync_senders, print_sync_senders
 from bench.peers.systems import SYSTEMS
 from bench.peers.table import limit_ratios, peer_ratios, print_table
 
@@ -34,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     description = (bench.peers.__doc__ or "").split("\n\n")[0]
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=description)
     parser.add_argument(
-        "--systems", default="sluice,redis,nats,relay,relay-streams",
-        help="comma list of sluice, redis, nats, relay, relay-streams (bare grpcio relays: latency rows only)",
+        "--systems", default="sluice,sluice-remoting,redis,nats,relay,relay-streams,tcp-relay",
+        help="comma list of sluice, sluice-remoting, redis, nats, relay, relay-streams (bare grpcio relays: latency "
+        "rows only), tcp-relay (a bare TCP relay doing the remoting framing: latency and sync sender floors)",
     )  # fmt: skip
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
@@ -72,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()[0]  # other work on the machine skews every figure: recorded with them
     with tempfile.TemporaryDirectory(prefix="sluice-peers-") as tmp:
         workdir = Path(tmp)
-        results = run_systems(names, workdir, args.scale, latency_rates, args.rounds)
+        senders: list[SyncSender] = []
+
+        def sync_rounds(started: list[Any]) -> None:
+            print("one synchronous sender", flush=True)
+            senders.extend(measure_sync_senders(started, args.scale, args.rounds))
+
+        results = run_systems(names, workdir, args.scale, latency_rates, args.rounds, also=sync_rounds)
         every_field: dict[str, object] = {}
         if {"sluice", "redis"} <= set(names):
             print("consume with every field read: Sluice and Redis (bench.peers.every_field)", flush=True)
@@ -95,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         hops, server_cpu = measure_hops(HOPS_CALLS)
     ratios = {**peer_ratios(results), **limit_ratios(results, limits)}
     print_table(results, limits, ratios)
+    print()
+    print("medians of the rounds [lowest, highest]:")
+    for r in results:
+        print_spread(r.name, r.spread)
+    ratios.update(print_sync_senders(senders))
     if every_field and "error" not in every_field:
         print_every_field(every_field)
     if hops:
@@ -121,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             "client_malloc": client_malloc,
         },
         "systems": {r.name: r.to_json() for r in results},
+        "sync_sender": {s.name: s.to_json() for s in senders},
         "limits": {k: round(v, 1) for k, v in limits.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "every_field": every_field,

@@ -23,6 +23,7 @@ class NatsJetStream:
 
     def __init__(self) -> None:
         self.server: Server | None = None
+        self.latency_runs = 0
         self.port = 0
 
     def start(self, workdir: Path) -> str:
@@ -80,7 +81,8 @@ class NatsJetStream:
         return asyncio.run(self._latency(rate_per_s, count, size_b))
 
     async def _latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
-        name = f"BENCHLAT{rate_per_s}"
+        self.latency_runs += 1  # each round of a rate on a stream of its own
+        name = f"BENCHLAT{rate_per_s}R{self.latency_runs}"
         nc, js, subject = await self._stream(name)
         consumer = LatencyConsumer(nats_latency_consumer, self.port, name, subject, count)
         sent_at: dict[int, float] = {}

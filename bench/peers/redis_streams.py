@@ -21,6 +21,7 @@ class RedisStreams:
 
     def __init__(self) -> None:
         self.server: Server | None = None
+        self.latency_runs = 0
         self.port = 0
 
     def start(self, workdir: Path) -> str:
@@ -71,8 +72,21 @@ class RedisStreams:
         r.delete(key)
         return Throughput(size_b, count, produce_s, consume_s)
 
+    def sync_sends(self, count: int, size_b: int) -> float:
+        """Sends a second of one synchronous sender: XADD after XADD, each waiting for its reply."""
+        r = self.client()
+        payload = os.urandom(size_b)
+        r.xadd("bench-sync-sender", {"d": payload})
+        t0 = time.perf_counter()
+        for _ in range(count):
+            r.xadd("bench-sync-sender", {"d": payload})
+        rate = count / (time.perf_counter() - t0)
+        r.delete("bench-sync-sender")
+        return rate
+
     def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
-        key = f"bench-latency-{rate_per_s}"
+        self.latency_runs += 1  # each round of a rate on a key of its own
+        key = f"bench-latency-{rate_per_s}-{self.latency_runs}"
         producer = self.client()
         producer.xgroup_create(key, "g", id="$", mkstream=True)
         consumer = LatencyConsumer(redis_latency_consumer, self.port, key, count)

@@ -89,6 +89,7 @@ class SystemResult:
     throughput: list[Throughput] = field(default_factory=list)
     latency: list[Latency] = field(default_factory=list)  # one per asked rate
     error: str = ""
+    spread: dict[str, Any] = field(default_factory=dict)  # medians and spreads over the rounds (spread.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +97,7 @@ class SystemResult:
             "throughput": {str(t.size_b): t.to_json() for t in self.throughput},
             "latency": {str(lat.rate_per_s): asdict(lat) for lat in self.latency},
             "error": self.error,
+            "spread": self.spread,
         }
 
 

@@ -18,6 +18,7 @@ from bench.peers.settings import (
     SIZES_B,
     WARMUP_FRACTION,
 )
+from bench.peers.spread import median_latency, throughput_spread
 from bench.peers.systems import SYSTEMS, System
 
 # The peers' Python clients (and the charts) are benchmark-only packages, not dependencies of Sluice.
@@ -43,11 +44,13 @@ def _guarded(result: SystemResult, step: Callable[[], None]) -> None:
 
 
 def run_systems(
-    names: list[str], workdir: Path, scale: float, latency_rates: list[int], rounds: int
-) -> list[SystemResult]:
+    names: list[str], workdir: Path, scale: float, latency_rates: list[int], rounds: int,
+    also: Callable[[list[System]], None] | None = None,
+) -> list[SystemResult]:  # fmt: skip
     """Every system started at once; the throughput runs go round the systems ``rounds`` times (so a burst of
-    other load on the machine falls on all of them, not on one) and each figure keeps its best round; then the
-    latency runs, one system at a time."""
+    other load on the machine falls on all of them, not on one) and each figure keeps its best round (the median
+    and spread beside it, spread.py); then the latency runs, each rate ``rounds`` times, their median kept; then the
+    latency runs, one system at a time; then ``also(the started systems)`` (the synchronous senders' rounds)."""
     systems = [SYSTEMS[name]() for name in names]
     results = [SystemResult(system.name) for system in systems]
     runs: dict[tuple[str, int], list[Throughput]] = {}
@@ -81,6 +84,10 @@ def run_systems(
                     _guarded(result, measure)
         for system, result in zip(systems, results, strict=True):
             result.throughput = [best_of(runs[(system.name, b)]) for b in SIZES_B if (system.name, b) in runs]
+            result.spread["throughput"] = {
+                b: throughput_spread(runs[(system.name, b)]) for b in SIZES_B if (system.name, b) in runs
+            }
+            result.spread["latency"] = {}
             for rate in latency_rates:
                 if result.error:
                     break
@@ -88,12 +95,16 @@ def run_systems(
 
                 def latency(system: System = system, result: SystemResult = result, rate: int = rate,
                             lat_count: int = lat_count) -> None:  # fmt: skip
-                    lat = system.latency(rate, lat_count, LATENCY_SIZE_B)
+                    lat, spread = median_latency([system.latency(rate, lat_count, LATENCY_SIZE_B)
+                                                  for _ in range(rounds)])  # fmt: skip
                     result.latency.append(lat)
+                    result.spread["latency"][rate] = spread
                     print(f"  {system.name} latency at {rate}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): "
-                          f"p50 {lat.p50_ms:.2f} ms", flush=True)  # fmt: skip
+                          f"p50 {lat.p50_ms:.2f} ms (median of {rounds})", flush=True)  # fmt: skip
 
                 _guarded(result, latency)
+        if also is not None:
+            also([s for s, r in zip(systems, results, strict=True) if not r.error])
     finally:
         for system in systems:
             system.stop()

@@ -25,19 +25,30 @@ class SluiceBroker:
 
     def __init__(self, launcher: list[str] | None = None) -> None:
         self.server: Server | None = None
-        self.endpoint = ""
+        self.latency_runs = 0
+        self.endpoint = ""  # the broker's gRPC port: topics are created there
+        self.sync_runs = 0
+        self.client_endpoint = ""  # where the producers and consumers go (the gRPC port, or remoting:// in a subclass)
         # What runs `broker ...`: ``python -m broker``, or a wrapper that does more first (bench.timeline's)
         self.launcher = launcher or [sys.executable, "-m", "broker"]
 
     def start(self, workdir: Path) -> str:
         from importlib.metadata import version
 
-        store = workdir / "sluice"
-        args = [*self.launcher, "broker", "--store", str(store), "--listen", "127.0.0.1:0"]
+        store = workdir / self.name
+        args = [*self.launcher, "broker", "--store", str(store), "--listen", "127.0.0.1:0", *self.extra_args()]
         self.server = Server(args, workdir / "sluice.log")
         self.server.wait_for(lambda: self._ready_port() is not None, "sluice broker")
-        self.endpoint = f"127.0.0.1:{self._ready_port()}"
+        self.endpoint = self.client_endpoint = f"127.0.0.1:{self._ready_port()}"
         return version("sluice")
+
+    def extra_args(self) -> list[str]:
+        """More ``broker`` flags (a subclass's)."""
+        return []
+
+    def latency_consumer(self) -> Callable[..., dict[int, float]]:
+        """The latency run's receiving side (a module-level function: it runs in a spawned process)."""
+        return sluice_latency_consumer
 
     def _ready_port(self) -> int | None:
         assert self.server is not None
@@ -54,7 +65,7 @@ class SluiceBroker:
         with Admin(self.endpoint) as admin:
             admin.create_topic(topic, queues=1)
         payload = os.urandom(size_b)
-        with Producer(self.endpoint) as producer:
+        with Producer(self.client_endpoint) as producer:
             t0 = time.perf_counter()
             for start in range(0, count, BATCH_MSGS):
                 batch = [Message(topic, payload) for _ in range(min(BATCH_MSGS, count - start))]
@@ -87,7 +98,7 @@ class SluiceBroker:
         from broker.client import PullConsumer
         from broker.format.message import decode_entry
 
-        with PullConsumer(self.endpoint, f"bench-{mode}") as consumer:
+        with PullConsumer(self.client_endpoint, f"bench-{mode}") as consumer:
             t0 = time.perf_counter()
             offset = 0
             while offset < count:
@@ -113,18 +124,35 @@ class SluiceBroker:
     def latency(self, rate_per_s: int, count: int, size_b: int) -> Latency:
         from broker.client import Admin, Message, Producer
 
-        topic = f"bench-latency-{rate_per_s}"
+        self.latency_runs += 1  # each round of a rate on a topic of its own
+        topic = f"bench-latency-{rate_per_s}-{self.latency_runs}"
         with Admin(self.endpoint) as admin:
             admin.create_topic(topic, queues=1)
-        consumer = LatencyConsumer(sluice_latency_consumer, self.endpoint, topic, count)
+        consumer = LatencyConsumer(self.latency_consumer(), self.client_endpoint, topic, count)
         sent_at: dict[int, float] = {}
         t0 = time.monotonic()
-        with Producer(self.endpoint) as producer:
+        with Producer(self.client_endpoint) as producer:
             for seq, due in paced(rate_per_s, count):
                 sent_at[seq] = due
                 producer.send(Message(topic, stamp(seq, size_b)), queue_id=0)
         send_wall_s = time.monotonic() - t0
         return latency_of(sent_at, consumer.received(), rate_per_s, size_b, send_wall_s)
+
+    def sync_sends(self, count: int, size_b: int) -> float:
+        """Sends a second of one synchronous sender: ``Producer.send`` in a loop, each waiting for its answer."""
+        from broker.client import Admin, Message, Producer
+
+        self.sync_runs += 1
+        topic = f"bench-sync-sender-{self.sync_runs}"
+        with Admin(self.endpoint) as admin:
+            admin.create_topic(topic, queues=1)
+        body = os.urandom(size_b)
+        with Producer(self.client_endpoint) as producer:
+            producer.send(Message(topic, body), queue_id=0)  # connection and route
+            t0 = time.perf_counter()
+            for _ in range(count):
+                producer.send(Message(topic, body), queue_id=0)
+            return count / (time.perf_counter() - t0)
 
     def stop(self) -> None:
         if self.server:

@@ -11,6 +11,8 @@ from bench.peers.redis_streams import RedisStreams
 from bench.peers.relay import GrpcRelay, GrpcStreamRelay
 from bench.peers.results import Latency, Throughput
 from bench.peers.sluice import SluiceBroker
+from bench.peers.sluice_remoting import SluiceRemoting
+from bench.peers.tcp_floor import TcpRelay
 
 
 class System(Protocol):
@@ -25,5 +27,5 @@ class System(Protocol):
 
 SYSTEMS: dict[str, Callable[[], System]] = {
     "sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream, "relay": GrpcRelay,
-    "relay-streams": GrpcStreamRelay,
+    "relay-streams": GrpcStreamRelay, "sluice-remoting": SluiceRemoting, "tcp-relay": TcpRelay,
 }  # fmt: skip

@@ -45,16 +45,28 @@ def print_table(results: list[SystemResult], limits: dict[str, float], ratios: d
 
 
 def peer_ratios(results: list[SystemResult]) -> dict[str, float]:
-    """Sluice's consume rate over each peer's, size by size, from the same run (the same load on the machine)."""
-    sluice = next((r for r in results if r.name == "sluice" and r.throughput), None)
-    if sluice is None:
-        return {}
+    """Each Sluice transport's consume (and batched produce) rate over each peer's, size by size, and its latency
+    percentiles over theirs, from the same run (the same load on the machine)."""
     out: dict[str, float] = {}
-    for peer in results:
-        for t in sluice.throughput if peer is not sluice else ():
-            theirs = next((p for p in peer.throughput if p.size_b == t.size_b), None)
-            if theirs is not None:
-                out[f"sluice consume {t.size_b} B / {peer.name} consume"] = t.consume_msgs_s / theirs.consume_msgs_s
+    for sluice in (r for r in results if r.name.startswith("sluice")):
+        for peer in results:
+            if peer.name.startswith("sluice"):
+                continue
+            for t in sluice.throughput:
+                theirs = next((p for p in peer.throughput if p.size_b == t.size_b), None)
+                if theirs is not None:
+                    out[f"{sluice.name} consume {t.size_b} B / {peer.name} consume"] = (
+                        t.consume_msgs_s / theirs.consume_msgs_s
+                    )
+                    if sluice.name != "sluice":  # the gRPC row's produce ratios are read from the table as before
+                        out[f"{sluice.name} produce {t.size_b} B / {peer.name} produce"] = (
+                            t.produce_msgs_s / theirs.produce_msgs_s
+                        )
+            for lat in sluice.latency:
+                other = next((p for p in peer.latency if p.rate_per_s == lat.rate_per_s), None)
+                if other is not None and sluice.name != "sluice":
+                    out[f"{sluice.name} p50 at {lat.rate_per_s}/s / {peer.name} p50"] = lat.p50_ms / other.p50_ms
+                    out[f"{sluice.name} p99 at {lat.rate_per_s}/s / {peer.name} p99"] = lat.p99_ms / other.p99_ms
     return out
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from broker.client.connection import ENDPOINT_ENV, Connection, resolve_endpoint
 from broker.client.credentials import Credentials
 from broker.client.namesrv_client import NAMESRV_ENV, NameServerClient, parse_namesrv_list
+from broker.client.remoting_transport import RemotingConnection, is_remoting
 from broker.client.route import DIRECT_BROKER, MASTER_ID, BrokerGroup, MessageQueue, QueueData, TopicRoute
 from broker.client.tls import TlsSettings, resolve
 from broker.errors import BrokerError, InvalidArgumentError, ServiceNotAvailableError, TopicNotExistError
@@ -75,12 +76,20 @@ class Router:
         self.tls = tls
         self.credentials = credentials
         self.namesrv: NameServerClient | None = NameServerClient(servers, tls=self.tls) if servers else None
-        self._direct: Connection | None = Connection(direct, timeout_s, self.tls, credentials) if direct else None
+        self._direct: Connection | None = self._open(direct) if direct else None
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[float, TopicRoute]] = {}  # topic -> (monotonic expiry, route)
         self._connections: dict[str, Connection] = {}
         self._failed_until: dict[str, float] = {}  # broker name -> monotonic time it may be chosen again
         self._auto_create_brokers: tuple[float, list[BrokerGroup]] = (0.0, [])
+
+    def _open(self, endpoint: str) -> Connection:
+        """A gRPC connection, or the remoting transport's for ``remoting://host:port`` (remoting_transport.py)."""
+        if not is_remoting(endpoint):
+            return Connection(endpoint, self.timeout_s, self.tls, self.credentials)
+        if self.tls is not None or self.credentials is not None:
+            raise InvalidArgumentError("TLS and signed requests are not offered over remoting:// yet; use gRPC")
+        return RemotingConnection(endpoint, self.timeout_s)  # type: ignore[return-value]  # a Connection's interface
 
     @property
     def cluster_mode(self) -> bool:

@@ -7,6 +7,7 @@ from broker.remoting.client_processor import ClientProcessors
 from broker.remoting.message_outcomes import Access
 from broker.remoting.offset_processor import OffsetProcessors
 from broker.remoting.processor import Processor
+from broker.remoting.route_processor import BrokerRouteProcessor
 from broker.server.service import BrokerService
 
 
@@ -17,4 +18,5 @@ def broker_processors(service: BrokerService, access: Access | None = None,
     table: dict[int, Processor] = {}
     table.update(OffsetProcessors(service.admin, access).processors())
     table.update((clients or ClientProcessors(service, access)).processors())
+    table.update(BrokerRouteProcessor(service, auto_create=access is None or access.accounts is None).processors())
     return table
