@@ -70,7 +70,8 @@ def serve(stamps_path: str, broker_argv: list[str]) -> None:
     from broker.cli.main import main
     from broker.server.pull_hold import PullHoldService
     from broker.server.service import BrokerService
-    from broker.store.message_store import DispatchService, MessageStore
+    from broker.store.dispatch_service import DispatchService
+    from broker.store.message_store import MessageStore
 
     stamps: list[Stamp] = []
     now = time.monotonic_ns

@@ -16,8 +16,8 @@ import numpy as np
 
 from broker.format.batch import Buffer, counted_entries, scan
 from broker.store.consume_queue import CQ_DTYPE
-from broker.store.dispatcher import message_keys
 from broker.store.index_file import INDEX_HEADER, index_key, key_hash
+from broker.store.property_scan import message_keys
 
 if TYPE_CHECKING:
     from broker.store.message_store import MessageStore

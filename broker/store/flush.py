@@ -24,7 +24,8 @@ from collections.abc import Callable
 from broker.store.checkpoint import Checkpoint
 from broker.store.commit_log import CommitLog
 from broker.store.config import OS_PAGE_SIZE, StoreConfig
-from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
+from broker.store.consume_queue_table import ConsumeQueueTable
+from broker.store.dispatcher import Dispatcher
 from broker.store.index_file import IndexService
 
 log = logging.getLogger(__name__)

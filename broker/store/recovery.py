@@ -27,7 +27,8 @@ from broker.format.scan_kernel import COMPILED_MIN_BYTES
 from broker.store.checkpoint import Checkpoint
 from broker.store.commit_log import CommitLog
 from broker.store.config import StoreConfig
-from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
+from broker.store.consume_queue_table import ConsumeQueueTable
+from broker.store.dispatcher import Dispatcher
 from broker.store.index_file import IndexService
 from broker.store.mapped_file import MappedFile
 from broker.store.truncation import Truncation
