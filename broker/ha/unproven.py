@@ -28,8 +28,8 @@ from broker.ha import auth
 from broker.proto import ha_pb2 as hpb
 
 # A replica opens one handshake and joins it a few milliseconds later (Open and Join are back to back in
-# slave.Follower). Four leave room for replicas of one group sharing a host, and for a retry after a lost answer,
-# while a stranger on one address holds no more than four entries.
+# slave_fetcher.SlaveFetcher). Four leave room for replicas of one group sharing a host, and for a retry after a lost
+# answer, while a stranger on one address holds no more than four entries.
 MAX_UNPROVEN_PER_SOURCE = 4
 # In all: 64 distinct source addresses at their limit.
 MAX_UNPROVEN = 256

@@ -171,7 +171,7 @@ def test_sync_master_acknowledges_once_its_in_sync_replicas_hold_the_message(tmp
                 entry_end = int(r.msg_id[16:], 16) + 1
                 assert s.store.max_phys_offset() >= entry_end  # acknowledged: the slave holds it already
             assert p.conn.send_stream.answers == 21  # the refusal and the sends: each an answer on one send stream
-            s.replication.follower.stop()  # type: ignore[union-attr]  # the slave stops confirming
+            s.replication.slave_fetcher.stop()  # type: ignore[union-attr]  # the slave stops confirming
             with pytest.raises(SendOutcomeUnknownError):  # stored on the master, never confirmed: unknown
                 p.send(Message("T", b"unconfirmed"))
             wait_until(lambda: len(m.replication.in_sync.members) == 1,  # type: ignore[union-attr]
@@ -191,7 +191,7 @@ def test_reads_stop_at_the_confirmed_offset(tmp_path: Path) -> None:
         wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync")  # type: ignore[union-attr]
         with Producer(endpoint=m.address, timeout_s=2, attempt_timeout_s=1) as p, Admin(m.address) as admin:
             p.send(Message("T", b"confirmed", keys="seen"), queue_id=0)
-            s.replication.follower.stop()  # type: ignore[union-attr]
+            s.replication.slave_fetcher.stop()  # type: ignore[union-attr]
             with pytest.raises(SendOutcomeUnknownError):
                 p.send(Message("T", b"unconfirmed", keys="hidden"), queue_id=0)
             assert m.store.max_offset("T", 0) == 1  # the queue holds 2 units, readers see 1
