@@ -17,8 +17,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from connector.auth_options import explains_refusals
 from connector.broker_link import link_for
+from connector.connector_errors import SourceOptionError
 from connector.data_loss import data_lost
-from connector.errors import SourceOptionError
 from connector.offset_resolver import current_topics, ending_positions, missing_topics, snapshot, starting_positions
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition

@@ -72,7 +72,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     """``sluice namesrv``: a name server until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
     from broker.address import parse_listen
     from broker.namesrv import DEFAULT_NAMESRV_PORT, NameServer
-    from broker.server.tls import ServerTls
+    from broker.server.server_tls import ServerTls
 
     host, port = parse_listen(args.listen, DEFAULT_NAMESRV_PORT)
     tls = ServerTls.of(args.tls_cert or "", args.tls_key or "", args.tls_ca or "", args.tls_client_auth or "none")

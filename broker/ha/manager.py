@@ -4,11 +4,12 @@ runs. The broker controller builds it once the store runs; everything else in br
 Roles:
 
 * **master** (classic ASYNC_MASTER / SYNC_MASTER, or elected in controller mode): takes writes; its replication
-  endpoint (master.py) streams the log to the slaves; its in-sync set (in_sync.py) tracks them, gives the confirmed
-  offset, and holds acknowledgements when it waits for replicas (gate.py); its config files go to the slaves
-  (metadata_sync.py); the broker's delay and transaction services run.
-* **slave**: the slave fetcher (slave_fetcher.py) copies the master's log; writes are refused (gate.py); reads stop
-  at the master's confirmed offset (read_limit.py); the delay and transaction services do not run (they would write).
+  endpoint (master_endpoint.py) streams the log to the slaves; its in-sync set (in_sync.py) tracks them, gives the
+  confirmed offset, and holds acknowledgements when it waits for replicas (replication_gate.py); its config files go
+  to the slaves (metadata_sync.py); the broker's delay and transaction services run.
+* **slave**: the slave fetcher (slave_fetcher.py) copies the master's log; writes are refused (replication_gate.py);
+  reads stop at the master's confirmed offset (read_limit.py); the delay and transaction services do not run (they would
+  write).
 * **none yet** (controller mode, until etcd says): as a slave, without a master to follow.
 
 Taking office (``_become_master``): stop following, let the dispatcher finish (the index is then complete, so
@@ -37,7 +38,7 @@ from typing import Any
 import grpc
 
 from broker.errors import ServiceNotAvailableError
-from broker.ha import gate as gate_rules
+from broker.ha import replication_gate as gate_rules
 from broker.ha.changes import Changes
 from broker.ha.controller import Controller, ControllerHooks, GroupState
 from broker.ha.epoch_file import EpochFile
@@ -46,12 +47,12 @@ from broker.ha.in_sync import InSyncSet, monotonic_ms
 from broker.ha.master_endpoint import QUEUE_KEY_SEPARATOR, MasterEndpoint
 from broker.ha.metadata_sync import MetadataSink, MetadataSource
 from broker.ha.read_limit import ReadLimit
-from broker.ha.settings import MAX_REPLICAS, SLAVE, ReplicationSettings
+from broker.ha.replication_settings import MAX_REPLICAS, SLAVE, ReplicationSettings
 from broker.ha.slave_fetcher import SlaveFetcher
 from broker.json_file import load_json, write_json_atomic
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.server.broker_identity import BrokerIdentity
-from broker.server.tls import add_port
+from broker.server.server_tls import add_port
 from broker.store import truncation
 from broker.store.message_store import MessageStore
 from broker.store.truncation import Truncation

@@ -1,4 +1,4 @@
-"""Replication handshakes whose peer has not proved the group's secret yet (between Open and Join, master.py).
+"""Replication handshakes whose peer has not proved the group's secret yet (between Open and Join, master_endpoint.py).
 
 They live apart from the replica sessions and hold nothing but the Hello and the master's nonce: an Open costs the
 master one small entry, changes no state and takes no replica slot. The table is bounded three ways, so strangers

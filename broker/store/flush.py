@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 from broker.store.checkpoint import Checkpoint
 from broker.store.commit_log import CommitLog
-from broker.store.config import OS_PAGE_SIZE, StoreConfig
 from broker.store.consume_queue_table import ConsumeQueueTable
 from broker.store.dispatcher import Dispatcher
 from broker.store.index_file import IndexService
+from broker.store.store_config import OS_PAGE_SIZE, StoreConfig
 
 log = logging.getLogger(__name__)
 

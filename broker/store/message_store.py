@@ -53,7 +53,6 @@ from broker.store.check import check_store
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
 from broker.store.commit_log import CommitLog, CreateMappedFileError
-from broker.store.config import StoreConfig
 from broker.store.consume_queue import ConsumeQueue, VisibilityHold
 from broker.store.consume_queue_table import ConsumeQueueTable
 from broker.store.directory import make_dirs
@@ -72,9 +71,10 @@ from broker.store.index_file import IndexService
 from broker.store.message_search import earliest_message_time, offset_by_time, query_by_key
 from broker.store.queue_reader import QueueReader
 from broker.store.recovery import RecoveryReport, recover
-from broker.store.results import GetResult, GetStatus, PutResult, PutStatus
 from broker.store.single_entry import SingleEntryEncoder
+from broker.store.store_config import StoreConfig
 from broker.store.store_lock import StoreLock
+from broker.store.store_results import GetResult, GetStatus, PutResult, PutStatus
 from broker.store.topic_deletions import TopicDeletions
 from broker.store.txn_visibility import TxnVisibility, state_path
 from broker.store.write_state import WriteState

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from broker.format.message import END_FILE_MIN_BLANK_LENGTH
 from broker.format.single import Refusal, SingleEncoder
 from broker.store.commit_log import CommitLog, now_ms
-from broker.store.config import StoreConfig
-from broker.store.results import PutResult, PutStatus
+from broker.store.store_config import StoreConfig
+from broker.store.store_results import PutResult, PutStatus
 
 
 class SingleEntryEncoder:

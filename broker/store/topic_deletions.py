@@ -16,9 +16,9 @@ from broker import json_file  # the module, not its names: json_file imports bro
 from broker.errors import MessageIllegalError
 from broker.format.message import validate_topic
 from broker.store.commit_log import CommitLog
-from broker.store.config import StoreConfig
 from broker.store.consume_queue_table import ConsumeQueueTable
 from broker.store.dispatcher import Dispatcher
+from broker.store.store_config import StoreConfig
 from broker.store.txn_visibility import TxnVisibility
 
 log = logging.getLogger(__name__)

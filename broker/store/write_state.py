@@ -15,10 +15,10 @@ import shutil
 import threading
 
 from broker.store.commit_log import CreateMappedFileError
-from broker.store.config import StoreConfig
 from broker.store.disk_reserve import DiskReserve
 from broker.store.dispatcher import Dispatcher
-from broker.store.results import PutResult, PutStatus
+from broker.store.store_config import StoreConfig
+from broker.store.store_results import PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 

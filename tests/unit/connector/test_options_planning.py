@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.offsets import SourceOffset, parse_positions
 from connector.options import parse_options
 from connector.planning import OffsetRange, share_budget, split_ranges

@@ -20,7 +20,7 @@ from broker.ha.slave_fetcher import SLAVE_FETCHER_THREAD_NAME, SlaveFetcher
 from broker.namesrv.route_table import Registration, RegistrationRefused, RouteTable
 from broker.private_file import write_private
 from broker.store import MessageStore
-from broker.store.config import StoreConfig
+from broker.store.store_config import StoreConfig
 from broker.store.truncation import Truncation, intent_path, request
 
 E = EpochEntry

@@ -81,7 +81,7 @@ def _shown(b: BrokerController, topic: str, queue_id: int) -> list[bytes]:
 def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tmp_path: Path) -> None:
     """The readable limit and the rolled-back ranges follow the log: a slave, reading the bytes its master wrote,
     holds back the same open transaction and skips the same rolled-back rows."""
-    from broker.client.message import encode_message
+    from broker.client.outgoing_message import encode_message
 
     with brokers() as bs:
         m = broker(tmp_path / "m", role="SYNC_MASTER")
@@ -109,7 +109,7 @@ def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tm
 
 
 def _entries(topic: str, n: int) -> list[bytes]:
-    from broker.client.message import encode_message
+    from broker.client.outgoing_message import encode_message
 
     return [encode_message(Message(topic, f"{topic}-{i}".encode()), 0, int(time.time() * 1000)) for i in range(n)]
 

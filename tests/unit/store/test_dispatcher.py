@@ -18,7 +18,7 @@ from broker.store import MessageStore, property_scan
 from broker.store import dispatcher as dispatcher_module
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.property_scan import message_keys, names_may_occur, property_value
-from broker.store.results import PutStatus
+from broker.store.store_results import PutStatus
 
 
 def _batch(n: int, start: int = 0) -> bytes:
@@ -344,7 +344,7 @@ def test_a_producers_batch_is_indexed_and_tagged_as_full_decoding(
     make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from broker.client import Message
-    from broker.client.message import encode_message
+    from broker.client.outgoing_message import encode_message
 
     monkeypatch.setattr(dispatcher_module, "SCALAR_DISPATCH_BYTES", 0)  # the numpy pass, as for a large batch
     answers: list[bool] = []
