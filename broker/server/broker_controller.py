@@ -56,6 +56,7 @@ from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.auth_lookup import BrokerLookup
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
+from broker.server.broker_service import BrokerService
 from broker.server.call_streams import PULL_MESSAGE_METHOD, SEND_MESSAGE_METHOD, CallStreams, through_interceptors
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
@@ -70,7 +71,6 @@ from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
 from broker.server.server_tls import add_port
-from broker.server.service import BrokerService
 from broker.server.topic_config import TopicConfigManager
 from broker.server.transaction_processor import CheckHub, TransactionProcessor
 from broker.store import MessageStore

@@ -8,8 +8,8 @@ import inspect
 import pytest
 
 from bench.timeline import STEPS, WARMUP_MSGS, steps_of
+from broker.server.broker_service import BrokerService
 from broker.server.pull_hold import PullHoldService
-from broker.server.service import BrokerService
 from broker.store.dispatch_service import DispatchService
 from broker.store.message_store import MessageStore
 
