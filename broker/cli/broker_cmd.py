@@ -88,7 +88,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     from broker.auth.accounts import root_user_from_env
 
     # Only brokers signing as the root user of the environment may register; without one the name server does not
-    # start unless registration is explicitly left open (broker/namesrv/server.py).
+    # start unless registration is explicitly left open (broker/namesrv/name_server.py).
     server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls, root=root_user_from_env(),
                         allow_anonymous_registration=args.allow_anonymous_registration)  # fmt: skip
     server.start()

@@ -101,7 +101,7 @@ class Registration:
 
 
 @dataclass(frozen=True)
-class TopicRoute:
+class TopicRouteEntry:
     """A topic's queues per broker name, and the addresses of each of those broker groups by broker id."""
 
     queues: dict[str, QueueSpec]  # broker name -> queues
@@ -245,7 +245,7 @@ class RouteTable:
         return gone
 
     # ---------------------------------------------------------------------------------------------- reads
-    def route(self, topic: str, now_ms: int) -> TopicRoute:
+    def route(self, topic: str, now_ms: int) -> TopicRouteEntry:
         check_topic(topic)
         with self._lock:
             self._expire_locked(now_ms)
@@ -264,7 +264,7 @@ class RouteTable:
                 brokers[name] = (source.cluster, {b.broker_id: b.address for b in members})
         if not queues:
             raise TopicNotExistError(f"no live broker holds topic {topic!r}")
-        return TopicRoute(queues, brokers)
+        return TopicRouteEntry(queues, brokers)
 
     def brokers(self, now_ms: int) -> list[BrokerSummary]:
         """Every live broker (its registration without the topic table, and how many topics it holds)."""

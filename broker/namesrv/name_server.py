@@ -25,8 +25,8 @@ from broker.auth.accounts import Accounts, User
 from broker.auth.gate import AuthGate, AuthSettings
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.format.signature import DEFAULT_WINDOW_S, ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
+from broker.namesrv.name_server_service import NameServerService, now_ms
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
-from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc
 from broker.server.metrics import Counter
 from broker.server.server_tls import ServerTls, add_port
