@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Admin, Message, Producer
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.namesrv.local_cluster import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cluster.json"

@@ -457,8 +457,8 @@ def timed_calls(fn: Any, calls: int, pace_s: float) -> list[float]:
 
 def store_hops(calls: int) -> tuple[list[float], list[float]]:
     """(put, dispatch) in this process: put_message's own time, and its return to the arrival listener's call."""
-    from broker.store.config import StoreConfig
     from broker.store.message_store import MessageStore
+    from broker.store.store_config import StoreConfig
 
     arrived = threading.Event()
     arrived_at = [0.0]

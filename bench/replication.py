@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Admin, Message, Producer
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.errors import BrokerError
 from broker.ha.local_group import ReplicaGroup
 

@@ -54,7 +54,7 @@ from broker.auth.policy import allows
 from broker.auth.requirements import requirement_of
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.credentials import Credentials
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.format.signature import check_date_time, parse_header, signature_matches
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb

@@ -26,7 +26,7 @@ from typing import Any
 
 from broker.client import Admin, Message, Producer
 from broker.client.half_batch import to_half_batch
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.format.transaction_codec import rewrite_batch_as_half
 from broker.server.process import BrokerProcess
 

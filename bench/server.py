@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Message, Producer, PullConsumer
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.server.process import BrokerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "server.json"

@@ -68,9 +68,10 @@ Send = tuple[int, int, int, int]  # (queue offset, due, called, returned), monot
 # ---- the broker's process: a few methods wrapped to stamp, then the broker as `python -m broker` runs it -------
 def serve(stamps_path: str, broker_argv: list[str]) -> None:
     from broker.cli.main import main
+    from broker.server.broker_service import BrokerService
     from broker.server.pull_hold import PullHoldService
-    from broker.server.service import BrokerService
-    from broker.store.message_store import DispatchService, MessageStore
+    from broker.store.dispatch_service import DispatchService
+    from broker.store.message_store import MessageStore
 
     stamps: list[Stamp] = []
     now = time.monotonic_ns

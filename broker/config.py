@@ -20,17 +20,17 @@ from typing import Any
 from broker.address import DEFAULT_PORT, parse_endpoint, parse_listen
 from broker.errors import InvalidArgumentError
 from broker.format.system_topics import SCHEDULE_TOPIC
-from broker.ha.settings import ReplicationSettings
+from broker.ha.replication_settings import ReplicationSettings
 from broker.private_file import refuse_if_shared
 from broker.semantics.delay import DelayLevels
 from broker.server.thread_placement import parse_python_cpus
-from broker.store.config import StoreConfig
 from broker.store.message_store import MAX_BYTES_PER_GET
+from broker.store.store_config import StoreConfig
 
 if typing.TYPE_CHECKING:
     from broker.client.credentials import Credentials
     from broker.client.tls import TlsSettings
-    from broker.server.tls import ServerTls
+    from broker.server.server_tls import ServerTls
 
 FLUSH_TYPES = {"async": "ASYNC_FLUSH", "sync": "SYNC_FLUSH", "ASYNC_FLUSH": "ASYNC_FLUSH", "SYNC_FLUSH": "SYNC_FLUSH"}
 # Store settings the broker sets from its own: a `store` table entry for one would silently win over what the
@@ -223,7 +223,7 @@ class BrokerConfig:
     # RocketMQ 5 clients remembered at once (each keeps its settings, a few hundred bytes); a user may hold a quarter
     # of them (broker/rmqv2/clients.py). Past it a new client is refused with TOO_MANY_REQUESTS.
     rmqv2_max_clients: int = 100_000
-    # Replication and failover (broker/ha; the table of these settings is in broker/ha/settings.py)
+    # Replication and failover (broker/ha; the table of these settings is in broker/ha/replication_settings.py)
     role: str = ""  # "": no replication; ASYNC_MASTER | SYNC_MASTER | SLAVE (classic mode)
     controller: str = ""  # etcd://HOST:PORT[,...]: controller mode, automatic failover
     ha_listen: str = ""  # "": the listen host, client port + 1 (a free port when the client port is 0)
@@ -242,7 +242,7 @@ class BrokerConfig:
     etcd_key_file: str = ""
     etcd_user: str = ""
     etcd_password_file: str = ""
-    # TLS (broker/server/tls.py, docs/security.md): with a certificate and its key (PEM files) every port of the
+    # TLS (broker/server/server_tls.py, docs/security.md): with a certificate and its key (PEM files) every port of the
     # broker serves TLS (client port, replication endpoint, metrics over HTTPS), and its own calls to name servers
     # and other brokers use TLS, trusting tls_ca. tls_client_auth: none | request | require (mutual TLS, clients
     # need a certificate from tls_ca). The files are read again when they change on disk.
@@ -370,7 +370,7 @@ class BrokerConfig:
     def replication(self) -> ReplicationSettings | None:
         """The replication settings (None: a broker without replication); InvalidArgumentError for a bad one."""
         from broker.ha import etcd_security
-        from broker.ha.settings import from_config
+        from broker.ha.replication_settings import from_config
 
         settings = from_config(
             role=self.role, controller=self.controller, ha_listen=self.ha_listen, listen=self.listen_address,
@@ -389,7 +389,7 @@ class BrokerConfig:
 
     def server_tls(self) -> ServerTls | None:
         """The TLS settings of every port (None: plain text); InvalidArgumentError for a bad or unreadable one."""
-        from broker.server.tls import ServerTls
+        from broker.server.server_tls import ServerTls
 
         return ServerTls.of(self.tls_cert, self.tls_key, self.tls_ca, self.tls_client_auth)
 

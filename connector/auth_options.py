@@ -20,7 +20,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypedDict, TypeVar
 from broker.client.credentials import Credentials
 from broker.errors import AuthenticationError, InvalidArgumentError, NoPermissionError
 from broker.format.signature import validate_access_key, validate_secret_key
-from connector.errors import CredentialsRefusedError, RightsMissingError, SourceOptionError
+from connector.connector_errors import CredentialsRefusedError, RightsMissingError, SourceOptionError
 
 AUTH_OPTIONS = ("accessKey", "secretKey")
 P = ParamSpec("P")

@@ -17,12 +17,12 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from connector.auth_options import explains_refusals
 from connector.broker_link import link_for
+from connector.connector_errors import SourceOptionError
 from connector.data_loss import data_lost
-from connector.errors import SourceOptionError
 from connector.offset_resolver import current_topics, ending_positions, missing_topics, snapshot, starting_positions
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition
-from connector.planning import QueueRange, split_ranges
+from connector.planning import OffsetRange, split_ranges
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class SluiceBatchReader(DataSourceReader):
                 data_lost(self.options, key, s, f"from {lo}", min(lo, e) - s)
                 s = min(lo, e)
             topic, broker, qid = key
-            ranges.append(QueueRange(topic, qid, s, e, broker))
+            ranges.append(OffsetRange(topic, qid, s, e, broker))
         parts = split_ranges(ranges, self.options.min_partitions, self.options.max_messages_per_partition)
         log.info("sluice batch read: %d partitions over %d queues", len(parts), len(ranges))
         return [SluicePartition(r.topic, r.queue_id, r.start, r.end, r.broker) for r in parts]

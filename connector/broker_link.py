@@ -21,7 +21,7 @@ from broker.client import Admin, PullConsumer, RawPullResult
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.errors import ServiceNotAvailableError, SubscriptionGroupNotExistError, TopicNotExistError
 from connector.auth_options import ANONYMOUS, AuthKeys
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.offsets import QueueKey
 from connector.options import SourceOptions
 from connector.tls_options import PLAIN, TlsFiles

@@ -49,7 +49,7 @@ from typing import TypeVar
 from broker.client.coordinator import CoordinatorClient
 from broker.client.router import Router
 from broker.errors import BrokerError, NotMasterError, ServiceNotAvailableError
-from broker.format.txn_decision import Decision, Share, make_decision
+from broker.format.txn_decision import Share, TxnDecision, make_decision
 from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.failover import FAILOVER_WAIT_S, group_without_master
 from connector.tls_options import PLAIN, TlsFiles
@@ -161,7 +161,7 @@ class ClusterCommit:
         return None  # every coordinator of an earlier run answered: none of them committed the batch
 
     # ------------------------------------------------------------------------------------------ driver
-    def commit(self, txn_id: str, shares: list[Share], what: str) -> Decision:
+    def commit(self, txn_id: str, shares: list[Share], what: str) -> TxnDecision:
         """Decide COMMIT on the coordinator, then commit every participant's share."""
         coordinator = coordinator_of(txn_id)
         decision = make_decision(txn_id, True, shares)
@@ -175,7 +175,7 @@ class ClusterCommit:
         self.finish(standing, what, pause=True)
         return standing
 
-    def finish(self, decision: Decision, what: str, *, pause: bool = False) -> None:
+    def finish(self, decision: TxnDecision, what: str, *, pause: bool = False) -> None:
         """Commit every participant's share of a COMMIT decision (ends already done report their outcome).
         ``pause``: the test hook may stop the driver after the first participant (PAUSE_ENV)."""
         for i, share in enumerate(decision.participants):

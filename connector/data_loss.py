@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from connector.errors import BrokerGoneError, DataLossError
+from connector.connector_errors import BrokerGoneError, DataLossError
 from connector.offsets import QueueKey, describe
 from connector.options import SourceOptions
 

@@ -12,7 +12,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from connector.batch_reader import SluiceBatchReader
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.options import parse_options
 from connector.schema import SCHEMA, SCHEMA_DDL
 from connector.sink_options import parse_sink_options

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 
 from connector.broker_link import BrokerLink
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.offsets import QueueKey, describe, parse_positions
 from connector.options import EARLIEST, LATEST, SourceOptions
 

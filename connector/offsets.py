@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 
 QueueKey = tuple[str, str, int]  # (topic, broker name, queue id)
 

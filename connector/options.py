@@ -26,7 +26,7 @@ from broker.errors import InvalidArgumentError, MessageIllegalError
 from broker.format.message import TOPIC_PATTERN, validate_topic
 from broker.format.system_topics import MAX_GROUP_CHARS
 from connector.auth_options import ANONYMOUS, AUTH_OPTIONS, AuthKeys, parse_auth_options
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.offsets import is_decimal
 from connector.tls_options import PLAIN, TLS_OPTIONS, TlsFiles, parse_tls_options
 

@@ -20,7 +20,7 @@ from connector.offsets import QueueKey
 
 
 @dataclass(frozen=True, slots=True)
-class QueueRange:
+class OffsetRange:
     """Queue offsets [start, end) of one queue of one topic."""
 
     topic: str
@@ -65,8 +65,8 @@ def share_budget(start: Mapping[QueueKey, int], latest: Mapping[QueueKey, int], 
 
 
 def split_ranges(
-    ranges: list[QueueRange], min_partitions: int | None, max_messages_per_partition: int | None
-) -> list[QueueRange]:
+    ranges: list[OffsetRange], min_partitions: int | None, max_messages_per_partition: int | None
+) -> list[OffsetRange]:
     """Cut ranges into partitions: none longer than the maximum, at least about ``min_partitions`` of them."""
     parts = [r for r in ranges if r.size > 0]
     if max_messages_per_partition is not None:
@@ -77,14 +77,14 @@ def split_ranges(
     return sorted(parts, key=lambda r: (r.topic, r.broker, r.queue_id, r.start))
 
 
-def _cut(r: QueueRange, pieces: int) -> list[QueueRange]:
+def _cut(r: OffsetRange, pieces: int) -> list[OffsetRange]:
     """``r`` in ``pieces`` contiguous parts whose sizes differ by at most one."""
     pieces = max(1, min(pieces, r.size))
     base, extra = divmod(r.size, pieces)
     out, at = [], r.start
     for i in range(pieces):
         n = base + (1 if i < extra else 0)
-        out.append(QueueRange(r.topic, r.queue_id, at, at + n, r.broker))
+        out.append(OffsetRange(r.topic, r.queue_id, at, at + n, r.broker))
         at += n
     assert at == r.end, (r, pieces)
     return out

@@ -9,7 +9,7 @@ from broker.client.producer import DEFAULT_BATCH_LIMIT_BYTES
 from broker.errors import MessageIllegalError
 from broker.format.message import DEFAULT_MAX_MESSAGE_SIZE, TOPIC_PATTERN, validate_topic
 from connector.auth_options import ANONYMOUS, AUTH_OPTIONS, AuthKeys, parse_auth_options
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.options import broker_options
 from connector.tls_options import PLAIN, TLS_OPTIONS, TlsFiles, parse_tls_options
 

@@ -167,7 +167,7 @@ def _cluster_commit(namesrv: str, opts: SinkOptions) -> ClusterCommit:
     return ClusterCommit(namesrv, opts.tls, opts.auth)
 
 
-class _Slice:
+class _KeptRows:
     """A task's rows as Spark hands them, kept (up to MAX_KEPT_SLICE_BYTES) so that they can be sent again under a
     new attempt when a call inside the transaction got no answer."""
 
@@ -207,7 +207,7 @@ def _send_all(
     under a new attempt id (``<attempt>.<n>``): the commit names only that attempt, so rows the earlier one may
     have stored are rolled back, never committed twice. Raises on any other failure, naming the row.
     ``coordinator``: the broker that decides ``txn_id`` (a cluster), named in every half."""
-    rows = _Slice(batches, keep=txn_id is not None)
+    rows = _KeptRows(batches, keep=txn_id is not None)
     for resend in range(MAX_SLICE_RESENDS + 1):
         sent_as = attempt if resend == 0 else f"{attempt}.{resend}"
         try:

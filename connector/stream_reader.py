@@ -49,7 +49,7 @@ from connector.offset_resolver import (
 from connector.offsets import QueueKey, SourceOffset
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition
-from connector.planning import QueueRange, split_ranges
+from connector.planning import OffsetRange, split_ranges
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,9 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             more = snapshot(link, sorted({t for t, _, _ in missing}), tolerate_gone=self.options.cluster)
             self._snapshot = Snapshot({**self._snapshot, **more}, self._snapshot.gone)
         ranges = [
-            QueueRange(t, q, begin[(t, b, q)] if (t, b, q) in begin else self._snapshot.get((t, b, q), (0, 0))[0], e, b)
+            OffsetRange(
+                t, q, begin[(t, b, q)] if (t, b, q) in begin else self._snapshot.get((t, b, q), (0, 0))[0], e, b
+            )
             for (t, b, q), e in finish.items()
         ]
         parts = split_ranges(

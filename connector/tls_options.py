@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from broker.client.tls import TlsArgs, TlsSettings, read_pem
 from broker.errors import InvalidArgumentError
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 
 TLS_OPTIONS = ("tls.caFile", "tls.certFile", "tls.keyFile")
 

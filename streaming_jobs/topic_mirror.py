@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from broker.client.message import BROKER_PROPERTIES, BROKER_PROPERTY_PREFIXES
+from broker.client.outgoing_message import BROKER_PROPERTIES, BROKER_PROPERTY_PREFIXES
 from streaming_jobs.common import (
     await_query,
     base_parser,

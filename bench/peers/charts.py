@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.peers.results import SystemResult
+from bench.peers.figures import SystemResult
 from bench.peers.settings import LATENCY_SIZE_B, SIZES_B
 
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, seq_of, stamp
 from bench.peers.processes import Server, ensure_debian_package, free_port, port_open
-from bench.peers.results import Latency, Throughput, latency_of
 from bench.peers.settings import BATCH_MSGS, LATENCY_MAX_WALL_S, RECEIVE_TIMEOUT_S
 
 

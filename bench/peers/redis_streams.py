@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, paced, seq_of, stamp
 from bench.peers.processes import Server, ensure_debian_package, free_port, port_open
-from bench.peers.results import Latency, Throughput, latency_of
 from bench.peers.settings import BATCH_MSGS
 
 

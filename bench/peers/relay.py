@@ -11,9 +11,9 @@ from pathlib import Path
 
 from bench.hops import GRPC_SERVER as RELAY_SERVER
 from bench.hops import relay_receive, relay_sender, relay_stream_receive
+from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, paced, stamp
 from bench.peers.processes import Server
-from bench.peers.results import Latency, Throughput, latency_of
 
 
 class GrpcRelay:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.peers.results import SystemResult, Throughput, best_of
+from bench.peers.figures import SystemResult, Throughput, best_of
 from bench.peers.settings import (
     BATCH_MSGS,
     COUNT_BY_SIZE,

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.hops import wait_push_ready
+from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, paced, seq_of, stamp
 from bench.peers.processes import Server
-from bench.peers.results import Latency, Throughput, latency_of
 from bench.peers.settings import BATCH_MSGS, RECEIVE_TIMEOUT_S, SERVER_START_TIMEOUT_S
 
 

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from bench.peers.figures import Latency, Throughput
 from bench.peers.nats_jetstream import NatsJetStream
 from bench.peers.redis_streams import RedisStreams
 from bench.peers.relay import GrpcRelay, GrpcStreamRelay
-from bench.peers.results import Latency, Throughput
 from bench.peers.sluice import SluiceBroker
 from bench.peers.sluice_remoting import SluiceRemoting
 from bench.peers.tcp_floor import TcpRelay

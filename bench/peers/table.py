@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.peers.results import SystemResult
+from bench.peers.figures import SystemResult
 from bench.peers.settings import LATENCY_SIZE_B
 
 

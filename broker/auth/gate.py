@@ -25,7 +25,7 @@ a revocation or a disabled user applies to the next request. The cost per call i
 and with it, below) and a scan of the user's entries; bench/security.py measures one of each. A SendBatch's topics
 are decided where the batch is parsed (operations.py's PUBLISH_BATCH). A SendStream or PullStream is authenticated
 when it opens, and each of its requests is admitted as its unary call is, its signature checked again but not its
-date-time (server/call_stream.py).
+date-time (server/call_streams.py).
 A stream counts against its user's share of the held worker threads while it is open (held_streams.py).
 The caller of each admitted call is readable inside its handler (caller.py), for the rights only the
 handler can decide (a RocketMQ 5 Telemetry stream's settings, which arrive after it opened).
@@ -37,7 +37,7 @@ of the broker. A call that passes is checked again by the wrapped handler, with 
 needs (a second HMAC, a few microseconds: the handler must not rely on having been reached through this one path).
 Two cases are decided in the wrapped handler only: a call with no header under mutual TLS (the client
 certificate's names are in the servicer context, which an interceptor does not get), and each request of a
-SendStream or PullStream (server/call_stream.py resolves those handlers once, for every request to come).
+SendStream or PullStream (server/call_streams.py resolves those handlers once, for every request to come).
 
 A request that could not be parsed (request_guard.py) is authenticated and then passed to its handler, which
 refuses it as INVALID_ARGUMENT: its rights cannot be read from it, and it changes nothing.
@@ -77,7 +77,7 @@ from broker.format.signature import (
     signature_matches,
 )
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
-from broker.server.call_stream import StreamCallContext, StreamRequestDetails
+from broker.server.call_streams import StreamCallContext, StreamRequestDetails
 from broker.server.handler_cache import WrappedHandlers
 from broker.server.metrics import Counter
 from broker.server.request_guard import MalformedRequest

@@ -178,7 +178,7 @@ def _v2_topics(r: Any) -> dict[str, Any]:
 
 
 # RocketMQ 5 clients name no producer group: Sluice records their transactions under the topic's name
-# (rmqv2/service.py), and the transaction's id is the message id the client chose.
+# (rmqv2/messaging_service.py), and the transaction's id is the message id the client chose.
 _V2_SEND = _Either(
     Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r))),
     Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r)),
@@ -196,7 +196,7 @@ BROKER: dict[str, Requirement] = {
     "SendBatch": _Either(
         Row(_SEND_BATCH), Row(_SEND_BATCH, _OPEN, _joined(lambda r: r.transaction_id)), lambda r: bool(r.transaction_id)
     ),
-    # Authenticated when they open; each request then needs what its unary call does (server/call_stream.py).
+    # Authenticated when they open; each request then needs what its unary call does (server/call_streams.py).
     "SendStream": _NONE,
     "PullStream": _NONE,
     "PullMessage": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
@@ -278,7 +278,7 @@ MESSAGING: dict[str, Requirement] = {
     "QueryOffset": Row(on(Op.READ_TOPIC, lambda r, _: _names(_v2_name(r.message_queue.topic)))),
     "EndTransaction": Row(on(Op.END_TRANSACTION, _v2_end_transaction_objects)),
     # A stream of client settings and commands: each settings message is decided as it arrives (PUBLISHER_SETTINGS,
-    # SUBSCRIBER_SETTINGS, in rmqv2/service.py); what the client then does is authorized call by call.
+    # SUBSCRIBER_SETTINGS, in rmqv2/messaging_service.py); what the client then does is authorized call by call.
     "Telemetry": _NONE,
     "NotifyClientTermination": Row(on(Op.LEAVE_GROUP, lambda r, _: {"group": _v2_name(r.group)})),
     "ChangeInvisibleDuration": _v2_consume(lambda r: r.group, lambda r: r.topic),

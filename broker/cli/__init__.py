@@ -11,7 +11,7 @@
     sluice user create|update|delete|list ...   |   sluice acl grant|revoke|list ...
 
 The grammar and help texts are in parser.py; each command in a module of its own (send.py, consume.py, groups.py,
-transactions.py, admin.py, users.py, broker_cmd.py); profile.py says where a command's endpoint, TLS files and
+transactions.py, admin_cmd.py, users.py, broker_cmd.py); profile.py says where a command's endpoint, TLS files and
 credentials come from; main.py turns failures into one ``error:`` line.
 """
 

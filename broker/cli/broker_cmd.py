@@ -75,7 +75,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     """``sluice namesrv``: a name server until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
     from broker.address import parse_listen
     from broker.namesrv import DEFAULT_NAMESRV_PORT, NameServer
-    from broker.server.tls import ServerTls
+    from broker.server.server_tls import ServerTls
 
     host, port = parse_listen(args.listen, DEFAULT_NAMESRV_PORT)
     tls = ServerTls.of(args.tls_cert or "", args.tls_key or "", args.tls_ca or "", args.tls_client_auth or "none")
@@ -91,7 +91,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     from broker.auth.accounts import root_user_from_env
 
     # Only brokers signing as the root user of the environment may register; without one the name server does not
-    # start unless registration is explicitly left open (broker/namesrv/server.py).
+    # start unless registration is explicitly left open (broker/namesrv/name_server.py).
     remoting = parse_listen(args.remoting_listen, DEFAULT_NAMESRV_PORT) if args.remoting_listen else None
     server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls, root=root_user_from_env(),
                         allow_anonymous_registration=args.allow_anonymous_registration,

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from broker.client.message import user_properties
+from broker.client.outgoing_message import user_properties
 
 BODY_PREVIEW_CHARS = 80  # a message line shows at most this much of the body
 

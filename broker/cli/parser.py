@@ -7,10 +7,10 @@ from importlib import metadata
 from typing import Any
 
 from broker.address import DEFAULT_PORT
-from broker.cli.admin import cmd_query, cmd_stats, cmd_topic
+from broker.cli.admin_cmd import cmd_query, cmd_stats, cmd_topic
 from broker.cli.args import datetime_ms, int_at_least, int_between, time_ms, timestamp_ms
 from broker.cli.broker_cmd import cmd_broker, cmd_namesrv
-from broker.cli.cluster import cmd_cluster
+from broker.cli.cluster_cmd import cmd_cluster
 from broker.cli.consume import cmd_consume
 from broker.cli.groups import RESET_RULE, cmd_group
 from broker.cli.profile import PROFILE_ENV

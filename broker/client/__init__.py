@@ -30,8 +30,8 @@ from broker.client.consumer_options import (
     ConsumeStatus,
     MessageModel,
 )
-from broker.client.message import Message, decode_entries, encode_message, user_properties
 from broker.client.offset_reset import OffsetReset, ResetTo
+from broker.client.outgoing_message import Message, decode_entries, encode_message, user_properties
 from broker.client.pop_consumer import PopConsumer, PoppedMessage
 from broker.client.producer import PartialSendError, Producer
 from broker.client.pull_consumer import PullConsumer

@@ -58,8 +58,8 @@ from broker.client.admin_results import (
     transaction,
 )
 from broker.client.connection import Connection
-from broker.client.message import decode_entries
 from broker.client.offset_reset import OffsetReset, ResetTo, plan_reset
+from broker.client.outgoing_message import decode_entries
 from broker.client.results import ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue, TopicRoute
 from broker.client.router import Router

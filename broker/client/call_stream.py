@@ -1,4 +1,4 @@
-"""Unary calls on one stream of a connection (broker/server/call_stream.py): SendStream for a producer's single
+"""Unary calls on one stream of a connection (broker/server/call_streams.py): SendStream for a producer's single
 sends, PullStream for a push consumer's pulls of one queue; no gRPC call a request.
 
 A producer of a cluster (name servers) sends with calls: when a broker dies, a send written into its stream in

@@ -15,7 +15,7 @@ from broker.client.connection import Connection
 from broker.client.route import MASTER_ID
 from broker.client.router import Router
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
-from broker.format.txn_decision import Decision
+from broker.format.txn_decision import TxnDecision
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2 as pb
@@ -42,7 +42,7 @@ class CoordinatorClient:
         return self.router.connection(address)
 
     # ------------------------------------------------------------------------------------------ coordinator
-    def record(self, broker_name: str, decision: Decision, timeout_s: float | None = None) -> Decision:
+    def record(self, broker_name: str, decision: TxnDecision, timeout_s: float | None = None) -> TxnDecision:
         """Record ``decision`` on coordinator ``broker_name``; the decision that stands there."""
         conn = self.connection(broker_name)
         stub = cpb_grpc.TransactionCoordinatorStub(conn.channel)
@@ -50,7 +50,7 @@ class CoordinatorClient:
         return from_pb(answer)
 
     def query(self, broker_name: str, txn_ids: Sequence[str] = (), prefix: str = "", *, abort_undecided: bool = False,
-              masters: dict[str, str] | None = None) -> list[Decision]:  # fmt: skip
+              masters: dict[str, str] | None = None) -> list[TxnDecision]:  # fmt: skip
         conn = self.connection(broker_name, masters)
         stub = cpb_grpc.TransactionCoordinatorStub(conn.channel)
         request = cpb.QueryDecisionsRequest(transaction_ids=list(txn_ids), prefix=prefix,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from broker.client.connection import Connection
 from broker.client.credentials import Credentials
-from broker.client.message import decode_entries
+from broker.client.outgoing_message import decode_entries
 from broker.client.results import ReceivedMessage
 from broker.client.tls import TlsSettings
 from broker.errors import InvalidArgumentError, InvalidReceiptHandleError

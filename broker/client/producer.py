@@ -50,7 +50,7 @@ from typing import Any, TypeVar, overload
 from broker.client.connection import Connection
 from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
-from broker.client.message import Message, body_bytes, encode_messages
+from broker.client.outgoing_message import Message, body_bytes, encode_messages
 from broker.client.results import SendResult, SendStatus
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router, first_available

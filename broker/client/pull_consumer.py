@@ -16,7 +16,7 @@ from typing import Any
 
 from broker.client.connection import Connection
 from broker.client.credentials import Credentials
-from broker.client.message import decode_entries
+from broker.client.outgoing_message import decode_entries
 from broker.client.results import PullResult, PullStatus, RawPullResult, ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router

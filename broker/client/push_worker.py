@@ -18,7 +18,7 @@ from broker.client.connection import Connection
 from broker.client.consumer_options import (
     CLUSTERING,
 )
-from broker.client.message import decode_entries
+from broker.client.outgoing_message import decode_entries
 from broker.client.results import PullStatus, ReceivedMessage
 from broker.client.route import MessageQueue
 from broker.errors import BrokerError, InvalidArgumentError

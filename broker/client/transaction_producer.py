@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import grpc
 
 from broker.client.connection import Connection
-from broker.client.message import Message, body_bytes
+from broker.client.outgoing_message import Message, body_bytes
 from broker.client.producer import Producer, SendResults
 from broker.client.results import ReceivedMessage, SendResult
 from broker.errors import BrokerError

@@ -54,7 +54,7 @@ from broker.filter.sql92_parser import (
     Node,
     Not,
     Or,
-    Prop,
+    PropertyRef,
     Value,
     parse,
 )
@@ -219,7 +219,7 @@ def _compile(node: Node) -> Eval:
     if isinstance(node, Const):
         value = node.value
         return lambda p, m: value
-    if isinstance(node, Prop):
+    if isinstance(node, PropertyRef):
         name = node.name
         return lambda p, m: p.get(name)
     if isinstance(node, Negate):
@@ -304,7 +304,7 @@ def _kind_for(value: Value) -> int | None:
 
 def _compile_equal(node: Equal) -> Eval:
     left, right = node.left, node.right
-    if isinstance(left, Prop) and isinstance(right, Const) and right.value is not None:
+    if isinstance(left, PropertyRef) and isinstance(right, Const) and right.value is not None:
         return _compile_prop_equal(left.name, right.value)
     lf, rf = _compile(left), _compile(right)
 
@@ -338,7 +338,7 @@ def _compile_prop_equal(name: str, const: Value) -> Eval:
 def _compile_compare(node: Compare) -> Eval:
     test = _OP_TEST[node.op]
     left, right = node.left, node.right
-    if isinstance(left, Prop) and isinstance(right, Const):
+    if isinstance(left, PropertyRef) and isinstance(right, Const):
         kind = _kind_for(right.value)
         if kind is not None:
             return _compile_prop_compare(left.name, right.value, kind, test)
@@ -398,7 +398,7 @@ def _compares_a_property_twice(root: Node) -> bool:
             stack.append(node.operand)
         elif isinstance(node, Equal | Compare):
             for side in (node.left, node.right):
-                if not isinstance(side, Prop):
+                if not isinstance(side, PropertyRef):
                     stack.append(side)
                 elif side.name in seen:
                     return True

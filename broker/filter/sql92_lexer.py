@@ -43,7 +43,7 @@ class SqlParseError(SubscriptionParseError):
         )
 
 
-class Kind(enum.Enum):
+class TokenKind(enum.Enum):
     KEYWORD = "keyword"
     IDENT = "property name"
     INTEGER = "integer"
@@ -54,14 +54,14 @@ class Kind(enum.Enum):
 
 
 class Token(NamedTuple):
-    kind: Kind
+    kind: TokenKind
     text: str  # keywords upper-cased; strings already unquoted; operators as written
     pos: int  # 0-based index of the first character in the expression
 
     def describe(self) -> str:
-        if self.kind is Kind.EOF:
+        if self.kind is TokenKind.EOF:
             return "the end of the expression"
-        if self.kind is Kind.STRING:
+        if self.kind is TokenKind.STRING:
             return f"string '{self.text}'"
         return f"{self.kind.value} {self.text!r}"
 
@@ -132,7 +132,7 @@ class _NumberScanner:
         """The number token at i, where text[i] is an ASCII digit, or '.' followed by one."""
         text = self.text
         if text[i] == ".":
-            return Token(Kind.DECIMAL, text[i : self._exponent_end(_digits_end(text, i + 1))], i)
+            return Token(TokenKind.DECIMAL, text[i : self._exponent_end(_digits_end(text, i + 1))], i)
         run = self._lead_run_end(i)
         int_end = i + 1 if text[i] == "0" else run
         if int_end < len(text) and text[int_end] in "lL":
@@ -144,8 +144,8 @@ class _NumberScanner:
             if dec_end == run:  # digits alone are no decimal
                 dec_end = i
         if int_end >= dec_end:
-            return Token(Kind.INTEGER, text[i:int_end], i)
-        return Token(Kind.DECIMAL, text[i:dec_end], i)
+            return Token(TokenKind.INTEGER, text[i:int_end], i)
+        return Token(TokenKind.DECIMAL, text[i:dec_end], i)
 
 
 def _digits_end(text: str, i: int) -> int:
@@ -171,7 +171,7 @@ def tokenize(text: str) -> list[Token]:
             m = _STRING.match(text, i)
             if m is None:
                 raise SqlParseError(text, i + 1, "a closing ' for this string", "the end of the expression")
-            tok = Token(Kind.STRING, m.group()[1:-1].replace("''", "'"), i)
+            tok = Token(TokenKind.STRING, m.group()[1:-1].replace("''", "'"), i)
             i = m.end()
         elif _is_digit(c) or (c == "." and i + 1 < len(text) and _is_digit(text[i + 1])):
             tok = numbers.token(i)
@@ -179,7 +179,7 @@ def tokenize(text: str) -> list[Token]:
         elif (m := _IDENT.match(text, i)) is not None:
             word = m.group()
             upper = word.upper()
-            tok = Token(Kind.KEYWORD, upper, i) if upper in KEYWORDS else Token(Kind.IDENT, word, i)
+            tok = Token(TokenKind.KEYWORD, upper, i) if upper in KEYWORDS else Token(TokenKind.IDENT, word, i)
             i = m.end()
         else:
             op = next((o for o in OPERATORS if text.startswith(o, i)), None)
@@ -187,9 +187,9 @@ def tokenize(text: str) -> list[Token]:
                 raise SqlParseError(
                     text, i + 1, "a property, a literal, an operator (= <> < > <= >=) or a parenthesis", repr(c)
                 )
-            tok = Token(Kind.OP, op, i)
+            tok = Token(TokenKind.OP, op, i)
             i += len(op)
         tokens.append(tok)
         i = _skip_blank(text, i)
-    tokens.append(Token(Kind.EOF, "", len(text)))
+    tokens.append(Token(TokenKind.EOF, "", len(text)))
     return tokens

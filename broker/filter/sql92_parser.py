@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.filter.sql92_lexer import Kind, SqlParseError, Token, tokenize
+from broker.filter.sql92_lexer import SqlParseError, Token, TokenKind, tokenize
 
 MAX_NESTING = 64  # parentheses / NOT / minus depth: bounds the recursion of the parser
 # Operators nested in the tree, which compilation and evaluation recurse through (up to 2 Python frames a level):
@@ -70,7 +70,7 @@ class Const(Node):
 
 
 @dataclass(frozen=True, slots=True)
-class Prop(Node):
+class PropertyRef(Node):
     name: str
 
 
@@ -88,7 +88,7 @@ class Not(Node):
 class BoolCast(Node):
     """A bare property used as a condition: NULL when absent, else FALSE (a property value is never a Boolean)."""
 
-    prop: Prop
+    prop: PropertyRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +121,7 @@ class Compare(Node):
 
 @dataclass(frozen=True, slots=True)
 class In(Node):
-    prop: Prop
+    prop: PropertyRef
     values: frozenset[str]
     negated: bool
 
@@ -153,7 +153,7 @@ def render(node: Node) -> str:
         if isinstance(v, str):
             return "'" + v.replace("'", "''") + "'"
         return repr(v)
-    if isinstance(node, Prop):
+    if isinstance(node, PropertyRef):
         return node.name
     if isinstance(node, Negate):
         return "-" + render(node.operand)
@@ -176,13 +176,13 @@ class Parser:
     def peek(self, ahead: int = 1) -> Token:
         return self.tokens[min(self.i + ahead, len(self.tokens) - 1)]
 
-    def at(self, kind: Kind, text: str | None = None) -> bool:
+    def at(self, kind: TokenKind, text: str | None = None) -> bool:
         t = self.tok
         return t.kind is kind and (text is None or t.text == text)
 
     def advance(self) -> Token:
         t = self.tok
-        if t.kind is not Kind.EOF:
+        if t.kind is not TokenKind.EOF:
             self.i += 1
         return t
 
@@ -193,7 +193,7 @@ class Parser:
     def fail_at(self, node: Node, expected: str, found: str) -> SqlParseError:
         return SqlParseError(self.text, node.pos + 1, expected, found)
 
-    def expect(self, kind: Kind, text: str, expected: str) -> Token:
+    def expect(self, kind: TokenKind, text: str, expected: str) -> Token:
         if not self.at(kind, text):
             raise self.fail(expected)
         return self.advance()
@@ -202,7 +202,7 @@ class Parser:
 
     def parse(self) -> Node:
         node = self.or_expr()
-        if not self.at(Kind.EOF):
+        if not self.at(TokenKind.EOF):
             raise self.fail("AND, OR, a comparison operator or the end of the expression")
         root = self.as_boolean(node)
         self.check_depth(root)
@@ -228,7 +228,7 @@ class Parser:
     def as_boolean(self, node: Node) -> Node:
         if is_boolean(node):
             return node
-        if isinstance(node, Prop):
+        if isinstance(node, PropertyRef):
             return BoolCast(node.pos, node)
         raise self.fail_at(node, "a condition (a comparison, IN, BETWEEN, IS NULL, TRUE...)", render(node))
 
@@ -244,7 +244,7 @@ class Parser:
         """The operands of ``x keyword y keyword z ...``, each checked to be a condition once its right neighbour
         is parsed (the order a left-nested tree reported errors in); a single operand is returned unchecked."""
         operands = [operand()]
-        while self.at(Kind.KEYWORD, keyword):
+        while self.at(TokenKind.KEYWORD, keyword):
             self.advance()
             right = operand()
             if len(operands) == 1:
@@ -255,17 +255,17 @@ class Parser:
     def equality(self) -> Node:
         left = self.comparison()
         while True:
-            if self.at(Kind.OP, "=") or self.at(Kind.OP, "<>"):
+            if self.at(TokenKind.OP, "=") or self.at(TokenKind.OP, "<>"):
                 negated = self.advance().text == "<>"
                 right = self.comparison()
                 node: Node = self.make_equal(left, right)
                 left = Not(left.pos, node) if negated else node
-            elif self.at(Kind.KEYWORD, "IS"):
+            elif self.at(TokenKind.KEYWORD, "IS"):
                 self.advance()
-                negated = self.at(Kind.KEYWORD, "NOT")
+                negated = self.at(TokenKind.KEYWORD, "NOT")
                 if negated:
                     self.advance()
-                self.expect(Kind.KEYWORD, "NULL", "NULL after IS" + (" NOT" if negated else "") + "")
+                self.expect(TokenKind.KEYWORD, "NULL", "NULL after IS" + (" NOT" if negated else "") + "")
                 node = Equal(left.pos, left, Const(left.pos, None))
                 left = Not(left.pos, node) if negated else node
             else:
@@ -275,17 +275,17 @@ class Parser:
         left = self.unary()
         while True:
             t = self.tok
-            if t.kind is Kind.OP and t.text in COMPARE_OPS:
+            if t.kind is TokenKind.OP and t.text in COMPARE_OPS:
                 self.advance()
                 right = self.unary()
                 left = self.make_compare(t.text, left, right)
-            elif t.kind is Kind.KEYWORD and t.text == "BETWEEN":
+            elif t.kind is TokenKind.KEYWORD and t.text == "BETWEEN":
                 self.advance()
                 left = self.between(left, negated=False)
-            elif t.kind is Kind.KEYWORD and t.text == "IN":
+            elif t.kind is TokenKind.KEYWORD and t.text == "IN":
                 self.advance()
                 left = self.in_list(left, negated=False)
-            elif t.kind is Kind.KEYWORD and t.text == "NOT" and self.peek().text in ("BETWEEN", "IN"):
+            elif t.kind is TokenKind.KEYWORD and t.text == "NOT" and self.peek().text in ("BETWEEN", "IN"):
                 self.advance()
                 word = self.advance().text
                 left = self.between(left, negated=True) if word == "BETWEEN" else self.in_list(left, negated=True)
@@ -294,7 +294,7 @@ class Parser:
 
     def between(self, value: Node, negated: bool) -> Node:
         low = self.unary()
-        self.expect(Kind.KEYWORD, "AND", "AND between the two bounds of BETWEEN")
+        self.expect(TokenKind.KEYWORD, "AND", "AND between the two bounds of BETWEEN")
         high = self.unary()
         if not negated and is_literal(low) and is_literal(high):
             lo, hi = low, high
@@ -310,23 +310,23 @@ class Parser:
         return And(value.pos, (self.make_compare(">=", value, low), self.make_compare("<=", value, high)))
 
     def in_list(self, left: Node, negated: bool) -> Node:
-        if not isinstance(left, Prop):
+        if not isinstance(left, PropertyRef):
             raise self.fail_at(left, "a property name on the left of IN", render(left))
-        self.expect(Kind.OP, "(", "'(' opening the IN list")
+        self.expect(TokenKind.OP, "(", "'(' opening the IN list")
         values: list[str] = []
         while True:
-            if not self.at(Kind.STRING):
+            if not self.at(TokenKind.STRING):
                 raise self.fail("a string literal in the IN list ('a', 'b', ...)")
             values.append(self.advance().text)
-            if self.at(Kind.OP, ","):
+            if self.at(TokenKind.OP, ","):
                 self.advance()
                 continue
-            self.expect(Kind.OP, ")", "',' or ')' in the IN list")
+            self.expect(TokenKind.OP, ")", "',' or ')' in the IN list")
             return In(left.pos, left, frozenset(values), negated)
 
     def unary(self) -> Node:
         t = self.tok
-        if (t.kind is Kind.OP and t.text in ("+", "-")) or (t.kind is Kind.KEYWORD and t.text == "NOT"):
+        if (t.kind is TokenKind.OP and t.text in ("+", "-")) or (t.kind is TokenKind.KEYWORD and t.text == "NOT"):
             self.advance()
             self.enter(t)
             operand = self.unary()
@@ -340,21 +340,21 @@ class Parser:
 
     def primary(self) -> Node:
         t = self.advance()
-        if t.kind is Kind.STRING:
+        if t.kind is TokenKind.STRING:
             return Const(t.pos, t.text)
-        if t.kind is Kind.INTEGER:
+        if t.kind is TokenKind.INTEGER:
             return Const(t.pos, self.integer(t))
-        if t.kind is Kind.DECIMAL:
+        if t.kind is TokenKind.DECIMAL:
             return Const(t.pos, float(t.text))
-        if t.kind is Kind.KEYWORD and t.text in ("TRUE", "FALSE", "NULL"):
+        if t.kind is TokenKind.KEYWORD and t.text in ("TRUE", "FALSE", "NULL"):
             return Const(t.pos, None if t.text == "NULL" else t.text == "TRUE")
-        if t.kind is Kind.IDENT:
-            return Prop(t.pos, t.text)
-        if t.kind is Kind.OP and t.text == "(":
+        if t.kind is TokenKind.IDENT:
+            return PropertyRef(t.pos, t.text)
+        if t.kind is TokenKind.OP and t.text == "(":
             self.enter(t)
             inner = self.or_expr()
             self.depth -= 1
-            self.expect(Kind.OP, ")", "')' closing the parenthesis opened at column " + str(t.pos + 1))
+            self.expect(TokenKind.OP, ")", "')' closing the parenthesis opened at column " + str(t.pos + 1))
             return inner
         raise self.fail("a property name, a literal (string, number, TRUE, FALSE, NULL) or '('", t)
 

@@ -7,7 +7,8 @@ The commit log is walked in three passes so that the per-message Python work sta
 3. one list comprehension computes the body CRCs.
 
 The same scan serves batch validation (before anything is written), the dispatcher (CRC off) and recovery
-(CRC on): one definition of "a valid entry".
+(CRC on): one definition of "a valid entry". The numpy gathers it is built on are byte_rows.py's (importable from
+here too).
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from broker.errors import CorruptionError, MessageIllegalError, shown
 from broker.format import scan_kernel
+from broker.format.byte_rows import HEADER_DTYPE as HEADER_DTYPE
+from broker.format.byte_rows import gather as gather
+from broker.format.byte_rows import headers as headers
+from broker.format.byte_rows import put_rows as put_rows
+from broker.format.byte_rows import row_view
+from broker.format.byte_rows import rows_at as rows_at
+from broker.format.byte_rows import splice as splice
 from broker.format.message import (
     BLANK_MAGIC,
     BODY_START,
@@ -37,7 +44,6 @@ from broker.format.message import (
     POS_PREPARED_TX_OFFSET,
     PREFIX,
     TOPIC_PATTERN,
-    EntryHeader,
     SysFlag,
     check_crc,
     is_topic_name,
@@ -51,31 +57,6 @@ Buffer = bytes | bytearray | memoryview | mmap.mmap  # anything entries can be r
 MAX_QUEUE_ID = 1 << 16  # one directory per queue: more than 65536 queues per topic is a mistake, not a design
 _CRC_MASK = 0x7FFFFFFF
 _ARANGE = {w: np.arange(w, dtype=np.int64) for w in (1, 2, 4, 8, 16)}
-
-
-def _rows(arr: np.ndarray, width: int) -> np.ndarray:
-    """A zero-copy view whose row ``i`` is ``arr[i : i + width]``: fancy-indexing it copies whole rows at once."""
-    return as_strided(arr, shape=(max(arr.size - width + 1, 0), width), strides=(1, 1), writeable=False)
-
-
-def rows_at(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
-    """``arr[s : s + width]`` for every ``s`` in ``starts``, as one (len(starts), width) copy (no index matrix)."""
-    return _rows(arr, width)[starts]
-
-
-def put_rows(arr: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> None:
-    """``arr[s : s + width] = rows[i]`` for every ``starts[i]`` (rows: (len(starts), width) uint8), through one
-    writable strided view: no (len(starts), width) index matrix. Ranges must not overlap."""
-    width = rows.shape[1]
-    view = as_strided(arr, shape=(max(arr.size - width + 1, 0), width), strides=(1, 1))
-    view[starts] = rows
-
-
-def gather(arr: np.ndarray, idx: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    """Big-endian fields of ``width`` bytes at byte positions ``idx`` of the uint8 array ``arr``, as int64."""
-    if idx.size == 0:
-        return np.zeros(0, np.int64)
-    return _rows(arr, width)[idx].view(dtype).ravel().astype(np.int64)
 
 
 def transaction_handles(arr: np.ndarray, run: EntryRun) -> np.ndarray | None:
@@ -99,17 +80,6 @@ def counted_entries(arr: np.ndarray, run: EntryRun) -> np.ndarray:
     return counted
 
 
-def splice(source: bytes | bytearray, starts: np.ndarray, lengths: np.ndarray) -> bytes:
-    """The concatenation of ``source[starts[i] : starts[i] + lengths[i]]`` for every i, with one index array and
-    one numpy gather instead of a slice per piece (how batches are re-addressed without a per-entry loop)."""
-    lengths = lengths.astype(np.int64)
-    total = int(lengths.sum())
-    dst = np.cumsum(lengths) - lengths
-    index_type = np.int32 if len(source) < (1 << 31) and total < (1 << 31) else np.int64  # half the memory traffic
-    idx = np.repeat((starts.astype(np.int64) - dst).astype(index_type), lengths) + np.arange(total, dtype=index_type)
-    return np.frombuffer(source, np.uint8)[idx].tobytes()
-
-
 def split_entries(buffer: bytes, limit_bytes: int) -> list[tuple[bytes, int]]:
     """``buffer`` cut at entry boundaries into (chunk, entry count) of at most ``limit_bytes`` each (an entry
     bigger than the limit is a chunk of its own: whoever stores it decides what to do with it)."""
@@ -128,28 +98,6 @@ def split_entries(buffer: bytes, limit_bytes: int) -> list[tuple[bytes, int]]:
     if count:
         chunks.append((buffer[start:pos], count))
     return chunks
-
-
-def _header_dtype() -> np.dtype:
-    """ENTRY_HEADER as a numpy record type (same struct, so the layout is still declared once)."""
-    codes = {"i": ">i4", "q": ">i8", "4s": "S4"}
-    fmt = ENTRY_HEADER.format.lstrip(">")
-    tokens = []
-    while fmt:
-        tok = "4s" if fmt.startswith("4s") else fmt[0]
-        tokens.append(codes[tok])
-        fmt = fmt[len(tok) :]
-    dt = np.dtype(list(zip(EntryHeader._fields, tokens, strict=True)))
-    assert dt.itemsize == ENTRY_HEADER.size, dt.itemsize
-    return dt
-
-
-HEADER_DTYPE = _header_dtype()
-
-
-def headers(arr: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The 88-byte fixed headers of the entries at ``positions``, as one record array (one row copy each)."""
-    return _rows(arr, ENTRY_HEADER.size)[positions].view(HEADER_DTYPE).ravel()
 
 
 @dataclass
@@ -282,7 +230,7 @@ def _proven(arr: np.ndarray, p: np.ndarray, start: int, limit: int) -> bool:
     gaps = np.diff(p)
     if p.size == 0 or p[0] != start or p[-1] + MIN_ENTRY_SIZE > limit or (gaps < MIN_ENTRY_SIZE).any():
         return False
-    heads = _rows(arr, 8)[p].view(">i4")  # (TOTALSIZE, MAGIC) of each entry
+    heads = row_view(arr, 8)[p].view(">i4")  # (TOTALSIZE, MAGIC) of each entry
     totals = heads[:, 0].astype(np.int64)
     return bool((heads[:, 1] == MESSAGE_MAGIC).all() and (totals[:-1] == gaps).all() and p[-1] + totals[-1] == limit)
 

@@ -33,7 +33,7 @@ class Share:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class TxnDecision:
     txn_id: str
     commit: bool
     participants: tuple[Share, ...] = ()  # sorted by broker name; empty for ABORT
@@ -50,15 +50,15 @@ class Decision:
                 return s
         return None
 
-    def stamped(self, now_ms: int | None = None) -> Decision:
-        return Decision(self.txn_id, self.commit, self.participants, now_ms if now_ms is not None else _now_ms())
+    def stamped(self, now_ms: int | None = None) -> TxnDecision:
+        return TxnDecision(self.txn_id, self.commit, self.participants, now_ms if now_ms is not None else _now_ms())
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def make_decision(txn_id: str, commit: bool, shares: Iterable[Share] = ()) -> Decision:
+def make_decision(txn_id: str, commit: bool, shares: Iterable[Share] = ()) -> TxnDecision:
     """A checked decision: InvalidArgumentError naming what is out of bounds."""
     check_transaction_id(txn_id)
     participants = tuple(sorted(shares, key=lambda s: s.broker_name))
@@ -90,4 +90,4 @@ def make_decision(txn_id: str, commit: bool, shares: Iterable[Share] = ()) -> De
                 f"decision of {txn_id!r}: the attempts of {s.broker_name!r} must be non-empty ids without ',' and "
                 f"fit {MAX_ATTEMPTS_PROPERTY_CHARS} characters"
             )
-    return Decision(txn_id, commit, participants)
+    return TxnDecision(txn_id, commit, participants)

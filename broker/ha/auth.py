@@ -11,9 +11,9 @@ a recorded exchange cannot be replayed and a stranger can pose as neither slave 
   ``HMAC-SHA256(secret, "sluice-ha-v1 master" | slave nonce | master nonce)``, which the slave checks the same way
   before it writes a byte it receives.
 
-Without a secret (an endpoint on a loopback address only, settings.py refuses any other) the proofs are empty and
-the group name in Hello is the only check. The proofs do not encrypt the stream: the broker's TLS settings do
-(broker/server/tls.py), with mutual TLS when tls_client_auth is require.
+Without a secret (an endpoint on a loopback address only, replication_settings.py refuses any other) the proofs are
+empty and the group name in Hello is the only check. The proofs do not encrypt the stream: the broker's TLS settings do
+(broker/server/server_tls.py), with mutual TLS when tls_client_auth is require.
 """
 
 from __future__ import annotations

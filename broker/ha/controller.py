@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 from broker.errors import BrokerError
 from broker.ha.etcd_client import (
-    Compare,
     CoordinationError,
     Etcd,
     EtcdAuthError,
@@ -45,6 +44,7 @@ from broker.ha.etcd_client import (
     EtcdTlsError,
     KeyValue,
     Put,
+    RevisionCondition,
 )
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class Controller:
         if state is None:
             new = GroupState(1, self.broker_id, frozenset({self.broker_id}), self.member["address"],
                              self.member["haAddress"])  # fmt: skip
-            compare = [Compare(self.state_key, "CREATE", 0), Compare(self.master_key, "CREATE", 0)]
+            compare = [RevisionCondition(self.state_key, "CREATE", 0), RevisionCondition(self.master_key, "CREATE", 0)]
         else:
             eligible = self.broker_id in state.in_sync
             if not eligible and self.allow_unclean:
@@ -231,7 +231,8 @@ class Controller:
             new = GroupState(state.epoch + 1, self.broker_id, in_sync, self.member["address"],
                              self.member["haAddress"])  # fmt: skip
             assert state_kv is not None
-            compare = [Compare(self.state_key, "MOD", state_kv.mod_revision), Compare(self.master_key, "CREATE", 0)]
+            compare = [RevisionCondition(self.state_key, "MOD", state_kv.mod_revision),
+                       RevisionCondition(self.master_key, "CREATE", 0)]
         won = self.etcd.transaction(compare, [
             Put(self.state_key, new.to_json()),
             Put(self.master_key, {"brokerId": self.broker_id, "epoch": new.epoch}, self.lease),
@@ -272,7 +273,7 @@ class Controller:
                     if state.in_sync == members:
                         return True
                     new = GroupState(epoch, self.broker_id, members, state.master_address, state.master_ha_address)
-                    if self.etcd.transaction([Compare(self.state_key, "MOD", kv.mod_revision)],
+                    if self.etcd.transaction([RevisionCondition(self.state_key, "MOD", kv.mod_revision)],
                                              [Put(self.state_key, new.to_json())]):  # fmt: skip
                         self.state = new
                         return True

@@ -105,7 +105,7 @@ class Put:
             self.request["lease"] = str(lease)
 
 
-class Compare:
+class RevisionCondition:
     """One condition of a transaction on a key's revision: ``mod`` (last change) or ``create`` (0: absent)."""
 
     def __init__(self, key: str, target: str, revision: int) -> None:
@@ -242,7 +242,7 @@ class Etcd:
     def delete(self, key: str) -> None:
         self._post("/kv/deleterange", {"key": _b64(key)})
 
-    def transaction(self, compare: list[Compare], success: list[Put]) -> bool:
+    def transaction(self, compare: list[RevisionCondition], success: list[Put]) -> bool:
         """Apply every put when every comparison holds, atomically; whether they held."""
         body = {"compare": [c.request for c in compare], "success": [{"request_put": p.request} for p in success]}
         return bool(self._post("/kv/txn", body).get("succeeded", False))

@@ -74,7 +74,7 @@ def from_config(
     endpoints: tuple[tuple[str, int], ...], read_files: bool = True,
 ) -> EtcdSecurity:  # fmt: skip
     """The settings, checked; InvalidArgumentError naming the first that cannot work."""
-    from broker.ha.settings import is_loopback
+    from broker.ha.replication_settings import is_loopback
 
     given = {"etcd_ca_file": ca_file, "etcd_cert_file": cert_file, "etcd_key_file": key_file, "etcd_user": user,
              "etcd_password_file": password_file}  # fmt: skip

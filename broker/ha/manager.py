@@ -4,11 +4,12 @@ runs. The broker controller builds it once the store runs; everything else in br
 Roles:
 
 * **master** (classic ASYNC_MASTER / SYNC_MASTER, or elected in controller mode): takes writes; its replication
-  endpoint (master.py) streams the log to the slaves; its in-sync set (in_sync.py) tracks them, gives the confirmed
-  offset, and holds acknowledgements when it waits for replicas (gate.py); its config files go to the slaves
-  (metadata_sync.py); the broker's delay and transaction services run.
-* **slave**: the follower (slave.py) copies the master's log; writes are refused (gate.py); reads stop at the
-  master's confirmed offset (read_limit.py); the delay and transaction services do not run (they would write).
+  endpoint (master_endpoint.py) streams the log to the slaves; its in-sync set (in_sync.py) tracks them, gives the
+  confirmed offset, and holds acknowledgements when it waits for replicas (replication_gate.py); its config files go
+  to the slaves (metadata_sync.py); the broker's delay and transaction services run.
+* **slave**: the slave fetcher (slave_fetcher.py) copies the master's log; writes are refused (replication_gate.py);
+  reads stop at the master's confirmed offset (read_limit.py); the delay and transaction services do not run (they would
+  write).
 * **none yet** (controller mode, until etcd says): as a slave, without a master to follow.
 
 Taking office (``_become_master``): stop following, let the dispatcher finish (the index is then complete, so
@@ -37,21 +38,21 @@ from typing import Any
 import grpc
 
 from broker.errors import ServiceNotAvailableError
-from broker.ha import gate as gate_rules
+from broker.ha import replication_gate as gate_rules
 from broker.ha.changes import Changes
 from broker.ha.controller import Controller, ControllerHooks, GroupState
 from broker.ha.epoch_file import EpochFile
 from broker.ha.etcd_client import Etcd
 from broker.ha.in_sync import InSyncSet, monotonic_ms
-from broker.ha.master import QUEUE_KEY_SEPARATOR, ReplicationServicer
+from broker.ha.master_endpoint import QUEUE_KEY_SEPARATOR, MasterEndpoint
 from broker.ha.metadata_sync import MetadataSink, MetadataSource
 from broker.ha.read_limit import ReadLimit
-from broker.ha.settings import MAX_REPLICAS, SLAVE, ReplicationSettings
-from broker.ha.slave import Follower
+from broker.ha.replication_settings import MAX_REPLICAS, SLAVE, ReplicationSettings
+from broker.ha.slave_fetcher import SlaveFetcher
 from broker.json_file import load_json, write_json_atomic
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.server.broker_identity import BrokerIdentity
-from broker.server.tls import add_port
+from broker.server.server_tls import add_port
 from broker.store import truncation
 from broker.store.message_store import MessageStore
 from broker.store.truncation import Truncation
@@ -110,7 +111,7 @@ class ReplicationManager:
         self.changes = Changes()
         self.metadata = MetadataSource(str(store.config.config_dir), hooks.save_config)
         self.sink = MetadataSink(str(store.config.config_dir), hooks.replace_config, store.max_phys_offset)
-        self.follower = Follower(self)
+        self.slave_fetcher = SlaveFetcher(self)
         self.role = ""
         self.epoch = 0
         self._known_epoch = self.epochs.last_epoch
@@ -133,8 +134,8 @@ class ReplicationManager:
             ("grpc.max_receive_message_length", HA_GRPC_MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", HA_GRPC_MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0),
         ])  # fmt: skip
-        self.servicer = ReplicationServicer(self)
-        hpb_grpc.add_ReplicationServicer_to_server(self.servicer, server)
+        self.master_endpoint = MasterEndpoint(self)
+        hpb_grpc.add_ReplicationServicer_to_server(self.master_endpoint, server)
         host, port = self.settings.ha_listen
         try:
             self.ha_port = add_port(server, f"{host}:{port}", self.settings.tls, "the replication endpoint")
@@ -159,7 +160,7 @@ class ReplicationManager:
             self.controller.start()
         elif s.role == SLAVE:
             self.role = SLAVE_ROLE
-            self.follower.start()
+            self.slave_fetcher.start()
         else:
             if self.epochs.last_epoch < CLASSIC_EPOCH:
                 self.epochs.append(CLASSIC_EPOCH, self.store.max_phys_offset())
@@ -186,7 +187,7 @@ class ReplicationManager:
             self.role = ""
             if self.in_sync is not None:
                 self.in_sync.close()
-        self.follower.stop()
+        self.slave_fetcher.stop()
         if self.controller is not None:
             self.controller.stop()
         if self.server is not None:
@@ -197,7 +198,7 @@ class ReplicationManager:
 
     # ------------------------------------------------------------------------------------------ roles
     def _become_master(self, epoch: int, members: frozenset[int]) -> None:
-        self.follower.stop()  # outside the lock: the follower's thread may be waiting for it
+        self.slave_fetcher.stop()  # outside the lock: the fetcher's thread may be waiting for it
         with self._lock:
             if self._stop.is_set():
                 return
@@ -232,7 +233,7 @@ class ReplicationManager:
             if self.role != MASTER or in_sync is None:
                 return
             in_sync.review()
-            self.servicer.sweep()
+            self.master_endpoint.sweep()
             self._stop.wait(REVIEW_INTERVAL_S)
 
     def _follow(self, state: GroupState) -> None:
@@ -246,11 +247,11 @@ class ReplicationManager:
             first = self.role != SLAVE_ROLE
             self.role = SLAVE_ROLE
         if first:
-            self.follower.start()
+            self.slave_fetcher.start()
             self.hooks.role_changed()
         elif changed:
             log.warning("the group's master is now broker %d (epoch %d); following it", state.master, state.epoch)
-            self.follower.reconnect()
+            self.slave_fetcher.reconnect()
 
     def _elected(self, state: GroupState) -> None:
         """From the controller's thread, which must go on refreshing the lease: taking office (the dispatcher's
@@ -286,7 +287,7 @@ class ReplicationManager:
     def identity_text(self) -> str:
         return f"broker {self.identity.broker_name}/{self.own_broker_id} at {self.identity.address}"
 
-    # ------------------------------------------------------------------------------------------ for the follower
+    # ------------------------------------------------------------------------------------------ for the slave fetcher
     def known_epoch(self) -> int:
         return max(self._known_epoch, self.epochs.last_epoch)
 
@@ -394,7 +395,7 @@ class ReplicationManager:
         if self.role == MASTER and in_sync is not None:
             return Status(MASTER, self.epoch, True, 0, in_sync.confirmed,
                           0 if self.controller is not None else self.own_broker_id)  # fmt: skip
-        f = self.follower
+        f = self.slave_fetcher
         lag = max(0, f.master_max_offset - self.store.max_phys_offset()) if f.connected_to else -1
         return Status(self.role, self.known_epoch(), f.in_sync and bool(f.connected_to), lag,
                       self.read_limit.confirmed_offset(), self.own_broker_id)  # fmt: skip

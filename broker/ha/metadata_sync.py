@@ -109,7 +109,7 @@ class MetadataSource:
 
 
 class MetadataSink:
-    """The slave's side: writes what the master sent and has the managers reload it. Used from the follower's
+    """The slave's side: writes what the master sent and has the managers reload it. Used from the slave fetcher's
     thread only."""
 
     def __init__(self, config_dir: str, replace: Callable[[str, dict[str, Any]], bool],

@@ -1,4 +1,4 @@
-"""Replication handshakes whose peer has not proved the group's secret yet (between Open and Join, master.py).
+"""Replication handshakes whose peer has not proved the group's secret yet (between Open and Join, master_endpoint.py).
 
 They live apart from the replica sessions and hold nothing but the Hello and the master's nonce: an Open costs the
 master one small entry, changes no state and takes no replica slot. The table is bounded three ways, so strangers
@@ -28,8 +28,8 @@ from broker.ha import auth
 from broker.proto import ha_pb2 as hpb
 
 # A replica opens one handshake and joins it a few milliseconds later (Open and Join are back to back in
-# slave.Follower). Four leave room for replicas of one group sharing a host, and for a retry after a lost answer,
-# while a stranger on one address holds no more than four entries.
+# slave_fetcher.SlaveFetcher). Four leave room for replicas of one group sharing a host, and for a retry after a lost
+# answer, while a stranger on one address holds no more than four entries.
 MAX_UNPROVEN_PER_SOURCE = 4
 # In all: 64 distinct source addresses at their limit.
 MAX_UNPROVEN = 256

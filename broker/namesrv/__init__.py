@@ -5,7 +5,7 @@ rebuilt within one registration interval (30 s) of a restart. Several name serve
 talking to each other; every broker registers with all of them, and clients try them in turn.
 """
 
+from broker.namesrv.name_server import DEFAULT_NAMESRV_PORT, NameServer
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
-from broker.namesrv.server import DEFAULT_NAMESRV_PORT, NameServer
 
 __all__ = ["DEFAULT_BROKER_EXPIRE_MS", "DEFAULT_NAMESRV_PORT", "NameServer", "RouteTable"]

@@ -103,7 +103,7 @@ class Registration:
 
 
 @dataclass(frozen=True)
-class TopicRoute:
+class TopicRouteEntry:
     """A topic's queues per broker name, and the addresses of each of those broker groups by broker id."""
 
     queues: dict[str, QueueSpec]  # broker name -> queues
@@ -266,7 +266,7 @@ class RouteTable:
         return gone
 
     # ---------------------------------------------------------------------------------------------- reads
-    def route(self, topic: str, now_ms: int) -> TopicRoute:
+    def route(self, topic: str, now_ms: int) -> TopicRouteEntry:
         check_topic(topic)
         with self._lock:
             self._expire_locked(now_ms)
@@ -289,7 +289,7 @@ class RouteTable:
                     remoting[name] = served
         if not queues:
             raise TopicNotExistError(f"no live broker holds topic {topic!r}")
-        return TopicRoute(queues, brokers, remoting)
+        return TopicRouteEntry(queues, brokers, remoting)
 
     def brokers(self, now_ms: int) -> list[BrokerSummary]:
         """Every live broker (its registration without the topic table, and how many topics it holds)."""

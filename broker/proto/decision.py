@@ -4,11 +4,11 @@ the one form it travels and is stored in (``coordinator.proto``)."""
 from __future__ import annotations
 
 from broker.errors import InvalidArgumentError
-from broker.format.txn_decision import ABORT, COMMIT, Decision, Share, make_decision
+from broker.format.txn_decision import ABORT, COMMIT, Share, TxnDecision, make_decision
 from broker.proto import coordinator_pb2 as cpb
 
 
-def to_pb(d: Decision) -> cpb.TransactionDecision:
+def to_pb(d: TxnDecision) -> cpb.TransactionDecision:
     return cpb.TransactionDecision(
         transaction_id=d.txn_id, outcome=d.outcome, decided_ms=d.decided_ms,
         participants=[cpb.ParticipantShare(broker_name=s.broker_name, committed_attempts=list(s.committed_attempts),
@@ -16,7 +16,7 @@ def to_pb(d: Decision) -> cpb.TransactionDecision:
     )  # fmt: skip
 
 
-def from_pb(m: cpb.TransactionDecision) -> Decision:
+def from_pb(m: cpb.TransactionDecision) -> TxnDecision:
     """A decision from its message, checked as ``make_decision`` checks (InvalidArgumentError)."""
     if m.outcome not in (COMMIT, ABORT):
         raise InvalidArgumentError(

@@ -8,8 +8,8 @@ import grpc
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
 from broker.client.namesrv_client import NameServerClient
-from broker.rmqv2.route import RouteSource
-from broker.rmqv2.service import Backend, MessagingService
+from broker.rmqv2.messaging_service import Backend, MessagingService
+from broker.rmqv2.route_answers import RouteSource
 from broker.semantics.delay import DelayLevels
 from broker.semantics.pop import PopService
 from broker.semantics.pop_log import PopLog

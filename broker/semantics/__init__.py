@@ -11,8 +11,8 @@ from broker.semantics.subscription_group import SubscriptionGroupConfig, Subscri
 from broker.semantics.transaction import (
     EndResult,
     TransactionError,
-    TransactionInfo,
     TransactionService,
+    TransactionSummary,
     TxState,
     TxStatus,
 )
@@ -28,7 +28,7 @@ __all__ = [
     "SubscriptionGroupConfig",
     "SubscriptionGroupManager",
     "TransactionError",
-    "TransactionInfo",
+    "TransactionSummary",
     "TransactionService",
     "TxState",
     "TxStatus",

@@ -58,7 +58,7 @@ from broker.errors import InvalidArgumentError
 from broker.format.message import Prop
 from broker.format.system_topics import TRANS_DECISION_TOPIC, TRANS_READER_GROUP
 from broker.format.transaction_codec import check_transaction_id
-from broker.format.txn_decision import Decision, make_decision
+from broker.format.txn_decision import TxnDecision, make_decision
 from broker.json_file import load_json, write_json_atomic
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto.decision import from_pb, to_pb
@@ -78,8 +78,8 @@ DISPATCH_WAIT_S = 30.0
 
 
 @dataclass(slots=True)
-class _Entry:
-    decision: Decision
+class _LoggedDecision:
+    decision: TxnDecision
     queue_offset: int  # where the decision lies in the decision queue
 
 
@@ -95,7 +95,7 @@ class DecisionLog:
         self.retention_ms = retention_ms
         self.max_decisions = max_decisions
         self._lock = threading.Lock()  # also serialises records: the check for an earlier decision and the put
-        self._table: dict[str, _Entry] = {}  # in the order recorded, so the earliest are first
+        self._table: dict[str, _LoggedDecision] = {}  # in the order recorded, so the earliest are first
         self._ids: list[str] = []  # the table's ids, sorted: prefix queries
         self._next_persist = 0.0
         self.forgotten_early = 0  # decisions forgotten within the retention time (past max_decisions)
@@ -107,14 +107,14 @@ class DecisionLog:
         if not self.store.wait_dispatched(DISPATCH_WAIT_S):
             raise TransactionError(f"the store's dispatcher did not reach the commit-log end in {DISPATCH_WAIT_S} s")
         scan_from = load_json(self.path, lambda raw: int(raw["scanFrom"])) or 0
-        table: dict[str, _Entry] = {}
+        table: dict[str, _LoggedDecision] = {}
         for offset, body in self._scan(scan_from):
             try:
                 d = from_pb(cpb.TransactionDecision.FromString(body))
             except (DecodeError, InvalidArgumentError) as e:  # written by this module: a bug, not a reason to stop
                 log.error("decision at offset %d of %s cannot be read (%s); skipped", offset, TRANS_DECISION_TOPIC, e)
                 continue
-            table.setdefault(d.txn_id, _Entry(d, offset))  # the first decision stands
+            table.setdefault(d.txn_id, _LoggedDecision(d, offset))  # the first decision stands
         with self._lock:
             self._table = table
             self._forget(_now_ms())
@@ -127,12 +127,12 @@ class DecisionLog:
 
     # ------------------------------------------------------------------------------------------ decisions
 
-    def get(self, txn_id: str) -> Decision | None:
+    def get(self, txn_id: str) -> TxnDecision | None:
         with self._lock:
             e = self._table.get(txn_id)
         return None if e is None else e.decision
 
-    def record(self, decision: Decision) -> Decision:
+    def record(self, decision: TxnDecision) -> TxnDecision:
         """Record ``decision`` unless one stands; returns the decision that stands, on disk."""
         with self._lock:
             e = self._table.get(decision.txn_id)
@@ -157,14 +157,16 @@ class DecisionLog:
         self._maybe_persist()
         return stamped
 
-    def query(self, txn_ids: Sequence[str] = (), prefix: str = "", *, abort_undecided: bool = False) -> list[Decision]:
+    def query(
+        self, txn_ids: Sequence[str] = (), prefix: str = "", *, abort_undecided: bool = False
+    ) -> list[TxnDecision]:
         """Decisions of ``txn_ids`` (with abort_undecided: each undecided one decided ABORT first) and of every
         transaction whose id starts with ``prefix`` (empty: none), sorted by id."""
         if len(txn_ids) > MAX_QUERY_IDS:
             raise InvalidArgumentError(f"{len(txn_ids)} transactions named in one query; at most {MAX_QUERY_IDS}")
         for txn_id in txn_ids:
             check_transaction_id(txn_id)
-        found: dict[str, Decision] = {}
+        found: dict[str, TxnDecision] = {}
         for txn_id in txn_ids:
             d = self.get(txn_id)
             if d is None and abort_undecided:
@@ -176,7 +178,7 @@ class DecisionLog:
                 found[d.txn_id] = d
         return [found[k] for k in sorted(found)]
 
-    def _with_prefix(self, prefix: str) -> list[Decision]:
+    def _with_prefix(self, prefix: str) -> list[TxnDecision]:
         with self._lock:
             lo = bisect.bisect_left(self._ids, prefix)
             hi = lo
@@ -194,7 +196,7 @@ class DecisionLog:
 
     # ------------------------------------------------------------------------------------------ table
 
-    def _add(self, d: Decision, queue_offset: int) -> None:
+    def _add(self, d: TxnDecision, queue_offset: int) -> None:
         """Under _lock."""
         if len(self._table) >= self.max_decisions:
             self._drop_earliest()
@@ -202,7 +204,7 @@ class DecisionLog:
             if self.forgotten_early in (1, 10) or self.forgotten_early % 1000 == 0:
                 log.warning("%d transaction decisions kept, this broker's limit; forgot the earliest (%d so far "
                             "within the retention time)", self.max_decisions, self.forgotten_early)  # fmt: skip
-        self._table[d.txn_id] = _Entry(d, queue_offset)
+        self._table[d.txn_id] = _LoggedDecision(d, queue_offset)
         bisect.insort(self._ids, d.txn_id)
 
     def _drop_earliest(self) -> None:

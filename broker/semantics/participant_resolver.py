@@ -26,7 +26,7 @@ from collections.abc import Callable
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.format.message import StoredMessage
 from broker.format.transaction_codec import COORDINATOR
-from broker.format.txn_decision import Decision
+from broker.format.txn_decision import TxnDecision
 from broker.semantics.decision_log import MAX_QUERY_IDS
 from broker.semantics.transaction import TransactionService
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 COORDINATOR_PROPERTY = COORDINATOR  # on a half: the broker that keeps its transaction's decision
 DEFAULT_MAX_PENDING = 100_000
 # (coordinator broker name, transaction ids, abort_undecided) -> the decisions that stand among them
-Ask = Callable[[str, list[str], bool], list[Decision]]
+Ask = Callable[[str, list[str], bool], list[TxnDecision]]
 
 
 class ParticipantResolver:
@@ -118,7 +118,7 @@ class ParticipantResolver:
                 applied += sum(self.apply(d) for d in decisions if d.txn_id in wanted)
         return applied
 
-    def apply(self, d: Decision) -> bool:
+    def apply(self, d: TxnDecision) -> bool:
         """End this broker's part of ``d``; True when it is ended (now or before)."""
         share = d.share(self.broker_name) if d.commit else None
         try:

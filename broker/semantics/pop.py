@@ -80,7 +80,7 @@ DISPATCH_LAG_WAIT_S = 0.2  # how long a pop that found nothing waits for a dispa
 
 
 @dataclass
-class PoppedMessage:
+class PopDelivery:
     message: StoredMessage
     handle: str
     attempt: int  # delivery attempt, from 1 (stored reconsume times included)
@@ -181,7 +181,7 @@ class PopService:
                 f"invisible time {invisible_ms} ms is outside {minimum}..{self.max_invisible_ms} ms"
             )
 
-    def pop(self, req: PopRequest, time_remaining_s: float | None = None) -> list[PoppedMessage]:
+    def pop(self, req: PopRequest, time_remaining_s: float | None = None) -> list[PopDelivery]:
         """Up to ``max_msgs`` messages, each invisible to the group for ``invisible_ms`` (or auto-renewed); waits up
         to ``long_poll_ms`` when none is there."""
         self._admit()
@@ -255,7 +255,7 @@ class PopService:
             finally:
                 self._unwatch(req.topic, event)
 
-    def _remember_attempt(self, req: PopRequest, found: list[PoppedMessage]) -> None:
+    def _remember_attempt(self, req: PopRequest, found: list[PopDelivery]) -> None:
         assert self.codec is not None
         batch = []
         for p in found:
@@ -266,7 +266,7 @@ class PopService:
             while len(self._attempts) > MAX_ATTEMPT_IDS:
                 self._attempts.popitem(last=False)
 
-    def _same_attempt(self, req: PopRequest) -> list[PoppedMessage]:
+    def _same_attempt(self, req: PopRequest) -> list[PopDelivery]:
         """The deliveries an earlier receive with this attempt id got, when every one is still current (its answer
         was lost and the client asks again); else nothing, and the receive goes on as a new one."""
         with self._lock:
@@ -296,10 +296,10 @@ class PopService:
     def _pop_once(
         self, req: PopRequest, queue_count: int, selector: Callable[[StoredMessage], bool] | None,
         tags: frozenset[str] | None,
-    ) -> tuple[list[PoppedMessage], int | None]:  # fmt: skip
+    ) -> tuple[list[PopDelivery], int | None]:  # fmt: skip
         cfg = self.groups.get(req.group)
         fifo, max_attempts = cfg.consume_message_orderly, cfg.retry_max_times + 1
-        out: list[PoppedMessage] = []
+        out: list[PopDelivery] = []
         next_due: int | None = None
         with self._lock:
             for queue_id in self._queues(req, queue_count):
@@ -331,10 +331,10 @@ class PopService:
         r = self.book.queues[key].records[offset]
         return self.codec.encode(key[0], key[1], Handle(key[2], offset, r.seq, r.visible_at_ms)), r.visible_at_ms
 
-    def _popped(self, key: QueueKey, offset: int, msg: StoredMessage, entry: bytes | None = None) -> PoppedMessage:
+    def _popped(self, key: QueueKey, offset: int, msg: StoredMessage, entry: bytes | None = None) -> PopDelivery:
         handle, until = self._handle(key, offset)
         attempts = self.book.queues[key].records[offset].attempts
-        return PoppedMessage(msg, handle, max(msg.reconsume_times, 0) + attempts, until, entry)
+        return PopDelivery(msg, handle, max(msg.reconsume_times, 0) + attempts, until, entry)
 
     def _lookup(self, key: QueueKey, offset: int, clo: int) -> StoredMessage | None:
         msg = self.store.lookup_message(clo)
@@ -342,7 +342,7 @@ class PopService:
             return None  # expired (or the topic was deleted and made again)
         return msg
 
-    def _redeliver(self, key: QueueKey, req: PopRequest, now: int, fifo: bool) -> list[PoppedMessage]:
+    def _redeliver(self, key: QueueKey, req: PopRequest, now: int, fifo: bool) -> list[PopDelivery]:
         due = self.book.due(key, now, fifo)[: req.max_msgs]
         if not due:
             return []
@@ -367,7 +367,7 @@ class PopService:
     def _read_new(
         self, key: QueueKey, req: PopRequest, now: int, fifo: bool, selector: Callable[[StoredMessage], bool] | None,
         tags: frozenset[str] | None, limit: int,
-    ) -> list[PoppedMessage]:  # fmt: skip
+    ) -> list[PopDelivery]:  # fmt: skip
         q = self.book.queues[key]
         room = self.max_inflight_per_queue - len(q.records)
         if room <= 0:
@@ -457,7 +457,7 @@ class PopService:
             except BrokerError as e:
                 log.info("releasing an undelivered message of %s/%s: %s", group, topic, e.message)
 
-    def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> PoppedMessage:
+    def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> PopDelivery:
         """A new invisible time from now; returns the message's new handle (the old one is superseded)."""
         self._check_invisible(invisible_ms, 0)
         key, h = self._decode(group, topic, handle)
@@ -472,7 +472,7 @@ class PopService:
         self._settle()
         if msg is None:
             raise InvalidArgumentError(f"message {topic}/{h.queue_id}@{h.offset} no longer exists (expired)")
-        return PoppedMessage(msg, new_handle, max(msg.reconsume_times, 0) + r.attempts, until)
+        return PopDelivery(msg, new_handle, max(msg.reconsume_times, 0) + r.attempts, until)
 
     def forward_to_dlq(self, group: str, topic: str, handle: str) -> str:
         """Store the message a current handle names in %DLQ%{group}, then end it (RocketMQ 5's

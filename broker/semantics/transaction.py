@@ -71,7 +71,7 @@ from broker.semantics.transaction_table import (
     HalvesGoneError,
     Resolver,
     TransactionError,
-    TransactionInfo,
+    TransactionSummary,
     TxState,
     TxStatus,
 )
@@ -125,7 +125,7 @@ __all__ = [
     "MessageIllegalError",
     "Resolver",
     "TransactionError",
-    "TransactionInfo",
+    "TransactionSummary",
     "TransactionService",
     "TxState",
     "TxStatus",

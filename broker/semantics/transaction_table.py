@@ -143,7 +143,7 @@ class TxnRecord:
 
 
 @dataclass(frozen=True)
-class TransactionInfo:
+class TransactionSummary:
     txn_id: str
     producer_group: str
     status: TxStatus
@@ -270,7 +270,7 @@ class TransactionTable:
             txn.single_puts = 0
         txn.drop_tables()
 
-    def _info(self, t: TxnRecord, open_slices: Mapping[int, OpenSlice] | None = None) -> TransactionInfo:
+    def _info(self, t: TxnRecord, open_slices: Mapping[int, OpenSlice] | None = None) -> TransactionSummary:
         """``open_slices`` (txn_visibility, by handle): for a transaction writing in place, whose count is its
         messages, not its slice records, and which holds back the queues it writes to."""
         count = t.decided_count() if t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) else len(t.halves)
@@ -282,7 +282,7 @@ class TransactionTable:
             for s in mine:
                 for key, first in s.first_offsets.items():
                     held[key] = min(held.get(key, first), first)
-        return TransactionInfo(
+        return TransactionSummary(
             t.txn_id,
             t.producer_group,
             t.status,
@@ -298,12 +298,12 @@ class TransactionTable:
     def _open_slices(self) -> dict[int, OpenSlice]:
         return {s.handle: s for s in self.store.txn_visibility.open_slices()}
 
-    def transaction(self, txn_id: str) -> TransactionInfo | None:
+    def transaction(self, txn_id: str) -> TransactionSummary | None:
         with self._lock:
             t = self._txns.get(txn_id)
             return None if t is None else self._info(t)
 
-    def list_transactions(self, prefix: str = "", status: TxStatus | None = None) -> list[TransactionInfo]:
+    def list_transactions(self, prefix: str = "", status: TxStatus | None = None) -> list[TransactionSummary]:
         open_slices = self._open_slices()
         with self._lock:
             return [

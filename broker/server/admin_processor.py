@@ -40,7 +40,7 @@ class GroupSummary:
 
 
 @dataclass
-class QueueLag:
+class GroupQueueLag:
     topic: str
     queue_id: int
     broker_offset: int
@@ -178,7 +178,7 @@ class AdminProcessor:
             )
         return [GroupSummary(g, live.get(g, (0, []))[0], sorted(ts)) for g, ts in sorted(topics.items())]
 
-    def consumer_lag(self, group: str, topic: str = "") -> list[QueueLag]:
+    def consumer_lag(self, group: str, topic: str = "") -> list[GroupQueueLag]:
         validate_group(group)
         if not self.offsets.has_group(group) and not self.consumers.has_group(group):
             raise SubscriptionGroupNotExistError(
@@ -191,7 +191,7 @@ class AdminProcessor:
         # the group's offsets may name topics other members read: only those the caller may read are shown
         return self.lags(group, [t for t in found if allowed(Operation.GROUP_LAG, group=group, topic=t)])
 
-    def lags(self, group: str, topics: Iterable[str]) -> list[QueueLag]:
+    def lags(self, group: str, topics: Iterable[str]) -> list[GroupQueueLag]:
         """Per-queue lag of ``group`` on ``topics``, unchecked: the metrics gauge asks it of every (group, topic)
         with offsets, and consumer_lag's group check scans the offset table (per pair, that is quadratic)."""
         lags = []
@@ -204,7 +204,7 @@ class AdminProcessor:
                 max_offset = self.store.max_offset(t, qid)
                 consumer_offset = committed.get(qid, -1)
                 base = consumer_offset if consumer_offset >= 0 else self.store.min_offset(t, qid)
-                lags.append(QueueLag(t, qid, max_offset, consumer_offset, max(max_offset - base, 0)))
+                lags.append(GroupQueueLag(t, qid, max_offset, consumer_offset, max(max_offset - base, 0)))
         return lags
 
     # ------------------------------------------------------------------------------------------------ queries

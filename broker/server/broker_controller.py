@@ -20,7 +20,7 @@ import grpc
 
 from broker.address import check_port_free, format_address
 from broker.auth.accounts import USERS_FILE, Accounts, root_user
-from broker.auth.admin import AccountsAdmin
+from broker.auth.accounts_admin import AccountsAdmin
 from broker.auth.gate import AuthGate, AuthSettings
 from broker.auth.held_streams import UserStreams
 from broker.auth.http_basic import metrics_access
@@ -32,9 +32,9 @@ from broker.config import BrokerConfig, parse_host_port
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.format.message import StoredMessage
 from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
-from broker.ha.gate import ReplicationGate
 from broker.ha.manager import BrokerHooks, ReplicationManager
-from broker.ha.metrics import register_replication_metrics
+from broker.ha.replication_gate import ReplicationGate
+from broker.ha.replication_metrics import register_replication_metrics
 from broker.namesrv.route_table import Runtime
 from broker.proto import HTTP2_MAX_FRAME_BYTES
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
@@ -65,7 +65,8 @@ from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.auth_lookup import BrokerLookup
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
-from broker.server.call_stream import PULL_MESSAGE_METHOD, SEND_MESSAGE_METHOD, CallStreams, through_interceptors
+from broker.server.broker_service import BrokerService
+from broker.server.call_streams import PULL_MESSAGE_METHOD, SEND_MESSAGE_METHOD, CallStreams, through_interceptors
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.coordinator_service import CoordinatorService, coordinator_asker
@@ -78,8 +79,7 @@ from broker.server.request_guard import MalformedRequestGuard
 from broker.server.retry_processor import RetryProcessor
 from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
-from broker.server.service import BrokerService
-from broker.server.tls import add_port
+from broker.server.server_tls import add_port
 from broker.server.topic_config import TopicConfigManager
 from broker.server.transaction_processor import CheckHub, TransactionProcessor
 from broker.store import MessageStore
@@ -172,7 +172,7 @@ class BrokerController:
 
     def _held_elsewhere(self) -> int:
         """Calls other than held pulls that hold a gRPC worker: check and Telemetry streams, send and pull streams
-        between two requests (call_stream.py), held pops."""
+        between two requests (call_streams.py), held pops."""
         pops = self.pops.held_count() if self.pops is not None else 0
         streams = self.call_streams.waiting_count()
         return self.check_hub.open_count() + self.rmqv2_clients.open_count() + streams + pops

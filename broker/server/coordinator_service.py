@@ -20,7 +20,7 @@ import grpc
 from broker.auth.operations import Operation, authorize
 from broker.client.coordinator import CoordinatorClient
 from broker.errors import BrokerError, ResponseCode, ServiceNotAvailableError
-from broker.format.txn_decision import Decision
+from broker.format.txn_decision import TxnDecision
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto.decision import from_pb, to_pb
@@ -96,7 +96,7 @@ class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
 def coordinator_asker(decisions: DecisionLog, broker_name: str, client: CoordinatorClient | None) -> Ask:
     """The participant resolver's ``ask``: this broker's own decisions, or another broker's through ``client``."""
 
-    def ask(coordinator: str, txn_ids: list[str], abort_undecided: bool) -> list[Decision]:
+    def ask(coordinator: str, txn_ids: list[str], abort_undecided: bool) -> list[TxnDecision]:
         if coordinator == broker_name:
             return decisions.query(txn_ids, abort_undecided=abort_undecided)
         if client is None:

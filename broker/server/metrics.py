@@ -7,7 +7,7 @@ Every series of a broker carries its ``cluster`` and ``broker`` (broker name) la
 scraping every broker of a cluster can sum a figure over a cluster or tell the brokers apart without relabelling
 (RocketMQ's exporter labels its series with cluster and brokerName the same way).
 
-With the broker's TLS settings the port serves HTTPS with the broker's certificate (broker/server/tls.py): the
+With the broker's TLS settings the port serves HTTPS with the broker's certificate (broker/server/server_tls.py): the
 metrics name every topic and group, which is worth keeping from whoever listens on the network. With auth on, a
 scrape needs a user's credentials by HTTP Basic and Get on the Cluster (broker/auth/http_basic.py).
 
@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from broker.server.tls import ServerTls
+    from broker.server.server_tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ def _bounded(base: type[ThreadingHTTPServer], bounds: _Bounds) -> type[Threading
 
 def _https_server(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls: ServerTls,
                   bounds: _Bounds) -> ThreadingHTTPServer:  # fmt: skip
-    from broker.server.tls import HttpsWrapper
+    from broker.server.server_tls import HttpsWrapper
 
     wrapper = HttpsWrapper(tls)
 

@@ -33,7 +33,7 @@ from broker.server.metrics import BrokerMetrics
 from broker.server.pull_hold import PullHoldService
 from broker.server.topic_config import TopicConfigManager
 from broker.store import GetStatus, MessageStore
-from broker.store.results import GetResult
+from broker.store.store_results import GetResult
 
 FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = "FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"
 # Held pulls answer this long before the caller's gRPC deadline so the answer is not lost to it.

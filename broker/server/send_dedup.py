@@ -39,7 +39,7 @@ from broker.format.message import BODY_START, I32, POS_BODY_LENGTH, Prop
 from broker.format.system_topics import SCHEDULE_TOPIC
 from broker.format.transaction_codec import raw_property
 from broker.store import MessageStore, PutStatus
-from broker.store.results import PutResult
+from broker.store.store_results import PutResult
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class SendDeduplicator:
             raise SystemBusyError("the store is indexing a backlog; retry the send later")
         begin_ms = int(time.time() * 1000) - self.window_ms
         for topic in (key.topic, SCHEDULE_TOPIC):  # a delayed message is stored in the schedule topic first
-            # unconfirmed copies too: the answer then waits for the in-sync replicas (broker/ha/gate.py)
+            # unconfirmed copies too: the answer then waits for the in-sync replicas (broker/ha/replication_gate.py)
             hits = self.store.query_by_key(topic, key.uniq_key, max_num=1, begin_ms=begin_ms, confirmed_only=False)
             if hits:
                 return self._result_from(hits[0].commitlog_offset, uniq_keys)

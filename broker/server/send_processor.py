@@ -32,7 +32,7 @@ from broker.semantics.timer import TimerService
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
-from broker.store.results import PutResult
+from broker.store.store_results import PutResult
 
 # Put statuses that mean "stored, but durability not confirmed": answered with a SendStatus, not an error.
 STORED_STATUSES = {PutStatus.PUT_OK: "SEND_OK", PutStatus.FLUSH_DISK_TIMEOUT: "FLUSH_DISK_TIMEOUT"}

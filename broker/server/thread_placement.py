@@ -20,9 +20,9 @@ SCHED_BATCH it runs once the holder blocks, when the GIL is free. Native threads
 Some Python threads run apart, on the other CPUs under the normal policy. The SYNC_FLUSH flusher
 (``broker/store/flush.py``, GroupCommitService): its work is one fdatasync after another, whose kernel CPU would
 take the writers' CPU, and the disk's answer must wake it promptly, not wait behind writers that may not be
-preempted; it takes the GIL twice per sync, not per message, so its hand-offs cost little. A slave's follower
-(``broker/ha/slave.py``) and the master's replication endpoint threads: most of their work runs without the GIL
-(gRPC's C core receiving a 4 MiB chunk, the CRC kernel, the ``pwrite``), yet pinned the follower took turns with
+preempted; it takes the GIL twice per sync, not per message, so its hand-offs cost little. A slave's fetcher
+(``broker/ha/slave_fetcher.py``) and the master's replication endpoint threads: most of their work runs without the GIL
+(gRPC's C core receiving a 4 MiB chunk, the CRC kernel, the ``pwrite``), yet pinned the fetcher took turns with
 the slave's dispatcher on one CPU, and a SYNC_MASTER waits for it. docs/decisions.md has the measurements of each.
 
 ``python_cpus`` (broker config / ``--python-cpus``): ``auto`` pins the Python threads to the lowest CPU this
@@ -39,7 +39,7 @@ import threading
 
 from broker.errors import InvalidArgumentError
 from broker.ha.manager import HA_SERVER_THREAD_PREFIX
-from broker.ha.slave import FOLLOWER_THREAD_NAME
+from broker.ha.slave_fetcher import SLAVE_FETCHER_THREAD_NAME
 from broker.store.flush import GroupCommitService
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,9 @@ RECONCILE_INTERVAL_S = 1.0  # how long a new thread may run unplaced; each pass 
 PYTHON_POLICY = os.SCHED_BATCH  # no wake-up preemption among GIL sharers (module docstring)
 NATIVE_POLICY = os.SCHED_OTHER  # a native thread created by a Python one inherits SCHED_BATCH: undone
 # Python threads that run apart from the others, on the CPUs not given to Python (module docstring): the SYNC_FLUSH
-# flusher, whose work is one fdatasync after another, a slave's follower, whose work is mostly outside the GIL, and
+# flusher, whose work is one fdatasync after another, a slave's fetcher, whose work is mostly outside the GIL, and
 # the threads of the master's replication endpoint (by name prefix: a thread pool numbers them).
-APART_THREADS = frozenset({GroupCommitService.name, FOLLOWER_THREAD_NAME})
+APART_THREADS = frozenset({GroupCommitService.name, SLAVE_FETCHER_THREAD_NAME})
 APART_PREFIXES = (f"{HA_SERVER_THREAD_PREFIX}_",)
 
 

@@ -32,7 +32,7 @@ from broker.errors import InvalidArgumentError, SystemBusyError, shown
 from broker.format.message import Prop, StoredMessage
 from broker.format.send_checks import validate_producer_group
 from broker.proto import sluice_pb2 as pb
-from broker.semantics import EndResult, TransactionInfo, TransactionService, TxState, TxStatus
+from broker.semantics import EndResult, TransactionService, TransactionSummary, TxState, TxStatus
 from broker.server.admin_processor import encode_stored
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def _end_response(r: EndResult) -> pb.EndTransactionResponse:
                                      half_count=r.half_count, complete=r.complete)  # fmt: skip
 
 
-def _info(t: TransactionInfo) -> pb.TransactionInfo:
+def _info(t: TransactionSummary) -> pb.TransactionInfo:
     return pb.TransactionInfo(
         transaction_id=t.txn_id, producer_group=t.producer_group, status=t.status.value, half_count=t.half_count,
         first_store_ms=t.first_store_ms, last_activity_ms=t.last_activity_ms, check_times=t.check_times,

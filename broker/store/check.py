@@ -16,8 +16,8 @@ import numpy as np
 
 from broker.format.batch import Buffer, counted_entries, scan
 from broker.store.consume_queue import CQ_DTYPE
-from broker.store.dispatcher import message_keys
 from broker.store.index_file import INDEX_HEADER, index_key, key_hash
+from broker.store.property_scan import message_keys
 
 if TYPE_CHECKING:
     from broker.store.message_store import MessageStore
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 MAX_PROBLEMS = 200  # a broken store can produce millions of lines; the first ones say enough
 
 
-class _Entry(NamedTuple):
+class _LogEntry(NamedTuple):
     topic: str
     queue_id: int
     queue_offset: int
@@ -52,8 +52,8 @@ def check_store(store: MessageStore) -> list[str]:
     return problems[:MAX_PROBLEMS]
 
 
-def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _Entry]:
-    entries: dict[int, _Entry] = {}
+def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _LogEntry]:
+    entries: dict[int, _LogEntry] = {}
     last_ts = 0
     next_qoff: dict[tuple[str, int], int] = {}
     files = store.commit_log.files.files
@@ -84,7 +84,7 @@ def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _En
             if deleted:
                 counted = False  # an entry of a since-deleted topic: its queue numbering started over
             keys = message_keys(props[i]) if props[i] else []
-            entries[phys] = _Entry(
+            entries[phys] = _LogEntry(
                 topic, qid, qoff, int(run.sizes[i]), store.dispatcher.unit_tag(topic, qid, props[i], ts),
                 counted, frozenset(key_hash(index_key(topic, k)) for k in keys), deleted,
             )  # fmt: skip
@@ -110,7 +110,7 @@ def _phys_fields(buf: Buffer, positions: np.ndarray) -> list[int]:
     return [int(x) for x in out]
 
 
-def _check_queues(store: MessageStore, entries: dict[int, _Entry], problems: list[str]) -> None:
+def _check_queues(store: MessageStore, entries: dict[int, _LogEntry], problems: list[str]) -> None:
     cl_min = store.commit_log.min_offset
     covered: set[int] = set()
     for (topic, qid), cq in sorted(store.queues.queues.items()):
@@ -165,7 +165,7 @@ def _check_queues(store: MessageStore, entries: dict[int, _Entry], problems: lis
             return
 
 
-def _check_index(store: MessageStore, entries: dict[int, _Entry], problems: list[str]) -> None:
+def _check_index(store: MessageStore, entries: dict[int, _LogEntry], problems: list[str]) -> None:
     if store.index is None:
         return
     cl_min = store.commit_log.min_offset

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from broker.format.numbers import is_ascii_digits
 from broker.store.commit_log import CommitLog
-from broker.store.config import StoreConfig
-from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
+from broker.store.consume_queue_table import ConsumeQueueTable
+from broker.store.dispatcher import Dispatcher
 from broker.store.flush import ServiceThread
 from broker.store.index_file import IndexService
+from broker.store.store_config import StoreConfig
 
 log = logging.getLogger(__name__)
 

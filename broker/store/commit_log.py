@@ -42,9 +42,9 @@ from broker.format.message import (
     pack_ipv4,
     parse_layout,
 )
-from broker.store.config import StoreConfig
 from broker.store.directory import fsync_directory
 from broker.store.mapped_file import MappedFile, MappedFileQueue
+from broker.store.store_config import StoreConfig
 
 _QUEUE_AND_PHYS = struct.Struct(">qq")  # QUEUEOFFSET then PHYSICALOFFSET: adjacent in the entry header
 assert POS_QUEUE_OFFSET + 8 == 28

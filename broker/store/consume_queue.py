@@ -33,9 +33,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from broker.store.config import CQ_UNIT_SIZE
 from broker.store.directory import fsync_directory
 from broker.store.mapped_file import MappedFile, MappedFileQueue
+from broker.store.store_config import CQ_UNIT_SIZE
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,6 @@ earlier point.
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.errors import CorruptionError
-from broker.format.batch import Buffer, EntryRun, queue_keys, rows_at, scan, transaction_handles
+from broker.format.batch import Buffer, EntryRun, queue_keys, scan, transaction_handles
 from broker.format.message import (
     BLANK_MAGIC,
     H_PREPARED_TX_OFFSET,
@@ -29,7 +27,6 @@ from broker.format.message import (
     H_STORE_TIMESTAMP,
     H_SYS_FLAG,
     PREFIX,
-    Prop,
     SysFlag,
     decode_entry,
     is_topic_name,
@@ -40,9 +37,26 @@ from broker.format.message import (
 )
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
-from broker.store.directory import fsync_directory
+from broker.store.consume_queue_table import ConsumeQueueTable
 from broker.store.index_file import IndexService
 from broker.store.mapped_file import MappedFile
+from broker.store.property_scan import (
+    INDEXED_NAME_ENDS,
+    KEYS_NAME,
+    SEP_TAGS,
+    SEP_TAGS_LEN,
+    TAG_NAME_END,
+    TAGS_LEN,
+    TAGS_NAME,
+    UNIQ_NAME,
+    contains,
+    may_have_keys,
+    message_keys,
+    names_may_occur,
+    property_value,
+    same_bytes,
+    uniq_tails,
+)
 from broker.store.txn_visibility import MARKER_TOPIC, TxnVisibility, markers_in
 
 log = logging.getLogger(__name__)
@@ -56,55 +70,9 @@ DISPATCH_CHUNK_BYTES = 8 * 1024 * 1024
 # 64 entries (12.5 KB) 3.0 us per entry scalar against 5.0 vectorised, 128 (25 KB) 2.8 against 4.0, 512 (100 KB)
 # 2.5 against 1.6. Single puts from many writers arrive in passes of this size (32 SYNC writers: 17-30 a pass).
 SCALAR_DISPATCH_BYTES = 32 * 1024
-_TAGS = (Prop.TAGS + "\x01").encode()
-_KEYS = (Prop.KEYS + "\x01").encode()
-_UNIQ = (Prop.UNIQ_KEY + "\x01").encode()
-_SEP_TAGS = b"\x02" + _TAGS
-# The 4 bytes before the \x01 that ends each name the dispatcher parses (TAGS; KEYS and UNIQ_KEY when indexing).
-_TAG_NAME_END = np.frombuffer(b"TAGS", "<u4")
-_INDEXED_NAME_ENDS = np.frombuffer(b"TAGSKEYS_KEY", "<u4")
 # From this many bytes a run is searched for those names in one numpy pass (names_may_occur) instead of one
 # bytes.find per name: 37 against 58 us at 32 KB, 2.3 against 5.2 ms at 4 MB (EO sink's half entries).
 CENSUS_MIN_BYTES = 16 * 1024
-assert Prop.TAGS[-4:] == "TAGS" and Prop.KEYS[-4:] == "KEYS" and Prop.UNIQ_KEY[-4:] == "_KEY", "name ends above"
-UNIQ_KEY_CHARS = 32  # a producer's UNIQ_KEY: 32 hex characters (broker/client/producer.py, UniqKeys)
-_UNIQ_TAIL_BYTES = len(_UNIQ) + UNIQ_KEY_CHARS + 1  # UNIQ_KEY\x01 <32 characters> \x02
-_UNIQ_NAME = np.frombuffer(_UNIQ, np.uint8)
-_TAGS_LEN = len(_TAGS)
-_SEP_TAGS_LEN = len(_SEP_TAGS)
-
-
-def property_value(props: bytes, name: bytes) -> bytes | None:
-    """The raw value of one property (``name`` ends with \\x01) without decoding the others."""
-    if props.startswith(name):
-        i = len(name)
-    else:
-        i = props.find(b"\x02" + name)
-        if i < 0:
-            return None
-        i += len(name) + 1
-    j = props.find(b"\x02", i)
-    return props[i : j if j >= 0 else len(props)]
-
-
-def message_keys(props: bytes) -> list[str]:
-    """KEYS (space-separated) and UNIQ_KEY: what the index holds for a message."""
-    keys: list[str] = []
-    raw = property_value(props, _KEYS)
-    if raw:
-        keys.extend(k for k in raw.decode("utf-8", "replace").split(" ") if k)
-    uniq = property_value(props, _UNIQ)
-    if uniq:
-        keys.append(uniq.decode("utf-8", "replace"))
-    return keys
-
-
-def may_have_keys(props: bytes) -> bool:
-    """False when ``props`` certainly holds neither KEYS nor UNIQ_KEY (message_keys would return []): one bytes
-    search each instead of parsing, for the common message without keys."""
-    return _KEYS in props or _UNIQ in props
-
-
 # Distinct tags seen are remembered up to this many (tags are few in practice: a cache, not a table).
 MAX_CACHED_TAGS = 4096
 
@@ -124,51 +92,6 @@ class DispatchHint:
     run: EntryRun  # positions relative to the file, queue offsets and store time filled in
     key_ids: np.ndarray
     keys: list[tuple[str, int]]
-
-
-class ConsumeQueueTable:
-    """Every consume queue, by (topic, queue id); created on first use."""
-
-    def __init__(
-        self,
-        root: str,
-        file_size: int,
-        sync: Callable[[int], None],
-        sync_dir: Callable[[str], None] = fsync_directory,
-        allocate: Callable[[int, int, int], None] = os.posix_fallocate,
-    ) -> None:
-        self.root = root
-        self.file_size = file_size
-        self._sync = sync
-        self._sync_dir = sync_dir
-        self._allocate = allocate  # reserves consume-queue blocks as units are written
-        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
-        self.lock = threading.Lock()
-
-    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self.queues.get((topic, queue_id))
-
-    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            with self.lock:
-                cq = self.queues.get((topic, queue_id))
-                if cq is None:
-                    cq = ConsumeQueue(
-                        self.root, topic, queue_id, self.file_size, self._sync, self._sync_dir, self._allocate
-                    )
-                    self.queues = {**self.queues, (topic, queue_id): cq}
-        return cq
-
-    def remove_topic(self, topic: str) -> list[ConsumeQueue]:
-        return self.remove(lambda key: key[0] == topic)
-
-    def remove(self, which: Callable[[tuple[str, int]], bool]) -> list[ConsumeQueue]:
-        """Take the queues whose (topic, queue id) ``which`` accepts out of the table; the caller destroys them."""
-        with self.lock:
-            gone = {k: cq for k, cq in self.queues.items() if which(k)}  # asked once per key: it may read files
-            self.queues = {k: cq for k, cq in self.queues.items() if k not in gone}
-        return list(gone.values())
 
 
 class Dispatcher:
@@ -497,14 +420,14 @@ class Dispatcher:
         proves no entry there has a tag code or index keys to parse. A few KB are searched once per name; a long
         run in one numpy pass over its \x01 bytes (names_may_occur), about 3x faster than three searches."""
         if end - start >= CENSUS_MIN_BYTES:
-            return names_may_occur(buf, start, end, _INDEXED_NAME_ENDS if self.index is not None else _TAG_NAME_END)
-        if _contains(buf, _TAGS, start, end):
+            return names_may_occur(buf, start, end, INDEXED_NAME_ENDS if self.index is not None else TAG_NAME_END)
+        if contains(buf, TAGS_NAME, start, end):
             return True
-        return self.index is not None and (_contains(buf, _KEYS, start, end) or _contains(buf, _UNIQ, start, end))
+        return self.index is not None and (contains(buf, KEYS_NAME, start, end) or contains(buf, UNIQ_NAME, start, end))
 
     def _tag_code(self, props: bytes) -> int:
         """The consume-queue tag field for one message's raw properties (tag_hash_code of its TAGS, 0 if none)."""
-        tag = property_value(props, _TAGS)
+        tag = property_value(props, TAGS_NAME)
         if not tag:
             return 0
         code = self._tag_codes.get(tag)
@@ -533,14 +456,14 @@ class Dispatcher:
         # batch of 1,000 x 1 KiB, 2026-11-28) and would find the names a shape's sections hold anyway.
         starts = run.props_starts[with_props]
         lengths = run.props_lengths[with_props]
-        same = _same_bytes(buf, starts, lengths)
+        same = same_bytes(buf, starts, lengths)
         if same is not None:
             tags[with_props] = self._tag_code(same)
             if want_keys and may_have_keys(same):
                 shared = message_keys(same)
                 keyed = [(i, shared) for i in with_props.tolist()] if shared else []
             return tags, keyed
-        tailed = _uniq_tails(buf, starts, lengths)
+        tailed = uniq_tails(buf, starts, lengths)
         if tailed is not None:  # a producer's batch: one shared prefix, then each message's own UNIQ_KEY
             prefix, uniq_keys = tailed
             tags[with_props] = self._tag_code(prefix)
@@ -559,18 +482,18 @@ class Dispatcher:
         ends = (starts + lengths).tolist()
         for i, a, b in zip(with_props.tolist(), starts.tolist(), ends, strict=True):
             p = bytes(buf[a:b])
-            if p.startswith(_TAGS):
-                j = _TAGS_LEN
+            if p.startswith(TAGS_NAME):
+                j = TAGS_LEN
             else:
-                j = p.find(_SEP_TAGS)
-                j = j + _SEP_TAGS_LEN if j >= 0 else -1
+                j = p.find(SEP_TAGS)
+                j = j + SEP_TAGS_LEN if j >= 0 else -1
             if j < 0:
                 codes.append(0)
             else:
                 k = p.find(b"\x02", j)
                 code = cache.get(p[j:k] if k >= 0 else p[j:])
                 codes.append(code if code is not None else tag_code(p))
-            if want_keys and (_KEYS in p or _UNIQ in p):
+            if want_keys and (KEYS_NAME in p or UNIQ_NAME in p):
                 found = message_keys(p)
                 if found:
                     keyed.append((i, found))
@@ -646,69 +569,3 @@ class Dispatcher:
         else:  # not consecutive (damaged log): one unit at a time at its own position
             for q, u in zip(qoffs.tolist(), units, strict=True):
                 cq.put_units(q, u.tobytes())
-
-
-def _contains(buf: Buffer, needle: bytes, start: int, end: int) -> bool:
-    """Whether ``needle`` occurs in ``buf[start:end]``, searched in place when the buffer can (mmap, bytes)."""
-    if isinstance(buf, (bytes, bytearray, mmap.mmap)):
-        return buf.find(needle, start, end) >= 0
-    return needle in bytes(buf[start:end])
-
-
-def names_may_occur(buf: Buffer, start: int, end: int, name_ends: np.ndarray) -> bool:
-    """Whether some \x01 in ``buf[start:end]`` follows one of the 4-byte ``name_ends`` (little-endian uint32s).
-
-    A property name is always followed by \x01, so this is a superset of "one of the names occurs": "_KEY" stands
-    for UNIQ_KEY and also admits names such as MY_KEY, which only sends the run down the per-entry path. One
-    comparison over the bytes finds the \x01s (a few per entry), then one gather reads the 4 bytes before each.
-    """
-    arr = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
-    ends = np.flatnonzero(arr[4:] == 1)  # index i: a \x01 at i + 4, with 4 bytes before it
-    found = ends.size > 0 and bool(np.isin(rows_at(arr, ends, 4).view("<u4").ravel(), name_ends).any())
-    del arr  # the view holds an export of the mapped file (it could not be closed while one is alive)
-    return found
-
-
-def _uniq_tails(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> tuple[bytes, list[str]] | None:
-    """(shared prefix, UNIQ_KEY of each) when every properties section is one shared prefix followed by a UNIQ_KEY
-    of UNIQ_KEY_CHARS printable ASCII characters, last, as a Sluice producer appends it; else None. Then
-    ``message_keys`` of each section is the prefix's keys and its UNIQ_KEY (the prefix holds no UNIQ_KEY name, so
-    the tail's is the first), found with a few numpy comparisons instead of parsing every section."""
-    prefix_lengths = lengths - _UNIQ_TAIL_BYTES
-    if (prefix_lengths < 0).any():
-        return None
-    arr = np.frombuffer(buf, np.uint8)
-    tails = rows_at(arr, starts + prefix_lengths, _UNIQ_TAIL_BYTES)
-    del arr
-    values = tails[:, len(_UNIQ) : -1]
-    if not ((tails[:, : len(_UNIQ)] == _UNIQ_NAME).all() and (tails[:, -1] == 2).all()):
-        return None
-    if ((values < 0x20) | (values >= 0x7F)).any():  # separators, other controls or UTF-8: the parsing path
-        return None
-    if (prefix_lengths == 0).all():
-        prefix = b""
-    else:
-        same = _same_bytes(buf, starts, prefix_lengths)
-        if same is None or not same.endswith(b"\x02") or same.startswith(_UNIQ) or b"\x02" + _UNIQ in same:
-            return None
-        prefix = same
-    text = values.tobytes().decode("ascii")
-    return prefix, [text[k : k + UNIQ_KEY_CHARS] for k in range(0, len(text), UNIQ_KEY_CHARS)]
-
-
-def _same_bytes(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> bytes | None:
-    """The bytes at every (start, length) when they are all the same, else None (no per-entry Python loop)."""
-    width = int(lengths[0])
-    first = bytes(buf[int(starts[0]) : int(starts[0]) + width])
-    last = int(starts[-1])
-    if bytes(buf[last : last + int(lengths[-1])]) != first:  # cheap early exit for the varied case
-        return None
-    if starts.size == 1:
-        return first
-    if (lengths != width).any():
-        return None
-    arr = np.frombuffer(buf, np.uint8)
-    rows = rows_at(arr, starts, width)
-    del arr
-    same = bool((rows == np.frombuffer(first, np.uint8)).all())
-    return first if same else None

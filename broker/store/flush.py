@@ -23,9 +23,10 @@ from collections.abc import Callable
 
 from broker.store.checkpoint import Checkpoint
 from broker.store.commit_log import CommitLog
-from broker.store.config import OS_PAGE_SIZE, StoreConfig
-from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
+from broker.store.consume_queue_table import ConsumeQueueTable
+from broker.store.dispatcher import Dispatcher
 from broker.store.index_file import IndexService
+from broker.store.store_config import OS_PAGE_SIZE, StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def flush_commit_log(commit_log: CommitLog, checkpoint: Checkpoint, on_error: Er
     return True
 
 
-class _Waiter:
+class _SyncWaiter:
     """One writer waiting for the group commit. ``wake`` is a plain lock held from creation and released once by
     the flusher when a sync covers the writer (an Event costs a Condition, a second lock and a deque per wait;
     measured to matter with dozens of writer threads)."""
@@ -153,7 +154,7 @@ class GroupCommitService(ServiceThread):
         self.checkpoint = checkpoint
         self.on_error = on_error
         self._lock = threading.Lock()
-        self._waiters: list[_Waiter] = []
+        self._waiters: list[_SyncWaiter] = []
         self._requested = 0  # highest end offset anyone asked to be flushed
         self._syncing = False  # the flusher is between being woken and finding nothing left to sync
         self.flushed = commit_log.flushed_offset
@@ -176,7 +177,7 @@ class GroupCommitService(ServiceThread):
             if self.failed:
                 return self.failed
             self._requested = max(self._requested, end_offset)
-            me = _Waiter(end_offset)
+            me = _SyncWaiter(end_offset)
             self._waiters.append(me)
             idle = not self._syncing
         if idle and self.stopped:  # queued as the flusher ended (shutdown): serve it here, not after the timeout

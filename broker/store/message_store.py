@@ -4,23 +4,24 @@ Owns the commit log, consume queues, index, checkpoint and the service threads (
 turns their outcomes into PutResult / GetResult statuses. Lifecycle: ``start()`` takes the ``lock`` file, recovers
 (abnormally if an ``abort`` file was left behind), writes ``abort``, starts the threads; ``shutdown()`` stops them,
 flushes everything, writes the checkpoint, removes ``abort`` and releases the lock.
+
+Its parts, each in a module of its own: when writes are refused (write_state.py), the dispatch thread
+(dispatch_service.py), one message's entry (single_entry.py), deleted topics (topic_deletions.py), lookups by key
+and time (message_search.py) and the lock file (store_lock.py).
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
-from broker import json_file  # the module, not its names: json_file imports broker.store.directory (a cycle)
-from broker.errors import InvalidArgumentError, MessageIllegalError, ServiceNotAvailableError, StoreLockedError
+from broker.errors import MessageIllegalError, ServiceNotAvailableError
 from broker.format.batch import (
     MAX_QUEUE_ID,
     EntryRun,
@@ -31,7 +32,6 @@ from broker.format.batch import (
 )
 from broker.format.message import (
     BODY_START,
-    END_FILE_MIN_BLANK_LENGTH,
     I32,
     I64,
     POS_BODY_LENGTH,
@@ -48,17 +48,17 @@ from broker.format.message import (
     takes_queue_offset,
     validate_topic,
 )
-from broker.format.single import Refusal, SingleEncoder
 from broker.store import truncation
 from broker.store.check import check_store
 from broker.store.checkpoint import Checkpoint
 from broker.store.cleanup import CleanupService
-from broker.store.commit_log import CommitLog, CreateMappedFileError, now_ms
-from broker.store.config import StoreConfig
+from broker.store.commit_log import CommitLog, CreateMappedFileError
 from broker.store.consume_queue import ConsumeQueue, VisibilityHold
+from broker.store.consume_queue_table import ConsumeQueueTable
 from broker.store.directory import make_dirs
 from broker.store.disk_reserve import DiskReserve
-from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable, Dispatcher, DispatchHint
+from broker.store.dispatch_service import DispatchService
+from broker.store.dispatcher import ArrivalListener, Dispatcher, DispatchHint
 from broker.store.faults import FaultInjector
 from broker.store.flush import (
     AsyncFlushService,
@@ -68,79 +68,24 @@ from broker.store.flush import (
     flush_commit_log,
 )
 from broker.store.index_file import IndexService
+from broker.store.message_search import earliest_message_time, offset_by_time, query_by_key
 from broker.store.queue_reader import QueueReader
 from broker.store.recovery import RecoveryReport, recover
-from broker.store.results import GetResult, GetStatus, PutResult, PutStatus
+from broker.store.single_entry import SingleEntryEncoder
+from broker.store.store_config import StoreConfig
+from broker.store.store_lock import StoreLock
+from broker.store.store_results import GetResult, GetStatus, PutResult, PutStatus
+from broker.store.topic_deletions import TopicDeletions
 from broker.store.txn_visibility import TxnVisibility, state_path
+from broker.store.write_state import WriteState
 
 log = logging.getLogger(__name__)
 
 # A caller may ask for more than max_transfer_bytes_per_get, but never more than this in one get: the buffer is
 # built in memory and shipped in one response.
 MAX_BYTES_PER_GET = 64 * 1024 * 1024
-# Bodies in one query-by-key answer, for the same reason: 4096 messages of 4 MiB would otherwise be 16 GiB.
-QUERY_MAX_BYTES = 64 * 1024 * 1024
-QUERY_MAX_CANDIDATES = 65_536  # index entries one key query may read messages for (hash collisions, time edges)
 # check() waits this long for the dispatcher to reach the end of the commit log.
 CHECK_DISPATCH_WAIT_S = 10.0
-# After a dispatch pass fails with an OSError (ENOSPC creating a consume-queue file...), the next try waits this
-# long, doubling per failure in a row up to the maximum.
-DISPATCH_BACKOFF_MIN_S = 0.01
-DISPATCH_BACKOFF_MAX_S = 1.0
-# After an ENOSPC, writes resume once the file system has room for the next commit-log file and this much more:
-# the consume-queue and index files of what is written next need a little too.
-DISK_FULL_MARGIN_BYTES = 1 << 20
-
-
-class DispatchService(ServiceThread):
-    name = "reput-dispatch"
-
-    def __init__(self, dispatcher: Dispatcher, interval_ms: int, on_state: Callable[[str], None],
-                 release_space: Callable[[], bool]) -> None:  # fmt: skip
-        super().__init__()
-        self.dispatcher = dispatcher
-        self.release_space = release_space  # frees the disk reserve on ENOSPC; True if it did
-        self.interval_s = interval_ms / 1000
-        self.backoff_s = 0.0  # after an OSError: the pause before the next try, doubled per failure in a row
-        self.on_state = on_state  # told why dispatch fails, and "" once a pass succeeds again
-
-    def run_once(self) -> None:
-        try:
-            self.dispatcher.dispatch_available()
-        except OSError as e:
-            if e.errno == errno.ENOSPC and self.release_space():
-                return  # room was made: the next pass tries again at once
-            # A full disk or a failing one lasts: retrying every interval would write an error line each time
-            # (a thousand a second, onto that same disk). Puts' wakeups do not cut the pause short; stop() does.
-            self.backoff_s = min(max(2 * self.backoff_s, DISPATCH_BACKOFF_MIN_S), DISPATCH_BACKOFF_MAX_S)
-            log.error("dispatch failed: %s; retrying in %.2f s", e, self.backoff_s)
-            self.on_state(f"consume queues cannot be written ({e}); writes resume once dispatch succeeds")
-            self._stop.wait(self.backoff_s)
-            return
-        if self.backoff_s:
-            self.backoff_s = 0.0
-            self.on_state("")
-        # The pass went to the end of the log: no second look now (it would find nothing, and run before the pulls
-        # it just woke, on the same CPU). An append during the pass has set the wake-up, so this returns at once.
-        self.wait(self.interval_s)
-
-
-DELETED_TOPICS_FILE = "deletedTopics.json"  # in config/: {"deletedTopics": {topic: commit-log offset}}
-
-
-def _parse_deleted_topics(data: dict[str, object]) -> dict[str, int]:
-    table = data["deletedTopics"]
-    if not isinstance(table, dict):
-        raise TypeError(f"deletedTopics is a {type(table).__name__}, not a table")
-    out = {str(topic): int(offset) for topic, offset in table.items()}
-    for topic, offset in out.items():
-        try:
-            validate_topic(topic)  # it becomes a path when the topic is used again
-        except MessageIllegalError as e:
-            raise ValueError(e.message) from None
-        if offset < 0:
-            raise ValueError(f"deletion offset {offset} of topic {topic!r} is negative")
-    return out
 
 
 class MessageStore:
@@ -180,29 +125,22 @@ class MessageStore:
         self.dispatcher.txn = self.txn_visibility
         self.checkpoint: Checkpoint | None = None
         self.recovery_report: RecoveryReport | None = None
-        self._lock_fd = -1
+        self._lock = StoreLock(config.store_path, config.lock_path)
         self._running = False
-        self._disk_full = False
-        self._enospc = False  # an append met ENOSPC: refused until the next commit-log file fits (_set_disk_full)
-        self._disk_state_lock = threading.Lock()  # the cleanup thread's verdict vs an append's ENOSPC
+        self._counters = {"put_msgs": 0, "put_bytes": 0, "put_errors": 0, "get_msgs": 0, "get_bytes": 0, "gets": 0}
         self.disk_reserve = DiskReserve(config.store_path, config.disk_reserve_bytes)
-        self._write_error = ""
-        # Why the dispatcher cannot write consume queues ("" = it can). Puts are refused meanwhile, as RocketMQ's
-        # WRITE_LOGICS_QUEUE_ERROR bit does: acknowledged messages no consumer can see would only pile up.
-        self._dispatch_error = ""
+        self.write_state = WriteState(config, self.disk_reserve, self.dispatcher, self._counters)
         self._services: list[ServiceThread] = []
         self._group_commit: GroupCommitService | None = None
         self._async_flush: AsyncFlushService | None = None
         self._cq_flush: ConsumeQueueFlushService | None = None
         self._dispatch_service: DispatchService | None = None
         self.cleanup: CleanupService | None = None
-        self._single = SingleEncoder()
-        self._counters = {"put_msgs": 0, "put_bytes": 0, "put_errors": 0, "get_msgs": 0, "get_bytes": 0, "gets": 0}
-        # topic -> commit-log offset where it was last deleted: entries below belong to a deleted generation. On
-        # disk (DELETED_TOPICS_FILE), so recovery's re-dispatch skips them instead of bringing the topic back.
-        self.deleted_topics: dict[str, int] = {}
-        self.dispatcher.deleted_before = self.deleted_topics  # the same dict: loaded at start, grown by deletions
-        self._deleted_topics_lock = threading.Lock()  # one writer of the file at a time
+        self._encoder = SingleEntryEncoder(config, self.commit_log)
+        self.topic_deletions = TopicDeletions(config, self.commit_log, self.queues, self.dispatcher,
+                                              self.txn_visibility)  # fmt: skip
+        # topic -> commit-log offset where it was last deleted (topic_deletions.py), the dispatcher's dict too
+        self.deleted_topics = self.topic_deletions.table
         self._reader = QueueReader(self.commit_log, config.mapped_file_size_commit_log, self._counters)
         # A replicated group's confirmed offset (broker/ha/read_limit.py): readers see no entry ending past it.
         # None: everything written is readable (a broker on its own).
@@ -214,20 +152,20 @@ class MessageStore:
     def start(self) -> None:
         cfg = self.config
         new_dirs = make_dirs(cfg.store_path) + make_dirs(cfg.config_dir)
-        self._take_lock()
+        self._lock.take()
         try:
             abnormal = os.path.exists(cfg.abort_path)
             self.checkpoint = Checkpoint(cfg.checkpoint_path, self.faults.syncer("checkpoint"))
-            self._load_deleted_topics()  # before recovery: its re-dispatch must not bring deleted topics back
+            self.topic_deletions.load()  # before recovery: its re-dispatch must not bring deleted topics back
             cut = truncation.pending(cfg.store_path)
             if cut is not None and cut.reset:  # the log starts again: no deletion point names any of it
                 self.deleted_topics.clear()
-                self._save_deleted_topics()
+                self.topic_deletions.save()
             self.recovery_report = recover(
                 cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint, abnormal, cut
             )
             self.txn_visibility.save(self.commit_log.min_offset, force=True)  # the file exists from the first start
-            self._settle_deletions()
+            self.topic_deletions.settle()
             self.disk_reserve.make()  # after recovery, which may need the room more
             if abnormal or cut is not None:
                 self._sync_recovered_files()
@@ -241,7 +179,7 @@ class MessageStore:
                 self.faults.fsync_dir(d, "store-dir")
             self._start_services()
         except BaseException:
-            self._release_lock()
+            self._lock.release()
             raise
         self._running = True
 
@@ -254,38 +192,21 @@ class MessageStore:
                                index_offset=min(data.index_offset, end))  # fmt: skip
         truncation.done(self.config.store_path)
 
-    def _take_lock(self) -> None:
-        fd = os.open(self.config.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreLockedError(
-                f"store {self.config.store_path} is locked by another broker process (lock file "
-                f"{self.config.lock_path}); stop it or use another store directory"
-            ) from None
-        self._lock_fd = fd
-
-    def _release_lock(self) -> None:
-        if self._lock_fd >= 0:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-
     def _start_services(self) -> None:
         cfg = self.config
         assert self.checkpoint is not None
-        self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms, self._set_dispatch_error,
-                                                 self._release_reserve)  # fmt: skip
+        self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms,
+                                                 self.write_state.set_dispatch_error,
+                                                 self.write_state.release_reserve)  # fmt: skip
         if cfg.sync_flush:
-            self._group_commit = GroupCommitService(self.commit_log, self.checkpoint, self._on_io_error)
+            self._group_commit = GroupCommitService(self.commit_log, self.checkpoint, self.write_state.on_io_error)
         else:
-            self._async_flush = AsyncFlushService(cfg, self.commit_log, self.checkpoint, self._on_io_error)
+            self._async_flush = AsyncFlushService(cfg, self.commit_log, self.checkpoint, self.write_state.on_io_error)
         self._cq_flush = ConsumeQueueFlushService(
-            cfg, self.queues, self.index, self.dispatcher, self.checkpoint, self._on_io_error
+            cfg, self.queues, self.index, self.dispatcher, self.checkpoint, self.write_state.on_io_error
         )
         self.cleanup = CleanupService(
-            cfg, self.commit_log, self.queues, self.index, self.dispatcher, self._set_disk_full
+            cfg, self.commit_log, self.queues, self.index, self.dispatcher, self.write_state.set_disk_full
         )
         services: list[ServiceThread | None] = [
             self._dispatch_service, self._group_commit, self._async_flush, self._cq_flush, self.cleanup,
@@ -307,17 +228,17 @@ class MessageStore:
             assert self.checkpoint is not None
             # The commit log first: it holds the data, and the queues and index are rebuilt from it when a later
             # step fails (a consume-queue file that cannot be created, say).
-            log_flushed = flush_commit_log(self.commit_log, self.checkpoint, self._on_io_error)
+            log_flushed = flush_commit_log(self.commit_log, self.checkpoint, self.write_state.on_io_error)
             self.dispatcher.dispatch_available(notify=False)
             queues_flushed = self._cq_flush is not None and self._cq_flush.flush_all(final=True)
-            clean = log_flushed and queues_flushed and not self._write_error
+            clean = log_flushed and queues_flushed and not self.write_state.write_error
         finally:
             self._close_files()
             if clean:
                 os.unlink(self.config.abort_path)
             else:
                 log.error("store shut down after an I/O error; the next start recovers abnormally")
-            self._release_lock()
+            self._lock.release()
 
     def abandon(self) -> None:
         """Stop threads and close files without flushing or removing ``abort``: what a crash leaves behind.
@@ -329,7 +250,7 @@ class MessageStore:
         for s in reversed(self._services):
             s.stop()
         self._close_files()
-        self._release_lock()
+        self._lock.release()
 
     def _close_files(self) -> None:
         self.commit_log.close()
@@ -348,107 +269,20 @@ class MessageStore:
         self.shutdown()
 
     # ================================================================================================ state
-    def _on_io_error(self, reason: str) -> None:
-        if not self._write_error:
-            log.error("store is now read-only: %s", reason)
-        self._write_error = reason
-
-    def _set_disk_full(self, full: bool) -> None:
-        """The cleanup service's verdict from its disk probe (over disk_space_warning_level_ratio or not). A refusal
-        that came from an ENOSPC is lifted only once the next commit-log file fits (_room_for_next_file): below the
-        ratio is not enough on a disk too small for the ratio to matter, and sends would fail one by one."""
-        with self._disk_state_lock:
-            if not full and self._enospc and not self._room_for_next_file():
-                full = True
-            reserve = self.disk_reserve
-            if not full and reserve.size and not reserve.held:  # taken again only with room to spare
-                full = bool(self._dispatch_error) or not self._room_for_next_file(reserve.size) or not reserve.make()
-            if full != self._disk_full:
-                if full:
-                    log.error("disk use over %d%%: refusing writes (no file is deleted to make room)",
-                              self.config.disk_space_warning_level_ratio)  # fmt: skip
-                else:
-                    log.warning("disk has room again: accepting writes")
-            if not full:
-                self._enospc = False
-            self._disk_full = full
-
-    def _release_reserve(self) -> bool:
-        """Dispatch met ENOSPC: free the disk reserve for the units of messages already stored, and refuse new
-        writes, which must not take that room, until the reserve is taken again (_set_disk_full)."""
-        if not self.disk_reserve.release():
-            return False
-        with self._disk_state_lock:
-            self._disk_full = True
-        return True
-
-    def _room_for_next_file(self, more: int = 0) -> bool:
-        try:
-            free = shutil.disk_usage(self.config.store_path).free
-        except OSError:
-            return False
-        return free >= self.config.mapped_file_size_commit_log + DISK_FULL_MARGIN_BYTES + more
-
     @property
     def disk_full(self) -> bool:
         """Whether writes are refused for want of disk space (what the metrics and ``stats`` report)."""
-        return self._disk_full
-
-    def _set_dispatch_error(self, reason: str) -> None:
-        if reason and not self._dispatch_error:
-            log.error("refusing writes: %s", reason)
-        elif not reason and self._dispatch_error:
-            log.warning("dispatch works again: accepting writes")
-        self._dispatch_error = reason
+        return self.write_state.disk_full
 
     def is_writable(self) -> bool:
-        return (self._running and not self._disk_full and not self._write_error and not self._dispatch_error
-                and not self.dispatcher.stuck)  # fmt: skip
+        return self._running and self.write_state.writable()
 
     def _refusal(self) -> PutResult | None:
         if not self._running:
             return PutResult(
                 PutStatus.SERVICE_NOT_AVAILABLE, error="the store is not running (shut down or not started)"
             )
-        if self._disk_full and self.disk_reserve.size and not self.disk_reserve.held:
-            return PutResult(
-                PutStatus.SERVICE_NOT_AVAILABLE,
-                error="disk full: the store's disk reserve went to messages already stored; writes resume once "
-                "space is freed",
-            )
-        if self._disk_full and self._enospc:
-            return PutResult(
-                PutStatus.SERVICE_NOT_AVAILABLE,
-                error=f"disk full: the next commit-log file ({self.config.mapped_file_size_commit_log} bytes) does "
-                "not fit; writes resume once space is freed",
-            )
-        if self._disk_full:
-            return PutResult(
-                PutStatus.SERVICE_NOT_AVAILABLE,
-                error=f"disk is over {self.config.disk_space_warning_level_ratio}% full; writes resume once "
-                "expired files are deleted or space is freed",
-            )
-        if self._write_error:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=f"store is read-only: {self._write_error}")
-        if self._dispatch_error or self.dispatcher.stuck:  # stuck: the dispatcher says where, once, in the log
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._dispatch_error or self.dispatcher.stuck)
-        return None
-
-    def _append_failed(self, e: OSError | CreateMappedFileError) -> PutResult:
-        self._counters["put_errors"] += 1
-        if e.errno == errno.ENOSPC:
-            with self._disk_state_lock:
-                if not self._disk_full:
-                    log.error("disk full (%s): refusing writes until the next commit-log file fits", e)
-                self._enospc = True
-                self._disk_full = True  # the cleanup service's next disk probe lifts this once space is back
-            return PutResult(
-                PutStatus.SERVICE_NOT_AVAILABLE, error=f"disk full: {e}; writes resume once space is freed"
-            )
-        if isinstance(e, CreateMappedFileError):
-            return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=e.message)
-        self._on_io_error(f"commit log write failed: {e}")
-        return PutResult(PutStatus.UNKNOWN_ERROR, error=f"commit log write failed: {e}")
+        return self.write_state.refusal()
 
     def notify_appended(self) -> None:
         """New entries are in the commit log: the dispatcher makes them visible now, not at its next idle look
@@ -490,7 +324,7 @@ class MessageStore:
         refused = self._refusal()
         if refused is not None:
             return refused
-        encoded = self._encode_single(
+        encoded = self._encoder.encode(
             topic, queue_id, body, properties, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
             born_host=born_host, reconsume_times=reconsume_times,
             prepared_transaction_offset=prepared_transaction_offset,
@@ -502,7 +336,7 @@ class MessageStore:
         try:
             phys, qoff, ts = self.commit_log.append_entry(entry, topic, queue_id, counted)
         except (OSError, CreateMappedFileError) as e:
-            return self._append_failed(e)
+            return self.write_state.append_failed(e)
         except ServiceNotAvailableError as e:  # shutdown began while this put waited for the lock
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=e.message)
         self._counters["put_msgs"] += 1
@@ -520,38 +354,6 @@ class MessageStore:
             wrote_bytes=len(entry),
             error=why,
         )
-
-    def _encode_single(
-        self,
-        topic: str,
-        queue_id: int,
-        body: bytes,
-        properties: Mapping[str, str] | None,
-        *,
-        flag: int,
-        sys_flag: int,
-        born_timestamp: int,
-        born_host: tuple[str, int],
-        reconsume_times: int,
-        prepared_transaction_offset: int,
-    ) -> bytearray | PutResult:
-        """The encoded entry (queue offset, physical offset, store time still zero), or the PutResult saying why not."""
-        entry = self._single.encode(
-            topic, queue_id, body, properties, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
-            born_host=born_host, reconsume_times=reconsume_times,
-            prepared_transaction_offset=prepared_transaction_offset, store_ip=self.commit_log.store_ip,
-            store_port=self.commit_log.store_port, max_message_size=self.config.max_message_size, now_ms=now_ms,
-        )  # fmt: skip
-        if isinstance(entry, Refusal):
-            status = PutStatus.PROPERTIES_SIZE_EXCEEDED if entry.properties_too_large else PutStatus.MESSAGE_ILLEGAL
-            return PutResult(status, error=entry.reason)
-        if len(entry) + END_FILE_MIN_BLANK_LENGTH > self.config.mapped_file_size_commit_log:
-            return PutResult(
-                PutStatus.MESSAGE_ILLEGAL,
-                error=f"MESSAGE_SIZE_EXCEEDED: the entry is {len(entry)} bytes and cannot fit one commit-log file of "
-                f"{self.config.mapped_file_size_commit_log} bytes; shrink the body or properties",
-            )
-        return entry
 
     def msg_id_prefix(self) -> str:
         return msg_id_prefix_of(self.commit_log.store_ip, self.commit_log.store_port)
@@ -600,7 +402,7 @@ class MessageStore:
                 queue_ids = batch.run.queue_ids.tolist()
                 data = batch.data
         except (OSError, CreateMappedFileError) as e:
-            return self._append_failed(e)
+            return self.write_state.append_failed(e)
         except ServiceNotAvailableError as e:  # shutdown began while this put waited for the lock
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=e.message)
         self._counters["put_msgs"] += len(phys_list)
@@ -653,7 +455,7 @@ class MessageStore:
             if queue_id < 0 or not topic or not TOPIC_PATTERN.fullmatch(topic):
                 return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, self._visible_max(cq)
+        lo, hi = cq.min_offset, self.visible_max(cq)
         if hi == 0:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
         if offset < lo:
@@ -674,7 +476,7 @@ class MessageStore:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self.queues.find(topic, queue_id)
-        return self._visible_max(cq) if cq else 0
+        return self.visible_max(cq) if cq else 0
 
     def queue_end(self, topic: str, queue_id: int) -> int:
         """One past the queue's last unit, whether readers may see it yet or not (``max_offset`` is capped at the
@@ -682,7 +484,7 @@ class MessageStore:
         cq = self.queues.find(topic, queue_id)
         return cq.max_offset if cq else 0
 
-    def _visible_max(self, cq: ConsumeQueue) -> int:
+    def visible_max(self, cq: ConsumeQueue) -> int:
         """One past the last unit readers may see: the queue's max offset, less the units whose entries end past
         ``read_limit()`` (a replicated group's confirmed offset, broker/ha/read_limit.py). Units are in commit-log
         order, so the cut is found from the end: usually the last unit is visible and one read decides."""
@@ -705,7 +507,7 @@ class MessageStore:
         return lo
 
     def confirmed(self, commitlog_offset: int, size: int) -> bool:
-        """Whether readers may see the entry at ``commitlog_offset`` (see _visible_max)."""
+        """Whether readers may see the entry at ``commitlog_offset`` (see visible_max)."""
         limit = self.read_limit
         return limit is None or commitlog_offset + size <= limit()
 
@@ -773,144 +575,34 @@ class MessageStore:
         """Whether the entry of ``topic`` at ``commitlog_offset`` was stored before the topic was last deleted: it
         belongs to no topic any more (a topic made again under the name is another one), so no client reads it by
         id or offset, as no query by key finds it."""
-        return commitlog_offset < self.deleted_topics.get(topic, -1)
+        return self.topic_deletions.deleted_generation(topic, commitlog_offset)
 
     def view_by_msg_id(self, msg_id: str) -> StoredMessage | None:
         raw = self.view_entry_by_msg_id(msg_id)
         return None if raw is None else decode_entry(raw)
 
-    def _unit_timestamp(self, cq: ConsumeQueue, queue_offset: int) -> int | None:
-        unit = cq.unit(queue_offset)
-        if unit is None or unit.size <= 0:
-            return None
-        return self.commit_log.store_timestamp_at(unit.commitlog_offset)
-
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose message was stored at or after ``timestamp_ms`` (max offset if none)."""
-        cq = self.queues.find(topic, queue_id)
-        if cq is None:
-            return 0
-        lo, hi = cq.min_offset, self._visible_max(cq)
-        while lo < hi:  # binary search: store timestamps grow with queue offset
-            mid = (lo + hi) // 2
-            ts = self._unit_timestamp(cq, mid)
-            if ts is None or ts < timestamp_ms:  # None: expired while we looked, so everything below is gone
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return offset_by_time(self, topic, queue_id, timestamp_ms)
 
     def earliest_message_time(self, topic: str, queue_id: int) -> int:
         """Store time of the queue's oldest message, -1 if the queue is empty."""
-        cq = self.queues.find(topic, queue_id)
-        if cq is None or cq.max_offset <= cq.min_offset:
-            return -1
-        ts = self._unit_timestamp(cq, cq.min_offset)
-        return -1 if ts is None else ts
+        return earliest_message_time(self, topic, queue_id)
 
     def query_by_key(
         self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 2**62, *,
         confirmed_only: bool = True,
     ) -> list[StoredMessage]:  # fmt: skip
         """The newest ``max_num`` messages of ``topic`` with ``key`` in KEYS or UNIQ_KEY, stored in [begin_ms,
-        end_ms], oldest first; fewer if their bodies pass QUERY_MAX_BYTES (the answer is built whole in memory).
-        ``confirmed_only=False``: also messages past the read limit (the broker's own retry deduplication)."""
-        if self.index is None:
-            raise InvalidArgumentError("the message index is disabled (message_index_enable=False)")
-        max_num = max(1, min(max_num, 4096))
-        found: list[StoredMessage] = []
-        nbytes = 0
-        deleted_at = self.deleted_topics.get(topic, -1)  # entries before it belong to a deleted generation
-        seen: set[int] = set()
-        # Candidates that are not matches (another key of the same hash, a message stored later in the range's
-        # last second) must not use up the answer: the walk widens until max_num match or the index has no more,
-        # bounded because each candidate costs a commit-log read.
-        limit, done = 4 * max_num, False
-        while not done:
-            candidates = self.index.lookup(topic, key, limit, begin_ms, end_ms)  # newest first
-            for off in candidates:
-                if off in seen or off < deleted_at:
-                    continue
-                seen.add(off)
-                msg = self.lookup_message(off)
-                if msg is None or msg.topic != topic:
-                    continue
-                if confirmed_only and not self.confirmed(off, msg.store_size):
-                    continue
-                if not self.decided(msg):
-                    continue
-                has_key = key in msg.keys or msg.properties.get(Prop.UNIQ_KEY) == key  # hash collisions stop here
-                if has_key and begin_ms <= msg.store_timestamp <= end_ms:
-                    nbytes += len(msg.body)
-                    done = len(found) > 0 and nbytes > QUERY_MAX_BYTES
-                    if done:
-                        break
-                    found.append(msg)
-                    done = len(found) == max_num
-                    if done:
-                        break
-            done = done or len(candidates) < limit or limit >= QUERY_MAX_CANDIDATES  # no more, or the bound
-            limit = min(4 * limit, QUERY_MAX_CANDIDATES)
-        found.sort(key=lambda m: m.commitlog_offset)
-        return found
+        end_ms], oldest first (key_query.py). ``confirmed_only=False``: also messages past the read limit (the
+        broker's own retry deduplication)."""
+        return query_by_key(self, topic, key, max_num, begin_ms, end_ms, confirmed_only=confirmed_only)
 
     # ================================================================================================ admin
     def delete_topic(self, topic: str) -> None:
-        """Delete the topic's consume queues and forget its queue offsets; commit-log entries expire as usual.
-
-        A topic created again starts at queue offset 0. The deletion point is on disk before this returns, so a
-        restart after a crash, whose recovery re-dispatches the end of the log, does not bring the deleted
-        entries back (RocketMQ does). MessageIllegalError if ``topic`` is not a name (it becomes a path:
-        "../config" must not reach rmdir); OSError if the deletion point cannot be written.
-        """
-        validate_topic(topic)
-        with self.commit_log.append_lock:  # no new entries while the topic goes
-            # None of its entries left to recreate a queue later. Notifying: other topics' held pulls wait for
-            # what this pass dispatches for them.
-            self.dispatcher.dispatch_available()
-            deleted_at = self.commit_log.max_offset
-            # On disk in this order: the log up to the deletion point (a point past what a power loss keeps would
-            # hide the next generation's first messages), the point itself, and only then are the queues
-            # destroyed (a crash before that leaves whole queues, which start() drops by the point).
-            self.commit_log.files.flush()
-            with self.dispatcher.lock:
-                before = self.deleted_topics.get(topic)
-                self.deleted_topics[topic] = deleted_at
-            try:
-                self._save_deleted_topics()
-            except OSError:  # not deleted after all: the table must not say otherwise
-                with self.dispatcher.lock:
-                    if before is None:
-                        del self.deleted_topics[topic]
-                    else:
-                        self.deleted_topics[topic] = before
-                raise
-            with self.dispatcher.lock:
-                for cq in self.queues.remove_topic(topic):
-                    cq.destroy()
-                self.txn_visibility.forget_topic(topic)
-                table = self.commit_log.queue_table  # changed in place: appenders hold no other reference to it
-                for key in [k for k in table if k[0] == topic]:
-                    del table[key]
-                try:  # under the dispatcher's lock: the next generation's first dispatch may be making this folder
-                    os.rmdir(os.path.join(self.config.consume_queue_dir, topic))
-                except OSError:
-                    pass  # not empty or not there: nothing of the deleted generation is left in it either way
-            # at once: a start from the previous file would put the deleted generation's holds and rolled-back
-            # ranges on the next generation's queues
-            self.txn_visibility.save(self.commit_log.min_offset, force=True)
-
-    def _deleted_topics_path(self) -> str:
-        return os.path.join(self.config.config_dir, DELETED_TOPICS_FILE)
-
-    def _load_deleted_topics(self) -> None:
-        loaded = json_file.load_json(self._deleted_topics_path(), _parse_deleted_topics) or {}
-        self.deleted_topics.clear()
-        self.deleted_topics.update(loaded)
-
-    def _save_deleted_topics(self) -> None:
-        with self._deleted_topics_lock:
-            json_file.write_json_atomic(self._deleted_topics_path(), {"deletedTopics": dict(self.deleted_topics)})
+        """Delete the topic's consume queues and forget its queue offsets; commit-log entries expire as usual
+        (TopicDeletions.delete says in which order, so that a crash does not bring the topic back)."""
+        self.topic_deletions.delete(topic)
 
     def _sync_recovered_files(self) -> None:
         """After a crash: sync what recovery found before anything counts it as flushed (MappedFileQueue.sync_all
@@ -920,32 +612,6 @@ class MessageStore:
             cq.files.sync_all()
         if self.index is not None:
             self.index.flush()
-
-    def _settle_deletions(self) -> None:
-        """After recovery: finish deletions a crash interrupted, and keep the table of deletion points true.
-
-        - A queue of a deleted topic whose first unit lies below the deletion point is of the deleted generation
-          (a crash came between saving the point and destroying the queues): destroyed now.
-        - A point past the recovered end of the log (possible only if the log lost its tail, e.g. in a power
-          loss) comes back to that end: later entries belong to the next generation.
-        - A point the log has expired past names no entry any more: forgotten.
-        """
-        deleted, end, first = self.deleted_topics, self.commit_log.max_offset, self.commit_log.min_offset
-
-        def old_generation(key: tuple[str, int]) -> bool:
-            cq = self.queues.queues[key]
-            unit = cq.unit(cq.min_offset) if key[0] in deleted else None
-            return unit is not None and unit.commitlog_offset < deleted[key[0]]
-
-        for cq in self.queues.remove(old_generation):
-            log.warning("topic %s queue %d: deleted before a crash; its queue is removed now", cq.topic, cq.queue_id)
-            self.commit_log.queue_table.pop((cq.topic, cq.queue_id), None)
-            cq.destroy()
-        changed = {t: min(at, end) for t, at in deleted.items() if first < at}
-        if changed != deleted:
-            deleted.clear()
-            deleted.update(changed)
-            self._save_deleted_topics()
 
     def rebuild_queue_table(self, floors: Mapping[tuple[str, int], int] | None = None) -> None:
         """Queue offsets for appends from the consume queues, as recovery does (a replica taking office as master:
@@ -1003,10 +669,10 @@ class MessageStore:
         """Force the commit log, consume queues, index and checkpoint to disk now (OSError if a sync fails)."""
         assert self.checkpoint is not None
         self.wait_dispatched()
-        if not flush_commit_log(self.commit_log, self.checkpoint, self._on_io_error):
-            raise OSError(errno.EIO, self._write_error)
+        if not flush_commit_log(self.commit_log, self.checkpoint, self.write_state.on_io_error):
+            raise OSError(errno.EIO, self.write_state.write_error)
         if self._cq_flush is not None and not self._cq_flush.flush_all():
-            raise OSError(errno.EIO, self._write_error)
+            raise OSError(errno.EIO, self.write_state.write_error)
 
     def check(self) -> list[str]:
         """Consistency oracle (see check.py): one line per inconsistency, [] when the store is consistent."""
@@ -1022,7 +688,7 @@ class MessageStore:
             commit_log_files=len(self.commit_log.files.files),
             consume_queues=len(self.queues.queues),
             disk_usage_ratio=self.config.disk_usage_probe(self.config.store_path),
-            disk_full=int(self._disk_full),
+            disk_full=int(self.write_state.disk_full),
             writable=int(self.is_writable()),
         )
         return out

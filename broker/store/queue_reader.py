@@ -19,7 +19,7 @@ import numpy as np
 from broker.format.message import StoredMessage, decode_entry
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
-from broker.store.results import GetResult, GetStatus
+from broker.store.store_results import GetResult, GetStatus
 
 # Gets of at most this many units decode them with struct instead of numpy: below it numpy's fixed cost per call
 # is larger than the per-unit work (measured on the 2-core test machine).

@@ -26,10 +26,11 @@ from broker.format.numbers import MAX_NUMBER_DIGITS, is_ascii_digits
 from broker.format.scan_kernel import COMPILED_MIN_BYTES
 from broker.store.checkpoint import Checkpoint
 from broker.store.commit_log import CommitLog
-from broker.store.config import StoreConfig
-from broker.store.dispatcher import ConsumeQueueTable, Dispatcher
+from broker.store.consume_queue_table import ConsumeQueueTable
+from broker.store.dispatcher import Dispatcher
 from broker.store.index_file import IndexService
 from broker.store.mapped_file import MappedFile
+from broker.store.store_config import StoreConfig
 from broker.store.truncation import Truncation
 
 log = logging.getLogger(__name__)

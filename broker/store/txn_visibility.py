@@ -62,7 +62,8 @@ from broker.format.system_topics import TRANS_MARKER_TOPIC
 from broker.store.consume_queue import ConsumeQueue, VisibilityHold
 
 if TYPE_CHECKING:
-    from broker.store.dispatcher import ArrivalListener, ConsumeQueueTable
+    from broker.store.consume_queue_table import ConsumeQueueTable
+    from broker.store.dispatcher import ArrivalListener
 
 log = logging.getLogger(__name__)
 

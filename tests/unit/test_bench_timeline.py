@@ -8,9 +8,10 @@ import inspect
 import pytest
 
 from bench.timeline import STEPS, WARMUP_MSGS, steps_of
+from broker.server.broker_service import BrokerService
 from broker.server.pull_hold import PullHoldService
-from broker.server.service import BrokerService
-from broker.store.message_store import DispatchService, MessageStore
+from broker.store.dispatch_service import DispatchService
+from broker.store.message_store import MessageStore
 
 
 def test_each_step_is_the_time_between_its_two_stamps() -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from broker.config import BROKER_OWNED_STORE_SETTINGS, BrokerConfig
 from broker.errors import InvalidArgumentError
-from broker.store.config import StoreConfig
+from broker.store.store_config import StoreConfig
 from connector.arrow_encoder import KNOWN_COLUMNS
 from connector.options import KNOWN_OPTIONS, parse_options
 from connector.schema import COLUMNS

@@ -20,7 +20,7 @@ from broker.client import Admin
 from broker.errors import ResponseCode
 from broker.format.signature import signed_metadata
 from broker.namesrv import NameServer
-from broker.namesrv.service import now_ms
+from broker.namesrv.name_server_service import now_ms
 from broker.proto.status import RESPONSE_CODE_KEY
 from broker.server.metrics import Counter
 from broker.server.process import BrokerProcess

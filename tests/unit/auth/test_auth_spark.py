@@ -22,7 +22,7 @@ from broker.client import Admin, Message, Producer, PullConsumer, PullStatus
 from broker.format.signature import ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
 from broker.proto import sluice_pb2 as pb
 from broker.server.process import BrokerProcess
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.options import parse_options
 from connector.sink_options import parse_sink_options
 from tests.support.certs import Pki

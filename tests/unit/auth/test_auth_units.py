@@ -251,7 +251,7 @@ def test_the_interceptors_wrap_each_method_once_not_per_call() -> None:
     import grpc
 
     from broker.auth.gate import AuthGate, AuthSettings
-    from broker.ha.gate import ReplicationGate
+    from broker.ha.replication_gate import ReplicationGate
     from broker.server.metrics import Counter
     from broker.server.request_guard import MalformedRequestGuard
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.client import Message
-from broker.client.message import encode_message, encode_messages
+from broker.client.outgoing_message import encode_message, encode_messages
 from broker.errors import MessageIllegalError
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)

@@ -60,7 +60,7 @@ def test_chunks_never_pass_batch_bytes(sizes: list[int], batch_bytes: int, batch
 
 def test_default_chunks_fit_the_default_broker_batch_limit() -> None:
     """Rows of 1 KiB with the sink's defaults: each chunk fits the broker's 4 MiB batch limit."""
-    from broker.store.config import StoreConfig
+    from broker.store.store_config import StoreConfig
     from connector.sink_options import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_MESSAGES
 
     enc = RowEncoder(default_topic="Out", queue_count=lambda t: 8, batch_bytes=DEFAULT_BATCH_BYTES,

@@ -11,7 +11,7 @@ from broker.errors import MessageIllegalError
 from broker.format.message import iter_entries, java_string_hash
 from connector.arrow_encoder import RowEncoder
 from connector.cluster_commit import choose_coordinator, coordinator_of, query_prefix
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.offsets import SourceOffset, parse_positions
 from connector.options import parse_options
 from connector.sink_options import parse_sink_options

@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from connector.errors import SourceOptionError
+from connector.connector_errors import SourceOptionError
 from connector.offsets import SourceOffset, parse_positions
 from connector.options import parse_options
-from connector.planning import QueueRange, share_budget, split_ranges
+from connector.planning import OffsetRange, share_budget, split_ranges
 from connector.sink_options import parse_sink_options
 
 BASE = {"endpoints": "127.0.0.1:10911", "topic": "orders"}
@@ -160,7 +160,7 @@ def test_share_budget_never_starves_a_small_queue() -> None:
 
 
 def test_split_ranges_by_max_and_min_partitions() -> None:
-    ranges = [QueueRange("t", 0, 0, 100), QueueRange("t", 1, 50, 60), QueueRange("t", 2, 5, 5)]
+    ranges = [OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 50, 60), OffsetRange("t", 2, 5, 5)]
     assert split_ranges(ranges, None, None) == ranges[:2]
     parts = split_ranges(ranges, None, 30)
     assert [(p.queue_id, p.start, p.end) for p in parts] == [

@@ -14,7 +14,7 @@ from pyspark.sql.datasource import ReadAllAvailable
 from broker.client import Message, Producer
 from broker.server.broker_controller import BrokerController
 from connector.broker_link import link_for
-from connector.errors import DataLossError, SourceOptionError
+from connector.connector_errors import DataLossError, SourceOptionError
 from connector.group_commit import GroupCommitter
 from connector.options import parse_options
 from connector.partition_reader import SluicePartition, read_partition

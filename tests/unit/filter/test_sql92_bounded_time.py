@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from broker.filter import SqlParseError, compile_sql92, sql92_lexer
 from broker.filter.sql92 import EvaluationError, SqlFilter
-from broker.filter.sql92_lexer import MAX_EXPRESSION_CHARS, Kind, Token, tokenize
+from broker.filter.sql92_lexer import MAX_EXPRESSION_CHARS, Token, TokenKind, tokenize
 from broker.format.message import MAX_PROPERTIES_BYTES, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 
 EVALUATION_BOUND_S = 0.050
@@ -186,9 +186,9 @@ class OracleNumbers:
         dec_len = decimal.end() - i if decimal else 0
         if int_len >= dec_len:
             assert integer is not None
-            return Token(Kind.INTEGER, integer.group(), i)
+            return Token(TokenKind.INTEGER, integer.group(), i)
         assert decimal is not None
-        return Token(Kind.DECIMAL, decimal.group(), i)
+        return Token(TokenKind.DECIMAL, decimal.group(), i)
 
 
 def oracle_tokenize(text: str) -> list[Token]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from broker.client import Message, Producer
 from broker.client.connection import Connection
-from broker.client.message import decode_entries
+from broker.client.outgoing_message import decode_entries
 from broker.errors import BrokerError, BrokerUnreachableError, SendOutcomeUnknownError
 from broker.proto import sluice_pb2 as pb
 

@@ -57,7 +57,7 @@ def test_a_diverged_replica_is_truncated_to_the_divergence_point(tmp_path: Path,
                 p.send(Message("T", f"both-{i}".encode(), keys=f"both-{i}"), queue_id=0)
             wait_until(lambda: caught_up(a, b), "replica 2 to hold everything")
             agreed = b.store.max_phys_offset()  # type: ignore[union-attr]
-            b.replication.follower.stop()  # replica 2 hears nothing more of epoch 1
+            b.replication.slave_fetcher.stop()  # replica 2 hears nothing more of epoch 1
             for i in range(3):  # appended by replica 1 only: its log runs ahead of the group's
                 with pytest.raises(SendOutcomeUnknownError):
                     p.send(Message("T", f"only-a-{i}".encode(), keys=f"only-a-{i}"), queue_id=0)
@@ -117,6 +117,6 @@ def test_a_replica_refuses_a_master_older_than_the_epoch_it_knows(tmp_path: Path
         assert a.replication is not None and b.replication is not None
         wait_until(lambda: len(a.replication.in_sync.members) == 2, "replica 2 in sync")  # type: ignore[union-attr]
         b.replication.learned_epoch(9)  # it heard of epoch 9 (say, before a partition healed)
-        b.replication.follower.reconnect()
+        b.replication.slave_fetcher.reconnect()
         # its next Hello names epoch 9: the master of epoch 1 learns it is stale and steps down
         wait_until(lambda: a.replication is not None and not a.replication.is_master(), "the stale master fenced")

@@ -16,11 +16,11 @@ from broker.ha import auth, chunk, divergence
 from broker.ha.epoch_file import EpochEntry, EpochFile
 from broker.ha.in_sync import InSyncSet
 from broker.ha.metadata_sync import LOG_END_KEY, MetadataSink
-from broker.ha.slave import FOLLOWER_THREAD_NAME, Follower
+from broker.ha.slave_fetcher import SLAVE_FETCHER_THREAD_NAME, SlaveFetcher
 from broker.namesrv.route_table import Registration, RegistrationRefused, RouteTable
 from broker.private_file import write_private
 from broker.store import MessageStore
-from broker.store.config import StoreConfig
+from broker.store.store_config import StoreConfig
 from broker.store.truncation import Truncation, intent_path, request
 
 E = EpochEntry
@@ -260,43 +260,43 @@ def test_progress_files_name_the_log_end_they_were_saved_at(tmp_path: Path) -> N
 
 
 class _NoMaster:
-    """What a follower asks its manager before connecting: no master known yet, so its loop only waits."""
+    """What a slave fetcher asks its manager before connecting: no master known yet, so its loop only waits."""
 
     def master_ha_address(self) -> str:
         return ""
 
 
-def test_a_follower_stopped_while_it_starts_neither_fails_nor_keeps_running(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The controller's thread starts the follower when the broker becomes a replica while a shutdown (a restart
+def test_a_fetcher_stopped_while_it_starts_neither_fails_nor_keeps_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller's thread starts the slave fetcher when the broker becomes a replica while a shutdown (a restart
     in place after fencing) stops it: stop() used to join a thread made but not started yet and raise, which
-    killed the restart and left the broker down. Here the follower's thread is held just before it starts while
-    the main thread stops the follower."""
+    killed the restart and left the broker down. Here the fetcher's thread is held just before it starts while
+    the main thread stops the fetcher."""
     starting, stopped = threading.Event(), threading.Event()
     real_start = threading.Thread.start
 
     def held_start(thread: threading.Thread) -> None:
-        if thread.name == FOLLOWER_THREAD_NAME and not starting.is_set():
+        if thread.name == SLAVE_FETCHER_THREAD_NAME and not starting.is_set():
             starting.set()
             stopped.wait(0.5)  # a stop() that does not wait for start() returns meanwhile
         real_start(thread)
 
     monkeypatch.setattr(threading.Thread, "start", held_start)
-    follower = Follower(_NoMaster())  # type: ignore[arg-type]
+    fetcher = SlaveFetcher(_NoMaster())  # type: ignore[arg-type]
     errors: list[BaseException] = []
 
     def start() -> None:
         try:
-            follower.start()
+            fetcher.start()
         except BaseException as e:  # noqa: BLE001 -- reported by the assertion below
             errors.append(e)
 
     starter = threading.Thread(target=start)
     starter.start()
     assert starting.wait(10)
-    follower.stop()
+    fetcher.stop()
     stopped.set()
     starter.join()
     assert errors == []
-    assert not any(t.name == FOLLOWER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
-    follower.start()  # a stopped follower stays stopped
-    assert not any(t.name == FOLLOWER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+    assert not any(t.name == SLAVE_FETCHER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+    fetcher.start()  # a stopped fetcher stays stopped
+    assert not any(t.name == SLAVE_FETCHER_THREAD_NAME and t.is_alive() for t in threading.enumerate())

@@ -81,7 +81,7 @@ def _shown(b: BrokerController, topic: str, queue_id: int) -> list[bytes]:
 def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tmp_path: Path) -> None:
     """The readable limit and the rolled-back ranges follow the log: a slave, reading the bytes its master wrote,
     holds back the same open transaction and skips the same rolled-back rows."""
-    from broker.client.message import encode_message
+    from broker.client.outgoing_message import encode_message
 
     with brokers() as bs:
         m = broker(tmp_path / "m", role="SYNC_MASTER")
@@ -109,7 +109,7 @@ def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tm
 
 
 def _entries(topic: str, n: int) -> list[bytes]:
-    from broker.client.message import encode_message
+    from broker.client.outgoing_message import encode_message
 
     return [encode_message(Message(topic, f"{topic}-{i}".encode()), 0, int(time.time() * 1000)) for i in range(n)]
 
@@ -171,7 +171,7 @@ def test_sync_master_acknowledges_once_its_in_sync_replicas_hold_the_message(tmp
                 entry_end = int(r.msg_id[16:], 16) + 1
                 assert s.store.max_phys_offset() >= entry_end  # acknowledged: the slave holds it already
             assert p.conn.send_stream.answers == 21  # the refusal and the sends: each an answer on one send stream
-            s.replication.follower.stop()  # type: ignore[union-attr]  # the slave stops confirming
+            s.replication.slave_fetcher.stop()  # type: ignore[union-attr]  # the slave stops confirming
             with pytest.raises(SendOutcomeUnknownError):  # stored on the master, never confirmed: unknown
                 p.send(Message("T", b"unconfirmed"))
             wait_until(lambda: len(m.replication.in_sync.members) == 1,  # type: ignore[union-attr]
@@ -191,7 +191,7 @@ def test_reads_stop_at_the_confirmed_offset(tmp_path: Path) -> None:
         wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync")  # type: ignore[union-attr]
         with Producer(endpoint=m.address, timeout_s=2, attempt_timeout_s=1) as p, Admin(m.address) as admin:
             p.send(Message("T", b"confirmed", keys="seen"), queue_id=0)
-            s.replication.follower.stop()  # type: ignore[union-attr]
+            s.replication.slave_fetcher.stop()  # type: ignore[union-attr]
             with pytest.raises(SendOutcomeUnknownError):
                 p.send(Message("T", b"unconfirmed", keys="hidden"), queue_id=0)
             assert m.store.max_offset("T", 0) == 1  # the queue holds 2 units, readers see 1

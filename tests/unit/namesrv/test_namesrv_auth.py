@@ -30,7 +30,7 @@ from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerError, ResponseCode, TopicNotExistError
 from broker.namesrv import RouteTable
 from broker.namesrv.local_cluster import NameServerProcess
-from broker.namesrv.service import NameServerService
+from broker.namesrv.name_server_service import NameServerService
 from broker.proto import namesrv_pb2 as npb
 from broker.proto import namesrv_pb2_grpc as npb_grpc
 from broker.server.broker_controller import BrokerController

@@ -23,7 +23,7 @@ from broker.ha import auth, unproven
 from broker.ha.controller import GroupState
 from broker.ha.etcd_client import Etcd
 from broker.ha.etcd_process import EtcdProcess
-from broker.ha.master import PROTOCOL_VERSION
+from broker.ha.master_endpoint import PROTOCOL_VERSION
 from broker.proto import ha_pb2 as hpb
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.proto.status import error_from_rpc
@@ -132,7 +132,8 @@ def test_an_unproven_open_with_a_newer_epoch_does_not_fence_the_master(tmp_path:
                 assert _code(refused.value) == expected, forged
             time.sleep(1.0)  # several controller ticks (controller.TICK_S): a fence would have happened by now
             assert r.is_master() and r.epoch == epoch and r.known_epoch() < HUGE_EPOCH
-            assert r.servicer is not None and r.servicer.session_count() == 0 and len(r.servicer.unproven) == 0
+            endpoint = r.master_endpoint
+            assert endpoint is not None and endpoint.session_count() == 0 and len(endpoint.unproven) == 0
             client = Etcd([("127.0.0.1", etcd.client_port)])
             try:
                 kv = client.get("/sluice/DefaultCluster/g/state")
@@ -162,8 +163,8 @@ def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(
         m = broker(tmp_path / "m", role="SYNC_MASTER", min_insync_replicas=2, ha_secret_file=secret)
         bs.append(m)
         r = m.replication
-        assert r is not None and r.servicer is not None
-        servicer = r.servicer
+        assert r is not None and r.master_endpoint is not None
+        servicer = r.master_endpoint
         relay = Relay(("127.0.0.1", r.ha_port))
         stop = threading.Event()
         outcomes: dict[str, int] = {"opened": 0, "busy": 0, "other": 0}

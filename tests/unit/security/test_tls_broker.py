@@ -121,7 +121,7 @@ def test_metrics_over_https_with_the_brokers_certificate(broker_factory: Any, pk
 
 def test_plain_text_off_loopback_is_warned_about(broker_factory: Any, pki: Pki, tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="broker.server.tls"):
+    with caplog.at_level(logging.WARNING, logger="broker.server.server_tls"):
         broker_factory(listen="0.0.0.0:0", store_dir=tmp_path / "a")
         assert any("in plain text" in r.getMessage() for r in caplog.records)
         caplog.clear()

@@ -27,7 +27,7 @@ def test_replication_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
             for i in range(20):
                 producer.send(Message("TlsReplicated", f"m{i}".encode()))
         assert s.store is not None and caught_up(m, s)  # SYNC_MASTER: acknowledged once the slave held it
-        assert s.replication is not None and s.replication.follower is not None
-        assert s.replication.follower.connected_to.endswith(str(m.replication.ha_port))
+        assert s.replication is not None and s.replication.slave_fetcher is not None
+        assert s.replication.slave_fetcher.connected_to.endswith(str(m.replication.ha_port))
         # the replication endpoint itself speaks only TLS
         assert "serves TLS" in (diagnose(f"127.0.0.1:{m.replication.ha_port}", None) or "")

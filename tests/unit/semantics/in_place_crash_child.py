@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from broker.client.message import Message, encode_message
+from broker.client.outgoing_message import Message, encode_message
 from broker.semantics.transaction import TransactionService
 from broker.store import MessageStore, StoreConfig
 

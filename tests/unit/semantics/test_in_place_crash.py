@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 from test_transaction_crash import CONFIG, bodies_of, run_child
 
-from broker.client.message import Message, encode_message
+from broker.client.outgoing_message import Message, encode_message
 from broker.semantics.transaction import TransactionService, TxStatus
 from broker.store import MessageStore, StoreConfig
 

@@ -15,7 +15,7 @@ from store_box import StoreBox
 from broker.errors import ServiceNotAvailableError
 from broker.format.message import StoredMessage, encode_entry, encode_properties
 from broker.format.transaction_codec import ATTEMPT
-from broker.format.txn_decision import Decision, Share, make_decision
+from broker.format.txn_decision import Share, TxnDecision, make_decision
 from broker.semantics.decision_log import DecisionLog
 from broker.semantics.participant_resolver import COORDINATOR_PROPERTY, ParticipantResolver
 from broker.semantics.transaction import TransactionService, TxStatus
@@ -43,7 +43,7 @@ class Participant:
     def _checker(self, group: str, txn_id: str, half: StoredMessage) -> None:
         self.checked.append(txn_id)
 
-    def _ask(self, coordinator: str, txn_ids: list[str], abort_undecided: bool) -> list[Decision]:
+    def _ask(self, coordinator: str, txn_ids: list[str], abort_undecided: bool) -> list[TxnDecision]:
         assert coordinator == "C"
         self.asked.append((coordinator, txn_ids, abort_undecided))
         if not self.reachable:

@@ -18,7 +18,7 @@ from broker.client import (
     PushConsumer,
     ReceivedMessage,
 )
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.errors import BrokerError, InvalidArgumentError, MessageIllegalError, QueryNotFoundError, ResponseCode
 from broker.format.message import Prop, StoredMessage, SysFlag, parse_msg_id
 from broker.proto import sluice_pb2 as pb

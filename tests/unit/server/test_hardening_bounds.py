@@ -141,7 +141,7 @@ def test_an_io_error_is_unavailable_not_internal(
 
     with stub(f"127.0.0.1:{broker.port}") as s:
         assert answer(s.CreateTopic, pb.CreateTopicRequest(topic="T", queue_nums=1)).ok
-        monkeypatch.setattr(broker.store, "_save_deleted_topics", disk_full)
+        monkeypatch.setattr(broker.store.topic_deletions, "save", disk_full)
         a = answer(s.DeleteTopic, pb.DeleteTopicRequest(topic="T"))
         assert a.refused_with(grpc.StatusCode.UNAVAILABLE, ResponseCode.SERVICE_NOT_AVAILABLE), a
         assert "No space left" in a.details

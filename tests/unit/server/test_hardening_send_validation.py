@@ -11,7 +11,7 @@ import pytest
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.client.half_batch import half_suffix
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.errors import BrokerError, ResponseCode
 from broker.format.message import POS_BODY_CRC, POS_SYS_FLAG, SysFlag, encode_entry, encode_properties
 from broker.format.system_topics import TRANS_HALF_TOPIC

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from broker.client import Admin, Message, PartialSendError, Producer, PullConsumer
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.errors import (
     BrokerError,
     InvalidArgumentError,

@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
-from broker.client.message import encode_message
+from broker.client.outgoing_message import encode_message
 from broker.format.message import parse_msg_id
 from broker.server.broker_controller import BrokerController
 

@@ -19,7 +19,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.ha.manager import HA_SERVER_THREAD_PREFIX
-from broker.ha.slave import FOLLOWER_THREAD_NAME
+from broker.ha.slave_fetcher import SLAVE_FETCHER_THREAD_NAME
 from broker.server.process import BrokerProcess
 from broker.server.thread_placement import (
     NATIVE_POLICY,
@@ -92,8 +92,8 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
     worker.start()
     flusher = threading.Thread(target=release.wait, name=GroupCommitService.name)  # threads placed apart
     flusher.start()
-    follower = threading.Thread(target=release.wait, name=FOLLOWER_THREAD_NAME)
-    follower.start()
+    fetcher = threading.Thread(target=release.wait, name=SLAVE_FETCHER_THREAD_NAME)
+    fetcher.start()
     fetch_worker = threading.Thread(target=release.wait, name=f"{HA_SERVER_THREAD_PREFIX}_3")
     fetch_worker.start()
     try:
@@ -109,8 +109,8 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
         assert os.sched_getscheduler(worker.native_id) == PYTHON_POLICY == os.sched_getscheduler(0)
         assert flusher.native_id is not None and _affinity(flusher.native_id) == ((ALLOWED - narrow) or ALLOWED)
         assert os.sched_getscheduler(flusher.native_id) == NATIVE_POLICY
-        assert follower.native_id is not None and _affinity(follower.native_id) == _affinity(flusher.native_id)
-        assert os.sched_getscheduler(follower.native_id) == NATIVE_POLICY
+        assert fetcher.native_id is not None and _affinity(fetcher.native_id) == _affinity(flusher.native_id)
+        assert os.sched_getscheduler(fetcher.native_id) == NATIVE_POLICY
         assert fetch_worker.native_id is not None and _affinity(fetch_worker.native_id) == _affinity(flusher.native_id)
         for tid in native_ids:
             try:
@@ -125,7 +125,7 @@ def test_reconcile_pins_python_threads_and_frees_native_ones(restore_affinity: N
         release.set()
         worker.join()
         flusher.join()
-        follower.join()
+        fetcher.join()
         fetch_worker.join()
         server.stop(0)
 

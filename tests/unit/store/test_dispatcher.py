@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.format.message import encode_entry, encode_properties, tag_hash_code
-from broker.store import MessageStore
+from broker.store import MessageStore, property_scan
 from broker.store import dispatcher as dispatcher_module
 from broker.store.consume_queue import ConsumeQueue
-from broker.store.dispatcher import message_keys, names_may_occur, property_value
-from broker.store.results import PutStatus
+from broker.store.property_scan import message_keys, names_may_occur, property_value
+from broker.store.store_results import PutStatus
 
 
 def _batch(n: int, start: int = 0) -> bytes:
@@ -196,7 +196,7 @@ def test_names_census_finds_every_name(pieces: list[bytes], cut: int) -> None:
     data = b"".join(pieces)
     start = min(cut, len(data))
     searched = any(data.find(n, start) >= 0 for n in (b"TAGS\x01", b"KEYS\x01", b"UNIQ_KEY\x01"))
-    indexed, tags_only = dispatcher_module._INDEXED_NAME_ENDS, dispatcher_module._TAG_NAME_END
+    indexed, tags_only = property_scan.INDEXED_NAME_ENDS, property_scan.TAG_NAME_END
     assert names_may_occur(data, start, len(data), indexed) >= searched
     assert names_may_occur(data, start, len(data), tags_only) >= (data.find(b"TAGS\x01", start) >= 0)
     if b"\x01" not in data[start:]:
@@ -210,7 +210,7 @@ def test_names_census_is_exact_on_property_names() -> None:
     def run(props: dict[str, str]) -> bytes:
         return b"".join(encode_entry(b"T", 0, b"body %d" % i, encode_properties(props)) for i in range(50))
 
-    indexed, tags_only = dispatcher_module._INDEXED_NAME_ENDS, dispatcher_module._TAG_NAME_END
+    indexed, tags_only = property_scan.INDEXED_NAME_ENDS, property_scan.TAG_NAME_END
     for props, want_indexed, want_tags in [
         ({"a": "1", "REAL_QID": "3"}, False, False),
         ({"TAGS": "t"}, True, True),
@@ -321,14 +321,14 @@ _TAIL_CHARS = st.sampled_from("0123456789ABCDEF") | st.sampled_from(["\x01", "\x
 )
 def test_unique_key_tails_are_found_as_parsing_finds_them(prefix: dict[str, str], tails: list[str]) -> None:
     """A producer's batch is one shared prefix of properties and each message's UNIQ_KEY last: the dispatcher
-    finds the keys and tag with numpy comparisons (``_uniq_tails``), or declines and parses each section. When it
+    finds the keys and tag with numpy comparisons (``uniq_tails``), or declines and parses each section. When it
     answers, the answer is what parsing each section gives."""
     head = encode_properties(prefix) if prefix else b""
     sections = [head + b"UNIQ_KEY\x01" + t.encode() + b"\x02" for t in tails]
     buf = b"".join(sections)
     lengths = np.array([len(x) for x in sections], np.int64)
     starts = np.cumsum(lengths) - lengths
-    found = dispatcher_module._uniq_tails(buf, starts, lengths)
+    found = property_scan.uniq_tails(buf, starts, lengths)
     clean = all(len(t) == 32 and all(" " <= c < "\x7f" for c in t) for t in tails)
     if prefix in ({}, {"TAGS": "T"}, {"KEYS": "a b"}, {"x": "UNIQ_KEY"}) and clean:
         assert found is not None  # the shapes it is for are not declined
@@ -344,12 +344,12 @@ def test_a_producers_batch_is_indexed_and_tagged_as_full_decoding(
     make_store: Callable[..., MessageStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from broker.client import Message
-    from broker.client.message import encode_message
+    from broker.client.outgoing_message import encode_message
 
     monkeypatch.setattr(dispatcher_module, "SCALAR_DISPATCH_BYTES", 0)  # the numpy pass, as for a large batch
     answers: list[bool] = []
-    real = dispatcher_module._uniq_tails
-    monkeypatch.setattr(dispatcher_module, "_uniq_tails", lambda *a: answers.append(real(*a) is not None) or real(*a))
+    real = dispatcher_module.uniq_tails
+    monkeypatch.setattr(dispatcher_module, "uniq_tails", lambda *a: answers.append(real(*a) is not None) or real(*a))
     s = make_store()
     msgs = [Message("Pb", b"m%d" % i, tags="hot", keys=["order"]) for i in range(60)]
     uniq = [f"{i:032X}" for i in range(60)]

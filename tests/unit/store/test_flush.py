@@ -210,7 +210,7 @@ def test_a_queue_deleted_while_it_is_flushed_is_skipped(make_store: Callable[...
     s.delete_topic("D")  # while the flusher is inside the sync of D/0's file
     assert sync_done.wait(5)
     assert errors == []  # the file was not closed under the sync (EBADF)
-    assert s.is_writable(), s._write_error
+    assert s.is_writable(), s.write_state.write_error
     assert s.put_message("Other", 0, b"y").ok and s.wait_dispatched()
     assert s.topics() == ["Other"]
     assert s.check() == []

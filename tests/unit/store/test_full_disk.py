@@ -17,7 +17,7 @@ from small_fs import fill, free_bytes, tmpfs
 from broker.format.message import encode_entry, encode_properties
 from broker.semantics.journal import Journal
 from broker.store import GetStatus, MessageStore, PutStatus, StoreConfig
-from broker.store.results import PutResult
+from broker.store.store_results import PutResult
 
 FS_MIB = 8
 COMMIT_LOG_FILE = 256 * 1024

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from broker.format.batch import split_entries
 from broker.format.message import encode_entry
 from broker.store import MessageStore, PutStatus
-from broker.store.config import CQ_UNIT_SIZE
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.mapped_file import RESERVE_FIRST_BYTES
+from broker.store.store_config import CQ_UNIT_SIZE
 
 CQ_FILE_BYTES = 30_000 * CQ_UNIT_SIZE  # 600 KB: one file per queue is enough to show what preallocation cost
 

@@ -291,7 +291,7 @@ def test_power_loss_after_queues_were_flushed_past_the_commit_log(make_store: Ca
     while s.commit_log.max_offset < size + 100:  # into the second file
         assert s.put_message("P", 0, b"m%05d" % n + b"x" * 200).ok
         n += 1
-    assert flush_commit_log(s.commit_log, s.checkpoint, s._on_io_error)  # type: ignore[arg-type]
+    assert flush_commit_log(s.commit_log, s.checkpoint, s.write_state.on_io_error)  # type: ignore[arg-type]
     flushed = s.commit_log.flushed_offset
     while s.commit_log.max_offset < 2 * size + 2000:  # into the third, never synced
         assert s.put_message("P", 0, b"m%05d" % n + b"x" * 200).ok
@@ -360,7 +360,7 @@ def test_a_crash_while_recovery_truncates_leaves_the_files_contiguous(
     size = s.config.mapped_file_size_commit_log
     while s.commit_log.max_offset < size + 500:
         assert s.put_message("P", 0, b"x" * 200).ok
-    assert s.checkpoint is not None and flush_commit_log(s.commit_log, s.checkpoint, s._on_io_error)
+    assert s.checkpoint is not None and flush_commit_log(s.commit_log, s.checkpoint, s.write_state.on_io_error)
     flushed = s.commit_log.flushed_offset
     while s.commit_log.max_offset < 3 * size + 500:  # two more files, never synced
         assert s.put_message("P", 0, b"x" * 200).ok
@@ -402,7 +402,7 @@ def test_a_crash_inside_delete_topic_leaves_the_topic_whole_or_gone(
         raise _Killed()
 
     if crash_at == "save":  # before the deletion point is on disk
-        monkeypatch.setattr(s, "_save_deleted_topics", killed)
+        monkeypatch.setattr(s.topic_deletions, "save", killed)
     else:  # after it, before the queues are destroyed
         monkeypatch.setattr(s.queues, "remove_topic", killed)
     with pytest.raises(_Killed):
@@ -427,7 +427,7 @@ def test_a_deletion_point_past_the_recovered_end_comes_back_to_it(make_store: Ca
         flush_interval_commit_log_ms=10**6,
     )  # fmt: skip
     assert s.put_message("K", 0, b"keep").ok
-    assert s.checkpoint is not None and flush_commit_log(s.commit_log, s.checkpoint, s._on_io_error)
+    assert s.checkpoint is not None and flush_commit_log(s.commit_log, s.checkpoint, s.write_state.on_io_error)
     kept = s.commit_log.flushed_offset
     for i in range(20):
         assert s.put_message("T", 0, b"old%d" % i + b"x" * 100).ok

@@ -81,7 +81,7 @@ def _refuse(context: grpc.ServicerContext, e: BrokerError) -> NoReturn:
     raise AssertionError("unreachable: context.abort raises")
 
 
-class ReplicationServicer(hpb_grpc.ReplicationServicer):
+class MasterEndpoint(hpb_grpc.ReplicationServicer):
     def __init__(self, manager: ReplicationManager) -> None:
         self.manager = manager
         self._lock = threading.Lock()

@@ -24,7 +24,7 @@
   mode, how the broker reaches etcd (TLS, a client certificate, an etcd user): etcd_security.py.
 * ``tls``: the broker's TLS settings (tls_cert, tls_key, tls_ca, tls_client_auth), not a setting of its own: with
   them the replication endpoint serves TLS and a replica connects to its master over TLS, presenting the broker's
-  certificate (broker/server/tls.py). The shared secret is still required off loopback: TLS keeps the stream
+  certificate (broker/server/server_tls.py). The shared secret is still required off loopback: TLS keeps the stream
   private, the secret proves the peer is a replica of this group.
 """
 
@@ -40,7 +40,7 @@ from broker.ha.etcd_security import EtcdSecurity
 from broker.private_file import refuse_if_shared
 
 if TYPE_CHECKING:
-    from broker.server.tls import ServerTls
+    from broker.server.server_tls import ServerTls
 
 ASYNC_MASTER, SYNC_MASTER, SLAVE = "ASYNC_MASTER", "SYNC_MASTER", "SLAVE"
 ROLES = (ASYNC_MASTER, SYNC_MASTER, SLAVE)

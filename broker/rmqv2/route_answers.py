@@ -29,7 +29,7 @@ ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
 
 
 @dataclass(frozen=True)
-class BrokerQueues:
+class BrokerRoute:
     broker_name: str
     address: str  # HOST:PORT of the broker group's master (or the live member serving reads)
     read_queue_nums: int
@@ -58,7 +58,7 @@ def _permission(perm: int) -> int:
     return v2.READ if readable else v2.WRITE if writable else v2.NONE
 
 
-def message_queues(topic: str, brokers: list[BrokerQueues]) -> list[v2.MessageQueue]:
+def message_queues(topic: str, brokers: list[BrokerRoute]) -> list[v2.MessageQueue]:
     out: list[v2.MessageQueue] = []
     for b in brokers:
         broker = v2.Broker(name=b.broker_name, id=MASTER_ID, endpoints=endpoints_of(b.address))
@@ -78,7 +78,7 @@ def message_queues(topic: str, brokers: list[BrokerQueues]) -> list[v2.MessageQu
     return out
 
 
-def assignments(topic: str, brokers: list[BrokerQueues], fifo: bool) -> list[v2.Assignment]:
+def assignments(topic: str, brokers: list[BrokerRoute], fifo: bool) -> list[v2.Assignment]:
     out: list[v2.Assignment] = []
     for b in brokers:
         if not b.perm & PERM_READ or b.read_queue_nums <= 0:
@@ -100,24 +100,24 @@ class RouteSource:
         self.local = local  # topic -> (read queues, write queues, perm) here; may auto-create; TopicNotExistError
         self.namesrv = namesrv
 
-    def brokers(self, topic: str, client_address: str) -> list[BrokerQueues]:
+    def brokers(self, topic: str, client_address: str) -> list[BrokerRoute]:
         if self.namesrv is not None:
             try:
                 return _from_route(self.namesrv.route(topic))
             except TopicNotExistError:
                 pass  # not registered yet: this broker alone, if it has (or may create) the topic
         read, write, perm = self.local(topic)
-        return [BrokerQueues(self.broker_name, client_address, read, write, perm)]
+        return [BrokerRoute(self.broker_name, client_address, read, write, perm)]
 
 
-def _from_route(route: npb.TopicRouteData) -> list[BrokerQueues]:
+def _from_route(route: npb.TopicRouteData) -> list[BrokerRoute]:
     addresses = {b.broker_name: dict(b.broker_addrs) for b in route.broker_datas}
     out = []
     for q in route.queue_datas:
         members = addresses.get(q.broker_name) or {}
         address = members.get(MASTER_ID) or (members[min(members)] if members else "")
         if address:
-            out.append(BrokerQueues(q.broker_name, address, q.read_queue_nums, q.write_queue_nums, q.perm))
+            out.append(BrokerRoute(q.broker_name, address, q.read_queue_nums, q.write_queue_nums, q.perm))
     if not out:
         raise TopicNotExistError("no live broker holds the topic")
     return out

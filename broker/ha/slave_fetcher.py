@@ -1,13 +1,13 @@
 """A slave's side of the Replication service: follow the master's log, byte for byte, at the master's offsets.
 
-One thread per slave (``Follower``). It finds its master (controller mode: etcd; classic: ``ha_master_address`` or
+One thread per slave (``SlaveFetcher``). It finds its master (controller mode: etcd; classic: ``ha_master_address`` or
 the name servers), opens a session with its Hello (its group, id, store id, log range, epoch history and the
 newest epoch it knows), answers the challenge when the group has a secret, and checks the master's proof before it
 writes anything.
 
 * The Handshake may ask it to cut its log back to the divergence point, or to start again from the master's first
-  file: the follower records that intent (store/truncation.py, on disk at once) and has the broker restart in place;
-  start-up carries the cut out crash-safely and the follower opens a new session.
+  file: the fetcher records that intent (store/truncation.py, on disk at once) and has the broker restart in place;
+  start-up carries the cut out crash-safely and the fetcher opens a new session.
 * Then it fetches, as Kafka's followers do: each Fetch reports what it holds and asks for bytes from where its log
   (and any kept tail of an entry) ends. Bytes from an older master than the newest epoch it knows are refused
   (fencing); the rest are checked (chunk.py) and written at their own offsets (CommitLog.append_replicated); the
@@ -16,7 +16,7 @@ writes anything.
   asks for the next file.
 * Every answer carries the confirmed offset: consumers of this slave read below it only (read_limit.py).
 
-Any error ends the session; the follower opens another after a short pause (doubling up to RECONNECT_MAX_S).
+Any error ends the session; the fetcher opens another after a short pause (doubling up to RECONNECT_MAX_S).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import grpc
 from broker.client.tls import TlsSettings, explain, open_channel
 from broker.errors import BrokerError, InvalidArgumentError, NotMasterError, ResponseCode
 from broker.ha import auth, chunk
-from broker.ha.master import PROTOCOL_VERSION
+from broker.ha.master_endpoint import PROTOCOL_VERSION
 from broker.proto import ha_pb2 as hpb
 from broker.proto import ha_pb2_grpc as hpb_grpc
 from broker.proto.status import error_from_rpc
@@ -47,16 +47,17 @@ RECONNECT_MAX_S = 1.0
 CHANNEL_MAX_MESSAGE_BYTES = 80 * 1024 * 1024
 CALL_TIMEOUT_S = 3.0  # Open and Join; a master that does not answer this fast is taken for gone
 FETCH_WAIT_MS = 200  # how long the master may hold a fetch: also how soon a change of master is noticed
-FOLLOWER_THREAD_NAME = "ha-follower"  # sluice broker runs it apart from the other Python threads (thread_placement.py)
+# sluice broker runs this thread apart from the other Python threads (thread_placement.py)
+SLAVE_FETCHER_THREAD_NAME = "ha-slave-fetch"
 
 
-class Follower:
+class SlaveFetcher:
     def __init__(self, manager: ReplicationManager) -> None:
         self.manager = manager
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # start() and stop() come from different threads (the controller's follow, a shutdown): stop() must never
-        # see a thread that is assigned but not started yet (join() would raise), and a stopped follower stays
+        # see a thread that is assigned but not started yet (join() would raise), and a stopped fetcher stays
         # stopped.
         self._life = threading.Lock()
         self._reconnect = threading.Event()  # the master changed: leave the current session
@@ -71,7 +72,7 @@ class Follower:
         with self._life:
             if self._stop.is_set():
                 return
-            thread = threading.Thread(target=self._run, name=FOLLOWER_THREAD_NAME, daemon=True)
+            thread = threading.Thread(target=self._run, name=SLAVE_FETCHER_THREAD_NAME, daemon=True)
             thread.start()
             self._thread = thread
 

@@ -33,7 +33,7 @@ from broker.format.system_topics import is_system_topic
 from broker.rmqv2.clients import ClientRegistry
 from broker.rmqv2.codes import Code, ProtocolError, status, status_of
 from broker.rmqv2.convert import Outgoing, message_id, millis, to_sluice, to_v2
-from broker.rmqv2.route import RouteSource, assignments, message_queues, request_address
+from broker.rmqv2.route_answers import RouteSource, assignments, message_queues, request_address
 from broker.semantics import SubscriptionGroupManager, TransactionService
 from broker.semantics.pop import PopRequest, PopService
 from broker.semantics.subscription_group import SubscriptionGroupConfig

@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from broker.auth.admin import AccountsAdmin
+from broker.auth.accounts_admin import AccountsAdmin
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
 from broker.format.message import Prop, validate_topic
 from broker.format.system_topics import refuse_system_topic
@@ -26,7 +26,7 @@ from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics import QueueLockManager
 from broker.server.admin_processor import AdminProcessor, pack_entries
-from broker.server.call_stream import CallStreams, UnaryBehavior
+from broker.server.call_streams import CallStreams, UnaryBehavior
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.metrics import BrokerMetrics
@@ -38,7 +38,7 @@ from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
 from broker.server.transaction_processor import TransactionProcessor
-from broker.store.results import PutResult
+from broker.store.store_results import PutResult
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.pops: PopProcessor | None = None  # pop consumption (broker/semantics/pop.py)
         self.accounts: AccountsAdmin | None = None  # users and access control (broker/auth)
         # How each request of a SendStream and a PullStream is served: SendMessage and PullMessage as the server's
-        # interceptors wrap them (set by the controller; call_stream.py), and the limit of open streams.
+        # interceptors wrap them (set by the controller; call_streams.py), and the limit of open streams.
         self.send_one: UnaryBehavior = self.SendMessage
         self.pull_one: UnaryBehavior = self.PullMessage
         self.call_streams = CallStreams(max_streams=1 << 30)

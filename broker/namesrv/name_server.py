@@ -2,7 +2,7 @@
 
 Expiry also runs on every read and registration, so a route never names a broker past its expiry time; the
 thread only keeps the log honest when nobody asks (RocketMQ scans every 5 s as well). With ``tls`` the port serves
-TLS (broker/server/tls.py); brokers and clients then connect with TLS settings of their own.
+TLS (broker/server/server_tls.py); brokers and clients then connect with TLS settings of their own.
 
 Who may register. Registration is the cluster's control plane: a registration names where clients send and read
 (a broker of the same name with a higher epoch replaces the real master in every route) and an unregistration
@@ -29,15 +29,15 @@ from broker.auth.accounts import Accounts, User
 from broker.auth.gate import AuthGate, AuthSettings
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 from broker.format.signature import DEFAULT_WINDOW_S, ROOT_ACCESS_KEY_ENV, ROOT_SECRET_KEY_ENV
+from broker.namesrv.name_server_service import NameServerService, now_ms
 from broker.namesrv.remoting_processor import NameServerRemoting
 from broker.namesrv.route_table import DEFAULT_BROKER_EXPIRE_MS, RouteTable
-from broker.namesrv.service import NameServerService, now_ms
 from broker.proto import namesrv_pb2_grpc as npb_grpc
 from broker.remoting.admission import anonymous_codes, declared_codes
 from broker.remoting.authentication import Authenticator
 from broker.remoting.server import RemotingServer
 from broker.server.metrics import Counter
-from broker.server.tls import ServerTls, add_port
+from broker.server.server_tls import ServerTls, add_port
 
 log = logging.getLogger(__name__)
 
