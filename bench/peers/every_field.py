@@ -216,7 +216,7 @@ def pull_answer(size_b: int) -> tuple[bytes, list[int]]:
     as the broker fills them), made in this process."""
     import struct
 
-    from broker.client.message import Message, encode_messages
+    from broker.client.outgoing_message import Message, encode_messages
     from broker.format.message import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, POS_STORE_HOST, POS_STORE_TIMESTAMP
 
     payload = os.urandom(size_b)
@@ -241,7 +241,7 @@ def decode_costs(size_b: int) -> dict[str, float]:
     """Microseconds of this thread's CPU a message (the best of DECODE_REPEATS answers, so less sensitive to other
     load than the rows above): the pulled messages made and their body read; made and every field read; the same
     with ``decode_entry`` (every field decoded up front); and the python floor's objects built and read."""
-    from broker.client.message import decode_entries
+    from broker.client.outgoing_message import decode_entries
     from broker.format.message import decode_entry
 
     buf, positions = pull_answer(size_b)

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from bench.peers.results import Latency, Throughput
+from bench.peers.figures import Latency, Throughput
 
 
 def _spread(values: list[float]) -> dict[str, Any]:

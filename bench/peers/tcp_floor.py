@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, paced, seq_of, stamp
 from bench.peers.processes import Server
-from bench.peers.results import Latency, Throughput, latency_of
 
 if TYPE_CHECKING:
     from broker.remoting.command import RemotingCommand

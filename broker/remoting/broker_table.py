@@ -8,7 +8,7 @@ from broker.remoting.message_outcomes import Access
 from broker.remoting.offset_processor import OffsetProcessors
 from broker.remoting.processor import Processor
 from broker.remoting.route_processor import BrokerRouteProcessor
-from broker.server.service import BrokerService
+from broker.server.broker_service import BrokerService
 
 
 def broker_processors(service: BrokerService, access: Access | None = None,

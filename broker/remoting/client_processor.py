@@ -34,7 +34,7 @@ from broker.remoting.consumer_channels import ConsumerChannels
 from broker.remoting.handler import ContextHandler, Handler
 from broker.remoting.message_outcomes import Access
 from broker.remoting.processor import Processor, RequestContext
-from broker.server.service import BrokerService
+from broker.server.broker_service import BrokerService
 
 MODELS = {"CLUSTERING": pb.CLUSTERING, "BROADCASTING": pb.BROADCASTING}
 EXPRESSION_TYPES = ("TAG", "SQL92")  # ExpressionType; an absent one is TAG

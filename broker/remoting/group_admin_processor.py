@@ -47,7 +47,7 @@ from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import Access
 from broker.remoting.processor import Processor
-from broker.server.service import BrokerService
+from broker.server.broker_service import BrokerService
 
 # SubscriptionGroupConfig's fields Sluice keeps -> UpdateSubscriptionGroupRequest's (bool or int)
 GROUP_FIELDS = {

@@ -24,7 +24,7 @@ from broker.remoting.message_outcomes import INT32, Access, failure
 from broker.remoting.message_replication import Replication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.transaction_processor import master_only, refused
-from broker.server.service import BrokerService
+from broker.server.broker_service import BrokerService
 
 LOCK_BATCH_MQ, UNLOCK_BATCH_MQ = RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ
 LOCK_CODES = (LOCK_BATCH_MQ, UNLOCK_BATCH_MQ)

@@ -1,5 +1,6 @@
-"""Replication's rules for the remoting message processors: the rules ``broker.ha.gate.ReplicationGate`` applies to
-gRPC calls (its module docstring), applied here since remoting requests do not pass through gRPC's interceptors.
+"""Replication's rules for the remoting message processors: the rules that
+``broker.ha.replication_gate.ReplicationGate`` applies to gRPC calls (its module docstring), applied here since
+remoting requests do not pass through gRPC's interceptors.
 
 * A slave (or a fenced master) refuses sends and send-backs with NOT_MASTER before anything is done (answered
   SERVICE_NOT_AVAILABLE: a 4.x producer then tries the next broker), and drops a pull's piggy-backed commit offset.
@@ -13,7 +14,7 @@ gRPC calls (its module docstring), applied here since remoting requests do not p
 from __future__ import annotations
 
 from broker.errors import FlushSlaveTimeoutError, NotMasterError
-from broker.ha.gate import GateTarget, ReplicationGate
+from broker.ha.replication_gate import GateTarget, ReplicationGate
 
 
 class Replication:

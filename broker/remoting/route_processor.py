@@ -18,7 +18,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.handler import Handler
 from broker.remoting.processor import Processor
-from broker.server.service import BrokerService
+from broker.server.broker_service import BrokerService
 
 AUTO_CREATE = "autoCreate"
 

@@ -51,7 +51,7 @@ from broker.remoting.command import FLAG_RESPONSE, RemotingCommand
 from broker.remoting.connection import Connection
 from broker.remoting.frame import PREFIX_BYTES, body_length, decode_frame
 from broker.remoting.processor import Answer, Peer, Processor, RequestContext
-from broker.server.tls import ServerTls
+from broker.server.server_tls import ServerTls
 
 log = logging.getLogger(__name__)
 

@@ -199,7 +199,7 @@ class PopService:
         if self.log is not None:
             self.log.settle()
 
-    def _pop(self, req: PopRequest, time_remaining_s: float | None) -> list[PoppedMessage]:
+    def _pop(self, req: PopRequest, time_remaining_s: float | None) -> list[PopDelivery]:
         if self._stopped or self.codec is None:
             raise ServiceNotAvailableError("the broker is shutting down; receive from another broker or later")
         if req.auto_renew_owner:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.peers.results import Latency
+from bench.peers.figures import Latency
 from bench.peers.spread import median_latency
 from bench.peers.tcp_floor import TcpRelay
 

@@ -17,9 +17,9 @@ from message_wire_helpers import SUSPEND, pull_header, v2_header
 
 from broker.auth.accounts import Accounts, User
 from broker.client.credentials import Credentials
+from broker.namesrv.name_server import NameServer
 from broker.namesrv.remoting_processor import NameServerRemoting
 from broker.namesrv.route_table import RouteTable
-from broker.namesrv.server import NameServer
 from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import signature

@@ -13,7 +13,7 @@ from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.server import RemotingServer
-from broker.server.tls import ServerTls
+from broker.server.server_tls import ServerTls
 from tests.support.certs import Pki, pki
 
 __all__ = ["pki"]
