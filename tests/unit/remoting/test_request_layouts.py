@@ -20,6 +20,7 @@ import json
 import re
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +43,12 @@ from broker.remoting.message_processors import MESSAGE_CODES
 from broker.remoting.message_properties import format_properties
 from broker.server.broker_controller import BrokerController
 from tests.support.remoting_wire import send_v2
+from tests.support.waiting import wait_until
 from tests.unit.conftest import SMALL_STORE
 
 JAVA, VERSION = 0, 401  # LanguageCode.JAVA; MQVersion.Version.V4_9_4.ordinal()
 JSON_TYPE, ROCKETMQ_TYPE = 0, 1
+FLAG_ONEWAY = 0b10  # RemotingCommand's RPC_ONEWAY bit
 BROKER_NAME, TOPIC, GROUP = "broker-l", "LayoutT", "LayoutG"
 SENT = 3  # messages in TOPIC's queue 0 before the cases run
 NOW_MS = 1_700_000_000_000
@@ -56,9 +59,10 @@ LONG_MAX = str((1 << 63) - 1)
 
 
 def java_string_hash(text: str) -> int:
+    """String.hashCode() (the keys here are ASCII: one UTF-16 unit a character)."""
     h = 0
-    for unit in text.encode("utf-16-be").hex(" ", 2).split():
-        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
     return h
 
 
@@ -80,24 +84,29 @@ def json_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)  # fastjson escapes control characters as \uXXXX, as json does
 
 
-def json_request(code: int, opaque: int, ext: dict[str, str], body: bytes = b"") -> bytes:
+def json_request(code: int, opaque: int, ext: dict[str, str], body: bytes = b"", flag: int = 0) -> bytes:
     keys = hashmap_order(list(ext))
     ext_text = "" if not ext else ('"extFields":{' + ",".join(f"{json_string(k)}:{json_string(ext[k])}"
                                                                 for k in keys) + "},")  # fmt: skip
-    header = (f'{{"code":{code},{ext_text}"flag":0,"language":"JAVA","opaque":{opaque},'
+    header = (f'{{"code":{code},{ext_text}"flag":{flag},"language":"JAVA","opaque":{opaque},'
               f'"serializeTypeCurrentRPC":"JSON","version":{VERSION}}}').encode()  # fmt: skip
     return struct.pack(">iI", 4 + len(header) + len(body), (JSON_TYPE << 24) | len(header)) + header + body
 
 
-def binary_request(code: int, opaque: int, ext: dict[str, str], body: bytes = b"") -> bytes:
+def binary_request(code: int, opaque: int, ext: dict[str, str], body: bytes = b"", flag: int = 0) -> bytes:
     block = b"".join(struct.pack(">h", len(k)) + k.encode() + struct.pack(">i", len(ext[k].encode())) + ext[k].encode()
                      for k in hashmap_order(list(ext)))  # fmt: skip
-    header = struct.pack(">hBhii", code, JAVA, VERSION, opaque, 0) + struct.pack(">i", 0)  # no remark
+    header = struct.pack(">hBhii", code, JAVA, VERSION, opaque, flag) + struct.pack(">i", 0)  # no remark
     header += struct.pack(">i", len(block)) + block
     return struct.pack(">iI", 4 + len(header) + len(body), (ROCKETMQ_TYPE << 24) | len(header)) + header + body
 
 
 # -- what the Java client reads back -----------------------------------------------------------------------------
+
+
+# RemotingCommand's JSON fields, and LanguageCode by ordinal (research §2)
+HEADER_KEYS = {"code", "extFields", "flag", "language", "opaque", "remark", "serializeTypeCurrentRPC", "version"}
+LANGUAGES = ("JAVA", "CPP", "DOTNET", "PYTHON", "DELPHI", "ERLANG", "RUBY", "OTHER", "HTTP", "GO", "PHP", "OMS")
 
 
 @dataclass
@@ -129,9 +138,12 @@ def read_answer(sock: socket.socket) -> Answer:
     assert 4 + header_len <= length
     if kind == JSON_TYPE:
         h = json.loads(header)
+        assert set(h) <= HEADER_KEYS, set(h) - HEADER_KEYS  # RemotingCommand's fields, which fastjson maps back
+        assert h["language"] in LANGUAGES and all(isinstance(v, str) for v in h.get("extFields", {}).values())
         return Answer(kind, h["code"], h["flag"], h["opaque"], h.get("remark"), h.get("extFields", {}), body)
     assert kind == ROCKETMQ_TYPE, kind
-    code, _language, _version, opaque, flag = struct.unpack(">hBhii", header[:13])
+    code, language, _version, opaque, flag = struct.unpack(">hBhii", header[:13])
+    assert language < len(LANGUAGES), language
     (remark_len,) = struct.unpack(">i", header[13:17])
     remark = header[17 : 17 + remark_len].decode() if remark_len else None
     at = 17 + remark_len
@@ -192,6 +204,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             sent = [send_v2(client, TOPIC, b"body-%d" % i, keys=[f"key{i}"], tags="TagA") for i in range(SENT)]
             w.first_offset = parse_offset_msg_id(sent[0].ext_fields["msgId"])[1]
             assert broker.store is not None and broker.store.wait_dispatched()
+            wait_until(lambda: ns.table.route(TOPIC, int(time.time() * 1000)).remoting, "the broker's registration",
+                       timeout_s=10)  # fmt: skip
             assert ns.remoting is not None
             for name, port in (("ns", ns.remoting.port), ("broker", w.port)):
                 w.sockets[name] = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -212,6 +226,7 @@ def exchange(w: World, server: str, frame_of: Callable[[int], bytes]) -> tuple[i
         answer = read_answer(w.sockets[server])
         if answer.flag & 1:
             return opaque, answer
+        assert (answer.code, answer.flag, set(answer.ext)) == (40, 2, {"consumerGroup"}), answer
 
 
 # -- what each case needs done first (with Sluice's own remoting client: not what is under test) -------------------
@@ -604,3 +619,21 @@ def test_request_as_the_java_client_writes_it_is_answered_as_it_reads_it(
             assert got == (want(world) if callable(want) else want), (key, got)
     if case.check_body is not None:
         assert case.check_body(world, answer.body), answer.body[:400]
+
+
+def test_one_way_requests_get_no_answer_and_still_apply(world: World) -> None:
+    """The consumer's periodic offset persist (UPDATE_CONSUMER_OFFSET) is sent one-way (flag bit 1), in either
+    header: nothing comes back, and the next answer on the connection is the next request's."""
+    for group, build in (("LayoutOneWayJ", json_request), ("LayoutOneWayB", binary_request)):
+        ext = {"consumerGroup": group, "topic": TOPIC, "queueId": "0", "commitOffset": "2"}
+        world.sockets["broker"].sendall(build(15, next(world.opaques), ext, flag=FLAG_ONEWAY))
+        query = {"consumerGroup": group, "topic": TOPIC, "queueId": "0"}
+
+        def stored(q: dict[str, str] = query) -> bool:
+            """The one-way request runs on a worker of its own, so the query may overtake it: asked again until
+            it reads the commit. Any answer to the one-way one would come first, under another opaque."""
+            opaque, answer = exchange(world, "broker", lambda o: json_request(14, o, q))
+            assert answer.opaque == opaque and answer.code in (0, 22), answer
+            return answer.ext == {"offset": "2"}
+
+        wait_until(stored, "the one-way commit applied", timeout_s=5, interval_s=0.02)
