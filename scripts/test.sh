@@ -11,4 +11,8 @@ fi
 if printf '%s\n' "${args[@]}" | grep -qE '^tests(/unit(/ha)?)?/?$'; then
   bash scripts/ensure-etcd.sh  # the replication tests start their own etcd (broker/ha/etcd_process.py)
 fi
+# Spark drivers (the connector's tests and crash loops, the jobs) start in about half the time with these JVM options;
+# scripts/spark-cds.sh says what they are and why. A caller's own SPARK_SUBMIT_OPTS is kept.
+SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-$(bash scripts/spark-cds.sh)}"
+export SPARK_SUBMIT_OPTS
 exec .venv/bin/python -m pytest -q -rfEs --durations=30 "${args[@]}"  # the slowest tests, to keep the suite short

@@ -288,7 +288,9 @@ def test_exactly_once_sink_rides_out_a_master_kill(spark: Any, group: ReplicaGro
             fail_over(group, run, target)
             if kill < kills - 1:  # two of three replicas hold a write: the next kill needs all three back
                 group.restart(old)
-                wait_until(lambda: (st := group.state()) is not None and len(st.in_sync) == 3, "3 in sync", timeout_s=120)
+                wait_until(
+                    lambda: (st := group.state()) is not None and len(st.in_sync) == 3, "3 in sync", timeout_s=120
+                )
         query.until(checkpoint, source, n)
     finally:
         query.stop()
