@@ -131,7 +131,8 @@ class Injector:
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
-                held = int(line.split()[1])
+                _, count, *error = line.split(maxsplit=2)
+                held, f.note = int(count), " ".join(error).strip()
                 now = time.monotonic()
                 if (held and now >= hold_until) or now > give_up:
                     break
@@ -139,4 +140,4 @@ class Injector:
             proc.kill()
             proc.wait()
             self.pop_hold.clear()
-        f.note = f"killed holding {held} messages"
+        f.note = f"killed holding {held} messages" + (f" (last error: {f.note})" if f.note else "")

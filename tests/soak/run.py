@@ -43,13 +43,15 @@ log = logging.getLogger(__name__)
 DRAIN_S = 240.0  # after healing: consumers catch up, due timers fire, open transactions are checked back
 WRITER_PAUSE_S = 0.05  # between one writer's sends: enough load to matter, little enough for 2 shared cores
 PUSH_MEMBERS = 2
+DRAIN_LOG_INTERVAL_S = 20.0
 READ_ATTEMPTS = 30  # 2 s apart: a master elected after the heal answers well within a minute
 
 
 def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARNING",
-        only: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+        only: tuple[str, ...] = (), min_faults: int = 0) -> dict[str, Any]:  # fmt: skip
     """One run of ``minutes`` of load and faults (then the heal, the drain and the check); ``only``: these fault
-    kinds alone (of those this machine can inject). The report, also written to ``out``."""
+    kinds alone (of those this machine can inject); ``min_faults``: injected even if the minutes are over (a slow
+    machine). The report, also written to ``out``."""
     began = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     history = History()
@@ -96,7 +98,7 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
         injector = Injector(topology, BATCH, began, pop.hold)
         deadline = began + minutes * 60
         for fault in schedule.faults:
-            if time.monotonic() + fault.gap_s >= deadline:
+            if injected >= min_faults and time.monotonic() + fault.gap_s >= deadline:
                 break
             time.sleep(fault.gap_s)
             injector.inject(fault)
@@ -156,25 +158,35 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
         by_feature.setdefault(s.feature, []).append(s)
     due = max((s.due_ms for s in sent), default=0)
     committed = {s.body for s in by_feature.get("txn", []) if s.status == "ok" and s.intent == "commit"}
+    last_said = [time.monotonic()]
+
     # consumers catch up, the last timers come due, open transactions are decided by check-back
     def drained() -> bool:
         try:
-            return _caught_up()
+            missing = _missing()
         except BrokerError as e:
             log.warning("draining: %s", e)
             return False
+        if missing and time.monotonic() - last_said[0] > DRAIN_LOG_INTERVAL_S:
+            last_said[0] = time.monotonic()
+            log.warning("draining: still missing %s", missing)
+        return not missing
 
-    def _caught_up() -> bool:
+    def _missing() -> dict[str, int]:
         plain = {m.body.decode() for _, m in read(PLAIN, [REPLICATED, *EXTRA])}
         timed = {m.body.decode() for _, m in read(TIMED, [REPLICATED])}
         pops = {m.body.decode() for _, m in read(BATCH, [REPLICATED])}
         with history.lock:
             acked = set(history.acked_pops)
-        return (time.time() * 1000 > due and plain <= history.delivered_bodies("push")
-                and all(plain <= history.delivered_bodies(f"broadcast-{i}") for i in range(PUSH_MEMBERS))
-                and timed <= history.delivered_bodies("pull") and pops <= acked
-                and committed <= {m.body.decode() for _, m in read(TXN, [REPLICATED])}
-                and set(read_log(topology.endpoint(REPLICATED)).values()) <= history.delivered_bodies("orderly"))
+        missing = {"timers not due yet": int(time.time() * 1000 < due),
+                   "push": len(plain - history.delivered_bodies("push")),
+                   "pull": len(timed - history.delivered_bodies("pull")), "pop": len(pops - acked),
+                   "txn": len(committed - {m.body.decode() for _, m in read(TXN, [REPLICATED])}),
+                   "orderly": len(set(read_log(topology.endpoint(REPLICATED)).values())
+                                  - history.delivered_bodies("orderly"))}  # fmt: skip
+        for i in range(PUSH_MEMBERS):
+            missing[f"broadcast-{i}"] = len(plain - history.delivered_bodies(f"broadcast-{i}"))
+        return {k: v for k, v in missing.items() if v}
 
     drained_in = became_true(drained, timeout_s=DRAIN_S, interval_s=2.0)
     features: dict[str, c.FeatureReport] = {}

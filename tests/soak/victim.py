@@ -19,11 +19,13 @@ def main(endpoint: str, topic: str) -> None:
     held = 0
     with PopConsumer(endpoint, "soak-pop", timeout_s=10) as consumer:
         while True:
+            error = ""
             try:
                 held += len(consumer.receive(topic, max_msgs=8, invisible_ms=INVISIBLE_MS, wait_ms=1000))
-            except BrokerError:
+            except BrokerError as e:
+                error = e.message
                 time.sleep(0.2)
-            sys.stdout.write(f"held {held}\n")
+            sys.stdout.write(f"held {held} {error}\n")
             sys.stdout.flush()
 
 
