@@ -177,7 +177,7 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
         timed = {m.body.decode() for _, m in read(TIMED, [REPLICATED])}
         pops = {m.body.decode() for _, m in read(BATCH, [REPLICATED])}
         with history.lock:
-            acked = set(history.acked_pops)
+            acked = set(history.acked_pops) | history.ack_unknown
         missing = {"timers not due yet": int(time.time() * 1000 < due),
                    "push": len(plain - history.delivered_bodies("push")),
                    "pull": len(timed - history.delivered_bodies("pull")), "pop": len(pops - acked),
@@ -204,7 +204,8 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
     c.check_sends(features.setdefault("batch", c.FeatureReport()), by_feature.get("batch", []), c.where(batch_stored))
     f = features["pop"] = c.FeatureReport()
     with history.lock:
-        acked = set(history.acked_pops)
+        acked = set(history.acked_pops) | history.ack_unknown  # an ack whose answer was lost may have been done
+        f.notes["acks_unknown"] = len(history.ack_unknown)
         for what in history.redelivered_after_ack:
             f.add("redelivered_after_ack", what)
     for body in sorted({m.body.decode() for _, m in batch_stored}):

@@ -20,9 +20,12 @@ from broker.server.process import BrokerProcess
 from tests.support.waiting import wait_until
 
 # Short leases keep each failover a few seconds (as the fault tests do); a quick check-back of open transactions
-# resolves those left UNKNOW (or interrupted by a fault) within the run.
+# resolves those left UNKNOW (or interrupted by a fault) within the run. So many unanswered checks are allowed
+# before a rollback that a producer which found no stream to a new master for a while (it lists the masters every
+# 30 s) still answers: the broker's default, 15 checks a minute apart, allows as much.
+TXN_SETTINGS = {"transaction_timeout_ms": 2000, "transaction_check_interval_ms": 2000, "transaction_check_max": 100}
 GROUP_SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000,
-                  "transaction_timeout_ms": 2000, "transaction_check_interval_ms": 2000}  # fmt: skip
+                  **TXN_SETTINGS}  # fmt: skip
 # broker-c's store: 4 MiB commit-log files on a 48 MiB tmpfs, so the filler takes the disk in an instant and the
 # store still holds several files of history (as tests/unit/store/test_full_disk_broker.py).
 DISK_MIB = 48
@@ -74,8 +77,7 @@ class Topology:
     def start_extra(self, name: str) -> BrokerProcess:
         store: dict[str, Any] = DISK_STORE if name == DISK_BROKER and self.disk is not None else SMALL_STORE
         config = self.root / f"{name}.json"
-        write_private(config, json.dumps({"store": store, "transaction_timeout_ms": 2000,
-                                          "transaction_check_interval_ms": 2000}).encode())  # fmt: skip
+        write_private(config, json.dumps({"store": store, **TXN_SETTINGS}).encode())
         args = ["--namesrv", self.namesrv, "--cluster", self.group.cluster, "--broker-name", name, "--broker-id", "0",
                 "--register-interval-ms", "500"]  # fmt: skip
         proc = BrokerProcess(self._store_path(name), listen=f"127.0.0.1:{self.ports[name]}", config=config,

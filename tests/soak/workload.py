@@ -57,6 +57,7 @@ class History:
     sent: list[Sent] = field(default_factory=list)
     delivered: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # consumer -> (body, ms)
     acked_pops: dict[str, int] = field(default_factory=dict)  # body -> when its ack was answered
+    ack_unknown: set[str] = field(default_factory=set)  # acks sent and not answered: maybe done, maybe not
     redelivered_after_ack: list[str] = field(default_factory=list)
     offsets_backwards: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -271,7 +272,10 @@ class PopLoop:
                 for p in popped:  # one by one: each answered ack is a promise the checker holds the broker to
                     try:
                         consumer.ack(p)
-                    except BrokerError:
+                    except BrokerError as e:
+                        if outcome_of(e) == "unknown":  # the broker may have taken it: it need not come back
+                            with self.history.lock:
+                                self.history.ack_unknown.add(p.message.body.decode())
                         continue
                     with self.history.lock:
                         self.history.acked_pops[p.message.body.decode()] = int(time.time() * 1000)
