@@ -12,7 +12,7 @@ import time
 from broker.client import PopConsumer
 from broker.errors import BrokerError
 
-INVISIBLE_MS = 5_000  # what the killed consumer held comes back to the others this long after it took it
+INVISIBLE_MS = 10_000  # the broker's least invisible time: what the killed consumer held comes back after it
 
 
 def main(endpoint: str, topic: str) -> None:
