@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from small_fs import fill  # type: ignore[import-not-found]
+from small_fs import fill
 
 from tests.soak.topology import DISK_BROKER, GROUP_SETTINGS, REPLICATED, RESTART_BROKER, Topology
 from tests.support.waiting import wait_until

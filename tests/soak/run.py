@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jepsen import QUEUES as ORDERED_QUEUES  # type: ignore[import-not-found]
+from jepsen import QUEUES as ORDERED_QUEUES
 from jepsen import TOPIC as ORDERED
 from jepsen import Workload, check, read_log
 
@@ -93,8 +93,8 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
                    Writer("timed", history, timed_step(producer, 0, rng), WRITER_PAUSE_S),
                    Writer("txn", history, txn_step(txn, 0), WRITER_PAUSE_S)]  # fmt: skip
         ordered = Workload(ns, writers=2, pause_s=WRITER_PAUSE_S).start()
-        for loop in (pull, pop, *writers):
-            loop.thread.start()
+        for thread in (pull.thread, pop.thread, *(w.thread for w in writers)):
+            thread.start()
         injector = Injector(topology, BATCH, began, pop.hold)
         deadline = began + minutes * 60
         for fault in schedule.faults:
