@@ -214,6 +214,7 @@ class PullLoop:
         self.consumer = PullConsumer(namesrv=namesrv, group="soak-pull", timeout_s=10)
         self.topic, self.history = topic, history
         self.committed: dict[MessageQueue, int] = {}
+        self.regressed: dict[MessageQueue, int] = {}  # the offset each queue went back to, recorded once
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="soak-pull", daemon=True)
 
@@ -228,7 +229,8 @@ class PullLoop:
     def _round(self) -> None:
         stored = self.consumer.committed_offsets(self.topic, by_queue=True)
         for mq, offset in stored.items():
-            if offset < self.committed.get(mq, 0):
+            if offset < self.committed.get(mq, 0) and self.regressed.get(mq) != offset:
+                self.regressed[mq] = offset  # the next rounds read on from here: one regression, recorded once
                 went = f"{mq.broker_name}/{mq.queue_id}: {self.committed[mq]} -> {offset}"
                 self.history.offsets_backwards.append(went)
         for mq in self.consumer.fetch_queues(self.topic):
