@@ -10,7 +10,7 @@ RUNTIME_LOCK := requirements/runtime.txt
 UV_COMPILE := $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command 'make lock'
 
-.PHONY: venv test unit integration fuzz lint proto bench demo image clean test-failover test-crash lock
+.PHONY: venv test unit integration fuzz lint proto bench demo image clean test-failover test-crash lock soak
 
 # The lock holds pip, setuptools and wheel too: the venv's own pip installs them first, and the editable install of
 # Sluice is built without isolation by the locked setuptools (no build dependency is fetched unpinned).
@@ -51,6 +51,14 @@ FAILOVERS ?= 50
 test-failover: $(STAMP)
 	bash scripts/ensure-etcd.sh
 	SLUICE_LONG_FAILOVERS=$(FAILOVERS) $(PY) -m pytest tests/unit/ha -q -s $(PYTEST_ARGS)
+
+## make soak: every feature through every fault at once (tests/soak: a replicated group under controller mode, two
+## more brokers, producers and consumers of every kind, faults drawn from a seed), checked at the end; the seed, the
+## schedule and the report in bench/results/soak.json. SOAK_MINUTES=N (default 5), SOAK_SEED=S to re-run a seed.
+SOAK_MINUTES ?= 5
+soak: $(STAMP)
+	bash scripts/ensure-etcd.sh
+	SOAK_MINUTES=$(SOAK_MINUTES) $(if $(SOAK_SEED),SOAK_SEED=$(SOAK_SEED)) $(PY) -m tests.soak
 
 ## make test-crash: the Spark crash loops at full length (more driver kills over more messages than in `make test`,
 ## more queries stopped mid-start)

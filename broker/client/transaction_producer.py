@@ -31,9 +31,10 @@ from broker.client.connection import Connection
 from broker.client.outgoing_message import Message, body_bytes
 from broker.client.producer import Producer, SendResults
 from broker.client.results import ReceivedMessage, SendResult
-from broker.errors import BrokerError
+from broker.errors import BrokerError, NotMasterError
 from broker.format.message import decode_entry
 from broker.proto import sluice_pb2 as pb
+from broker.proto.status import error_from_rpc
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class TransactionProducer(Producer):
         self._call_lock = threading.Lock()
         self._txn_brokers: dict[str, str] = {}  # transaction id -> address of the broker holding its half
         self._threads: dict[str, threading.Thread] = {}
+        self._relist = threading.Event()  # a check stream broke: list the masters again now, not at the next tick
         self._watcher = threading.Thread(target=self._watch_brokers, name=f"tx-brokers-{group}", daemon=True)
         self._watcher.start()
 
@@ -143,7 +145,8 @@ class TransactionProducer(Producer):
                                               name=f"tx-check-{self.group}-{address}")  # fmt: skip
                     self._threads[address] = thread
                     thread.start()
-            self._stop.wait(BROKER_WATCH_INTERVAL_S if self.router.cluster_mode else 3600)
+            self._relist.wait(BROKER_WATCH_INTERVAL_S if self.router.cluster_mode else 3600)
+            self._relist.clear()
 
     # ------------------------------------------------------------------------------------------------ check-back
     def _check_loop(self, address: str) -> None:
@@ -161,6 +164,11 @@ class TransactionProducer(Producer):
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     return
+                if self.router.cluster_mode:
+                    self._relist.set()  # a master failed over, or died: its successor needs a stream at once
+                    if isinstance(error_from_rpc(e), NotMasterError):  # no longer a master: no halves to check
+                        log.info("%s is no longer a master; its transaction check stream ends", address)
+                        return
                 log.warning("transaction check stream of %s broke (%s); reopening", self.group, e.code())
             self._stop.wait(RECONNECT_BACKOFF_S)
 
@@ -183,6 +191,7 @@ class TransactionProducer(Producer):
 
     def close(self) -> None:
         self._stop.set()
+        self._relist.set()
         with self._call_lock:
             for call in self._calls.values():
                 call.cancel()

@@ -200,17 +200,20 @@ class Controller:
         self.state = state
         if self.master_epoch:
             if (state is None or state.epoch != self.master_epoch or state.master != self.broker_id
-                    or master_kv is None or master_kv.lease != self.lease):  # fmt: skip
+                    or master_kv is None or master_kv.lease != lease):  # fmt: skip
                 self._fence(f"etcd names {'no master' if state is None else f'epoch {state.epoch}'} now")
             return
         if master_kv is not None and state is not None:
-            if state.master == self.broker_id and master_kv.lease != self.lease:
+            if state.master == self.broker_id and master_kv.lease != lease:
                 return  # this replica's previous run: its lease expires soon, then the group elects
             self.hooks.follow(state)
             return
-        self._run_for_election(state, state_kv)
+        self._run_for_election(state, state_kv, lease)
 
-    def _run_for_election(self, state: GroupState | None, state_kv: KeyValue | None) -> None:
+    def _run_for_election(self, state: GroupState | None, state_kv: KeyValue | None, lease: int) -> None:
+        """``lease``: the one this tick read, never ``self.lease`` again: the keeper thread sets that to 0 while it
+        takes a new lease, and a master key put on lease 0 never expires (the group would keep a dead master's key,
+        every replica waiting for it to go, for ever)."""
         if state is None:
             new = GroupState(1, self.broker_id, frozenset({self.broker_id}), self.member["address"],
                              self.member["haAddress"])  # fmt: skip
@@ -235,7 +238,7 @@ class Controller:
                        RevisionCondition(self.master_key, "CREATE", 0)]
         won = self.etcd.transaction(compare, [
             Put(self.state_key, new.to_json()),
-            Put(self.master_key, {"brokerId": self.broker_id, "epoch": new.epoch}, self.lease),
+            Put(self.master_key, {"brokerId": self.broker_id, "epoch": new.epoch}, lease),
         ])  # fmt: skip
         if not won:
             return

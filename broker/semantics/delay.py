@@ -7,8 +7,13 @@ its queue in order (every message of a queue has the same delay and store timest
 are ordered too) and, once ``store_timestamp + delay`` has passed, re-stores the message in its real topic: new
 msgId, same body, flag, keys, properties (minus ``DELAY``), born time/host and reconsume count. The next queue
 offset to deliver per level is kept in ``config/delayOffset.json`` (RocketMQ's file and shape), written atomically
-after every delivered batch. A crash between a delivery and the write delivers that batch again on restart:
-at-least-once, as in RocketMQ.
+after every delivered batch. A crash (or a failover: the file reaches the slaves by the metadata sync, seconds
+behind) between a delivery and the write would deliver that batch again, as RocketMQ does; instead, a level starting
+(or a replica taking office) first asks the message index, for each message it is about to deliver, whether a copy
+with its UNIQ_KEY was already stored in the real topic after it (the delivered copy is in the commit log, so in
+every in-sync replica's log and index, as timer_delivered.py explains for timers), and skips it if so, until
+``RECHECK_MISSES`` in a row had none. Without a message index (or a message without UNIQ_KEY) delivery stays at
+least once.
 
 Server wiring::
 
@@ -50,6 +55,7 @@ from broker.format.properties import property_number
 from broker.format.system_topics import SCHEDULE_READER_GROUP, SCHEDULE_TOPIC
 from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
+from broker.semantics.timer_delivered import CLOCK_SLACK_MS
 from broker.store import GetStatus, MessageStore, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,9 @@ MAX_LEVELS = 64  # a thread per level: bound them
 DELIVER_BATCH = 32  # messages read per get: bounds the work between two progress writes
 IDLE_POLL_S = 0.5  # re-check an idle level this often even if no arrival was signalled
 RETRY_AFTER_FAILURE_S = 1.0  # after the store refused a re-store (disk full, shutting down)
+# Due messages in a row without a delivered copy after which a starting level stops asking the index: the ones its
+# progress file missed are the first it reads (a level delivers in order), so a few batches cover them.
+RECHECK_MISSES = 4 * DELIVER_BATCH
 
 _DELAY_MARK = ("\x02" + Prop.DELAY + "\x01").encode()  # how a DELAY property starts inside a \x02-led list
 _LEVEL_TOKEN = re.compile(r"([1-9][0-9]*)(ms|s|m|h|d)\Z")
@@ -149,6 +158,7 @@ class ScheduleMessageService:
         self._threads: list[threading.Thread] = []
         self._delivered = 0
         self._listening = False  # the store has no way to remove a listener: add ours once
+        self._recheck: dict[int, int] = {}  # level -> due messages still to look up before delivering (module doc)
         self._load()
 
     # ------------------------------------------------------------------------------------------ send side
@@ -225,6 +235,7 @@ class ScheduleMessageService:
         if not self._listening:
             self.store.add_arrival_listener(self._on_arrival)
             self._listening = True
+        self._recheck_all()
         for level in range(1, self.levels.max_level + 1):
             t = threading.Thread(target=self._run_level, args=(level,), name=f"schedule-level-{level}", daemon=True)
             self._threads.append(t)
@@ -254,6 +265,24 @@ class ScheduleMessageService:
         """Read the progress file again (a replica taking office: the file is its old master's copy)."""
         with self._lock:
             self._load()
+        self._recheck_all()
+
+    def _recheck_all(self) -> None:
+        with self._lock:
+            self._recheck = {level: RECHECK_MISSES for level in range(1, self.levels.max_level + 1)}
+
+    def _delivered_before(self, level: int, msg: StoredMessage) -> bool:
+        """Whether ``msg`` was delivered by a run whose progress was not recorded (only while rechecking)."""
+        with self._lock:
+            if self._recheck.get(level, 0) <= 0:
+                return False
+        found = has_delivered_copy(self.store, msg)
+        with self._lock:
+            self._recheck[level] = RECHECK_MISSES if found else self._recheck.get(level, 0) - 1
+        if found:
+            log.warning("schedule level %d: %s was delivered before its progress was recorded (a crash or "
+                        "failover); not delivered again", level, msg.msg_id)  # fmt: skip
+        return found
 
     def _load(self) -> None:
         """Read the file (the caller holds the lock, or is the constructor)."""
@@ -350,7 +379,7 @@ class ScheduleMessageService:
                 if due > now:
                     wait_s = (due - now) / 1000
                     break
-                if not self._deliver(msg):
+                if not self._delivered_before(level, msg) and not self._deliver(msg):
                     wait_s = RETRY_AFTER_FAILURE_S
                     break
                 offset = msg.queue_offset + 1
@@ -416,3 +445,17 @@ class ScheduleMessageService:
             return True
         log.warning("re-storing scheduled message %s: %s %s; will retry", msg.msg_id, res.status.name, res.error)
         return False
+
+
+def has_delivered_copy(store: MessageStore, msg: StoredMessage) -> bool:
+    """Whether the scheduled ``msg`` has a delivered copy in its real topic: same UNIQ_KEY, later in the log."""
+    uniq = msg.properties.get(Prop.UNIQ_KEY)
+    topic = msg.properties.get(Prop.REAL_TOPIC)
+    if store.index is None or not uniq or not topic:
+        return False
+    try:
+        copies = store.query_by_key(topic, uniq, max_num=4, begin_ms=msg.store_timestamp - CLOCK_SLACK_MS,
+                                    confirmed_only=False)  # fmt: skip
+    except InvalidArgumentError:  # not a topic name the index knows: nothing was delivered there
+        return False
+    return any(c.commitlog_offset > msg.commitlog_offset for c in copies)

@@ -24,13 +24,19 @@ from broker.store import GetStatus
 class HalfScans(TransactionTable):
     """Scans of the system queues, over the transaction table."""
 
-    def _scan_raw(self, topic: str, queue_id: int, start: int, end: int | None = None) -> Iterator[RawHalf]:
+    def _scan_raw(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
+                  confirmed_only: bool = True) -> Iterator[RawHalf]:  # fmt: skip
         """Entries of a queue from ``start`` (corrected up to the minimum) to ``end`` (default: the current max),
-        undecoded."""
+        undecoded. ``confirmed_only=False``: past the read limit too (a new master's confirmed offset may lag the
+        entries its log already holds)."""
         offset = max(start, self.store.min_offset(topic, queue_id))
-        stop = self.store.max_offset(topic, queue_id) if end is None else end
+        if end is not None:
+            stop = end
+        else:
+            stop = self.store.max_offset(topic, queue_id) if confirmed_only else self.store.queue_end(topic, queue_id)
         while offset < stop:
-            res = self.store.get_message(TRANS_READER_GROUP, topic, queue_id, offset, min(SCAN_BATCH, stop - offset))
+            res = self.store.get_message(TRANS_READER_GROUP, topic, queue_id, offset, min(SCAN_BATCH, stop - offset),
+                                         confirmed_only=confirmed_only)  # fmt: skip
             if res.status is GetStatus.FOUND:
                 buf = res.buffer
                 ends = [*res.entry_positions[1:], len(buf)]

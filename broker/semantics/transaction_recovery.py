@@ -144,7 +144,9 @@ class Recovery(Decisions):
         done: set[int] = set()
         queues = decode_commit_start(op.properties.get(COMMIT_START, ""))  # every queue the commit writes to
         for (topic, qid), start in queues.items():
-            for e in self._scan_raw(topic, qid, start):
+            # every copy this log holds, confirmed or not: a new master's read limit may lag the copies its old
+            # master stored before it died, and a copy not seen here would be stored a second time
+            for e in self._scan_raw(topic, qid, start, confirmed_only=False):
                 if committed_by(e.entry, t.txn_id):
                     done.add(I64.unpack_from(e.entry, POS_PREPARED_TX_OFFSET)[0])
         skip = np.array(sorted(done), np.int64)

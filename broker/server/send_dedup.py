@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from broker.errors import SystemBusyError
 from broker.format.message import BODY_START, I32, POS_BODY_LENGTH, Prop
-from broker.format.system_topics import SCHEDULE_TOPIC
+from broker.format.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.format.transaction_codec import raw_property
 from broker.store import MessageStore, PutStatus
 from broker.store.store_results import PutResult
@@ -133,7 +133,8 @@ class SendDeduplicator:
         if not self.store.wait_dispatched(WAIT_FIRST_ATTEMPT_S):
             raise SystemBusyError("the store is indexing a backlog; retry the send later")
         begin_ms = int(time.time() * 1000) - self.window_ms
-        for topic in (key.topic, SCHEDULE_TOPIC):  # a delayed message is stored in the schedule topic first
+        # a delayed message is stored in the schedule topic first, a timer message in the timer topic
+        for topic in (key.topic, SCHEDULE_TOPIC, TIMER_TOPIC):
             # unconfirmed copies too: the answer then waits for the in-sync replicas (broker/ha/replication_gate.py)
             hits = self.store.query_by_key(topic, key.uniq_key, max_num=1, begin_ms=begin_ms, confirmed_only=False)
             if hits:

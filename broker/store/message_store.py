@@ -446,7 +446,11 @@ class MessageStore:
         max_bytes: int | None = None,
         tag_codes: set[int] | None = None,
         message_filter: Callable[[StoredMessage], bool] | None = None,
+        *,
+        confirmed_only: bool = True,
     ) -> GetResult:
+        """``confirmed_only=False``: also units past the read limit (the broker's own recovery, which must see
+        every entry its log holds, as ``query_by_key`` does for the retry deduplication)."""
         if not self._running:
             raise ServiceNotAvailableError("the store is not running; retry once the broker has started")
         self._counters["gets"] += 1
@@ -455,7 +459,7 @@ class MessageStore:
             if queue_id < 0 or not topic or not TOPIC_PATTERN.fullmatch(topic):
                 return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, self.visible_max(cq)
+        lo, hi = cq.min_offset, self.visible_max(cq) if confirmed_only else cq.max_offset
         if hi == 0:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
         if offset < lo:

@@ -186,3 +186,32 @@ def test_progress_saved_before_the_log_was_cut_back_moves_back_to_the_queue_ends
         json.dump({"offsetTable": {"1": 2}, "log_end": log_now}, f)
     sched.reload()
     assert sched.offsets() == {1: 2}
+
+
+def test_a_delivery_the_progress_file_missed_is_not_made_again(box: StoreBox) -> None:
+    """The progress file behind the log (a failover: the new master's copy came by the metadata sync, before the
+    old master's last deliveries): the level finds the delivered copies by their UNIQ_KEY and delivers only the rest,
+    each once (the soak found a delay message readable twice after a master SIGKILL)."""
+    config_dir = os.path.join(box.path, "config")
+    sched = ScheduleMessageService(box.s, config_dir, FAST_LEVELS)
+    sched.start()
+    for i in range(3):
+        assert sched.put_message("T", 0, b"done-%d" % i, {Prop.DELAY: "1", Prop.UNIQ_KEY: f"U{i}"}).ok
+    wait_until(lambda: len(box.read_topic("T")) == 3, "three deliveries", timeout_s=5, interval_s=0.005)
+    sched.shutdown()
+    with open(os.path.join(config_dir, "delayOffset.json")) as f:
+        progress = json.load(f)
+    progress["offsetTable"]["1"] = 0  # as the old master's file was before those deliveries
+    with open(os.path.join(config_dir, "delayOffset.json"), "w") as f:
+        json.dump(progress, f)
+    sched = ScheduleMessageService(box.s, config_dir, FAST_LEVELS)
+    assert sched.offsets()[1] == 0
+    assert sched.put_message("T", 0, b"new", {Prop.DELAY: "1", Prop.UNIQ_KEY: "U-new"}).ok
+    sched.start()
+    try:
+        wait_until(lambda: sched.offsets()[1] == 4, "the level past all four", timeout_s=5, interval_s=0.005)
+        time.sleep(0.3)  # would a second copy come?
+        bodies = sorted(m.body for m in box.read_topic("T"))
+    finally:
+        sched.shutdown()
+    assert bodies == [b"done-0", b"done-1", b"done-2", b"new"]

@@ -1,0 +1,143 @@
+"""The fault schedule of a soak, drawn from its seed, and the injection of each fault.
+
+The schedule is a list of (kind, gap before it, how long it lasts), drawn in full before the run: the same seed gives
+the same list. Faults run one after another, each healed before the next (a replica restarted and back in sync,
+the disk emptied, the paused master resumed): a soak checks every promise through every fault, not a cluster
+that faults left below its in-sync minimum for good."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from small_fs import fill
+
+from tests.soak.topology import DISK_BROKER, GROUP_SETTINGS, REPLICATED, RESTART_BROKER, Topology
+from tests.support.waiting import wait_until
+
+KILL_MASTER, PAUSE_MASTER, RESTART, FULL_DISK, KILL_CLIENT, PARTITION = (
+    "master-sigkill", "master-sigstop", "broker-restart", "full-disk", "client-kill", "partition")  # fmt: skip
+KINDS = (KILL_MASTER, PAUSE_MASTER, RESTART, FULL_DISK, KILL_CLIENT)
+GAP_S = (4.0, 12.0)  # quiet time before each fault: the workload runs on a healed cluster between faults
+DURATION_S = (3.0, 10.0)
+PAUSE_MIN_S = 2 * float(GROUP_SETTINGS["ha_lease_ttl_s"]) + 1  # a pause outlives the lease: a new master is elected
+RECOVERY_S = 180.0  # a failover and a rejoin take 10-30 s on a busy 2-core machine; this is a hang, not slowness
+PLANNED = 400  # drawn up front; a run uses as many as its minutes allow
+
+
+@dataclass
+class Fault:
+    kind: str
+    gap_s: float
+    duration_s: float
+    target: str = ""
+    started_s: float = -1.0  # since the run began
+    started_ms: int = 0  # the wall clock, to set beside the store timestamps of what the checker reads
+    healed_s: float = -1.0
+    note: str = ""
+
+
+@dataclass
+class Schedule:
+    seed: int
+    kinds: tuple[str, ...]
+    faults: list[Fault] = field(default_factory=list)
+
+    @classmethod
+    def draw(cls, seed: int, kinds: tuple[str, ...]) -> Schedule:
+        rng = random.Random(seed)
+        faults = [Fault(rng.choice(kinds), round(rng.uniform(*GAP_S), 1), round(rng.uniform(*DURATION_S), 1))
+                  for _ in range(PLANNED)]  # fmt: skip
+        return cls(seed, kinds, faults)
+
+    def as_json(self, upto: int) -> list[dict[str, object]]:
+        return [asdict(f) for f in self.faults[:upto]]
+
+
+def available_kinds(topology: Topology) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The kinds this machine can inject, and why each other one is not."""
+    skipped = {PARTITION: "not implemented in the soak: its clients run in this process on loopback; the partition "
+                          "fault is tests/unit/ha/test_partition.py's"}  # fmt: skip
+    kinds = list(KINDS)
+    if topology.disk is None:
+        kinds.remove(FULL_DISK)
+        skipped[FULL_DISK] = "not root: no tmpfs can be mounted for broker-c's store"
+    return tuple(kinds), skipped
+
+
+class Injector:
+    def __init__(self, topology: Topology, pop_topic: str, began: float, pop_hold: threading.Event) -> None:
+        self.t, self.pop_topic, self.began, self.pop_hold = topology, pop_topic, began, pop_hold
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.began, 1)
+
+    def inject(self, f: Fault) -> None:
+        f.started_s = self._now()
+        f.started_ms = int(time.time() * 1000)
+        getattr(self, "_" + f.kind.replace("-", "_"))(f)
+        f.healed_s = self._now()
+
+    def _master_sigkill(self, f: Fault) -> None:
+        g = self.t.group
+        master = g.wait_master(timeout_s=RECOVERY_S)
+        f.target = f"{REPLICATED}/{master}"
+        g.kill(master)
+        g.wait_master(other_than=master, timeout_s=RECOVERY_S)
+        time.sleep(f.duration_s)
+        g.start_replica(master)
+        wait_until(self.t.in_sync, "the killed replica back in sync", timeout_s=RECOVERY_S, interval_s=0.5)
+
+    def _master_sigstop(self, f: Fault) -> None:
+        g = self.t.group
+        master = g.wait_master(timeout_s=RECOVERY_S)
+        f.target = f"{REPLICATED}/{master}"
+        g.pause(master)
+        try:
+            time.sleep(max(f.duration_s, PAUSE_MIN_S))
+        finally:
+            g.resume(master)
+        wait_until(self.t.in_sync, "the paused replica back in sync", timeout_s=RECOVERY_S, interval_s=0.5)
+
+    def _broker_restart(self, f: Fault) -> None:
+        f.target = RESTART_BROKER
+        self.t.extra[RESTART_BROKER].stop()
+        time.sleep(f.duration_s)
+        self.t.start_extra(RESTART_BROKER)
+
+    def _full_disk(self, f: Fault) -> None:
+        assert self.t.disk is not None
+        f.target = DISK_BROKER
+        filler = fill(self.t.disk)
+        try:
+            time.sleep(f.duration_s)
+        finally:
+            filler.unlink()
+
+    def _client_kill(self, f: Fault) -> None:
+        f.target = "pop consumer process"
+        endpoint = self.t.endpoint(REPLICATED)
+        self.pop_hold.set()  # the soak's own pop consumer steps aside, so the doomed one gets messages to hold
+        proc = subprocess.Popen([sys.executable, "-m", "tests.soak.victim", endpoint, self.pop_topic],
+                                stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parents[2]))
+        held = 0  # fmt: skip
+        hold_until = time.monotonic() + f.duration_s / 2  # it holds messages a while before it dies
+        give_up = time.monotonic() + 30.0  # no message to take (the topic drained): killed anyway
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                _, count, *error = line.split(maxsplit=2)
+                held, f.note = int(count), " ".join(error).strip()
+                now = time.monotonic()
+                if (held and now >= hold_until) or now > give_up:
+                    break
+        finally:
+            proc.kill()
+            proc.wait()
+            self.pop_hold.clear()
+        f.note = f"killed holding {held} messages" + (f" (last error: {f.note})" if f.note else "")
