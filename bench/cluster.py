@@ -34,7 +34,7 @@ TARGET_RATIO_100B = 1.4
 
 
 def _client(namesrv: str, broker_name: str, body_size: int, duration_s: float, start_at: float,
-            out: Any) -> None:  # fmt: skip
+            out: Any) -> None:
     """One client process: THREADS_PER_CLIENT threads sending batches to ``broker_name``'s queues."""
     import threading
 
@@ -75,7 +75,7 @@ def run_case(brokers: int, body_size: int, duration_s: float) -> dict[str, float
     # one CPU for each broker's Python threads (with "auto" both would take the lowest CPU), the native ones free
     cpus = [str(cpu) for cpu in sorted(os.sched_getaffinity(0))]
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp, \
-            LocalCluster(Path(tmp), brokers=brokers, python_cpus=cpus) as c:  # fmt: skip
+            LocalCluster(Path(tmp), brokers=brokers, python_cpus=cpus) as c:
         for name in c.names:
             with Admin(c.endpoint(name)) as admin:
                 admin.create_topic(TOPIC, QUEUES)
@@ -87,7 +87,7 @@ def run_case(brokers: int, body_size: int, duration_s: float) -> dict[str, float
         out = ctx.Queue()
         start_at = time.time() + 3.0  # every client connected and warm before the clock starts
         procs = [ctx.Process(target=_client, args=(c.namesrv, c.names[i % brokers], body_size, duration_s,
-                                                   start_at, out)) for i in range(CLIENTS)]  # fmt: skip
+                                                   start_at, out)) for i in range(CLIENTS)]
         for proc in procs:
             proc.start()
         time.sleep(max(0.0, start_at + 0.5 - time.time()))
@@ -98,7 +98,7 @@ def run_case(brokers: int, body_size: int, duration_s: float) -> dict[str, float
         for proc in procs:
             proc.join()
     return {"msgs_per_s": total / duration_s, "MB_per_s": total * body_size / duration_s / 1e6,
-            "cpu_busy": (busy1 - busy0) / max(1, all1 - all0)}  # fmt: skip
+            "cpu_busy": (busy1 - busy0) / max(1, all1 - all0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = (sum(two) / len(two)) / (sum(one) / len(one))
         rows.append({"body_bytes": size, "one_broker_msgs_per_s": one, "two_brokers_msgs_per_s": two,
                      "ratio": ratio, "one_broker_cpu_busy": busy[f"1_broker_{size}B"],
-                     "two_brokers_cpu_busy": busy[f"2_broker_{size}B"]})  # fmt: skip
+                     "two_brokers_cpu_busy": busy[f"2_broker_{size}B"]})
     print(f"{'body':>6}  {'1 broker msgs/s':>26}  {'2 brokers msgs/s':>26}  ratio  machine CPU busy (1 / 2 brokers)")
     for row in rows:
         one_s = ", ".join(f"{v:,.0f}" for v in row["one_broker_msgs_per_s"])
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {mp.cpu_count()} CPUs",
         "command": "python -m bench.cluster", "duration_s": args.duration, "clients": CLIENTS,
         "threads_per_client": THREADS_PER_CLIENT, "rows": rows, "target_ratio_100B": TARGET_RATIO_100B,
-    }  # fmt: skip
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
                     entry = encode_entry(b"Bench", 0, BODY, encode_properties(props) if props else b"")
                     rows.append({"properties": "TAGS" if props else "none", "entries_per_pass": n,
                                  "scalar_us_per_entry": cost["scalar"], "vector_us_per_entry": cost["vector"],
-                                 "entry_bytes": len(entry)})  # fmt: skip
+                                 "entry_bytes": len(entry)})
         finally:
             dispatcher_module.SCALAR_DISPATCH_BYTES = chosen
             store.shutdown()
     print(f"{'properties':<11}{'entries/pass':>13}{'bytes/pass':>12}{'scalar us/entry':>17}{'vector us/entry':>17}")
     for r in rows:
         print(f"{r['properties']:<11}{r['entries_per_pass']:>13}{r['entries_per_pass'] * r['entry_bytes']:>12,}"
-              f"{r['scalar_us_per_entry']:>17.2f}{r['vector_us_per_entry']:>17.2f}")  # fmt: skip
+              f"{r['scalar_us_per_entry']:>17.2f}{r['vector_us_per_entry']:>17.2f}")
     print(f"SCALAR_DISPATCH_BYTES = {chosen:,}: passes up to that size take the scalar path")
     os.makedirs("bench/results", exist_ok=True)
     with open("bench/results/dispatch.json", "w") as f:

@@ -340,7 +340,7 @@ def relay_consumer(port: int, streams: bool, count: int, ready: Any, results: An
     deadline = time.monotonic() + START_TIMEOUT_S + count * PACE_S * 4
     receive = relay_stream_receive if streams else relay_receive
     results.put(receive(port, BODY_B, ready.set, lambda n: n < count and time.monotonic() < deadline,
-                        time.perf_counter))  # fmt: skip
+                        time.perf_counter))
 
 
 RELAYS = {  # what -> (server script, whether puts and gets are streams)
@@ -427,7 +427,7 @@ def paced_sends(
             round_trips.append(t1 - t0)
         time.sleep(PACE_S)
     cpu = ServerCpu(what, (process_cpu_s(server_pid) - cpu_s) / calls * 1e6,
-                    cpu_by_role(threads, thread_cpu_s(server_pid), calls))  # fmt: skip
+                    cpu_by_role(threads, thread_cpu_s(server_pid), calls))
     return sent_at, round_trips, cpu
 
 
@@ -574,12 +574,12 @@ def broker_hops(calls: int) -> BrokerRuns:
                 push_sent_at, _, push_cpu = paced_sends(
                     lambda body: producer.send(Message(PUSH_TOPIC, body), queue_id=0), calls, broker.proc.pid,
                     "sluice, push",
-                )  # fmt: skip
+                )
                 push_received = collect(consumer, results, calls + WARMUP_CALLS)
         finally:
             broker.stop()
     return BrokerRuns(sends, arrivals(sent_at, received, "the broker"), back_to_back, cpu,
-                      arrivals(push_sent_at, push_received, "the broker"), push_cpu)  # fmt: skip
+                      arrivals(push_sent_at, push_received, "the broker"), push_cpu)
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
@@ -641,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS_DIR / "hops.json"
     record = {"date": time.strftime("%Y-%m-%d"), "calls": args.calls, "body_b": BODY_B,
               "load_average": [load_before, os.getloadavg()[0]], "hops": [asdict(h) for h in hops],
-              "server_cpu": [asdict(c) for c in cpu]}  # fmt: skip
+              "server_cpu": [asdict(c) for c in cpu]}
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

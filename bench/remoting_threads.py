@@ -107,7 +107,7 @@ else:
 
 def start_server(kind: str, work_us: float) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen([sys.executable, "-c", SERVER, kind, str(work_us / 1e6), str(POOL_THREADS)],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
 
@@ -117,7 +117,7 @@ def sync_sends(port: int, seconds: float) -> float:
     conn = socket.create_connection(("127.0.0.1", port))
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     frames = [encode_frame(RemotingCommand(code, opaque=1, ext_fields={"b": "T", "e": "0"}, body=b"x" * 100))
-              for code in (SEND, PULL)]  # fmt: skip
+              for code in (SEND, PULL)]
     sent = 0
     start = time.perf_counter()
     deadline = start + seconds
@@ -172,11 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     for k, r in rows.items():
         a, b = r["one_sender"], r[f"{args.senders}_senders"]
         print(f"{k:<24}{a['median']:>10.0f} [{a['min']:.0f}, {a['max']:.0f}]{b['median']:>12.0f} "
-              f"[{b['min']:.0f}, {b['max']:.0f}]")  # fmt: skip
+              f"[{b['min']:.0f}, {b['max']:.0f}]")
     out = Path(__file__).with_name("results") / "remoting_threads.json"
     out.parent.mkdir(exist_ok=True)
     report = {"benchmark": "remoting_threads", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "args": vars(args), "load_avg_1m": round(os.getloadavg()[0], 2), "candidates": rows}  # fmt: skip
+              "args": vars(args), "load_avg_1m": round(os.getloadavg()[0], 2), "candidates": rows}
     out.write_text(json.dumps(report, indent=2) + "\n")
 
 

@@ -73,7 +73,7 @@ def _throughput(name: str, body_size: int, duration_s: float) -> float:
     replicas, settings = CASES[name]
     with tempfile.TemporaryDirectory(prefix="sluice-bench-repl-") as tmp:
         group = ReplicaGroup(Path(tmp), replicas, controller=False, settings=settings,
-                             store={"mapped_file_size_commit_log": 1 << 30})  # fmt: skip
+                             store={"mapped_file_size_commit_log": 1 << 30})
         if not settings:  # no replication at all: a broker on its own
             group.settings["role"] = ""
         with group as g:
@@ -165,20 +165,20 @@ def main(argv: list[str] | None = None) -> int:
             med = sorted(values)[len(values) // 2]
             size = int(size_name.split()[0])
             table.setdefault(size_name, {})[name] = {"msgs_per_s": med, "mb_per_s": med * size / 1e6,
-                                                     "ratio": med / base}  # fmt: skip
+                                                     "ratio": med / base}
             print(f"{size_name:<8}{name:<26}{med:>12,.0f}{med * size / 1e6:>9.1f}{med / base:>9.2f}")
     failover: dict[str, Any] = {}
     if args.kills:
         print(f"\nFailover time, {args.kills} SIGKILLs of the master (controller mode, default settings):")
         times = _failovers(args.kills)
         failover = {"kills": len(times), "p50_s": _pct(times, 0.5), "p99_s": _pct(times, 0.99), "max_s": max(times),
-                    "times_s": times}  # fmt: skip
+                    "times_s": times}
         print(f"p50 {failover['p50_s']:.2f} s   p99 {failover['p99_s']:.2f} s   max {failover['max_s']:.2f} s")
     result = {
         "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(), "cpus": mp.cpu_count(),
         "duration_s": args.duration, "repeat": args.repeat, "throughput": table, "failover": failover,
         "targets": {"sync_master_ratio": TARGET_SYNC_RATIO, "failover_p99_s": TARGET_FAILOVER_P99_S},
-    }  # fmt: skip
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
     print(f"wrote {RESULTS}")

@@ -29,7 +29,7 @@ def store(d: dict[str, Any]) -> str:
         [r["case"], str(r["body_bytes"]), f"{r.get('msgs_per_s', 0):,.0f}" if r.get("msgs_per_s") else "—",
          f"{r.get('mb_per_s', 0):,.1f}", r.get("target", "")]
         for r in d["rows"]
-    ]  # fmt: skip
+    ]
     return f"load average at start {d.get('load_at_start', '?')}\n\n" + table(
         ["case", "body B", "msgs/s", "MB/s", "target"], rows
     )
@@ -56,7 +56,7 @@ def spark_sink(d: dict[str, Any]) -> str:
         [r["sink"], f"{r['rows']:,}", f"{r['best_s']:.2f}", f"{r['rows_per_s']:,.0f}", f"{r['ratio_to_noop']:.2f}",
          f"{r['ratio_to_python_noop']:.2f}"]
         for r in d["rows"]
-    ]  # fmt: skip
+    ]
     return table(["sink", "rows", "best s", "rows/s", "x noop", "x python-noop"], rows)
 
 
@@ -67,7 +67,7 @@ def peers(d: dict[str, Any]) -> str:
             rows.append(
                 [name, size, f"{t.get('produce_msgs_s', 0):,}", f"{t.get('produce_mb_s', 0):.1f}",
                  f"{t.get('consume_msgs_s', 0):,}", f"{t.get('consume_mb_s', 0):.1f}"]
-            )  # fmt: skip
+            )
     out = table(["system", "size B", "produce msgs/s", "produce MB/s", "consume msgs/s", "consume MB/s"], rows)
     return out + "\n\nlimits: " + ", ".join(f"{k} {v}" for k, v in d.get("limits", {}).items())
 

@@ -72,7 +72,7 @@ def sluice_send(endpoint: str, topic: str, n: int) -> int:
 
 def official_receive(endpoint: str, topic: str, n: int) -> int:
     c = SimpleConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), "bench-official",
-                       {topic: FilterExpression()}, await_duration=1)  # fmt: skip
+                       {topic: FilterExpression()}, await_duration=1)
     c.startup()
     got = 0
     try:
@@ -120,13 +120,13 @@ def run(n: int, queues: int) -> dict[str, Any]:
             def row(case: str, client: str, result: tuple[float, float, int]) -> None:
                 wall, cpu, count = result
                 rows.append({"case": case, "client": client, "messages": count, "msgs_per_s": count / wall,
-                             "broker_cpu_us_per_msg": cpu / count * 1e6})  # fmt: skip
+                             "broker_cpu_us_per_msg": cpu / count * 1e6})
 
             row("send", "official Python client 5.1.2 (apache.rocketmq.v2)",
-                timed(pid, lambda: official_send(ep, "Official", n)))  # fmt: skip
+                timed(pid, lambda: official_send(ep, "Official", n)))
             row("send", "Sluice Producer (sluice.v1)", timed(pid, lambda: sluice_send(ep, "Sluice", n)))
             row("receive+ack", "official SimpleConsumer (ReceiveMessage, AckMessage)",
-                timed(pid, lambda: official_receive(ep, "Official", n)))  # fmt: skip
+                timed(pid, lambda: official_receive(ep, "Official", n)))
             row("receive+ack", "Sluice PopConsumer (PopMessage, AckMessage)",
                 timed(pid, lambda: sluice_pop(ep, "Sluice", n)))
             row("receive", "Sluice PullConsumer (PullMessage)",
@@ -138,7 +138,7 @@ def run(n: int, queues: int) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0], "python": platform.python_version()},
         "rows": rows,
         "pop_over_pull_broker_cpu": pop["broker_cpu_us_per_msg"] / pull["broker_cpu_us_per_msg"],
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

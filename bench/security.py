@@ -122,11 +122,11 @@ def make_pki(directory: Path) -> Pki:
     csr, ext = directory / "server.csr", directory / "server.ext"
     curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     openssl("req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=bench-ca", "-addext",
-            "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+            "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
     openssl("req", "-new", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=bench-broker")
     ext.write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
     openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "1",
-            "-extfile", ext)  # fmt: skip
+            "-extfile", ext)
     return Pki(ca, cert, key)
 
 
@@ -173,7 +173,7 @@ def batch(topic: str, size: int, queue_id: int, count: int) -> bytes:
 def costs(msgs: int, seconds: float, broker_cpu_s: float, client_cpu_s: float) -> dict[str, float]:
     return {"msgs": msgs, "seconds": seconds, "msgs_per_s": msgs / seconds,
             "broker_cpu_us_per_msg": broker_cpu_s / msgs * 1e6 if msgs else 0.0,
-            "client_cpu_us_per_msg": client_cpu_s / msgs * 1e6 if msgs else 0.0}  # fmt: skip
+            "client_cpu_us_per_msg": client_cpu_s / msgs * 1e6 if msgs else 0.0}
 
 
 def send_case(broker: BrokerProcess, client: dict[str, Any], size: int, duration_s: float) -> dict[str, float]:
@@ -268,7 +268,7 @@ def per_call_us(fn: Callable[[], object], calls: int = GATE_CALLS) -> float:
 
 
 def authorize_costs(gate: AuthGate, user: User, method: str, request: Any, msgs: int, context: Any,
-                    topics: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+                    topics: tuple[str, ...] = ()) -> dict[str, Any]:
     """Microseconds the gate's authorization of ``request`` (of ``msgs`` messages, 0: a pull) takes, with its
     parts: reading the request's needs, deciding them on the user's entries, and the check of ``topics`` a SendBatch
     leaves to the send processor (broker/auth/operations.py's PUBLISH_BATCH), measured where the gate runs it."""
@@ -371,7 +371,7 @@ def render(report: dict[str, Any]) -> list[str]:
     for case in report["cases"]:
         cells = [rate(m["plain"][case])]
         cells += [f"{rate(m[k][case])} ({report['ratios'][k][case]:.2f}x [{spread[k][case][0]:.2f}-"
-                  f"{spread[k][case][1]:.2f}])" for k in KINDS[1:]]  # fmt: skip
+                  f"{spread[k][case][1]:.2f}])" for k in KINDS[1:]]
         met = "met" if report["target"]["met"] else "not met"
         target = f">= {TARGET_RATIO}x: {met}" if case == report["target"]["case"] else ""
         rows.append([case.replace("_", " "), *cells, target])
@@ -389,7 +389,7 @@ def render(report: dict[str, Any]) -> list[str]:
         per_msg = f", {c['gate_us_per_msg']:.3f} us a message" if "gate_us_per_msg" in c else ""
         lines.append(f"  {name.replace('_', ' ')}: authorize {c['authorize_us']:.1f} us (requirement "
                      f"{c['requirement_us']:.1f}, decisions {c['decide_us']:.1f}); whole gate {c['gate_us']:.1f} us a "
-                     f"call{per_msg}")  # fmt: skip
+                     f"call{per_msg}")
     return lines
 
 
@@ -400,7 +400,7 @@ def source_state() -> str:
         git = ["git", "-C", str(repo)]
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         changed = subprocess.run([*git, "status", "--porcelain", "--", "broker"], capture_output=True, text=True,
-                                 check=True)  # fmt: skip
+                                 check=True)
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return head.stdout.strip() + (" with uncommitted changes in broker/" if changed.stdout.strip() else "")
@@ -408,10 +408,10 @@ def source_state() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.security", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per throughput case (default 4)")
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
-                        help=f"turns of the three brokers, {MIN_ROUNDS}..{MAX_ROUNDS}")  # fmt: skip
+                        help=f"turns of the three brokers, {MIN_ROUNDS}..{MAX_ROUNDS}")
     quick = f"{MIN_ROUNDS} rounds of {QUICK_DURATION_S:g} s cases (the shortest run with a median)"
     parser.add_argument("--quick", action="store_true", help=quick)
     args = parser.parse_args(argv)

@@ -103,7 +103,7 @@ def bench_broker(n: int) -> dict[str, float]:
                     f"{kind}_commit_broker_minor_faults": float(after[2] - usage[2]),
                     f"{kind}_end_to_end_msgs_per_s": n / (send_s + commit_s),
                     f"{kind}_bytes_per_msg": (log_end(admin) - before) / n,
-                })  # fmt: skip
+                })
     return out
 
 

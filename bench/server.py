@@ -104,7 +104,7 @@ def bench_send_batch(
     return {"msgs_per_s": msgs / seconds, "MB_per_s": msgs * body_size / seconds / 1e6,
             "entry_MB_per_s": msgs * entry_bytes / seconds / 1e6, "batch_msgs": batch_msgs,
             "threads": threads, "broker_cpu_us_per_msg": broker_cpu / msgs * 1e6,
-            "msgs_per_broker_cpu_s": msgs / broker_cpu if broker_cpu else 0.0}  # fmt: skip
+            "msgs_per_broker_cpu_s": msgs / broker_cpu if broker_cpu else 0.0}
 
 
 def bench_send_messages(
@@ -260,11 +260,11 @@ def main() -> int:
          f"decoded {results['pull_100B']['decoded_msgs_per_s']:,.0f} msg/s", ">= 500,000 msg/s"),
         ("long-poll wake-up", f"p50 {results['wakeup']['p50_ms']:.3f} ms", f"p99 {results['wakeup']['p99_ms']:.3f} ms",
          "p99 <= 5 ms"),
-    ]  # fmt: skip
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     load = os.getloadavg()[0]
     print(f"Sluice broker over gRPC on loopback ({platform.machine()}, {os.cpu_count()} CPUs, "
-          f"python {platform.python_version()}, load average {load:.1f} at the end)")  # fmt: skip
+          f"python {platform.python_version()}, load average {load:.1f} at the end)")
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     report = {

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = (
         SparkSession.builder.master("local[2]").appName("bench-spark-sink")
         .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g").getOrCreate()
-    )  # fmt: skip
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark.dataSource.register(DropSource)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 return lambda: (
                     frame(spark, n, args.partitions).write.format("sluice").option("endpoints", broker.endpoint)
                     .option("topic", topic).option("deliveryGuarantee", guarantee).mode("append").save()
-                )  # fmt: skip
+                )
 
             def noop(n: int) -> Callable[[], None]:
                 return lambda: frame(spark, n, args.partitions).write.format("noop").mode("overwrite").save()
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(
                     {"sink": name, "rows": args.rows, "best_s": min(times), "median_s": statistics.median(times),
                      "rows_per_s": args.rows / min(times), "broker_bytes_per_row": min(written) / args.rows}
-                )  # fmt: skip
+                )
         finally:
             broker.stop()
     spark.stop()

@@ -59,7 +59,7 @@ def template_batch(rows: int) -> pa.RecordBatch:
     return decode_entries(
         b"".join(entries), positions, topic="bench", broker="broker-a", include_properties=False,
         row_filter=RowFilter(0, rows),
-    )  # fmt: skip
+    )
 
 
 class MemoryReader(DataSourceStreamReader):
@@ -108,7 +108,7 @@ def run_available_now(df: Any, checkpoint_root: Path) -> float:
     q = (
         df.writeStream.format("noop").option("checkpointLocation", str(checkpoint_root / uuid.uuid4().hex))
         .trigger(availableNow=True).start()
-    )  # fmt: skip
+    )
     q.awaitTermination()
     elapsed = time.perf_counter() - started
     if q.exception() is not None:
@@ -138,7 +138,7 @@ def measure(name: str, make_df: Callable[[int], Any], rows: int, warm_rows: int,
     times = [run_available_now(make_df(rows), root) for _ in range(runs)]
     best, median = min(times), statistics.median(times)
     return {"source": name, "rows": rows, "runs": runs, "best_s": round(best, 3), "median_s": round(median, 3),
-            "rows_per_s": round(rows / best), "median_rows_per_s": round(rows / median)}  # fmt: skip
+            "rows_per_s": round(rows / best), "median_rows_per_s": round(rows / median)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 SparkSession.builder.master("local[2]").appName("bench-spark-source")
                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                 .config("spark.driver.memory", "2g").getOrCreate()
-            )  # fmt: skip
+            )
             spark.sparkContext.setLogLevel("ERROR")
             register(spark)
             spark.dataSource.register(MemorySource)
@@ -169,15 +169,15 @@ def main(argv: list[str] | None = None) -> int:
             def sluice(n: int) -> Any:
                 topic = "bench_src" if n == rows else "bench_warm"
                 return (spark.readStream.format("sluice").option("endpoints", broker.endpoint).option("topic", topic)
-                        .option("startingOffsets", "earliest").load())  # fmt: skip
+                        .option("startingOffsets", "earliest").load())
 
             def memory(n: int) -> Any:
                 return (spark.readStream.format("bench_memory").option("rows", str(n))
-                        .option("partitions", str(QUEUES)).load())  # fmt: skip
+                        .option("partitions", str(QUEUES)).load())
 
             def rate(n: int) -> Any:
                 return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", str(n))
-                        .option("numPartitions", "2").load())  # fmt: skip
+                        .option("numPartitions", "2").load())
 
             results = [
                 measure("sluice", sluice, rows, warm, args.runs, root),
@@ -193,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'source':<15}{'rows':>11}{'best s':>9}{'median s':>10}{'rows/s (best)':>15}{'rows/s (median)':>17}")
     for r in results:
         print(f"{r['source']:<15}{r['rows']:>11,}{r['best_s']:>9.2f}{r['median_s']:>10.2f}"
-              f"{r['rows_per_s']:>15,}{r['median_rows_per_s']:>17,}")  # fmt: skip
+              f"{r['rows_per_s']:>15,}{r['median_rows_per_s']:>17,}")
     print(f"\nsluice / python-memory = {ratio:.2f} (target >= {TARGET_RATIO}); "
-          f"sluice {by['sluice']['rows_per_s']:,} rows/s (target >= {TARGET_ROWS_S:,})")  # fmt: skip
+          f"sluice {by['sluice']['rows_per_s']:,} rows/s (target >= {TARGET_ROWS_S:,})")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "benchmark": "spark_source", "machine_cores": os.cpu_count(), "body_bytes": BODY_BYTES, "queues": QUEUES,
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "sluice_over_python_memory": round(ratio, 3),
         "targets": {"rows_per_s": TARGET_ROWS_S, "ratio_to_python_memory": TARGET_RATIO},
         "load_average_1m": round(os.getloadavg()[0], 2),
-    }, indent=2) + "\n")  # fmt: skip
+    }, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0
 

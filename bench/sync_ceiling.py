@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             (f"wake only (sleep {median:.0f} us for the sync)", lambda: group_commit(path, args.seconds, median / 1e6)),
             ("store: put single SYNC (bench.store)", lambda: store_bench.bench_put_sync_threads(
                 os.path.join(root, "store"), 100, args.seconds)),
-        ]  # fmt: skip
+        ]
         for name, case in cases:
             res = case()
             row = {"case": name, **res, "msgs_per_s": res["msgs"] / res["seconds"]}
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs("bench/results", exist_ok=True)
     with open("bench/results/sync_ceiling.json", "w") as f:
         meta = {"writers": WRITERS, "body_bytes": len(BODY), "seconds_per_case": args.seconds,
-                "thread_cpus": sorted(cpus) if cpus is not None else sorted(allowed)}  # fmt: skip
+                "thread_cpus": sorted(cpus) if cpus is not None else sorted(allowed)}
         json.dump({**meta, "rows": rows}, f, indent=2)
     return 0
 

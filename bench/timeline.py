@@ -59,7 +59,7 @@ TOPIC = "timeline"
 STEPS = (
     "behind schedule", "client to handler", "checks before put", "store put", "put to pass", "dispatch pass",
     "held pull answers", "answer to consumer", "to the listener", "end to end", "handler after put", "send round trip",
-)  # fmt: skip
+)
 
 Stamp = tuple[Any, ...]
 Send = tuple[int, int, int, int]  # (queue offset, due, called, returned), monotonic ns
@@ -91,7 +91,7 @@ def serve(stamps_path: str, broker_argv: list[str]) -> None:
 
     around(BrokerService, "SendMessage", lambda a, r, t0, t1: ("send", list(r.queue_offsets), t0, t1))
     around(BrokerService, "PullMessage",
-           lambda a, r, t0, t1: ("pull", a[1].queue_offset, len(r.entry_positions), t0, t1))  # fmt: skip
+           lambda a, r, t0, t1: ("pull", a[1].queue_offset, len(r.entry_positions), t0, t1))
     around(MessageStore, "put_message", lambda a, r, t0, t1: ("put", t0, t1))
     around(DispatchService, "run_once", lambda a, r, t0, t1: ("pass", t0))
     around(PullHoldService, "on_arrival", lambda a, r, t0, t1: ("told", a[3], t0))
@@ -190,7 +190,7 @@ def steps_of(sends: list[Send], stamps: list[Stamp], consumer: dict[str, Any]) -
         t_pass = passes[bisect.bisect_right(passes, t_told) - 1]
         rows.append((called - due, h0 - called, p0 - h0, p1 - p0, t_pass - p1, t_told - t_pass,
                      answered[offset] - t_told, arrived[offset] - answered[offset], heard[offset] - arrived[offset],
-                     heard[offset] - due, h1 - p1, returned - called))  # fmt: skip
+                     heard[offset] - due, h1 - p1, returned - called))
     table = np.array(rows, np.float64).reshape(len(rows), len(STEPS)) / 1000
     return {step: table[:, i] for i, step in enumerate(STEPS)}
 
@@ -202,7 +202,7 @@ def summary(steps: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
         step: {"p50_us": float(np.percentile(v, 50)), "p90_us": float(np.percentile(v, 90)),
                "p99_us": float(np.percentile(v, 99)), "slowest_1pct_mean_us": float(v[slowest].mean())}
         for step, v in steps.items()
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.count <= WARMUP_MSGS or any(r <= 0 for r in rates):
         parser.error(f"--count must exceed the {WARMUP_MSGS} warm-up messages and rates must be positive")
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "count": args.count,
-                               "body_b": BODY_B, "rates": {}}  # fmt: skip
+                               "body_b": BODY_B, "rates": {}}
     with tempfile.TemporaryDirectory(prefix="sluice-timeline-") as tmp:
         for rate in rates:
             steps = run_rate(rate, args.count, Path(tmp))
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'step':22s} {'p50':>7s} {'p90':>7s} {'p99':>7s}  slowest 1%")
             for step, s in results["rates"][str(rate)].items():
                 print(f"  {step:22s} {s['p50_us']:7.0f} {s['p90_us']:7.0f} {s['p99_us']:7.0f}  "
-                      f"{s['slowest_1pct_mean_us']:7.0f}")  # fmt: skip
+                      f"{s['slowest_1pct_mean_us']:7.0f}")
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     return 0

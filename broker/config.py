@@ -58,7 +58,7 @@ POSITIVE_SETTINGS = (
     "rmqv2_max_long_polling_ms", "auth_window_s",
     "max_total_queue_nums", "max_auto_create_topics_per_request", "max_consumers", "max_subscription_groups",
     "rmqv2_max_clients",
-)  # fmt: skip
+)
 # What a gRPC message holds beyond the bytes of messages: entry headers, topic and properties (under 33 KiB for
 # one message), a pull answer's entry positions (5 bytes for each of at most 4096) and protobuf framing.
 GRPC_FRAMING_MARGIN_BYTES = 1 << 20
@@ -379,12 +379,12 @@ class BrokerConfig:
             ha_ack_timeout_ms=self.ha_ack_timeout_ms, ha_lease_ttl_s=self.ha_lease_ttl_s,
             allow_unclean_election=self.allow_unclean_election, ha_metadata_sync_ms=self.ha_metadata_sync_ms,
             broker_id=self.broker_id, auth_enabled=self.auth_enabled,
-        )  # fmt: skip
+        )
         etcd = etcd_security.from_config(
             ca_file=self.etcd_ca_file, cert_file=self.etcd_cert_file, key_file=self.etcd_key_file,
             user=self.etcd_user, password_file=self.etcd_password_file,
             endpoints=settings.controller if settings is not None else (),
-        )  # fmt: skip
+        )
         return dataclasses.replace(settings, tls=self.server_tls(), etcd=etcd) if settings is not None else None
 
     def server_tls(self) -> ServerTls | None:
@@ -438,7 +438,7 @@ class BrokerConfig:
         return StoreConfig(
             store_path=str(self.store_dir), flush_disk_type=self.flush_disk_type, store_host=store_host,
             schedule_topic=SCHEDULE_TOPIC, delay_level_ms=delays, **self.store,
-        )  # fmt: skip
+        )
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -34,7 +34,7 @@ MAX_CONFIG_BYTES = 1 << 30
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], mode: int = 0o644,
-                      backup: bool = True) -> None:  # fmt: skip
+                      backup: bool = True) -> None:
     """Replace ``path`` with ``data``: after a crash, the old file or the new one, never a torn one. ``mode``: the
     file's permissions from its first byte on (0o600 for files that hold secrets). ``backup`` False: no ``.bak`` is
     kept, and one left by an earlier write is removed (a file of secrets: its backup would keep a rotated one)."""

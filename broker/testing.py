@@ -217,10 +217,10 @@ class SluiceNameServerContainer(_ReadyLineContainer):
     def __init__(
         self, image: str | None = None, *, namesrv_args: tuple[str, ...] = (), start_timeout_s: float = START_TIMEOUT_S,
         **kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(image or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE,
                          entrypoint=["sluice", "namesrv", "--listen", f"0.0.0.0:{NAMESRV_PORT}",
-                                     "--allow-anonymous-registration"], **kwargs)  # fmt: skip
+                                     "--allow-anonymous-registration"], **kwargs)
         self.with_command(list(namesrv_args))
         self.start_timeout_s = start_timeout_s
 
@@ -240,7 +240,7 @@ BROKER_ENTRYPOINT = [
     f'set -- --config /tmp/broker.json "$@"; fi; exec sluice broker --store {STORE_DIR} '
     f'--listen 0.0.0.0:{BROKER_PORT} --advertise "${{ip%% *}}:{BROKER_PORT}" "$@"',
     "sluice-broker",
-]  # fmt: skip
+]
 
 
 class SluiceCluster:
@@ -271,7 +271,7 @@ class SluiceCluster:
         broker_args: tuple[str, ...] = (), broker_config: dict[str, Any] | None = None,
         namesrv_args: tuple[str, ...] = (), labels: dict[str, str] | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``broker_args``: more ``sluice broker`` arguments for every broker; ``broker_config``: every broker's
         settings file (docs/operations.md), e.g. ``{"store": {"mapped_file_size_commit_log": 64 << 20}}`` for
         small stores; ``namesrv_args``: more ``sluice namesrv`` arguments (``--broker-expire-ms``); ``labels``: on
@@ -282,14 +282,14 @@ class SluiceCluster:
         self.network = Network(docker_network_kw={"labels": dict(labels or {})})
         self._network_created = False
         self.namesrv = SluiceNameServerContainer(image, namesrv_args=namesrv_args, start_timeout_s=start_timeout_s,
-                                                 labels=dict(labels or {}))  # fmt: skip
+                                                 labels=dict(labels or {}))
         self.namesrv.with_network(self.network).with_network_aliases(NAMESRV_ALIAS)
         self.brokers: list[SluiceContainer] = []
         for i in range(brokers):
             args = ("--namesrv", f"{NAMESRV_ALIAS}:{NAMESRV_PORT}", "--cluster", cluster,
-                    "--broker-name", self.broker_name(i), *broker_args)  # fmt: skip
+                    "--broker-name", self.broker_name(i), *broker_args)
             b = SluiceContainer(image, flush=flush, broker_args=args, bind_host="127.0.0.1", labels=dict(labels or {}),
-                                start_timeout_s=start_timeout_s, entrypoint=BROKER_ENTRYPOINT)  # fmt: skip
+                                start_timeout_s=start_timeout_s, entrypoint=BROKER_ENTRYPOINT)
             if broker_config:
                 b.with_env(BROKER_CONFIG_ENV, json.dumps(broker_config))
             self.brokers.append(b.with_network(self.network))

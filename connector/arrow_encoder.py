@@ -151,7 +151,7 @@ class RowEncoder:
         """Yield chunks of at most ``batch_messages`` entries and ``batch_bytes`` bytes (an entry larger than that
         goes alone: the broker names it); the row number is in every error."""
         cols = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)
-                if name in KNOWN_COLUMNS}  # fmt: skip  # ignored extra columns are never made Python objects
+                if name in KNOWN_COLUMNS}  # ignored extra columns are never made Python objects
         bodies = cols["body"]
         n = len(bodies)
         none: list[None] = [None] * n

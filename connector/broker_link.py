@@ -86,7 +86,7 @@ class DirectLink(BrokerLink):
     """One broker (``endpoints``); its queues are named by ``broker_name`` (the ``brokerName`` option)."""
 
     def __init__(self, endpoints: str, broker_name: str, group: str, timeout_s: float,
-                 tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS) -> None:  # fmt: skip
+                 tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS) -> None:
         self.name = broker_name
         self.consumer = PullConsumer(endpoints, group, timeout_s=timeout_s, **tls.client_args(), **auth.client_args())
         try:
@@ -152,7 +152,7 @@ def retried(call: Callable[[], T], delays_s: tuple[float, ...] = RETRY_DELAYS_S)
 
 def _link_key(options: SourceOptions) -> LinkKey:
     return (options.namesrv or options.endpoints or "", options.broker_name or "", options.pull_group,
-            options.poll_timeout_ms, options.tls, options.auth)  # fmt: skip
+            options.poll_timeout_ms, options.tls, options.auth)
 
 
 def link_for(options: SourceOptions) -> BrokerLink:
@@ -168,7 +168,7 @@ def link_for(options: SourceOptions) -> BrokerLink:
             else:
                 assert options.endpoints is not None and options.broker_name is not None
                 link = DirectLink(options.endpoints, options.broker_name, options.pull_group, timeout_s,
-                                  options.tls, options.auth)  # fmt: skip
+                                  options.tls, options.auth)
             _links[key] = link
         return link
 

@@ -182,10 +182,10 @@ class ClusterCommit:
             status = self._retried(lambda share=share: self.client.end(  # type: ignore[misc]
                 share.broker_name, decision.txn_id, True, share.committed_attempts,
                 expected_messages=share.expected_messages, timeout_s=COMMIT_TIMEOUT_S,
-            ))  # fmt: skip
+            ))
             if status != "COMMITTED":
                 raise BrokerError(f"{what}: transaction {decision.txn_id} ended as {status} on broker "
-                                  f"{share.broker_name!r}, not COMMITTED")  # fmt: skip
+                                  f"{share.broker_name!r}, not COMMITTED")
             if pause and i == 0 and len(decision.participants) > 1:
                 _pause_between_commits(decision.txn_id)
 
@@ -197,7 +197,7 @@ class ClusterCommit:
         except ServiceNotAvailableError as e:
             log.warning("%s was committed by an earlier run (%s), whose coordinator %s does not answer (%s); its "
                         "brokers commit their parts by themselves when it is back", what, txn_id, coordinator,
-                        e.message)  # fmt: skip
+                        e.message)
             return
         for d in found:
             if d.commit:
@@ -225,11 +225,11 @@ class ClusterCommit:
                     else:
                         self.client.end(broker, txn_id, True, share.committed_attempts,
                                         expected_messages=share.expected_messages,
-                                        timeout_s=COMMIT_TIMEOUT_S)  # fmt: skip
+                                        timeout_s=COMMIT_TIMEOUT_S)
                     ended += 1
                 except BrokerError as e:
                     log.warning("left-over transaction %s on %s not ended now (%s); the broker ends it by its "
-                                "coordinator's decision later", txn_id, broker, e.message)  # fmt: skip
+                                "coordinator's decision later", txn_id, broker, e.message)
         return ended
 
 

@@ -48,7 +48,7 @@ MAX_REFRESH_TIMES = 10_000  # topics whose last refresh is remembered (a topicPa
 
 class ClusterLink(BrokerLink):
     def __init__(self, namesrv: str, group: str, timeout_s: float, tls: TlsFiles = PLAIN,
-                 auth: AuthKeys = ANONYMOUS) -> None:  # fmt: skip
+                 auth: AuthKeys = ANONYMOUS) -> None:
         self.router = Router(namesrv=namesrv, timeout_s=timeout_s, tls=tls.settings(), credentials=auth.credentials())
         self.consumer = PullConsumer(group=group, router=self.router)
         self._refreshed: dict[str, float] = {}  # topic -> monotonic time of its last route refresh
@@ -110,7 +110,7 @@ class ClusterLink(BrokerLink):
             return int(conn.call(conn.stub.SearchOffsetByTimestamp, request).offset)
 
         return until_master(search, self.router, f"offset by time of {topic}/{broker}/{queue_id}",
-                            retry_if=_read_retry, topic=topic)  # fmt: skip
+                            retry_if=_read_retry, topic=topic)
 
     def commit(self, offsets: Mapping[QueueKey, int]) -> None:
         """Each broker's queues to that broker; BrokerError after every live broker was tried when one failed."""
@@ -122,7 +122,7 @@ class ClusterLink(BrokerLink):
         for broker, queues in sorted(by_broker.items()):
             if broker not in live:
                 log.info("broker %s is not in the cluster now: its queues' group offsets are committed when it "
-                         "returns", broker)  # fmt: skip
+                         "returns", broker)
                 continue
             try:
                 self.consumer.commit_offsets(queues)
@@ -153,7 +153,7 @@ class ClusterLink(BrokerLink):
             if not short or time.monotonic() >= deadline:
                 return r  # a tail still short after the recheck is the reader's data loss (failOnDataLoss)
             log.warning("%s ends at %d, below the planned offset %d; asking again (a replica that just took over "
-                        "may not show what was confirmed yet)", mq, r.max_offset, offset)  # fmt: skip
+                        "may not show what was confirmed yet)", mq, r.max_offset, offset)
             self.router.refresh(topic)
             time.sleep(SHORT_TAIL_PAUSE_S)
 
@@ -161,7 +161,7 @@ class ClusterLink(BrokerLink):
         """``call()`` retried while a broker restarts (``retried``), and while the name servers, during a
         failover, list some group without a master and so may say that no live broker holds ``topic``."""
         return until_master(lambda: retried(call), self.router, f"the route of {topic}", retry_if=_never,
-                            topic=topic)  # fmt: skip
+                            topic=topic)
 
     def live_brokers(self) -> set[str]:
         return retried(lambda: {b.broker_name for b in self.router.cluster_brokers()})

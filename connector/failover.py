@@ -59,7 +59,7 @@ def until_master(
     call: Callable[[], T], router: Router | None, what: str, *,
     retry_if: Callable[[BrokerError], bool] = nothing_stored, topic: str | None = None,
     wait_s: float = FAILOVER_WAIT_S,
-) -> T:  # fmt: skip
+) -> T:
     """``call()``, tried again while a master moves: ``retry_if`` says which errors are safe to try again, and a
     TopicNotExistError is also tried again while ``router`` shows a group without master. ServiceNotAvailableError
     naming ``what`` once ``wait_s`` passed."""

@@ -69,7 +69,7 @@ def _read(options: SourceOptions, part: SluicePartition) -> Iterator[pa.RecordBa
                     r.buffer, r.entry_positions, topic=part.topic, broker=part.key(options)[1],
                     include_properties=options.include_properties,
                     row_filter=RowFilter(at, part.end, row_filter_tags),
-                )  # fmt: skip
+                )
                 if batch.num_rows:
                     yield batch
             stalls = stalls + 1 if nxt <= at else 0

@@ -200,7 +200,7 @@ def _outcome_unknown(e: BrokerError) -> bool:
 def _send_all(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str,
     coordinator: str | None = None,
-) -> tuple[int, int, dict[str, int], str]:  # fmt: skip
+) -> tuple[int, int, dict[str, int], str]:
     """Encode and send every row; returns (messages, bytes, messages per broker, the attempt that sent them).
 
     Inside a transaction, a call without an answer (its rows may be stored, or not) sends the whole slice again
@@ -217,21 +217,21 @@ def _send_all(
             if txn_id is None or not _outcome_unknown(e) or not rows.whole or resend == MAX_SLICE_RESENDS:
                 raise
             log.warning("a call of transaction %s got no answer (%s); sending the task's rows again as attempt %s",
-                        txn_id, e.message, f"{attempt}.{resend + 1}")  # fmt: skip
+                        txn_id, e.message, f"{attempt}.{resend + 1}")
     raise AssertionError("unreachable")
 
 
 def _send_slice(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], txn_id: str | None, attempt: str, coordinator: str | None,
-) -> tuple[int, int, dict[str, int]]:  # fmt: skip
+) -> tuple[int, int, dict[str, int]]:
     producer = Producer(opts.endpoints, group=opts.producer_group, namesrv=opts.namesrv, **opts.tls.client_args(),
-                        **opts.auth.client_args())  # fmt: skip
+                        **opts.auth.client_args())
     router = producer.router if opts.namesrv else None
 
     def queues(topic: str) -> list[MessageQueue]:
         # the writable queues of a group electing a new master are none for a moment: looked up again meanwhile
         return until_master(lambda: producer.queues(topic), router, f"the writable queues of topic {topic!r}",
-                            topic=topic)  # fmt: skip
+                            topic=topic)
 
     encoder = RowEncoder(
         default_topic=opts.topic,
@@ -271,7 +271,7 @@ def _send_slice(
 def _send_chunk(
     producer: Producer, opts: SinkOptions, chunk: EncodedChunk, txn_id: str | None, task_attempt: str,
     coordinator: str | None,
-) -> EncodedChunk:  # fmt: skip
+) -> EncodedChunk:
     """One SendBatch. A call that certainly stored nothing (NOT_MASTER, a refused connection, no live master) is
     made again while a master moves (failover.py). A busy broker, and for plain sends an unanswered call, are
     retried ``sendRetries`` times. Inside a transaction an unanswered call is not: ``_send_all`` sends the slice
@@ -283,7 +283,7 @@ def _send_chunk(
     def send() -> EncodedChunk:
         producer.send_encoded(chunk.buffer, chunk.count, txn_id, attempt=task_attempt if txn_id else "",
                               coordinator=(coordinator or "") if txn_id else "", broker_name=chunk.broker,
-                              topic=topic)  # fmt: skip
+                              topic=topic)
         return chunk
 
     def retry_if(e: BrokerError) -> bool:
@@ -378,7 +378,7 @@ class SluiceStreamWriter(DataSourceStreamArrowWriter):
                 # record_unknown: a batch whose tasks sent nothing has no halves, and its empty commit is recorded
                 outcome = admin.end_transaction(txn_id, commit=True, committed_attempts=attempts,
                                                 expected_messages=sent, record_unknown=True,
-                                                producer_group=self.options.producer_group)  # fmt: skip
+                                                producer_group=self.options.producer_group)
                 if outcome != "COMMITTED":
                     raise BrokerError(f"batch {batchId}: transaction {txn_id} ended as {outcome}, not COMMITTED")
                 # Open ones of this query can only be a crashed earlier run's (this batch's is committed now).
@@ -464,7 +464,7 @@ class SluiceBatchWriter(DataSourceArrowWriter):
                 outcome = admin.end_transaction(self.transaction_id, commit=True, committed_attempts=attempts,
                                                 expected_messages=sum(m.messages for m in done),
                                                 record_unknown=True,
-                                                producer_group=self.options.producer_group)  # fmt: skip
+                                                producer_group=self.options.producer_group)
             if outcome != "COMMITTED":
                 raise BrokerError(f"transaction {self.transaction_id} ended as {outcome}, not COMMITTED")
         log.info("sluice sink: %d messages committed", sum(m.messages for m in done))

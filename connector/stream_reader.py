@@ -247,7 +247,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     break
                 if reported is None:
                     gone[broker] = ("left the cluster: no name server lists it (it was stopped, or its registration "
-                                    "expired)")  # fmt: skip
+                                    "expired)")
                     break
                 unseen |= {k for k in missing if k[0] == topic and k[1] == broker and k[2] in reported}
         return gone, unseen
@@ -280,7 +280,7 @@ def _spark_hung_up() -> bool:
 def probe_bytes(
     link: BrokerLink, options: SourceOptions, topic: str, queue_id: int, start: int, cap: int, budget: int,
     broker: str = "",
-) -> int:  # fmt: skip
+) -> int:
     """The end offset (exclusive, <= cap) such that the stored entries of [start, end) fit in ``budget`` bytes.
     ``broker``: the queue's ("" for the one broker of option 'endpoints')."""
     key = (topic, broker or options.broker_name or "", queue_id)

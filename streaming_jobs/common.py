@@ -125,16 +125,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 def base_parser(job: str, description: str) -> argparse.ArgumentParser:
     """The options every job shares; ``job`` is its module name (``topic_mirror``) for the usage line."""
     ap = argparse.ArgumentParser(prog=f"python -m streaming_jobs.{job}", description=description,
-                                 formatter_class=HelpFormatter)  # fmt: skip
+                                 formatter_class=HelpFormatter)
     ap.add_argument(
         "--endpoints", default=os.environ.get("SLUICE_ENDPOINT", "127.0.0.1:10911"), help="broker host:port"
     )
     ap.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (keep it to resume exactly once)")
     ap.add_argument("--trigger", choices=("available-now", "continuous"), default="continuous",
-                    help="available-now: process what is there, then stop; continuous: run until stopped")  # fmt: skip
+                    help="available-now: process what is there, then stop; continuous: run until stopped")
     ap.add_argument("--interval", default="1 second", help="micro-batch interval for --trigger continuous")
     ap.add_argument("--max-messages-per-trigger", type=positive_int, default=None,
-                    help="admission limit per micro-batch (>= 1)")  # fmt: skip
+                    help="admission limit per micro-batch (>= 1)")
     ap.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     return ap
 
@@ -175,7 +175,7 @@ def await_query(query: StreamingQuery) -> int:
         session.stop()
     where = f"after micro-batch {last['batchId']}" if last else "before its first micro-batch finished"
     print(f"interrupted: query stopped {where}; run again with the same --checkpoint to go on from there",
-          file=sys.stderr)  # fmt: skip
+          file=sys.stderr)
     return INTERRUPTED_EXIT
 
 

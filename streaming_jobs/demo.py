@@ -82,14 +82,14 @@ def start_broker(store: Path) -> BrokerProcess:
     broker = BrokerProcess(store).start()
     assert broker.proc is not None
     print(f"\n[1/4] broker: started `python -m broker broker` as a child process (pid {broker.proc.pid}) on "
-          f"{broker.endpoint}, store in {store} (removed at the end)")  # fmt: skip
+          f"{broker.endpoint}, store in {store} (removed at the end)")
     return broker
 
 
 def produce(endpoint: str, n: int) -> None:
     print(f"\n[2/4] produce: {n} click events (JSON, tagged by event type, keyed by user) to topic {SOURCE_TOPIC} "
           f"({SOURCE_QUEUES} queues), then {HEARTBEATS} heartbeat event {HEARTBEAT_AFTER_MIN} minutes of event time "
-          "later, so that the watermark passes the last minute")  # fmt: skip
+          "later, so that the watermark passes the last minute")
     with Admin(endpoint) as admin:
         admin.create_topic(SOURCE_TOPIC, SOURCE_QUEUES, if_not_exists=True)
         admin.create_topic(RESULT_TOPIC, 4, if_not_exists=True)
@@ -106,7 +106,7 @@ def produce(endpoint: str, n: int) -> None:
 def run_pipeline(endpoint: str, checkpoint: str, sent: int) -> None:
     print(f"\n[3/4] stream: readStream {SOURCE_TOPIC} -> parse JSON -> counts per event type per event-time minute "
           f"(1-minute watermark, append mode) -> writeStream {RESULT_TOPIC} exactly once, until caught up "
-          "(Trigger.AvailableNow; Spark starts in a few seconds)")  # fmt: skip
+          "(Trigger.AvailableNow; Spark starts in a few seconds)")
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
@@ -114,7 +114,7 @@ def run_pipeline(endpoint: str, checkpoint: str, sent: int) -> None:
     schema = StructType(
         [StructField("id", LongType()), StructField("user", StringType()), StructField("event", StringType()),
          StructField("page", StringType()), StructField("ts", LongType()), StructField("price", DoubleType())]
-    )  # fmt: skip
+    )
     raw = (
         spark.readStream.format("sluice")
         .option("endpoints", endpoint)
@@ -176,12 +176,12 @@ def show_results(endpoint: str, sent: int) -> int:
     schema = StructType(
         [StructField("minute", StringType()), StructField("event", StringType()), StructField("stage", StringType()),
          StructField("events", LongType()), StructField("revenue", DoubleType())]
-    )  # fmt: skip
+    )
     rows = (
         spark.read.format("sluice").option("endpoints", endpoint).option("topic", RESULT_TOPIC).load()
         .select(F.from_json(F.col("body").cast("string"), schema).alias("r"))
         .select("r.*")
-    )  # fmt: skip
+    )
     # Append mode writes each (minute, event) once; summing would show a duplicate as a doubled count.
     latest = rows.groupBy("minute", "event").agg(F.sum("events").alias("events"), F.sum("revenue").alias("revenue"))
     table = latest.groupBy("minute").pivot("event", list(EVENT_WEIGHTS)).agg(F.first("events")).orderBy("minute")
@@ -195,7 +195,7 @@ def show_results(endpoint: str, sent: int) -> int:
     with Admin(endpoint) as admin:
         lags = admin.consumer_lag(GROUP, SOURCE_TOPIC)
     print(f"\nconsumer group {GROUP} on {SOURCE_TOPIC}: the offsets the streaming query committed (lag 0: it read "
-          "every message)")  # fmt: skip
+          "every message)")
     print(f"{'queue':>5} {'broker offset':>14} {'committed':>10} {'lag':>6}")
     for lag in sorted(lags, key=lambda x: x.queue_id):
         print(f"{lag.queue_id:>5} {lag.broker_offset:>14} {lag.consumer_offset:>10} {lag.lag:>6}")
@@ -207,7 +207,7 @@ def show_results(endpoint: str, sent: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m streaming_jobs.demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=positive_int, default=200_000, help="click events to produce (>= 1)")
     ap.add_argument("--endpoints", default=None, help="use this broker instead of starting one")
     ap.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--transform", default=None, help="Spark SQL expression giving the new body")
     ap.add_argument("--starting-offsets", default="committed", help="earliest | latest | committed | JSON")
     ap.add_argument("--delivery", choices=("exactly-once", "at-least-once"), default="exactly-once",
-                    help="the sink's deliveryGuarantee")  # fmt: skip
+                    help="the sink's deliveryGuarantee")
     return ap
 
 

@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--group", default=None, help="consumer group (default: counts-<source>)")
     ap.add_argument("--time-field", default="ts", help="JSON field with event time in epoch ms")
     ap.add_argument("--time-from", choices=("body", "store"), default="body",
-                    help="event time from the body's --time-field, or the broker's store time")  # fmt: skip
+                    help="event time from the body's --time-field, or the broker's store time")
     ap.add_argument("--key-field", default="event", help="JSON field to count by")
     ap.add_argument("--window", default="1 minute", help="window length (a Spark interval)")
     ap.add_argument("--watermark", default="2 minutes", help="how late an event may come and still be counted")

@@ -40,21 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         "--systems", default="sluice,sluice-remoting,redis,nats,relay,relay-streams,tcp-relay",
         help="comma list of sluice, sluice-remoting, redis, nats, relay, relay-streams (bare grpcio relays: latency "
         "rows only), tcp-relay (a bare TCP relay doing the remoting framing: latency and sync sender floors)",
-    )  # fmt: skip
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the message counts (default 1.0)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     parser.add_argument(
         "--rounds", type=int, default=1,
         help="throughput runs per system, taken in turn over the systems; each figure keeps its best (default 1)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--latency-rates", default=",".join(map(str, LATENCY_RATES_PER_S)),
         help="comma list of msgs/s for the latency runs (default %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--default-malloc", action="store_true",
         help="leave this process's malloc at glibc's defaults (else broker.client.tune_malloc(), for every client)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "peers.json")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.systems.split(",") if n.strip()]

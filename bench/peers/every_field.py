@@ -58,9 +58,9 @@ from bench.peers.sluice import SluiceBroker
 MIN_ROUNDS = 3  # a median needs three rounds to say anything a best round does not
 WARMUP_MSGS = 2 * BATCH_MSGS  # read once by every reader before its rounds: connections, routes, first pulls
 ROWS = ("sluice pull", "sluice push", "redis XREAD", "redis XREADGROUP NOACK", "sluice pull, body only",
-        "python floor")  # fmt: skip
+        "python floor")
 RATIOS = (("sluice pull", "redis XREAD"), ("sluice pull", "redis XREADGROUP NOACK"),
-          ("sluice push", "redis XREAD"), ("sluice push", "redis XREADGROUP NOACK"))  # fmt: skip
+          ("sluice push", "redis XREAD"), ("sluice push", "redis XREADGROUP NOACK"))
 
 
 def touch_message(m: Any) -> int:
@@ -70,7 +70,7 @@ def touch_message(m: Any) -> int:
         len(m.body) + len(m.tags or "") + len(m.keys) + len(props["app"]) + len(props) + len(m.msg_id) + len(m.topic)
         + m.queue_id + m.queue_offset + m.commitlog_offset + m.born_timestamp + m.store_timestamp + len(m.born_host)
         + len(m.store_host) + m.flag + m.sys_flag + m.reconsume_times + m.store_size + m.prepared_transaction_offset
-    )  # fmt: skip
+    )
 
 
 def touch_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> int:
@@ -82,7 +82,7 @@ def touch_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> int:
         len(fields[b"body"]) + len(fields[b"tags"].decode()) + len(fields[b"keys"].decode().split(" "))
         + len(fields[b"app"].decode()) + len(fields[b"uniq"].decode()) + len(fields) + len(text_id) + int(ms)
         + int(seq)
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Row:
     def to_json(self) -> dict[str, Any]:
         return {"size_b": self.size_b, "count": self.count, "median_msgs_s": round(self.median),
                 "min_msgs_s": round(min(self.rates)), "max_msgs_s": round(max(self.rates)),
-                "rounds_msgs_s": [round(r) for r in self.rates]}  # fmt: skip
+                "rounds_msgs_s": [round(r) for r in self.rates]}
 
 
 def ratios_of(rows: dict[str, Row]) -> dict[str, dict[str, float]]:
@@ -111,7 +111,7 @@ def ratios_of(rows: dict[str, Row]) -> dict[str, dict[str, float]]:
         if mine in rows and theirs in rows:
             per_round = [a / b for a, b in zip(rows[mine].rates, rows[theirs].rates, strict=True)]
             out[f"{mine} / {theirs}"] = {"median": round(statistics.median(per_round), 3),
-                                         "min": round(min(per_round), 3), "max": round(max(per_round), 3)}  # fmt: skip
+                                         "min": round(min(per_round), 3), "max": round(max(per_round), 3)}
     return out
 
 
@@ -128,7 +128,7 @@ def sluice_fill(endpoint: str, size_b: int, count: int) -> str:
     with Producer(endpoint) as producer:
         for start in range(0, count, BATCH_MSGS):
             batch = [Message(topic, payload, tags="TagA", keys=[f"k{i}"], properties={"app": f"v{i}"})
-                     for i in range(start, min(start + BATCH_MSGS, count))]  # fmt: skip
+                     for i in range(start, min(start + BATCH_MSGS, count))]
             producer.send_batch(batch, queue_id=0)
     with PullConsumer(endpoint, "every-field-index-wait") as consumer:  # every entry indexed before any round
         deadline = time.monotonic() + RECEIVE_TIMEOUT_S
@@ -149,7 +149,7 @@ def sluice_pull(endpoint: str, topic: str, count: int, group: str) -> float:
         offset, touched = 0, 0
         while offset < count:
             result = consumer.pull(topic, 0, offset, min(BATCH_MSGS, count - offset), timeout_ms=1000,
-                                   commit_offset=offset)  # fmt: skip
+                                   commit_offset=offset)
             if not result.messages:
                 raise RuntimeError(f"sluice: {result.status.name} after {offset} of {count} messages")
             for m in result.messages:
@@ -168,7 +168,7 @@ def sluice_pull_body(endpoint: str, topic: str, count: int, group: str) -> float
         offset, touched = 0, 0
         while offset < count:
             result = consumer.pull(topic, 0, offset, min(BATCH_MSGS, count - offset), timeout_ms=1000,
-                                   commit_offset=offset)  # fmt: skip
+                                   commit_offset=offset)
             if not result.messages:
                 raise RuntimeError(f"sluice: {result.status.name} after {offset} of {count} messages")
             for m in result.messages:
@@ -191,7 +191,7 @@ def python_floor(count: int, size_b: int) -> float:
 def floor_values(count: int, size_b: int) -> tuple[bytes, list[dict[str, str]], list[str]]:
     """What ``read_floor`` builds its messages from: a body, each message's properties and message id."""
     props = [{"TAGS": "TagA", "KEYS": f"k{i}", "app": f"v{i}", "UNIQ_KEY": uuid.uuid4().hex.upper()}
-             for i in range(count)]  # fmt: skip
+             for i in range(count)]
     return os.urandom(size_b), props, [f"7F00000100002A9F{i:016X}" for i in range(count)]
 
 
@@ -202,7 +202,7 @@ def read_floor(values: tuple[bytes, list[dict[str, str]], list[str]]) -> int:
     topic, host, touched = "every-field", "127.0.0.1:10911", 0
     for start in range(0, len(ids), BATCH_MSGS):
         batch = [StoredMessage(topic, 0, i, i * 200, body, props[i], 0, 0, 1, host, 2, host, 0, 0, 200, ids[i])
-                 for i in range(start, min(start + BATCH_MSGS, len(ids)))]  # fmt: skip
+                 for i in range(start, min(start + BATCH_MSGS, len(ids)))]
         for m in batch:
             touched += touch_message(m)
     return touched
@@ -221,9 +221,9 @@ def pull_answer(size_b: int) -> tuple[bytes, list[int]]:
 
     payload = os.urandom(size_b)
     msgs = [Message("every-field", payload, tags="TagA", keys=[f"k{i}"], properties={"app": f"v{i}"})
-            for i in range(BATCH_MSGS)]  # fmt: skip
+            for i in range(BATCH_MSGS)]
     entries = encode_messages(msgs, [0] * BATCH_MSGS, int(time.time() * 1000), [uuid.uuid4().hex.upper()
-                              for _ in msgs])  # fmt: skip
+                              for _ in msgs])
     out, positions, at = [], [], 0
     for i, raw in enumerate(entries):
         e = bytearray(raw)
@@ -266,7 +266,7 @@ def decode_costs(size_b: int) -> dict[str, float]:
 
     out = {}
     for name, fn in (("pull decode, body read", body), ("pull decode, every field read", every),
-                     ("decode_entry, every field read", eager), ("python floor", floor)):  # fmt: skip
+                     ("decode_entry, every field read", eager), ("python floor", floor)):
         times = []
         for _ in range(DECODE_REPEATS):
             t0 = time.thread_time()
@@ -297,7 +297,7 @@ def sluice_push(endpoint: str, topic: str, count: int, group: str, batch: int = 
             done.set()
 
     with PushConsumer(endpoint, group, {topic: "*"}, listener, consume_from=FIRST, pull_batch_size=batch,
-                      consume_batch_size=batch):  # fmt: skip
+                      consume_batch_size=batch):
         if not done.wait(RECEIVE_TIMEOUT_S):
             raise RuntimeError(f"sluice push: {seen[0]} of {count} messages after {RECEIVE_TIMEOUT_S} s")
     if len(marks) < 2:
@@ -315,7 +315,7 @@ def redis_fill(r: Any, size_b: int, count: int) -> str:
         pipe = r.pipeline(transaction=False)
         for i in range(start, min(start + BATCH_MSGS, count)):
             pipe.xadd(key, {"body": payload, "tags": "TagA", "keys": f"k{i}", "app": f"v{i}",
-                            "uniq": uuid.uuid4().hex.upper()})  # fmt: skip
+                            "uniq": uuid.uuid4().hex.upper()})
         pipe.execute()
     return key
 
@@ -394,9 +394,9 @@ def run_every_field(workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
                 for i, (name, read) in enumerate(readers.items()):
                     rows[name].rates.append(count / read(count, f"every-field-{i}-round-{round_no}"))
                 print(f"  every field {size_b} B round {round_no + 1}: " + ", ".join(
-                    f"{name} {rows[name].rates[-1]:,.0f}" for name in ROWS), flush=True)  # fmt: skip
+                    f"{name} {rows[name].rates[-1]:,.0f}" for name in ROWS), flush=True)
             out["sizes"][str(size_b)] = {"rows": {name: row.to_json() for name, row in rows.items()},
-                                         "ratios": ratios_of(rows), "decode_us": decode_costs(size_b)}  # fmt: skip
+                                         "ratios": ratios_of(rows), "decode_us": decode_costs(size_b)}
     finally:
         sluice.stop()
         peer.stop()
@@ -408,7 +408,7 @@ def print_every_field(found: dict[str, Any]) -> None:
     for size, part in found["sizes"].items():
         for name, row in part["rows"].items():
             print(f"  {size:>5} B {name:<24} {row['median_msgs_s']:>10,} msgs/s "
-                  f"({row['min_msgs_s']:,}..{row['max_msgs_s']:,})")  # fmt: skip
+                  f"({row['min_msgs_s']:,}..{row['max_msgs_s']:,})")
         for name, ratio in part["ratios"].items():
             print(f"  {size:>5} B {name:<45} {ratio['median']:5.2f} ({ratio['min']:.2f}..{ratio['max']:.2f})")
         for name, us in part["decode_us"].items():

@@ -44,7 +44,7 @@ class Throughput:
             "consume_s": round(self.consume_s, 4), "produce_msgs_s": round(self.produce_msgs_s),
             "consume_msgs_s": round(self.consume_msgs_s), "produce_mb_s": round(self.produce_mb_s, 2),
             "consume_mb_s": round(self.consume_mb_s, 2),
-        }  # fmt: skip
+        }
         if self.consume_raw_s is not None:
             out["consume_raw_s"] = round(self.consume_raw_s, 4)
             out["consume_raw_msgs_s"] = round(self.count / self.consume_raw_s)
@@ -67,7 +67,7 @@ def best_of(runs: list[Throughput]) -> Throughput:
         runs[0].size_b, runs[0].count, min(r.produce_s for r in runs), min(r.consume_s for r in runs),
         least([r.consume_raw_s for r in runs]), least([r.index_wait_s for r in runs]),
         least([r.consume_eager_s for r in runs]),
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -115,4 +115,4 @@ def latency_of(
     return Latency(
         rate, round(achieved, 1), size_b, len(sent_at), len(received_at), float(np.percentile(ms, 50)),
         float(np.percentile(ms, 99)), float(ms.max()),
-    )  # fmt: skip
+    )

@@ -39,7 +39,7 @@ def ensure_debian_package(binary: str, package: str) -> str:
     subprocess.run(
         ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
         check=True, capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-    )  # fmt: skip
+    )
     path = find_binary(binary)
     if not path:
         raise RuntimeError(f"apt-get installed {package} but {binary} is still not found")

@@ -30,7 +30,7 @@ class RedisStreams:
         data = workdir / "redis"
         data.mkdir()
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "yes",
-                "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--protected-mode", "yes"]  # fmt: skip
+                "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--protected-mode", "yes"]
         self.server = Server(args, workdir / "redis.log")
         self.server.wait_for(lambda: port_open(self.port), "redis-server")
         version = str(self.client().info("server")["redis_version"])

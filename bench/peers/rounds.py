@@ -46,7 +46,7 @@ def _guarded(result: SystemResult, step: Callable[[], None]) -> None:
 def run_systems(
     names: list[str], workdir: Path, scale: float, latency_rates: list[int], rounds: int,
     also: Callable[[list[System]], None] | None = None,
-) -> list[SystemResult]:  # fmt: skip
+) -> list[SystemResult]:
     """Every system started at once; the throughput runs go round the systems ``rounds`` times (so a burst of
     other load on the machine falls on all of them, not on one) and each figure keeps its best round (the median
     and spread beside it, spread.py); then the latency runs, each rate ``rounds`` times, their median kept; then the
@@ -78,7 +78,7 @@ def run_systems(
                         print(
                             f"  round {round_no + 1} {system.name} {size_b} B x {count}: produce "
                             f"{t.produce_msgs_s:,.0f} msgs/s, consume {t.consume_msgs_s:,.0f}", flush=True,
-                        )  # fmt: skip
+                        )
                         runs.setdefault((system.name, size_b), []).append(t)
 
                     _guarded(result, measure)
@@ -94,13 +94,13 @@ def run_systems(
                 lat_count = max(LATENCY_WARMUP_MSGS + LATENCY_MIN_SAMPLES, int(rate * LATENCY_DURATION_S))
 
                 def latency(system: System = system, result: SystemResult = result, rate: int = rate,
-                            lat_count: int = lat_count) -> None:  # fmt: skip
+                            lat_count: int = lat_count) -> None:
                     lat, spread = median_latency([system.latency(rate, lat_count, LATENCY_SIZE_B)
-                                                  for _ in range(rounds)])  # fmt: skip
+                                                  for _ in range(rounds)])
                     result.latency.append(lat)
                     result.spread["latency"][rate] = spread
                     print(f"  {system.name} latency at {rate}/s (achieved {lat.achieved_rate_per_s:,.0f}/s): "
-                          f"p50 {lat.p50_ms:.2f} ms (median of {rounds})", flush=True)  # fmt: skip
+                          f"p50 {lat.p50_ms:.2f} ms (median of {rounds})", flush=True)
 
                 _guarded(result, latency)
         if also is not None:

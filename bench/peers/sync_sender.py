@@ -28,7 +28,7 @@ class SyncSender:
     def to_json(self) -> dict[str, Any]:
         return {"sends_per_s_median": round(self.median), "sends_per_s_min": round(min(self.rounds, default=0)),
                 "sends_per_s_max": round(max(self.rounds, default=0)), "rounds": [round(r) for r in self.rounds],
-                "size_b": SYNC_SIZE_B, "error": self.error}  # fmt: skip
+                "size_b": SYNC_SIZE_B, "error": self.error}
 
 
 def measure_sync_senders(systems: list[Any], scale: float, rounds: int) -> list[SyncSender]:
@@ -60,7 +60,7 @@ def print_sync_senders(results: list[SyncSender]) -> dict[str, float]:
             print(f"  {r.name:<16} FAILED: {r.error}")
         elif r.rounds:
             print(f"  {r.name:<16} {r.median:>8,.0f}   [{min(r.rounds):,.0f}, {max(r.rounds):,.0f}]  "
-                  f"({len(r.rounds)} rounds)")  # fmt: skip
+                  f"({len(r.rounds)} rounds)")
     by_name = {r.name: r.median for r in results if r.rounds}
     ratios: dict[str, float] = {}
     for mine in ("sluice", "sluice-remoting"):

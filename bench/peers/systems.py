@@ -28,4 +28,4 @@ class System(Protocol):
 SYSTEMS: dict[str, Callable[[], System]] = {
     "sluice": SluiceBroker, "redis": RedisStreams, "nats": NatsJetStream, "relay": GrpcRelay,
     "relay-streams": GrpcStreamRelay, "sluice-remoting": SluiceRemoting, "tcp-relay": TcpRelay,
-}  # fmt: skip
+}

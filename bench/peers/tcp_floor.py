@@ -127,7 +127,7 @@ class FramedSender:
         self.opaque += 1
         ext = {"a": "bench", "b": "bench-topic", "c": "TBW102", "d": "4", "e": "0", "f": "0",
                "g": str(int(time.time() * 1000)), "h": "0", "i": format_properties({"UNIQ_KEY": f"{self.opaque:032X}"}),
-               "j": "0", "k": "false", "m": "false"}  # fmt: skip
+               "j": "0", "k": "false", "m": "false"}
         self.sock.sendall(encode_frame(RemotingCommand(SEND, opaque=self.opaque, ext_fields=ext, body=body)))
         answer = read_frame(self.sock)
         assert answer.opaque == self.opaque and answer.ext_fields["msgId"]

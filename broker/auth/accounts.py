@@ -149,7 +149,7 @@ class Accounts:
     def _save(self, users: dict[str, User], acls: dict[str, tuple[Entry, ...]]) -> None:
         data = {"users": {k: {"secret_key": u.secret_key, "super_user": u.super_user, "enabled": u.enabled}
                           for k, u in users.items()},
-                "acls": {k: [e.to_json() for e in v] for k, v in acls.items() if v}}  # fmt: skip
+                "acls": {k: [e.to_json() for e in v] for k, v in acls.items() if v}}
         if self.path is None:
             raise InvalidArgumentError("this server keeps no users besides its root user")
         write_json_atomic(self.path, data, mode=PRIVATE_MODE, backup=False)
@@ -176,7 +176,7 @@ class Accounts:
         return user
 
     def update_user(self, access_key: str, secret_key: str | None = None, super_user: bool | None = None,
-                    enabled: bool | None = None) -> User:  # fmt: skip
+                    enabled: bool | None = None) -> User:
         self._not_root(access_key)
         with self._lock:
             old = self._users.get(access_key)
@@ -184,10 +184,10 @@ class Accounts:
                 raise QueryNotFoundError(f"no user {access_key!r}")
             secret = validate_secret_key(secret_key) if secret_key is not None else old.secret_key
             user = replace(old, secret_key=secret, super_user=old.super_user if super_user is None else super_user,
-                           enabled=old.enabled if enabled is None else enabled)  # fmt: skip
+                           enabled=old.enabled if enabled is None else enabled)
             self._save({**self._users, access_key: user}, self._acls)
         log.info("user %s updated (super user: %s, enabled: %s%s)", access_key, user.super_user, user.enabled,
-                 ", new secret" if secret_key is not None else "")  # fmt: skip
+                 ", new secret" if secret_key is not None else "")
         return user
 
     def delete_user(self, access_key: str) -> None:
@@ -200,7 +200,7 @@ class Accounts:
         log.info("user %s deleted, with its access control entries", access_key)
 
     def grant(self, access_key: str, resource: str, actions: Iterable[str], decision: str = "Allow",
-              source_ips: Iterable[str] = ()) -> list[Entry]:  # fmt: skip
+              source_ips: Iterable[str] = ()) -> list[Entry]:
         """Adds ``actions`` to the user's entry with the same resource, decision and networks (or a new one)."""
         pattern, wanted = Pattern.parse(resource), frozenset(Action.parse(a) for a in actions)
         verdict, networks = Decision.parse(decision), parse_networks(source_ips)
@@ -234,5 +234,5 @@ class Accounts:
                     kept.append(replace(e, actions=e.actions - dropped))
             self._save(self._users, {**self._acls, access_key: tuple(kept)})
         log.info("acl: %s revoked %s on %s", access_key,
-                 ",".join(sorted(a.value for a in dropped)) or "every action", pattern)  # fmt: skip
+                 ",".join(sorted(a.value for a in dropped)) or "every action", pattern)
         return kept

@@ -20,7 +20,7 @@ def user_info(user: User) -> pb.UserInfo:
 def acl_entry(access_key: str, entry: Entry) -> pb.AclEntry:
     j = entry.to_json()
     return pb.AclEntry(access_key=access_key, resource=str(j["resource"]), actions=list(j["actions"]),  # type: ignore[call-overload]
-                       decision=str(j["decision"]), source_ips=list(j["source_ips"]))  # type: ignore[call-overload]  # fmt: skip
+                       decision=str(j["decision"]), source_ips=list(j["source_ips"]))  # type: ignore[call-overload]
 
 
 class AccountsAdmin:
@@ -44,7 +44,7 @@ class AccountsAdmin:
         return user_info(self.accounts.update_user(
             r.access_key, r.secret_key if r.HasField("secret_key") else None,
             r.super_user if r.HasField("super_user") else None, r.enabled if r.HasField("enabled") else None,
-        ))  # fmt: skip
+        ))
 
     def delete_user(self, r: pb.DeleteUserRequest) -> pb.DeleteUserResponse:
         self.accounts.delete_user(r.access_key)

@@ -153,7 +153,7 @@ class AuthGate(grpc.ServerInterceptor):
 
     def __init__(self, accounts: Accounts, settings: AuthSettings, refusals: Counter,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
-                 streams: UserStreams | None = None) -> None:  # fmt: skip
+                 streams: UserStreams | None = None) -> None:
         """``streams``: the per-user count of open streams (held_streams.py); None counts nothing."""
         self.accounts = accounts
         self.streams = streams
@@ -198,7 +198,7 @@ class AuthGate(grpc.ServerInterceptor):
         )
 
     def authorize(self, user: User, method: str, requirement: Requirement | None, request: Any,
-                  context: grpc.ServicerContext) -> None:  # fmt: skip
+                  context: grpc.ServicerContext) -> None:
         if user.super_user:
             return
         if is_super_only(requirement):
@@ -238,7 +238,7 @@ class AuthGate(grpc.ServerInterceptor):
             self._refuse(e, context, who, method.rsplit("/", 1)[-1])
             raise  # not reached: abort raised
         return Caller(user.access_key, source_address(context.peer()), self.accounts,
-                      lambda e: self._refused_inside(e, context, user.access_key, method))  # fmt: skip
+                      lambda e: self._refused_inside(e, context, user.access_key, method))
 
     def _refused_inside(self, e: NoPermissionError, context: grpc.ServicerContext, key: str, method: str) -> None:
         """A refusal decided by a handler (caller.py): counted and logged as the gate's own are."""
@@ -293,7 +293,7 @@ class AuthGate(grpc.ServerInterceptor):
             self._refuse(error, context, who, method.rsplit("/", 1)[-1])
 
         kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
-                    if getattr(handler, k) is not None)  # fmt: skip
+                    if getattr(handler, k) is not None)
         return handler._replace(request_deserializer=None, **{kind: refuse})
 
     def _wrap(self, method: str, handler: Any) -> Any:

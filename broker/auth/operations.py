@@ -41,7 +41,7 @@ from broker.errors import NoPermissionError
 from broker.format.system_topics import is_system_topic
 
 PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST, ALL = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE,
-                                                    Action.DELETE, Action.GET, Action.LIST, Action.ALL)  # fmt: skip
+                                                    Action.DELETE, Action.GET, Action.LIST, Action.ALL)
 READ_ANY = (PUB, SUB, GET)
 
 
@@ -278,5 +278,5 @@ def transaction_access(use: str, producer_group: str) -> None:
     """The transaction service's check (semantics/transaction.py ``check_group``): ``use`` is "end", "join" or
     "open", ``producer_group`` the transaction's recorded group (or the one a new record takes)."""
     operation = {"end": Operation.END_TRANSACTION, "join": Operation.JOIN_TRANSACTION,
-                 "open": Operation.OPEN_TRANSACTION}[use]  # fmt: skip
+                 "open": Operation.OPEN_TRANSACTION}[use]
     authorize(operation, producer_group=producer_group)

@@ -182,7 +182,7 @@ class Entry:
 
     def to_json(self) -> dict[str, object]:
         return {"resource": str(self.pattern), "actions": sorted(a.value for a in self.actions),
-                "decision": self.decision.value, "source_ips": [str(n) for n in self.networks]}  # fmt: skip
+                "decision": self.decision.value, "source_ips": [str(n) for n in self.networks]}
 
     @staticmethod
     def from_json(data: dict[str, object]) -> Entry:
@@ -192,7 +192,7 @@ class Entry:
             raise InvalidArgumentError("an entry needs a list of actions and a list of source networks")
         return Entry(Pattern.parse(str(data.get("resource", ""))), frozenset(Action.parse(str(a)) for a in actions),
                      Decision.parse(str(data.get("decision", "Allow"))),
-                     parse_networks(str(n) for n in networks))  # fmt: skip
+                     parse_networks(str(n) for n in networks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +224,7 @@ def _as_group(resource: Resource, action: Action) -> tuple[Resource, Action]:
 
 
 def decide(entries: Sequence[Entry], resource: Resource, action: Action,
-           source: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> Decision | None:  # fmt: skip
+           source: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> Decision | None:
     """The decision of the most specific matching entries (Deny wins a tie); None when nothing matches."""
     resource, action = _as_group(resource, action)
     best: tuple[int, int] | None = None

@@ -185,7 +185,7 @@ _V2_SEND = _Either(
         on(Op.OPEN_TRANSACTION, lambda r, _: {"producer_group": _v2_name(_v2_transactional(r)[0].topic)}),
         _joined(lambda r: _v2_transactional(r)[0].system_properties.message_id)),
     lambda r: any(m.system_properties.message_type == _V2_TRANSACTION for m in r.messages),
-)  # fmt: skip
+)
 BROKER: dict[str, Requirement] = {
     "SendMessage": _Either(
         Row(_SEND),

@@ -16,10 +16,10 @@ def cmd_topic(args: argparse.Namespace) -> int:
     with Admin(**client_args(args)) as admin:
         if args.action == "create":
             t = admin.create_topic(args.topic, args.queues, if_not_exists=args.if_not_exists, cluster=args.cluster,
-                                   broker=args.broker)  # fmt: skip
+                                   broker=args.broker)
             if admin.cluster_mode:
                 emit(args, asdict(t), [[t.topic, b.broker_name, b.read_queue_nums] for b in getattr(t, "brokers", ())],
-                     ["topic", "broker", "queues"])  # fmt: skip
+                     ["topic", "broker", "queues"])
             else:
                 emit(args, vars_of(t), [[t.topic, t.read_queue_nums]], ["topic", "queues"])
         elif args.action == "delete":
@@ -30,19 +30,19 @@ def cmd_topic(args: argparse.Namespace) -> int:
             if admin.cluster_mode:
                 emit(args, [asdict(t) for t in topics],
                      [[t.topic, getattr(t, "broker_name", ""), t.read_queue_nums, t.perm] for t in topics],
-                     ["topic", "broker", "queues", "perm"])  # fmt: skip
+                     ["topic", "broker", "queues", "perm"])
             else:
                 emit(args, [vars_of(t) for t in topics], [[t.topic, t.read_queue_nums, t.perm] for t in topics],
-                     ["topic", "queues", "perm"])  # fmt: skip
+                     ["topic", "queues", "perm"])
         elif admin.cluster_mode:
             described = admin.describe_topic(args.topic)
             rows = [[b.broker_name, q.queue_id, q.min_offset, q.max_offset, q.max_offset - q.min_offset]
-                    for b in described.brokers for q in b.queues]  # fmt: skip
+                    for b in described.brokers for q in b.queues]
             emit(args, described.as_json(), rows, ["broker", "queue", "min_offset", "max_offset", "messages"])
         else:
             offsets = admin.queue_offsets(args.topic)
             data = {"topic": args.topic, "queues": [{"queue_id": q, "min_offset": lo, "max_offset": hi}
-                                                    for q, (lo, hi) in sorted(offsets.items())]}  # fmt: skip
+                                                    for q, (lo, hi) in sorted(offsets.items())]}
             rows = [[q, lo, hi, hi - lo] for q, (lo, hi) in sorted(offsets.items())]
             emit(args, data, rows, ["queue", "min_offset", "max_offset", "messages"])
     return 0
@@ -59,9 +59,9 @@ def cmd_query(args: argparse.Namespace) -> int:
         else:
             found = [admin.view_message(args.msg_id)]
     rows = [[m.msg_id, m.queue_id, m.queue_offset, m.store_timestamp, m.tags or "", " ".join(m.keys), len(m.body)]
-            for m in found]  # fmt: skip
+            for m in found]
     emit(args, [message_dict(m) for m in found], rows,
-         ["msg_id", "queue", "queue_offset", "store_timestamp", "tags", "keys", "bytes"])  # fmt: skip
+         ["msg_id", "queue", "queue_offset", "store_timestamp", "tags", "keys", "bytes"])
     return 0
 
 

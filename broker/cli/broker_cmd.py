@@ -30,13 +30,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
                  "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
                  "tls_client_auth": args.tls_client_auth, "auth_enabled": args.auth,
                  "allow_plaintext_auth": args.allow_plaintext_auth, "auth_window_s": args.auth_window_s,
-                 "remoting_listen": args.remoting_listen}  # fmt: skip
+                 "remoting_listen": args.remoting_listen}
     overrides.update({"etcd_ca_file": args.etcd_ca_file, "etcd_cert_file": args.etcd_cert_file,
                       "etcd_key_file": args.etcd_key_file, "etcd_user": args.etcd_user,
-                      "etcd_password_file": args.etcd_password_file})  # fmt: skip
+                      "etcd_password_file": args.etcd_password_file})
     overrides.update({"role": args.role, "controller": args.controller, "ha_listen": args.ha_listen,
                       "ha_secret_file": args.ha_secret_file,
-                      "min_insync_replicas": args.min_insync_replicas})  # fmt: skip
+                      "min_insync_replicas": args.min_insync_replicas})
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )
@@ -59,7 +59,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if controller.remoting is not None:
         metrics += f", remoting on {controller.remoting.address}"
     print(f"sluice broker ready on {controller.address} (store {config.store_dir}, {config.flush_disk_type}{metrics})",
-          flush=True)  # fmt: skip
+          flush=True)
     names = ThreadNames()  # gRPC starts workers on demand: named at each look for a stop (thread_names.py)
     names.apply()
     while not stop.wait(STOP_POLL_S):
@@ -67,7 +67,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     controller.shutdown()
     interrupted = signal.SIGINT in received
     print(f"sluice broker stopped ({'interrupted' if interrupted else 'terminated'}); store {config.store_dir} closed "
-          "cleanly", flush=True)  # fmt: skip
+          "cleanly", flush=True)
     return INTERRUPTED_EXIT if interrupted else 0
 
 
@@ -95,7 +95,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     remoting = parse_listen(args.remoting_listen, DEFAULT_NAMESRV_PORT) if args.remoting_listen else None
     server = NameServer(host, port, broker_expire_ms=args.broker_expire_ms, tls=tls, root=root_user_from_env(),
                         allow_anonymous_registration=args.allow_anonymous_registration,
-                        remoting_listen=remoting)  # fmt: skip
+                        remoting_listen=remoting)
     server.start()
     also = f", remoting on {server.remoting.address}" if server.remoting is not None else ""
     print(f"sluice namesrv ready on {server.address}{also}", flush=True)

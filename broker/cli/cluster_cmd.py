@@ -20,6 +20,6 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     now_ms = int(time.time() * 1000)
     rows = [[b.cluster, b.broker_name, b.broker_id, b.role, b.address, b.topic_count,
              f"{max(0, now_ms - b.last_update_ms) / 1000:.1f}s ago", f"{b.put_messages_per_s:,.0f}"]
-            for b in info.brokers]  # fmt: skip
+            for b in info.brokers]
     emit(args, info.as_json(), rows, ["cluster", "broker", "id", "role", "address", "topics", "registered", "put/s"])
     return 0

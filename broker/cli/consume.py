@@ -65,7 +65,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 with lock:
                     offset = offsets[mq]
                 r = consumer.pull(mq, offset, max_msgs=PULL_BATCH, timeout_ms=FOLLOW_HOLD_MS if args.follow else 0,
-                                  tags=args.tags, sql=args.sql)  # fmt: skip
+                                  tags=args.tags, sql=args.sql)
                 with lock:
                     offsets[mq] = r.next_begin_offset
                     unprinted[mq] += len(r.messages)

@@ -33,7 +33,7 @@ def cmd_group(args: argparse.Namespace) -> int:
             groups = admin.list_groups()
             emit(args, [vars_of(g) for g in groups],
                  [[g.group, g.online_consumers, ",".join(g.topics) or "-"] for g in groups],
-                 ["group", "consumers", "topics"])  # fmt: skip
+                 ["group", "consumers", "topics"])
             return 0
         if args.action == "reset-offsets":
             return reset_offsets(args, admin)
@@ -53,7 +53,7 @@ def cluster_lag(args: argparse.Namespace, admin: Admin) -> int:
     and its lag left out of the total)."""
     lag = admin.group_lag(args.group, args.topic or "")
     rows = [[b.broker_name, q.topic, q.queue_id, q.broker_offset, q.consumer_offset, q.lag]
-            for b in lag.brokers for q in b.queues]  # fmt: skip
+            for b in lag.brokers for q in b.queues]
     emit(args, lag.as_json(), rows, ["broker", "topic", "queue", "broker_offset", "consumer_offset", "lag"])
     if not args.json:
         for b in lag.brokers:
@@ -78,7 +78,7 @@ def reset_offsets(args: argparse.Namespace, admin: Admin) -> int:
     done = admin.reset_offsets(args.group, args.topic, reset_target(args), queue_id=args.queue, dry_run=args.dry_run)
     data = {"group": args.group, "topic": args.topic, "dry_run": args.dry_run, "queues": [vars_of(r) for r in done]}
     rows = [[f"{r.broker_name}/{r.queue_id}" if r.broker_name else r.queue_id, "-" if r.previous < 0 else r.previous,
-             r.offset, r.min_offset, r.max_offset] for r in done]  # fmt: skip
+             r.offset, r.min_offset, r.max_offset] for r in done]
     emit(args, data, rows, ["queue", "previous", "offset", "min_offset", "max_offset"])
     if not args.json:
         what = "would be reset (dry run: nothing changed)" if args.dry_run else "reset"

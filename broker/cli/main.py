@@ -31,7 +31,7 @@ def run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     level = args.log_level if args.log_level != "WARNING" else getattr(args, "log_level_default", "WARNING")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)  # fmt: skip
+                        stream=sys.stderr)
     try:
         return int(args.func(args))
     except BrokerError as e:
@@ -51,4 +51,4 @@ def credentials_hint(args: argparse.Namespace) -> str:
     if where:
         return f"(the access key and secret key came from {where})"
     return (f"(this command sent no credentials: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}, or name a profile file "
-            f"with --profile FILE or ${PROFILE_ENV})")  # fmt: skip
+            f"with --profile FILE or ${PROFILE_ENV})")

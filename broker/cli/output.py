@@ -47,7 +47,7 @@ def message_dict(m: Any, broker_name: str = "") -> dict[str, Any]:
         "commitlog_offset": m.commitlog_offset, "tags": m.tags, "keys": m.keys, "properties": m.properties,
         "born_timestamp": m.born_timestamp, "store_timestamp": m.store_timestamp,
         "reconsume_times": m.reconsume_times, **({"broker_name": broker_name} if broker_name else {}), **body,
-    }  # fmt: skip
+    }
 
 
 def properties_text(properties: Mapping[str, str]) -> str:

@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=f"sluice {version()}")
     parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
-                        help="logging level on stderr (default WARNING; INFO for `sluice broker`)")  # fmt: skip
+                        help="logging level on stderr (default WARNING; INFO for `sluice broker`)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, summary: str, description: str = "", with_client: bool = True) -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _broker(command("broker", "run a broker in the foreground", BROKER_TEXT, with_client=False))
     _namesrv(command("namesrv", "run a name server in the foreground (cluster mode)", NAMESRV_TEXT,
-                     with_client=False))  # fmt: skip
+                     with_client=False))
     _cluster(command("cluster", "the brokers of a cluster, as the name servers know them", with_client=False))
     _topic(command("topic", "create, list, delete or describe topics", with_client=False))
     _send(command("send", "send messages: --body or --size N, else one message per line of stdin", SEND_TEXT))
@@ -70,11 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     _group(command("group", "consumer groups: list them, their lag, reset their offsets", with_client=False))
     command("stats", "broker statistics (counters since start, store sizes)").set_defaults(func=cmd_stats)
     _tx(command("tx", "transactions: list, commit or roll back (one id, or every open one by prefix)",
-                with_client=False))  # fmt: skip
+                with_client=False))
     _user(command("user", "users of a broker run with --auth: create, update, delete, list (super users only)",
-                  USER_TEXT, with_client=False))  # fmt: skip
+                  USER_TEXT, with_client=False))
     _acl(command("acl", "access control entries of users: grant, revoke, list (super users only)", ACL_TEXT,
-                 with_client=False))  # fmt: skip
+                 with_client=False))
     return parser
 
 
@@ -83,14 +83,14 @@ def client_options() -> argparse.ArgumentParser:
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--endpoint", default=None, metavar="HOST:PORT[,HOST:PORT]",
                         help=f"the broker (default ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT}); with several, the first "
-                             "that answers")  # fmt: skip
+                             "that answers")
     client.add_argument("--namesrv", default=None, metavar="HOST:PORT[,HOST:PORT]",
                         help=f"name servers of a cluster, instead of --endpoint (default ${NAMESRV_ENV}); commands "
-                             "then act on every broker of the topic or cluster")  # fmt: skip
+                             "then act on every broker of the topic or cluster")
     client.add_argument("--json", action="store_true", help="machine-readable JSON output")
     client.add_argument("--profile", default=None, metavar="FILE",
                         help=f"KEY=VALUE settings (endpoint, credentials, TLS files) used where the environment sets "
-                             f"none (default ${PROFILE_ENV}); mode 600 when it holds a secret key")  # fmt: skip
+                             f"none (default ${PROFILE_ENV}); mode 600 when it holds a secret key")
     return client
 
 
@@ -121,10 +121,10 @@ def _broker(b: argparse.ArgumentParser) -> None:
     b.add_argument("--store", default=None, metavar="DIR", help="store directory (default ~/store)")
     b.add_argument("--listen", default=None, metavar="HOST:PORT",
                    help=f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}); a missing port means {DEFAULT_PORT}, "
-                        "port 0 any free port, an IPv6 address goes in brackets: [::1]:0")  # fmt: skip
+                        "port 0 any free port, an IPv6 address goes in brackets: [::1]:0")
     b.add_argument("--flush", choices=["async", "sync"], default=None,
                    help="async (default): acknowledge once written to memory, flushed within 500 ms; sync: "
-                        "acknowledge once on disk")  # fmt: skip
+                        "acknowledge once on disk")
     b.add_argument("--config", default=None, metavar="FILE",
                    help="broker settings file (.json or .toml; docs/operations.md lists the settings)")
     b.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
@@ -153,7 +153,7 @@ def _broker(b: argparse.ArgumentParser) -> None:
     a.add_argument("--allow-plaintext-auth", action="store_true", default=None,
                    help="allow --auth without TLS (signed headers can then be read and replayed within the window)")
     a.add_argument("--auth-window-s", type=int, default=None, metavar="S",
-                   help="accept signatures made at most S seconds from this broker's clock (default 900)")  # fmt: skip
+                   help="accept signatures made at most S seconds from this broker's clock (default 900)")
     _etcd(b)
     _replication(b)
     b.set_defaults(func=cmd_broker, log_level_default="INFO")
@@ -164,27 +164,27 @@ class _PasswordRefused(argparse.Action):
     ``--etcd-password-file``)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
+                 option_string: str | None = None) -> None:
         parser.error(f"{option_string} is not taken on the command line, where every local user can read it (ps): "
-                     "give --etcd-password-file FILE or $SLUICE_ETCD_PASSWORD")  # fmt: skip
+                     "give --etcd-password-file FILE or $SLUICE_ETCD_PASSWORD")
 
 
 def _replication(b: argparse.ArgumentParser) -> None:
     r = b.add_argument_group("replication (docs/replication.md)")
     r.add_argument("--role", type=str.upper, choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"], default=None,
                    help="classic mode (a fixed master, no failover): this broker's role in its group; a slave takes "
-                        "--broker-id 1 or more")  # fmt: skip
+                        "--broker-id 1 or more")
     r.add_argument("--controller", default=None, metavar="etcd://HOST:PORT[,HOST:PORT]",
                    help="controller mode (automatic failover): etcd decides which replica of the group is master; "
-                        "every replica is started the same way")  # fmt: skip
+                        "every replica is started the same way")
     r.add_argument("--ha-listen", default=None, metavar="HOST:PORT",
                    help="replication endpoint (default: the listen host, client port + 1)")
     r.add_argument("--ha-secret-file", default=None, metavar="FILE",
                    help="file (readable by its owner only) holding the group's shared secret; required unless the "
-                        "replication endpoint is on loopback")  # fmt: skip
+                        "replication endpoint is on loopback")
     r.add_argument("--min-insync-replicas", type=int_at_least(1), default=None, metavar="N",
                    help="SYNC_MASTER and controller mode: refuse writes while fewer replicas (the master counts) "
-                        "are in sync (default 2)")  # fmt: skip
+                        "are in sync (default 2)")
 
 
 def _etcd(b: argparse.ArgumentParser) -> None:
@@ -206,7 +206,7 @@ def _tls(p: argparse.ArgumentParser) -> None:
     t.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's PEM private key")
     t.add_argument("--tls-ca", default=None, metavar="FILE",
                    help="PEM CA file: client certificates must come from it, and this process's own calls to other "
-                        "servers trust it (default: the system's CAs)")  # fmt: skip
+                        "servers trust it (default: the system's CAs)")
     t.add_argument("--tls-client-auth", choices=["none", "request", "require"], default=None,
                    help="client certificates: none (default), request, require (mutual TLS; needs --tls-ca)")
 
@@ -239,7 +239,7 @@ def _namesrv(n: argparse.ArgumentParser) -> None:
 def _cluster(c: argparse.ArgumentParser) -> None:
     csub = c.add_subparsers(dest="action", required=True, metavar="ACTION")
     add_command(csub, "list", "every live broker: cluster, name, id, role, address, topics, last registration and "
-                              "put rate (needs --namesrv)")  # fmt: skip
+                              "put rate (needs --namesrv)")
     c.set_defaults(func=cmd_cluster)
 
 
@@ -257,7 +257,7 @@ def _topic(t: argparse.ArgumentParser) -> None:
     td = add_command(tsub, "delete", "delete a topic with its messages and every group's offsets on it")
     td.add_argument("topic", help="the topic to delete")
     tq = add_command(tsub, "describe", "each queue of a topic (per broker in a cluster): min offset, max offset, "
-                                       "messages")  # fmt: skip
+                                       "messages")
     tq.add_argument("topic", help="the topic to describe")
     t.set_defaults(func=cmd_topic)
 
@@ -324,7 +324,7 @@ Example:
 def _query(q: argparse.ArgumentParser) -> None:
     qsub = q.add_subparsers(dest="kind", required=True, metavar="KIND")
     qk = add_command(qsub, "key", "messages of a topic with a key, optionally within a store-time range",
-                     QUERY_KEY_TEXT)  # fmt: skip
+                     QUERY_KEY_TEXT)
     qk.add_argument("topic", help="topic to search")
     qk.add_argument("key", help="a message key (or UNIQ_KEY)")
     qk.add_argument("--begin", type=time_ms, default=None, metavar="TIME", help="stored at or after this time")
@@ -346,12 +346,12 @@ Examples:
 def _group(g: argparse.ArgumentParser) -> None:
     gsub = g.add_subparsers(dest="action", required=True, metavar="ACTION")
     add_command(gsub, "list", "every group with committed offsets, live consumers or settings: its live consumers "
-                              "and its topics")  # fmt: skip
+                              "and its topics")
     gl = add_command(gsub, "lag", "a group's lag per queue: the queue's max offset, the committed offset, the lag")
     gl.add_argument("group", help="the consumer group")
     gl.add_argument("--topic", default=None, help="only this topic (default: every topic of the group)")
     gr = add_command(gsub, "reset-offsets", "move a group's committed offsets on a topic to the earliest or latest "
-                                            "message, an offset or a time", RESET_TEXT)  # fmt: skip
+                                            "message, an offset or a time", RESET_TEXT)
     gr.add_argument("group", help="the consumer group")
     gr.add_argument("--topic", required=True, help="the topic whose offsets move")
     to = gr.add_mutually_exclusive_group(required=True)
@@ -379,7 +379,7 @@ def _tx(x: argparse.ArgumentParser) -> None:
             f"An ID the broker does not know is refused and nothing is recorded. A transaction that already ended "
             f"otherwise\n(a {name} of a {'rolled-back' if name == 'commit' else 'committed'} one) is left as it is, "
             "with exit status 1.",
-        )  # fmt: skip
+        )
         xe.add_argument("target", metavar="ID", help="a transaction id (or, with --prefix, the start of ids)")
         xe.add_argument("--prefix", dest="prefix_mode", action="store_true",
                         help=f"{verb} every OPEN transaction whose id starts with ID")
@@ -423,7 +423,7 @@ Examples:
     _where(uc)
     uu = add_command(usub, "update", "change a user's secret key, super user flag or enabled flag", exact=True,
                      description="A disabled user is refused (UNAUTHENTICATED) from its next request on; --enable "
-                                 "lets it in again.")  # fmt: skip
+                                 "lets it in again.")
     uu.add_argument("access_key", metavar="ACCESS_KEY", help="the user")
     _secret_file(uu, "the user's new secret key")
     su = uu.add_mutually_exclusive_group()
@@ -458,7 +458,7 @@ def _acl(a: argparse.ArgumentParser) -> None:
     asub = a.add_subparsers(dest="action", required=True, metavar="ACTION")
     ag = add_command(asub, "grant", "allow (or --deny) actions on a resource to a user",
                      "The actions join the user's entry with the same resource, decision and source networks, or "
-                     "make a new one.")  # fmt: skip
+                     "make a new one.")
     ag.add_argument("access_key", metavar="ACCESS_KEY", help="the user")
     ag.add_argument("--resource", required=True, metavar="R", help=RESOURCE_HELP)
     ag.add_argument("--actions", required=True, metavar="A,B", help=ACTIONS_HELP)

@@ -152,7 +152,7 @@ def client_args(args: argparse.Namespace) -> ClientArgs:
     args.credentials_from = where
     return ClientArgs(endpoint=endpoint, namesrv=namesrv, tls_ca=_setting(CA_ENV, profile),
                       tls_cert=_setting(CERT_ENV, profile), tls_key=_setting(KEY_ENV, profile), access_key=access,
-                      secret_key=secret)  # fmt: skip
+                      secret_key=secret)
 
 
 def read_secret_file(path: str, stdin: IO[bytes] | None = None) -> str:

@@ -73,7 +73,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 if stop.requested:
                     break
                 msgs = [Message(args.topic, body_of(i), tags=args.tags, keys=keys, properties=props)
-                        for i in range(start, min(start + SEND_CHUNK, count))]  # fmt: skip
+                        for i in range(start, min(start + SEND_CHUNK, count))]
                 in_flight = len(msgs)
                 if len(msgs) == 1:
                     results.append(producer.send(msgs[0], **target))
@@ -90,16 +90,16 @@ def cmd_send(args: argparse.Namespace) -> int:
     data = {"sent": len(results) + in_flight, "acknowledged": len(results), "seconds": round(elapsed, 3),
             "results": [{"status": r.status.value, "msg_id": r.msg_id, "queue_id": r.queue_id,
                          "queue_offset": r.queue_offset, "broker_name": r.broker_name, "uniq_key": r.uniq_key}
-                        for r in results]}  # fmt: skip
+                        for r in results]}
     if interrupted:
         data["interrupted"] = True
     if args.json or len(results) <= MAX_LISTED_RESULTS:
         emit(args, data, [[r.status.value, r.msg_id, queue_name(r), r.queue_offset] for r in results],
-             ["status", "msg_id", "queue", "queue_offset"])  # fmt: skip
+             ["status", "msg_id", "queue", "queue_offset"])
     if interrupted:
         doubt = f"; {in_flight} more were being sent and may or may not be stored" if in_flight else ""
         print(f"interrupted: {len(results) + in_flight} of {count} messages sent to {args.topic}, {len(results)} "
-              f"acknowledged (stored){doubt}", file=sys.stderr)  # fmt: skip
+              f"acknowledged (stored){doubt}", file=sys.stderr)
         return INTERRUPTED_EXIT
     if not args.json:
         rate = len(results) / elapsed if elapsed > 0 else 0.0

@@ -29,9 +29,9 @@ def cmd_tx(args: argparse.Namespace) -> int:
         if args.action == "list":
             found = admin.list_transactions(args.prefix, args.status or "")
             rows = [[t.transaction_id, t.producer_group, t.status, t.half_count, t.check_times,
-                     " ".join(t.held_queues)] for t in found]  # fmt: skip
+                     " ".join(t.held_queues)] for t in found]
             emit(args, [vars_of(t) for t in found], rows, ["transaction", "producer_group", "status", "messages",
-                                                             "checks", "holds readers at"])  # fmt: skip
+                                                             "checks", "holds readers at"])
             return 0
         commit = args.action == "commit"
         ended = admin.end_transactions(args.target, commit) if args.prefix_mode else end_one(admin, args.target, commit)
@@ -42,7 +42,7 @@ def cmd_tx(args: argparse.Namespace) -> int:
         earlier = ended[contradicted[0]].lower().replace("_", " ")
         print(f"error: transaction {contradicted[0]!r} was already {earlier}; the {args.action} changed nothing"
               + (f" (and {len(contradicted) - 1} more ended otherwise)" if len(contradicted) > 1 else ""),
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 1
     if not ended:
         print(f"no open transaction starts with {args.target!r}; nothing to {args.action}", file=sys.stderr)

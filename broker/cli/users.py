@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 GENERATED_SECRET_BYTES = 30
 SHOWN_ONCE = "shown only this once: the broker never answers it back"
 RESOURCE_HELP = ("Cluster, Topic:NAME, Group:NAME (NAME may end in * for a prefix, or be *), or * for every "
-                 "resource")  # fmt: skip
+                 "resource")
 ACTIONS_HELP = "Pub, Sub, Create, Update, Delete, Get, List, All (comma-separated)"
 
 
@@ -68,7 +68,7 @@ def cmd_user(args: argparse.Namespace) -> int:
             if admin.cluster_mode:
                 emit(args, {"deleted": args.access_key, "brokers": brokers},
                      [[args.access_key, "deleted", ", ".join(brokers)]],
-                     ["access_key", "status", "brokers"])  # fmt: skip
+                     ["access_key", "status", "brokers"])
             else:
                 emit(args, {"deleted": args.access_key}, [[args.access_key, "deleted"]], ["access_key", "status"])
             return 0
@@ -87,7 +87,7 @@ def cmd_user(args: argparse.Namespace) -> int:
     if generated and not args.json:
         print(f"\nsecret key: {secret}")
         print(f"This secret key is {SHOWN_ONCE}. Keep it now, e.g. as SLUICE_SECRET_KEY in a profile file of "
-              "mode 600.")  # fmt: skip
+              "mode 600.")
     return 0
 
 
@@ -106,7 +106,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
     with Admin(**client_args(args)) as admin:
         if args.action == "grant":
             entries = admin.grant_acl(args.access_key, args.resource, args.actions,
-                                      "Deny" if args.deny else "Allow", args.source_ip, **_where(args))  # fmt: skip
+                                      "Deny" if args.deny else "Allow", args.source_ip, **_where(args))
         elif args.action == "revoke":
             entries = admin.revoke_acl(args.access_key, args.resource, args.actions, **_where(args))
         else:

@@ -48,4 +48,4 @@ __all__ = [
     "TransactionSendResult", "user_properties", "BrokerInfo", "BrokerLag", "BrokerQueueLag", "BrokerQueues",
     "BrokerTopicInfo", "BrokerTransactionInfo", "ClusterInfo", "ClusterTopicInfo", "GroupLag", "QueueRange",
     "TopicDescription", "tune_malloc",
-]  # fmt: skip
+]

@@ -82,7 +82,7 @@ __all__ = [
     "BrokerTopicInfo", "BrokerTransactionInfo", "BrokerUserInfo", "ClusterInfo", "ClusterTopicInfo",
     "ClusterUserInfo", "GroupInfo", "GroupLag", "QueueLag", "QueueRange", "SubscriptionGroup", "TopicDescription",
     "TopicInfo", "TransactionInfo", "UserInfo",
-]  # fmt: skip
+]
 
 
 class Admin(AccessAdmin):
@@ -120,7 +120,7 @@ class Admin(AccessAdmin):
     def create_topic(
         self, topic: str, queues: int = 8, *, if_not_exists: bool = False, cluster: str | None = None,
         broker: str | None = None,
-    ) -> TopicInfo:  # fmt: skip
+    ) -> TopicInfo:
         """Create ``topic`` with ``queues`` read and write queues on each broker it goes to.
 
         One broker (``endpoint=``): on it. A cluster: on every master of ``cluster`` (of the only cluster when
@@ -164,7 +164,7 @@ class Admin(AccessAdmin):
         if not self.cluster_mode:
             if broker is not None:
                 raise InvalidArgumentError(f"broker= names a broker of a cluster; this admin talks to the single "
-                                           f"{self.router.describe()}")  # fmt: skip
+                                           f"{self.router.describe()}")
             self.conn.call(self.stub.DeleteTopic, pb.DeleteTopicRequest(topic=topic))
             return [DIRECT_BROKER]
         validate_topic(topic)
@@ -210,7 +210,7 @@ class Admin(AccessAdmin):
             except TopicNotExistError:
                 continue  # deleted (or its brokers left) between the two questions
             out += [BrokerTopicInfo(topic, q.read_queue_nums, q.write_queue_nums, q.perm, q.broker_name,
-                                    route.groups[q.broker_name].cluster) for q in route.queues]  # fmt: skip
+                                    route.groups[q.broker_name].cluster) for q in route.queues]
         return out
 
     def topic_info(self, topic: str) -> TopicInfo:
@@ -221,7 +221,7 @@ class Admin(AccessAdmin):
         return ClusterTopicInfo.of(topic, [
             BrokerTopicInfo(topic, q.read_queue_nums, q.write_queue_nums, q.perm, q.broker_name,
                             route.groups[q.broker_name].cluster) for q in route.queues
-        ])  # fmt: skip
+        ])
 
     def describe_topic(self, topic: str) -> TopicDescription:
         """``sluice topic describe T``: per broker of the topic's route, its queue counts, permission and every
@@ -240,21 +240,21 @@ class Admin(AccessAdmin):
                     raise
                 error = e.message
             brokers.append(BrokerQueues(q.broker_name, route.groups[q.broker_name].cluster, q.read_queue_nums,
-                                        q.write_queue_nums, q.perm, ranges, error))  # fmt: skip
+                                        q.write_queue_nums, q.perm, ranges, error))
         return TopicDescription(topic, tuple(brokers))
 
     def queue_offsets(self, topic: str) -> dict[Any, tuple[int, int]]:
         """(min offset, max offset) of every queue of the topic: ``{queue_id: ...}`` with one broker,
         ``{(broker_name, queue_id): ...}`` in a cluster."""
         return {mq.queue_id if not self.cluster_mode else (mq.broker_name, mq.queue_id): r
-                for mq, r in self.queue_ranges(topic).items()}  # fmt: skip
+                for mq, r in self.queue_ranges(topic).items()}
 
     def queue_ranges(self, topic: str) -> dict[MessageQueue, tuple[int, int]]:
         """(min offset, max offset) of every queue of the topic on every broker that holds it."""
         if not self.cluster_mode:  # one call, as it always was (no route lookup first)
             response = self.conn.call(self.stub.GetQueueOffsets, pb.GetQueueOffsetsRequest(topic=topic))
             return {MessageQueue(topic, DIRECT_BROKER, q.queue_id): (q.min_offset, q.max_offset)
-                    for q in response.queues}  # fmt: skip
+                    for q in response.queues}
         out: dict[MessageQueue, tuple[int, int]] = {}
         for name, conn in self._topic_brokers(topic):
             response = ask_broker(name, conn, "GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
@@ -291,7 +291,7 @@ class Admin(AccessAdmin):
         if not self.cluster_mode:
             rows = self.consumer_lag(group, topic)
             return GroupLag(group, sum(q.lag for q in rows), (BrokerLag(DIRECT_BROKER, sum(q.lag for q in rows),
-                                                                        tuple(rows)),))  # fmt: skip
+                                                                        tuple(rows)),))
         request = pb.GetConsumerLagRequest(consumer_group=group, topic=topic)
         parts: list[BrokerLag] = []
         unknown: BrokerError | None = None
@@ -379,7 +379,7 @@ class Admin(AccessAdmin):
                 continue
             return decode_entries(r.entries, r.entry_positions)[0]
         raise QueryNotFoundError(f"no live broker of {self.router.describe()} holds message {msg_id} (expired, or "
-                                 "its broker is down)")  # fmt: skip
+                                 "its broker is down)")
 
     # ------------------------------------------------------------------------------------------ transactions
     def list_transactions(self, prefix: str = "", status: str = "") -> list[TransactionInfo]:
@@ -397,7 +397,7 @@ class Admin(AccessAdmin):
         self, txn_id: str, commit: bool, committed_attempts: list[str] | None = None, *,
         expected_messages: int | None = None, broker: str | None = None, record_unknown: bool = False,
         producer_group: str = "",
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Commit or roll back every half message of ``txn_id`` atomically; returns the final status
         (COMMITTED / ROLLED_BACK), the first outcome when it had ended already. ``committed_attempts``: commit only
         halves whose TRAN_ATTEMPT property is listed. ``expected_messages``: the commit is refused (nothing
@@ -415,14 +415,14 @@ class Admin(AccessAdmin):
             transaction_id=txn_id, commit=commit, committed_attempts=committed_attempts or [],
             restrict_attempts=committed_attempts is not None, expected_messages=expected_messages,
             record_unknown=record_unknown, producer_group=producer_group,
-        )  # fmt: skip
+        )
         if not self.cluster_mode:
             return self.conn.call(self.stub.EndTransaction, request).status
         if broker is not None:
             holders = [(b.broker_name, self._connection(b)) for b in self._targets(None, broker)]
         else:
             named = {t.broker_name for t in self.list_transactions(txn_id) if t.transaction_id == txn_id
-                     and isinstance(t, BrokerTransactionInfo)}  # fmt: skip
+                     and isinstance(t, BrokerTransactionInfo)}
             holders = [(name, conn) for name, conn in self._brokers() if name in named]
         if not holders:
             raise QueryNotFoundError(f"no live broker of {self.router.describe()} holds transaction {txn_id!r}")
@@ -459,7 +459,7 @@ class Admin(AccessAdmin):
             txn: next(iter(by.values())) if len(set(by.values())) == 1
             else ",".join(f"{n}={s}" for n, s in sorted(by.items()))
             for txn, by in sorted(outcomes.items())
-        }  # fmt: skip
+        }
 
     # ------------------------------------------------------------------------------------------ groups
     def list_groups(self) -> list[GroupInfo]:
@@ -504,7 +504,7 @@ class Admin(AccessAdmin):
     def reset_offsets(
         self, group: str, topic: str, to: ResetTo, *, queue_id: int | None = None, dry_run: bool = False,
         broker: str | None = None,
-    ) -> list[OffsetReset]:  # fmt: skip
+    ) -> list[OffsetReset]:
         """Move ``group``'s committed offsets on ``topic`` (every queue, or ``queue_id``; in a cluster, on every
         broker of the topic or on ``broker``) to ``to``: earliest, latest, an offset or a time
         (broker/client/offset_reset.py). Refused while the group has live consumers. ``dry_run``: only say what
@@ -518,7 +518,7 @@ class Admin(AccessAdmin):
             address = self.router.broker_connection(topic, name, write=True).endpoint
             # the broker's own admin, with this one's TLS and credentials (an --auth broker refuses anyone else)
             router = Router(address, timeout_s=self.router.timeout_s, tls=self.router.tls,
-                            credentials=self.router.credentials)  # fmt: skip
+                            credentials=self.router.credentials)
             try:
                 one = Admin(router=router)
                 out += one._reset_on(one, group, topic, to, queue_id, dry_run, name)
@@ -530,7 +530,7 @@ class Admin(AccessAdmin):
 
     @staticmethod
     def _reset_on(admin: Admin, group: str, topic: str, to: ResetTo, queue_id: int | None, dry_run: bool,
-                  broker_name: str) -> list[OffsetReset]:  # fmt: skip
+                  broker_name: str) -> list[OffsetReset]:
         plan = plan_reset(admin, topic, to, queue_id)
         if dry_run:
             committed = admin.committed_offsets(group, topic)
@@ -538,7 +538,7 @@ class Admin(AccessAdmin):
         else:
             previous = admin.set_consumer_offsets(group, {(topic, q): target for q, (target, _, _) in plan.items()})
         return [OffsetReset(topic, q, previous[(topic, q)], target, lo, hi, broker_name)
-                for q, (target, lo, hi) in plan.items()]  # fmt: skip
+                for q, (target, lo, hi) in plan.items()]
 
     def subscription_group(self, group_name: str, *, broker: str | None = None) -> SubscriptionGroup:
         """A group's settings; a cluster: as ``broker`` (or the first live master, by name, that answers) holds
@@ -561,14 +561,14 @@ class Admin(AccessAdmin):
         consume_broadcast_enable: bool | None = None, retry_queue_nums: int | None = None,
         retry_max_times: int | None = None, consume_message_orderly: bool | None = None, cluster: str | None = None,
         broker: str | None = None,
-    ) -> SubscriptionGroup:  # fmt: skip
+    ) -> SubscriptionGroup:
         """Change the given settings of a group (kept in each broker's config/subscriptionGroup.json); a cluster:
         on every master of ``cluster`` (of the only one when neither is named) or on ``broker``."""
         changes: dict[str, Any] = {
             "consume_enable": consume_enable, "consume_from_min_enable": consume_from_min_enable,
             "consume_broadcast_enable": consume_broadcast_enable, "retry_queue_nums": retry_queue_nums,
             "retry_max_times": retry_max_times, "consume_message_orderly": consume_message_orderly,
-        }  # fmt: skip
+        }
         request = pb.UpdateSubscriptionGroupRequest(
             consumer_group=group_name, **{k: v for k, v in changes.items() if v is not None}
         )
@@ -593,7 +593,7 @@ class Admin(AccessAdmin):
         if not self.cluster_mode:
             if broker:
                 raise InvalidArgumentError(f"broker= names a broker of a cluster; this admin talks to the single "
-                                           f"{self.router.describe()}")  # fmt: skip
+                                           f"{self.router.describe()}")
             return _numbers(self.conn.call(self.stub.GetBrokerStats, pb.GetBrokerStatsRequest()).values)
         if broker is None:
             raise InvalidArgumentError("in a cluster, name the broker (stats(broker=...)) or use stats_by_broker()")

@@ -33,7 +33,7 @@ class AccessAdmin(AdminBase):
     def create_user(
         self, access_key: str, secret_key: str, super_user: bool = False, enabled: bool = True, *,
         cluster: str | None = None, broker: str | None = None,
-    ) -> UserInfo:  # fmt: skip
+    ) -> UserInfo:
         """A new user (super users pass every authorization check); InvalidArgumentError when it exists. A cluster:
         on every live master of ``cluster`` (of the only one when neither is named) or on the master ``broker``, as
         a ``ClusterUserInfo`` with each broker's row; nothing is created when one of them holds the user already."""
@@ -56,7 +56,7 @@ class AccessAdmin(AdminBase):
     def update_user(
         self, access_key: str, secret_key: str | None = None, super_user: bool | None = None,
         enabled: bool | None = None, *, cluster: str | None = None, broker: str | None = None,
-    ) -> UserInfo:  # fmt: skip
+    ) -> UserInfo:
         """Change what is given of a user: a new secret key, super user or not, enabled or not (a disabled user is
         refused from its next request on). QueryNotFoundError for an unknown user. A cluster: on the masters
         ``create_user`` names, each tried even when one fails."""
@@ -100,7 +100,7 @@ class AccessAdmin(AdminBase):
     def grant_acl(
         self, access_key: str, resource: str, actions: str | Iterable[str], decision: str = "Allow",
         source_ips: Iterable[str] = (), *, cluster: str | None = None, broker: str | None = None,
-    ) -> list[AclEntry]:  # fmt: skip
+    ) -> list[AclEntry]:
         """Allow (or, ``decision="Deny"``, deny) ``actions`` (Pub, Sub, Create, Update, Delete, Get, List, All; a
         list or one comma-separated string) on ``resource`` (Cluster, Topic:NAME, Group:NAME, NAME may end in
         ``*``; or ``*``) to a user, from ``source_ips`` (CIDRs; none: from anywhere). The actions join the user's
@@ -111,9 +111,9 @@ class AccessAdmin(AdminBase):
         wanted = _actions(actions)
         if not wanted:
             raise InvalidArgumentError("name at least one action to grant (Pub, Sub, Create, Update, Delete, Get, "
-                                       "List, All)")  # fmt: skip
+                                       "List, All)")
         entry = pb.AclEntry(access_key=access_key, resource=resource, actions=wanted, decision=decision,
-                            source_ips=list(source_ips))  # fmt: skip
+                            source_ips=list(source_ips))
         request = pb.GrantAclRequest(entry=entry)
         if not self.cluster_mode:
             self._one_broker(cluster, broker)
@@ -131,7 +131,7 @@ class AccessAdmin(AdminBase):
     def revoke_acl(
         self, access_key: str, resource: str, actions: str | Iterable[str] = (), *, cluster: str | None = None,
         broker: str | None = None,
-    ) -> list[AclEntry]:  # fmt: skip
+    ) -> list[AclEntry]:
         """Take ``actions`` (every action when none are named) on ``resource`` away from the user's entries, Allow
         and Deny alike; applies to the user's next request. Returns the user's entries after the change. A
         cluster: on the masters ``create_user`` names, each tried even when one fails."""
@@ -145,7 +145,7 @@ class AccessAdmin(AdminBase):
         return sorted((acl_entry(e, b) for b, a in done for e in a.entries), key=_row_order)
 
     def list_acls(self, access_key: str = "", *, cluster: str | None = None,
-                  broker: str | None = None) -> list[AclEntry]:  # fmt: skip
+                  broker: str | None = None) -> list[AclEntry]:
         """The access control entries of one user, or of every user (``access_key=""``), by user. A cluster:
         ``BrokerAclEntry`` rows of every master."""
         if access_key:
@@ -169,7 +169,7 @@ class AccessAdmin(AdminBase):
         return out
 
     def _on_each(self, targets: list[BrokerInfo], method: str, request: Any, what: str,
-                 absent_ok: bool = False) -> list[tuple[BrokerInfo, Any]]:  # fmt: skip
+                 absent_ok: bool = False) -> list[tuple[BrokerInfo, Any]]:
         """``method`` on every target, each tried even when another failed; the answers, or an error naming where
         ``what`` and where it failed. ``absent_ok``: a broker answering QueryNotFoundError is passed over."""
         done: list[tuple[BrokerInfo, Any]] = []

@@ -22,10 +22,10 @@ class AdminBase:
         router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
                                        tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))  # fmt: skip
+                                       credentials=Credentials.of(access_key, secret_key))
         self._owns_router = router is None
 
     @property

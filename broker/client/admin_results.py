@@ -52,7 +52,7 @@ class ClusterTopicInfo(TopicInfo):
             perm &= b.perm
         return ClusterTopicInfo(topic, sum(b.read_queue_nums for b in brokers),
                                 sum(b.write_queue_nums for b in brokers), perm if brokers else 0,
-                                tuple(sorted(brokers, key=lambda b: b.broker_name)))  # fmt: skip
+                                tuple(sorted(brokers, key=lambda b: b.broker_name)))
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class ClusterUserInfo(UserInfo):
     @staticmethod
     def of(access_key: str, brokers: list[BrokerUserInfo]) -> ClusterUserInfo:
         return ClusterUserInfo(access_key, all(b.super_user for b in brokers), all(b.enabled for b in brokers),
-                               tuple(brokers))  # fmt: skip
+                               tuple(brokers))
 
 
 @dataclass(frozen=True)
@@ -271,13 +271,13 @@ def queue_lag(q: pb.QueueLag, broker_name: str | None) -> QueueLag:
 
 def transaction(t: pb.TransactionInfo, broker_name: str | None) -> TransactionInfo:
     fields = (t.transaction_id, t.producer_group, t.status, t.half_count, t.first_store_ms, t.last_activity_ms,
-              t.check_times, t.ended_ms, t.complete, tuple(t.held_queues))  # fmt: skip
+              t.check_times, t.ended_ms, t.complete, tuple(t.held_queues))
     return TransactionInfo(*fields) if broker_name is None else BrokerTransactionInfo(*fields, broker_name)
 
 
 def group(g: pb.SubscriptionGroup) -> SubscriptionGroup:
     return SubscriptionGroup(g.group_name, g.consume_enable, g.consume_from_min_enable, g.consume_broadcast_enable,
-                             g.retry_queue_nums, g.retry_max_times, g.consume_message_orderly)  # fmt: skip
+                             g.retry_queue_nums, g.retry_max_times, g.consume_message_orderly)
 
 
 def broker_info(b: npb.BrokerLiveInfo) -> BrokerInfo:
@@ -288,7 +288,7 @@ def broker_info(b: npb.BrokerLiveInfo) -> BrokerInfo:
         get_messages_per_s=r.get_messages_per_s, commit_log_max_offset=r.commit_log_max_offset,
         uptime_ms=r.uptime_ms, data_version=b.data_version, auto_create_topic_enable=b.auto_create_topic_enable,
         ha_address=b.ha_address,
-    )  # fmt: skip
+    )
 
 
 def user_info(u: pb.UserInfo, broker: BrokerInfo | None = None) -> UserInfo:

@@ -58,7 +58,7 @@ class CallStream:
     """One kind of unary call on a stream of one connection, opened when first needed (module docstring)."""
 
     def __init__(self, open_stream: OpenStream, explain: Callable[[BrokerError], BrokerError] = lambda e: e,
-                 connected: Callable[[], bool] = lambda: True) -> None:  # fmt: skip
+                 connected: Callable[[], bool] = lambda: True) -> None:
         self._open_stream = open_stream
         self._explain = explain  # a connection's TLS diagnosis of a failed connect
         self._connected = connected  # the channel's connection is up (Connection.connected)
@@ -131,7 +131,7 @@ class CallStream:
         except StopIteration:
             self._drop()
             raise BrokerUnreachableError("the broker ended the stream without answering; the request may or may not "
-                                         "have been carried out", request_sent=True) from None  # fmt: skip
+                                         "have been carried out", request_sent=True) from None
         finally:
             self._deadline = None
             self._last_used = time.monotonic()

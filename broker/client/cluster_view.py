@@ -21,7 +21,7 @@ def broker_rows(info: npb.BrokerClusterInfo) -> list[dict[str, Any]]:
          "lag_bytes": 0 if b.role == "MASTER" else b.lag_bytes, "ha_address": b.ha_address,
          "topics": b.topic_count, "commit_log_max_offset": b.runtime.commit_log_max_offset}
         for b in info.brokers
-    ]  # fmt: skip
+    ]
 
 
 @dataclass

@@ -82,7 +82,7 @@ def _core_connectivity_check(channel: grpc.Channel) -> Callable[[bool], int] | N
 
 class Connection:
     def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0, tls: TlsSettings | None = None,
-                 credentials: Credentials | None = None) -> None:  # fmt: skip
+                 credentials: Credentials | None = None) -> None:
         self.credentials = credentials
         plain, self.tls = resolve(resolve_endpoint(endpoint), tls)
         assert plain is not None

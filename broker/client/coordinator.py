@@ -50,26 +50,26 @@ class CoordinatorClient:
         return from_pb(answer)
 
     def query(self, broker_name: str, txn_ids: Sequence[str] = (), prefix: str = "", *, abort_undecided: bool = False,
-              masters: dict[str, str] | None = None) -> list[TxnDecision]:  # fmt: skip
+              masters: dict[str, str] | None = None) -> list[TxnDecision]:
         conn = self.connection(broker_name, masters)
         stub = cpb_grpc.TransactionCoordinatorStub(conn.channel)
         request = cpb.QueryDecisionsRequest(transaction_ids=list(txn_ids), prefix=prefix,
-                                            abort_undecided=abort_undecided)  # fmt: skip
+                                            abort_undecided=abort_undecided)
         return [from_pb(d) for d in conn.call(stub.QueryDecisions, request).decisions]
 
     # ------------------------------------------------------------------------------------------ participants
     def end(self, broker_name: str, txn_id: str, commit: bool, committed_attempts: Sequence[str] | None = None, *,
-            expected_messages: int | None = None, timeout_s: float | None = None) -> str:  # fmt: skip
+            expected_messages: int | None = None, timeout_s: float | None = None) -> str:
         """End ``txn_id``'s part on participant ``broker_name``; its (first) outcome."""
         conn = self.connection(broker_name)
         request = pb.EndTransactionRequest(
             transaction_id=txn_id, commit=commit, committed_attempts=list(committed_attempts or ()),
             restrict_attempts=committed_attempts is not None, expected_messages=expected_messages,
-        )  # fmt: skip
+        )
         return str(conn.call(conn.stub.EndTransaction, request, timeout_s).status)
 
     def transactions(self, broker_name: str, prefix: str, status: str = "",
-                     masters: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+                     masters: dict[str, str] | None = None) -> dict[str, str]:
         """Transaction id -> status of the transactions on ``broker_name`` whose id starts with ``prefix``."""
         conn = self.connection(broker_name, masters)
         request = pb.ListTransactionsRequest(prefix=prefix, status=status)

@@ -29,12 +29,12 @@ class Heartbeats(PushConsumerState):
                 conn.call(conn.stub.Heartbeat, request, timeout_s=self.control_timeout_s)
             except BrokerError as e:
                 log.warning("could not unregister %s from %s on %s: %s", self.client_id, self.group, address,
-                            e.message)  # fmt: skip
+                            e.message)
 
     def _heartbeat_request(self, unregister: bool = False) -> pb.HeartbeatRequest:
         model = pb.BROADCASTING if self.model is BROADCASTING else pb.CLUSTERING
         return pb.HeartbeatRequest(client_id=self.client_id, consumer_group=self.group,
-                                   subscriptions=self.subscription, model=model, unregister=unregister)  # fmt: skip
+                                   subscriptions=self.subscription, model=model, unregister=unregister)
 
     def _broker(self, address: str) -> Connection:
         return self.router.connection(address) if self.router.cluster_mode else self.router.direct

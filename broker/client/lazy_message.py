@@ -88,7 +88,7 @@ class _Answer:
     def __init__(
         self, buf: bytes, positions: Sequence[int], tails: Sequence[int],
         messages: Callable[[], PulledMessages | None], vectors: tuple[np.ndarray, np.ndarray] | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.buf, self.positions, self.tails, self.messages = buf, positions, tails, messages
         self.vectors = vectors  # (positions, tails) as int64 arrays, for an answer of VECTOR_MIN_ENTRIES or more
 
@@ -144,7 +144,7 @@ def _decode_header(m: LazyMessage) -> None:
     core = m._core
     h = ENTRY_HEADER.unpack_from(core.buf, core.positions[m._i])
     (total, _, _, _, m.flag, _, physical, m.sys_flag, m.born_timestamp, born_ip, born_port, m.store_timestamp,
-     store_ip, store_port, m.reconsume_times, m.prepared_transaction_offset, _) = h  # fmt: skip
+     store_ip, store_port, m.reconsume_times, m.prepared_transaction_offset, _) = h
     m.store_size = total
     m.born_host = host_text(born_ip, born_port)
     m.store_host = host_text(store_ip, store_port)
@@ -204,14 +204,14 @@ def _fill_properties(answer: PulledMessages) -> None:
 
 
 _HEADER_FIELDS = ("flag", "sys_flag", "born_timestamp", "born_host", "store_timestamp", "store_host",
-                  "reconsume_times", "prepared_transaction_offset", "store_size", "msg_id")  # fmt: skip
+                  "reconsume_times", "prepared_transaction_offset", "store_size", "msg_id")
 _GROUP: dict[str, str] = {**dict.fromkeys(_HEADER_FIELDS, "header"), "topic": "topic", "properties": "properties"}
 _DECODE: dict[str, Callable[[LazyMessage], None]] = {
     "header": _decode_header, "topic": _decode_topic, "properties": _decode_properties,
-}  # fmt: skip
+}
 _FILL: dict[str, Callable[[PulledMessages], None]] = {
     "header": _fill_header, "topic": _fill_topic, "properties": _fill_properties,
-}  # fmt: skip
+}
 _EAGER_FIELDS = ("body", "queue_id", "queue_offset", "commitlog_offset")
 assert set(_GROUP) | set(_EAGER_FIELDS) == set(_FIELDS), set(_FIELDS) - set(_GROUP) - set(_EAGER_FIELDS)
 
@@ -291,7 +291,7 @@ def _large_answer(buf: bytes, positions: Sequence[int]) -> PulledMessages | None
     new = LazyMessage.__new__
     body_at = (pos + BODY_START).tolist()
     columns = zip(range(len(tails)), body_at, tails, h["queue_id"].tolist(), h["queue_offset"].tolist(),
-                  h["physical_offset"].tolist(), strict=True)  # fmt: skip
+                  h["physical_offset"].tolist(), strict=True)
     for i, b, t, queue_id, queue_offset, commitlog_offset in columns:
         m = new(LazyMessage)
         m._core, m._i = core, i

@@ -55,14 +55,14 @@ class NameServerClient:
     """One channel per name server; ``call`` tries them in turn, starting with the last one that answered."""
 
     def __init__(self, addresses: list[str], timeout_s: float = NAMESRV_TIMEOUT_S, *,
-                 tls: TlsSettings | None = None, credentials: Credentials | None = None) -> None:  # fmt: skip
+                 tls: TlsSettings | None = None, credentials: Credentials | None = None) -> None:
         if not addresses:
             raise InvalidArgumentError("a name-server client needs at least one address")
         self.addresses = list(addresses)
         self.timeout_s = timeout_s
         self.tls = tls
         self._channels = {a: signed_channel(open_channel(a, [("grpc.enable_retries", 0)], tls), credentials)
-                          for a in self.addresses}  # fmt: skip
+                          for a in self.addresses}
         self._stubs = {a: npb_grpc.NameServerStub(c) for a, c in self._channels.items()}
         self._preferred = 0
         self._lock = threading.Lock()
@@ -123,7 +123,7 @@ def none_answered(failures: list[tuple[str, BrokerError]]) -> BrokerUnreachableE
     if failures and all(isinstance(e, TlsError) for _, e in failures):
         return TlsError(f"no name server accepted the connection ({text})")
     return BrokerUnreachableError(f"no name server answered ({text}); check --namesrv and that they run",
-                                  request_sent=False)  # fmt: skip
+                                  request_sent=False)
 
 
 def route_or_none(client: NameServerClient, topic: str) -> npb.TopicRouteData | None:

@@ -217,7 +217,7 @@ class OffsetStore:
                 self._committed.pop(key, None)
         for key, reason in sorted(refused.items()):
             log.warning("dropped the progress %d of %s: the broker refuses it (%s)", changed[key], queue_of(key),
-                        reason)  # fmt: skip
+                        reason)
 
     def forget(self, queue: MessageQueue | str, *args: int) -> None:
         key, _ = self._split(queue, args)
@@ -236,7 +236,7 @@ class RemoteOffsetStore(OffsetStore):
     broker)."""
 
     def __init__(self, target: Router | Connection, group: str, consume_from: ConsumeFrom,
-                 consume_timestamp_ms: int) -> None:  # fmt: skip
+                 consume_timestamp_ms: int) -> None:
         super().__init__(target, consume_from, consume_timestamp_ms)
         self.group = group
 
@@ -273,7 +273,7 @@ class LocalOffsetStore(OffsetStore):
     def __init__(
         self, target: Router | Connection, consume_from: ConsumeFrom, consume_timestamp_ms: int,
         path: str | Path | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(target, consume_from, consume_timestamp_ms)
         self.path = Path(path) if path else None
         self._file: dict[str, int] = {}

@@ -47,7 +47,7 @@ class OrderlyLocks(Heartbeats):
                 try:
                     conn = self.router.queue_connection(queues[0], write=True)
                     answer = conn.call(conn.stub.LockBatchMQ, self._lock_request(queues),
-                                       timeout_s=self.control_timeout_s)  # fmt: skip
+                                       timeout_s=self.control_timeout_s)
                     got = {MessageQueue(q.topic, broker_name, q.queue_id) for q in answer.queues}
                 except BrokerError as e:
                     log.warning("locking %d queues of %s failed: %s", len(queues), self.group, e.message)

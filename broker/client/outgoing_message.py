@@ -126,7 +126,7 @@ def encode_message(
         _topic_bytes(msg.topic), queue_id, body_bytes(msg), _properties_bytes(msg, uniq_key), flag=msg.flag,
         born_timestamp=born_timestamp if born_timestamp is not None else int(time.time() * 1000),
         max_message_size=max_message_size,
-    )  # fmt: skip
+    )
 
 
 def encode_messages(
@@ -155,7 +155,7 @@ def encode_messages(
         head = pack(
             head_size + len(body) + 1 + len(topic) + 2 + len(props), MESSAGE_MAGIC, crc(body) & 0x7FFFFFFF,
             queue_id, msg.flag, 0, 0, 0, born_timestamp, DEFAULT_BORN_IP, 0, 0, UNSET_STORE_IP, 0, 0, 0, len(body),
-        )  # fmt: skip
+        )
         out.append(b"".join((head, body, topic_len(len(topic)), topic, props_len(len(props)), props)))
     return out
 

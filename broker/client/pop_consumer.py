@@ -47,7 +47,7 @@ class PopConsumer:
         self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, timeout_s: float = 30.0,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.conn = Connection(endpoint, timeout_s, TlsSettings.of(tls_ca, tls_cert, tls_key),
                                Credentials.of(access_key, secret_key))
         self.group = group
@@ -55,7 +55,7 @@ class PopConsumer:
     def receive(
         self, topic: str, max_msgs: int = 32, invisible_ms: int = 30_000, wait_ms: int = 0, *, tags: str = "*",
         sql: str | None = None, queue_id: int = -1,
-    ) -> list[PoppedMessage]:  # fmt: skip
+    ) -> list[PoppedMessage]:
         """Up to ``max_msgs`` messages (any queue of the topic unless ``queue_id``); waits up to ``wait_ms`` when
         none is there. ``sql``: an SQL92 selector over properties instead of ``tags``."""
         if max_msgs <= 0 or invisible_ms <= 0 or wait_ms < 0:
@@ -64,11 +64,11 @@ class PopConsumer:
             consumer_group=self.group, topic=topic, queue_id=queue_id, max_msgs=max_msgs,
             invisible_time_ms=invisible_ms, poll_time_ms=wait_ms, expression=tags if sql is None else sql,
             expression_type="TAG" if sql is None else "SQL92",
-        )  # fmt: skip
+        )
         r = self.conn.call(self.conn.stub.PopMessage, request, timeout_s=wait_ms / 1000 + DEADLINE_MARGIN_S)
         messages = decode_entries(r.entries, r.entry_positions) if r.entries else []
         return [PoppedMessage(m, h, a, u) for m, h, a, u in
-                zip(messages, r.receipt_handles, r.delivery_attempts, r.invisible_until_ms, strict=True)]  # fmt: skip
+                zip(messages, r.receipt_handles, r.delivery_attempts, r.invisible_until_ms, strict=True)]
 
     def ack(self, popped: PoppedMessage) -> None:
         """InvalidReceiptHandleError when the delivery is over (expired, acked, superseded)."""
@@ -84,7 +84,7 @@ class PopConsumer:
         failures = []
         for topic, items in by_topic.items():
             request = pb.AckMessageRequest(consumer_group=self.group, topic=topic,
-                                           receipt_handles=[p.receipt_handle for p in items])  # fmt: skip
+                                           receipt_handles=[p.receipt_handle for p in items])
             errors = self.conn.call(self.conn.stub.AckMessage, request).errors
             failures += [f"{p.message.msg_id}: {e}" for p, e in zip(items, errors, strict=True) if e]
         if failures:
@@ -94,7 +94,7 @@ class PopConsumer:
         """Invisible for ``invisible_ms`` from now; updates ``popped`` with its new handle and returns it."""
         request = pb.ChangeInvisibleTimeRequest(consumer_group=self.group, topic=popped.topic,
                                                 receipt_handle=popped.receipt_handle, invisible_time_ms=invisible_ms)
-        r = self.conn.call(self.conn.stub.ChangeInvisibleTime, request)  # fmt: skip
+        r = self.conn.call(self.conn.stub.ChangeInvisibleTime, request)
         popped.receipt_handle, popped.invisible_until_ms = r.receipt_handle, r.invisible_until_ms
         return popped
 

@@ -83,12 +83,12 @@ _MOVABLE_CODES = frozenset({
     ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NO_PERMISSION,
     ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.NOT_MASTER,
     ResponseCode.NOT_ENOUGH_REPLICAS,
-})  # fmt: skip
+})
 # After an unknown outcome, refusals that say this attempt did nothing: the first attempt's fate is still unknown.
 _RETRY_UNKNOWN_CODES = frozenset({
     ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NOT_MASTER,
     ResponseCode.NOT_ENOUGH_REPLICAS, ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.TOPIC_NOT_EXIST,
-})  # fmt: skip
+})
 
 
 class SendResults(Sequence[SendResult]):
@@ -96,7 +96,7 @@ class SendResults(Sequence[SendResult]):
     unless the caller looks at them. Indexable, iterable and sized like the list it stands for."""
 
     def __init__(self, resp: pb.SendResponse, broker_name: str = DIRECT_BROKER,
-                 uniq_keys: Sequence[str] | None = None) -> None:  # fmt: skip
+                 uniq_keys: Sequence[str] | None = None) -> None:
         self.status = SendStatus[pb.SendStatus.Name(resp.status)]
         self.msg_id_prefix = resp.msg_id_prefix
         self.broker_name = broker_name
@@ -119,7 +119,7 @@ class SendResults(Sequence[SendResult]):
             return [self[i] for i in range(*index.indices(len(self)))]
         uniq = self.uniq_keys[index] if self.uniq_keys else ""
         return SendResult(self.status, msg_id_at(self.msg_id_prefix, self.commitlog_offsets[index]),
-                          self.queue_ids[index], self.queue_offsets[index], self.broker_name, uniq)  # fmt: skip
+                          self.queue_ids[index], self.queue_offsets[index], self.broker_name, uniq)
 
     def __iter__(self) -> Iterator[SendResult]:
         return iter(self.to_list())
@@ -238,12 +238,12 @@ class Producer:
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S, router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if retry_times_when_send_failed < 0 or attempt_timeout_s <= 0 or timeout_s <= 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0, the timeouts > 0")
         self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
                                        tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))  # fmt: skip
+                                       credentials=Credentials.of(access_key, secret_key))
         self._owns_router = router is None
         self.group = group
         self.timeout_s = timeout_s
@@ -279,7 +279,7 @@ class Producer:
         return len(self.queues(topic))
 
     def select_queue(self, topic: str, sharding_key: str | None = None,
-                     exclude: frozenset[str] = frozenset()) -> MessageQueue:  # fmt: skip
+                     exclude: frozenset[str] = frozenset()) -> MessageQueue:
         """The next queue round-robin (skipping brokers that failed recently, and ``exclude``), or the sharding
         key's queue."""
         queues = self.queues(topic)
@@ -341,7 +341,7 @@ class Producer:
     def send(
         self, msg: Message, *, queue_id: int | None = None, sharding_key: str | None = None,
         queue: MessageQueue | None = None,
-    ) -> SendResult:  # fmt: skip
+    ) -> SendResult:
         body = body_bytes(msg)
         fixed = self._resolve_queue(msg.topic, queue, queue_id)
         properties = msg.all_properties()
@@ -350,7 +350,7 @@ class Producer:
 
         def request(mq: MessageQueue) -> pb.SendMessageRequest:
             return pb.SendMessageRequest(producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, body=body,
-                                         properties=properties, flag=msg.flag, born_timestamp=born)  # fmt: skip
+                                         properties=properties, flag=msg.flag, born_timestamp=born)
 
         ordered = fixed is not None or sharding_key is not None
         first = fixed or self.select_queue(msg.topic, sharding_key)
@@ -360,7 +360,7 @@ class Producer:
     def send_batch(
         self, msgs: Sequence[Message], queue_id: int | None = None, *, sharding_key: str | None = None,
         queue: MessageQueue | None = None,
-    ) -> Sequence[SendResult]:  # fmt: skip
+    ) -> Sequence[SendResult]:
         """Encode and send; each call of up to ``batch_limit_bytes`` is stored all-or-nothing, in order.
 
         ``queue`` (or ``queue_id``, with one broker): every message there. ``sharding_key``: every message of a topic
@@ -435,7 +435,7 @@ class Producer:
     def send_encoded(
         self, buffer: bytes, count: int, transaction_id: str | None = None, *, attempt: str = "",
         coordinator: str = "", as_halves: bool = False, broker_name: str = DIRECT_BROKER, topic: str | None = None,
-    ) -> SendResults:  # fmt: skip
+    ) -> SendResults:
         """Send entries already encoded with ``encode_entry`` (the fast path) to one broker; stored all-or-nothing.
 
         ``broker_name``: the broker group whose queue ids the entries carry (cluster mode), found through
@@ -464,7 +464,7 @@ class Producer:
             head = pb.SendBatchRequest(producer_group=self.group, count=count, transaction_id=transaction_id,
                                        attempt=attempt, coordinator=coordinator)
             request = Framed(head, "entries", buffer)
-            return SendResults(conn.call(conn.stub.SendBatch, request, self.timeout_s), broker_name)  # fmt: skip
+            return SendResults(conn.call(conn.stub.SendBatch, request, self.timeout_s), broker_name)
         if attempt or coordinator:
             raise InvalidArgumentError("half messages name their attempt and coordinator in their own properties")
         half = buffer if is_half_batch(buffer) else to_half_batch(buffer, self.group, transaction_id)
@@ -531,7 +531,7 @@ class Producer:
         raise AssertionError("unreachable")
 
     def _send_call(self, conn: Connection | Callable[[], Connection], method: str, request: Any,
-                   topic: str | None = None) -> Any:  # fmt: skip
+                   topic: str | None = None) -> Any:
         """One send to one broker group: sent again, marked retry, while its outcome is unknown, until
         ``timeout_s``; SendOutcomeUnknownError when no answer came by then. ``conn``: the connection, or how to
         find the group's master (asked again, after a route refresh of ``topic``, for each retry)."""
@@ -575,7 +575,7 @@ class Producer:
                     return response
                 # stored on the master, not confirmed by its replicas in time: unknown until a retry says
                 unknown = unknown or BrokerError("the in-sync replicas did not confirm it in time",
-                                                 ResponseCode.FLUSH_SLAVE_TIMEOUT)  # fmt: skip
+                                                 ResponseCode.FLUSH_SLAVE_TIMEOUT)
                 request.retry = True
             time.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
         raise AssertionError("unreachable")

@@ -36,10 +36,10 @@ class PullConsumer:
         timeout_s: float = 30.0, router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
                                        tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))  # fmt: skip
+                                       credentials=Credentials.of(access_key, secret_key))
         self._owns_router = router is None
         self.group = group
 
@@ -70,13 +70,13 @@ class PullConsumer:
     def _request(
         self, mq: MessageQueue, offset: int, max_msgs: int, timeout_ms: int, tags: str, max_bytes: int | None,
         commit_offset: int | None, sql: str | None = None,
-    ) -> pb.PullResponse:  # fmt: skip
+    ) -> pb.PullResponse:
         request = pb.PullRequest(
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset, max_msgs=max_msgs,
             max_bytes=max_bytes or 0, suspend_timeout_ms=timeout_ms, tag_expression=tags if sql is None else sql,
             commit_offset=-1 if commit_offset is None else commit_offset, expression_type="TAG" if sql is None else
             "SQL92",
-        )  # fmt: skip
+        )
         deadline_s = timeout_ms / 1000 + PULL_DEADLINE_MARGIN_S
         conn = self.router.queue_connection(mq)
         try:
@@ -96,7 +96,7 @@ class PullConsumer:
         return RawPullResult(
             PullStatus[pb.PullStatus.Name(r.status)], r.entries, list(r.entry_positions), r.next_begin_offset,
             r.min_offset, r.max_offset,
-        )  # fmt: skip
+        )
 
     def pull(self, target: MessageQueue | str, *args: Any, max_msgs: int = 32, timeout_ms: int = 0, tags: str = "*",
              max_bytes: int | None = None, commit_offset: int | None = None, sql: str | None = None) -> PullResult:
@@ -214,5 +214,5 @@ def send_back(
     request = pb.ConsumerSendMsgBackRequest(
         consumer_group=group, commitlog_offset=msg.commitlog_offset, delay_level=delay_level,
         max_reconsume_times=max_reconsume_times, origin_msg_id=origin,
-    )  # fmt: skip
+    )
     return conn.call(conn.stub.ConsumerSendMsgBack, request)

@@ -156,7 +156,7 @@ class PushConsumer(Rebalance):
 
     def _control_loop(self) -> None:
         tick_ms = min(self.heartbeat_interval_ms, self.rebalance_interval_ms, self.persist_interval_ms,
-                      self.lock_renew_interval_ms)  # fmt: skip
+                      self.lock_renew_interval_ms)
         since = {"heartbeat": 0, "rebalance": 0, "persist": 0, "lock": 0}
         while not self._stop.is_set():
             triggered = self._rebalance_now.wait(tick_ms / 1000)
@@ -227,7 +227,7 @@ class PushConsumer(Rebalance):
                 conn = self.router.queue_connection(mq, write=True)
                 send_back(conn, self.group, msg, -1, self.max_reconsume_times)  # < 0: straight to the DLQ
                 log.warning("orderly: %s failed %d times; moved to the dead-letter queue of %s", msg.msg_id,
-                            attempts, self.group)  # fmt: skip
+                            attempts, self.group)
             except BrokerError as e:
                 log.warning("orderly: dead-lettering %s failed (%s); the queue stays on it", msg.msg_id, e.message)
                 kept.append(msg)

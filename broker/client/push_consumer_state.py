@@ -77,7 +77,7 @@ class PushConsumerState:
         route_poll_interval_ms: int = DEFAULT_ROUTE_POLL_INTERVAL_MS,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``endpoint``: one broker (``host:port``); or ``None`` with ``namesrv="host:port[,host:port]"``: a
         cluster found through its name servers."""
         if not subscription:
@@ -93,7 +93,7 @@ class PushConsumerState:
             persist_interval_ms=persist_interval_ms, pull_backoff_ms=pull_backoff_ms,
             lock_renew_interval_ms=lock_renew_interval_ms, lock_max_live_ms=lock_max_live_ms, timeout_s=timeout_s,
             route_poll_interval_ms=route_poll_interval_ms,
-        )  # fmt: skip
+        )
         if reconsume_delay_ms < 0:
             raise InvalidArgumentError(f"reconsume_delay_ms={reconsume_delay_ms} is negative; use 0 or more")
         self.group, self.listener, self.model = group, listener, model

@@ -109,7 +109,7 @@ class QueueWorker(threading.Thread):
                 self.dropped.wait(EARLY_ANSWER_BACKOFF_S)
             elif status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("offset %d of %s is illegal (queue holds %d..%d); continuing at %d", offset, mq,
-                            response.min_offset, response.max_offset, response.next_begin_offset)  # fmt: skip
+                            response.min_offset, response.max_offset, response.next_begin_offset)
             offset = response.next_begin_offset
             o.offsets.update(mq, offset)
 
@@ -133,7 +133,7 @@ class QueueWorker(threading.Thread):
                 return self.owner.offsets.initial_offset(self.key)
             except BrokerError as e:
                 log.warning("cannot find where to start %s: %s; retrying in %d ms", self.key, e.message,
-                            self.owner.pull_backoff_ms)  # fmt: skip
+                            self.owner.pull_backoff_ms)
                 self.dropped.wait(self.owner.pull_backoff_ms / 1000)
         return None
 
@@ -144,7 +144,7 @@ class QueueWorker(threading.Thread):
             consumer_group=o.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset,
             max_msgs=o.pull_batch_size, suspend_timeout_ms=o.long_poll_ms, tag_expression=o.subscription[mq.topic],
             commit_offset=-1 if commit is None else commit, expression_type=o.expression_types.get(mq.topic, "TAG"),
-        )  # fmt: skip
+        )
         conn = o.router.queue_connection(mq)  # the queue's broker, as the route names it now
         timeout_s = o.long_poll_ms / 1000 + 10
         try:

@@ -99,7 +99,7 @@ class Rebalance(OrderlyLocks):
         except TopicNotExistError as e:
             if topic not in self._unrouted and topic != self.retry_topic:
                 log.warning("consumer group %s: %s; its queues are consumed once a broker holds it", self.group,
-                            e.message)  # fmt: skip
+                            e.message)
             self._unrouted.add(topic)
             return []  # deleted, or never created: its queues can be neither read nor committed
         except BrokerError as e:

@@ -62,9 +62,9 @@ ID_OFFSET_CHARS = 16  # an offset message id ends with the commit-log offset: 8 
 _STORED = {
     Wire.SUCCESS: pb.SEND_OK, Wire.FLUSH_DISK_TIMEOUT: pb.FLUSH_DISK_TIMEOUT,
     Wire.FLUSH_SLAVE_TIMEOUT: pb.FLUSH_SLAVE_TIMEOUT, Wire.SLAVE_NOT_AVAILABLE: pb.SLAVE_NOT_AVAILABLE,
-}  # fmt: skip
+}
 _PULLED = {Wire.SUCCESS: pb.FOUND, Wire.PULL_NOT_FOUND: pb.NO_NEW_MSG, Wire.PULL_RETRY_IMMEDIATELY: pb.NO_MATCHED_MSG,
-           Wire.PULL_OFFSET_MOVED: pb.OFFSET_ILLEGAL}  # fmt: skip
+           Wire.PULL_OFFSET_MOVED: pb.OFFSET_ILLEGAL}
 PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUSPEND, PULL_FLAG_SUBSCRIPTION = 0x1, 0x2, 0x4  # PullSysFlag
 _I32 = struct.Struct(">i")
 _H_QUEUE_ID, _H_FLAG, _H_SYS_FLAG, _H_BORN, _H_BODY_LEN = (
@@ -114,7 +114,7 @@ def batch_runs(entries: bytes) -> list[tuple[str, int, int, int, bytes, int]]:
         if props_len < 0 or PROPS_LEN.unpack_from(entries, props_len_at)[0] != props_len:
             raise InvalidArgumentError(f"entry at byte {pos}: its lengths do not end at TOTALSIZE {total}")
         parts += (item_head(MIN_ITEM_SIZE + body_len + props_len, 0, 0, h[_H_FLAG], body_len),
-                  view[pos + BODY_START : topic_at], view[props_len_at:props_end])  # fmt: skip
+                  view[pos + BODY_START : topic_at], view[props_len_at:props_end])
         count += 1
         pos += total
     if key is not None:
@@ -154,7 +154,7 @@ def _send_response(answer: RemotingCommand, count: int) -> pb.SendResponse:
     return pb.SendResponse(
         status=status, msg_id_prefix=ids[0][:-ID_OFFSET_CHARS], commitlog_offsets=[int(i[-16:], 16) for i in ids],
         queue_ids=[queue_id] * count, queue_offsets=range(first, first + count),
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- connection
@@ -187,7 +187,7 @@ class RemotingConnection:
             return self._client
 
     def invoke(self, code: int, ext: dict[str, str], body: bytes = b"", timeout_s: float | None = None
-               ) -> RemotingCommand:  # fmt: skip
+               ) -> RemotingCommand:
         return self._open().invoke(RemotingCommand(code, ext_fields=ext, body=body), timeout_s or self.timeout_s)
 
     def call(self, method: Callable[..., Any], request: Any, timeout_s: float | None = None) -> Any:
@@ -229,7 +229,7 @@ class _Stub:
         broker = data["brokerDatas"][0]
         return pb.TopicInfo(topic=request.topic, read_queue_nums=queue["readQueueNums"],
                             write_queue_nums=queue["writeQueueNums"], perm=queue["perm"],
-                            cluster=broker.get("cluster", ""), broker_name=broker.get("brokerName", ""))  # fmt: skip
+                            cluster=broker.get("cluster", ""), broker_name=broker.get("brokerName", ""))
 
     def SendMessage(self, request: pb.SendMessageRequest, timeout: float | None = None) -> pb.SendResponse:
         if request.transactional or request.transaction_id:
@@ -239,7 +239,7 @@ class _Stub:
             "c": "TBW102", "d": "4", "e": str(request.queue_id), "f": str(request.sys_flag),
             "g": str(request.born_timestamp), "h": str(request.flag), "i": format_properties(request.properties),
             "j": str(request.reconsume_times), "k": "false", "m": "false",
-        }  # fmt: skip
+        }
         answer = self._conn.invoke(RequestCode.SEND_MESSAGE_V2, ext, request.body, timeout)
         return _send_response(answer, 1)
 
@@ -255,7 +255,7 @@ class _Stub:
         for topic, queue_id, sys_flag, born, body, count in batch_runs(bytes(entries)):
             ext = {"a": head.producer_group or "DEFAULT_PRODUCER", "b": topic, "c": "TBW102", "d": "4",
                    "e": str(queue_id), "f": str(sys_flag), "g": str(born), "h": "0", "i": "", "j": "0", "k": "false",
-                   "m": "true"}  # fmt: skip
+                   "m": "true"}
             part = _send_response(self._conn.invoke(RequestCode.SEND_BATCH_MESSAGE, ext, body, timeout), count)
             if part.status != pb.SEND_OK:
                 out.status = part.status
@@ -276,7 +276,7 @@ class _Stub:
             "sysFlag": str(flags), "commitOffset": str(max(commit, 0)),
             "suspendTimeoutMillis": str(request.suspend_timeout_ms), "subscription": request.tag_expression or "*",
             "expressionType": request.expression_type or "TAG", "subVersion": "0",
-        }  # fmt: skip
+        }
         if request.max_bytes:
             ext["maxMsgBytes"] = str(request.max_bytes)
         answer = self._conn.invoke(RequestCode.PULL_MESSAGE, ext, timeout_s=timeout)
@@ -288,13 +288,13 @@ class _Stub:
         return PullAnswer(
             status, body, entry_positions(body) if body else [], int(f.get("nextBeginOffset", "0")),
             int(f.get("minOffset", "0")), int(f.get("maxOffset", "0")),
-        )  # fmt: skip
+        )
 
     def UpdateConsumerOffsets(self, request: pb.UpdateConsumerOffsetsRequest, timeout: float | None = None
-                              ) -> pb.UpdateConsumerOffsetsResponse:  # fmt: skip
+                              ) -> pb.UpdateConsumerOffsetsResponse:
         for o in request.offsets:
             ext = {"consumerGroup": request.consumer_group, "topic": o.topic, "queueId": str(o.queue_id),
-                   "commitOffset": str(o.offset)}  # fmt: skip
+                   "commitOffset": str(o.offset)}
             answer = self._conn.invoke(RequestCode.UPDATE_CONSUMER_OFFSET, ext, timeout_s=timeout)
             if answer.code != Wire.SUCCESS:
                 raise _refused(answer)
@@ -304,7 +304,7 @@ class _Stub:
         return self.GetTopicRoute(pb.GetTopicRouteRequest(topic=topic), timeout).read_queue_nums
 
     def QueryConsumerOffset(self, request: pb.QueryConsumerOffsetRequest, timeout: float | None = None
-                            ) -> pb.QueryConsumerOffsetResponse:  # fmt: skip
+                            ) -> pb.QueryConsumerOffsetResponse:
         queues: Sequence[int] = (
             range(self._queue_count(request.topic, timeout)) if request.queue_id < 0 else [request.queue_id]
         )
@@ -319,7 +319,7 @@ class _Stub:
         return out
 
     def GetQueueOffsets(self, request: pb.GetQueueOffsetsRequest, timeout: float | None = None
-                        ) -> pb.GetQueueOffsetsResponse:  # fmt: skip
+                        ) -> pb.GetQueueOffsetsResponse:
         out = pb.GetQueueOffsetsResponse()
         for q in range(self._queue_count(request.topic, timeout)):
             ext = {"topic": request.topic, "queueId": str(q)}

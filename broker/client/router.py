@@ -64,7 +64,7 @@ def choose_source(endpoint: str | None, namesrv: str | None) -> tuple[str | None
 
 class Router:
     def __init__(self, endpoint: str | None = None, namesrv: str | None = None, *, timeout_s: float = 30.0,
-                 tls: TlsSettings | None = None, credentials: Credentials | None = None) -> None:  # fmt: skip
+                 tls: TlsSettings | None = None, credentials: Credentials | None = None) -> None:
         self.timeout_s = timeout_s
         endpoint, tls = resolve(endpoint, tls)
         namesrv, tls = resolve(namesrv, tls)
@@ -130,9 +130,9 @@ class Router:
     def _fetch(self, topic: str, auto_create: bool) -> tuple[TopicRoute, float]:
         if self._direct is not None:
             info = self._direct.call(self._direct.stub.GetTopicRoute,
-                                     pb.GetTopicRouteRequest(topic=topic, auto_create=auto_create))  # fmt: skip
+                                     pb.GetTopicRouteRequest(topic=topic, auto_create=auto_create))
             return TopicRoute.direct(topic, info.read_queue_nums, info.write_queue_nums, info.perm,
-                                     self._direct.endpoint), ROUTE_TTL_S  # fmt: skip
+                                     self._direct.endpoint), ROUTE_TTL_S
         assert self.namesrv is not None
         try:
             return TopicRoute.from_pb(topic, self.namesrv.route(topic)), ROUTE_TTL_S
@@ -248,7 +248,7 @@ class Router:
 
 
 def first_available(queues: list[MessageQueue], start: int, ok: Callable[[str], bool],
-                    exclude: frozenset[str] = frozenset()) -> MessageQueue:  # fmt: skip
+                    exclude: frozenset[str] = frozenset()) -> MessageQueue:
     """Round-robin from ``start``: the first queue whose broker is ``ok`` and not excluded, else the first not
     excluded, else the first (RocketMQ's selectOneMessageQueue with fault tolerance)."""
     n = len(queues)

@@ -74,7 +74,7 @@ class TlsSettings:
 
     @staticmethod
     def of(ca: str | None = None, cert: str | None = None, key: str | None = None, *,
-           https: bool = False) -> TlsSettings | None:  # fmt: skip
+           https: bool = False) -> TlsSettings | None:
         """The settings a client's arguments ask for; None for plain text (no CA, no certificate, no https://)."""
         if not (ca or cert or key or https):
             return None

@@ -66,9 +66,9 @@ class TransactionProducer(Producer):
         client_id: str | None = None, namesrv: str | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(endpoint, group, timeout_s=timeout_s, namesrv=namesrv, tls_ca=tls_ca, tls_cert=tls_cert,
-                         tls_key=tls_key, access_key=access_key, secret_key=secret_key)  # fmt: skip
+                         tls_key=tls_key, access_key=access_key, secret_key=secret_key)
         self.checker = checker
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
         self.checks_answered = 0
@@ -92,7 +92,7 @@ class TransactionProducer(Producer):
             producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, body=body,
             properties=msg.all_properties(), flag=msg.flag, born_timestamp=int(time.time() * 1000),
             transactional=True, transaction_id=txn_id,
-        )  # fmt: skip
+        )
         conn = self.router.queue_connection(mq, write=True)
         sent = SendResults(conn.call(conn.stub.SendMessage, request), mq.broker_name)[0]
         if self.router.cluster_mode:
@@ -110,11 +110,11 @@ class TransactionProducer(Producer):
         return TransactionSendResult(sent, txn_id, state)
 
     def end_transaction(self, txn_id: str, commit: bool, *, from_check: bool = False, address: str | None = None
-                        ) -> str:  # fmt: skip
+                        ) -> str:
         """End ``txn_id`` on the broker holding its half (``address``: that broker; by default the one this
         producer sent it to)."""
         request = pb.EndTransactionRequest(transaction_id=txn_id, commit=commit, from_check=from_check,
-                                           producer_group=self.group)  # fmt: skip
+                                           producer_group=self.group)
         with self._call_lock:
             address = address or self._txn_brokers.pop(txn_id, None)
         conn = self.router.connection(address) if address and self.router.cluster_mode else self._default_conn()
@@ -142,7 +142,7 @@ class TransactionProducer(Producer):
                 thread = self._threads.get(address)
                 if thread is None or not thread.is_alive():
                     thread = threading.Thread(target=self._check_loop, args=(address,), daemon=True,
-                                              name=f"tx-check-{self.group}-{address}")  # fmt: skip
+                                              name=f"tx-check-{self.group}-{address}")
                     self._threads[address] = thread
                     thread.start()
             self._relist.wait(BROKER_WATCH_INTERVAL_S if self.router.cluster_mode else 3600)
@@ -187,7 +187,7 @@ class TransactionProducer(Producer):
                                  address=address)
         except BrokerError as e:
             log.warning("answer to the check of %s failed: %s; the broker will ask again", check.transaction_id,
-                        e.message)  # fmt: skip
+                        e.message)
 
     def close(self) -> None:
         self._stop.set()

@@ -140,7 +140,7 @@ class EntryRun:
 _ARRAY_FIELDS = [
     "positions", "sizes", "queue_ids", "queue_offsets", "sys_flags", "store_timestamps", "body_crcs",
     "body_lengths", "topic_starts", "topic_lengths", "props_starts", "props_lengths",
-]  # fmt: skip
+]
 
 
 # walk(): the first entries are walked in Python to learn the typical size; the magic search pays off only when

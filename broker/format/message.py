@@ -369,7 +369,7 @@ def encode_entry(
         total, MESSAGE_MAGIC, body_crc(body), queue_id, flag, queue_offset, physical_offset, sys_flag,
         born_timestamp, born_ip, born_port, store_timestamp, store_ip, store_port, reconsume_times,
         prepared_transaction_offset, len(body),
-    )  # fmt: skip
+    )
     return b"".join((head, body, TOPIC_LEN.pack(len(topic)), topic, PROPS_LEN.pack(len(properties)), properties))
 
 

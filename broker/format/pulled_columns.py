@@ -81,7 +81,7 @@ def header_columns(buf: bytes, positions: np.ndarray) -> HeaderColumns:
         h["store_timestamp"].tolist(), store_hosts, h["reconsume_times"].tolist(),
         h["prepared_transaction_offset"].tolist(), h["total_size"].tolist(),
         _msg_ids(buf, positions, store_keys, physical.astype(np.int64)),
-    )  # fmt: skip
+    )
 
 
 def _hosts(arr: np.ndarray, positions: np.ndarray, ip_at: int, ports: np.ndarray) -> tuple[list[str], np.ndarray]:

@@ -100,11 +100,11 @@ def _crc_loop(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, t: np.nd
             lo = c ^ (
                 np.uint32(buf[p]) | (np.uint32(buf[p + 1]) << 8) | (np.uint32(buf[p + 2]) << 16)
                 | (np.uint32(buf[p + 3]) << 24)
-            )  # fmt: skip
+            )
             c = (
                 t[7, lo & 0xFF] ^ t[6, (lo >> 8) & 0xFF] ^ t[5, (lo >> 16) & 0xFF] ^ t[4, lo >> 24]
                 ^ t[3, buf[p + 4]] ^ t[2, buf[p + 5]] ^ t[1, buf[p + 6]] ^ t[0, buf[p + 7]]
-            )  # fmt: skip
+            )
             p += 8
         while p < end:
             c = t[0, (c ^ buf[p]) & 0xFF] ^ (c >> 8)

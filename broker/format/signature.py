@@ -121,7 +121,7 @@ def _epoch_s(date_time: str) -> int | None:
         return None
     try:
         at = dt.datetime(int(date_time[0:4]), int(date_time[4:6]), int(date_time[6:8]), int(date_time[9:11]),
-                         int(date_time[11:13]), int(date_time[13:15]), tzinfo=dt.UTC)  # fmt: skip
+                         int(date_time[11:13]), int(date_time[13:15]), tzinfo=dt.UTC)
     except ValueError:  # a month 13, a second 61...
         return None
     return int(at.timestamp())

@@ -112,7 +112,7 @@ class SingleEncoder:
             return Refusal(_out_of_range(
                 flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp, born_port=born_host[1],
                 reconsume_times=reconsume_times, prepared_transaction_offset=prepared_transaction_offset,
-            ))  # fmt: skip
+            ))
         born_ip = self._born_ip_cache.get(born_host[0])
         if born_ip is None:
             born_ip = self._born_ip_cache.setdefault(born_host[0], pack_ipv4(born_host[0]))
@@ -123,4 +123,4 @@ class SingleEncoder:
                 reconsume_times=reconsume_times, prepared_transaction_offset=prepared_transaction_offset,
                 store_ip=store_ip, store_port=store_port, max_message_size=max_message_size,
             )
-        )  # fmt: skip
+        )

@@ -357,7 +357,7 @@ def commit_raw(half: RawHalf) -> Committed:
     head = ENTRY_HEADER.pack(
         total, MESSAGE_MAGIC, h[2], qid, h[4], 0, 0, sys_flag, h[8], h[9], h[10], 0, b"\x00\x00\x00\x00", 0, h[14],
         half.commitlog_offset, body_len,
-    )  # fmt: skip
+    )
     entry = b"".join(
         (head, e[BODY_START:topic_at], TOPIC_LEN.pack(len(topic)), topic, PROPS_LEN.pack(len(props)), props)
     )

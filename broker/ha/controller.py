@@ -68,14 +68,14 @@ class GroupState:
 
     def to_json(self) -> dict[str, object]:
         return {"epoch": self.epoch, "master": self.master, "inSync": sorted(self.in_sync),
-                "masterAddress": self.master_address, "masterHaAddress": self.master_ha_address}  # fmt: skip
+                "masterAddress": self.master_address, "masterHaAddress": self.master_ha_address}
 
     @staticmethod
     def from_kv(kv: KeyValue) -> GroupState:
         v = kv.value
         in_sync = frozenset(int(x) for x in v["inSync"])
         return GroupState(int(v["epoch"]), int(v["master"]), in_sync, str(v.get("masterAddress", "")),
-                          str(v.get("masterHaAddress", "")), kv.mod_revision)  # fmt: skip
+                          str(v.get("masterHaAddress", "")), kv.mod_revision)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Controller:
     def __init__(
         self, etcd: Etcd, *, cluster: str, broker_name: str, broker_id: int, address: str, ha_address: str,
         store_id: str, lease_ttl_s: int, allow_unclean: bool, hooks: ControllerHooks,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.etcd = etcd
         self.prefix = f"/sluice/{cluster}/{broker_name}/"
         self.broker_id = broker_id
@@ -145,7 +145,7 @@ class Controller:
                 self.etcd.revoke(self.lease)  # the master key goes at once: the group elects without waiting a TTL
             except BrokerError as e:
                 log.warning("could not revoke this replica's etcd lease (%s); it expires in %d s", e.message,
-                            self.lease_ttl_s)  # fmt: skip
+                            self.lease_ttl_s)
         self.etcd.close()
 
     # ------------------------------------------------------------------------------------------ loop
@@ -200,7 +200,7 @@ class Controller:
         self.state = state
         if self.master_epoch:
             if (state is None or state.epoch != self.master_epoch or state.master != self.broker_id
-                    or master_kv is None or master_kv.lease != lease):  # fmt: skip
+                    or master_kv is None or master_kv.lease != lease):
                 self._fence(f"etcd names {'no master' if state is None else f'epoch {state.epoch}'} now")
             return
         if master_kv is not None and state is not None:
@@ -216,7 +216,7 @@ class Controller:
         every replica waiting for it to go, for ever)."""
         if state is None:
             new = GroupState(1, self.broker_id, frozenset({self.broker_id}), self.member["address"],
-                             self.member["haAddress"])  # fmt: skip
+                             self.member["haAddress"])
             compare = [RevisionCondition(self.state_key, "CREATE", 0), RevisionCondition(self.master_key, "CREATE", 0)]
         else:
             eligible = self.broker_id in state.in_sync
@@ -227,19 +227,19 @@ class Controller:
                 )
                 if eligible:
                     log.error("unclean election: no in-sync replica is alive; this replica (outside the in-sync set) "
-                              "takes over and acknowledged messages it lacks are lost")  # fmt: skip
+                              "takes over and acknowledged messages it lacks are lost")
             if not eligible:
                 return
             in_sync = frozenset({self.broker_id} | (state.in_sync - {state.master}))
             new = GroupState(state.epoch + 1, self.broker_id, in_sync, self.member["address"],
-                             self.member["haAddress"])  # fmt: skip
+                             self.member["haAddress"])
             assert state_kv is not None
             compare = [RevisionCondition(self.state_key, "MOD", state_kv.mod_revision),
                        RevisionCondition(self.master_key, "CREATE", 0)]
         won = self.etcd.transaction(compare, [
             Put(self.state_key, new.to_json()),
             Put(self.master_key, {"brokerId": self.broker_id, "epoch": new.epoch}, lease),
-        ])  # fmt: skip
+        ])
         if not won:
             return
         self.master_epoch = new.epoch
@@ -277,7 +277,7 @@ class Controller:
                         return True
                     new = GroupState(epoch, self.broker_id, members, state.master_address, state.master_ha_address)
                     if self.etcd.transaction([RevisionCondition(self.state_key, "MOD", kv.mod_revision)],
-                                             [Put(self.state_key, new.to_json())]):  # fmt: skip
+                                             [Put(self.state_key, new.to_json())]):
                         self.state = new
                         return True
                 except CoordinationError as e:

@@ -43,7 +43,7 @@ def _end_of(entries: Sequence[EpochEntry], epoch: int, log_end: int) -> tuple[in
 def plan(
     master_entries: Sequence[EpochEntry], master_min: int, master_end: int,
     slave_entries: Sequence[EpochEntry], slave_end: int,
-) -> Plan:  # fmt: skip
+) -> Plan:
     if slave_end == 0 and not slave_entries:  # an empty log (new, or discarded to start again): from the first file
         return Plan(master_min, -1, False)
     slave_epoch = slave_entries[-1].epoch if slave_entries else 0

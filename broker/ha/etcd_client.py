@@ -95,7 +95,7 @@ def _decode(kv: dict[str, Any]) -> KeyValue | None:
     if not isinstance(value, dict):
         return None
     return KeyValue(base64.b64decode(kv["key"]).decode("utf-8", "replace"), value, int(kv.get("mod_revision", 0)),
-                    int(kv.get("create_revision", 0)), int(kv.get("lease", 0)))  # fmt: skip
+                    int(kv.get("create_revision", 0)), int(kv.get("lease", 0)))
 
 
 class Put:
@@ -159,14 +159,14 @@ def explain(kind: type[CoordinationError], security: EtcdSecurity) -> str:
 
 class Etcd:
     def __init__(self, endpoints: Sequence[tuple[str, int]], timeout_s: float = DEFAULT_TIMEOUT_S,
-                 security: EtcdSecurity | None = None) -> None:  # fmt: skip
+                 security: EtcdSecurity | None = None) -> None:
         self.security = s = security or EtcdSecurity()
         self._clients = [
             etcd3gw.Etcd3Client(host=h, port=p, protocol=s.protocol, ca_cert=s.ca_file or None,
                                 cert_cert=s.cert_file or None, cert_key=s.key_file or None, timeout=timeout_s,
                                 api_path="/v3/")
             for h, p in endpoints
-        ]  # fmt: skip
+        ]
         # requests lets $REQUESTS_CA_BUNDLE override a session's CA: the CA goes with every request instead
         self._verify: dict[str, Any] = {"verify": s.ca_file} if s.ca_file else {}
         self._tokens: dict[int, str] = {}  # endpoint index -> its auth token (etcd users only)
@@ -182,7 +182,7 @@ class Etcd:
             return token
         client = self._clients[index]
         answer = client.post(client.get_url("/auth/authenticate"), json={"name": self.security.user,
-                             "password": self.security.password}, **self._verify)  # fmt: skip
+                             "password": self.security.password}, **self._verify)
         token = str(answer.get("token", ""))
         with self._lock:
             self._tokens[index] = token

@@ -59,7 +59,7 @@ class EtcdTls:
 
 class EtcdProcess:
     def __init__(self, data_dir: Path, host: str = "127.0.0.1", prefix: list[str] | None = None,
-                 tls: EtcdTls | None = None) -> None:  # fmt: skip
+                 tls: EtcdTls | None = None) -> None:
         self.data_dir = data_dir
         self.tls = tls
         self.host = host
@@ -88,10 +88,10 @@ class EtcdProcess:
         args = [*self.prefix, binary, "--name", "sluice-test", "--data-dir", str(self.data_dir),
                 "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
                 "--initial-advertise-peer-urls", peer, "--initial-cluster", f"sluice-test={peer}",
-                "--log-level", "error"]  # fmt: skip
+                "--log-level", "error"]
         if self.tls is not None:
             args += ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key),
-                     "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]  # fmt: skip
+                     "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         env = {**os.environ, "ETCD_UNSUPPORTED_ARCH": os.environ.get("ETCD_UNSUPPORTED_ARCH", "")}
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         Thread(target=self._drain, daemon=True).start()
@@ -112,7 +112,7 @@ class EtcdProcess:
             return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
         try:
             with urllib.request.urlopen(f"{self.scheme}://{self.endpoint}/health", timeout=1,
-                                        context=self._ssl()) as r:  # fmt: skip
+                                        context=self._ssl()) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
@@ -127,7 +127,7 @@ class EtcdProcess:
     def post(self, path: str, body: dict[str, Any], token: str = "") -> dict[str, Any]:
         """One call of etcd's JSON gateway (``/v3`` + path); OSError (urllib's HTTPError) when refused."""
         request = urllib.request.Request(f"{self.scheme}://{self.endpoint}/v3{path}", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})  # fmt: skip
+                                         {"Content-Type": "application/json"})
         if token:
             request.add_header("Authorization", token)
         with urllib.request.urlopen(request, timeout=5, context=self._ssl()) as r:
@@ -142,7 +142,7 @@ class EtcdProcess:
             end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
             self.post("/auth/role/add", {"name": name})
             self.post("/auth/role/grant", {"name": name, "perm": {"key": _b64(prefix), "range_end": _b64(end),
-                                                                  "permType": "READWRITE"}})  # fmt: skip
+                                                                  "permType": "READWRITE"}})
             self.post("/auth/user/grant", {"user": name, "role": name})
 
     def enable_auth(self, root_password: str) -> None:

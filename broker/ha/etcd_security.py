@@ -51,7 +51,7 @@ def read_password(path: str) -> str:
         size = os.path.getsize(path)
         if size > MAX_PASSWORD_BYTES:
             raise InvalidArgumentError(f"etcd_password_file {path} is {size} bytes; a password is at most "
-                                       f"{MAX_PASSWORD_BYTES}")  # fmt: skip
+                                       f"{MAX_PASSWORD_BYTES}")
         with open(path, encoding="utf-8") as f:
             password = f.read().strip()
     except (OSError, UnicodeDecodeError) as e:
@@ -72,12 +72,12 @@ def _readable(name: str, path: str) -> None:
 def from_config(
     *, ca_file: str, cert_file: str, key_file: str, user: str, password_file: str,
     endpoints: tuple[tuple[str, int], ...], read_files: bool = True,
-) -> EtcdSecurity:  # fmt: skip
+) -> EtcdSecurity:
     """The settings, checked; InvalidArgumentError naming the first that cannot work."""
     from broker.ha.replication_settings import is_loopback
 
     given = {"etcd_ca_file": ca_file, "etcd_cert_file": cert_file, "etcd_key_file": key_file, "etcd_user": user,
-             "etcd_password_file": password_file}  # fmt: skip
+             "etcd_password_file": password_file}
     if not endpoints:
         named = [name for name, value in given.items() if value]
         if named:
@@ -87,7 +87,7 @@ def from_config(
         raise InvalidArgumentError("give etcd_cert_file and etcd_key_file together (a client certificate and its key)")
     if cert_file and not ca_file:
         raise InvalidArgumentError("a client certificate for etcd (etcd_cert_file) needs TLS: give etcd_ca_file, the "
-                                   "CA that signed etcd's server certificate")  # fmt: skip
+                                   "CA that signed etcd's server certificate")
     if read_files:
         for name in ("etcd_ca_file", "etcd_cert_file", "etcd_key_file"):
             if given[name]:
@@ -99,7 +99,7 @@ def from_config(
         password = os.environ.get(PASSWORD_ENV, "")
     if user and not password:
         raise InvalidArgumentError(f"etcd_user {user!r} needs its password: etcd_password_file "
-                                   f"(--etcd-password-file) or ${PASSWORD_ENV}")  # fmt: skip
+                                   f"(--etcd-password-file) or ${PASSWORD_ENV}")
     if password and not user:
         raise InvalidArgumentError("an etcd password without etcd_user (--etcd-user): name the user too")
     if password and not ca_file and not all(is_loopback(host) for host, _ in endpoints):

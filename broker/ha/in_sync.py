@@ -77,7 +77,7 @@ class InSyncSet:
         members: frozenset[int] = frozenset(), confirmed: int = 0, record_shrink: RecordSet | None = None,
         record_expand: RecordSet | None = None, clock_ms: Callable[[], int] = monotonic_ms,
         on_confirmed: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.master_id = master_id
         self.log_end = log_end
         self.min_insync = min_insync
@@ -116,7 +116,7 @@ class InSyncSet:
         with self._cond:
             return [Replica(**{k: getattr(r, k) for k in ("broker_id", "store_id", "address", "written", "flushed",
                                                           "metadata_version", "caught_up_ms", "connected")})
-                    for r in self._replicas.values()]  # fmt: skip
+                    for r in self._replicas.values()]
 
     def in_sync(self, broker_id: int) -> bool:
         with self._cond:
@@ -248,16 +248,16 @@ class InSyncSet:
             now = self.clock_ms()
             with self._cond:
                 lagging = {rid for rid in self._members if rid != self.master_id
-                           and now - self._replicas[rid].caught_up_ms > self.max_lag_ms}  # fmt: skip
+                           and now - self._replicas[rid].caught_up_ms > self.max_lag_ms}
                 joining = {r.broker_id for r in self._replicas.values() if r.broker_id not in self._members
                            and r.connected and r.written >= self._confirmed
-                           and now - r.caught_up_ms <= self.max_lag_ms}  # fmt: skip
+                           and now - r.caught_up_ms <= self.max_lag_ms}
                 members = frozenset(self._members)
             if lagging:
                 smaller = members - lagging
                 if not self.record_shrink(smaller):
                     log.warning("could not record the in-sync set %s (leaving %s); waiting for them still",
-                                sorted(smaller), sorted(lagging))  # fmt: skip
+                                sorted(smaller), sorted(lagging))
                     return
                 with self._cond:
                     self._members -= lagging
@@ -266,7 +266,7 @@ class InSyncSet:
                 if moved:
                     self.on_confirmed()
                 log.warning("replica(s) %s left the in-sync set (not caught up within %d ms); in sync: %s",
-                            sorted(lagging), self.max_lag_ms, sorted(self._members))  # fmt: skip
+                            sorted(lagging), self.max_lag_ms, sorted(self._members))
                 members = smaller
             if joining:
                 with self._cond:

@@ -26,7 +26,7 @@ from broker.server.process import BrokerProcess
 SMALL_STORE = {
     "mapped_file_size_commit_log": 64 << 20, "mapped_file_size_consume_queue": 30_000 * 20,
     "max_hash_slot_num": 16_384, "max_index_num": 65_536,
-}  # fmt: skip
+}
 START_WAIT_S = 60.0
 OUTPUT_LINES = 3000  # of each replica's log kept for a failing test (a thread dump of a master runs to hundreds)
 
@@ -37,7 +37,7 @@ class ReplicaGroup:
         controller: bool = True, settings: dict[str, Any] | None = None, store: dict[str, Any] | None = None,
         flush: str = "async", log_level: str = "WARNING", register_interval_ms: int = 500,
         broker_expire_ms: int = 3000,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.root = root
         self.broker_name, self.cluster = broker_name, cluster
         self.controller = controller
@@ -58,7 +58,7 @@ class ReplicaGroup:
 
     def _config(self, broker_id: int) -> Path:
         data: dict[str, Any] = {"store": self.store, "ha_listen": f"127.0.0.1:{self.ha_ports[broker_id]}",
-                                **self.settings}  # fmt: skip
+                                **self.settings}
         if self.controller:
             assert self.etcd is not None
             data["controller"] = self.etcd.url
@@ -89,10 +89,10 @@ class ReplicaGroup:
     def start_replica(self, broker_id: int) -> BrokerProcess:
         classic_id = 0 if not self.controller and broker_id == self.ids[0] else broker_id
         args = ["--namesrv", self.namesrv, "--cluster", self.cluster, "--broker-name", self.broker_name,
-                "--broker-id", str(classic_id), "--register-interval-ms", str(self.register_interval_ms)]  # fmt: skip
+                "--broker-id", str(classic_id), "--register-interval-ms", str(self.register_interval_ms)]
         proc = BrokerProcess(self.root / f"replica-{broker_id}", listen=f"127.0.0.1:{self.ports[broker_id]}",
                              flush=self.flush, config=self._config(broker_id), log_level=self.log_level,
-                             extra_args=args)  # fmt: skip
+                             extra_args=args)
         proc.output = deque(maxlen=OUTPUT_LINES)
         self.brokers[broker_id] = proc  # before it starts: a watcher may act on its process while it starts
         deadline = time.monotonic() + START_WAIT_S

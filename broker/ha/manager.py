@@ -95,7 +95,7 @@ class Status:
 
 class ReplicationManager:
     def __init__(self, settings: ReplicationSettings, identity: BrokerIdentity, store: MessageStore,
-                 hooks: BrokerHooks, downstream: Callable[[str, int, int], None]) -> None:  # fmt: skip
+                 hooks: BrokerHooks, downstream: Callable[[str, int, int], None]) -> None:
         self.settings = settings
         self.identity = identity
         self.own_broker_id = identity.broker_id
@@ -133,7 +133,7 @@ class ReplicationManager:
         server = grpc.server(futures.ThreadPoolExecutor(MAX_REPLICAS * 2 + 2, HA_SERVER_THREAD_PREFIX), options=[
             ("grpc.max_receive_message_length", HA_GRPC_MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", HA_GRPC_MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0),
-        ])  # fmt: skip
+        ])
         self.master_endpoint = MasterEndpoint(self)
         hpb_grpc.add_ReplicationServicer_to_server(self.master_endpoint, server)
         host, port = self.settings.ha_listen
@@ -156,7 +156,7 @@ class ReplicationManager:
                 broker_id=self.own_broker_id, address=self.identity.address, ha_address=ha_advertised,
                 store_id=self.identity.store_id, lease_ttl_s=s.lease_ttl_s, allow_unclean=s.allow_unclean_election,
                 hooks=ControllerHooks(follow=self._follow, elected=self._elected, fenced=self._fenced),
-            )  # fmt: skip
+            )
             self.controller.start()
         elif s.role == SLAVE:
             self.role = SLAVE_ROLE
@@ -167,7 +167,7 @@ class ReplicationManager:
             self._become_master(CLASSIC_EPOCH, frozenset())
         self._spawn(self._metadata_loop, "ha-metadata")
         log.info("replication endpoint on %s (%s)", ha_advertised,
-                 "controller mode" if s.controller_mode else s.role)  # fmt: skip
+                 "controller mode" if s.controller_mode else s.role)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         def run() -> None:
@@ -216,7 +216,7 @@ class ReplicationManager:
                 max_lag_ms=self.settings.max_lag_ms, members=members - {self.own_broker_id},
                 confirmed=self.read_limit.confirmed_offset(), record_shrink=record, record_expand=record,
                 on_confirmed=self._confirmed_moved,
-            )  # fmt: skip
+            )
             in_sync = self.in_sync
             self.read_limit.source = lambda: in_sync.confirmed
             self.read_limit.grew = in_sync.log_grew
@@ -225,7 +225,7 @@ class ReplicationManager:
         self.hooks.start_master_services()
         self.hooks.role_changed()
         log.warning("master of %s/%s, epoch %d, from commit-log offset %d", self.identity.cluster,
-                    self.identity.broker_name, epoch, self.store.max_phys_offset())  # fmt: skip
+                    self.identity.broker_name, epoch, self.store.max_phys_offset())
 
     def _review_loop(self) -> None:
         while not self._stop.is_set():
@@ -275,7 +275,7 @@ class ReplicationManager:
                 self.controller._fence(why)
             else:
                 log.error("%s, newer than this classic master's epoch %d: check the group's configuration", why,
-                          self.epoch)  # fmt: skip
+                          self.epoch)
 
     # ------------------------------------------------------------------------------------------ for the endpoint
     def master_state(self) -> tuple[int, InSyncSet] | None:
@@ -394,18 +394,18 @@ class ReplicationManager:
         in_sync = self.in_sync
         if self.role == MASTER and in_sync is not None:
             return Status(MASTER, self.epoch, True, 0, in_sync.confirmed,
-                          0 if self.controller is not None else self.own_broker_id)  # fmt: skip
+                          0 if self.controller is not None else self.own_broker_id)
         f = self.slave_fetcher
         lag = max(0, f.master_max_offset - self.store.max_phys_offset()) if f.connected_to else -1
         return Status(self.role, self.known_epoch(), f.in_sync and bool(f.connected_to), lag,
-                      self.read_limit.confirmed_offset(), self.own_broker_id)  # fmt: skip
+                      self.read_limit.confirmed_offset(), self.own_broker_id)
 
     def stats(self) -> dict[str, float]:
         """Figures for GetBrokerStats (``sluice stats``): this replica's role and, on a master, each replica's."""
         st = self.status()
         out: dict[str, float] = {"ha_master": float(st.role == MASTER), "ha_epoch": float(st.epoch),
                                  "ha_confirmed_offset": float(st.confirmed_offset), "ha_lag_bytes": float(st.lag_bytes),
-                                 "ha_elections": float(self.elections)}  # fmt: skip
+                                 "ha_elections": float(self.elections)}
         in_sync = self.in_sync
         if st.role == MASTER and in_sync is not None:
             members = in_sync.members
@@ -423,7 +423,7 @@ class ReplicationManager:
             return []
         end, now = self.store.max_phys_offset(), monotonic_ms()
         return [(r.broker_id, max(0, end - r.written) if r.written >= 0 else end,
-                 now - r.caught_up_ms if r.caught_up_ms else -1) for r in in_sync.replicas()]  # fmt: skip
+                 now - r.caught_up_ms if r.caught_up_ms else -1) for r in in_sync.replicas()]
 
     def wait_for(self, condition: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -145,7 +145,7 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
         pending = self.unproven.take(request.session)
         if pending is None:
             raise StreamRefused("unknown, expired or already joined replication handshake; open a new one",
-                                ResponseCode.INVALID_ARGUMENT)  # fmt: skip
+                                ResponseCode.INVALID_ARGUMENT)
         hello, server_nonce = pending.hello, pending.server_nonce
         secret = m.settings.secret
         if secret:  # first: until the proof holds, the Hello is a stranger's word
@@ -154,7 +154,7 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
                 raise StreamRefused(
                     f"a peer at {pending.source} posing as replica {hello.broker_name[:60]}/{hello.broker_id} failed "
                     "the challenge: its ha_secret_file differs from this master's", ResponseCode.UNAUTHENTICATED,
-                )  # fmt: skip
+                )
         state = m.master_state()
         if state is None:
             raise NotMasterError(f"{m.identity_text()} is not the master of its group now")
@@ -165,12 +165,12 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
         store = m.store
         slave_epochs = [EpochEntry(e.epoch, e.start_offset) for e in hello.epochs]
         plan = divergence.plan(m.epochs.entries, store.min_phys_offset(), store.max_phys_offset(), slave_epochs,
-                               hello.max_offset)  # fmt: skip
+                               hello.max_offset)
         proof = auth.master_proof(secret, hello.client_nonce, server_nonce) if secret else b""
         answer = hpb.Handshake(
             master_epoch=epoch, start_offset=plan.start_offset, truncate_to=plan.truncate_to, reset=plan.reset,
             proof=proof, master_min_offset=store.min_phys_offset(), master_max_offset=store.max_phys_offset(),
-        )  # fmt: skip
+        )
         if plan.reset:
             for (topic, qid), cq in list(store.queues.queues.items()):
                 key = f"{topic}{QUEUE_KEY_SEPARATOR}{qid}"
@@ -178,7 +178,7 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
         if plan.truncate_to >= 0 or plan.reset:
             log.warning("replica %d (%s) must %s before it follows", hello.broker_id, hello.address,
                         "start again from this master's first file" if plan.reset
-                        else f"truncate its log to {plan.truncate_to} (it ends at {hello.max_offset})")  # fmt: skip
+                        else f"truncate its log to {plan.truncate_to} (it ends at {hello.max_offset})")
             return answer
         with self._lock:
             self._expire(time.monotonic())
@@ -187,11 +187,11 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
                     del self._sessions[sid]
             if len(self._sessions) >= MAX_SESSIONS:
                 raise StreamRefused(f"{MAX_SESSIONS} replication sessions are open; try again later",
-                                    ResponseCode.SYSTEM_BUSY)  # fmt: skip
+                                    ResponseCode.SYSTEM_BUSY)
             number = in_sync.connect(hello.broker_id, hello.store_id, hello.address)
             self._sessions[request.session] = Session(hello, epoch, number, time.monotonic())
         log.info("replica %d (%s) follows from commit-log offset %d", hello.broker_id, hello.address,
-                 plan.start_offset)  # fmt: skip
+                 plan.start_offset)
         return answer
 
     def _check_hello(self, hello: hpb.Hello) -> None:
@@ -199,12 +199,12 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
         ident = m.identity
         if hello.protocol_version != PROTOCOL_VERSION:
             raise StreamRefused(f"replication protocol {hello.protocol_version}; this broker speaks {PROTOCOL_VERSION}",
-                                ResponseCode.VERSION_NOT_SUPPORTED)  # fmt: skip
+                                ResponseCode.VERSION_NOT_SUPPORTED)
         if (hello.cluster, hello.broker_name) != (ident.cluster, ident.broker_name):
             raise StreamRefused(
                 f"replica of {hello.cluster[:60]}/{hello.broker_name[:60]} asked {ident.cluster}/{ident.broker_name}: "
                 "only the group's own replicas may replicate", ResponseCode.NO_PERMISSION,
-            )  # fmt: skip
+            )
         if hello.broker_id == m.own_broker_id:
             raise InvalidArgumentError(f"replica claims this master's own broker id {hello.broker_id}")
         size = m.store.config.mapped_file_size_commit_log
@@ -225,7 +225,7 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
                 session.last_fetch = time.monotonic()
         if session is None:
             raise StreamRefused("unknown replication session (expired, or replaced); open a new one",
-                                ResponseCode.INVALID_ARGUMENT)  # fmt: skip
+                                ResponseCode.INVALID_ARGUMENT)
         state = m.master_state()
         if state is None or state[0] != session.epoch:
             raise NotMasterError(f"{m.identity_text()} is no longer master of epoch {session.epoch}")
@@ -246,14 +246,14 @@ class MasterEndpoint(hpb_grpc.ReplicationServicer):
                 break
             if pos < m.store.min_phys_offset():
                 raise StreamRefused(f"offset {pos} expired on the master meanwhile; open a new session",
-                                    ResponseCode.INVALID_ARGUMENT)  # fmt: skip
+                                    ResponseCode.INVALID_ARGUMENT)
             m.changes.wait(generation, remaining)
             if m.master_state() is None:
                 raise NotMasterError(f"{m.identity_text()} is no longer master of epoch {epoch}")
         session.confirmed_sent, session.in_sync_sent = confirmed, member
         answer = hpb.FetchResponse(master_epoch=epoch, confirmed_offset=confirmed, in_sync=member,
                                    master_max_offset=m.store.max_phys_offset(), offset=pos,
-                                   metadata_version=version, files=files)  # fmt: skip
+                                   metadata_version=version, files=files)
         if read is not None:
             answer.data, answer.epoch = read
         return answer

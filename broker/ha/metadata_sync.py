@@ -39,7 +39,7 @@ from broker.json_file import MAX_CONFIG_BYTES, write_json_atomic
 log = logging.getLogger(__name__)
 
 SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json",
-                "transactionState.json", "users.json", "timerProgress.json", "popState.json")  # fmt: skip
+                "transactionState.json", "users.json", "timerProgress.json", "popState.json")
 PRIVATE_FILES = ("users.json", "popState.json")  # they hold secrets: mode 0600 and no backup (broker/auth/accounts.py)
 LOG_END_KEY = "log_end"  # in a synced file: the writer's commit-log end when it saved (see above)
 # What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
@@ -113,7 +113,7 @@ class MetadataSink:
     thread only."""
 
     def __init__(self, config_dir: str, replace: Callable[[str, dict[str, Any]], bool],
-                 log_end: Callable[[], int]) -> None:  # fmt: skip
+                 log_end: Callable[[], int]) -> None:
         self.config_dir = config_dir
         # (file name, content) -> True when the broker's manager of that file replaced it (under its own lock, so
         # that no persist of its older table lands after); False: a file no running manager owns, written here
@@ -157,4 +157,4 @@ class MetadataSink:
         if not self.replace(name, data):
             private = name in PRIVATE_FILES
             write_json_atomic(os.path.join(self.config_dir, name), data, mode=0o600 if private else 0o644,
-                              backup=not private)  # fmt: skip
+                              backup=not private)

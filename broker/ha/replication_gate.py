@@ -41,18 +41,18 @@ log = logging.getLogger(__name__)
 
 # gRPC service path -> the prefix its method names take below (the Broker service's have none)
 SERVICES = {"/sluice.v1.Broker/": "", "/sluice.v1.TransactionCoordinator/": "Coordinator.",
-            "/apache.rocketmq.v2.MessagingService/": "v2."}  # fmt: skip
+            "/apache.rocketmq.v2.MessagingService/": "v2."}
 DATA_WRITES = frozenset({"SendMessage", "SendBatch", "EndTransaction", "EndTransactions", "ConsumerSendMsgBack",
                          "Coordinator.RecordDecision", "v2.SendMessage", "v2.EndTransaction",
-                         "v2.ForwardMessageToDeadLetterQueue", "v2.RecallMessage"})  # fmt: skip
+                         "v2.ForwardMessageToDeadLetterQueue", "v2.RecallMessage"})
 METADATA_WRITES = frozenset({"CreateTopic", "UpdateConsumerOffsets", "UpdateSubscriptionGroup", "ResetConsumerOffsets",
                              "v2.UpdateOffset", "CreateUser", "UpdateUser", "DeleteUser", "GrantAcl",
-                             "RevokeAcl"})  # fmt: skip
+                             "RevokeAcl"})
 POP = frozenset({"PopMessage", "AckMessage", "ChangeInvisibleTime", "v2.ReceiveMessage", "v2.AckMessage",
-                 "v2.ChangeInvisibleDuration"})  # fmt: skip
+                 "v2.ChangeInvisibleDuration"})
 MASTER_ONLY = DATA_WRITES | METADATA_WRITES | POP | frozenset({"DeleteTopic", "LockBatchMQ", "UnlockBatchMQ",
                                                                 "TransactionCheckStream",
-                                                                "Coordinator.QueryDecisions"})  # fmt: skip
+                                                                "Coordinator.QueryDecisions"})
 SEND_METHODS = frozenset({"SendMessage", "SendBatch"})
 
 
@@ -95,12 +95,12 @@ class ReplicationGate(grpc.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(name, handler.unary_unary), request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
-            )  # fmt: skip
+            )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._streaming(name, handler.unary_stream), request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
-            )  # fmt: skip
+            )
         return handler
 
     def _streaming(self, name: str, inner: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
@@ -108,7 +108,7 @@ class ReplicationGate(grpc.ServerInterceptor):
             target = self.target
             if target is not None and not target.is_master():
                 _refuse(context, NotMasterError(f"{target.identity_text()} is not its group's master; {name} is "
-                                                "served by the master"))  # fmt: skip
+                                                "served by the master"))
             yield from inner(request, context)
 
         return behavior
@@ -130,7 +130,7 @@ class ReplicationGate(grpc.ServerInterceptor):
             try:
                 if not master:
                     raise NotMasterError(f"{target.identity_text()} is not its group's master; send {name} to the "
-                                         "master (clients find it through the name servers)")  # fmt: skip
+                                         "master (clients find it through the name servers)")
                 if name == "DeleteTopic":
                     raise InvalidArgumentError(
                         "DeleteTopic is not available on a replicated broker group: its slaves rebuild consume "
@@ -151,11 +151,11 @@ class ReplicationGate(grpc.ServerInterceptor):
                         return response
                     _refuse(context, FlushSlaveTimeoutError(
                         f"{name} was done on the master, but its in-sync replicas did not confirm it in time"
-                    ))  # fmt: skip
+                    ))
             elif name in METADATA_WRITES and not target.metadata_changed():
                 _refuse(context, FlushSlaveTimeoutError(
                     f"{name} was done on the master, but its in-sync replicas did not confirm it in time"
-                ))  # fmt: skip
+                ))
             return response
 
         return behavior

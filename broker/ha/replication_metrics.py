@@ -33,16 +33,16 @@ def register_replication_metrics(metrics: BrokerMetrics, manager: ReplicationMan
 
     metrics.add_gauge("sluice_ha_role", "This replica's role (1 for the current one)", role)
     metrics.add_gauge("sluice_ha_epoch", "Master epoch served or followed",
-                      lambda: [((), float(manager.status().epoch))])  # fmt: skip
+                      lambda: [((), float(manager.status().epoch))])
     metrics.add_gauge("sluice_ha_in_sync_replicas", "Replicas in the master's in-sync set, itself included",
-                      in_sync_size)  # fmt: skip
+                      in_sync_size)
     metrics.add_gauge("sluice_ha_confirmed_offset", "The group's confirmed commit-log offset (high watermark)",
-                      lambda: [((), float(manager.status().confirmed_offset))])  # fmt: skip
+                      lambda: [((), float(manager.status().confirmed_offset))])
     metrics.add_gauge("sluice_ha_replica_lag_bytes", "Commit-log bytes each replica lacks (master only)",
-                      lambda: lags(1))  # fmt: skip
+                      lambda: lags(1))
     metrics.add_gauge("sluice_ha_replica_lag_ms", "Milliseconds since each replica was caught up (master only)",
-                      lambda: lags(2))  # fmt: skip
+                      lambda: lags(2))
     metrics.add_gauge("sluice_ha_lag_bytes", "A slave's distance behind its master in bytes (-1: following none)",
-                      lambda: [((), float(manager.status().lag_bytes))] if not manager.is_master() else [])  # fmt: skip
+                      lambda: [((), float(manager.status().lag_bytes))] if not manager.is_master() else [])
     metrics.add_gauge("sluice_ha_elections_total", "Elections this replica won since it started",
-                      lambda: [((), float(manager.elections))])  # fmt: skip
+                      lambda: [((), float(manager.elections))])

@@ -129,7 +129,7 @@ def from_config(
     ha_secret_file: str, min_insync_replicas: int, ha_max_lag_ms: int, ha_ack_timeout_ms: int, ha_lease_ttl_s: int,
     allow_unclean_election: bool, ha_metadata_sync_ms: int, broker_id: int, read_files: bool = True,
     auth_enabled: bool = False,
-) -> ReplicationSettings | None:  # fmt: skip
+) -> ReplicationSettings | None:
     """The settings, or None for a broker without replication; InvalidArgumentError naming the first bad one.
     ``read_files=False`` checks everything but the secret file's content (a config validated before the file is
     readable)."""
@@ -155,7 +155,7 @@ def from_config(
     if not 1 <= min_insync_replicas <= MAX_REPLICAS:
         raise InvalidArgumentError(f"min_insync_replicas is {min_insync_replicas}; it must be in 1..{MAX_REPLICAS}")
     for name, value in (("ha_max_lag_ms", ha_max_lag_ms), ("ha_ack_timeout_ms", ha_ack_timeout_ms),
-                        ("ha_metadata_sync_ms", ha_metadata_sync_ms)):  # fmt: skip
+                        ("ha_metadata_sync_ms", ha_metadata_sync_ms)):
         if value <= 0:
             raise InvalidArgumentError(f"{name} is {value}; it must be a positive number of milliseconds")
     if not 2 <= ha_lease_ttl_s <= MAX_LEASE_TTL_S:  # etcd grants no lease shorter than about 2 s by default
@@ -188,4 +188,4 @@ def from_config(
         secret=secret, min_insync_replicas=min_insync_replicas, max_lag_ms=ha_max_lag_ms,
         ack_timeout_ms=ha_ack_timeout_ms, lease_ttl_s=ha_lease_ttl_s, allow_unclean_election=allow_unclean_election,
         metadata_sync_ms=ha_metadata_sync_ms,
-    )  # fmt: skip
+    )

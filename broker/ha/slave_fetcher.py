@@ -131,9 +131,9 @@ class SlaveFetcher:
             commit_log_file_size=store.config.mapped_file_size_commit_log,
             epochs=[hpb.EpochEntry(epoch=e.epoch, start_offset=e.start_offset) for e in m.epochs.entries],
             known_epoch=m.known_epoch(), client_nonce=client_nonce,
-        )  # fmt: skip
+        )
         options = [("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]  # fmt: skip
+                   ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]
         with open_channel(target, options, self._tls()) as channel:
             stub = hpb_grpc.ReplicationStub(channel)
             opened = stub.Open(hello, timeout=CALL_TIMEOUT_S)
@@ -152,7 +152,7 @@ class SlaveFetcher:
                     session=opened.session, fetch_offset=fetch_offset, written_offset=store.max_phys_offset(),
                     flushed_offset=store.commit_log.flushed_offset, metadata_version=m.metadata_version(),
                     max_wait_ms=FETCH_WAIT_MS,
-                )  # fmt: skip
+                )
                 answer = stub.Fetch(request, timeout=CALL_TIMEOUT_S + FETCH_WAIT_MS / 1000)
                 self._fence(answer.master_epoch)
                 self.master_max_offset, self.in_sync = answer.master_max_offset, answer.in_sync
@@ -175,7 +175,7 @@ class SlaveFetcher:
         secret = m.settings.secret
         if secret and not auth.same(auth.master_proof(secret, client_nonce, server_nonce), hs.proof):
             raise BrokerError(f"{target} failed to prove it knows the group's secret: not following it",
-                              ResponseCode.UNAUTHENTICATED)  # fmt: skip
+                              ResponseCode.UNAUTHENTICATED)
         self._fence(hs.master_epoch)
         m.learned_epoch(hs.master_epoch)
         if hs.reset:
@@ -206,7 +206,7 @@ class SlaveFetcher:
         checked = chunk.check(data, offset, file_size, store.commit_log.max_entry_size)
         if checked.length:
             store.commit_log.append_replicated(offset, memoryview(data)[: checked.length],
-                                               checked.last_store_timestamp, checked.fills_file)  # fmt: skip
+                                               checked.last_store_timestamp, checked.fills_file)
             store.notify_appended()
         if checked.fills_file:  # the rest of the file is the blank's: the next fetch asks for the next file
             self._carry = b""

@@ -87,7 +87,7 @@ class Unproven:
             size = hello.ByteSize()
             if len(self._pending) >= MAX_UNPROVEN or self._bytes + size > MAX_UNPROVEN_BYTES:
                 raise SystemBusyError(f"{MAX_UNPROVEN} replication handshakes are waiting for their proof; try again "
-                                      f"in {UNPROVEN_TIMEOUT_S:g} s")  # fmt: skip
+                                      f"in {UNPROVEN_TIMEOUT_S:g} s")
             hid = secrets.token_hex(16)
             nonce = auth.nonce()
             self._pending[hid] = Pending(hello, nonce, source, self._clock(), size)

@@ -35,9 +35,9 @@ START_TIMEOUT_S = 60.0
 class NameServerProcess:
     def __init__(self, *, listen: str = "127.0.0.1:0", broker_expire_ms: int | None = None,
                  log_level: str = "WARNING", extra_args: list[str] | None = None,
-                 allow_anonymous_registration: bool = True) -> None:  # fmt: skip
+                 allow_anonymous_registration: bool = True) -> None:
         self.args = [sys.executable, "-m", "broker", "--log-level", log_level, "namesrv", "--listen", listen,
-                     *(extra_args or [])]  # fmt: skip
+                     *(extra_args or [])]
         if allow_anonymous_registration:
             self.args.append("--allow-anonymous-registration")
         if broker_expire_ms is not None:
@@ -95,7 +95,7 @@ class LocalCluster:
         flush: str = "async", broker_expire_ms: int | None = None, register_interval_ms: int | None = None,
         config: Path | None = None, log_level: str = "WARNING", extra_broker_args: list[str] | None = None,
         python_cpus: list[str] | None = None, namesrv_args: list[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.root = root
         self.cluster = cluster
         self.flush = flush
@@ -107,7 +107,7 @@ class LocalCluster:
         # Python threads to the same lowest CPU, so brokers sharing a machine are given one CPU each.
         self.python_cpus = python_cpus or []
         self.namesrvs = [NameServerProcess(broker_expire_ms=broker_expire_ms, log_level=log_level,
-                                           extra_args=namesrv_args) for _ in range(namesrvs)]  # fmt: skip
+                                           extra_args=namesrv_args) for _ in range(namesrvs)]
         self.names = [f"broker-{chr(ord('a') + i)}" for i in range(brokers)]
         self.brokers: dict[str, BrokerProcess] = {}
 
@@ -138,7 +138,7 @@ class LocalCluster:
 
     def add_broker(self, name: str, listen: str = "127.0.0.1:0") -> BrokerProcess:
         broker = BrokerProcess(self.root / name, listen=listen, flush=self.flush, config=self.config,
-                               log_level=self.log_level, extra_args=self._broker_args(name))  # fmt: skip
+                               log_level=self.log_level, extra_args=self._broker_args(name))
         broker.start()
         self.brokers[name] = broker
         if name not in self.names:

@@ -52,7 +52,7 @@ class NameServer:
                  broker_expire_ms: int = DEFAULT_BROKER_EXPIRE_MS, tls: ServerTls | None = None,
                  root: User | None = None, auth_window_s: int = DEFAULT_WINDOW_S,
                  allow_anonymous_registration: bool = False,
-                 remoting_listen: tuple[str, int] | None = None) -> None:  # fmt: skip
+                 remoting_listen: tuple[str, int] | None = None) -> None:
         """``root``: brokers must sign their registrations as this user. Without one, InvalidArgumentError unless
         ``allow_anonymous_registration`` (module docstring)."""
         if broker_expire_ms <= 0:
@@ -76,10 +76,10 @@ class NameServer:
             # With a root user, every code the requirement table does not mark ANONYMOUS (all but the route reads)
             # takes the root user's RocketMQ ACL signature, as the gRPC port's registrations do.
             authenticator = (Authenticator(Accounts(None, root), anonymous_codes(), self.refusals, declared_codes())
-                             if root else None)  # fmt: skip
+                             if root else None)
             processors = NameServerRemoting(self.table, now_ms, open_routes=self.gate is None).processors()
             self.remoting = RemotingServer(processors, *remoting_listen, tls=tls, name="namesrv-remoting",
-                                           authenticator=authenticator)  # fmt: skip
+                                           authenticator=authenticator)
         self._stop = threading.Event()
         self._expiry: threading.Thread | None = None
 
@@ -91,14 +91,14 @@ class NameServer:
     def start(self) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(MAX_WORKERS, "namesrv-worker"),
                              options=[("grpc.so_reuseport", 0)],
-                             interceptors=[self.gate] if self.gate is not None else [])  # fmt: skip
+                             interceptors=[self.gate] if self.gate is not None else [])
         target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
             self.port = add_port(server, target, self.tls, "the name server")
         except RuntimeError as e:
             raise ServiceNotAvailableError(f"cannot listen on {target} ({e}); is another process using it?") from None
         npb_grpc.add_NameServerServicer_to_server(NameServerService(self.table, authenticated=self.gate is not None),
-                                                  server)  # fmt: skip
+                                                  server)
         server.start()
         self.server = server
         if self.remoting is not None:
@@ -116,7 +116,7 @@ class NameServer:
         else:
             log.warning("registration is NOT authenticated (--allow-anonymous-registration): anyone who reaches %s "
                         "can register or unregister brokers; brokers with --auth will not register here; for tests "
-                        "and development only", self.address)  # fmt: skip
+                        "and development only", self.address)
 
     def _expire_loop(self) -> None:
         while not self._stop.wait(EXPIRE_SCAN_MS / 1000):

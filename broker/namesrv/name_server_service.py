@@ -53,7 +53,7 @@ def runtime_from_pb(r: npb.BrokerRuntime) -> Runtime:
 
 def runtime_to_pb(r: Runtime) -> npb.BrokerRuntime:
     return npb.BrokerRuntime(put_messages_per_s=r.put_messages_per_s, get_messages_per_s=r.get_messages_per_s,
-                             commit_log_max_offset=r.commit_log_max_offset, uptime_ms=r.uptime_ms)  # fmt: skip
+                             commit_log_max_offset=r.commit_log_max_offset, uptime_ms=r.uptime_ms)
 
 
 class NameServerService(npb_grpc.NameServerServicer):
@@ -83,14 +83,14 @@ class NameServerService(npb_grpc.NameServerServicer):
             auto_create_topic_enable=request.auto_create_topic_enable, role=request.role or "MASTER",
             ha_address=request.ha_address, runtime=runtime_from_pb(request.runtime), epoch=request.epoch,
             in_sync=request.in_sync, lag_bytes=request.lag_bytes, remoting_address=request.remoting_address,
-        )  # fmt: skip
+        )
         now = self.clock_ms()
         accepted = self.table.register(reg, now)
         master = self.table.master_of(request.broker_name, now)
         return npb.RegisterBrokerResponse(
             accepted=accepted, master_address=master.address if master else "",
             master_ha_address=master.ha_address if master else "", authenticated=self.authenticated,
-        )  # fmt: skip
+        )
 
     @_answer
     def UnregisterBroker(self, request: npb.UnregisterBrokerRequest, context: grpc.ServicerContext) -> Any:

@@ -63,7 +63,7 @@ class NameServerRemoting:
         names = sorted(name for name in route.queues if name in route.remoting)
         if not names:
             return request.response(ResponseCode.TOPIC_NOT_EXIST,
-                                    remark=f"No topic route info in name server for the topic: {topic}")  # fmt: skip
+                                    remark=f"No topic route info in name server for the topic: {topic}")
         body = {
             "brokerDatas": [_broker_data(route.brokers[n][0], n, route.remoting[n]) for n in names],
             "queueDatas": [
@@ -72,7 +72,7 @@ class NameServerRemoting:
                 for n in names
             ],
             "filterServerTable": {},
-        }  # fmt: skip
+        }
         return request.response(ResponseCode.SUCCESS, body=_json(body, request))
 
     def cluster_info(self, request: RemotingCommand) -> RemotingCommand:
@@ -102,4 +102,4 @@ class NameServerRemoting:
     def kv_config(self, request: RemotingCommand) -> RemotingCommand:
         namespace, key = request.ext_fields.get("namespace", ""), request.ext_fields.get("key", "")
         return request.response(ResponseCode.QUERY_NOT_FOUND,
-                                remark=f"No config item, Namespace: {namespace} Key: {key}")  # fmt: skip
+                                remark=f"No config item, Namespace: {namespace} Key: {key}")

@@ -189,14 +189,14 @@ class RouteTable:
                 raise RegistrationRefused(f"this name server holds {MAX_BROKERS} brokers already; no room for another")
             if old is None or old.store_id != reg.store_id or old.address != reg.address:
                 log.info("broker %s/%d (%s, cluster %s) registered at %s", reg.broker_name, reg.broker_id,
-                         reg.role, reg.cluster, reg.address)  # fmt: skip
+                         reg.role, reg.cluster, reg.address)
             self._brokers[key] = BrokerLive(
                 cluster=reg.cluster, broker_name=reg.broker_name, broker_id=reg.broker_id, address=reg.address,
                 store_id=reg.store_id, data_version=reg.data_version, last_update_ms=now_ms, topics=dict(reg.topics),
                 auto_create_topic_enable=reg.auto_create_topic_enable, role=reg.role, ha_address=reg.ha_address,
                 runtime=reg.runtime, epoch=reg.epoch, in_sync=reg.in_sync, lag_bytes=reg.lag_bytes,
                 remoting_address=reg.remoting_address,
-            )  # fmt: skip
+            )
             return True
 
     def _check_claim(self, reg: Registration, old: BrokerLive | None) -> None:
@@ -209,7 +209,7 @@ class RouteTable:
         if old is not None and old.store_id != reg.store_id and old.address != reg.address:
             if reg.broker_id == 0 and reg.epoch > old.epoch:
                 log.warning("broker %s/0: the master of epoch %d at %s replaces the one of epoch %d at %s",
-                            reg.broker_name, reg.epoch, reg.address, old.epoch, old.address)  # fmt: skip
+                            reg.broker_name, reg.epoch, reg.address, old.epoch, old.address)
                 return
             if reg.broker_id == 0 and reg.epoch and reg.epoch < old.epoch:
                 raise RegistrationRefused(
@@ -219,7 +219,7 @@ class RouteTable:
             log.warning(
                 "refused broker %s/%d at %s (store %s): the name and id are held by the live broker at %s (store %s)",
                 reg.broker_name, reg.broker_id, reg.address, reg.store_id, old.address, old.store_id,
-            )  # fmt: skip
+            )
             raise RegistrationRefused(
                 f"broker {reg.broker_name}/{reg.broker_id} is registered by another live broker at {old.address}; "
                 "give this broker another --broker-name or --broker-id, or stop the other one"
@@ -262,7 +262,7 @@ class RouteTable:
         for b in gone:
             del self._brokers[(b.broker_name, b.broker_id)]
             log.warning("broker %s/%d at %s expired: not heard from for %d ms", b.broker_name, b.broker_id,
-                        b.address, now_ms - b.last_update_ms)  # fmt: skip
+                        b.address, now_ms - b.last_update_ms)
         return gone
 
     # ---------------------------------------------------------------------------------------------- reads

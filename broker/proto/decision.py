@@ -13,7 +13,7 @@ def to_pb(d: TxnDecision) -> cpb.TransactionDecision:
         transaction_id=d.txn_id, outcome=d.outcome, decided_ms=d.decided_ms,
         participants=[cpb.ParticipantShare(broker_name=s.broker_name, committed_attempts=list(s.committed_attempts),
                                            expected_messages=s.expected_messages) for s in d.participants],
-    )  # fmt: skip
+    )
 
 
 def from_pb(m: cpb.TransactionDecision) -> TxnDecision:

@@ -80,7 +80,7 @@ def java_hash(text: str) -> int:
 
 
 def subscription_data(topic: str, expression: str, expression_type: str = "TAG", sub_version: int = 0
-                      ) -> dict[str, Any]:  # fmt: skip
+                      ) -> dict[str, Any]:
     """SubscriptionData of a tag expression ("*" or "TagA || TagB"); an SQL92 one has no tag sets."""
     expression = expression.strip() or SUB_ALL
     tags: list[str] = []
@@ -89,7 +89,7 @@ def subscription_data(topic: str, expression: str, expression_type: str = "TAG",
             if tag and tag not in tags:
                 tags.append(tag)
     return {"classFilterMode": False, "codeSet": [java_hash(t) for t in tags], "expressionType": expression_type,
-            "subString": expression, "subVersion": sub_version, "tagsSet": tags, "topic": topic}  # fmt: skip
+            "subString": expression, "subVersion": sub_version, "tagsSet": tags, "topic": topic}
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Connection:
 
 
 def consumer_connection(connections: Iterable[Connection], subscriptions: Mapping[str, str], *, model: str,
-                        consume_type: str, consume_from_where: str) -> bytes:  # fmt: skip
+                        consume_type: str, consume_from_where: str) -> bytes:
     body = {
         "connectionSet": [
             {"clientAddr": c.client_addr, "clientId": c.client_id, "language": c.language, "version": c.version}

@@ -26,7 +26,7 @@ class Guarded:
     answers."""
 
     def __init__(self, access: Access, name: str, parse: Callable[[RemotingCommand], Any],
-                 handle: Callable[[RemotingCommand, Any], RemotingCommand]) -> None:  # fmt: skip
+                 handle: Callable[[RemotingCommand, Any], RemotingCommand]) -> None:
         self.access, self.name, self.parse, self.handle = access, name, parse, handle
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:

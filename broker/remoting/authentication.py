@@ -54,7 +54,7 @@ TOKEN_REFUSED = (
 
 class Authenticator:
     def __init__(self, accounts: Accounts, anonymous_codes: Collection[int] = (), refusals: Counter | None = None,
-                 declared_codes: Collection[int] | None = None) -> None:  # fmt: skip
+                 declared_codes: Collection[int] | None = None) -> None:
         """``declared_codes`` None: every code's processor checks rights itself (the name server's route reads)."""
         self.accounts = accounts
         self.anonymous_codes = frozenset(anonymous_codes)
@@ -114,4 +114,4 @@ class Authenticator:
         if not quiet:
             cause = f" ({e.cause})" if isinstance(e, BadCredentials) else ""  # the log says what the answer does not
             log.warning("remoting request %d from %s refused (unauthenticated): %s%s", request.code, peer, e.message,
-                        cause)  # fmt: skip
+                        cause)

@@ -49,7 +49,7 @@ def encode_binary_header(command: RemotingCommand) -> bytes:
         ext += _LEN16.pack(len(k)) + k + _LEN32.pack(len(v)) + v
     try:
         fixed = FIXED.pack(command.code, language_byte(command.language), command.version, command.opaque,
-                           command.flag)  # fmt: skip
+                           command.flag)
     except struct.error as e:
         raise RemotingFrameError(f"a header field does not fit the ROCKETMQ header ({e})") from None
     return b"".join((fixed, _LEN32.pack(len(remark)), remark, _LEN32.pack(len(ext)), ext))
@@ -99,4 +99,4 @@ def decode_binary_header(data: bytes) -> RemotingCommand:
         elif key is not None:
             ext.pop(key, None)  # an empty value is an absent one, also over an earlier occurrence
     return RemotingCommand(code=code, opaque=opaque, flag=flag, language=language_name(language), version=version,
-                           remark=remark, ext_fields=ext, serialize_type=SerializeType.ROCKETMQ)  # fmt: skip
+                           remark=remark, ext_fields=ext, serialize_type=SerializeType.ROCKETMQ)

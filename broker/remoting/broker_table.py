@@ -12,7 +12,7 @@ from broker.server.broker_service import BrokerService
 
 
 def broker_processors(service: BrokerService, access: Access | None = None,
-                      clients: ClientProcessors | None = None) -> dict[int, Processor]:  # fmt: skip
+                      clients: ClientProcessors | None = None) -> dict[int, Processor]:
     """``access``: the callers' rights (None: auth off); ``clients``: the membership processors, when the caller
     keeps them (their connections of each group: the transport's ``on_close``)."""
     table: dict[int, Processor] = {}

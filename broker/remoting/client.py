@@ -54,7 +54,7 @@ def parse_address(address: str) -> tuple[str, int]:
 class RemotingClient:
     def __init__(self, address: str, *, ssl_context: ssl.SSLContext | None = None, server_hostname: str | None = None,
                  on_request: Callable[[RemotingCommand], None] | None = None,
-                 credentials: Signer | None = None) -> None:  # fmt: skip
+                 credentials: Signer | None = None) -> None:
         host, port = parse_address(address)
         self.address = address
         self.credentials = credentials

@@ -62,7 +62,7 @@ class ClientProcessors:
                                                     RequestCode.UNREGISTER_CLIENT),
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: Admitted(Handler(self.consumer_list), self.access,
                                                              RequestCode.GET_CONSUMER_LIST_BY_GROUP),
-        }  # fmt: skip
+        }
 
     def _leave(self, group: str, client_id: str) -> None:
         self.service.heartbeat(pb.HeartbeatRequest(client_id=client_id, consumer_group=group, unregister=True))
@@ -97,7 +97,7 @@ class ClientProcessors:
                     raise InvalidArgumentError(f"heartbeat: expressionType {sub.get('expressionType')!r} is unknown")
                 types[topic] = kind
             beats.append((pb.HeartbeatRequest(client_id=client_id, consumer_group=group, subscriptions=subscriptions,
-                                              model=model), types))  # fmt: skip
+                                              model=model), types))
         self.access.check(context, "HEART_BEAT", *(beat for beat, _ in beats))  # every group, before any is recorded
         for beat, types in beats:
             if beat.consumer_group:

@@ -60,7 +60,7 @@ class Connection:
         self._writer.write(frame)
         if self._writer.transport.get_write_buffer_size() > MAX_WRITE_BUFFER_BYTES:
             log.warning("remoting: closing the connection from %s: it does not read its answers (%d bytes waiting)",
-                        self._address, self._writer.transport.get_write_buffer_size())  # fmt: skip
+                        self._address, self._writer.transport.get_write_buffer_size())
             self.close()
 
     def send_oneway(self, command: RemotingCommand) -> None:

@@ -52,7 +52,7 @@ class ConsumerChannels:
             targets = list(dict.fromkeys(peers.values()))
         for peer in targets:
             peer.send_oneway(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
-                                             ext_fields={"consumerGroup": group}))  # fmt: skip
+                                             ext_fields={"consumerGroup": group}))
 
     def closed(self, peer: Peer) -> None:
         """``peer``'s connection ended: its clients leave their groups (the others are told, by ``changed``)."""
@@ -65,4 +65,4 @@ class ConsumerChannels:
                 self._leave(group, client_id)
             except BrokerError as e:
                 log.warning("group %s: client %s of a closed connection could not leave: %s", group, client_id,
-                            e.message)  # fmt: skip
+                            e.message)

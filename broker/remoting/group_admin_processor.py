@@ -81,7 +81,7 @@ def parse_group(request: RemotingCommand) -> GroupRequest:
 
 def parse_reset(request: RemotingCommand) -> ResetRequest:
     return ResetRequest(f.text(request, "group"), f.text(request, "topic"), f.int64(request, "timestamp"),
-                        f.boolean(request, "isForce"))  # fmt: skip
+                        f.boolean(request, "isForce"))
 
 
 def parse_group_config(request: RemotingCommand) -> pb.UpdateSubscriptionGroupRequest:
@@ -138,7 +138,7 @@ class GroupAdminProcessors:
         members = self.service.consumers.members(req.consumer_group)
         if not members:
             raise BrokerError(f"the consumer group {req.consumer_group} is not online",
-                              ResponseCode.CONSUMER_NOT_ONLINE)  # fmt: skip
+                              ResponseCode.CONSUMER_NOT_ONLINE)
         subscriptions: dict[str, str] = {}
         for m in members:
             for topic, expression in m.subscriptions.items():
@@ -146,13 +146,13 @@ class GroupAdminProcessors:
         body = consumer_connection(
             [Connection(m.client_id, _client_addr(m.client_id)) for m in members], subscriptions,
             model=members[0].model, consume_type="CONSUME_PASSIVELY", consume_from_where="CONSUME_FROM_LAST_OFFSET",
-        )  # fmt: skip
+        )
         return request.response(ResponseCode.SUCCESS, body=body)
 
     def consume_stats(self, request: RemotingCommand, req: GroupRequest) -> RemotingCommand:
         lags = self.admin.consumer_lag(req.consumer_group, req.topic)
         body = consume_stats((Queue(x.topic, self.broker_name, x.queue_id), x.broker_offset,
-                              max(x.consumer_offset, 0), 0) for x in lags)  # fmt: skip
+                              max(x.consumer_offset, 0), 0) for x in lags)
         return request.response(ResponseCode.SUCCESS, body=body)
 
     def reset_offset(self, request: RemotingCommand, req: ResetRequest) -> RemotingCommand:

@@ -93,4 +93,4 @@ def decode_json_header(data: bytes) -> RemotingCommand:
         code=_int(header, "code"), opaque=_int(header, "opaque", 0), flag=_int(header, "flag", 0),
         language=language, version=_int(header, "version", 0), remark=remark, ext_fields=ext,
         serialize_type=SerializeType.JSON,
-    )  # fmt: skip
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 LANGUAGE_CODES = {
     "JAVA": 0, "CPP": 1, "DOTNET": 2, "PYTHON": 3, "DELPHI": 4, "ERLANG": 5, "RUBY": 6, "OTHER": 7, "HTTP": 8,
     "GO": 9, "PHP": 10, "OMS": 11, "RUST": 12, "NODE_JS": 13,
-}  # fmt: skip
+}
 LANGUAGE_NAMES = {code: name for name, code in LANGUAGE_CODES.items()}
 OTHER = "OTHER"
 

@@ -60,7 +60,7 @@ def parse_lock_body(body: bytes) -> tuple[pb.LockBatchRequest, dict[tuple[str, i
     request = pb.LockBatchRequest(
         consumer_group=str(data.get("consumerGroup") or ""), client_id=str(data.get("clientId") or ""),
         queues=[pb.MessageQueue(topic=t, queue_id=q) for t, q in names],
-    )  # fmt: skip
+    )
     return request, names
 
 
@@ -83,7 +83,7 @@ class LockProcessor:
                     return request.response(int(ResponseCode.SUCCESS))
                 held = self.service.lock_batch(call)
             ok = [{"brokerName": names.get((q.topic, q.queue_id), ""), "queueId": q.queue_id, "topic": q.topic}
-                  for q in held.queues]  # fmt: skip
+                  for q in held.queues]
             return request.response(int(ResponseCode.SUCCESS), body=fastjson.dumps({"lockOKMQSet": ok}, standard=True))
         except BrokerError as e:
             return refused(request, e)

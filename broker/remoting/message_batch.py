@@ -71,7 +71,7 @@ def decode_batch(body: bytes, max_messages: int = MAX_BATCH_MESSAGES) -> list[Ba
                 f"{where}: properties length {props_len} does not end at TOTALSIZE {total}; nothing stored"
             )
         items.append(BatchItem(body[pos + ITEM_HEAD.size : props_len_at], flag,
-                               parse_properties_bytes(body[props_at : props_at + props_len])))  # fmt: skip
+                               parse_properties_bytes(body[props_at : props_at + props_len])))
         pos += total
     return items
 
@@ -89,7 +89,7 @@ def encode_batch(items: list[BatchItem]) -> bytes:
 def sluice_batch(
     items: list[BatchItem], topic: str, queue_id: int, *, sys_flag: int, born_timestamp: int, born_host: str,
     reconsume_times: int = 0, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-) -> bytes:  # fmt: skip
+) -> bytes:
     """The batch as Sluice's SendBatch takes it (commit-log entries, store fields left 0): what the send processor
     validates and stores, exactly as it does a batch of its own clients."""
     ip, _, port = born_host.rpartition(":")
@@ -100,4 +100,4 @@ def sluice_batch(
                      sys_flag=sys_flag, born_timestamp=born_timestamp, born_ip=born_ip, born_port=born_port,
                      reconsume_times=reconsume_times, max_message_size=max_message_size)
         for item in items
-    )  # fmt: skip
+    )

@@ -145,7 +145,7 @@ def encode_stored(m: StoredMessage) -> bytes:
                   sys_flag, m.born_timestamp, born_ip, born_port, m.store_timestamp, store_ip, store_port,
                   m.reconsume_times, m.prepared_transaction_offset, len(m.body)),
         m.body, TOPIC_LEN.pack(len(topic)), topic, PROPS_LEN.pack(len(props)), props,
-    ))  # fmt: skip
+    ))
 
 
 def decode_stored(buf: bytes, pos: int = 0) -> tuple[StoredMessage, int]:
@@ -183,7 +183,7 @@ def decode_stored(buf: bytes, pos: int = 0) -> tuple[StoredMessage, int]:
         born_host=unpack_host(h["born_host_ip"], h["born_host_port"]), store_timestamp=h["store_timestamp"],
         store_host=unpack_host(h["store_host_ip"], h["store_host_port"]), reconsume_times=h["reconsume_times"],
         prepared_transaction_offset=h["prepared_transaction_offset"], store_size=h["total_size"],
-    )  # fmt: skip
+    )
     message.msg_id = offset_msg_id(message.store_host, message.commitlog_offset)
     return message, end
 

@@ -102,7 +102,7 @@ def code_of(e: BrokerError, invalid: ResponseCode = ResponseCode.SYSTEM_ERROR) -
 
 
 def refusal(request: RemotingCommand, e: BrokerError, invalid: ResponseCode = ResponseCode.SYSTEM_ERROR,
-            ext_fields: dict[str, str] | None = None) -> RemotingCommand:  # fmt: skip
+            ext_fields: dict[str, str] | None = None) -> RemotingCommand:
     """The answer to a refused request: its code and the reason as the remark."""
     code = code_of(e, invalid)
     log.info("remoting request %d refused: %s (%s)", request.code, e.message[:200], code.name)
@@ -117,7 +117,7 @@ def failure(request: RemotingCommand, e: Exception) -> RemotingCommand:
         return request.response(int(ResponseCode.SERVICE_NOT_AVAILABLE), remark=remark)
     log.exception("remoting request %d failed unexpectedly", request.code)
     return request.response(int(ResponseCode.SYSTEM_ERROR),
-                            remark=f"internal broker error ({type(e).__name__}); see the broker's log")  # fmt: skip
+                            remark=f"internal broker error ({type(e).__name__}); see the broker's log")
 
 
 # ------------------------------------------------------------------------------------------------- rights

@@ -35,7 +35,7 @@ class Replication:
             return None
         if not target.is_master():
             raise NotMasterError(f"{target.identity_text()} is not its group's master; send {what} to the master "
-                                 "(clients find it through the name servers)")  # fmt: skip
+                                 "(clients find it through the name servers)")
         target.admit_write()
         return target
 
@@ -51,4 +51,4 @@ class Replication:
     def after_write(target: GateTarget | None, what: str) -> None:
         if target is not None and not target.wrote(target.log_end()):
             raise FlushSlaveTimeoutError(f"{what} was done on the master, but its in-sync replicas did not confirm "
-                                         "it in time")  # fmt: skip
+                                         "it in time")

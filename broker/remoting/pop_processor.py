@@ -70,7 +70,7 @@ def _pop_request(request: RemotingCommand) -> pb.PopRequest:
         max_msgs=f.int32(request, "maxMsgNums"), invisible_time_ms=f.int64(request, "invisibleTime"),
         poll_time_ms=f.int64(request, "pollTime") if request.ext_fields.get("pollTime") else 0,
         expression_type=f.optional_text(request, "expType", "TAG"), expression=f.optional_text(request, "exp", "*"),
-    )  # fmt: skip
+    )
     queue_id = f.int32(request, "queueId")
     if queue_id >= 0:
         call.queue_id = queue_id
@@ -92,7 +92,7 @@ class PopMessageProcessors:
     """The three codes, by the request's code."""
 
     def __init__(self, pops: PopProcessor, access: Access, replication: Replication | None = None,
-                 max_held: int = MAX_HELD_POPS) -> None:  # fmt: skip
+                 max_held: int = MAX_HELD_POPS) -> None:
         self.pops, self.access = pops, access
         self.replication = replication or Replication(None)
         self._held = threading.BoundedSemaphore(max_held)
@@ -153,14 +153,14 @@ class PopMessageProcessors:
         for pos, handle, attempt in zip(got.entry_positions, got.receipt_handles, got.delivery_attempts, strict=True):
             m, _ = decode_stored(got.entries, pos)
             messages.append(replace(m, properties={**m.properties, POP_CK: handle},
-                                    reconsume_times=max(m.reconsume_times, attempt - 1)))  # fmt: skip
+                                    reconsume_times=max(m.reconsume_times, attempt - 1)))
         start, each = offset_info(messages)
         ext = {"popTime": str(pop_time), "invisibleTime": str(call.invisible_time_ms), "reviveQid": "0",
-               "restNum": "0", "startOffsetInfo": start, "msgOffsetInfo": each, "orderCountInfo": ""}  # fmt: skip
+               "restNum": "0", "startOffsetInfo": start, "msgOffsetInfo": each, "orderCountInfo": ""}
         if not messages:
             return request.response(int(ResponseCode.PULL_NOT_FOUND), remark="no new message", ext_fields=ext)
         return request.response(int(ResponseCode.SUCCESS), ext_fields=ext,
-                                body=b"".join(encode_stored(m) for m in messages))  # fmt: skip
+                                body=b"".join(encode_stored(m) for m in messages))
 
     # ------------------------------------------------------------------------------------------------ ack, change
     def _ack(self, request: RemotingCommand, context: RequestContext) -> RemotingCommand:
@@ -175,10 +175,10 @@ class PopMessageProcessors:
         call = pb.ChangeInvisibleTimeRequest(
             consumer_group=f.text(request, "consumerGroup"), topic=f.text(request, "topic"),
             receipt_handle=f.text(request, "extraInfo"), invisible_time_ms=f.int64(request, "invisibleTime"),
-        )  # fmt: skip
+        )
         with self.access.admitted(context, "CHANGE_MESSAGE_INVISIBLETIME", call):
             changed = self.pops.change(call)
         ext = {"popTime": str(changed.invisible_until_ms - call.invisible_time_ms),
                "invisibleTime": str(call.invisible_time_ms), "reviveQid": "0",
-               "extraInfo": changed.receipt_handle}  # fmt: skip
+               "extraInfo": changed.receipt_handle}
         return request.response(int(ResponseCode.SUCCESS), ext_fields=ext)

@@ -52,7 +52,7 @@ class PullMessageProcessor:
         self, pulls: PullProcessor, suspender: PullSuspender, access: Access,
         subscription_of: SubscriptionOf | None = None, replication: Replication | None = None,
         ids: RemotingIds | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pulls, self.suspender, self.access = pulls, suspender, access
         self.ids = ids
         self.subscription_of = subscription_of

@@ -87,4 +87,4 @@ def pull_args(req: PullRequest, subscription_of: SubscriptionOf | None) -> PullR
     return PullRequestArgs(
         req.consumer_group, req.topic, req.queue_id, req.queue_offset, max(req.max_msgs, 0), max(req.max_bytes, 0),
         0, expression, commit, kind,
-    )  # fmt: skip
+    )

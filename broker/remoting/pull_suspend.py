@@ -68,7 +68,7 @@ class PullSuspender:
 
     def suspend(self, args: PullRequestArgs, timeout_ms: int, answer: Answerer, first: PullOutcome) -> (
         Future[RemotingCommand] | RemotingCommand
-    ):  # fmt: skip
+    ):
         """Hold a pull whose first try found nothing new (``first``); its answer when nothing can be held."""
         with self._cond:
             if self._stopped or len(self._held) >= MAX_HELD or timeout_ms <= 0:

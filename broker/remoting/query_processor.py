@@ -59,7 +59,7 @@ def parse_view(request: RemotingCommand) -> ViewRequest:
 
 def parse_query(request: RemotingCommand) -> QueryRequest:
     return QueryRequest(f.text(request, "topic"), f.text(request, "key"), f.int32(request, "maxNum"),
-                        f.int64(request, "beginTimestamp"), f.int64(request, "endTimestamp"))  # fmt: skip
+                        f.int64(request, "beginTimestamp"), f.int64(request, "endTimestamp"))
 
 
 class QueryProcessors:
@@ -85,6 +85,6 @@ class QueryProcessors:
         }
         if not found:
             return request.response(ResponseCode.QUERY_NOT_FOUND, ext_fields=ext,
-                                    remark="can not find message, maybe time range not correct")  # fmt: skip
+                                    remark="can not find message, maybe time range not correct")
         body = b"".join(self.msg_ids.served(entry) for entry in found)
         return request.response(ResponseCode.SUCCESS, ext_fields=ext, body=body)

@@ -40,5 +40,5 @@ class BrokerRouteProcessor:
             "queueDatas": [{"brokerName": name, "readQueueNums": config.read_queue_nums,
                             "writeQueueNums": config.write_queue_nums, "perm": config.perm, "topicSysFlag": 0}],
             "filterServerTable": {},
-        }  # fmt: skip
+        }
         return request.response(ResponseCode.SUCCESS, body=fastjson.dumps(body, standard=True))

@@ -60,7 +60,7 @@ class SendBackProcessor:
                 call = pb.ConsumerSendMsgBackRequest(
                     consumer_group=req.consumer_group, commitlog_offset=req.commitlog_offset,
                     delay_level=req.delay_level, origin_msg_id=req.origin_msg_id,
-                )  # fmt: skip
+                )
                 if req.max_reconsume_times is not None:
                     call.max_reconsume_times = req.max_reconsume_times
                 self.retries.send_back(call)

@@ -36,7 +36,7 @@ STATUS_CODES = {"SEND_OK": ResponseCode.SUCCESS, "FLUSH_DISK_TIMEOUT": ResponseC
 
 
 def send_answer(request: RemotingCommand, outcome: SendOutcome, replicated: bool = True,
-                msg_ids: RemotingIds | None = None) -> RemotingCommand:  # fmt: skip
+                msg_ids: RemotingIds | None = None) -> RemotingCommand:
     """``msg_ids``: the remoting address the ids name (broker/remoting/message_ids.py); None: the store's host."""
     r = outcome.result
     prefix = msg_ids.prefix if msg_ids is not None else r.msg_id_prefix
@@ -58,7 +58,7 @@ class SendMessageProcessor:
     """One message (codes 10 and 310) or a batch (320), by the request's code."""
 
     def __init__(self, sends: SendProcessor, access: Access, replication: Replication | None = None,
-                 msg_ids: RemotingIds | None = None) -> None:  # fmt: skip
+                 msg_ids: RemotingIds | None = None) -> None:
         self.sends, self.access = sends, access
         self.replication = replication or Replication(None)
         self.msg_ids = msg_ids
@@ -83,13 +83,13 @@ class SendMessageProcessor:
             req.topic, req.queue_id, request.body, parse_properties(req.properties), flag=req.flag,
             sys_flag=sys_flag, born_timestamp=req.born_timestamp, reconsume_times=req.reconsume_times,
             producer_group=req.producer_group, transactional=req.transactional,
-        )  # fmt: skip
+        )
 
     def _batch(self, request: RemotingCommand, req: SendRequest, context: RequestContext) -> SendOutcome:
         items = decode_batch(request.body)
         buffer = sluice_batch(items, req.topic, req.queue_id, sys_flag=req.sys_flag,
                               born_timestamp=req.born_timestamp, born_host=context.peer.address,
-                              reconsume_times=req.reconsume_times)  # fmt: skip
+                              reconsume_times=req.reconsume_times)
         return self.sends.send_batch(buffer, len(items))
 
 

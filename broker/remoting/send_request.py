@@ -22,7 +22,7 @@ V2_NAMES = {
     "a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
     "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes", "k": "unitMode",
     "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName",
-}  # fmt: skip
+}
 DEFAULT_TOPIC = "TBW102"  # MixAll.AUTO_CREATE_TOPIC_KEY_TOPIC: what a producer names when the topic has no route yet
 
 

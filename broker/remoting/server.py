@@ -85,7 +85,7 @@ class RemotingServer:
         tls: ServerTls | None = None, workers: int = DEFAULT_WORKERS,
         max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S, name: str = "remoting",
         authenticator: Authenticator | None = None, on_close: Callable[[Peer], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.processors = dict(processors)
         self.authenticator = authenticator
         self.on_close = on_close
@@ -117,7 +117,7 @@ class RemotingServer:
         async def open_port() -> None:
             try:
                 self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=context,
-                                                          reuse_address=True)  # fmt: skip
+                                                          reuse_address=True)
             except OSError as e:
                 bound.set_exception(e)
                 return
@@ -179,7 +179,7 @@ class RemotingServer:
         conn = Connection(self._loop, writer, address)
         if len(self._connections) >= self.max_connections:
             log.warning("remoting: connection from %s refused: %d connections are open, the limit", address,
-                        len(self._connections))  # fmt: skip
+                        len(self._connections))
             conn.close()
             return
         self._connections.add(conn)
@@ -191,7 +191,7 @@ class RemotingServer:
                 except asyncio.IncompleteReadError as e:
                     if e.partial:
                         log.warning("remoting: closing the connection from %s: truncated frame (%d of %d length "
-                                    "bytes)", address, len(e.partial), PREFIX_BYTES)  # fmt: skip
+                                    "bytes)", address, len(e.partial), PREFIX_BYTES)
                     break
                 except TimeoutError:
                     log.info("remoting: closing the connection from %s: idle for %.0f s", address, self.idle_timeout_s)
@@ -202,14 +202,14 @@ class RemotingServer:
                         data = await reader.readexactly(length)
                 except asyncio.IncompleteReadError as e:
                     log.warning("remoting: closing the connection from %s: truncated frame (%d of %d bytes)",
-                                address, len(e.partial), length)  # fmt: skip
+                                address, len(e.partial), length)
                     break
                 self._dispatch(conn, decode_frame(data))
         except BrokerError as e:  # RemotingFrameError from the frame's checks
             log.warning("remoting: closing the connection from %s: malformed frame: %s", address, e.message)
         except TimeoutError:
             log.warning("remoting: closing the connection from %s: a frame was not completed within %.0f s", address,
-                        self.idle_timeout_s)  # fmt: skip
+                        self.idle_timeout_s)
         except (ConnectionError, ssl.SSLError, OSError) as e:
             log.info("remoting: connection from %s ended: %s", address, e)
         finally:
@@ -230,7 +230,7 @@ class RemotingServer:
         if processor is None:
             if not request.is_oneway:
                 conn.send(request.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                           remark=not_supported_remark(request.code, conn.address)))  # fmt: skip
+                                           remark=not_supported_remark(request.code, conn.address)))
             return
         with self._queued_lock:
             busy = self._queued >= MAX_QUEUED_REQUESTS

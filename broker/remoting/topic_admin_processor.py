@@ -83,7 +83,7 @@ def _sluice_version() -> str:
 
 class TopicAdminProcessors:
     def __init__(self, admin: AdminProcessor, access: Access, broker_name: str,
-                 stats: Callable[[], Mapping[str, float]]) -> None:  # fmt: skip
+                 stats: Callable[[], Mapping[str, float]]) -> None:
         self.admin, self.access, self.broker_name, self.stats = admin, access, broker_name, stats
         self.started_ms = int(time.time() * 1000)
 
@@ -173,7 +173,7 @@ class TopicAdminProcessors:
             "timerCongestNum": "0",
             "timerEnqueueTps": "0.0",
             "timerDequeueTps": "0.0",
-        })  # fmt: skip
+        })
         return table
 
 

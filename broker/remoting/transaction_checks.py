@@ -115,7 +115,7 @@ class RemotingProducers:
                 key = id(context.peer)
                 if key not in known and count >= MAX_PRODUCER_ENTRIES:
                     log.warning("remoting: %d producer connections known; %s of %r not recorded for check-backs",
-                                count, context.peer.address, group)  # fmt: skip
+                                count, context.peer.address, group)
                     continue
                 count += key not in known
                 known[key] = _Producer(context.peer, caller, now)

@@ -53,7 +53,7 @@ def master_only(replication: Replication, what: str) -> None:
     rules for their gRPC calls: a slave refuses them with NOT_MASTER (answered SERVICE_NOT_AVAILABLE)."""
     if not replication.is_master():
         raise NotMasterError(f"this broker is not its group's master; send {what} to the master (clients find it "
-                             "through the name servers)")  # fmt: skip
+                             "through the name servers)")
 
 
 def end_request(request: RemotingCommand) -> pb.EndTransactionRequest | None:
@@ -69,12 +69,12 @@ def end_request(request: RemotingCommand) -> pb.EndTransactionRequest | None:
     if kind == NOT_TYPE:
         return None
     return pb.EndTransactionRequest(half_commitlog_offset=offset, commit=kind == COMMIT_TYPE, producer_group=group,
-                                    from_check=f.boolean(request, "fromTransactionCheck"))  # fmt: skip
+                                    from_check=f.boolean(request, "fromTransactionCheck"))
 
 
 class EndTransactionProcessor:
     def __init__(self, transactions: TransactionProcessor, access: Access, replication: Replication | None = None
-                 ) -> None:  # fmt: skip
+                 ) -> None:
         self.transactions, self.access = transactions, access
         self.replication = replication or Replication(None)
 
@@ -83,7 +83,7 @@ class EndTransactionProcessor:
             end = end_request(request)
             if end is None:
                 log.info("transaction of half at %s: producer %s does not know its state yet; it stays open",
-                         request.ext_fields.get("commitLogOffset"), context.peer.address)  # fmt: skip
+                         request.ext_fields.get("commitLogOffset"), context.peer.address)
                 return request.response(int(ResponseCode.SUCCESS))
             with self.access.admitted(context, "END_TRANSACTION", end):
                 target = self.replication.before_write("END_TRANSACTION")

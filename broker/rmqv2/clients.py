@@ -94,17 +94,17 @@ class ClientRegistry:
         if c is not None:
             if c.owner != owner:
                 raise NoPermissionError(f"client id {client_id[:80]!r} is in use by another user; each client "
-                                        "process needs an id of its own")  # fmt: skip
+                                        "process needs an id of its own")
             return c
         if len(self._clients) >= self.max_clients or self._over_share_locked(owner):
             self._expire_locked()
         if len(self._clients) >= self.max_clients:
             raise SystemBusyError(f"this broker remembers {len(self._clients)} RocketMQ 5 clients, its limit "
-                                  "(rmqv2_max_clients); retry once idle clients have expired")  # fmt: skip
+                                  "(rmqv2_max_clients); retry once idle clients have expired")
         if self._over_share_locked(owner):
             raise SystemBusyError(f"user {owner!r} has {self._per_owner[owner]} RocketMQ 5 clients, at most "
                                   f"{self.max_per_user} per user (a quarter of rmqv2_max_clients); retry once idle "
-                                  "clients have expired")  # fmt: skip
+                                  "clients have expired")
         c = self._clients[client_id] = Client(client_id, owner)
         self._per_owner[owner] = self._per_owner.get(owner, 0) + 1
         return c
@@ -213,7 +213,7 @@ class ClientRegistry:
                 (c.caller, o) for c in self._clients.values() if c.settings is not None
                 and c.settings.HasField("publishing") and any(t.name == group for t in c.settings.publishing.topics)
                 for o in c.streams
-            ]  # fmt: skip
+            ]
         real = _as_real(half)
         # A check-back hands the half's body to the client and lets it end the transaction: Pub on the topic, and
         # what ending needs (operations.py: Pub on the transaction's group, a v2 transaction's being its topic's).
@@ -249,7 +249,7 @@ def _as_real(half: StoredMessage) -> StoredMessage:
     return StoredMessage(topic, int(qid) if qid.isdigit() else half.queue_id, half.queue_offset, half.commitlog_offset,
                          half.body, props, half.flag, half.sys_flag, half.born_timestamp, half.born_host,
                          half.store_timestamp, half.store_host, half.reconsume_times, 0, half.store_size,
-                         half.msg_id)  # fmt: skip
+                         half.msg_id)
 
 
 def settings_kind(settings: Any) -> str:

@@ -43,7 +43,7 @@ SYSTEM_PROPERTIES = frozenset({
     "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL", BORN_HOST, "BORN_TIMESTAMP", DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID,
     "__CRC32#", Prop.SHARDING_KEY, Prop.TRANSACTION_ID, Prop.TRANSACTION_CHECK_TIMES,
     Prop.CHECK_IMMUNITY_TIME_IN_SECONDS, TRACE_CONTEXT,
-})  # fmt: skip
+})
 
 
 @dataclass
@@ -121,7 +121,7 @@ def to_sluice(m: v2.Message, born_host: str) -> Outgoing:
     sys_flag = SysFlag.COMPRESSED if sp.body_encoding == v2.GZIP else 0
     born = millis(sp.born_timestamp, "born timestamp") if sp.HasField("born_timestamp") else 0
     return Outgoing(m.topic.name, bytes(m.body), props, sys_flag, born, sp.message_type, sp.message_group,
-                    sp.message_id)  # fmt: skip
+                    sp.message_id)
 
 
 def message_id(msg: StoredMessage) -> str:

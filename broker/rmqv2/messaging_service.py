@@ -214,7 +214,7 @@ class MessagingService(v2g.MessagingServiceServicer):
             raise ProtocolError(Code.BAD_REQUEST, "settings carry neither publishing nor subscription")
         if len(topics) > MAX_SETTINGS_TOPICS:
             raise ProtocolError(Code.PAYLOAD_TOO_LARGE, f"settings list {len(topics)} topics; at most "
-                                                        f"{MAX_SETTINGS_TOPICS}")  # fmt: skip
+                                                        f"{MAX_SETTINGS_TOPICS}")
         if caller is not None:
             caller.require(*needs)
 
@@ -257,7 +257,7 @@ class MessagingService(v2g.MessagingServiceServicer):
             yield v2s.TelemetryCommand(status=status_of(e))
             return
         reader = threading.Thread(target=self._read_telemetry, args=(client_id, request_iterator, outbox, caller),
-                                  name="rmqv2-telemetry", daemon=True)  # fmt: skip
+                                  name="rmqv2-telemetry", daemon=True)
         reader.start()
         try:
             while context.is_active():
@@ -315,7 +315,7 @@ class MessagingService(v2g.MessagingServiceServicer):
                 raise ProtocolError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
             if len(m.body) > self.b.max_body_bytes:
                 raise ProtocolError(Code.MESSAGE_BODY_TOO_LARGE,
-                                    f"body is {len(m.body)} bytes; the maximum is {self.b.max_body_bytes}")  # fmt: skip
+                                    f"body is {len(m.body)} bytes; the maximum is {self.b.max_body_bytes}")
             try:
                 outgoing.append(to_sluice(m, born_host))
             except MessageIllegalError as e:
@@ -323,7 +323,7 @@ class MessagingService(v2g.MessagingServiceServicer):
         entries = [self._send_one(o) for o in outgoing]
         codes = {e.status.code for e in entries}
         overall = status() if codes == {Code.OK} else status(Code.MULTIPLE_RESULTS) if len(codes) > 1 else \
-            entries[0].status  # fmt: skip
+            entries[0].status
         return v2s.SendMessageResponse(status=overall, entries=entries)
 
     def _send_one(self, o: Outgoing) -> Any:
@@ -336,14 +336,14 @@ class MessagingService(v2g.MessagingServiceServicer):
                 o.topic, queue_id, o.body, o.properties, sys_flag=o.sys_flag, born_timestamp=o.born_timestamp_ms,
                 producer_group=o.topic if transactional else "", transactional=transactional,
                 transaction_id=o.message_id if transactional else "",
-            )  # fmt: skip
+            )
         except BrokerError as e:
             return v2s.SendResultEntry(status=status_of(e))
         if outcome.status != "SEND_OK":
             return v2s.SendResultEntry(status=status(Code.MASTER_PERSISTENCE_TIMEOUT, f"stored; {outcome.status}"))
         r = outcome.result
         entry = v2s.SendResultEntry(status=status(), message_id=o.message_id, transaction_id=outcome.transaction_id,
-                                    offset=r.queue_offsets[0] if r.queue_offsets else 0)  # fmt: skip
+                                    offset=r.queue_offsets[0] if r.queue_offsets else 0)
         deliver = o.properties.get(Prop.TIMER_DELIVER_MS, "")
         if self.b.timers is not None and deliver.isdigit() and int(deliver) > _wall_ms() and r.queue_offsets:
             # stored in the timer queue (a time still ahead): the offset there is what a recall names
@@ -360,7 +360,7 @@ class MessagingService(v2g.MessagingServiceServicer):
         self.b.transactions.end_transaction(
             request.transaction_id, request.resolution == v2.COMMIT,
             from_check=request.source == v2.SOURCE_SERVER_CHECK, producer_group=topic,
-        )  # fmt: skip
+        )
         return v2s.EndTransactionResponse(status=status())
 
     # ------------------------------------------------------------------------------------------ pop
@@ -371,12 +371,12 @@ class MessagingService(v2g.MessagingServiceServicer):
         remaining = context.time_remaining()
         remaining_ms = int(remaining * 1000) - DEADLINE_MARGIN_MS if remaining is not None else 1 << 40
         polling = request.long_polling_timeout.ToMilliseconds() if request.HasField("long_polling_timeout") else \
-            remaining_ms - 1500  # fmt: skip
+            remaining_ms - 1500
         polling = min(max(polling, cfg.rmqv2_min_long_polling_ms), cfg.rmqv2_max_long_polling_ms)
         if polling > remaining_ms:
             if remaining_ms < cfg.rmqv2_min_long_polling_ms:
                 raise ProtocolError(Code.ILLEGAL_POLLING_TIME,
-                                    "the deadline leaves too little time for long polling")  # fmt: skip
+                                    "the deadline leaves too little time for long polling")
             polling = remaining_ms
         return polling
 
@@ -392,7 +392,7 @@ class MessagingService(v2g.MessagingServiceServicer):
                 request.invisible_duration.ToMilliseconds(), kind, expression.expression or "*",
                 self._polling_ms(request, context), client_id if request.auto_renew else "",
                 request.attempt_id if request.HasField("attempt_id") else "",
-            )  # fmt: skip
+            )
             popped = self.b.pops.pop(pop, context.time_remaining())
         except BrokerError as e:
             yield v2s.ReceiveMessageResponse(status=_receive_status(e))
@@ -413,7 +413,7 @@ class MessagingService(v2g.MessagingServiceServicer):
             for p in popped:
                 invisible_ms = max(p.invisible_until_ms - _wall_ms(), 0)
                 yield v2s.ReceiveMessageResponse(message=to_v2(p.message, receipt_handle=p.handle, attempt=p.attempt,
-                                                               invisible_ms=invisible_ms))  # fmt: skip
+                                                               invisible_ms=invisible_ms))
                 sent += 1
             yield v2s.ReceiveMessageResponse(delivery_timestamp=_now_timestamp())
         finally:
@@ -428,17 +428,17 @@ class MessagingService(v2g.MessagingServiceServicer):
         outcomes = self.b.pops.ack_many(group, topic, [e.receipt_handle for e in request.entries])
         results = [v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                              status=status() if e is None else status_of(e))
-                   for entry, e in zip(request.entries, outcomes, strict=True)]  # fmt: skip
+                   for entry, e in zip(request.entries, outcomes, strict=True)]
         codes = {r.status.code for r in results}
         overall = status() if codes <= {Code.OK} else results[0].status if len(codes) == 1 else \
-            status(Code.MULTIPLE_RESULTS)  # fmt: skip
+            status(Code.MULTIPLE_RESULTS)
         return v2s.AckMessageResponse(status=overall, entries=results)
 
     @_unary(v2s.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic, group = self._topic(request.topic.name), self._group(request.group.name)
         p = self.b.pops.change_invisible(group, topic, request.receipt_handle,
-                                         request.invisible_duration.ToMilliseconds())  # fmt: skip
+                                         request.invisible_duration.ToMilliseconds())
         return v2s.ChangeInvisibleDurationResponse(status=status(), receipt_handle=p.handle)
 
     @_unary(v2s.ForwardMessageToDeadLetterQueueResponse)
@@ -458,7 +458,7 @@ class MessagingService(v2g.MessagingServiceServicer):
             args = PullRequestArgs(group, topic, request.message_queue.id, request.offset,
                                    max(0, min(request.batch_size, MAX_RECEIVE_BATCH * 32)), 0, hold_ms,
                                    expression.expression or "*", -1, "SQL92" if expression.type == v2.SQL else "TAG")
-            out = self.b.pulls.pull(args, context.time_remaining(), context.add_callback)  # fmt: skip
+            out = self.b.pulls.pull(args, context.time_remaining(), context.add_callback)
         except BrokerError as e:
             yield v2s.PullMessageResponse(status=status_of(e))
             return
@@ -514,7 +514,7 @@ def _well_formed(request: Any) -> None:
     """BAD_REQUEST for bytes that were no request of the method (the broker's request guard marks them)."""
     if isinstance(request, MalformedRequest):
         raise ProtocolError(Code.BAD_REQUEST, f"{request.method}: the request is not a valid protobuf message of its "
-                                              f"type ({request.reason})")  # fmt: skip
+                                              f"type ({request.reason})")
 
 
 def _ms(value: Any, code: int, what: str) -> int:
@@ -537,7 +537,7 @@ def _illegal_code(text: str) -> int:
     for word, code in (("tag", Code.ILLEGAL_MESSAGE_TAG), ("key ", Code.ILLEGAL_MESSAGE_KEY),
                        ("delivery timestamp", Code.ILLEGAL_DELIVERY_TIME),
                        ("message group", Code.ILLEGAL_MESSAGE_GROUP), ("message id", Code.ILLEGAL_MESSAGE_ID),
-                       ("user propert", Code.ILLEGAL_MESSAGE_PROPERTY_KEY)):  # fmt: skip
+                       ("user propert", Code.ILLEGAL_MESSAGE_PROPERTY_KEY)):
         if word in lowered:
             return code
     return Code.MESSAGE_CORRUPTED

@@ -73,7 +73,7 @@ def message_queues(topic: str, brokers: list[BrokerRoute]) -> list[v2.MessageQue
         for count, permission in kinds:
             for _ in range(count):
                 out.append(v2.MessageQueue(topic=v2.Resource(name=topic), id=queue_id, permission=permission,
-                                           broker=broker, accept_message_types=ACCEPTED_TYPES))  # fmt: skip
+                                           broker=broker, accept_message_types=ACCEPTED_TYPES))
                 queue_id += 1
     return out
 
@@ -87,7 +87,7 @@ def assignments(topic: str, brokers: list[BrokerRoute], fifo: bool) -> list[v2.A
         ids = range(b.read_queue_nums) if fifo else [-1]
         out += [v2.Assignment(message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=i,
                                                             permission=_permission(b.perm), broker=broker))
-                for i in ids]  # fmt: skip
+                for i in ids]
     return out
 
 
@@ -95,7 +95,7 @@ class RouteSource:
     """The topic's brokers: this broker alone, or the cluster's route from the name servers."""
 
     def __init__(self, broker_name: str, local: Callable[[str], tuple[int, int, int]],
-                 namesrv: NameServerClient | None) -> None:  # fmt: skip
+                 namesrv: NameServerClient | None) -> None:
         self.broker_name = broker_name
         self.local = local  # topic -> (read queues, write queues, perm) here; may auto-create; TopicNotExistError
         self.namesrv = namesrv

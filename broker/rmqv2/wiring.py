@@ -56,7 +56,7 @@ def pop_service(c: BrokerController, store: MessageStore, config_dir: str, sync:
         auto_renew_invisible_ms=cfg.pop_auto_renew_invisible_ms, compact_bytes=cfg.journal_compact_bytes,
         can_hold=c.hold.can_hold, client_alive=c.rmqv2_clients.alive,
         replicated=replicated if c.replication_settings is not None else None,
-    )  # fmt: skip
+    )
 
 
 def add_service(c: BrokerController, server: grpc.Server, sends: SendProcessor, pulls: PullProcessor) -> None:
@@ -74,5 +74,5 @@ def add_service(c: BrokerController, server: grpc.Server, sends: SendProcessor, 
         max_body_bytes=c.store.config.max_message_size,
         retry_delays_ms=DelayLevels(cfg.message_delay_level).delays_ms, advertised_address=c.advertised_address,
         timers=c.timers,
-    )  # fmt: skip
+    )
     v2g.add_MessagingServiceServicer_to_server(MessagingService(backend, c.rmqv2_clients), server)

@@ -32,7 +32,7 @@ MAX_KNOWN = 4096  # names remembered at most (a cluster has far fewer brokers; a
 
 class CoordinatorNames:
     def __init__(self, own_name: str, list_brokers: Callable[[], Iterable[str]] | None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``list_brokers``: the broker names the name servers list now (BrokerError when none answers); None for
         a broker without name servers."""
         self.own_name = own_name
@@ -59,7 +59,7 @@ class CoordinatorNames:
             listed = set(self.list_brokers())
         except BrokerError as e:
             log.warning("coordinator %r of a new transaction not checked: the name servers did not answer (%s)",
-                        name, e.message)  # fmt: skip
+                        name, e.message)
             return
         with self._lock:
             for known in listed:

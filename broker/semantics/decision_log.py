@@ -87,7 +87,7 @@ class DecisionLog:
     def __init__(
         self, store: MessageStore, config_dir: str, *, retention_ms: int = DEFAULT_RETENTION_MS,
         max_decisions: int = DEFAULT_MAX_DECISIONS,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if retention_ms <= 0 or max_decisions < 1:
             raise InvalidArgumentError("decision retention must be positive and at least one decision kept")
         self.store = store
@@ -142,7 +142,7 @@ class DecisionLog:
             res = self.store.put_message(
                 TRANS_DECISION_TOPIC, 0, to_pb(stamped).SerializeToString(),
                 {Prop.TRANSACTION_ID: stamped.txn_id, Prop.TAGS: stamped.outcome}, wait_store_ok=True,
-            )  # fmt: skip
+            )
             if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
                 raise TransactionError(
                     f"the decision of {stamped.txn_id!r} could not be stored ({res.status.name}: {res.error}); "
@@ -153,7 +153,7 @@ class DecisionLog:
             self._add(stamped, res.queue_offsets[0])
             self.store.flush()
         log.info("transaction %s decided %s (%d participants)", stamped.txn_id, stamped.outcome,
-                 len(stamped.participants))  # fmt: skip
+                 len(stamped.participants))
         self._maybe_persist()
         return stamped
 
@@ -203,7 +203,7 @@ class DecisionLog:
             self.forgotten_early += 1
             if self.forgotten_early in (1, 10) or self.forgotten_early % 1000 == 0:
                 log.warning("%d transaction decisions kept, this broker's limit; forgot the earliest (%d so far "
-                            "within the retention time)", self.max_decisions, self.forgotten_early)  # fmt: skip
+                            "within the retention time)", self.max_decisions, self.forgotten_early)
         self._table[d.txn_id] = _LoggedDecision(d, queue_offset)
         bisect.insort(self._ids, d.txn_id)
 
@@ -246,7 +246,7 @@ class DecisionLog:
         stop = self.store.max_offset(TRANS_DECISION_TOPIC, 0)
         while offset < stop:
             res = self.store.get_message(TRANS_READER_GROUP, TRANS_DECISION_TOPIC, 0, offset,
-                                         min(SCAN_BATCH, stop - offset))  # fmt: skip
+                                         min(SCAN_BATCH, stop - offset))
             if res.status is GetStatus.FOUND:
                 for qoff, msg in zip(res.queue_offsets, res.messages(), strict=True):
                     yield qoff, msg.body

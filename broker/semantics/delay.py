@@ -209,7 +209,7 @@ class ScheduleMessageService:
                         validate_topic(t), q, body, encode_properties(new_props), flag=h.flag, sys_flag=h.sys_flag,
                         born_timestamp=h.born_timestamp, born_ip=h.born_ip, born_port=h.born_port,
                         reconsume_times=h.reconsume_times,
-                    )  # fmt: skip
+                    )
             out.append(entry)
             pos += h.total_size
         return b"".join(out)
@@ -281,7 +281,7 @@ class ScheduleMessageService:
             self._recheck[level] = RECHECK_MISSES if found else self._recheck.get(level, 0) - 1
         if found:
             log.warning("schedule level %d: %s was delivered before its progress was recorded (a crash or "
-                        "failover); not delivered again", level, msg.msg_id)  # fmt: skip
+                        "failover); not delivered again", level, msg.msg_id)
         return found
 
     def _load(self) -> None:
@@ -306,7 +306,7 @@ class ScheduleMessageService:
             if offset > end:
                 log.warning("schedule level %d: progress %d names deliveries past the queue end %d (saved at "
                             "commit-log offset %d, the log ends at %d): moving back", level, offset, end, log_end,
-                            log_now)  # fmt: skip
+                            log_now)
                 self._offsets[level] = end
         self._write()
 
@@ -395,7 +395,7 @@ class ScheduleMessageService:
         if status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_FOUND_NULL, GetStatus.MESSAGE_WAS_REMOVING):
             if next_begin != offset:
                 log.warning("schedule level %d: offset %d unreadable (%s); moving to %d", level, offset, status.name,
-                            next_begin)  # fmt: skip
+                            next_begin)
             return next_begin
         if status is GetStatus.OFFSET_OVERFLOW_BADLY and offset > max_offset:
             log.warning("schedule level %d: offset %d past the queue end %d; moving back", level, offset, max_offset)
@@ -413,7 +413,7 @@ class ScheduleMessageService:
         real_qid = msg.properties.get(Prop.REAL_QID, "")
         if not real_topic or not is_ascii_digits(real_qid) or len(real_qid) > MAX_NUMBER_DIGITS:
             log.error("scheduled message %s has no valid REAL_TOPIC/REAL_QID (%r, %r); skipped", msg.msg_id,
-                      real_topic, real_qid)  # fmt: skip
+                      real_topic, real_qid)
             return True
         if self.store.deleted_generation(real_topic, msg.commitlog_offset):
             # delayed before its topic was deleted: it went with it (a topic made again under the name is another)
@@ -455,7 +455,7 @@ def has_delivered_copy(store: MessageStore, msg: StoredMessage) -> bool:
         return False
     try:
         copies = store.query_by_key(topic, uniq, max_num=4, begin_ms=msg.store_timestamp - CLOCK_SLACK_MS,
-                                    confirmed_only=False)  # fmt: skip
+                                    confirmed_only=False)
     except InvalidArgumentError:  # not a topic name the index knows: nothing was delivered there
         return False
     return any(c.commitlog_offset > msg.commitlog_offset for c in copies)

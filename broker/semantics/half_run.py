@@ -255,7 +255,7 @@ def check_halves(
             and _matches(arr, run.topic_starts, run.topic_starts, run.topic_starts + run.topic_lengths,
                          HALF_TOPIC_BYTES).all()
             and (run.topic_lengths == len(HALF_TOPIC_BYTES)).all()
-        )  # fmt: skip
+        )
         tail = f"{Prop.TRAN_MSG}\x01true\x02{Prop.PGROUP}\x01{producer_group}\x02{Prop.TRANSACTION_ID}\x01{txn_id}\x02"
         found = _locate(buf, arr, run, everything, tail.encode(), unique=False) if fields_ok else None
         if found is not None:

@@ -25,7 +25,7 @@ class HalfScans(TransactionTable):
     """Scans of the system queues, over the transaction table."""
 
     def _scan_raw(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
-                  confirmed_only: bool = True) -> Iterator[RawHalf]:  # fmt: skip
+                  confirmed_only: bool = True) -> Iterator[RawHalf]:
         """Entries of a queue from ``start`` (corrected up to the minimum) to ``end`` (default: the current max),
         undecoded. ``confirmed_only=False``: past the read limit too (a new master's confirmed offset may lag the
         entries its log already holds)."""
@@ -36,7 +36,7 @@ class HalfScans(TransactionTable):
             stop = self.store.max_offset(topic, queue_id) if confirmed_only else self.store.queue_end(topic, queue_id)
         while offset < stop:
             res = self.store.get_message(TRANS_READER_GROUP, topic, queue_id, offset, min(SCAN_BATCH, stop - offset),
-                                         confirmed_only=confirmed_only)  # fmt: skip
+                                         confirmed_only=confirmed_only)
             if res.status is GetStatus.FOUND:
                 buf = res.buffer
                 ends = [*res.entry_positions[1:], len(buf)]
@@ -73,7 +73,7 @@ class HalfScans(TransactionTable):
             offset = max(first, self.store.min_offset(TRANS_HALF_TOPIC, 0))
             while offset <= last:
                 res = self.store.get_message(TRANS_READER_GROUP, TRANS_HALF_TOPIC, 0, offset,
-                                             min(SCAN_BATCH, last + 1 - offset))  # fmt: skip
+                                             min(SCAN_BATCH, last + 1 - offset))
                 if res.status is not GetStatus.FOUND:
                     break
                 found.append(res.queue_offsets)

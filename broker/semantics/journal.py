@@ -134,7 +134,7 @@ class Journal:
         return sorted(found)
 
     def recover(self, restore: Callable[[dict[str, Any] | None], None],
-                apply: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+                apply: Callable[[dict[str, Any]], None]) -> None:
         """Hand the snapshot's state to ``restore`` (None when there is none yet), then every record since it to
         ``apply`` in order, then open the newest journal for appending. Call once, before ``append``."""
         os.makedirs(self.folder, exist_ok=True)
@@ -146,7 +146,7 @@ class Journal:
             raise CorruptionError(
                 f"journal {first} is missing (found {numbers[:3]}): the records since the snapshot are incomplete",
                 os.path.join(self.folder, SNAPSHOT_FILE), 0,
-            )  # fmt: skip
+            )
         for i, number in enumerate(numbers):
             for record in read_records(self._journal_path(number), last=i == len(numbers) - 1):
                 apply(record)
@@ -174,7 +174,7 @@ class Journal:
                     raise
                 self._behind = True
                 log.error("journal %s: disk full (%s); changes are kept in memory until a checkpoint can be written "
-                          "(a crash before then loses them)", self._journal_path(self._number), e)  # fmt: skip
+                          "(a crash before then loses them)", self._journal_path(self._number), e)
                 return
             if self.sync:
                 os.fdatasync(self._fd)
@@ -206,7 +206,7 @@ class Journal:
                 self._fd, self._number, self._size = new_fd, new, 0
         fsync_directory(self.folder)
         write_json_atomic(os.path.join(self.folder, SNAPSHOT_FILE),
-                          {"journal": new, "crc": _state_crc(state), "state": state})  # fmt: skip
+                          {"journal": new, "crc": _state_crc(state), "state": state})
         if self._behind:
             log.warning("journal %s: caught up (checkpoint written)", self.folder)
         self._behind = False  # only now: without the snapshot, records after a skipped one must not be written
@@ -217,7 +217,7 @@ class Journal:
     def close(self) -> None:
         if self._behind:
             log.error("journal %s closed behind: changes since the disk filled are lost (checkpoint failed)",
-                      self.folder)  # fmt: skip
+                      self.folder)
         with self._lock:
             if self._fd >= 0:
                 os.fsync(self._fd)

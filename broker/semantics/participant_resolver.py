@@ -40,7 +40,7 @@ Ask = Callable[[str, list[str], bool], list[TxnDecision]]
 
 class ParticipantResolver:
     def __init__(self, transactions: TransactionService, broker_name: str, ask: Ask, *,
-                 max_pending: int = DEFAULT_MAX_PENDING) -> None:  # fmt: skip
+                 max_pending: int = DEFAULT_MAX_PENDING) -> None:
         if not broker_name:
             raise InvalidArgumentError("a participant needs its broker name: decisions name participants by it")
         self.tx = transactions
@@ -65,7 +65,7 @@ class ParticipantResolver:
                 self._pending[txn_id] = (coordinator, final or (known is not None and known[1]))
             else:
                 log.warning("transaction %s: %d transactions already wait for their coordinators; asked at a later "
-                            "pass", txn_id, self.max_pending)  # fmt: skip
+                            "pass", txn_id, self.max_pending)
         self._wake.set()
         return True
 
@@ -112,7 +112,7 @@ class ParticipantResolver:
                 except BrokerError as e:
                     log.warning("coordinator %s did not answer about %d transaction(s) (%s); their halves stay "
                                 "open and it is asked again at the next pass", coordinator, len(chunk),
-                                e.message)  # fmt: skip
+                                e.message)
                     continue
                 wanted = set(chunk)
                 applied += sum(self.apply(d) for d in decisions if d.txn_id in wanted)
@@ -124,16 +124,16 @@ class ParticipantResolver:
         try:
             if share is not None:
                 self.tx.end_transaction(d.txn_id, True, committed_attempts=share.committed_attempts,
-                                        expected_messages=share.expected_messages, from_check=True)  # fmt: skip
+                                        expected_messages=share.expected_messages, from_check=True)
             else:
                 self.tx.end_transaction(d.txn_id, False, from_check=True)
         except BrokerError as e:  # e.g. halves lost under ASYNC_FLUSH: the share cannot be committed exactly
             log.error("transaction %s: its coordinator decided %s, but this broker's part cannot end so (%s); the "
-                      "halves stay open for an operator", d.txn_id, d.outcome, e.message)  # fmt: skip
+                      "halves stay open for an operator", d.txn_id, d.outcome, e.message)
             return False
         self.applied += 1
         log.info("transaction %s: ended by its coordinator's decision (%s)", d.txn_id,
-                 "COMMIT" if share is not None else "ROLLBACK")  # fmt: skip
+                 "COMMIT" if share is not None else "ROLLBACK")
         return True
 
 

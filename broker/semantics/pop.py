@@ -116,7 +116,7 @@ class PopService:
         auto_renew_invisible_ms: int = DEFAULT_AUTO_RENEW_INVISIBLE_MS, compact_bytes: int = DEFAULT_COMPACT_BYTES,
         can_hold: Callable[[], bool] = lambda: True, client_alive: Callable[[str], bool] = lambda owner: True,
         replicated: Callable[[str], PopLog] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store, self.groups = store, groups
         self.folder = os.path.join(config_dir, POP_FOLDER)
         self.read_queue_nums, self.committed_offset = read_queue_nums, committed_offset
@@ -296,7 +296,7 @@ class PopService:
     def _pop_once(
         self, req: PopRequest, queue_count: int, selector: Callable[[StoredMessage], bool] | None,
         tags: frozenset[str] | None,
-    ) -> tuple[list[PopDelivery], int | None]:  # fmt: skip
+    ) -> tuple[list[PopDelivery], int | None]:
         cfg = self.groups.get(req.group)
         fifo, max_attempts = cfg.consume_message_orderly, cfg.retry_max_times + 1
         out: list[PopDelivery] = []
@@ -367,7 +367,7 @@ class PopService:
     def _read_new(
         self, key: QueueKey, req: PopRequest, now: int, fifo: bool, selector: Callable[[StoredMessage], bool] | None,
         tags: frozenset[str] | None, limit: int,
-    ) -> list[PopDelivery]:  # fmt: skip
+    ) -> list[PopDelivery]:
         q = self.book.queues[key]
         room = self.max_inflight_per_queue - len(q.records)
         if room <= 0:
@@ -376,7 +376,7 @@ class PopService:
         # FIFO reads ahead (messages held behind their group are skipped over); otherwise what will be delivered
         want = min(room, READ_CHUNK) if fifo else min(room, limit)
         res = self.store.get_message(group, topic, queue_id, q.next_offset, want, None, tag_codes(tags),
-                                     message_filter=selector)  # fmt: skip
+                                     message_filter=selector)
         if res.status is GetStatus.OFFSET_TOO_SMALL or (
             res.status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_FOUND_NULL)
             and res.next_begin_offset > q.next_offset
@@ -520,7 +520,7 @@ class PopService:
             born_timestamp=msg.born_timestamp,
             born_host=(ip or "127.0.0.1", int(port) if port.isdigit() else 0),
             reconsume_times=max(msg.reconsume_times, 0) + attempts, wait_store_ok=None,
-        )  # fmt: skip
+        )
         if put.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             raise ServiceNotAvailableError(f"dead letter of {message_id} not stored ({put.status.name}: {put.error})")
         self.dead_lettered += 1
@@ -576,7 +576,7 @@ class PopService:
     def stats(self) -> dict[str, float]:
         with self._lock:
             return {"pop_outstanding": float(sum(len(q.records) for q in self.book.queues.values())),
-                    "pop_dead_lettered": float(self.dead_lettered)}  # fmt: skip
+                    "pop_dead_lettered": float(self.dead_lettered)}
 
     # ------------------------------------------------------------------------------------------ long polling
     def _watch(self, topic: str, event: threading.Event) -> None:

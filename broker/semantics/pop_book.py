@@ -145,13 +145,13 @@ class PopBook:
         for offset in offsets:
             r = q.records[offset]
             put[offset] = Record(now_ms + invisible_ms, r.attempts + 1, self._next_seq(), r.commitlog_offset,
-                                 r.msg_group)  # fmt: skip
+                                 r.msg_group)
         return self._update(key, None, put, [])
 
     def admit(
         self, key: QueueKey, found: Iterable[tuple[int, int, str]], next_offset: int, now_ms: int, invisible_ms: int,
         fifo: bool, limit: int,
-    ) -> tuple[dict[str, Any], list[int]]:  # fmt: skip
+    ) -> tuple[dict[str, Any], list[int]]:
         """New messages read from ``next_offset`` on: ``found`` = (queue offset, commit-log offset, message group)
         in queue order, ``next_offset`` = where the read stopped. Delivers at most ``limit``; with FIFO a message
         whose group has an outstanding record is recorded as waiting instead. Returns (journal record, delivered
@@ -182,14 +182,14 @@ class PopBook:
         r = self.check(key, offset, seq, now_ms)
         new_seq = self._next_seq()
         record = self._update(key, None, {offset: Record(now_ms + invisible_ms, r.attempts, new_seq,
-                                                          r.commitlog_offset, r.msg_group)}, [])  # fmt: skip
+                                                          r.commitlog_offset, r.msg_group)}, [])
         return record, new_seq
 
     def renew(self, key: QueueKey, offset: int, visible_at_ms: int) -> dict[str, Any]:
         """Extend an in-flight record (auto-renew): the handle stays the same."""
         r = self.queues[key].records[offset]
         return self._update(key, None, {offset: Record(visible_at_ms, r.attempts, r.seq, r.commitlog_offset,
-                                                       r.msg_group)}, [])  # fmt: skip
+                                                       r.msg_group)}, [])
 
     def ack(self, key: QueueKey, offset: int, seq: int, now_ms: int) -> dict[str, Any]:
         self.check(key, offset, seq, now_ms)

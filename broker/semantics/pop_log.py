@@ -71,7 +71,7 @@ class PopLog:
     def __init__(
         self, store: MessageStore, config_dir: str, folder: str, *, admit: Callable[[], None],
         confirm: Callable[[int], bool],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store = store
         self.path = os.path.join(config_dir, STATE_FILE)
         self.folder = folder  # the pop service's own folder: the first master's secret
@@ -85,7 +85,7 @@ class PopLog:
 
     # ------------------------------------------------------------------------------------------ recovery
     def recover(self, restore: Callable[[dict[str, Any] | None], None],
-                apply: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+                apply: Callable[[dict[str, Any]], None]) -> None:
         snapshot = load_json(self.path, _parse)
         start, state, secret = snapshot if snapshot is not None else (0, None, b"")
         self._secret = secret or load_secret(self.folder)
@@ -101,10 +101,10 @@ class PopLog:
             end = cq.max_offset
             if start > end:  # this replica's log was cut back (truncated to a new master's) below the snapshot
                 log.warning("pop journal: the snapshot covers records up to %d, past the log's %d; kept as it is (the "
-                            "master's next snapshot replaces it)", start, end)  # fmt: skip
+                            "master's next snapshot replaces it)", start, end)
             if start < cq.min_offset:
                 log.error("pop journal: records %d..%d expired before a snapshot covered them; messages received or "
-                          "acked then may be delivered again", start, cq.min_offset)  # fmt: skip
+                          "acked then may be delivered again", start, cq.min_offset)
             for offset in range(max(start, cq.min_offset), end):
                 unit = cq.unit(offset)
                 msg = self.store.lookup_message(unit.commitlog_offset) if unit is not None else None
@@ -162,7 +162,7 @@ class PopLog:
     def checkpoint(self, state: dict[str, Any]) -> None:
         """``state``: every record up to the topic's current end applied (the caller's lock keeps appends out)."""
         write_json_atomic(self.path, {"next": self._next, "secret": self._secret.hex(), "state": state,
-                                      LOG_END_KEY: self.store.max_phys_offset()}, mode=0o600, backup=False)  # fmt: skip
+                                      LOG_END_KEY: self.store.max_phys_offset()}, mode=0o600, backup=False)
         self._since = 0
         self._snapshot_at = time.monotonic()
 

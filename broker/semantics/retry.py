@@ -143,5 +143,5 @@ class RetryService:
         )
         if dead:
             log.info("message %s of group %s reconsumed %d times: moved to %s", msg.msg_id, group, times,
-                     topic)  # fmt: skip
+                     topic)
         return SendBackResult(topic, queue_id, dead, level, reconsume_times, put)

@@ -105,7 +105,7 @@ class TimerService:
     def __init__(
         self, store: MessageStore, config_dir: str, *, max_delay_ms: int = DEFAULT_MAX_DELAY_MS,
         max_pending: int = DEFAULT_MAX_PENDING, sync: bool = False, compact_bytes: int = DEFAULT_COMPACT_BYTES,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store = store
         self.max_delay_ms, self.max_pending = max_delay_ms, max_pending
         self.folder = os.path.join(config_dir, TIMER_FOLDER)
@@ -184,7 +184,7 @@ class TimerService:
                     validate_topic(t), q, body, encode_properties(props), flag=h.flag, sys_flag=h.sys_flag,
                     born_timestamp=h.born_timestamp, born_ip=h.born_ip, born_port=h.born_port,
                     reconsume_times=h.reconsume_times,
-                )  # fmt: skip
+                )
             out.append(entry)
             pos += h.total_size
         return b"".join(out)
@@ -288,9 +288,9 @@ class TimerService:
             res = self.store.get_message(TIMER_READER_GROUP, TIMER_TOPIC, 0, self._scanned, READ_BATCH)
             if res.status is not GetStatus.FOUND:
                 if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_FOUND_NULL) and \
-                        res.next_begin_offset > self._scanned:  # fmt: skip
+                        res.next_begin_offset > self._scanned:
                     log.error("timer: queue offsets %d..%d expired before delivery", self._scanned,
-                              res.next_begin_offset)  # fmt: skip
+                              res.next_begin_offset)
                     self._scanned = res.next_begin_offset
                     continue
                 return
@@ -327,7 +327,7 @@ class TimerService:
                         heapq.heappop(self._heap)
                         continue
                     if offset >= self._unchecked_from and clo < self._unchecked_below and \
-                            timer_delivered.has_copy(self.store, deliver, clo):  # fmt: skip
+                            timer_delivered.has_copy(self.store, deliver, clo):
                         pass  # delivered before the last records (a failover): recorded now, not made again
                     elif not self._deliver(clo):
                         wait_s = RETRY_AFTER_FAILURE_S
@@ -387,7 +387,7 @@ class TimerService:
         real_qid = msg.properties.get(Prop.REAL_QID, "")
         if not real_topic or not real_qid.isdigit():
             log.error("timer message %s has no valid REAL_TOPIC/REAL_QID (%r, %r); skipped", msg.msg_id, real_topic,
-                      real_qid)  # fmt: skip
+                      real_qid)
             return True
         if self.store.deleted_generation(real_topic, msg.commitlog_offset):
             # timed before its topic was deleted: it went with it (a topic made again under the name is another)
@@ -399,7 +399,7 @@ class TimerService:
             born_timestamp=msg.born_timestamp, born_host=(ip or "127.0.0.1", int(port) if port.isdigit() else 0),
             reconsume_times=msg.reconsume_times,
             wait_store_ok=None,  # SYNC_FLUSH: on disk before the journal says delivered
-        )  # fmt: skip
+        )
         if res.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             self.delivered += 1
             return True

@@ -59,7 +59,7 @@ def delivered(store: MessageStore, due: Iterable[tuple[int, int, int]]) -> list[
             misses += 1
     if found:
         log.warning("timer: %d due messages were delivered before the last records of it (a crash or failover); "
-                    "not delivered again", len(found))  # fmt: skip
+                    "not delivered again", len(found))
     return found
 
 
@@ -74,7 +74,7 @@ def has_copy(store: MessageStore, deliver_ms: int, clo: int) -> bool:
         return False
     try:
         copies = store.query_by_key(topic, uniq, max_num=4, begin_ms=deliver_ms - CLOCK_SLACK_MS,
-                                    confirmed_only=False)  # fmt: skip
+                                    confirmed_only=False)
     except InvalidArgumentError:  # not a topic name the index knows: nothing was delivered there
         return False
     when = msg.properties.get(Prop.TIMER_DELIVER_MS)

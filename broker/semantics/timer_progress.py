@@ -75,7 +75,7 @@ def save(path: str, low: int, done: Iterable[int], log_end: int) -> None:
     ranges = to_ranges(o for o in done if o >= low)
     if len(ranges) > MAX_RANGES:
         log.warning("timer progress: %d ranges of delivered offsets, over %d; the highest are left out of %s (a "
-                    "promoted slave delivers them again)", len(ranges), MAX_RANGES, path)  # fmt: skip
+                    "promoted slave delivers them again)", len(ranges), MAX_RANGES, path)
         ranges = ranges[:MAX_RANGES]
     write_json_atomic(path, {"low": low, "done": ranges, LOG_END_KEY: log_end})
 
@@ -107,7 +107,7 @@ def merge(low: int, done: set[int], other: Progress | None, log_end: int) -> tup
         return low, done
     if other.log_end > log_end:
         log.warning("timer progress: the copy names deliveries up to commit-log offset %d, past this store's end %d; "
-                    "using the journal alone (deliveries since it may repeat)", other.log_end, log_end)  # fmt: skip
+                    "using the journal alone (deliveries since it may repeat)", other.log_end, log_end)
         return low, done
     merged_low = max(low, other.low)
     return merged_low, {o for o in done | other.done if o >= merged_low}

@@ -39,14 +39,14 @@ class CheckBack(Recovery):
             unfinished = [
                 t for t in self._txns.values()
                 if t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK) and not t.finished and not t.restoring
-            ]  # fmt: skip
+            ]
             for t in unfinished:
                 t.restoring = True
             idle = [
                 t for t in self._txns.values()
                 if t.status is TxStatus.OPEN and not t.inflight and t.halves
                 and now - max(t.last_ms, t.checked_ms) >= self.transaction_timeout_ms
-            ]  # fmt: skip
+            ]
         for t in unfinished:
             self._retry_finish(t)
         expired = [t for t in idle if t.check_times >= self.check_max]
@@ -58,7 +58,7 @@ class CheckBack(Recovery):
                 self.end_transaction(t.txn_id, False)
             except Exception:  # broad, as in _check_back: one transaction's failure must not end the pass
                 log.exception("transaction %s: rollback after %d checks failed; retried next pass", t.txn_id,
-                              t.check_times)  # fmt: skip
+                              t.check_times)
         to_check = [t for t in idle if t.check_times < self.check_max]
         if not to_check:
             return 0
@@ -80,15 +80,15 @@ class CheckBack(Recovery):
         with self._lock:
             known = {h for t in self._txns.values() for h in t.slices}
         orphans = [s.handle for s in self.store.txn_visibility.open_slices() if s.handle <= log_min
-                   and s.handle not in known]  # fmt: skip
+                   and s.handle not in known]
         if not orphans:
             return
         log.warning("transaction slices %s: their records expired undecided; rolling them back", orphans)
         res = self.store.put_message(TRANS_MARKER_TOPIC, MARKER_QUEUE_ID, encode_marker([], orphans), {},
-                                     wait_store_ok=True)  # fmt: skip
+                                     wait_store_ok=True)
         if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             log.error("rollback marker of expired slices not stored (%s: %s); the next pass retries",
-                      res.status.name, res.error)  # fmt: skip
+                      res.status.name, res.error)
 
     def _retry_finish(self, t: TxnRecord) -> None:
         """check_once's retry of one stalled commit (``t.restoring`` set by the caller, cleared here)."""

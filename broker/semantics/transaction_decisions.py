@@ -219,7 +219,7 @@ class Decisions(HalfPuts):
         """Store and flush the decision op message (the commit point): the halves it covers and ``props`` beside
         the properties every decision carries. TransactionError, nothing decided, if the store refuses it."""
         props = {Prop.TAGS: REMOVE_TAG, Prop.TRANSACTION_ID: txn.txn_id, DECISION: COMMIT if commit else ROLLBACK,
-                 **props}  # fmt: skip
+                 **props}
         if txn.producer_group:
             props[Prop.PGROUP] = txn.producer_group
         if attempts is not None:
@@ -249,7 +249,7 @@ class Decisions(HalfPuts):
                 "messages were lost, e.g. by a crash of the machine under ASYNC_FLUSH)"
             )
         res = self._store_decision(txn, halves, commit, attempts,
-                                   {BATCH: "true", IN_PLACE: "true", MESSAGES: str(total)})  # fmt: skip
+                                   {BATCH: "true", IN_PLACE: "true", MESSAGES: str(total)})
         with self._lock:
             txn.status = TxStatus.COMMITTED if commit else TxStatus.ROLLED_BACK
             txn.ended_ms = self._now()
@@ -267,7 +267,7 @@ class Decisions(HalfPuts):
         except (BrokerError, OSError) as e:
             complete = False
             log.error("transaction %s decided but its marker is not written (%s); the check thread retries",
-                      txn.txn_id, e)  # fmt: skip
+                      txn.txn_id, e)
         finally:
             with self._lock:
                 txn.restoring = False
@@ -278,7 +278,7 @@ class Decisions(HalfPuts):
         the finished op message."""
         if keep + drop and any(self.store.txn_visibility.decision(h) is None for h in keep + drop):
             res = self.store.put_message(TRANS_MARKER_TOPIC, MARKER_QUEUE_ID, encode_marker(keep, drop),
-                                         {Prop.TRANSACTION_ID: txn.txn_id}, wait_store_ok=True)  # fmt: skip
+                                         {Prop.TRANSACTION_ID: txn.txn_id}, wait_store_ok=True)
             if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
                 raise TransactionError(f"marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
             if not self.store.wait_dispatched(DISPATCH_WAIT_S, up_to=res.commitlog_offsets[0] + res.wrote_bytes):
@@ -302,4 +302,4 @@ class Decisions(HalfPuts):
         keep, drop = split_slices(slices, commit, attempts)
         self._mark(t, keep, drop, int(op.properties.get(MESSAGES, "0") or 0))
         log.warning("transaction %s: finished an interrupted %s of %d slices written in place", t.txn_id,
-                    "commit" if commit else "rollback", len(slices))  # fmt: skip
+                    "commit" if commit else "rollback", len(slices))

@@ -166,7 +166,7 @@ class HalfPuts(CommitRestore):
             half_buffer = bytes(buffer)
             self._check_half_size(len(half_buffer), -1)
             checked = check_halves(half_buffer, producer_group, txn_id,
-                                   run=validated.run if isinstance(validated, ValidatedBatch) else None)  # fmt: skip
+                                   run=validated.run if isinstance(validated, ValidatedBatch) else None)
             if admit is not None:
                 admit(checked.real_queues)
             count = checked.messages

@@ -98,7 +98,7 @@ class Recovery(Decisions):
         with self._lock:
             self._txns = txns
             self._by_half_cl_offset = {cl: t.txn_id for t in txns.values() if len(t.halves) == 1
-                                       for cl in t.halves.values()}  # fmt: skip
+                                       for cl in t.halves.values()}
             for t in txns.values():
                 t.single_puts = int(len(t.halves) == 1)
             for t in txns.values():
@@ -114,7 +114,7 @@ class Recovery(Decisions):
                     log.error("transaction %s: finishing the commit failed (%s); the check thread retries", t.txn_id, e)
         self.persist()
         log.info("transactions recovered: %d known, %d open", len(txns),
-                 sum(t.status is TxStatus.OPEN for t in txns.values()))  # fmt: skip
+                 sum(t.status is TxStatus.OPEN for t in txns.values()))
 
     def _give_up_commit(self, t: TxnRecord, why: TransactionError) -> None:
         """A commit whose halves or decision are gone: nothing can bring them back, so it is marked finished
@@ -153,7 +153,7 @@ class Recovery(Decisions):
         todo = (commit_halves(r, attempts=allowed, skip=skip) for r in self._iter_half_runs(sorted(t.decided)))
         restored = self._restore(t, todo, queues)
         log.warning("transaction %s: finished an interrupted commit of %d halves: stored the %d not yet visible",
-                    t.txn_id, len(t.decided), restored)  # fmt: skip
+                    t.txn_id, len(t.decided), restored)
 
     def _forget_ended(self, now: int, half_from: int) -> None:
         """Under _lock: forget ended transactions past outcome_retention_ms, and the earliest ended single-message
@@ -163,15 +163,15 @@ class Recovery(Decisions):
         Only transactions whose halves the next start-up scan no longer reaches (below half_from) are forgotten;
         it would find the others again, undecided."""
         done = [t for t in self._txns.values() if t.finished and t.status in (TxStatus.COMMITTED, TxStatus.ROLLED_BACK)
-                and t.highest_half() < half_from]  # fmt: skip
+                and t.highest_half() < half_from]
         old = [t for t in done if now - t.ended_ms >= self.outcome_retention_ms]
         singles = [t for t in done if now - t.ended_ms < self.outcome_retention_ms and not t.batch
-                   and t.decided_count() <= 1]  # fmt: skip
+                   and t.decided_count() <= 1]
         if len(singles) > self.max_outcomes:
             excess = len(singles) - self.max_outcomes
             old += heapq.nsmallest(excess, singles, key=lambda t: t.ended_ms)
             log.warning("transactions: %d single-message outcomes kept, over max_outcomes=%d; forgetting the %d "
-                        "earliest", len(singles), self.max_outcomes, excess)  # fmt: skip
+                        "earliest", len(singles), self.max_outcomes, excess)
         for t in old:  # finished and ended: _drop_tables already took its end-by-offset entry
             del self._txns[t.txn_id]
 
@@ -197,10 +197,10 @@ class Recovery(Decisions):
                          or t.highest_half() >= half_from)
                 ),
                 default=op_max,
-            )  # fmt: skip
+            )
             op_from = min([op_from] + [t.op_floor for t in self._txns.values() if t.status is TxStatus.ENDING])
             checks = {tid: t.check_times for tid, t in sorted(self._txns.items())
-                      if t.status is TxStatus.OPEN and t.check_times}  # fmt: skip
+                      if t.status is TxStatus.OPEN and t.check_times}
             # with the log's end, which every decision and re-store the positions pass over lies below (metadata_sync)
             write_json_atomic(self.path, {"halfScanFrom": half_from, "opScanFrom": op_from, "checkTimes": checks,
-                                          LOG_END_KEY: self.store.max_phys_offset()})  # fmt: skip
+                                          LOG_END_KEY: self.store.max_phys_offset()})

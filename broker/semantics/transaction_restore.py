@@ -56,7 +56,7 @@ class CommitRestore(HalfScans):
                 restored = self._put_runs(txn, committed)
                 if not self.store.wait_dispatched(DISPATCH_WAIT_S, up_to=self.store.max_phys_offset()):
                     log.error("transaction %s: dispatch lags %.0f s behind; showing the commit as far as it got",
-                              txn.txn_id, DISPATCH_WAIT_S)  # fmt: skip
+                              txn.txn_id, DISPATCH_WAIT_S)
             finally:
                 # Also on failure: a queue must not stay frozen; the check thread finishes the rest of the commit.
                 self.store.release_visibility(hold)
@@ -71,7 +71,7 @@ class CommitRestore(HalfScans):
             if not run.buffer:  # every half of the run was already re-stored (a commit finished after a crash)
                 continue
             pieces = [(run.buffer, run.positions)] if len(run.buffer) <= self.put_chunk_bytes else [
-                (piece, None) for piece, _ in split_entries(run.buffer, self.put_chunk_bytes)]  # fmt: skip
+                (piece, None) for piece, _ in split_entries(run.buffer, self.put_chunk_bytes)]
             for piece, positions in pieces:
                 if chunk and size + len(piece) > self.put_chunk_bytes:
                     restored += self._put_chunk(txn.txn_id, chunk)
@@ -93,7 +93,7 @@ class CommitRestore(HalfScans):
             born_timestamp=m.born_timestamp, born_host=(ip, int(port) if port.isdigit() else 0),
             reconsume_times=m.reconsume_times, prepared_transaction_offset=m.prepared_transaction_offset,
             wait_store_ok=False,
-        )  # fmt: skip
+        )
         assert res.status is not PutStatus.PUT_OK or res.wrote_bytes == len(entry), (res.wrote_bytes, len(entry))
         if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             raise TransactionError(f"re-store of {txn_id!r} refused: {res.status.name} {res.error}")
@@ -122,7 +122,7 @@ class CommitRestore(HalfScans):
         res = self.store.put_message(
             TRANS_OP_HALF_TOPIC, 0, txn.txn_id.encode(), {Prop.TAGS: FINISHED_TAG, Prop.TRANSACTION_ID: txn.txn_id},
             wait_store_ok=False,
-        )  # fmt: skip
+        )
         if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             raise TransactionError(f"finished marker of {txn.txn_id!r} not stored: {res.status.name} {res.error}")
         with self._lock:

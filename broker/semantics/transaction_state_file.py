@@ -39,7 +39,7 @@ def cut_back_state(path: str, store: MessageStore) -> None:
         start, end = data.get(key, 0), store.queue_end(topic, 0)
         if isinstance(start, int) and start > end:
             log.warning("%s: %s %d is past the queue end %d (saved at commit-log offset %d, the log ends at "
-                        "%d): moving back", path, key, start, end, log_end, log_now)  # fmt: skip
+                        "%d): moving back", path, key, start, end, log_end, log_now)
             data[key] = end
     data[LOG_END_KEY] = log_now
     write_json_atomic(path, data)

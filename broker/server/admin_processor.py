@@ -63,7 +63,7 @@ def encode_stored(msg: StoredMessage) -> bytes:
         reconsume_times=msg.reconsume_times, prepared_transaction_offset=msg.prepared_transaction_offset,
         queue_offset=msg.queue_offset, physical_offset=msg.commitlog_offset, store_timestamp=msg.store_timestamp,
         store_ip=store_ip, store_port=store_port, max_message_size=max(len(msg.body), 1),
-    )  # fmt: skip
+    )
 
 
 def pack_entries(entries: list[bytes]) -> tuple[bytes, list[int]]:
@@ -89,7 +89,7 @@ class AdminProcessor:
     def __init__(
         self, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager,
         consumers: ConsumerManager, pulls: PullProcessor, hold: PullHoldService,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store, self.topics, self.offsets, self.consumers = store, topics, offsets, consumers
         self.pulls, self.hold = pulls, hold
         self.admit_commit: Callable[[str], None] | None = None  # set by the controller: known groups only

@@ -110,13 +110,13 @@ class BrokerController:
         self.config = config
         # every series names its broker: one Prometheus scrapes all brokers of a cluster
         self.metrics = BrokerMetrics((("cluster", config.cluster_name),
-                                      ("broker", config.broker_name or default_broker_name())))  # fmt: skip
+                                      ("broker", config.broker_name or default_broker_name())))
         self.topics = TopicConfigManager(
             config.config_dir, default_queue_nums=config.default_topic_queue_nums,
             max_queue_nums=config.max_topic_queue_nums, auto_create=config.auto_create_topic_enable,
             max_total_queue_nums=config.max_total_queue_nums,
             max_auto_create_topics_per_request=config.max_auto_create_topics_per_request,
-        )  # fmt: skip
+        )
         self.offsets = ConsumerOffsetManager(config.config_dir)
         self.consumers = ConsumerManager(config.consumer_expire_ms, config.max_consumers)
         # Held pulls and transaction check streams each occupy a gRPC worker; together they stay within this, so
@@ -125,14 +125,14 @@ class BrokerController:
         self.check_hub = CheckHub(max_streams=max(1, max_held // 2))
         # RocketMQ 5 clients' Telemetry streams hold a worker each too, as do held pops: all count against max_held.
         self.rmqv2_clients = ClientRegistry(expire_ms=config.consumer_expire_ms, max_streams=max(1, max_held // 2),
-                                            max_clients=config.rmqv2_max_clients)  # fmt: skip
+                                            max_clients=config.rmqv2_max_clients)
         self.call_streams = CallStreams(max_streams=max(1, max_held // 2))  # SendStream's, PullStream's
         self.pops: PopService | None = None
         self.timers: TimerService | None = None
         self.hold = PullHoldService(
             long_polling_enable=config.long_polling_enable, short_polling_time_ms=config.short_polling_time_ms,
             recheck_ms=config.long_polling_recheck_ms, max_held=max_held, held_elsewhere=self._held_elsewhere,
-        )  # fmt: skip
+        )
         self.store: MessageStore | None = None
         # Broker semantics services: started after the store (tx recovery before serving), stopped before it.
         self.schedule: ScheduleMessageService | None = None
@@ -220,13 +220,13 @@ class BrokerController:
             held_budget = cfg.grpc_max_workers - cfg.grpc_reserved_workers  # as max_held in __init__
             self.auth_gate = AuthGate(self.accounts, AuthSettings(cfg.auth_window_s, tls is not None and
                                                                   tls.client_auth == "require"),
-                                      self.metrics.auth_refusals, streams=UserStreams(held_budget))  # fmt: skip
+                                      self.metrics.auth_refusals, streams=UserStreams(held_budget))
             interceptors.append(self.auth_gate)
         if self.replication_settings is not None:
             interceptors.append(self.gate)
         self._interceptors = tuple(interceptors)
         server = grpc.server(futures.ThreadPoolExecutor(cfg.grpc_max_workers, "grpc-worker"), options=options,
-                             interceptors=interceptors)  # fmt: skip
+                             interceptors=interceptors)
         try:
             self.port = add_port(server, format_address(host, port), cfg.server_tls(), "the broker's client port")
         except RuntimeError as e:
@@ -249,7 +249,7 @@ class BrokerController:
                 accounts = self.accounts
                 access = (lambda header, peer: metrics_access(accounts, header, peer)) if cfg.auth_enabled else None
                 self.metrics_server = MetricsServer(self.metrics, cfg.metrics_host, cfg.metrics_port,
-                                                    cfg.server_tls(), access)  # fmt: skip
+                                                    cfg.server_tls(), access)
                 self.metrics_server.start()
             self._tasks = threading.Thread(target=self._run_periodic_tasks, name="broker-tasks", daemon=True)
             self._tasks.start()
@@ -273,7 +273,7 @@ class BrokerController:
         if self.identity is None:
             cfg = self.config
             self.identity = BrokerIdentity(cfg.cluster_name, cfg.broker_name or default_broker_name(), cfg.broker_id,
-                                           self.advertised_address(), load_store_id(cfg.config_dir))  # fmt: skip
+                                           self.advertised_address(), load_store_id(cfg.config_dir))
         return self.identity
 
     def _start_remoting(self) -> None:
@@ -289,16 +289,16 @@ class BrokerController:
         clients = ClientProcessors(self.service, access)
         consumers.add_listener(clients.channels.changed)  # NOTIFY_CONSUMER_IDS_CHANGED to the group's clients
         self.remoting_messages = message_processors(self, subscription_of=consumers.subscription, msg_ids=msg_ids,
-                                                    clients=clients)  # fmt: skip
+                                                    clients=clients)
         table = {**broker_processors(self.service, access, clients), **self.remoting_messages.table,
-                 **admin_processors(self, msg_ids)}  # fmt: skip
+                 **admin_processors(self, msg_ids)}
         authenticator = None
         if cfg.auth_enabled:  # RocketMQ 4's ACL signature on every request (broker/remoting/authentication.py)
             assert self.accounts is not None
             authenticator = Authenticator(self.accounts, anonymous_codes(), self.metrics.auth_refusals,
-                                          declared_codes())  # fmt: skip
+                                          declared_codes())
         self.remoting = RemotingServer(table, host, port, tls=cfg.server_tls(), name="broker-remoting",
-                                       authenticator=authenticator, on_close=clients.channels.closed)  # fmt: skip
+                                       authenticator=authenticator, on_close=clients.channels.closed)
         self.remoting.start()
         msg_ids.bind(self.remoting_address())
         cfg.remoting_listen = format_address(host, self.remoting.port)  # a restart in place binds the same port
@@ -324,7 +324,7 @@ class BrokerController:
             ha_address=replication.ha_advertised if replication is not None else "",
             replica_status=replication.status if replication is not None else None,
             require_authentication=cfg.auth_enabled, remoting_address=self.remoting_address(),
-        )  # fmt: skip
+        )
         self.registrar.start()
 
     # ------------------------------------------------------------------------------------------------ replication
@@ -337,7 +337,7 @@ class BrokerController:
             replace_config=self._replace_config, role_changed=self._role_changed,
             master_from_namesrv=lambda: self.registrar.master_ha_address if self.registrar is not None else "",
             save_config=self.offsets.persist_if_dirty,
-        ), self.hold.on_arrival)  # fmt: skip
+        ), self.hold.on_arrival)
         self.replication = manager
         port = manager.bind()
         ip = advertised_ip(settings.ha_listen[0] if settings.ha_listen[0] not in ("", "0.0.0.0", "::") else self.host)
@@ -408,7 +408,7 @@ class BrokerController:
         elapsed = max(now - then, 1e-3)
         max_offset = self.store.stats().get("commit_log_max_offset", 0) if self.store is not None else 0
         return Runtime((puts - puts_then) / elapsed, (gets - gets_then) / elapsed, int(max_offset),
-                       int((time.time() - self._started_at) * 1000) if self._started_at else 0)  # fmt: skip
+                       int((time.time() - self._started_at) * 1000) if self._started_at else 0)
 
     def _abort_start(self) -> None:
         """Undo a half-done start (port taken, store locked, bad config...) so nothing is left running."""
@@ -443,7 +443,7 @@ class BrokerController:
             check_interval_ms=cfg.transaction_check_interval_ms, check_max=cfg.transaction_check_max,
             max_halves=cfg.transaction_max_halves, max_open_ms=cfg.transaction_max_open_ms,
             commit_memory_bytes=cfg.transaction_commit_memory_bytes, max_outcomes=cfg.transaction_max_outcomes,
-        )  # fmt: skip
+        )
         # ending or joining a transaction is decided on its recorded producer group, through every front
         self.transactions.check_group = transaction_access
         self.decisions = DecisionLog(store, config_dir)
@@ -453,10 +453,10 @@ class BrokerController:
         client = None
         if cfg.namesrv_list:
             self._coordinator_router = Router(namesrv=cfg.namesrv_addr, timeout_s=COORDINATOR_CALL_TIMEOUT_S,
-                                              tls=cfg.client_tls(), credentials=cfg.client_credentials())  # fmt: skip
+                                              tls=cfg.client_tls(), credentials=cfg.client_credentials())
             client = CoordinatorClient(self._coordinator_router)
         self.participants = ParticipantResolver(self.transactions, name,
-                                                coordinator_asker(self.decisions, name, client))  # fmt: skip
+                                                coordinator_asker(self.decisions, name, client))
         self.transactions.resolver = self.participants
         router = self._coordinator_router
         listed = None if router is None else (lambda: [b.broker_name for b in router.cluster_brokers()])
@@ -464,7 +464,7 @@ class BrokerController:
         sync = cfg.flush_disk_type == "SYNC_FLUSH"
         self.timers = TimerService(store, config_dir, max_delay_ms=cfg.timer_max_delay_ms,
                                    max_pending=cfg.timer_max_pending, sync=sync,
-                                   compact_bytes=cfg.journal_compact_bytes)  # fmt: skip
+                                   compact_bytes=cfg.journal_compact_bytes)
         self.pops = rmqv2_wiring.pop_service(self, store, config_dir, sync)
         if self.replication_settings is None:
             self._run_semantics()
@@ -540,14 +540,14 @@ class BrokerController:
         pulls = PullProcessor(
             store, self.topics, self.offsets, self.hold, self.metrics, default_max_msgs=cfg.default_pull_max_msgs,
             max_msgs=cfg.max_pull_msgs, max_bytes=cfg.max_pull_bytes, max_suspend_ms=cfg.max_suspend_timeout_ms,
-        )  # fmt: skip
+        )
         self.admin = AdminProcessor(store, self.topics, self.offsets, self.consumers, pulls, self.hold)
         service = BrokerService(sends, pulls, self.admin, self.consumers, self.metrics, self.stats)
         self._start_semantics(store)
         assert self.schedule is not None and self.transactions is not None and self.groups is not None
         sends.schedule, sends.transactions, sends.timers = self.schedule, self.transactions, self.timers
         retries = RetryProcessor(RetryService(store, self.groups, self.schedule), self.groups, self.topics,
-                                 dlq_pull_enable=cfg.dlq_pull_enable)  # fmt: skip
+                                 dlq_pull_enable=cfg.dlq_pull_enable)
         pulls.admit, pulls.message_filter = retries.admit_pull, retries.message_filter
         assert self.pops is not None
         self.pops.admit, self.pops.message_filter = retries.admit_pull, retries.message_filter
@@ -603,11 +603,11 @@ class BrokerController:
         self.metrics.add_gauge("sluice_store_disk_usage_ratio", "Used fraction of the store's file system", disk_ratio)
         self.metrics.add_gauge("sluice_store_commit_log_bytes", "Bytes held in commit-log files", commit_log_bytes)
         self.metrics.add_gauge("sluice_store_disk_full", "1 while sends are refused for want of disk space",
-                               lambda: [((), float(store.disk_full))])  # fmt: skip
+                               lambda: [((), float(store.disk_full))])
         self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
-                               lambda: [((), float(self.hold.held_count()))])  # fmt: skip
+                               lambda: [((), float(self.hold.held_count()))])
         self.metrics.add_gauge("sluice_call_streams", "Open SendStream and PullStream calls (a worker thread each)",
-                               lambda: [((), float(self.call_streams.open_count()))])  # fmt: skip
+                               lambda: [((), float(self.call_streams.open_count()))])
 
         def transaction_held() -> list[tuple[Labels, float]]:
             held: dict[tuple[str, int], int] = {}
@@ -623,7 +623,7 @@ class BrokerController:
 
         self.metrics.add_gauge("sluice_queue_transaction_held_messages",
                                "Messages of each queue readers cannot see yet: written from the first message of "
-                               "an open transaction on (its readable limit) to the end", transaction_held)  # fmt: skip
+                               "an open transaction on (its readable limit) to the end", transaction_held)
 
     def stats(self) -> dict[str, float]:
         assert self.store is not None

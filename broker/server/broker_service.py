@@ -57,7 +57,7 @@ def _answer(method: Handler[R]) -> Handler[R]:
         except OSError as e:  # the disk, not the request nor the broker's logic: the caller may retry later
             log.exception("%s failed on an I/O error", method.__name__)
             self._refuse(method.__name__, ServiceNotAvailableError(f"the broker's files failed it ({e}); retry later"),
-                         context)  # fmt: skip
+                         context)
         except Exception as e:  # the last line of defence: log it, answer INTERNAL, keep serving
             if isinstance(e, grpc.RpcError):  # context.abort's own exception
                 raise
@@ -87,7 +87,7 @@ def _send_response(outcome: SendOutcome) -> pb.SendResponse:
         status=pb.SendStatus.Value(outcome.status), commitlog_offsets=r.commitlog_offsets, queue_ids=r.queue_ids,
         queue_offsets=r.queue_offsets, msg_id_prefix=prefix, store_timestamp=r.store_timestamp,
         transaction_id=outcome.transaction_id,
-    )  # fmt: skip
+    )
 
 
 MAX_CLIENT_ID_CHARS = 255
@@ -138,7 +138,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     def __init__(
         self, sends: SendProcessor, pulls: PullProcessor, admin: AdminProcessor, consumers: ConsumerManager,
         metrics: BrokerMetrics, broker_stats: Callable[[], dict[str, float]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.sends, self.pulls, self.admin, self.consumers = sends, pulls, admin, consumers
         self.metrics = metrics
         self.broker_stats = broker_stats
@@ -187,20 +187,20 @@ class BrokerService(pb_grpc.BrokerServicer):
                 sys_flag=request.sys_flag, born_timestamp=request.born_timestamp,
                 reconsume_times=request.reconsume_times, producer_group=request.producer_group,
                 transactional=request.transactional, transaction_id=request.transaction_id,
-            )  # fmt: skip
+            )
         return _send_response(outcome)
 
     def SendStream(
         self, requests: Iterator[pb.SendMessageRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.SendStreamAnswer]:
         return self._streamed("SendStream", self.call_streams.serve(requests, context, self.send_one,
-                                                                    pb.SendStreamAnswer), context)  # fmt: skip
+                                                                    pb.SendStreamAnswer), context)
 
     def PullStream(
         self, requests: Iterator[pb.PullRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.PullStreamAnswer]:
         return self._streamed("PullStream", self.call_streams.serve(requests, context, self.pull_one,
-                                                                    pb.PullStreamAnswer), context)  # fmt: skip
+                                                                    pb.PullStreamAnswer), context)
 
     def _streamed(self, method: str, answers: Iterator[R], context: grpc.ServicerContext) -> Iterator[R]:
         try:
@@ -219,7 +219,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             if stored is not None:
                 return _send_response(SendOutcome("SEND_OK", stored))
             outcome = self.sends.send_batch(entries, request.count, request.transaction_id, request.producer_group,
-                                            attempt=request.attempt, coordinator=request.coordinator)  # fmt: skip
+                                            attempt=request.attempt, coordinator=request.coordinator)
         return _send_response(outcome)
 
     @_answer
@@ -228,13 +228,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             request.consumer_group, request.topic, request.queue_id, request.queue_offset, request.max_msgs,
             request.max_bytes, request.suspend_timeout_ms, request.tag_expression,
             request.commit_offset if request.HasField("commit_offset") else -1, request.expression_type,
-        )  # fmt: skip
+        )
         out = self.pulls.pull(args, context.time_remaining(), context.add_callback)
         return pb.PullResponse(
             status=pb.PullStatus.Value(out.status), next_begin_offset=out.next_begin_offset,
             min_offset=out.min_offset, max_offset=out.max_offset, entries=out.buffer,
             entry_positions=out.entry_positions,
-        )  # fmt: skip
+        )
 
     # ---------------------------------------------------------------------------------------------- offsets
     @_answer

@@ -146,7 +146,7 @@ class CallStreams:
         self._stopping = False
 
     def serve(self, requests: Iterator[Any], context: grpc.ServicerContext, call_one: UnaryBehavior,
-              answer_type: Callable[..., Any]) -> Iterator[Any]:  # fmt: skip
+              answer_type: Callable[..., Any]) -> Iterator[Any]:
         """The answers of one stream: each request served by ``call_one``, its outcome as ``answer_type(response=)``
         or ``answer_type(code=, error=)``. Raises (before any answer) SystemBusyError at the limit,
         ServiceNotAvailableError once the broker stops."""
@@ -215,7 +215,7 @@ class StreamRequestDetails(NamedTuple):
 
 
 def through_interceptors(interceptors: Sequence[grpc.ServerInterceptor], method: str,
-                         behavior: UnaryBehavior) -> UnaryBehavior:  # fmt: skip
+                         behavior: UnaryBehavior) -> UnaryBehavior:
     """The unary ``behavior`` of ``method`` as the server runs it behind ``interceptors`` (the first outermost). Its
     requests arrive parsed (a stream's own parser, guarded, made them), so the handler has no (de)serializers."""
     handler = grpc.unary_unary_rpc_method_handler(behavior)

@@ -74,7 +74,7 @@ class ConsumerManager:
                     log.exception("group %s: a membership listener failed", group)
 
     def heartbeat(self, group: str, client_id: str, subscriptions: dict[str, str], model: str,
-                  expression_types: Mapping[str, str] | None = None) -> int:  # fmt: skip
+                  expression_types: Mapping[str, str] | None = None) -> int:
         """``expression_types``: topic -> expression type (SQL92) of the subscriptions that are not TAG."""
         types = {t: k for t, k in (expression_types or {}).items() if k != TAG and t in subscriptions}
         version, changed = self._beat(group, client_id, subscriptions, model, types)
@@ -83,7 +83,7 @@ class ConsumerManager:
         return version
 
     def _beat(self, group: str, client_id: str, subscriptions: dict[str, str], model: str,
-              types: dict[str, str]) -> tuple[int, bool]:  # fmt: skip
+              types: dict[str, str]) -> tuple[int, bool]:
         now = int(time.time() * 1000)
         changed = False
         with self._lock:
@@ -99,11 +99,11 @@ class ConsumerManager:
             if info is None:
                 info = self._groups[group] = ConsumerGroupInfo()
             if (known is None or known.subscriptions != subscriptions or known.model != model
-                    or known.expression_types != types):  # fmt: skip
+                    or known.expression_types != types):
                 info.version = next(self._versions)
                 changed = True
                 log.info("group %s: consumer %s registered (%s, %s%s)", group, client_id, model, subscriptions,
-                         f", {types}" if types else "")  # fmt: skip
+                         f", {types}" if types else "")
             info.consumers[client_id] = ConsumerInfo(client_id, dict(subscriptions), model, now, types)
             return info.version, changed
 

@@ -66,7 +66,7 @@ class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
     entry denying its group stands here too; elsewhere the gate's right on the Cluster decides alone."""
 
     def __init__(self, decisions: DecisionLog, local_group: Callable[[str], str | None] = lambda txn_id: None
-                 ) -> None:  # fmt: skip
+                 ) -> None:
         self.decisions = decisions
         self.local_group = local_group
 
@@ -78,18 +78,18 @@ class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
 
     @_answer
     def RecordDecision(self, request: cpb.RecordDecisionRequest, context: grpc.ServicerContext
-                       ) -> cpb.TransactionDecision:  # fmt: skip
+                       ) -> cpb.TransactionDecision:
         decision = from_pb(request.decision)
         self._authorize_end([decision.txn_id])
         return to_pb(self.decisions.record(decision))
 
     @_answer
     def QueryDecisions(self, request: cpb.QueryDecisionsRequest, context: grpc.ServicerContext
-                       ) -> cpb.QueryDecisionsResponse:  # fmt: skip
+                       ) -> cpb.QueryDecisionsResponse:
         if request.abort_undecided:  # decides the named undecided ones: ABORT
             self._authorize_end(list(request.transaction_ids))
         found = self.decisions.query(list(request.transaction_ids), request.prefix,
-                                     abort_undecided=request.abort_undecided)  # fmt: skip
+                                     abort_undecided=request.abort_undecided)
         return cpb.QueryDecisionsResponse(decisions=[to_pb(d) for d in found])
 
 

@@ -21,7 +21,7 @@ class WrappedHandlers:
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     def get(self, method: str, handler: grpc.RpcMethodHandler,
-            wrap: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> grpc.RpcMethodHandler:  # fmt: skip
+            wrap: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> grpc.RpcMethodHandler:
         """``wrap(handler)``, made once per method and handler."""
         known = self._wrapped.get(method)
         if known is not None and known[0] is handler:

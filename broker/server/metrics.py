@@ -118,7 +118,7 @@ class GaugeCollector:
     """A gauge family whose samples come from a callback at scrape time."""
 
     def __init__(self, name: str, help_text: str, collect: Callable[[], Iterable[tuple[Labels, float]]],
-                 const: Labels = ()) -> None:  # fmt: skip
+                 const: Labels = ()) -> None:
         self.name, self.help, self.collect, self.const = name, help_text, collect, const
 
     def render(self) -> list[str]:
@@ -148,7 +148,7 @@ class BrokerMetrics:
         self.put_latency = Histogram(
             "sluice_put_latency_seconds", "Time to store a send (includes the disk flush under SYNC_FLUSH)",
             LATENCY_BUCKETS_S, c,
-        )  # fmt: skip
+        )
         self.flush_latency = Histogram(
             "sluice_flush_latency_seconds", "Time a SYNC_FLUSH send waited for its group commit", LATENCY_BUCKETS_S, c
         )
@@ -165,7 +165,7 @@ class BrokerMetrics:
         families: list[Counter | Histogram | GaugeCollector] = [
             self.put_messages, self.put_bytes, self.get_messages, self.get_bytes, self.errors, self.auth_refusals,
             self.put_latency, self.flush_latency, self.long_poll_wait, *self._gauges,
-        ]  # fmt: skip
+        ]
         for family in families:
             try:
                 lines += family.render()
@@ -180,7 +180,7 @@ class MetricsServer:
     def __init__(self, metrics: BrokerMetrics, host: str, port: int, tls: ServerTls | None = None,
                  access: Callable[[str | None, str], int] | None = None, *, max_connections: int = MAX_CONNECTIONS,
                  max_per_address: int = MAX_CONNECTIONS_PER_ADDRESS, read_timeout_s: float = READ_TIMEOUT_S,
-                 deadline_s: float = CONNECTION_DEADLINE_S) -> None:  # fmt: skip
+                 deadline_s: float = CONNECTION_DEADLINE_S) -> None:
         """``access``: (Authorization header, peer address) -> HTTP status, when scrapes need credentials. The
         bounds (module docstring) are keywords so that a test can shorten them."""
         render = metrics.render
@@ -209,7 +209,7 @@ class MetricsServer:
         Handler.timeout = read_timeout_s  # each read of the request (StreamRequestHandler.setup)
         bounds = _Bounds(max_connections, max_per_address, deadline_s)
         self._server = _bounded(ThreadingHTTPServer, bounds)((host, port), Handler) if tls is None else \
-            _https_server(host, port, Handler, tls, bounds)  # fmt: skip
+            _https_server(host, port, Handler, tls, bounds)
         self.scheme = "http" if tls is None else "https"
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -300,7 +300,7 @@ def _bounded(base: type[ThreadingHTTPServer], bounds: _Bounds) -> type[Threading
 
 
 def _https_server(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls: ServerTls,
-                  bounds: _Bounds) -> ThreadingHTTPServer:  # fmt: skip
+                  bounds: _Bounds) -> ThreadingHTTPServer:
     from broker.server.server_tls import HttpsWrapper
 
     wrapper = HttpsWrapper(tls)

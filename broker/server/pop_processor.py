@@ -37,14 +37,14 @@ class PopProcessor:
                 min(request.poll_time_ms, self.max_poll_ms),
             ),
             time_remaining_s,
-        )  # fmt: skip
+        )
         raw = [p.entry if p.entry is not None else encode_stored(p.message) for p in popped]
         positions = list(itertools.accumulate((len(e) for e in raw[:-1]), initial=0)) if raw else []
         entries = b"".join(raw)
         return pb.PopResponse(
             entries=entries, entry_positions=positions, receipt_handles=[p.handle for p in popped],
             delivery_attempts=[p.attempt for p in popped], invisible_until_ms=[p.invisible_until_ms for p in popped],
-        )  # fmt: skip
+        )
 
     def ack(self, request: pb.AckMessageRequest) -> pb.AckMessageResponse:
         validate_group(request.consumer_group)
@@ -57,5 +57,5 @@ class PopProcessor:
     def change(self, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
         validate_group(request.consumer_group)
         p = self.pops.change_invisible(request.consumer_group, request.topic, request.receipt_handle,
-                                       request.invisible_time_ms)  # fmt: skip
+                                       request.invisible_time_ms)
         return pb.ChangeInvisibleTimeResponse(receipt_handle=p.handle, invisible_until_ms=p.invisible_until_ms)

@@ -29,9 +29,9 @@ class BrokerProcess:
     def __init__(
         self, store: str | Path, *, listen: str = "127.0.0.1:0", flush: str = "async", config: str | Path | None = None,
         metrics_port: int | None = None, log_level: str = "WARNING", extra_args: list[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.args = [sys.executable, "-m", "broker", "--log-level", log_level, "broker", "--store", str(store),
-                     "--listen", listen, "--flush", flush]  # fmt: skip
+                     "--listen", listen, "--flush", flush]
         if config is not None:
             self.args += ["--config", str(config)]
         if metrics_port is not None:

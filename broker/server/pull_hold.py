@@ -38,7 +38,7 @@ class _CallingEvent(threading.Event):
 class PullHoldService:
     def __init__(self, *, long_polling_enable: bool = True, short_polling_time_ms: int = 1000,
                  recheck_ms: int = 5000, max_held: int = 1 << 30,
-                 held_elsewhere: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
+                 held_elsewhere: Callable[[], int] = lambda: 0) -> None:
         self.long_polling_enable = long_polling_enable
         # Each held pull occupies a gRPC worker thread; past this many, counting the other calls that hold one
         # (``held_elsewhere``: transaction check streams), pulls are answered at once so that sends and other

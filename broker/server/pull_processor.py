@@ -74,7 +74,7 @@ def fold_status(result: GetResult, offset: int) -> PullOutcome:
 
 # Get statuses that a send not yet dispatched can cause: the pull waits for the dispatcher before answering them.
 PAST_THE_END = frozenset({GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.OFFSET_OVERFLOW_ONE,
-                          GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})  # fmt: skip
+                          GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})
 
 
 @dataclass
@@ -96,7 +96,7 @@ class PullProcessor:
         self, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager, hold: PullHoldService,
         metrics: BrokerMetrics, *, default_max_msgs: int = 32, max_msgs: int = 4096, max_bytes: int = 16 << 20,
         max_suspend_ms: int = 60_000,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store, self.topics, self.offsets, self.hold, self.metrics = store, topics, offsets, hold, metrics
         self.default_max_msgs, self.max_msgs, self.max_bytes = default_max_msgs, max_msgs, max_bytes
         self.max_suspend_ms = max_suspend_ms

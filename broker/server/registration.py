@@ -72,7 +72,7 @@ class NameServerRegistrar:
         runtime: Callable[[], Runtime] = Runtime, role: str = "MASTER", ha_address: str = "",
         replica_status: Callable[[], Status] | None = None, require_authentication: bool = False,
         remoting_address: str = "",
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``require_authentication``: register only with name servers that authenticate (module docstring)."""
         self.namesrv = namesrv
         self.require_authentication = require_authentication
@@ -119,7 +119,7 @@ class NameServerRegistrar:
                 self._register(address)
             except BrokerUnreachableError as e:
                 log.warning("name server %s did not answer the registration (%s); trying again in %d s", address,
-                            e.message, self.interval_ms // 1000)  # fmt: skip
+                            e.message, self.interval_ms // 1000)
             except BrokerError as e:
                 state = self._states[address]
                 state.refused, state.sent_version = True, -1
@@ -146,14 +146,14 @@ class NameServerRegistrar:
         version = self.topics.data_version
         if state.sent_version == version:
             answer = self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=False),
-                                           REGISTER_TIMEOUT_S)  # fmt: skip
+                                           REGISTER_TIMEOUT_S)
             self._check_authenticated(address, answer)
             if answer.accepted:
                 self.master_ha_address = answer.master_ha_address or self.master_ha_address
                 return
             log.info("name server %s does not know this broker's topics (it restarted?); registering them", address)
         answer = self.namesrv.call_one(address, "RegisterBroker", self._request(version, full=True),
-                                       REGISTER_TIMEOUT_S)  # fmt: skip
+                                       REGISTER_TIMEOUT_S)
         self._check_authenticated(address, answer)
         self.master_ha_address = answer.master_ha_address or self.master_ha_address
         if state.refused:
@@ -182,7 +182,7 @@ class NameServerRegistrar:
             require_authentication=self.require_authentication, remoting_address=self.remoting_address,
             runtime=npb.BrokerRuntime(put_messages_per_s=r.put_messages_per_s, get_messages_per_s=r.get_messages_per_s,
                                       commit_log_max_offset=r.commit_log_max_offset, uptime_ms=r.uptime_ms),
-        )  # fmt: skip
+        )
         if self.replica_status is not None:
             status = self.replica_status()
             request.epoch, request.in_sync, request.lag_bytes = status.epoch, status.in_sync, max(status.lag_bytes, 0)
@@ -207,10 +207,10 @@ class NameServerRegistrar:
     def _unregister(self, broker_id: int, addresses: list[str] | None = None) -> None:
         ident = self.identity
         request = npb.UnregisterBrokerRequest(cluster=ident.cluster, broker_name=ident.broker_name,
-                                              broker_id=broker_id, store_id=ident.store_id)  # fmt: skip
+                                              broker_id=broker_id, store_id=ident.store_id)
         for address in self.namesrv.addresses if addresses is None else addresses:
             try:
                 self.namesrv.call_one(address, "UnregisterBroker", request, UNREGISTER_TIMEOUT_S)
             except BrokerError as e:
                 log.warning("could not unregister from name server %s (%s); it drops this broker when its "
-                            "registration expires", address, e.message)  # fmt: skip
+                            "registration expires", address, e.message)

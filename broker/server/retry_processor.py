@@ -45,14 +45,14 @@ def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
         consume_from_min_enable=cfg.consume_from_min_enable, consume_broadcast_enable=cfg.consume_broadcast_enable,
         retry_queue_nums=cfg.retry_queue_nums, retry_max_times=cfg.retry_max_times,
         consume_message_orderly=cfg.consume_message_orderly,
-    )  # fmt: skip
+    )
 
 
 class RetryProcessor:
     def __init__(
         self, retry: RetryService, groups: SubscriptionGroupManager, topics: TopicConfigManager, *,
         dlq_pull_enable: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.retry, self.groups, self.topics = retry, groups, topics
         self.dlq_pull_enable = dlq_pull_enable
 
@@ -99,7 +99,7 @@ class RetryProcessor:
             self.topics.create(result.topic, 1, if_not_exists=True, charged=True)  # stored already: registered as data
         return pb.ConsumerSendMsgBackResponse(topic=result.topic, queue_id=result.queue_id,
                                               dead_letter=result.dead_letter, delay_level=result.delay_level,
-                                              reconsume_times=result.reconsume_times)  # fmt: skip
+                                              reconsume_times=result.reconsume_times)
 
     def get_group(self, group: str) -> pb.SubscriptionGroup:
         return _group(self.groups.get(group))

@@ -124,7 +124,7 @@ class SendDeduplicator:
             if found is not None:
                 self.deduplicated += 1
                 log.info("retried send of %s (UNIQ_KEY %s) was stored already; answering with its result",
-                         key.topic, key.uniq_key)  # fmt: skip
+                         key.topic, key.uniq_key)
             yield found
 
     def _find(self, key: SendKey, uniq_keys: list[str | None]) -> PutResult | None:
@@ -149,7 +149,7 @@ class SendDeduplicator:
             msg = self.store.lookup_message(offset)
             if msg is None or (uniq is not None and msg.properties.get(Prop.UNIQ_KEY) != uniq):
                 log.warning("a retried send's first message is stored at %d but the rest differ; storing it again",
-                            first_offset)  # fmt: skip
+                            first_offset)
                 return None
             result.commitlog_offsets.append(msg.commitlog_offset)
             result.queue_ids.append(msg.queue_id)

@@ -93,7 +93,7 @@ class SendProcessor:
         self, topic: str, queue_id: int, body: bytes, properties: dict[str, str], *, flag: int = 0,
         sys_flag: int = 0, born_timestamp: int = 0, reconsume_times: int = 0, producer_group: str = "",
         transactional: bool = False, transaction_id: str = "",
-    ) -> SendOutcome:  # fmt: skip
+    ) -> SendOutcome:
         validate_topic(topic)
         if is_system_topic(topic):
             raise MessageIllegalError(f"topic {topic!r} is a system topic written by the broker only; send elsewhere")
@@ -103,7 +103,7 @@ class SendProcessor:
         self.topics.check_write(topic, queue_id, queue_id)  # creates nothing: a refused send leaves no topic
         started = time.perf_counter()
         kwargs = {"flag": flag, "sys_flag": sys_flag, "born_timestamp": born_timestamp or int(time.time() * 1000),
-                  "reconsume_times": reconsume_times}  # fmt: skip
+                  "reconsume_times": reconsume_times}
         with self.topics.reserving([topic]):
             if transactional or transaction_id:
                 if self.transactions is None:
@@ -139,12 +139,12 @@ class SendProcessor:
     def send_batch(
         self, buffer: bytes, count: int, transaction_id: str = "", producer_group: str = "", *, attempt: str = "",
         coordinator: str = "",
-    ) -> SendOutcome:  # fmt: skip
+    ) -> SendOutcome:
         started = time.perf_counter()
         validated, ranges = self._validated(buffer, count)
         if transaction_id and not is_half_batch(buffer) and not _names_its_attempt(buffer, attempt):
             return self._send_in_place(validated, ranges, count, transaction_id, producer_group, attempt, coordinator,
-                                       started)  # fmt: skip
+                                       started)
         if transaction_id:
             return self._send_halves(buffer, validated, ranges, count, transaction_id, producer_group, started)
         self._check_topics(ranges)
@@ -165,7 +165,7 @@ class SendProcessor:
     def _send_in_place(
         self, validated: SmallBatch | ValidatedBatch, ranges: dict[str, tuple[int, int]], count: int,
         transaction_id: str, producer_group: str, attempt: str, coordinator: str, started: float,
-    ) -> SendOutcome:  # fmt: skip
+    ) -> SendOutcome:
         """A SendBatch in a transaction whose entries are encoded for their real topics: stored once, in place
         (broker/semantics/txn_in_place.py); topics and queues checked as any send's."""
         if self.transactions is None:
@@ -175,14 +175,14 @@ class SendProcessor:
             result = self.transactions.put_in_place(
                 validated.data, producer_group, transaction_id, attempt=attempt, coordinator=coordinator,
                 declared=count, validated=validated,
-            )  # fmt: skip
+            )
             return self._finish(result, started, "SendBatch (in a transaction)", transaction_id,
-                                created=_max_queue_ids(ranges))  # fmt: skip
+                                created=_max_queue_ids(ranges))
 
     def _send_halves(
         self, buffer: bytes, validated: SmallBatch | ValidatedBatch, ranges: dict[str, tuple[int, int]], count: int,
         transaction_id: str, producer_group: str, started: float,
-    ) -> SendOutcome:  # fmt: skip
+    ) -> SendOutcome:
         """A SendBatch in a transaction stored as half messages, validated as any other (send_batch). The real
         topics are checked as any send's: those of plain entries (which name their attempt themselves) on the
         buffer as sent; those of entries already in half form (all of the half topic, or the transaction service

@@ -141,7 +141,7 @@ def add_port(server: grpc.Server, target: str, tls: ServerTls | None, what: str)
     credentials, _files = server_credentials(tls)
     if tls.client_auth == "request":
         log.warning("%s: tls_client_auth request verifies no client certificate (gRPC's server cannot ask for one "
-                    "without requiring it); use require for mutual TLS", what)  # fmt: skip
+                    "without requiring it); use require for mutual TLS", what)
     return server.add_secure_port(target, credentials)
 
 
@@ -159,7 +159,7 @@ def warn_if_exposed(target: str, what: str) -> None:
     host = target.rsplit(":", 1)[0]
     if not is_loopback(host):
         log.warning("%s listens on %s in plain text: anyone who reaches it can read and send messages; serve TLS "
-                    "(--tls-cert, --tls-key; docs/security.md)", what, target)  # fmt: skip
+                    "(--tls-cert, --tls-key; docs/security.md)", what, target)
 
 
 class HttpsWrapper:

@@ -85,7 +85,7 @@ class ThreadPlacement:
     def __init__(
         self, python_cpus: frozenset[int], all_cpus: frozenset[int], apart_names: frozenset[str] = APART_THREADS,
         apart_prefixes: tuple[str, ...] = APART_PREFIXES,
-    ) -> None:  # fmt: skip
+    ) -> None:
         assert python_cpus and python_cpus <= all_cpus, (python_cpus, all_cpus)
         self.apart_names = apart_names
         self.apart_prefixes = apart_prefixes

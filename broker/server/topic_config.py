@@ -77,7 +77,7 @@ class TopicConfigManager:
         self, config_dir: Path, *, default_queue_nums: int = 8, max_queue_nums: int = 1024, auto_create: bool = True,
         max_total_queue_nums: int = DEFAULT_MAX_TOTAL_QUEUE_NUMS,
         max_auto_create_topics_per_request: int = DEFAULT_MAX_AUTO_CREATE_TOPICS_PER_REQUEST,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.path = config_dir / "topics.json"
         self.default_queue_nums = default_queue_nums
         self.max_queue_nums = max_queue_nums
@@ -207,7 +207,7 @@ class TopicConfigManager:
                 more = queue_nums - max(found.read_queue_nums, found.write_queue_nums)
                 self._charge_locked(max(more, 0), f"growing topic {topic!r} to {queue_nums} queues")
             grown = TopicConfig(topic, max(found.read_queue_nums, queue_nums), max(found.write_queue_nums, queue_nums),
-                                found.perm)  # fmt: skip
+                                found.perm)
             self._topics[topic] = grown
             self._data_version += 1
         self._changed()
@@ -259,7 +259,7 @@ class TopicConfigManager:
         log.warning(
             "topic %s has %d queues but a send racing its creation stored into queue %d; growing it to %d",
             topic, config.read_queue_nums, max_queue_id, max_queue_id + 1,
-        )  # fmt: skip
+        )
         return self.grow(topic, max_queue_id + 1, charged=True)
 
     @contextmanager

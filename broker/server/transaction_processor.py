@@ -110,14 +110,14 @@ class CheckHub:
         streams = [q for caller, q in listing if caller is None or all(caller.allows(n) for n in needs)]
         if not streams:
             log.info("transaction %s: no live producer of group %r (allowed to read %r) to check back with", txn_id,
-                     group, real_topic)  # fmt: skip
+                     group, real_topic)
             return None
         target = streams[next(self._turn) % len(streams)]
         raw = self.read_entry(half.commitlog_offset) if self.read_entry is not None else None
         request = pb.TransactionCheckRequest(
             transaction_id=txn_id, producer_group=group, half_commitlog_offset=half.commitlog_offset,
             half_entry=raw if raw is not None else encode_stored(half),
-        )  # fmt: skip
+        )
         try:
             target.put_nowait(request)
         except queue.Full:
@@ -138,7 +138,7 @@ class CheckHub:
 
 def _end_response(r: EndResult) -> pb.EndTransactionResponse:
     return pb.EndTransactionResponse(transaction_id=r.txn_id, status=r.status.value, already_ended=r.already_ended,
-                                     half_count=r.half_count, complete=r.complete)  # fmt: skip
+                                     half_count=r.half_count, complete=r.complete)
 
 
 def _info(t: TransactionSummary) -> pb.TransactionInfo:
@@ -146,7 +146,7 @@ def _info(t: TransactionSummary) -> pb.TransactionInfo:
         transaction_id=t.txn_id, producer_group=t.producer_group, status=t.status.value, half_count=t.half_count,
         first_store_ms=t.first_store_ms, last_activity_ms=t.last_activity_ms, check_times=t.check_times,
         ended_ms=t.ended_ms, complete=t.complete, held_queues=list(t.held_queues),
-    )  # fmt: skip
+    )
 
 
 class TransactionProcessor:
@@ -163,11 +163,11 @@ class TransactionProcessor:
             validate_producer_group(request.producer_group)
         kwargs = {"from_check": request.from_check, "committed_attempts": attempts,
                   "producer_group": request.producer_group, "expected_messages": expected,
-                  "record_unknown": request.record_unknown}  # fmt: skip
+                  "record_unknown": request.record_unknown}
         target = request.WhichOneof("target")
         if target == "half_commitlog_offset":
             return _end_response(self.tx.end_transaction_by_offset(request.half_commitlog_offset, request.commit,
-                                                                   **kwargs))  # fmt: skip
+                                                                   **kwargs))
         if target != "transaction_id" or not request.transaction_id:
             raise InvalidArgumentError("EndTransaction names no transaction: give transaction_id or a half offset")
         return _end_response(self.tx.end_transaction(request.transaction_id, request.commit, **kwargs))  # type: ignore[arg-type]
@@ -196,7 +196,7 @@ class TransactionProcessor:
                 "(each is decided and written on its own)"
             )
         results = self.tx.end_transactions(request.commit, prefix=request.prefix or None,
-                                           txn_ids=list(request.transaction_ids))  # fmt: skip
+                                           txn_ids=list(request.transaction_ids))
         return pb.EndTransactionsResponse(results=[_end_response(r) for r in results])
 
     def check_stream(

@@ -87,7 +87,7 @@ def _check_commit_log(store: MessageStore, problems: list[str]) -> dict[int, _Lo
             entries[phys] = _LogEntry(
                 topic, qid, qoff, int(run.sizes[i]), store.dispatcher.unit_tag(topic, qid, props[i], ts),
                 counted, frozenset(key_hash(index_key(topic, k)) for k in keys), deleted,
-            )  # fmt: skip
+            )
             if counted:
                 key = (topic, qid)
                 want = next_qoff.get(key)

@@ -140,7 +140,7 @@ class CleanupService(ServiceThread):
                 "disk use %.1f%% is over disk_space_clean_forcibly_ratio=%d%%: no unexpired commit-log file is "
                 "deleted (clean_file_forcibly_enable is off); sends are refused from %d%% until space is freed",
                 ratio, cfg.disk_space_clean_forcibly_ratio, cfg.disk_space_warning_level_ratio,
-            )  # fmt: skip
+            )
         self._pressure_logged = over
 
     def _update_disk_full(self, ratio: float) -> None:

@@ -214,7 +214,7 @@ class CommitLog:
         return phys, qoffs, ts
 
     def append_replicated(self, offset: int, data: bytes | memoryview, last_store_timestamp: int,
-                          fills_file: bool) -> None:  # fmt: skip
+                          fills_file: bool) -> None:
         """A slave's append: bytes its master wrote at ``offset``, written at the same offset so both logs stay byte
         for byte the same (broker/ha). The caller validated them (whole entries, CRCs, PHYSICALOFFSET fields) and
         keeps them inside one file; ``offset`` must be this log's end, or a file boundary when the log is empty.

@@ -330,7 +330,7 @@ class ConsumeQueue:
                         "consume queue %s/%d: unit %d (%s byte %d) was %s, the commit log says %s; rewritten",
                         self.topic, self.queue_id, int(pos[inside][i]) // CQ_UNIT_SIZE, f.path, int(rel[i]),
                         CqUnit(*stored[i].tolist()), CqUnit(*want[i].tolist()),
-                    )  # fmt: skip
+                    )
                 f.write_at(int(rel[i]), want[i].tobytes())
                 fixed += 1
         if fixed > REPAIR_LOG_LINES:  # a whole page lost is hundreds of units: one line for the rest

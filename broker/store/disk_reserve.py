@@ -45,7 +45,7 @@ class DiskReserve:
             except FileNotFoundError:
                 pass
             log.warning("disk reserve %s (%d bytes) not taken: %s; tried again once the disk has room", self.path,
-                        self.size, e)  # fmt: skip
+                        self.size, e)
             return False
         return True
 
@@ -56,5 +56,5 @@ class DiskReserve:
         except FileNotFoundError:
             return False
         log.warning("disk full: released the %d-byte disk reserve so that messages already stored become readable",
-                    self.size)  # fmt: skip
+                    self.size)
         return True

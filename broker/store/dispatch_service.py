@@ -27,7 +27,7 @@ class DispatchService(ServiceThread):
     name = "reput-dispatch"
 
     def __init__(self, dispatcher: Dispatcher, interval_ms: int, on_state: Callable[[str], None],
-                 release_space: Callable[[], bool]) -> None:  # fmt: skip
+                 release_space: Callable[[], bool]) -> None:
         super().__init__()
         self.dispatcher = dispatcher
         self.release_space = release_space  # frees the disk reserve on ENOSPC; True if it did

@@ -235,11 +235,11 @@ class Dispatcher:
     def _stuck(self, path: str, pos: int, offset: int, why: str) -> None:
         """Log that dispatch cannot pass the entry at ``offset``, once (the service retries every pass)."""
         self.stuck = (f"dispatch is stuck at {path} byte {pos} (commit-log offset {offset}): {why}; restart the "
-                      "broker so that recovery checks the log")  # fmt: skip
+                      "broker so that recovery checks the log")
         if offset != self._stuck_reported:
             self._stuck_reported = offset
             log.error("dispatcher stuck at %s byte %d (commit-log offset %d): %s; restart the broker so that recovery "
-                      "checks the log", path, pos, offset, why)  # fmt: skip
+                      "checks the log", path, pos, offset, why)
 
     def _topic_name(self, raw: bytes) -> str | None:
         """The topic of stored TOPIC bytes, None when they are not a valid name (never stored by a put: a torn
@@ -401,7 +401,7 @@ class Dispatcher:
         return handles
 
     def _decide(self, run: EntryRun, buf: Buffer, key_ids: np.ndarray, keys: list[tuple[str, int]],
-                phys: np.ndarray) -> None:  # fmt: skip
+                phys: np.ndarray) -> None:
         """Apply the run's transaction markers (after its units are written: a marker shows them)."""
         assert self.txn is not None
         ids = [k for k, (topic, _) in enumerate(keys) if topic == MARKER_TOPIC]

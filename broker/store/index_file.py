@@ -213,7 +213,7 @@ class IndexFile:
         return IndexSlot._make(INDEX_SLOT.unpack_from(self.mm, INDEX_HEADER.size + slot * INDEX_SLOT.size)).newest_entry
 
     def put_entries(self, hashes: np.ndarray | list[int], phys: np.ndarray | list[int],
-                    store_ts: np.ndarray | list[int]) -> None:  # fmt: skip
+                    store_ts: np.ndarray | list[int]) -> None:
         """Append one entry per (hash, commit-log offset, store time), in commit-log order; the caller made sure
         there is room. Entries first, then the count, then the slots, then the rest of the header (module
         docstring): a crash anywhere leaves every slot and PREV pointing below the count."""
@@ -242,7 +242,7 @@ class IndexFile:
                 if prev <= 0 or prev >= first:
                     prev = 0  # empty, or stale from a torn write: start a new chain
             INDEX_ENTRY.pack_into(mm, self._entries_at + count * INDEX_ENTRY.size, kh, p,
-                                  max(0, (ts - begin_ts) // 1000), prev)  # fmt: skip
+                                  max(0, (ts - begin_ts) // 1000), prev)
             newest[slot] = count
             count += 1
         struct.pack_into(">i", mm, 36, count)

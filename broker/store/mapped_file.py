@@ -285,7 +285,7 @@ class MappedFileQueue:
             MappedFile(os.path.join(self.directory, n), self.file_size, self._sync, create=False,
                        allocate=self._allocate, reserve_as_written=self.reserve_as_written)
             for n in names
-        ]  # fmt: skip
+        ]
         for prev, nxt in itertools.pairwise(files):
             if nxt.file_from_offset != prev.file_from_offset + self.file_size:
                 raise CorruptionError(
@@ -345,7 +345,7 @@ class MappedFileQueue:
         assert last is None or start_offset == last.file_from_offset + self.file_size, (start_offset, last)
         path = os.path.join(self.directory, file_name(start_offset))
         f = MappedFile(path, self.file_size, self._sync, create=True, allocate=self._allocate,
-                       reserve_as_written=self.reserve_as_written)  # fmt: skip
+                       reserve_as_written=self.reserve_as_written)
         with self._lock:
             self.files = [*self.files, f]
             if self.directory not in self._unsynced_dirs:

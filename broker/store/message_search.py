@@ -27,7 +27,7 @@ QUERY_MAX_CANDIDATES = 65_536  # index entries one key query may read messages f
 def query_by_key(
     store: MessageStore, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 2**62, *,
     confirmed_only: bool = True,
-) -> list[StoredMessage]:  # fmt: skip
+) -> list[StoredMessage]:
     """The newest ``max_num`` messages of ``topic`` with ``key`` in KEYS or UNIQ_KEY, stored in [begin_ms,
     end_ms], oldest first; fewer if their bodies pass QUERY_MAX_BYTES (the answer is built whole in memory).
     ``confirmed_only=False``: also messages past the read limit (the broker's own retry deduplication)."""

@@ -121,7 +121,7 @@ class MessageStore:
         self.txn_visibility = TxnVisibility(
             state_path(config.config_dir), self.queues, self.dispatcher.listeners, self._visibility_lock,
             self.dispatcher.lock,
-        )  # fmt: skip
+        )
         self.dispatcher.txn = self.txn_visibility
         self.checkpoint: Checkpoint | None = None
         self.recovery_report: RecoveryReport | None = None
@@ -138,7 +138,7 @@ class MessageStore:
         self.cleanup: CleanupService | None = None
         self._encoder = SingleEntryEncoder(config, self.commit_log)
         self.topic_deletions = TopicDeletions(config, self.commit_log, self.queues, self.dispatcher,
-                                              self.txn_visibility)  # fmt: skip
+                                              self.txn_visibility)
         # topic -> commit-log offset where it was last deleted (topic_deletions.py), the dispatcher's dict too
         self.deleted_topics = self.topic_deletions.table
         self._reader = QueueReader(self.commit_log, config.mapped_file_size_commit_log, self._counters)
@@ -189,7 +189,7 @@ class MessageStore:
         assert self.checkpoint is not None
         data = self.checkpoint.data
         self.checkpoint.update(physic_offset=min(data.physic_offset, end), logics_offset=min(data.logics_offset, end),
-                               index_offset=min(data.index_offset, end))  # fmt: skip
+                               index_offset=min(data.index_offset, end))
         truncation.done(self.config.store_path)
 
     def _start_services(self) -> None:
@@ -197,7 +197,7 @@ class MessageStore:
         assert self.checkpoint is not None
         self._dispatch_service = DispatchService(self.dispatcher, cfg.dispatch_interval_ms,
                                                  self.write_state.set_dispatch_error,
-                                                 self.write_state.release_reserve)  # fmt: skip
+                                                 self.write_state.release_reserve)
         if cfg.sync_flush:
             self._group_commit = GroupCommitService(self.commit_log, self.checkpoint, self.write_state.on_io_error)
         else:
@@ -210,7 +210,7 @@ class MessageStore:
         )
         services: list[ServiceThread | None] = [
             self._dispatch_service, self._group_commit, self._async_flush, self._cq_flush, self.cleanup,
-        ]  # fmt: skip
+        ]
         self._services = [s for s in services if s is not None]
         for s in self._services:
             s.start()
@@ -328,7 +328,7 @@ class MessageStore:
             topic, queue_id, body, properties, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
             born_host=born_host, reconsume_times=reconsume_times,
             prepared_transaction_offset=prepared_transaction_offset,
-        )  # fmt: skip
+        )
         if isinstance(encoded, PutResult):
             return encoded
         entry = encoded
@@ -432,7 +432,7 @@ class MessageStore:
             body_crcs=run.body_crcs, body_lengths=run.body_lengths, topic_starts=run.topic_starts + shift,
             topic_lengths=run.topic_lengths, props_starts=run.props_starts + shift, props_lengths=run.props_lengths,
             end=end, stop_reason="",
-        )  # fmt: skip
+        )
         self.dispatcher.add_hint(start, DispatchHint(end, file_run, batch.key_ids, batch.keys))
 
     # ================================================================================================ gets
@@ -568,7 +568,7 @@ class MessageStore:
             return None
         topic_at = BODY_START + I32.unpack_from(raw, POS_BODY_LENGTH)[0]
         if self.deleted_generation(raw[topic_at + 1 : topic_at + 1 + raw[topic_at]].decode("ascii", "replace"),
-                                   parts.commitlog_offset):  # fmt: skip
+                                   parts.commitlog_offset):
             return None
         sys_flag, handle = I32.unpack_from(raw, POS_SYS_FLAG)[0], I64.unpack_from(raw, POS_PREPARED_TX_OFFSET)[0]
         if in_place_transactional(sys_flag, handle):
@@ -596,7 +596,7 @@ class MessageStore:
     def query_by_key(
         self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 2**62, *,
         confirmed_only: bool = True,
-    ) -> list[StoredMessage]:  # fmt: skip
+    ) -> list[StoredMessage]:
         """The newest ``max_num`` messages of ``topic`` with ``key`` in KEYS or UNIQ_KEY, stored in [begin_ms,
         end_ms], oldest first (key_query.py). ``confirmed_only=False``: also messages past the read limit (the
         broker's own retry deduplication)."""

@@ -144,7 +144,7 @@ def recover_commit_log(
             report.truncated_at = end
             report.reason = f"data in later files {later} after the end of {os.path.basename(f.path)}"
             log.warning("recovery: commit log %s ends at byte %d but later files hold data; deleting %s",
-                        f.path, pos, later)  # fmt: skip
+                        f.path, pos, later)
         break
     commit_log.files.truncate(end)
     report.commit_log_end = end
@@ -155,7 +155,7 @@ def recover_commit_log(
 def _discard_everything(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService | None) -> None:
     """A replica starting again from its master's first file: nothing of this store is kept (truncation.py)."""
     log.warning("recovery: discarding the whole store (%d commit-log files) to start again from the master's",
-                len(commit_log.files.files))  # fmt: skip
+                len(commit_log.files.files))
     commit_log.files.delete_first(len(commit_log.files.files))
     root = queues.root
     if os.path.isdir(root):
@@ -200,7 +200,7 @@ def recover(
     if pending is not None and not pending.reset and pending.offset < report.commit_log_end:
         # truncation.py: the log ends at the divergence point; the queues and index follow as after any cut
         log.warning("recovery: truncating the commit log at %d (was %d), as this replica's new master requires",
-                    pending.offset, report.commit_log_end)  # fmt: skip
+                    pending.offset, report.commit_log_end)
         commit_log.files.truncate(max(pending.offset, commit_log.files.min_offset))
         report.commit_log_end = commit_log.files.max_offset
         report.truncated_at, report.reason = report.commit_log_end, "truncated to the divergence point"

@@ -42,7 +42,7 @@ class SingleEntryEncoder:
             born_host=born_host, reconsume_times=reconsume_times,
             prepared_transaction_offset=prepared_transaction_offset, store_ip=self.commit_log.store_ip,
             store_port=self.commit_log.store_port, max_message_size=self.config.max_message_size, now_ms=now_ms,
-        )  # fmt: skip
+        )
         if isinstance(entry, Refusal):
             status = PutStatus.PROPERTIES_SIZE_EXCEEDED if entry.properties_too_large else PutStatus.MESSAGE_ILLEGAL
             return PutResult(status, error=entry.reason)

@@ -26,7 +26,7 @@ OS_PAGE_SIZE = 4096  # RocketMQ counts flush "pages" in 4 KiB units
 POSITIVE_SETTINGS = (
     "flush_interval_commit_log_ms", "flush_interval_consume_queue_ms", "dispatch_interval_ms", "max_message_size",
     "max_batch_bytes", "recover_normally_file_count",
-)  # fmt: skip
+)
 
 
 def disk_usage_ratio(path: str) -> float:

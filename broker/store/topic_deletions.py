@@ -43,7 +43,7 @@ def parse_deleted_topics(data: dict[str, object]) -> dict[str, int]:
 
 class TopicDeletions:
     def __init__(self, config: StoreConfig, commit_log: CommitLog, queues: ConsumeQueueTable, dispatcher: Dispatcher,
-                 txn_visibility: TxnVisibility) -> None:  # fmt: skip
+                 txn_visibility: TxnVisibility) -> None:
         self.config = config
         self.commit_log = commit_log
         self.queues = queues

@@ -54,7 +54,7 @@ def request(store_path: str, truncation: Truncation) -> None:
     key = "resetTo" if truncation.reset else "truncateTo"
     json_file.write_json_atomic(intent_path(store_path), {key: truncation.offset})
     log.warning("store %s: %s at commit-log offset %d at its next start", store_path,
-                "reset to start again" if truncation.reset else "truncate", truncation.offset)  # fmt: skip
+                "reset to start again" if truncation.reset else "truncate", truncation.offset)
 
 
 def pending(store_path: str) -> Truncation | None:

@@ -265,7 +265,7 @@ class TxnVisibility:
                 OpenSlice(h, {k: s[0][0] for k, s in p.ranges.items() if s},
                           sum(e - b for spans in p.ranges.values() for b, e in spans))
                 for h, p in sorted(self._open.items())
-            ]  # fmt: skip
+            ]
 
     def decision(self, handle: int) -> bool | None:
         """True committed, False rolled back, None open or unknown."""
@@ -287,7 +287,7 @@ class TxnVisibility:
         applied_to, open_slices, decided, aborted = state
         if applied_to > log_end:
             log.warning("%s: saved at commit-log offset %d, past the log's end %d; rebuilt from the log's start %d",
-                        self.path, applied_to, log_end, log_min)  # fmt: skip
+                        self.path, applied_to, log_end, log_min)
             self.applied_to = log_min
             return log_min
         with self.lock:
@@ -344,21 +344,21 @@ class TxnVisibility:
                     held = [at for h, at in cq.held() if h is piece.hold]
                     if not held or held[0] > spans[0][0]:
                         problems.append(f"{topic}/{qid}: open transaction slice {handle} starts at {spans[0][0]} "
-                                        f"but readers are held at {held or 'nothing'}")  # fmt: skip
+                                        f"but readers are held at {held or 'nothing'}")
                     if cq.max_offset > spans[0][0]:
                         problems.append(f"{topic}/{qid}: readers see up to {cq.max_offset}, past open transaction "
-                                        f"slice {handle} at {spans[0][0]}")  # fmt: skip
+                                        f"slice {handle} at {spans[0][0]}")
             for (topic, qid), cq in list(self.queues.queues.items()):
                 last = -1
                 for start, end in cq.aborted:
                     if start < last or end <= start or end > cq.written_offset:
                         problems.append(f"{topic}/{qid}: aborted range [{start}, {end}) out of order or past the "
-                                        f"queue's end {cq.written_offset}")  # fmt: skip
+                                        f"queue's end {cq.written_offset}")
                     last = end
 
 
 def _parse_state(data: dict[str, Any]) -> tuple[int, dict[int, dict[QueueKey, list[list[int]]]], dict[int, bool],
-                                                dict[QueueKey, list[tuple[int, int]]]]:  # fmt: skip
+                                                dict[QueueKey, list[tuple[int, int]]]]:
     applied_to = int(data["appliedTo"])
     open_slices: dict[int, dict[QueueKey, list[list[int]]]] = {}
     for handle, queues in data["open"]:
@@ -391,7 +391,7 @@ def mark_in_place(batch: SmallBatch | ValidatedBatch, handle: int) -> None:
     arr = np.frombuffer(data, np.uint8)
     put_rows(arr, run.positions + POS_SYS_FLAG, flags.astype(">i4").view(np.uint8).reshape(-1, 4))
     put_rows(arr, run.positions + POS_PREPARED_TX_OFFSET,
-             np.full(len(run), handle, ">i8").view(np.uint8).reshape(-1, 8))  # fmt: skip
+             np.full(len(run), handle, ">i8").view(np.uint8).reshape(-1, 8))
     del arr
     run.sys_flags = flags.astype(run.sys_flags.dtype)
 

@@ -29,7 +29,7 @@ DISK_FULL_MARGIN_BYTES = 1 << 20
 
 class WriteState:
     def __init__(self, config: StoreConfig, disk_reserve: DiskReserve, dispatcher: Dispatcher,
-                 counters: dict[str, int]) -> None:  # fmt: skip
+                 counters: dict[str, int]) -> None:
         self.config = config
         self.disk_reserve = disk_reserve
         self.dispatcher = dispatcher
@@ -69,7 +69,7 @@ class WriteState:
             if full != self._disk_full:
                 if full:
                     log.error("disk use over %d%%: refusing writes (no file is deleted to make room)",
-                              self.config.disk_space_warning_level_ratio)  # fmt: skip
+                              self.config.disk_space_warning_level_ratio)
                 else:
                     log.warning("disk has room again: accepting writes")
             if not full:

@@ -93,7 +93,7 @@ def broker_factory(docker_client: docker.DockerClient, broker_image: str) -> Ite
         broker = SluiceContainer(  # published on loopback only: nothing outside this machine reaches it
             broker_image, flush=flush, broker_args=extra_args, volume=volume, bind_host="127.0.0.1",
             labels={LABEL: SESSION},
-        )  # fmt: skip
+        )
         made.append(broker)
         return broker.start()
 

@@ -53,7 +53,7 @@ NO_HEALTHCHECK = {"test": ["NONE"]}
 SMALL_STORE = {
     "mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 30_000 * 20,
     "max_hash_slot_num": 16_384, "max_index_num": 65_536,
-}  # fmt: skip
+}
 START_TIMEOUT_S = 90.0  # a container start on a busy 2-core machine: Python, gRPC and the store's recovery
 POLL_S = 0.1
 LOG_TAIL_CHARS = 3000
@@ -68,7 +68,7 @@ REPLICA_ENTRYPOINT = [
     f'(umask 077; cp {SECRET_STAGED} {SECRET_FILE}) && exec sluice broker --store {STORE_DIR} '
     f'--listen 0.0.0.0:{BROKER_PORT} "$@"',
     "sluice-broker",
-]  # fmt: skip
+]
 
 
 def network_ip(container: DockerContainer, network: Network) -> str:
@@ -97,7 +97,7 @@ class ContainerReplicaGroup:
     def __init__(
         self, image: str, *, replicas: int = 3, broker_name: str = "broker-a", cluster: str = "DefaultCluster",
         settings: dict[str, Any] | None = None, register_interval_ms: int = 500, broker_expire_ms: int = 3000,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.image = image
         self.broker_name, self.cluster = broker_name, cluster
         self.settings = dict(settings or {})
@@ -140,7 +140,7 @@ class ContainerReplicaGroup:
         etcd = self._container([ETCD_BIN], [
             "--name", "sluice", "--data-dir", ETCD_DATA_DIR, "--listen-client-urls", client_url,
             "--advertise-client-urls", client_url, "--log-level", "error",
-        ]).with_copy_into_container(binary, ETCD_BIN, 0o755)  # fmt: skip
+        ]).with_copy_into_container(binary, ETCD_BIN, 0o755)
         self.etcd = etcd
         etcd.start()
         ip = network_ip(etcd, self.network)
@@ -161,7 +161,7 @@ class ContainerReplicaGroup:
         namesrv = self._container(["sluice", "namesrv"], [
             "--listen", f"0.0.0.0:{NAMESRV_PORT}", "--broker-expire-ms", str(self.broker_expire_ms),
             "--allow-anonymous-registration",  # a test network of its own; the brokers run without --auth
-        ])  # fmt: skip
+        ])
         self.namesrv_container = namesrv
         namesrv.start()
         self.ips["namesrv"] = network_ip(namesrv, self.network)
@@ -177,17 +177,17 @@ class ContainerReplicaGroup:
         config = {
             "controller": f"etcd://{self.ips['etcd']}:{ETCD_PORT}", "ha_listen": f"0.0.0.0:{HA_PORT}",
             "ha_secret_file": SECRET_FILE, "store": SMALL_STORE, **self.settings,
-        }  # fmt: skip
+        }
         return json.dumps(config).encode()
 
     def _replica(self, broker_id: int) -> SluiceContainer:
         args = ("--config", f"{CONFIG_DIR}/replica.json", "--namesrv", self.namesrv, "--cluster", self.cluster,
                 "--broker-name", self.broker_name, "--broker-id", str(broker_id),
-                "--register-interval-ms", str(self.register_interval_ms))  # fmt: skip
+                "--register-interval-ms", str(self.register_interval_ms))
         replica = SluiceContainer(
             self.image, broker_args=args, bind_host="127.0.0.1", start_timeout_s=START_TIMEOUT_S,
             labels={LABEL: SESSION}, healthcheck=NO_HEALTHCHECK, entrypoint=REPLICA_ENTRYPOINT,
-        )  # fmt: skip
+        )
         replica.with_network(self.network)
         replica.with_copy_into_container(self._replica_config(), f"{CONFIG_DIR}/replica.json")
         replica.with_copy_into_container(self.secret, SECRET_STAGED)
@@ -248,7 +248,7 @@ class ContainerReplicaGroup:
         """The tail of every container's log, for a failing test's message."""
         parts = []
         for name, container in [("etcd", self.etcd), ("namesrv", self.namesrv_container),
-                                *((f"replica-{i}", r) for i, r in self.replicas.items())]:  # fmt: skip
+                                *((f"replica-{i}", r) for i, r in self.replicas.items())]:
             if container is not None and container._container is not None:
                 try:
                     parts.append(f"--- {name}\n{log_text(container)[-LOG_TAIL_CHARS:]}")

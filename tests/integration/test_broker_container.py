@@ -189,7 +189,7 @@ def test_second_broker_on_the_same_volume_is_refused(
     code, output = run_in_volume(
         docker_client, broker_image, broker.volume,
         "sluice", "broker", "--store", STORE_DIR, "--listen", "0.0.0.0:10911", timeout_s=60,
-    )  # fmt: skip
+    )
     assert code != 0, output
     assert "locked" in output and STORE_DIR in output, output
     assert "Traceback" not in output

@@ -38,7 +38,7 @@ SEND_TIMEOUT_S = 20.0  # a send in flight at the kill is retried at the dead bro
 LOAD_SENDS = 200  # acknowledged sends in each phase of the kill test: before, while down, after the restart
 # Small store files: each broker allocates ~100 MB instead of ~1.5 GB (commit log, key index) of the shared disk.
 SMALL_STORE = {"store": {"mapped_file_size_commit_log": 64 << 20, "mapped_file_size_consume_queue": 30_000 * 20,
-                         "max_hash_slot_num": 16_384, "max_index_num": 65_536}}  # fmt: skip
+                         "max_hash_slot_num": 16_384, "max_index_num": 65_536}}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     session = spark_session("sluice-cluster-integration", shuffle_partitions=2, driver_memory="1g",
-                            conf={"spark.default.parallelism": "2"})  # fmt: skip
+                            conf={"spark.default.parallelism": "2"})
     yield session
     session.stop()
 
@@ -138,11 +138,11 @@ def test_spark_reads_the_cluster_through_the_name_server_exactly_once(
     reader = (
         spark.readStream.format("sluice").option("namesrv", namesrv).option("topic", "spark_in")
         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "500")
-    )  # fmt: skip
+    )
     query = (
         reader.load().writeStream.format("memory").queryName("it_cluster_read")
         .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start()
-    )  # fmt: skip
+    )
     query.awaitTermination(timeout=180)
     assert not query.isActive, "the availableNow query did not finish within 180 s"
     assert query.exception() is None, query.exception()
@@ -202,7 +202,7 @@ def test_a_killed_broker_container_loses_no_acknowledged_message(cluster: Sluice
         t.start()
     try:
         wait_until(lambda: len(load.acked_since(0)) >= LOAD_SENDS or bool(load.failed),
-                   "sends before the kill", timeout_s=WAIT_S, interval_s=0.1)  # fmt: skip
+                   "sends before the kill", timeout_s=WAIT_S, interval_s=0.1)
         cluster.kill_broker(0)  # docker kill: SIGKILL, the container exits
         killed = time.monotonic()
         # A producer that starts now takes its turns at broker-a's queues too, while this machine still has the dead
@@ -210,12 +210,12 @@ def test_a_killed_broker_container_loses_no_acknowledged_message(cluster: Sluice
         with Producer(namesrv=namesrv, timeout_s=SEND_TIMEOUT_S) as fresh:
             late = [where(fresh.send(Message("failover", f"late-{i}".encode(), keys=f"late-{i}"))) for i in range(8)]
         wait_until(lambda: len(load.acked_since(killed)) >= LOAD_SENDS or bool(load.failed),
-                   "sends while one is down", timeout_s=WAIT_S, interval_s=0.1)  # fmt: skip
+                   "sends while one is down", timeout_s=WAIT_S, interval_s=0.1)
         down = load.acked_since(killed)
         cluster.restart_broker(0)  # the same container and store, registered again
         restarted = time.monotonic()
         wait_until(lambda: len(load.acked_since(restarted)) >= LOAD_SENDS or bool(load.failed),
-                   "sends after it", timeout_s=WAIT_S, interval_s=0.1)  # fmt: skip
+                   "sends after it", timeout_s=WAIT_S, interval_s=0.1)
     finally:
         load.stop.set()
         for t in threads:

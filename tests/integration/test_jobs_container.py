@@ -37,7 +37,7 @@ def test_topic_mirror_with_where_and_transform(broker: SluiceContainer, tmp_path
         Message("orders", json.dumps({"id": i, "region": "eu" if i % 3 == 0 else "us"}).encode(),
                 tags="eu" if i % 3 == 0 else "us", keys=(f"order{i}",), properties={"n": str(i)})
         for i in range(n)
-    ]  # fmt: skip
+    ]
     produce(endpoint, sent, QUEUES)
     run_job(
         "topic_mirror",
@@ -183,7 +183,7 @@ def test_exactly_once_mirror_across_broker_restart_and_driver_kill(broker: Sluic
 
     def progress(endpoint: str, beyond: int, timeout_s: float = 120) -> bool:
         return became_true(lambda: mirrored(endpoint) >= beyond + 2 * EO_PER_TRIGGER,
-                           timeout_s=timeout_s, interval_s=0.5)  # fmt: skip
+                           timeout_s=timeout_s, interval_s=0.5)
 
     proc = start_continuous(endpoint)
     try:

@@ -34,7 +34,7 @@ def test_the_readme_testcontainers_example_passes(
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(example)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     assert "1 passed" in proc.stdout, proc.stdout
     assert containers_of(docker_client, broker_image) == before, "the example's container was left behind"

@@ -170,7 +170,7 @@ def _failover_under_load(group: ContainerReplicaGroup) -> None:
     with Admin(group.endpoint(old)) as admin:
         admin.create_topic(TOPIC, QUEUES, if_not_exists=True)
     wait_until(lambda: _route_ready(group.namesrv),
-               "the topic's route on the name server", timeout_s=30)  # fmt: skip
+               "the topic's route on the name server", timeout_s=30)
     assert _registered_master(group.namesrv)[0] == group.endpoint(old)  # the container's address, as registered
 
     deliveries = Deliveries()
@@ -178,14 +178,14 @@ def _failover_under_load(group: ContainerReplicaGroup) -> None:
         None, GROUP, {TOPIC: "*"}, deliveries.listener, namesrv=group.namesrv, consume_from=FIRST,
         consume_batch_size=32, long_poll_ms=2000, heartbeat_interval_ms=2000, rebalance_interval_ms=2000,
         persist_interval_ms=PERSIST_INTERVAL_MS, pull_backoff_ms=500, route_poll_interval_ms=1000,
-    ).start()  # fmt: skip
+    ).start()
     load = Load(group.namesrv).start()
     try:
         load_started = time.monotonic()
         wait_until(lambda: len(load.acked()) >= ACKED_BEFORE_KILL,
-                   f"{ACKED_BEFORE_KILL} acknowledged sends", timeout_s=90)  # fmt: skip
+                   f"{ACKED_BEFORE_KILL} acknowledged sends", timeout_s=90)
         wait_until(lambda: len(deliveries.bodies()) >= ACKED_BEFORE_KILL // 2,
-                   "the consumer to be consuming", timeout_s=60)  # fmt: skip
+                   "the consumer to be consuming", timeout_s=60)
         rate_before = len(load.acked()) / (time.monotonic() - load_started)
 
         old_ip = group.ips[f"replica-{old}"]
@@ -194,20 +194,20 @@ def _failover_under_load(group: ContainerReplicaGroup) -> None:
         new = group.wait_master(FAILOVER_TIMEOUT_S, other_than=old)
         elected_s = time.monotonic() - killed_at
         wait_until(lambda: load.acked(killed_at, not_ip=old_ip),
-                   "a send acknowledged by the new master", timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
+                   "a send acknowledged by the new master", timeout_s=FAILOVER_TIMEOUT_S)
         resumed_s = min(o.done_at for o in load.acked(killed_at, not_ip=old_ip)) - killed_at
         assert {o.store_ip for o in load.acked(killed_at, not_ip=old_ip)} == {group.ips[f"replica-{new}"]}
         wait_until(lambda: _registered_master(group.namesrv)[0] == group.endpoint(new),
-                   "the name server to route writes to the new master", timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
+                   "the name server to route writes to the new master", timeout_s=FAILOVER_TIMEOUT_S)
         state = group.state()
         assert state is not None and state.master == new and old not in state.in_sync, state
 
         wait_until(lambda: len(load.acked(killed_at)) >= ACKED_AFTER_KILL,
-                   f"{ACKED_AFTER_KILL} sends acknowledged after the kill", timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
+                   f"{ACKED_AFTER_KILL} sends acknowledged after the kill", timeout_s=FAILOVER_TIMEOUT_S)
         by_new = {o.body for o in load.acked(killed_at, not_ip=old_ip)}
         wait_until(lambda: len(by_new & deliveries.bodies()) >= CONSUMED_AFTER_KILL,
                    "the consumer to go on with messages the new master acknowledged",
-                   timeout_s=FAILOVER_TIMEOUT_S)  # fmt: skip
+                   timeout_s=FAILOVER_TIMEOUT_S)
         consumer_resumed_s = min(t for _q, _o, body, t in deliveries.snapshot() if body in by_new) - killed_at
     finally:
         load.stop()
@@ -215,7 +215,7 @@ def _failover_under_load(group: ContainerReplicaGroup) -> None:
         acked = load.acked()
         want = {o.body for o in acked}
         wait_until(lambda: want <= deliveries.bodies(),
-                   "every acknowledged message to be consumed", timeout_s=DRAIN_TIMEOUT_S)  # fmt: skip
+                   "every acknowledged message to be consumed", timeout_s=DRAIN_TIMEOUT_S)
     finally:
         consumer.shutdown()
 

@@ -32,7 +32,7 @@ ROOT_SECRET_KEY = "it-root-secret-0123456789"
 CONFIG_DIR = "/etc/sluice"  # in the container: certificate, key and settings, mounted read-only
 # Small store files: the broker allocates ~100 MB instead of ~1.5 GB of the shared disk.
 SMALL_STORE = {"store": {"mapped_file_size_commit_log": 64 << 20, "mapped_file_size_consume_queue": 30_000 * 20,
-                         "max_hash_slot_num": 16_384, "max_index_num": 65_536}}  # fmt: skip
+                         "max_hash_slot_num": 16_384, "max_index_num": 65_536}}
 DISPATCH_TIMEOUT_S = 30.0  # the dispatcher builds consume queues right after a send: polled, busy 2-core machine
 
 
@@ -63,7 +63,7 @@ def secured(docker_client: docker.DockerClient, broker_image: str, mounted: Path
         broker_image, bind_host="127.0.0.1", labels={LABEL: SESSION},
         broker_args=("--config", f"{CONFIG_DIR}/broker.json", "--auth", "--tls-cert", f"{CONFIG_DIR}/server.pem",
                      "--tls-key", f"{CONFIG_DIR}/server-key.pem"),
-    )  # fmt: skip
+    )
     broker.with_env(ROOT_ACCESS_KEY_ENV, ROOT_ACCESS_KEY).with_env(ROOT_SECRET_KEY_ENV, ROOT_SECRET_KEY)
     broker.with_volume_mapping(str(mounted), CONFIG_DIR, "ro")
     try:
@@ -93,7 +93,7 @@ def test_producer_and_consumer_with_credentials_and_the_ca(secured: SluiceContai
         admin.create_topic("payments", queues=2)
         create_user(admin, "payments-writer", "writer-secret", ("Topic:payments", "Pub"))
         create_user(admin, "payments-reader", "reader-secret", ("Topic:payments", "Sub"),
-                    ("Group:payments-audit", "Sub"))  # fmt: skip
+                    ("Group:payments-audit", "Sub"))
         bodies = [f"payment-{i}".encode() * (1 + i % 7) for i in range(200)]
         with Producer(endpoint, tls_ca=ca, access_key="payments-writer", secret_key="writer-secret") as producer:
             first = producer.send(Message("payments", bodies[0], keys=("p-0",)), queue_id=1)
@@ -102,7 +102,7 @@ def test_producer_and_consumer_with_credentials_and_the_ca(secured: SluiceContai
         wait_dispatched(admin, "payments", {1: 200}, timeout_s=DISPATCH_TIMEOUT_S)
 
     with PullConsumer(endpoint, "payments-audit", tls_ca=ca, access_key="payments-reader",
-                      secret_key="reader-secret") as consumer:  # fmt: skip
+                      secret_key="reader-secret") as consumer:
         got, offset = [], 0
         while (result := consumer.pull("payments", 1, offset, max_msgs=64)).status is PullStatus.FOUND:
             got += [m.body for m in result.messages]

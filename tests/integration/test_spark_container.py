@@ -34,7 +34,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     session = spark_session("sluice-integration", shuffle_partitions=2, driver_memory="1g",
-                            conf={"spark.default.parallelism": "2"})  # fmt: skip
+                            conf={"spark.default.parallelism": "2"})
     yield session
     session.stop()
 

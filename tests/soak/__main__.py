@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, f in features.items():
         sys.stderr.write(f"{name:18} checked {f['checked']:7}  violations {f['violations']}\n")
     sys.stderr.write(f"seed {args.seed}: {report['faults_injected']} faults; {report['violations']} violations; "
-                     f"report in {args.out}\n")  # fmt: skip
+                     f"report in {args.out}\n")
     return 0 if report["violations"] == 0 else 1
 
 

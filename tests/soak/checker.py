@@ -27,7 +27,7 @@ from tests.soak.workload import History, Sent
 
 LISTED = 10  # examples kept per violation list in the report (the counts are complete)
 KINDS = ("lost", "misplaced", "duplicated", "reordered", "early", "twice", "half_visible", "redelivered_after_ack",
-         "offsets_backwards")  # fmt: skip
+         "offsets_backwards")
 
 
 @dataclass
@@ -58,7 +58,7 @@ def read_topic(endpoint: str, topic: str, broker: str) -> list[tuple[str, Stored
             offset = 0
             while True:
                 request = pb.PullRequest(consumer_group="soak-checker", topic=topic, queue_id=q, queue_offset=offset,
-                                         max_msgs=512)  # fmt: skip
+                                         max_msgs=512)
                 r = conn.call(conn.stub.PullMessage, request)
                 if r.status != pb.FOUND:
                     break
@@ -77,7 +77,7 @@ def where(stored: list[tuple[str, StoredMessage]]) -> dict[str, list[tuple[str, 
 
 
 def check_sends(report: FeatureReport, sent: list[Sent], by_body: dict[str, list[tuple[str, StoredMessage]]],
-                *, positions: bool = True) -> None:  # fmt: skip
+                *, positions: bool = True) -> None:
     """Acknowledged sends stored once where acknowledged; unknown ones at most once; refused ones nowhere."""
     for s in sent:
         copies = by_body.get(s.body, [])
@@ -86,9 +86,9 @@ def check_sends(report: FeatureReport, sent: list[Sent], by_body: dict[str, list
             if not copies:
                 report.add("lost", f"{s.body} acknowledged at {s.broker}/{s.queue}/{s.offset}")
             elif positions and not any(b == s.broker and m.queue_id == s.queue and m.queue_offset == s.offset
-                                       for b, m in copies):  # fmt: skip
+                                       for b, m in copies):
                 report.add("misplaced", f"{s.body} acknowledged at {s.broker}/{s.queue}/{s.offset}, stored at "
-                                        f"{[(b, m.queue_id, m.queue_offset) for b, m in copies]}")  # fmt: skip
+                                        f"{[(b, m.queue_id, m.queue_offset) for b, m in copies]}")
         elif s.status == "failed" and copies:
             report.add("duplicated", f"{s.body} refused but stored at {[(b, m.queue_id) for b, m in copies]}")
         if len(copies) > 1:
@@ -110,7 +110,7 @@ def check_timed(report: FeatureReport, sent: list[Sent], by_body: dict[str, list
         for _b, m in copies:
             if m.store_timestamp < s.due_ms:
                 report.add("early", f"{s.body} readable at {m.store_timestamp}, {s.due_ms - m.store_timestamp} ms "
-                                    "before it was due")  # fmt: skip
+                                    "before it was due")
     report.notes["acknowledged"] = sum(s.status == "ok" for s in sent)
 
 

@@ -21,7 +21,7 @@ from tests.soak.topology import DISK_BROKER, GROUP_SETTINGS, REPLICATED, RESTART
 from tests.support.waiting import wait_until
 
 KILL_MASTER, PAUSE_MASTER, RESTART, FULL_DISK, KILL_CLIENT, PARTITION = (
-    "master-sigkill", "master-sigstop", "broker-restart", "full-disk", "client-kill", "partition")  # fmt: skip
+    "master-sigkill", "master-sigstop", "broker-restart", "full-disk", "client-kill", "partition")
 KINDS = (KILL_MASTER, PAUSE_MASTER, RESTART, FULL_DISK, KILL_CLIENT)
 GAP_S = (4.0, 12.0)  # quiet time before each fault: the workload runs on a healed cluster between faults
 DURATION_S = (3.0, 10.0)
@@ -52,7 +52,7 @@ class Schedule:
     def draw(cls, seed: int, kinds: tuple[str, ...]) -> Schedule:
         rng = random.Random(seed)
         faults = [Fault(rng.choice(kinds), round(rng.uniform(*GAP_S), 1), round(rng.uniform(*DURATION_S), 1))
-                  for _ in range(PLANNED)]  # fmt: skip
+                  for _ in range(PLANNED)]
         return cls(seed, kinds, faults)
 
     def as_json(self, upto: int) -> list[dict[str, object]]:
@@ -62,7 +62,7 @@ class Schedule:
 def available_kinds(topology: Topology) -> tuple[tuple[str, ...], dict[str, str]]:
     """The kinds this machine can inject, and why each other one is not."""
     skipped = {PARTITION: "not implemented in the soak: its clients run in this process on loopback; the partition "
-                          "fault is tests/unit/ha/test_partition.py's"}  # fmt: skip
+                          "fault is tests/unit/ha/test_partition.py's"}
     kinds = list(KINDS)
     if topology.disk is None:
         kinds.remove(FULL_DISK)
@@ -125,7 +125,7 @@ class Injector:
         self.pop_hold.set()  # the soak's own pop consumer steps aside, so the doomed one gets messages to hold
         proc = subprocess.Popen([sys.executable, "-m", "tests.soak.victim", endpoint, self.pop_topic],
                                 stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parents[2]))
-        held = 0  # fmt: skip
+        held = 0
         hold_until = time.monotonic() + f.duration_s / 2  # it holds messages a while before it dies
         give_up = time.monotonic() + 30.0  # no message to take (the topic drained): killed anyway
         try:

@@ -48,7 +48,7 @@ READ_ATTEMPTS = 30  # 2 s apart: a master elected after the heal answers well wi
 
 
 def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARNING",
-        only: tuple[str, ...] = (), min_faults: int = 0) -> dict[str, Any]:  # fmt: skip
+        only: tuple[str, ...] = (), min_faults: int = 0) -> dict[str, Any]:
     """One run of ``minutes`` of load and faults (then the heal, the drain and the check); ``only``: these fault
     kinds alone (of those this machine can inject); ``min_faults``: injected even if the minutes are over (a slow
     machine). The report, also written to ``out``."""
@@ -62,7 +62,7 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
     injected = 0
     closers: list[Any] = []
     report: dict[str, Any] = {"seed": seed, "minutes": minutes, "started": started_at, "rerun":
-                              f"python -m tests.soak --seed {seed} --minutes {minutes}"}  # fmt: skip
+                              f"python -m tests.soak --seed {seed} --minutes {minutes}"}
     try:
         topology.start()
         kinds, skipped = available_kinds(topology)
@@ -76,7 +76,7 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
         ns = topology.namesrv
         consumers = [push_consumer(ns, "soak-push", PLAIN, history, "push", ) for _ in range(PUSH_MEMBERS)]
         consumers += [push_consumer(ns, "soak-bcast", PLAIN, history, f"broadcast-{i}", broadcast=True)
-                      for i in range(PUSH_MEMBERS)]  # fmt: skip
+                      for i in range(PUSH_MEMBERS)]
         consumers.append(push_consumer(ns, "soak-orderly", ORDERED, history, "orderly", orderly=True))
         for i, pc in enumerate(consumers):
             pc.client_id = f"{pc.client_id}-{i}"
@@ -91,7 +91,7 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
         writers = [Writer("plain", history, plain_step(producer, 0), WRITER_PAUSE_S),
                    Writer("batch", history, batch_step(producer, 0), WRITER_PAUSE_S * 4),
                    Writer("timed", history, timed_step(producer, 0, rng), WRITER_PAUSE_S),
-                   Writer("txn", history, txn_step(txn, 0), WRITER_PAUSE_S)]  # fmt: skip
+                   Writer("txn", history, txn_step(txn, 0), WRITER_PAUSE_S)]
         ordered = Workload(ns, writers=2, pause_s=WRITER_PAUSE_S).start()
         for thread in (pull.thread, pop.thread, *(w.thread for w in writers)):
             thread.start()
@@ -104,7 +104,7 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
             injector.inject(fault)
             injected += 1
             log.warning("fault %d %s %s at %.0f s, healed at %.0f s %s", injected, fault.kind, fault.target,
-                        fault.started_s, fault.healed_s, fault.note)  # fmt: skip
+                        fault.started_s, fault.healed_s, fault.note)
         time.sleep(max(0.0, deadline - time.monotonic()))
         for w in writers:
             w.stop.set()
@@ -183,7 +183,7 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
                    "pull": len(timed - history.delivered_bodies("pull")), "pop": len(pops - acked),
                    "txn": len(committed - {m.body.decode() for _, m in read(TXN, [REPLICATED])}),
                    "orderly": len(set(read_log(topology.endpoint(REPLICATED)).values())
-                                  - history.delivered_bodies("orderly"))}  # fmt: skip
+                                  - history.delivered_bodies("orderly"))}
         for i in range(PUSH_MEMBERS):
             missing[f"broadcast-{i}"] = len(plain - history.delivered_bodies(f"broadcast-{i}"))
         return {k: v for k, v in missing.items() if v}
@@ -198,7 +198,7 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
     c.check_delivered(features.setdefault("push_clustering", c.FeatureReport()), history, "push", bodies)
     for i in range(PUSH_MEMBERS):
         c.check_delivered(features.setdefault("push_broadcasting", c.FeatureReport()), history, f"broadcast-{i}",
-                          bodies)  # fmt: skip
+                          bodies)
 
     batch_stored = read(BATCH, [REPLICATED])
     c.check_sends(features.setdefault("batch", c.FeatureReport()), by_feature.get("batch", []), c.where(batch_stored))
@@ -231,7 +231,7 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
     j = check("soak ordered", ordered.outcomes, logs)
     f = features["ordered"] = c.FeatureReport(checked=len(ordered.outcomes))
     for kind, items in (("lost", j.lost), ("misplaced", j.conflicting), ("duplicated", j.duplicated),
-                        ("reordered", j.reordered)):  # fmt: skip
+                        ("reordered", j.reordered)):
         for what in items:
             f.add(kind, what)
     f.notes.update({"acknowledged": j.acknowledged, "unknown": j.unknown, "refused": j.failed})

@@ -25,13 +25,13 @@ from tests.support.waiting import wait_until
 # 30 s) still answers: the broker's default, 15 checks a minute apart, allows as much.
 TXN_SETTINGS = {"transaction_timeout_ms": 2000, "transaction_check_interval_ms": 2000, "transaction_check_max": 100}
 GROUP_SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000,
-                  **TXN_SETTINGS}  # fmt: skip
+                  **TXN_SETTINGS}
 # broker-c's store: 4 MiB commit-log files on a 48 MiB tmpfs, so the filler takes the disk in an instant and the
 # store still holds several files of history (as tests/unit/store/test_full_disk_broker.py).
 DISK_MIB = 48
 DISK_STORE = {"mapped_file_size_commit_log": 4 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384, "max_message_size": 64 << 10,
-              "max_batch_bytes": 256 << 10}  # fmt: skip
+              "max_batch_bytes": 256 << 10}
 REPLICATED = "broker-a"
 EXTRA = ("broker-b", "broker-c")
 DISK_BROKER = "broker-c"
@@ -79,9 +79,9 @@ class Topology:
         config = self.root / f"{name}.json"
         write_private(config, json.dumps({"store": store, **TXN_SETTINGS}).encode())
         args = ["--namesrv", self.namesrv, "--cluster", self.group.cluster, "--broker-name", name, "--broker-id", "0",
-                "--register-interval-ms", "500"]  # fmt: skip
+                "--register-interval-ms", "500"]
         proc = BrokerProcess(self._store_path(name), listen=f"127.0.0.1:{self.ports[name]}", config=config,
-                             log_level=self.log_level, extra_args=args)  # fmt: skip
+                             log_level=self.log_level, extra_args=args)
         proc.output = deque(maxlen=OUTPUT_LINES)
         self.extra[name] = proc
         deadline = time.monotonic() + 60

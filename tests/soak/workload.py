@@ -127,11 +127,11 @@ def batch_step(producer: Producer, writer: int) -> Callable[[int], list[Sent]]:
         try:
             results = list(producer.send_batch([Message(BATCH, b.encode()) for b in bodies]))
             return [Sent("batch", b, "ok", r.broker_name, r.queue_id, r.queue_offset)
-                    for b, r in zip(bodies, results, strict=True)]  # fmt: skip
+                    for b, r in zip(bodies, results, strict=True)]
         except PartialSendError as e:
             return [Sent("batch", b, "ok", r.broker_name, r.queue_id, r.queue_offset) if r is not None
                     else Sent("batch", b, outcome_of(e.cause)) for b, r in zip(bodies, e.results, strict=True)]
-        except BrokerError as e:  # fmt: skip
+        except BrokerError as e:
             return [Sent("batch", b, outcome_of(e)) for b in bodies]
 
     return step
@@ -194,7 +194,7 @@ def txn_step(producer: TransactionProducer, writer: int) -> Callable[[int], list
 
 
 def push_consumer(namesrv: str, group: str, topic: str, history: History, name: str, *, orderly: bool = False,
-                  broadcast: bool = False) -> PushConsumer:  # fmt: skip
+                  broadcast: bool = False) -> PushConsumer:
     def listener(msgs: list[ReceivedMessage]) -> None:
         for m in msgs:
             history.deliver(name, m.body.decode())
@@ -203,7 +203,7 @@ def push_consumer(namesrv: str, group: str, topic: str, history: History, name: 
     return PushConsumer(None, group, {topic: "*"}, listener, namesrv=namesrv, consume_from=FIRST, orderly=orderly,
                         long_poll_ms=2000, pull_backoff_ms=500, rebalance_interval_ms=3000,
                         heartbeat_interval_ms=2000, persist_interval_ms=1000, timeout_s=10,
-                        route_poll_interval_ms=2000, client_id=name, **kwargs)  # type: ignore[arg-type]  # fmt: skip
+                        route_poll_interval_ms=2000, client_id=name, **kwargs)  # type: ignore[arg-type]
 
 
 class PullLoop:

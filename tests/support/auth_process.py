@@ -36,7 +36,7 @@ SETTINGS: dict[str, Any] = {
     "transaction_timeout_ms": 600_000,
     "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384},
-}  # fmt: skip
+}
 CLIENT_ID_HEADER = "x-mq-client-id"
 _users = itertools.count()
 FORBIDDEN = v2.Code.FORBIDDEN
@@ -90,7 +90,7 @@ class Secured:
         self.call("CreateUser", pb.UserRequest(access_key=creds.access_key, secret_key=creds.secret_key))
         for resource, actions, *decision in grants:
             entry = pb.AclEntry(access_key=creds.access_key, resource=resource, actions=actions.split(","),
-                                decision=decision[0] if decision else "Allow")  # fmt: skip
+                                decision=decision[0] if decision else "Allow")
             self.call("GrantAcl", pb.GrantAclRequest(entry=entry))
         return creds
 
@@ -106,15 +106,15 @@ class Secured:
         """One half of a new transaction, sent by the root user for its producer."""
         return self.call("SendMessage", pb.SendMessageRequest(topic=topic, queue_id=0, body=b"victim half",
                                                               producer_group=producer_group, transactional=True,
-                                                              transaction_id=txn_id))  # fmt: skip
+                                                              transaction_id=txn_id))
 
     def open_batch_transaction(self, topic: str, producer_group: str, txn_id: str, count: int = 2
-                               ) -> pb.SendResponse:  # fmt: skip
+                               ) -> pb.SendResponse:
         """Halves sent with SendBatch: the broker keeps no per-half index of them (looked up in the store)."""
         entries = b"".join(encode_message(Message(topic, b"victim batch half %d" % i), 0) for i in range(count))
         entries = to_half_batch(entries, producer_group, txn_id)  # as the Producer sends a transaction's batch
         return self.call("SendBatch", pb.SendBatchRequest(entries=entries, count=count, producer_group=producer_group,
-                                                          transaction_id=txn_id))  # fmt: skip
+                                                          transaction_id=txn_id))
 
     def transaction(self, txn_id: str) -> pb.TransactionInfo | None:
         """What the super user sees of a transaction (None: none recorded under that id)."""
@@ -124,7 +124,7 @@ class Secured:
     def visible(self, topic: str, group: str = "AuditG") -> int:
         """Messages a consumer with every right reads from queue 0 of ``topic`` (the super user's pull)."""
         answer = self.call("PullMessage", pb.PullRequest(consumer_group=group, topic=topic, queue_id=0,
-                                                         queue_offset=0, max_msgs=64))  # fmt: skip
+                                                         queue_offset=0, max_msgs=64))
         return len(answer.entry_positions)
 
     def max_offset(self, topic: str) -> int:
@@ -156,7 +156,7 @@ def v2_status(answer: Any) -> int:
 
 def v2_end(topic: str, txn_id: str) -> Any:
     return v2s.EndTransactionRequest(topic=v2.Resource(name=topic), transaction_id=txn_id, message_id=txn_id,
-                                     resolution=v2.COMMIT, source=v2.SOURCE_CLIENT)  # fmt: skip
+                                     resolution=v2.COMMIT, source=v2.SOURCE_CLIENT)
 
 
 

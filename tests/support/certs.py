@@ -43,19 +43,19 @@ def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
              "-out", cert, "-days", str(DAYS), "-subj", f"/CN={name}",
              "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
     return cert, key
 
 
 def make_leaf(directory: Path, name: str, ca: tuple[Path, Path], san: str) -> tuple[Path, Path]:
     """A certificate for ``san`` (e.g. ``IP:127.0.0.1,DNS:localhost``), good for TLS servers and clients both."""
     cert, key, csr, ext = (directory / f"{name}.pem", directory / f"{name}-key.pem", directory / f"{name}.csr",
-                           directory / f"{name}.ext")  # fmt: skip
+                           directory / f"{name}.ext")
     _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
-             "-out", csr, "-subj", f"/CN={name}")  # fmt: skip
+             "-out", csr, "-subj", f"/CN={name}")
     ext.write_text(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")
     _openssl("x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial", "-out", cert,
-             "-days", str(DAYS), "-extfile", ext)  # fmt: skip
+             "-days", str(DAYS), "-extfile", ext)
     return cert, key
 
 
@@ -71,7 +71,7 @@ def make_pki(directory: Path) -> Pki:
     rogue_server = make_leaf(directory, "rogue-server", rogue, LOCAL_SAN)
     other = make_leaf(directory, "other-host", ca, "DNS:wrong.example")
     return Pki(ca[0], server[0], server[1], client[0], client[1], rogue[0], rogue_server[0], rogue_server[1],
-               other[0], other[1])  # fmt: skip
+               other[0], other[1])
 
 
 def tls_settings(pki: Pki, **more: str) -> dict[str, str]:

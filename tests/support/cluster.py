@@ -25,7 +25,7 @@ WAIT_S = 20.0
 SMALL_STORE = {  # small files: a fresh store allocates a few MiB instead of 1.4 GB
     "mapped_file_size_commit_log": 64 << 20, "mapped_file_size_consume_queue": 30_000 * 20,
     "max_hash_slot_num": 16_384, "max_index_num": 65_536,
-}  # fmt: skip
+}
 
 
 def small_store_config(root: Path, **settings: object) -> Path:

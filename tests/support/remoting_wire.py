@@ -29,7 +29,7 @@ def remoting_broker(store: Path) -> BrokerProcess:
 
 def send_v2(client: RemotingClient, topic: str, body: bytes, *, tags: str | None = None,
             keys: list[str] | None = None, properties: dict[str, str] | None = None,
-            queue_id: int = 0) -> RemotingCommand:  # fmt: skip
+            queue_id: int = 0) -> RemotingCommand:
     """One SEND_MESSAGE_V2 as a 4.x producer writes it; asserts it was stored and returns the answer."""
     props = {"UNIQ_KEY": uuid.uuid4().hex.upper(), "WAIT": "true", **(properties or {})}
     if tags is not None:
@@ -41,7 +41,7 @@ def send_v2(client: RemotingClient, topic: str, body: bytes, *, tags: str | None
         body, sys_flag = compressed_body(body)
     header = {"a": "cross-producer", "b": topic, "c": "TBW102", "d": "4", "e": str(queue_id), "f": str(sys_flag),
               "g": "1700000000000", "h": "0", "i": format_properties(props).rstrip("\x02"), "j": "0", "k": "false",
-              "m": "false"}  # fmt: skip
+              "m": "false"}
     answer = client.invoke(RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=header, body=body))
     assert answer.code == ResponseCode.SUCCESS, answer.remark
     answer.ext_fields["UNIQ_KEY"] = props["UNIQ_KEY"]  # the id a 4.x client shows as msgId
@@ -57,7 +57,7 @@ def pull_all(client: RemotingClient, group: str, topic: str, queues: int) -> lis
             ext = {"consumerGroup": group, "topic": topic, "queueId": str(queue), "queueOffset": str(offset),
                    "maxMsgNums": "32", "sysFlag": str(PULL_SUBSCRIPTION), "commitOffset": "0",
                    "suspendTimeoutMillis": "0", "subscription": "*", "subVersion": "0",
-                   "expressionType": "TAG"}  # fmt: skip
+                   "expressionType": "TAG"}
             answer = client.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext))
             if answer.code != ResponseCode.SUCCESS:
                 break

@@ -15,7 +15,7 @@ from broker.server.broker_controller import BrokerController
 SMALL_STORE = {
     "mapped_file_size_commit_log": 1 << 20, "mapped_file_size_consume_queue": 3000 * 20,
     "max_hash_slot_num": 1024, "max_index_num": 8192, "max_batch_bytes": 256 * 1024, "max_message_size": 256 * 1024,
-}  # fmt: skip
+}
 FAST = {"ha_max_lag_ms": 1500, "ha_ack_timeout_ms": 1500}
 
 
@@ -30,7 +30,7 @@ def broker(path: Path, store: dict[str, Any] | None = None, **settings: Any) -> 
 def slave_of(master: BrokerController, path: Path, broker_id: int = 1, **settings: Any) -> BrokerController:
     assert master.replication is not None
     return broker(path, role="SLAVE", broker_id=broker_id,
-                  ha_master_address=f"127.0.0.1:{master.replication.ha_port}", **settings)  # fmt: skip
+                  ha_master_address=f"127.0.0.1:{master.replication.ha_port}", **settings)
 
 
 @contextmanager

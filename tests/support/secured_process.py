@@ -16,7 +16,7 @@ from broker.server.process import BrokerProcess
 ROOT, ROOT_SECRET = "root", "root-secret-at-rest-0123"
 # Plain text: these tests look at files and answers, not at TLS (tests/unit/security/test_tls_*.py do).
 AUTH = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT,
-        "auth_root_secret_key": ROOT_SECRET, "store": SMALL_STORE}  # fmt: skip
+        "auth_root_secret_key": ROOT_SECRET, "store": SMALL_STORE}
 REFUSED_START_TIMEOUT_S = 60.0  # imports and config checks of a broker that refuses before it binds its port
 
 

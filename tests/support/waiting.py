@@ -15,7 +15,7 @@ TIMEOUT_S = 30.0  # the default for a condition a broker meets within seconds on
 
 
 def wait_for(condition: Callable[[], T], what: str = "condition", *, timeout_s: float = TIMEOUT_S,
-             interval_s: float = INTERVAL_S) -> T:  # fmt: skip
+             interval_s: float = INTERVAL_S) -> T:
     """The first truthy value ``condition()`` returns; AssertionError naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -28,7 +28,7 @@ def wait_for(condition: Callable[[], T], what: str = "condition", *, timeout_s: 
 
 
 def wait_until(condition: Callable[[], object], what: str = "condition", *, timeout_s: float = TIMEOUT_S,
-               interval_s: float = INTERVAL_S) -> float:  # fmt: skip
+               interval_s: float = INTERVAL_S) -> float:
     """Poll until ``condition()`` is true; the seconds it took. AssertionError naming ``what`` after ``timeout_s``."""
     started = time.monotonic()
     wait_for(condition, what, timeout_s=timeout_s, interval_s=interval_s)

@@ -38,7 +38,7 @@ def broker_factory(tmp_path: Path, broker_defaults: tuple[dict[str, Any], dict[s
     def make(store_dir: Path | None = None, **overrides: Any) -> BrokerController:
         store = {**store_defaults, **overrides.pop("store", {})}
         settings = {"listen": "127.0.0.1:0", "store_path": str(store_dir or tmp_path / "store"), **settings_defaults,
-                    **overrides}  # fmt: skip
+                    **overrides}
         config = BrokerConfig(store=store, **settings)
         controller = BrokerController(config)
         controller.start()

@@ -43,7 +43,7 @@ def test_a_redis_entry_is_read_field_by_field() -> None:
 
 def test_figures_are_medians_and_ratios_are_taken_round_by_round() -> None:
     rows = {"sluice pull": Row("sluice pull", 100, 10, [300.0, 100.0, 200.0]),
-            "redis XREAD": Row("redis XREAD", 100, 10, [100.0, 100.0, 400.0])}  # fmt: skip
+            "redis XREAD": Row("redis XREAD", 100, 10, [100.0, 100.0, 400.0])}
     assert rows["sluice pull"].median == 200.0
     assert rows["sluice pull"].to_json()["min_msgs_s"] == 100 and rows["sluice pull"].to_json()["max_msgs_s"] == 300
     assert ratios_of(rows) == {"sluice pull / redis XREAD": {"median": 1.0, "min": 0.5, "max": 3.0}}
@@ -52,5 +52,5 @@ def test_figures_are_medians_and_ratios_are_taken_round_by_round() -> None:
 def test_the_in_process_costs_cover_each_way_of_reading() -> None:
     costs = decode_costs(100)
     assert set(costs) == {"pull decode, body read", "pull decode, every field read", "decode_entry, every field read",
-                          "python floor"}  # fmt: skip
+                          "python floor"}
     assert 0 < costs["pull decode, body read"] < costs["pull decode, every field read"]

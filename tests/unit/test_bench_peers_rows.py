@@ -20,7 +20,7 @@ def test_the_tcp_relay_floor_answers_a_synchronous_sender_and_relays_to_a_subscr
 
 def test_the_latency_row_of_rounds_is_each_percentiles_median() -> None:
     runs = [Latency(1000, rate, 100, 10, 10, p50, p99, p99 + 1) for rate, p50, p99 in
-            [(990.0, 0.5, 9.0), (900.0, 0.3, 2.0), (1000.0, 0.9, 3.0)]]  # fmt: skip
+            [(990.0, 0.5, 9.0), (900.0, 0.3, 2.0), (1000.0, 0.9, 3.0)]]
     row, spread = median_latency(runs)
     assert (row.p50_ms, row.p99_ms, row.max_ms, row.achieved_rate_per_s) == (0.5, 3.0, 10.0, 990.0)
     assert spread["p50_ms"] == {"median": 0.5, "min": 0.3, "max": 0.9, "rounds": [0.5, 0.3, 0.9]}

@@ -12,7 +12,7 @@ CASE = "send_batch_1KiB"
 
 def rounds(*rates: float) -> list[dict[str, dict[str, float]]]:
     return [{CASE: {"msgs_per_s": r, "broker_cpu_us_per_msg": r / 100, "client_cpu_us_per_msg": r / 1000}}
-            for r in rates]  # fmt: skip
+            for r in rates]
 
 
 def test_each_figure_is_the_median_of_the_rounds_with_their_spread() -> None:

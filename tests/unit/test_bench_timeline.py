@@ -36,14 +36,14 @@ def test_each_step_is_the_time_between_its_two_stamps() -> None:
         "behind schedule": [10.0], "client to handler": [190.0], "checks before put": [30.0], "store put": [40.0],
         "put to pass": [50.0], "dispatch pass": [25.0], "held pull answers": [55.0], "answer to consumer": [150.0],
         "to the listener": [10.0], "end to end": [560.0], "handler after put": [20.0], "send round trip": [390.0],
-    }  # fmt: skip
+    }
     assert list(got) == list(STEPS)
 
 
 def test_warm_up_and_unmatched_messages_are_left_out() -> None:
     sends = [(WARMUP_MSGS - 1, 0, 1, 2), (WARMUP_MSGS, 0, 1, 2)]  # the first in the warm-up; the second never heard
     stamps = [("send", [WARMUP_MSGS - 1], 1, 2), ("send", [WARMUP_MSGS], 1, 2), ("put", 1, 2), ("pass", 1),
-              ("told", WARMUP_MSGS + 1, 3), ("pull", WARMUP_MSGS - 1, 2, 1, 4)]  # fmt: skip
+              ("told", WARMUP_MSGS + 1, 3), ("pull", WARMUP_MSGS - 1, 2, 1, 4)]
     steps = steps_of(sends, stamps, {"answers": [(WARMUP_MSGS - 1, 2, 5)], "heard": {str(WARMUP_MSGS - 1): 6}})
     assert all(len(values) == 0 for values in steps.values())
 

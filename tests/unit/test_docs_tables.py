@@ -205,7 +205,7 @@ def test_links_between_the_readme_and_the_docs_resolve() -> None:
                 broken.append(f"{page.name}: {target} (no such file)")
             elif anchor:
                 headings = [line.lstrip("#") for line in linked.read_text(encoding="utf-8").splitlines()
-                            if line.startswith("#")]  # fmt: skip
+                            if line.startswith("#")]
                 if anchor not in {github_anchor(h) for h in headings}:
                     broken.append(f"{page.name}: {target} (no such heading)")
     assert broken == []

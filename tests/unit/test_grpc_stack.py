@@ -13,7 +13,7 @@ from broker.grpc_stack import EXPERIMENTS_VAR, IOMGR_LISTENER, choose_tcp_stack
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != EXPERIMENTS_VAR}
     return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
-                          timeout=60, check=True)  # fmt: skip
+                          timeout=60, check=True)
 
 
 def test_importing_broker_chooses_the_iomgr_stack_when_nobody_chose() -> None:

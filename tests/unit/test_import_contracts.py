@@ -19,7 +19,7 @@ PACKAGES = ("broker", "connector", "streaming_jobs")
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(tree)}  # the tree's packages, not the installed ones
     return subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=tree, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                          timeout=120)
 
 
 def copy_tree(target: Path) -> Path:

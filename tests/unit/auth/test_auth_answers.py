@@ -102,7 +102,7 @@ def test_an_unknown_key_a_disabled_user_and_a_wrong_signature_get_the_same_answe
     before = stored(secured)
     callers = {"unknown access key": signed("mallory", "any-secret"),
                "disabled user": signed("carol", "carol-secret-1"),
-               "wrong signature": signed("alice", "not-alices-secret")}  # fmt: skip
+               "wrong signature": signed("alice", "not-alices-secret")}
     with grpc.insecure_channel(secured.endpoint) as channel:
         for method in (SEND, V2_QUERY_ROUTE):
             answers = {cause: answer(channel, method, md) for cause, md in callers.items()}
@@ -174,7 +174,7 @@ def test_the_gate_refuses_from_the_headers_without_calling_the_parser() -> None:
     gate = AuthGate(Accounts(None, User(ROOT, ROOT_SECRET)), AuthSettings(900, False), refusals)
     server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[MalformedRequestGuard(), gate])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "test.Parsed", {name: make() for name, make in handlers.items()}),))  # fmt: skip
+        "test.Parsed", {name: make() for name, make in handlers.items()}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:

@@ -59,7 +59,7 @@ TOPIC, GROUP = "AuthT", "AuthG"
 @pytest.fixture
 def secured(broker_factory: Callable[..., BrokerController], pki: Pki) -> BrokerController:
     return broker_factory(**tls_settings(pki), auth_enabled=True, auth_root_access_key=ROOT.access_key,
-                          auth_root_secret_key=ROOT.secret_key)  # fmt: skip
+                          auth_root_secret_key=ROOT.secret_key)
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def raw_send(ep: str, pki: Pki, metadata: list[tuple[str, str]]) -> grpc.RpcErro
     with grpc.secure_channel(ep, creds) as channel:
         try:
             pb_grpc.BrokerStub(channel).SendMessage(pb.SendMessageRequest(topic=TOPIC, body=b"x"), metadata=metadata,
-                                                    timeout=10)  # fmt: skip
+                                                    timeout=10)
         except grpc.RpcError as e:
             return e
     raise AssertionError("the send was accepted")
@@ -152,9 +152,9 @@ def raw_send(ep: str, pki: Pki, metadata: list[tuple[str, str]]) -> grpc.RpcErro
     [("authorization", "Basic YWxpY2U6c2VjcmV0")],
     [("authorization", "MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature=" + "0" * 40)],
     [("x-mq-date-time", "20261126T120000Z")],
-])  # fmt: skip
+])
 def test_malformed_headers_are_unauthenticated_and_store_nothing(ep: str, pki: Pki, metadata: Any,
-                                                                  secured: BrokerController) -> None:  # fmt: skip
+                                                                  secured: BrokerController) -> None:
     make_topic(ep, pki)
     create_alice(ep, pki, ("Topic:AuthT", "Pub", "Allow"))
     before = secured.store.max_offset(TOPIC, 0) + secured.store.max_offset(TOPIC, 1)  # type: ignore[union-attr]
@@ -190,13 +190,13 @@ def test_a_broker_with_auth_and_no_user_refuses_to_start(tmp_path: Any, monkeypa
     monkeypatch.delenv("SLUICE_ROOT_ACCESS_KEY", raising=False)
     monkeypatch.delenv("SLUICE_ROOT_SECRET_KEY", raising=False)
     config = BrokerConfig(listen="127.0.0.1:0", store_path=str(tmp_path / "s"), auth_enabled=True,
-                          allow_plaintext_auth=True)  # fmt: skip
+                          allow_plaintext_auth=True)
     with pytest.raises(InvalidArgumentError, match="SLUICE_ROOT_ACCESS_KEY"):
         BrokerController(config).start()
 
 
 def test_the_root_user_can_come_from_the_environment(broker_factory: Callable[..., BrokerController],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_ROOT_ACCESS_KEY", "envroot")
     monkeypatch.setenv("SLUICE_ROOT_SECRET_KEY", "env-root-secret")
     b = broker_factory(auth_enabled=True, allow_plaintext_auth=True)
@@ -208,7 +208,7 @@ def test_the_root_user_can_come_from_the_environment(broker_factory: Callable[..
 
 def test_mutual_tls_certificate_names_the_user(broker_factory: Callable[..., BrokerController], pki: Pki) -> None:
     b = broker_factory(**tls_settings(pki, tls_ca=str(pki.ca), tls_client_auth="require"), auth_enabled=True,
-                       auth_root_access_key=ROOT.access_key, auth_root_secret_key=ROOT.secret_key)  # fmt: skip
+                       auth_root_access_key=ROOT.access_key, auth_root_secret_key=ROOT.secret_key)
     mtls: dict[str, Any] = {"tls_ca": str(pki.ca), "tls_cert": str(pki.client_cert), "tls_key": str(pki.client_key)}
     with Admin(b.address, **mtls, access_key=ROOT.access_key, secret_key=ROOT.secret_key) as admin:
         admin.create_topic(TOPIC, 1)
@@ -220,7 +220,7 @@ def test_mutual_tls_certificate_names_the_user(broker_factory: Callable[..., Bro
     conn = Connection(b.address, 10, TlsSettings(str(pki.ca), str(pki.client_cert), str(pki.client_key)), ROOT)
     conn.call(conn.stub.CreateUser, pb.UserRequest(access_key="client", secret_key="unused-secret"))
     conn.call(conn.stub.GrantAcl, pb.GrantAclRequest(entry=pb.AclEntry(access_key="client", resource=f"Topic:{TOPIC}",
-                                                                       actions=["Pub"])))  # fmt: skip
+                                                                       actions=["Pub"])))
     conn.close()
     with Producer(b.address, **mtls) as p:  # the certificate's CN is "client"
         assert p.send(Message(TOPIC, b"x")).status.name == "SEND_OK"
@@ -324,7 +324,7 @@ def test_non_super_users_cannot_manage_users(ep: str, pki: Pki) -> None:
     for method, request in (("CreateUser", pb.UserRequest(access_key="eve", secret_key="x")),
                             ("GrantAcl", pb.GrantAclRequest(entry=pb.AclEntry(access_key="alice", resource="*",
                                                                               actions=["All"]))),
-                            ("ListUsers", pb.ListUsersRequest())):  # fmt: skip
+                            ("ListUsers", pb.ListUsersRequest())):
         with pytest.raises(NoPermissionError, match="super users only"):
             call(ep, pki, method, request, alice)
     users = admin_rpc(ep, pki, "ListUsers", pb.ListUsersRequest()).users
@@ -421,7 +421,7 @@ class V2Refusal(grpc.RpcError):
 
 
 def test_each_rpc_is_refused_without_its_right_and_admitted_with_it(ep: str, pki: Pki, secured: BrokerController
-                                                                     ) -> None:  # fmt: skip
+                                                                     ) -> None:
     make_topic(ep, pki)
     create_alice(ep, pki)
     alice = Credentials("alice", SECRET)
@@ -459,7 +459,7 @@ def test_a_name_server_with_auth_takes_registrations_from_the_root_user_only(
     with NameServer("127.0.0.1", 0, root=User(ROOT.access_key, ROOT.secret_key)) as ns:
         fast = {"namesrv_addr": ns.address, "register_interval_ms": 200}
         broker_factory(tmp_path / "signed", broker_name="signed", auth_root_access_key=ROOT.access_key,
-                       auth_root_secret_key=ROOT.secret_key, **fast)  # fmt: skip
+                       auth_root_secret_key=ROOT.secret_key, **fast)
         broker_factory(tmp_path / "unsigned", broker_name="unsigned", **fast)
         reader = NameServerClient([ns.address])  # route reads need no credentials
 
@@ -469,14 +469,14 @@ def test_a_name_server_with_auth_takes_registrations_from_the_root_user_only(
             }
 
         wait_until(lambda: "signed" in names() and ns.refusals.value((("reason", "unauthenticated"),)) >= 2,
-                   "the signed broker registered and the unsigned one refused twice")  # fmt: skip
+                   "the signed broker registered and the unsigned one refused twice")
         assert names() == {"signed"}
         reader.close()
 
 
 def test_metrics_need_a_user_with_get_on_the_cluster(broker_factory: Callable[..., BrokerController], pki: Pki) -> None:
     b = broker_factory(**tls_settings(pki), auth_enabled=True, auth_root_access_key=ROOT.access_key,
-                       auth_root_secret_key=ROOT.secret_key, metrics_port=0)  # fmt: skip
+                       auth_root_secret_key=ROOT.secret_key, metrics_port=0)
     url = f"https://127.0.0.1:{b.metrics_port}/metrics"
     context = ssl.create_default_context(cafile=str(pki.ca))
 

@@ -28,10 +28,10 @@ def test_an_authenticated_cluster_over_tls(tmp_path: Path, pki: Pki, monkeypatch
     monkeypatch.setenv("SLUICE_ROOT_SECRET_KEY", ROOT["secret_key"])
     ca: dict[str, Any] = {"tls_ca": str(pki.ca)}
     with make_cluster(tmp_path, brokers=2, namesrv_args=tls_flags(pki),
-                      extra_broker_args=[*tls_flags(pki), "--auth"]) as cluster:  # fmt: skip
+                      extra_broker_args=[*tls_flags(pki), "--auth"]) as cluster:
         with Admin(namesrv=cluster.namesrv, **ca, **ROOT) as admin:
             wait_until(lambda: {b.broker_name for b in admin.cluster_info().brokers} == set(cluster.names),
-                       "both brokers registered, signed as root")  # fmt: skip
+                       "both brokers registered, signed as root")
             admin.create_topic(TOPIC, 2, cluster="DefaultCluster")
             admin.create_user("alice", "alice-cluster-secret")
             admin.grant_acl("alice", f"Topic:{TOPIC}", ["Pub", "Sub"])

@@ -98,7 +98,7 @@ def sample_request(message_type: Any) -> Any:
         name = f.name
         if f.message_type is None:
             value: Any = {"topic": TOPIC, "consumer_group": GROUP, "producer_group": OWN_PRODUCER,
-                          "resolution": 1}.get(name)  # fmt: skip
+                          "resolution": 1}.get(name)
             if name in ("client_id", "key", "msg_id"):
                 value = "c1"
             if value is not None:
@@ -112,7 +112,7 @@ def sample_request(message_type: Any) -> Any:
 def _v2_join(w: World) -> Any:
     """A transactional RocketMQ 5 send whose message id names an open transaction of another group."""
     message = v2.Message(topic=v2.Resource(name=TOPIC), body=b"x", system_properties=v2.SystemProperties(
-        message_id=w.open_transaction(), message_type=v2.TRANSACTION, body_encoding=v2.IDENTITY))  # fmt: skip
+        message_id=w.open_transaction(), message_type=v2.TRANSACTION, body_encoding=v2.IDENTITY))
     return v2s.SendMessageRequest(messages=[message])
 
 
@@ -136,7 +136,7 @@ AIMED: dict[str, Callable[[World], Any]] = {
         topic=v2.Resource(name=TOPIC), transaction_id=w.open_transaction(), message_id="m",
         resolution=v2.ROLLBACK, source=v2.SOURCE_CLIENT),
     "/apache.rocketmq.v2.MessagingService/SendMessage": _v2_join,
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------------------------------------ rights
@@ -173,7 +173,7 @@ def invoke(w: World, path: str, method: Any, request: Any, creds: Credentials) -
             return (e.code().name, e.details() or "")  # type: ignore[attr-defined]
     for answer in answers:
         for status in (getattr(answer, "status", None),
-                       *(e.status for e in getattr(answer, "entries", ()) if hasattr(e, "status"))):  # fmt: skip
+                       *(e.status for e in getattr(answer, "entries", ()) if hasattr(e, "status"))):
             if getattr(status, "code", None) == FORBIDDEN:
                 return ("FORBIDDEN", status.message)  # type: ignore[union-attr]
     return None

@@ -52,7 +52,7 @@ def unique(prefix: str) -> str:
 
 def send_props(broker: Secured, topic: str, properties: dict[str, str], creds: Credentials) -> pb.SendResponse:
     return broker.call("SendMessage", pb.SendMessageRequest(topic=topic, queue_id=0, body=b"forged",
-                                                            properties=properties), creds)  # fmt: skip
+                                                            properties=properties), creds)
 
 
 def _wait_stored(broker: Secured, topic: str, count: int, timeout_s: float = 10.0) -> None:
@@ -113,12 +113,12 @@ def test_a_transaction_cannot_commit_into_a_topic_its_producer_may_not_publish_t
     with pytest.raises(MessageIllegalError):
         broker.call("SendMessage", pb.SendMessageRequest(
             topic=own, queue_id=0, body=b"forged", producer_group=group, transactional=True, transaction_id=txn,
-            properties={Prop.REAL_TOPIC: victim, Prop.REAL_QID: "0"}), attacker)  # fmt: skip
+            properties={Prop.REAL_TOPIC: victim, Prop.REAL_QID: "0"}), attacker)
     plain = encode_message(Message(victim, b"forged half"), 0)
     for entries in (to_half_batch(plain, group, txn), plain):  # half form; for its real topic (stored in place)
         with pytest.raises(NoPermissionError, match=f"lacks Pub on Topic:{victim}"):
             broker.call("SendBatch", pb.SendBatchRequest(entries=entries, count=1, producer_group=group,
-                                                         transaction_id=txn), attacker)  # fmt: skip
+                                                         transaction_id=txn), attacker)
     assert broker.transaction(txn) is None
     assert broker.max_offset(victim) == 0
 
@@ -131,19 +131,19 @@ def test_a_receipt_handle_of_another_groups_pop_moves_nothing(broker: Secured) -
     own_topic, own_group = broker.topic(unique("AttT")), unique("AttG")
     broker.send(victim_topic, b"the victim's secret body")
     popped = broker.call("PopMessage", pb.PopRequest(consumer_group=victim_group, topic=victim_topic, max_msgs=1,
-                                                     invisible_time_ms=60_000))  # fmt: skip
+                                                     invisible_time_ms=60_000))
     handle = popped.receipt_handles[0]
     attacker = broker.user((f"Topic:{own_topic}", "Sub"), (f"Group:{own_group}", "Sub"))
     acked = broker.call("AckMessage", pb.AckMessageRequest(consumer_group=own_group, topic=own_topic,
-                                                           receipt_handles=[handle]), attacker)  # fmt: skip
+                                                           receipt_handles=[handle]), attacker)
     assert acked.errors[0]  # refused, not acked
     change = pb.ChangeInvisibleTimeRequest(consumer_group=own_group, topic=own_topic, receipt_handle=handle,
-                                           invisible_time_ms=0)  # fmt: skip
+                                           invisible_time_ms=0)
     with pytest.raises(InvalidReceiptHandleError):
         broker.call("ChangeInvisibleTime", change, attacker)
     forward = v2s.ForwardMessageToDeadLetterQueueRequest(
         group=v2.Resource(name=own_group), topic=v2.Resource(name=own_topic), receipt_handle=handle,
-        message_id="x", delivery_attempt=1, max_delivery_attempts=1)  # fmt: skip
+        message_id="x", delivery_attempt=1, max_delivery_attempts=1)
     answer = broker.v2("ForwardMessageToDeadLetterQueue", forward, attacker)
     assert answer.status.code == v2.Code.INVALID_RECEIPT_HANDLE, answer
     for named_group, named_topic in ((victim_group, own_topic), (own_group, victim_topic)):
@@ -152,7 +152,7 @@ def test_a_receipt_handle_of_another_groups_pop_moves_nothing(broker: Secured) -
     assert broker.max_offset(f"%DLQ%{own_group}") == 0
     # the victim's delivery is still its own: its handle acks it
     mine = broker.call("AckMessage", pb.AckMessageRequest(consumer_group=victim_group, topic=victim_topic,
-                                                          receipt_handles=[handle]), ROOT)  # fmt: skip
+                                                          receipt_handles=[handle]), ROOT)
     assert list(mine.errors) == [""]
 
 
@@ -172,25 +172,25 @@ def test_a_groups_right_does_not_show_the_offsets_of_a_topic_the_caller_may_not_
     attacker = broker.user((f"Group:{group}", "Sub,Update"), (f"Topic:{own}", "Sub"))
     with pytest.raises(NoPermissionError, match=f"lacks Sub on Topic:{victim}"):
         broker.call("Heartbeat", pb.HeartbeatRequest(client_id="att-1", consumer_group=group,
-                                                     subscriptions={own: "*", victim: "*"}), attacker)  # fmt: skip
+                                                     subscriptions={own: "*", victim: "*"}), attacker)
     assert broker.call("GetConsumerList", pb.GetConsumerListRequest(consumer_group=group)).client_ids == []
     reset = pb.ResetConsumerOffsetsRequest(consumer_group=group, offsets=[pb.QueueOffset(topic=victim, offset=1)])
     with pytest.raises(NoPermissionError, match=f"lacks .* on Topic:{victim}"):
         broker.call("ResetConsumerOffsets", reset, attacker)
     committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(consumer_group=group, topic=victim,
-                                                                                 queue_id=-1))  # fmt: skip
+                                                                                 queue_id=-1))
     assert list(committed.offsets) == []
     # the group has offsets on both (another member of it reads the victim's topic): the attacker's lag of the
     # whole group shows its own topic only; the super user's shows both
     broker.call("UpdateConsumerOffsets", pb.UpdateConsumerOffsetsRequest(consumer_group=group, offsets=[
-        pb.QueueOffset(topic=victim, offset=1), pb.QueueOffset(topic=own, offset=0)]))  # fmt: skip
+        pb.QueueOffset(topic=victim, offset=1), pb.QueueOffset(topic=own, offset=0)]))
     assert _lagged_topics(broker, group, attacker) == {own}
     assert _lagged_topics(broker, group, ROOT) == {own, victim}
     # the rights on the topic too: what a consumer of both holds
     consumer = broker.user((f"Group:{group}", "Sub,Update"), (f"Topic:{own}", "Sub"), (f"Topic:{victim}", "Sub"))
     broker.call("ResetConsumerOffsets", reset, consumer)  # (refused while the group has live consumers)
     broker.call("Heartbeat", pb.HeartbeatRequest(client_id="att-2", consumer_group=group,
-                                                 subscriptions={own: "*", victim: "*"}), consumer)  # fmt: skip
+                                                 subscriptions={own: "*", victim: "*"}), consumer)
     assert _lagged_topics(broker, group, consumer) == {own, victim}
 
 
@@ -201,7 +201,7 @@ def _checks(broker: Secured, group: str, creds: Credentials, listen_s: float) ->
     with grpc.insecure_channel(broker.endpoint) as channel:
         stream = pb_grpc.BrokerStub(channel).TransactionCheckStream(
             pb.TransactionCheckSubscribe(producer_group=group, client_id=f"checks-{creds.access_key}"),
-            metadata=creds.metadata(), timeout=listen_s)  # fmt: skip
+            metadata=creds.metadata(), timeout=listen_s)
         try:
             for check in stream:
                 ids.append(check.transaction_id)
@@ -216,7 +216,7 @@ def test_a_check_back_goes_only_to_a_producer_that_may_publish_to_the_halfs_topi
     config = tmp_path / "broker.json"
     # checked back every 0.2 s once idle 0.2 s, never rolled back during the test
     quick = {**SETTINGS, "transaction_timeout_ms": 200, "transaction_check_interval_ms": 200,
-             "transaction_check_max": 10_000}  # fmt: skip
+             "transaction_check_max": 10_000}
     write_private(config, json.dumps(quick).encode())
     proc = BrokerProcess(tmp_path / "store", config=config, log_level="WARNING").start()
     try:
@@ -270,15 +270,15 @@ def test_a_pull_stream_switching_to_another_topic_is_refused_for_that_request(br
                 pb.PullRequest(consumer_group=group, topic=victim, queue_id=0, max_msgs=8, commit_offset=1),
                 pb.PullRequest(consumer_group=unique("VictimG"), topic=own, queue_id=0, max_msgs=8),
                 pb.PullRequest(consumer_group=group, topic=f"%RETRY%{unique('VictimG')}", queue_id=0),
-                pb.PullRequest(consumer_group=group, topic=own, queue_id=0, max_msgs=8)]  # fmt: skip
+                pb.PullRequest(consumer_group=group, topic=own, queue_id=0, max_msgs=8)]
     with grpc.insecure_channel(broker.endpoint) as channel:
         answers = list(pb_grpc.BrokerStub(channel).PullStream(iter(requests), metadata=attacker.metadata(),
-                                                             timeout=10))  # fmt: skip
+                                                             timeout=10))
     assert [a.code for a in answers] == [0, ResponseCode.NO_PERMISSION, ResponseCode.NO_PERMISSION,
-                                         ResponseCode.NO_PERMISSION, 0]  # fmt: skip
+                                         ResponseCode.NO_PERMISSION, 0]
     assert len(answers[0].response.entry_positions) == 1 and len(answers[4].response.entry_positions) == 1
     committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(consumer_group=group, topic=victim,
-                                                                                 queue_id=-1))  # fmt: skip
+                                                                                 queue_id=-1))
     assert list(committed.offsets) == []
 
 
@@ -292,7 +292,7 @@ def test_a_half_whose_id_comes_from_its_uniq_key_joins_no_one_elses_transaction(
     with pytest.raises(NoPermissionError, match="lacks Pub on Group:VictimP"):
         broker.call("SendMessage", pb.SendMessageRequest(topic=own, queue_id=0, body=b"x", producer_group="AttackerP",
                                                          transactional=True,
-                                                         properties={Prop.UNIQ_KEY: txn_id}), attacker)  # fmt: skip
+                                                         properties={Prop.UNIQ_KEY: txn_id}), attacker)
     info = broker.transaction(txn_id)
     assert info is not None and info.status == "OPEN" and info.half_count == 1
 
@@ -311,11 +311,11 @@ def test_a_topic_made_again_under_a_deleted_ones_name_does_not_open_the_deleted_
     offset = old.commitlog_offsets[0]
     with pytest.raises(QueryNotFoundError):
         broker.call("ViewMessageById", pb.ViewMessageByIdRequest(msg_id=msg_id_at(old.msg_id_prefix, offset)),
-                    newcomer)  # fmt: skip
+                    newcomer)
     for target in ({"commitlog_offset": offset}, {"msg_id": msg_id_at(old.msg_id_prefix, offset)}):
         with pytest.raises(QueryNotFoundError):
             broker.call("ConsumerSendMsgBack", pb.ConsumerSendMsgBackRequest(consumer_group=group, delay_level=-1,
-                                                                             **target), newcomer)  # fmt: skip
+                                                                             **target), newcomer)
     assert broker.max_offset(f"%DLQ%{group}") == 0 and broker.max_offset(f"%RETRY%{group}") == 0
 
 
@@ -343,7 +343,7 @@ def test_a_groups_lag_and_reset_do_not_reach_a_system_topics_offsets(broker: Sec
     assert broker.max_offset(SCHEDULE_TOPIC) > 0  # (the super user's look registers it in the topic table)
     group = unique("AttG")
     broker.call("UpdateConsumerOffsets", pb.UpdateConsumerOffsetsRequest(
-        consumer_group=group, offsets=[pb.QueueOffset(topic=delayed, offset=0)]))  # fmt: skip
+        consumer_group=group, offsets=[pb.QueueOffset(topic=delayed, offset=0)]))
     reader = broker.user(("Topic:*", "Sub,Get"), ("Group:*", "Sub,Get,Update"))
     for system in (SCHEDULE_TOPIC, TIMER_TOPIC):
         with pytest.raises(NoPermissionError, match="lacks All on Cluster"):
@@ -354,5 +354,5 @@ def test_a_groups_lag_and_reset_do_not_reach_a_system_topics_offsets(broker: Sec
         with pytest.raises(NoPermissionError, match="lacks All on Cluster"):
             broker.call("ResetConsumerOffsets", reset, reader)
         committed = broker.call("QueryConsumerOffset", pb.QueryConsumerOffsetRequest(
-            consumer_group=group, topic=system, queue_id=-1))  # fmt: skip
+            consumer_group=group, topic=system, queue_id=-1))
         assert list(committed.offsets) == []

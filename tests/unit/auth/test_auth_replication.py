@@ -37,7 +37,7 @@ def test_users_and_entries_reach_the_slave_and_the_slave_refuses_changes(tmp_pat
         conn = Connection(m.address, 10, TlsSettings(str(pki.ca)), root)
         conn.call(conn.stub.CreateUser, pb.UserRequest(access_key="alice", secret_key="alice-secret"))
         conn.call(conn.stub.GrantAcl, pb.GrantAclRequest(entry=pb.AclEntry(
-            access_key="alice", resource="Topic:Replicated*", actions=["Pub"])))  # fmt: skip
+            access_key="alice", resource="Topic:Replicated*", actions=["Pub"])))
         conn.close()
         assert s.accounts is not None
         wait_until(lambda: s.accounts.user("alice") == User("alice", "alice-secret"), "alice on the slave")

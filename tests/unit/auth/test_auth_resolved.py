@@ -64,7 +64,7 @@ def test_a_send_back_is_decided_on_the_stored_messages_own_topic(broker: Secured
     # with Sub on the message's topic too, the same consumer may send it back (what a consumer of it does)
     consumer = broker.user((f"Group:{group}", "Sub"), (f"Topic:{victim_topic}", "Sub"))
     answer = broker.call("ConsumerSendMsgBack", pb.ConsumerSendMsgBackRequest(
-        consumer_group=group, commitlog_offset=offset, delay_level=-1), consumer)  # fmt: skip
+        consumer_group=group, commitlog_offset=offset, delay_level=-1), consumer)
     assert answer.dead_letter and broker.max_offset(f"%DLQ%{group}") == 1
 
 
@@ -89,7 +89,7 @@ def test_ending_another_producers_transaction_by_id_naming_ones_own_group_is_ref
     # the victim's producer ends it: its group's right is the one that counts, whatever the request names
     producer = broker.user(("Group:VictimP", "Pub"))
     ended = broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, producer_group="Other",
-                                                                   commit=True), producer)  # fmt: skip
+                                                                   commit=True), producer)
     assert ended.status == "COMMITTED" and broker.visible(topic) == 1
 
 
@@ -100,7 +100,7 @@ def test_an_unknown_transaction_is_recorded_only_with_pub_on_the_named_group(bro
     stranger = broker.user(("Group:AttackerP", "Pub"))
     for creds, group in ((nobody, ""), (nobody, "SinkP"), (stranger, "SinkP"), (stranger, "")):
         request = pb.EndTransactionRequest(transaction_id=txn_id, commit=True, record_unknown=True,
-                                           producer_group=group)  # fmt: skip
+                                           producer_group=group)
         with pytest.raises(NoPermissionError, match="lacks Pub on"):
             broker.call("EndTransaction", request, creds)
         assert broker.transaction(txn_id) is None  # nothing recorded
@@ -110,16 +110,16 @@ def test_an_unknown_transaction_is_recorded_only_with_pub_on_the_named_group(bro
     sink = broker.user(("Group:SinkP", "Pub"))
     with pytest.raises(QueryNotFoundError):
         broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=True,
-                                                               producer_group="SinkP"), sink)  # fmt: skip
+                                                               producer_group="SinkP"), sink)
     recorded = broker.call("EndTransaction", pb.EndTransactionRequest(
-        transaction_id=txn_id, commit=True, record_unknown=True, producer_group="SinkP"), sink)  # fmt: skip
+        transaction_id=txn_id, commit=True, record_unknown=True, producer_group="SinkP"), sink)
     assert recorded.status == "COMMITTED"
     info = broker.transaction(txn_id)
     assert info is not None and info.producer_group == "SinkP"  # the group is recorded with the outcome
     # a later lookup by id resolves that group: another group's right does not reach it
     with pytest.raises(NoPermissionError, match="lacks Pub on Group:SinkP"):
         broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=False,
-                                                               producer_group="AttackerP"), stranger)  # fmt: skip
+                                                               producer_group="AttackerP"), stranger)
 
 
 def test_a_transaction_not_indexed_by_offset_cannot_be_ended_by_offset_without_its_group(broker: Secured) -> None:
@@ -175,7 +175,7 @@ def test_a_decision_on_a_transaction_this_broker_holds_is_an_end_of_it(broker: S
     decision = cpb.TransactionDecision(transaction_id=txn_id, outcome="ABORT")
     for method, request in (("RecordDecision", cpb.RecordDecisionRequest(decision=decision)),
                             ("QueryDecisions", cpb.QueryDecisionsRequest(transaction_ids=[txn_id],
-                                                                         abort_undecided=True))):  # fmt: skip
+                                                                         abort_undecided=True))):
         with pytest.raises(grpc.RpcError) as info:
             broker.coordinator(method, request, fenced)
         assert "lacks Pub on Group:VictimP" in info.value.details()  # type: ignore[attr-defined]
@@ -191,7 +191,7 @@ def test_a_decision_on_a_transaction_this_broker_holds_is_an_end_of_it(broker: S
 
 def _v2_transactional(topic: str, message_id: str) -> v2s.SendMessageRequest:
     message = v2.Message(topic=v2.Resource(name=topic), body=b"attacker's half", system_properties=v2.SystemProperties(
-        message_id=message_id, message_type=v2.TRANSACTION, body_encoding=v2.IDENTITY))  # fmt: skip
+        message_id=message_id, message_type=v2.TRANSACTION, body_encoding=v2.IDENTITY))
     return v2s.SendMessageRequest(messages=[message])
 
 
@@ -208,7 +208,7 @@ def test_a_half_cannot_join_another_producers_open_transaction(broker: Secured) 
     entries = encode_message(Message(own, b"x"), 0)
     with pytest.raises(NoPermissionError, match="lacks Pub on Group:VictimP"):
         broker.call("SendBatch", pb.SendBatchRequest(entries=entries, count=1, producer_group="AttackerP",
-                                                     transaction_id=txn_id), attacker)  # fmt: skip
+                                                     transaction_id=txn_id), attacker)
     assert v2_refused(lambda: broker.v2("SendMessage", _v2_transactional(own, txn_id), attacker))
     assert_open(broker, txn_id, 1, victim_topic)  # still the victim's one half
     assert broker.max_offset(TRANS_HALF_TOPIC) >= 1 and broker.visible(own) == 0
@@ -240,7 +240,7 @@ def test_system_topics_are_read_by_no_one(broker: Secured, system_topic: str) ->
     for creds in (reader, ROOT):
         with pytest.raises(NoPermissionError):
             broker.call("PopMessage", pb.PopRequest(consumer_group="AttG", topic=system_topic, max_msgs=32,
-                                                    invisible_time_ms=60_000), creds)  # fmt: skip
+                                                    invisible_time_ms=60_000), creds)
         with pytest.raises(NoPermissionError):
             broker.call("PullMessage", pb.PullRequest(consumer_group="AttG", topic=system_topic, queue_id=0), creds)
         with pytest.raises(NoPermissionError):
@@ -250,13 +250,13 @@ def test_system_topics_are_read_by_no_one(broker: Secured, system_topic: str) ->
             with pytest.raises(NoPermissionError):
                 broker.call("ViewMessageById", pb.ViewMessageByIdRequest(msg_id=msg_id), creds)
         receive = v2s.ReceiveMessageRequest(group=v2.Resource(name="AttG"), message_queue=v2.MessageQueue(
-            topic=v2.Resource(name=system_topic), id=-1), batch_size=32, auto_renew=False)  # fmt: skip
+            topic=v2.Resource(name=system_topic), id=-1), batch_size=32, auto_renew=False)
         receive.invisible_duration.FromSeconds(60)
         assert v2_status(broker.v2("ReceiveMessage", receive, creds)) == v2.Code.ILLEGAL_TOPIC
     # offsets of a system topic: not for a user holding Topic:*, which is no right to what the broker keeps
     for method, request in (("GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=system_topic)),
                             ("SearchOffsetByTimestamp", pb.SearchOffsetByTimestampRequest(topic=system_topic)),
-                            ("GetTopicRoute", pb.GetTopicRouteRequest(topic=system_topic))):  # fmt: skip
+                            ("GetTopicRoute", pb.GetTopicRouteRequest(topic=system_topic))):
         with pytest.raises(NoPermissionError, match="lacks All on Cluster"):
             broker.call(method, request, reader)
     assert_open(broker, txn_id, 1, topic)
@@ -295,7 +295,7 @@ def test_after_a_restart_an_end_by_offset_is_decided_on_the_recovered_transactio
         assert_open(broker, txn_id, 1, topic)
         producer = broker.user(("Group:VictimP", "Pub"))
         ended = broker.call("EndTransaction", pb.EndTransactionRequest(half_commitlog_offset=offset, commit=True),
-                            producer)  # fmt: skip
+                            producer)
         assert ended.status == "COMMITTED" and broker.visible(topic) == 1
     finally:
         assert broker.proc.stop() == 0, "\n".join(broker.proc.output)
@@ -309,10 +309,10 @@ def test_a_send_stream_request_joining_another_producers_transaction_is_refused(
     attacker = broker.user((f"Topic:{own}", "Pub"), ("Group:AttackerP", "Pub"))
     requests = [pb.SendMessageRequest(topic=own, queue_id=0, body=b"x", producer_group="AttackerP",
                                       transactional=True, transaction_id=txn_id),
-                pb.SendMessageRequest(topic=own, queue_id=0, body=b"plain")]  # fmt: skip
+                pb.SendMessageRequest(topic=own, queue_id=0, body=b"plain")]
     with grpc.insecure_channel(broker.endpoint) as channel:
         answers = list(pb_grpc.BrokerStub(channel).SendStream(iter(requests), metadata=attacker.metadata(),
-                                                             timeout=10))  # fmt: skip
+                                                             timeout=10))
     assert answers[0].code == ResponseCode.NO_PERMISSION and "lacks Pub on Group:VictimP" in answers[0].error
     assert answers[1].code == 0 and answers[1].response.commitlog_offsets  # the stream goes on
     assert_open(broker, txn_id, 1, victim_topic)
@@ -326,7 +326,7 @@ def test_an_id_recorded_by_another_group_does_not_pass_for_the_writers_own_outco
     txn_id = f"spark:{unique('q')}:9:attempt"
     squatter = broker.user(("Group:AttackerP", "Pub"))
     broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=True, record_unknown=True,
-                                                           producer_group="AttackerP"), squatter)  # fmt: skip
+                                                           producer_group="AttackerP"), squatter)
     sink = broker.user(("Group:SinkP", "Pub"), ("Cluster", "Pub"))
     with pytest.raises(BrokerError, match="recorded under another producer group") as refused:
         broker.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=True,

@@ -42,7 +42,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broke
     """A broker process with TLS and --auth; its root user comes from the environment, as an operator gives it."""
     root = tmp_path_factory.mktemp("auth-spark-broker")
     proc = BrokerProcess(root / "store", extra_args=["--auth", "--tls-cert", str(pki.server_cert),
-                                                     "--tls-key", str(pki.server_key)])  # fmt: skip
+                                                     "--tls-key", str(pki.server_key)])
     with pytest.MonkeyPatch.context() as env:
         env.setenv(ROOT_ACCESS_KEY_ENV, ROOT)
         env.setenv(ROOT_SECRET_KEY_ENV, ROOT_SECRET)
@@ -54,9 +54,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broke
             admin.create_topic(QUIET_TOPIC, 2)
             add_user(admin, READER, READER_SECRET, (f"Topic:{SOURCE_TOPIC}", "Sub"), (f"Group:{READ_GROUP}", "Sub"))
             add_user(admin, WRITER, WRITER_SECRET, (f"Topic:{SINK_TOPIC}", "Pub"), (f"Topic:{QUIET_TOPIC}", "Pub"),
-                     (f"Group:{SINK_GROUP}", "Pub"), ("Cluster", "Pub"))  # fmt: skip
+                     (f"Group:{SINK_GROUP}", "Pub"), ("Cluster", "Pub"))
             add_user(admin, PUBLISHER, PUBLISHER_SECRET, (f"Topic:{SOURCE_TOPIC}", "Pub"),
-                     (f"Topic:{SINK_TOPIC}", "Pub"))  # fmt: skip
+                     (f"Topic:{SINK_TOPIC}", "Pub"))
         with Producer(proc.endpoint, tls_ca=str(pki.ca), access_key=PUBLISHER, secret_key=PUBLISHER_SECRET) as p:
             for i in range(MESSAGES):
                 p.send(Message(SOURCE_TOPIC, f"m{i}".encode()))
@@ -80,13 +80,13 @@ def add_user(admin: Admin, access_key: str, secret_key: str, *grants: tuple[str,
 def source(spark: Any, broker: BrokerProcess, pki: Pki, *, streaming: bool = False, **credentials: str) -> Any:
     reader = (spark.readStream if streaming else spark.read).format("sluice")
     options = {"endpoints": broker.endpoint, "topic": SOURCE_TOPIC, "consumerGroup": READ_GROUP,
-               "startingOffsets": "earliest", "tls.caFile": str(pki.ca), **credentials}  # fmt: skip
+               "startingOffsets": "earliest", "tls.caFile": str(pki.ca), **credentials}
     return reader.options(**options).load()
 
 
 def sink_options(broker: BrokerProcess, pki: Pki, topic: str = SINK_TOPIC, **credentials: str) -> dict[str, str]:
     return {"endpoints": broker.endpoint, "topic": topic, "producerGroup": SINK_GROUP, "tls.caFile": str(pki.ca),
-            **credentials}  # fmt: skip
+            **credentials}
 
 
 def as_user(access_key: str, secret_key: str) -> dict[str, str]:
@@ -96,7 +96,7 @@ def as_user(access_key: str, secret_key: str) -> dict[str, str]:
 def sink_bodies(broker: BrokerProcess, pki: Pki) -> list[bytes]:
     got: list[bytes] = []
     with PullConsumer(broker.endpoint, "auth-spark-check", tls_ca=str(pki.ca), access_key=ROOT,
-                      secret_key=ROOT_SECRET) as consumer:  # fmt: skip
+                      secret_key=ROOT_SECRET) as consumer:
         for queue_id in range(2):
             result = consumer.pull(SINK_TOPIC, queue_id, 0, 256)
             if result.status is PullStatus.FOUND:
@@ -113,7 +113,7 @@ def spark_log(spark: Any, path: Path) -> Iterator[None]:
     config = context.getConfiguration()
     layout = core.layout.PatternLayout.newBuilder().withPattern("%p %c: %m%n").build()
     appender = (core.appender.FileAppender.newBuilder().withFileName(str(path)).setName("auth-spark-test")
-                .setLayout(layout).build())  # fmt: skip
+                .setLayout(layout).build())
     appender.start()
     config.addAppender(appender)
     config.getRootLogger().addAppender(appender, None, None)
@@ -167,7 +167,7 @@ def test_the_credential_options_go_together_and_never_print_the_secret() -> None
 
 @pytest.mark.spark
 def test_a_stream_reads_and_writes_exactly_once_with_credentials(spark: Any, broker: BrokerProcess, pki: Pki,
-                                                                 tmp_path: Path) -> None:  # fmt: skip
+                                                                 tmp_path: Path) -> None:
     stream = source(spark, broker, pki, streaming=True, **as_user(READER, READER_SECRET)).select("body")
     query = (
         stream.writeStream.format("sluice")
@@ -228,7 +228,7 @@ def test_no_plan_progress_log_or_checkpoint_shows_a_secret(
 
 @pytest.mark.spark
 def test_the_source_refuses_to_read_without_the_right_credentials(spark: Any, broker: BrokerProcess,
-                                                                  pki: Pki) -> None:  # fmt: skip
+                                                                  pki: Pki) -> None:
     anonymous = refusal(lambda: source(spark, broker, pki).collect())
     assert "UNAUTHENTICATED" in anonymous and "requires credentials" in anonymous
     assert "Give the options 'accessKey' and 'secretKey'" in anonymous
@@ -246,12 +246,12 @@ def test_the_source_refuses_to_read_without_the_right_credentials(spark: Any, br
 
 @pytest.mark.spark
 def test_the_exactly_once_sink_refuses_to_write_without_the_right_credentials(spark: Any, broker: BrokerProcess,
-                                                                              pki: Pki) -> None:  # fmt: skip
+                                                                              pki: Pki) -> None:
     rows = spark.createDataFrame([(f"x{i}",) for i in range(4)], "body string").coalesce(1)
 
     def write(**credentials: str) -> str:
         return refusal(lambda: rows.write.format("sluice").options(**sink_options(broker, pki, **credentials))
-                       .mode("append").save())  # fmt: skip
+                       .mode("append").save())
 
     anonymous = write()
     assert "UNAUTHENTICATED" in anonymous and "requires credentials" in anonymous

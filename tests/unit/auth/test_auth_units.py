@@ -52,7 +52,7 @@ def test_rocketmq_clients_header_shape_is_accepted() -> None:
     # What RocketMQ's Java client writes (no space after the commas is accepted too).
     sig = sign("sk", "20261126T120000Z")
     for text in (f"MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature={sig}",
-                 f"MQv2-HMAC-SHA1 Credential=ak,SignedHeaders=x-mq-date-time,Signature={sig}"):  # fmt: skip
+                 f"MQv2-HMAC-SHA1 Credential=ak,SignedHeaders=x-mq-date-time,Signature={sig}"):
         assert parse_header(text).access_key == "ak"
 
 
@@ -64,14 +64,14 @@ def test_rocketmq_clients_header_shape_is_accepted() -> None:
     "MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature=" + "G" * 40,
     "MQv2-HMAC-SHA1 Credential=" + "a" * 65 + ", SignedHeaders=x-mq-date-time, Signature=" + "A" * 40,
     "MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature=" + "A" * 600,
-])  # fmt: skip
+])
 def test_malformed_headers_are_refused_as_unauthenticated(header: str) -> None:
     with pytest.raises(AuthenticationError):
         parse_header(header)
 
 
 @pytest.mark.parametrize("offset_s, ok", [(0, True), (899, True), (-899, True), (901, False), (-901, False),
-                                          (86_400 * 365, False)])  # fmt: skip
+                                          (86_400 * 365, False)])
 def test_the_window_bounds_a_replayed_header(offset_s: int, ok: bool) -> None:
     stamp = (NOW + dt.timedelta(seconds=offset_s)).strftime("%Y%m%dT%H%M%SZ")
     if ok:
@@ -100,7 +100,7 @@ def test_credentials_never_show_the_secret() -> None:
 # ------------------------------------------------------------------------------------------------ policy
 def entry(resource: str, actions: str, decision: str = "Allow", *nets: str) -> Entry:
     return Entry.from_json({"resource": resource, "actions": actions.split(","), "decision": decision,
-                            "source_ips": list(nets)})  # fmt: skip
+                            "source_ips": list(nets)})
 
 
 def test_nothing_granted_is_denied() -> None:
@@ -185,7 +185,7 @@ def test_users_and_entries_survive_a_restart_in_a_private_file(tmp_path: Path) -
     again.load()
     assert again.user("alice") == User("alice", "s3cret")
     assert [(str(e.pattern), sorted(a.value for a in e.actions), e.decision.value) for e in again.entries("alice")] == [
-        ("Topic:orders-*", ["Get", "Pub", "Sub"], "Allow"), ("Topic:orders-eu", ["Pub"], "Deny")]  # fmt: skip
+        ("Topic:orders-*", ["Get", "Pub", "Sub"], "Allow"), ("Topic:orders-eu", ["Pub"], "Deny")]
     again.revoke("alice", "Topic:orders-*", ["Pub"])
     assert sorted(a.value for a in again.entries("alice")[0].actions) == ["Get", "Sub"]
     again.revoke("alice", "Topic:orders-eu")
@@ -199,7 +199,7 @@ def test_the_root_user_is_never_written_nor_changed_by_rpc(tmp_path: Path) -> No
     accounts = Accounts(tmp_path, User("root", "rootsecret"))
     assert accounts.user("root") is not None and accounts.user("root").super_user  # type: ignore[union-attr]
     for change in (lambda: accounts.delete_user("root"), lambda: accounts.update_user("root", enabled=False),
-                   lambda: accounts.create_user("root", "x")):  # fmt: skip
+                   lambda: accounts.create_user("root", "x")):
         with pytest.raises(NoPermissionError):
             change()
     accounts.create_user("bob", "b")
@@ -213,7 +213,7 @@ def test_account_changes_refuse_bad_input_and_change_nothing(tmp_path: Path) -> 
     for bad in (lambda: accounts.create_user("alice", "again"), lambda: accounts.create_user("a b", "s"),
                 lambda: accounts.create_user("x", ""), lambda: accounts.create_user("x", "s" * 65),
                 lambda: accounts.grant("alice", "Topic:t", []), lambda: accounts.grant("alice", "Nope", ["Pub"]),
-                lambda: accounts.grant("nobody", "Topic:t", ["Pub"])):  # fmt: skip
+                lambda: accounts.grant("nobody", "Topic:t", ["Pub"])):
         with pytest.raises((InvalidArgumentError, NoPermissionError, Exception)) as info:
             bad()
         assert info.type.__name__.endswith("Error")
@@ -225,7 +225,7 @@ def served_methods() -> list[str]:
     methods = []
     for service in (*pb.DESCRIPTOR.services_by_name.values(), *cpb.DESCRIPTOR.services_by_name.values(),
                     *npb.DESCRIPTOR.services_by_name.values(),
-                    *v2s.DESCRIPTOR.services_by_name.values()):  # fmt: skip
+                    *v2s.DESCRIPTOR.services_by_name.values()):
         methods += [f"/{service.full_name}/{m.name}" for m in service.methods]
     return methods
 
@@ -256,7 +256,7 @@ def test_the_interceptors_wrap_each_method_once_not_per_call() -> None:
     from broker.server.request_guard import MalformedRequestGuard
 
     registered = {m: grpc.unary_unary_rpc_method_handler(lambda r, c: r, request_deserializer=bytes)
-                  for m in ("/sluice.v1.Broker/SendMessage", "/sluice.v1.Broker/PullMessage")}  # fmt: skip
+                  for m in ("/sluice.v1.Broker/SendMessage", "/sluice.v1.Broker/PullMessage")}
 
     signed = signed_metadata("root", "r", dt.datetime.now(dt.UTC))
     wrong = signed_metadata("root", "not-r", dt.datetime.now(dt.UTC))
@@ -266,7 +266,7 @@ def test_the_interceptors_wrap_each_method_once_not_per_call() -> None:
             self.method, self.invocation_metadata = method, metadata
 
     chain = [MalformedRequestGuard(), AuthGate(Accounts(None, User("root", "r")), AuthSettings(900, False),
-                                               Counter("c", "c")), ReplicationGate()]  # fmt: skip
+                                               Counter("c", "c")), ReplicationGate()]
 
     def handler_for(method: str, metadata: tuple[tuple[str, str], ...] = signed) -> grpc.RpcMethodHandler:
         def through(i: int) -> grpc.RpcMethodHandler:

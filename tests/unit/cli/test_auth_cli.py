@@ -25,9 +25,9 @@ from broker.server.broker_controller import BrokerController
 
 ROOT, ROOT_SECRET = "root", "root-secret-0123"
 AUTH = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT,
-        "auth_root_secret_key": ROOT_SECRET}  # fmt: skip
+        "auth_root_secret_key": ROOT_SECRET}
 CLIENT_ENV = ("SLUICE_ENDPOINT", "SLUICE_NAMESRV", "SLUICE_ACCESS_KEY", "SLUICE_SECRET_KEY", "SLUICE_PROFILE",
-              "SLUICE_TLS_CA", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY")  # fmt: skip
+              "SLUICE_TLS_CA", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY")
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Cli:
             monkeypatch.delenv(name, raising=False)
 
     def __call__(self, *argv: str, user: tuple[str, str] | None = (ROOT, ROOT_SECRET), endpoint: bool = True,
-                 env: dict[str, str] | None = None) -> Run:  # fmt: skip
+                 env: dict[str, str] | None = None) -> Run:
         settings = {"SLUICE_ACCESS_KEY": user[0], "SLUICE_SECRET_KEY": user[1]} if user else {}
         settings.update(env or {})
         for name in CLIENT_ENV:
@@ -139,7 +139,7 @@ def test_a_generated_secret_is_printed_once_and_works(cli: Cli, broker: BrokerCo
 
 
 def test_secret_key_files_must_be_private_and_never_arguments(cli: Cli, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     shared = private_file(tmp_path / "shared.secret", "shared-secret-1", mode=0o644)
     refused = cli("user", "create", "carol", "--secret-key-file", str(shared))
     assert refused.code == 1 and "0644" in refused.err and f"chmod 600 {shared}" in refused.err
@@ -170,7 +170,7 @@ def test_acl_grant_list_revoke_apply_to_the_next_request(cli: Cli, tmp_path: Pat
     granted = cli("acl", "grant", "dave", "--resource", "Topic:AclTopic", "--actions", "Pub,Sub", "--json")
     assert granted.code == 0, granted.err
     assert granted.json() == [{"access_key": "dave", "resource": "Topic:AclTopic", "actions": ["Pub", "Sub"],
-                               "decision": "Allow", "source_ips": []}]  # fmt: skip
+                               "decision": "Allow", "source_ips": []}]
     assert cli("acl", "grant", "dave", "--resource", "Group:dave-*", "--actions", "Sub").code == 0
     assert cli("send", "AclTopic", "--body", "allowed", user=dave).code == 0
     consumed = cli("consume", "AclTopic", "--group", "dave-readers", "--from", "earliest", "--max", "1", user=dave)
@@ -180,7 +180,7 @@ def test_acl_grant_list_revoke_apply_to_the_next_request(cli: Cli, tmp_path: Pat
     listed = cli("acl", "list", "dave")
     assert listed.code == 0
     assert listed.out.splitlines()[2:] == ["dave        Topic:AclTopic  Allow     Pub,Sub  *",
-                                           "dave        Group:dave-*    Allow     Sub      *"]  # fmt: skip
+                                           "dave        Group:dave-*    Allow     Sub      *"]
     assert {e["access_key"] for e in cli("acl", "list", "--json").json()} == {"dave"}
 
     # a Deny as specific as the Allow wins, from the next request on
@@ -191,10 +191,10 @@ def test_acl_grant_list_revoke_apply_to_the_next_request(cli: Cli, tmp_path: Pat
     revoked = cli("acl", "revoke", "dave", "--resource", "Topic:AclTopic", "--actions", "Pub", "--json")
     assert revoked.code == 0
     assert [(e["resource"], e["actions"], e["decision"]) for e in revoked.json()] == [
-        ("Topic:AclTopic", ["Sub"], "Allow"), ("Group:dave-*", ["Sub"], "Allow")]  # fmt: skip
+        ("Topic:AclTopic", ["Sub"], "Allow"), ("Group:dave-*", ["Sub"], "Allow")]
     assert cli("send", "AclTopic", "--body", "x", user=dave).code == 1  # nothing allows Pub any more
     assert cli("consume", "AclTopic", "--group", "dave-readers", "--from", "earliest", "--max", "1",
-               user=dave).code == 0  # fmt: skip
+               user=dave).code == 0
     assert cli("acl", "revoke", "dave", "--resource", "Topic:AclTopic").code == 0  # every action
     gone = cli("consume", "AclTopic", "--group", "dave-readers", "--from", "earliest", "--max", "1", user=dave)
     assert gone.code == 1 and "[NO_PERMISSION]" in gone.err
@@ -209,7 +209,7 @@ def test_acl_grant_list_revoke_apply_to_the_next_request(cli: Cli, tmp_path: Pat
 def test_a_disabled_user_is_refused_from_its_next_request(cli: Cli, tmp_path: Path) -> None:
     erin = ("erin", "erin-secret-1")
     assert cli("user", "create", "erin", "--super", "--secret-key-file",
-               str(private_file(tmp_path / "erin", erin[1]))).code == 0  # fmt: skip
+               str(private_file(tmp_path / "erin", erin[1]))).code == 0
     assert cli("user", "list", user=erin).code == 0
     assert cli("user", "update", "erin", "--disable").code == 0
     refused = cli("user", "list", user=erin)
@@ -231,7 +231,7 @@ def test_user_and_acl_commands_need_a_super_user(cli: Cli, tmp_path: Path) -> No
     for argv in (["user", "list"], ["user", "create", "mallory", "--secret-key-file", new_secret],
                  ["user", "update", "frank", "--super"], ["user", "delete", ROOT], ["acl", "list"],
                  ["acl", "grant", "frank", "--resource", "Cluster", "--actions", "All"],
-                 ["acl", "revoke", "frank", "--resource", "*"]):  # fmt: skip
+                 ["acl", "revoke", "frank", "--resource", "*"]):
         refused = cli(*argv, user=frank)
         assert refused.code == 1, argv
         assert "user 'frank' may not call" in refused.err and "super users only [NO_PERMISSION]" in refused.err
@@ -243,7 +243,7 @@ def test_user_and_acl_commands_need_a_super_user(cli: Cli, tmp_path: Path) -> No
 def test_a_profile_file_applies_where_the_environment_does_not(cli: Cli, tmp_path: Path) -> None:
     profile = tmp_path / "admin.profile"
     text = (f"# the admin's settings\nSLUICE_ENDPOINT={cli.endpoint}\nexport SLUICE_ACCESS_KEY={ROOT}\n"
-            f"SLUICE_SECRET_KEY='{ROOT_SECRET}'\n")  # fmt: skip
+            f"SLUICE_SECRET_KEY='{ROOT_SECRET}'\n")
     private_file(profile, text, mode=0o640)
     refused = cli("user", "list", "--profile", str(profile), user=None, endpoint=False)
     assert refused.code == 1
@@ -261,7 +261,7 @@ def test_a_profile_file_applies_where_the_environment_does_not(cli: Cli, tmp_pat
     wrong = cli("user", "list", user=("root", "wrong-secret"), endpoint=False, env={"SLUICE_PROFILE": str(profile)})
     assert wrong.code == 1 and "the signature is wrong" in wrong.err and "came from the environment" in wrong.err
     half = cli("user", "list", user=None, endpoint=False,
-               env={"SLUICE_PROFILE": str(profile), "SLUICE_ACCESS_KEY": ROOT})  # fmt: skip
+               env={"SLUICE_PROFILE": str(profile), "SLUICE_ACCESS_KEY": ROOT})
     assert half.code == 1 and "sets only one of SLUICE_ACCESS_KEY and SLUICE_SECRET_KEY" in half.err
 
     no_secret = private_file(tmp_path / "shared.profile", f"SLUICE_ENDPOINT={cli.endpoint}\n", mode=0o644)
@@ -277,12 +277,12 @@ def test_a_profile_file_applies_where_the_environment_does_not(cli: Cli, tmp_pat
 
 
 def test_help_never_shows_a_secret(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                   capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                   capfd: pytest.CaptureFixture[str]) -> None:
     profile = private_file(tmp_path / "p", f"SLUICE_ACCESS_KEY={ROOT}\nSLUICE_SECRET_KEY=profile-secret-1\n")
     monkeypatch.setenv("SLUICE_SECRET_KEY", "env-secret-1")
     monkeypatch.setenv("SLUICE_PROFILE", str(profile))
     for argv in ([], ["user"], ["user", "create"], ["user", "update"], ["acl", "grant"], ["send"], ["consume"],
-                 ["topic", "list"], ["user", "list", "--profile", str(profile)]):  # fmt: skip
+                 ["topic", "list"], ["user", "list", "--profile", str(profile)]):
         capfd.readouterr()
         with pytest.raises(SystemExit) as done:
             main([*argv, "--help"])
@@ -308,7 +308,7 @@ def test_send_and_consume_sign_with_the_environment_s_credentials(cli: Cli) -> N
     assert got.code == 0, got.err
     assert [json.loads(line)["body"] for line in got.out.splitlines()] == ["signed"] * 3
     for argv in (["topic", "describe", "EnvTopic"], ["group", "lag", "env-group"], ["stats"], ["tx", "list"],
-                 ["group", "list"], ["query", "key", "EnvTopic", "k"]):  # fmt: skip
+                 ["group", "list"], ["query", "key", "EnvTopic", "k"]):
         assert cli(*argv).code == 0, argv
         assert cli(*argv, user=None).code == 1, argv
 
@@ -325,7 +325,7 @@ def test_admin_user_and_acl_methods(broker: BrokerController) -> None:
         with pytest.raises(FrozenInstanceError):
             entries[0].decision = "Deny"  # type: ignore[misc]
         assert admin.revoke_acl("ivy", "Topic:ivy-*", "Sub") == [
-            AclEntry("ivy", "Topic:ivy-*", ("Pub",), "Allow", ("127.0.0.0/8",))]  # fmt: skip
+            AclEntry("ivy", "Topic:ivy-*", ("Pub",), "Allow", ("127.0.0.0/8",))]
         with pytest.raises(InvalidArgumentError, match="access key"):
             admin.create_user("no spaces", "s")  # refused before it is sent
         with pytest.raises(InvalidArgumentError, match="cluster= and broker="):
@@ -348,7 +348,7 @@ def cluster(broker_factory: Any, tmp_path: Path) -> Iterator[Cluster]:
     ns.start()
     try:
         brokers = {name: broker_factory(tmp_path / name, namesrv_addr=ns.address, broker_name=name, **AUTH)
-                   for name in ("auth-a", "auth-b")}  # fmt: skip
+                   for name in ("auth-a", "auth-b")}
         yield Cluster(ns.address, brokers)
     finally:
         ns.shutdown()
@@ -364,7 +364,7 @@ def held_users(c: Cluster) -> dict[str, set[str]]:
 
 
 def test_user_and_acl_changes_reach_every_broker_of_a_cluster(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
-                                                              capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
     cli = Cli(monkeypatch, capfd, "")
 
     def run(*argv: str, user: tuple[str, str] | None = (ROOT, ROOT_SECRET)) -> Run:
@@ -377,7 +377,7 @@ def test_user_and_acl_changes_reach_every_broker_of_a_cluster(cluster: Cluster, 
     assert held_users(cluster) == {"auth-a": {ROOT, "gina"}, "auth-b": {ROOT, "gina"}}
     listed = run("user", "list", "--json").json()
     assert sorted((u["access_key"], u["broker_name"]) for u in listed) == [
-        ("gina", "auth-a"), ("gina", "auth-b"), (ROOT, "auth-a"), (ROOT, "auth-b")]  # fmt: skip
+        ("gina", "auth-a"), ("gina", "auth-b"), (ROOT, "auth-a"), (ROOT, "auth-b")]
 
     assert run("topic", "create", "ClusterAuth", "--queues", "2").code == 0
     assert run("acl", "grant", "gina", "--resource", "Topic:ClusterAuth", "--actions", "Pub").code == 0
@@ -388,7 +388,7 @@ def test_user_and_acl_changes_reach_every_broker_of_a_cluster(cluster: Cluster, 
     assert run("acl", "revoke", "gina", "--resource", "Topic:ClusterAuth").code == 0
     for name, b in cluster.brokers.items():  # refused by each broker, asked directly
         refused = cli("send", "ClusterAuth", "--body", "x", user=gina, env={"SLUICE_ENDPOINT": b.address},
-                      endpoint=False)  # fmt: skip
+                      endpoint=False)
         assert refused.code == 1 and "[NO_PERMISSION]" in refused.err, name
 
     # a group's offsets reset through the name servers: each broker is asked with the same credentials
@@ -410,4 +410,4 @@ def test_user_and_acl_changes_reach_every_broker_of_a_cluster(cluster: Cluster, 
     assert held_users(cluster) == {"auth-a": {ROOT}, "auth-b": {ROOT}}
     with Admin(namesrv=cluster.namesrv, access_key=ROOT, secret_key=ROOT_SECRET) as admin:  # the client's rows
         assert [(u.access_key, u.broker_name) for u in admin.list_users() if isinstance(u, BrokerUserInfo)] == [
-            (ROOT, "auth-a"), (ROOT, "auth-b")]  # fmt: skip
+            (ROOT, "auth-a"), (ROOT, "auth-b")]

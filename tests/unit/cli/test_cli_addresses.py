@@ -23,7 +23,7 @@ BrokerFactory = Callable[..., BrokerController]  # the broker_factory fixture (t
 
 def sluice(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+                          env={**os.environ, **(env or {})})
 
 
 def one_error_line(out: subprocess.CompletedProcess[str]) -> str:
@@ -80,7 +80,7 @@ def test_listen_addresses_are_parsed_as_written() -> None:
     assert parse_listen("[::]:0") == ("::", 0)
     assert parse_listen("127.0.0.1") == ("127.0.0.1", 10911)  # the broker's default port, as RocketMQ's
     for bad, needle in (("::1:0", "without brackets"), ("[::1:0", "does not close"), ("[::1]x", "after the ']'"),
-                        ("h:port", "non-numeric port"), ("h:70000", "outside 0..65535")):  # fmt: skip
+                        ("h:port", "non-numeric port"), ("h:70000", "outside 0..65535")):
         with pytest.raises(InvalidArgumentError, match=needle):
             BrokerConfig(listen=bad)
 

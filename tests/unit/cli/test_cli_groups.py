@@ -20,7 +20,7 @@ FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_int
 def sluice(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
     return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=120,
-                          env=env)  # fmt: skip
+                          env=env)
 
 
 class Counting:
@@ -74,18 +74,18 @@ def test_reset_offsets_to_each_target(broker: BrokerController, endpoint: str) -
 
         assert committed() == {0: 20, 1: 20}
         dry = sluice(endpoint, "group", "reset-offsets", "rw", "--topic", "Rewind", "--to-earliest", "--dry-run",
-                     "--json")  # fmt: skip
+                     "--json")
         assert dry.returncode == 0, dry.stderr
         assert [(q["queue_id"], q["previous"], q["offset"]) for q in json.loads(dry.stdout)["queues"]] == [
             (0, 20, 0), (1, 20, 0)
-        ]  # fmt: skip
+        ]
         assert committed() == {0: 20, 1: 20}  # a dry run changes nothing
         when = dt.datetime.fromtimestamp(boundary_ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
         for target, want in ((["--to-earliest"], {0: 0, 1: 0}), (["--to-latest"], {0: 20, 1: 20}),
                              (["--to-offset", "5"], {0: 5, 1: 5}), (["--to-offset", "999"], {0: 20, 1: 20}),
                              (["--to-timestamp", str(boundary_ms)], {0: 10, 1: 10}),
                              (["--to-earliest", "--queue", "1"], {0: 10, 1: 0}),
-                             (["--to-datetime", when], {0: 10, 1: 10})):  # fmt: skip
+                             (["--to-datetime", when], {0: 10, 1: 10})):
             out = sluice(endpoint, "group", "reset-offsets", "rw", "--topic", "Rewind", *target)
             assert out.returncode == 0, (target, out.stderr)
             assert committed() == want, target
@@ -129,9 +129,9 @@ def test_reset_is_refused_while_a_push_consumer_runs_and_not_overwritten_after(
 def test_consume_with_an_sql92_filter(broker: BrokerController, endpoint: str) -> None:
     with Producer(endpoint) as p:
         p.send_batch([Message("CliSql", b"%d" % i, properties={"region": "eu" if i % 3 == 0 else "us", "n": str(i)})
-                      for i in range(12)], queue_id=0)  # fmt: skip
+                      for i in range(12)], queue_id=0)
     out = sluice(endpoint, "consume", "CliSql", "--group", "sql", "--from", "earliest", "--json",
-                 "--sql", "region = 'eu' AND n > 2")  # fmt: skip
+                 "--sql", "region = 'eu' AND n > 2")
     assert out.returncode == 0, out.stderr
     assert [json.loads(line)["body"] for line in out.stdout.splitlines()] == ["3", "6", "9"]
     bad = sluice(endpoint, "consume", "CliSql", "--group", "sql2", "--from", "earliest", "--sql", "region = ")

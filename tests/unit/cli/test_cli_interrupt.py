@@ -21,7 +21,7 @@ INTERRUPTED = 130
 def popen(endpoint: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "broker", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)  # fmt: skip
+                            text=True, env=env)
 
 
 def interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:

@@ -20,7 +20,7 @@ def parse_send(*args: str) -> argparse.Namespace:
 @pytest.mark.parametrize(("args", "needle"), [(("--count", "0"), "--count: 0 is below 1"),
                                               (("--count", "-5"), "--count: -5 is below 1"),
                                               (("--count", "many"), "--count: 'many' is not an integer"),
-                                              (("--size", "-1"), "--size: -1 is below 0")])  # fmt: skip
+                                              (("--size", "-1"), "--size: -1 is below 0")])
 def test_send_count_and_size_must_make_sense(
     args: tuple[str, ...], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -77,7 +77,7 @@ def test_broker_start_problems_are_one_error_line(tmp_path: Path) -> None:
     (["group", "reset-offsets", "g", "--topic", "T"], "one of the arguments --to-earliest"),
     (["group", "reset-offsets", "g", "--topic", "T", "--to-earliest", "--to-offset", "3"], "not allowed with"),
     (["group", "reset-offsets", "g", "--topic", "T", "--to-offset", "-3"], "--to-offset: -3 is below 0"),
-])  # fmt: skip
+])
 def test_numbers_and_choices_that_cannot_work_are_usage_errors(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,7 +18,7 @@ from broker.server.broker_controller import BrokerController
 def sluice(endpoint: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
     return subprocess.run([sys.executable, "-m", "broker", *args], input=stdin, capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+                          timeout=120, env=env)
 
 
 def test_topic_commands(broker: BrokerController, endpoint: str) -> None:
@@ -43,7 +43,7 @@ def test_topic_commands(broker: BrokerController, endpoint: str) -> None:
 
 def test_send_consume_query_lag_stats(broker: BrokerController, endpoint: str) -> None:
     sent = sluice(endpoint, "send", "CliS", "--tags", "A", "--keys", "k1,k2", "--property", "p=v", "--body", "hello",
-                  "--json")  # fmt: skip
+                  "--json")
     assert sent.returncode == 0, sent.stderr
     first = json.loads(sent.stdout)["results"][0]
     from_stdin = sluice(endpoint, "send", "CliS", "--queue", "0", stdin="line one\nline two\n")
@@ -86,7 +86,7 @@ def test_consume_follow_waits_for_new_messages(broker: BrokerController, endpoin
         [sys.executable, "-m", "broker", "consume", "CliF", "--group", "fg", "--from", "latest", "--follow",
          "--max", "3", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    )
     try:
         time.sleep(3)  # the follower starts, reads the (empty) queues and holds its pulls
         assert follower.poll() is None, follower.stderr.read() if follower.stderr else ""
@@ -140,16 +140,16 @@ def test_ordinary_bad_input_is_an_error_line_not_a_traceback(broker: BrokerContr
     assert store.returncode == 1 and "error:" in store.stderr and str(a_file) in store.stderr
     for setting, needle in (('{"grpc_max_workers": "64"}', "'grpc_max_workers' is '64'"),
                             ('{"store": {"mapped_file_size_commit_log": "abc"}}', "mapped_file_size_commit_log"),
-                            ("[1]", "not a table of settings")):  # fmt: skip
+                            ("[1]", "not a table of settings")):
         config = tmp_path / "broker.json"
         config.write_text(setting)
         bad = sluice(endpoint, "broker", "--store", str(tmp_path / "st"), "--listen", "127.0.0.1:0",
-                     "--config", str(config))  # fmt: skip
+                     "--config", str(config))
         no_traceback(bad)
         assert bad.returncode == 1 and needle in bad.stderr, bad.stderr
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
     latin = subprocess.run([sys.executable, "-m", "broker", "send", "CliBytes", "--queue", "0"], input=b"caf\xe9\n",
-                           capture_output=True, timeout=120, env=env)  # fmt: skip
+                           capture_output=True, timeout=120, env=env)
     assert latin.returncode == 0, latin.stderr
     assert broker.store is not None and broker.store.wait_dispatched()
     with PullConsumer(endpoint, "bytes") as c:
@@ -183,7 +183,7 @@ def test_stats_counts_are_integers(broker: BrokerController, endpoint: str) -> N
 def test_consume_text_output_shows_user_properties(broker: BrokerController, endpoint: str) -> None:
     """The text line showed tags and keys but hid the properties the message was sent with."""
     sent = sluice(endpoint, "send", "CliProps", "--queue", "0", "--body", "hi", "--property", "region=eu",
-                  "--property", "tier=gold", "--keys", "k1")  # fmt: skip
+                  "--property", "tier=gold", "--keys", "k1")
     assert sent.returncode == 0, sent.stderr
     out = sluice(endpoint, "consume", "CliProps", "--group", "props", "--from", "earliest")
     assert out.returncode == 0, out.stderr

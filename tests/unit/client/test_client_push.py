@@ -53,7 +53,7 @@ def test_three_consumers_split_eight_queues_then_one_leaves(broker: BrokerContro
     consumers = [
         PushConsumer(endpoint, "rg", {"Reb": "*"}, sink, consume_from=FIRST, client_id=f"c{i}", **FAST).start()
         for i in range(3)
-    ]  # fmt: skip
+    ]
     try:
 
         def split_ok(members: list[PushConsumer]) -> bool:
@@ -90,7 +90,7 @@ def test_circle_allocation_and_listener_failure_is_retried(broker: BrokerControl
 
     send(endpoint, "Flaky", 0, 16)
     with PushConsumer(endpoint, "fg", {"Flaky": "*"}, flaky, consume_from=FIRST, allocate=CIRCLE,
-                      reconsume_delay_ms=50, send_back=False, **FAST) as c:  # fmt: skip
+                      reconsume_delay_ms=50, send_back=False, **FAST) as c:
         wait_until(lambda: len(done.bodies) == 16)
         assert len(c.assigned_queues()) == 8
     assert attempts[b"3"] == 3 and sorted(done.bodies, key=int) == [str(i).encode() for i in range(16)]
@@ -104,7 +104,7 @@ def test_broadcasting_delivers_everything_to_every_consumer(
         PushConsumer(endpoint, "bg", {"Bc": "*"}, s, model=BROADCASTING, consume_from=FIRST,
                      offset_store_path=tmp_path / f"off{i}.json", **FAST).start()
         for i, s in enumerate(sinks)
-    ]  # fmt: skip
+    ]
     try:
         send(endpoint, "Bc", 0, 80)
         wait_until(lambda: all(len(s.bodies) == 80 for s in sinks))
@@ -117,7 +117,7 @@ def test_broadcasting_delivers_everything_to_every_consumer(
     again = Sink()  # a restarted broadcasting consumer resumes from its local offsets
     send(endpoint, "Bc", 80, 8)
     with PushConsumer(endpoint, "bg", {"Bc": "*"}, again, model=BROADCASTING, consume_from=FIRST,
-                      offset_store_path=tmp_path / "off0.json", **FAST):  # fmt: skip
+                      offset_store_path=tmp_path / "off0.json", **FAST):
         wait_until(lambda: len(again.bodies) == 8)
     assert sorted(again.bodies, key=int) == [str(i).encode() for i in range(80, 88)]
 
@@ -137,7 +137,7 @@ def test_consume_from_last_and_timestamp_and_tag_filter(broker: BrokerController
         wait_until(lambda: len(late.bodies) == 8)
     assert sorted(late.bodies, key=int) == [str(i).encode() for i in range(32, 40)]
     with PushConsumer(endpoint, "ts", {"From": "*"}, by_time, consume_from=TIMESTAMP, consume_timestamp_ms=cut_ms,
-                      **FAST):  # fmt: skip
+                      **FAST):
         wait_until(lambda: len(by_time.bodies) == 24)
     assert sorted(by_time.bodies, key=int) == [str(i).encode() for i in range(16, 40)]
     with Producer(endpoint) as p:
@@ -151,7 +151,7 @@ def test_consume_from_last_and_timestamp_and_tag_filter(broker: BrokerController
     ("setting", "value"),
     [("long_poll_ms", 0), ("long_poll_ms", -1), ("pull_batch_size", 0), ("heartbeat_interval_ms", -5),
      ("reconsume_delay_ms", -1), ("lock_max_live_ms", 0)],
-)  # fmt: skip
+)
 def test_settings_that_cannot_work_are_refused(setting: str, value: int) -> None:
     """long_poll_ms=0 pulled in a busy loop; a negative one had every pull refused while the consumer, started
     without complaint, logged a retry every 3 s and consumed nothing."""
@@ -169,7 +169,7 @@ def test_a_queue_pulled_ahead_of_its_listener_arrives_in_order_once_with_every_f
     with Producer(endpoint) as p:
         for start in range(0, 600, 200):
             p.send_batch([Message("Ahead", f"{i}".encode(), tags=f"t{i % 3}", keys=[f"k{i}"]) for i in
-                          range(start, start + 200)], queue_id=0)  # fmt: skip
+                          range(start, start + 200)], queue_id=0)
     seen: list[tuple[int, bytes, str | None, list[str], str]] = []
 
     def listener(msgs: list[ReceivedMessage]) -> None:
@@ -183,6 +183,6 @@ def test_a_queue_pulled_ahead_of_its_listener_arrives_in_order_once_with_every_f
     assert [s[0] for s in seen] == list(range(600))
     assert [s[1] for s in seen] == [f"{i}".encode() for i in range(600)]
     assert all(tags == f"t{i % 3}" and keys == [f"k{i}"] and len(msg_id) == 32 for i, (_, _, tags, keys, msg_id)
-               in enumerate(seen))  # fmt: skip
+               in enumerate(seen))
     with Admin(endpoint) as admin:
         assert sum(x.lag for x in admin.consumer_lag("ahead", "Ahead")) == 0

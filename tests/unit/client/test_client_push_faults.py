@@ -110,7 +110,7 @@ def test_rebalance_after_broker_restart_keeps_the_queues(
     sink: list[bytes] = []
     c = PushConsumer(endpoint, "rsg", {"Rs": "*"}, lambda ms: sink.extend(m.body for m in ms), consume_from=FIRST,
                      client_id="r1", heartbeat_interval_ms=60_000, rebalance_interval_ms=100, long_poll_ms=1000,
-                     pull_backoff_ms=100).start()  # fmt: skip
+                     pull_backoff_ms=100).start()
     try:
         everything = {("Rs", 0), ("Rs", 1)}
         assert c.assigned_queues() == everything
@@ -140,7 +140,7 @@ def test_broadcasting_keeps_its_queues_while_the_broker_is_down(
     sink: list[bytes] = []
     c = PushConsumer(endpoint, "bdg", {"Bd": "*"}, lambda ms: sink.extend(m.body for m in ms), model=BROADCASTING,
                      consume_from=FIRST, rebalance_interval_ms=100, long_poll_ms=1000, pull_backoff_ms=100,
-                     timeout_s=1.0).start()  # fmt: skip
+                     timeout_s=1.0).start()
     try:
         with Producer(endpoint) as p:
             p.send_batch([Message("Bd", b"0")], queue_id=0)
@@ -175,7 +175,7 @@ class Journal:
 
 
 ORDERLY = {"orderly": True, "consume_from": FIRST, "heartbeat_interval_ms": 200, "rebalance_interval_ms": 200,
-           "persist_interval_ms": 200, "long_poll_ms": 1000}  # fmt: skip
+           "persist_interval_ms": 200, "long_poll_ms": 1000}
 
 
 class LockSpy:
@@ -204,7 +204,7 @@ class LockSpy:
         """Requests of ``client_id`` for ``queue`` since ``mark()`` that were granted (or refused)."""
         with self.lock:
             return sum(c == client_id and queue in asked and (queue in got) == granted
-                       for c, asked, got in self.calls[since:])  # fmt: skip
+                       for c, asked, got in self.calls[since:])
 
 
 def test_orderly_slow_listener_on_a_dropped_queue_does_not_stop_lock_renewals(

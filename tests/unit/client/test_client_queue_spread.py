@@ -65,7 +65,7 @@ def test_sluice_send_spreads_over_the_queues(broker: BrokerController, endpoint:
         admin.create_topic("CliSpread", QUEUES)
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
     out = subprocess.run([sys.executable, "-m", "broker", "send", "CliSpread", "--count", "3000", "--size", "10"],
-                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+                         capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "sent 3000 messages" in out.stdout, out.stderr
     assert broker.store is not None and broker.store.wait_dispatched()
     with Admin(endpoint) as admin:

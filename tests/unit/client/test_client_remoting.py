@@ -35,7 +35,7 @@ class Ends:
 def ends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ends]:
     root: Path = tmp_path_factory.mktemp("remoting-client")
     broker = BrokerProcess(root / "store", config=small_store_config(root),
-                           extra_args=["--remoting-listen", "127.0.0.1:0"])  # fmt: skip
+                           extra_args=["--remoting-listen", "127.0.0.1:0"])
     try:
         broker.start()
         with Admin(broker.endpoint) as admin:
@@ -48,7 +48,7 @@ def ends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ends]:
 def fields(m: object) -> dict[str, object]:
     names = ("topic", "queue_id", "queue_offset", "commitlog_offset", "body", "tags", "keys", "properties", "flag",
              "sys_flag", "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times", "msg_id",
-             "prepared_transaction_offset", "store_size")  # fmt: skip
+             "prepared_transaction_offset", "store_size")
     return {n: getattr(m, n) for n in names}
 
 

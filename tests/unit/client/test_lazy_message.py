@@ -41,7 +41,7 @@ I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
 SEPARATORS = NAME_VALUE_SEPARATOR + PROPERTY_SEPARATOR
 BASE_FLAGS = [SysFlag.COMPRESSED, SysFlag.MULTI_TAGS, SysFlag.TRANSACTION_PREPARED_TYPE,
-              SysFlag.TRANSACTION_COMMIT_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE]  # fmt: skip
+              SysFlag.TRANSACTION_COMMIT_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE]
 V6_FLAGS = [SysFlag.BORNHOST_V6, SysFlag.STOREHOST_V6]
 # Every combination of RocketMQ's sys_flag bits, the IPv6 ones included (which both decoders must refuse alike).
 EVERY_SYS_FLAG = sorted({sum(c) for r in range(8) for c in itertools.combinations(BASE_FLAGS + V6_FLAGS, r)})
@@ -209,7 +209,7 @@ def test_a_real_pull_equals_decode_entry(broker: BrokerController, endpoint: str
         p.send_batch(
             [Message("Lazy", f"m{i}".encode(), tags=f"t{i % 3}", keys=[f"k{i}"], properties={"ü": str(i)})
              for i in range(count)], queue_id=0,
-        )  # fmt: skip
+        )
     with PullConsumer(endpoint, "g") as consumer:
         raw = consumer.pull_raw("Lazy", 0, 0, count, timeout_ms=0)
         pulled = consumer.pull("Lazy", 0, 0, count, timeout_ms=0).messages
@@ -225,7 +225,7 @@ def test_a_real_pull_equals_decode_entry(broker: BrokerController, endpoint: str
 
 def test_a_group_is_decoded_for_the_whole_answer_and_a_message_kept_alone_still_decodes() -> None:
     raw = [encode_entry(b"T", 0, f"m{i}".encode(), encode_properties({"TAGS": f"t{i % 2}", "i": str(i)}),
-                        queue_offset=i, physical_offset=1000 + i) for i in range(2 * VECTOR_MIN_ENTRIES)]  # fmt: skip
+                        queue_offset=i, physical_offset=1000 + i) for i in range(2 * VECTOR_MIN_ENTRIES)]
     buf, positions = answer(raw)
     want = eager(buf, positions)
     assert not isinstance(want, str)

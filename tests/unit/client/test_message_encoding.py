@@ -24,7 +24,7 @@ def messages(draw: st.DrawFn) -> Message:
     return Message(
         draw(st.sampled_from(["T", "topic-a", "bad topic!"])), kind(body), tags=draw(st.none() | TEXT),
         keys=keys, properties=props, flag=draw(st.integers(0, 2**31 - 1)),
-    )  # fmt: skip
+    )
 
 
 def outcome(fn: object) -> object:
@@ -39,7 +39,7 @@ def outcome(fn: object) -> object:
 def test_one_loop_encodes_as_encode_message(msgs: list[Message], data: st.DataObject) -> None:
     queue_ids = data.draw(st.lists(st.integers(0, 1000), min_size=len(msgs), max_size=len(msgs)))
     uniq = data.draw(st.lists(st.text("0123456789ABCDEF", min_size=32, max_size=32), min_size=len(msgs),
-                              max_size=len(msgs)))  # fmt: skip
+                              max_size=len(msgs)))
     limit = data.draw(st.sampled_from([4 << 20, 100]))
     rows = list(zip(msgs, queue_ids, uniq, strict=True))
     one_by_one = outcome(lambda: [encode_message(m, q, 1234, limit, u) for m, q, u in rows])

@@ -19,12 +19,12 @@ counts = st.integers(min_value=0, max_value=2**31 - 1)
 
 @settings(max_examples=300, deadline=None)
 @given(group=texts, count=counts, txn=texts, attempt=texts, coordinator=texts, retry=st.booleans(),
-       entries=st.binary(max_size=5000))  # fmt: skip
+       entries=st.binary(max_size=5000))
 def test_framed_parses_to_the_message_protobuf_serializes(
     group: str, count: int, txn: str, attempt: str, coordinator: str, retry: bool, entries: bytes
 ) -> None:
     head = pb.SendBatchRequest(producer_group=group, count=count, transaction_id=txn, attempt=attempt,
-                               coordinator=coordinator, retry=retry)  # fmt: skip
+                               coordinator=coordinator, retry=retry)
     whole = pb.SendBatchRequest()
     whole.CopyFrom(head)
     whole.entries = entries

@@ -16,7 +16,7 @@ from broker.namesrv.local_cluster import LocalCluster
 FAST = {
     "heartbeat_interval_ms": 200, "rebalance_interval_ms": 200, "persist_interval_ms": 200, "long_poll_ms": 1000,
     "route_poll_interval_ms": 300, "pull_backoff_ms": 200,
-}  # fmt: skip
+}
 
 
 class Sink:

@@ -74,7 +74,7 @@ def test_cluster_info_lists_every_broker_with_address_role_and_put_rate(shared: 
         data = json.loads(json.dumps(info.as_json()))
         assert list(data) == ["brokers"] and len(data["brokers"]) == 3
         assert {"cluster", "broker_name", "broker_id", "address", "role", "last_update_ms", "put_messages_per_s",
-                "topic_count"} <= set(data["brokers"][0])  # fmt: skip
+                "topic_count"} <= set(data["brokers"][0])
         admin.create_topic("AdmRate", 1, broker="broker-b")
         wait_until(lambda: route_brokers(shared.namesrv, "AdmRate") == {"broker-b"}, "AdmRate routed")
         busy = MessageQueue("AdmRate", "broker-b", 0)
@@ -113,7 +113,7 @@ def test_create_on_a_cluster_or_on_one_broker(shared: LocalCluster) -> None:
         grown = admin.create_topic("AdmOne", 3, cluster="DefaultCluster", if_not_exists=True)
         assert [(b.broker_name, b.read_queue_nums) for b in grown.brokers] == [  # type: ignore[attr-defined]
             ("broker-a", 3), ("broker-b", 2), ("broker-c", 3)
-        ]  # fmt: skip
+        ]
         assert grown.read_queue_nums == 8
         wait_until(lambda: route_brokers(shared.namesrv, "AdmOne") == ALL, "AdmOne routed on every broker")
         info = admin.topic_info("AdmOne")
@@ -121,7 +121,7 @@ def test_create_on_a_cluster_or_on_one_broker(shared: LocalCluster) -> None:
         listed = [t for t in admin.list_topics() if t.topic == "AdmOne"]
         assert [(t.broker_name, t.read_queue_nums) for t in listed if isinstance(t, BrokerTopicInfo)] == [
             ("broker-a", 3), ("broker-b", 2), ("broker-c", 3)
-        ]  # fmt: skip
+        ]
 
 
 def test_unknown_names_and_missing_routes_are_clear_errors_that_change_nothing(shared: LocalCluster) -> None:
@@ -138,7 +138,7 @@ def test_unknown_names_and_missing_routes_are_clear_errors_that_change_nothing(s
         assert [holds(shared, name, "AdmBad") for name in BROKERS] == [None, None, None]
 
         for call in (lambda: admin.topic_info("NoRoute"), lambda: admin.describe_topic("NoRoute"),
-                     lambda: admin.delete_topic("NoRoute"), lambda: admin.queue_offsets("NoRoute")):  # fmt: skip
+                     lambda: admin.delete_topic("NoRoute"), lambda: admin.queue_offsets("NoRoute")):
             with pytest.raises(TopicNotExistError, match="NoRoute") as missing:
                 call()
             assert missing.value.code is ResponseCode.TOPIC_NOT_EXIST
@@ -174,7 +174,7 @@ def test_lag_offsets_and_describe_span_the_brokers(shared: LocalCluster) -> None
         wait_until(lambda: route_brokers(shared.namesrv, "AdmLag") == ALL, "AdmLag routed")
         for (name, q), n in sent.items():
             p.send_batch([Message("AdmLag", f"{name}-{i}".encode()) for i in range(n)],
-                         queue=MessageQueue("AdmLag", name, q))  # fmt: skip
+                         queue=MessageQueue("AdmLag", name, q))
         expected_ranges = {(name, q): (0, sent.get((name, q), 0)) for name in BROKERS for q in (0, 1)}
         wait_until(lambda: admin.queue_offsets("AdmLag") == expected_ranges, "every send dispatched")
         with PullConsumer(namesrv=shared.namesrv, group="adm-lag") as consumer:
@@ -188,14 +188,14 @@ def test_lag_offsets_and_describe_span_the_brokers(shared: LocalCluster) -> None
         assert all(isinstance(r, BrokerQueueLag) for r in rows) and len(rows) == 6
         assert {(r.broker_name, r.queue_id): r.lag for r in rows if isinstance(r, BrokerQueueLag) and r.lag} == {
             ("broker-a", 0): 3, ("broker-c", 0): 3
-        }  # fmt: skip
+        }
         assert admin.group_lag("adm-lag").total_lag == 6  # every topic of the group, from every master
         shown = json.loads(json.dumps(lag.as_json()))
         assert shown["total_lag"] == 6 and [b["broker_name"] for b in shown["brokers"]] == BROKERS
         assert shown["brokers"][0]["queues"][0] == {
             "topic": "AdmLag", "queue_id": 0, "broker_offset": 5, "consumer_offset": 2, "lag": 3,
             "broker_name": "broker-a",
-        }  # fmt: skip
+        }
         described = admin.describe_topic("AdmLag").as_json()
         assert [(b["broker_name"], b["read_queue_nums"], b["error"]) for b in described["brokers"]] == [
             (name, 2, "") for name in BROKERS
@@ -216,7 +216,7 @@ def test_transactions_are_listed_and_ended_on_every_broker_holding_halves(shared
         listed = admin.list_transactions("ADMTX-")
         assert [(t.transaction_id, t.broker_name, t.status) for t in listed if isinstance(t, BrokerTransactionInfo)
                 ] == [("ADMTX-1", "broker-a", "OPEN"), ("ADMTX-1", "broker-c", "OPEN"),
-                      ("ADMTX-2", "broker-b", "OPEN")]  # fmt: skip
+                      ("ADMTX-2", "broker-b", "OPEN")]
         with pytest.raises(InvalidArgumentError, match="halves on 2 brokers"):
             admin.end_transaction("ADMTX-1", True, expected_messages=2)
         assert admin.end_transaction("ADMTX-1", True) == "COMMITTED"
@@ -236,7 +236,7 @@ def test_queries_and_stats_reach_every_broker(shared: LocalCluster) -> None:
         admin.create_topic("AdmQuery", 1, cluster="DefaultCluster")
         wait_until(lambda: route_brokers(shared.namesrv, "AdmQuery") == ALL, "AdmQuery routed")
         results = {name: p.send(Message("AdmQuery", name.encode(), keys="k"), queue=MessageQueue("AdmQuery", name, 0))
-                   for name in BROKERS}  # fmt: skip
+                   for name in BROKERS}
         wait_until(lambda: len(admin.query_by_key("AdmQuery", "k")) == 3, "the key indexed on every broker")
         assert sorted(m.body for m in admin.query_by_key("AdmQuery", "k")) == [b.encode() for b in BROKERS]
         for name, result in results.items():

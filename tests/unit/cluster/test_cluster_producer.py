@@ -53,7 +53,7 @@ def test_ordered_sends_keep_their_queue_and_are_never_moved(cluster: LocalCluste
     with Producer(namesrv=cluster.namesrv, timeout_s=5) as producer:
         by_key = {k: {(r.broker_name, r.queue_id) for r in
                       (producer.send(Message("Ordered", b"%d" % i), sharding_key=k) for i in range(5))}
-                  for k in ("order-1", "order-2", "order-3", "order-4")}  # fmt: skip
+                  for k in ("order-1", "order-2", "order-3", "order-4")}
         assert all(len(queues) == 1 for queues in by_key.values())
         key, ((broker, queue_id),) = next(iter(by_key.items()))
         home = MessageQueue("Ordered", broker, queue_id)
@@ -111,7 +111,7 @@ def test_a_retry_after_a_lost_answer_in_a_cluster_goes_to_the_same_broker(tmp_pa
         lossy = BrokerProcess(tmp_path / "broker-lossy", listen=f"127.0.0.1:{port}",
                               config=small_store_config(tmp_path / "lossy-conf"),
                               extra_args=["--namesrv", cluster.namesrv, "--broker-name", "broker-lossy",
-                                          "--register-interval-ms", "500", "--advertise", proxy.address])  # fmt: skip
+                                          "--register-interval-ms", "500", "--advertise", proxy.address])
         with lossy:
             cluster.brokers["broker-lossy"] = lossy
             cluster.names.append("broker-lossy")

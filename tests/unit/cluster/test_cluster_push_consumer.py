@@ -114,7 +114,7 @@ def test_two_consumers_split_the_union_of_every_brokers_queues(shared: LocalClus
         return sink(msgs)
 
     consumers = [PushConsumer(None, "pc-split", {"PcSplit": "*"}, listener, namesrv=shared.namesrv, client_id=f"c{i}",
-                              consume_from=FIRST, **FAST).start() for i in (1, 2)]  # fmt: skip
+                              consume_from=FIRST, **FAST).start() for i in (1, 2)]
     try:
 
         def halves() -> bool:
@@ -160,7 +160,7 @@ def test_broadcasting_consumers_each_read_every_brokers_queues(shared: LocalClus
     paths = [tmp_path / f"offsets{i}.json" for i in (0, 1)]
     consumers = [PushConsumer(None, "pc-bc", {"PcBroadcast": "*"}, sink, namesrv=shared.namesrv, model=BROADCASTING,
                               consume_from=FIRST, offset_store_path=path, **FAST).start()
-                 for sink, path in zip(sinks, paths, strict=True)]  # fmt: skip
+                 for sink, path in zip(sinks, paths, strict=True)]
     try:
         wait_until(lambda: all(share == set(queues) for share in split(consumers)), "every queue to each")
         with Producer(namesrv=shared.namesrv) as p:
@@ -179,7 +179,7 @@ def test_a_topic_without_a_route_is_reported_and_consumed_once_created(
     caplog.set_level(logging.WARNING, logger="broker.client.push_consumer")
     sink = Sink()
     with PushConsumer(None, "pc-later", {"PcLater": "*"}, sink, namesrv=shared.namesrv, consume_from=FIRST,
-                      **FAST) as consumer:  # fmt: skip
+                      **FAST) as consumer:
         assert consumer.assigned_message_queues() == set()
         assert any("no live broker holds topic 'PcLater'" in r.getMessage() for r in caplog.records)
         queues = create_everywhere(shared, "PcLater", 1)
@@ -193,7 +193,7 @@ def intruder_gets(cluster: LocalCluster, group: str, mq: MessageQueue) -> bool:
     """Whether another client of ``group`` would be granted ``mq``'s lock on the queue's broker."""
     conn = Connection(cluster.endpoint(mq.broker_name))
     request = pb.LockBatchRequest(consumer_group=group, client_id="intruder",
-                                  queues=[pb.MessageQueue(topic=mq.topic, queue_id=mq.queue_id)])  # fmt: skip
+                                  queues=[pb.MessageQueue(topic=mq.topic, queue_id=mq.queue_id)])
     try:
         granted = bool(conn.call(conn.stub.LockBatchMQ, request).queues)
         if granted:
@@ -216,7 +216,7 @@ def test_orderly_consumers_lock_each_queue_on_its_broker(shared: LocalCluster) -
 
     opts = {**FAST, "orderly": True, "consume_from": FIRST}
     consumers = [PushConsumer(None, "pc-order", {"PcOrder": "*"}, listener, namesrv=shared.namesrv,
-                              client_id=f"o{i}", **opts).start() for i in (1, 2)]  # fmt: skip
+                              client_id=f"o{i}", **opts).start() for i in (1, 2)]
     try:
         wait_until(lambda: set.union(*split(consumers)) == set(queues), "every queue assigned")
         for c in consumers:  # each queue is locked on the broker that holds it, for its consumer only
@@ -238,7 +238,7 @@ def test_a_broker_leaving_the_route_drops_its_queues_and_they_come_back(shared: 
     c_queues = {mq for mq in queues if mq.broker_name == "broker-c"}
     sink = Sink()
     consumer = PushConsumer(None, "pc-route", {"PcRoute": "*"}, sink, namesrv=shared.namesrv, consume_from=FIRST,
-                            **FAST).start()  # fmt: skip
+                            **FAST).start()
     try:
         wait_until(lambda: consumer.assigned_message_queues() == set(queues), "all six queues")
         with Producer(namesrv=shared.namesrv) as p:
@@ -314,7 +314,7 @@ def test_consuming_goes_on_while_a_broker_is_killed_and_restarted(
         b_queues = {mq for mq in queues if mq.broker_name == "broker-b"}
         sink = Sink()
         consumers = [PushConsumer(None, "pc-kill", {"PcKill": "*"}, sink, namesrv=cluster.namesrv,
-                                  client_id=f"k{i}", consume_from=FIRST, **FAST).start() for i in (1, 2)]  # fmt: skip
+                                  client_id=f"k{i}", consume_from=FIRST, **FAST).start() for i in (1, 2)]
         acked: dict[bytes, str] = {}  # body -> the broker that stored it, in the order of the acknowledgements
         unknown: list[bytes] = []  # sends whose outcome never came (in flight when b died): stored or not
         stop = threading.Event()

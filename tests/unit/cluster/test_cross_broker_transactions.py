@@ -43,7 +43,7 @@ def halves(producer: Producer, txn_id: str, broker: str, bodies: list[bytes], in
     buffer = b"".join(encode_entry(TOPIC.encode(), i % 2, b, props) for i, b in enumerate(bodies))
     if in_place:
         producer.send_encoded(buffer, len(bodies), txn_id, attempt="att1", coordinator="broker-c", broker_name=broker,
-                              topic=TOPIC)  # fmt: skip
+                              topic=TOPIC)
     else:
         producer.send_encoded(buffer, len(bodies), txn_id, broker_name=broker, topic=TOPIC)
 
@@ -66,7 +66,7 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
     with Producer(namesrv=cluster.namesrv, group="spark") as producer:
         router = producer.router
         wait_until(lambda: (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1] == ["broker-a", "broker-b"],
-                   "both participants in the route", timeout_s=60, interval_s=0.1)  # fmt: skip
+                   "both participants in the route", timeout_s=60, interval_s=0.1)
         client = CoordinatorClient(router)
         consumer = PullConsumer(namesrv=cluster.namesrv, group="reader", router=router)
         a_rows, b_rows = [b"a0", b"a1", b"a2"], [b"b0", b"b1"]
@@ -79,7 +79,7 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
         cluster.kill("broker-c")
         cluster.restart("broker-c")
         wait_until(lambda: sorted(visible(consumer, "broker-b")) == b_rows,
-                   "broker-b committing its part by itself", timeout_s=60, interval_s=0.1)  # fmt: skip
+                   "broker-b committing its part by itself", timeout_s=60, interval_s=0.1)
         assert sorted(visible(consumer, "broker-a")) == a_rows
         assert client.transactions("broker-b", "T1") == {"T1": "COMMITTED"}
 
@@ -88,7 +88,7 @@ def test_a_participant_commits_its_part_after_the_committer_and_the_coordinator_
         halves(producer, "T2", "broker-b", [b"never"], in_place)
         for name in ("broker-a", "broker-b"):
             wait_until(lambda name=name: client.transactions(name, "T2") == {"T2": "ROLLED_BACK"},  # type: ignore[misc]
-                       f"{name} rolling T2 back", timeout_s=60, interval_s=0.1)  # fmt: skip
+                       f"{name} rolling T2 back", timeout_s=60, interval_s=0.1)
         late = client.record("broker-c", make_decision("T2", True, [Share("broker-a", ("att1",), 1)]))
         assert not late.commit  # a committer back late learns that the transaction was aborted
         assert sorted(visible(consumer, "broker-a")) == a_rows and sorted(visible(consumer, "broker-b")) == b_rows
@@ -105,13 +105,13 @@ def test_a_transaction_naming_a_coordinator_the_name_servers_do_not_list_is_refu
     with Producer(namesrv=cluster.namesrv, group="spark") as producer:
         router = producer.router
         wait_until(lambda: "broker-a" in (router.refresh(TOPIC), router.route(TOPIC).broker_names)[1],
-                   "broker-a in the route", timeout_s=60, interval_s=0.1)  # fmt: skip
+                   "broker-a in the route", timeout_s=60, interval_s=0.1)
         props = encode_properties({} if in_place else {ATTEMPT: "att1", COORDINATOR_PROPERTY: "broker-typo"})
         buffer = encode_entry(TOPIC.encode(), 0, b"row", props)
         with pytest.raises(BrokerError) as refused:
             if in_place:
                 producer.send_encoded(buffer, 1, "T9", attempt="att1", coordinator="broker-typo",
-                                      broker_name="broker-a", topic=TOPIC)  # fmt: skip
+                                      broker_name="broker-a", topic=TOPIC)
             else:
                 producer.send_encoded(buffer, 1, "T9", broker_name="broker-a", topic=TOPIC)
         assert refused.value.code is ResponseCode.INVALID_ARGUMENT

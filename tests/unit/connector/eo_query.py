@@ -23,7 +23,7 @@ def main() -> int:
         SparkSession.builder.master("local[2]").appName("sluice-eo")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "768m").getOrCreate()
-    )  # fmt: skip
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     cluster = endpoint.startswith("namesrv=")
@@ -33,7 +33,7 @@ def main() -> int:
         .option("consumerGroup", group).option("startingOffsets", "earliest")
         .option("maxMessagesPerTrigger", max_per_trigger).load()
         .select("broker", "queue_id", "queue_offset", "body")
-    )  # fmt: skip
+    )
     writer = df.writeStream.format("parquet").option("path", output).option("checkpointLocation", checkpoint)
     if mode == "available-now":
         writer = writer.trigger(availableNow=True)

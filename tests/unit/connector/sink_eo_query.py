@@ -24,7 +24,7 @@ def main() -> int:
         SparkSession.builder.master("local[2]").appName("sluice-sink-eo")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "768m").getOrCreate()
-    )  # fmt: skip
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     cluster = endpoint.startswith("namesrv=")
@@ -33,7 +33,7 @@ def main() -> int:
         spark.readStream.format("sluice").option(*where).option("topic", source)
         .option("consumerGroup", f"mirror-{target}").option("startingOffsets", "earliest")
         .option("maxMessagesPerTrigger", max_per_trigger).load()
-    )  # fmt: skip
+    )
     # The transform: the body gains a suffix, the tag and the source queue are carried over. In a cluster the key
     # is the id's last two digits: 100 keys spread over every broker's queues, where 4 queue ids would not be.
     key = F.substring(F.col("body").cast("string"), -2, 2) if cluster else F.col("queue_id").cast("string")
@@ -46,7 +46,7 @@ def main() -> int:
         out.writeStream.format("sluice").option(*where).option("topic", target)
         .option("deliveryGuarantee", guarantee).option("checkpointLocation", checkpoint)
         .trigger(availableNow=True).start()
-    )  # fmt: skip
+    )
     print("started", flush=True)
     query.awaitTermination()
     return 0 if query.exception() is None else 1

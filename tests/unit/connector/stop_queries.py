@@ -69,11 +69,11 @@ def main() -> int:
         df = (
             spark.readStream.format("sluice").option("endpoints", endpoint).option("topic", topic)
             .option("startingOffsets", "latest").load()
-        )  # fmt: skip
+        )
         query = (
             df.writeStream.format("noop").option("checkpointLocation", os.path.join(checkpoints, str(i)))
             .trigger(processingTime="0 seconds").start()
-        )  # fmt: skip
+        )
         wait_for_reader_loading(known)
         time.sleep(STOP_AFTER_S[i % len(STOP_AFTER_S)])
         query.stop()

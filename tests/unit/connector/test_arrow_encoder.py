@@ -51,7 +51,7 @@ def test_chunks_never_pass_batch_bytes(sizes: list[int], batch_bytes: int, batch
     """One SendBatch is stored whole and the broker refuses one over its limit: a chunk stays within
     ``batch_bytes`` (a single entry bigger than that goes alone) and ``batch_messages``, and every row is in one."""
     enc = RowEncoder(default_topic="Out", queue_count=lambda t: 2, batch_bytes=batch_bytes,
-                     batch_messages=batch_messages)  # fmt: skip
+                     batch_messages=batch_messages)
     chunks = list(enc.encode(pa.RecordBatch.from_pydict({"body": [b"x" * n for n in sizes]})))
     assert sum(c.count for c in chunks) == len(sizes)
     assert all(c.count <= batch_messages for c in chunks)
@@ -64,7 +64,7 @@ def test_default_chunks_fit_the_default_broker_batch_limit() -> None:
     from connector.sink_options import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_MESSAGES
 
     enc = RowEncoder(default_topic="Out", queue_count=lambda t: 8, batch_bytes=DEFAULT_BATCH_BYTES,
-                     batch_messages=DEFAULT_BATCH_MESSAGES)  # fmt: skip
+                     batch_messages=DEFAULT_BATCH_MESSAGES)
     chunks = list(enc.encode(pa.RecordBatch.from_pydict({"body": [b"y" * 1024] * 10_000})))
     limit = StoreConfig(store_path="unused").batch_limit_bytes
     assert len(chunks) >= 3 and all(len(c.buffer) <= limit for c in chunks)
@@ -80,7 +80,7 @@ def test_sink_columns_of_the_wrong_type_are_refused_at_query_start() -> None:
 
     good = [StructField("body", BinaryType()), StructField("keys", ArrayType(StringType())),
             StructField("properties", MapType(StringType(), StringType())), StructField("queue_id", LongType()),
-            StructField("sharding_key", StringType()), StructField("other", IntegerType())]  # fmt: skip
+            StructField("sharding_key", StringType()), StructField("other", IntegerType())]
     check_column_types(T(good))
     check_column_types(T([StructField("body", StringType()), StructField("keys", StringType())]))
     wrong = [

@@ -42,13 +42,13 @@ def test_batch_read_with_starting_and_ending_offsets(spark: Any, broker: str) ->
         spark, broker, topic,
         startingOffsets=json.dumps({topic: {"broker-a:0": 5}}),  # other queues: fallback, earliest for batch
         endingOffsets=json.dumps({topic: {"broker-a:0": 15, "broker-a:1": -1, "broker-a:2": 10}}),
-    )  # fmt: skip
+    )
     assert offsets_by_queue(df) == {0: list(range(5, 15)), 1: list(range(20)), 2: list(range(10))}
     bodies = {bytes(r.body) for r in df.where("queue_id = 2").select("body").collect()}
     assert bodies == {body_of(topic, 2, i) for i in range(10)}
     with pytest.raises(Exception, match="endingOffsets"):
         batch(spark, broker, topic, startingOffsets=json.dumps({topic: {"broker-a:0": 10}}),
-              endingOffsets=json.dumps({topic: {"broker-a:0": 5}})).collect()  # fmt: skip
+              endingOffsets=json.dumps({topic: {"broker-a:0": 5}})).collect()
 
 
 def test_partitions_follow_max_messages_per_partition_and_min_partitions(spark: Any, broker: str) -> None:
@@ -86,7 +86,7 @@ def test_fail_on_data_loss_both_ways_after_files_expire(spark: Any, expiring_bro
             .writeStream.option("checkpointLocation", str(checkpoint))
             .foreachBatch(lambda df, _: seen.extend(r.queue_offset for r in df.select("queue_offset").collect()))
             .trigger(availableNow=True).start()
-        )  # fmt: skip
+        )
         with contextlib.suppress(StreamingQueryException):  # q.exception() has it
             q.awaitTermination(120)
         return q, seen
@@ -98,7 +98,7 @@ def test_fail_on_data_loss_both_ways_after_files_expire(spark: Any, expiring_bro
     fill(endpoint, topic, 2000, [0], first=300, chunk=100)
     with Admin(endpoint) as admin:
         wait_until(lambda: admin.queue_offsets(topic)[0][0] > 300,
-                   "expiry past offset 300", timeout_s=60, interval_s=0.2)  # fmt: skip
+                   "expiry past offset 300", timeout_s=60, interval_s=0.2)
         lo, hi = admin.queue_offsets(topic)[0]
 
     failed, seen = run("true")

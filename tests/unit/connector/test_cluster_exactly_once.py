@@ -105,7 +105,7 @@ def test_available_now_over_three_brokers_survives_driver_kills(
     got = sorted((r.broker, r.queue_id, r.queue_offset, bytes(r.body)) for r in rows)
     assert len(got) == len(set(got)), "duplicates in the output"
     expected = sorted((mq.broker_name, mq.queue_id, i, cluster_body(mq, i))
-                      for mq in all_queues(topic) for i in range(per_queue))  # fmt: skip
+                      for mq in all_queues(topic) for i in range(per_queue))
     assert got == expected
     with PullConsumer(namesrv=cluster.namesrv, group=group) as consumer:  # caught up, on each queue's broker
         assert set(consumer.committed_by_queue(topic).values()) == {per_queue}
@@ -151,14 +151,14 @@ def test_sink_batches_spanning_brokers_survive_kills_between_commits_and_a_broke
     produce_ids(cluster.namesrv, source, n)
     checkpoint, log, pause = tmp_path / "chk", tmp_path / "driver.log", tmp_path / "paused"
     args = [sys.executable, str(SINK_QUERY), f"namesrv={cluster.namesrv}", source, target, str(checkpoint),
-            "exactly-once", "20000"]  # fmt: skip
+            "exactly-once", "20000"]
     router = Router(namesrv=cluster.namesrv)
     client = CoordinatorClient(router)
     try:
         for kill in range(kills):
             with open(log, "ab") as out:
                 proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, PAUSE_ENV: str(pause)})  # fmt: skip
+                                        env={**os.environ, PAUSE_ENV: str(pause)})
             txn_id = wait_for_pause(pause, proc, log)
             # Where the driver stands: the decision is on the coordinator's disk, the first participant committed
             # its part, another has not. The kill lands between two brokers' commits.
@@ -176,7 +176,7 @@ def test_sink_batches_spanning_brokers_survive_kills_between_commits_and_a_broke
                 cluster.kill(crashed)
                 cluster.restart(crashed)
                 wait_until(lambda: client.transactions(crashed, txn_id).get(txn_id) == "OPEN",  # noqa: B023
-                           f"{crashed} to recover its open part of {txn_id}", timeout_s=60, interval_s=0.2)  # fmt: skip
+                           f"{crashed} to recover its open part of {txn_id}", timeout_s=60, interval_s=0.2)
         with open(log, "ab") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]

@@ -50,7 +50,7 @@ def test_rows_go_to_every_broker_and_commit_as_one(spark: Any, cluster: LocalClu
     for guarantee, topic in (("exactly-once", "sink_eo"), ("at-least-once", "sink_alo")):
         cluster_topic(cluster, topic, 2)
         (df.write.format("sluice").option("namesrv", cluster.namesrv).option("topic", topic)
-         .option("deliveryGuarantee", guarantee).option("batchMessages", "200").mode("append").save())  # fmt: skip
+         .option("deliveryGuarantee", guarantee).option("batchMessages", "200").mode("append").save())
         by_queue = read_topic(cluster.namesrv, topic)
         bodies = Counter(m.body.decode() for msgs in by_queue.values() for m in msgs)
         assert bodies == Counter(f"row-{i}" for i in range(n)), guarantee

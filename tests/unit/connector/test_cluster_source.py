@@ -42,14 +42,14 @@ def start_query(spark: Any, namesrv: str, checkpoint: Path, output: Path, **opti
     reader = (
         spark.readStream.format("sluice").option("namesrv", namesrv).option("topic", TOPIC)
         .option("consumerGroup", "g-cluster").option("startingOffsets", "earliest")
-    )  # fmt: skip
+    )
     for k, v in options.items():
         reader = reader.option(k, v)
     return (
         reader.load().select("broker", "queue_id", "queue_offset", "body").writeStream.format("parquet")
         .option("path", str(output)).option("checkpointLocation", str(checkpoint))
         .trigger(processingTime="200 milliseconds").start()
-    )  # fmt: skip
+    )
 
 
 def rows_by_queue(spark: Any, output: Path) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
@@ -66,7 +66,7 @@ def count(spark: Any, output: Path) -> int:
 
 def expected(broker: str, lo: int, hi: int) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
     return {(broker, q): [(i, cluster_body(MessageQueue(TOPIC, broker, q), i)) for i in range(lo, hi)]
-            for q in range(QUEUES)}  # fmt: skip
+            for q in range(QUEUES)}
 
 
 def test_brokers_joining_and_leaving_a_running_query(spark: Any, cluster: LocalCluster, tmp_path: Path) -> None:
@@ -102,11 +102,11 @@ def test_brokers_joining_and_leaving_a_running_query(spark: Any, cluster: LocalC
     try:
         cluster_fill(cluster.namesrv, TOPIC, 5, queues("broker-c"), first=25)
         wait_until(lambda: count(spark, output) >= 315 + 15 + 15,
-                   "broker-a and broker-c's new rows", timeout_s=180, interval_s=0.2)  # fmt: skip
+                   "broker-a and broker-c's new rows", timeout_s=180, interval_s=0.2)
         cluster.restart("broker-b")  # back on its store: read on from where the query was, nothing twice
         cluster_fill(cluster.namesrv, TOPIC, 10, queues("broker-b"), first=40)
         wait_until(lambda: count(spark, output) >= 345 + 30,
-                   "broker-b's rows after its return", timeout_s=180, interval_s=0.2)  # fmt: skip
+                   "broker-b's rows after its return", timeout_s=180, interval_s=0.2)
     finally:
         q.stop()
     got = rows_by_queue(spark, output)

@@ -18,7 +18,7 @@ def test_the_broker_step_names_the_child_process_it_started(tmp_path: Path, caps
     try:
         line = capsys.readouterr().out.strip()
         match = re.fullmatch(r"\[1/4\] broker: started `python -m broker broker` as a child process \(pid (\d+)\) on "
-                             r"(\S+), store in (\S+) \(removed at the end\)", line)  # fmt: skip
+                             r"(\S+), store in (\S+) \(removed at the end\)", line)
         assert match, line
         assert broker.proc is not None and int(match.group(1)) == broker.proc.pid
         cmdline = Path(f"/proc/{broker.proc.pid}/cmdline").read_bytes().split(b"\0")

@@ -68,7 +68,7 @@ def start_query(args: list[str], mode: str, max_per_trigger: int, log: Path) -> 
         return subprocess.Popen(
             [sys.executable, str(QUERY), *args, mode, str(max_per_trigger)],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        )
 
 
 def test_driver_killed_at_random_points_writes_every_message_exactly_once(

@@ -35,9 +35,9 @@ def test_ctrl_c_stops_a_continuous_job_and_the_next_run_goes_on(broker: str, tmp
         p.send_batch([Message(source, b"%d" % i) for i in range(MESSAGES)])
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     args = ("--endpoints", broker, "--source", source, "--target", target, "--checkpoint", str(tmp_path / "chk"),
-            "--max-messages-per-trigger", "500", "--starting-offsets", "earliest")  # fmt: skip
+            "--max-messages-per-trigger", "500", "--starting-offsets", "earliest")
     proc = subprocess.Popen(job(*args, "--trigger", "continuous", "--interval", "1 second"), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
         while not stored(broker, target):  # a first micro-batch is in the target
@@ -54,7 +54,7 @@ def test_ctrl_c_stops_a_continuous_job_and_the_next_run_goes_on(broker: str, tmp
     # commit (rows in the target) and Spark recording the batch's progress: a window a busy machine widens
     assert "interrupted: query stopped " in err and "same --checkpoint" in err, err[-3000:]
     again = subprocess.run(job(*args, "--trigger", "available-now"), env=env, capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+                           timeout=600)
     assert again.returncode == 0, again.stderr[-5000:]
     # every message once: none lost, none written twice
     assert sorted(stored(broker, target)) == sorted(b"%d" % i for i in range(MESSAGES))

@@ -31,7 +31,7 @@ def test_option_names_are_case_insensitive_and_values_parsed() -> None:
         {**BASE, "MAXOFFSETSPERTRIGGER": "10", "maxBytesPerTrigger": "64m", "maxTriggerDelay": "30s",
          "tags": "A||B", "startingOffsets": '{"orders": {"broker-a:0": -2, "broker-a:1": 5}}'},
         streaming=True,
-    )  # fmt: skip
+    )
     assert o.max_messages_per_trigger == 10 and o.max_bytes_per_trigger == 64 << 20
     assert o.max_trigger_delay_ms == 30_000 and o.tag_set == {"A", "B"} and o.tag_expression == "A || B"
     assert o.starting.offsets == {"orders": {"broker-a:0": -2, "broker-a:1": 5}}
@@ -165,7 +165,7 @@ def test_split_ranges_by_max_and_min_partitions() -> None:
     parts = split_ranges(ranges, None, 30)
     assert [(p.queue_id, p.start, p.end) for p in parts] == [
         (0, 0, 25), (0, 25, 50), (0, 50, 75), (0, 75, 100), (1, 50, 60),
-    ]  # fmt: skip
+    ]
     parts = split_ranges(ranges, 11, None)
     assert len(parts) >= 10 and all(p.size > 0 for p in parts)
     for qid, lo, hi in ((0, 0, 100), (1, 50, 60)):
@@ -213,7 +213,7 @@ def test_byte_limit_shares_bytes_by_backlog_and_always_moves() -> None:
     opts = parse_options({**BASE, "maxBytesPerTrigger": "1000"}, streaming=True)
     ac = AdmissionControl(opts)
     end = ac.end_offsets({("t", 0): 0, ("t", 1): 0}, {("t", 0): 30, ("t", 1): 10}, ReadMaxBytes(1000), probe,
-                         available_now=False)  # fmt: skip
+                         available_now=False)
     assert end == {("t", 0): 7, ("t", 1): 2} and [c[3] for c in calls] == [750, 250]
     tiny = AdmissionControl(parse_options({**BASE, "maxBytesPerTrigger": "10"}, streaming=True))
     end = tiny.end_offsets({("t", 0): 0}, {("t", 0): 30}, ReadMaxBytes(10), probe, available_now=False)
@@ -224,7 +224,7 @@ def test_byte_limit_shares_bytes_by_backlog_and_always_moves() -> None:
 
     for _ in range(3):  # queue 0 keeps the budget busy; queue 1 still moves, by one message past its share
         end = ac.end_offsets({("t", 0): 0, ("t", 1): 0}, {("t", 0): 90, ("t", 1): 10}, ReadMaxBytes(1000), big_head,
-                             available_now=False)  # fmt: skip
+                             available_now=False)
         assert end == {("t", 0): 9, ("t", 1): 1}
 
 
@@ -302,14 +302,14 @@ def test_offset_json_naming_a_queue_that_does_not_exist_is_refused(broker: str) 
     with Admin(broker) as admin:
         admin.create_topic("jsonq", 4, if_not_exists=True)
     for given, needle in (('{"jsonq": {"broker-a:9": 5}}', "jsonq/broker-a:9, which does not exist (the topic has "
-                           "queues 0..3)"), ('{"jsonx": {"broker-a:0": 0}}', "no such topic")):  # fmt: skip
+                           "queues 0..3)"), ('{"jsonx": {"broker-a:0": 0}}', "no such topic")):
         opts = parse_options({"endpoints": broker, "topicPattern": "json.*", "startingOffsets": given},
-                             streaming=True)  # fmt: skip
+                             streaming=True)
         link = link_for(opts)
         with pytest.raises(SourceOptionError, match=needle.replace("(", r"\(").replace(")", r"\)")):
             starting_positions(opts, link, snapshot(link, ["jsonq"]))
     ok = parse_options({"endpoints": broker, "topic": "jsonq", "startingOffsets": '{"jsonq": {"broker-a:1": -2}}'},
-                       streaming=True)  # fmt: skip
+                       streaming=True)
     link = link_for(ok)
     assert starting_positions(ok, link, snapshot(link, ["jsonq"]))[("jsonq", "broker-a", 1)] == 0
 

@@ -29,7 +29,7 @@ def test_queries_stopped_while_they_start_and_run_print_no_traceback(broker: str
     an EOFError one. Either showed after a job's Ctrl-C, some of the time; here most stops would print one."""
     topic = new_topic(broker, 2)
     done = subprocess.run([sys.executable, str(DRIVER), broker, topic, str(tmp_path / "chk"), str(STOPS)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and f"stopped {STOPS} queries" in done.stdout, done.stderr[-5000:]
     assert "Traceback" not in done.stderr, done.stderr[-8000:]
 

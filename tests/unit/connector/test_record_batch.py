@@ -27,7 +27,7 @@ def make_buffer(props: list[dict[str, str] | bytes], first_offset: int = 0, seed
             TOPIC.encode(), 5, body, raw_props, queue_offset=first_offset + i, physical_offset=phys,
             born_timestamp=1_600_000_000_000 + i, store_timestamp=1_700_000_000_000 + i, store_ip=b"\x0a\x01\x02\x03",
             store_port=10911, reconsume_times=i % 4,
-        )  # fmt: skip
+        )
         positions.append(at)
         parts.append(entry)
         at += len(entry)
@@ -48,7 +48,7 @@ def assert_rows_match(batch: pa.RecordBatch, buf: bytes, include: bool = True) -
         assert row["topic"] == m.topic and row["broker"] == "broker-a"
         assert (row["queue_id"], row["queue_offset"], row["commitlog_offset"]) == (
             m.queue_id, m.queue_offset, m.commitlog_offset,
-        )  # fmt: skip
+        )
         assert row["msg_id"] == m.msg_id
         assert row["body"] == m.body
         assert row["tags"] == m.tags

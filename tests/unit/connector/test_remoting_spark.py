@@ -34,9 +34,9 @@ def test_the_source_reads_what_a_remoting_producer_sent(spark: Any, broker: Brok
     bodies = [b"r-%d" % i for i in range(8)] + [b"big-%d-" % i + large for i in range(2)]
     with RemotingClient(broker.remoting_endpoint) as client:
         sent = {send_v2(client, topic, body, tags="T4", keys=[f"k{i}"], queue_id=i % 2).ext_fields["UNIQ_KEY"]: body
-                for i, body in enumerate(bodies)}  # fmt: skip
+                for i, body in enumerate(bodies)}
     rows = (spark.read.format("sluice").option("endpoints", broker.endpoint).option("topic", topic)
-            .option("includeProperties", "true").load().collect())  # fmt: skip
+            .option("includeProperties", "true").load().collect())
     assert {r.properties[Prop.UNIQ_KEY]: bytes(r.body) for r in rows} == sent
     assert {r.tags for r in rows} == {"T4"}
 
@@ -46,7 +46,7 @@ def test_what_the_sink_writes_is_pulled_over_remoting(spark: Any, broker: Broker
     rows = [(f"s-{i}", "TS", [f"k{i}"], {"n": str(i)}) for i in range(200)]
     df = spark.createDataFrame(rows, "body string, tags string, keys array<string>, properties map<string,string>")
     (df.write.format("sluice").option("endpoints", broker.endpoint).option("topic", topic)
-     .option("deliveryGuarantee", "exactly-once").mode("append").save())  # fmt: skip
+     .option("deliveryGuarantee", "exactly-once").mode("append").save())
     with RemotingClient(broker.remoting_endpoint) as client:
         pulled = pull_all(client, "spark-remoting-reader", topic, queues=2)
     assert sorted(m.body.decode() for m in pulled) == sorted(body for body, *_ in rows)

@@ -27,7 +27,7 @@ def test_spark_source_reads_what_the_official_rocketmq5_client_produced(spark: A
     finally:
         producer.shutdown()
     rows = (spark.read.format("sluice").option("endpoints", broker).option("topic", topic)
-            .option("includeProperties", "true").load().collect())  # fmt: skip
+            .option("includeProperties", "true").load().collect())
     assert len(rows) == 12
     for r in rows:
         i = ids[r.properties[Prop.UNIQ_KEY]]

@@ -31,7 +31,7 @@ def run_available_now(spark: Any, df: Any, tmp_path: Path, name: str | None = No
         df.writeStream.format("memory").queryName(table)
         .option("checkpointLocation", str(tmp_path / f"chk_{table}"))
         .trigger(availableNow=True).start()
-    )  # fmt: skip
+    )
     finished = q.awaitTermination(180)
     if not finished:
         q.stop()  # a half-filled table must not pass for the whole result
@@ -60,7 +60,7 @@ def test_available_now_reads_100k_messages_in_8_queues_exactly(spark: Any, broke
     per = 12_500
     fill(broker, topic, per, range(8), tags=lambda i: "even" if i % 2 == 0 else "odd")
     df = reader(spark, broker, topic, consumerGroup=f"g_{topic}", startingOffsets="earliest",
-                maxMessagesPerTrigger="40000")  # fmt: skip
+                maxMessagesPerTrigger="40000")
     table, q = run_available_now(spark, df, tmp_path)
     got = per_queue(rows(spark, table))
     assert sorted(got) == list(range(8))
@@ -82,15 +82,15 @@ def test_continuous_query_picks_up_new_messages(spark: Any, broker: str, tmp_pat
     q = (
         reader(spark, broker, topic).writeStream.format("memory").queryName(table)
         .option("checkpointLocation", str(tmp_path / "chk")).trigger(processingTime="200 milliseconds").start()
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: q.lastProgress is not None, "the first trigger", timeout_s=60, interval_s=0.2)
         fill(broker, topic, 25, range(4), first=10)
         wait_until(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 100,
-                   "100 new rows", timeout_s=60, interval_s=0.2)  # fmt: skip
+                   "100 new rows", timeout_s=60, interval_s=0.2)
         fill(broker, topic, 5, [1], first=35)
         wait_until(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 105,
-                   "5 more rows", timeout_s=60, interval_s=0.2)  # fmt: skip
+                   "5 more rows", timeout_s=60, interval_s=0.2)
         time.sleep(1)
     finally:
         q.stop()
@@ -142,7 +142,7 @@ def test_starting_timestamp(spark: Any, broker: str, tmp_path: Path) -> None:
     table, _ = run_available_now(
         spark, reader(spark, broker, topic, startingTimestamp=future, startingOffsetsByTimestampStrategy="latest"),
         tmp_path,
-    )  # fmt: skip
+    )
     assert rows(spark, table) == []
     with pytest.raises(Exception, match="startingTimestamp"):
         run_available_now(spark, reader(spark, broker, topic, startingTimestamp=future), tmp_path)
@@ -161,7 +161,7 @@ def test_admission_limits_give_expected_batch_sizes(spark: Any, broker: str, tmp
     # Bytes: every entry of this topic has the same size, so the byte budget is a message count.
     entry = 88 + len(body_of(topic, 0, 10)) + 1 + len(topic) + 2 + len(b"KEYS\x01k10\x02")
     df = reader(spark, broker, topic, startingOffsets=json.dumps({topic: {f"broker-a:{q}": 10 for q in range(3)}}),
-                maxBytesPerTrigger=str(entry * 12))  # fmt: skip
+                maxBytesPerTrigger=str(entry * 12))
     _, q = run_available_now(spark, df, tmp_path)
     sizes = batch_sizes(q)
     assert sum(sizes) == 30 + 30 + 10 and max(sizes) <= 12, sizes
@@ -174,7 +174,7 @@ def test_min_messages_per_trigger_waits_for_enough_or_the_delay(spark: Any, brok
         reader(spark, broker, topic, minMessagesPerTrigger="50", maxTriggerDelay="6s")
         .writeStream.format("memory").queryName(table)
         .option("checkpointLocation", str(tmp_path / "chk")).trigger(processingTime="100 milliseconds").start()
-    )  # fmt: skip
+    )
 
     def count() -> int:
         return int(spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c)
@@ -215,7 +215,7 @@ def test_topic_pattern_reads_every_matching_topic(spark: Any, broker: str, tmp_p
     df = (
         spark.readStream.format("sluice").option("endpoints", broker).option("topicPattern", f"{prefix}_.*")
         .option("startingOffsets", "earliest").load()
-    )  # fmt: skip
+    )
     table, _ = run_available_now(spark, df, tmp_path)
     got = rows(spark, table, "topic, count(*) AS n FROM " + table + " GROUP BY topic --")
     assert {r.topic: r.n for r in got} == {a: 6, b: 4}
@@ -238,14 +238,14 @@ def test_topic_appearing_while_running_is_read_from_its_earliest_offset(
         spark.readStream.format("sluice").option("endpoints", broker).option("topicPattern", f"{prefix}_.*").load()
         .writeStream.format("memory").queryName(table).option("checkpointLocation", str(tmp_path / "chk"))
         .trigger(processingTime="200 milliseconds").start()
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: q.lastProgress is not None, "the first trigger", timeout_s=60, interval_s=0.2)
         fill(broker, first, 3, [0])
         later = new_topic(broker, 2, prefix=prefix)
         fill(broker, later, 4, range(2))  # sent before the query could see the topic: still read, from offset 0
         wait_until(lambda: spark.sql(f"SELECT count(*) c FROM {table}").collect()[0].c >= 11,
-                   "11 rows", timeout_s=60, interval_s=0.2)  # fmt: skip
+                   "11 rows", timeout_s=60, interval_s=0.2)
     finally:
         q.stop()
     got = rows(spark, table, "topic, queue_id, queue_offset")

@@ -81,7 +81,7 @@ def test_every_short_text_over_the_number_alphabet_agrees() -> None:
     ("text", "value"),
     [("NaN", math.nan), ("-Infinity", -math.inf), ("+Infinity", math.inf), ("1.", 1.0), (".5", 0.5),
      ("1e3", 1000.0), ("1E+3", 1000.0), ("2.5e-1f", 0.25), ("7D", 7.0), ("\x00 -0.0 \t", -0.0), ("00012", 12.0)],
-)  # fmt: skip
+)
 def test_java_double_spellings(text: str, value: float) -> None:
     assert same_double(java_parse_double(text), value)
 

@@ -224,7 +224,7 @@ def test_nesting_and_size_are_bounded() -> None:
 VALUE_POOL = [
     "0", "1", "-5", "42", "007", "3.5", "-0.0", "1e3", " 7 ", "abc", "", "x", "y", "true", "TRUE", "false",
     "2147483648", "-2147483649", "NaN", "99999999999999999999", "+3", "1.5f",
-]  # fmt: skip
+]
 PROPS = ["a", "b", "c"]
 
 
@@ -350,7 +350,7 @@ atoms = st.one_of(
               st.booleans()),
     st.tuples(st.just("isnull"), prop_names, st.booleans()),
     st.tuples(st.just("between"), prop_names, st.integers(-10, 10), st.integers(10, 50), st.booleans()),
-)  # fmt: skip
+)
 expressions = st.recursive(
     atoms,
     lambda kids: st.one_of(
@@ -476,7 +476,7 @@ def test_pulls_through_a_broker_skip_a_poison_message_and_refuse_a_deep_selector
     endpoint = f"127.0.0.1:{broker.port}"
     with Producer(endpoint) as p:
         p.send_batch([Message("Sql", b"poison", properties={"a": "1" * 5000}),
-                      Message("Sql", b"good", properties={"a": "10"})], queue_id=0)  # fmt: skip
+                      Message("Sql", b"good", properties={"a": "10"})], queue_id=0)
     assert broker.store is not None and broker.store.wait_dispatched()
     with PullConsumer(endpoint, "sql-g") as c:
         assert [m.body for m in c.pull("Sql", 0, 0, sql="a > 5").messages] == [b"good"]

@@ -76,11 +76,11 @@ ONE_PROPERTY_SELECTORS = [
     repeated("price < -10.5"), repeated("price = 10"), repeated("price = 5000000000"), repeated("5 > price"),
     repeated("price = TRUE"), repeated("price IN ('x')"), repeated("price IS NULL"),
     "price = '" + "1" * (MAX_EXPRESSION_CHARS - 20) + "'",
-]  # fmt: skip
+]
 TWO_PROPERTY_SELECTORS = [
     "price < other", "price = other", repeated("price < other"), repeated("price = other"), repeated("price <> other"),
     repeated("price < -1.5 AND other > 1.5"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("selector", ONE_PROPERTY_SELECTORS, ids=lambda s: s[:40])

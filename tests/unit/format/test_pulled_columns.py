@@ -37,7 +37,7 @@ def other_forms() -> st.SearchStrategy[bytes]:
         st.binary(max_size=40),
         st.lists(st.sampled_from([b"a\x01b", b"\x02", b"a\x01b\x02", b"a\x01c\x02", b"x\x01\x01y\x02", b"\xff\x02",
                                   b"\xe5\x90\x02", b"\x00\x01\x00\x02", b"n\x02"]), max_size=5).map(b"".join),
-    )  # fmt: skip
+    )
 
 
 @st.composite
@@ -68,7 +68,7 @@ def answers(draw: st.DrawFn) -> tuple[bytes, list[int]]:
             born_ip=born_ip, born_port=born_port, reconsume_times=draw(I32), prepared_transaction_offset=draw(I64),
             queue_offset=i, physical_offset=draw(st.one_of(st.integers(0, 2**63 - 1), I64)),
             store_timestamp=draw(I64), store_ip=store_ip, store_port=store_port,
-        ))  # fmt: skip
+        ))
     return answer(entries)
 
 
@@ -120,7 +120,7 @@ def test_edge_sections_and_hosts() -> None:
                      born_port=hosts[i % 3][1], store_ip=hosts[i % 2][0], store_port=hosts[i % 2][1],
                      physical_offset=(2**63 - 1) if i == 0 else i * 1000, queue_offset=i)
         for i, props in enumerate(cases * 8)
-    ]  # fmt: skip
+    ]
     assert_columns_equal(*answer(entries))
     for props in cases:  # each form alone, over a whole answer: the all-alike paths
         assert_columns_equal(*answer([encode_entry(b"T", 0, b"b", props, physical_offset=7)] * 40))
@@ -128,7 +128,7 @@ def test_edge_sections_and_hosts() -> None:
 
 def test_an_answer_of_one_topic_and_one_host_shares_their_strings() -> None:
     entries = [encode_entry(b"Orders", 0, b"b", encode_properties({"TAGS": "a", "i": str(i)}), physical_offset=i * 99,
-                            store_ip=b"\x0a\x00\x00\x07", store_port=10911) for i in range(50)]  # fmt: skip
+                            store_ip=b"\x0a\x00\x00\x07", store_port=10911) for i in range(50)]
     buf, positions = answer(entries)
     tails = tails_of(buf, positions)
     topics = topic_column(buf, tails)
@@ -145,5 +145,5 @@ def test_answers_whose_entries_share_their_names_whatever_their_number() -> None
         if count > 2:
             names[2] = names[0]  # a name twice: its first place, its last value
         entries = [encode_entry(b"T", 0, b"b", "".join(f"{n}\x01v{j}.{i}\x02" for j, n in enumerate(names)).encode())
-                   for i in range(40)]  # fmt: skip
+                   for i in range(40)]
         assert_columns_equal(*answer(entries))

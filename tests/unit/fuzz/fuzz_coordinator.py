@@ -96,7 +96,7 @@ class DecisionBook:
             return
         if asked.transaction_id not in self.stood and (answered.outcome, _shares(answered)) != (
             asked.outcome, _shares(asked)
-        ):  # fmt: skip
+        ):
             self._problem(f"RecordDecision recorded {answered} when asked {asked}")
         self._stands(answered, new=True)
 

@@ -48,7 +48,7 @@ SCALE = 15 if LONG else 1  # each family's examples: the default run's count tim
 FUZZ_SETTINGS = settings(
     deadline=None, database=None, derandomize=not LONG, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
-)  # fmt: skip
+)
 # How long a subscription stream the broker keeps open by design is watched: long enough for a refusal to arrive.
 SUBSCRIPTION_WAIT_S = 1.0
 Metadata = Sequence[tuple[str, str]]
@@ -179,7 +179,7 @@ class Fuzzer:
         self.transactions = {t: [h for h in halves if h.topic != topic] for t, halves in self.transactions.items()}
 
     def send_raw(self, path: str, data: bytes | list[bytes], *, streaming: bool = False,
-                 client_streaming: bool = False, metadata: Metadata = ()) -> Answer:  # fmt: skip
+                 client_streaming: bool = False, metadata: Metadata = ()) -> Answer:
         """A call of any method with bytes as they are, not judged. A stream is read to its end: one still open at
         its deadline is a deadline answer (a failure), unless it is a subscription the broker keeps open for this
         request (SUBSCRIPTIONS), which is answered OK with no response."""
@@ -189,13 +189,13 @@ class Fuzzer:
             assert isinstance(data, list)
             both = self.channel.stream_stream(path, **raw)
             return answer(lambda d, timeout: list(both(iter(d), timeout=timeout, metadata=metadata)), data,
-                          CALL_TIMEOUT_S)  # fmt: skip
+                          CALL_TIMEOUT_S)
         assert isinstance(data, bytes)
         if streaming:
             stream = self.channel.unary_stream(path, **raw)
             kept_open = SUBSCRIPTIONS.get(path)
             a = answer(lambda d, timeout: list(stream(d, timeout=timeout, metadata=metadata)), data,
-                       SUBSCRIPTION_WAIT_S if kept_open is not None else CALL_TIMEOUT_S)  # fmt: skip
+                       SUBSCRIPTION_WAIT_S if kept_open is not None else CALL_TIMEOUT_S)
             if a.status == grpc.StatusCode.DEADLINE_EXCEEDED and a.code is None and kept_open and kept_open(data):
                 return Answer(grpc.StatusCode.OK, None, "")  # open, as the broker keeps this subscription
             return a
@@ -264,12 +264,12 @@ class Fuzzer:
         self._mark = (self.calls, self.refused)
         return (f"{name}: {calls} requests, {refused} refused clearly; {len(self.acked)} acknowledged messages read "
                 f"back byte for byte; {''.join(c + '; ' for c in self._checked)}check() clean (stop {t1 - t0:.1f} s, "
-                f"check {t2 - t1:.1f} s, start {t3 - t2:.1f} s)")  # fmt: skip
+                f"check {t2 - t1:.1f} s, start {t3 - t2:.1f} s)")
 
     def _commit_transactions(self) -> None:
         for txn_id, halves in sorted(self.transactions.items()):
             a = self.call("EndTransaction", pb.EndTransactionRequest(transaction_id=txn_id, commit=True,
-                                                                     expected_messages=len(halves)))  # fmt: skip
+                                                                     expected_messages=len(halves)))
             assert a.ok and a.response.status == "COMMITTED", f"commit of {txn_id}: {a}"
         # Looked for once every transaction has ended: a queue shows nothing past the first message of a transaction
         # still open (its readable limit), so a commit's messages may wait for another transaction's end
@@ -312,7 +312,7 @@ class Fuzzer:
             if not m.topic.startswith(DLQ_GROUP_TOPIC_PREFIX):  # dead letters are viewed, never pulled
                 pull = self.call("PullMessage", pb.PullRequest(consumer_group="fuzz-oracle", topic=m.topic,
                                                                queue_id=m.queue_id, queue_offset=m.queue_offset,
-                                                               max_msgs=1))  # fmt: skip
+                                                               max_msgs=1))
                 assert pull.ok and pull.response.status == pb.FOUND, f"{when}: {m.msg_id} cannot be pulled: {pull}"
                 assert pull.response.entries == raw, f"{when}: {m.msg_id} pulls other bytes than it views"
             if m.entry is not None:
@@ -321,7 +321,7 @@ class Fuzzer:
                 assert m.fields is not None
                 got = decode_entry(raw)
                 read = {"topic": got.topic, "body": got.body, "properties": got.properties, "flag": got.flag,
-                        "sys_flag": got.sys_flag, "reconsume_times": got.reconsume_times}  # fmt: skip
+                        "sys_flag": got.sys_flag, "reconsume_times": got.reconsume_times}
                 assert read == m.fields, f"{when}: {m.msg_id} reads back {read} for {m.fields}"
 
 

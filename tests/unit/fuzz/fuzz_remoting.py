@@ -105,7 +105,7 @@ class Remoting:
         if command is None:
             self.closed += ended
             if answer is not None and answer.code == ResponseCode.SUCCESS and intended is not None and \
-                    intended.code in SEND_CODES:  # fmt: skip
+                    intended.code in SEND_CODES:
                 problem = "a frame that is no frame was answered SUCCESS"
         elif not (trailing and answer is None):
             problem = self._judge_answer(command, answer)
@@ -149,7 +149,7 @@ class Remoting:
         if answer.code == ResponseCode.SYSTEM_ERROR and (answer.remark or "").startswith(INTERNAL_REMARK):
             return f"request code {command.code} failed inside the broker: {answer.remark}"
         quiet = {ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
-                 ResponseCode.PULL_OFFSET_MOVED, ResponseCode.QUERY_NOT_FOUND}  # fmt: skip
+                 ResponseCode.PULL_OFFSET_MOVED, ResponseCode.QUERY_NOT_FOUND}
         if answer.code not in quiet and not answer.remark:
             return f"request code {command.code} refused with code {answer.code} and no remark"
         return ""
@@ -170,12 +170,12 @@ class Remoting:
 
     # ------------------------------------------------------------------------------------------ what was sent
     def _remember(self, command: RemotingCommand | None, answer: RemotingCommand | None, *, malformed: bool,
-                  lost: bool = False) -> None:  # fmt: skip
+                  lost: bool = False) -> None:
         if command is None or command.code not in SEND_CODES:
             return
         ext = command.ext_fields if command.code == RequestCode.SEND_MESSAGE else {
             V2_NAMES.get(k, k): v for k, v in command.ext_fields.items()
-        }  # fmt: skip
+        }
         topic, sys_flag = ext.get("topic", ""), _int(ext.get("sysFlag"))
         ok = answer is not None and answer.code in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT)
         # unknown: a one-way send well framed (never answered), or one whose answer the broken bytes after it lost
@@ -209,7 +209,7 @@ class Remoting:
         assert not stored, f"{when}: {len(stored)} messages of refused remoting frames were stored: {stored[:3]}"
         return (f"{sum(s.must for s in self.sent)} acknowledged remoting messages found, none of "
                 f"{sum(not s.may for s in self.sent)} refused ones stored; {self.answered} frames answered, "
-                f"{self.closed} malformed ones closed")  # fmt: skip
+                f"{self.closed} malformed ones closed")
 
     def _bodies(self, topic: str, when: str) -> set[bytes]:
         offsets = self.fuzzer.call("GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
@@ -221,7 +221,7 @@ class Remoting:
             while offset < q.max_offset:
                 a = self.fuzzer.call("PullMessage", pb.PullRequest(consumer_group="fuzz-oracle", topic=topic,
                                                                    queue_id=q.queue_id, queue_offset=offset,
-                                                                   max_msgs=PULL_MAX_MSGS))  # fmt: skip
+                                                                   max_msgs=PULL_MAX_MSGS))
                 assert a.ok, f"{when}: pull of {topic}/{q.queue_id} at {offset}: {a}"
                 r = a.response
                 ends = [*r.entry_positions[1:], len(r.entries)]
@@ -267,17 +267,17 @@ CODES = [RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND
          RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET, RequestCode.GET_EARLIEST_MSG_STORETIME,
          RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT,
          RequestCode.GET_CONSUMER_LIST_BY_GROUP, RequestCode.GET_ROUTEINFO_BY_TOPIC,
-         RequestCode.CONSUMER_SEND_MSG_BACK]  # fmt: skip
+         RequestCode.CONSUMER_SEND_MSG_BACK]
 FIELDS = ["topic", "queueId", "consumerGroup", "producerGroup", "queueOffset", "maxMsgNums", "sysFlag",
           "commitOffset", "suspendTimeoutMillis", "subscription", "expressionType", "subVersion", "bornTimestamp",
           "flag", "properties", "reconsumeTimes", "maxReconsumeTimes", "batch", "defaultTopic", "timestamp",
           "offset", "delayLevel", "originMsgId", "autoCreate", "maxMsgBytes", "unitMode",
-          *V2_NAMES]  # fmt: skip
+          *V2_NAMES]
 text_values = st.one_of(
     st.sampled_from(KEPT_TOPICS), st.sampled_from(BAD_TOPICS), numbers, st.sampled_from(HUGE_TEXT),
     st.sampled_from([str(i) for i in INT64_EDGES]), st.sampled_from(["true", "false", "TAG", "SQL92", "*", "a > 1"]),
     st.text(max_size=30),
-)  # fmt: skip
+)
 fields = st.dictionaries(st.sampled_from(FIELDS), text_values, max_size=12)
 
 
@@ -290,7 +290,7 @@ def plausible_sends(draw: st.DrawFn) -> RemotingCommand:
                                                                           *BAD_TOPICS[:3]])),
            "queueId": str(draw(st.sampled_from([0, 1, 7, *INT32_EDGES]))), "sysFlag": str(draw(st.sampled_from(
                [0, 0, 0, 1, 4, 8, 2**31 - 1, -1]))), "bornTimestamp": "1700000000000", "flag": str(draw(st.sampled_from(
-                   INT32_EDGES))), "properties": props, "reconsumeTimes": "0"}  # fmt: skip
+                   INT32_EDGES))), "properties": props, "reconsumeTimes": "0"}
     if draw(st.booleans()):
         ext.update(draw(fields))
     if code != RequestCode.SEND_MESSAGE:
@@ -302,7 +302,7 @@ def plausible_sends(draw: st.DrawFn) -> RemotingCommand:
         body = draw(st.binary(max_size=64))
     kind = draw(st.sampled_from([SerializeType.JSON, SerializeType.ROCKETMQ]))
     return RemotingCommand(code, ext_fields=ext, body=body, serialize_type=kind, version=draw(st.sampled_from(
-        [0, 317, 401])), flag=draw(st.sampled_from([0, 0, 0, FLAG_ONEWAY])))  # fmt: skip
+        [0, 317, 401])), flag=draw(st.sampled_from([0, 0, 0, FLAG_ONEWAY])))
 
 
 @st.composite
@@ -312,7 +312,7 @@ def garbage_requests(draw: st.DrawFn) -> RemotingCommand:
     kind = draw(st.sampled_from([SerializeType.JSON, SerializeType.ROCKETMQ]))
     return RemotingCommand(code, ext_fields=draw(fields), body=draw(st.binary(max_size=96)), serialize_type=kind,
                            remark=draw(st.one_of(st.none(), st.text(max_size=20))),
-                           flag=draw(st.sampled_from([0, 0, FLAG_ONEWAY])))  # fmt: skip
+                           flag=draw(st.sampled_from([0, 0, FLAG_ONEWAY])))
 
 
 def with_unique_bodies(remoting: Remoting, command: RemotingCommand) -> RemotingCommand:
@@ -335,7 +335,7 @@ def malformed_frames(draw: st.DrawFn) -> bytes:
     """Bytes that are no frame: each way the issue names, with garbage around."""
     garbage = draw(st.binary(max_size=40))
     kind = draw(st.sampled_from(["over", "under", "negative", "header_past", "type", "json", "binary", "cut",
-                                 "noise"]))  # fmt: skip
+                                 "noise"]))
     if kind == "over":
         return struct.pack(">i", MAX_FRAME_BYTES + draw(st.integers(0, 2**20))) + garbage
     if kind in ("under", "negative"):
@@ -348,12 +348,12 @@ def malformed_frames(draw: st.DrawFn) -> bytes:
     if kind in ("json", "binary"):
         header = garbage if kind == "binary" else draw(st.sampled_from([b"{", b"[]", b"null", b'{"code":"x"}',
                                                                        b'{"code":10,"extFields":[1]}', b"\xff\xfe",
-                                                                       b'{"code":1e400}', garbage]))  # fmt: skip
+                                                                       b'{"code":1e400}', garbage]))
         tag = 0 if kind == "json" else 1
         return struct.pack(">iI", 4 + len(header), tag << 24 | len(header)) + header
     if kind == "cut":
         whole = encode_frame(RemotingCommand(RequestCode.GET_MAX_OFFSET, ext_fields={"topic": KEPT_TOPICS[0],
-                                                                                     "queueId": "0"}))  # fmt: skip
+                                                                                     "queueId": "0"}))
         return whole[: draw(st.integers(1, len(whole) - 1))]
     return garbage
 

@@ -68,7 +68,7 @@ class RocketMQ5:
             request = self._unique_bodies(request)
         data = [_bytes(r) for r in request] if isinstance(request, list) else _bytes(request)
         a = self.fuzzer.send_raw(f"/{SERVICE}/{method.name}", data, streaming=method.server_streaming,
-                                 client_streaming=method.client_streaming, metadata=metadata)  # fmt: skip
+                                 client_streaming=method.client_streaming, metadata=metadata)
         what = f"{SERVICE}/{method.name}"
         if not a.ok:
             self.fuzzer.judge(what, a)
@@ -128,7 +128,7 @@ class RocketMQ5:
         assert not stored, f"{when}: {len(stored)} messages of refused sends were stored, first {stored[:3]}"
         refused = sum(not s.may for s in self.sent)
         return (f"{sum(s.must for s in self.sent)} acknowledged RocketMQ 5 messages found, none of {refused} refused "
-                f"ones stored")  # fmt: skip
+                f"ones stored")
 
     def _bodies(self, topic: str, when: str) -> set[bytes]:
         """The bodies of every message of ``topic`` that a send of this oracle made (none: no such topic)."""
@@ -141,7 +141,7 @@ class RocketMQ5:
             while offset < q.max_offset:
                 a = self.fuzzer.call("PullMessage", pb.PullRequest(consumer_group="fuzz-oracle", topic=topic,
                                                                    queue_id=q.queue_id, queue_offset=offset,
-                                                                   max_msgs=PULL_MAX_MSGS))  # fmt: skip
+                                                                   max_msgs=PULL_MAX_MSGS))
                 assert a.ok, f"{when}: pull of {topic}/{q.queue_id} at {offset}: {a}"
                 r = a.response
                 ends = [*r.entry_positions[1:], len(r.entries)]

@@ -24,7 +24,7 @@ BROKER = pb.DESCRIPTOR.services_by_name["Broker"]
 KEPT_TOPICS = ["FzKept0", "FzKept1", "FzKept2"]
 GROUP = "fz-producers"
 BAD_TOPICS = ["", "a b", "\u00e9t\u00e9", "x" * 200, "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
-              "RMQ_SYS_TRANS_OP_HALF_TOPIC", "rmq_sys_x", "%DLQ%fz", "../config", "T\x00"]  # fmt: skip
+              "RMQ_SYS_TRANS_OP_HALF_TOPIC", "rmq_sys_x", "%DLQ%fz", "../config", "T\x00"]
 INT32_EDGES = [-1, 0, 1, 7, 8, 65535, 65536, 2**31 - 1, -(2**31)]
 INT64_EDGES = [*INT32_EDGES, 2**63 - 1, -(2**63), 2**40]
 HUGE_TEXT = ["t" * 20_000 + " ", "x\x01" * 3_000, "\u00e9" * 6_000, "9" * 10_000]
@@ -35,22 +35,22 @@ HUGE_TEXT = ["t" * 20_000 + " ", "x\x01" * 3_000, "\u00e9" * 6_000, "9" * 10_000
 names = st.text(st.characters(exclude_characters="\x01\x02", codec="utf-8"), min_size=1, max_size=12)
 values = st.text(st.characters(exclude_characters="\x01\x02", codec="utf-8"), max_size=40)
 special = st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP",
-                           "__transactionId__", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID"])  # fmt: skip
+                           "__transactionId__", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID"])
 numbers = st.sampled_from(["0", "1", "-5", " 3", "\u0663", "\uff13", "\u00b2", "", "00", "9" * 30, "2147483648"])
 canonical_properties = st.dictionaries(st.one_of(names, special), values, max_size=5).map(encode_properties)
 delay_properties = st.tuples(canonical_properties, numbers).map(lambda p: p[0] + f"DELAY\x01{p[1]}\x02".encode())
 pieces = st.sampled_from([b"\x00", b"\x01", b"\x02", b"a", b"bc", b"\xff", b"\xc3\xa9", b"\xed\xa0\x80", b"\xe0\x80",
-                          b"KEYS", b"DELAY", b"REAL_QID", b"TAGS"])  # fmt: skip
+                          b"KEYS", b"DELAY", b"REAL_QID", b"TAGS"])
 raw_properties = st.lists(pieces, max_size=24).map(b"".join)
 properties = st.one_of(canonical_properties, canonical_properties, delay_properties, raw_properties)
 
 
 def pack_entry(topic: bytes, queue_id: int, body: bytes, props: bytes, flag: int = 0, sys_flag: int = 0,
-               born: int = 0, reconsume: int = 0) -> bytes:  # fmt: skip
+               born: int = 0, reconsume: int = 0) -> bytes:
     """An entry as a client encodes it, with no check of what it holds (encode_entry would refuse some)."""
     total = ENTRY_HEADER.size + len(body) + 1 + len(topic) + 2 + len(props)
     head = ENTRY_HEADER.pack(total, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, sys_flag, born,
-                             b"\x7f\x00\x00\x01", 0, 0, b"\x00" * 4, 0, reconsume, 0, len(body))  # fmt: skip
+                             b"\x7f\x00\x00\x01", 0, 0, b"\x00" * 4, 0, reconsume, 0, len(body))
     return b"".join((head, body, bytes([len(topic) & 0xFF]), topic, PROPS_LEN.pack(len(props)), props))
 
 
@@ -62,14 +62,14 @@ def clean_entries(draw: st.DrawFn) -> dict[str, Any]:
         "topic": topic.encode(), "queue_id": draw(st.integers(0, 7)), "body": draw(st.binary(max_size=200)),
         "props": draw(canonical_properties), "flag": draw(st.integers(-(2**31), 2**31 - 1)), "sys_flag": 0,
         "born": draw(st.integers(0, 2**62)), "reconsume": draw(st.integers(0, 16)),
-    }  # fmt: skip
+    }
 
 
 @st.composite
 def entries(draw: st.DrawFn) -> dict[str, Any]:
     """The fields of one entry: mostly ones the broker takes, sometimes each kind of bad value."""
     topic = draw(st.one_of(st.sampled_from(KEPT_TOPICS), st.sampled_from(KEPT_TOPICS),
-                           st.integers(0, 400).map(lambda n: f"FzNew{n}"), st.sampled_from(BAD_TOPICS)))  # fmt: skip
+                           st.integers(0, 400).map(lambda n: f"FzNew{n}"), st.sampled_from(BAD_TOPICS)))
     return {
         "topic": topic.encode("utf-8")[:127],
         "queue_id": draw(st.one_of(st.integers(0, 7), st.integers(0, 7), st.sampled_from(INT32_EDGES))),
@@ -81,11 +81,11 @@ def entries(draw: st.DrawFn) -> dict[str, Any]:
              SysFlag.BORNHOST_V6, 1, -1]))),
         "born": draw(st.one_of(st.just(1_700_000_000_000), st.sampled_from(INT64_EDGES))),
         "reconsume": draw(st.one_of(st.just(0), st.just(0), st.sampled_from(INT32_EDGES))),
-    }  # fmt: skip
+    }
 
 
 MUTATIONS = ["none", "none", "none", "flip a byte", "cut short", "trailing garbage", "lying TOTALSIZE", "bad CRC",
-             "lying count"]  # fmt: skip
+             "lying count"]
 
 
 @st.composite
@@ -127,7 +127,7 @@ text = st.one_of(
     st.sampled_from(BAD_TOPICS),
     st.text(max_size=30),
     st.sampled_from(HUGE_TEXT),
-)  # fmt: skip
+)
 # Bounded where a valid value would only make the call slow (a long poll) or use up the broker's budgets at once.
 BOUNDED = {
     "suspend_timeout_ms": st.integers(0, 300),
@@ -138,11 +138,11 @@ BOUNDED = {
 # RocketMQ 5 names topics and groups in one message type: often a topic that exists or a valid group, so that
 # calls get past the name checks (a pop of FzKept0 reads what the send family stored).
 NAMED = {"apache.rocketmq.v2.Resource.name": st.one_of(
-    st.sampled_from(["FzKept0", "FzKept1", "FzRpc1", "fz-group", "fz-group", "%RETRY%fz-group"]), text)}  # fmt: skip
+    st.sampled_from(["FzKept0", "FzKept1", "FzRpc1", "fz-group", "fz-group", "%RETRY%fz-group"]), text)}
 # Durations a call waits for (RocketMQ 5's long polling): short, or past every bound (the broker's clamps).
 WAITED_DURATIONS = {"long_polling_timeout"}
 durations = st.one_of(st.tuples(st.just(0), st.integers(0, 300_000_000)),
-                      st.sampled_from([(-1, 0), (0, -5), (2**40, 0), (315_576_000_001, 0), (0, 10**9)]))  # fmt: skip
+                      st.sampled_from([(-1, 0), (0, -5), (2**40, 0), (315_576_000_001, 0), (0, 10**9)]))
 
 
 def _scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
@@ -229,7 +229,7 @@ def method_requests(service: ServiceDescriptor, dense: bool = False) -> st.Searc
 def not_requests() -> st.SearchStrategy[bytes]:
     """Bytes that are no request: anything, or a length-delimited field whose bytes are not UTF-8."""
     return st.one_of(st.binary(max_size=200), st.binary(min_size=1, max_size=8).map(
-        lambda b: b"\x0a" + bytes([len(b)]) + b.replace(b"a", b"\xff")))  # fmt: skip
+        lambda b: b"\x0a" + bytes([len(b)]) + b.replace(b"a", b"\xff")))
 
 
 # ------------------------------------------------------------------------------------------------ coordinator
@@ -247,23 +247,23 @@ shares = st.builds(
     st.lists(st.one_of(st.sampled_from(["w1", "w2", "w3"]), st.sampled_from(["", "a,b", "\x01", "z" * 5000])),
              max_size=3),
     st.one_of(st.integers(0, 10), st.sampled_from(INT64_EDGES)),
-)  # fmt: skip
+)
 decisions = st.builds(
     lambda txn, outcome, participants, decided: cpb.TransactionDecision(
         transaction_id=txn, outcome=outcome, participants=participants, decided_ms=decided),
     transaction_ids, st.sampled_from(["COMMIT", "COMMIT", "ABORT", "ABORT", "", "commit", "MAYBE"]),
     st.lists(shares, max_size=3), st.sampled_from(INT64_EDGES),
-)  # fmt: skip
+)
 pool_ids = st.sampled_from([f"fz-co-{i}" for i in range(40)])
 clean_shares = st.lists(st.sampled_from(["broker-a", "broker-b", "broker-c"]), min_size=1, max_size=3, unique=True).map(
     lambda brokers: [cpb.ParticipantShare(broker_name=b, committed_attempts=["w1"], expected_messages=i)
-                     for i, b in enumerate(brokers)])  # fmt: skip
+                     for i, b in enumerate(brokers)])
 # A decision a participant would ask for: COMMIT with its shares, or ABORT with none.
 clean_decisions = st.one_of(
     st.builds(lambda txn, p: cpb.TransactionDecision(transaction_id=txn, outcome="COMMIT", participants=p),
               pool_ids, clean_shares),
     pool_ids.map(lambda txn: cpb.TransactionDecision(transaction_id=txn, outcome="ABORT")),
-)  # fmt: skip
+)
 coordinator_calls = st.one_of(
     clean_decisions.map(lambda d: ("RecordDecision", cpb.RecordDecisionRequest(decision=d))),
     decisions.map(lambda d: ("RecordDecision", cpb.RecordDecisionRequest(decision=d))),
@@ -271,7 +271,7 @@ coordinator_calls = st.one_of(
         transaction_ids=ids, prefix=prefix, abort_undecided=abort)),
         st.lists(transaction_ids, max_size=4), st.sampled_from(["", "", "fz-co-", "fz-co-1", "f", "\x01", "x" * 300]),
         st.booleans()),
-)  # fmt: skip
+)
 
 
 # ------------------------------------------------------------------------------------------------ RocketMQ 5
@@ -283,7 +283,7 @@ v2_metadata = st.one_of(
     st.sampled_from([[("x-mq-client-id", "fz-v2-client")], [("x-mq-client-id", "fz-other")]]),
     st.sampled_from([[("x-mq-client-id", "fz-v2-client")], [], [("x-mq-client-id", "")],
                      [("x-mq-client-id", "c" * 300)]]),
-)  # fmt: skip
+)
 
 
 safe_names = st.text(st.characters(min_codepoint=ord("a"), max_codepoint=ord("z")), min_size=1, max_size=8)
@@ -310,7 +310,7 @@ def v2_messages(draw: st.DrawFn, topic: str, clean: bool) -> v2.Message:
     else:
         sp.message_id = draw(st.sampled_from([FRESH_ID, FRESH_ID, "", "FZDUP", "7F0000010000A09F0000000000000000"]))
         sp.message_type = draw(st.sampled_from([v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION,
-                                                v2.MESSAGE_TYPE_UNSPECIFIED, 99]))  # fmt: skip
+                                                v2.MESSAGE_TYPE_UNSPECIFIED, 99]))
         sp.body_encoding = draw(st.sampled_from([v2.IDENTITY, v2.GZIP, 99]))
         tag = draw(st.one_of(st.none(), st.sampled_from(["TagA", "", " ", "a|b", "t\x01"])))
         sp.keys.extend(draw(st.lists(st.sampled_from(["k1", "", "k 3", "k\x02"]), max_size=3)))
@@ -322,7 +322,7 @@ def v2_messages(draw: st.DrawFn, topic: str, clean: bool) -> v2.Message:
             sp.born_timestamp.seconds = draw(st.sampled_from(TIMESTAMPS_S))
         sp.delivery_attempt = draw(st.sampled_from([0, 1, -1, 2**31 - 1]))
         properties = draw(st.dictionaries(st.one_of(names, st.sampled_from(["TAGS", "UNIQ_KEY", "DELAY", "a\x01"])),
-                                          values, max_size=3))  # fmt: skip
+                                          values, max_size=3))
     if tag is not None:
         sp.tag = tag
     for k, v in properties.items():
@@ -336,7 +336,7 @@ def v2_sends(draw: st.DrawFn) -> v2s.SendMessageRequest:
     any topic with each kind of bad value, sometimes naming two topics."""
     clean = draw(st.booleans())
     topic = draw(st.sampled_from(V2_TOPICS) if clean else st.one_of(st.sampled_from(V2_TOPICS),
-                                                                    st.sampled_from(BAD_TOPICS)))  # fmt: skip
+                                                                    st.sampled_from(BAD_TOPICS)))
     count = draw(st.sampled_from([1, 1, 1, 2, 5]))
     messages = [draw(v2_messages(topic, clean)) for _ in range(count)]
     if count > 1 and not clean and draw(st.booleans()):

@@ -107,15 +107,15 @@ def test_send_batch_family(fuzzer: Fuzzer) -> None:
 def test_send_message_family(fuzzer: Fuzzer) -> None:
     serial = itertools.count()
     topics = st.one_of(st.sampled_from(KEPT_TOPICS), st.integers(0, 400).map(lambda i: f"FzNew{i}"),
-                       st.sampled_from(BAD_TOPICS))  # fmt: skip
+                       st.sampled_from(BAD_TOPICS))
     props = st.dictionaries(st.one_of(names, special, st.just("DELAY")), st.one_of(values, numbers), max_size=5)
 
     @settings(FUZZ_SETTINGS, max_examples=100 * SCALE)
     @given(topics, st.one_of(st.integers(-1, 7), st.sampled_from([8, 65536, -(2**31)])), st.binary(max_size=200),
            props, st.sampled_from([0, 0, 1, 4, 8, -1]), st.sampled_from([0, 0, 5, -1]), st.sampled_from(["", "", "tx"]),
-           st.sampled_from(["", GROUP, "bad group"]))  # fmt: skip
+           st.sampled_from(["", GROUP, "bad group"]))
     def one(topic: str, queue_id: int, body: bytes, properties: dict[str, str], sys_flag: int, reconsume: int,
-            txn: str, group: str) -> None:  # fmt: skip
+            txn: str, group: str) -> None:
         n = next(serial)
         delay = properties.get("DELAY", "")
         if is_ascii_digits(delay) and len(delay) <= 10 and int(delay) > 0:
@@ -124,7 +124,7 @@ def test_send_message_family(fuzzer: Fuzzer) -> None:
             topic=topic, queue_id=queue_id, body=f"msg{n}|".encode() + body, properties=properties,
             sys_flag=sys_flag, reconsume_times=reconsume, transactional=bool(txn),
             transaction_id=f"fz-msg-{n}" if txn else "", producer_group=group,
-        )  # fmt: skip
+        )
         a = fuzzer.call("SendMessage", request)
         fuzzer.sent_message(request, a)
         if a.ok and txn:

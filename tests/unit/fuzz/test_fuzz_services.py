@@ -43,7 +43,7 @@ pytestmark = pytest.mark.slow
 # Long polling kept short: a ReceiveMessage of an empty queue waits this long, not RocketMQ's 5..20 s. Dead-letter
 # topics pullable: a RocketMQ 5 send may name one, and the oracle reads every topic a send named.
 BROKER_SETTINGS = {"store": STORE_SETTINGS, "rmqv2_min_long_polling_ms": 100, "rmqv2_max_long_polling_ms": 300,
-                   "dlq_pull_enable": True}  # fmt: skip
+                   "dlq_pull_enable": True}
 TELEMETRY_COMMANDS_MAX = 3
 
 
@@ -79,7 +79,7 @@ def test_coordinator_family(services: Services) -> None:
         coordinator_calls, coordinator_calls,
         method_requests(COORDINATOR).map(lambda mr: (mr[0].name, mr[1])),
         st.tuples(st.sampled_from([name for name, _ in methods]), not_requests()),
-    ))  # fmt: skip
+    ))
     def one(call: tuple[str, Any]) -> None:
         method, request = call
         services.decisions.call(method, request if isinstance(request, bytes) else request.SerializeToString())
@@ -110,7 +110,7 @@ def test_rocketmq5_every_rpc_family(services: Services) -> None:
         method_requests(MESSAGING, dense=True),
         st.tuples(st.just(telemetry), st.lists(commands, min_size=1, max_size=TELEMETRY_COMMANDS_MAX)),
         st.tuples(st.sampled_from(list(MESSAGING.methods)), not_requests()),
-    ), v2_metadata)  # fmt: skip
+    ), v2_metadata)
     def one(call: tuple[MethodDescriptor, Any], metadata: list[tuple[str, str]]) -> None:
         method, request = call
         if method.client_streaming and not isinstance(request, list):

@@ -87,7 +87,7 @@ class Workload:
         """``count`` one-message writers at once (each its own writer id): while the replicas cannot confirm, each
         appends to the master's log and waits, so the master's log runs ahead of every replica's."""
         threads = [threading.Thread(target=self._write_one, args=(first_writer + i,), daemon=True)
-                   for i in range(count)]  # fmt: skip
+                   for i in range(count)]
         for t in threads:
             t.start()
         self._threads += threads
@@ -131,7 +131,7 @@ def read_log(endpoint: str) -> dict[tuple[int, int], str]:
             offset = 0
             while True:
                 request = pb.PullRequest(consumer_group="jepsen-checker", topic=TOPIC, queue_id=q,
-                                         queue_offset=offset, max_msgs=512)  # fmt: skip
+                                         queue_offset=offset, max_msgs=512)
                 r = conn.call(conn.stub.PullMessage, request)
                 if r.status != pb.FOUND:
                     break
@@ -163,10 +163,10 @@ class Report:
 
     def table(self) -> str:
         headers = ["run", "acknowledged", "read", "lost", "conflicting", "duplicated", "reordered", "unknown",
-                   "unknown stored", "failed", *self.extra]  # fmt: skip
+                   "unknown stored", "failed", *self.extra]
         row = [self.name, self.acknowledged, self.read, len(self.lost), len(self.conflicting), len(self.duplicated),
                len(self.reordered), self.unknown, self.unknown_stored, self.failed,
-               *(f"{v:.2f}" for v in self.extra.values())]  # fmt: skip
+               *(f"{v:.2f}" for v in self.extra.values())]
         widths = [max(len(str(h)), len(str(v))) for h, v in zip(headers, row, strict=True)]
         line = "  ".join(str(h).ljust(w) for h, w in zip(headers, widths, strict=True))
         values = "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
@@ -174,7 +174,7 @@ class Report:
 
     def details(self) -> str:
         return (f"lost {self.lost[:10]} conflicting {self.conflicting[:10]} duplicated {self.duplicated[:10]} "
-                f"reordered {self.reordered[:10]}")  # fmt: skip
+                f"reordered {self.reordered[:10]}")
 
 
 def check(name: str, outcomes: list[Outcome], logs: dict[str, dict[tuple[int, int], str]]) -> Report:

@@ -19,7 +19,7 @@ from tests.support.waiting import wait_until
 
 def _replica(tmp_path: Path, etcd: EtcdProcess, broker_id: int, port: int = 0, **settings: object) -> BrokerController:
     return broker(tmp_path / f"r{broker_id}", controller=etcd.url, broker_id=broker_id, ha_lease_ttl_s=2,
-                  listen=f"127.0.0.1:{port}", **settings)  # type: ignore[arg-type]  # fmt: skip
+                  listen=f"127.0.0.1:{port}", **settings)  # type: ignore[arg-type]
 
 
 # Replica 2 stays in the in-sync set while it hears nothing (so it may be elected), and writes it does not confirm
@@ -74,7 +74,7 @@ def test_a_diverged_replica_is_truncated_to_the_divergence_point(tmp_path: Path,
         a = _replica(tmp_path, etcd, 1, port=a_port, **LONG_LAG)  # returns from epoch 1
         bs.append(a)
         wait_until(lambda: caught_up(b, a) and a.store is not None and a.store.max_phys_offset() > agreed,
-                   "replica 1 truncated and caught up")  # fmt: skip
+                   "replica 1 truncated and caught up")
         assert commit_log_bytes(a) == commit_log_bytes(b)
         assert a.store is not None and b.store is not None
         assert a.replication is not None

@@ -30,7 +30,7 @@ def test_an_election_puts_the_master_key_on_the_lease_it_read(etcd: EtcdProcess)
     hooks = ControllerHooks(follow=lambda _s: None, elected=elected.append, fenced=lambda _r: None)
     ctrl = Controller(client, cluster="C", broker_name="g", broker_id=1, address="127.0.0.1:1",
                       ha_address="127.0.0.1:2", store_id="s", lease_ttl_s=5, allow_unclean=False,
-                      hooks=hooks)  # fmt: skip
+                      hooks=hooks)
     ctrl._keep_lease(time.monotonic())
     lease = ctrl.lease
     assert lease

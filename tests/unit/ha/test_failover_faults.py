@@ -57,7 +57,7 @@ def _prepare(g: ReplicaGroup) -> None:
     with Admin(g.endpoint(master)) as admin:
         admin.create_topic(TOPIC, QUEUES, if_not_exists=True)
     wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
-               "all three replicas in sync", timeout_s=60)  # fmt: skip
+               "all three replicas in sync", timeout_s=60)
 
 
 def _heal_and_check(g: ReplicaGroup, w: Workload, name: str, **extra: float) -> None:
@@ -66,7 +66,7 @@ def _heal_and_check(g: ReplicaGroup, w: Workload, name: str, **extra: float) -> 
         if not g.running(rid):
             g.start_replica(rid)
     wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
-               "every replica back in sync", timeout_s=90)  # fmt: skip
+               "every replica back in sync", timeout_s=90)
     master = g.wait_master()
     end = read_log(g.endpoint(master))
     logs = {}
@@ -74,7 +74,7 @@ def _heal_and_check(g: ReplicaGroup, w: Workload, name: str, **extra: float) -> 
         wait_until(lambda rid=rid: len(read_log(g.endpoint(rid))) >= len(end), f"replica {rid} caught up", timeout_s=60)
         logs[f"replica-{rid}"] = read_log(g.endpoint(rid))
     wait_until(lambda: _registered(g),
-               "the name server to show one master of the current epoch, all in sync", timeout_s=30)  # fmt: skip
+               "the name server to show one master of the current epoch, all in sync", timeout_s=30)
     report = check(name, w.outcomes, logs)
     report.extra.update(extra)
     print("\n" + report.table())
@@ -92,7 +92,7 @@ def _registered(g: ReplicaGroup) -> bool:
     state = g.state()
     masters = [r for r in rows if r["role"] == "MASTER"]
     return (state is not None and len(rows) == 3 and len(masters) == 1 and masters[0]["epoch"] == state.epoch
-            and all(r["in_sync"] for r in rows))  # fmt: skip
+            and all(r["in_sync"] for r in rows))
 
 
 def _failovers(tmp_path: Path, count: int) -> None:
@@ -111,7 +111,7 @@ def _failovers(tmp_path: Path, count: int) -> None:
                 times.append(time.monotonic() - killed)
                 g.start_replica(master)  # it returns as a replica (truncating first when it diverged)
                 wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
-                           "the killed one in sync", timeout_s=60)  # fmt: skip
+                           "the killed one in sync", timeout_s=60)
                 w.wait_acknowledged(10)
         except AssertionError:
             _diagnose(g)
@@ -120,7 +120,7 @@ def _failovers(tmp_path: Path, count: int) -> None:
             w.stop()
         times.sort()
         _heal_and_check(g, w, f"SIGKILL master x{count}", failover_p50_s=times[len(times) // 2],
-                        failover_max_s=times[-1])  # fmt: skip
+                        failover_max_s=times[-1])
 
 
 def test_master_sigkill_under_sync_load(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_master_paused_longer_than_its_lease(tmp_path: Path) -> None:
             g.resume(old)
             # the old master rejoins as a replica of the new epoch
             wait_until(lambda: g.state() is not None and old in g.state().in_sync,  # type: ignore[union-attr]
-                       "the old master back in sync", timeout_s=60)  # fmt: skip
+                       "the old master back in sync", timeout_s=60)
             w.wait_acknowledged(20)
         except AssertionError:
             _diagnose(g)
@@ -196,7 +196,7 @@ def test_replica_killed_during_truncation(tmp_path: Path) -> None:
                 g.start_replica(old)
             wait_until(lambda: not intent.exists(), "the truncation to finish", timeout_s=60)
             wait_until(lambda: g.state() is not None and old in g.state().in_sync,  # type: ignore[union-attr]
-                       "the old master back in sync", timeout_s=60)  # fmt: skip
+                       "the old master back in sync", timeout_s=60)
             w.wait_acknowledged(20)
         except AssertionError:
             _diagnose(g)

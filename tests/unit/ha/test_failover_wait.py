@@ -54,7 +54,7 @@ def test_lookups_wait_out_a_failover_then_say_no_master_came_back(group: Replica
         group.kill(master)  # at once a send: the old master refuses connections, then the group has none
         queue = MessageQueue(TOPIC, "broker-a", 0)
         sent = until_master(lambda: producer.send(Message(TOPIC, b"after the kill"), queue=queue), router,
-                            "a send to queue 0", topic=TOPIC)  # fmt: skip
+                            "a send to queue 0", topic=TOPIC)
         new = group.wait_master(other_than=master, timeout_s=60)
         assert sent.queue_offset == 0
         queues = until_master(lambda: producer.queues(TOPIC), router, "the writable queues", topic=TOPIC)
@@ -73,5 +73,5 @@ def test_lookups_wait_out_a_failover_then_say_no_master_came_back(group: Replica
         started = time.monotonic()
         with pytest.raises(ServiceNotAvailableError, match=f"no master came back within {SHORT_WAIT_S:.0f} s"):
             until_master(lambda: producer.queues(TOPIC), router, "the writable queues", topic=TOPIC,
-                         wait_s=SHORT_WAIT_S)  # fmt: skip
+                         wait_s=SHORT_WAIT_S)
         assert SHORT_WAIT_S <= time.monotonic() - started < SHORT_WAIT_S + 10

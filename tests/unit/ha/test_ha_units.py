@@ -37,7 +37,7 @@ E = EpochEntry
         ([E(1, 0)], 200, [E(1, 0)], 350, divergence.Plan(200, 200, False)),  # ahead within an epoch (a lost tail)
         ([], 0, [], 0, divergence.Plan(0, -1, False)),
     ],
-)  # fmt: skip
+)
 def test_divergence_point(
     master: list[EpochEntry], master_end: int, slave: list[EpochEntry], slave_end: int, expected: divergence.Plan
 ) -> None:
@@ -100,7 +100,7 @@ def test_a_replication_endpoint_off_loopback_needs_a_secret(tmp_path: Path) -> N
     secret = tmp_path / "secret"
     write_private(secret, b"a" * 32)
     assert BrokerConfig.from_dict({"role": "SYNC_MASTER", "listen": "0.0.0.0:10911",
-                                   "ha_secret_file": str(secret)}).replication() is not None  # fmt: skip
+                                   "ha_secret_file": str(secret)}).replication() is not None
     write_private(secret, b"short")
     with pytest.raises(InvalidArgumentError, match="at least"):
         BrokerConfig.from_dict({"role": "SYNC_MASTER", "ha_secret_file": str(secret)})
@@ -112,7 +112,7 @@ def test_a_replication_endpoint_off_loopback_needs_a_secret(tmp_path: Path) -> N
 
 def test_controller_endpoints_are_read_with_etcds_default_port() -> None:
     settings = BrokerConfig.from_dict({"controller": "etcd://127.0.0.1:23790,[::1],etcd-2", "broker_id": 1,
-                                       "listen": "127.0.0.1:10911"}).replication()  # fmt: skip
+                                       "listen": "127.0.0.1:10911"}).replication()
     assert settings is not None
     assert settings.controller == (("127.0.0.1", 23790), ("::1", 2379), ("etcd-2", 2379))
     with pytest.raises(InvalidArgumentError, match="other than 0"):
@@ -130,7 +130,7 @@ def test_in_sync_set_shrinks_only_once_recorded_and_acknowledges_when_every_memb
         return allow[0]
 
     s = InSyncSet(0, lambda: end[0], min_insync=2, max_lag_ms=100, members=frozenset({1, 2}),
-                  record_shrink=record, clock_ms=lambda: clock[0])  # fmt: skip
+                  record_shrink=record, clock_ms=lambda: clock[0])
     one, two = s.connect(1, "a", "x"), s.connect(2, "b", "y")
     s.report(1, one, 1000, 0, 0)
     assert s.confirmed == 0  # replica 2 has not said
@@ -150,7 +150,7 @@ def test_a_replica_a_few_fetches_behind_stays_in_sync_and_one_falling_behind_lea
     (never at the end of its previous report) keeps pace, and stays; one whose backlog grows leaves."""
     clock, end = [0], [0]
     s = InSyncSet(0, lambda: end[0], min_insync=2, max_lag_ms=100, members=frozenset({1, 2}),
-                  clock_ms=lambda: clock[0])  # fmt: skip
+                  clock_ms=lambda: clock[0])
     steady, slow = s.connect(1, "a", "x"), s.connect(2, "b", "y")
     for tick in range(1, 60):  # 590 ms, more than five times max_lag_ms
         clock[0], end[0] = tick * 10, tick * 4 << 20  # 4 MiB a fetch, one fetch every 10 ms
@@ -165,7 +165,7 @@ def test_a_replica_a_few_fetches_behind_stays_in_sync_and_one_falling_behind_lea
 
 def test_truncation_is_finished_by_the_next_start_after_a_crash(tmp_path: Path) -> None:
     cfg = StoreConfig(str(tmp_path), mapped_file_size_commit_log=1 << 20, mapped_file_size_consume_queue=3000 * 20,
-                      max_hash_slot_num=1024, max_index_num=4096, max_message_size=64 * 1024)  # fmt: skip
+                      max_hash_slot_num=1024, max_index_num=4096, max_message_size=64 * 1024)
     store = MessageStore(cfg)
     store.start()
     offsets = [store.put_message("T", 0, f"m{i}".encode(), {"KEYS": f"k{i}"}).commitlog_offsets[0] for i in range(20)]
@@ -237,7 +237,7 @@ def test_a_slave_applies_progress_files_only_once_its_log_holds_what_they_name(t
     within = {"halfScanFrom": 2, "opScanFrom": 1, "checkTimes": {}, LOG_END_KEY: 900}
     sink.apply(5, {"transactionState.json": json.dumps(within).encode()})
     assert on_disk("transactionState.json") == within and written == [
-        "consumerOffset.json", "delayOffset.json", "transactionState.json"]  # fmt: skip
+        "consumerOffset.json", "delayOffset.json", "transactionState.json"]
 
 
 def test_progress_files_name_the_log_end_they_were_saved_at(tmp_path: Path) -> None:

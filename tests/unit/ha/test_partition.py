@@ -66,7 +66,7 @@ def _in(ns: str) -> list[str]:
 
 def _client(*args: str, timeout_s: float = 120) -> str:
     return subprocess.run([*_in(OUTSIDE), sys.executable, str(CLIENT), *args], check=True, capture_output=True,
-                          text=True, timeout=timeout_s, cwd=str(CLIENT.parent)).stdout  # fmt: skip
+                          text=True, timeout=timeout_s, cwd=str(CLIENT.parent)).stdout
 
 
 def _state() -> dict[str, object]:
@@ -104,10 +104,10 @@ def test_partition_isolating_the_master_then_healed(network: None, tmp_path: Pat
             cfg.write_text(json.dumps({
                 "store": SMALL_STORE, "controller": f"etcd://{ADDRESS[OUTSIDE]}:2379", "ha_listen": f"{addr}:10912",
                 "ha_secret_file": str(secret), "ha_lease_ttl_s": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000,
-            }))  # fmt: skip
+            }))
             b = BrokerProcess(tmp_path / f"replica-{rid}", listen=f"{addr}:10911", config=cfg, extra_args=[
                 "--namesrv", namesrv, "--broker-name", "broker-a", "--broker-id", str(rid),
-                "--register-interval-ms", "500"])  # fmt: skip
+                "--register-interval-ms", "500"])
             b.args = [*_in(REPLICAS[rid]), *b.args]
             b.start()
             brokers[rid] = b
@@ -118,7 +118,7 @@ def test_partition_isolating_the_master_then_healed(network: None, tmp_path: Pat
         stop, out, progress = tmp_path / "stop", tmp_path / "outcomes.json", tmp_path / "progress"
         workload = subprocess.Popen([*_in(OUTSIDE), sys.executable, str(CLIENT), "workload", "--namesrv", namesrv,
                                      "--stop-file", str(stop), "--out", str(out), "--progress", str(progress)],
-                                    cwd=str(CLIENT.parent), text=True)  # fmt: skip
+                                    cwd=str(CLIENT.parent), text=True)
 
         def acked() -> int:
             try:

@@ -41,7 +41,7 @@ def test_a_promoted_slave_keeps_acks_in_flight_messages_and_handles(tmp_path: Pa
         s = slave_of(m, tmp_path / "s", **FAST_POP)
         bs.append(s)
         wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")  # fmt: skip
+                   "slave in sync")
         with Admin(m.address) as admin:
             admin.create_topic("T", 1)
         with Producer(endpoint=m.address) as p:

@@ -19,7 +19,7 @@ from tests.support.waiting import wait_until
 
 # Short leases keep a failover a few seconds (as test_failover_faults.py); pops may ask for a short invisible time.
 SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000,
-            "pop_min_invisible_ms": 100}  # fmt: skip
+            "pop_min_invisible_ms": 100}
 TOPIC, GROUP = "PopOrders", "pop-ha"
 MESSAGES = 60
 INVISIBLE_MS = 10_000  # long enough that the new master is up well before the in-flight messages are due again
@@ -35,7 +35,7 @@ def _ready(g: ReplicaGroup, topic: str, queues: int) -> int:
         admin.create_topic(topic, queues, if_not_exists=True)
         admin.update_subscription_group(GROUP)
     wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
-               "all three replicas in sync", timeout_s=60)  # fmt: skip
+               "all three replicas in sync", timeout_s=60)
     return master
 
 
@@ -61,7 +61,7 @@ def test_pop_acks_and_in_flight_messages_survive_a_master_kill(tmp_path: Path) -
         with PopConsumer(g.endpoint(master), GROUP) as c:
             popped = []
             wait_until(lambda: len(popped) == MESSAGES or bool(popped.extend(c.receive(TOPIC, 32, INVISIBLE_MS))),
-                       "every message received", timeout_s=15)  # fmt: skip
+                       "every message received", timeout_s=15)
             assert len(popped) == MESSAGES
             by_body = {p.message.body: p for p in popped}
             assert len(by_body) == MESSAGES
@@ -127,7 +127,7 @@ def test_timer_messages_due_during_a_failover_are_delivered_once(tmp_path: Path)
                 return int(admin.stats().get("timer_delivered", 0))
 
         wait_until(lambda: delivered_on(master) >= count // 3, "a third of them delivered", timeout_s=20,
-                   interval_s=0.02)  # fmt: skip
+                   interval_s=0.02)
         g.kill(master)
         new = g.wait_master(other_than=master, timeout_s=30)
 

@@ -29,7 +29,7 @@ def _same_logs(master: BrokerController, *slaves: BrokerController) -> None:
             live = [r for r in master.store.queue_ranges(topic, master.store.queue_ids(topic)) if r[1] < r[2]]
             # readers of the slave see up to the confirmed offset, which reaches it one answer after the bytes
             wait_until(lambda s=s, t=topic, live=live: s.store.queue_ranges(t, [q for q, _, _ in live]) == live,  # type: ignore[misc, union-attr]
-                       f"the slave's queues of {topic} to be readable as the master's")  # fmt: skip
+                       f"the slave's queues of {topic} to be readable as the master's")
     for b in (master, *slaves):
         assert b.store is not None
         assert b.store.check() == []
@@ -42,7 +42,7 @@ def test_every_kind_of_entry_is_replicated_byte_for_byte(tmp_path: Path) -> None
         s = slave_of(m, tmp_path / "s")
         bs.append(s)
         wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")  # fmt: skip
+                   "slave in sync")
         with Producer(endpoint=m.address) as p, Admin(m.address) as admin:
             p.send(Message("Single", b"one", tags="A", keys="k1"), queue_id=0)  # a single message
             p.send_batch([Message("Batch", f"b{i}".encode(), keys=f"bk{i}") for i in range(300)])  # a batch
@@ -57,9 +57,9 @@ def test_every_kind_of_entry_is_replicated_byte_for_byte(tmp_path: Path) -> None
                 c.send_back(msg, delay_level=1)  # a retry: %RETRY%G by way of the schedule topic
             assert m.store is not None
             wait_until(lambda: m.store.max_offset("Delayed", 0) == 1,  # type: ignore[union-attr]
-                       "the delayed message to be delivered")  # fmt: skip
+                       "the delayed message to be delivered")
             wait_until(lambda: m.store.max_offset("%RETRY%G", 0) == 1,  # type: ignore[union-attr]
-                       "the retry to be delivered")  # fmt: skip
+                       "the retry to be delivered")
         _same_logs(m, s)
         assert s.store is not None
         assert {"Single", "Batch", "Delayed", "Tx", "%RETRY%G", "SCHEDULE_TOPIC_XXXX"} <= set(s.store.topics())
@@ -89,7 +89,7 @@ def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tm
         s = slave_of(m, tmp_path / "s")
         bs.append(s)
         wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")  # fmt: skip
+                   "slave in sync")
         with Producer(endpoint=m.address) as p, Admin(m.address) as admin:
             for qid, txn in ((0, "ip-open"), (1, "ip-commit"), (2, "ip-rollback")):
                 rows = b"".join(encode_message(Message("Ip", f"{txn}-{i}".encode()), qid) for i in range(3))
@@ -101,7 +101,7 @@ def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tm
             for b in (m, s):
                 assert [_shown(b, "Ip", q) for q in range(3)] == [
                     [], [b"ip-commit-0", b"ip-commit-1", b"ip-commit-2", b"plain-1"], [b"plain-2"]
-                ]  # fmt: skip
+                ]
             assert admin.end_transaction("ip-open", commit=True) == "COMMITTED"
             _same_logs(m, s)
             for b in (m, s):
@@ -175,7 +175,7 @@ def test_sync_master_acknowledges_once_its_in_sync_replicas_hold_the_message(tmp
             with pytest.raises(SendOutcomeUnknownError):  # stored on the master, never confirmed: unknown
                 p.send(Message("T", b"unconfirmed"))
             wait_until(lambda: len(m.replication.in_sync.members) == 1,  # type: ignore[union-attr]
-                       "the slave out of the in-sync set")  # fmt: skip
+                       "the slave out of the in-sync set")
             before = m.store.max_phys_offset()
             with pytest.raises(NotEnoughReplicasError):
                 p.send(Message("T", b"refused again"))
@@ -204,7 +204,7 @@ def test_reads_stop_at_the_confirmed_offset(tmp_path: Path) -> None:
             s = slave_of(m, tmp_path / "s")  # back: it catches up and confirms
             bs.append(s)
             wait_until(lambda: m.store.max_offset("T", 0) == 2,  # type: ignore[union-attr]
-                       "the unconfirmed message to become visible")  # fmt: skip
+                       "the unconfirmed message to become visible")
             with PullConsumer(endpoint=m.address, group="G") as c:
                 assert [x.body for x in c.pull("T", 0, 0).messages] == [b"confirmed", b"unconfirmed"]
             with PullConsumer(endpoint=s.address, group="G") as c:  # the slave serves reads up to it too
@@ -269,7 +269,7 @@ def test_a_promoted_slave_delivers_timer_messages_once(tmp_path: Path) -> None:
         s = slave_of(m, tmp_path / "s")
         bs.append(s)
         wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")  # fmt: skip
+                   "slave in sync")
         now = int(time.time() * 1000)
         early = [f"early-{i}".encode() for i in range(20)]
         late = [f"late-{i}".encode() for i in range(5)]
@@ -280,7 +280,7 @@ def test_a_promoted_slave_delivers_timer_messages_once(tmp_path: Path) -> None:
                 p.send(Message("Timed", body, properties={Prop.TIMER_DELIVER_MS: str(now + 8000)}), queue_id=0)
         assert m.store is not None and s.store is not None
         wait_until(lambda: m.store.max_offset("Timed", 0) == len(early),  # type: ignore[union-attr]
-                   "the early ones delivered")  # fmt: skip
+                   "the early ones delivered")
         copy = timer_progress.path_in(str(s.store.config.config_dir))
         wait_until(lambda: (timer_progress.load(copy) or (0, set()))[0] >= len(early), "the slave's copy of it")
         assert m.store.max_offset("Timed", 0) == len(early), "the late ones came due before the failover"
@@ -291,7 +291,7 @@ def test_a_promoted_slave_delivers_timer_messages_once(tmp_path: Path) -> None:
         bs.append(promoted)
         assert promoted.store is not None
         wait_until(lambda: promoted.store.max_offset("Timed", 0) >= len(early) + len(late),  # type: ignore[union-attr]
-                   "the late ones delivered by the new master", timeout_s=20)  # fmt: skip
+                   "the late ones delivered by the new master", timeout_s=20)
         time.sleep(0.5)  # anything delivered a second time would be there by now
         with PullConsumer(endpoint=promoted.address, group="Reader") as c:
             bodies = [msg.body for msg in c.pull("Timed", 0, 0, max_msgs=100).messages]
@@ -309,4 +309,4 @@ def test_a_lone_master_shows_what_it_writes_itself(tmp_path: Path) -> None:
             p.send(Message("Later", b"timed", properties={Prop.TIMER_DELIVER_MS: str(due)}), queue_id=0)
         assert m.store is not None
         wait_until(lambda: m.store.max_offset("Later", 0) == 1,  # type: ignore[union-attr]
-                   "the timer message visible, no send after it", timeout_s=10)  # fmt: skip
+                   "the timer message visible, no send after it", timeout_s=10)

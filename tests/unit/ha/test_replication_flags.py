@@ -52,7 +52,7 @@ def _stored(endpoint: str, topic: str) -> list[bytes]:
 
 def test_help_lists_the_replication_flags() -> None:
     out = subprocess.run([sys.executable, "-m", "broker", "broker", "--help"], capture_output=True, text=True,
-                         check=True, timeout=60).stdout  # fmt: skip
+                         check=True, timeout=60).stdout
     for flag in FLAGS:
         assert flag in out, f"{flag} missing from sluice broker --help"
 
@@ -65,7 +65,7 @@ def test_classic_pair_from_flags_alone(tmp_path: Path, processes: ExitStack) -> 
     secret = str(_secret(tmp_path))
     common = ["--namesrv", namesrv.address, "--ha-secret-file", secret]
     master = _replica(processes, tmp_path / "m", *common, "--role", "SYNC_MASTER", "--broker-id", "0",
-                      "--ha-listen", f"127.0.0.1:{free_port()}", "--min-insync-replicas", "2")  # fmt: skip
+                      "--ha-listen", f"127.0.0.1:{free_port()}", "--min-insync-replicas", "2")
     with Admin(master.endpoint) as admin:
         admin.create_topic("Flags", 1)
     with Producer(endpoint=master.endpoint) as producer, pytest.raises(NotEnoughReplicasError):
@@ -73,7 +73,7 @@ def test_classic_pair_from_flags_alone(tmp_path: Path, processes: ExitStack) -> 
     assert _stored(master.endpoint, "Flags") == []  # refused before anything was written
 
     slave = _replica(processes, tmp_path / "s", *common, "--role", "slave", "--broker-id", "1",
-                     "--ha-listen", f"127.0.0.1:{free_port()}")  # fmt: skip
+                     "--ha-listen", f"127.0.0.1:{free_port()}")
 
     def send() -> bool:
         try:

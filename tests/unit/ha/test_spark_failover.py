@@ -86,7 +86,7 @@ class Run:
         cells = {"run": self.name, "rows in": self.rows_in, "rows out": self.rows_out,
                  "duplicates": self.duplicates, "missing": self.missing, "failovers": self.failovers,
                  "query restarts": self.restarts, "committed at kill": self.rows_before_kill,
-                 "new master after s": f"{self.failover_s:.1f}"}  # fmt: skip
+                 "new master after s": f"{self.failover_s:.1f}"}
         widths = [max(len(k), len(str(v))) for k, v in cells.items()]
         head = "  ".join(k.ljust(w) for k, w in zip(cells, widths, strict=True))
         row = "  ".join(str(v).ljust(w) for v, w in zip(cells.values(), widths, strict=True))
@@ -120,7 +120,7 @@ def prepare(g: ReplicaGroup, topics: list[str]) -> int:
     wait_until(lambda: (s := g.state()) is not None and len(s.in_sync) == 3, "all three replicas in sync", timeout_s=60)
     for topic in topics:
         wait_until(lambda topic=topic: routed_master(g, topic) == g.endpoint(master),
-                   f"the route of {topic}", timeout_s=30)  # fmt: skip
+                   f"the route of {topic}", timeout_s=30)
     return master
 
 
@@ -131,7 +131,7 @@ def fail_over(g: ReplicaGroup, run: Run, topic: str) -> int:
     killed = time.monotonic()
     new = g.wait_master(other_than=old, timeout_s=60)
     wait_until(lambda: routed_master(g, topic) == g.endpoint(new),
-               "the name server to route to the new master", timeout_s=60)  # fmt: skip
+               "the name server to route to the new master", timeout_s=60)
     run.failover_s = time.monotonic() - killed
     run.failovers += 1
     return new
@@ -200,7 +200,7 @@ class Query:
     def until(self, checkpoint: Path, topic: str, rows: int, timeout_s: float = 240) -> None:
         """Until the checkpoint has committed ``rows`` source messages."""
         wait_until(lambda: self.alive() and committed_rows(checkpoint, topic) >= rows,
-                   f"the query to commit {rows} rows", timeout_s=timeout_s)  # fmt: skip
+                   f"the query to commit {rows} rows", timeout_s=timeout_s)
 
     def stop(self) -> None:
         self.query.stop()
@@ -224,7 +224,7 @@ def test_source_reads_on_from_the_new_master(spark: Any, group: ReplicaGroup, tm
             .select("queue_id", "queue_offset", "body").writeStream.format("parquet")
             .option("path", str(output)).option("checkpointLocation", str(checkpoint))
             .trigger(processingTime="200 milliseconds").start()
-        )  # fmt: skip
+        )
 
     query = Query(start, run)
     try:
@@ -266,13 +266,13 @@ def test_exactly_once_sink_rides_out_a_master_kill(spark: Any, group: ReplicaGro
             spark.readStream.format("sluice").option("namesrv", group.namesrv).option("topic", source)
             .option("consumerGroup", "g-ha-sink").option("startingOffsets", "earliest")
             .option("maxMessagesPerTrigger", "2000").load()
-        )  # fmt: skip
+        )
         out = df.select(F.concat(F.col("body").cast("string"), F.lit("|copied")).alias("body"))
         return (
             out.writeStream.format("sluice").option("namesrv", group.namesrv).option("topic", target)
             .option("deliveryGuarantee", "exactly-once").option("checkpointLocation", str(checkpoint))
             .trigger(processingTime="200 milliseconds").start()
-        )  # fmt: skip
+        )
 
     query = Query(start, run)
     try:

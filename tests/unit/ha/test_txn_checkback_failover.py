@@ -21,7 +21,7 @@ from broker.ha.local_group import ReplicaGroup
 from tests.support.waiting import wait_until
 
 SETTINGS = {"ha_lease_ttl_s": 2, "min_insync_replicas": 2, "ha_max_lag_ms": 3000, "ha_ack_timeout_ms": 3000,
-            "transaction_timeout_ms": 1000, "transaction_check_interval_ms": 1000}  # fmt: skip
+            "transaction_timeout_ms": 1000, "transaction_check_interval_ms": 1000}
 TOPIC = "TxnFailover"
 # The producer lists the masters again when a stream breaks and every 30 s (BROKER_WATCH_INTERVAL_S): generous for a
 # loaded machine.
@@ -40,7 +40,7 @@ def test_an_open_transaction_is_checked_back_by_the_new_master(tmp_path: Path) -
         with Admin(g.endpoint(master)) as admin:
             admin.create_topic(TOPIC, 1)
         wait_until(lambda: g.state() is not None and len(g.state().in_sync) == 3,  # type: ignore[union-attr]
-                   "three replicas in sync", timeout_s=60)  # fmt: skip
+                   "three replicas in sync", timeout_s=60)
         decide = threading.Event()  # the application knows the outcome only after the master is gone
 
         def checker(_txn: str, _half: object) -> LocalTransactionState:
@@ -54,8 +54,8 @@ def test_an_open_transaction_is_checked_back_by_the_new_master(tmp_path: Path) -
             new = g.wait_master(other_than=master, timeout_s=60)
             decide.set()
             wait_until(lambda: _visible(g.endpoint(new)) == [b"open"], "the new master's check-back to commit it",
-                       timeout_s=CHECKED_WITHIN_S, interval_s=0.2)  # fmt: skip
+                       timeout_s=CHECKED_WITHIN_S, interval_s=0.2)
             g.start_replica(master)  # back as a replica: it holds no transactions of its own to check
             old = producer._threads[g.endpoint(master)]
             wait_until(lambda: not old.is_alive(), "the check stream to the old master to end", timeout_s=60,
-                       interval_s=0.2)  # fmt: skip
+                       interval_s=0.2)

@@ -50,10 +50,10 @@ def test_another_broker_claiming_a_live_name_is_refused_and_a_restart_replaces_i
     create_everywhere(cluster, "Claims")
     original = cluster.endpoint("broker-a")
     impostor = BrokerProcess(cluster.root / "impostor", log_level="INFO",
-                             extra_args=["--namesrv", cluster.namesrv, "--broker-name", "broker-a"])  # fmt: skip
+                             extra_args=["--namesrv", cluster.namesrv, "--broker-name", "broker-a"])
     with impostor:
         wait_until(lambda: any("refused this broker's registration" in line for line in impostor.output),
-                   "the impostor's refusal in its log")  # fmt: skip
+                   "the impostor's refusal in its log")
         addresses = {b.broker_name: b.address for b in ns.cluster_info().brokers}
         assert addresses["broker-a"] == original  # never merged, never replaced
         impostor.stop()
@@ -62,7 +62,7 @@ def test_another_broker_claiming_a_live_name_is_refused_and_a_restart_replaces_i
     restarted = cluster.restart("broker-a", same_port=False)
     assert restarted.endpoint != original
     took = wait_until(lambda: {b.broker_name: b.address for b in ns.cluster_info().brokers}["broker-a"]
-                    == restarted.endpoint, "the new address")  # fmt: skip
+                    == restarted.endpoint, "the new address")
     assert took < 2.0  # not the 3 s expiry of the old registration
     ns.close()
 

@@ -46,7 +46,7 @@ WAIT_S = 30.0
 # changed, rather than be restored by the real broker's next pass before the test looks.
 QUIET_REGISTER_INTERVAL_MS = 600_000
 SMALL_STORE = {"store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
-                         "max_hash_slot_num": 4096, "max_index_num": 16384}}  # fmt: skip
+                         "max_hash_slot_num": 4096, "max_index_num": 16384}}
 ATTACKERS = [  # no credentials, the root user's name with a wrong secret, a user the name server does not know
     None,
     Credentials(ROOT.access_key, "not-the-root-secret"),
@@ -67,13 +67,13 @@ def brokers_seen(ns: NameServerClient) -> list[tuple[str, int, str, int]]:
 
 
 def takeover(name: str, epoch: int, store_id: str = "attacker-store", address: str = "127.0.0.1:1",
-             require_authentication: bool = False) -> npb.RegisterBrokerRequest:  # fmt: skip
+             require_authentication: bool = False) -> npb.RegisterBrokerRequest:
     """A master registration of ``name`` at the attacker's address, holding ``TOPIC``."""
     return npb.RegisterBrokerRequest(
         cluster="DefaultCluster", broker_name=name, broker_id=0, address=address, store_id=store_id, data_version=1,
         topics_included=True, topics=[npb.TopicQueues(topic=TOPIC, read_queue_nums=4, write_queue_nums=4, perm=6)],
         role="MASTER", epoch=epoch, require_authentication=require_authentication,
-    )  # fmt: skip
+    )
 
 
 def refusal(ns_address: str, credentials: Credentials | None, method: str, request: Any) -> BrokerError:
@@ -108,7 +108,7 @@ def auth_broker(root: Path, namesrv: str, register_interval_ms: int) -> BrokerPr
     broker = BrokerProcess(root / "store", config=config, extra_args=[
         "--auth", "--allow-plaintext-auth", "--namesrv", namesrv, "--broker-name", BROKER,
         "--register-interval-ms", str(register_interval_ms),
-    ])  # fmt: skip
+    ])
     with pytest.MonkeyPatch.context() as mp:
         for key, value in ROOT_ENV.items():
             mp.setenv(key, value)
@@ -168,7 +168,7 @@ def test_the_root_user_registers_and_unregisters_and_anyone_reads_routes(secured
         assert answer.accepted and answer.authenticated
         assert ("broker-z", 0, "127.0.0.1:2", 0) in brokers_seen(secured.reader)
         root.call_one(secured.ns.address, "UnregisterBroker", npb.UnregisterBrokerRequest(
-            cluster="DefaultCluster", broker_name="broker-z", broker_id=0, store_id="attacker-store"))  # fmt: skip
+            cluster="DefaultCluster", broker_name="broker-z", broker_id=0, store_id="attacker-store"))
     finally:
         root.close()
     assert brokers_seen(secured.reader) == [(BROKER, 0, secured.broker.endpoint, 0)]
@@ -204,7 +204,7 @@ def test_an_unregistration_not_signed_by_the_root_user_removes_nothing(
 def test_a_name_server_without_a_root_user_does_not_start() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ROOT_ENV}
     done = subprocess.run([sys.executable, "-m", "broker", "namesrv", "--listen", "127.0.0.1:0"], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "ready" not in done.stdout
     assert "SLUICE_ROOT_ACCESS_KEY" in done.stderr and "--allow-anonymous-registration" in done.stderr, done.stderr
@@ -222,7 +222,7 @@ def test_with_the_flag_it_starts_and_takes_anyone(tmp_path: Path) -> None:
         reader.call_one(ns.address, "RegisterBroker", takeover(BROKER, epoch=2))  # unsigned, as above
         assert brokers_seen(reader) == [(BROKER, 0, "127.0.0.1:1", 2)]
         reader.call_one(ns.address, "UnregisterBroker", npb.UnregisterBrokerRequest(
-            cluster="DefaultCluster", broker_name=BROKER, broker_id=0, store_id="attacker-store"))  # fmt: skip
+            cluster="DefaultCluster", broker_name=BROKER, broker_id=0, store_id="attacker-store"))
         assert brokers_seen(reader) == [] and route_or_none(reader, TOPIC) is None
         assert ns.stop() == 0
     finally:
@@ -244,7 +244,7 @@ def test_a_broker_with_auth_does_not_register_with_a_name_server_that_takes_anyo
 
         def said_why() -> bool:
             return sum(f"name server {ns.address} refused this broker's registration" in line
-                       and "--allow-anonymous-registration" in line for line in running.output) >= 2  # fmt: skip
+                       and "--allow-anonymous-registration" in line for line in running.output) >= 2
 
         wait_until(said_why, "the broker's log saying, at two passes, why it did not register")
         assert brokers_seen(reader) == [] and route_or_none(reader, TOPIC) is None
@@ -286,10 +286,10 @@ def test_a_broker_with_auth_leaves_a_name_server_that_does_not_say_it_authentica
     try:
         with caplog.at_level("ERROR", logger="broker.server.registration"):
             broker_factory(namesrv_addr=address, broker_name=BROKER, auth_enabled=True, allow_plaintext_auth=True,
-                           auth_root_access_key=ROOT.access_key, auth_root_secret_key=ROOT.secret_key)  # fmt: skip
+                           auth_root_access_key=ROOT.access_key, auth_root_secret_key=ROOT.secret_key)
         assert registered == [BROKER]  # the older name server took it...
         assert table.brokers(int(time.time() * 1000)) == []  # ...and the broker unregistered at once
         assert any(address in r.getMessage() and "did not say it authenticated" in r.getMessage()
-                   for r in caplog.records), [r.getMessage() for r in caplog.records]  # fmt: skip
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
     finally:
         server.stop(None)

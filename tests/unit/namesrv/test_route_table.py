@@ -18,10 +18,10 @@ EIGHT = QueueSpec(8, 8, 6)
 
 def reg(name: str = "a", broker_id: int = 0, address: str = "10.0.0.1:10911", store_id: str = "s1",
         version: int = 1, topics: dict[str, QueueSpec] | None = None, cluster: str = "C",
-        keepalive: bool = False) -> Registration:  # fmt: skip
+        keepalive: bool = False) -> Registration:
     return Registration(cluster, name, broker_id, address, store_id, version,
                         None if keepalive else (topics if topics is not None else {"T": EIGHT}),
-                        role="MASTER" if broker_id == 0 else "SLAVE")  # fmt: skip
+                        role="MASTER" if broker_id == 0 else "SLAVE")
 
 
 def test_full_registration_then_cheap_keepalives() -> None:

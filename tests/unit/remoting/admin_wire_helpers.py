@@ -29,7 +29,7 @@ class Remoting:
         """SEND_MESSAGE_V2 as a 4.x producer writes it."""
         text = format_properties(props or {}).rstrip("\x02")
         return self.call(310, body, a="pg", b=topic, c="TBW102", d="4", e=str(queue_id), f="0", g="1700000000000",
-                         h="0", i=text, j="0", k="false", m="false")  # fmt: skip
+                         h="0", i=text, j="0", k="false", m="false")
 
 
 @pytest.fixture

@@ -45,9 +45,9 @@ def remoting(broker: BrokerController) -> Iterator[MessageProcessors]:
 
 
 def call(table: MessageProcessors, code: int, ext: dict[str, str], body: bytes = b"", user: str | None = None
-         ) -> RemotingCommand | Future[RemotingCommand]:  # fmt: skip
+         ) -> RemotingCommand | Future[RemotingCommand]:
     answer = table.table[code].process(RemotingCommand(code, opaque=7, ext_fields=ext, body=body),
-                                       RequestContext(FakePeer(), user))  # fmt: skip
+                                       RequestContext(FakePeer(), user))
     assert answer is not None
     return answer
 
@@ -59,21 +59,21 @@ def answered(answer: RemotingCommand | Future[RemotingCommand], timeout_s: float
 
 
 def v2_header(topic: str, properties: str = "", *, queue_id: int = 0, sys_flag: int = 0, group: str = "pg"
-              ) -> dict[str, str]:  # fmt: skip
+              ) -> dict[str, str]:
     return {"a": group, "b": topic, "c": "TBW102", "d": "4", "e": str(queue_id), "f": str(sys_flag),
-            "g": "1700000000000", "h": "0", "i": properties, "j": "0", "k": "false", "m": "false"}  # fmt: skip
+            "g": "1700000000000", "h": "0", "i": properties, "j": "0", "k": "false", "m": "false"}
 
 
 def send(table: MessageProcessors, topic: str, body: bytes, props: dict[str, str] | None = None, *,
-         user: str | None = None, **header: int) -> RemotingCommand:  # fmt: skip
+         user: str | None = None, **header: int) -> RemotingCommand:
     text = format_properties(props or {}).rstrip("\x02")  # as the Java client writes it: no trailing \x02
     return answered(call(table, SEND_MESSAGE_V2, v2_header(topic, text, **header), body, user))
 
 
 def pull_header(group: str, topic: str, queue_id: int, offset: int, *, sys_flag: int = SUBSCRIPTION,
                 suspend_ms: int = 0, subscription: str = "*", expression_type: str = "TAG", max_msgs: int = 32,
-                commit_offset: int = 0) -> dict[str, str]:  # fmt: skip
+                commit_offset: int = 0) -> dict[str, str]:
     return {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "queueOffset": str(offset),
             "maxMsgNums": str(max_msgs), "sysFlag": str(sys_flag), "commitOffset": str(commit_offset),
             "suspendTimeoutMillis": str(suspend_ms), "subscription": subscription, "subVersion": "0",
-            "expressionType": expression_type}  # fmt: skip
+            "expressionType": expression_type}

@@ -52,7 +52,7 @@ def _message(**changes: object) -> StoredMessage:
         topic="T", queue_id=3, queue_offset=5, commitlog_offset=0x100, body=b"hi", properties={"A": "1"}, flag=7,
         sys_flag=0, born_timestamp=1000, born_host="10.0.0.1:1234", store_timestamp=2000,
         store_host="10.0.0.2:10911", reconsume_times=1, prepared_transaction_offset=0,
-    )  # fmt: skip
+    )
     for k, v in changes.items():
         setattr(m, k, v)
     return m
@@ -78,14 +78,14 @@ def test_stored_entry_bytes_by_hand_ipv4() -> None:
         bytes.fromhex("00000002") + b"hi",  # BODY
         b"\x01T",  # TOPIC
         b"\x00\x04A\x011\x02",  # PROPERTIES
-    ])  # fmt: skip
+    ])
     assert len(expected) == 98
     assert encode_stored(_message()) == expected
     # the same bytes the commit log holds: Sluice's own encoder writes them too
     assert expected == encode_entry(b"T", 3, b"hi", b"A\x011\x02", flag=7, born_timestamp=1000,
                                     born_ip=bytes([10, 0, 0, 1]), born_port=1234, reconsume_times=1, queue_offset=5,
                                     physical_offset=0x100, store_timestamp=2000, store_ip=bytes([10, 0, 0, 2]),
-                                    store_port=10911)  # fmt: skip
+                                    store_port=10911)
     decoded, end = decode_stored(expected)
     assert end == 98 and decoded.born_host == "10.0.0.1:1234" and decoded.store_host == "10.0.0.2:10911"
     assert decoded.msg_id == "0A00000200002A9F0000000000000100" == decode_entry(expected).msg_id
@@ -100,7 +100,7 @@ def test_stored_entry_bytes_by_hand_ipv6_hosts() -> None:
     assert raw[76:96] == bytes.fromhex("FE800000000000000000000000000002") + bytes.fromhex("00002A9F")
     decoded, _ = decode_stored(raw)
     assert (decoded.born_host, decoded.store_host, decoded.body, decoded.topic) == (
-        "[::1]:1234", "[fe80::2]:10911", b"hi", "T")  # fmt: skip
+        "[::1]:1234", "[fe80::2]:10911", b"hi", "T")
     assert len(decoded.msg_id) == 56 and parse_offset_msg_id(decoded.msg_id) == ("[fe80::2]:10911", 0x100)
 
 
@@ -137,13 +137,13 @@ def test_batch_body_by_hand() -> None:
         bytes.fromhex("00000009"),  # FLAG
         bytes.fromhex("00000003") + b"abc",  # BODY
         bytes.fromhex("0007") + b"K\x01v\x02U\x01u",  # PROPERTIES as Java writes them: no trailing \x02
-    ])  # fmt: skip
+    ])
     assert len(item) == 32
     items = decode_batch(item + item)
     assert items == [BatchItem(b"abc", 9, {"K": "v", "U": "u"})] * 2
     assert encode_batch([BatchItem(b"abc", 9, {"K": "v"})]) == b"".join([
         bytes.fromhex("0000001D"), bytes(8), bytes.fromhex("00000009"), bytes.fromhex("00000003"), b"abc",
-        bytes.fromhex("0004"), b"K\x01v\x02"])  # fmt: skip
+        bytes.fromhex("0004"), b"K\x01v\x02"])
 
 
 @pytest.mark.parametrize(
@@ -170,11 +170,11 @@ def test_too_many_batch_messages_are_refused() -> None:
 
 def test_batch_becomes_the_entries_sluice_stores() -> None:
     buffer = sluice_batch([BatchItem(b"x", 1, {"UNIQ_KEY": "u1"}), BatchItem(b"yy", 2, {})], "T", 2, sys_flag=0,
-                          born_timestamp=5, born_host="10.1.2.3:77")  # fmt: skip
+                          born_timestamp=5, born_host="10.1.2.3:77")
     first = decode_entry(buffer)
     second = decode_entry(buffer, first.store_size)
     assert (first.topic, first.queue_id, first.body, first.flag, first.properties, first.born_host) == (
-        "T", 2, b"x", 1, {"UNIQ_KEY": "u1"}, "10.1.2.3:77")  # fmt: skip
+        "T", 2, b"x", 1, {"UNIQ_KEY": "u1"}, "10.1.2.3:77")
     assert (second.body, second.flag, second.born_timestamp) == (b"yy", 2, 5)
 
 
@@ -205,7 +205,7 @@ def test_a_compressed_body_inflating_without_bound_is_refused(monkeypatch: pytes
 # ------------------------------------------------------------------------------------------------ round trips
 
 _names = st.text(st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)), min_size=1,
-                 max_size=12)  # fmt: skip
+                 max_size=12)
 _props = st.dictionaries(_names, _names, max_size=5)
 _hosts = st.one_of(
     st.tuples(st.ip_addresses(v=4), st.integers(0, 65535)).map(lambda t: f"{t[0]}:{t[1]}"),
@@ -226,17 +226,17 @@ def test_properties_round_trip(props: dict[str, str]) -> None:
     topic=st.text("abcXYZ09_-%|", min_size=1, max_size=127), body=st.binary(max_size=300), props=_props,
     born=_hosts, store=_hosts, ints=st.tuples(_i32, _i32, _i64, _i64, _i64, _i64, _i32, _i64),
     sys_flag=st.integers(0, 0xFFFF),
-)  # fmt: skip
+)
 def test_stored_entries_round_trip(
     topic: str, body: bytes, props: dict[str, str], born: str, store: str,
     ints: tuple[int, int, int, int, int, int, int, int], sys_flag: int,
-) -> None:  # fmt: skip
+) -> None:
     qid, flag, qoff, coff, bts, sts, rt, ptx = ints
     m = StoredMessage(
         topic=topic, queue_id=qid, queue_offset=qoff, commitlog_offset=coff, body=body, properties=props, flag=flag,
         sys_flag=sys_flag, born_timestamp=bts, born_host=born, store_timestamp=sts, store_host=store,
         reconsume_times=rt, prepared_transaction_offset=ptx,
-    )  # fmt: skip
+    )
     two = encode_stored(m) * 2
     back = list(iter_stored(two))
     assert len(back) == 2
@@ -264,5 +264,5 @@ def test_the_spark_connector_reads_compressed_bodies_inflated() -> None:
     buffer = b"".join(entries)
     positions = [0, len(entries[0]), len(entries[0]) + len(entries[1])]
     rows = decode_entries(buffer, positions, topic="T", broker="b", include_properties=False,
-                          row_filter=RowFilter(0, 1 << 62)).to_pylist()  # fmt: skip
+                          row_filter=RowFilter(0, 1 << 62)).to_pylist()
     assert [r["body"] for r in rows] == [b"plain", body, packed]  # one it cannot inflate: as stored

@@ -38,19 +38,19 @@ def pull(table: MessageProcessors, topic: str, offset: int, **kw: Any) -> Any:
 
 
 def fill(broker: BrokerController, table: MessageProcessors, topic: str, bodies: list[tuple[bytes, dict[str, str]]]
-         ) -> None:  # fmt: skip
+         ) -> None:
     for body, props in bodies:
         assert send(table, topic, body, props).code == ResponseCode.SUCCESS
     assert broker.store is not None and broker.store.wait_dispatched()
 
 
 def test_a_held_pull_is_answered_when_a_message_arrives(broker: BrokerController, endpoint: str,
-                                                        remoting: MessageProcessors) -> None:  # fmt: skip
+                                                        remoting: MessageProcessors) -> None:
     with Admin(endpoint) as admin:
         admin.create_topic("LP", 1)
     threads = threading.active_count()
     held = call(remoting, PULL_MESSAGE, pull_header("g", "LP", 0, 0, sys_flag=SUSPEND | SUBSCRIPTION,
-                                                    suspend_ms=4000))  # fmt: skip
+                                                    suspend_ms=4000))
     assert isinstance(held, Future)
     time.sleep(0.2)
     assert not held.done() and remoting.suspender.held_count() == 1
@@ -64,7 +64,7 @@ def test_a_held_pull_is_answered_when_a_message_arrives(broker: BrokerController
 
 
 def test_a_held_pull_ends_not_found_at_its_suspend_time(broker: BrokerController, endpoint: str,
-                                                       remoting: MessageProcessors) -> None:  # fmt: skip
+                                                       remoting: MessageProcessors) -> None:
     with Admin(endpoint) as admin:
         admin.create_topic("LP2", 1)
     started = time.monotonic()
@@ -72,7 +72,7 @@ def test_a_held_pull_ends_not_found_at_its_suspend_time(broker: BrokerController
     r = answered(held, 3.0)
     assert 0.25 < time.monotonic() - started < 2.0
     assert (r.code, r.ext_fields["nextBeginOffset"], r.ext_fields["maxOffset"]) == (ResponseCode.PULL_NOT_FOUND,
-                                                                                     "0", "0")  # fmt: skip
+                                                                                     "0", "0")
     # without SUSPEND: answered at once, the same
     assert pull(remoting, "LP2", 0).code == ResponseCode.PULL_NOT_FOUND
 
@@ -91,14 +91,14 @@ def test_an_offset_out_of_range_is_moved(broker: BrokerController, remoting: Mes
     for offset in (4, 1_000_000):
         r = pull(remoting, "OM", offset, sys_flag=SUSPEND | SUBSCRIPTION, suspend_ms=5000)  # never held
         assert (r.code, r.ext_fields["nextBeginOffset"], r.ext_fields["minOffset"], r.ext_fields["maxOffset"]) == (
-            ResponseCode.PULL_OFFSET_MOVED, "3", "0", "3")  # fmt: skip
+            ResponseCode.PULL_OFFSET_MOVED, "3", "0", "3")
     r = pull(remoting, "OM", 1, max_msgs=1)
     assert (r.code, r.ext_fields["nextBeginOffset"], [m.body for m in iter_stored(r.body)]) == (0, "2", [b"m1"])
 
 
 def test_tag_filters(broker: BrokerController, remoting: MessageProcessors) -> None:
     fill(broker, remoting, "TF", [(b"b0", {"TAGS": "TagB"}), (b"b1", {"TAGS": "TagB"}), (b"a2", {"TAGS": "TagA"}),
-                                  (b"c3", {"TAGS": "TagC"}), (b"a4", {"TAGS": "TagA"})])  # fmt: skip
+                                  (b"c3", {"TAGS": "TagC"}), (b"a4", {"TAGS": "TagA"})])
     r = pull(remoting, "TF", 0, max_msgs=2, subscription="TagA || TagC")
     assert (r.code, r.ext_fields["nextBeginOffset"], r.body) == (ResponseCode.PULL_RETRY_IMMEDIATELY, "2", b"")
     r = pull(remoting, "TF", 2, subscription="TagA || TagC")
@@ -153,7 +153,7 @@ def test_a_send_back_lands_in_the_retry_topic(fast_retries: BrokerController) ->
         fill(fast_retries, table, "SB", [(b"again", {"UNIQ_KEY": "U", "TAGS": "T"})])
         [m] = iter_stored(pull(table, "SB", 0).body)
         back = {"offset": str(m.commitlog_offset), "group": "g", "delayLevel": "0", "originMsgId": "U",
-                "maxReconsumeTimes": "16"}  # fmt: skip
+                "maxReconsumeTimes": "16"}
         r = answered(call(table, CONSUMER_SEND_MSG_BACK, back))
         assert r.code == ResponseCode.SUCCESS, r.remark
         wait_until(lambda: _retry_offsets(fast_retries, "%RETRY%g") == 1, "the copy in %RETRY%g", timeout_s=4.0)
@@ -164,7 +164,7 @@ def test_a_send_back_lands_in_the_retry_topic(fast_retries: BrokerController) ->
         assert (copy.body, copy.reconsume_times, copy.properties["RETRY_TOPIC"]) == (b"again", 1, "SB")
         # past maxReconsumeTimes: straight to the dead letters
         r = answered(call(table, CONSUMER_SEND_MSG_BACK, {**back, "offset": str(copy.commitlog_offset),
-                                                          "maxReconsumeTimes": "1"}))  # fmt: skip
+                                                          "maxReconsumeTimes": "1"}))
         assert r.code == ResponseCode.SUCCESS, r.remark
         assert fast_retries.store.wait_dispatched() and fast_retries.store.max_offset("%DLQ%g", 0) == 1
         # an offset where no message starts: refused, nothing sent
@@ -176,7 +176,7 @@ def test_a_send_back_lands_in_the_retry_topic(fast_retries: BrokerController) ->
 
 def test_pulls_and_send_backs_need_sub_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
     broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)  # fmt: skip
+                            allow_plaintext_auth=True)
     assert broker.accounts is not None
     broker.accounts.create_user("u", "u-secret-123")
     table = message_processors(broker)

@@ -65,7 +65,7 @@ def send_command(topic: str, body: bytes = b"m", props: dict[str, str] | None = 
 
 def update_offset(group: str, topic: str, offset: int) -> RemotingCommand:
     return RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET, ext_fields={
-        "consumerGroup": group, "topic": topic, "queueId": "0", "commitOffset": str(offset)})  # fmt: skip
+        "consumerGroup": group, "topic": topic, "queueId": "0", "commitOffset": str(offset)})
 
 
 def committed(s: Secured, group: str, topic: str) -> int | None:
@@ -118,7 +118,7 @@ def test_requests_without_valid_credentials_are_refused_16_and_change_nothing(se
     creds, extra = REFUSED[case]
     secured.send(topic, b"there")  # so that a commit of offset 1 would be valid, if it were authenticated
     secured.call("UpdateConsumerOffsets", pb.UpdateConsumerOffsetsRequest(
-        consumer_group=group, offsets=[pb.QueueOffset(topic=topic, queue_id=0, offset=0)]))  # fmt: skip
+        consumer_group=group, offsets=[pb.QueueOffset(topic=topic, queue_id=0, offset=0)]))
     stored = secured.max_offset(topic)
     with client(secured, None) as c:
         for command in (send_command(topic), update_offset(group, topic, 1)):
@@ -157,12 +157,12 @@ def test_rights_on_one_topic_do_not_reach_another(secured: Secured) -> None:
     with client(secured, user) as c:
         assert c.invoke(send_command(a)).code == ResponseCode.SUCCESS
         assert c.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=pull_header(group, a, 0, 0))).code in (
-            ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND)  # fmt: skip
+            ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND)
         assert c.invoke(update_offset(group, a, 1)).code == ResponseCode.SUCCESS
         stored_b = secured.max_offset(b)
         for command in (send_command(b), RemotingCommand(RequestCode.PULL_MESSAGE,
                                                          ext_fields=pull_header(group, b, 0, 0)),
-                        update_offset(group, b, 1)):  # fmt: skip
+                        update_offset(group, b, 1)):
             answer = c.invoke(command)
             assert answer.code == NO_PERMISSION and answer.remark and b in answer.remark, command.code
         other_group = c.invoke(update_offset("AclOtherG", a, 1))
@@ -176,11 +176,11 @@ def test_heartbeats_and_consumer_lists_need_the_groups_rights(secured: Secured) 
     user = secured.user((f"Topic:{topic}", "Sub"))  # no right on the group
     beat = {"clientID": "acl-beat@1", "consumerDataSet": [{"groupName": group, "messageModel": "CLUSTERING",
                                                            "subscriptionDataSet": [{"topic": topic,
-                                                                                    "subString": "*"}]}]}  # fmt: skip
+                                                                                    "subString": "*"}]}]}
     with client(secured, user) as c:
         assert c.invoke(RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(beat).encode())).code == NO_PERMISSION
         listed = c.invoke(RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
-                                          ext_fields={"consumerGroup": group}))  # fmt: skip
+                                          ext_fields={"consumerGroup": group}))
         assert listed.code == NO_PERMISSION
     assert secured.call("GetConsumerList", pb.GetConsumerListRequest(consumer_group=group)).client_ids == []
 
@@ -223,7 +223,7 @@ def test_the_name_servers_route_reads_need_no_credentials() -> None:
 def heartbeat(group: str, client_id: str, topic: str, expression: str = "*", kind: str = "TAG") -> RemotingCommand:
     data = {"clientID": client_id, "consumerDataSet": [{
         "groupName": group, "messageModel": "CLUSTERING", "consumeType": "CONSUME_PASSIVELY",
-        "subscriptionDataSet": [{"topic": topic, "subString": expression, "expressionType": kind}]}]}  # fmt: skip
+        "subscriptionDataSet": [{"topic": topic, "subString": expression, "expressionType": kind}]}]}
     return RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(data).encode())
 
 
@@ -292,7 +292,7 @@ def test_the_other_members_are_notified_when_a_client_joins_or_leaves(secured: S
             assert second.invoke(heartbeat(group, "second@1", topic)).code == ResponseCode.SUCCESS
             wait_until(lambda: seen.count(group) == 2, "the notice of the second client joining", timeout_s=5)
             left = second.invoke(RemotingCommand(RequestCode.UNREGISTER_CLIENT, ext_fields={
-                "clientID": "second@1", "consumerGroup": group}))  # fmt: skip
+                "clientID": "second@1", "consumerGroup": group}))
             assert left.code == ResponseCode.SUCCESS
             wait_until(lambda: seen.count(group) == 3, "the notice of its leaving", timeout_s=5)
             assert second.invoke(heartbeat(group, "second@1", topic)).code == ResponseCode.SUCCESS

@@ -28,7 +28,7 @@ from broker.server.broker_controller import BrokerController
 __all__ = ["remoting_broker"]  # the fixture
 
 TOPIC_ARGS = {"defaultTopic": "TBW102", "perm": "6", "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0",
-              "order": "false"}  # fmt: skip
+              "order": "false"}
 
 
 def mq(topic: str, queue_id: int) -> str:
@@ -49,7 +49,7 @@ def send_grpc(r: Remoting, topic: str, count: int, queue_id: int = 0) -> None:
 
 def commit(r: Remoting, group: str, topic: str, queue_id: int, offset: int) -> None:
     answer = r.call(RequestCode.UPDATE_CONSUMER_OFFSET, consumerGroup=group, topic=topic, queueId=str(queue_id),
-                    commitOffset=str(offset))  # fmt: skip
+                    commitOffset=str(offset))
     assert answer.code == ResponseCode.SUCCESS, answer.remark
 
 
@@ -57,7 +57,7 @@ def heartbeat(r: Remoting, group: str, client_id: str, topic: str, expression: s
     data = {"clientID": client_id, "consumerDataSet": [{
         "groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
         "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
-        "subscriptionDataSet": [{"topic": topic, "subString": expression, "expressionType": "TAG"}]}]}  # fmt: skip
+        "subscriptionDataSet": [{"topic": topic, "subString": expression, "expressionType": "TAG"}]}]}
     assert r.call(RequestCode.HEART_BEAT, json.dumps(data).encode()).code == ResponseCode.SUCCESS
 
 
@@ -103,7 +103,7 @@ def test_topic_stats_after_sends(remoting_broker: Remoting) -> None:
         '{"offsetTable":{'
         + mq("ST", 0) + ':{"lastUpdateTimestamp":0,"maxOffset":0,"minOffset":0},'
         + mq("ST", 1) + ':{"lastUpdateTimestamp":0,"maxOffset":4,"minOffset":0}}}'
-    )  # fmt: skip
+    )
 
 
 def test_consume_stats_after_a_commit(remoting_broker: Remoting) -> None:
@@ -117,7 +117,7 @@ def test_consume_stats_after_a_commit(remoting_broker: Remoting) -> None:
         '{"consumeTps":0.0,"offsetTable":{'
         + mq("CT", 0) + ':{"brokerOffset":3,"consumerOffset":2,"lastTimestamp":0},'
         + mq("CT", 1) + ':{"brokerOffset":0,"consumerOffset":0,"lastTimestamp":0}}}'
-    )  # fmt: skip
+    )
     every_topic = r.call(RequestCode.GET_CONSUME_STATS, consumerGroup="cg")  # mqadmin consumerProgress -g cg
     assert every_topic.body == stats.body
     unknown = r.call(RequestCode.GET_CONSUME_STATS, consumerGroup="nobody")
@@ -144,7 +144,7 @@ def test_update_subscription_group(remoting_broker: Remoting) -> None:
     r = remoting_broker
     config = {"groupName": "sg", "consumeEnable": False, "consumeFromMinEnable": True, "consumeBroadcastEnable": True,
               "retryQueueNums": 1, "retryMaxTimes": 5, "brokerId": 0, "whichBrokerWhenConsumeSlowly": 1,
-              "notifyConsumerIdsChangedEnable": True}  # fmt: skip (as mqadmin updateSubGroup sends it)
+              "notifyConsumerIdsChangedEnable": True}  # (as mqadmin updateSubGroup sends it)
     answer = r.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, json.dumps(config).encode())
     assert answer.code == ResponseCode.SUCCESS, answer.remark
     assert r.broker.service is not None and r.broker.service.retries is not None
@@ -208,7 +208,7 @@ def test_delete_topic_in_namesrv_follows_who_may_write_routes() -> None:
     def table() -> RouteTable:
         routes = RouteTable()
         routes.register(Registration("c", "broker-a", 0, "127.0.0.1:1", "s1", 1, {"NT": QueueSpec(2, 2, 6),
-                                     "KEEP": QueueSpec(1, 1, 6)}, remoting_address="127.0.0.1:2"), 0)  # fmt: skip
+                                     "KEEP": QueueSpec(1, 1, 6)}, remoting_address="127.0.0.1:2"), 0)
         return routes
 
     request = RemotingCommand(RequestCode.DELETE_TOPIC_IN_NAMESRV, ext_fields={"topic": "NT"})
@@ -225,7 +225,7 @@ def test_the_table_answers_the_documented_codes_and_checks_rights_with_auth(
     broker_factory: Callable[..., BrokerController],
 ) -> None:
     broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)  # fmt: skip
+                            allow_plaintext_auth=True)
     assert broker.accounts is not None and broker.store is not None
     broker.accounts.create_user("u", "u-secret-123")
     table = admin_processors(broker, RemotingIds(broker.store.msg_id_prefix()))

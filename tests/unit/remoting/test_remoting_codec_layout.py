@@ -18,13 +18,13 @@ from broker.remoting.json_header import decode_json_header, encode_json_header
 
 def route_request(serialize_type: SerializeType = SerializeType.JSON) -> RemotingCommand:
     return RemotingCommand(code=105, opaque=7, language="JAVA", version=401, ext_fields={"topic": "T"},
-                           serialize_type=serialize_type)  # fmt: skip
+                           serialize_type=serialize_type)
 
 
 # code 105, JAVA, version 401, opaque 7, flag 0, no remark, extFields {"topic": "T"}: fields in sorted order, enums by
 # name, null remark left out, no spaces (what fastjson writes)
 JSON_HEADER = (b'{"code":105,"extFields":{"topic":"T"},"flag":0,"language":"JAVA","opaque":7,'
-               b'"serializeTypeCurrentRPC":"JSON","version":401}')  # fmt: skip
+               b'"serializeTypeCurrentRPC":"JSON","version":401}')
 BINARY_HEADER = bytes.fromhex(
     "0069"  # code 105 (int16)
     "00"  # language JAVA
@@ -47,7 +47,7 @@ def test_binary_header_is_rocketmqs_21_fixed_bytes_then_the_blocks() -> None:
 
 
 @pytest.mark.parametrize(("kind", "header"),
-                         [(SerializeType.JSON, JSON_HEADER), (SerializeType.ROCKETMQ, BINARY_HEADER)])  # fmt: skip
+                         [(SerializeType.JSON, JSON_HEADER), (SerializeType.ROCKETMQ, BINARY_HEADER)])
 def test_frame_is_length_then_type_and_header_length_then_header_then_body(kind: SerializeType, header: bytes) -> None:
     command = route_request(kind)
     command.body = b"\x00body"
@@ -79,7 +79,7 @@ def test_json_ext_values_are_strings_and_separators_are_escaped() -> None:
 def test_binary_zero_length_strings_are_null_and_a_repeated_key_keeps_its_last_value() -> None:
     block = (b"\x00\x01a" + struct.pack(">i", 1) + b"1"  # a=1
              + b"\x00\x01e" + struct.pack(">i", 0)  # e="" : absent
-             + b"\x00\x01a" + struct.pack(">i", 1) + b"2")  # a again: last wins  # fmt: skip
+             + b"\x00\x01a" + struct.pack(">i", 1) + b"2")  # a again: last wins
     header = struct.pack(">hBhii", 34, 9, 317, 5, 0) + struct.pack(">i", 0) + struct.pack(">i", len(block)) + block
     command = decode_binary_header(header)
     assert command.remark is None and command.ext_fields == {"a": "2"} and command.language == "GO"

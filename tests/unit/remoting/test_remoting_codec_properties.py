@@ -18,7 +18,7 @@ commands = st.builds(
     RemotingCommand, code=INT32, opaque=INT32, flag=INT32, language=st.sampled_from(sorted(LANGUAGE_CODES)),
     version=INT32, remark=st.none() | TEXT, ext_fields=st.dictionaries(TEXT, TEXT, max_size=8),
     body=st.binary(max_size=200),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -52,7 +52,7 @@ def lock(client: RemotingClient, client_id: str, *queue_ids: int) -> list[int]:
 
 
 def test_a_lock_is_refused_to_another_client_until_unlocked(remoting_broker: BrokerController,
-                                                            client: RemotingClient) -> None:  # fmt: skip
+                                                            client: RemotingClient) -> None:
     assert lock(client, "A", 0, 1) == [0, 1]
     assert lock(client, "B", 0, 1) == []  # held by A
     assert lock(client, "A", 0) == [0]  # renewed by its owner
@@ -87,9 +87,9 @@ def test_the_lock_table_is_the_grpc_ones(remoting_broker: BrokerController, clie
         (lock_body("A", 0, topic="NoSuchTopic"), ResponseCode.TOPIC_NOT_EXIST),
         (lock_body("A", 0, 7), ResponseCode.INVALID_PARAMETER),  # queue 7 of a topic of two: nothing locked
     ],
-)  # fmt: skip
+)
 def test_a_refused_lock_locks_nothing(remoting_broker: BrokerController, client: RemotingClient, body: bytes,
-                                      code: ResponseCode) -> None:  # fmt: skip
+                                      code: ResponseCode) -> None:
     r = client.invoke(RemotingCommand(RequestCode.LOCK_BATCH_MQ, body=body))
     assert r.code == code, r.remark
     assert remoting_broker.locks.locked_queues(GROUP) == {}
@@ -97,7 +97,7 @@ def test_a_refused_lock_locks_nothing(remoting_broker: BrokerController, client:
 
 def test_a_slave_or_a_caller_without_rights_locks_nothing(broker_factory: Callable[..., BrokerController]) -> None:
     broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)  # fmt: skip
+                            allow_plaintext_auth=True)
     assert broker.accounts is not None
     broker.accounts.create_user("u", "u-secret-123")
     with Admin(broker.address, access_key="root", secret_key="root-secret-1") as admin:

@@ -42,7 +42,7 @@ def client(remoting_broker: BrokerController) -> Iterator[RemotingClient]:
 def pop(client: RemotingClient, *, poll_ms: int = 0, invisible_ms: int = 60_000, exp: str = "*") -> RemotingCommand:
     header = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "-1", "maxMsgNums": "32",
               "invisibleTime": str(invisible_ms), "pollTime": str(poll_ms), "bornTime": str(int(time.time() * 1000)),
-              "initMode": "0", "expType": "TAG", "exp": exp, "order": "false"}  # fmt: skip
+              "initMode": "0", "expType": "TAG", "exp": exp, "order": "false"}
     return client.invoke(RemotingCommand(RequestCode.POP_MESSAGE, ext_fields=header), timeout_s=5)
 
 
@@ -52,12 +52,12 @@ def receipt(client: RemotingClient, code: int, extra_info: str, **more: str) -> 
 
 
 def test_pop_ack_and_change_invisible_time_round_trip(remoting_broker: BrokerController,
-                                                      client: RemotingClient) -> None:  # fmt: skip
+                                                      client: RemotingClient) -> None:
     r = pop(client)
     assert r.code == ResponseCode.SUCCESS, r.remark
     ext = r.ext_fields
     assert (ext["invisibleTime"], ext["reviveQid"], ext["startOffsetInfo"], ext["msgOffsetInfo"]) == (
-        "60000", "0", "0 0 0", "0 0 0,1")  # fmt: skip
+        "60000", "0", "0 0 0", "0 0 0,1")
     assert abs(int(ext["popTime"]) - time.time() * 1000) < 10_000
     m1, m2 = iter_stored(r.body)
     assert (m1.body, m2.body, m1.topic, m1.tags, m1.queue_offset, m2.queue_offset) == (b"m1", b"m2", TOPIC, "T", 0, 1)
@@ -91,7 +91,7 @@ def test_a_held_pop_answers_when_a_message_arrives(remoting_broker: BrokerContro
     assert empty.code == ResponseCode.PULL_NOT_FOUND and time.monotonic() - started >= 0.25
     pending = client.invoke_async(RemotingCommand(RequestCode.POP_MESSAGE, ext_fields={
         "consumerGroup": GROUP, "topic": TOPIC, "queueId": "-1", "maxMsgNums": "32", "invisibleTime": "60000",
-        "pollTime": "4000", "bornTime": "0", "initMode": "0"}))  # fmt: skip
+        "pollTime": "4000", "bornTime": "0", "initMode": "0"}))
     with Producer(remoting_broker.address) as producer:
         producer.send(Message(TOPIC, b"m3"))
     answer = pending.result_or_raise(5, client)
@@ -136,14 +136,14 @@ def test_a_slave_pops_nothing(remoting_broker: BrokerController, client: Remotin
 
 def test_pop_needs_sub_on_the_group_and_topic_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
     broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)  # fmt: skip
+                            allow_plaintext_auth=True)
     assert broker.accounts is not None
     broker.accounts.create_user("u", "u-secret-123")
     with Admin(broker.address, access_key="root", secret_key="root-secret-1") as admin:
         admin.create_topic(TOPIC, 1)
     table = message_processors(broker)
     header = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "-1", "maxMsgNums": "32", "invisibleTime": "60000",
-              "pollTime": "0"}  # fmt: skip
+              "pollTime": "0"}
     try:
         assert answered(call(table, RequestCode.POP_MESSAGE, header, user="u")).code == ResponseCode.NO_PERMISSION
         ack = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "0", "offset": "0", "extraInfo": "x"}

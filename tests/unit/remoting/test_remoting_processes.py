@@ -39,7 +39,7 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
     ns = NameServerProcess(extra_args=["--remoting-listen", "127.0.0.1:0"]).start()
     broker = BrokerProcess(root / "store", config=small_store_config(root, register_interval_ms=REGISTER_INTERVAL_MS),
                            extra_args=["--namesrv", ns.address, "--broker-name", "broker-r",
-                                       "--remoting-listen", "127.0.0.1:0"])  # fmt: skip
+                                       "--remoting-listen", "127.0.0.1:0"])
     try:
         broker.start()
         with Admin(broker.endpoint) as admin:
@@ -73,7 +73,7 @@ def test_route_names_the_brokers_remoting_address(procs: Processes) -> None:
             "filterServerTable": {},
             "queueDatas": [{"brokerName": "broker-r", "perm": 6, "readQueueNums": 2, "topicSysFlag": 0,
                             "writeQueueNums": 2}],
-        }  # fmt: skip
+        }
         binary = ns.invoke(RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, version=401,
                                            ext_fields={"topic": TOPIC}, serialize_type=SerializeType.ROCKETMQ))
         assert binary.serialize_type == SerializeType.ROCKETMQ and json.loads(binary.body) == data
@@ -90,7 +90,7 @@ def test_cluster_info_topic_list_and_kv_config(procs: Processes) -> None:
         topics = json.loads(ns.invoke(RemotingCommand(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)).body)
         assert TOPIC in topics["topicList"]
         kv = ns.invoke(RemotingCommand(RequestCode.GET_KV_CONFIG, ext_fields={"namespace": "ORDER_TOPIC_CONFIG",
-                                                                               "key": TOPIC}))  # fmt: skip
+                                                                               "key": TOPIC}))
         assert kv.code == ResponseCode.QUERY_NOT_FOUND
 
 
@@ -136,7 +136,7 @@ def test_broker_offsets_over_remoting_read_what_grpc_stored(procs: Processes) ->
         sent = [producer.send(Message(TOPIC, b"m%d" % i), queue_id=1) for i in range(3)]
     with RemotingClient(procs.broker.remoting_endpoint) as b:
         wait_until(lambda: offset(b, RequestCode.GET_MAX_OFFSET, queueId="1").ext_fields["offset"] == "3",
-                   "the three messages dispatched", timeout_s=5)  # fmt: skip
+                   "the three messages dispatched", timeout_s=5)
         assert offset(b, RequestCode.GET_MIN_OFFSET, queueId="1").ext_fields == {"offset": "0"}
         assert offset(b, RequestCode.GET_MAX_OFFSET, queueId="0").ext_fields == {"offset": "0"}
         stored = int(offset(b, RequestCode.GET_EARLIEST_MSG_STORETIME, queueId="1").ext_fields["timestamp"])
@@ -153,9 +153,9 @@ def test_consumer_offsets_heartbeats_and_consumer_lists(procs: Processes) -> Non
         query = {"consumerGroup": group, "queueId": "0"}
         assert offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).code == ResponseCode.QUERY_NOT_FOUND
         b.invoke_oneway(RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET,
-                                        ext_fields={"topic": TOPIC, **query, "commitOffset": "0"}))  # fmt: skip
+                                        ext_fields={"topic": TOPIC, **query, "commitOffset": "0"}))
         wait_until(lambda: offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).code == ResponseCode.SUCCESS,
-                   "the one-way commit", timeout_s=5)  # fmt: skip
+                   "the one-way commit", timeout_s=5)
         assert offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).ext_fields == {"offset": "0"}
         heartbeat = {
             "clientID": client_id, "producerDataSet": [{"groupName": "CLIENT_INNER_PRODUCER"}],
@@ -168,13 +168,13 @@ def test_consumer_offsets_heartbeats_and_consumer_lists(procs: Processes) -> Non
                     {"topic": f"%RETRY%{group}", "subString": "*", "expressionType": "TAG"},
                 ],
             }],
-        }  # fmt: skip
+        }
         assert b.invoke(RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(heartbeat).encode())).code == 0
         listed = b.invoke(RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": group}))
         assert json.loads(listed.body) == {"consumerIdList": [client_id]}
         assert admin.consumer_list(group) == [client_id]  # the same consumer table as the gRPC front's
         left = b.invoke(RemotingCommand(RequestCode.UNREGISTER_CLIENT,
-                                        ext_fields={"clientID": client_id, "consumerGroup": group}))  # fmt: skip
+                                        ext_fields={"clientID": client_id, "consumerGroup": group}))
         assert left.code == 0
         gone = b.invoke(RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": group}))
         assert gone.code == ResponseCode.SYSTEM_ERROR

@@ -167,7 +167,7 @@ def test_a_truncated_frame_then_close_is_logged_and_nothing_reaches_a_processor(
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(frame[:-3])
     wait_until(lambda: any("truncated frame" in r.getMessage() for r in caplog.records), "the truncation logged",
-               timeout_s=5)  # fmt: skip
+               timeout_s=5)
     assert record.seen == []
 
 
@@ -187,7 +187,7 @@ def test_connections_past_the_limit_are_closed() -> None:
 
 def test_a_broker_with_auth_serves_remoting_with_its_signatures_checked(tmp_path: Path) -> None:
     secured = BrokerConfig(store_path=str(tmp_path), remoting_listen="127.0.0.1:0", auth_enabled=True,
-                           allow_plaintext_auth=True)  # fmt: skip
+                           allow_plaintext_auth=True)
     assert secured.remoting_listen == "127.0.0.1:0"  # test_remoting_acl.py: what the port then checks
 
 

@@ -51,12 +51,12 @@ def send_half(client: RemotingClient, topic: str, body: bytes, uniq: str) -> Rem
 
 
 def end(client: RemotingClient, sent: RemotingCommand, kind: str, *, from_check: bool = False,
-        oneway: bool = True) -> RemotingCommand | None:  # fmt: skip
+        oneway: bool = True) -> RemotingCommand | None:
     """END_TRANSACTION as the Java producer builds it from its send result (the offset from the offset id)."""
     _, offset = parse_offset_msg_id(sent.ext_fields["msgId"])
     header = {"producerGroup": GROUP, "tranStateTableOffset": sent.ext_fields["queueOffset"],
               "commitLogOffset": str(offset), "commitOrRollback": kind, "fromTransactionCheck": str(from_check).lower(),
-              "msgId": "U", "transactionId": sent.ext_fields["transactionId"]}  # fmt: skip
+              "msgId": "U", "transactionId": sent.ext_fields["transactionId"]}
     command = RemotingCommand(RequestCode.END_TRANSACTION, ext_fields=header)
     if oneway:
         client.invoke_oneway(command)
@@ -110,7 +110,7 @@ def test_refusals_are_answered_with_their_codes(remoting_broker: BrokerControlle
     assert bad_kind is not None and bad_kind.code == ResponseCode.INVALID_PARAMETER
     nothing_there = RemotingCommand(RequestCode.END_TRANSACTION, ext_fields={
         "producerGroup": GROUP, "commitLogOffset": "999999", "commitOrRollback": COMMIT, "tranStateTableOffset": "0",
-        "msgId": "U"})  # fmt: skip
+        "msgId": "U"})
     assert client.invoke(nothing_there).code == ResponseCode.QUERY_NOT_FOUND
     missing = client.invoke(RemotingCommand(RequestCode.END_TRANSACTION, ext_fields={"producerGroup": GROUP}))
     assert missing.code == ResponseCode.INVALID_PARAMETER
@@ -119,7 +119,7 @@ def test_refusals_are_answered_with_their_codes(remoting_broker: BrokerControlle
 
 def heartbeat(client: RemotingClient, *groups: str) -> None:
     body = {"clientID": "127.0.0.1@txn", "producerDataSet": [{"groupName": g} for g in groups],
-            "consumerDataSet": []}  # fmt: skip
+            "consumerDataSet": []}
     r = client.invoke(RemotingCommand(RequestCode.HEART_BEAT, body=fastjson.dumps(body, standard=True)))
     assert r.code == ResponseCode.SUCCESS, r.remark
 
@@ -148,9 +148,9 @@ def test_an_undecided_producer_is_checked_back_and_its_answer_decides(
     client.invoke_oneway(RemotingCommand(RequestCode.END_TRANSACTION, ext_fields={
         "producerGroup": GROUP, "tranStateTableOffset": ext["tranStateTableOffset"],
         "commitLogOffset": ext["commitLogOffset"], "commitOrRollback": COMMIT, "fromTransactionCheck": "true",
-        "msgId": "U4", "transactionId": ext["transactionId"]}))  # fmt: skip
+        "msgId": "U4", "transactionId": ext["transactionId"]}))
     wait_until(lambda: visible(remoting_broker, "TxK") == [b"checked"], "the message the check committed",
-               timeout_s=5)  # fmt: skip
+               timeout_s=5)
 
 
 def test_checks_go_only_to_the_groups_live_connections(
@@ -168,7 +168,7 @@ def test_checks_go_only_to_the_groups_live_connections(
     heartbeat(client, GROUP)
     assert producers.live(GROUP) == 1
     client.invoke(RemotingCommand(RequestCode.UNREGISTER_CLIENT, ext_fields={"clientID": "127.0.0.1@txn",
-                                                                           "producerGroup": GROUP}))  # fmt: skip
+                                                                           "producerGroup": GROUP}))
     assert producers.live(GROUP) == 0
     heartbeat(client, GROUP)
     client.close()
@@ -191,7 +191,7 @@ def test_a_slave_refuses_end_transaction(remoting_broker: BrokerController, prod
 
 def test_with_auth_ends_and_checks_need_the_groups_rights(broker_factory: Callable[..., BrokerController]) -> None:
     broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True, transaction_timeout_ms=1)  # fmt: skip
+                            allow_plaintext_auth=True, transaction_timeout_ms=1)
     assert broker.accounts is not None and broker.transactions is not None
     broker.accounts.create_user("u", "u-secret-123")
     table = message_processors(broker)
@@ -203,7 +203,7 @@ def test_with_auth_ends_and_checks_need_the_groups_rights(broker_factory: Callab
         assert sent.code == ResponseCode.SUCCESS, sent.remark
         _, offset = parse_offset_msg_id(sent.ext_fields["msgId"])
         ending = {"producerGroup": GROUP, "commitLogOffset": str(offset), "commitOrRollback": COMMIT,
-                  "tranStateTableOffset": "0", "msgId": "UA"}  # fmt: skip
+                  "tranStateTableOffset": "0", "msgId": "UA"}
         refused = answered(call(table, RequestCode.END_TRANSACTION, ending, user="u"))
         assert refused.code == ResponseCode.NO_PERMISSION
         [still] = broker.transactions.list_transactions(sent.ext_fields["transactionId"])
@@ -215,7 +215,7 @@ def test_with_auth_ends_and_checks_need_the_groups_rights(broker_factory: Callab
         beat = fastjson.dumps({"clientID": "c", "producerDataSet": [{"groupName": GROUP}]}, standard=True)
         for peer, user in ((no_rights, "u"), (root, "root")):
             heard = table.table[RequestCode.HEART_BEAT].process(RemotingCommand(RequestCode.HEART_BEAT, body=beat),
-                                                                RequestContext(peer, user))  # fmt: skip
+                                                                RequestContext(peer, user))
             assert isinstance(heard, RemotingCommand) and heard.code == ResponseCode.SUCCESS
         assert broker.transactions.check_once() == 1
         assert no_rights.sent == [] and [c.code for c in root.sent] == [RequestCode.CHECK_TRANSACTION_STATE]

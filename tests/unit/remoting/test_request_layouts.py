@@ -105,9 +105,9 @@ def json_request(
 ) -> bytes:
     keys = hashmap_order(list(ext))
     ext_text = "" if not ext else ('"extFields":{' + ",".join(f"{json_string(k)}:{json_string(ext[k])}"
-                                                                for k in keys) + "},")  # fmt: skip
+                                                                for k in keys) + "},")
     header = (f'{{"code":{code},{ext_text}"flag":{flag},"language":"JAVA","opaque":{opaque},'
-              f'"serializeTypeCurrentRPC":"JSON","version":{version}}}').encode()  # fmt: skip
+              f'"serializeTypeCurrentRPC":"JSON","version":{version}}}').encode()
     return struct.pack(">iI", 4 + len(header) + len(body), (JSON_TYPE << 24) | len(header)) + header + body
 
 
@@ -115,7 +115,7 @@ def binary_request(
     code: int, opaque: int, ext: dict[str, str], body: bytes = b"", flag: int = 0, version: int = VERSION
 ) -> bytes:
     block = b"".join(struct.pack(">h", len(k)) + k.encode() + struct.pack(">i", len(ext[k].encode())) + ext[k].encode()
-                     for k in hashmap_order(list(ext)))  # fmt: skip
+                     for k in hashmap_order(list(ext)))
     header = struct.pack(">hBhii", code, JAVA, version, opaque, flag) + struct.pack(">i", 0)  # no remark
     header += struct.pack(">i", len(block)) + block
     return struct.pack(">iI", 4 + len(header) + len(body), (ROCKETMQ_TYPE << 24) | len(header)) + header + body
@@ -212,7 +212,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     ns.start()
     config = BrokerConfig(store={**SMALL_STORE}, listen="127.0.0.1:0", store_path=str(root / "store"),
                           remoting_listen="127.0.0.1:0", broker_name=BROKER_NAME, namesrv_addr=ns.address,
-                          register_interval_ms=200)  # fmt: skip
+                          register_interval_ms=200)
     broker = BrokerController(config)
     broker.start()
     try:
@@ -225,7 +225,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             w.first_offset = parse_offset_msg_id(sent[0].ext_fields["msgId"])[1]
             assert broker.store is not None and broker.store.wait_dispatched()
             wait_until(lambda: ns.table.route(TOPIC, int(time.time() * 1000)).remoting, "the broker's registration",
-                       timeout_s=10)  # fmt: skip
+                       timeout_s=10)
             assert ns.remoting is not None
             for name, port in (("ns", ns.remoting.port), ("broker", w.port)):
                 w.sockets[name] = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -258,7 +258,7 @@ def heartbeat_body(group: str, client_id: str) -> bytes:
             f'"consumeType":"CONSUME_PASSIVELY","groupName":"{group}","messageModel":"CLUSTERING",'
             f'"subscriptionDataSet":[{{"classFilterMode":false,"codeSet":[2598919],"expressionType":"TAG",'
             f'"subString":"TagA","subVersion":{NOW_MS},"tagsSet":["TagA"],"topic":"{TOPIC}"}}],"unitMode":false}}],'
-            f'"producerDataSet":[{{"groupName":"CLIENT_INNER_PRODUCER"}}]}}').encode()  # fmt: skip
+            f'"producerDataSet":[{{"groupName":"CLIENT_INNER_PRODUCER"}}]}}').encode()
 
 
 def joined(group: str) -> Callable[[World], dict[str, str]]:
@@ -287,18 +287,18 @@ def sent_message(w: World) -> dict[str, str]:
 def half_message(w: World) -> dict[str, str]:
     props = format_properties({"UNIQ_KEY": "LAYOUTHALF", "TRAN_MSG": "true", "PGROUP": "LayoutPG"}).rstrip("\x02")
     header = {"a": "LayoutPG", "b": "LayoutSend", "c": "TBW102", "d": "4", "e": "0", "f": "4", "g": str(NOW_MS),
-              "h": "0", "i": props, "j": "0", "k": "false", "m": "false"}  # fmt: skip
+              "h": "0", "i": props, "j": "0", "k": "false", "m": "false"}
     answer = w.client.invoke(RemotingCommand(310, ext_fields=header, body=b"half"))
     assert answer.code == 0, answer.remark
     return {"commitLogOffset": str(parse_offset_msg_id(answer.ext_fields["msgId"])[1]),
             "tranStateTableOffset": answer.ext_fields["queueOffset"],
-            "transactionId": answer.ext_fields["transactionId"]}  # fmt: skip
+            "transactionId": answer.ext_fields["transactionId"]}
 
 
 def pop_ext(group: str) -> dict[str, str]:
     return {"consumerGroup": group, "topic": "LayoutPop", "queueId": "-1", "maxMsgNums": "1", "invisibleTime": "60000",
             "pollTime": "0", "bornTime": str(NOW_MS), "initMode": "0", "expType": "TAG", "exp": "*",
-            "order": "false"}  # fmt: skip
+            "order": "false"}
 
 
 def popped(group: str) -> Callable[[World], dict[str, str]]:
@@ -308,7 +308,7 @@ def popped(group: str) -> Callable[[World], dict[str, str]]:
         assert answer.code == 0, answer.remark
         [message] = list(iter_stored(answer.body))
         return {"extraInfo": message.properties["POP_CK"], "offset": str(message.queue_offset),
-                "queueId": str(message.queue_id)}  # fmt: skip
+                "queueId": str(message.queue_id)}
 
     return prepare
 
@@ -341,7 +341,7 @@ def v2(topic: str, queue_id: str, props: str, batch: bool = False) -> dict[str, 
     """SendMessageRequestHeaderV2 as a 4.9 producer fills it: l (maxReconsumeTimes) only on retries, k and m always
     (primitive booleans)."""
     return {"a": "LayoutPG", "b": topic, "c": "TBW102", "d": "4", "e": queue_id, "f": "0", "g": str(NOW_MS),
-            "h": "0", "i": props, "j": "0", "k": "false", "m": str(batch).lower()}  # fmt: skip
+            "h": "0", "i": props, "j": "0", "k": "false", "m": str(batch).lower()}
 
 
 PROPS = "UNIQ_KEY\x01AC11000100002A9F0000000000000001\x02WAIT\x01true\x02TAGS\x01TagA"
@@ -361,13 +361,13 @@ def batch_body() -> bytes:
 
 def sent_answer(w: World, queue_id: str) -> dict[str, Expected]:
     return {"msgId": re.compile(f"7F000001{w.port:08X}[0-9A-F]{{16}}"), "queueId": queue_id, "queueOffset": DIGITS,
-            "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}  # fmt: skip
+            "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 
 
 def pull_ext(sys_flag: int, group: str) -> dict[str, str]:
     return {"consumerGroup": group, "topic": TOPIC, "queueId": "0", "queueOffset": "0", "maxMsgNums": "32",
             "sysFlag": str(sys_flag), "commitOffset": "0", "suspendTimeoutMillis": "15000", "subscription": "TagA",
-            "subVersion": str(NOW_MS), "expressionType": "TAG"}  # fmt: skip
+            "subVersion": str(NOW_MS), "expressionType": "TAG"}
 
 
 def entries_at(w: World, body: bytes) -> list[tuple[int, int, int, bytes]]:
@@ -392,7 +392,7 @@ def mq_key(topic: str, queue_id: int) -> str:
 LOCK_BODY = (f'{{"clientId":"127.0.0.1@lock","consumerGroup":"LayoutLock","mqSet":[{mq_key(TOPIC, 0)}]}}').encode()
 SUB_GROUP_BODY = (b'{"brokerId":0,"consumeBroadcastEnable":true,"consumeEnable":true,"consumeFromMinEnable":true,'
                   b'"groupName":"LayoutSub","notifyConsumerIdsChangedEnable":true,"retryMaxTimes":16,'
-                  b'"retryQueueNums":1,"whichBrokerWhenConsumeSlowly":1}')  # fmt: skip
+                  b'"retryQueueNums":1,"whichBrokerWhenConsumeSlowly":1}')
 
 CASES: dict[tuple[str, int], Case] = {
     # name server
@@ -611,7 +611,7 @@ def test_every_served_code_has_a_layout_case() -> None:
 
 
 RUNS = [(server, code, kind) for (server, code), case in CASES.items()
-        for kind in ([JSON_TYPE, ROCKETMQ_TYPE] if case.binary else [JSON_TYPE])]  # fmt: skip
+        for kind in ([JSON_TYPE, ROCKETMQ_TYPE] if case.binary else [JSON_TYPE])]
 
 
 def fill(template: dict[str, str], values: dict[str, str]) -> dict[str, str]:

@@ -48,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # Retries come back after 100 ms rather than RocketMQ's 10 s for the first redelivery.
     config = small_store_config(root, message_delay_level=" ".join(["100ms"] * 18))
     with make_cluster(root, brokers=2, broker_expire_ms=BROKER_EXPIRE_MS, config=config,
-                      namesrv_args=REMOTING, extra_broker_args=REMOTING) as c:  # fmt: skip
+                      namesrv_args=REMOTING, extra_broker_args=REMOTING) as c:
         yield c
 
 
@@ -60,7 +60,7 @@ def run_scenario(name: str, on_line: Callable[[dict[str, Any]], None] | None = N
     """Runs tests/remoting_js/NAME.js with ARGS as its JSON argument and gives back its result; ``on_line`` sees
     each line it writes before that."""
     proc = subprocess.Popen(["node", str(SCENARIOS / f"{name}.js"), json.dumps(args)], cwd=SCENARIOS, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stderr: list[str] = []
     drain = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
     drain.start()
@@ -130,7 +130,7 @@ def test_push_consumers_with_tags_and_sql92_get_what_their_expression_selects(cl
     topic = new_topic(cluster, "JsFilters")
     count = 12  # tags cycle TagA, TagB, TagC; property n is the message's number
     result = run_scenario("push_filters", namesrv=namesrv(cluster), topic=topic, group="js-filters", count=count,
-                          sql="n >= 6 AND TAGS <> 'TagC'", expectTags=8, expectSql=4)  # fmt: skip
+                          sql="n >= 6 AND TAGS <> 'TagC'", expectTags=8, expectSql=4)
     assert sorted(m["body"] for m in result["tags"]) == sorted(f"body-{i}" for i in range(count) if i % 3 != 2)
     assert {m["tags"] for m in result["tags"]} == {"TagA", "TagB"}
     assert sorted(m["body"] for m in result["sql"]) == sorted(f"body-{i}" for i in (6, 7, 9, 10))
@@ -180,7 +180,7 @@ def test_a_broker_killed_mid_run_loses_nothing_acknowledged_and_sends_move_on(cl
     cluster.restart(victim)  # the killed broker's store, read again: what it acknowledged is there
     want = sorted(a["body"] for a in acked)
     wait_until(lambda: sorted(m.body.decode() for m in read_over_grpc(cluster, topic)) == want,
-               "every acknowledged message over gRPC", timeout_s=20)  # fmt: skip
+               "every acknowledged message over gRPC", timeout_s=20)
 
 def test_a_message_by_its_id_from_the_broker_the_id_names(cluster: LocalCluster) -> None:
     topic = new_topic(cluster, "JsById")
@@ -205,7 +205,7 @@ def test_under_auth_signed_requests_are_served_and_requests_without_rights_refus
     write_private(config, json.dumps(SETTINGS).encode())  # it holds the root secret: owner-only, or refused
     broker = BrokerProcess(tmp_path / "store", config=config, extra_args=[
         "--namesrv", ns.address, "--broker-name", "broker-auth", "--register-interval-ms", str(REGISTER_INTERVAL_MS),
-        *REMOTING])  # fmt: skip
+        *REMOTING])
     try:
         secured = Secured(broker.start())
         topic, group = secured.topic("JsAuth", 2), "js-auth"
@@ -219,7 +219,7 @@ def test_under_auth_signed_requests_are_served_and_requests_without_rights_refus
             names.close()
         result = run_scenario("auth", namesrv=ns.remoting_address, topic=topic, group=group, count=3,
                               writer=js_credentials(writer), reader=js_credentials(reader),
-                              nobody=js_credentials(nobody))  # fmt: skip
+                              nobody=js_credentials(nobody))
         assert result["sent"] == ["SEND_OK"] * 3
         for refused in ("nobody", "unsigned", "forged"):
             assert "sent" not in result[refused] and result[refused]["code"] == ResponseCode.NO_PERMISSION, refused

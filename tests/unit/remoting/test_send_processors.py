@@ -31,7 +31,7 @@ __all__ = ["remoting"]  # the fixture
 
 
 def test_a_v2_send_is_read_back_by_sluices_pull(broker: BrokerController, endpoint: str,
-                                               remoting: MessageProcessors) -> None:  # fmt: skip
+                                               remoting: MessageProcessors) -> None:
     r = send(remoting, "RS", b"hello", {"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "U1"})
     assert r.code == ResponseCode.SUCCESS, r.remark
     assert (r.ext_fields["queueId"], r.ext_fields["queueOffset"], r.ext_fields["MSG_REGION"]) == ("0", "0",
@@ -49,7 +49,7 @@ def test_a_v2_send_is_read_back_by_sluices_pull(broker: BrokerController, endpoi
 def test_send_message_v1_long_names(broker: BrokerController, endpoint: str, remoting: MessageProcessors) -> None:
     header = {"producerGroup": "pg", "topic": "RS1", "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
               "queueId": "0", "sysFlag": "0", "bornTimestamp": "1700000000000", "flag": "3",
-              "properties": "TAGS\x01T1\x02UNIQ_KEY\x01U9\x02", "reconsumeTimes": "0", "unitMode": "false"}  # fmt: skip
+              "properties": "TAGS\x01T1\x02UNIQ_KEY\x01U9\x02", "reconsumeTimes": "0", "unitMode": "false"}
     r = answered(call(remoting, SEND_MESSAGE, header, b"v1"))
     assert r.code == ResponseCode.SUCCESS, r.remark
     assert broker.store is not None and broker.store.wait_dispatched()
@@ -70,11 +70,11 @@ def test_a_batch_is_stored_whole_and_answered_with_every_offset_id(
     with PullConsumer(endpoint, "g") as c:
         got = c.pull("RB", 0, 0).messages
     assert [(m.body, m.properties["UNIQ_KEY"], m.msg_id) for m in got] == [
-        (b"b0", "U0", ids[0]), (b"b1", "U1", ids[1]), (b"b2", "U2", ids[2])]  # fmt: skip
+        (b"b0", "U0", ids[0]), (b"b1", "U1", ids[1]), (b"b2", "U2", ids[2])]
 
 
 def test_refused_sends_answer_their_code_and_store_nothing(broker: BrokerController, remoting: MessageProcessors
-                                                           ) -> None:  # fmt: skip
+                                                           ) -> None:
     assert broker.store is not None
     before = broker.store.max_phys_offset()
     ILLEGAL = ResponseCode.MESSAGE_ILLEGAL
@@ -95,17 +95,17 @@ def test_refused_sends_answer_their_code_and_store_nothing(broker: BrokerControl
 
 
 def test_sluices_send_is_read_by_a_remoting_pull(broker: BrokerController, endpoint: str,
-                                                remoting: MessageProcessors) -> None:  # fmt: skip
+                                                remoting: MessageProcessors) -> None:
     with Producer(endpoint) as p:
         p.send_batch([Message("SR", f"m{i}".encode(), tags="T", keys=[f"k{i}"]) for i in range(3)], queue_id=0)
     assert broker.store is not None and broker.store.wait_dispatched()
     r = answered(call(remoting, PULL_MESSAGE, pull_header("g", "SR", 0, 0)))
     assert r.code == ResponseCode.SUCCESS
     assert (r.ext_fields["nextBeginOffset"], r.ext_fields["minOffset"], r.ext_fields["maxOffset"],
-            r.ext_fields["suggestWhichBrokerId"]) == ("3", "0", "3", "0")  # fmt: skip
+            r.ext_fields["suggestWhichBrokerId"]) == ("3", "0", "3", "0")
     got = list(iter_stored(r.body))  # as a 4.x client's MessageDecoder reads the body
     assert [(m.topic, m.body, m.properties["TAGS"], m.properties["KEYS"], m.queue_offset) for m in got] == [
-        ("SR", f"m{i}".encode(), "T", f"k{i}", i) for i in range(3)]  # fmt: skip
+        ("SR", f"m{i}".encode(), "T", f"k{i}", i) for i in range(3)]
     assert got[0] == decode_entry(r.body)  # the stored bytes, unchanged
 
 
@@ -126,9 +126,9 @@ def test_a_compressed_body_is_stored_as_sent_and_given_inflated_to_sluice_client
 
 
 def test_a_half_message_is_a_transaction_of_its_producer_group(broker: BrokerController,
-                                                              remoting: MessageProcessors) -> None:  # fmt: skip
+                                                              remoting: MessageProcessors) -> None:
     r = send(remoting, "RT", b"half", {"UNIQ_KEY": "UH", "TRAN_MSG": "true", "PGROUP": "tpg"}, sys_flag=0x4,
-             group="tpg")  # fmt: skip
+             group="tpg")
     assert r.code == ResponseCode.SUCCESS, r.remark
     assert r.ext_fields["transactionId"]
     assert broker.store is not None and broker.store.wait_dispatched()
@@ -137,7 +137,7 @@ def test_a_half_message_is_a_transaction_of_its_producer_group(broker: BrokerCon
 
 def test_sends_need_pub_on_the_topic_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
     broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)  # fmt: skip
+                            allow_plaintext_auth=True)
     assert broker.accounts is not None
     broker.accounts.create_user("u", "u-secret-123")
     table = message_processors(broker)

@@ -22,7 +22,7 @@ FAST: dict[str, Any] = {
     "message_delay_level": " ".join(["1s"] * 18),  # a failed PushConsumer message comes back after 1 s
     "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384},
-}  # fmt: skip
+}
 
 
 def name(prefix: str) -> str:
@@ -42,7 +42,7 @@ def client_config(endpoint: str) -> ClientConfiguration:
 
 def message(topic: str, body: bytes, *, tag: str | None = None, keys: list[str] | None = None,
             group: str | None = None, deliver_s: int | None = None,
-            properties: dict[str, str] | None = None) -> Message:  # fmt: skip
+            properties: dict[str, str] | None = None) -> Message:
     m = Message()
     m.topic, m.body = topic, body
     if tag:
@@ -79,7 +79,7 @@ def simple_consumer(endpoint: str, group: str, topic: str, tag: str = "*", wait_
 
 
 def receive_until(consumer: SimpleConsumer, count: int, invisible_s: int, timeout_s: float = 30.0,
-                  ack: bool = True) -> list[Message]:  # fmt: skip
+                  ack: bool = True) -> list[Message]:
     """Receive (and ack) until ``count`` messages came, or fail after ``timeout_s``."""
     out: list[Message] = []
     deadline = time.monotonic() + timeout_s

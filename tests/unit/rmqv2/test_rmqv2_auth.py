@@ -22,7 +22,7 @@ from tests.support.waiting import wait_for
 
 ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "root-secret-value"}
 AUTH = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT["access_key"],
-        "auth_root_secret_key": ROOT["secret_key"]}  # fmt: skip
+        "auth_root_secret_key": ROOT["secret_key"]}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def setup_user(endpoint: str, user: str, *grants: tuple[str, list[str]]) -> None
         conn.call(conn.stub.CreateUser, pb.UserRequest(access_key=user, secret_key=f"{user}-secret"))
         for resource, actions in grants:
             conn.call(conn.stub.GrantAcl, pb.GrantAclRequest(entry=pb.AclEntry(access_key=user, resource=resource,
-                                                                               actions=actions)))  # fmt: skip
+                                                                               actions=actions)))
 
 
 def test_the_official_client_signs_as_a_sluice_user(secured: BrokerProcess) -> None:

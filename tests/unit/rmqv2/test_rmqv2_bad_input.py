@@ -55,7 +55,7 @@ def test_bytes_that_are_no_request_are_bad_request_and_store_nothing(channel: gr
     assert [r.status.code for r in replies] == [v2.BAD_REQUEST], replies
     telemetry = _raw(channel, "Telemetry", "stream_stream")
     answers = [v2s.TelemetryCommand.FromString(b)
-               for b in telemetry(iter([NOT_A_REQUEST]), metadata=HEADERS, timeout=10)]  # fmt: skip
+               for b in telemetry(iter([NOT_A_REQUEST]), metadata=HEADERS, timeout=10)]
     assert [a.status.code for a in answers] == [v2.BAD_REQUEST], answers
     assert offsets(endpoint, topic) == before
 
@@ -63,7 +63,7 @@ def test_bytes_that_are_no_request_are_bad_request_and_store_nothing(channel: gr
 def test_timestamps_past_the_year_9999_are_refused_and_store_nothing(channel: grpc.Channel, endpoint: str) -> None:
     topic = new_topic(endpoint)
     send = channel.unary_unary(f"{SERVICE}/SendMessage", request_serializer=v2s.SendMessageRequest.SerializeToString,
-                               response_deserializer=v2s.SendMessageResponse.FromString)  # fmt: skip
+                               response_deserializer=v2s.SendMessageResponse.FromString)
     far = timestamp_pb2.Timestamp(seconds=YEAR_10000_S)
     for field, code in (("delivery_timestamp", v2.ILLEGAL_DELIVERY_TIME), ("born_timestamp", v2.MESSAGE_CORRUPTED)):
         sp = v2.SystemProperties(message_id=name("id"), message_type=v2.NORMAL)
@@ -72,9 +72,9 @@ def test_timestamps_past_the_year_9999_are_refused_and_store_nothing(channel: gr
         r = send(v2s.SendMessageRequest(messages=[msg]), metadata=HEADERS, timeout=10)
         assert r.status.code == code and "out of range" in r.status.message, (field, r.status)
     query = channel.unary_unary(f"{SERVICE}/QueryOffset", request_serializer=v2s.QueryOffsetRequest.SerializeToString,
-                                response_deserializer=v2s.QueryOffsetResponse.FromString)  # fmt: skip
+                                response_deserializer=v2s.QueryOffsetResponse.FromString)
     at = v2s.QueryOffsetRequest(message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0),
-                                query_offset_policy=v2.TIMESTAMP, timestamp=far)  # fmt: skip
+                                query_offset_policy=v2.TIMESTAMP, timestamp=far)
     r = query(at, metadata=HEADERS, timeout=10)
     assert r.status.code == v2.BAD_REQUEST and "out of range" in r.status.message, r.status
     assert all(hi == 0 for _lo, hi in offsets(endpoint, topic).values())
@@ -87,10 +87,10 @@ def test_a_message_sent_with_any_born_time_through_sluice_is_pulled(channel: grp
     sent = pb_grpc.BrokerStub(channel).SendMessage(far, timeout=10)
     assert list(sent.queue_offsets) == [0]
     pull = channel.unary_stream(f"{SERVICE}/PullMessage", request_serializer=v2s.PullMessageRequest.SerializeToString,
-                                response_deserializer=v2s.PullMessageResponse.FromString)  # fmt: skip
+                                response_deserializer=v2s.PullMessageResponse.FromString)
     mq = v2.MessageQueue(topic=v2.Resource(name=topic), id=0)
     replies = list(pull(v2s.PullMessageRequest(group=v2.Resource(name=name("g")), message_queue=mq, batch_size=10),
-                        metadata=HEADERS, timeout=10))  # fmt: skip
+                        metadata=HEADERS, timeout=10))
     assert replies[0].status.code == v2.OK, replies
     m = replies[1].message
     assert m.body == b"far" and m.system_properties.born_timestamp.seconds == YEAR_10000_S - 1

@@ -43,7 +43,7 @@ SETTINGS: dict[str, Any] = {
     "grpc_reserved_workers": RESERVED, "transaction_timeout_ms": 1000, "transaction_check_interval_ms": 200,
     "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384},
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def user(ep: str, *grants: tuple[str, list[str]]) -> tuple[str, str]:
         conn.call(conn.stub.CreateUser, pb.UserRequest(access_key=ak, secret_key=f"{ak}-secret"))
         for resource, actions in grants:
             conn.call(conn.stub.GrantAcl, pb.GrantAclRequest(entry=pb.AclEntry(access_key=ak, resource=resource,
-                                                                               actions=actions)))  # fmt: skip
+                                                                               actions=actions)))
     return ak, f"{ak}-secret"
 
 
@@ -85,13 +85,13 @@ def resource(text: str) -> v2.Resource:
 
 def publishing(*topics: str) -> Any:
     return v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing(
-        topics=[resource(t) for t in topics])))  # fmt: skip
+        topics=[resource(t) for t in topics])))
 
 
 def subscription(group: str, *topics: str, expression: str = "*") -> Any:
     return v2s.TelemetryCommand(settings=v2.Settings(client_type=v2.SIMPLE_CONSUMER, subscription=v2.Subscription(
         group=resource(group), subscriptions=[v2.SubscriptionEntry(topic=resource(t), expression=v2.FilterExpression(
-            type=v2.TAG, expression=expression)) for t in topics])))  # fmt: skip
+            type=v2.TAG, expression=expression)) for t in topics])))
 
 
 class Telemetry:
@@ -165,7 +165,7 @@ def test_telemetry_settings_need_pub_and_only_a_producer_with_the_rights_gets_ch
         with TransactionProducer(ep, group, checker, access_key=victim[0], secret_key=victim[1]) as producer:
             sent = producer.send_in_transaction(Message(topic, b"half body"), lambda m, t: LocalTransactionState.UNKNOW)
             wait_for(lambda: txn_status(ep, sent.transaction_id) == "COMMITTED",
-                     "the victim's transaction committed by its own check-back", timeout_s=30)  # fmt: skip
+                     "the victim's transaction committed by its own check-back", timeout_s=30)
         assert sent.transaction_id in asked
         for stream in (refused, listing):
             assert not [c for c in stream.drain() if c.HasField("recover_orphaned_transaction_command")]
@@ -189,7 +189,7 @@ def test_a_v2_producer_with_its_rights_still_gets_its_check_backs(secured: Broke
         sent = v2stub.SendMessage(v2s.SendMessageRequest(messages=[v2.Message(
             topic=resource(topic), body=b"open", system_properties=v2.SystemProperties(
                 message_id=name("m").upper(), message_type=v2.TRANSACTION, body_encoding=v2.IDENTITY))]),
-            metadata=signed(producer, client_id), timeout=10)  # fmt: skip
+            metadata=signed(producer, client_id), timeout=10)
         assert sent.status.code == v2.OK, sent.status
         check = stream.received.get(timeout=30)
         assert check.recover_orphaned_transaction_command.transaction_id == sent.entries[0].transaction_id
@@ -200,7 +200,7 @@ def test_a_v2_producer_with_its_rights_still_gets_its_check_backs(secured: Broke
 
 def heartbeat(stub: Any, creds: tuple[str, str], client_id: str, group: str) -> Any:
     return stub.Heartbeat(v2s.HeartbeatRequest(client_type=v2.SIMPLE_CONSUMER, group=resource(group)),
-                          metadata=signed(creds, client_id), timeout=10)  # fmt: skip
+                          metadata=signed(creds, client_id), timeout=10)
 
 
 def terminate(stub: Any, creds: tuple[str, str], client_id: str, group: str) -> int:
@@ -208,7 +208,7 @@ def terminate(stub: Any, creds: tuple[str, str], client_id: str, group: str) -> 
     the group's right, operations.py's LEAVE_GROUP) reads as the handler's own FORBIDDEN."""
     try:
         r = stub.NotifyClientTermination(v2s.NotifyClientTerminationRequest(group=resource(group)),
-                                         metadata=signed(creds, client_id), timeout=10)  # fmt: skip
+                                         metadata=signed(creds, client_id), timeout=10)
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e
         return int(v2.FORBIDDEN)
@@ -400,7 +400,7 @@ def test_transaction_check_streams_count_against_the_users_share(secured: Broker
     with grpc.insecure_channel(secured.endpoint) as channel:
         stub = pbg.BrokerStub(channel)
         calls = [stub.TransactionCheckStream(subscribe, metadata=signed(producer), timeout=60)
-                 for _ in range(PER_USER + 1)]  # fmt: skip
+                 for _ in range(PER_USER + 1)]
         try:
             wait_for(lambda: any(c.done() for c in calls), "a check stream refused")
             time.sleep(0.5)

@@ -14,7 +14,7 @@ def test_sluice_producer_to_official_simple_consumer(endpoint: str) -> None:
     topic = new_topic(endpoint)
     with Producer(endpoint) as p:
         sent = [p.send(Message(topic, f"s{i}".encode(), tags="T", keys=[f"k{i}"], properties={"a": "b"}))
-                for i in range(8)]  # fmt: skip
+                for i in range(8)]
     with simple_consumer(endpoint, name("g"), topic, "T") as c:
         got = receive_until(c, 8, invisible_s=20)
     by_id = {m.message_id: m for m in got}
@@ -29,7 +29,7 @@ def test_official_producer_to_sluice_pull_and_pop_consumers(endpoint: str) -> No
     topic = new_topic(endpoint, queues=2)
     with producer(endpoint, topic) as p:
         ids = [p.send(message(topic, f"o{i}".encode(), tag="X", properties={"n": str(i)})).message_id
-               for i in range(6)]  # fmt: skip
+               for i in range(6)]
     pulled = []
     with PullConsumer(endpoint, name("pull")) as pc:
         for q in range(2):

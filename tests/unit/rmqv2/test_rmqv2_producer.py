@@ -19,7 +19,7 @@ def test_normal_messages_keep_the_client_message_id_tag_keys_and_properties(endp
     topic = new_topic(endpoint)
     with producer(endpoint, topic) as p:
         receipts = [p.send(message(topic, f"m{i}".encode(), tag="TagA", keys=[f"key-{i}"], properties={"p": str(i)}))
-                    for i in range(10)]  # fmt: skip
+                    for i in range(10)]
     ids = [r.message_id for r in receipts]
     assert len(set(ids)) == 10 and all(len(i) == 34 for i in ids)  # the client's own ids, echoed
     with Admin(endpoint) as admin:  # Sluice finds them by the client's id (UNIQ_KEY) and by their keys

@@ -36,7 +36,7 @@ def receive(stub: Any, group: str, topic: str, invisible_ms: int | None = 5000, 
                                     long_polling_timeout=duration_pb2.Duration(seconds=max(poll_ms // 1000, 0)))
     if invisible_ms is not None:
         req.invisible_duration.FromMilliseconds(invisible_ms)
-    return list(stub.ReceiveMessage(req, metadata=HEADERS, timeout=30))  # fmt: skip
+    return list(stub.ReceiveMessage(req, metadata=HEADERS, timeout=30))
 
 
 def test_every_call_needs_a_client_id(stub: Any, endpoint: str) -> None:
@@ -44,7 +44,7 @@ def test_every_call_needs_a_client_id(stub: Any, endpoint: str) -> None:
     r = stub.QueryRoute(v2s.QueryRouteRequest(topic=resource(topic)), timeout=10)
     assert r.status.code == v2.CLIENT_ID_REQUIRED and r.status.message
     replies = list(stub.ReceiveMessage(v2s.ReceiveMessageRequest(group=resource("g"), message_queue=v2.MessageQueue(
-        topic=resource(topic))), timeout=10))  # fmt: skip
+        topic=resource(topic))), timeout=10))
     assert replies[0].status.code == v2.CLIENT_ID_REQUIRED and replies[-1].HasField("delivery_timestamp")
 
 
@@ -60,16 +60,16 @@ def test_query_route_lists_readable_writable_queues_that_accept_every_type(stub:
                                                                                   v2.TRANSACTION}
         assert (q.broker.endpoints.addresses[0].host, q.broker.endpoints.addresses[0].port) == (host, int(port))
     bad = stub.QueryRoute(v2s.QueryRouteRequest(topic=resource("SCHEDULE_TOPIC_XXXX")), metadata=HEADERS, timeout=10)
-    assert bad.status.code == v2.ILLEGAL_TOPIC  # fmt: skip
+    assert bad.status.code == v2.ILLEGAL_TOPIC
 
 
 def test_telemetry_answers_settings_with_the_brokers_limits(stub: Any, endpoint: str) -> None:
     topic, group = new_topic(endpoint), name("g")
     producer_settings = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[resource(topic)]))
     consumer_settings = v2.Settings(client_type=v2.SIMPLE_CONSUMER, subscription=v2.Subscription(
-        group=resource(group), subscriptions=[v2.SubscriptionEntry(topic=resource(topic))]))  # fmt: skip
+        group=resource(group), subscriptions=[v2.SubscriptionEntry(topic=resource(topic))]))
     commands = iter([v2s.TelemetryCommand(settings=producer_settings),
-                     v2s.TelemetryCommand(settings=consumer_settings)])  # fmt: skip
+                     v2s.TelemetryCommand(settings=consumer_settings)])
     stream = stub.Telemetry(commands, metadata=HEADERS, timeout=10)
     pub, sub = next(stream), next(stream)
     stream.cancel()
@@ -95,7 +95,7 @@ def test_receipt_handles_are_refused_when_altered_for_another_group_expired_or_a
     def ack(h: str, g: str = group) -> int:
         r = stub.AckMessage(v2s.AckMessageRequest(group=resource(g), topic=resource(topic), entries=[
             v2s.AckMessageEntry(message_id=m.system_properties.message_id, receipt_handle=h)]), metadata=HEADERS,
-            timeout=10)  # fmt: skip
+            timeout=10)
         return int(r.status.code)
 
     tampered = handle[:-3] + ("AAA" if not handle.endswith("AAA") else "BBB")
@@ -117,12 +117,12 @@ def test_invisible_time_and_delivery_time_limits_are_refused_without_storing(stu
     assert replies[0].status.code == v2.ILLEGAL_INVISIBLE_TIME
     too_late = timestamp_pb2.Timestamp(seconds=int(time.time()) + 4 * 86_400)  # past the 3-day maximum
     msg = v2.Message(topic=resource(topic), body=b"never", system_properties=v2.SystemProperties(
-        message_id="01AAAA", message_type=v2.DELAY, delivery_timestamp=too_late))  # fmt: skip
+        message_id="01AAAA", message_type=v2.DELAY, delivery_timestamp=too_late))
     r = stub.SendMessage(v2s.SendMessageRequest(messages=[msg]), metadata=HEADERS, timeout=10)
     assert r.status.code == v2.ILLEGAL_DELIVERY_TIME and "maximum delay" in r.status.message
     no_id = v2.Message(topic=resource(topic), body=b"x", system_properties=v2.SystemProperties(message_type=v2.NORMAL))
     assert stub.SendMessage(v2s.SendMessageRequest(messages=[no_id]), metadata=HEADERS,
-                            timeout=10).status.code == v2.ILLEGAL_MESSAGE_ID  # fmt: skip
+                            timeout=10).status.code == v2.ILLEGAL_MESSAGE_ID
     with Admin(endpoint) as admin:
         assert all(hi == 0 for _, hi in admin.queue_offsets(topic).values())
 
@@ -134,17 +134,17 @@ def test_pull_and_offset_calls(stub: Any, endpoint: str) -> None:
             p.send(Message(topic, f"p{i}".encode()))
     mq = v2.MessageQueue(topic=resource(topic), id=0)
     replies = list(stub.PullMessage(v2s.PullMessageRequest(group=resource(group), message_queue=mq, offset=1,
-                                                           batch_size=10), metadata=HEADERS, timeout=10))  # fmt: skip
+                                                           batch_size=10), metadata=HEADERS, timeout=10))
     assert replies[0].status.code == v2.OK
     assert [r.message.body for r in replies[1:-1]] == [b"p1", b"p2", b"p3", b"p4"] and replies[-1].next_offset == 5
     got = stub.GetOffset(v2s.GetOffsetRequest(group=resource(group), message_queue=mq), metadata=HEADERS, timeout=10)
     assert got.status.code == v2.OFFSET_NOT_FOUND
     assert stub.UpdateOffset(v2s.UpdateOffsetRequest(group=resource(group), message_queue=mq, offset=3),
-                             metadata=HEADERS, timeout=10).status.code == v2.OK  # fmt: skip
+                             metadata=HEADERS, timeout=10).status.code == v2.OK
     got = stub.GetOffset(v2s.GetOffsetRequest(group=resource(group), message_queue=mq), metadata=HEADERS, timeout=10)
     assert (got.status.code, got.offset) == (v2.OK, 3)
     end = stub.QueryOffset(v2s.QueryOffsetRequest(message_queue=mq, query_offset_policy=v2.END), metadata=HEADERS,
-                           timeout=10)  # fmt: skip
+                           timeout=10)
     assert (end.status.code, end.offset) == (v2.OK, 5)
 
 
@@ -157,10 +157,10 @@ def test_a_receive_repeated_with_its_attempt_id_gets_the_same_messages(stub: Any
     def receive_attempt(attempt_id: str) -> list[tuple[str, str]]:
         req = v2s.ReceiveMessageRequest(group=resource(group), message_queue=v2.MessageQueue(topic=resource(topic)),
                                         batch_size=32, auto_renew=True, attempt_id=attempt_id,
-                                        long_polling_timeout=duration_pb2.Duration(seconds=5))  # fmt: skip
+                                        long_polling_timeout=duration_pb2.Duration(seconds=5))
         replies = list(stub.ReceiveMessage(req, metadata=HEADERS, timeout=30))
         return sorted((r.message.system_properties.message_id, r.message.system_properties.receipt_handle)
-                      for r in replies if r.HasField("message"))  # fmt: skip
+                      for r in replies if r.HasField("message"))
 
     first = receive_attempt("attempt-1")
     assert len(first) == 3

@@ -31,7 +31,7 @@ def test_a_remoting_producers_messages_reach_the_official_rocketmq_5_consumer(br
     with RemotingClient(broker.remoting_endpoint) as client:
         sent = {send_v2(client, topic, body, tags="R", keys=[f"k{i}"], properties={"n": str(i)},
                         queue_id=i % 2).ext_fields["UNIQ_KEY"]: body
-                for i, body in enumerate(bodies)}  # fmt: skip
+                for i, body in enumerate(bodies)}
     with simple_consumer(broker.endpoint, name("g5"), topic, "R") as consumer:
         got = receive_until(consumer, len(bodies), invisible_s=20)
     assert {m.message_id: bytes(m.body) for m in got} == sent  # ids are the UNIQ_KEYs; large bodies inflated
@@ -44,7 +44,7 @@ def test_the_official_rocketmq_5_producers_messages_are_pulled_over_remoting(bro
     topic = new_topic(broker.endpoint, queues=2)
     with producer(broker.endpoint, topic) as p:
         ids = {p.send(message(topic, f"v5-{i}".encode(), tag="F", keys=[f"f{i}"], properties={"i": str(i)})).message_id
-               for i in range(6)}  # fmt: skip
+               for i in range(6)}
     with RemotingClient(broker.remoting_endpoint) as client:
         pulled = pull_all(client, name("g4"), topic, queues=2)
     assert {m.properties["UNIQ_KEY"] for m in pulled} == ids

@@ -33,7 +33,7 @@ PASSWORD = "sluice-etcd-password-0123"
 @pytest.fixture
 def tls_etcd(tmp_path: Path, pki: Pki) -> Iterator[EtcdProcess]:
     tls = EtcdTls(ca=pki.ca, cert=pki.server_cert, key=pki.server_key, client_cert=pki.client_cert,
-                  client_key=pki.client_key)  # fmt: skip
+                  client_key=pki.client_key)
     with EtcdProcess(tmp_path / "etcd", tls=tls) as e:
         yield e
 
@@ -55,7 +55,7 @@ def _file(path: Path, text: str) -> str:
 
 def _replica(path: Path, etcd: EtcdProcess, broker_id: int = 1, **settings: Any) -> BrokerController:
     return broker(path, controller=etcd.url, broker_id=broker_id, ha_lease_ttl_s=2, min_insync_replicas=1,
-                  **settings)  # fmt: skip
+                  **settings)
 
 
 def _state(client: Etcd) -> GroupState:
@@ -79,7 +79,7 @@ def test_etcd_with_client_cert_auth_admits_the_broker_with_its_certificate_only(
 ) -> None:
     good = EtcdSecurity(str(pki.ca), str(pki.client_cert), str(pki.client_key))
     settings = {"etcd_ca_file": str(pki.ca), "etcd_cert_file": str(pki.client_cert),
-                "etcd_key_file": str(pki.client_key)}  # fmt: skip
+                "etcd_key_file": str(pki.client_key)}
     with brokers() as bs:
         m = _replica(tmp_path / "r1", tls_etcd, **settings)
         bs.append(m)
@@ -94,7 +94,7 @@ def test_etcd_with_client_cert_auth_admits_the_broker_with_its_certificate_only(
             assert isinstance(no_cert, EtcdTlsError) and no_cert.code == ResponseCode.UNAUTHENTICATED
             assert "etcd_cert_file" in no_cert.message
             untrusted = _refused(EtcdSecurity(str(pki.ca), str(pki.rogue_server_cert), str(pki.rogue_server_key)),
-                                 tls_etcd)  # fmt: skip
+                                 tls_etcd)
             assert isinstance(untrusted, EtcdTlsError) and untrusted.code == ResponseCode.UNAUTHENTICATED
             plain = _refused(EtcdSecurity(), tls_etcd)  # etcd closes the connection: the message says what to try
             assert plain.code == ResponseCode.SERVICE_NOT_AVAILABLE and "etcd_ca_file" in plain.message
@@ -117,7 +117,7 @@ def test_etcd_with_auth_admits_the_broker_with_the_right_password_only(
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
     with brokers() as bs:
         m = _replica(tmp_path / "r1", auth_etcd, etcd_user="sluice",
-                     etcd_password_file=_file(tmp_path / "etcd-password", PASSWORD))  # fmt: skip
+                     etcd_password_file=_file(tmp_path / "etcd-password", PASSWORD))
         bs.append(m)
         wait_until(lambda: m.replication is not None and m.replication.is_master(), "replica 1 elected as sluice")
         client = Etcd([("127.0.0.1", auth_etcd.client_port)], security=good)
@@ -143,17 +143,17 @@ def test_etcd_with_auth_admits_the_broker_with_the_right_password_only(
             r2 = _replica(tmp_path / "r2", auth_etcd, broker_id=2, etcd_user="sluice")
             bs.append(r2)
             wait_until(lambda: sorted(kv.key for kv in client.get_prefix(MEMBERS)) == [MEMBERS + "1", MEMBERS + "2"],
-                       "replica 2 a member")  # fmt: skip
+                       "replica 2 a member")
             assert (_state(client).epoch, _state(client).master) == (1, 1)
         finally:
             client.close()
 
 
 def test_etcd_settings_are_checked_before_anything_starts(tmp_path: Path, pki: Pki,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
     base: dict[str, Any] = {"listen": "127.0.0.1:0", "store_path": str(tmp_path / "s"), "broker_id": 1,
-                            "controller": "etcd://127.0.0.1:2379"}  # fmt: skip
+                            "controller": "etcd://127.0.0.1:2379"}
     password = _file(tmp_path / "pw", PASSWORD)
     refused = [
         ({"etcd_cert_file": str(pki.client_cert)}, "together"),
@@ -168,7 +168,7 @@ def test_etcd_settings_are_checked_before_anything_starts(tmp_path: Path, pki: P
         with pytest.raises(InvalidArgumentError, match=reason):
             BrokerConfig(**{**base, **extra})
     config = BrokerConfig(**base, etcd_ca_file=str(pki.ca), etcd_user="sluice", etcd_password_file=password,
-                          etcd_cert_file=str(pki.client_cert), etcd_key_file=str(pki.client_key))  # fmt: skip
+                          etcd_cert_file=str(pki.client_cert), etcd_key_file=str(pki.client_key))
     replication = config.replication()
     assert replication is not None
     etcd = replication.etcd
@@ -181,9 +181,9 @@ def test_sluice_broker_takes_the_etcd_flags_and_no_password_on_the_command_line(
 ) -> None:
     args = build_parser().parse_args(["broker", "--etcd-ca-file", "ca.pem", "--etcd-cert-file", "c.pem",
                                       "--etcd-key-file", "k.pem", "--etcd-user", "sluice",
-                                      "--etcd-password-file", "pw"])  # fmt: skip
+                                      "--etcd-password-file", "pw"])
     assert (args.etcd_ca_file, args.etcd_cert_file, args.etcd_key_file, args.etcd_user, args.etcd_password_file) == (
-        "ca.pem", "c.pem", "k.pem", "sluice", "pw")  # fmt: skip
+        "ca.pem", "c.pem", "k.pem", "sluice", "pw")
     capsys.readouterr()
     with pytest.raises(SystemExit):
         build_parser().parse_args(["broker", "--etcd-password", "secret"])

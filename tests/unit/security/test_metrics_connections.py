@@ -29,7 +29,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     config.write_text(json.dumps({"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT[0],
                                   "auth_root_secret_key": ROOT[1], "metrics_host": "127.0.0.1",
                                   "store": {"mapped_file_size_commit_log": 16 << 20,
-                                            "mapped_file_size_consume_queue": 4000 * 20}}))  # fmt: skip
+                                            "mapped_file_size_consume_queue": 4000 * 20}}))
     config.chmod(0o600)  # it holds the root secret: the broker refuses a config others can read
     proc = BrokerProcess(root / "store", config=config, metrics_port=0).start()
     yield proc
@@ -94,7 +94,7 @@ def test_idle_connections_past_the_bound_are_closed_and_scrapes_still_answered(b
 def server() -> Iterator[MetricsServer]:
     metrics = BrokerMetrics()
     s = MetricsServer(metrics, "127.0.0.1", 0, max_connections=8, max_per_address=3, read_timeout_s=1.0,
-                      deadline_s=3.0)  # fmt: skip
+                      deadline_s=3.0)
     s.start()
     yield s
     s.stop()

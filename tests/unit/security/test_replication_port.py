@@ -56,7 +56,7 @@ def _hello(known_epoch: int = 0, broker_id: int = 99) -> hpb.Hello:
     return hpb.Hello(protocol_version=PROTOCOL_VERSION, cluster="DefaultCluster", broker_name="g",
                      broker_id=broker_id, store_id="attacker", address="127.0.0.1:1", max_offset=0,
                      commit_log_file_size=SMALL_STORE["mapped_file_size_commit_log"], known_epoch=known_epoch,
-                     client_nonce=auth.nonce())  # fmt: skip
+                     client_nonce=auth.nonce())
 
 
 def _code(call: grpc.RpcError) -> ResponseCode:
@@ -106,7 +106,7 @@ def test_an_unproven_open_with_a_newer_epoch_does_not_fence_the_master(tmp_path:
     secret = _secret(tmp_path)
     with brokers() as bs:
         m = broker(tmp_path / "r1", controller=etcd.url, broker_id=1, ha_lease_ttl_s=2, min_insync_replicas=1,
-                   ha_secret_file=secret)  # fmt: skip
+                   ha_secret_file=secret)
         bs.append(m)
         r = m.replication
         assert r is not None
@@ -119,12 +119,12 @@ def test_an_unproven_open_with_a_newer_epoch_does_not_fence_the_master(tmp_path:
                 hello = _hello(HUGE_EPOCH)
                 opened = stub.Open(hello, timeout=5)  # a handshake only: nothing the Hello says is acted on
                 proof = b"" if forged == "empty" else auth.slave_proof(wrong, opened.server_nonce, hello.client_nonce,
-                                                                       hello.SerializeToString())  # fmt: skip
+                                                                       hello.SerializeToString())
                 if forged == "spent handshake":  # a second Join of a handshake already refused once
                     with pytest.raises(grpc.RpcError):
                         stub.Join(hpb.JoinRequest(session=opened.session, proof=proof), timeout=5)
                     proof = auth.slave_proof(secret_bytes(secret), opened.server_nonce, hello.client_nonce,
-                                             hello.SerializeToString())  # fmt: skip
+                                             hello.SerializeToString())
                 with pytest.raises(grpc.RpcError) as refused:
                     stub.Join(hpb.JoinRequest(session=opened.session, proof=proof), timeout=5)
                 spent = forged == "spent handshake"
@@ -148,13 +148,13 @@ def test_an_unproven_open_with_a_newer_epoch_does_not_fence_the_master(tmp_path:
             hello = _hello(epoch + 1)
             opened = stub.Open(hello, timeout=5)
             proof = auth.slave_proof(secret_bytes(secret), opened.server_nonce, hello.client_nonce,
-                                     hello.SerializeToString())  # fmt: skip
+                                     hello.SerializeToString())
             with pytest.raises(grpc.RpcError) as stale:
                 stub.Join(hpb.JoinRequest(session=opened.session, proof=proof), timeout=5)
             assert _code(stale.value) == ResponseCode.NOT_MASTER
             wait_until(lambda: not (m.replication is not None and m.replication.is_master()
                                     and m.replication.epoch == epoch),
-                       "the proven newer epoch fencing the master")  # fmt: skip
+                       "the proven newer epoch fencing the master")
 
 
 def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(
             bs.append(s)
             assert r.in_sync is not None
             wait_until(lambda: len(r.in_sync.members) == 2,  # type: ignore[union-attr]
-                       "the real slave in sync despite the flood")  # fmt: skip
+                       "the real slave in sync despite the flood")
             with Producer(endpoint=m.address, timeout_s=10) as p:
                 sent = p.send(Message("FloodT", b"acknowledged by both", keys="after-flood"))
             assert sent.status is SendStatus.SEND_OK  # a SYNC_MASTER acknowledges once the slave holds it
@@ -209,7 +209,7 @@ def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(
 def test_a_replicated_broker_with_auth_needs_the_group_secret(tmp_path: Path) -> None:
     base = {"listen": "127.0.0.1:0", "store_path": str(tmp_path / "s"), "role": "SYNC_MASTER", "auth_enabled": True,
             "allow_plaintext_auth": True, "auth_root_access_key": "root",
-            "auth_root_secret_key": "root-secret-0123"}  # fmt: skip
+            "auth_root_secret_key": "root-secret-0123"}
     with pytest.raises(InvalidArgumentError, match="ha_secret_file"):
         BrokerConfig(**base)  # type: ignore[arg-type]
     assert BrokerConfig(**base, ha_secret_file=_secret(tmp_path)).replication() is not None  # type: ignore[arg-type]

@@ -49,7 +49,7 @@ def secret_files(store: Path) -> list[Path]:
 def sluice(*argv: str, endpoint: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_ACCESS_KEY": ROOT, "SLUICE_SECRET_KEY": ROOT_SECRET}
     return subprocess.run([sys.executable, "-m", "broker", *argv, "--endpoint", endpoint], capture_output=True,
-                          text=True, env=env, timeout=60, check=False)  # fmt: skip
+                          text=True, env=env, timeout=60, check=False)
 
 
 # ------------------------------------------------------------------------------------------------ written private
@@ -70,7 +70,7 @@ def test_secret_files_are_private_after_the_first_start_and_a_rotation_keeps_no_
         assert rotated.returncode == 0, rotated.stderr
 
         with pytest.raises(AuthenticationError), Admin(broker.endpoint, access_key="alice",
-                                                       secret_key=OLD_SECRET) as old:  # fmt: skip
+                                                       secret_key=OLD_SECRET) as old:
             old.list_users()
     finally:
         assert broker.stop() == 0, "\n".join(broker.output)

@@ -54,7 +54,7 @@ def test_plain_text_against_tls_and_tls_against_plain_text(broker_factory: Any, 
     tls_broker = broker_factory(**tls_settings(pki))
     plain_broker = broker_factory(store_dir=tls_broker.config.store_dir.parent / "plain")
     with Admin(tls_broker.address) as admin, pytest.raises(TlsError, match="serves TLS but this client connects in "
-                                                                           "plain text"):  # fmt: skip
+                                                                           "plain text"):
         admin.list_topics()
     with Admin(plain_broker.address, tls_ca=str(pki.ca)) as admin, pytest.raises(TlsError, match="not serve TLS"):
         admin.list_topics()
@@ -65,7 +65,7 @@ def test_an_untrusted_certificate_and_one_for_another_host(broker_factory: Any, 
     with Admin(b.address, tls_ca=str(pki.rogue_ca)) as admin, pytest.raises(TlsError, match="is not trusted"):
         admin.list_topics()
     other = broker_factory(store_dir=tmp_path / "other", tls_cert=str(pki.other_host_cert),
-                           tls_key=str(pki.other_host_key))  # fmt: skip
+                           tls_key=str(pki.other_host_key))
     with Admin(other.address, tls_ca=str(pki.ca)) as admin, pytest.raises(TlsError, match=r"not for host 127\.0\.0\.1"):
         admin.list_topics()
 
@@ -78,7 +78,7 @@ def test_mutual_tls_required(broker_factory: Any, pki: Pki) -> None:
     with Admin(b.address, **rogue) as admin, pytest.raises(TlsError, match="refused this client's certificate"):
         admin.list_topics()
     round_trip(b.address, b"mutual", tls_ca=str(pki.ca), tls_cert=str(pki.client_cert),
-               tls_key=str(pki.client_key))  # fmt: skip
+               tls_key=str(pki.client_key))
 
 
 @pytest.mark.parametrize("mode", ["request", "none"])
@@ -89,7 +89,7 @@ def test_client_certificate_requested_or_not_is_optional(broker_factory: Any, pk
 
 
 def test_certificates_replaced_on_disk_serve_new_connections(broker_factory: Any, pki: Pki,
-                                                             rotating_files: tuple[Path, Path]) -> None:  # fmt: skip
+                                                             rotating_files: tuple[Path, Path]) -> None:
     cert, key = rotating_files
     b = broker_factory(tls_cert=str(cert), tls_key=str(key))
     with Admin(b.address, tls_ca=str(pki.ca)) as admin:
@@ -120,7 +120,7 @@ def test_metrics_over_https_with_the_brokers_certificate(broker_factory: Any, pk
 
 
 def test_plain_text_off_loopback_is_warned_about(broker_factory: Any, pki: Pki, tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+                                                 caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="broker.server.server_tls"):
         broker_factory(listen="0.0.0.0:0", store_dir=tmp_path / "a")
         assert any("in plain text" in r.getMessage() for r in caplog.records)
@@ -166,9 +166,9 @@ def test_push_consumer_and_transaction_producer_over_mutual_tls(broker_factory: 
                      **client) as _consumer,
         TransactionProducer(b.address, "tls-tx", lambda txn_id, msg: LocalTransactionState.COMMIT_MESSAGE,
                             **client) as producer,
-    ):  # fmt: skip
+    ):
         sent = producer.send_in_transaction(Message("TlsTx", b"committed"),
-                                            lambda m, t: LocalTransactionState.COMMIT_MESSAGE)  # fmt: skip
+                                            lambda m, t: LocalTransactionState.COMMIT_MESSAGE)
         assert sent.local_state is LocalTransactionState.COMMIT_MESSAGE
         assert arrived.wait(30), "the push consumer got nothing"
     assert got == [b"committed"]

@@ -13,7 +13,7 @@ from tests.support.certs import Pki, tls_settings
 
 def test_cli_commands_read_the_tls_files_from_the_environment(broker_factory: Any, pki: Pki,
                                                               monkeypatch: pytest.MonkeyPatch,
-                                                              capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
     b = broker_factory(**tls_settings(pki, tls_ca=str(pki.ca), tls_client_auth="require"))
     assert main(["topic", "create", "CliTls", "--endpoint", b.address]) == 1  # plain text: refused, with why
     assert "serves TLS" in capfd.readouterr().err

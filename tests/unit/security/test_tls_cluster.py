@@ -20,7 +20,7 @@ TOPIC = "TlsClusterTopic"
 
 def tls_flags(pki: Pki) -> list[str]:
     return ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-ca", str(pki.ca),
-            "--tls-client-auth", "require"]  # fmt: skip
+            "--tls-client-auth", "require"]
 
 
 def test_a_cluster_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
@@ -30,7 +30,7 @@ def test_a_cluster_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
             with Admin(cluster.endpoint(name), **client) as admin:
                 admin.create_topic(TOPIC, 2)
         ns = NameServerClient(cluster.namesrv.split(","), tls=TlsSettings(**{k[4:] + "_file": v
-                                                                            for k, v in client.items()}))  # fmt: skip
+                                                                            for k, v in client.items()}))
         try:  # registration over TLS is what puts both brokers in the route
             wait_until(lambda: route_brokers(ns, TOPIC) == set(cluster.names), "both brokers in the route")
         finally:

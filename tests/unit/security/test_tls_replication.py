@@ -22,7 +22,7 @@ def test_replication_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
         bs.append(s)
         assert m.replication is not None and m.replication.in_sync is not None
         wait_until(lambda: len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "the slave in sync over TLS")  # fmt: skip
+                   "the slave in sync over TLS")
         with Producer(m.address, timeout_s=10, **client) as producer:
             for i in range(20):
                 producer.send(Message("TlsReplicated", f"m{i}".encode()))

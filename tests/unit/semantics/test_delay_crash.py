@@ -40,7 +40,7 @@ def delivered(store: MessageStore) -> Counter[str]:
 def run_child(store_dir: str, prefix: str, kill_after_s: float) -> int:
     """Run the sender for a while, SIGKILL it, return how many messages it acknowledged."""
     proc = subprocess.Popen([sys.executable, CHILD, store_dir, LEVELS, prefix, json.dumps(CONFIG)],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     acked = -1
     deadline = None

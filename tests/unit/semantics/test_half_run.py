@@ -65,7 +65,7 @@ def test_same_bytes_as_commit_raw(seed: int, n: int, topic_count: int, queue_cou
             props |= dict(rng.sample(sorted(preset.items()), rng.randrange(1, 4)))
         msg = Message(rng.choice(TOPICS[:topic_count]), rng.randbytes(rng.randrange(0, 300)),
                       tags=rng.choice([None, "a", "TagB"]), keys=rng.choice([(), ("k1",), ("k1", "k2")]),
-                      properties=props, flag=rng.randrange(3))  # fmt: skip
+                      properties=props, flag=rng.randrange(3))
         entries.append(encode_message(msg, rng.randrange(queue_count), rng.randrange(1 << 40)))
     buf, phys, qoffs = with_offsets(to_half_batch(b"".join(entries), "group-1", "spark:q:1:r"), rng)
     allowed = set(rng.sample(attempts, rng.randrange(len(attempts) + 1))) if rng.random() < 0.7 else None
@@ -130,7 +130,7 @@ def test_sink_shaped_halves_never_go_per_half(monkeypatch: pytest.MonkeyPatch) -
 
     rng = random.Random(5)
     entries = [encode_message(Message("out", b"%012d" % i, properties={ATTEMPT: f"{i % 3}.0.ab"}), i % 8, 1)
-               for i in range(2000)]  # fmt: skip
+               for i in range(2000)]
     buf, phys, qoffs = with_offsets(to_half_batch(b"".join(entries), "g", "spark:q:4:r"), rng)
     want = reference(buf, phys, qoffs, {"0.0.ab", "2.0.ab"}, set())
     monkeypatch.setattr(cb, "commit_raw", refuse)
@@ -148,12 +148,12 @@ def test_check_halves_agrees_with_the_definition(seed: int, n: int) -> None:
         encode_message(Message(topic, rng.randbytes(rng.randrange(0, 200)),
                                properties={f"p{j}": "v" for j in range(rng.randrange(3))}), qid, 1)
         for topic, qid in addressed
-    ]  # fmt: skip
+    ]
     half = to_half_batch(b"".join(entries), "grp", "txn:9")
     checked = check_halves(half, "grp", "txn:9")
     assert checked.messages == check_half_batch(half, "grp", "txn:9") == n
     want = {t: (min(q for tt, q in addressed if tt == t), max(q for tt, q in addressed if tt == t))
-            for t, _ in addressed}  # fmt: skip
+            for t, _ in addressed}
     assert checked.real_queues == want
     for group, txn in (("other", "txn:9"), ("grp", "txn:8"), ("grp", "txn:99")):
         with pytest.raises(MessageIllegalError):

@@ -44,7 +44,7 @@ def test_sigkill_anywhere_in_an_in_place_transaction_is_all_or_nothing(tmp_path:
         txn_id, topic = f"query-2:{cycle}", f"InPlace{cycle}"
         kill_at, delay = KILL_POINTS[cycle % len(KILL_POINTS)]
         last = run_child(store_dir, txn_id, topic, delay * rng.uniform(0.5, 1.5), child=CHILD, count=COUNT,
-                         kill_at=kill_at)  # fmt: skip
+                         kill_at=kill_at)
         store = MessageStore(StoreConfig(store_path=store_dir, **CONFIG))  # type: ignore[arg-type]
         store.start()
         tx = TransactionService(store, os.path.join(store_dir, "config"))

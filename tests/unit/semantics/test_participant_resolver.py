@@ -35,7 +35,7 @@ class Participant:
         self.tx = TransactionService(
             box.s, os.path.join(box.path, "config"), checker=self._checker, transaction_timeout_ms=1,
             check_interval_ms=3_600_000, check_max=CHECK_MAX,
-        )  # fmt: skip
+        )
         self.resolver = ParticipantResolver(self.tx, "P", self._ask)
         self.tx.resolver = self.resolver
         self.tx.start()

@@ -167,5 +167,5 @@ class PopBookMachine(RuleBasedStateMachine):
 
 
 PopBookMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
-                                            suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+                                            suppress_health_check=[HealthCheck.too_slow])
 TestPopBook = PopBookMachine.TestCase

@@ -36,7 +36,7 @@ def test_first_send_back_goes_to_retry_topic_with_level_3(box: StoreBox) -> None
     assert original is not None
     res = retry.consumer_send_back("G", commitlog_offset=original.commitlog_offset)
     assert (res.topic, res.queue_id, res.dead_letter, res.delay_level, res.reconsume_times) == ("%RETRY%G", 0, False,
-                                                                                               3, 1)  # fmt: skip
+                                                                                               3, 1)
     scheduled = box.read_queue(SCHEDULE_TOPIC, 2)  # level 3 -> schedule queue 2
     assert len(scheduled) == 1
     assert scheduled[0].properties[Prop.REAL_TOPIC] == "%RETRY%G"
@@ -67,7 +67,7 @@ def test_a_message_failing_17_times_ends_in_the_dlq_with_its_history(box: StoreB
             assert not res.dead_letter and res.reconsume_times == failure
             levels.append(res.delay_level)
             wait_until(lambda n=failure: len(box.read_topic("%RETRY%G")) == n,
-                       f"retry {failure}", timeout_s=5, interval_s=0.005)  # fmt: skip
+                       f"retry {failure}", timeout_s=5, interval_s=0.005)
             current = box.read_topic("%RETRY%G")[-1]
             assert current.reconsume_times == failure
         assert current is not None

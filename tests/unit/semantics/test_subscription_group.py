@@ -42,7 +42,7 @@ def test_reads_a_rocketmq_file_with_extra_fields(tmp_path: str) -> None:
     with open(path, "w") as f:
         json.dump({"subscriptionGroupTable": {"G": {"groupName": "G", "retryMaxTimes": 5, "groupRetryPolicy": {},
                                                      "consumeMessageOrderly": False}},
-                   "dataVersion": {"counter": 7, "timestamp": 1}}, f)  # fmt: skip
+                   "dataVersion": {"counter": 7, "timestamp": 1}}, f)
     groups = SubscriptionGroupManager(str(tmp_path))
     assert groups.get("G").retry_max_times == 5
     assert groups.data_version["counter"] == 7
@@ -52,7 +52,7 @@ def test_bad_values_are_refused_and_nothing_changes(tmp_path: str) -> None:
     groups = SubscriptionGroupManager(str(tmp_path))
     groups.update(SubscriptionGroupConfig("G", retry_max_times=4))
     for bad in (SubscriptionGroupConfig("G", retry_queue_nums=0), SubscriptionGroupConfig("G", retry_max_times=-1),
-                SubscriptionGroupConfig("")):  # fmt: skip
+                SubscriptionGroupConfig("")):
         with pytest.raises(InvalidArgumentError):
             groups.update(bad)
     assert SubscriptionGroupManager(str(tmp_path)).get("G").retry_max_times == 4

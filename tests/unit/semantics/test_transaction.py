@@ -284,7 +284,7 @@ def test_a_transaction_is_checked_again_only_a_timeout_after_its_last_check(box:
     since the last one, not at every pass (a producer still answering is not sent a copy per pass)."""
     asked: list[str] = []
     tx = service(box, checker=lambda g, t, h: asked.append(t), transaction_timeout_ms=300,
-                 check_interval_ms=3_600_000)  # fmt: skip
+                 check_interval_ms=3_600_000)
     try:
         tx.prepare_half("Pay", 0, b"u", {}, "PG", txn_id="u")
         assert tx.check_once() == 0  # not idle yet
@@ -301,7 +301,7 @@ def test_check_counts_survive_a_crash(box: StoreBox) -> None:
     """RocketMQ counts checks in the half message itself; here they are in transactionState.json, written before
     each pass asks: a broker that crashes and restarts does not grant a transaction check_max more checks."""
     tx = service(box, checker=lambda g, t, h: TxState.UNKNOWN, transaction_timeout_ms=1, check_interval_ms=3_600_000,
-                 check_max=3)  # fmt: skip
+                 check_max=3)
     tx.prepare_half("Pay", 0, b"u", {}, "PG", txn_id="u")
     time.sleep(0.01)
     assert tx.check_once() == 1 and later_pass(tx) == 1
@@ -309,7 +309,7 @@ def test_check_counts_survive_a_crash(box: StoreBox) -> None:
     box.crash()  # only what check_once wrote is on disk
     box.open()
     tx = service(box, checker=lambda g, t, h: TxState.UNKNOWN, transaction_timeout_ms=1, check_interval_ms=3_600_000,
-                 check_max=3)  # fmt: skip
+                 check_max=3)
     try:
         assert tx.transaction("u").check_times == 2  # type: ignore[union-attr]
         time.sleep(0.01)
@@ -353,7 +353,7 @@ def test_state_survives_restart(box: StoreBox) -> None:
     try:
         assert {t.txn_id: t.status for t in tx.list_transactions()} == {
             "open": TxStatus.OPEN, "done": TxStatus.COMMITTED, "gone": TxStatus.ROLLED_BACK,
-        }  # fmt: skip
+        }
         assert tx.end_transaction("done", commit=False).status is TxStatus.COMMITTED
         assert tx.end_transaction("gone", commit=True).status is TxStatus.ROLLED_BACK
         out = tx.end_transaction("open", commit=True)
@@ -492,7 +492,7 @@ def test_stalled_commit_is_finished_by_the_check_thread(box: StoreBox) -> None:
         tx._put_chunk = flaky  # type: ignore[method-assign]
         assert not tx.end_transaction("s", commit=True).complete
         wait_until(lambda: tx.transaction("s").complete,  # type: ignore[union-attr]
-                   "the background finish", timeout_s=5, interval_s=0.005)  # fmt: skip
+                   "the background finish", timeout_s=5, interval_s=0.005)
         assert len(box.read_topic("Out")) == 200
         assert len({m.body for m in box.read_topic("Out")}) == 200
     finally:
@@ -602,7 +602,7 @@ def test_at_most_max_outcomes_ended_transactions_are_remembered(box: StoreBox) -
         tx.end_transaction(f"t{i}", commit=True)
     tx.persist()
     assert [t.txn_id for t in tx.list_transactions()] == ["batch", "batch0", "batch1", "open", "t3", "t4", "t5", "t6",
-                                                           "t7", "t8"]  # fmt: skip
+                                                           "t7", "t8"]
     tx.shutdown()
     box.crash()
     box.open()
@@ -716,7 +716,7 @@ def test_ended_batch_transactions_keep_no_table_per_message(box: StoreBox) -> No
         assert by_offset.already_ended and by_offset.status is TxStatus.COMMITTED and by_offset.half_count == 1
         assert {t.txn_id: t.half_count for t in tx.list_transactions()} == {
             "big-commit": 300, "big-rollback": 200, "single": 1,
-        }  # fmt: skip
+        }
         again = tx.end_transaction("big-commit", commit=False)
         assert again.already_ended and again.status is TxStatus.COMMITTED and again.half_count == 300
         tx.persist()
@@ -729,11 +729,11 @@ def test_ended_batch_transactions_keep_no_table_per_message(box: StoreBox) -> No
         assert {t.txn_id: (t.status, t.half_count) for t in tx.list_transactions()} == {
             "big-commit": (TxStatus.COMMITTED, 300), "big-rollback": (TxStatus.ROLLED_BACK, 200),
             "single": (TxStatus.COMMITTED, 1),
-        }  # fmt: skip
+        }
         assert all(not t.halves and not t.decided for t in tx._txns.values())  # none rebuilt for finished ones
         assert {tid: t.highest_half() for tid, t in tx._txns.items()} == {
             "big-commit": 299, "big-rollback": 499, "single": 500,
-        }  # fmt: skip
+        }
         assert len(box.read_topic("Out")) == 301  # nothing re-stored twice
     finally:
         tx.shutdown()
@@ -810,7 +810,7 @@ def test_a_commit_that_can_never_finish_does_not_stop_check_back(
     box.open(file_reserved_time_hours=0)
     asked: list[str] = []
     tx = service(box, check_interval_ms=3_600_000, transaction_timeout_ms=1,
-                 checker=lambda g, t, h: asked.append(t) or None)  # fmt: skip
+                 checker=lambda g, t, h: asked.append(t) or None)
     try:
         tx.put_half_batch(batch("Out", [b"x%d" % i for i in range(5)]), "PG", "C")
         real_put_chunk = tx._put_chunk
@@ -838,7 +838,7 @@ def test_one_failing_transaction_does_not_stop_a_check_pass(box: StoreBox, caplo
     transaction or ending it must not leave the others counted but unasked (nor stop the pass)."""
     asked: list[str] = []
     tx = service(box, check_interval_ms=3_600_000, transaction_timeout_ms=1,
-                 checker=lambda g, t, h: asked.append(t) or TxState.COMMIT)  # fmt: skip
+                 checker=lambda g, t, h: asked.append(t) or TxState.COMMIT)
     try:
         tx.put_half_batch(batch("Out", [b"s0", b"s1"]), "PG", "stalled")
         real_put_chunk = tx._put_chunk
@@ -869,7 +869,7 @@ def test_one_failing_transaction_does_not_stop_a_check_pass(box: StoreBox, caplo
         assert asked == ["b", "c"]
         assert {t.txn_id: t.status for t in tx.list_transactions()} == {
             "stalled": TxStatus.COMMITTED, "a": TxStatus.OPEN, "b": TxStatus.OPEN, "c": TxStatus.COMMITTED,
-        }  # fmt: skip
+        }
         assert not tx.transaction("stalled").complete  # type: ignore[union-attr]  # retried next pass
         tx._put_chunk = real_put_chunk  # type: ignore[method-assign]
         tx.check_once()

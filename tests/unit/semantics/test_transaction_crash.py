@@ -26,7 +26,7 @@ CONFIG = {"mapped_file_size_commit_log": 8 << 20, "max_message_size": 64 << 10, 
 def run_child(
     store_dir: str, txn_id: str, topic: str, kill_after_s: float, *, child: str = CHILD, count: int = COUNT,
     kill_at: str = "COMMITTING",
-) -> str:  # fmt: skip
+) -> str:
     """Start ``child``, SIGKILL it ``kill_after_s`` after it prints ``kill_at``; return the last line it printed."""
     proc = subprocess.Popen(
         [sys.executable, child, store_dir, txn_id, topic, str(count), json.dumps(CONFIG)],

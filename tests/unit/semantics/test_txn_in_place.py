@@ -89,7 +89,7 @@ def test_a_writer_that_never_decides_is_refused_past_the_lifetime_and_its_queues
     monkeypatch.setattr(transaction_module, "_now_ms", lambda: now_ms[0])
     lifetime_ms, idle_ms, every_ms = 300, 100, 20
     tx = service(box, transaction_timeout_ms=idle_ms, check_interval_ms=3_600_000, check_max=1,
-                 max_open_ms=lifetime_ms)  # fmt: skip
+                 max_open_ms=lifetime_ms)
     try:
         assert box.s.put_batch(rows("Trickle", [b"before"])).ok
         for i in range(lifetime_ms // every_ms):  # a write every 20 ms: never idle for idle_ms
@@ -123,7 +123,7 @@ def test_a_restart_knows_the_attempts_and_their_rows(box: StoreBox) -> None:
     tx = service(box)
     for attempt in ("t0.0", "t0.1"):
         assert tx.put_in_place(rows("Att", [attempt.encode() + b"-%d" % i for i in range(5)]), "spark", "r:1",
-                               attempt=attempt, coordinator="broker-b").ok  # fmt: skip
+                               attempt=attempt, coordinator="broker-b").ok
     tx.shutdown()
     box.crash()
     box.open()
@@ -138,7 +138,7 @@ def test_a_restart_knows_the_attempts_and_their_rows(box: StoreBox) -> None:
         records = box.read_topic(TRANS_HALF_TOPIC)
         assert {(m.properties["TRAN_ATTEMPT"], m.properties["TRAN_COORDINATOR"]) for m in records} == {
             ("t0.0", "broker-b"), ("t0.1", "broker-b")
-        }  # fmt: skip
+        }
     finally:
         tx.shutdown()
 
@@ -161,7 +161,7 @@ def test_a_transaction_cannot_mix_halves_and_rows_in_place(box: StoreBox) -> Non
     ("attempt", "error"),
     [("a,b", InvalidArgumentError), ("x" * 300, InvalidArgumentError), ("ok", MessageIllegalError),
      ("delayed", MessageIllegalError)],
-)  # fmt: skip
+)
 def test_bad_input_stores_nothing(box: StoreBox, attempt: str, error: type[Exception]) -> None:
     tx = service(box)
     try:
@@ -202,7 +202,7 @@ def test_a_slice_whose_record_expired_undecided_is_rolled_back_by_a_marker(
     try:
         assert box.s.put_batch(b"".join(
             encode_entry(b"Orphan", 0, b, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE, prepared_transaction_offset=1)
-            for b in (b"lost-1", b"lost-2")) + rows("Orphan", [b"behind"])).ok  # fmt: skip
+            for b in (b"lost-1", b"lost-2")) + rows("Orphan", [b"behind"])).ok
         assert box.s.wait_dispatched() and box.s.max_offset("Orphan", 0) == 0
         tx.check_once()
         assert box.s.max_offset("Orphan", 0) == 0  # its handle is still inside the log: it may yet be decided

@@ -105,7 +105,7 @@ def test_committed_attempts_keep_only_the_named_writers(
         for attempt in ("0.0.a", "0.1.b"):  # a failed task attempt and its successful retry
             props = {} if in_place else {"TRAN_ATTEMPT": attempt}
             entries = [encode_message(Message("Att", f"{attempt}-{i}".encode(), properties=props), 0)
-                       for i in range(10)]  # fmt: skip
+                       for i in range(10)]
             if in_place:
                 producer.send_encoded(b"".join(entries), 10, transaction_id=txn_id, attempt=attempt)
             else:
@@ -118,7 +118,7 @@ def test_committed_attempts_keep_only_the_named_writers(
             assert [t.status for t in admin.list_transactions(txn_id)] == ["OPEN"]
             assert visible_count(endpoint, "Att") == 0
         assert admin.end_transaction(txn_id, commit=True, committed_attempts=["0.1.b"],
-                                     expected_messages=10) == "COMMITTED"  # fmt: skip
+                                     expected_messages=10) == "COMMITTED"
     assert sorted(m.body for m in read_topic(endpoint, "Att")) == sorted(f"0.1.b-{i}".encode() for i in range(10))
     broker.store.flush()  # type: ignore[union-attr]
     assert broker.store.check() == []  # type: ignore[union-attr]
@@ -229,7 +229,7 @@ def test_half_batches_are_checked_against_their_real_queues(broker: BrokerContro
             producer.send_encoded(good + bad, 2, transaction_id="real-queues:1")
         with pytest.raises(MessageIllegalError, match="system topic"):
             producer.send_encoded(encode_message(Message("SCHEDULE_TOPIC_XXXX", b"x"), 0), 1,
-                                  transaction_id="real-queues:2")  # fmt: skip
+                                  transaction_id="real-queues:2")
         half = to_half_batch(good, producer.group, "real-queues:4")
         with pytest.raises(MessageIllegalError, match="declares 2 messages but the buffer holds 1; nothing stored"):
             producer.send_encoded(half, 2, transaction_id="real-queues:4", as_halves=True)

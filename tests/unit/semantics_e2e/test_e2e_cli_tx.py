@@ -24,7 +24,7 @@ def test_tx_list_commit_and_rollback_by_prefix(
     listed = json.loads(capsys.readouterr().out)
     assert [(t["transaction_id"], t["status"], t["half_count"]) for t in listed] == [
         ("job:1", "OPEN", 1), ("job:2", "OPEN", 1), ("job:3", "OPEN", 1)
-    ]  # fmt: skip
+    ]
     assert main(["tx", "commit", "job:2", "--endpoint", endpoint, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"job:2": "COMMITTED"}
     assert main(["tx", "rollback", "job:", "--prefix", "--endpoint", endpoint, "--json"]) == 0
@@ -85,7 +85,7 @@ def test_a_prefix_without_the_prefix_flag_is_not_taken_as_an_id(
     with Admin(endpoint) as admin:
         assert [(t.transaction_id, t.status) for t in admin.list_transactions("batch")] == [
             ("batch:1", "OPEN"), ("batch:2", "OPEN")
-        ]  # fmt: skip
+        ]
     assert main(["tx", "commit", "batch:", "--prefix", "--endpoint", endpoint, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"batch:1": "COMMITTED", "batch:2": "COMMITTED"}
     assert main(["tx", "commit", "batch:", "--prefix", "--endpoint", endpoint]) == 0

@@ -178,7 +178,7 @@ def test_sigkill_during_send_back_keeps_retries_and_dead_letters(tmp_path: Path)
 
 # ---------------------------------------------------------------------------------------------- transactions
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
-                            LocalTransactionState.UNKNOW)  # fmt: skip
+                            LocalTransactionState.UNKNOW)
 NO_CHECKS = 600_000  # transaction_timeout_ms while killing: an open transaction stays open until the test ends it
 
 

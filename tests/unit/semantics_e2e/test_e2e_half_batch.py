@@ -27,7 +27,7 @@ def test_same_bytes_as_the_decoding_rewrite(seed: int, n: int, topic_count: int)
         props = {f"k{j}": "v" * rng.randrange(0, 30) for j in range(rng.randrange(0, 4))}
         msg = Message(rng.choice(TOPICS[:topic_count]), rng.randbytes(rng.randrange(0, 400)),
                       tags=rng.choice([None, "a", "TagB"]), keys=rng.choice([(), ("k1",), ("k1", "k2")]),
-                      properties=props, flag=rng.randrange(3))  # fmt: skip
+                      properties=props, flag=rng.randrange(3))
         entries.append(encode_message(msg, rng.randrange(16), rng.randrange(1 << 40)))
     buffer = b"".join(entries)
     half = to_half_batch(buffer, "group-1", "txn:1")

@@ -44,7 +44,7 @@ def test_orderly_keeps_order_per_queue_under_a_failing_listener(broker: BrokerCo
         for q in range(QUEUES):
             producer.send_batch([Message("Ord", f"{q}:{i}".encode()) for i in range(PER_QUEUE)], queue_id=q)
     consumer = PushConsumer(endpoint, "ord-group", {"Ord": "*"}, listener, orderly=True, consume_from=FIRST,
-                            reconsume_delay_ms=10, **FAST)  # fmt: skip
+                            reconsume_delay_ms=10, **FAST)
     with consumer:
         wait_until(lambda: sum(len(v) for v in done.values()) == QUEUES * PER_QUEUE, "consumed", timeout_s=60)
         held = broker.locks.locked_queues("ord-group")  # every queue of the topic (8, auto-created), by this client
@@ -87,11 +87,11 @@ def test_queues_handed_over_between_orderly_consumers_keep_order(broker: BrokerC
         for q in range(4):
             producer.send_batch([Message("Hand", f"{q}:{i}".encode()) for i in range(300)], queue_id=q)
     first = PushConsumer(endpoint, "hand-group", {"Hand": "*"}, listener_of("a"), orderly=True, consume_from=FIRST,
-                         client_id="a", **FAST).start()  # fmt: skip
+                         client_id="a", **FAST).start()
     try:
         wait_until(lambda: sum(len(v) for v in consumed.values()) >= 100, "first consumer started")
         with PushConsumer(endpoint, "hand-group", {"Hand": "*"}, listener_of("b"), orderly=True, consume_from=FIRST,
-                          client_id="b", **FAST):  # fmt: skip
+                          client_id="b", **FAST):
             wait_until(lambda: sum(len(v) for v in consumed.values()) >= 1200, "all consumed", timeout_s=60)
             time.sleep(0.5)  # anything consumed twice would show up now
     finally:
@@ -121,7 +121,7 @@ def test_orderly_with_max_reconsume_times_dead_letters_and_goes_on(broker: Broke
     with Producer(endpoint) as producer:
         sent = producer.send_batch([Message("OrdDlq", b) for b in bodies], queue_id=0)
     consumer = PushConsumer(endpoint, "ord-dlq", {"OrdDlq": "*"}, listener, orderly=True, consume_from=FIRST,
-                            reconsume_delay_ms=10, max_reconsume_times=2, **FAST)  # fmt: skip
+                            reconsume_delay_ms=10, max_reconsume_times=2, **FAST)
     with consumer:
         wait_until(lambda: len(done) == 4, "the queue goes on past the dead letter", timeout_s=30)
     assert done == [b"a", b"b", b"c", b"d"]

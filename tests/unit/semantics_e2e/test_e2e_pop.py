@@ -103,7 +103,7 @@ def test_in_flight_state_survives_a_restart(broker_factory: BrokerFactory, tmp_p
         got = {p.message.body: p for p in c.receive("Kept", 2, invisible_ms=1_500)}
         c.ack(got[b"acked"])
     wait_until(lambda: compact_bytes > 4096 or (store / "config" / "pop" / "snapshot.json").exists(),
-               "a snapshot of the pop journal", timeout_s=5)  # fmt: skip
+               "a snapshot of the pop journal", timeout_s=5)
     broker.shutdown()
     broker = broker_factory(store, **settings)
     endpoint = f"127.0.0.1:{broker.port}"
@@ -111,5 +111,5 @@ def test_in_flight_state_survives_a_restart(broker_factory: BrokerFactory, tmp_p
         now = c.receive("Kept", 10, invisible_ms=10_000)
         assert [p.message.body for p in now] == [b"never-received"]  # "out" is still invisible
         wait_until(lambda: bool(now.extend(c.receive("Kept", 10, invisible_ms=10_000)) or len(now) == 2),
-                   "the in-flight one delivered again", timeout_s=10)  # fmt: skip
+                   "the in-flight one delivered again", timeout_s=10)
         assert [(p.message.body, p.delivery_attempt) for p in now[1:]] == [(b"out", 2)]

@@ -120,7 +120,7 @@ def test_broadcasting_refused_when_the_group_disables_it(broker: BrokerControlle
 def _raw_send_back(endpoint: str, group: str, msg_id: str = "", commitlog_offset: int = 0) -> None:
     with PullConsumer(endpoint, group) as consumer:
         request = (pb.ConsumerSendMsgBackRequest(consumer_group=group, msg_id=msg_id) if msg_id else
-                   pb.ConsumerSendMsgBackRequest(consumer_group=group, commitlog_offset=commitlog_offset))  # fmt: skip
+                   pb.ConsumerSendMsgBackRequest(consumer_group=group, commitlog_offset=commitlog_offset))
         consumer.conn.call(consumer.conn.stub.ConsumerSendMsgBack, request)
 
 
@@ -165,7 +165,7 @@ def test_raising_retry_queue_nums_grows_the_retry_topic(broker: BrokerController
         info = admin.topic_info("%RETRY%grower")
         assert info.read_queue_nums == info.write_queue_nums == 8
         wait_until(lambda: sum(h for _, h in admin.queue_offsets("%RETRY%grower").values()) == 21,
-                   "every retry delivered to a readable queue", timeout_s=20)  # fmt: skip
+                   "every retry delivered to a readable queue", timeout_s=20)
     assert sent.msg_id
 
 
@@ -180,7 +180,7 @@ def test_a_new_consumer_from_last_still_gets_waiting_retries(broker: BrokerContr
         consumer.commit_offsets({("Late", 0): 1})
     got: list[bytes] = []
     with PushConsumer(endpoint, "latecomer", {"Late": "*"}, lambda ms: got.extend(m.body for m in ms)
-                      or ConsumeStatus.CONSUME_SUCCESS, **FAST):  # fmt: skip
+                      or ConsumeStatus.CONSUME_SUCCESS, **FAST):
         wait_until(lambda: got == [b"retry me"], "the waiting retry", timeout_s=20)
 
 
@@ -210,7 +210,7 @@ def test_a_group_name_too_long_for_its_retry_topic_is_refused(broker: BrokerCont
             (admin.conn.stub.Heartbeat, pb.HeartbeatRequest(consumer_group=too_long, client_id="c1")),
             (admin.conn.stub.ConsumerSendMsgBack,
              pb.ConsumerSendMsgBackRequest(consumer_group=too_long, commitlog_offset=offset)),
-        ):  # fmt: skip
+        ):
             with pytest.raises(InvalidArgumentError, match=r"at most 120 characters.*%RETRY%"):
                 admin.conn.call(call, request)
         assert too_long not in {g.group_name for g in broker.groups.groups()}  # nothing recorded
@@ -229,7 +229,7 @@ def test_reconsume_times_from_a_client_are_checked(broker: BrokerController, end
         with pytest.raises(MessageIllegalError, match="reconsume_times=-5 is negative"):
             admin.conn.call(admin.conn.stub.SendMessage, request)
         request = pb.SendMessageRequest(producer_group="P", topic="T", queue_id=0, body=b"x",
-                                        reconsume_times=2**31 - 1)  # fmt: skip
+                                        reconsume_times=2**31 - 1)
         offset = admin.conn.call(admin.conn.stub.SendMessage, request).commitlog_offsets[0]
         request = pb.ConsumerSendMsgBackRequest(consumer_group="G", commitlog_offset=offset)
         back = admin.conn.call(admin.conn.stub.ConsumerSendMsgBack, request)

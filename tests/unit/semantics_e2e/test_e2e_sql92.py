@@ -37,7 +37,7 @@ CASES: list[tuple[str, Callable[[Props], bool]]] = [
     ("b <> 'z' AND d >= 0.5", lambda p: "b" in p and p["b"] != "z" and (d := num(p, "d")) is not None and d >= 0.5),
     ("a <= 3 OR a = 99 OR c = FALSE",
      lambda p: ((a := num(p, "a")) is not None and (a <= 3 or a == 99)) or p.get("c") == "false"),
-]  # fmt: skip
+]
 
 
 def random_props(rng: random.Random) -> Props:
@@ -76,7 +76,7 @@ def test_a_bad_selector_is_refused_with_the_column(broker: BrokerController, end
     channel = grpc.insecure_channel(endpoint)  # the wire status: INVALID_ARGUMENT
     try:
         request = pb.PullRequest(consumer_group="sql-group", topic="Sql", queue_id=0, queue_offset=0,
-                                 tag_expression="a > AND b = 1", expression_type="SQL92")  # fmt: skip
+                                 tag_expression="a > AND b = 1", expression_type="SQL92")
         with pytest.raises(grpc.RpcError) as raw:
             pb_grpc.BrokerStub(channel).PullMessage(request, timeout=10)
         assert raw.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
@@ -95,6 +95,6 @@ def test_push_consumer_with_an_sql92_subscription(broker: BrokerController, endp
     with Producer(endpoint) as producer:
         producer.send_batch([Message("SqlPush", b"x", properties={"a": str(i)}) for i in range(20)], queue_id=0)
     with PushConsumer(endpoint, "sql-push", {"SqlPush": "a > 5 AND a <> 10"}, listener, consume_from=FIRST,
-                      expression_types={"SqlPush": "SQL92"}, long_poll_ms=500):  # fmt: skip
+                      expression_types={"SqlPush": "SQL92"}, long_poll_ms=500):
         wait_until(lambda: len(got) >= 13, "filtered messages", timeout_s=20)
     assert sorted(got) == [i for i in range(6, 20) if i != 10]

@@ -33,7 +33,7 @@ from broker.server.transaction_processor import TransactionProcessor
 from tests.support.waiting import wait_until
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
-                            LocalTransactionState.UNKNOW)  # fmt: skip
+                            LocalTransactionState.UNKNOW)
 
 
 class Checker:
@@ -131,7 +131,7 @@ def test_a_slow_producer_is_checked_once_per_transaction_timeout(broker: BrokerC
 
     with TransactionProducer(endpoint, "slow-group", slow) as producer:
         ids = {producer.send_in_transaction(Message("Tx", f"m{i}".encode()), lambda m, t: UNKNOW).transaction_id
-               for i in range(20)}  # fmt: skip
+               for i in range(20)}
         with Admin(endpoint) as admin:
 
             def counted(least: int) -> bool:
@@ -161,7 +161,7 @@ def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Ca
         for i in range(5):  # one at a time, so the fifth (g4) is the one past the limit
             producers.append(TransactionProducer(ep, f"g{i}", Checker(UNKNOW)))
             wait_until(lambda: hub.open_count() == min(len(producers), 4),
-                       "check streams opened one by one", timeout_s=10)  # fmt: skip
+                       "check streams opened one by one", timeout_s=10)
         time.sleep(0.5)
         assert hub.open_count() == 4 and hub.live("g4") == 0  # the fifth is refused, not queued on a worker
         with Admin(ep) as admin, PullConsumer(ep, "g") as consumer:
@@ -172,7 +172,7 @@ def test_check_streams_and_held_pulls_share_the_worker_budget(broker_factory: Ca
             error = error_from_rpc(refused.value)  # what the client's code sees: SYSTEM_BUSY, and why
             assert isinstance(error, SystemBusyError) and "check streams are open, this broker's limit" in error.message
             holders = [threading.Thread(target=consumer.pull, args=("Busy", 0, 0), kwargs={"timeout_ms": 10_000})
-                       for _ in range(4)]  # fmt: skip
+                       for _ in range(4)]
             for t in holders:
                 t.start()
             wait_until(lambda: broker.hold.held_count() == 4, "4 held pulls", timeout_s=10)

@@ -45,7 +45,7 @@ class RawStream:
         self.channel = grpc.insecure_channel(endpoint)
         self.requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         method = self.channel.stream_stream("/sluice.v1.Broker/SendStream", request_serializer=lambda b: b,
-                                            response_deserializer=pb.SendStreamAnswer.FromString)  # fmt: skip
+                                            response_deserializer=pb.SendStreamAnswer.FromString)
         self.answers: Iterator[pb.SendStreamAnswer] = method(iter(self.requests.get, None))
 
     def send(self, request: pb.SendMessageRequest | bytes) -> pb.SendStreamAnswer:
@@ -180,7 +180,7 @@ def test_a_late_answer_is_retried_under_its_uniq_key_and_stored_once(broker: Bro
 
 
 def test_idle_stream_is_closed_and_opened_again(monkeypatch: pytest.MonkeyPatch, broker: BrokerController,
-                                                endpoint: str) -> None:  # fmt: skip
+                                                endpoint: str) -> None:
     monkeypatch.setattr(client_stream, "IDLE_CLOSE_S", 0.2)
     with Producer(endpoint) as p:
         p.send(Message(TOPIC, b"1"), queue_id=0)
@@ -224,7 +224,7 @@ def test_a_push_consumer_pulls_each_queue_on_a_stream_and_its_drop_ends_the_hold
             got.extend(m.body for m in messages)
 
     consumer = PushConsumer(endpoint, "pg", {TOPIC: "*"}, listener, consume_from=FIRST, long_poll_ms=30_000,
-                            heartbeat_interval_ms=100, rebalance_interval_ms=200).start()  # fmt: skip
+                            heartbeat_interval_ms=100, rebalance_interval_ms=200).start()
     try:
         with Producer(endpoint) as p:
             for i in range(20):

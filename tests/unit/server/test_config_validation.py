@@ -114,7 +114,7 @@ def test_store_config_is_the_brokers_settings_plus_the_store_table(tmp_path: Pat
     config = BrokerConfig.from_dict(
         {"store": {**SMALL_STORE, "flush_interval_commit_log_ms": 7}, "message_delay_level": "1s 2m"},
         store_path=str(tmp_path / "s"), flush_disk_type="sync",
-    )  # fmt: skip
+    )
     store = config.store_config(store_host=("10.1.2.3", 4567))
     assert isinstance(store, StoreConfig)
     assert store.flush_disk_type == "SYNC_FLUSH" and store.store_path == str(tmp_path / "s")
@@ -192,7 +192,7 @@ def test_config_file_error_names_the_format_it_was_read_as(tmp_path: Path) -> No
 def test_unknown_settings_point_to_the_configuration_reference_not_a_source_file() -> None:
     """An unknown store setting said `see broker/store/config.py`: a user reads the docs, not the source."""
     for data, needle in (({"store": {"mapped_file_size": 1}}, "unknown store setting(s) ['mapped_file_size']"),
-                         ({"flush": "sync"}, "unknown setting(s) ['flush']")):  # fmt: skip
+                         ({"flush": "sync"}, "unknown setting(s) ['flush']")):
         with pytest.raises(InvalidArgumentError) as e:
             BrokerConfig.from_dict(data)
         assert needle in e.value.message and "docs/operations.md" in e.value.message, e.value.message

@@ -33,7 +33,7 @@ def test_a_refusal_quoting_a_long_field_is_capped_and_decides_nothing(broker: Br
     with grpc.insecure_channel(f"127.0.0.1:{broker.port}") as ch:
         record = ch.unary_unary(f"{SERVICE}/RecordDecision",
                                 request_serializer=cpb.RecordDecisionRequest.SerializeToString,
-                                response_deserializer=cpb.TransactionDecision.FromString)  # fmt: skip
+                                response_deserializer=cpb.TransactionDecision.FromString)
         for outcome in ("t" * 20_000, "\u00e9" * 6_000, "x\x01" * 3_000):
             decision = cpb.TransactionDecision(transaction_id="fz-long-outcome", outcome=outcome)
             a = answer(record, cpb.RecordDecisionRequest(decision=decision))

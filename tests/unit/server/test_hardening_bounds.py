@@ -77,7 +77,7 @@ def test_names_in_the_store_directory_are_ascii_numbers(tmp_path: Path) -> None:
     queue or a file offset (int() reads the first, raises on the second): start-up failed or loaded the wrong
     queue. Such names are not the store's and are passed over."""
     config = StoreConfig(store_path=str(tmp_path / "store"), mapped_file_size_commit_log=1 << 20,
-                         max_message_size=65536, mapped_file_size_consume_queue=200)  # fmt: skip
+                         max_message_size=65536, mapped_file_size_consume_queue=200)
     store = MessageStore(config)
     store.start()
     assert store.put_message("T", 1, b"kept").ok and store.wait_dispatched()

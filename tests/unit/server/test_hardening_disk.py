@@ -35,7 +35,7 @@ def test_one_request_auto_creates_a_bounded_number_of_topics(broker_factory: Bro
     with stub(endpoint) as s:
         for txn in ("", "tx-wide"):
             a = answer(s.SendBatch, pb.SendBatchRequest(entries=batch_to_new_topics("Wide", 5), transaction_id=txn,
-                                                        producer_group="pg"))  # fmt: skip
+                                                        producer_group="pg"))
             assert limited(a) and "max_auto_create_topics_per_request=4" in a.details, a
         assert not [t for t in broker.topics.topics() if t.topic.startswith("Wide")]
         assert broker.store is not None and broker.store.wait_dispatched()
@@ -66,7 +66,7 @@ def test_the_queues_of_all_topics_are_bounded(broker_factory: BrokerFactory) -> 
             "GetTopicRoute": answer(s.GetTopicRoute, pb.GetTopicRouteRequest(topic="OneMore", auto_create=True)),
             "CreateTopic": answer(s.CreateTopic, pb.CreateTopicRequest(topic="OneMore", queue_nums=8)),
             "a retry topic": answer(s.Heartbeat, pb.HeartbeatRequest(consumer_group="late", client_id="c")),
-        }  # fmt: skip
+        }
         for name, a in refusals.items():
             assert limited(a) and "max_total_queue_nums=40" in a.details, f"{name}: {a}"
         assert broker.topics.get("OneMore") is None and broker.store is not None

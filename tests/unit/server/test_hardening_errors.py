@@ -57,14 +57,14 @@ def call(channel: grpc.Channel, method: MethodDescriptor, request: Any, timeout_
     response_type = getattr(pb, method.output_type.name)
     if method.server_streaming:
         stream = channel.unary_stream(path, request_serializer=type(request).SerializeToString,
-                                      response_deserializer=response_type.FromString)  # fmt: skip
+                                      response_deserializer=response_type.FromString)
 
         def first(req: Any, timeout: float) -> Any:
             return next(iter(stream(req, timeout=timeout)), None)
 
         return answer(first, request, timeout_s)
     unary = channel.unary_unary(path, request_serializer=type(request).SerializeToString,
-                                response_deserializer=response_type.FromString)  # fmt: skip
+                                response_deserializer=response_type.FromString)
     return answer(unary, request, timeout_s)
 
 
@@ -75,7 +75,7 @@ def channel(endpoint: str) -> Iterator[grpc.Channel]:
 
 
 def test_every_rpc_with_oversized_string_fields_gets_a_clear_answer(broker: BrokerController,
-                                                                     channel: grpc.Channel) -> None:  # fmt: skip
+                                                                     channel: grpc.Channel) -> None:
     """PullMessage(topic="t"*20000+" ") came back RESOURCE_EXHAUSTED "received metadata size exceeds hard limit"
     without a response code (the echoed topic made the details too big); so did CreateTopic, GetTopicRoute,
     QueryConsumerOffset, ListTransactions(status), ViewMessageById, expression_type, long SQL92 tokens, a
@@ -108,12 +108,12 @@ def test_every_response_code_has_a_status_and_only_system_error_is_internal() ->
 def test_a_commit_of_the_wrong_size_is_a_failed_precondition(endpoint: str) -> None:
     with stub(endpoint) as s:
         sent = answer(s.SendMessage, pb.SendMessageRequest(topic="T", queue_id=0, body=b"x", transactional=True,
-                                                           producer_group="pg", transaction_id="tx-5"))  # fmt: skip
+                                                           producer_group="pg", transaction_id="tx-5"))
         assert sent.ok, sent
         a = answer(s.EndTransaction, pb.EndTransactionRequest(transaction_id="tx-5", commit=True, expected_messages=5))
         assert a.refused_with(grpc.StatusCode.FAILED_PRECONDITION, ResponseCode.TRANSACTION_FAILED), a
         assert answer(s.EndTransaction, pb.EndTransactionRequest(transaction_id="tx-5", commit=True,
-                                                                 expected_messages=1)).ok  # fmt: skip
+                                                                 expected_messages=1)).ok
 
 
 def test_a_send_back_with_a_bad_origin_id_is_invalid_argument(endpoint: str) -> None:
@@ -134,7 +134,7 @@ def test_a_batch_topic_that_is_no_name_is_refused_in_words(endpoint: str) -> Non
     with stub(endpoint) as s:
         for entries in (encode_entry("\u00e9t\u00e9".encode(), 0, b"x"),
                         encode_entry(b"T", 0, b"x") * 40 + encode_entry("\u00e9".encode(), 0, b"x"),
-                        encode_entry(b"a b", 0, b"x")):  # fmt: skip
+                        encode_entry(b"a b", 0, b"x")):
             for txn in ("", "tx-topic"):
                 a = answer(s.SendBatch, pb.SendBatchRequest(entries=entries, transaction_id=txn, producer_group="pg"))
                 assert a.refused_with(grpc.StatusCode.INVALID_ARGUMENT, ResponseCode.MESSAGE_ILLEGAL), a
@@ -167,7 +167,7 @@ def test_a_heartbeat_is_checked_before_anything_is_recorded(endpoint: str) -> No
             "a huge expression": (beat(subscriptions={"T": "a" * 20_000}), grpc.StatusCode.INVALID_ARGUMENT),
             "too many topics": (beat(subscriptions={f"T{i}": "*" for i in range(2000)}),
                                 grpc.StatusCode.INVALID_ARGUMENT),
-        }  # fmt: skip
+        }
         for name, (request, status) in refused.items():
             a = answer(s.Heartbeat, request)
             assert a.status == status and clear_refusal(a), f"{name}: {a}"
@@ -189,7 +189,7 @@ def test_a_request_that_is_no_protobuf_is_invalid_argument_logged_once(
     }
     with grpc.insecure_channel(endpoint) as ch:
         stream = ch.unary_stream("/sluice.v1.Broker/TransactionCheckStream", request_serializer=lambda b: b,
-                                 response_deserializer=lambda b: b)  # fmt: skip
+                                 response_deserializer=lambda b: b)
 
         def first_check(request: bytes, timeout: float) -> object:
             return next(iter(stream(request, timeout=timeout)), None)

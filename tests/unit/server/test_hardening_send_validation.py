@@ -113,7 +113,7 @@ def test_a_transactional_send_message_is_checked_as_a_plain_one(broker: BrokerCo
 
     def half(**fields: object) -> pb.SendMessageRequest:
         base: dict[str, object] = {"topic": TOPIC, "queue_id": 1, "body": b"x", "transactional": True,
-                                   "producer_group": GROUP}  # fmt: skip
+                                   "producer_group": GROUP}
         return pb.SendMessageRequest(**{**base, **fields})  # type: ignore[arg-type]
 
     refused = {
@@ -153,7 +153,7 @@ def test_a_real_qid_that_is_no_number_is_refused_at_send(
         good = encode_half_entry(TOPIC, 1, b"kept", {"k": "v"}, GROUP, txn)
         assert answer(s.SendBatch, pb.SendBatchRequest(entries=good, transaction_id=txn, producer_group=GROUP)).ok
         props = {"REAL_TOPIC": TOPIC, "REAL_QID": real_qid, "TRAN_MSG": "true", "PGROUP": GROUP,
-                 "__transactionId__": txn}  # fmt: skip
+                 "__transactionId__": txn}
         poisoned = encode_entry(HALF_TOPIC_BYTES, 0, b"poison", encode_properties(props))
         a = answer(s.SendBatch, pb.SendBatchRequest(entries=poisoned, transaction_id=txn, producer_group=GROUP))
         assert refused_as_illegal(a), a
@@ -186,9 +186,9 @@ def test_delays_that_are_numbers_still_work(broker: BrokerController, endpoint: 
         assert admin.queue_offsets(TOPIC)[2] == (0, 1)
     with stub(endpoint) as s:
         assert answer(s.SendMessage, pb.SendMessageRequest(topic=TOPIC, queue_id=2, body=b"x",
-                                                           properties={"DELAY": "2147483647"})).ok  # fmt: skip
+                                                           properties={"DELAY": "2147483647"})).ok
         big = answer(s.SendMessage, pb.SendMessageRequest(topic=TOPIC, queue_id=2, body=b"x",
-                                                          properties={"DELAY": "2147483648"}))  # fmt: skip
+                                                          properties={"DELAY": "2147483648"}))
         assert refused_as_illegal(big), big
 
 
@@ -205,7 +205,7 @@ def test_views_and_key_queries_return_the_stored_bytes(broker: BrokerController,
     """ViewMessageById and QueryMessageByKey re-encoded decoded fields: they now answer the entry exactly as stored,
     as a pull does, and every message a send accepted can be viewed and sent back."""
     entries = [encode_entry(TOPIC.encode(), 3, f"b{i}".encode(), p + b"KEYS\x01find-me\x02")
-               for i, p in enumerate(CANONICAL_PROPERTIES)]  # fmt: skip
+               for i, p in enumerate(CANONICAL_PROPERTIES)]
     with stub(endpoint) as s:
         sent = answer(s.SendBatch, pb.SendBatchRequest(entries=b"".join(entries)))
         assert sent.ok, sent
@@ -219,7 +219,7 @@ def test_views_and_key_queries_return_the_stored_bytes(broker: BrokerController,
             view = answer(s.ViewMessageById, pb.ViewMessageByIdRequest(msg_id=msg_id))
             assert view.ok and view.response.entries == raw, view
             back = answer(s.ConsumerSendMsgBack, pb.ConsumerSendMsgBackRequest(consumer_group="viewers",
-                                                                               commitlog_offset=offset))  # fmt: skip
+                                                                               commitlog_offset=offset))
             assert back.ok, back
         found = answer(s.QueryMessageByKey, pb.QueryMessageByKeyRequest(topic=TOPIC, key="find-me", max_num=64))
         assert found.ok and found.response.entries == b"".join(stored), found

@@ -30,7 +30,7 @@ def owed(broker: BrokerController, endpoint: str) -> dict[str, str]:
             sent = answer(s.SendMessage, pb.SendMessageRequest(
                 topic="Orders", queue_id=0, body=txn.encode(), properties={"KEYS": "secret"}, transactional=True,
                 producer_group="pg", transaction_id=txn,
-            ))  # fmt: skip
+            ))
             assert sent.ok, sent
             ids[txn] = f"{sent.response.msg_id_prefix}{sent.response.commitlog_offsets[0]:016X}"
         assert answer(s.EndTransaction, pb.EndTransactionRequest(transaction_id="tx-rolled-back", commit=False)).ok
@@ -50,10 +50,10 @@ def test_pulls_queries_views_and_commits_of_system_topics_are_denied(
         for topic in SYSTEM:
             for queue_id in (0, 4):
                 pull = answer(s.PullMessage, pb.PullRequest(consumer_group="snoop", topic=topic, queue_id=queue_id,
-                                                            queue_offset=0, max_msgs=32))  # fmt: skip
+                                                            queue_offset=0, max_msgs=32))
                 assert denied(pull), (topic, pull)
                 commit = answer(s.PullMessage, pb.PullRequest(consumer_group="snoop", topic=topic, queue_id=queue_id,
-                                                              commit_offset=0))  # fmt: skip
+                                                              commit_offset=0))
                 assert denied(commit), (topic, commit)
             offsets = pb.UpdateConsumerOffsetsRequest(
                 consumer_group="snoop", offsets=[pb.QueueOffset(topic=topic, queue_id=0, offset=0)]
@@ -65,7 +65,7 @@ def test_pulls_queries_views_and_commits_of_system_topics_are_denied(
             lock = answer(s.LockBatchMQ, pb.LockBatchRequest(consumer_group="snoop", client_id="c", queues=queues))
             assert denied(lock), (topic, lock)
             beat = answer(s.Heartbeat, pb.HeartbeatRequest(consumer_group="snoop", client_id="c",
-                                                          subscriptions={topic: "*"}))  # fmt: skip
+                                                          subscriptions={topic: "*"}))
             assert denied(beat), (topic, beat)
         for what, msg_id in owed.items():
             view = answer(s.ViewMessageById, pb.ViewMessageByIdRequest(msg_id=msg_id))

@@ -26,7 +26,7 @@ def test_a_retried_timer_send_is_stored_once(tmp_path: Path) -> None:
         now = int(time.time() * 1000)
         props = {Prop.UNIQ_KEY: "0A0B0C0D0E0F00112233445566778899", Prop.TIMER_DELIVER_MS: str(now + 60_000)}
         request = pb.SendMessageRequest(producer_group="p", topic=TOPIC, queue_id=0, body=b"at a time",
-                                        properties=props, born_timestamp=now)  # fmt: skip
+                                        properties=props, born_timestamp=now)
         conn = Connection(b.address, 10)
         try:
             first = conn.call(conn.stub.SendMessage, request)

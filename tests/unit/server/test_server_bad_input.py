@@ -51,7 +51,7 @@ def stored(broker: BrokerController, endpoint: str) -> list[tuple[int, int, byte
 def check_refused(
     endpoint: str, before: list[tuple[int, int, bytes, str | None]], action: Callable[[], object],
     error: type[BrokerError], *needles: str,
-) -> None:  # fmt: skip
+) -> None:
     with pytest.raises(error) as info:
         action()
     for needle in needles:
@@ -69,10 +69,10 @@ def test_oversize_body(stored, endpoint: str) -> None:  # type: ignore[no-untype
 def test_bad_topic_names(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
     with Producer(endpoint) as p, Admin(endpoint) as admin:
         check_refused(endpoint, stored, lambda: p.send(Message("bad topic", b"x"), queue_id=0), MessageIllegalError,
-                      "^[%|a-zA-Z0-9_-]+$")  # fmt: skip
+                      "^[%|a-zA-Z0-9_-]+$")
         check_refused(endpoint, stored, lambda: admin.create_topic("x" * 200), MessageIllegalError, "limit is 127")
         check_refused(endpoint, stored, lambda: admin.queue_offsets("NoSuchTopic"), TopicNotExistError,
-                      "sluice topic create")  # fmt: skip
+                      "sluice topic create")
 
 
 def test_bad_offsets(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
@@ -89,7 +89,7 @@ def test_bad_offsets(stored, endpoint: str) -> None:  # type: ignore[no-untyped-
 def test_unknown_group(stored, endpoint: str) -> None:  # type: ignore[no-untyped-def]
     with Admin(endpoint) as admin:
         check_refused(endpoint, stored, lambda: admin.consumer_lag("NeverSeen"), SubscriptionGroupNotExistError,
-                      "no committed offsets and no live consumers")  # fmt: skip
+                      "no committed offsets and no live consumers")
         check_refused(endpoint, stored, lambda: admin.consumer_lag("bad group!"), InvalidArgumentError, "group")
         assert admin.committed_offsets("NeverSeen", TOPIC) == {}
 
@@ -114,7 +114,7 @@ def test_garbage_in_a_send_batch_buffer(stored, endpoint: str) -> None:  # type:
         check_refused(endpoint, stored, lambda: p.send_encoded(good + bytes(bad_crc), 4), MessageIllegalError, "CRC")
         wrong_queue = encode_message(Message(TOPIC, b"q"), 8)  # topic has queues 0..7
         check_refused(endpoint, stored, lambda: p.send_encoded(good + wrong_queue, 4), MessageIllegalError,
-                      "queues 0..7")  # fmt: skip
+                      "queues 0..7")
 
 
 def test_errors_carry_grpc_status_and_response_code(broker: BrokerController, endpoint: str) -> None:
@@ -135,7 +135,7 @@ def test_transaction_type_bits_in_plain_sends(stored, endpoint: str) -> None:  #
     stub = pb_grpc.BrokerStub(channel)
     try:
         for sys_flag in (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE,
-                         SysFlag.TRANSACTION_COMMIT_TYPE):  # fmt: skip
+                         SysFlag.TRANSACTION_COMMIT_TYPE):
             request = pb.SendMessageRequest(topic=TOPIC, queue_id=0, body=b"never", sys_flag=sys_flag)
             with pytest.raises(grpc.RpcError) as info:
                 stub.SendMessage(request, timeout=10)
@@ -211,11 +211,11 @@ def test_consumer_calls_name_a_client_and_real_queues(stored, endpoint: str) -> 
         assert "client_id" in info.value.details()  # type: ignore[attr-defined]
         assert list(stub.GetConsumerList(pb.GetConsumerListRequest(consumer_group="g1")).client_ids) == []
         for queue in (pb.MessageQueue(topic="NoSuchTopic", queue_id=0), pb.MessageQueue(topic=TOPIC, queue_id=-1),
-                      pb.MessageQueue(topic=TOPIC, queue_id=8)):  # fmt: skip
+                      pb.MessageQueue(topic=TOPIC, queue_id=8)):
             with pytest.raises(grpc.RpcError):
                 stub.LockBatchMQ(pb.LockBatchRequest(consumer_group="g1", client_id="c1", queues=[queue]))
         ok = stub.LockBatchMQ(pb.LockBatchRequest(consumer_group="g1", client_id="c1",
-                                                  queues=[pb.MessageQueue(topic=TOPIC, queue_id=3)]))  # fmt: skip
+                                                  queues=[pb.MessageQueue(topic=TOPIC, queue_id=3)]))
         assert [(q.topic, q.queue_id) for q in ok.queues] == [(TOPIC, 3)]
     finally:
         channel.close()

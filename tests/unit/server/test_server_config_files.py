@@ -46,7 +46,7 @@ def test_config_from_toml_and_json(tmp_path: Path) -> None:
     ("data", "needle"),
     [({"no_such_setting": 1}, "unknown setting"), ({"flush_disk_type": "fast"}, "flush type"),
      ({"default_topic_queue_nums": 0}, "default_topic_queue_nums"), ({"listen": "host:port"}, "non-numeric port")],
-)  # fmt: skip
+)
 def test_config_rejects_bad_values_with_a_reason(data: dict[str, object], needle: str) -> None:
     with pytest.raises(InvalidArgumentError, match=needle):
         BrokerConfig.from_dict(data)

@@ -70,7 +70,7 @@ class Acked:
 
 
 def producer_loop(endpoint: str, name: str, queue_id: int, acked: Acked, stop: threading.Event,
-                  topic: str = "Crash") -> None:  # fmt: skip
+                  topic: str = "Crash") -> None:
     """Send single messages and batches until the broker dies; record where each SEND_OK message was stored."""
     with Producer(endpoint, timeout_s=5) as p:
         try:
@@ -81,7 +81,7 @@ def producer_loop(endpoint: str, name: str, queue_id: int, acked: Acked, stop: t
 
 
 def _send_until_stopped(p: Producer, name: str, queue_id: int, acked: Acked, stop: threading.Event,
-                        topic: str) -> None:  # fmt: skip
+                        topic: str) -> None:
     i = 0
     while not stop.is_set():
         n = 1 if i % 3 == 0 else 5
@@ -99,7 +99,7 @@ def _send_until_stopped(p: Producer, name: str, queue_id: int, acked: Acked, sto
 
 
 def kill_while_running(broker: BrokerProcess, workers: list[threading.Thread], stop: threading.Event,
-                       after_s: float) -> float:  # fmt: skip
+                       after_s: float) -> float:
     """Start the writers, SIGKILL the broker ``after_s`` later, then stop and collect the writers. Returns the
     monotonic time just before the kill."""
     for w in workers:
@@ -359,7 +359,7 @@ def test_sigkill_during_topic_deletion_keeps_acknowledged_deletions(tmp_path: Pa
         failures.append(f"{len(keep.problems)} queue offsets of Keep acknowledged twice, e.g. {keep.problems[:3]}")
     if undeleted:
         failures.append(f"{len(undeleted)} of {len(deleted)} acknowledged topic deletions undone by a SIGKILL restart"
-                        f" (listed again): {undeleted}")  # fmt: skip
+                        f" (listed again): {undeleted}")
     problems = store_problems(store)
     assert not failures and not problems, "\n".join(failures + problems[:10])
 
@@ -370,7 +370,7 @@ GROUPS = 6  # groups each writer updates in turn: most are updated several times
 def group_settings(i: int) -> dict[str, object]:
     """The i-th update's values: every field changes from one update of a group to its next."""
     return {"consume_enable": i % 2 == 0, "consume_from_min_enable": i % 3 != 0, "consume_broadcast_enable": i % 2 == 1,
-            "retry_queue_nums": 1 + i % 7, "retry_max_times": i % 23}  # fmt: skip
+            "retry_queue_nums": 1 + i % 7, "retry_max_times": i % 23}
 
 
 @dataclass

@@ -197,7 +197,7 @@ def test_offsets_are_still_saved_after_a_periodic_task_raised(broker_factory: Ca
 
 
 def test_shutdown_during_a_restart_in_place_leaves_nothing_running(broker_factory: BrokerFactory,
-                                                                    tmp_path: Path) -> None:  # fmt: skip
+                                                                    tmp_path: Path) -> None:
     """A replica restarts in place from a thread of its own (a truncation, a lost mastership); its owner's shutdown
     at that moment must stop the restarted broker, not return while a new one starts behind it."""
     store = tmp_path / "restarting"

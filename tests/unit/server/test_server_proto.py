@@ -25,6 +25,6 @@ def test_every_rpc_of_the_contract_is_in_the_service() -> None:
         "SendMessage", "SendBatch", "PullMessage", "QueryConsumerOffset", "UpdateConsumerOffsets", "GetQueueOffsets",
         "SearchOffsetByTimestamp", "QueryMessageByKey", "ViewMessageById", "CreateTopic", "DeleteTopic",
         "ListTopics", "Heartbeat", "GetConsumerList", "GetConsumerLag", "GetBrokerStats",
-    }  # fmt: skip
+    }
     assert required <= methods, required - methods
     assert pb.DESCRIPTOR.package == "sluice.v1"

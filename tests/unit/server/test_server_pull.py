@@ -30,7 +30,7 @@ def test_every_pull_status(broker: BrokerController, endpoint: str) -> None:
     with PullConsumer(endpoint, "g") as c:
         r = c.pull("S", 0, 0, max_msgs=4)
         assert (r.status, len(r.messages), r.next_begin_offset, r.min_offset, r.max_offset) == (
-            PullStatus.FOUND, 4, 4, 0, 10)  # fmt: skip
+            PullStatus.FOUND, 4, 4, 0, 10)
         r = c.pull("S", 0, 10)  # at the end: nothing new
         assert (r.status, r.next_begin_offset, r.max_offset) == (PullStatus.NO_NEW_MSG, 10, 10)
         r = c.pull("S", 1, 0)  # empty queue at offset 0
@@ -122,7 +122,7 @@ def test_data_expired_before_cleanup_moved_the_minimum_is_illegal_not_skipped(
     without being told, and a Spark source with failOnDataLoss=true lost data without failing. Both are now
     OFFSET_ILLEGAL whose min offset is where readable units begin."""
     small = {"mapped_file_size_commit_log": 64 * 1024, "max_message_size": 16 * 1024,
-             "mapped_file_size_consume_queue": 100 * 20}  # fmt: skip
+             "mapped_file_size_consume_queue": 100 * 20}
     broker = broker_factory(store=small)
     with Producer(f"127.0.0.1:{broker.port}") as p:
         for _ in range(8):  # ~7 commit-log files, 4 consume-queue files
@@ -154,13 +154,13 @@ def test_held_pulls_never_take_the_workers_sends_need(
     """Short polling too: its held pulls registered no waiter, so the budget saw none and pulls took every
     worker (a send waited seconds)."""
     broker = broker_factory(grpc_max_workers=6, grpc_reserved_workers=4,  # at most 2 held pulls
-                            long_polling_enable=long_polling, short_polling_time_ms=200)  # fmt: skip
+                            long_polling_enable=long_polling, short_polling_time_ms=200)
     ep = f"127.0.0.1:{broker.port}"
     fill(broker, "Busy", 1)
     results: list[PullStatus] = []
     with PullConsumer(ep, "g") as c:
         holders = [threading.Thread(target=lambda: results.append(c.pull("Busy", 0, 1, timeout_ms=10_000).status))
-                   for _ in range(2)]  # fmt: skip
+                   for _ in range(2)]
         for t in holders:
             t.start()
         deadline = time.monotonic() + 5
@@ -261,7 +261,7 @@ def test_a_cancelled_pull_is_not_held_on(broker: BrokerController, endpoint: str
     fill(broker, "Cancel", 1)
     with PullConsumer(endpoint, "g") as c:
         request = pb.PullRequest(consumer_group="g", topic="Cancel", queue_id=0, queue_offset=1,
-                                 suspend_timeout_ms=20_000)  # fmt: skip
+                                 suspend_timeout_ms=20_000)
         call = c.conn.stub.PullMessage.future(request, timeout=30)
         deadline = time.monotonic() + 5
         while broker.hold.held_count() < 1 and time.monotonic() < deadline:

@@ -48,4 +48,4 @@ def test_a_clean_restart_registers_system_topics_without_a_warning(
     caplog.clear()
     broker_factory(store)
     assert any("topic Orders found in the store" in r.getMessage() for r in caplog.records
-               if r.levelno == logging.WARNING)  # fmt: skip
+               if r.levelno == logging.WARNING)

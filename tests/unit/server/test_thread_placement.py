@@ -49,7 +49,7 @@ def test_explicit_cpu_lists() -> None:
     ("spec", "says"),
     [("fast", "comma-separated list"), ("0;1", "comma-separated list"), ("", "comma-separated list"),
      ("7", "[7]"), ("0,9", "[9]")],
-)  # fmt: skip
+)
 def test_bad_settings_say_what_is_wrong(spec: str, says: str) -> None:
     with pytest.raises(InvalidArgumentError) as err:
         parse_python_cpus(spec, frozenset({0, 1}))

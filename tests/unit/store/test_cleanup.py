@@ -107,7 +107,7 @@ def test_disk_ratio_over_85_deletes_even_unexpired_files_when_enabled(
     """clean_file_forcibly_enable: RocketMQ's forced cleaning, which deletes unexpired (unconsumed) messages."""
     probe = DiskProbe()
     s = make_store(file_reserved_time_hours=72, delete_when="", disk_usage_probe=probe, delete_files_batch_max=2,
-                   clean_file_forcibly_enable=True)  # fmt: skip
+                   clean_file_forcibly_enable=True)
     _fill(s)
     n_files = len(s.commit_log.files.files)
     assert s.cleanup is not None

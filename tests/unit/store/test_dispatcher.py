@@ -157,7 +157,7 @@ def test_schedule_topic_units_carry_the_due_time(make_store: Callable[..., Messa
     store = make_store(delay_level_ms=(1000, 5000, 10000))
     assert store.put_message("SCHEDULE_TOPIC_XXXX", 1, b"single", {"DELAY": "2"}).ok
     batch = b"".join(encode_entry(b"SCHEDULE_TOPIC_XXXX", q, b"b%d" % q, encode_properties({"TAGS": "x"}))
-                     for q in (0, 2, 7))  # fmt: skip
+                     for q in (0, 2, 7))
     assert store.put_batch(batch).ok
     assert store.put_message("Plain", 0, b"p", {"TAGS": "x"}).ok
     assert store.wait_dispatched()
@@ -302,7 +302,7 @@ def test_a_put_wakes_the_dispatcher(make_store: Callable[..., MessageStore]) -> 
     s = make_store(dispatch_interval_ms=5000)
     time.sleep(0.05)  # the service has found nothing and sleeps its 5 s
     for i, put in enumerate([lambda: s.put_message("Wake", 0, b"x"),
-                             lambda: s.put_batch(encode_entry(b"Wake", 0, b"y") * 2)]):  # fmt: skip
+                             lambda: s.put_batch(encode_entry(b"Wake", 0, b"y") * 2)]):
         started = time.monotonic()
         assert put().ok
         while s.max_offset("Wake", 0) < 1 + 2 * i:

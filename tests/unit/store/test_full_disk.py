@@ -31,7 +31,7 @@ def _config(path: Path, **overrides: Any) -> StoreConfig:
         mapped_file_size_commit_log=COMMIT_LOG_FILE, mapped_file_size_consume_queue=50 * 20, max_hash_slot_num=64,
         max_index_num=1024, max_message_size=4096, max_batch_bytes=64 * 1024, flush_disk_type="SYNC_FLUSH",
         flush_interval_consume_queue_ms=20, delete_when="", **AT_FULL,
-    )  # fmt: skip
+    )
     return StoreConfig(store_path=str(path), **{**settings, **overrides})
 
 
@@ -221,7 +221,7 @@ def test_forced_cleaning_deletes_unexpired_messages_only_when_enabled(
     clean_file_forcibly_enable brings back RocketMQ's forced cleaning, which deletes the oldest files and the
     unconsumed messages in them (a reader of offset 0 gets OFFSET_TOO_SMALL)."""
     s = open_store(clean_file_forcibly_enable=forcibly, disk_max_used_space_ratio=75,
-                   disk_space_clean_forcibly_ratio=85, disk_space_warning_level_ratio=90)  # fmt: skip
+                   disk_space_clean_forcibly_ratio=85, disk_space_warning_level_ratio=90)
     for n in range(0, 4 * COMMIT_LOG_FILE // len(BODY), 20):
         assert s.put_batch(_batch("T", n, 20)).ok
     s.flush()

@@ -35,7 +35,7 @@ FS_MIB = 64
 STORE = {
     "mapped_file_size_commit_log": 4 << 20, "mapped_file_size_consume_queue": 4000 * 20, "max_hash_slot_num": 4096,
     "max_index_num": 16384, "max_message_size": 64 << 10, "max_batch_bytes": 256 << 10,
-}  # fmt: skip
+}
 BODY = b"b" * 1000
 BATCH = 100
 QUEUES = 2
@@ -96,7 +96,7 @@ def test_a_full_disk_refuses_sends_and_loses_nothing(small_disk: Path, tmp_path:
             for n in range(0, 12_000, BATCH):  # three commit-log files of history
                 q = (n // BATCH) % QUEUES
                 p.send_batch([Message("Full", b"%08d" % i + BODY, keys=f"k{i}") for i in range(n, n + BATCH)],
-                             queue_id=q)  # fmt: skip
+                             queue_id=q)
                 acked[q] += [b"%08d" % i for i in range(n, n + BATCH)]
             oldest = sorted(os.listdir(store / "commitlog"))[0]
             assert _metric(b, "sluice_store_disk_full") == 0

@@ -14,7 +14,7 @@ from broker.format.properties import first_bad_section, property_number, section
 
 PIECES = [b"\x00", b"\x01", b"\x02", b"a", b"bc", b"KEYS", b"\xff", b"\xc3\xa9", b"\xc2", b"\xe2\x82\xac",
           b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x90\x80\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf",
-          b"\xef\xbf\xbd", b"\x80"]  # fmt: skip
+          b"\xef\xbf\xbd", b"\x80"]
 texts = st.text(st.characters(exclude_characters="\x01\x02", codec="utf-8"), max_size=6)
 canonical = st.dictionaries(texts.filter(bool), texts, max_size=40).map(encode_properties)
 repeated = st.tuples(canonical, st.integers(0, 39)).map(lambda c: c[0] + _nth_pair(c[0], c[1]))
@@ -73,7 +73,7 @@ def test_property_numbers_are_ascii_digits(value: str) -> None:
 
 
 @pytest.mark.parametrize("value", ["", "-1", "+1", " 1", "1 ", "\u0663", "\uff11", "\u00b2", "1.0", "2147483648",
-                                   "9" * 5000])  # fmt: skip
+                                   "9" * 5000])
 def test_other_property_numbers_are_refused(value: str) -> None:
     with pytest.raises(MessageIllegalError, match="ASCII digits") as info:
         property_number("REAL_QID", value)

@@ -31,7 +31,7 @@ def allocated_bytes(root: Path) -> int:
 
 def test_a_new_queue_takes_a_page_not_a_file(make_store: Callable[..., MessageStore], tmp_path: Path) -> None:
     store = make_store(mapped_file_size_consume_queue=CQ_FILE_BYTES, max_batch_bytes=1 << 20,
-                       mapped_file_size_commit_log=4 << 20)  # fmt: skip
+                       mapped_file_size_commit_log=4 << 20)
     topics, queues = 16, 8
     batch = b"".join(encode_entry(f"New{t}".encode(), q, b"x") for t in range(topics) for q in range(queues))
     assert store.put_batch(batch).ok
@@ -46,7 +46,7 @@ def test_blocks_are_reserved_ahead_of_every_write(make_store: Callable[..., Mess
     """Every unit written lies in reserved blocks (a write into a hole of a full disk would be a SIGBUS); the
     reservation grows in steps, so a busy queue makes few fallocate calls."""
     store = make_store(mapped_file_size_consume_queue=CQ_FILE_BYTES, max_batch_bytes=1 << 20,
-                       mapped_file_size_commit_log=4 << 20)  # fmt: skip
+                       mapped_file_size_commit_log=4 << 20)
     path = tmp_path / "store" / "consumequeue" / "Busy" / "0" / f"{0:020d}"
     for n in (1, 300, 5000, 20_000):
         have = store.max_offset("Busy", 0)

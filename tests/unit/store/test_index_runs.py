@@ -80,7 +80,7 @@ def message_runs(draw: st.DrawFn) -> list[Message]:
 
 @settings(max_examples=100, deadline=None)
 @given(runs=st.lists(message_runs(), min_size=1, max_size=4), slots=st.sampled_from([1, 7, 64]),
-       entries=st.sampled_from([3, 9, 40, 1000]))  # fmt: skip
+       entries=st.sampled_from([3, 9, 40, 1000]))
 def test_runs_write_the_files_one_by_one_indexing_writes(
     tmp_path_factory: object, runs: list[list[Message]], slots: int, entries: int
 ) -> None:

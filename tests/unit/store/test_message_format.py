@@ -42,7 +42,7 @@ def independent_decode(raw: bytes) -> dict[str, object]:
         ("QUEUEOFFSET", "q"), ("PHYSICALOFFSET", "q"), ("SYSFLAG", "i"), ("BORNTIMESTAMP", "q"),
         ("BORNHOST", "8s"), ("STORETIMESTAMP", "q"), ("STOREHOST", "8s"), ("RECONSUMETIMES", "i"),
         ("PREPAREDTRANSACTIONOFFSET", "q"), ("BODYLEN", "i"),
-    ]:  # fmt: skip
+    ]:
         take(name, fmt)
     out["BODY"] = raw[pos : pos + out["BODYLEN"]]  # type: ignore[operator]
     pos += out["BODYLEN"]  # type: ignore[operator]
@@ -60,13 +60,13 @@ def test_field_offsets_match_the_seed_table() -> None:
         b"TopicA", 3, b"hello", encode_properties({"TAGS": "t1"}), flag=7, sys_flag=0, born_timestamp=111,
         born_ip=bytes([10, 0, 0, 1]), born_port=5555, reconsume_times=2, prepared_transaction_offset=99,
         queue_offset=42, physical_offset=4096, store_timestamp=222, store_ip=bytes([10, 0, 0, 2]), store_port=10911,
-    )  # fmt: skip
+    )
     d = independent_decode(raw)
     expected_offsets = {
         "TOTALSIZE@": 0, "MAGICCODE@": 4, "BODYCRC@": 8, "QUEUEID@": 12, "FLAG@": 16, "QUEUEOFFSET@": 20,
         "PHYSICALOFFSET@": 28, "SYSFLAG@": 36, "BORNTIMESTAMP@": 40, "BORNHOST@": 48, "STORETIMESTAMP@": 56,
         "STOREHOST@": 64, "RECONSUMETIMES@": 72, "PREPAREDTRANSACTIONOFFSET@": 76, "BODYLEN@": 84,
-    }  # fmt: skip
+    }
     for k, v in expected_offsets.items():
         assert d[k] == v, k
     assert d["TOTALSIZE"] == len(raw) == d["END"]
@@ -122,7 +122,7 @@ def test_encode_decode_round_trip(
     msg = decode_entry(raw, verify_crc=True)
     assert (msg.topic, msg.queue_id, msg.body, msg.flag, msg.born_timestamp, msg.queue_offset) == (
         topic, queue_id, body, flag, born, qoff,
-    )  # fmt: skip
+    )
     assert msg.properties == props == decode_properties(encode_properties(props))
     assert msg.store_size == len(raw)
 

@@ -245,7 +245,7 @@ def test_large_log_scan_finds_a_flipped_byte_past_many_pieces(
     s = make_store(
         mapped_file_size_commit_log=16 << 20, max_message_size=big + 1024, max_batch_bytes=2 << 20,
         mapped_file_size_consume_queue=20 * 30_000,
-    )  # fmt: skip
+    )
     assert big > FIRST_CHUNK_BYTES * 4 and RECOVERY_CHUNK_BYTES * 3 < 7 << 20
     assert s.put_message("L", 0, b"big-first" + b"." * big).ok
     props = encode_properties({Prop.TAGS: "t"})
@@ -265,7 +265,7 @@ def test_large_log_scan_finds_a_flipped_byte_past_many_pieces(
     s2 = make_store(
         mapped_file_size_commit_log=16 << 20, max_message_size=big + 1024, max_batch_bytes=2 << 20,
         mapped_file_size_consume_queue=20 * 30_000,
-    )  # fmt: skip
+    )
     lines = [r.getMessage() for r in caplog.records]
     assert any(path in ln and f"byte {victim}" in ln and "CRC" in ln for ln in lines), lines
     assert s2.recovery_report is not None and s2.recovery_report.truncated_at == victim
@@ -285,7 +285,7 @@ def test_power_loss_after_queues_were_flushed_past_the_commit_log(make_store: Ca
     s = make_store(
         flush_commit_log_least_pages=10**5, flush_commit_log_thorough_interval_ms=10**9,
         flush_interval_commit_log_ms=10**6,
-    )  # fmt: skip
+    )
     size = s.config.mapped_file_size_commit_log
     n = 0
     while s.commit_log.max_offset < size + 100:  # into the second file
@@ -356,7 +356,7 @@ def test_a_crash_while_recovery_truncates_leaves_the_files_contiguous(
     s = make_store(
         flush_commit_log_least_pages=10**5, flush_commit_log_thorough_interval_ms=10**9,
         flush_interval_commit_log_ms=10**6,
-    )  # fmt: skip
+    )
     size = s.config.mapped_file_size_commit_log
     while s.commit_log.max_offset < size + 500:
         assert s.put_message("P", 0, b"x" * 200).ok
@@ -425,7 +425,7 @@ def test_a_deletion_point_past_the_recovered_end_comes_back_to_it(make_store: Ca
     s = make_store(
         flush_commit_log_least_pages=10**5, flush_commit_log_thorough_interval_ms=10**9,
         flush_interval_commit_log_ms=10**6,
-    )  # fmt: skip
+    )
     assert s.put_message("K", 0, b"keep").ok
     assert s.checkpoint is not None and flush_commit_log(s.commit_log, s.checkpoint, s.write_state.on_io_error)
     kept = s.commit_log.flushed_offset
@@ -451,7 +451,7 @@ def test_an_abnormal_start_syncs_every_recovered_file(make_store: Callable[..., 
     quiet = dict(
         flush_commit_log_least_pages=10**5, flush_commit_log_thorough_interval_ms=10**9,
         flush_interval_commit_log_ms=10**6, flush_interval_consume_queue_ms=10**6,
-    )  # fmt: skip
+    )
     s = make_store(**quiet)
     size = s.config.mapped_file_size_commit_log
     i = 0

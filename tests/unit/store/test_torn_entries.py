@@ -105,7 +105,7 @@ def test_a_long_dispatch_pass_stops_at_the_bad_topic_whatever_the_key_order(
     with s.dispatcher.lock:  # every entry reaches the dispatcher in one pass
         for i in range(60):
             s.commit_log.append_entry(bytearray(encode_entry(good_topic, 0, b"%04d" % i + b"x" * 996)),
-                                      good_topic.decode(), 0, True)  # fmt: skip
+                                      good_topic.decode(), 0, True)
         phys, _, _ = s.commit_log.append_entry(bytearray(encode_entry(b"M\0", 0, b"bad")), "M", 0, True)
     assert not s.wait_dispatched(timeout_s=0.3)
     assert s.dispatcher.dispatched_offset == phys
