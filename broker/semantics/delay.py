@@ -12,7 +12,10 @@ behind) between a delivery and the write would deliver that batch again, as Rock
 (or a replica taking office) first asks the message index, for each message it is about to deliver, whether a copy
 with its UNIQ_KEY was already stored in the real topic after it (the delivered copy is in the commit log, so in
 every in-sync replica's log and index, as timer_delivered.py explains for timers), and skips it if so, until
-``RECHECK_MISSES`` in a row had none. Without a message index (or a message without UNIQ_KEY) delivery stays at
+``RECHECK_MISSES`` in a row had none; only messages the log held at that start are looked up (the same message
+sent back twice has one UNIQ_KEY: a later retry must not take an earlier one's copy for its own). Two retries of
+one message both stored before a crash, the first delivered and recorded nowhere, are the case this still gets
+wrong: the second is taken as delivered. Without a message index (or a message without UNIQ_KEY) delivery stays at
 least once.
 
 Server wiring::
@@ -159,6 +162,7 @@ class ScheduleMessageService:
         self._delivered = 0
         self._listening = False  # the store has no way to remove a listener: add ours once
         self._recheck: dict[int, int] = {}  # level -> due messages still to look up before delivering (module doc)
+        self._recheck_below = 0  # commit-log offset: only messages stored before it are looked up
         self._load()
 
     # ------------------------------------------------------------------------------------------ send side
@@ -270,11 +274,15 @@ class ScheduleMessageService:
     def _recheck_all(self) -> None:
         with self._lock:
             self._recheck = {level: RECHECK_MISSES for level in range(1, self.levels.max_level + 1)}
+            # Only what the log held at this start can have been delivered by a run before it: a message stored
+            # since is delivered by this run alone, and the same message sent back twice (one UNIQ_KEY, two
+            # retries) must not take the first retry's copy for its own.
+            self._recheck_below = self.store.max_phys_offset()
 
     def _delivered_before(self, level: int, msg: StoredMessage) -> bool:
         """Whether ``msg`` was delivered by a run whose progress was not recorded (only while rechecking)."""
         with self._lock:
-            if self._recheck.get(level, 0) <= 0:
+            if self._recheck.get(level, 0) <= 0 or msg.commitlog_offset >= self._recheck_below:
                 return False
         found = has_delivered_copy(self.store, msg)
         with self._lock:
