@@ -79,8 +79,8 @@ ADMIN_TIMEOUT_S = 30.0  # the sink's other calls to a broker (listing and rollin
 # An unanswered call inside a transaction sends the task's rows again under a new attempt; more than this many in
 # one task is not a failover but a broker that keeps failing, and the task fails (Spark may retry it).
 MAX_SLICE_RESENDS = 3
-# Rows a task keeps to send again (Arrow bytes): a larger slice is not kept, and an unanswered call fails the task
-# as before (Spark retries it under a new attempt).
+# Rows a task holds to send again (Arrow bytes): a larger slice is not held, so an unanswered call of it fails the
+# task (Spark retries it under a new attempt).
 MAX_KEPT_SLICE_BYTES = 256 << 20
 
 

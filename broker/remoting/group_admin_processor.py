@@ -17,7 +17,7 @@ What differs from RocketMQ (docs/remoting.md):
 
 * SubscriptionGroupConfig: ``consumeEnable``, ``consumeFromMinEnable``, ``consumeBroadcastEnable``,
   ``retryQueueNums``, ``retryMaxTimes`` and ``consumeMessageOrderly`` are applied (those present in the body);
-  ``brokerId``, ``whichBrokerWhenConsumeSlowly``, ``notifyConsumerIdsChangedEnable`` and the rest are not kept.
+  ``brokerId``, ``whichBrokerWhenConsumeSlowly``, ``notifyConsumerIdsChangedEnable`` and the rest are ignored.
 * ConsumerConnection: Sluice's consumer table keeps each consumer's client id, subscriptions and message model, not
   its connection: ``clientAddr`` is the address part of the client id (a 4.x client id is ``ip@instance``),
   ``language`` OTHER, ``version`` 0, ``consumeType`` CONSUME_PASSIVELY and ``consumeFromWhere``
