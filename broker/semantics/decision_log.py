@@ -241,12 +241,14 @@ class DecisionLog:
             self._next_persist = time.monotonic() + PERSIST_INTERVAL_S
 
     def _scan(self, start: int) -> Iterator[tuple[int, bytes]]:
-        """(queue offset, body) of every decision message from ``start`` (corrected up to the queue's minimum)."""
+        """(queue offset, body) of every decision message from ``start`` (corrected up to the queue's minimum), past
+        the read limit too: a new master starts before its replicas confirm its log's end, and a decision it missed
+        could be taken a second time, the other way."""
         offset = max(start, self.store.min_offset(TRANS_DECISION_TOPIC, 0))
-        stop = self.store.max_offset(TRANS_DECISION_TOPIC, 0)
+        stop = self.store.queue_end(TRANS_DECISION_TOPIC, 0)
         while offset < stop:
             res = self.store.get_message(TRANS_READER_GROUP, TRANS_DECISION_TOPIC, 0, offset,
-                                         min(SCAN_BATCH, stop - offset))
+                                         min(SCAN_BATCH, stop - offset), confirmed_only=False)
             if res.status is GetStatus.FOUND:
                 for qoff, msg in zip(res.queue_offsets, res.messages(), strict=True):
                     yield qoff, msg.body

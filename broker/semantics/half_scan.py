@@ -51,8 +51,9 @@ class HalfScans(TransactionTable):
             else:
                 return
 
-    def _scan(self, topic: str, queue_id: int, start: int, end: int | None = None) -> Iterator[StoredMessage]:
-        for raw in self._scan_raw(topic, queue_id, start, end):
+    def _scan(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
+              confirmed_only: bool = True) -> Iterator[StoredMessage]:
+        for raw in self._scan_raw(topic, queue_id, start, end, confirmed_only=confirmed_only):
             msg = decode_entry(raw.entry)
             msg.queue_offset = raw.queue_offset
             yield msg
@@ -66,14 +67,15 @@ class HalfScans(TransactionTable):
         """``_read_half_runs`` one get at a time, HalvesGoneError after the last: a caller that is done with each
         run before the next keeps one run in memory, not the transaction (hundreds of MB for a million halves,
         all of it fresh pages to fault in)."""
-        if queue_offsets and self.store.max_offset(TRANS_HALF_TOPIC, 0) <= queue_offsets[-1]:
+        if queue_offsets and self.store.queue_end(TRANS_HALF_TOPIC, 0) <= queue_offsets[-1]:
             self._wait_for_dispatch()  # halves just put may not have their consume-queue units yet
         found: list[list[int]] = []
         for first, last in offset_runs(queue_offsets):
             offset = max(first, self.store.min_offset(TRANS_HALF_TOPIC, 0))
             while offset <= last:
+                # past the read limit too: a new master commits halves its replicas have not confirmed yet
                 res = self.store.get_message(TRANS_READER_GROUP, TRANS_HALF_TOPIC, 0, offset,
-                                             min(SCAN_BATCH, last + 1 - offset))
+                                             min(SCAN_BATCH, last + 1 - offset), confirmed_only=False)
                 if res.status is not GetStatus.FOUND:
                     break
                 found.append(res.queue_offsets)

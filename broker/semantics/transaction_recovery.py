@@ -51,7 +51,11 @@ class Recovery(Decisions):
         half_from, op_from, check_times = load_json(self.path, parse_checker_state) or (0, 0, {})
         decisions: dict[str, StoredMessage] = {}
         finished: set[str] = set()
-        for op in self._scan(TRANS_OP_HALF_TOPIC, 0, op_from):
+        # Both scans read the whole log, past the read limit: a new master starts these services before its
+        # replicas have confirmed its log's end, and the entries past the confirmed offset are its log all the same
+        # (they will be confirmed, never cut back). A slice record or decision missed here would leave its
+        # transaction unknown, and rows written in place would hold their queues for good.
+        for op in self._scan(TRANS_OP_HALF_TOPIC, 0, op_from, confirmed_only=False):
             tid = op.properties.get(Prop.TRANSACTION_ID)
             if tid is None:
                 continue  # a RocketMQ-written op message without an id: not ours to resolve
@@ -60,7 +64,7 @@ class Recovery(Decisions):
             elif op.tags == FINISHED_TAG:
                 finished.add(tid)
         txns: dict[str, TxnRecord] = {}
-        for raw in self._scan_raw(TRANS_HALF_TOPIC, 0, half_from):  # undecoded: there may be millions
+        for raw in self._scan_raw(TRANS_HALF_TOPIC, 0, half_from, confirmed_only=False):  # undecoded: may be millions
             tid = raw_property(raw.entry, Prop.TRANSACTION_ID) or raw_property(raw.entry, Prop.UNIQ_KEY)
             if tid is None:
                 tid = decode_entry(raw.entry).msg_id
@@ -125,7 +129,8 @@ class Recovery(Decisions):
         log.error("transaction %s: committed, but its interrupted re-store cannot finish: %s", t.txn_id, why)
 
     def _decision_op(self, t: TxnRecord) -> StoredMessage:
-        for op in self._scan(TRANS_OP_HALF_TOPIC, 0, t.decision_op_offset, t.decision_op_offset + 1):
+        for op in self._scan(TRANS_OP_HALF_TOPIC, 0, t.decision_op_offset, t.decision_op_offset + 1,
+                             confirmed_only=False):
             return op
         raise DecisionGoneError(
             f"decision of transaction {t.txn_id!r} (op offset {t.decision_op_offset}) is gone (expired?); the "
