@@ -64,13 +64,14 @@ from broker.semantics.pop import PopService
 from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.auth_lookup import BrokerLookup
+from broker.server.broker_gauges import register_broker_gauges
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.broker_service import BrokerService
 from broker.server.call_streams import PULL_MESSAGE_METHOD, SEND_MESSAGE_METHOD, CallStreams, through_interceptors
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.coordinator_service import CoordinatorService, coordinator_asker
-from broker.server.metrics import BrokerMetrics, Labels, MetricsServer
+from broker.server.metrics import BrokerMetrics, MetricsServer
 from broker.server.pop_processor import PopProcessor
 from broker.server.pull_hold import PullHoldService
 from broker.server.pull_processor import PullProcessor
@@ -574,56 +575,8 @@ class BrokerController:
         coordinator = CoordinatorService(self.decisions, lambda txn_id: (
             self.transactions.producer_group_of(txn_id) if self.transactions is not None else None))
         cpb_grpc.add_TransactionCoordinatorServicer_to_server(coordinator, server)
-        self._register_gauges(store)
-
-    def _register_gauges(self, store: MessageStore) -> None:
-        def queue_max_offsets() -> list[tuple[Labels, float]]:
-            return [
-                ((("topic", t.topic), ("queue", str(q))), float(store.max_offset(t.topic, q)))
-                for t in self.topics.topics()
-                for q in range(t.read_queue_nums)
-            ]
-
-        def group_lags() -> list[tuple[Labels, float]]:
-            out: list[tuple[Labels, float]] = []
-            for group, topic in self.offsets.groups():
-                total = sum(x.lag for x in self.admin.lags(group, [topic]))
-                out.append(((("group", group), ("topic", topic)), float(total)))
-            return out
-
-        def disk_ratio() -> list[tuple[Labels, float]]:
-            return [((), float(store.stats().get("disk_usage_ratio", 0.0)))]
-
-        def commit_log_bytes() -> list[tuple[Labels, float]]:
-            stats = store.stats()
-            return [((), float(stats.get("commit_log_max_offset", 0)) - float(stats.get("commit_log_min_offset", 0)))]
-
-        self.metrics.add_gauge("sluice_queue_max_offset", "Max offset (messages) of each queue", queue_max_offsets)
-        self.metrics.add_gauge("sluice_group_lag", "Messages not yet consumed per group and topic", group_lags)
-        self.metrics.add_gauge("sluice_store_disk_usage_ratio", "Used fraction of the store's file system", disk_ratio)
-        self.metrics.add_gauge("sluice_store_commit_log_bytes", "Bytes held in commit-log files", commit_log_bytes)
-        self.metrics.add_gauge("sluice_store_disk_full", "1 while sends are refused for want of disk space",
-                               lambda: [((), float(store.disk_full))])
-        self.metrics.add_gauge("sluice_held_pulls", "Pulls currently held by long polling",
-                               lambda: [((), float(self.hold.held_count()))])
-        self.metrics.add_gauge("sluice_call_streams", "Open SendStream and PullStream calls (a worker thread each)",
-                               lambda: [((), float(self.call_streams.open_count()))])
-
-        def transaction_held() -> list[tuple[Labels, float]]:
-            held: dict[tuple[str, int], int] = {}
-            for piece in store.txn_visibility.open_slices():
-                for key, first in piece.first_offsets.items():
-                    held[key] = min(held.get(key, first), first)
-            out: list[tuple[Labels, float]] = []
-            for (t, q), at in sorted(held.items()):
-                cq = store.queues.find(t, q)
-                if cq is not None:
-                    out.append(((("topic", t), ("queue", str(q))), float(cq.written_offset - at)))
-            return out
-
-        self.metrics.add_gauge("sluice_queue_transaction_held_messages",
-                               "Messages of each queue readers cannot see yet: written from the first message of "
-                               "an open transaction on (its readable limit) to the end", transaction_held)
+        register_broker_gauges(self.metrics, store, self.topics, self.offsets, self.admin, self.hold,
+                               self.call_streams)
 
     def stats(self) -> dict[str, float]:
         assert self.store is not None
