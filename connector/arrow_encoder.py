@@ -83,7 +83,7 @@ class EncodedChunk:
 
 
 @dataclass
-class _Pending:
+class _PendingChunk:
     """One broker's entries not yet yielded."""
 
     parts: list[bytes] = field(default_factory=list)
@@ -158,7 +158,7 @@ class RowEncoder:
         topics, tags, keys = cols.get("topic", none), cols.get("tags", none), cols.get("keys", none)
         props, shard, qids = cols.get("properties", none), cols.get("sharding_key", none), cols.get("queue_id", none)
         born = int(time.time() * 1000)
-        pending: dict[str, _Pending] = {}  # per broker
+        pending: dict[str, _PendingChunk] = {}  # per broker
         for i in range(n):
             row = first_row + i
             body = bodies[i]
@@ -179,7 +179,7 @@ class RowEncoder:
                 raise MessageIllegalError(f"row {row}: {e.message}") from None
             p = pending.get(broker)
             if p is None:
-                p = pending[broker] = _Pending()
+                p = pending[broker] = _PendingChunk()
             if p.parts and p.size + len(entry) > self.batch_bytes:  # never past the bound: the broker refuses that
                 yield p.take(broker)
             p.parts.append(entry)

@@ -86,7 +86,7 @@ def touch_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> int:
 
 
 @dataclass
-class Row:
+class RateRow:
     """One row's rounds, in msgs/s."""
 
     name: str
@@ -104,7 +104,7 @@ class Row:
                 "rounds_msgs_s": [round(r) for r in self.rates]}
 
 
-def ratios_of(rows: dict[str, Row]) -> dict[str, dict[str, float]]:
+def ratios_of(rows: dict[str, RateRow]) -> dict[str, dict[str, float]]:
     """Each Sluice row over each Redis row: the median of the per-round ratios, and their range."""
     out = {}
     for mine, theirs in RATIOS:
@@ -387,7 +387,7 @@ def run_every_field(workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
             count = max(4 * BATCH_MSGS, int(COUNT_BY_SIZE[size_b] * scale))
             topic, key = sluice_fill(sluice.endpoint, size_b, count), redis_fill(r, size_b, count)
             readers = readers_of(sluice.endpoint, topic, r, key, size_b)
-            rows = {name: Row(name, size_b, count, []) for name in ROWS}
+            rows = {name: RateRow(name, size_b, count, []) for name in ROWS}
             for i, read in enumerate(readers.values()):
                 read(WARMUP_MSGS, f"every-field-warmup-{i}")
             for round_no in range(rounds):

@@ -93,14 +93,14 @@ def subscription_data(topic: str, expression: str, expression_type: str = "TAG",
 
 
 @dataclass(frozen=True)
-class Connection:
+class ClientConnection:
     client_id: str
     client_addr: str
     language: str = "OTHER"
     version: int = 0
 
 
-def consumer_connection(connections: Iterable[Connection], subscriptions: Mapping[str, str], *, model: str,
+def consumer_connection(connections: Iterable[ClientConnection], subscriptions: Mapping[str, str], *, model: str,
                         consume_type: str, consume_from_where: str) -> bytes:
     body = {
         "connectionSet": [

@@ -81,8 +81,8 @@ class RemotingClient:
         connection ends first."""
         return self.invoke_async(command).result_or_raise(timeout_s, self)
 
-    def invoke_async(self, command: RemotingCommand) -> _Pending:
-        future = _Pending()
+    def invoke_async(self, command: RemotingCommand) -> _PendingCall:
+        future = _PendingCall()
         with self._lock:
             if self._closed:
                 raise BrokerUnreachableError(f"the connection to {self.address} is closed")
@@ -183,7 +183,7 @@ class RemotingClient:
         self.close()
 
 
-class _Pending(Future[RemotingCommand]):
+class _PendingCall(Future[RemotingCommand]):
     """A request's answer to come; ``result_or_raise`` waits for it with a timeout and forgets the request after."""
 
     opaque = 0

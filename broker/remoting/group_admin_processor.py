@@ -41,7 +41,7 @@ from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, Servi
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import fastjson
 from broker.remoting import header_fields as f
-from broker.remoting.admin_bodies import Connection, Queue, consume_stats, consumer_connection, reset_offset_body
+from broker.remoting.admin_bodies import ClientConnection, Queue, consume_stats, consumer_connection, reset_offset_body
 from broker.remoting.admin_handler import Guarded
 from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
@@ -144,7 +144,7 @@ class GroupAdminProcessors:
             for topic, expression in m.subscriptions.items():
                 subscriptions.setdefault(topic, expression)
         body = consumer_connection(
-            [Connection(m.client_id, _client_addr(m.client_id)) for m in members], subscriptions,
+            [ClientConnection(m.client_id, _client_addr(m.client_id)) for m in members], subscriptions,
             model=members[0].model, consume_type="CONSUME_PASSIVELY", consume_from_where="CONSUME_FROM_LAST_OFFSET",
         )
         return request.response(ResponseCode.SUCCESS, body=body)

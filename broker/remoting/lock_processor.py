@@ -21,7 +21,7 @@ from broker.remoting import fastjson
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import INT32, Access, failure
-from broker.remoting.message_replication import Replication
+from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.transaction_processor import master_only, refused
 from broker.server.broker_service import BrokerService
@@ -67,9 +67,9 @@ def parse_lock_body(body: bytes) -> tuple[pb.LockBatchRequest, dict[tuple[str, i
 class LockProcessor:
     """Both codes, by the request's code."""
 
-    def __init__(self, service: BrokerService, access: Access, replication: Replication | None = None) -> None:
+    def __init__(self, service: BrokerService, access: Access, replication: GroupReplication | None = None) -> None:
         self.service, self.access = service, access
-        self.replication = replication or Replication(None)
+        self.replication = replication or GroupReplication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:

@@ -123,7 +123,7 @@ def failure(request: RemotingCommand, e: Exception) -> RemotingCommand:
 # ------------------------------------------------------------------------------------------------- rights
 
 
-class _NoLookup:
+class _RequestNamesOnly:
     """Rows of remoting requests are decided on what the request names; resolved operations decide themselves."""
 
     def transaction_group(self, txn_id: str, half_commitlog_offset: int | None) -> str | None:
@@ -163,7 +163,7 @@ class Access:
             return
         row: Row = REMOTING[code_name]  # type: ignore[assignment]
         for request in requests:
-            caller.require(*row.gate_needs(request, _NoLookup()))
+            caller.require(*row.gate_needs(request, _RequestNamesOnly()))
 
     @contextmanager
     def admitted(self, context: RequestContext, code_name: str, request: Any) -> Iterator[Caller | None]:
@@ -174,7 +174,7 @@ class Access:
         try:
             if caller is not None:
                 row: Row = REMOTING[code_name]  # type: ignore[assignment]
-                caller.require(*row.gate_needs(request, _NoLookup()))
+                caller.require(*row.gate_needs(request, _RequestNamesOnly()))
             yield caller
         finally:
             current.reset(token)

@@ -18,7 +18,7 @@ from broker.remoting.codes import RequestCode
 from broker.remoting.lock_processor import LOCK_CODES, LockProcessor
 from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access
-from broker.remoting.message_replication import Replication
+from broker.remoting.message_replication import GroupReplication
 from broker.remoting.pop_processor import POP_CODES, PopMessageProcessors
 from broker.remoting.processor import Processor
 from broker.remoting.pull_processor import PullMessageProcessor
@@ -65,7 +65,7 @@ def message_processors(
     service = controller.service
     assert service is not None and service.retries is not None, "build the processors of a started broker"
     access = Access(controller.accounts if controller.config.auth_enabled else None)
-    replication = Replication(controller.gate)
+    replication = GroupReplication(controller.gate)
     suspender = PullSuspender(service.pulls, controller.hold)
     sends = SendMessageProcessor(service.sends, access, replication, msg_ids)
     table: dict[int, Processor] = dict.fromkeys(SEND_CODES, sends)

@@ -17,7 +17,7 @@ from broker.errors import FlushSlaveTimeoutError, NotMasterError
 from broker.ha.replication_gate import GateTarget, ReplicationGate
 
 
-class Replication:
+class GroupReplication:
     def __init__(self, gate: ReplicationGate | None) -> None:
         self.gate = gate
 

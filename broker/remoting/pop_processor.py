@@ -47,7 +47,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import decode_stored, encode_stored
 from broker.remoting.message_outcomes import Access, failure
-from broker.remoting.message_replication import Replication
+from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.transaction_processor import master_only, refused
 from broker.server.consumer_offsets import validate_group
@@ -91,10 +91,10 @@ def offset_info(messages: list[StoredMessage]) -> tuple[str, str]:
 class PopMessageProcessors:
     """The three codes, by the request's code."""
 
-    def __init__(self, pops: PopProcessor, access: Access, replication: Replication | None = None,
+    def __init__(self, pops: PopProcessor, access: Access, replication: GroupReplication | None = None,
                  max_held: int = MAX_HELD_POPS) -> None:
         self.pops, self.access = pops, access
-        self.replication = replication or Replication(None)
+        self.replication = replication or GroupReplication(None)
         self._held = threading.BoundedSemaphore(max_held)
         self._waiting = ThreadPoolExecutor(max_held, thread_name_prefix="remoting-pop")
 

@@ -19,7 +19,7 @@ from broker.errors import BrokerError, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access, failure, refusal
-from broker.remoting.message_replication import Replication
+from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.pull_request import SubscriptionOf, parse_pull, pull_args
 from broker.remoting.pull_suspend import PullSuspender
@@ -50,13 +50,13 @@ def pull_answer(request: RemotingCommand, outcome: PullOutcome, ids: RemotingIds
 class PullMessageProcessor:
     def __init__(
         self, pulls: PullProcessor, suspender: PullSuspender, access: Access,
-        subscription_of: SubscriptionOf | None = None, replication: Replication | None = None,
+        subscription_of: SubscriptionOf | None = None, replication: GroupReplication | None = None,
         ids: RemotingIds | None = None,
     ) -> None:
         self.pulls, self.suspender, self.access = pulls, suspender, access
         self.ids = ids
         self.subscription_of = subscription_of
-        self.replication = replication or Replication(None)
+        self.replication = replication or GroupReplication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:

@@ -18,7 +18,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import INT64, Access, failure, int_field, refusal, text_field
-from broker.remoting.message_replication import Replication
+from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.server.consumer_offsets import validate_group
 from broker.server.retry_processor import RetryProcessor
@@ -47,9 +47,9 @@ def parse_send_back(ext: dict[str, str]) -> SendBackRequest:
 
 
 class SendBackProcessor:
-    def __init__(self, retries: RetryProcessor, access: Access, replication: Replication | None = None) -> None:
+    def __init__(self, retries: RetryProcessor, access: Access, replication: GroupReplication | None = None) -> None:
         self.retries, self.access = retries, access
-        self.replication = replication or Replication(None)
+        self.replication = replication or GroupReplication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:

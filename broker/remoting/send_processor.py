@@ -25,7 +25,7 @@ from broker.remoting.message_batch import decode_batch, sluice_batch
 from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access, failure, refusal
 from broker.remoting.message_properties import parse_properties
-from broker.remoting.message_replication import Replication
+from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.send_request import SEND_BATCH_MESSAGE, SEND_MESSAGE, SEND_MESSAGE_V2, SendRequest, parse_send
 from broker.server.send_processor import SendOutcome, SendProcessor
@@ -57,10 +57,10 @@ def send_answer(request: RemotingCommand, outcome: SendOutcome, replicated: bool
 class SendMessageProcessor:
     """One message (codes 10 and 310) or a batch (320), by the request's code."""
 
-    def __init__(self, sends: SendProcessor, access: Access, replication: Replication | None = None,
+    def __init__(self, sends: SendProcessor, access: Access, replication: GroupReplication | None = None,
                  msg_ids: RemotingIds | None = None) -> None:
         self.sends, self.access = sends, access
-        self.replication = replication or Replication(None)
+        self.replication = replication or GroupReplication(None)
         self.msg_ids = msg_ids
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:

@@ -30,7 +30,7 @@ from broker.remoting import header_fields as f
 from broker.remoting.codes import RequestCode, ResponseCode, error_code
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import MAX_REMARK_CHARS, Access, failure
-from broker.remoting.message_replication import Replication
+from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.server.transaction_processor import TransactionProcessor
 
@@ -48,7 +48,7 @@ def refused(request: RemotingCommand, e: BrokerError) -> RemotingCommand:
     return request.response(int(code), remark=e.message[:MAX_REMARK_CHARS])
 
 
-def master_only(replication: Replication, what: str) -> None:
+def master_only(replication: GroupReplication, what: str) -> None:
     """Queue locks and pops are the master's (its lock table, its in-flight records), as the replication gate
     rules for their gRPC calls: a slave refuses them with NOT_MASTER (answered SERVICE_NOT_AVAILABLE)."""
     if not replication.is_master():
@@ -73,10 +73,10 @@ def end_request(request: RemotingCommand) -> pb.EndTransactionRequest | None:
 
 
 class EndTransactionProcessor:
-    def __init__(self, transactions: TransactionProcessor, access: Access, replication: Replication | None = None
+    def __init__(self, transactions: TransactionProcessor, access: Access, replication: GroupReplication | None = None
                  ) -> None:
         self.transactions, self.access = transactions, access
-        self.replication = replication or Replication(None)
+        self.replication = replication or GroupReplication(None)
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:
