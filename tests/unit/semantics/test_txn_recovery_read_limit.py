@@ -23,6 +23,13 @@ CONFIG = {"mapped_file_size_commit_log": 4 << 20, "mapped_file_size_consume_queu
           "max_message_size": 64 << 10, "max_batch_bytes": 256 << 10}
 
 
+def _open(tmp_path: Path) -> tuple[MessageStore, str]:
+    """A started store in ``tmp_path`` and the config directory of its services."""
+    store = MessageStore(StoreConfig(store_path=str(tmp_path), **CONFIG))  # type: ignore[arg-type]
+    store.start()
+    return store, os.path.join(tmp_path, "config")
+
+
 def rows(bodies: list[bytes]) -> bytes:
     return b"".join(encode_entry(TOPIC.encode(), 0, b, encode_properties({})) for b in bodies)
 
@@ -33,9 +40,7 @@ def _bodies(store: MessageStore) -> list[bytes]:
 
 
 def test_recovery_past_the_read_limit_stores_no_copy_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = MessageStore(StoreConfig(store_path=str(tmp_path), **CONFIG))  # type: ignore[arg-type]
-    store.start()
-    config_dir = os.path.join(tmp_path, "config")
+    store, config_dir = _open(tmp_path)
     tx = TransactionService(store, config_dir)
     tx.start()
     try:
@@ -69,9 +74,7 @@ def test_recovery_knows_an_open_in_place_transaction_past_the_read_limit(tmp_pat
     it starts its services: the recovery knows the transaction (its attempt, its rows), so the writer's commit of
     another attempt rolls this one's rows back and the queue is readable again. Unknown, its rows would hold the
     queue for good (the Spark sink's failover test saw 2,600 of 20,000 rows readable)."""
-    store = MessageStore(StoreConfig(store_path=str(tmp_path), **CONFIG))  # type: ignore[arg-type]
-    store.start()
-    config_dir = os.path.join(tmp_path, "config")
+    store, config_dir = _open(tmp_path)
     tx = TransactionService(store, config_dir)
     tx.start()
     try:
@@ -102,9 +105,7 @@ def test_halves_and_a_coordinators_decision_past_the_read_limit_are_known(tmp_pa
     """A half message and a coordinator's decision a new master's log holds past its confirmed offset: the recovery
     knows both, the half's commit re-stores it (not 'halves gone'), and the decision stands (a later ABORT gets the
     COMMIT back)."""
-    store = MessageStore(StoreConfig(store_path=str(tmp_path), **CONFIG))  # type: ignore[arg-type]
-    store.start()
-    config_dir = os.path.join(tmp_path, "config")
+    store, config_dir = _open(tmp_path)
     tx, decisions = TransactionService(store, config_dir), DecisionLog(store, config_dir)
     tx.start()
     decisions.start()
