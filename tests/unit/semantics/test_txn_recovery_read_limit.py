@@ -132,3 +132,31 @@ def test_halves_and_a_coordinators_decision_past_the_read_limit_are_known(tmp_pa
         tx.shutdown()
         decisions.shutdown()
         store.shutdown()
+
+
+def test_a_commit_past_the_read_limit_is_not_made_again(tmp_path: Path) -> None:
+    """A single-message transaction committed (decision, copy, finished marker) on the old master, all of it past the
+    new master's confirmed offset when it starts: the producer's EndTransaction retried there, or a check-back's
+    answer, gets the first outcome back and stores no second copy (the soak read committed transactions twice)."""
+    store, config_dir = _open(tmp_path)
+    tx = TransactionService(store, config_dir)
+    tx.start()
+    try:
+        _, txn_id = tx.prepare_half(TOPIC, 0, b"once", {}, "producers")
+        confirmed = store.max_phys_offset()
+        assert tx.end_transaction(txn_id, commit=True).complete
+    finally:
+        tx.shutdown()
+    assert store.wait_dispatched()
+    store.read_limit = lambda: confirmed  # the decision, the copy and the marker are past the confirmed offset
+    tx = TransactionService(store, config_dir)
+    tx.start()
+    try:
+        again = tx.end_transaction(txn_id, commit=True)
+        assert again.already_ended and again.status is TxStatus.COMMITTED and again.restored == 0
+        store.read_limit = None
+        assert store.wait_dispatched()
+        assert _bodies(store) == [b"once"]
+    finally:
+        tx.shutdown()
+        store.shutdown()
