@@ -50,8 +50,7 @@ from broker.format.message import BODY_START, ENTRY_HEADER, PROPS_LEN, TOPIC_LEN
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_for
 from broker.proto.wire import Framed
-from broker.remoting.codes import RequestCode
-from broker.remoting.codes import ResponseCode as Wire
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_batch import ITEM_HEAD, MIN_ITEM_SIZE
 from broker.remoting.message_properties import format_properties
@@ -60,11 +59,11 @@ SCHEME = "remoting://"
 ID_OFFSET_CHARS = 16  # an offset message id ends with the commit-log offset: 8 bytes, 16 hex characters
 # Send answers that say the message is stored, with its status (the rest are refusals).
 _STORED = {
-    Wire.SUCCESS: pb.SEND_OK, Wire.FLUSH_DISK_TIMEOUT: pb.FLUSH_DISK_TIMEOUT,
-    Wire.FLUSH_SLAVE_TIMEOUT: pb.FLUSH_SLAVE_TIMEOUT, Wire.SLAVE_NOT_AVAILABLE: pb.SLAVE_NOT_AVAILABLE,
+    WireCode.SUCCESS: pb.SEND_OK, WireCode.FLUSH_DISK_TIMEOUT: pb.FLUSH_DISK_TIMEOUT,
+    WireCode.FLUSH_SLAVE_TIMEOUT: pb.FLUSH_SLAVE_TIMEOUT, WireCode.SLAVE_NOT_AVAILABLE: pb.SLAVE_NOT_AVAILABLE,
 }
-_PULLED = {Wire.SUCCESS: pb.FOUND, Wire.PULL_NOT_FOUND: pb.NO_NEW_MSG, Wire.PULL_RETRY_IMMEDIATELY: pb.NO_MATCHED_MSG,
-           Wire.PULL_OFFSET_MOVED: pb.OFFSET_ILLEGAL}
+_PULLED = {WireCode.SUCCESS: pb.FOUND, WireCode.PULL_NOT_FOUND: pb.NO_NEW_MSG,
+           WireCode.PULL_RETRY_IMMEDIATELY: pb.NO_MATCHED_MSG, WireCode.PULL_OFFSET_MOVED: pb.OFFSET_ILLEGAL}
 PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUSPEND, PULL_FLAG_SUBSCRIPTION = 0x1, 0x2, 0x4  # PullSysFlag
 _I32 = struct.Struct(">i")
 _H_QUEUE_ID, _H_FLAG, _H_SYS_FLAG, _H_BORN, _H_BODY_LEN = (
@@ -143,7 +142,7 @@ class PullAnswer(NamedTuple):
 
 
 def _send_response(answer: RemotingCommand, count: int) -> pb.SendResponse:
-    status = _STORED.get(Wire(answer.code)) if answer.code in Wire._value2member_map_ else None
+    status = _STORED.get(WireCode(answer.code)) if answer.code in WireCode._value2member_map_ else None
     if status is None:
         raise _refused(answer)
     ids = answer.ext_fields.get("msgId", "").split(",")
@@ -222,7 +221,7 @@ class _Stub:
     def GetTopicRoute(self, request: pb.GetTopicRouteRequest, timeout: float | None = None) -> pb.TopicInfo:
         ext = {"topic": request.topic, "autoCreate": "true" if request.auto_create else "false"}
         answer = self._conn.invoke(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext, timeout_s=timeout)
-        if answer.code != Wire.SUCCESS:
+        if answer.code != WireCode.SUCCESS:
             raise _refused(answer)
         data = json.loads(answer.body)
         queue = data["queueDatas"][0]
@@ -280,7 +279,7 @@ class _Stub:
         if request.max_bytes:
             ext["maxMsgBytes"] = str(request.max_bytes)
         answer = self._conn.invoke(RequestCode.PULL_MESSAGE, ext, timeout_s=timeout)
-        status = _PULLED.get(Wire(answer.code)) if answer.code in Wire._value2member_map_ else None
+        status = _PULLED.get(WireCode(answer.code)) if answer.code in WireCode._value2member_map_ else None
         if status is None:
             raise _refused(answer)
         f = answer.ext_fields
@@ -296,7 +295,7 @@ class _Stub:
             ext = {"consumerGroup": request.consumer_group, "topic": o.topic, "queueId": str(o.queue_id),
                    "commitOffset": str(o.offset)}
             answer = self._conn.invoke(RequestCode.UPDATE_CONSUMER_OFFSET, ext, timeout_s=timeout)
-            if answer.code != Wire.SUCCESS:
+            if answer.code != WireCode.SUCCESS:
                 raise _refused(answer)
         return pb.UpdateConsumerOffsetsResponse()
 
@@ -312,9 +311,9 @@ class _Stub:
         for q in queues:
             ext = {"consumerGroup": request.consumer_group, "topic": request.topic, "queueId": str(q)}
             answer = self._conn.invoke(RequestCode.QUERY_CONSUMER_OFFSET, ext, timeout_s=timeout)
-            if answer.code == Wire.SUCCESS:
+            if answer.code == WireCode.SUCCESS:
                 out.offsets.add(topic=request.topic, queue_id=q, offset=int(answer.ext_fields["offset"]))
-            elif answer.code != Wire.QUERY_NOT_FOUND:
+            elif answer.code != WireCode.QUERY_NOT_FOUND:
                 raise _refused(answer)
         return out
 
@@ -326,11 +325,11 @@ class _Stub:
             lo = self._conn.invoke(RequestCode.GET_MIN_OFFSET, ext, timeout_s=timeout)
             hi = self._conn.invoke(RequestCode.GET_MAX_OFFSET, ext, timeout_s=timeout)
             for answer in (lo, hi):
-                if answer.code != Wire.SUCCESS:
+                if answer.code != WireCode.SUCCESS:
                     raise _refused(answer)
             out.queues.add(queue_id=q, min_offset=int(lo.ext_fields["offset"]), max_offset=int(hi.ext_fields["offset"]))
         return out
 
 
-assert ENTRY_HEADER.size == BODY_START and ResponseCode.TOPIC_NOT_EXIST == Wire.TOPIC_NOT_EXIST
+assert ENTRY_HEADER.size == BODY_START and ResponseCode.TOPIC_NOT_EXIST == WireCode.TOPIC_NOT_EXIST
 __all__ = ["RemotingConnection", "is_remoting", "BrokerUnreachableError"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from broker.namesrv.route_table import RouteTable
 from broker.remoting import fastjson
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.handler import Handler
 from broker.remoting.processor import Processor
@@ -62,7 +62,7 @@ class NameServerRemoting:
         route = self.table.route(topic, self.clock_ms())
         names = sorted(name for name in route.queues if name in route.remoting)
         if not names:
-            return request.response(ResponseCode.TOPIC_NOT_EXIST,
+            return request.response(WireCode.TOPIC_NOT_EXIST,
                                     remark=f"No topic route info in name server for the topic: {topic}")
         body = {
             "brokerDatas": [_broker_data(route.brokers[n][0], n, route.remoting[n]) for n in names],
@@ -73,7 +73,7 @@ class NameServerRemoting:
             ],
             "filterServerTable": {},
         }
-        return request.response(ResponseCode.SUCCESS, body=_json(body, request))
+        return request.response(WireCode.SUCCESS, body=_json(body, request))
 
     def cluster_info(self, request: RemotingCommand) -> RemotingCommand:
         groups: dict[str, dict[str, Any]] = {}
@@ -88,18 +88,18 @@ class NameServerRemoting:
             if b.broker_name not in members:
                 members.append(b.broker_name)
         body = {"brokerAddrTable": groups, "clusterAddrTable": clusters}
-        return request.response(ResponseCode.SUCCESS, body=_json(body, request))
+        return request.response(WireCode.SUCCESS, body=_json(body, request))
 
     def topic_list(self, request: RemotingCommand) -> RemotingCommand:
         body = {"topicList": self.table.topic_names(self.clock_ms())}
-        return request.response(ResponseCode.SUCCESS, body=fastjson.dumps(body, standard=True))
+        return request.response(WireCode.SUCCESS, body=fastjson.dumps(body, standard=True))
 
     def delete_topic(self, request: RemotingCommand) -> RemotingCommand:
         if self.open_routes:
             self.table.delete_topic(request.ext_fields.get("topic", ""))
-        return request.response(ResponseCode.SUCCESS)
+        return request.response(WireCode.SUCCESS)
 
     def kv_config(self, request: RemotingCommand) -> RemotingCommand:
         namespace, key = request.ext_fields.get("namespace", ""), request.ext_fields.get("key", "")
-        return request.response(ResponseCode.QUERY_NOT_FOUND,
+        return request.response(WireCode.QUERY_NOT_FOUND,
                                 remark=f"No config item, Namespace: {namespace} Key: {key}")

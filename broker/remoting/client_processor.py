@@ -28,7 +28,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.remoting import fastjson
 from broker.remoting import header_fields as f
 from broker.remoting.admission import Admitted
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.consumer_channels import ConsumerChannels
 from broker.remoting.handler import ContextHandler, Handler
@@ -106,18 +106,18 @@ class ClientProcessors:
             if beat.consumer_group:
                 self.channels.joined(beat.consumer_group, client_id, context.peer)  # again: a concurrent change
                 # of the group may have dropped it before the table recorded it
-        return request.response(ResponseCode.SUCCESS)
+        return request.response(WireCode.SUCCESS)
 
     def unregister(self, request: RemotingCommand, context: RequestContext) -> RemotingCommand:
         client_id = f.text(request, "clientID")
         group = f.optional_text(request, "consumerGroup")
         if group:
             self._leave(group, client_id)
-        return request.response(ResponseCode.SUCCESS)
+        return request.response(WireCode.SUCCESS)
 
     def consumer_list(self, request: RemotingCommand) -> RemotingCommand:
         group = f.text(request, "consumerGroup")
         ids, _version = self.service.consumers.consumer_ids(group)
         if not ids:
-            return request.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {group}")
-        return request.response(ResponseCode.SUCCESS, body=fastjson.dumps({"consumerIdList": ids}, standard=True))
+            return request.response(WireCode.SYSTEM_ERROR, remark=f"no consumer for this group, {group}")
+        return request.response(WireCode.SUCCESS, body=fastjson.dumps({"consumerIdList": ids}, standard=True))

@@ -5,7 +5,7 @@ broker's (what 4.x producers, consumers and ``mqadmin``'s everyday commands send
 A code not named here is still answered (``REQUEST_CODE_NOT_SUPPORTED``): the table is what the front knows, not
 what it accepts.
 
-``ResponseCode`` is every code a 4.x client (or 5.x's remoting client) branches on. Sluice's own refusals carry
+``WireCode`` is every code a 4.x client (or 5.x's remoting client) branches on. Sluice's own refusals carry
 ``broker.errors.ResponseCode``, which shares RocketMQ's numbers below 900; :func:`wire_code` maps the rest (Sluice
 additions RocketMQ clients do not know) to the RocketMQ code whose client behaviour fits.
 """
@@ -92,7 +92,7 @@ class RequestCode(IntEnum):
     GET_SYSTEM_TOPIC_LIST_FROM_NS = 304
 
 
-class ResponseCode(IntEnum):
+class WireCode(IntEnum):
     SUCCESS = 0
     SYSTEM_ERROR = 1
     SYSTEM_BUSY = 2
@@ -143,28 +143,28 @@ class ResponseCode(IntEnum):
 # becomes SERVICE_NOT_AVAILABLE; what no retry can fix (a bad argument or receipt handle) INVALID_PARAMETER;
 # authentication failures NO_PERMISSION, as RocketMQ's ACL answers them.
 _SLUICE_CODES = {
-    BrokerCode.STORE_CORRUPTED: ResponseCode.SYSTEM_ERROR,
-    BrokerCode.INVALID_ARGUMENT: ResponseCode.INVALID_PARAMETER,
-    BrokerCode.INVALID_RECEIPT_HANDLE: ResponseCode.INVALID_PARAMETER,
-    BrokerCode.LIMIT_EXCEEDED: ResponseCode.SERVICE_NOT_AVAILABLE,
-    BrokerCode.NOT_ENOUGH_REPLICAS: ResponseCode.SERVICE_NOT_AVAILABLE,
-    BrokerCode.NOT_MASTER: ResponseCode.SERVICE_NOT_AVAILABLE,
-    BrokerCode.UNAUTHENTICATED: ResponseCode.NO_PERMISSION,
+    BrokerCode.STORE_CORRUPTED: WireCode.SYSTEM_ERROR,
+    BrokerCode.INVALID_ARGUMENT: WireCode.INVALID_PARAMETER,
+    BrokerCode.INVALID_RECEIPT_HANDLE: WireCode.INVALID_PARAMETER,
+    BrokerCode.LIMIT_EXCEEDED: WireCode.SERVICE_NOT_AVAILABLE,
+    BrokerCode.NOT_ENOUGH_REPLICAS: WireCode.SERVICE_NOT_AVAILABLE,
+    BrokerCode.NOT_MASTER: WireCode.SERVICE_NOT_AVAILABLE,
+    BrokerCode.UNAUTHENTICATED: WireCode.NO_PERMISSION,
 }
 
 
-def wire_code(code: BrokerCode) -> ResponseCode:
+def wire_code(code: BrokerCode) -> WireCode:
     """The RocketMQ response code for one of Sluice's: the same number where RocketMQ has it."""
     mapped = _SLUICE_CODES.get(code)
     if mapped is not None:
         return mapped
     try:
-        return ResponseCode(int(code))
+        return WireCode(int(code))
     except ValueError:
-        return ResponseCode.SYSTEM_ERROR
+        return WireCode.SYSTEM_ERROR
 
 
-def error_code(error: BrokerError) -> ResponseCode:
+def error_code(error: BrokerError) -> WireCode:
     return wire_code(error.code)
 
 

@@ -43,7 +43,7 @@ from broker.remoting import fastjson
 from broker.remoting import header_fields as f
 from broker.remoting.admin_bodies import ClientConnection, Queue, consume_stats, consumer_connection, reset_offset_body
 from broker.remoting.admin_handler import Guarded
-from broker.remoting.codes import RequestCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import Access
 from broker.remoting.processor import Processor
@@ -132,7 +132,7 @@ class GroupAdminProcessors:
         if self.service.retries is None:
             raise ServiceNotAvailableError("subscription groups are not enabled on this broker")
         self.service.retries.update_group(req)
-        return request.response(ResponseCode.SUCCESS)
+        return request.response(WireCode.SUCCESS)
 
     def connections(self, request: RemotingCommand, req: GroupRequest) -> RemotingCommand:
         members = self.service.consumers.members(req.consumer_group)
@@ -147,13 +147,13 @@ class GroupAdminProcessors:
             [ClientConnection(m.client_id, _client_addr(m.client_id)) for m in members], subscriptions,
             model=members[0].model, consume_type="CONSUME_PASSIVELY", consume_from_where="CONSUME_FROM_LAST_OFFSET",
         )
-        return request.response(ResponseCode.SUCCESS, body=body)
+        return request.response(WireCode.SUCCESS, body=body)
 
     def consume_stats(self, request: RemotingCommand, req: GroupRequest) -> RemotingCommand:
         lags = self.admin.consumer_lag(req.consumer_group, req.topic)
         body = consume_stats((Queue(x.topic, self.broker_name, x.queue_id), x.broker_offset,
                               max(x.consumer_offset, 0), 0) for x in lags)
-        return request.response(ResponseCode.SUCCESS, body=body)
+        return request.response(WireCode.SUCCESS, body=body)
 
     def reset_offset(self, request: RemotingCommand, req: ResetRequest) -> RemotingCommand:
         config = self.admin.topics.require(req.topic)
@@ -168,4 +168,4 @@ class GroupAdminProcessors:
             offsets[(req.topic, q)] = target if req.force or current < 0 or target < current else current
         self.admin.reset_consumer_offsets(req.consumer_group, offsets)
         body = reset_offset_body((Queue(t, self.broker_name, q), o) for (t, q), o in offsets.items())
-        return request.response(ResponseCode.SUCCESS, body=body)
+        return request.response(WireCode.SUCCESS, body=body)

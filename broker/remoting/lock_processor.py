@@ -18,7 +18,7 @@ from typing import Any
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import fastjson
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import INT32, Access, failure
 from broker.remoting.message_replication import GroupReplication
@@ -80,11 +80,11 @@ class LockProcessor:
                 master_only(self.replication, name)
                 if not lock:
                     self.service.unlock_batch(call)
-                    return request.response(int(ResponseCode.SUCCESS))
+                    return request.response(int(WireCode.SUCCESS))
                 held = self.service.lock_batch(call)
             ok = [{"brokerName": names.get((q.topic, q.queue_id), ""), "queueId": q.queue_id, "topic": q.topic}
                   for q in held.queues]
-            return request.response(int(ResponseCode.SUCCESS), body=fastjson.dumps({"lockOKMQSet": ok}, standard=True))
+            return request.response(int(WireCode.SUCCESS), body=fastjson.dumps({"lockOKMQSet": ok}, standard=True))
         except BrokerError as e:
             return refused(request, e)
         except Exception as e:  # noqa: BLE001 - the last line of defence: answered, and the broker serves on

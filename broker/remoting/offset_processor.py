@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from broker.remoting import header_fields as f
 from broker.remoting.admission import Admitted
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.handler import Handler
 from broker.remoting.message_outcomes import Access
@@ -59,7 +59,7 @@ class OffsetProcessors:
 
     @staticmethod
     def _offset(request: RemotingCommand, value: int, name: str = "offset") -> RemotingCommand:
-        return request.response(ResponseCode.SUCCESS, ext_fields={name: str(value)})
+        return request.response(WireCode.SUCCESS, ext_fields={name: str(value)})
 
     def max_offset(self, request: RemotingCommand) -> RemotingCommand:
         return self._offset(request, self._range(request)[1])
@@ -80,10 +80,10 @@ class OffsetProcessors:
         group, topic, queue_id = f.text(request, "consumerGroup"), f.text(request, "topic"), f.int32(request, "queueId")
         found = self.admin.query_consumer_offsets(group, topic, queue_id)
         if queue_id not in found:
-            return request.response(ResponseCode.QUERY_NOT_FOUND, remark="no committed offset for this group and queue")
+            return request.response(WireCode.QUERY_NOT_FOUND, remark="no committed offset for this group and queue")
         return self._offset(request, found[queue_id])
 
     def update_consumer_offset(self, request: RemotingCommand) -> RemotingCommand:
         group, topic, queue_id = f.text(request, "consumerGroup"), f.text(request, "topic"), f.int32(request, "queueId")
         self.admin.update_consumer_offsets(group, {(topic, queue_id): f.int64(request, "commitOffset")})
-        return request.response(ResponseCode.SUCCESS)
+        return request.response(WireCode.SUCCESS)

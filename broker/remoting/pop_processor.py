@@ -43,7 +43,7 @@ from broker.format.message import StoredMessage
 from broker.format.system_topics import RETRY_GROUP_TOPIC_PREFIX
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import header_fields as f
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import decode_stored, encode_stored
 from broker.remoting.message_outcomes import Access, failure
@@ -124,7 +124,7 @@ class PopMessageProcessors:
             caller_context = contextvars.copy_context()  # the held pop runs as this request's caller too
         if not self._held.acquire(blocking=False):
             return request.response(
-                int(ResponseCode.POLLING_FULL),
+                int(WireCode.POLLING_FULL),
                 remark=f"{MAX_HELD_POPS} pops are waiting for messages already; pop again later",
             )
         answer: Future[RemotingCommand] = Future()
@@ -158,8 +158,8 @@ class PopMessageProcessors:
         ext = {"popTime": str(pop_time), "invisibleTime": str(call.invisible_time_ms), "reviveQid": "0",
                "restNum": "0", "startOffsetInfo": start, "msgOffsetInfo": each, "orderCountInfo": ""}
         if not messages:
-            return request.response(int(ResponseCode.PULL_NOT_FOUND), remark="no new message", ext_fields=ext)
-        return request.response(int(ResponseCode.SUCCESS), ext_fields=ext,
+            return request.response(int(WireCode.PULL_NOT_FOUND), remark="no new message", ext_fields=ext)
+        return request.response(int(WireCode.SUCCESS), ext_fields=ext,
                                 body=b"".join(encode_stored(m) for m in messages))
 
     # ------------------------------------------------------------------------------------------------ ack, change
@@ -169,7 +169,7 @@ class PopMessageProcessors:
         call = pb.AckMessageRequest(consumer_group=group, topic=topic, receipt_handles=[handle])
         with self.access.admitted(context, "ACK_MESSAGE", call):
             self.pops.pops.ack(group, topic, handle)
-        return request.response(int(ResponseCode.SUCCESS))
+        return request.response(int(WireCode.SUCCESS))
 
     def _change(self, request: RemotingCommand, context: RequestContext) -> RemotingCommand:
         call = pb.ChangeInvisibleTimeRequest(
@@ -181,4 +181,4 @@ class PopMessageProcessors:
         ext = {"popTime": str(changed.invisible_until_ms - call.invisible_time_ms),
                "invisibleTime": str(call.invisible_time_ms), "reviveQid": "0",
                "extraInfo": changed.receipt_handle}
-        return request.response(int(ResponseCode.SUCCESS), ext_fields=ext)
+        return request.response(int(WireCode.SUCCESS), ext_fields=ext)

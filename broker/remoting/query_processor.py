@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from broker.errors import InvalidArgumentError
 from broker.remoting import header_fields as f
 from broker.remoting.admin_handler import Guarded
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_ids import RemotingIds
 from broker.remoting.message_outcomes import Access
@@ -75,7 +75,7 @@ class QueryProcessors:
     def view(self, request: RemotingCommand, req: ViewRequest) -> RemotingCommand:
         # The store's own id for the offset: the lookup checks the entry there is this store's, visible and readable
         entry = self.admin.view_by_id(self.msg_ids.store_prefix + f"{req.offset:016X}")
-        return request.response(ResponseCode.SUCCESS, body=self.msg_ids.served(entry))
+        return request.response(WireCode.SUCCESS, body=self.msg_ids.served(entry))
 
     def query(self, request: RemotingCommand, req: QueryRequest) -> RemotingCommand:
         found = self.admin.query_by_key(req.topic, req.key, req.max_num, req.begin_ms, req.end_ms)
@@ -84,7 +84,7 @@ class QueryProcessors:
             "indexLastUpdatePhyoffset": str(self.admin.store.dispatched_offset()),
         }
         if not found:
-            return request.response(ResponseCode.QUERY_NOT_FOUND, ext_fields=ext,
+            return request.response(WireCode.QUERY_NOT_FOUND, ext_fields=ext,
                                     remark="can not find message, maybe time range not correct")
         body = b"".join(self.msg_ids.served(entry) for entry in found)
-        return request.response(ResponseCode.SUCCESS, ext_fields=ext, body=body)
+        return request.response(WireCode.SUCCESS, ext_fields=ext, body=body)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from broker.remoting import fastjson
 from broker.remoting import header_fields as f
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.handler import Handler
 from broker.remoting.processor import Processor
@@ -41,4 +41,4 @@ class BrokerRouteProcessor:
                             "writeQueueNums": config.write_queue_nums, "perm": config.perm, "topicSysFlag": 0}],
             "filterServerTable": {},
         }
-        return request.response(ResponseCode.SUCCESS, body=fastjson.dumps(body, standard=True))
+        return request.response(WireCode.SUCCESS, body=fastjson.dumps(body, standard=True))

@@ -46,7 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from broker.errors import AuthenticationError, BrokerError, ServiceNotAvailableError
 from broker.remoting.authentication import Authenticator
-from broker.remoting.codes import ResponseCode, error_code, not_supported_remark
+from broker.remoting.codes import WireCode, error_code, not_supported_remark
 from broker.remoting.command import FLAG_RESPONSE, RemotingCommand
 from broker.remoting.connection import Connection
 from broker.remoting.frame import PREFIX_BYTES, body_length, decode_frame
@@ -229,7 +229,7 @@ class RemotingServer:
         processor = self.processors.get(request.code)
         if processor is None:
             if not request.is_oneway:
-                conn.send(request.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                conn.send(request.response(WireCode.REQUEST_CODE_NOT_SUPPORTED,
                                            remark=not_supported_remark(request.code, conn.address)))
             return
         with self._queued_lock:
@@ -238,7 +238,7 @@ class RemotingServer:
                 self._queued += 1
         if busy:
             if not request.is_oneway:
-                conn.send(request.response(ResponseCode.SYSTEM_BUSY, remark=BUSY_REMARK))
+                conn.send(request.response(WireCode.SYSTEM_BUSY, remark=BUSY_REMARK))
             return
         try:
             self._pool.submit(self._run, conn, processor, request)
@@ -259,7 +259,7 @@ class RemotingServer:
             answer = request.response(error_code(e), remark=e.message)
         except Exception as e:  # a processor's bug must not end the server, nor leave the client waiting
             log.exception("remoting: processor of request code %d failed", request.code)
-            answer = request.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
+            answer = request.response(WireCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
         self._answer(conn, request, answer)
 
     def _answer(self, conn: Connection, request: RemotingCommand, answer: Answer) -> None:
@@ -282,4 +282,4 @@ class RemotingServer:
             return request.response(error_code(e), remark=e.message)
         except Exception as e:  # noqa: BLE001 - a held answer's failure is answered, as a processor's is
             log.error("remoting: held answer to request code %d failed: %r", request.code, e)
-            return request.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
+            return request.response(WireCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")

@@ -38,7 +38,7 @@ from broker.errors import InvalidArgumentError, TopicNotExistError
 from broker.remoting import header_fields as f
 from broker.remoting.admin_bodies import Queue, kv_table, topic_stats_table
 from broker.remoting.admin_handler import Guarded
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import Access
 from broker.remoting.processor import Processor
@@ -116,22 +116,22 @@ class TopicAdminProcessors:
         elif req.queue_nums > existing.read_queue_nums:
             self.admin.create_topic(req.topic, req.queue_nums, if_not_exists=True)  # refuses system topics
             self.admin.topics.grow(req.topic, req.queue_nums)
-        return request.response(ResponseCode.SUCCESS)
+        return request.response(WireCode.SUCCESS)
 
     def delete(self, request: RemotingCommand, req: TopicRequest) -> RemotingCommand:
         try:
             self.admin.delete_topic(req.topic)
         except TopicNotExistError:
             pass  # gone already: what the administrator asked for holds
-        return request.response(ResponseCode.SUCCESS)
+        return request.response(WireCode.SUCCESS)
 
     def topic_stats(self, request: RemotingCommand, req: TopicRequest) -> RemotingCommand:
         ranges = self.admin.queue_offsets(req.topic)
         body = topic_stats_table((Queue(req.topic, self.broker_name, q), lo, hi, 0) for q, lo, hi in ranges)
-        return request.response(ResponseCode.SUCCESS, body=body)
+        return request.response(WireCode.SUCCESS, body=body)
 
     def runtime_info(self, request: RemotingCommand, req: NoRequest) -> RemotingCommand:
-        return request.response(ResponseCode.SUCCESS, body=kv_table(self.runtime_table()))
+        return request.response(WireCode.SUCCESS, body=kv_table(self.runtime_table()))
 
     def runtime_table(self) -> dict[str, str]:
         stats = dict(self.stats())

@@ -36,7 +36,7 @@ from broker.auth.policy import Action, need
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.format.message import Prop, StoredMessage
 from broker.remoting import fastjson
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import encode_stored, offset_msg_id
 from broker.remoting.message_ids import RemotingIds
@@ -179,7 +179,7 @@ class ProducerHeartbeat:
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         answer = self.inner.process(request, context)
-        if isinstance(answer, RemotingCommand) and answer.code == ResponseCode.SUCCESS:
+        if isinstance(answer, RemotingCommand) and answer.code == WireCode.SUCCESS:
             try:
                 self.producers.heard(producer_groups(request.body), context)
             except BrokerError as e:  # the heartbeat itself is answered; its producers are not checked back

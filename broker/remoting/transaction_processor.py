@@ -27,7 +27,7 @@ from broker.errors import BrokerError, InvalidArgumentError, NotMasterError
 from broker.format.send_checks import validate_producer_group
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import header_fields as f
-from broker.remoting.codes import RequestCode, ResponseCode, error_code
+from broker.remoting.codes import RequestCode, WireCode, error_code
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import MAX_REMARK_CHARS, Access, failure
 from broker.remoting.message_replication import GroupReplication
@@ -84,12 +84,12 @@ class EndTransactionProcessor:
             if end is None:
                 log.info("transaction of half at %s: producer %s does not know its state yet; it stays open",
                          request.ext_fields.get("commitLogOffset"), context.peer.address)
-                return request.response(int(ResponseCode.SUCCESS))
+                return request.response(int(WireCode.SUCCESS))
             with self.access.admitted(context, "END_TRANSACTION", end):
                 target = self.replication.before_write("END_TRANSACTION")
                 self.transactions.end(end)
             self.replication.after_write(target, "END_TRANSACTION")
-            return request.response(int(ResponseCode.SUCCESS))
+            return request.response(int(WireCode.SUCCESS))
         except BrokerError as e:
             return refused(request, e)
         except Exception as e:  # noqa: BLE001 - the last line of defence: answered, and the broker serves on

@@ -11,7 +11,7 @@ from pathlib import Path
 from broker.format.compression import compressed_body, inflated_body
 from broker.format.message import StoredMessage
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored
 from broker.remoting.message_properties import format_properties
@@ -43,7 +43,7 @@ def send_v2(client: RemotingClient, topic: str, body: bytes, *, tags: str | None
               "g": "1700000000000", "h": "0", "i": format_properties(props).rstrip("\x02"), "j": "0", "k": "false",
               "m": "false"}
     answer = client.invoke(RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=header, body=body))
-    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    assert answer.code == WireCode.SUCCESS, answer.remark
     answer.ext_fields["UNIQ_KEY"] = props["UNIQ_KEY"]  # the id a 4.x client shows as msgId
     return answer
 
@@ -59,7 +59,7 @@ def pull_all(client: RemotingClient, group: str, topic: str, queues: int) -> lis
                    "suspendTimeoutMillis": "0", "subscription": "*", "subVersion": "0",
                    "expressionType": "TAG"}
             answer = client.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext))
-            if answer.code != ResponseCode.SUCCESS:
+            if answer.code != WireCode.SUCCESS:
                 break
             for m in iter_stored(answer.body):
                 m.body = inflated_body(m.sys_flag, m.body)

@@ -23,7 +23,7 @@ from broker.format.message import SysFlag, decode_entry
 from broker.format.system_topics import is_system_topic
 from broker.proto import sluice_pb2 as pb
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import FLAG_ONEWAY, RemotingCommand, SerializeType
 from broker.remoting.frame import MAX_FRAME_BYTES, PREFIX_BYTES, body_length, decode_frame, encode_frame
 from broker.remoting.message_batch import BatchItem, decode_batch, encode_batch
@@ -104,12 +104,12 @@ class Remoting:
         problem = ""
         if command is None:
             self.closed += ended
-            if answer is not None and answer.code == ResponseCode.SUCCESS and intended is not None and \
+            if answer is not None and answer.code == WireCode.SUCCESS and intended is not None and \
                     intended.code in SEND_CODES:
                 problem = "a frame that is no frame was answered SUCCESS"
         elif not (trailing and answer is None):
             problem = self._judge_answer(command, answer)
-        self.fuzzer.record(what, refused=answer is None or answer.code != ResponseCode.SUCCESS, problem=problem)
+        self.fuzzer.record(what, refused=answer is None or answer.code != WireCode.SUCCESS, problem=problem)
         self._remember(command or intended, answer, malformed=command is None, lost=trailing and answer is None)
         self.serves()
 
@@ -146,10 +146,10 @@ class Remoting:
         self.answered += 1
         if not answer.is_response or answer.opaque != command.opaque:
             return f"answer flag {answer.flag} / opaque {answer.opaque} for request opaque {command.opaque}"
-        if answer.code == ResponseCode.SYSTEM_ERROR and (answer.remark or "").startswith(INTERNAL_REMARK):
+        if answer.code == WireCode.SYSTEM_ERROR and (answer.remark or "").startswith(INTERNAL_REMARK):
             return f"request code {command.code} failed inside the broker: {answer.remark}"
-        quiet = {ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
-                 ResponseCode.PULL_OFFSET_MOVED, ResponseCode.QUERY_NOT_FOUND}
+        quiet = {WireCode.SUCCESS, WireCode.PULL_NOT_FOUND, WireCode.PULL_RETRY_IMMEDIATELY,
+                 WireCode.PULL_OFFSET_MOVED, WireCode.QUERY_NOT_FOUND}
         if answer.code not in quiet and not answer.remark:
             return f"request code {command.code} refused with code {answer.code} and no remark"
         return ""
@@ -162,7 +162,7 @@ class Remoting:
             self._probe = RemotingClient(self.address)
         probe = RemotingCommand(RequestCode.GET_MAX_OFFSET, ext_fields={"topic": KEPT_TOPICS[0], "queueId": "0"})
         answer = self._probe.invoke(probe, ANSWER_TIMEOUT_S)
-        assert answer.code == ResponseCode.SUCCESS, f"the broker stopped serving remoting: {answer}"
+        assert answer.code == WireCode.SUCCESS, f"the broker stopped serving remoting: {answer}"
 
     def close(self) -> None:
         if self._probe is not None:
@@ -177,7 +177,7 @@ class Remoting:
             V2_NAMES.get(k, k): v for k, v in command.ext_fields.items()
         }
         topic, sys_flag = ext.get("topic", ""), _int(ext.get("sysFlag"))
-        ok = answer is not None and answer.code in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT)
+        ok = answer is not None and answer.code in (WireCode.SUCCESS, WireCode.FLUSH_DISK_TIMEOUT)
         # unknown: a one-way send well framed (never answered), or one whose answer the broken bytes after it lost
         unknown = not malformed and (command.is_oneway or lost)
         batch = command.code == RequestCode.SEND_BATCH_MESSAGE or ext.get("batch", "").lower() == "true"

@@ -28,7 +28,7 @@ from broker.remoting.admission import anonymous_codes, declared_codes
 from broker.remoting.authentication import Authenticator
 from broker.remoting.broker_table import broker_processors
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored
 from broker.remoting.message_processors import MESSAGE_CODES
@@ -39,7 +39,7 @@ from broker.server.process import BrokerProcess
 from tests.support.auth_process import ROOT, SETTINGS, Secured
 from tests.support.waiting import wait_until
 
-NO_PERMISSION = ResponseCode.NO_PERMISSION
+NO_PERMISSION = WireCode.NO_PERMISSION
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_a_signed_request_is_served(secured: Secured) -> None:
     before = secured.max_offset(topic)
     with client(secured, user) as c:
         answer = c.invoke(send_command(topic))
-    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    assert answer.code == WireCode.SUCCESS, answer.remark
     wait_until(lambda: secured.max_offset(topic) == before + 1, "the signed message stored", timeout_s=5)
 
 
@@ -155,10 +155,10 @@ def test_rights_on_one_topic_do_not_reach_another(secured: Secured) -> None:
     a, b, group = secured.topic("AclTopicA"), secured.topic("AclTopicB"), "AclRightsG"
     user = secured.user((f"Topic:{a}", "Pub,Sub"), (f"Group:{group}", "Sub"))
     with client(secured, user) as c:
-        assert c.invoke(send_command(a)).code == ResponseCode.SUCCESS
+        assert c.invoke(send_command(a)).code == WireCode.SUCCESS
         assert c.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=pull_header(group, a, 0, 0))).code in (
-            ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND)
-        assert c.invoke(update_offset(group, a, 1)).code == ResponseCode.SUCCESS
+            WireCode.SUCCESS, WireCode.PULL_NOT_FOUND)
+        assert c.invoke(update_offset(group, a, 1)).code == WireCode.SUCCESS
         stored_b = secured.max_offset(b)
         for command in (send_command(b), RemotingCommand(RequestCode.PULL_MESSAGE,
                                                          ext_fields=pull_header(group, b, 0, 0)),
@@ -194,7 +194,7 @@ def test_a_code_without_declared_rights_is_for_super_users_only(tmp_path: Path) 
 
     class Echo:
         def process(self, request: RemotingCommand, context: object) -> RemotingCommand:
-            return request.response(ResponseCode.SUCCESS, remark=getattr(context, "user", None))
+            return request.response(WireCode.SUCCESS, remark=getattr(context, "user", None))
 
     auth = Authenticator(accounts, anonymous_codes(), None, declared_codes())
     with RemotingServer({echo: Echo()}, "127.0.0.1", 0, authenticator=auth) as server:
@@ -212,9 +212,9 @@ def test_the_name_servers_route_reads_need_no_credentials() -> None:
         assert ns.remoting is not None and ns.remoting.authenticator is not None
         with RemotingClient(ns.remoting.address) as c:
             listed = c.invoke(RemotingCommand(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))
-            assert listed.code == ResponseCode.SUCCESS and json.loads(listed.body) == {"topicList": []}
+            assert listed.code == WireCode.SUCCESS and json.loads(listed.body) == {"topicList": []}
             route = c.invoke(RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields={"topic": "Any"}))
-            assert route.code == ResponseCode.TOPIC_NOT_EXIST
+            assert route.code == WireCode.TOPIC_NOT_EXIST
 
 
 # ------------------------------------------------------------------------------------------------ subscriptions
@@ -234,16 +234,16 @@ def test_a_push_pull_is_filtered_by_the_heartbeats_subscription(secured: Secured
         # a push consumer's pull: SUSPEND only, no subscription of its own (an empty one, as the Java client)
         header = {**pull_header(group, topic, 0, 0, sys_flag=SUSPEND, subscription=""), "expressionType": ""}
         answer = c.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=header))
-        assert answer.code == ResponseCode.SUCCESS
+        assert answer.code == WireCode.SUCCESS
         return [m.body for m in iter_stored(answer.body)]
 
     with client(secured) as c:
         for i in range(4):
             props = {"a": str(i), "TAGS": "TagA" if i % 2 else "TagB"}
-            assert c.invoke(send_command(topic, b"m%d" % i, props)).code == ResponseCode.SUCCESS
+            assert c.invoke(send_command(topic, b"m%d" % i, props)).code == WireCode.SUCCESS
         wait_until(lambda: secured.max_offset(topic) == 4, "the four messages", timeout_s=5)
-        assert c.invoke(heartbeat("AclSqlG", "sql@1", topic, "a >= 2", "SQL92")).code == ResponseCode.SUCCESS
-        assert c.invoke(heartbeat("AclTagG", "tag@1", topic, "TagA")).code == ResponseCode.SUCCESS
+        assert c.invoke(heartbeat("AclSqlG", "sql@1", topic, "a >= 2", "SQL92")).code == WireCode.SUCCESS
+        assert c.invoke(heartbeat("AclTagG", "tag@1", topic, "TagA")).code == WireCode.SUCCESS
         assert push_pull(c, "AclSqlG") == [b"m2", b"m3"]
         assert push_pull(c, "AclTagG") == [b"m1", b"m3"]
         assert push_pull(c, "AclNoBeatG") == [b"m0", b"m1", b"m2", b"m3"]  # no heartbeat: everything
@@ -285,17 +285,17 @@ def test_the_other_members_are_notified_when_a_client_joins_or_leaves(secured: S
     topic, group = secured.topic("AclNotify"), "AclNotifyG"
     seen = Notices()
     with client(secured, on_request=seen) as first:
-        assert first.invoke(heartbeat(group, "first@1", topic)).code == ResponseCode.SUCCESS
+        assert first.invoke(heartbeat(group, "first@1", topic)).code == WireCode.SUCCESS
         wait_until(lambda: seen.count(group) == 1, "the joiner's own notice", timeout_s=5)
-        assert first.invoke(heartbeat(group, "first@1", topic)).code == ResponseCode.SUCCESS  # nothing changed
+        assert first.invoke(heartbeat(group, "first@1", topic)).code == WireCode.SUCCESS  # nothing changed
         with client(secured) as second:
-            assert second.invoke(heartbeat(group, "second@1", topic)).code == ResponseCode.SUCCESS
+            assert second.invoke(heartbeat(group, "second@1", topic)).code == WireCode.SUCCESS
             wait_until(lambda: seen.count(group) == 2, "the notice of the second client joining", timeout_s=5)
             left = second.invoke(RemotingCommand(RequestCode.UNREGISTER_CLIENT, ext_fields={
                 "clientID": "second@1", "consumerGroup": group}))
-            assert left.code == ResponseCode.SUCCESS
+            assert left.code == WireCode.SUCCESS
             wait_until(lambda: seen.count(group) == 3, "the notice of its leaving", timeout_s=5)
-            assert second.invoke(heartbeat(group, "second@1", topic)).code == ResponseCode.SUCCESS
+            assert second.invoke(heartbeat(group, "second@1", topic)).code == WireCode.SUCCESS
             wait_until(lambda: seen.count(group) == 4, "the notice of its joining again", timeout_s=5)
         # its connection closed: it leaves the group, and the first client is told
         wait_until(lambda: seen.count(group) == 5, "the notice of the closed connection", timeout_s=5)

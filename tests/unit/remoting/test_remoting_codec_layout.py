@@ -10,7 +10,7 @@ import pytest
 
 from broker.errors import BrokerError, RemotingFrameError
 from broker.remoting.binary_header import decode_binary_header, encode_binary_header
-from broker.remoting.codes import RequestCode, ResponseCode, wire_code
+from broker.remoting.codes import RequestCode, WireCode, wire_code
 from broker.remoting.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand, SerializeType
 from broker.remoting.frame import MAX_FRAME_BYTES, body_length, decode_frame, encode_frame
 from broker.remoting.json_header import decode_json_header, encode_json_header
@@ -131,15 +131,15 @@ def test_length_prefixes_no_frame_has_are_refused_before_reading_on(length: int)
 def test_flags_and_response_mirror_the_request() -> None:
     request = RemotingCommand(code=30, opaque=41, serialize_type=SerializeType.ROCKETMQ, flag=FLAG_ONEWAY)
     assert request.is_oneway and not request.is_response
-    answer = request.response(ResponseCode.SUCCESS, ext_fields={"offset": "5"})
+    answer = request.response(WireCode.SUCCESS, ext_fields={"offset": "5"})
     assert answer.flag == FLAG_RESPONSE and answer.opaque == 41 and answer.serialize_type == SerializeType.ROCKETMQ
 
 
 def test_sluice_refusal_codes_map_to_codes_rocketmq_clients_know() -> None:
     from broker.errors import ResponseCode as Sluice
 
-    assert wire_code(Sluice.TOPIC_NOT_EXIST) == ResponseCode.TOPIC_NOT_EXIST
-    assert wire_code(Sluice.UNAUTHENTICATED) == ResponseCode.NO_PERMISSION
-    assert wire_code(Sluice.NOT_MASTER) == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert wire_code(Sluice.TOPIC_NOT_EXIST) == WireCode.TOPIC_NOT_EXIST
+    assert wire_code(Sluice.UNAUTHENTICATED) == WireCode.NO_PERMISSION
+    assert wire_code(Sluice.NOT_MASTER) == WireCode.SERVICE_NOT_AVAILABLE
     assert all(int(wire_code(code)) < 900 for code in Sluice)
     assert json.loads(JSON_HEADER)["extFields"] == {"topic": "T"}

@@ -15,7 +15,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.remoting import fastjson
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_processors import message_processors
 from broker.server.broker_controller import BrokerController
@@ -45,7 +45,7 @@ def lock_body(client_id: str, *queue_ids: int, topic: str = TOPIC) -> bytes:
 
 def lock(client: RemotingClient, client_id: str, *queue_ids: int) -> list[int]:
     r = client.invoke(RemotingCommand(RequestCode.LOCK_BATCH_MQ, body=lock_body(client_id, *queue_ids)))
-    assert r.code == ResponseCode.SUCCESS, r.remark
+    assert r.code == WireCode.SUCCESS, r.remark
     held = json.loads(r.body)["lockOKMQSet"]
     assert all(q["topic"] == TOPIC and q["brokerName"] == "broker-a" for q in held)  # as the client named them
     return sorted(q["queueId"] for q in held)
@@ -59,7 +59,7 @@ def test_a_lock_is_refused_to_another_client_until_unlocked(remoting_broker: Bro
     unlock = RemotingCommand(RequestCode.UNLOCK_BATCH_MQ, body=lock_body("A", 0))
     client.invoke_oneway(unlock)  # as consumers send it
     again = client.invoke(RemotingCommand(RequestCode.UNLOCK_BATCH_MQ, body=lock_body("A", 0)))
-    assert again.code == ResponseCode.SUCCESS and again.body == b""
+    assert again.code == WireCode.SUCCESS and again.body == b""
     assert lock(client, "B", 0, 1) == [0]  # queue 1 is still A's
     assert remoting_broker.locks.owner(GROUP, TOPIC, 0) == "B"
 
@@ -78,18 +78,18 @@ def test_the_lock_table_is_the_grpc_ones(remoting_broker: BrokerController, clie
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        (b"not json", ResponseCode.INVALID_PARAMETER),
-        (b'{"consumerGroup":"orderly","clientId":"A","mqSet":{}}', ResponseCode.INVALID_PARAMETER),
+        (b"not json", WireCode.INVALID_PARAMETER),
+        (b'{"consumerGroup":"orderly","clientId":"A","mqSet":{}}', WireCode.INVALID_PARAMETER),
         (b'{"consumerGroup":"orderly","clientId":"A","mqSet":[{"topic":"LockT","queueId":"x"}]}',
-         ResponseCode.INVALID_PARAMETER),
+         WireCode.INVALID_PARAMETER),
         (b'{"consumerGroup":"orderly","clientId":"","mqSet":[{"topic":"LockT","queueId":0}]}',
-         ResponseCode.INVALID_PARAMETER),
-        (lock_body("A", 0, topic="NoSuchTopic"), ResponseCode.TOPIC_NOT_EXIST),
-        (lock_body("A", 0, 7), ResponseCode.INVALID_PARAMETER),  # queue 7 of a topic of two: nothing locked
+         WireCode.INVALID_PARAMETER),
+        (lock_body("A", 0, topic="NoSuchTopic"), WireCode.TOPIC_NOT_EXIST),
+        (lock_body("A", 0, 7), WireCode.INVALID_PARAMETER),  # queue 7 of a topic of two: nothing locked
     ],
 )
 def test_a_refused_lock_locks_nothing(remoting_broker: BrokerController, client: RemotingClient, body: bytes,
-                                      code: ResponseCode) -> None:
+                                      code: WireCode) -> None:
     r = client.invoke(RemotingCommand(RequestCode.LOCK_BATCH_MQ, body=body))
     assert r.code == code, r.remark
     assert remoting_broker.locks.locked_queues(GROUP) == {}
@@ -105,16 +105,16 @@ def test_a_slave_or_a_caller_without_rights_locks_nothing(broker_factory: Callab
     table = message_processors(broker)
     try:
         refused = answered(call(table, LOCK_BATCH_MQ, {}, lock_body("A", 0), user="u"))
-        assert refused.code == ResponseCode.NO_PERMISSION
+        assert refused.code == WireCode.NO_PERMISSION
         assert broker.locks.locked_queues(GROUP) == {}
         broker.gate.target = Slave()  # type: ignore[assignment]
         try:
             on_slave = answered(call(table, LOCK_BATCH_MQ, {}, lock_body("A", 0), user="root"))
         finally:
             broker.gate.target = None
-        assert on_slave.code == ResponseCode.SERVICE_NOT_AVAILABLE and "master" in (on_slave.remark or "")
+        assert on_slave.code == WireCode.SERVICE_NOT_AVAILABLE and "master" in (on_slave.remark or "")
         assert broker.locks.locked_queues(GROUP) == {}
         ok = answered(call(table, LOCK_BATCH_MQ, {}, lock_body("A", 0), user="root"))
-        assert ok.code == ResponseCode.SUCCESS and broker.locks.owner(GROUP, TOPIC, 0) == "A"
+        assert ok.code == WireCode.SUCCESS and broker.locks.owner(GROUP, TOPIC, 0) == "A"
     finally:
         table.shutdown()

@@ -12,7 +12,7 @@ from message_wire_helpers import Slave, answered, call
 
 from broker.client import Admin, Message, PopConsumer, Producer
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored
 from broker.remoting.message_processors import message_processors
@@ -54,27 +54,27 @@ def receipt(client: RemotingClient, code: int, extra_info: str, **more: str) -> 
 def test_pop_ack_and_change_invisible_time_round_trip(remoting_broker: BrokerController,
                                                       client: RemotingClient) -> None:
     r = pop(client)
-    assert r.code == ResponseCode.SUCCESS, r.remark
+    assert r.code == WireCode.SUCCESS, r.remark
     ext = r.ext_fields
     assert (ext["invisibleTime"], ext["reviveQid"], ext["startOffsetInfo"], ext["msgOffsetInfo"]) == (
         "60000", "0", "0 0 0", "0 0 0,1")
     assert abs(int(ext["popTime"]) - time.time() * 1000) < 10_000
     m1, m2 = iter_stored(r.body)
     assert (m1.body, m2.body, m1.topic, m1.tags, m1.queue_offset, m2.queue_offset) == (b"m1", b"m2", TOPIC, "T", 0, 1)
-    assert pop(client).code == ResponseCode.PULL_NOT_FOUND  # both are out
+    assert pop(client).code == WireCode.PULL_NOT_FOUND  # both are out
 
     acked = receipt(client, RequestCode.ACK_MESSAGE, m1.properties["POP_CK"])
-    assert acked.code == ResponseCode.SUCCESS, acked.remark
+    assert acked.code == WireCode.SUCCESS, acked.remark
     twice = receipt(client, RequestCode.ACK_MESSAGE, m1.properties["POP_CK"])
-    assert twice.code == ResponseCode.INVALID_PARAMETER  # the delivery is over
+    assert twice.code == WireCode.INVALID_PARAMETER  # the delivery is over
 
     changed = receipt(client, RequestCode.CHANGE_MESSAGE_INVISIBLETIME, m2.properties["POP_CK"], invisibleTime="0")
-    assert changed.code == ResponseCode.SUCCESS, changed.remark
+    assert changed.code == WireCode.SUCCESS, changed.remark
     assert changed.ext_fields["invisibleTime"] == "0" and changed.ext_fields["reviveQid"] == "0"
     new_handle = changed.ext_fields["extraInfo"]
     assert new_handle != m2.properties["POP_CK"]
     stale = receipt(client, RequestCode.ACK_MESSAGE, m2.properties["POP_CK"])
-    assert stale.code == ResponseCode.INVALID_PARAMETER  # superseded by the change
+    assert stale.code == WireCode.INVALID_PARAMETER  # superseded by the change
 
     # visible again at once: a gRPC pop consumer of the group gets m2 (its second delivery), never the acked m1
     with PopConsumer(remoting_broker.address, GROUP) as grpc_consumer:
@@ -85,17 +85,17 @@ def test_pop_ack_and_change_invisible_time_round_trip(remoting_broker: BrokerCon
 
 
 def test_a_held_pop_answers_when_a_message_arrives(remoting_broker: BrokerController, client: RemotingClient) -> None:
-    assert pop(client).code == ResponseCode.SUCCESS  # takes m1 and m2
+    assert pop(client).code == WireCode.SUCCESS  # takes m1 and m2
     started = time.monotonic()
     empty = pop(client, poll_ms=300)
-    assert empty.code == ResponseCode.PULL_NOT_FOUND and time.monotonic() - started >= 0.25
+    assert empty.code == WireCode.PULL_NOT_FOUND and time.monotonic() - started >= 0.25
     pending = client.invoke_async(RemotingCommand(RequestCode.POP_MESSAGE, ext_fields={
         "consumerGroup": GROUP, "topic": TOPIC, "queueId": "-1", "maxMsgNums": "32", "invisibleTime": "60000",
         "pollTime": "4000", "bornTime": "0", "initMode": "0"}))
     with Producer(remoting_broker.address) as producer:
         producer.send(Message(TOPIC, b"m3"))
     answer = pending.result_or_raise(5, client)
-    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    assert answer.code == WireCode.SUCCESS, answer.remark
     assert [m.body for m in iter_stored(answer.body)] == [b"m3"]
 
 
@@ -111,16 +111,16 @@ def test_a_held_pop_answers_when_a_message_arrives(remoting_broker: BrokerContro
 def test_receipts_that_are_not_sluices_are_refused(
     remoting_broker: BrokerController, client: RemotingClient, code: int, extra_info: str, more: dict[str, str]
 ) -> None:
-    assert receipt(client, code, extra_info, **more).code == ResponseCode.INVALID_PARAMETER
+    assert receipt(client, code, extra_info, **more).code == WireCode.INVALID_PARAMETER
     r = pop(client)  # nothing was acked or changed: both messages are still there
-    assert r.code == ResponseCode.SUCCESS and len(list(iter_stored(r.body))) == 2
+    assert r.code == WireCode.SUCCESS and len(list(iter_stored(r.body))) == 2
 
 
 def test_pop_refusals(remoting_broker: BrokerController, client: RemotingClient) -> None:
-    assert pop(client, invisible_ms=5).code == ResponseCode.INVALID_PARAMETER  # under the broker's minimum
+    assert pop(client, invisible_ms=5).code == WireCode.INVALID_PARAMETER  # under the broker's minimum
     missing = client.invoke(RemotingCommand(RequestCode.POP_MESSAGE, ext_fields={"consumerGroup": GROUP}))
-    assert missing.code == ResponseCode.INVALID_PARAMETER
-    assert pop(client).code == ResponseCode.SUCCESS  # refused pops took nothing
+    assert missing.code == WireCode.INVALID_PARAMETER
+    assert pop(client).code == WireCode.SUCCESS  # refused pops took nothing
 
 
 def test_a_slave_pops_nothing(remoting_broker: BrokerController, client: RemotingClient) -> None:
@@ -129,9 +129,9 @@ def test_a_slave_pops_nothing(remoting_broker: BrokerController, client: Remotin
         on_slave = pop(client)
     finally:
         remoting_broker.gate.target = None
-    assert on_slave.code == ResponseCode.SERVICE_NOT_AVAILABLE and "master" in (on_slave.remark or "")
+    assert on_slave.code == WireCode.SERVICE_NOT_AVAILABLE and "master" in (on_slave.remark or "")
     r = pop(client)  # it took nothing
-    assert r.code == ResponseCode.SUCCESS and len(list(iter_stored(r.body))) == 2
+    assert r.code == WireCode.SUCCESS and len(list(iter_stored(r.body))) == 2
 
 
 def test_pop_needs_sub_on_the_group_and_topic_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
@@ -145,9 +145,9 @@ def test_pop_needs_sub_on_the_group_and_topic_with_auth(broker_factory: Callable
     header = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "-1", "maxMsgNums": "32", "invisibleTime": "60000",
               "pollTime": "0"}
     try:
-        assert answered(call(table, RequestCode.POP_MESSAGE, header, user="u")).code == ResponseCode.NO_PERMISSION
+        assert answered(call(table, RequestCode.POP_MESSAGE, header, user="u")).code == WireCode.NO_PERMISSION
         ack = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "0", "offset": "0", "extraInfo": "x"}
-        assert answered(call(table, RequestCode.ACK_MESSAGE, ack, user="u")).code == ResponseCode.NO_PERMISSION
-        assert answered(call(table, RequestCode.POP_MESSAGE, header, user="root")).code == ResponseCode.PULL_NOT_FOUND
+        assert answered(call(table, RequestCode.ACK_MESSAGE, ack, user="u")).code == WireCode.NO_PERMISSION
+        assert answered(call(table, RequestCode.POP_MESSAGE, header, user="root")).code == WireCode.PULL_NOT_FOUND
     finally:
         table.shutdown()

@@ -18,7 +18,7 @@ from broker.client import Admin, Message, Producer
 from broker.namesrv.local_cluster import NameServerProcess
 from broker.remoting import fastjson
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand, SerializeType
 from broker.server.process import BrokerProcess
 from tests.support.cluster import REGISTER_INTERVAL_MS, small_store_config
@@ -62,7 +62,7 @@ def test_ready_lines_name_the_remoting_addresses(procs: Processes) -> None:
 
 def test_route_names_the_brokers_remoting_address(procs: Processes) -> None:
     with RemotingClient(procs.namesrv.remoting_address) as ns:
-        wait_until(lambda: route(ns, TOPIC).code == ResponseCode.SUCCESS, "the topic's route", timeout_s=10)
+        wait_until(lambda: route(ns, TOPIC).code == WireCode.SUCCESS, "the topic's route", timeout_s=10)
         old = route(ns, TOPIC)  # a client before 4.9.4: bare integer keys, as fastjson writes them
         assert b'"brokerAddrs":{0:"' + procs.broker.remoting_endpoint.encode() + b'"}' in old.body
         standard = route(ns, TOPIC, acceptStandardJsonOnly="true")
@@ -78,12 +78,12 @@ def test_route_names_the_brokers_remoting_address(procs: Processes) -> None:
                                            ext_fields={"topic": TOPIC}, serialize_type=SerializeType.ROCKETMQ))
         assert binary.serialize_type == SerializeType.ROCKETMQ and json.loads(binary.body) == data
         missing = route(ns, "NoSuchTopic")
-        assert missing.code == ResponseCode.TOPIC_NOT_EXIST and missing.body == b""
+        assert missing.code == WireCode.TOPIC_NOT_EXIST and missing.body == b""
 
 
 def test_cluster_info_topic_list_and_kv_config(procs: Processes) -> None:
     with RemotingClient(procs.namesrv.remoting_address) as ns:
-        wait_until(lambda: route(ns, TOPIC).code == ResponseCode.SUCCESS, "the topic's route", timeout_s=10)
+        wait_until(lambda: route(ns, TOPIC).code == WireCode.SUCCESS, "the topic's route", timeout_s=10)
         info = fastjson.loads(ns.invoke(RemotingCommand(RequestCode.GET_BROKER_CLUSTER_INFO)).body)
         assert info["clusterAddrTable"] == {"DefaultCluster": ["broker-r"]}
         assert info["brokerAddrTable"]["broker-r"]["brokerAddrs"] == {"0": procs.broker.remoting_endpoint}
@@ -91,14 +91,14 @@ def test_cluster_info_topic_list_and_kv_config(procs: Processes) -> None:
         assert TOPIC in topics["topicList"]
         kv = ns.invoke(RemotingCommand(RequestCode.GET_KV_CONFIG, ext_fields={"namespace": "ORDER_TOPIC_CONFIG",
                                                                                "key": TOPIC}))
-        assert kv.code == ResponseCode.QUERY_NOT_FOUND
+        assert kv.code == WireCode.QUERY_NOT_FOUND
 
 
 def test_unknown_codes_are_not_supported(procs: Processes) -> None:
     for address in (procs.namesrv.remoting_address, procs.broker.remoting_endpoint):
         with RemotingClient(address) as client:
             answer = client.invoke(RemotingCommand(RequestCode.REGISTER_BROKER))
-            assert answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+            assert answer.code == WireCode.REQUEST_CODE_NOT_SUPPORTED
 
 
 MALFORMED = {
@@ -144,17 +144,17 @@ def test_broker_offsets_over_remoting_read_what_grpc_stored(procs: Processes) ->
         found = offset(b, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, queueId="1", timestamp=str(stored))
         assert found.ext_fields == {"offset": "0"} and sent[0].queue_offset == 0
         missing = offset(b, RequestCode.GET_MAX_OFFSET, topic="NoSuchTopic", queueId="0")
-        assert missing.code == ResponseCode.TOPIC_NOT_EXIST
+        assert missing.code == WireCode.TOPIC_NOT_EXIST
 
 
 def test_consumer_offsets_heartbeats_and_consumer_lists(procs: Processes) -> None:
     group, client_id = "remo-group", "127.0.0.1@4242"
     with RemotingClient(procs.broker.remoting_endpoint) as b, Admin(procs.broker.endpoint) as admin:
         query = {"consumerGroup": group, "queueId": "0"}
-        assert offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).code == ResponseCode.QUERY_NOT_FOUND
+        assert offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).code == WireCode.QUERY_NOT_FOUND
         b.invoke_oneway(RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET,
                                         ext_fields={"topic": TOPIC, **query, "commitOffset": "0"}))
-        wait_until(lambda: offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).code == ResponseCode.SUCCESS,
+        wait_until(lambda: offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).code == WireCode.SUCCESS,
                    "the one-way commit", timeout_s=5)
         assert offset(b, RequestCode.QUERY_CONSUMER_OFFSET, **query).ext_fields == {"offset": "0"}
         heartbeat = {
@@ -177,6 +177,6 @@ def test_consumer_offsets_heartbeats_and_consumer_lists(procs: Processes) -> Non
                                         ext_fields={"clientID": client_id, "consumerGroup": group}))
         assert left.code == 0
         gone = b.invoke(RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": group}))
-        assert gone.code == ResponseCode.SYSTEM_ERROR
+        assert gone.code == WireCode.SYSTEM_ERROR
         bad = b.invoke(RemotingCommand(RequestCode.HEART_BEAT, body=b"{not json"))
-        assert bad.code == ResponseCode.INVALID_PARAMETER
+        assert bad.code == WireCode.INVALID_PARAMETER

@@ -14,7 +14,7 @@ from message_wire_helpers import pull_header
 from broker.client import Admin, Message, Producer
 from broker.format.message import POS_STORE_HOST
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored, parse_offset_msg_id
 from broker.server.broker_controller import BrokerController
@@ -31,13 +31,13 @@ def _dispatched(r: Remoting) -> None:
 def test_an_id_a_remoting_send_returned_finds_its_message_at_the_address_it_names(remoting_broker: Remoting) -> None:
     r = remoting_broker
     sent = r.send("QT", b"by-id", {"KEYS": "k1", "UNIQ_KEY": "U-1"})
-    assert sent.code == ResponseCode.SUCCESS, sent.remark
+    assert sent.code == WireCode.SUCCESS, sent.remark
     host, offset = parse_offset_msg_id(sent.ext_fields["msgId"])
     assert host == r.broker.remoting_address()  # not the gRPC port, which does not speak remoting
     _dispatched(r)
     with RemotingClient(host) as client:  # as a 4.x client does: to the address the id names
         answer = client.invoke(RemotingCommand(VIEW, ext_fields={"offset": str(offset)}))
-    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    assert answer.code == WireCode.SUCCESS, answer.remark
     # the stored entry, its STOREHOST naming the remoting address (hand-built: IPv4 then the int32 port)
     assert r.broker.store is not None
     stored = r.broker.store.lookup_entry(offset)
@@ -66,9 +66,9 @@ def test_view_refusals(remoting_broker: Remoting) -> None:
     r.send("QT", b"x")
     _dispatched(r)
     nothing_there = r.call(VIEW, offset="7")  # inside the first entry: no entry starts there
-    assert nothing_there.code == ResponseCode.QUERY_NOT_FOUND and nothing_there.body == b""
-    assert r.call(VIEW, offset="-1").code == ResponseCode.INVALID_PARAMETER
-    assert r.call(VIEW).code == ResponseCode.INVALID_PARAMETER  # offset is required
+    assert nothing_there.code == WireCode.QUERY_NOT_FOUND and nothing_there.body == b""
+    assert r.call(VIEW, offset="-1").code == WireCode.INVALID_PARAMETER
+    assert r.call(VIEW).code == WireCode.INVALID_PARAMETER  # offset is required
 
 
 def test_query_by_key_finds_messages_of_both_protocols(remoting_broker: Remoting) -> None:
@@ -80,7 +80,7 @@ def test_query_by_key_finds_messages_of_both_protocols(remoting_broker: Remoting
     _dispatched(r)
     ext = {"topic": "QK", "key": "order-1", "maxNum": "32", "beginTimestamp": "0", "endTimestamp": str(2**62)}
     answer = r.call(QUERY, **ext)
-    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    assert answer.code == WireCode.SUCCESS, answer.remark
     assert int(answer.ext_fields["indexLastUpdatePhyoffset"]) > 0 and int(answer.ext_fields["indexLastUpdateTimestamp"])
     found = {m.body: m for m in iter_stored(answer.body)}
     assert set(found) == {b"from-remoting", b"from-grpc"}
@@ -91,10 +91,10 @@ def test_query_by_key_finds_messages_of_both_protocols(remoting_broker: Remoting
     one = r.call(QUERY, **{**ext, "maxNum": "1"})
     assert len(list(iter_stored(one.body))) == 1
     missing = r.call(QUERY, **{**ext, "key": "no-such-key"})
-    assert missing.code == ResponseCode.QUERY_NOT_FOUND and missing.body == b""
+    assert missing.code == WireCode.QUERY_NOT_FOUND and missing.body == b""
     assert "indexLastUpdatePhyoffset" in missing.ext_fields
-    assert r.call(QUERY, **{**ext, "topic": "NoSuchTopic"}).code == ResponseCode.TOPIC_NOT_EXIST
-    assert r.call(QUERY, **{**ext, "maxNum": "x"}).code == ResponseCode.INVALID_PARAMETER
+    assert r.call(QUERY, **{**ext, "topic": "NoSuchTopic"}).code == WireCode.TOPIC_NOT_EXIST
+    assert r.call(QUERY, **{**ext, "maxNum": "x"}).code == WireCode.INVALID_PARAMETER
 
 
 def test_with_a_set_remoting_port_stored_entries_name_it_so_pulled_ids_lead_there_too(
@@ -111,7 +111,7 @@ def test_with_a_set_remoting_port_stored_entries_name_it_so_pulled_ids_lead_ther
     assert broker.store is not None and broker.store.wait_dispatched()
     with RemotingClient(address) as client:
         pulled = client.invoke(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=pull_header("pg", "PT", 0, 0)))
-        assert pulled.code == ResponseCode.SUCCESS, pulled.remark
+        assert pulled.code == WireCode.SUCCESS, pulled.remark
         (m,) = iter_stored(pulled.body)  # as stored: the offset id a 4.x consumer decodes
         assert (m.store_host, m.msg_id) == (address, result.msg_id)
         viewed = client.invoke(RemotingCommand(VIEW, ext_fields={"offset": str(m.commitlog_offset)}))

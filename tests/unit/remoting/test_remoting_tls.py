@@ -9,7 +9,7 @@ import pytest
 
 from broker.errors import BrokerUnreachableError
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import ResponseCode
+from broker.remoting.codes import WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.server import RemotingServer
@@ -21,7 +21,7 @@ __all__ = ["pki"]
 
 class Echo:
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
-        return request.response(ResponseCode.SUCCESS, body=request.body)
+        return request.response(WireCode.SUCCESS, body=request.body)
 
 
 def client_context(pki: Pki, *, with_certificate: bool) -> ssl.SSLContext:

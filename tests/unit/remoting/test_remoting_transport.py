@@ -17,7 +17,7 @@ from broker.config import BrokerConfig
 from broker.errors import BrokerUnreachableError, TopicNotExistError
 from broker.remoting import server as server_module
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import ResponseCode
+from broker.remoting.codes import WireCode
 from broker.remoting.command import RemotingCommand, SerializeType
 from broker.remoting.frame import encode_frame
 from broker.remoting.processor import Answer, RequestContext
@@ -29,7 +29,7 @@ ECHO, SLOW, BOOM, REFUSE, LATER, RECORD = 1, 2, 3, 4, 5, 6
 
 class Echo:
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
-        return request.response(ResponseCode.SUCCESS, ext_fields=dict(request.ext_fields), body=request.body)
+        return request.response(WireCode.SUCCESS, ext_fields=dict(request.ext_fields), body=request.body)
 
 
 class Slow:
@@ -37,7 +37,7 @@ class Slow:
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         time.sleep(int(request.ext_fields["ms"]) / 1000)
-        return request.response(ResponseCode.SUCCESS, ext_fields={"ms": request.ext_fields["ms"]})
+        return request.response(WireCode.SUCCESS, ext_fields={"ms": request.ext_fields["ms"]})
 
 
 class Boom:
@@ -55,7 +55,7 @@ class Later:
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         future: Future[RemotingCommand] = Future()
-        threading.Timer(0.05, lambda: future.set_result(request.response(ResponseCode.PULL_NOT_FOUND))).start()
+        threading.Timer(0.05, lambda: future.set_result(request.response(WireCode.PULL_NOT_FOUND))).start()
         return future
 
 
@@ -65,7 +65,7 @@ class Record:
 
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         self.seen.append(request)
-        return request.response(ResponseCode.SUCCESS)  # dropped by the transport for one-way requests
+        return request.response(WireCode.SUCCESS)  # dropped by the transport for one-way requests
 
 
 @pytest.fixture
@@ -103,20 +103,20 @@ def test_several_requests_in_flight_are_matched_by_opaque(client: RemotingClient
 
 def test_unknown_code_is_request_code_not_supported(client: RemotingClient) -> None:
     answer = client.invoke(RemotingCommand(999))
-    assert answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert answer.code == WireCode.REQUEST_CODE_NOT_SUPPORTED
     assert answer.remark is not None and "request type 999 not supported" in answer.remark
 
 
 def test_a_processor_that_raises_answers_system_error_and_the_server_goes_on(client: RemotingClient) -> None:
     answer = client.invoke(RemotingCommand(BOOM))
-    assert answer.code == ResponseCode.SYSTEM_ERROR and answer.remark == "RuntimeError: processor bug"
+    assert answer.code == WireCode.SYSTEM_ERROR and answer.remark == "RuntimeError: processor bug"
     refused = client.invoke(RemotingCommand(REFUSE))
-    assert refused.code == ResponseCode.TOPIC_NOT_EXIST and refused.remark == "no such topic"
-    assert client.invoke(RemotingCommand(ECHO)).code == ResponseCode.SUCCESS
+    assert refused.code == WireCode.TOPIC_NOT_EXIST and refused.remark == "no such topic"
+    assert client.invoke(RemotingCommand(ECHO)).code == WireCode.SUCCESS
 
 
 def test_a_future_answer_is_sent_when_it_completes(client: RemotingClient) -> None:
-    assert client.invoke(RemotingCommand(LATER)).code == ResponseCode.PULL_NOT_FOUND
+    assert client.invoke(RemotingCommand(LATER)).code == WireCode.PULL_NOT_FOUND
 
 
 def read_frame(sock: socket.socket) -> bytes:
@@ -156,7 +156,7 @@ def test_a_malformed_frame_closes_that_connection_only(
         wait_until(lambda: bad.closed, "the server to close the connection", timeout_s=5)
         with pytest.raises(BrokerUnreachableError):
             bad.invoke(RemotingCommand(ECHO))
-    assert client.invoke(RemotingCommand(ECHO)).code == ResponseCode.SUCCESS
+    assert client.invoke(RemotingCommand(ECHO)).code == WireCode.SUCCESS
     assert len([r for r in caplog.records if "malformed frame" in r.getMessage()]) == 1
 
 
@@ -173,16 +173,16 @@ def test_a_truncated_frame_then_close_is_logged_and_nothing_reaches_a_processor(
 
 def test_an_idle_connection_is_closed(server: RemotingServer) -> None:
     with RemotingClient(server.address) as idle:
-        assert idle.invoke(RemotingCommand(ECHO)).code == ResponseCode.SUCCESS
+        assert idle.invoke(RemotingCommand(ECHO)).code == WireCode.SUCCESS
         wait_until(lambda: idle.closed, "the idle connection to be closed", timeout_s=5)
 
 
 def test_connections_past_the_limit_are_closed() -> None:
     with RemotingServer({ECHO: Echo()}, "127.0.0.1", 0, max_connections=1) as s, RemotingClient(s.address) as first:
-        assert first.invoke(RemotingCommand(ECHO)).code == ResponseCode.SUCCESS
+        assert first.invoke(RemotingCommand(ECHO)).code == WireCode.SUCCESS
         with RemotingClient(s.address) as second:
             wait_until(lambda: second.closed, "the connection past the limit to be closed", timeout_s=5)
-        assert first.invoke(RemotingCommand(ECHO)).code == ResponseCode.SUCCESS
+        assert first.invoke(RemotingCommand(ECHO)).code == WireCode.SUCCESS
 
 
 def test_a_broker_with_auth_serves_remoting_with_its_signatures_checked(tmp_path: Path) -> None:
@@ -198,5 +198,5 @@ def test_requests_past_the_queue_bound_are_answered_system_busy(monkeypatch: pyt
         wait_until(lambda: s._queued == 0, "the first request to start", timeout_s=5)
         queued = c.invoke_async(RemotingCommand(SLOW, ext_fields={"ms": "0"}))  # waits for the only worker
         busy = c.invoke(RemotingCommand(SLOW, ext_fields={"ms": "0"}))
-        assert busy.code == ResponseCode.SYSTEM_BUSY and busy.remark is not None and "[OVERLOAD]" in busy.remark
-        assert running.result_or_raise(5, c).code == queued.result_or_raise(5, c).code == ResponseCode.SUCCESS
+        assert busy.code == WireCode.SYSTEM_BUSY and busy.remark is not None and "[OVERLOAD]" in busy.remark
+        assert running.result_or_raise(5, c).code == queued.result_or_raise(5, c).code == WireCode.SUCCESS

@@ -15,7 +15,7 @@ from broker.client import PullConsumer, PullStatus
 from broker.format.message import SysFlag
 from broker.remoting import fastjson
 from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_entry import iter_stored, parse_offset_msg_id
 from broker.remoting.message_processors import message_processors
@@ -46,7 +46,7 @@ def send_half(client: RemotingClient, topic: str, body: bytes, uniq: str) -> Rem
     props = format_properties({"UNIQ_KEY": uniq, "TRAN_MSG": "true", "PGROUP": GROUP}).rstrip("\x02")
     header = v2_header(topic, props, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE, group=GROUP)
     r = client.invoke(RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=header, body=body))
-    assert r.code == ResponseCode.SUCCESS, r.remark
+    assert r.code == WireCode.SUCCESS, r.remark
     return r
 
 
@@ -81,7 +81,7 @@ def test_a_half_is_invisible_until_end_transaction_commits_it(
     wait_until(lambda: visible(remoting_broker, "TxC") == [b"order-1"], "the committed message", timeout_s=5)
     # a late duplicate of the same decision (answered when asked) changes nothing
     again = end(client, sent, COMMIT, oneway=False)
-    assert again is not None and again.code == ResponseCode.SUCCESS, again.remark
+    assert again is not None and again.code == WireCode.SUCCESS, again.remark
     assert visible(remoting_broker, "TxC") == [b"order-1"]
 
 
@@ -91,12 +91,12 @@ def test_rollback_leaves_nothing_and_unknown_keeps_it_open(
     client, _ = producer
     sent = send_half(client, "TxR", b"gone", "U2")
     r = end(client, sent, UNKNOWN, oneway=False)  # "not known yet": stays open
-    assert r is not None and r.code == ResponseCode.SUCCESS
+    assert r is not None and r.code == WireCode.SUCCESS
     assert remoting_broker.transactions is not None
     [open_txn] = remoting_broker.transactions.list_transactions(sent.ext_fields["transactionId"])
     assert open_txn.status.value == "OPEN"
     r = end(client, sent, ROLLBACK, oneway=False)
-    assert r is not None and r.code == ResponseCode.SUCCESS, r.remark
+    assert r is not None and r.code == WireCode.SUCCESS, r.remark
     assert remoting_broker.store is not None and remoting_broker.store.wait_dispatched()
     assert visible(remoting_broker, "TxR") == []
     [ended] = remoting_broker.transactions.list_transactions(sent.ext_fields["transactionId"])
@@ -107,13 +107,13 @@ def test_refusals_are_answered_with_their_codes(remoting_broker: BrokerControlle
     client, _ = producer
     sent = send_half(client, "TxX", b"x", "U3")
     bad_kind = end(client, sent, "5", oneway=False)
-    assert bad_kind is not None and bad_kind.code == ResponseCode.INVALID_PARAMETER
+    assert bad_kind is not None and bad_kind.code == WireCode.INVALID_PARAMETER
     nothing_there = RemotingCommand(RequestCode.END_TRANSACTION, ext_fields={
         "producerGroup": GROUP, "commitLogOffset": "999999", "commitOrRollback": COMMIT, "tranStateTableOffset": "0",
         "msgId": "U"})
-    assert client.invoke(nothing_there).code == ResponseCode.QUERY_NOT_FOUND
+    assert client.invoke(nothing_there).code == WireCode.QUERY_NOT_FOUND
     missing = client.invoke(RemotingCommand(RequestCode.END_TRANSACTION, ext_fields={"producerGroup": GROUP}))
-    assert missing.code == ResponseCode.INVALID_PARAMETER
+    assert missing.code == WireCode.INVALID_PARAMETER
     assert visible(remoting_broker, "TxX") == []  # still open, still invisible
 
 
@@ -121,7 +121,7 @@ def heartbeat(client: RemotingClient, *groups: str) -> None:
     body = {"clientID": "127.0.0.1@txn", "producerDataSet": [{"groupName": g} for g in groups],
             "consumerDataSet": []}
     r = client.invoke(RemotingCommand(RequestCode.HEART_BEAT, body=fastjson.dumps(body, standard=True)))
-    assert r.code == ResponseCode.SUCCESS, r.remark
+    assert r.code == WireCode.SUCCESS, r.remark
 
 
 def test_an_undecided_producer_is_checked_back_and_its_answer_decides(
@@ -181,7 +181,7 @@ def test_a_slave_refuses_end_transaction(remoting_broker: BrokerController, prod
     remoting_broker.gate.target = Slave()  # type: ignore[assignment]
     try:
         r = end(client, sent, COMMIT, oneway=False)
-        assert r is not None and r.code == ResponseCode.SERVICE_NOT_AVAILABLE, r.remark
+        assert r is not None and r.code == WireCode.SERVICE_NOT_AVAILABLE, r.remark
     finally:
         remoting_broker.gate.target = None
     assert remoting_broker.transactions is not None
@@ -200,12 +200,12 @@ def test_with_auth_ends_and_checks_need_the_groups_rights(broker_factory: Callab
         props = format_properties({"UNIQ_KEY": "UA", "TRAN_MSG": "true", "PGROUP": GROUP}).rstrip("\x02")
         header = v2_header("TxA", props, sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE, group=GROUP)
         sent = answered(call(table, RequestCode.SEND_MESSAGE_V2, header, b"a", user="root"))
-        assert sent.code == ResponseCode.SUCCESS, sent.remark
+        assert sent.code == WireCode.SUCCESS, sent.remark
         _, offset = parse_offset_msg_id(sent.ext_fields["msgId"])
         ending = {"producerGroup": GROUP, "commitLogOffset": str(offset), "commitOrRollback": COMMIT,
                   "tranStateTableOffset": "0", "msgId": "UA"}
         refused = answered(call(table, RequestCode.END_TRANSACTION, ending, user="u"))
-        assert refused.code == ResponseCode.NO_PERMISSION
+        assert refused.code == WireCode.NO_PERMISSION
         [still] = broker.transactions.list_transactions(sent.ext_fields["transactionId"])
         assert still.status.value == "OPEN"
         # a check goes only to a connection whose user may end the group's transactions and publish to the topic
@@ -216,11 +216,11 @@ def test_with_auth_ends_and_checks_need_the_groups_rights(broker_factory: Callab
         for peer, user in ((no_rights, "u"), (root, "root")):
             heard = table.table[RequestCode.HEART_BEAT].process(RemotingCommand(RequestCode.HEART_BEAT, body=beat),
                                                                 RequestContext(peer, user))
-            assert isinstance(heard, RemotingCommand) and heard.code == ResponseCode.SUCCESS
+            assert isinstance(heard, RemotingCommand) and heard.code == WireCode.SUCCESS
         assert broker.transactions.check_once() == 1
         assert no_rights.sent == [] and [c.code for c in root.sent] == [RequestCode.CHECK_TRANSACTION_STATE]
         ok = answered(call(table, RequestCode.END_TRANSACTION, ending, user="root"))
-        assert ok.code == ResponseCode.SUCCESS, ok.remark
+        assert ok.code == WireCode.SUCCESS, ok.remark
     finally:
         broker.remoting_messages = None
         table.shutdown()

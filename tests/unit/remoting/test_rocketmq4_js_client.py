@@ -21,7 +21,7 @@ from broker.client.namesrv_client import NameServerClient
 from broker.client.results import PullStatus, ReceivedMessage
 from broker.namesrv.local_cluster import LocalCluster, NameServerProcess
 from broker.private_file import write_private
-from broker.remoting.codes import ResponseCode
+from broker.remoting.codes import WireCode
 from broker.server.process import BrokerProcess
 from tests.support.auth_process import ROOT, SETTINGS, Secured
 from tests.support.cluster import (
@@ -222,7 +222,7 @@ def test_under_auth_signed_requests_are_served_and_requests_without_rights_refus
                               nobody=js_credentials(nobody))
         assert result["sent"] == ["SEND_OK"] * 3
         for refused in ("nobody", "unsigned", "forged"):
-            assert "sent" not in result[refused] and result[refused]["code"] == ResponseCode.NO_PERMISSION, refused
+            assert "sent" not in result[refused] and result[refused]["code"] == WireCode.NO_PERMISSION, refused
         assert sorted(m["body"] for m in result["received"]) == [f"signed-{i}" for i in range(3)]
         assert secured.max_offset(topic) == 3  # nothing of the refused sends was stored
     finally:
