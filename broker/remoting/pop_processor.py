@@ -50,6 +50,8 @@ from broker.remoting.message_outcomes import Access, failure
 from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.transaction_processor import master_only, refused
+from broker.semantics.pop import PopRequest
+from broker.server.admin_processor import encode_stored as stored_entry
 from broker.server.consumer_offsets import validate_group
 from broker.server.pop_processor import PopProcessor
 
@@ -148,12 +150,17 @@ class PopMessageProcessors:
 
     def _popped(self, request: RemotingCommand, call: pb.PopRequest) -> RemotingCommand:
         pop_time = int(time.time() * 1000)
-        got = self.pops.pop(call, None)
+        got = self.pops.pop(
+            PopRequest(call.consumer_group, call.topic, call.queue_id if call.HasField("queue_id") else -1,
+                       call.max_msgs, call.invisible_time_ms, call.expression_type or "TAG", call.expression,
+                       call.poll_time_ms),
+            None,
+        )
         messages = []
-        for pos, handle, attempt in zip(got.entry_positions, got.receipt_handles, got.delivery_attempts, strict=True):
-            m, _ = decode_stored(got.entries, pos)
-            messages.append(replace(m, properties={**m.properties, POP_CK: handle},
-                                    reconsume_times=max(m.reconsume_times, attempt - 1)))
+        for p in got:
+            m, _ = decode_stored(p.entry if p.entry is not None else stored_entry(p.message), 0)
+            messages.append(replace(m, properties={**m.properties, POP_CK: p.handle},
+                                    reconsume_times=max(m.reconsume_times, p.attempt - 1)))
         start, each = offset_info(messages)
         ext = {"popTime": str(pop_time), "invisibleTime": str(call.invisible_time_ms), "reviveQid": "0",
                "restNum": "0", "startOffsetInfo": start, "msgOffsetInfo": each, "orderCountInfo": ""}
@@ -168,7 +175,9 @@ class PopMessageProcessors:
         validate_group(group)
         call = pb.AckMessageRequest(consumer_group=group, topic=topic, receipt_handles=[handle])
         with self.access.admitted(context, "ACK_MESSAGE", call):
-            self.pops.pops.ack(group, topic, handle)
+            [refusal] = self.pops.ack(group, topic, [handle])
+        if refusal is not None:
+            raise refusal
         return request.response(int(WireCode.SUCCESS))
 
     def _change(self, request: RemotingCommand, context: RequestContext) -> RemotingCommand:
@@ -177,8 +186,8 @@ class PopMessageProcessors:
             receipt_handle=f.text(request, "extraInfo"), invisible_time_ms=f.int64(request, "invisibleTime"),
         )
         with self.access.admitted(context, "CHANGE_MESSAGE_INVISIBLETIME", call):
-            changed = self.pops.change(call)
+            changed = self.pops.change(call.consumer_group, call.topic, call.receipt_handle, call.invisible_time_ms)
         ext = {"popTime": str(changed.invisible_until_ms - call.invisible_time_ms),
                "invisibleTime": str(call.invisible_time_ms), "reviveQid": "0",
-               "extraInfo": changed.receipt_handle}
+               "extraInfo": changed.handle}
         return request.response(int(WireCode.SUCCESS), ext_fields=ext)

@@ -10,6 +10,7 @@ Status details are cut to a size every receiver accepts (status.capped_details).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -25,7 +26,8 @@ from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.semantics import QueueLockManager
-from broker.server.admin_processor import AdminProcessor, pack_entries
+from broker.semantics.pop import PopRequest
+from broker.server.admin_processor import AdminProcessor, encode_stored, pack_entries
 from broker.server.call_streams import CallStreams, UnaryBehavior
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
@@ -502,17 +504,34 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @_answer
     def PopMessage(self, request: pb.PopRequest, context: grpc.ServicerContext) -> pb.PopResponse:
-        return self._pop().pop(request, context.time_remaining())
+        popped = self._pop().pop(
+            PopRequest(
+                request.consumer_group, request.topic, request.queue_id if request.HasField("queue_id") else -1,
+                request.max_msgs, request.invisible_time_ms, request.expression_type or "TAG", request.expression,
+                request.poll_time_ms,
+            ),
+            context.time_remaining(),
+        )
+        # popped messages travel as commit-log entries (store fields included), back to back, as pulls answer
+        raw = [p.entry if p.entry is not None else encode_stored(p.message) for p in popped]
+        positions = list(itertools.accumulate((len(e) for e in raw[:-1]), initial=0)) if raw else []
+        return pb.PopResponse(
+            entries=b"".join(raw), entry_positions=positions, receipt_handles=[p.handle for p in popped],
+            delivery_attempts=[p.attempt for p in popped], invisible_until_ms=[p.invisible_until_ms for p in popped],
+        )
 
     @_answer
     def AckMessage(self, request: pb.AckMessageRequest, context: grpc.ServicerContext) -> pb.AckMessageResponse:
-        return self._pop().ack(request)
+        results = self._pop().ack(request.consumer_group, request.topic, list(request.receipt_handles))
+        return pb.AckMessageResponse(errors=["" if e is None else f"{e.code.name}: {e.message}" for e in results])
 
     @_answer
     def ChangeInvisibleTime(
         self, request: pb.ChangeInvisibleTimeRequest, context: grpc.ServicerContext
     ) -> pb.ChangeInvisibleTimeResponse:
-        return self._pop().change(request)
+        p = self._pop().change(request.consumer_group, request.topic, request.receipt_handle,
+                               request.invisible_time_ms)
+        return pb.ChangeInvisibleTimeResponse(receipt_handle=p.handle, invisible_until_ms=p.invisible_until_ms)
 
     # ---------------------------------------------------------------------------------------------- users and ACLs
     def _accounts(self) -> AccountsAdmin:

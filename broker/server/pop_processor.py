@@ -1,22 +1,21 @@
-"""Pop consumption over sluice.v1 (PopMessage, AckMessage, ChangeInvisibleTime): requests into PopService calls.
+"""Pop consumption, the operation every front calls (sluice.v1's PopMessage, AckMessage and ChangeInvisibleTime,
+the remoting front's codes 200050, 200051 and 200053): checks the request's names and bounds, then asks PopService.
 
-Popped messages travel as commit-log entries (store fields included), back to back, as pulls answer, with one
-receipt handle, delivery attempt and invisible-until time per message beside them.
+Protocol-neutral: requests and answers are PopService's own (PopRequest, PopDelivery); each front translates its
+wire to them and back.
 """
 
 from __future__ import annotations
 
-import itertools
+from dataclasses import replace
 
-from broker.errors import InvalidArgumentError
+from broker.errors import BrokerError, InvalidArgumentError
 from broker.format.system_topics import refuse_system_topic
-from broker.proto import sluice_pb2 as pb
-from broker.semantics.pop import PopRequest, PopService
-from broker.server.admin_processor import encode_stored
+from broker.semantics.pop import PopDelivery, PopRequest, PopService
 from broker.server.consumer_offsets import validate_group
 
 DEFAULT_POP_MSGS = 32  # RocketMQ's receive batch size
-MAX_ACK_HANDLES = 1024  # handles one AckMessage may carry (a pop returns at most 1024 messages)
+MAX_ACK_HANDLES = 1024  # handles one ack may carry (a pop returns at most 1024 messages)
 
 
 class PopProcessor:
@@ -24,38 +23,24 @@ class PopProcessor:
         self.pops = pops
         self.max_poll_ms = max_poll_ms  # longest a pop may ask to be held (the broker's max_suspend_timeout_ms)
 
-    def pop(self, request: pb.PopRequest, time_remaining_s: float | None) -> pb.PopResponse:
-        validate_group(request.consumer_group)
+    def pop(self, request: PopRequest, time_remaining_s: float | None) -> list[PopDelivery]:
+        """``max_msgs`` 0: the default; ``long_poll_ms`` is cut to the broker's longest hold."""
+        validate_group(request.group)
         refuse_system_topic(request.topic, "pop")  # what the broker still owes is read by no client (operations.py)
-        if request.poll_time_ms < 0 or request.max_msgs < 0:
+        if request.long_poll_ms < 0 or request.max_msgs < 0:
             raise InvalidArgumentError("max_msgs and poll_time_ms must be >= 0 (0: default, answer at once)")
-        popped = self.pops.pop(
-            PopRequest(
-                request.consumer_group, request.topic, request.queue_id if request.HasField("queue_id") else -1,
-                request.max_msgs or DEFAULT_POP_MSGS,
-                request.invisible_time_ms, request.expression_type or "TAG", request.expression,
-                min(request.poll_time_ms, self.max_poll_ms),
-            ),
-            time_remaining_s,
-        )
-        raw = [p.entry if p.entry is not None else encode_stored(p.message) for p in popped]
-        positions = list(itertools.accumulate((len(e) for e in raw[:-1]), initial=0)) if raw else []
-        entries = b"".join(raw)
-        return pb.PopResponse(
-            entries=entries, entry_positions=positions, receipt_handles=[p.handle for p in popped],
-            delivery_attempts=[p.attempt for p in popped], invisible_until_ms=[p.invisible_until_ms for p in popped],
-        )
+        bounded = replace(request, max_msgs=request.max_msgs or DEFAULT_POP_MSGS,
+                          long_poll_ms=min(request.long_poll_ms, self.max_poll_ms))
+        return self.pops.pop(bounded, time_remaining_s)
 
-    def ack(self, request: pb.AckMessageRequest) -> pb.AckMessageResponse:
-        validate_group(request.consumer_group)
-        if len(request.receipt_handles) > MAX_ACK_HANDLES:
-            raise InvalidArgumentError(f"{len(request.receipt_handles)} handles in one ack; at most {MAX_ACK_HANDLES}")
-        # one refused handle does not refuse the others (each is its own ack)
-        results = self.pops.ack_many(request.consumer_group, request.topic, list(request.receipt_handles))
-        return pb.AckMessageResponse(errors=["" if e is None else f"{e.code.name}: {e.message}" for e in results])
+    def ack(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
+        """Per handle None (acked) or why not: one refused handle does not refuse the others (each is its own ack)."""
+        validate_group(group)
+        if len(handles) > MAX_ACK_HANDLES:
+            raise InvalidArgumentError(f"{len(handles)} handles in one ack; at most {MAX_ACK_HANDLES}")
+        return self.pops.ack_many(group, topic, handles)
 
-    def change(self, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
-        validate_group(request.consumer_group)
-        p = self.pops.change_invisible(request.consumer_group, request.topic, request.receipt_handle,
-                                       request.invisible_time_ms)
-        return pb.ChangeInvisibleTimeResponse(receipt_handle=p.handle, invisible_until_ms=p.invisible_until_ms)
+    def change(self, group: str, topic: str, handle: str, invisible_ms: int) -> PopDelivery:
+        """The delivery with its new handle and invisible-until time."""
+        validate_group(group)
+        return self.pops.change_invisible(group, topic, handle, invisible_ms)
