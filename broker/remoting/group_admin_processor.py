@@ -48,6 +48,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import Access
 from broker.remoting.processor import Processor
 from broker.server.broker_service import BrokerService
+from broker.server.retry_processor import GROUP_SETTINGS
 
 # SubscriptionGroupConfig's fields Sluice keeps -> UpdateSubscriptionGroupRequest's (bool or int)
 GROUP_FIELDS = {
@@ -131,7 +132,8 @@ class GroupAdminProcessors:
     def update_group(self, request: RemotingCommand, req: pb.UpdateSubscriptionGroupRequest) -> RemotingCommand:
         if self.service.retries is None:
             raise ServiceNotAvailableError("subscription groups are not enabled on this broker")
-        self.service.retries.update_group(req)
+        changes = {name: getattr(req, name) for name in GROUP_SETTINGS if req.HasField(name)}
+        self.service.retries.update_group(req.consumer_group, changes)
         return request.response(WireCode.SUCCESS)
 
     def connections(self, request: RemotingCommand, req: GroupRequest) -> RemotingCommand:

@@ -50,10 +50,9 @@ from broker.remoting.message_outcomes import Access, failure
 from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.remoting.transaction_processor import master_only, refused
-from broker.semantics.pop import PopRequest
 from broker.server.admin_processor import encode_stored as stored_entry
 from broker.server.consumer_offsets import validate_group
-from broker.server.pop_processor import PopProcessor
+from broker.server.pop_processor import PopProcessor, PopRequest
 
 POP_MESSAGE = RequestCode.POP_MESSAGE
 ACK_MESSAGE = RequestCode.ACK_MESSAGE

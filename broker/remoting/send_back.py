@@ -14,14 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.errors import BrokerError
-from broker.proto import sluice_pb2 as pb
 from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import INT64, Access, failure, int_field, refusal, text_field
 from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
 from broker.server.consumer_offsets import validate_group
-from broker.server.retry_processor import RetryProcessor
+from broker.server.retry_processor import RetryProcessor, SendBack
 
 CONSUMER_SEND_MSG_BACK = RequestCode.CONSUMER_SEND_MSG_BACK
 
@@ -57,13 +56,10 @@ class SendBackProcessor:
             validate_group(req.consumer_group)
             with self.access.admitted(context, "CONSUMER_SEND_MSG_BACK", req):
                 target = self.replication.before_write("CONSUMER_SEND_MSG_BACK")
-                call = pb.ConsumerSendMsgBackRequest(
-                    consumer_group=req.consumer_group, commitlog_offset=req.commitlog_offset,
-                    delay_level=req.delay_level, origin_msg_id=req.origin_msg_id,
-                )
-                if req.max_reconsume_times is not None:
-                    call.max_reconsume_times = req.max_reconsume_times
-                self.retries.send_back(call)
+                self.retries.send_back(SendBack(
+                    req.consumer_group, commitlog_offset=req.commitlog_offset, delay_level=req.delay_level,
+                    max_reconsume_times=req.max_reconsume_times, origin_msg_id=req.origin_msg_id,
+                ))
             self.replication.after_write(target, "CONSUMER_SEND_MSG_BACK")
             return request.response(0)
         except BrokerError as e:

@@ -25,7 +25,7 @@ from broker.format.system_topics import refuse_system_topic
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
-from broker.semantics import QueueLockManager
+from broker.semantics import QueueLockManager, SubscriptionGroupConfig
 from broker.semantics.pop import PopRequest
 from broker.server.admin_processor import AdminProcessor, encode_stored, pack_entries
 from broker.server.call_streams import CallStreams, UnaryBehavior
@@ -35,7 +35,7 @@ from broker.server.metrics import BrokerMetrics
 from broker.server.pop_processor import PopProcessor
 from broker.server.pull_processor import PullProcessor, PullRequestArgs
 from broker.server.request_guard import refuse_if_malformed
-from broker.server.retry_processor import RetryProcessor
+from broker.server.retry_processor import GROUP_SETTINGS, RetryProcessor, SendBack
 from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
@@ -135,6 +135,15 @@ def _check_heartbeat(request: pb.HeartbeatRequest) -> None:
                 f"{MAX_SUBSCRIPTION_EXPRESSION_CHARS} (tag or SQL92 expression)"
             )
 
+
+
+def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
+    return pb.SubscriptionGroup(
+        group_name=cfg.group_name, consume_enable=cfg.consume_enable,
+        consume_from_min_enable=cfg.consume_from_min_enable, consume_broadcast_enable=cfg.consume_broadcast_enable,
+        retry_queue_nums=cfg.retry_queue_nums, retry_max_times=cfg.retry_max_times,
+        consume_message_orderly=cfg.consume_message_orderly,
+    )
 
 class BrokerService(pb_grpc.BrokerServicer):
     def __init__(
@@ -434,7 +443,21 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.ConsumerSendMsgBackRequest, context: grpc.ServicerContext
     ) -> pb.ConsumerSendMsgBackResponse:
         validate_group(request.consumer_group)
-        return self._retry().send_back(request)
+        target = request.WhichOneof("target")
+        result = self._retry().send_back(SendBack(
+            request.consumer_group,
+            commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
+            msg_id=request.msg_id if target == "msg_id" else None,
+            delay_level=request.delay_level,
+            # unset (a raw call) or < 0: the group's retryMaxTimes, not "no retries"
+            max_reconsume_times=(request.max_reconsume_times
+                                 if request.HasField("max_reconsume_times") and request.max_reconsume_times >= 0
+                                 else None),
+            origin_msg_id=request.origin_msg_id,
+        ))
+        return pb.ConsumerSendMsgBackResponse(topic=result.topic, queue_id=result.queue_id,
+                                              dead_letter=result.dead_letter, delay_level=result.delay_level,
+                                              reconsume_times=result.reconsume_times)
 
     @_answer
     def LockBatchMQ(self, request: pb.LockBatchRequest, context: grpc.ServicerContext) -> pb.LockBatchResponse:
@@ -464,7 +487,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.GetSubscriptionGroupRequest, context: grpc.ServicerContext
     ) -> pb.SubscriptionGroup:
         validate_group(request.consumer_group)
-        return self._retry().get_group(request.consumer_group)
+        return _group(self._retry().get_group(request.consumer_group))
 
     @_answer
     def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> pb.ListGroupsResponse:
@@ -494,7 +517,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.UpdateSubscriptionGroupRequest, context: grpc.ServicerContext
     ) -> pb.SubscriptionGroup:
         validate_group(request.consumer_group)
-        return self._retry().update_group(request)
+        changes = {name: getattr(request, name) for name in GROUP_SETTINGS if request.HasField(name)}
+        return _group(self._retry().update_group(request.consumer_group, changes))
 
     # ---------------------------------------------------------------------------------------------- pop
     def _pop(self) -> PopProcessor:

@@ -44,3 +44,6 @@ class PopProcessor:
         """The delivery with its new handle and invisible-until time."""
         validate_group(group)
         return self.pops.change_invisible(group, topic, handle, invisible_ms)
+
+
+__all__ = ["DEFAULT_POP_MSGS", "MAX_ACK_HANDLES", "PopDelivery", "PopProcessor", "PopRequest"]

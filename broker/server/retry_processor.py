@@ -1,4 +1,5 @@
-"""Consumer-side semantics over gRPC: send-back (retry / dead letters), subscription groups, pull admission.
+"""Consumer-side operations every front calls: send-back (retry / dead letters), subscription groups, pull
+admission. Protocol-neutral: the fronts translate their requests into SendBack and group changes, and back.
 
 * ``%RETRY%{group}`` is created (with the group's retryQueueNums) when a clustering consumer of the group sends a
   heartbeat, as RocketMQ's broker does, so a PushConsumer can subscribe to it before anything failed.
@@ -10,13 +11,16 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 from broker.auth.operations import Operation, authorize
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, shown
 from broker.filter.sql92 import SqlFilter, compile_sql92
 from broker.format.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
-from broker.proto import sluice_pb2 as pb
 from broker.semantics import RetryService, SubscriptionGroupConfig, SubscriptionGroupManager
+from broker.semantics.retry import SendBackResult
 from broker.server.consumer_offsets import validate_group
 from broker.server.send_processor import raise_for_put
 from broker.server.topic_config import TopicConfigManager
@@ -39,13 +43,22 @@ def _check_origin_msg_id(origin: str) -> None:
         )
 
 
-def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
-    return pb.SubscriptionGroup(
-        group_name=cfg.group_name, consume_enable=cfg.consume_enable,
-        consume_from_min_enable=cfg.consume_from_min_enable, consume_broadcast_enable=cfg.consume_broadcast_enable,
-        retry_queue_nums=cfg.retry_queue_nums, retry_max_times=cfg.retry_max_times,
-        consume_message_orderly=cfg.consume_message_orderly,
-    )
+# The settings of a subscription group a request may change (each front passes those its request sets).
+GroupSetting = Literal["consume_enable", "consume_from_min_enable", "consume_broadcast_enable", "retry_queue_nums",
+                       "retry_max_times", "consume_message_orderly"]
+GROUP_SETTINGS: tuple[GroupSetting, ...] = get_args(GroupSetting)
+
+
+@dataclass(frozen=True)
+class SendBack:
+    """A consumer's message sent back to its group: named by commit-log offset or by message id (exactly one)."""
+
+    group: str
+    commitlog_offset: int | None = None
+    msg_id: str | None = None
+    delay_level: int = 0  # 0: the broker picks the level from the message's reconsume times
+    max_reconsume_times: int | None = None  # None: the group's retryMaxTimes
+    origin_msg_id: str = ""
 
 
 class RetryProcessor:
@@ -69,56 +82,40 @@ class RetryProcessor:
             # memory, is saved once the disk takes it, and a restart before that creates it again.
             log.warning("retry topic of group %s created but not saved (%s); saved once the disk takes it", group, e)
 
-    def send_back(self, request: pb.ConsumerSendMsgBackRequest) -> pb.ConsumerSendMsgBackResponse:
-        target = request.WhichOneof("target")
-        if target is None:
+    def send_back(self, request: SendBack) -> SendBackResult:
+        if (request.commitlog_offset is None) == (request.msg_id is None):
             raise InvalidArgumentError("ConsumerSendMsgBack names no message: give commitlog_offset or msg_id")
         _check_origin_msg_id(request.origin_msg_id)
         # The group's right first (what tells a stranger whether a message lies there is the group's own right),
         # then the copied message's own topic, once found: never a topic the request names (operations.py).
-        authorize(Operation.SEND_BACK, group=request.consumer_group, topic="")
+        authorize(Operation.SEND_BACK, group=request.group, topic="")
         message = self.retry.lookup(  # before the group or its retry topic is made: a refused call makes neither
-            commitlog_offset=request.commitlog_offset if target == "commitlog_offset" else None,
-            msg_id=request.msg_id if target == "msg_id" else None,
+            commitlog_offset=request.commitlog_offset, msg_id=request.msg_id,
         )
-        authorize(Operation.SEND_BACK, group=request.consumer_group, topic=message.topic)
-        self.ensure_retry_topic(request.consumer_group)
+        authorize(Operation.SEND_BACK, group=request.group, topic=message.topic)
+        self.ensure_retry_topic(request.group)
         result = self.retry.consumer_send_back(
-            request.consumer_group,
+            request.group,
             message=message,
             delay_level=request.delay_level,
-            max_reconsume_times=(
-                request.max_reconsume_times
-                if request.HasField("max_reconsume_times") and request.max_reconsume_times >= 0
-                else None  # unset (a raw call) or < 0: the group's retryMaxTimes, not "no retries"
-            ),
+            max_reconsume_times=request.max_reconsume_times,
             origin_msg_id=request.origin_msg_id or None,
         )
-        raise_for_put(result.put, f"send-back of group {request.consumer_group}")
+        raise_for_put(result.put, f"send-back of group {request.group}")
         if result.dead_letter:
             self.topics.create(result.topic, 1, if_not_exists=True, charged=True)  # stored already: registered as data
-        return pb.ConsumerSendMsgBackResponse(topic=result.topic, queue_id=result.queue_id,
-                                              dead_letter=result.dead_letter, delay_level=result.delay_level,
-                                              reconsume_times=result.reconsume_times)
+        return result
 
-    def get_group(self, group: str) -> pb.SubscriptionGroup:
-        return _group(self.groups.get(group))
+    def get_group(self, group: str) -> SubscriptionGroupConfig:
+        return self.groups.get(group)
 
-    def update_group(self, request: pb.UpdateSubscriptionGroupRequest) -> pb.SubscriptionGroup:
-        changes = {
-            name: getattr(request, name)
-            for name in (
-                "consume_enable",
-                "consume_from_min_enable",
-                "consume_broadcast_enable",
-                "retry_queue_nums",
-                "retry_max_times",
-                "consume_message_orderly",
-            )
-            if request.HasField(name)
-        }
-        cfg = self.groups.update_fields(request.consumer_group, **changes)  # validated before anything is made
-        return _group(cfg)
+    def update_group(self, group: str, changes: Mapping[GroupSetting, object]) -> SubscriptionGroupConfig:
+        """``changes``: some of GROUP_SETTINGS, validated before anything is made."""
+        unknown = set(changes) - set(GROUP_SETTINGS)
+        if unknown:
+            raise InvalidArgumentError(f"not a subscription group setting: {', '.join(sorted(unknown))}")
+        settings = {str(name): value for name, value in changes.items()}
+        return self.groups.update_fields(group, **settings)
 
     def admit_pull(self, group: str, topic: str) -> None:
         if topic.startswith(DLQ_GROUP_TOPIC_PREFIX) and not self.dlq_pull_enable:
