@@ -2,7 +2,7 @@
 
 SendStream, PullStream and RocketMQ 5's Telemetry (streams of requests from the client) and the transaction check
 stream (``HELD_ANSWER_STREAMS``: one request, answers for the stream's life) each hold a worker for their life.
-Their kinds have broker-wide limits (call_stream.py, rmqv2/clients.py, semantics/check_hub.py), but a user allowed
+Their kinds have broker-wide limits (call_stream.py, rmqv2/clients.py, server/check_streams.py), but a user allowed
 nothing at all may open the first three (their rights are checked request by request), and two kinds together
 reach the whole held-call budget: one credential, leaked or used by a looping client, could then keep every other
 user's streams out. So each user holds at most ``1 / USER_SHARE`` of the budget; super users are not counted (they

@@ -22,8 +22,8 @@ from broker.client.route import DIRECT_BROKER, MessageQueue
 from broker.client.router import Router
 from broker.client.tls import TlsSettings
 from broker.errors import InvalidArgumentError, TopicNotExistError
+from broker.format.subscription import parse_tags, tag_matches
 from broker.proto import sluice_pb2 as pb
-from broker.proto.subscription import parse_tags, tag_matches
 
 # A held pull's gRPC deadline is its suspend timeout plus this much, so the broker answers first.
 PULL_DEADLINE_MARGIN_S = 10.0

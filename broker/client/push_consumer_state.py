@@ -32,8 +32,8 @@ from broker.client.router import Router
 from broker.client.tls import TlsSettings
 from broker.errors import InvalidArgumentError
 from broker.format.lock_lease import DEFAULT_LOCK_MAX_LIVE_MS
+from broker.format.subscription import parse_tags
 from broker.format.system_topics import DLQ_GROUP_TOPIC_PREFIX, retry_topic
-from broker.proto.subscription import parse_tags
 
 # Orderly: how long the client trusts a lock without renewing it -- RocketMQ's client lockMaxLiveTime, half of the
 # broker's (broker.format.lock_lease.DEFAULT_LOCK_MAX_LIVE_MS), so a client whose renewals stop pauses its queues

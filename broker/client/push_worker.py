@@ -22,10 +22,10 @@ from broker.client.outgoing_message import decode_entries
 from broker.client.results import PullStatus, ReceivedMessage
 from broker.client.route import MessageQueue
 from broker.errors import BrokerError, InvalidArgumentError
+from broker.format.subscription import tag_matches
 from broker.format.system_topics import RETRY_GROUP_TOPIC_PREFIX
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
-from broker.proto.subscription import tag_matches
 
 if TYPE_CHECKING:
     from broker.client.push_consumer import PushConsumer

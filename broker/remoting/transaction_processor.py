@@ -32,6 +32,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.message_outcomes import MAX_REMARK_CHARS, Access, failure
 from broker.remoting.message_replication import GroupReplication
 from broker.remoting.processor import Answer, RequestContext
+from broker.server.broker_service import end_transaction_of
 from broker.server.transaction_processor import TransactionProcessor
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class EndTransactionProcessor:
                 return request.response(int(WireCode.SUCCESS))
             with self.access.admitted(context, "END_TRANSACTION", end):
                 target = self.replication.before_write("END_TRANSACTION")
-                self.transactions.end(end)
+                self.transactions.end(end_transaction_of(end))
             self.replication.after_write(target, "END_TRANSACTION")
             return request.response(int(WireCode.SUCCESS))
         except BrokerError as e:

@@ -52,8 +52,8 @@ from dataclasses import dataclass
 
 from broker.errors import BrokerError, InvalidArgumentError, InvalidReceiptHandleError, ServiceNotAvailableError
 from broker.format.message import Prop, StoredMessage, delivered_sys_flag
+from broker.format.subscription import parse_tags, tag_codes, tag_matches
 from broker.format.system_topics import dlq_topic
-from broker.proto.subscription import parse_tags, tag_codes, tag_matches
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.pop_book import PopBook, QueueKey
 from broker.semantics.pop_log import PopLog

@@ -68,6 +68,7 @@ from broker.server.broker_gauges import register_broker_gauges
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.broker_service import BrokerService
 from broker.server.call_streams import PULL_MESSAGE_METHOD, SEND_MESSAGE_METHOD, CallStreams, through_interceptors
+from broker.server.check_streams import CheckHub
 from broker.server.consumer_manager import ConsumerManager
 from broker.server.consumer_offsets import ConsumerOffsetManager
 from broker.server.coordinator_service import CoordinatorService, coordinator_asker
@@ -82,7 +83,7 @@ from broker.server.send_dedup import SendDeduplicator
 from broker.server.send_processor import SendProcessor
 from broker.server.server_tls import add_port
 from broker.server.topic_config import TopicConfigManager
-from broker.server.transaction_processor import CheckHub, TransactionProcessor
+from broker.server.transaction_processor import TransactionProcessor
 from broker.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -555,7 +556,7 @@ class BrokerController:
         self.admin.on_topic_deleted = self.pops.forget_topic
         service.pops = PopProcessor(self.pops, cfg.max_suspend_timeout_ms)
         self.admin.admit_commit = retries.admit_commit
-        service.transactions = TransactionProcessor(self.transactions, self.check_hub)
+        service.transactions, service.check_hub = TransactionProcessor(self.transactions), self.check_hub
         self.check_hub.read_entry = store.lookup_entry
         service.retries, service.locks = retries, self.locks
         service.dedup = SendDeduplicator(store, cfg.send_dedup_window_ms)

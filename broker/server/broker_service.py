@@ -25,10 +25,11 @@ from broker.format.system_topics import refuse_system_topic
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
-from broker.semantics import QueueLockManager, SubscriptionGroupConfig
+from broker.semantics import EndResult, QueueLockManager, SubscriptionGroupConfig, TransactionSummary
 from broker.semantics.pop import PopRequest
 from broker.server.admin_processor import AdminProcessor, encode_stored, pack_entries
 from broker.server.call_streams import CallStreams, UnaryBehavior
+from broker.server.check_streams import CheckHub, open_check_stream
 from broker.server.consumer_manager import BROADCASTING, CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
 from broker.server.metrics import BrokerMetrics
@@ -39,7 +40,7 @@ from broker.server.retry_processor import GROUP_SETTINGS, RetryProcessor, SendBa
 from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
-from broker.server.transaction_processor import TransactionProcessor
+from broker.server.transaction_processor import EndTransaction, TransactionProcessor
 from broker.store.store_results import PutResult
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,34 @@ def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
         consume_message_orderly=cfg.consume_message_orderly,
     )
 
+
+def end_transaction_of(request: pb.EndTransactionRequest) -> EndTransaction:
+    """sluice.v1's EndTransaction as the operation's request (the remoting front's END_TRANSACTION too)."""
+    target = request.WhichOneof("target")
+    return EndTransaction(
+        request.commit,
+        transaction_id=request.transaction_id if target == "transaction_id" else "",
+        half_commitlog_offset=request.half_commitlog_offset if target == "half_commitlog_offset" else None,
+        from_check=request.from_check,
+        committed_attempts=list(request.committed_attempts) if request.restrict_attempts else None,
+        producer_group=request.producer_group,
+        expected_messages=request.expected_messages if request.HasField("expected_messages") else None,
+        record_unknown=request.record_unknown,
+    )
+
+
+def _end_response(r: EndResult) -> pb.EndTransactionResponse:
+    return pb.EndTransactionResponse(transaction_id=r.txn_id, status=r.status.value, already_ended=r.already_ended,
+                                     half_count=r.half_count, complete=r.complete)
+
+
+def _info(t: TransactionSummary) -> pb.TransactionInfo:
+    return pb.TransactionInfo(
+        transaction_id=t.txn_id, producer_group=t.producer_group, status=t.status.value, half_count=t.half_count,
+        first_store_ms=t.first_store_ms, last_activity_ms=t.last_activity_ms, check_times=t.check_times,
+        ended_ms=t.ended_ms, complete=t.complete, held_queues=list(t.held_queues),
+    )
+
 class BrokerService(pb_grpc.BrokerServicer):
     def __init__(
         self, sends: SendProcessor, pulls: PullProcessor, admin: AdminProcessor, consumers: ConsumerManager,
@@ -155,6 +184,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.broker_stats = broker_stats
         # Broker semantics (set by the controller once its services run; see broker.semantics)
         self.transactions: TransactionProcessor | None = None
+        self.check_hub = CheckHub()  # the controller's own, with its stream limit, once transactions run
         self.retries: RetryProcessor | None = None
         self.locks: QueueLockManager | None = None
         self.dedup: SendDeduplicator | None = None  # retried sends stored at most once (send_dedup.py)
@@ -415,26 +445,29 @@ class BrokerService(pb_grpc.BrokerServicer):
     def EndTransaction(
         self, request: pb.EndTransactionRequest, context: grpc.ServicerContext
     ) -> pb.EndTransactionResponse:
-        return self._tx().end(request)
+        return _end_response(self._tx().end(end_transaction_of(request)))
 
     @_answer
     def ListTransactions(
         self, request: pb.ListTransactionsRequest, context: grpc.ServicerContext
     ) -> pb.ListTransactionsResponse:
-        return self._tx().list(request)
+        found = self._tx().list_transactions(request.prefix, request.status)
+        return pb.ListTransactionsResponse(transactions=[_info(t) for t in found])
 
     @_answer
     def EndTransactions(
         self, request: pb.EndTransactionsRequest, context: grpc.ServicerContext
     ) -> pb.EndTransactionsResponse:
-        return self._tx().end_many(request)
+        results = self._tx().end_many(request.commit, request.prefix, list(request.transaction_ids))
+        return pb.EndTransactionsResponse(results=[_end_response(r) for r in results])
 
     def TransactionCheckStream(
         self, request: pb.TransactionCheckSubscribe, context: grpc.ServicerContext
     ) -> Iterator[pb.TransactionCheckRequest]:
         try:
             refuse_if_malformed(request)
-            return self._tx().check_stream(request, context)
+            self._tx()  # refused as EndTransaction is where transactions are not enabled
+            return open_check_stream(self.check_hub, request, context)
         except BrokerError as e:  # refused before streaming (bad request, the stream limit): as a unary call is
             self._refuse("TransactionCheckStream", e, context)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from broker.errors import InvalidArgumentError
 from broker.format.message import StoredMessage, validate_topic
+from broker.format.subscription import parse_tags, tag_codes
 from broker.format.system_topics import refuse_system_topic
-from broker.proto.subscription import parse_tags, tag_codes
 from broker.server.consumer_offsets import ConsumerOffsetManager, validate_group
 from broker.server.metrics import BrokerMetrics
 from broker.server.pull_hold import PullHoldService

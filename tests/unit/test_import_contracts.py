@@ -65,6 +65,11 @@ VIOLATIONS = {
         "The remoting front (broker/remoting) translates to the broker's processors",
         "broker.remoting.shortcut -> broker.store.message_store",
     ),
+    "an operation taking a protocol's messages": (
+        "broker/server/pop_processor.py", "from broker.proto import sluice_pb2",
+        "The operations every protocol front calls",
+        "broker.server.pop_processor -> broker.proto.sluice_pb2",
+    ),
 }
 
 

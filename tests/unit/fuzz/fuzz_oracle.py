@@ -29,8 +29,8 @@ from broker.format.send_checks import validate_producer_group
 from broker.format.system_topics import DLQ_GROUP_TOPIC_PREFIX
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
+from broker.server.check_streams import MAX_CLIENT_ID_CHARS
 from broker.server.process import BrokerProcess
-from broker.server.transaction_processor import MAX_CLIENT_ID_CHARS
 from broker.store import MessageStore
 from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal
 

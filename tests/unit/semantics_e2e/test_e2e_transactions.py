@@ -29,7 +29,7 @@ from broker.format.message import Prop
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
 from broker.server.broker_controller import BrokerController
-from broker.server.transaction_processor import TransactionProcessor
+from broker.server.check_streams import open_check_stream
 from tests.support.waiting import wait_until
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
@@ -195,9 +195,9 @@ def test_a_check_stream_never_iterated_is_closed_when_dropped(broker: BrokerCont
     """gRPC may drop a cancelled call's response stream before it first iterates it, so its ``finally`` never
     runs: the stream still leaves the hub (else the stream budget would leak)."""
     assert broker.transactions is not None
-    processor = TransactionProcessor(broker.transactions, broker.check_hub)
     before = broker.check_hub.open_count()
-    stream = processor.check_stream(pb.TransactionCheckSubscribe(producer_group="gone", client_id="c"), None)  # type: ignore[arg-type]
+    stream = open_check_stream(broker.check_hub, pb.TransactionCheckSubscribe(producer_group="gone", client_id="c"),
+                               None)  # type: ignore[arg-type]
     assert broker.check_hub.open_count() == before + 1 and broker.check_hub.live("gone") == 1
     del stream
     gc.collect()

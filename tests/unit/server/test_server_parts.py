@@ -10,7 +10,7 @@ import pytest
 
 from broker.errors import SubscriptionParseError
 from broker.format.message import tag_hash_code
-from broker.proto.subscription import parse_tags, tag_codes, tag_matches
+from broker.format.subscription import parse_tags, tag_codes, tag_matches
 from broker.server.consumer_manager import CLUSTERING, ConsumerManager
 from broker.server.metrics import BrokerMetrics, MetricsServer
 from broker.server.pull_hold import PullHoldService
