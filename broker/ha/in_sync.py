@@ -142,6 +142,7 @@ class InSyncSet:
                 r = self._replicas[broker_id] = Replica(broker_id, store_id, address, caught_up_ms=0)
             r.store_id, r.address, r.connected, r.session = store_id, address, True, self._sessions
             r.written = -1  # until it reports: a restarted replica may hold less than it did
+            r.metadata_version = 0  # the new session counts from 0 (metadata_sync.py)
             return self._sessions
 
     def disconnect(self, broker_id: int, session: int) -> None:

@@ -11,6 +11,13 @@ last applied. Slave: each file received is checked (a JSON object), written atom
 and the broker's managers reload it; the slave then reports the version it applied (so a SYNC_MASTER's offset
 commit can wait until every in-sync replica holds it).
 
+A version is a number one master process counts from zero, so it means something only within one replication
+session: a slave starts each session at version 0 (``MetadataSink.new_session``) and is sent every file of that
+master, and the master counts a replica's version from its session's reports only. Carried from one master to the
+next, a slave's version from the old master (every offset commit adds one) was above anything the new master had
+counted: the new master sent it nothing and took it for holding every commit at once, and after a second failover
+that slave, elected, served the first master's offsets (the soak's offsets read back lower than acknowledged).
+
 Delay and timer progress and the transaction checker's scan positions name entries of the log (deliveries made,
 decisions taken), and a file reaches a slave with the first chunk of a fetch, possibly ahead of the log bytes it
 names. Their writers add the commit log's end when they saved (``LOG_END_KEY``), and a slave keeps such a copy in
@@ -121,6 +128,11 @@ class MetadataSink:
         self.log_end = log_end  # this slave's commit-log end
         self.version = 0
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # name -> (log end it needs, content)
+
+    def new_session(self) -> None:
+        """A session with a master begins: its versions are counted afresh (module docstring), so ask for every file.
+        Copies waiting for the log stay until that master's copy replaces them."""
+        self.version = 0
 
     def apply(self, version: int, files: dict[str, bytes]) -> None:
         for name, raw in files.items():
