@@ -300,3 +300,26 @@ def test_a_fetcher_stopped_while_it_starts_neither_fails_nor_keeps_running(monke
     assert not any(t.name == SLAVE_FETCHER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
     fetcher.start()  # a stopped fetcher stays stopped
     assert not any(t.name == SLAVE_FETCHER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_joining_replica_is_electable_once_it_holds_the_config_acknowledged_before_it_joined() -> None:
+    """Offset commits acknowledged before a replica joined did not wait for it: it is recorded in the in-sync set
+    (electable) only once it applied the master's metadata version of its joining, though acknowledgements wait
+    for it at once."""
+    end, version = [1000], [7]
+    recorded: list[frozenset[int]] = []
+
+    def record(members: frozenset[int]) -> bool:
+        recorded.append(members)
+        return True
+
+    s = InSyncSet(0, lambda: end[0], min_insync=1, max_lag_ms=100, record_shrink=record, record_expand=record,
+                  metadata_version=lambda: version[0])
+    one = s.connect(1, "a", "x")
+    s.report(1, one, 1000, 0, 3)  # holds the log, not the config of version 7
+    assert s.members == {0, 1} and recorded == []
+    version[0] = 8
+    assert not s.wait_metadata(8, 0.01)  # a commit after the join waits for it
+    s.report(1, one, 1000, 0, 7)
+    s.review()
+    assert recorded == [frozenset({0, 1})]
