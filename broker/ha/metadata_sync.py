@@ -16,10 +16,10 @@ commit can wait until every in-sync replica holds it).
 
 A version is a number one master process counts from zero, so it means something only within one replication
 session: a slave starts each session at version 0 (``MetadataSink.new_session``) and is sent every file of that
-master, and the master counts a replica's version from its session's reports only. Carried from one master to the
-next, a slave's version from the old master (every offset commit adds one) was above anything the new master had
-counted: the new master sent it nothing and took it for holding every commit at once, and after a second failover
-that slave, elected, served the first master's offsets (the soak's offsets read back lower than acknowledged).
+master, and the master counts a replica's version from its session's reports only. Were a slave to carry its
+version from one master to the next (the old master's count, one a commit, runs far ahead of the new one's), the
+new master would send it nothing and take it for holding every commit; elected at the next failover, it would
+serve the first master's offsets, lower than those the second acknowledged.
 
 Delay and timer progress and the transaction checker's scan positions name entries of the log (deliveries made,
 decisions taken), and a file reaches a slave with the first chunk of a fetch, possibly ahead of the log bytes it

@@ -1,8 +1,8 @@
 """Committed consumer offsets through failovers, on real processes with a real etcd (controller mode, three
 replicas): an offset commit a master acknowledged is read back, not lower, from every later master
-(broker/ha/metadata_sync.py). The soak found a group's offsets gone back after a second failover: the replica that
-stayed a slave through the first one was elected at the second holding the first master's offsets, because its
-metadata version, counted by the first master, was taken by the second for holding everything."""
+(broker/ha/metadata_sync.py). Two failovers in a row: the replica that stays a slave through the first one is
+elected at the second, and must hold what the second master acknowledged, not only what the first one did (a
+metadata version counted by the first master must not pass for one of the second's)."""
 
 from __future__ import annotations
 
