@@ -25,6 +25,9 @@ than be acknowledged by too few (Jepsen's 2013 Kafka finding: acks=all with the 
 Order of changes, so that the in-sync set recorded for elections (etcd, in controller mode) is never larger than
 what acknowledgements waited for: a replica leaves the recorded set first (``shrink`` must succeed) and the local
 one after; it joins the local set first (acknowledgements wait for it from then on) and the recorded one after.
+Config changes (offset commits, metadata_sync.py) waited only for the members of their time too: a replica that
+joins is recorded once it has applied the master's metadata version of the moment it joined (``metadata_version``),
+so that it holds every commit acknowledged before it joined, as every one after waits for it.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ class InSyncSet:
         self, master_id: int, log_end: Callable[[], int], *, min_insync: int, max_lag_ms: int,
         members: frozenset[int] = frozenset(), confirmed: int = 0, record_shrink: RecordSet | None = None,
         record_expand: RecordSet | None = None, clock_ms: Callable[[], int] = monotonic_ms,
-        on_confirmed: Callable[[], None] | None = None,
+        on_confirmed: Callable[[], None] | None = None, metadata_version: Callable[[], int] = lambda: 0,
     ) -> None:
         self.master_id = master_id
         self.log_end = log_end
@@ -86,6 +89,9 @@ class InSyncSet:
         self.record_shrink = record_shrink or (lambda s: True)
         self.record_expand = record_expand or (lambda s: True)
         self.on_confirmed = on_confirmed or (lambda: None)  # told (outside the lock) when the offset moved
+        self.metadata_version = metadata_version  # the master's current config version (metadata_sync.py)
+        # joined locally, not recorded yet: broker id -> the metadata version it must apply first (module docstring)
+        self._unrecorded: dict[int, int] = {}
         self._cond = threading.Condition()
         self._changing = threading.Lock()  # one membership change (and its etcd write) at a time
         self._members: set[int] = {master_id, *members}
@@ -142,6 +148,7 @@ class InSyncSet:
                 r = self._replicas[broker_id] = Replica(broker_id, store_id, address, caught_up_ms=0)
             r.store_id, r.address, r.connected, r.session = store_id, address, True, self._sessions
             r.written = -1  # until it reports: a restarted replica may hold less than it did
+            r.metadata_version = 0  # the new session counts from 0 (metadata_sync.py)
             return self._sessions
 
     def disconnect(self, broker_id: int, session: int) -> None:
@@ -255,12 +262,14 @@ class InSyncSet:
                 members = frozenset(self._members)
             if lagging:
                 smaller = members - lagging
-                if not self.record_shrink(smaller):
+                if not self.record_shrink(smaller - self._unrecorded.keys()):
                     log.warning("could not record the in-sync set %s (leaving %s); waiting for them still",
                                 sorted(smaller), sorted(lagging))
                     return
                 with self._cond:
                     self._members -= lagging
+                    for rid in lagging:
+                        self._unrecorded.pop(rid, None)
                     moved = self._recompute()
                     self._cond.notify_all()
                 if moved:
@@ -273,7 +282,17 @@ class InSyncSet:
                     self._members |= joining
                     self._recompute()
                     members = frozenset(self._members)
+                version = self.metadata_version()  # read after joining: later versions wait for them
+                for rid in joining:
+                    self._unrecorded[rid] = version
                 log.info("replica(s) %s joined the in-sync set; in sync: %s", sorted(joining), sorted(members))
-                self.record_expand(members)
+            if self._unrecorded:
+                with self._cond:
+                    ready = {rid for rid, version in self._unrecorded.items() if self._metadata_of(rid) >= version}
+                if ready:
+                    waiting = self._unrecorded.keys() - ready
+                    if self.record_expand(members - waiting):
+                        for rid in ready:
+                            del self._unrecorded[rid]
         finally:
             self._changing.release()

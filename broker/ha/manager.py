@@ -215,7 +215,7 @@ class ReplicationManager:
                 self.own_broker_id, store.max_phys_offset, min_insync=self.settings.min_insync_replicas,
                 max_lag_ms=self.settings.max_lag_ms, members=members - {self.own_broker_id},
                 confirmed=self.read_limit.confirmed_offset(), record_shrink=record, record_expand=record,
-                on_confirmed=self._confirmed_moved,
+                on_confirmed=self._confirmed_moved, metadata_version=lambda: self.metadata.version,
             )
             in_sync = self.in_sync
             self.read_limit.source = lambda: in_sync.confirmed

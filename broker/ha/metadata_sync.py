@@ -6,10 +6,20 @@ and groups from the same offsets to the same users, and does not deliver timer m
 
 Master: every ``ha_metadata_sync_ms`` (and at once when asked, e.g. after an offset commit) it saves what is dirty
 (consumer offsets), then looks at each file (size and modification time first, bytes only when those changed);
-a file whose bytes changed gets the next version. Each slave stream sends the files changed since what that slave
+a file whose bytes changed gets the next version. File times come from a coarse clock (a jiffy), so two commits'
+files of one size written within one tick look alike: as git does with "racily clean" files, size and time are
+trusted only when the file is older than the last look by RACY_NS, and the bytes are compared otherwise (an
+acknowledged commit must not be missed). Each slave stream sends the files changed since what that slave
 last applied. Slave: each file received is checked (a JSON object), written atomically into its config directory,
 and the broker's managers reload it; the slave then reports the version it applied (so a SYNC_MASTER's offset
 commit can wait until every in-sync replica holds it).
+
+A version is a number one master process counts from zero, so it means something only within one replication
+session: a slave starts each session at version 0 (``MetadataSink.new_session``) and is sent every file of that
+master, and the master counts a replica's version from its session's reports only. Were a slave to carry its
+version from one master to the next (the old master's count, one a commit, runs far ahead of the new one's), the
+new master would send it nothing and take it for holding every commit; elected at the next failover, it would
+serve the first master's offsets, lower than those the second acknowledged.
 
 Delay and timer progress and the transaction checker's scan positions name entries of the log (deliveries made,
 decisions taken), and a file reaches a slave with the first chunk of a fetch, possibly ahead of the log bytes it
@@ -30,6 +40,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +53,10 @@ SYNCED_FILES = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", 
                 "transactionState.json", "users.json", "timerProgress.json", "popState.json")
 PRIVATE_FILES = ("users.json", "popState.json")  # they hold secrets: mode 0600 and no backup (broker/auth/accounts.py)
 LOG_END_KEY = "log_end"  # in a synced file: the writer's commit-log end when it saved (see above)
+# A file's time must be this much older than the moment its stat was taken for an unchanged stat to prove unchanged
+# bytes: file times tick by a jiffy (up to 10 ms) on Linux file systems; a second is ample and costs only
+# re-reading the files changed in the last second.
+RACY_NS = 1_000_000_000
 # What one metadata message may carry: every synced file at its largest would not fit a gRPC message.
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 
@@ -49,7 +64,8 @@ MAX_METADATA_BYTES = 64 * 1024 * 1024
 @dataclass
 class _File:
     version: int = 0
-    stat: tuple[int, int] = (0, -1)  # (mtime ns, size) when last read
+    stat: tuple[int, int, int] = (0, -1, 0)  # (mtime ns, size, inode) when last read
+    looked_ns: int = 0  # wall-clock time of that stat
     raw: bytes = b""
 
 
@@ -72,12 +88,14 @@ class MetadataSource:
         with self._lock:
             for name, f in self._files.items():
                 path = os.path.join(self.config_dir, name)
+                looked = time.time_ns()
                 try:
                     st = os.stat(path)
                 except FileNotFoundError:
                     continue
-                stat = (st.st_mtime_ns, st.st_size)
-                if stat == f.stat or st.st_size > MAX_CONFIG_BYTES:
+                stat = (st.st_mtime_ns, st.st_size, st.st_ino)
+                settled = stat[0] < f.looked_ns - RACY_NS  # no later write could carry the same time (docstring)
+                if (stat == f.stat and settled) or st.st_size > MAX_CONFIG_BYTES:
                     continue
                 try:
                     with open(path, "rb") as fh:
@@ -85,7 +103,7 @@ class MetadataSource:
                 except OSError as e:
                     log.warning("could not read %s for the slaves: %s", path, e)
                     continue
-                f.stat = stat
+                f.stat, f.looked_ns = stat, looked
                 if raw != f.raw:
                     self.version += 1
                     f.raw, f.version = raw, self.version
@@ -121,6 +139,11 @@ class MetadataSink:
         self.log_end = log_end  # this slave's commit-log end
         self.version = 0
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # name -> (log end it needs, content)
+
+    def new_session(self) -> None:
+        """A session with a master begins: its versions are counted afresh (module docstring), so ask for every file.
+        Copies waiting for the log stay until that master's copy replaces them."""
+        self.version = 0
 
     def apply(self, version: int, files: dict[str, bytes]) -> None:
         for name, raw in files.items():

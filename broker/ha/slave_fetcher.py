@@ -144,6 +144,7 @@ class SlaveFetcher:
                 return
             self.connected_to = target
             self._reconnect.clear()
+            m.sink.new_session()
             while not self._stop.is_set() and not self._reconnect.is_set():
                 fetch_offset = self._carry_at + len(self._carry) if self._carry else store.max_phys_offset()
                 if not store.commit_log.files.files and not self._carry:

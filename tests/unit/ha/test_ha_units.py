@@ -4,6 +4,7 @@ challenge, the settings rules, and the store's crash-safe truncation."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from broker.format.message import encode_entry
 from broker.ha import auth, chunk, divergence
 from broker.ha.epoch_file import EpochEntry, EpochFile
 from broker.ha.in_sync import InSyncSet
-from broker.ha.metadata_sync import LOG_END_KEY, MetadataSink
+from broker.ha.metadata_sync import LOG_END_KEY, MetadataSink, MetadataSource
 from broker.ha.slave_fetcher import SLAVE_FETCHER_THREAD_NAME, SlaveFetcher
 from broker.namesrv.route_table import Registration, RegistrationRefused, RouteTable
 from broker.private_file import write_private
@@ -300,3 +301,42 @@ def test_a_fetcher_stopped_while_it_starts_neither_fails_nor_keeps_running(monke
     assert not any(t.name == SLAVE_FETCHER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
     fetcher.start()  # a stopped fetcher stays stopped
     assert not any(t.name == SLAVE_FETCHER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_joining_replica_is_electable_once_it_holds_the_config_acknowledged_before_it_joined() -> None:
+    """Offset commits acknowledged before a replica joined did not wait for it: it is recorded in the in-sync set
+    (electable) only once it applied the master's metadata version of its joining, though acknowledgements wait
+    for it at once."""
+    end, version = [1000], [7]
+    recorded: list[frozenset[int]] = []
+
+    def record(members: frozenset[int]) -> bool:
+        recorded.append(members)
+        return True
+
+    s = InSyncSet(0, lambda: end[0], min_insync=1, max_lag_ms=100, record_shrink=record, record_expand=record,
+                  metadata_version=lambda: version[0])
+    one = s.connect(1, "a", "x")
+    s.report(1, one, 1000, 0, 3)  # holds the log, not the config of version 7
+    assert s.members == {0, 1} and recorded == []
+    version[0] = 8
+    assert not s.wait_metadata(8, 0.01)  # a commit after the join waits for it
+    s.report(1, one, 1000, 0, 7)
+    s.review()
+    assert recorded == [frozenset({0, 1})]
+
+
+def test_a_config_file_rewritten_within_one_tick_of_the_file_clock_gets_a_new_version(tmp_path: Path) -> None:
+    """Two offset commits' files of one size written within one tick of the coarse file clock share size, time
+    (and here inode): the second is still seen, its bytes compared, and the slaves sent it."""
+    path = tmp_path / "consumerOffset.json"
+    path.write_bytes(b'{"offsetTable": {"T@g": {"0": 94}}}')
+    source = MetadataSource(str(tmp_path))
+    first = source.refresh()
+    st = os.stat(path)
+    with open(path, "r+b") as f:  # same size, same inode
+        f.write(b'{"offsetTable": {"T@g": {"0": 95}}}')
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same tick
+    assert source.refresh() == first + 1
+    assert source.changes_since(first)[1] == {"consumerOffset.json": path.read_bytes()}
+    assert source.refresh() == first + 1  # unchanged: no new version
