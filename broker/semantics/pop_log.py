@@ -32,8 +32,9 @@ keeps its own secret (pop/secret); every later one takes the snapshot's.
 
 What remains. A change whose records did not reach every in-sync replica was not answered (the client got
 FLUSH_SLAVE_TIMEOUT or NOT_ENOUGH_REPLICAS) but is in the old master's memory: a receive so refused leaves its
-messages invisible on that master until their time; an ack so refused may be lost in a failover (the message is
-delivered again: at least once). Auto-renewal and attempt ids are in memory only, as on a restart (pop.py).
+messages invisible on that master until their time; an ack so refused is undone before it is answered
+(pop_ack_undo.py: the message is delivered again, at least once). Auto-renewal and attempt ids are in memory only,
+as on a restart (pop.py).
 A broker that changes from standalone to replicated starts with an empty book (the standalone journal is not read).
 """
 
