@@ -52,6 +52,7 @@ from broker.errors import FlushSlaveTimeoutError, ServiceNotAvailableError
 from broker.format.system_topics import POP_JOURNAL_TOPIC
 from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
+from broker.semantics.pop_cut_back import cut_back
 from broker.semantics.receipt_handle import SECRET_BYTES, load_secret
 from broker.store import MessageStore, PutStatus
 
@@ -83,6 +84,7 @@ class PopLog:
         self._snapshot_at = time.monotonic()
         self._secret = b""
         self._ends = threading.local()  # per request thread: the end of its last record, for settle()
+        cut_back(self.path, store.max_phys_offset())  # at start-up, before anything is appended
 
     # ------------------------------------------------------------------------------------------ recovery
     def recover(self, restore: Callable[[dict[str, Any] | None], None],
