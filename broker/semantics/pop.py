@@ -50,7 +50,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.errors import BrokerError, InvalidArgumentError, InvalidReceiptHandleError, ServiceNotAvailableError
+from broker.errors import (
+    BrokerError,
+    FlushSlaveTimeoutError,
+    InvalidArgumentError,
+    InvalidReceiptHandleError,
+    ServiceNotAvailableError,
+)
 from broker.format.message import Prop, StoredMessage, delivered_sys_flag
 from broker.format.system_topics import dlq_topic
 from broker.proto.subscription import parse_tags, tag_codes, tag_matches
@@ -428,10 +434,14 @@ class PopService:
         """Answered once the replicas hold the acks; refused, they are undone first (pop_ack_undo.py)."""
         try:
             self._settle()
-        except BrokerError:
+        except FlushSlaveTimeoutError as e:
             with self._lock:
                 acks.undo(self.book, self.journal, taken)
-            raise
+            raise FlushSlaveTimeoutError(
+                "the in-sync replicas did not confirm the ack in time; it is undone on this master (the message is "
+                "delivered again after its invisible time, and its handle may ack again), but a master elected "
+                "meanwhile may hold it"
+            ) from e
 
     def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
         """Ack several deliveries with one journal record per queue; per handle None (acked) or why not."""

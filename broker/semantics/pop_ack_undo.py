@@ -4,17 +4,19 @@ An ack removes the delivery's record from the book (pop_book.py) and appends tha
 replicated group the answer then waits until every in-sync replica holds the record (pop_log.py ``settle``). Two
 refusals come after the change: the store refuses the journal record (``append`` raises), or the replicas do not
 confirm it in ``ha_ack_timeout_ms`` (FLUSH_SLAVE_TIMEOUT). Kept, such an ack stood on the master (and on every replica
-its record reached): the consumer was told the ack failed, and the message was never delivered again, neither
-acknowledged nor redelivered. A consumer relies on the opposite: a message whose ack failed is delivered again after
-its invisible time (RocketMQ's contract; the soak counted such messages lost).
+its record reached): the consumer was told the ack failed, and the message was never delivered again. A consumer
+relies on the opposite: a message whose ack failed is delivered again after its invisible time (RocketMQ's contract).
 
 So a refused ack is undone before it is answered: its records are put back as they were (same invisible time,
 attempts and sequence), in memory, and, when the ack's record is in the log, by a record after it, which the log
 replicates like any other. The message is due again at the time its consumer was told, and the consumer's handle
 stays current meanwhile, so an ack tried again with it is taken.
 
-What remains: a failover whose new master holds the ack's record but not the undo after it (replication cut between
-two adjacent records) keeps the ack; the consumer was answered FLUSH_SLAVE_TIMEOUT, whose outcome is unknown.
+What remains: a new master that holds the ack's record but not the undo after it keeps the ack. The soak makes
+that happen: its master, sent SIGSTOP after the ack's record reached the replicas and before it answered, answers
+FLUSH_SLAVE_TIMEOUT once fenced. So an ack answered FLUSH_SLAVE_TIMEOUT is of unknown outcome, as a send so answered
+is; the consumer's handle settles it: an ack tried again with it on the group's master is taken, or refused as
+already acked.
 """
 
 from __future__ import annotations

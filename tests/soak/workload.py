@@ -27,7 +27,7 @@ from broker.client import (
 )
 from broker.client.producer import PartialSendError
 from broker.client.route import MessageQueue
-from broker.errors import BrokerError, BrokerUnreachableError, SendOutcomeUnknownError
+from broker.errors import BrokerError, BrokerUnreachableError, FlushSlaveTimeoutError, SendOutcomeUnknownError
 from broker.format.message import Prop
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,8 @@ class History:
 def outcome_of(e: BrokerError) -> str:
     """``failed`` only for a refusal that stored nothing; ``unknown`` when the request may have been carried out."""
     if isinstance(e, SendOutcomeUnknownError):
+        return "unknown"
+    if isinstance(e, FlushSlaveTimeoutError):  # done on the master; a new master may or may not hold it
         return "unknown"
     if isinstance(e, BrokerUnreachableError):
         return "unknown" if e.request_sent else "failed"
