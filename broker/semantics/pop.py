@@ -50,10 +50,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.errors import BrokerError, InvalidArgumentError, InvalidReceiptHandleError, ServiceNotAvailableError
+from broker.errors import (
+    BrokerError,
+    FlushSlaveTimeoutError,
+    InvalidArgumentError,
+    InvalidReceiptHandleError,
+    ServiceNotAvailableError,
+)
 from broker.format.message import Prop, StoredMessage, delivered_sys_flag
 from broker.format.subscription import parse_tags, tag_codes, tag_matches
 from broker.format.system_topics import dlq_topic
+from broker.semantics import pop_ack_undo as acks
 from broker.semantics.journal import DEFAULT_COMPACT_BYTES, Journal
 from broker.semantics.pop_book import PopBook, QueueKey
 from broker.semantics.pop_log import PopLog
@@ -417,15 +424,29 @@ class PopService:
         key, h = self._decode(group, topic, handle)
         self._admit()
         with self._lock:
-            self.journal.append(self.book.ack(key, h.offset, h.seq, _now_ms()))
+            taken = {key: {h.offset: self.book.check(key, h.offset, h.seq, _now_ms())}}
+            acks.remove(self.book, self.journal, taken)
             self._renew.pop((key, h.offset), None)
-        self._settle()
+        self._settle_acks(taken)
         self._wake(topic)  # a FIFO group's next message may be due now
+
+    def _settle_acks(self, taken: acks.Taken) -> None:
+        """Answered once the replicas hold the acks; refused, they are undone first (pop_ack_undo.py)."""
+        try:
+            self._settle()
+        except FlushSlaveTimeoutError as e:
+            with self._lock:
+                acks.undo(self.book, self.journal, taken)
+            raise FlushSlaveTimeoutError(
+                "the in-sync replicas did not confirm the ack in time; it is undone on this master (the message is "
+                "delivered again after its invisible time, and its handle may ack again), but a master elected "
+                "meanwhile may hold it"
+            ) from e
 
     def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
         """Ack several deliveries with one journal record per queue; per handle None (acked) or why not."""
         results: list[BrokerError | None] = []
-        done: dict[QueueKey, list[int]] = {}
+        done: acks.Taken = {}
         self._admit()
         with self._lock:
             now = _now_ms()
@@ -434,16 +455,14 @@ class PopService:
                     key, h = self._decode(group, topic, handle)
                     if h.offset in done.get(key, ()):
                         raise InvalidReceiptHandleError(f"{topic}/{h.queue_id}@{h.offset} is acked twice in one call")
-                    self.book.check(key, h.offset, h.seq, now)
+                    done.setdefault(key, {})[h.offset] = self.book.check(key, h.offset, h.seq, now)
                 except BrokerError as e:
                     results.append(e)
                     continue
-                done.setdefault(key, []).append(h.offset)
                 self._renew.pop((key, h.offset), None)
                 results.append(None)
-            for key, offsets in done.items():
-                self.journal.append(self.book.remove(key, offsets))
-        self._settle()
+            acks.remove(self.book, self.journal, done)
+        self._settle_acks(done)
         if done:
             self._wake(topic)
         return results

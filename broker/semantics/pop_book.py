@@ -195,6 +195,14 @@ class PopBook:
         self.check(key, offset, seq, now_ms)
         return self._update(key, None, {}, [offset])
 
+    def put_back(self, key: QueueKey, records: dict[int, Record]) -> dict[str, Any] | None:
+        """Undo a removal (an ack that was refused after it was made, pop_ack_undo.py): each record returns as it was
+        (same invisible time, attempts and sequence, so its handle is current again) where its offset has no record
+        now. None when nothing is put back (the queue was forgotten, or every offset has a record again)."""
+        q = self.queues.get(key)
+        put = {o: r for o, r in records.items() if o not in q.records} if q is not None else {}
+        return self._update(key, None, put, []) if put else None
+
     def remove(self, key: QueueKey, offsets: Iterable[int]) -> dict[str, Any]:
         """Done without an ack: dead-lettered, or its message no longer exists."""
         return self._update(key, None, {}, list(offsets))

@@ -32,8 +32,9 @@ keeps its own secret (pop/secret); every later one takes the snapshot's.
 
 What remains. A change whose records did not reach every in-sync replica was not answered (the client got
 FLUSH_SLAVE_TIMEOUT or NOT_ENOUGH_REPLICAS) but is in the old master's memory: a receive so refused leaves its
-messages invisible on that master until their time; an ack so refused may be lost in a failover (the message is
-delivered again: at least once). Auto-renewal and attempt ids are in memory only, as on a restart (pop.py).
+messages invisible on that master until their time; an ack so refused is undone before it is answered
+(pop_ack_undo.py: the message is delivered again, at least once). Auto-renewal and attempt ids are in memory only,
+as on a restart (pop.py).
 A broker that changes from standalone to replicated starts with an empty book (the standalone journal is not read).
 """
 
@@ -51,6 +52,7 @@ from broker.errors import FlushSlaveTimeoutError, ServiceNotAvailableError
 from broker.format.system_topics import POP_JOURNAL_TOPIC
 from broker.ha.metadata_sync import LOG_END_KEY
 from broker.json_file import load_json, write_json_atomic
+from broker.semantics.pop_cut_back import cut_back
 from broker.semantics.receipt_handle import SECRET_BYTES, load_secret
 from broker.store import MessageStore, PutStatus
 
@@ -82,6 +84,7 @@ class PopLog:
         self._snapshot_at = time.monotonic()
         self._secret = b""
         self._ends = threading.local()  # per request thread: the end of its last record, for settle()
+        cut_back(self.path, store.max_phys_offset())  # at start-up, before anything is appended
 
     # ------------------------------------------------------------------------------------------ recovery
     def recover(self, restore: Callable[[dict[str, Any] | None], None],

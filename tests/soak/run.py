@@ -206,6 +206,8 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
     with history.lock:
         acked = set(history.acked_pops) | history.ack_unknown  # an ack whose answer was lost may have been done
         f.notes["acks_unknown"] = len(history.ack_unknown)
+        for code, n in history.acks_refused.items():  # each message so refused must come back and be acked
+            f.notes[f"acks_refused_{code}"] = n
         for what in history.redelivered_after_ack:
             f.add("redelivered_after_ack", what)
     for body in sorted({m.body.decode() for _, m in batch_stored}):

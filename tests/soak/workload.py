@@ -27,7 +27,7 @@ from broker.client import (
 )
 from broker.client.producer import PartialSendError
 from broker.client.route import MessageQueue
-from broker.errors import BrokerError, BrokerUnreachableError, SendOutcomeUnknownError
+from broker.errors import BrokerError, BrokerUnreachableError, FlushSlaveTimeoutError, SendOutcomeUnknownError
 from broker.format.message import Prop
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class History:
     delivered: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # consumer -> (body, ms)
     acked_pops: dict[str, int] = field(default_factory=dict)  # body -> when its ack was answered
     ack_unknown: set[str] = field(default_factory=set)  # acks sent and not answered: maybe done, maybe not
+    acks_refused: dict[str, int] = field(default_factory=dict)  # response code -> acks refused with it
     redelivered_after_ack: list[str] = field(default_factory=list)
     offsets_backwards: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -86,6 +87,8 @@ class History:
 def outcome_of(e: BrokerError) -> str:
     """``failed`` only for a refusal that stored nothing; ``unknown`` when the request may have been carried out."""
     if isinstance(e, SendOutcomeUnknownError):
+        return "unknown"
+    if isinstance(e, FlushSlaveTimeoutError):  # done on the master; a new master may or may not hold it
         return "unknown"
     if isinstance(e, BrokerUnreachableError):
         return "unknown" if e.request_sent else "failed"
@@ -275,9 +278,12 @@ class PopLoop:
                     try:
                         consumer.ack(p)
                     except BrokerError as e:
-                        if outcome_of(e) == "unknown":  # the broker may have taken it: it need not come back
-                            with self.history.lock:
+                        with self.history.lock:
+                            if outcome_of(e) == "unknown":  # the broker may have taken it: it need not come back
                                 self.history.ack_unknown.add(p.message.body.decode())
+                            else:
+                                code = e.code.name
+                                self.history.acks_refused[code] = self.history.acks_refused.get(code, 0) + 1
                         continue
                     with self.history.lock:
                         self.history.acked_pops[p.message.body.decode()] = int(time.time() * 1000)
