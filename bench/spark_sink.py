@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sluice at-least-once": lambda: sluice("bench_alo", "at-least-once", args.rows),
                 "sluice exactly-once": lambda: sluice("bench_eo", "exactly-once", args.rows),
             }
+
             def log_end() -> int:
                 with Admin(broker.endpoint) as admin:
                     return int(admin.stats()["store_commit_log_max_offset"])

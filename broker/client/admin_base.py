@@ -66,6 +66,7 @@ class AdminBase:
             raise none_answered(failures)
         brokers = sorted(found.values(), key=lambda b: (b.cluster, b.broker_name, b.broker_id))
         return ClusterInfo(tuple(broker_info(b) for b in brokers))
+
     def _targets(self, cluster: str | None, broker: str | None) -> list[BrokerInfo]:
         """The masters a change goes to: one named broker, every master of the named cluster, or of the only
         cluster there is. InvalidArgumentError for a name no live broker has."""
@@ -94,8 +95,10 @@ class AdminBase:
                 f"cluster {cluster!r} has no live master in {self.router.describe()}; known clusters: {clusters}"
             )
         return found
+
     def _connection(self, broker: BrokerInfo) -> Connection:
         return self.router.connection(broker.address)
+
     def _one_broker(self, cluster: str | None, broker: str | None) -> None:
         if cluster is not None or broker is not None:
             raise InvalidArgumentError(
@@ -122,6 +125,7 @@ def with_broker(e: BrokerError, broker_name: str) -> BrokerError:
         return type(e)(f"broker {broker_name}: {e.message}", e.code)
     except TypeError:  # a subclass with another constructor (CorruptionError): keep the code
         return BrokerError(f"broker {broker_name}: {e.message}", e.code)
+
 
 def ask_broker(broker_name: str, conn: Connection, method: str, request: Any) -> Any:
     """One call to a broker, its error naming the broker."""

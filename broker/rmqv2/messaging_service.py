@@ -41,9 +41,11 @@ from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
 from broker.server.consumer_manager import CLUSTERING, ConsumerManager
 from broker.server.consumer_offsets import validate_group
+from broker.server.pop_processor import PopProcessor
 from broker.server.pull_processor import FOUND, PullProcessor, PullRequestArgs
 from broker.server.request_guard import MalformedRequest
 from broker.server.send_processor import SendProcessor
+from broker.server.transaction_processor import EndTransaction, TransactionProcessor
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,10 @@ class Backend:
     groups: SubscriptionGroupManager
     consumers: ConsumerManager
     routes: RouteSource
+    # The operations every front calls (broker/server/*_processor.py); ``pops`` and ``transactions`` above serve
+    # what only this front does (releasing a client's deliveries, forwarding to the DLQ, check-back settings).
+    pop_ops: PopProcessor
+    transaction_ops: TransactionProcessor
     max_body_bytes: int
     retry_delays_ms: list[int]  # the group backoff told to consumers (the broker's delay levels)
     advertised_address: Callable[[], str]  # this broker's HOST:PORT, for a route request that names no endpoint
@@ -357,10 +363,10 @@ class MessagingService(v2g.MessagingServiceServicer):
             raise ProtocolError(Code.INVALID_TRANSACTION_ID, "transaction id is empty")
         if request.resolution not in (v2.COMMIT, v2.ROLLBACK):
             raise ProtocolError(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
-        self.b.transactions.end_transaction(
-            request.transaction_id, request.resolution == v2.COMMIT,
+        self.b.transaction_ops.end(EndTransaction(
+            request.resolution == v2.COMMIT, transaction_id=request.transaction_id,
             from_check=request.source == v2.SOURCE_SERVER_CHECK, producer_group=topic,
-        )
+        ))
         return v2s.EndTransactionResponse(status=status())
 
     # ------------------------------------------------------------------------------------------ pop
@@ -393,7 +399,7 @@ class MessagingService(v2g.MessagingServiceServicer):
                 self._polling_ms(request, context), client_id if request.auto_renew else "",
                 request.attempt_id if request.HasField("attempt_id") else "",
             )
-            popped = self.b.pops.pop(pop, context.time_remaining())
+            popped = self.b.pop_ops.pop(pop, context.time_remaining())
         except BrokerError as e:
             yield v2s.ReceiveMessageResponse(status=_receive_status(e))
             yield v2s.ReceiveMessageResponse(delivery_timestamp=_now_timestamp())
@@ -425,7 +431,7 @@ class MessagingService(v2g.MessagingServiceServicer):
         topic, group = self._topic(request.topic.name), self._group(request.group.name)
         if len(request.entries) > MAX_ACK_ENTRIES:
             raise ProtocolError(Code.BAD_REQUEST, f"{len(request.entries)} entries; at most {MAX_ACK_ENTRIES}")
-        outcomes = self.b.pops.ack_many(group, topic, [e.receipt_handle for e in request.entries])
+        outcomes = self.b.pop_ops.ack(group, topic, [e.receipt_handle for e in request.entries])
         results = [v2s.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                              status=status() if e is None else status_of(e))
                    for entry, e in zip(request.entries, outcomes, strict=True)]
@@ -437,8 +443,7 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic, group = self._topic(request.topic.name), self._group(request.group.name)
-        p = self.b.pops.change_invisible(group, topic, request.receipt_handle,
-                                         request.invisible_duration.ToMilliseconds())
+        p = self.b.pop_ops.change(group, topic, request.receipt_handle, request.invisible_duration.ToMilliseconds())
         return v2s.ChangeInvisibleDurationResponse(status=status(), receipt_handle=p.handle)
 
     @_unary(v2s.ForwardMessageToDeadLetterQueueResponse)

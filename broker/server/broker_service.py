@@ -137,7 +137,6 @@ def _check_heartbeat(request: pb.HeartbeatRequest) -> None:
             )
 
 
-
 def _group(cfg: SubscriptionGroupConfig) -> pb.SubscriptionGroup:
     return pb.SubscriptionGroup(
         group_name=cfg.group_name, consume_enable=cfg.consume_enable,
@@ -173,6 +172,7 @@ def _info(t: TransactionSummary) -> pb.TransactionInfo:
         first_store_ms=t.first_store_ms, last_activity_ms=t.last_activity_ms, check_times=t.check_times,
         ended_ms=t.ended_ms, complete=t.complete, held_queues=list(t.held_queues),
     )
+
 
 class BrokerService(pb_grpc.BrokerServicer):
     def __init__(

@@ -32,8 +32,6 @@ QueueKey = tuple[str, int]  # (topic, queue id)
 MAX_OFFSETS = 1_000_000
 
 
-
-
 def validate_group(group: str) -> None:
     """Groups follow the topic naming rule, and leave room for the %RETRY% prefix. Called before a request does
     anything, so a refused one records nothing (no group, no retry topic)."""

@@ -159,7 +159,6 @@ def v2_end(topic: str, txn_id: str) -> Any:
                                      resolution=v2.COMMIT, source=v2.SOURCE_CLIENT)
 
 
-
 def name_resources(request: Any, name: str, message_type: str, topic: str, group: str) -> None:
     """Fill a sample request's message field ``name`` (of ``message_type``) so that it names ``topic`` and
     ``group``, the way every front's requests carry them: what an authorization test needs its rights read from."""

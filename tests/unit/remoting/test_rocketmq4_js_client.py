@@ -182,6 +182,7 @@ def test_a_broker_killed_mid_run_loses_nothing_acknowledged_and_sends_move_on(cl
     wait_until(lambda: sorted(m.body.decode() for m in read_over_grpc(cluster, topic)) == want,
                "every acknowledged message over gRPC", timeout_s=20)
 
+
 def test_a_message_by_its_id_from_the_broker_the_id_names(cluster: LocalCluster) -> None:
     topic = new_topic(cluster, "JsById")
     result = run_scenario("message_by_id", namesrv=namesrv(cluster), topic=topic)

@@ -195,8 +195,10 @@ def test_a_flood_of_unproven_opens_from_one_address_does_not_keep_a_replica_out(
             with Producer(endpoint=m.address, timeout_s=10) as p:
                 sent = p.send(Message("FloodT", b"acknowledged by both", keys="after-flood"))
             assert sent.status is SendStatus.SEND_OK  # a SYNC_MASTER acknowledges once the slave holds it
-            wait_until(lambda: caught_up(m, s), "the slave holding the send")
-            assert s.store is not None and len(s.store.query_by_key("FloodT", "after-flood")) == 1
+            # readable on the slave once the confirmed offset, which comes with the master's next chunk or
+            # heartbeat, passes it (holding it, caught_up, can come a moment before)
+            wait_until(lambda: caught_up(m, s) and s.store is not None
+                       and len(s.store.query_by_key("FloodT", "after-flood")) == 1, "the slave showing the send")
             assert outcomes["busy"] > 0 and outcomes["other"] == 0
             assert most_unproven[0] <= unproven.MAX_UNPROVEN_PER_SOURCE + 1  # the attacker's, plus the replica's
             assert r.is_master() and servicer.session_count() == 1  # the real replica's only
