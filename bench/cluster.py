@@ -12,7 +12,6 @@ the cluster's route. Repetitions alternate the cases, so a slow stretch of the m
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import save
 from broker.client import Admin, Message, Producer
 from broker.client.outgoing_message import encode_message
 from broker.namesrv.local_cluster import LocalCluster
@@ -133,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.cluster", "duration_s": args.duration, "clients": CLIENTS,
         "threads_per_client": THREADS_PER_CLIENT, "rows": rows, "target_ratio_100B": TARGET_RATIO_100B,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    save(RESULTS, result)
     return 0
 
 

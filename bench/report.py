@@ -18,6 +18,13 @@ def load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def save(path: Path, result: dict[str, Any], *, sort_keys: bool = False) -> None:
+    """Write a benchmark's result where this report reads it (indented JSON, its directory made) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, sort_keys=sort_keys) + "\n")
+    print(f"wrote {path}")
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.report import save
 from bench.server import process_cpu_s, run_threads
 from broker.auth import operations
 from broker.auth.accounts import Accounts, User
@@ -455,9 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         "gate": gate,
     }
     print("\n".join(render(report)))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2, sort_keys=True))
-    print(f"wrote {RESULTS}")
+    save(RESULTS, report, sort_keys=True)
     return 0
 
 

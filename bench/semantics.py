@@ -16,7 +16,6 @@ The machine's load average is recorded with the figures: on a shared 2-core mach
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import save
 from broker.client import Admin, Message, Producer
 from broker.client.half_batch import to_half_batch
 from broker.client.outgoing_message import encode_message
@@ -135,9 +135,7 @@ def main() -> int:
     for key, value in results.items():
         if isinstance(value, float):
             print(f"{key:<40} {value:>14,.1f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    save(RESULTS, results)
     return 0
 
 

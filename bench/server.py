@@ -11,7 +11,6 @@ the held pull's answer).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.report import save
 from broker.client import Message, Producer, PullConsumer
 from broker.client.outgoing_message import encode_message
 from broker.server.process import BrokerProcess
@@ -275,9 +275,7 @@ def main() -> int:
         "targets": TARGETS,
         "met": {k: (measured[k] <= v if k.endswith("_ms") else measured[k] >= v) for k, v in TARGETS.items()},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2, sort_keys=True))
-    print(f"wrote {RESULTS}")
+    save(RESULTS, report, sort_keys=True)
     return 0
 
 

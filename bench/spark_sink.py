@@ -36,7 +36,7 @@ from pyspark.sql.types import StructType
 
 from broker.client import Admin
 from broker.server.process import BrokerProcess
-from connector import register
+from streaming_jobs.common import spark_session
 
 RESULTS = Path(__file__).with_name("results") / "spark_sink.json"
 BODY_BYTES = 100
@@ -85,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=2, help="write tasks (the machine has 2 cores)")
     ap.add_argument("--python-cpus", default="", help="the broker's --python-cpus (default: its own, auto)")
     args = ap.parse_args(argv)
-    spark = (
-        SparkSession.builder.master("local[2]").appName("bench-spark-sink")
-        .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = spark_session("bench-spark-sink")
     spark.dataSource.register(DropSource)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sluice-bench-sink-") as tmp:

@@ -30,15 +30,15 @@ from typing import Any
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 
 from broker.client import Admin, Producer
 from broker.format.message import encode_entry
 from broker.server.process import BrokerProcess
-from connector import SCHEMA, register
+from connector import SCHEMA
 from connector.record_batch import RowFilter, decode_entries
+from streaming_jobs.common import spark_session
 
 RESULTS = Path(__file__).with_name("results") / "spark_source.json"
 QUEUES = 8
@@ -157,13 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             fill_topic(broker.endpoint, "bench_src", rows)
             fill_topic(broker.endpoint, "bench_warm", warm)
             print(f"sent {rows:,} messages of {BODY_BYTES} B in {time.perf_counter() - t0:.1f} s", flush=True)
-            spark = (
-                SparkSession.builder.master("local[2]").appName("bench-spark-source")
-                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-                .config("spark.driver.memory", "2g").getOrCreate()
-            )
-            spark.sparkContext.setLogLevel("ERROR")
-            register(spark)
+            spark = spark_session("bench-spark-source", shuffle_partitions=2)
             spark.dataSource.register(MemorySource)
 
             def sluice(n: int) -> Any:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from broker.format.system_topics import MAX_GROUP_CHARS
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 log = logging.getLogger(__name__)
@@ -122,10 +122,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """The job's docstring as written (its example command keeps its lines) and every option's default."""
 
 
-def base_parser(job: str, description: str) -> argparse.ArgumentParser:
-    """The options every job shares; ``job`` is its module name (``topic_mirror``) for the usage line."""
+def base_parser(job: str, description: str, default_group: str) -> argparse.ArgumentParser:
+    """The options every job shares; ``job`` is its module name (``topic_mirror``) for the usage line,
+    ``default_group`` says which consumer group it commits to without ``--group`` (``mirror-<source>``)."""
     ap = argparse.ArgumentParser(prog=f"python -m streaming_jobs.{job}", description=description,
                                  formatter_class=HelpFormatter)
+    ap.add_argument("--group", default=None, help=f"consumer group to commit offsets for (default: {default_group})")
+    ap.add_argument("--starting-offsets", default="committed", help="earliest | latest | committed | JSON")
     ap.add_argument(
         "--endpoints", default=os.environ.get("SLUICE_ENDPOINT", "127.0.0.1:10911"), help="broker host:port"
     )
@@ -143,9 +146,31 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def start_session(app: str, args: argparse.Namespace) -> SparkSession:
+    """The job's logging (``--log-level``) and its Spark session."""
+    setup_logging(args.log_level)
+    return spark_session(app)
+
+
+def read_sluice(spark: SparkSession, args: argparse.Namespace, options: Mapping[str, str]) -> DataFrame:
+    """The sluice source as every job reads it: from ``--endpoints``, at ``--starting-offsets`` (the earliest where
+    the group has no offset yet), at most ``--max-messages-per-trigger`` a micro-batch; ``options`` name the topics
+    and the consumer group, and add the job's own."""
+    reader = spark.readStream.format("sluice").option("endpoints", args.endpoints).options(**options)
+    reader = reader.option("startingOffsets", args.starting_offsets).option("startingOffsetsFallback", "earliest")
+    if args.max_messages_per_trigger is not None:
+        reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
+    return reader.load()
+
+
 def with_trigger(writer: DataStreamWriter, trigger: str, interval: str) -> DataStreamWriter:
     """``--trigger available-now`` or a processing-time trigger every ``interval``."""
     return writer.trigger(availableNow=True) if trigger == "available-now" else writer.trigger(processingTime=interval)
+
+
+def run_query(writer: DataStreamWriter, args: argparse.Namespace) -> int:
+    """Start the job's query with its ``--trigger`` and wait for it to end (await_query: 0, or 130)."""
+    return await_query(with_trigger(writer, args.trigger, args.interval).start())
 
 
 def await_query(query: StreamingQuery) -> int:

@@ -10,23 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-from streaming_jobs.common import (
-    await_query,
-    base_parser,
-    group_name,
-    run_job,
-    setup_logging,
-    spark_session,
-    with_trigger,
-)
+from streaming_jobs.common import base_parser, group_name, read_sluice, run_job, run_query, start_session
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = base_parser("to_parquet", __doc__ or "")
+    ap = base_parser("to_parquet", __doc__ or "", "parquet-<topic>")
     ap.add_argument("--topic", required=True, help="topic (or comma-separated topics) to read")
     ap.add_argument("--output", required=True, help="Parquet output directory")
-    ap.add_argument("--group", default=None, help="consumer group (default: parquet-<topic>)")
-    ap.add_argument("--starting-offsets", default="committed", help="earliest | latest | committed | JSON")
     ap.add_argument("--body-as-string", action="store_true", help="store the body as UTF-8 text instead of binary")
     return ap
 
@@ -38,21 +28,12 @@ def default_group(topics: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    spark = start_session("sluice-to-parquet", args)
     from pyspark.sql import functions as F
 
-    spark = spark_session("sluice-to-parquet")
-    reader = (
-        spark.readStream.format("sluice")
-        .option("endpoints", args.endpoints)
-        .option("topics", args.topic)
-        .option("consumerGroup", args.group or default_group(args.topic))
-        .option("startingOffsets", args.starting_offsets)
-        .option("startingOffsetsFallback", "earliest")
-    )
-    if args.max_messages_per_trigger is not None:
-        reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
-    df = reader.load().withColumn("date", F.to_date("store_timestamp"))
+    group = args.group or default_group(args.topic)
+    df = read_sluice(spark, args, {"topics": args.topic, "consumerGroup": group})
+    df = df.withColumn("date", F.to_date("store_timestamp"))
     if args.body_as_string:
         df = df.withColumn("body", F.col("body").cast("string"))
     writer = (
@@ -61,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("checkpointLocation", args.checkpoint)
         .partitionBy("date", "topic")
     )
-    query = with_trigger(writer, args.trigger, args.interval).start()
-    return await_query(query)
+    return run_query(writer, args)
 
 
 if __name__ == "__main__":

@@ -14,25 +14,15 @@ from __future__ import annotations
 import argparse
 
 from broker.client.outgoing_message import BROKER_PROPERTIES, BROKER_PROPERTY_PREFIXES
-from streaming_jobs.common import (
-    await_query,
-    base_parser,
-    group_name,
-    run_job,
-    setup_logging,
-    spark_session,
-    with_trigger,
-)
+from streaming_jobs.common import base_parser, group_name, read_sluice, run_job, run_query, start_session
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = base_parser("topic_mirror", __doc__ or "")
+    ap = base_parser("topic_mirror", __doc__ or "", "mirror-<source>")
     ap.add_argument("--source", required=True, help="topic to read")
     ap.add_argument("--target", required=True, help="topic to write")
-    ap.add_argument("--group", default=None, help="consumer group to commit offsets for (default: mirror-<source>)")
     ap.add_argument("--where", default=None, help="Spark SQL filter over the source columns")
     ap.add_argument("--transform", default=None, help="Spark SQL expression giving the new body")
-    ap.add_argument("--starting-offsets", default="committed", help="earliest | latest | committed | JSON")
     ap.add_argument("--delivery", choices=("exactly-once", "at-least-once"), default="exactly-once",
                     help="the sink's deliveryGuarantee")
     return ap
@@ -43,22 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.source == args.target:  # the query would read its own output back and copy it again, forever
         ap.error(f"--source and --target are both {args.source!r}; mirror into another topic")
-    setup_logging(args.log_level)
+    spark = start_session("sluice-topic-mirror", args)
     from pyspark.sql import functions as F
 
-    spark = spark_session("sluice-topic-mirror")
-    reader = (
-        spark.readStream.format("sluice")
-        .option("endpoints", args.endpoints)
-        .option("topic", args.source)
-        .option("consumerGroup", args.group or group_name("mirror", [args.source]))
-        .option("startingOffsets", args.starting_offsets)
-        .option("startingOffsetsFallback", "earliest")
-    )
-    reader = reader.option("includeProperties", "true")
-    if args.max_messages_per_trigger is not None:
-        reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
-    df = reader.load()
+    group = args.group or group_name("mirror", [args.source])
+    df = read_sluice(spark, args, {"topic": args.source, "consumerGroup": group, "includeProperties": "true"})
     if args.where:
         df = df.where(F.expr(args.where))
     body = F.expr(args.transform) if args.transform else F.col("body")
@@ -79,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("deliveryGuarantee", args.delivery)
         .option("checkpointLocation", args.checkpoint)
     )
-    query = with_trigger(writer, args.trigger, args.interval).start()
-    return await_query(query)
+    return run_query(writer, args)
 
 
 if __name__ == "__main__":

@@ -12,29 +12,19 @@ from __future__ import annotations
 
 import argparse
 
-from streaming_jobs.common import (
-    await_query,
-    base_parser,
-    group_name,
-    run_job,
-    setup_logging,
-    spark_session,
-    with_trigger,
-)
+from streaming_jobs.common import base_parser, group_name, read_sluice, run_job, run_query, start_session
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = base_parser("windowed_counts", __doc__ or "")
+    ap = base_parser("windowed_counts", __doc__ or "", "counts-<source>")
     ap.add_argument("--source", required=True, help="topic of JSON events to read")
     ap.add_argument("--target", required=True, help="topic to write the window counts to")
-    ap.add_argument("--group", default=None, help="consumer group (default: counts-<source>)")
     ap.add_argument("--time-field", default="ts", help="JSON field with event time in epoch ms")
     ap.add_argument("--time-from", choices=("body", "store"), default="body",
                     help="event time from the body's --time-field, or the broker's store time")
     ap.add_argument("--key-field", default="event", help="JSON field to count by")
     ap.add_argument("--window", default="1 minute", help="window length (a Spark interval)")
     ap.add_argument("--watermark", default="2 minutes", help="how late an event may come and still be counted")
-    ap.add_argument("--starting-offsets", default="committed", help="earliest | latest | committed | JSON")
     return ap
 
 
@@ -43,21 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.source == args.target:  # the counts would be read back as events and counted again
         ap.error(f"--source and --target are both {args.source!r}; write the counts to another topic")
-    setup_logging(args.log_level)
+    spark = start_session("sluice-windowed-counts", args)
     from pyspark.sql import functions as F
 
-    spark = spark_session("sluice-windowed-counts")
-    reader = (
-        spark.readStream.format("sluice")
-        .option("endpoints", args.endpoints)
-        .option("topic", args.source)
-        .option("consumerGroup", args.group or group_name("counts", [args.source]))
-        .option("startingOffsets", args.starting_offsets)
-        .option("startingOffsetsFallback", "earliest")
-    )
-    if args.max_messages_per_trigger is not None:
-        reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
-    raw = reader.load()
+    group = args.group or group_name("counts", [args.source])
+    raw = read_sluice(spark, args, {"topic": args.source, "consumerGroup": group})
     text = F.col("body").cast("string")
     key = F.get_json_object(text, f"$.{args.key_field}")
     if args.time_from == "store":
@@ -83,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("checkpointLocation", args.checkpoint)
         .outputMode("append")
     )
-    query = with_trigger(writer, args.trigger, args.interval).start()
-    return await_query(query)
+    return run_query(writer, args)
 
 
 if __name__ == "__main__":

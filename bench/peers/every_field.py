@@ -139,9 +139,10 @@ def sluice_fill(endpoint: str, size_b: int, count: int) -> str:
     return topic
 
 
-def sluice_pull(endpoint: str, topic: str, count: int, group: str) -> float:
-    """Seconds to read ``count`` messages with PullConsumer.pull (committing the offset with each pull), every
-    field of each touched."""
+def sluice_pull(endpoint: str, topic: str, count: int, group: str,
+                touch: Callable[[Any], int] = touch_message) -> float:
+    """Seconds to read ``count`` messages with PullConsumer.pull (committing the offset with each pull), each
+    message read by ``touch`` (by default every field)."""
     from broker.client import PullConsumer
 
     with PullConsumer(endpoint, group) as consumer:
@@ -153,7 +154,7 @@ def sluice_pull(endpoint: str, topic: str, count: int, group: str) -> float:
             if not result.messages:
                 raise RuntimeError(f"sluice: {result.status.name} after {offset} of {count} messages")
             for m in result.messages:
-                touched += touch_message(m)
+                touched += touch(m)
             offset = result.next_begin_offset
         consumer.commit_offsets({(topic, 0): offset})
         return time.perf_counter() - t0
@@ -161,21 +162,7 @@ def sluice_pull(endpoint: str, topic: str, count: int, group: str) -> float:
 
 def sluice_pull_body(endpoint: str, topic: str, count: int, group: str) -> float:
     """``sluice_pull`` reading the body alone: the pull's own cost (transport, broker, a message object each)."""
-    from broker.client import PullConsumer
-
-    with PullConsumer(endpoint, group) as consumer:
-        t0 = time.perf_counter()
-        offset, touched = 0, 0
-        while offset < count:
-            result = consumer.pull(topic, 0, offset, min(BATCH_MSGS, count - offset), timeout_ms=1000,
-                                   commit_offset=offset)
-            if not result.messages:
-                raise RuntimeError(f"sluice: {result.status.name} after {offset} of {count} messages")
-            for m in result.messages:
-                touched += len(m.body)
-            offset = result.next_begin_offset
-        consumer.commit_offsets({(topic, 0): offset})
-        return time.perf_counter() - t0
+    return sluice_pull(endpoint, topic, count, group, touch=lambda m: len(m.body))
 
 
 def python_floor(count: int, size_b: int) -> float:

@@ -13,27 +13,19 @@ from typing import Any
 
 from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, seq_of, stamp
-from bench.peers.processes import Server, ensure_debian_package, free_port, port_open
+from bench.peers.processes import ServerPeer, start_server
 from bench.peers.settings import BATCH_MSGS, LATENCY_MAX_WALL_S, RECEIVE_TIMEOUT_S
 
 
-class NatsJetStream:
+class NatsJetStream(ServerPeer):
     name = "nats"
-    batches = True
-
-    def __init__(self) -> None:
-        self.server: Server | None = None
-        self.latency_runs = 0
-        self.port = 0
+    port = 0  # the server's, once started
 
     def start(self, workdir: Path) -> str:
-        binary = ensure_debian_package("nats-server", "nats-server")
-        self.port = free_port()
-        store = workdir / "nats"
-        store.mkdir()
-        args = [binary, "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(self.port)]
-        self.server = Server(args, workdir / "nats.log")
-        self.server.wait_for(lambda: port_open(self.port), "nats-server")
+        def args(store: Path, port: int) -> list[str]:
+            return ["-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)]
+
+        self.server, binary, self.port = start_server("nats", "nats-server", workdir, args)
         version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
         return version.strip().removeprefix("nats-server: ")
 
@@ -100,10 +92,6 @@ class NatsJetStream:
         await js.delete_stream(name)
         await nc.close()
         return latency_of(sent_at, received_at, rate_per_s, size_b, send_wall_s)
-
-    def stop(self) -> None:
-        if self.server:
-            self.server.stop()
 
 
 def nats_latency_consumer(

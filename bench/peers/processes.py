@@ -78,6 +78,36 @@ class Server:
         self._log.close()
 
 
+class ServerPeer:
+    """A compared system that is one server subprocess (``start`` sets ``server``, ``stop`` stops it); each latency
+    round it ran counts in ``latency_runs``, so that the next one takes a stream, key or topic of its own."""
+
+    batches = True
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.latency_runs = 0
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+
+
+def start_server(
+    name: str, program: str, workdir: Path, args: Callable[[Path, int], list[str]]
+) -> tuple[Server, str, int]:
+    """``program`` (installed from its Debian package of that name when missing) started with ``args(data, port)``:
+    its data in ``workdir/name``, its log in ``workdir/name.log``, on a free loopback port. Returns once the port
+    takes connections: the server, the program's path and the port."""
+    binary = ensure_debian_package(program, program)
+    port = free_port()
+    data = workdir / name
+    data.mkdir()
+    server = Server([binary, *args(data, port)], workdir / f"{name}.log")
+    server.wait_for(lambda: port_open(port), program)
+    return server, binary, port
+
+
 def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):

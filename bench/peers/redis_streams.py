@@ -11,30 +11,21 @@ from typing import Any
 
 from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, paced, seq_of, stamp
-from bench.peers.processes import Server, ensure_debian_package, free_port, port_open
+from bench.peers.processes import ServerPeer, start_server
 from bench.peers.settings import BATCH_MSGS
 
 
-class RedisStreams:
+class RedisStreams(ServerPeer):
     name = "redis"
-    batches = True
-
-    def __init__(self) -> None:
-        self.server: Server | None = None
-        self.latency_runs = 0
-        self.port = 0
+    port = 0  # the server's, once started
 
     def start(self, workdir: Path) -> str:
-        binary = ensure_debian_package("redis-server", "redis-server")
-        self.port = free_port()
-        data = workdir / "redis"
-        data.mkdir()
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "yes",
-                "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--protected-mode", "yes"]
-        self.server = Server(args, workdir / "redis.log")
-        self.server.wait_for(lambda: port_open(self.port), "redis-server")
-        version = str(self.client().info("server")["redis_version"])
-        return version
+        def args(data: Path, port: int) -> list[str]:
+            return ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "yes",
+                    "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--protected-mode", "yes"]
+
+        self.server, _, self.port = start_server("redis", "redis-server", workdir, args)
+        return str(self.client().info("server")["redis_version"])
 
     def client(self) -> Any:
         import redis
@@ -97,10 +88,6 @@ class RedisStreams:
             producer.xadd(key, {"d": stamp(seq, size_b)})
         send_wall_s = time.monotonic() - t0
         return latency_of(sent_at, consumer.received(), rate_per_s, size_b, send_wall_s)
-
-    def stop(self) -> None:
-        if self.server:
-            self.server.stop()
 
 
 def redis_latency_consumer(

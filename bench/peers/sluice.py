@@ -14,18 +14,16 @@ from typing import Any
 from bench.hops import wait_push_ready
 from bench.peers.figures import Latency, Throughput, latency_of
 from bench.peers.pacing import LatencyConsumer, paced, seq_of, stamp
-from bench.peers.processes import Server
+from bench.peers.processes import Server, ServerPeer
 from bench.peers.settings import BATCH_MSGS, RECEIVE_TIMEOUT_S, SERVER_START_TIMEOUT_S
 
 
-class SluiceBroker:
+class SluiceBroker(ServerPeer):
     name = "sluice"
-    batches = True
     ready_port = re.compile(r"\bready\b.*?:(\d+)|:(\d+).*\bready\b")  # "sluice broker ready on HOST:PORT ..."
 
     def __init__(self, launcher: list[str] | None = None) -> None:
-        self.server: Server | None = None
-        self.latency_runs = 0
+        super().__init__()
         self.endpoint = ""  # the broker's gRPC port: topics are created there
         self.sync_runs = 0
         self.client_endpoint = ""  # where the producers and consumers go (the gRPC port, or remoting:// in a subclass)
@@ -153,10 +151,6 @@ class SluiceBroker:
             for _ in range(count):
                 producer.send(Message(topic, body), queue_id=0)
             return count / (time.perf_counter() - t0)
-
-    def stop(self) -> None:
-        if self.server:
-            self.server.stop()
 
 
 def sluice_latency_consumer(

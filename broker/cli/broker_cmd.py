@@ -14,6 +14,25 @@ from broker.cli.interrupt import INTERRUPTED_EXIT
 STOP_POLL_S = 1.0  # the main thread looks for a stop signal this often
 
 
+class StopSignals:
+    """Installed, SIGTERM and SIGINT (Ctrl-C) set ``stop``: the command shuts down cleanly either way, and exits 130
+    rather than 0 when Ctrl-C was among them (``interrupted``)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.received: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+        self.stop.set()
+
+    @property
+    def interrupted(self) -> bool:
+        return signal.SIGINT in self.received
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     from broker.allocator import tune_malloc
     from broker.config import BrokerConfig
@@ -40,21 +59,14 @@ def cmd_broker(args: argparse.Namespace) -> int:
     config = (
         BrokerConfig.from_file(args.config, **overrides) if args.config else BrokerConfig.from_dict({}, **overrides)
     )
-    stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        received.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    signals = StopSignals()
     # `kill -USR1 PID` prints every thread's stack (a stuck replica, a hung test): the broker process's own, not an
     # embedded broker's host process, whose stderr may be no file at all
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     controller = BrokerController(config)
     controller.start()
-    start_placement(config.python_cpus, stop)  # after start: the threads to place exist (see thread_placement.py)
+    # after start: the threads to place exist (see thread_placement.py)
+    start_placement(config.python_cpus, signals.stop)
     metrics = f", metrics on port {controller.metrics_port}" if controller.metrics_port is not None else ""
     if controller.remoting is not None:
         metrics += f", remoting on {controller.remoting.address}"
@@ -62,10 +74,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
           flush=True)
     names = ThreadNames()  # gRPC starts workers on demand: named at each look for a stop (thread_names.py)
     names.apply()
-    while not stop.wait(STOP_POLL_S):
+    while not signals.stop.wait(STOP_POLL_S):
         names.apply()
     controller.shutdown()
-    interrupted = signal.SIGINT in received
+    interrupted = signals.interrupted
     print(f"sluice broker stopped ({'interrupted' if interrupted else 'terminated'}); store {config.store_dir} closed "
           "cleanly", flush=True)
     return INTERRUPTED_EXIT if interrupted else 0
@@ -79,15 +91,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 
     host, port = parse_listen(args.listen, DEFAULT_NAMESRV_PORT)
     tls = ServerTls.of(args.tls_cert or "", args.tls_key or "", args.tls_ca or "", args.tls_client_auth or "none")
-    stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        received.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    signals = StopSignals()
     from broker.auth.accounts import root_user_from_env
 
     # Only brokers signing as the root user of the environment may register; without one the name server does not
@@ -99,7 +103,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     server.start()
     also = f", remoting on {server.remoting.address}" if server.remoting is not None else ""
     print(f"sluice namesrv ready on {server.address}{also}", flush=True)
-    while not stop.wait(STOP_POLL_S):
+    while not signals.stop.wait(STOP_POLL_S):
         pass
     server.shutdown()
-    return INTERRUPTED_EXIT if signal.SIGINT in received else 0
+    return INTERRUPTED_EXIT if signals.interrupted else 0

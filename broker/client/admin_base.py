@@ -4,29 +4,24 @@ admin.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any
 
 from broker.client.admin_results import BrokerInfo, ClusterInfo, broker_info
 from broker.client.connection import Connection
-from broker.client.credentials import Credentials
 from broker.client.namesrv_client import none_answered
-from broker.client.router import Router
-from broker.client.tls import TlsSettings
+from broker.client.router import Router, RouterClient
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.proto import namesrv_pb2 as npb
 
 
-class AdminBase:
+class AdminBase(RouterClient):
     def __init__(
         self, endpoint: str | None = None, *, namesrv: str | None = None, timeout_s: float = 30.0,
         router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
     ) -> None:
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
-                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))
-        self._owns_router = router is None
+        super().__init__(endpoint, namesrv, timeout_s, router, tls_ca, tls_cert, tls_key, access_key, secret_key)
 
     @property
     def cluster_mode(self) -> bool:
@@ -106,15 +101,6 @@ class AdminBase:
                 f"{self.router.describe()} (give namesrv=)"
             )
 
-    def close(self) -> None:
-        if self._owns_router:
-            self.router.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def with_broker(e: BrokerError, broker_name: str) -> BrokerError:

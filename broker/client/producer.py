@@ -48,13 +48,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 from broker.client.connection import Connection
-from broker.client.credentials import Credentials
 from broker.client.half_batch import to_half_batch
 from broker.client.outgoing_message import Message, body_bytes, encode_messages
 from broker.client.results import SendResult, SendStatus
 from broker.client.route import DIRECT_BROKER, MessageQueue
-from broker.client.router import Router, first_available
-from broker.client.tls import TlsSettings
+from broker.client.router import Router, RouterClient, first_available
 from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
@@ -230,7 +228,7 @@ def _movable(e: BrokerError) -> bool:
     return e.code in _MOVABLE_CODES
 
 
-class Producer:
+class Producer(RouterClient):
     def __init__(
         self, endpoint: str | None = None, group: str = "DEFAULT_PRODUCER", *, namesrv: str | None = None,
         timeout_s: float = 30.0, batch_limit_bytes: int = DEFAULT_BATCH_LIMIT_BYTES,
@@ -241,10 +239,7 @@ class Producer:
     ) -> None:
         if retry_times_when_send_failed < 0 or attempt_timeout_s <= 0 or timeout_s <= 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0, the timeouts > 0")
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
-                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))
-        self._owns_router = router is None
+        super().__init__(endpoint, namesrv, timeout_s, router, tls_ca, tls_cert, tls_key, access_key, secret_key)
         self.group = group
         self.timeout_s = timeout_s
         self.attempt_timeout_s = min(attempt_timeout_s, timeout_s)
@@ -580,12 +575,3 @@ class Producer:
             time.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
         raise AssertionError("unreachable")
 
-    def close(self) -> None:
-        if self._owns_router:
-            self.router.close()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

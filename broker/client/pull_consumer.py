@@ -15,12 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.client.connection import Connection
-from broker.client.credentials import Credentials
 from broker.client.outgoing_message import decode_entries
 from broker.client.results import PullResult, PullStatus, RawPullResult, ReceivedMessage
 from broker.client.route import DIRECT_BROKER, MessageQueue
-from broker.client.router import Router
-from broker.client.tls import TlsSettings
+from broker.client.router import Router, RouterClient
 from broker.errors import InvalidArgumentError, TopicNotExistError
 from broker.format.subscription import parse_tags, tag_matches
 from broker.proto import sluice_pb2 as pb
@@ -30,17 +28,14 @@ PULL_DEADLINE_MARGIN_S = 10.0
 BrokerQueue = tuple[str, int]  # (broker name, queue id)
 
 
-class PullConsumer:
+class PullConsumer(RouterClient):
     def __init__(
         self, endpoint: str | None = None, group: str = "DEFAULT_CONSUMER", *, namesrv: str | None = None,
         timeout_s: float = 30.0, router: Router | None = None,
         tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
         access_key: str | None = None, secret_key: str | None = None,
     ) -> None:
-        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
-                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
-                                       credentials=Credentials.of(access_key, secret_key))
-        self._owns_router = router is None
+        super().__init__(endpoint, namesrv, timeout_s, router, tls_ca, tls_cert, tls_key, access_key, secret_key)
         self.group = group
 
     @property
@@ -181,15 +176,6 @@ class PullConsumer:
                 out[MessageQueue(topic, broker_name, q.queue_id)] = (q.min_offset, q.max_offset)
         return out
 
-    def close(self) -> None:
-        if self._owns_router:
-            self.router.close()
-
-    def __enter__(self) -> PullConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _positional(rest: tuple[Any, ...], max_msgs: int, timeout_ms: int) -> tuple[int, int, int]:

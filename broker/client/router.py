@@ -29,6 +29,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Self
 
 from broker.client.connection import ENDPOINT_ENV, Connection, resolve_endpoint
 from broker.client.credentials import Credentials
@@ -263,4 +264,30 @@ def first_available(queues: list[MessageQueue], start: int, ok: Callable[[str], 
     return queues[start % n]
 
 
-__all__ = ["BrokerError", "MessageQueue", "Router", "TopicRoute", "first_available"]
+
+class RouterClient:
+    """A client that reaches brokers through a Router: its own, made from ``endpoint=`` or ``namesrv=``, TLS and
+    credentials and closed with the client; or one given (``router=``), shared and left open. A context manager."""
+
+    def __init__(
+        self, endpoint: str | None, namesrv: str | None, timeout_s: float, router: Router | None,
+        tls_ca: str | None, tls_cert: str | None, tls_key: str | None, access_key: str | None,
+        secret_key: str | None,
+    ) -> None:
+        self.router = router or Router(endpoint, namesrv, timeout_s=timeout_s,
+                                       tls=TlsSettings.of(tls_ca, tls_cert, tls_key),
+                                       credentials=Credentials.of(access_key, secret_key))
+        self._owns_router = router is None
+
+    def close(self) -> None:
+        if self._owns_router:
+            self.router.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["BrokerError", "MessageQueue", "Router", "RouterClient", "TopicRoute", "first_available"]

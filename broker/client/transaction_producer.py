@@ -199,6 +199,3 @@ class TransactionProducer(Producer):
         for thread in list(self._threads.values()):
             thread.join(timeout=10)
         super().close()
-
-    def __enter__(self) -> TransactionProducer:
-        return self

@@ -14,77 +14,38 @@ them.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.errors import ServiceNotAvailableError
-from broker.server.process import REMOTING_PATTERN, BrokerProcess
-
-READY = re.compile(r"ready on (\S+):(\d+)")
-START_TIMEOUT_S = 60.0
+from broker.server.process import REMOTING_PATTERN, BrokerProcess, ServiceProcess
 
 
-class NameServerProcess:
+class NameServerProcess(ServiceProcess):
+    what = "name server"
+    keeps_stdout = True
+
     def __init__(self, *, listen: str = "127.0.0.1:0", broker_expire_ms: int | None = None,
                  log_level: str = "WARNING", extra_args: list[str] | None = None,
                  allow_anonymous_registration: bool = True) -> None:
-        self.args = [sys.executable, "-m", "broker", "--log-level", log_level, "namesrv", "--listen", listen,
-                     *(extra_args or [])]
+        args = [sys.executable, "-m", "broker", "--log-level", log_level, "namesrv", "--listen", listen,
+                *(extra_args or [])]
         if allow_anonymous_registration:
-            self.args.append("--allow-anonymous-registration")
+            args.append("--allow-anonymous-registration")
         if broker_expire_ms is not None:
-            self.args += ["--broker-expire-ms", str(broker_expire_ms)]
-        self.proc: subprocess.Popen[str] | None = None
+            args += ["--broker-expire-ms", str(broker_expire_ms)]
+        super().__init__(args)
         self.address = ""
         self.remoting_address = ""  # HOST:PORT of its remoting port (``--remoting-listen``), "" when none
-        self.output: deque[str] = deque(maxlen=200)
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> NameServerProcess:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            match = READY.search(line)
-            if match:
-                self.address = f"127.0.0.1:{match.group(2)}"
-                remoting = REMOTING_PATTERN.search(line)
-                if remoting:
-                    self.remoting_address = f"127.0.0.1:{remoting.group(2)}"
-                threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
-                return self
-            if time.monotonic() > deadline:
-                break
-        self.proc.kill()
-        self.proc.wait()
-        raise ServiceNotAvailableError("name server did not become ready; stderr tail:\n" + "\n".join(self.output))
-
-    def _drain(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self.output.append(line.rstrip())
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def _ready(self, line: str, match: re.Match[str]) -> None:
+        self.address = f"127.0.0.1:{match.group(2)}"
+        remoting = REMOTING_PATTERN.search(line)
+        if remoting:
+            self.remoting_address = f"127.0.0.1:{remoting.group(2)}"
 
 
 class LocalCluster:

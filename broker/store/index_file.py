@@ -47,6 +47,7 @@ from broker.errors import CorruptionError
 from broker.format.message import java_string_hash
 from broker.format.numbers import is_ascii_digits
 from broker.store.directory import fsync_directory, make_dirs
+from broker.store.mapped_file import unlink_if_present, unmap
 
 log = logging.getLogger(__name__)
 
@@ -311,18 +312,11 @@ class IndexFile:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            try:
-                self.mm.close()
-            except BufferError:
-                log.debug("index mmap of %s still exported", self.path)
-            os.close(self.fd)
+            unmap(self.mm, self.fd, self.path)
 
     def destroy(self) -> None:
         self.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        unlink_if_present(self.path)
 
 
 def _timestamp_name(ms: int) -> str:

@@ -74,6 +74,23 @@ def _punch_hole(fd: int, offset: int, length: int) -> bool:
     return bool(_fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0)
 
 
+
+def unmap(mm: mmap.mmap, fd: int, path: str) -> None:
+    """Close a file's mapping, then its descriptor. A mapping a reader still holds a view of (a numpy array) cannot
+    close: it goes when that view is collected."""
+    try:
+        mm.close()
+    except BufferError:
+        log.debug("mmap of %s still exported; left to the garbage collector", path)
+    os.close(fd)
+
+
+def unlink_if_present(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
 class MappedFile:
     """One file of ``file_size`` bytes whose first byte is global offset ``file_from_offset``: preallocated, or
     reserved as it is written (``reserve_as_written``, module docstring)."""
@@ -215,19 +232,11 @@ class MappedFile:
             if self.closed:
                 return
             self.closed = True
-            try:
-                self.mm.close()
-            except BufferError:
-                # a reader still holds a view (numpy array); the mapping goes when that view is collected
-                log.debug("mmap of %s still exported; left to the garbage collector", self.path)
-            os.close(self.fd)
+            unmap(self.mm, self.fd, self.path)
 
     def destroy(self) -> None:
         self.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        unlink_if_present(self.path)
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path}, wrote={self.wrote_position}, flushed={self.flushed_position})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,19 @@ def start_secured(root: Path) -> BrokerProcess:
     config = root / "broker.json"
     write_private(config, json.dumps(SETTINGS).encode())  # it holds the root secret: 0600, or the broker refuses it
     return BrokerProcess(root / "store", config=config, log_level="WARNING").start()
+
+
+@contextmanager
+def secured_broker(root: Path) -> Iterator[Secured]:
+    """``start_secured(root)``'s broker, to call with auth; afterwards stopped cleanly (asserted)."""
+    proc = start_secured(root)
+    yield Secured(proc)
+    assert proc.stop() == 0, "\n".join(proc.output)
+
+
+def unique(prefix: str) -> str:
+    """A name no other test has used: ``prefix`` and eight random hex digits."""
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
 
 
 class Secured:

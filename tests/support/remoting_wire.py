@@ -5,7 +5,10 @@ stored layout and inflated. For the tests that cross protocols (remoting in, gRP
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from broker.format.compression import compressed_body, inflated_body
@@ -22,9 +25,15 @@ COMPRESS_FROM_BYTES = 4096
 PULL_SUBSCRIPTION = 0x4  # PullSysFlag: the pull carries its subscription
 
 
-def remoting_broker(store: Path) -> BrokerProcess:
-    """A broker process serving gRPC and remoting (port 0 each) on ``store``."""
-    return BrokerProcess(store, extra_args=["--remoting-listen", "127.0.0.1:0"]).start()
+@contextmanager
+def remoting_broker(root: Path, config: Path | None = None) -> Iterator[BrokerProcess]:
+    """A broker process serving gRPC and remoting (port 0 each) with its store in ``root`` (and ``config``, if
+    given); afterwards stopped cleanly (asserted) and ``root`` removed: a store is preallocated, and pytest's
+    tmp_path_retention_policy only removes function-scoped directories."""
+    proc = BrokerProcess(root / "store", config=config, extra_args=["--remoting-listen", "127.0.0.1:0"]).start()
+    yield proc
+    assert proc.stop() == 0, "\n".join(proc.output)
+    shutil.rmtree(root)
 
 
 def send_v2(client: RemotingClient, topic: str, body: bytes, *, tags: str | None = None,

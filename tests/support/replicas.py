@@ -11,6 +11,7 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.server.broker_controller import BrokerController
+from tests.support.waiting import wait_until
 
 SMALL_STORE = {
     "mapped_file_size_commit_log": 1 << 20, "mapped_file_size_consume_queue": 3000 * 20,
@@ -41,6 +42,21 @@ def brokers() -> Iterator[list[BrokerController]]:
     finally:
         for b in reversed(started):
             b.shutdown()
+
+
+def in_sync_pair(
+    started: list[BrokerController], root: Path, master: dict[str, Any] | None = None,
+    slave: dict[str, Any] | None = None,
+) -> tuple[BrokerController, BrokerController]:
+    """A SYNC_MASTER in ``root/m`` (with ``master``'s settings) and its slave in ``root/s`` (``slave``'s), both added
+    to ``started`` (of ``brokers()``), once the slave is in the master's in-sync set."""
+    m = broker(root / "m", role="SYNC_MASTER", **(master or {}))
+    started.append(m)
+    s = slave_of(m, root / "s", **(slave or {}))
+    started.append(s)
+    wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
+               "the slave in sync")
+    return m, s
 
 
 def caught_up(master: BrokerController, slave: BrokerController) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.peers.every_field import (
-    Row,
+    RateRow,
     decode_costs,
     python_floor,
     ratios_of,
@@ -42,8 +42,8 @@ def test_a_redis_entry_is_read_field_by_field() -> None:
 
 
 def test_figures_are_medians_and_ratios_are_taken_round_by_round() -> None:
-    rows = {"sluice pull": Row("sluice pull", 100, 10, [300.0, 100.0, 200.0]),
-            "redis XREAD": Row("redis XREAD", 100, 10, [100.0, 100.0, 400.0])}
+    rows = {"sluice pull": RateRow("sluice pull", 100, 10, [300.0, 100.0, 200.0]),
+            "redis XREAD": RateRow("redis XREAD", 100, 10, [100.0, 100.0, 400.0])}
     assert rows["sluice pull"].median == 200.0
     assert rows["sluice pull"].to_json()["min_msgs_s"] == 100 and rows["sluice pull"].to_json()["max_msgs_s"] == 300
     assert ratios_of(rows) == {"sluice pull / redis XREAD": {"median": 1.0, "min": 0.5, "max": 3.0}}

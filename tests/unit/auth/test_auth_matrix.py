@@ -32,7 +32,7 @@ from broker.proto import coordinator_pb2 as cpb
 from broker.proto import coordinator_pb2_grpc as cpb_grpc
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from tests.support.auth_process import FORBIDDEN, Secured, name_resources, start_secured
+from tests.support.auth_process import FORBIDDEN, Secured, name_resources, secured_broker
 
 TOPIC, GROUP, OWN_PRODUCER = "MxT", "MxG", "MxOwnP"
 VICTIM_PRODUCER = "MxVictimP"  # the group the matrix's open transactions are recorded under
@@ -80,14 +80,12 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    proc = start_secured(tmp_path_factory.mktemp("auth-matrix"))
-    broker = Secured(proc)
-    for name in (TOPIC, MESSAGE_TOPIC):
-        broker.topic(name, 2)
-    w = World(broker)
-    w.stored = broker.send(MESSAGE_TOPIC, b"stored")
-    yield w
-    assert proc.stop() == 0, "\n".join(proc.output)
+    with secured_broker(tmp_path_factory.mktemp("auth-matrix")) as broker:
+        for name in (TOPIC, MESSAGE_TOPIC):
+            broker.topic(name, 2)
+        w = World(broker)
+        w.stored = broker.send(MESSAGE_TOPIC, b"stored")
+        yield w
 
 
 # ------------------------------------------------------------------------------------------------ requests

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from broker.private_file import write_private
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.process import BrokerProcess
-from tests.support.auth_process import ROOT, SETTINGS, Secured, start_secured, v2_refused
+from tests.support.auth_process import ROOT, SETTINGS, Secured, secured_broker, unique, v2_refused
 
 # The first delay level is 1 s (message_delay_level's default): a forged delivery would land within that.
 FIRST_LEVEL_S = 1.0
@@ -41,13 +40,8 @@ FIRST_LEVEL_S = 1.0
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    proc = start_secured(tmp_path_factory.mktemp("auth-redteam"))
-    yield Secured(proc)
-    assert proc.stop() == 0, "\n".join(proc.output)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
+    with secured_broker(tmp_path_factory.mktemp("auth-redteam")) as broker:
+        yield broker
 
 
 def send_props(broker: Secured, topic: str, properties: dict[str, str], creds: Credentials) -> pb.SendResponse:

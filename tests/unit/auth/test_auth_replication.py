@@ -15,7 +15,7 @@ from broker.client.tls import TlsSettings
 from broker.errors import NotMasterError
 from broker.proto import sluice_pb2 as pb
 from tests.support.certs import Pki, tls_settings
-from tests.support.replicas import broker, brokers, slave_of
+from tests.support.replicas import brokers, in_sync_pair
 from tests.support.waiting import wait_until
 
 ROOT = {"auth_enabled": True, "auth_root_access_key": "root", "auth_root_secret_key": "root-secret-value"}
@@ -27,12 +27,7 @@ def test_users_and_entries_reach_the_slave_and_the_slave_refuses_changes(tmp_pat
     secret.chmod(0o600)
     settings = {**tls_settings(pki, tls_ca=str(pki.ca)), **ROOT, "ha_secret_file": str(secret)}
     with brokers() as bs:
-        m = broker(tmp_path / "m", role="SYNC_MASTER", min_insync_replicas=2, **settings)
-        bs.append(m)
-        s = slave_of(m, tmp_path / "s", **settings)
-        bs.append(s)
-        assert m.replication is not None and m.replication.in_sync is not None
-        wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync")
+        m, s = in_sync_pair(bs, tmp_path, master={**settings, "min_insync_replicas": 2}, slave=settings)
         root = Credentials("root", "root-secret-value")
         conn = Connection(m.address, 10, TlsSettings(str(pki.ca)), root)
         conn.call(conn.stub.CreateUser, pb.UserRequest(access_key="alice", secret_key="alice-secret"))

@@ -6,7 +6,6 @@ retry topic, no outcome recorded."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import grpc
@@ -20,18 +19,22 @@ from broker.format.message import msg_id_at
 from broker.format.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
-from tests.support.auth_process import ROOT, Secured, start_secured, v2_end, v2_refused, v2_status
+from tests.support.auth_process import (
+    ROOT,
+    Secured,
+    secured_broker,
+    start_secured,
+    unique,
+    v2_end,
+    v2_refused,
+    v2_status,
+)
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    proc = start_secured(tmp_path_factory.mktemp("auth-resolved"))
-    yield Secured(proc)
-    assert proc.stop() == 0, "\n".join(proc.output)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
+    with secured_broker(tmp_path_factory.mktemp("auth-resolved")) as broker:
+        yield broker
 
 
 def assert_open(broker: Secured, txn_id: str, halves: int, topic: str) -> None:

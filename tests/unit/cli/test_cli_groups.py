@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
-from broker.client import FIRST, Admin, ConsumeStatus, Message, Producer, PullConsumer, PushConsumer, ReceivedMessage
+from broker.client import FIRST, Admin, Message, Producer, PullConsumer, PushConsumer
 from broker.server.broker_controller import BrokerController
+from tests.support.listeners import BodyRecorder
 from tests.support.waiting import wait_until
 
 FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_interval_ms": 100, "long_poll_ms": 1000}
@@ -21,17 +21,6 @@ def sluice(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_ENDPOINT": endpoint}
     return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=120,
                           env=env)
-
-
-class Counting:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.bodies: list[bytes] = []
-
-    def __call__(self, msgs: list[ReceivedMessage]) -> ConsumeStatus:
-        with self.lock:
-            self.bodies += [m.body for m in msgs]
-        return ConsumeStatus.CONSUME_SUCCESS
 
 
 def send_in_two_phases(endpoint: str, topic: str, per_phase: int, keys: str = "") -> int:
@@ -53,7 +42,7 @@ def test_group_list(broker: BrokerController, endpoint: str) -> None:
     with Producer(endpoint) as p:
         p.send_batch([Message("GrpList", b"x")] * 4, queue_id=0)
     assert sluice(endpoint, "consume", "GrpList", "--group", "lister", "--from", "earliest").returncode == 0
-    with PushConsumer(endpoint, "pusher", {"GrpList": "*"}, Counting(), **FAST).start() as live:
+    with PushConsumer(endpoint, "pusher", {"GrpList": "*"}, BodyRecorder(), **FAST).start() as live:
         wait_until(lambda: bool(live.assigned_queues()))
         listed = json.loads(sluice(endpoint, "group", "list", "--json").stdout)
         text = sluice(endpoint, "group", "list").stdout
@@ -108,7 +97,7 @@ def test_reset_is_refused_while_a_push_consumer_runs_and_not_overwritten_after(
         for q in (0, 1):
             p.send_batch([Message("Live", b"%d-%d" % (q, i)) for i in range(15)], queue_id=q)
     with Admin(endpoint) as admin:
-        first = Counting()
+        first = BodyRecorder()
         with PushConsumer(endpoint, "live", {"Live": "*"}, first, consume_from=FIRST, **FAST).start():
             wait_until(lambda: len(first.bodies) == 30)
             wait_until(lambda: admin.committed_offsets("live", "Live") == {0: 15, 1: 15})
@@ -119,7 +108,7 @@ def test_reset_is_refused_while_a_push_consumer_runs_and_not_overwritten_after(
         done = sluice(endpoint, "group", "reset-offsets", "live", "--topic", "Live", "--to-earliest")
         assert done.returncode == 0, done.stderr
         assert admin.committed_offsets("live", "Live") == {0: 0, 1: 0}
-        second = Counting()
+        second = BodyRecorder()
         with PushConsumer(endpoint, "live", {"Live": "*"}, second, **FAST).start():
             wait_until(lambda: len(second.bodies) == 30)  # every message again, from the reset offsets
             wait_until(lambda: admin.committed_offsets("live", "Live") == {0: 15, 1: 15})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,20 +23,10 @@ from broker.client import (
 )
 from broker.errors import InvalidArgumentError
 from broker.server.broker_controller import BrokerController
+from tests.support.listeners import BodyRecorder
 from tests.support.waiting import wait_until
 
 FAST = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "persist_interval_ms": 100, "long_poll_ms": 1000}
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.bodies: list[bytes] = []
-
-    def __call__(self, msgs: list[ReceivedMessage]) -> ConsumeStatus:
-        with self.lock:
-            self.bodies += [m.body for m in msgs]
-        return ConsumeStatus.CONSUME_SUCCESS
 
 
 def send(endpoint: str, topic: str, start: int, n: int) -> None:
@@ -49,7 +38,7 @@ def send(endpoint: str, topic: str, start: int, n: int) -> None:
 def test_three_consumers_split_eight_queues_then_one_leaves(broker: BrokerController, endpoint: str) -> None:
     with Admin(endpoint) as admin:
         admin.create_topic("Reb", 8)
-    sink = Sink()
+    sink = BodyRecorder()
     consumers = [
         PushConsumer(endpoint, "rg", {"Reb": "*"}, sink, consume_from=FIRST, client_id=f"c{i}", **FAST).start()
         for i in range(3)
@@ -79,7 +68,7 @@ def test_three_consumers_split_eight_queues_then_one_leaves(broker: BrokerContro
 
 def test_circle_allocation_and_listener_failure_is_retried(broker: BrokerController, endpoint: str) -> None:
     attempts: Counter[bytes] = Counter()
-    done = Sink()
+    done = BodyRecorder()
 
     def flaky(msgs: list[ReceivedMessage]) -> ConsumeStatus:
         for m in msgs:
@@ -99,7 +88,7 @@ def test_circle_allocation_and_listener_failure_is_retried(broker: BrokerControl
 def test_broadcasting_delivers_everything_to_every_consumer(
     broker: BrokerController, endpoint: str, tmp_path: Path
 ) -> None:
-    sinks = [Sink(), Sink()]
+    sinks = [BodyRecorder(), BodyRecorder()]
     consumers = [
         PushConsumer(endpoint, "bg", {"Bc": "*"}, s, model=BROADCASTING, consume_from=FIRST,
                      offset_store_path=tmp_path / f"off{i}.json", **FAST).start()
@@ -114,7 +103,7 @@ def test_broadcasting_delivers_everything_to_every_consumer(
             c.shutdown()
     assert all(sorted(s.bodies, key=int) == [str(i).encode() for i in range(80)] for s in sinks)
     assert (tmp_path / "off0.json").exists()
-    again = Sink()  # a restarted broadcasting consumer resumes from its local offsets
+    again = BodyRecorder()  # a restarted broadcasting consumer resumes from its local offsets
     send(endpoint, "Bc", 80, 8)
     with PushConsumer(endpoint, "bg", {"Bc": "*"}, again, model=BROADCASTING, consume_from=FIRST,
                       offset_store_path=tmp_path / "off0.json", **FAST):
@@ -128,7 +117,7 @@ def test_consume_from_last_and_timestamp_and_tag_filter(broker: BrokerController
     cut_ms = int(time.time() * 1000)
     time.sleep(0.05)
     send(endpoint, "From", 16, 16)
-    late, by_time, tagged = Sink(), Sink(), Sink()
+    late, by_time, tagged = BodyRecorder(), BodyRecorder(), BodyRecorder()
     with PushConsumer(endpoint, "last", {"From": "*"}, late, consume_from=LAST, **FAST) as c:
         # every queue assigned and its start resolved to LAST (4 messages in each of the 8) before the next sends
         at_last = {("From", q): 4 for q in range(8)}

@@ -18,8 +18,8 @@ from broker.client.results import PullStatus, SendResult, SendStatus
 from broker.errors import BrokerError, BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
 from broker.format.message import Prop, encode_entry
 from broker.remoting.message_batch import decode_batch
-from broker.server.process import BrokerProcess
 from tests.support.cluster import small_store_config
+from tests.support.remoting_wire import remoting_broker
 
 TOPIC = "RemoClient"
 QUEUES = 4
@@ -34,15 +34,10 @@ class Ends:
 @pytest.fixture(scope="module")
 def ends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ends]:
     root: Path = tmp_path_factory.mktemp("remoting-client")
-    broker = BrokerProcess(root / "store", config=small_store_config(root),
-                           extra_args=["--remoting-listen", "127.0.0.1:0"])
-    try:
-        broker.start()
+    with remoting_broker(root, config=small_store_config(root)) as broker:
         with Admin(broker.endpoint) as admin:
             admin.create_topic(TOPIC, QUEUES)
         yield Ends(broker.endpoint, "remoting://" + broker.remoting_endpoint)
-    finally:
-        broker.stop()
 
 
 def fields(m: object) -> dict[str, object]:

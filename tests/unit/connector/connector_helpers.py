@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from broker.client import Admin, Message, Producer, PullConsumer
@@ -58,6 +57,12 @@ def fill(
                 assert len(results) == hi - lo
 
 
+def load_sluice(reader: Any, endpoint: str, topic: str, **options: str) -> Any:
+    """``topic`` of the broker at ``endpoint`` through ``reader`` (``spark.read`` or ``spark.readStream``) with
+    ``options``: the DataFrame."""
+    return reader.format("sluice").option("endpoints", endpoint).option("topic", topic).options(**options).load()
+
+
 def read_queues(endpoint: str, topic: str, *, timeout_s: float = 30.0) -> dict[int, list[ReceivedMessage]]:
     """Every message a reader sees, each queue read from its first offset to its end, in queue order. Not the
     queues' offset ranges: rolled-back rows of an exactly-once attempt keep their offsets, and reads skip them."""
@@ -71,13 +76,6 @@ def read_queues(endpoint: str, topic: str, *, timeout_s: float = 30.0) -> dict[i
                 offset = result.next_begin_offset
             out[qid] = msgs
     return out
-
-
-def start_cluster(root: Path, brokers: int = 3, **kwargs: Any) -> LocalCluster:
-    """A name server and brokers as processes; registration every 500 ms and expiry after 3 s, so that brokers
-    joining and leaving show in routes within seconds (the defaults are 30 s and 120 s)."""
-    settings: dict[str, Any] = {"register_interval_ms": 500, "broker_expire_ms": 3000, **kwargs}
-    return LocalCluster(root, brokers=brokers, **settings).start()
 
 
 def cluster_topic(cluster: LocalCluster, topic: str, queues: int, brokers: list[str] | None = None) -> None:

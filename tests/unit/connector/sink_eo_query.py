@@ -12,21 +12,14 @@ import sys
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from connector import register
+from streaming_jobs.common import spark_session
 
 
 def main() -> int:
     endpoint, source, target, checkpoint, guarantee, max_per_trigger = sys.argv[1:7]
-    spark = (
-        SparkSession.builder.master("local[2]").appName("sluice-sink-eo")
-        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "768m").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = spark_session("sluice-sink-eo", shuffle_partitions=2, driver_memory="768m")
     cluster = endpoint.startswith("namesrv=")
     where = ("namesrv", endpoint.removeprefix("namesrv=")) if cluster else ("endpoints", endpoint)
     df = (

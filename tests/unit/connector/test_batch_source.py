@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import EXPIRING_STORE, body_of, fill, new_topic
+from connector_helpers import EXPIRING_STORE, body_of, fill, load_sluice, new_topic
 from pyspark.errors import StreamingQueryException
 
 from broker.client import Admin
@@ -21,10 +21,7 @@ pytestmark = pytest.mark.spark
 
 
 def batch(spark: Any, endpoint: str, topic: str, **options: str) -> Any:
-    r = spark.read.format("sluice").option("endpoints", endpoint).option("topic", topic)
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
+    return load_sluice(spark.read, endpoint, topic, **options)
 
 
 def offsets_by_queue(df: Any) -> dict[int, list[int]]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import cluster_body, cluster_fill, cluster_topic, start_cluster
+from connector_helpers import cluster_body, cluster_fill, cluster_topic
 from crash_scale import crash_scale
 from test_exactly_once import start_query, wait_for_new_commit
 
@@ -35,6 +35,7 @@ from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.namesrv.local_cluster import LocalCluster
 from connector.cluster_commit import PAUSE_ENV, coordinator_of
+from tests.support.cluster import make_cluster
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -51,11 +52,8 @@ BROKER_CONFIG = {"transaction_check_interval_ms": 600_000}
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     config = tmp_path / "broker.json"
     config.write_text(json.dumps(BROKER_CONFIG))
-    c = start_cluster(tmp_path / "cluster", brokers=len(BROKERS), config=config)
-    try:
+    with make_cluster(tmp_path / "cluster", brokers=len(BROKERS), config=config) as c:
         yield c
-    finally:
-        c.close()
 
 
 def all_queues(topic: str) -> list[MessageQueue]:

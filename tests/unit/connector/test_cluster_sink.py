@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import cluster_topic, start_cluster
+from connector_helpers import cluster_topic
 
 from broker.client import Admin, PullConsumer
 from broker.client.coordinator import CoordinatorClient
@@ -18,17 +18,15 @@ from broker.client.route import MessageQueue
 from broker.client.router import Router
 from broker.namesrv.local_cluster import LocalCluster
 from connector.cluster_commit import coordinator_of
+from tests.support.cluster import make_cluster
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = start_cluster(tmp_path / "cluster", brokers=3)
-    try:
+    with make_cluster(tmp_path / "cluster", brokers=3) as c:
         yield c
-    finally:
-        c.close()
 
 
 def read_topic(namesrv: str, topic: str) -> dict[MessageQueue, list[Any]]:

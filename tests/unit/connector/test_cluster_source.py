@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import cluster_body, cluster_fill, cluster_topic, start_cluster
+from connector_helpers import cluster_body, cluster_fill, cluster_topic
 from pyspark.errors import StreamingQueryException
 
 from broker.client import PullConsumer
 from broker.client.route import MessageQueue
 from broker.namesrv.local_cluster import LocalCluster
+from tests.support.cluster import make_cluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
@@ -27,11 +28,8 @@ OUT_SCHEMA = "broker string, queue_id int, queue_offset long, body binary"
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = start_cluster(tmp_path / "cluster", brokers=2)
-    try:
+    with make_cluster(tmp_path / "cluster", brokers=2) as c:
         yield c
-    finally:
-        c.close()
 
 
 def queues(broker: str) -> list[MessageQueue]:

@@ -4,7 +4,6 @@ writes is what a 4.x consumer pulls over remoting."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,11 +20,8 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    root = tmp_path_factory.mktemp("spark-remoting")
-    proc = remoting_broker(root / "store")
-    yield proc
-    assert proc.stop() == 0, "\n".join(proc.output)
-    shutil.rmtree(root)
+    with remoting_broker(tmp_path_factory.mktemp("spark-remoting")) as proc:
+        yield proc
 
 
 def test_the_source_reads_what_a_remoting_producer_sent(spark: Any, broker: BrokerProcess) -> None:

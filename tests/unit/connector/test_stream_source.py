@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connector_helpers import body_of, fill, new_topic
+from connector_helpers import body_of, fill, load_sluice, new_topic
 
 from broker.client import Message, Producer, PullConsumer
 from tests.support.waiting import wait_until
@@ -18,10 +18,7 @@ pytestmark = pytest.mark.spark
 
 
 def reader(spark: Any, endpoint: str, topic: str, **options: str) -> Any:
-    r = spark.readStream.format("sluice").option("endpoints", endpoint).option("topic", topic)
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
+    return load_sluice(spark.readStream, endpoint, topic, **options)
 
 
 def run_available_now(spark: Any, df: Any, tmp_path: Path, name: str | None = None) -> tuple[str, Any]:

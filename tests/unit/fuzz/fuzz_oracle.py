@@ -11,10 +11,13 @@ fuzz_rmqv2.py) adds its checks to ``Fuzzer.checks``: they run with the read-back
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.check_streams import MAX_CLIENT_ID_CHARS
 from broker.server.process import BrokerProcess
 from broker.store import MessageStore
+from tests.unit.fuzz.fuzz_strategies import KEPT_TOPICS
 from tests.unit.server.hardening_rpc import Answer, answer, clear_refusal
 
 # The store fields the broker fills in (QUEUEOFFSET + PHYSICALOFFSET, STORETIMESTAMP + STOREHOST): an acknowledged
@@ -51,6 +55,7 @@ FUZZ_SETTINGS = settings(
 )
 # How long a subscription stream the broker keeps open by design is watched: long enough for a refusal to arrive.
 SUBSCRIPTION_WAIT_S = 1.0
+PULL_MAX_MSGS = 256  # a queue read whole after a family: messages a pull
 Metadata = Sequence[tuple[str, str]]
 
 
@@ -279,6 +284,26 @@ class Fuzzer:
                 assert found, f"{txn_id}: committed message {h.body[:40]!r} of {h.topic}/{h.queue_id} not found"
         self.transactions.clear()
 
+    def bodies(self, topic: str, prefix: bytes, when: str) -> set[bytes]:
+        """The bodies starting with ``prefix`` (those a service's oracle made unique) of every message of ``topic``,
+        its queues read whole by pull (none: no such topic)."""
+        offsets = self.call("GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
+        if not offsets.ok:
+            return set()
+        out: set[bytes] = set()
+        for q in offsets.response.queues:
+            offset = q.min_offset
+            while offset < q.max_offset:
+                a = self.call("PullMessage", pb.PullRequest(consumer_group="fuzz-oracle", topic=topic,
+                                                            queue_id=q.queue_id, queue_offset=offset,
+                                                            max_msgs=PULL_MAX_MSGS))
+                assert a.ok, f"{when}: pull of {topic}/{q.queue_id} at {offset}: {a}"
+                out |= {decode_entry(e).body for e in _entries(a.response)}
+                if a.response.next_begin_offset <= offset:
+                    break
+                offset = a.response.next_begin_offset
+        return {b for b in out if b.startswith(prefix)}
+
     def _find_committed(self, h: Committed) -> bool:
         """Whether a committed message with the half's body (and properties, as sent, first) is in its queue (any
         of the topic's first eight when the send let the broker pick: queue_id < 0). A dead-letter queue cannot
@@ -345,6 +370,25 @@ def store_problems(store_dir: Path, config: Path) -> list[str]:
         return store.check()
     finally:
         store.shutdown()
+
+
+@contextmanager
+def started_fuzzer(root: Path, broker_settings: dict[str, Any]) -> Iterator[Fuzzer]:
+    """A fuzzer whose broker runs with ``broker_settings`` in ``root`` and serves KEPT_TOPICS (eight queues each);
+    afterwards the broker is stopped and ``root`` removed: the store is preallocated, and pytest's
+    tmp_path_retention_policy only removes function-scoped directories."""
+    config = root / "broker.json"
+    config.write_text(json.dumps(broker_settings))
+    f = Fuzzer(root / "store", config)
+    f.start()
+    for topic in KEPT_TOPICS:
+        assert f.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_nums=8)).ok
+    try:
+        yield f
+    finally:
+        if f.broker is not None:
+            f.stop()
+        shutil.rmtree(root)
 
 
 def family(fuzzer: Fuzzer, name: str, run: Callable[[], None]) -> str:

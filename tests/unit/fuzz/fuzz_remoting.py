@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from broker.errors import BrokerError, RemotingFrameError
-from broker.format.message import SysFlag, decode_entry
+from broker.format.message import SysFlag
 from broker.format.system_topics import is_system_topic
-from broker.proto import sluice_pb2 as pb
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import FLAG_ONEWAY, RemotingCommand, SerializeType
@@ -37,7 +36,6 @@ ANSWER_TIMEOUT_S = 30.0  # generous: a busy 2-core machine can take seconds over
 # How long a malformed frame's connection is watched for its end (or an answer) before the client closes it: a
 # frame whose length promises more bytes than were sent waits for them, as a stream reader must.
 MALFORMED_WAIT_S = 0.05
-PULL_MAX_MSGS = 256
 BODY_PREFIX = b"rm-"
 # Properties that make a send something other than a plain message now (a delay, a timer, a transaction's half):
 # acknowledged, such a message need not be readable in its queue yet.
@@ -202,7 +200,7 @@ class Remoting:
         topics = sorted({s.topic for s in self.sent if s.topic and not is_system_topic(s.topic)})
         found: set[bytes] = set()
         for topic in topics:
-            found |= self._bodies(topic, when)
+            found |= self.fuzzer.bodies(topic, BODY_PREFIX, when)
         missing = [s for s in self.sent if s.must and s.body not in found]
         assert not missing, f"{when}: {len(missing)} acknowledged remoting messages not found, first {missing[:3]}"
         stored = [s for s in self.sent if not s.may and s.body in found]
@@ -210,26 +208,6 @@ class Remoting:
         return (f"{sum(s.must for s in self.sent)} acknowledged remoting messages found, none of "
                 f"{sum(not s.may for s in self.sent)} refused ones stored; {self.answered} frames answered, "
                 f"{self.closed} malformed ones closed")
-
-    def _bodies(self, topic: str, when: str) -> set[bytes]:
-        offsets = self.fuzzer.call("GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
-        if not offsets.ok:
-            return set()
-        out: set[bytes] = set()
-        for q in offsets.response.queues:
-            offset = q.min_offset
-            while offset < q.max_offset:
-                a = self.fuzzer.call("PullMessage", pb.PullRequest(consumer_group="fuzz-oracle", topic=topic,
-                                                                   queue_id=q.queue_id, queue_offset=offset,
-                                                                   max_msgs=PULL_MAX_MSGS))
-                assert a.ok, f"{when}: pull of {topic}/{q.queue_id} at {offset}: {a}"
-                r = a.response
-                ends = [*r.entry_positions[1:], len(r.entries)]
-                out |= {decode_entry(r.entries[s:e]).body for s, e in zip(r.entry_positions, ends, strict=True)}
-                if r.next_begin_offset <= offset:
-                    break
-                offset = r.next_begin_offset
-        return {b for b in out if b.startswith(BODY_PREFIX)}
 
 
 def first_frame(data: bytes) -> RemotingCommand | None:

@@ -21,9 +21,7 @@ from google.protobuf.message_factory import GetMessageClass
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 
-from broker.format.message import decode_entry
 from broker.format.system_topics import is_system_topic
-from broker.proto import sluice_pb2 as pb
 from tests.unit.fuzz.fuzz_oracle import Fuzzer, Metadata
 from tests.unit.fuzz.fuzz_strategies import FRESH_ID
 
@@ -31,7 +29,7 @@ SERVICE = "apache.rocketmq.v2.MessagingService"
 MESSAGING = v2s.DESCRIPTOR.services_by_name["MessagingService"]
 CLIENT_ID_HEADER = "x-mq-client-id"
 CLIENT_ID = [(CLIENT_ID_HEADER, "fz-v2-client")]
-PULL_MAX_MSGS = 256
+BODY_PREFIX = b"v2-"
 
 
 @dataclass
@@ -94,7 +92,7 @@ class RocketMQ5:
         for m in out.messages:
             self.serial += 1
             if m.body or self.serial % 2:  # half of the empty bodies stay empty (refused: nothing to find)
-                m.body = f"v2-{self.serial}|".encode() + m.body
+                m.body = BODY_PREFIX + f"{self.serial}|".encode() + m.body
             if m.system_properties.message_id == FRESH_ID:
                 m.system_properties.message_id = f"FZ{self.serial:030X}"
         return out
@@ -121,7 +119,7 @@ class RocketMQ5:
         topics = sorted({s.topic for s in self.sent if not is_system_topic(s.topic)})
         found: set[bytes] = set()
         for topic in topics:
-            found |= self._bodies(topic, when)
+            found |= self.fuzzer.bodies(topic, BODY_PREFIX, when)
         missing = [s for s in self.sent if s.must and s.body not in found]  # (no system topic acknowledges a send)
         assert not missing, f"{when}: {len(missing)} acknowledged messages not found, first {missing[:3]}"
         stored = [s for s in self.sent if not s.may and s.body in found]
@@ -129,27 +127,6 @@ class RocketMQ5:
         refused = sum(not s.may for s in self.sent)
         return (f"{sum(s.must for s in self.sent)} acknowledged RocketMQ 5 messages found, none of {refused} refused "
                 f"ones stored")
-
-    def _bodies(self, topic: str, when: str) -> set[bytes]:
-        """The bodies of every message of ``topic`` that a send of this oracle made (none: no such topic)."""
-        offsets = self.fuzzer.call("GetQueueOffsets", pb.GetQueueOffsetsRequest(topic=topic))
-        if not offsets.ok:
-            return set()
-        out: set[bytes] = set()
-        for q in offsets.response.queues:
-            offset = q.min_offset
-            while offset < q.max_offset:
-                a = self.fuzzer.call("PullMessage", pb.PullRequest(consumer_group="fuzz-oracle", topic=topic,
-                                                                   queue_id=q.queue_id, queue_offset=offset,
-                                                                   max_msgs=PULL_MAX_MSGS))
-                assert a.ok, f"{when}: pull of {topic}/{q.queue_id} at {offset}: {a}"
-                r = a.response
-                ends = [*r.entry_positions[1:], len(r.entries)]
-                out |= {decode_entry(r.entries[s:e]).body for s, e in zip(r.entry_positions, ends, strict=True)}
-                if r.next_begin_offset <= offset:
-                    break
-                offset = r.next_begin_offset
-        return {b for b in out if b.startswith(b"v2-")}
 
 
 def _bytes(request: Any) -> bytes:

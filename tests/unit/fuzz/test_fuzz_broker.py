@@ -14,8 +14,6 @@ times the examples, random ones, and a SIGKILL instead of a clean stop after eve
 from __future__ import annotations
 
 import itertools
-import json
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +27,7 @@ from broker.format.message import Prop, decode_entry
 from broker.format.numbers import is_ascii_digits
 from broker.format.transaction_codec import HALF_TOPIC_BYTES
 from broker.proto import sluice_pb2 as pb
-from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, Fuzzer
+from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, Fuzzer, started_fuzzer
 from tests.unit.fuzz.fuzz_strategies import (
     BAD_TOPICS,
     GROUP,
@@ -50,19 +48,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def fuzzer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzer]:
-    root = tmp_path_factory.mktemp("fuzz")
-    config = root / "broker.json"
-    config.write_text(json.dumps({"store": STORE_SETTINGS}))
-    f = Fuzzer(root / "store", config)
-    f.start()
-    for topic in KEPT_TOPICS:
-        assert f.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_nums=8)).ok
-    try:
+    with started_fuzzer(tmp_path_factory.mktemp("fuzz"), {"store": STORE_SETTINGS}) as f:
         yield f
-    finally:
-        if f.broker is not None:
-            f.stop()
-        shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
 
 
 def _entries_of(buffer: bytes) -> list[bytes]:

@@ -10,18 +10,15 @@ random ones, with a SIGKILL instead of a clean stop after every other family.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.proto import sluice_pb2 as pb
 from broker.remoting.command import RemotingCommand
 from broker.remoting.frame import encode_frame
-from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, Fuzzer
+from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, started_fuzzer
 from tests.unit.fuzz.fuzz_remoting import (
     Remoting,
     garbage_requests,
@@ -31,7 +28,6 @@ from tests.unit.fuzz.fuzz_remoting import (
     plausible_sends,
     with_unique_bodies,
 )
-from tests.unit.fuzz.fuzz_strategies import KEPT_TOPICS
 
 pytestmark = pytest.mark.slow
 BROKER_SETTINGS = {"store": STORE_SETTINGS, "remoting_listen": "127.0.0.1:0"}
@@ -39,21 +35,12 @@ BROKER_SETTINGS = {"store": STORE_SETTINGS, "remoting_listen": "127.0.0.1:0"}
 
 @pytest.fixture(scope="module")
 def remoting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Remoting]:
-    root = tmp_path_factory.mktemp("fuzz-remoting")
-    config = root / "broker.json"
-    config.write_text(json.dumps(BROKER_SETTINGS))
-    f = Fuzzer(root / "store", config)
-    f.start()
-    for topic in KEPT_TOPICS:
-        assert f.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_nums=8)).ok
-    r = Remoting(f)
-    try:
-        yield r
-    finally:
-        r.close()
-        if f.broker is not None:
-            f.stop()
-        shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
+    with started_fuzzer(tmp_path_factory.mktemp("fuzz-remoting"), BROKER_SETTINGS) as f:
+        r = Remoting(f)
+        try:
+            yield r
+        finally:
+            r.close()
 
 
 def test_remoting_frames_family(remoting: Remoting) -> None:

@@ -14,8 +14,6 @@ random ones, with a SIGKILL instead of a clean stop after every other family.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +23,10 @@ from google.protobuf.descriptor import MethodDescriptor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.proto import sluice_pb2 as pb
 from tests.unit.fuzz.fuzz_coordinator import COORDINATOR, DecisionBook
-from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, Fuzzer
+from tests.unit.fuzz.fuzz_oracle import FUZZ_SETTINGS, SCALE, STORE_SETTINGS, Fuzzer, started_fuzzer
 from tests.unit.fuzz.fuzz_rmqv2 import MESSAGING, RocketMQ5
 from tests.unit.fuzz.fuzz_strategies import (
-    KEPT_TOPICS,
     coordinator_calls,
     messages,
     method_requests,
@@ -56,19 +52,8 @@ class Services:
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
-    root = tmp_path_factory.mktemp("fuzz-services")
-    config = root / "broker.json"
-    config.write_text(json.dumps(BROKER_SETTINGS))
-    f = Fuzzer(root / "store", config)
-    f.start()
-    for topic in KEPT_TOPICS:
-        assert f.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_nums=8)).ok
-    try:
+    with started_fuzzer(tmp_path_factory.mktemp("fuzz-services"), BROKER_SETTINGS) as f:
         yield Services(f, DecisionBook(f), RocketMQ5(f))
-    finally:
-        if f.broker is not None:
-            f.stop()
-        shutil.rmtree(root)  # the preallocated store: tmp_path_retention_policy only removes function-scoped dirs
 
 
 def test_coordinator_family(services: Services) -> None:

@@ -15,7 +15,7 @@ from broker.client import Admin, Message, PopConsumer, Producer
 from broker.errors import NotEnoughReplicasError
 from broker.format.system_topics import POP_JOURNAL_TOPIC
 from broker.semantics.pop_log import STATE_FILE
-from tests.support.replicas import broker, brokers, caught_up, slave_of
+from tests.support.replicas import broker, brokers, caught_up, in_sync_pair
 from tests.support.waiting import wait_until
 
 FAST_POP = {"pop_min_invisible_ms": 100}
@@ -36,12 +36,7 @@ def test_a_pop_is_refused_unchanged_while_too_few_replicas_are_in_sync(tmp_path:
 
 def test_a_promoted_slave_keeps_acks_in_flight_messages_and_handles(tmp_path: Path) -> None:
     with brokers() as bs:
-        m = broker(tmp_path / "m", role="SYNC_MASTER", **FAST_POP)
-        bs.append(m)
-        s = slave_of(m, tmp_path / "s", **FAST_POP)
-        bs.append(s)
-        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")
+        m, s = in_sync_pair(bs, tmp_path, master=FAST_POP, slave=FAST_POP)
         with Admin(m.address) as admin:
             admin.create_topic("T", 1)
         with Producer(endpoint=m.address) as p:

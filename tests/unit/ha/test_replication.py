@@ -14,7 +14,7 @@ from broker.format.message import Prop
 from broker.proto import sluice_pb2 as pb
 from broker.semantics import timer_progress
 from broker.server.broker_controller import BrokerController
-from tests.support.replicas import broker, brokers, caught_up, commit_log_bytes, slave_of
+from tests.support.replicas import broker, brokers, caught_up, commit_log_bytes, in_sync_pair, slave_of
 from tests.support.waiting import wait_until
 
 
@@ -37,12 +37,7 @@ def _same_logs(master: BrokerController, *slaves: BrokerController) -> None:
 
 def test_every_kind_of_entry_is_replicated_byte_for_byte(tmp_path: Path) -> None:
     with brokers() as bs:
-        m = broker(tmp_path / "m", role="SYNC_MASTER", message_delay_level="1s 2s")
-        bs.append(m)
-        s = slave_of(m, tmp_path / "s")
-        bs.append(s)
-        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")
+        m, s = in_sync_pair(bs, tmp_path, master={"message_delay_level": "1s 2s"})
         with Producer(endpoint=m.address) as p, Admin(m.address) as admin:
             p.send(Message("Single", b"one", tags="A", keys="k1"), queue_id=0)  # a single message
             p.send_batch([Message("Batch", f"b{i}".encode(), keys=f"bk{i}") for i in range(300)])  # a batch
@@ -84,12 +79,7 @@ def test_a_slave_shows_what_its_master_shows_of_transactions_written_in_place(tm
     from broker.client.outgoing_message import encode_message
 
     with brokers() as bs:
-        m = broker(tmp_path / "m", role="SYNC_MASTER")
-        bs.append(m)
-        s = slave_of(m, tmp_path / "s")
-        bs.append(s)
-        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")
+        m, s = in_sync_pair(bs, tmp_path)
         with Producer(endpoint=m.address) as p, Admin(m.address) as admin:
             for qid, txn in ((0, "ip-open"), (1, "ip-commit"), (2, "ip-rollback")):
                 rows = b"".join(encode_message(Message("Ip", f"{txn}-{i}".encode()), qid) for i in range(3))
@@ -241,12 +231,7 @@ def test_offsets_topics_and_groups_reach_the_slave_before_they_are_acknowledged(
     """An acknowledged offset commit survives a failover: the master answers once every in-sync replica holds the
     changed file, so a promoted slave serves the group from the same offsets (never backwards)."""
     with brokers() as bs:
-        m = broker(tmp_path / "m", role="SYNC_MASTER")
-        bs.append(m)
-        s = slave_of(m, tmp_path / "s")
-        bs.append(s)
-        assert m.replication is not None
-        wait_until(lambda: len(m.replication.in_sync.members) == 2, "the slave in sync")  # type: ignore[union-attr]
+        m, s = in_sync_pair(bs, tmp_path)
         with Admin(m.address) as admin:
             admin.create_topic("Offsets", 4)
             assert s.topics.get("Offsets") is not None  # acknowledged: on the slave already
@@ -264,12 +249,7 @@ def test_a_promoted_slave_delivers_timer_messages_once(tmp_path: Path) -> None:
     of the log delivers the timer messages still pending, and none that the old master delivered a second time
     (without the copy it would read the timer queue from its start and deliver all of them again)."""
     with brokers() as bs:
-        m = broker(tmp_path / "m", role="SYNC_MASTER")
-        bs.append(m)
-        s = slave_of(m, tmp_path / "s")
-        bs.append(s)
-        wait_until(lambda: m.replication is not None and len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "slave in sync")
+        m, s = in_sync_pair(bs, tmp_path)
         now = int(time.time() * 1000)
         early = [f"early-{i}".encode() for i in range(20)]
         late = [f"late-{i}".encode() for i in range(5)]

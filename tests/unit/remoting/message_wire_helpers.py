@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from broker.server.broker_controller import BrokerController
 
 SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, PULL_MESSAGE, CONSUMER_SEND_MSG_BACK = 10, 310, 320, 11, 36
 SUSPEND, COMMIT_OFFSET, SUBSCRIPTION = 0x2, 0x1, 0x4
+ROOT_SECRET = "root-secret-1"  # auth_broker's root secret key
 
 
 @dataclass
@@ -42,6 +44,16 @@ def remoting(broker: BrokerController) -> Iterator[MessageProcessors]:
     built = message_processors(broker)
     yield built
     built.shutdown()
+
+
+def auth_broker(broker_factory: Callable[..., BrokerController], **settings: Any) -> BrokerController:
+    """A broker that authenticates every request (root ``root``, secret ROOT_SECRET; plaintext signatures allowed,
+    as remoting clients sign) and knows user ``u``, who holds no right yet."""
+    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key=ROOT_SECRET,
+                            allow_plaintext_auth=True, **settings)
+    assert broker.accounts is not None
+    broker.accounts.create_user("u", "u-secret-123")
+    return broker
 
 
 def call(table: MessageProcessors, code: int, ext: dict[str, str], body: bytes = b"", user: str | None = None

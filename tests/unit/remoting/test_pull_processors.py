@@ -17,6 +17,7 @@ from message_wire_helpers import (
     SUBSCRIPTION,
     SUSPEND,
     answered,
+    auth_broker,
     call,
     pull_header,
     remoting,
@@ -175,10 +176,7 @@ def test_a_send_back_lands_in_the_retry_topic(fast_retries: BrokerController) ->
 
 
 def test_pulls_and_send_backs_need_sub_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
-    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)
-    assert broker.accounts is not None
-    broker.accounts.create_user("u", "u-secret-123")
+    broker = auth_broker(broker_factory)
     table = message_processors(broker)
     try:
         assert send(table, "PA", b"x", {"UNIQ_KEY": "U"}, user="root").code == ResponseCode.SUCCESS

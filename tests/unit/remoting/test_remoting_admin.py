@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from admin_wire_helpers import Remoting, remoting_broker
-from message_wire_helpers import send
+from message_wire_helpers import auth_broker, send
 
 from broker.client import Message, Producer
 from broker.namesrv.remoting_processor import NameServerRemoting
@@ -224,10 +224,8 @@ def test_delete_topic_in_namesrv_follows_who_may_write_routes() -> None:
 def test_the_table_answers_the_documented_codes_and_checks_rights_with_auth(
     broker_factory: Callable[..., BrokerController],
 ) -> None:
-    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)
-    assert broker.accounts is not None and broker.store is not None
-    broker.accounts.create_user("u", "u-secret-123")
+    broker = auth_broker(broker_factory)
+    assert broker.store is not None
     table = admin_processors(broker, RemotingIds(broker.store.msg_id_prefix()))
     assert set(table) == set(ADMIN_CODES)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
-from message_wire_helpers import Slave, answered, call
+from message_wire_helpers import ROOT_SECRET, Slave, answered, auth_broker, call
 
 from broker.client import Admin
 from broker.proto import sluice_pb2 as pb
@@ -96,11 +96,8 @@ def test_a_refused_lock_locks_nothing(remoting_broker: BrokerController, client:
 
 
 def test_a_slave_or_a_caller_without_rights_locks_nothing(broker_factory: Callable[..., BrokerController]) -> None:
-    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)
-    assert broker.accounts is not None
-    broker.accounts.create_user("u", "u-secret-123")
-    with Admin(broker.address, access_key="root", secret_key="root-secret-1") as admin:
+    broker = auth_broker(broker_factory)
+    with Admin(broker.address, access_key="root", secret_key=ROOT_SECRET) as admin:
         admin.create_topic(TOPIC, 2)
     table = message_processors(broker)
     try:

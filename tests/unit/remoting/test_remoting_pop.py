@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from message_wire_helpers import Slave, answered, call
+from message_wire_helpers import ROOT_SECRET, Slave, answered, auth_broker, call
 
 from broker.client import Admin, Message, PopConsumer, Producer
 from broker.remoting.client import RemotingClient
@@ -135,11 +135,8 @@ def test_a_slave_pops_nothing(remoting_broker: BrokerController, client: Remotin
 
 
 def test_pop_needs_sub_on_the_group_and_topic_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
-    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)
-    assert broker.accounts is not None
-    broker.accounts.create_user("u", "u-secret-123")
-    with Admin(broker.address, access_key="root", secret_key="root-secret-1") as admin:
+    broker = auth_broker(broker_factory)
+    with Admin(broker.address, access_key="root", secret_key=ROOT_SECRET) as admin:
         admin.create_topic(TOPIC, 1)
     table = message_processors(broker)
     header = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": "-1", "maxMsgNums": "32", "invisibleTime": "60000",

@@ -9,7 +9,7 @@ import queue
 from collections.abc import Callable, Iterator
 
 import pytest
-from message_wire_helpers import FakePeer, Slave, answered, call, v2_header
+from message_wire_helpers import FakePeer, Slave, answered, auth_broker, call, v2_header
 
 from broker.client import PullConsumer, PullStatus
 from broker.format.message import SysFlag
@@ -190,10 +190,8 @@ def test_a_slave_refuses_end_transaction(remoting_broker: BrokerController, prod
 
 
 def test_with_auth_ends_and_checks_need_the_groups_rights(broker_factory: Callable[..., BrokerController]) -> None:
-    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True, transaction_timeout_ms=1)
-    assert broker.accounts is not None and broker.transactions is not None
-    broker.accounts.create_user("u", "u-secret-123")
+    broker = auth_broker(broker_factory, transaction_timeout_ms=1)
+    assert broker.transactions is not None
     table = message_processors(broker)
     broker.remoting_messages = table  # as _start_remoting wires it (the port itself is not served with auth yet)
     try:

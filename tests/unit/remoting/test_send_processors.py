@@ -11,6 +11,7 @@ from message_wire_helpers import (
     SEND_BATCH_MESSAGE,
     SEND_MESSAGE,
     answered,
+    auth_broker,
     call,
     pull_header,
     remoting,
@@ -136,10 +137,7 @@ def test_a_half_message_is_a_transaction_of_its_producer_group(broker: BrokerCon
 
 
 def test_sends_need_pub_on_the_topic_with_auth(broker_factory: Callable[..., BrokerController]) -> None:
-    broker = broker_factory(auth_enabled=True, auth_root_access_key="root", auth_root_secret_key="root-secret-1",
-                            allow_plaintext_auth=True)
-    assert broker.accounts is not None
-    broker.accounts.create_user("u", "u-secret-123")
+    broker = auth_broker(broker_factory)
     table = message_processors(broker)
     try:
         for user in (None, "u", "nobody"):

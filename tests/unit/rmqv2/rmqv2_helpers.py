@@ -12,8 +12,14 @@ from rocketmq import ClientConfiguration, Credentials, Message, Producer, Simple
 from rocketmq import FilterExpression as RmqFilter
 
 from broker.client import Admin
+from broker.proto import sluice_pb2 as pb
 
 T = TypeVar("T")
+
+ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "root-secret-value"}  # the secured brokers' root user
+# A broker that authenticates every call: its root is ROOT; plaintext signatures allowed, as the official client signs
+AUTH: dict[str, Any] = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT["access_key"],
+                        "auth_root_secret_key": ROOT["secret_key"]}
 
 FAST: dict[str, Any] = {
     "pop_min_invisible_ms": 1000,  # RocketMQ's 10 s minimum would make every redelivery test wait 10 s
@@ -23,6 +29,18 @@ FAST: dict[str, Any] = {
     "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384},
 }
+
+
+def create_user(endpoint: str, access_key: str, *grants: tuple[str, list[str]]) -> tuple[str, str]:
+    """User ``access_key`` (secret ``<access_key>-secret``), created by ROOT, holding ``grants`` ((resource,
+    actions) each); its (access key, secret key)."""
+    with Admin(endpoint, **ROOT) as admin:
+        conn = admin.router.direct
+        conn.call(conn.stub.CreateUser, pb.UserRequest(access_key=access_key, secret_key=f"{access_key}-secret"))
+        for resource, actions in grants:
+            conn.call(conn.stub.GrantAcl, pb.GrantAclRequest(entry=pb.AclEntry(access_key=access_key,
+                                                                               resource=resource, actions=actions)))
+    return access_key, f"{access_key}-secret"
 
 
 def name(prefix: str) -> str:

@@ -7,22 +7,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from rmqv2_helpers import FAST, message, name, receive_until
+from rmqv2_helpers import AUTH, FAST, ROOT, create_user, message, name, receive_until
 from rocketmq import ClientConfiguration, Credentials, Producer, SimpleConsumer
 from rocketmq import FilterExpression as RmqFilter
 
 from broker.client import Admin
-from broker.proto import sluice_pb2 as pb
 from broker.server.process import BrokerProcess
 from tests.support.brokers import start_broker
 from tests.support.waiting import wait_for
-
-ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "root-secret-value"}
-AUTH = {"auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT["access_key"],
-        "auth_root_secret_key": ROOT["secret_key"]}
 
 
 @pytest.fixture(scope="module")
@@ -37,21 +31,12 @@ def config(endpoint: str, ak: str, sk: str) -> ClientConfiguration:
     return ClientConfiguration(endpoint, Credentials(ak, sk), request_timeout=5)
 
 
-def setup_user(endpoint: str, user: str, *grants: tuple[str, list[str]]) -> None:
-    with Admin(endpoint, **ROOT) as admin:
-        conn = admin.router.direct
-        conn.call(conn.stub.CreateUser, pb.UserRequest(access_key=user, secret_key=f"{user}-secret"))
-        for resource, actions in grants:
-            conn.call(conn.stub.GrantAcl, pb.GrantAclRequest(entry=pb.AclEntry(access_key=user, resource=resource,
-                                                                               actions=actions)))
-
-
 def test_the_official_client_signs_as_a_sluice_user(secured: BrokerProcess) -> None:
     ep = secured.endpoint
     topic, group, user = name("t"), name("g"), name("u")
     with Admin(ep, **ROOT) as admin:
         admin.create_topic(topic, 2)
-    setup_user(ep, user, (f"Topic:{topic}", ["Pub", "Sub"]), (f"Group:{group}", ["Sub"]))
+    create_user(ep, user, (f"Topic:{topic}", ["Pub", "Sub"]), (f"Group:{group}", ["Sub"]))
     producer = Producer(config(ep, user, f"{user}-secret"), (topic,))
     producer.startup()
     try:
@@ -84,7 +69,7 @@ def test_wrong_credentials_and_missing_rights_are_refused(secured: BrokerProcess
     topic, user = name("t"), name("u")
     with Admin(ep, **ROOT) as admin:
         admin.create_topic(topic, 1)
-    setup_user(ep, user, (f"Topic:{topic}", ["Sub"]))
+    create_user(ep, user, (f"Topic:{topic}", ["Sub"]))
     send_refused(secured, topic, user, "wrong-secret", "wrong signature")
     send_refused(secured, topic, user, f"{user}-secret", "lacks Pub")  # Sub only
     with Admin(ep, **ROOT) as admin:
@@ -98,7 +83,7 @@ def test_a_client_whose_local_time_is_not_utc_is_refused(
     topic, user = name("t"), name("u")
     with Admin(ep, **ROOT) as admin:
         admin.create_topic(topic, 1)
-    setup_user(ep, user, (f"Topic:{topic}", ["Pub"]))
+    create_user(ep, user, (f"Topic:{topic}", ["Pub"]))
     monkeypatch.setenv("TZ", "Asia/Shanghai")  # UTC+8: the client's "Z" timestamp is 8 hours ahead
     time.tzset()
     try:

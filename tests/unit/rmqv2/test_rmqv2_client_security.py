@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
-from rmqv2_helpers import name
+from rmqv2_helpers import AUTH, ROOT, create_user, name
 from rocketmq.grpc_protocol import definition_pb2 as v2
 from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
@@ -33,13 +33,11 @@ from broker.proto.status import RESPONSE_CODE_KEY
 from broker.server.process import BrokerProcess
 from tests.support.waiting import wait_for
 
-ROOT: dict[str, Any] = {"access_key": "root", "secret_key": "root-secret-value"}
 MAX_CLIENTS = 40  # a user may hold a quarter: 10
 WORKERS, RESERVED = 48, 8  # held-call budget 40: a user may hold a quarter, 10 streams
 PER_USER = 10
 SETTINGS: dict[str, Any] = {
-    "auth_enabled": True, "allow_plaintext_auth": True, "auth_root_access_key": ROOT["access_key"],
-    "auth_root_secret_key": ROOT["secret_key"], "rmqv2_max_clients": MAX_CLIENTS, "grpc_max_workers": WORKERS,
+    **AUTH, "rmqv2_max_clients": MAX_CLIENTS, "grpc_max_workers": WORKERS,
     "grpc_reserved_workers": RESERVED, "transaction_timeout_ms": 1000, "transaction_check_interval_ms": 200,
     "store": {"mapped_file_size_commit_log": 16 << 20, "mapped_file_size_consume_queue": 4000 * 20,
               "max_hash_slot_num": 4096, "max_index_num": 16384},
@@ -58,14 +56,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]
 
 def user(ep: str, *grants: tuple[str, list[str]]) -> tuple[str, str]:
     """A new user holding ``grants``; its (access key, secret key)."""
-    ak = name("u")
-    with Admin(ep, **ROOT) as admin:
-        conn = admin.router.direct
-        conn.call(conn.stub.CreateUser, pb.UserRequest(access_key=ak, secret_key=f"{ak}-secret"))
-        for resource, actions in grants:
-            conn.call(conn.stub.GrantAcl, pb.GrantAclRequest(entry=pb.AclEntry(access_key=ak, resource=resource,
-                                                                               actions=actions)))
-    return ak, f"{ak}-secret"
+    return create_user(ep, name("u"), *grants)
 
 
 def signed(creds: tuple[str, str] | None, client_id: str = "") -> list[tuple[str, str]]:

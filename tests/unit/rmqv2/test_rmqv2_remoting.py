@@ -4,7 +4,6 @@ and what the official RocketMQ 5 producer sends is what a 4.x consumer pulls ove
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -17,11 +16,8 @@ from tests.support.remoting_wire import COMPRESS_FROM_BYTES, pull_all, remoting_
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    root = tmp_path_factory.mktemp("rmqv2-remoting")
-    proc = remoting_broker(root / "store")
-    yield proc
-    assert proc.stop() == 0, "\n".join(proc.output)
-    shutil.rmtree(root)
+    with remoting_broker(tmp_path_factory.mktemp("rmqv2-remoting")) as proc:
+        yield proc
 
 
 def test_a_remoting_producers_messages_reach_the_official_rocketmq_5_consumer(broker: BrokerProcess) -> None:

@@ -8,21 +8,14 @@ from pathlib import Path
 from broker.client import Message, Producer
 from broker.client.tls import diagnose
 from tests.support.certs import Pki, tls_settings
-from tests.support.replicas import broker, brokers, caught_up, slave_of
-from tests.support.waiting import wait_until
+from tests.support.replicas import brokers, caught_up, in_sync_pair
 
 
 def test_replication_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
     tls = tls_settings(pki, tls_ca=str(pki.ca), tls_client_auth="require")
     client = {"tls_ca": str(pki.ca), "tls_cert": str(pki.client_cert), "tls_key": str(pki.client_key)}
     with brokers() as bs:
-        m = broker(tmp_path / "m", role="SYNC_MASTER", min_insync_replicas=2, **tls)
-        bs.append(m)
-        s = slave_of(m, tmp_path / "s", **tls)
-        bs.append(s)
-        assert m.replication is not None and m.replication.in_sync is not None
-        wait_until(lambda: len(m.replication.in_sync.members) == 2,  # type: ignore[union-attr]
-                   "the slave in sync over TLS")
+        m, s = in_sync_pair(bs, tmp_path, master={**tls, "min_insync_replicas": 2}, slave=tls)
         with Producer(m.address, timeout_s=10, **client) as producer:
             for i in range(20):
                 producer.send(Message("TlsReplicated", f"m{i}".encode()))

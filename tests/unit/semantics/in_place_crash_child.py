@@ -7,14 +7,11 @@ Prints PUT (every row stored), COMMITTING (end_transaction starts) and DONE, eac
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
+
+from txn_crash_child import commit_and_wait, start_transactions
 
 from broker.client.outgoing_message import Message, encode_message
-from broker.semantics.transaction import TransactionService
-from broker.store import MessageStore, StoreConfig
 
 BATCH = 2000
 QUEUES = 4
@@ -23,10 +20,7 @@ KEPT, DROPPED = "task-0.1", "task-0.0"  # a task attempt's retry, and the failed
 
 def main() -> None:
     store_dir, txn_id, topic, count, overrides = sys.argv[1:6]
-    store = MessageStore(StoreConfig(store_path=store_dir, **json.loads(overrides)))
-    store.start()
-    tx = TransactionService(store, os.path.join(store_dir, "config"))
-    tx.start()
+    tx = start_transactions(store_dir, overrides)
     n = int(count)
     for attempt in (DROPPED, KEPT):
         for first in range(0, n, BATCH):
@@ -37,12 +31,7 @@ def main() -> None:
             )
             res = tx.put_in_place(buf, "spark", txn_id, attempt=attempt)
             assert res.ok, res.error
-    print("PUT", flush=True)
-    print("COMMITTING", flush=True)
-    out = tx.end_transaction(txn_id, commit=True, committed_attempts=[KEPT], expected_messages=n)
-    assert out.complete and out.restored == n, out
-    print("DONE", flush=True)
-    time.sleep(3600)  # wait to be killed: no clean shutdown ever
+    commit_and_wait(tx, txn_id, n, committed_attempts=[KEPT], expected_messages=n)
 
 
 if __name__ == "__main__":

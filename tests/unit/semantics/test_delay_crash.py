@@ -16,6 +16,7 @@ import pytest
 
 from broker.semantics.delay import DELIVER_BATCH, ScheduleMessageService
 from broker.store import GetStatus, MessageStore, StoreConfig
+from tests.support.crash import crash_seed
 
 CHILD = os.path.join(os.path.dirname(__file__), "delay_crash_child.py")
 LEVELS = "100ms 300ms 500ms"
@@ -61,8 +62,7 @@ def run_child(store_dir: str, prefix: str, kill_after_s: float) -> int:
 @pytest.mark.slow
 def test_sigkill_while_delaying_loses_nothing(tmp_path: object) -> None:
     store_dir = str(tmp_path)
-    seed = int(os.environ.get("SLUICE_CRASH_SEED", time.time_ns() % 1_000_000))
-    print(f"crash seed {seed} (rerun with SLUICE_CRASH_SEED={seed})")
+    seed = crash_seed("delay")
     rng = random.Random(seed)
     expected: set[str] = set()
     # The message each cycle's child was sending when killed may have been stored without being acknowledged; it

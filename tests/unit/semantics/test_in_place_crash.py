@@ -16,6 +16,7 @@ from test_transaction_crash import CONFIG, bodies_of, run_child
 from broker.client.outgoing_message import Message, encode_message
 from broker.semantics.transaction import TransactionService, TxStatus
 from broker.store import MessageStore, StoreConfig
+from tests.support.crash import crash_seed
 
 CHILD = os.path.join(os.path.dirname(__file__), "in_place_crash_child.py")
 COUNT = 40_000
@@ -36,8 +37,7 @@ KILL_POINTS = [("PUT", 0.0), ("COMMITTING", 0.0), ("COMMITTING", 0.005), ("COMMI
 @pytest.mark.slow
 def test_sigkill_anywhere_in_an_in_place_transaction_is_all_or_nothing(tmp_path: object) -> None:
     store_dir = str(tmp_path)
-    seed = int(os.environ.get("SLUICE_CRASH_SEED", time.time_ns() % 1_000_000))
-    print(f"crash seed {seed} (rerun with SLUICE_CRASH_SEED={seed})")
+    seed = crash_seed("in-place")
     rng = random.Random(seed)
     outcomes = []
     for cycle in range(CYCLES):

@@ -16,6 +16,7 @@ import pytest
 from broker.format.message import BODY_START, I32, POS_BODY_LENGTH
 from broker.semantics.transaction import TransactionService, TxStatus
 from broker.store import GetStatus, MessageStore, StoreConfig
+from tests.support.crash import crash_seed
 
 CHILD = os.path.join(os.path.dirname(__file__), "txn_crash_child.py")
 COUNT = 50_000
@@ -86,8 +87,7 @@ def kill_delay(rng: random.Random, cycle: int) -> float:
 @pytest.mark.slow
 def test_sigkill_during_batch_commit_is_all_or_nothing(tmp_path: object) -> None:
     store_dir = str(tmp_path)
-    seed = int(os.environ.get("SLUICE_CRASH_SEED", time.time_ns() % 1_000_000))
-    print(f"crash seed {seed} (rerun with SLUICE_CRASH_SEED={seed})")
+    seed = crash_seed("batch-commit")
     rng = random.Random(seed)
     outcomes = []
     for cycle in range(CYCLES):

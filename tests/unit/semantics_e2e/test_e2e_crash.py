@@ -8,8 +8,6 @@ Kill moments come from a seeded RNG; the seed is SLUICE_CRASH_SEED when set, els
 from __future__ import annotations
 
 import json
-import os
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from broker.client import (
 from broker.errors import BrokerError
 from broker.format.message import Prop
 from broker.server.process import BrokerProcess
+from tests.support.crash import crash_rng
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -41,12 +40,6 @@ CYCLES = 3
 GROUP = "crash-group"
 RETRY, DLQ = f"%RETRY%{GROUP}", f"%DLQ%{GROUP}"
 RETRY_LEVEL = 3  # 200 ms with the suite's delay levels
-
-
-def crash_rng(test: str) -> random.Random:
-    seed = int(os.environ.get("SLUICE_CRASH_SEED") or time.time_ns() % 2**32)
-    print(f"{test}: SLUICE_CRASH_SEED={seed}")
-    return random.Random(seed)
 
 
 def write_config(path: Path, **settings: Any) -> Path:

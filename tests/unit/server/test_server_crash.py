@@ -10,8 +10,6 @@ is SLUICE_CRASH_SEED when set, else the clock, and is printed.
 from __future__ import annotations
 
 import json
-import os
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,18 +21,12 @@ from broker.client import Admin, Message, Producer, PullConsumer, PullStatus, Se
 from broker.errors import BrokerError
 from broker.server.process import BrokerProcess
 from broker.store import MessageStore, StoreConfig
+from tests.support.crash import crash_rng
 
 CYCLES = 3
 QUEUES = 4
 OFFSET_ROOM = 20_000  # messages per queue under the offset-commit crash test
 STORE = {"mapped_file_size_commit_log": 1048576, "max_message_size": 65536}
-
-
-def crash_rng(test: str) -> random.Random:
-    """The RNG of a test's kill moments: SLUICE_CRASH_SEED when set, else the clock; printed to replay a failure."""
-    seed = int(os.environ.get("SLUICE_CRASH_SEED") or time.time_ns() % 2**32)
-    print(f"{test}: SLUICE_CRASH_SEED={seed}")
-    return random.Random(seed)
 
 
 def write_config(path: Path, **settings: object) -> Path:
