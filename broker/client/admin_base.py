@@ -102,7 +102,6 @@ class AdminBase(RouterClient):
             )
 
 
-
 def with_broker(e: BrokerError, broker_name: str) -> BrokerError:
     """``e`` with the broker's name in front (a cluster's answer names who gave it), same class and code."""
     if not broker_name:

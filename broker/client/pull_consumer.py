@@ -177,7 +177,6 @@ class PullConsumer(RouterClient):
         return out
 
 
-
 def _positional(rest: tuple[Any, ...], max_msgs: int, timeout_ms: int) -> tuple[int, int, int]:
     """(offset, max_msgs, timeout_ms) from the positional arguments after the queue (offset required)."""
     if not rest:

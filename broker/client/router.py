@@ -264,7 +264,6 @@ def first_available(queues: list[MessageQueue], start: int, ok: Callable[[str], 
     return queues[start % n]
 
 
-
 class RouterClient:
     """A client that reaches brokers through a Router: its own, made from ``endpoint=`` or ``namesrv=``, TLS and
     credentials and closed with the client; or one given (``router=``), shared and left open. A context manager."""

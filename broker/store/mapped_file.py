@@ -74,7 +74,6 @@ def _punch_hole(fd: int, offset: int, length: int) -> bool:
     return bool(_fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0)
 
 
-
 def unmap(mm: mmap.mmap, fd: int, path: str) -> None:
     """Close a file's mapping, then its descriptor. A mapping a reader still holds a view of (a numpy array) cannot
     close: it goes when that view is collected."""
@@ -90,6 +89,7 @@ def unlink_if_present(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
 
 class MappedFile:
     """One file of ``file_size`` bytes whose first byte is global offset ``file_from_offset``: preallocated, or
