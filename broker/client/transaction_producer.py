@@ -30,8 +30,8 @@ import grpc
 from broker.client.connection import Connection
 from broker.client.outgoing_message import Message, body_bytes
 from broker.client.producer import Producer, SendResults
-from broker.client.results import ReceivedMessage, SendResult
-from broker.errors import BrokerError, NotMasterError
+from broker.client.results import ReceivedMessage, SendResult, SendStatus
+from broker.errors import BrokerError, FlushDiskTimeoutError, FlushSlaveTimeoutError, NotMasterError
 from broker.format.message import decode_entry
 from broker.proto import sluice_pb2 as pb
 from broker.proto.status import error_from_rpc
@@ -100,6 +100,8 @@ class TransactionProducer(Producer):
                 if len(self._txn_brokers) >= MAX_REMEMBERED_TRANSACTIONS:  # UNKNOW ones this producer never ends
                     self._txn_brokers.pop(next(iter(self._txn_brokers)))
                 self._txn_brokers[txn_id] = conn.endpoint
+        if sent.status is not SendStatus.SEND_OK:
+            self._refuse_unconfirmed_half(txn_id, sent)
         try:
             state = local_fn(msg, txn_id) or LocalTransactionState.UNKNOW
         except Exception:  # the application's code: its transaction's fate is unknown, the check-back decides
@@ -108,6 +110,23 @@ class TransactionProducer(Producer):
         if state is not LocalTransactionState.UNKNOW:
             self.end_transaction(txn_id, state is LocalTransactionState.COMMIT_MESSAGE)
         return TransactionSendResult(sent, txn_id, state)
+
+    def _refuse_unconfirmed_half(self, txn_id: str, sent: SendResult) -> None:
+        """A half stored but not confirmed (its replicas or its disk did not confirm it in time) may be gone after a
+        failover or a crash: the local transaction must not run on it, as RocketMQ's producer runs it only on
+        SEND_OK. The half is rolled back where it is (best effort: that master may be gone), and the caller hears
+        that the send's outcome is unknown; a check-back of the half, if it survived, is answered by the checker."""
+        try:
+            self.end_transaction(txn_id, False)
+        except BrokerError as e:
+            log.info("transaction %s: rolling back its unconfirmed half failed (%s); a check-back may still ask",
+                     txn_id, e.message)
+        error = FlushDiskTimeoutError if sent.status is SendStatus.FLUSH_DISK_TIMEOUT else FlushSlaveTimeoutError
+        raise error(
+            f"the half message of transaction {txn_id} was stored but answered {sent.status.value}: it may not "
+            "survive a failover or a crash, so the local transaction was not run and the half was rolled back where "
+            "possible; send it again under a new transaction"
+        )
 
     def end_transaction(self, txn_id: str, commit: bool, *, from_check: bool = False, address: str | None = None
                         ) -> str:

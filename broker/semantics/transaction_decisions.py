@@ -68,6 +68,7 @@ class Decisions(HalfPuts):
         ``producer_group``: the group an id recorded now is recorded under; with ``record_unknown``, an id already
         recorded under another group is refused (TransactionError, nothing changed)."""
         check_transaction_id(txn_id)
+        self._serving()
         attempts = None if committed_attempts is None else sorted(set(committed_attempts))
         if attempts is not None:
             if len(",".join(attempts)) > MAX_ATTEMPTS_PROPERTY_CHARS:
@@ -124,6 +125,7 @@ class Decisions(HalfPuts):
 
     def end_transaction_by_offset(self, half_commitlog_offset: int, commit: bool, **kwargs: Any) -> EndResult:
         """RocketMQ's END_TRANSACTION, which names the half message by its commit-log offset."""
+        self._serving()  # before the lookup: the offsets table is rebuilt by the recovery too
         with self._lock:
             txn_id = self._by_half_cl_offset.get(half_commitlog_offset)
         if txn_id is None:
@@ -142,6 +144,7 @@ class Decisions(HalfPuts):
     ) -> list[EndResult]:
         """End many transactions: every listed id and every (open) one whose id starts with ``prefix``. A listed id
         this broker has no record of is refused before any is ended (QueryNotFoundError, nothing recorded)."""
+        self._serving()
         with self._lock:
             unknown = [i for i in txn_ids if i not in self._txns]
         if unknown:

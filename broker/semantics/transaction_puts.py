@@ -48,6 +48,7 @@ class HalfPuts(CommitRestore):
         self, txn_id: str, producer_group: str, count: int = 1, *, batch: bool = False, in_place: bool = False
     ) -> TxnRecord:
         check_transaction_id(txn_id)
+        self._serving()
         now = self._now()
         with self._lock:
             txn = self._txns.get(txn_id)

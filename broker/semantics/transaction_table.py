@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.errors import BrokerError, InvalidArgumentError, ResponseCode
+from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
 from broker.format.message import I32, POS_SYS_FLAG, Prop, StoredMessage, SysFlag
 from broker.format.transaction_codec import raw_property
 from broker.semantics.transaction_state_file import STATE_FILE, cut_back_state
@@ -256,6 +256,17 @@ class TransactionTable:
         self._thread: threading.Thread | None = None
         self._started = False
         cut_back_state(self.path, store)
+
+    def _serving(self) -> None:
+        """Refuse a half put or a decision until ``start()`` has rebuilt the table. A new master starts this service
+        after it became master, so requests can come while its recovery scans the queues: a half put then could be
+        missed by the table the recovery swaps in (no check-back would ever find it), and a decision taken on the
+        old table would be taken again on the new one (a committed transaction stored twice)."""
+        if not self._started:
+            raise ServiceNotAvailableError(
+                "transactions are being recovered (this broker has just started or become master); send again in a "
+                "moment"
+            )
 
     def _now(self) -> int:
         """Wall-clock milliseconds: outcomes, check-back idleness and retention are measured on it."""
