@@ -3,6 +3,7 @@ retries after a lost answer stored once."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,9 @@ def test_a_send_moves_to_another_broker_when_one_is_down(cluster: LocalCluster) 
     with Producer(namesrv=cluster.namesrv) as producer:
         producer.send(Message("Failover", b"warm"))  # the route is cached with all three brokers
         cluster.kill("broker-b")
+        # A send written into broker-b's connection before gRPC has seen it close has an unknown outcome, by design
+        # (docs/design.md, "One message's path"): this test is about the sends after that instant.
+        time.sleep(0.5)
         results = [producer.send(Message("Failover", b"%d" % i)) for i in range(60)]
         batch = producer.send_batch([Message("Failover", b"batch-%d" % i) for i in range(30)])
     assert {r.broker_name for r in [*results, *batch]} == {"broker-a", "broker-c"}  # no error reached the caller
