@@ -1,7 +1,7 @@
 """The broker's Prometheus gauges: each a function read at every scrape, over the live store and managers.
 
-They are computed at scrape time, not kept up to date on each write: a scrape every 15 s or so costs one pass over
-the topics and groups, where counters kept on the write path would cost every send.
+Why at scrape time: a gauge read by a scraper walks the topics and groups once per scrape, off the write path; one
+kept up to date by every write would add work to every send.
 """
 
 from __future__ import annotations
