@@ -132,6 +132,9 @@ def base_parser(job: str, description: str, default_group: str) -> argparse.Argu
     ap.add_argument(
         "--endpoints", default=os.environ.get("SLUICE_ENDPOINT", "127.0.0.1:10911"), help="broker host:port"
     )
+    ap.add_argument("--namesrv", default=None,
+                    help="name servers host:port[,host:port] instead of --endpoints: the job finds every broker of "
+                         "its topics and follows a replicated group's master when it moves")
     ap.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (keep it to resume exactly once)")
     ap.add_argument("--trigger", choices=("available-now", "continuous"), default="continuous",
                     help="available-now: process what is there, then stop; continuous: run until stopped")
@@ -153,14 +156,19 @@ def start_session(app: str, args: argparse.Namespace) -> SparkSession:
 
 
 def read_sluice(spark: SparkSession, args: argparse.Namespace, options: Mapping[str, str]) -> DataFrame:
-    """The sluice source as every job reads it: from ``--endpoints``, at ``--starting-offsets`` (the earliest where
-    the group has no offset yet), at most ``--max-messages-per-trigger`` a micro-batch; ``options`` name the topics
-    and the consumer group, and add the job's own."""
-    reader = spark.readStream.format("sluice").option("endpoints", args.endpoints).options(**options)
+    """The sluice source as every job reads it: from ``--endpoints`` (or ``--namesrv``), at ``--starting-offsets``
+    (the earliest where the group has no offset yet), at most ``--max-messages-per-trigger`` a micro-batch;
+    ``options`` name the topics and the consumer group, and add the job's own."""
+    reader = spark.readStream.format("sluice").options(**brokers(args), **options)
     reader = reader.option("startingOffsets", args.starting_offsets).option("startingOffsetsFallback", "earliest")
     if args.max_messages_per_trigger is not None:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
     return reader.load()
+
+
+def brokers(args: argparse.Namespace) -> dict[str, str]:
+    """The connector's option naming the cluster: ``--namesrv`` when given (``--endpoints`` is then unused)."""
+    return {"namesrv": args.namesrv} if args.namesrv else {"endpoints": args.endpoints}
 
 
 def with_trigger(writer: DataStreamWriter, trigger: str, interval: str) -> DataStreamWriter:

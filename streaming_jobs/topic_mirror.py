@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from broker.client.outgoing_message import BROKER_PROPERTIES, BROKER_PROPERTY_PREFIXES
-from streaming_jobs.common import base_parser, group_name, read_sluice, run_job, run_query, start_session
+from streaming_jobs.common import base_parser, brokers, group_name, read_sluice, run_job, run_query, start_session
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     writer = (
         out.writeStream.format("sluice")
-        .option("endpoints", args.endpoints)
+        .options(**brokers(args))
         .option("topic", args.target)
         .option("deliveryGuarantee", args.delivery)
         .option("checkpointLocation", args.checkpoint)

@@ -2,17 +2,19 @@
 
 It lives under ``tests/`` rather than ``bench/`` because it is a correctness run, not a measurement: it reuses the
 fault pieces of the replication tests (``broker.ha.local_group.ReplicaGroup``, ``tests/unit/ha/jepsen.py``'s
-ordered workload and checker, ``tests/unit/store/small_fs.py``'s tmpfs and filler); a short run is
-``make soak SOAK_MINUTES=1`` (docs/soak.md says why it is not in ``make test`` yet).
+ordered workload and checker, ``tests/unit/store/small_fs.py``'s tmpfs and filler); ``make test`` runs a short one
+(``tests/unit/test_soak.py``: every kind of fault once).
 
 What runs (``topology.py``): an etcd, a name server, a replicated group ``broker-a`` of three replicas in controller
 mode, and two more brokers (``broker-b``, and ``broker-c`` whose store is on a small tmpfs when run as root).
 Producers (``workload.py``) of every Sluice gRPC send: plain (spread over the three broker groups), ordered (jepsen's
 writers, one sharding key each), batch, transactional (commit, rollback, and left to the check-back), delayed
 (delay levels) and timer (an absolute delivery time). Consumers: pull (committing offsets), push clustering, push
-broadcasting, orderly push, pop (acknowledging), and a pop consumer in a child process that is SIGKILLed with
-messages in flight. Faults (``faults.py``) are drawn from the seed: master SIGKILL, master SIGSTOP/SIGCONT for
-longer than its lease, a restart of broker-b, a full disk on broker-c, and the kill of the child consumer.
+broadcasting, orderly push, pop (acknowledging), a pop consumer in a child process that is SIGKILLed with
+messages in flight, and a Spark job (``spark_job.py``: topic_mirror through the exactly-once sink, its driver a child
+process that a fault SIGKILLs). Faults (``faults.py``) are drawn from the seed: master SIGKILL, master
+SIGSTOP/SIGCONT for longer than its lease, a restart of broker-b, a full disk on broker-c, the kill of the child
+consumer and of the Spark driver.
 
 At the end everything is healed, consumers drain, and ``checker.py`` reads every topic on every broker and reports
 per feature what the promises forbid. The seed, the schedule and the report go to one JSON file; the same seed

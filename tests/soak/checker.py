@@ -11,7 +11,8 @@ Per feature, ``checked`` counts the operations held against the promise, and eac
 * ``half_visible``: a transaction rolled back (or never committed) whose message is readable, or a committed one
   readable twice;
 * ``redelivered_after_ack``: pop: a message delivered again after its acknowledgement was answered;
-* ``offsets_backwards``: a committed consumer offset read back lower than one committed before.
+* ``offsets_backwards``: a committed consumer offset read back lower than one committed before;
+* ``unexpected``: the Spark job's output holds a message that is not one of its input's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.soak.workload import History, Sent
 
 LISTED = 10  # examples kept per violation list in the report (the counts are complete)
 KINDS = ("lost", "misplaced", "duplicated", "reordered", "early", "twice", "half_visible", "redelivered_after_ack",
-         "offsets_backwards")
+         "offsets_backwards", "unexpected")
 
 
 @dataclass
@@ -154,3 +155,19 @@ def check_order(report: FeatureReport, history: History, consumer: str) -> None:
         if int(seq) < highest.get(writer, 0):
             report.add("reordered", f"{body} delivered first after {writer}-{highest[writer]}")
         highest[writer] = max(highest.get(writer, 0), int(seq))
+
+
+def check_copied(report: FeatureReport, source: set[str], copies: list[str]) -> None:
+    """An exactly-once copy: every message of ``source`` in ``copies`` once, and nothing else there."""
+    seen: dict[str, int] = defaultdict(int)
+    for body in copies:
+        seen[body] += 1
+    report.checked += len(source)
+    for body in sorted(source - set(seen)):
+        report.add("lost", f"{body} in the input, not in the output")
+    for body, n in sorted(seen.items()):
+        if n > 1:
+            report.add("duplicated", f"{body} in the output {n} times")
+        if body not in source:
+            report.add("unexpected", f"{body} in the output, not in the input")
+    report.notes["output"] = len(copies)

@@ -17,12 +17,14 @@ from pathlib import Path
 
 from small_fs import fill
 
+from tests.soak.spark_job import SparkJob
 from tests.soak.topology import DISK_BROKER, GROUP_SETTINGS, REPLICATED, RESTART_BROKER, Topology
 from tests.support.waiting import wait_until
 
 KILL_MASTER, PAUSE_MASTER, RESTART, FULL_DISK, KILL_CLIENT, PARTITION = (
     "master-sigkill", "master-sigstop", "broker-restart", "full-disk", "client-kill", "partition")
-KINDS = (KILL_MASTER, PAUSE_MASTER, RESTART, FULL_DISK, KILL_CLIENT)
+KILL_SPARK = "spark-driver-kill"
+KINDS = (KILL_MASTER, PAUSE_MASTER, RESTART, FULL_DISK, KILL_CLIENT, KILL_SPARK)
 GAP_S = (4.0, 12.0)  # quiet time before each fault: the workload runs on a healed cluster between faults
 DURATION_S = (3.0, 10.0)
 PAUSE_MIN_S = 2 * float(GROUP_SETTINGS["ha_lease_ttl_s"]) + 1  # a pause outlives the lease: a new master is elected
@@ -51,8 +53,11 @@ class Schedule:
     @classmethod
     def draw(cls, seed: int, kinds: tuple[str, ...]) -> Schedule:
         rng = random.Random(seed)
-        faults = [Fault(rng.choice(kinds), round(rng.uniform(*GAP_S), 1), round(rng.uniform(*DURATION_S), 1))
-                  for _ in range(PLANNED)]
+        # every kind once (in an order drawn from the seed), then kinds at random: a short run (``min_faults`` as
+        # many as there are kinds) meets each fault, a long one a random mix
+        first = rng.sample(kinds, len(kinds))
+        picks = first + [rng.choice(kinds) for _ in range(PLANNED - len(first))]
+        faults = [Fault(kind, round(rng.uniform(*GAP_S), 1), round(rng.uniform(*DURATION_S), 1)) for kind in picks]
         return cls(seed, kinds, faults)
 
     def as_json(self, upto: int) -> list[dict[str, object]]:
@@ -71,8 +76,10 @@ def available_kinds(topology: Topology) -> tuple[tuple[str, ...], dict[str, str]
 
 
 class Injector:
-    def __init__(self, topology: Topology, pop_topic: str, began: float, pop_hold: threading.Event) -> None:
+    def __init__(self, topology: Topology, pop_topic: str, began: float, pop_hold: threading.Event,
+                 spark: SparkJob) -> None:
         self.t, self.pop_topic, self.began, self.pop_hold = topology, pop_topic, began, pop_hold
+        self.spark = spark
 
     def _now(self) -> float:
         return round(time.monotonic() - self.began, 1)
@@ -141,3 +148,8 @@ class Injector:
             proc.wait()
             self.pop_hold.clear()
         f.note = f"killed holding {held} messages" + (f" (last error: {f.note})" if f.note else "")
+
+    def _spark_driver_kill(self, f: Fault) -> None:
+        """The Spark driver SIGKILLed wherever it is (reading, its tasks sending, committing, or between batches),
+        then started again from its checkpoint, as its supervisor would."""
+        f.target = f"spark driver pid {self.spark.kill()}"

@@ -19,7 +19,8 @@ from broker.client import Producer, TransactionProducer
 from broker.errors import BrokerError
 from tests.soak import checker as c
 from tests.soak.faults import Injector, Schedule, available_kinds
-from tests.soak.topology import EXTRA, REPLICATED, Topology
+from tests.soak.spark_job import SPARK_IN, SPARK_OUT, SparkJob
+from tests.soak.topology import EXTRA, REPLICATED, RESTART_BROKER, Topology
 from tests.soak.workload import (
     BATCH,
     PLAIN,
@@ -45,13 +46,15 @@ WRITER_PAUSE_S = 0.05  # between one writer's sends: enough load to matter, litt
 PUSH_MEMBERS = 2
 DRAIN_LOG_INTERVAL_S = 20.0
 READ_ATTEMPTS = 30  # 2 s apart: a master elected after the heal answers well within a minute
+SPARK_IN_BROKERS = [REPLICATED, RESTART_BROKER]  # the job's source reads through failovers and a broker's restart
 
 
 def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARNING",
-        only: tuple[str, ...] = (), min_faults: int = 0) -> dict[str, Any]:
+        only: tuple[str, ...] = (), min_faults: int = 0, each_kind: bool = False) -> dict[str, Any]:
     """One run of ``minutes`` of load and faults (then the heal, the drain and the check); ``only``: these fault
     kinds alone (of those this machine can inject); ``min_faults``: injected even if the minutes are over (a slow
-    machine). The report, also written to ``out``."""
+    machine); ``each_kind``: at least one fault of each kind (the schedule draws each once first). The report, also
+    written to ``out``."""
     began = time.monotonic()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     history = History()
@@ -69,10 +72,16 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
         if only:
             kinds = tuple(k for k in kinds if k in only)
         schedule = Schedule.draw(seed, kinds)
+        if each_kind:
+            min_faults = max(min_faults, len(kinds))
         topology.create_topic(PLAIN, [REPLICATED, *EXTRA])
         for topic in (BATCH, TXN, TIMED):
             topology.create_topic(topic, [REPLICATED])
         topology.create_topic(ORDERED, [REPLICATED], ORDERED_QUEUES)
+        topology.create_topic(SPARK_IN, SPARK_IN_BROKERS)
+        topology.create_topic(SPARK_OUT, [REPLICATED])
+        spark = SparkJob(topology.namesrv, root).start()
+        closers.append(spark.stop)
         ns = topology.namesrv
         consumers = [push_consumer(ns, "soak-push", PLAIN, history, "push", ) for _ in range(PUSH_MEMBERS)]
         consumers += [push_consumer(ns, "soak-bcast", PLAIN, history, f"broadcast-{i}", broadcast=True)
@@ -91,11 +100,12 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
         writers = [Writer("plain", history, plain_step(producer, 0), WRITER_PAUSE_S),
                    Writer("batch", history, batch_step(producer, 0), WRITER_PAUSE_S * 4),
                    Writer("timed", history, timed_step(producer, 0, rng), WRITER_PAUSE_S),
-                   Writer("txn", history, txn_step(txn, 0), WRITER_PAUSE_S)]
+                   Writer("txn", history, txn_step(txn, 0), WRITER_PAUSE_S),
+                   Writer("spark", history, plain_step(producer, 0, SPARK_IN, "spark_input"), WRITER_PAUSE_S)]
         ordered = Workload(ns, writers=2, pause_s=WRITER_PAUSE_S).start()
         for thread in (pull.thread, pop.thread, *(w.thread for w in writers)):
             thread.start()
-        injector = Injector(topology, BATCH, began, pop.hold)
+        injector = Injector(topology, BATCH, began, pop.hold, spark)
         deadline = began + minutes * 60
         for fault in schedule.faults:
             if injected >= min_faults and time.monotonic() + fault.gap_s >= deadline:
@@ -113,6 +123,7 @@ def run(minutes: float, seed: int, root: Path, out: Path, log_level: str = "WARN
             w.thread.join(timeout=60)
         topology.heal()
         report["features"] = _drain_and_check(topology, history, ordered)
+        report["spark_job"] = spark.report()
         for loop in (pull, pop):
             loop.stop.set()
             loop.thread.join(timeout=30)
@@ -182,6 +193,8 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
                    "push": len(plain - history.delivered_bodies("push")),
                    "pull": len(timed - history.delivered_bodies("pull")), "pop": len(pops - acked),
                    "txn": len(committed - {m.body.decode() for _, m in read(TXN, [REPLICATED])}),
+                   "spark": len({m.body.decode() for _, m in read(SPARK_IN, SPARK_IN_BROKERS)}
+                                - {m.body.decode() for _, m in read(SPARK_OUT, [REPLICATED])}),
                    "orderly": len(set(read_log(topology.endpoint(REPLICATED)).values())
                                   - history.delivered_bodies("orderly"))}
         for i in range(PUSH_MEMBERS):
@@ -227,6 +240,13 @@ def _drain_and_check(topology: Topology, history: History, ordered: Workload) ->
 
     txn = c.where(read(TXN, [REPLICATED]))
     c.check_txn(features.setdefault("txn", c.FeatureReport()), by_feature.get("txn", []), txn)
+
+    # the Spark job: its input as sent, then its output against what its input holds
+    spark_in = read(SPARK_IN, SPARK_IN_BROKERS)
+    c.check_sends(features.setdefault("spark_input", c.FeatureReport()), by_feature.get("spark_input", []),
+                  c.where(spark_in))
+    c.check_copied(features.setdefault("spark", c.FeatureReport()), {m.body.decode() for _, m in spark_in},
+                   [m.body.decode() for _, m in read(SPARK_OUT, [REPLICATED])])
 
     # ordered: jepsen's checker over every replica's log (all three in sync now), then the orderly consumer
     logs = {f"replica-{rid}": read_log(topology.group.endpoint(rid)) for rid in topology.group.ids}

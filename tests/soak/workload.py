@@ -112,14 +112,15 @@ class Writer:
             self.stop.wait(self.pause_s if all(s.status == "ok" for s in sent) else FAILED_PAUSE_S)
 
 
-def plain_step(producer: Producer, writer: int) -> Callable[[int], list[Sent]]:
+def plain_step(producer: Producer, writer: int, topic: str = PLAIN, feature: str = "plain"
+               ) -> Callable[[int], list[Sent]]:
     def step(seq: int) -> list[Sent]:
-        body = f"plain-{writer}-{seq}"
+        body = f"{feature}-{writer}-{seq}"
         try:
-            r = producer.send(Message(PLAIN, body.encode()))
-            return [Sent("plain", body, "ok", r.broker_name, r.queue_id, r.queue_offset)]
+            r = producer.send(Message(topic, body.encode()))
+            return [Sent(feature, body, "ok", r.broker_name, r.queue_id, r.queue_offset)]
         except BrokerError as e:
-            return [Sent("plain", body, outcome_of(e))]
+            return [Sent(feature, body, outcome_of(e))]
 
     return step
 

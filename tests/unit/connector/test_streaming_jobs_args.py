@@ -42,3 +42,14 @@ def test_help_keeps_each_jobs_example_as_written(capsys: pytest.CaptureFixture[s
         example = [line for line in (job.__doc__ or "").splitlines() if line.startswith("    ")]
         assert example and all(line in shown.splitlines() for line in example), (job.__name__, shown)
         assert "(default: continuous)" in shown  # and every option's default is still shown
+
+
+def test_namesrv_names_the_cluster_instead_of_endpoints() -> None:
+    """--namesrv gives the connector the name servers (it then follows a replicated group's master); without it the
+    job reads and writes at --endpoints."""
+    from streaming_jobs.common import brokers
+
+    with_namesrv = topic_mirror.build_parser().parse_args([*MIRROR, "--namesrv", "10.0.0.1:9876,10.0.0.2:9876"])
+    assert brokers(with_namesrv) == {"namesrv": "10.0.0.1:9876,10.0.0.2:9876"}
+    plain = topic_mirror.build_parser().parse_args([*MIRROR, "--endpoints", "10.0.0.3:10911"])
+    assert brokers(plain) == {"endpoints": "10.0.0.3:10911"}
