@@ -8,6 +8,7 @@ import argparse
 import logging
 import os
 import random
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -32,9 +33,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="as root too, run on loopback without network namespaces (no partition fault)")
     args = parser.parse_args(argv)
     if os.geteuid() == 0 and not args.no_network and not network.inside():
-        # the seed is passed on: the one drawn here (when none was given) is the one the report names
+        # the seed is passed on: the one drawn here (when none was given) is the one the report names; the stores go
+        # to a directory this process removes, even after the run inside was killed
         rest = list(sys.argv[1:] if argv is None else argv)
-        return network.run_inside([*rest, "--seed", str(args.seed)])
+        with tempfile.TemporaryDirectory(prefix="soak-net-", dir=args.root) as stores:
+            return network.run_inside([*rest, "--seed", str(args.seed), "--root", stores])
+    if network.inside():  # a Ctrl-C comes forwarded by the run outside, which a shell may have started ignoring it
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("tests.soak").setLevel(logging.INFO)
     # Under faults the clients warn at every refused connection and moved master: the report says what counts

@@ -101,7 +101,8 @@ def run_inside(argv: list[str]) -> int:
         child = subprocess.Popen([*exec_in(OUTSIDE), sys.executable, "-m", "tests.soak", *argv], process_group=0)
         if signals:  # one came while it was starting
             child.send_signal(signal.SIGINT)
-        return child.wait(timeout=None)
+        code = child.wait(timeout=None)
+        return 128 - code if code < 0 else code  # killed by a signal: as a shell says it
     finally:
         if child is not None and child.poll() is None:
             child.kill()
