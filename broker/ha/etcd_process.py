@@ -64,8 +64,8 @@ class EtcdProcess:
         self.tls = tls
         self.host = host
         self.prefix = prefix or []  # e.g. ["ip", "netns", "exec", NAME]
-        self.client_port = free_port() if not self.prefix else 2379
-        self.peer_port = free_port() if not self.prefix else 2380
+        self.client_port = free_port(host) if not self.prefix else 2379
+        self.peer_port = free_port(host) if not self.prefix else 2380
         self.proc: subprocess.Popen[bytes] | None = None
         self.output: deque[str] = deque(maxlen=100)
 

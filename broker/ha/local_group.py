@@ -3,6 +3,11 @@ one broker group in controller mode (or a classic master and slaves), each a chi
 
 Replicas get broker ids 1..N and fixed ports (client and replication), so a replica restarted after a kill comes
 back where clients and its peers look for it. ``master_id()`` asks etcd which replica is master.
+
+Everything listens on 127.0.0.1 unless told otherwise: ``hosts`` gives a replica another listen address and
+``prefixes`` a command its broker runs under (``ip netns exec NAME``, for a replica in a network namespace of its
+own, whose PID stays the broker's), ``service_host`` the address etcd and the name server listen on (one the
+replicas can reach). Replication endpoints off loopback need ``ha_secret_file`` in ``settings``.
 """
 
 from __future__ import annotations
@@ -36,16 +41,21 @@ class ReplicaGroup:
         self, root: Path, replicas: int = 3, *, broker_name: str = "broker-a", cluster: str = "DefaultCluster",
         controller: bool = True, settings: dict[str, Any] | None = None, store: dict[str, Any] | None = None,
         flush: str = "async", log_level: str = "WARNING", register_interval_ms: int = 500,
-        broker_expire_ms: int = 3000,
+        broker_expire_ms: int = 3000, hosts: dict[int, str] | None = None,
+        prefixes: dict[int, list[str]] | None = None, service_host: str = "127.0.0.1",
     ) -> None:
         self.root = root
         self.broker_name, self.cluster = broker_name, cluster
         self.controller = controller
         self.flush, self.log_level = flush, log_level
         self.register_interval_ms = register_interval_ms
-        self.etcd = EtcdProcess(root / "etcd") if controller else None
-        self.namesrv_proc = NameServerProcess(broker_expire_ms=broker_expire_ms, log_level=log_level)
+        self.etcd = EtcdProcess(root / "etcd", host=service_host) if controller else None
+        self.namesrv_proc = NameServerProcess(listen=f"{service_host}:0", broker_expire_ms=broker_expire_ms,
+                                              log_level=log_level)
         self.ids = list(range(1, replicas + 1))
+        self.hosts = {i: (hosts or {}).get(i, "127.0.0.1") for i in self.ids}
+        self.prefixes = {i: (prefixes or {}).get(i, []) for i in self.ids}
+        # free here; a replica in a network namespace of its own finds every port free
         self.ports = {i: free_port() for i in self.ids}
         self.ha_ports = {i: free_port() for i in self.ids}
         self.settings = dict(settings or {})
@@ -57,8 +67,8 @@ class ReplicaGroup:
         return self.namesrv_proc.address
 
     def _config(self, broker_id: int) -> Path:
-        data: dict[str, Any] = {"store": self.store, "ha_listen": f"127.0.0.1:{self.ha_ports[broker_id]}",
-                                **self.settings}
+        ha_listen = f"{self.hosts[broker_id]}:{self.ha_ports[broker_id]}"
+        data: dict[str, Any] = {"store": self.store, "ha_listen": ha_listen, **self.settings}
         if self.controller:
             assert self.etcd is not None
             data["controller"] = self.etcd.url
@@ -66,7 +76,7 @@ class ReplicaGroup:
             data.setdefault("role", "SYNC_MASTER")
         else:
             data["role"] = "SLAVE"
-            data["ha_master_address"] = f"127.0.0.1:{self.ha_ports[self.ids[0]]}"
+            data["ha_master_address"] = f"{self.hosts[self.ids[0]]}:{self.ha_ports[self.ids[0]]}"
         if not data.get("role") and not self.controller:  # a broker without replication: no endpoint either
             data.pop("ha_listen", None)
             data.pop("role", None)
@@ -90,9 +100,10 @@ class ReplicaGroup:
         classic_id = 0 if not self.controller and broker_id == self.ids[0] else broker_id
         args = ["--namesrv", self.namesrv, "--cluster", self.cluster, "--broker-name", self.broker_name,
                 "--broker-id", str(classic_id), "--register-interval-ms", str(self.register_interval_ms)]
-        proc = BrokerProcess(self.root / f"replica-{broker_id}", listen=f"127.0.0.1:{self.ports[broker_id]}",
+        proc = BrokerProcess(self.root / f"replica-{broker_id}", listen=self.endpoint(broker_id),
                              flush=self.flush, config=self._config(broker_id), log_level=self.log_level,
                              extra_args=args)
+        proc.args = [*self.prefixes[broker_id], *proc.args]
         proc.output = deque(maxlen=OUTPUT_LINES)
         self.brokers[broker_id] = proc  # before it starts: a watcher may act on its process while it starts
         deadline = time.monotonic() + START_WAIT_S
@@ -107,13 +118,13 @@ class ReplicaGroup:
         return proc
 
     def endpoint(self, broker_id: int) -> str:
-        return f"127.0.0.1:{self.ports[broker_id]}"
+        return f"{self.hosts[broker_id]}:{self.ports[broker_id]}"
 
     def state(self) -> GroupState | None:
         """The group's state in etcd (controller mode), None when there is none yet or etcd does not answer."""
         if self.etcd is None:
             return None
-        etcd = Etcd([("127.0.0.1", self.etcd.client_port)])
+        etcd = Etcd([(self.etcd.host, self.etcd.client_port)])
         try:
             kv = etcd.get(f"/sluice/{self.cluster}/{self.broker_name}/state")
             master = etcd.get(f"/sluice/{self.cluster}/{self.broker_name}/master")

@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from broker.address import local_endpoint
 from broker.errors import ServiceNotAvailableError
 from broker.server.process import REMOTING_PATTERN, BrokerProcess, ServiceProcess
 
@@ -42,10 +43,10 @@ class NameServerProcess(ServiceProcess):
         self.remoting_address = ""  # HOST:PORT of its remoting port (``--remoting-listen``), "" when none
 
     def _ready(self, line: str, match: re.Match[str]) -> None:
-        self.address = f"127.0.0.1:{match.group(2)}"
+        self.address = local_endpoint(match.group(1).strip("[]"), int(match.group(2)))
         remoting = REMOTING_PATTERN.search(line)
         if remoting:
-            self.remoting_address = f"127.0.0.1:{remoting.group(2)}"
+            self.remoting_address = local_endpoint(remoting.group(1).strip("[]"), int(remoting.group(2)))
 
 
 class LocalCluster:

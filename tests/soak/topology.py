@@ -1,9 +1,15 @@
 """The processes of a soak: the replicated group (etcd, name server, three replicas in controller mode) and two more
-brokers registered with the same name server, one of them on a small file system that a fault can fill."""
+brokers registered with the same name server, one of them on a small file system that a fault can fill.
+
+Inside the soak's network (network.py) each replica of broker-a listens on the address of a namespace of its own,
+and etcd and the name server on the outside namespace's, which the replicas reach over the bridge; broker-b,
+broker-c and the clients stay on the outside namespace's loopback. Clients find the replicas through the name
+server, whose routes carry the addresses the replicas listen on. Off loopback, the replicas share a secret."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections import deque
@@ -17,6 +23,7 @@ from broker.ha.etcd_process import free_port
 from broker.ha.local_group import SMALL_STORE, ReplicaGroup
 from broker.private_file import write_private
 from broker.server.process import BrokerProcess
+from tests.soak import network
 from tests.support.waiting import wait_until
 
 # Short leases keep each failover a few seconds (as the fault tests do); a quick check-back of open transactions
@@ -39,9 +46,10 @@ RESTART_BROKER = "broker-b"
 OUTPUT_LINES = 2000
 
 
-def is_root() -> bool:
-    import os
+HA_SECRET_BYTES = 24  # the replication endpoints' shared secret, off loopback (as test_partition.py's)
 
+
+def is_root() -> bool:
     return os.geteuid() == 0
 
 
@@ -49,7 +57,18 @@ class Topology:
     def __init__(self, root: Path, log_level: str = "WARNING") -> None:
         self.root = root
         self.log_level = log_level
-        self.group = ReplicaGroup(root / "group", 3, settings=GROUP_SETTINGS, log_level=log_level)
+        self.in_network = network.inside()  # whether a fault can cut a replica's cable
+        if self.in_network:
+            secret = root / "ha-secret"
+            root.mkdir(parents=True, exist_ok=True)
+            write_private(secret, os.urandom(HA_SECRET_BYTES).hex().encode())
+            self.group = ReplicaGroup(
+                root / "group", 3, settings={**GROUP_SETTINGS, "ha_secret_file": str(secret)}, log_level=log_level,
+                hosts={rid: network.ADDRESS[ns] for rid, ns in network.REPLICAS.items()},
+                prefixes={rid: network.exec_in(ns) for rid, ns in network.REPLICAS.items()},
+                service_host=network.ADDRESS[network.OUTSIDE])
+        else:
+            self.group = ReplicaGroup(root / "group", 3, settings=GROUP_SETTINGS, log_level=log_level)
         self.ports = {name: free_port() for name in EXTRA}
         self.extra: dict[str, BrokerProcess] = {}
         self.disk: Path | None = None  # broker-c's tmpfs, when mounted
@@ -124,8 +143,11 @@ class Topology:
         return state is not None and len(state.in_sync) >= count and self.group.running(state.master)
 
     def heal(self) -> None:
-        """Every process running and unpaused, the disk emptied, every replica back in sync."""
+        """Every cable plugged in, every process running and unpaused, the disk emptied, every replica back in
+        sync."""
         for rid in self.group.ids:
+            if self.in_network:
+                network.cable(rid, up=True)
             proc = self.group.brokers[rid].proc
             if proc is not None and proc.poll() is None:
                 self.group.resume(rid)
