@@ -34,6 +34,22 @@ def stored_bodies(consumer: PullConsumer, topic: str) -> Counter[bytes]:
     return found
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One cluster for the tests of spreading, ordered sends and moving on: each uses a topic of its own."""
+    with make_cluster(tmp_path_factory.mktemp("producer")) as c:
+        yield c
+
+
+@pytest.fixture
+def cluster(shared: LocalCluster) -> LocalCluster:
+    """The shared cluster with its three brokers running: one a test killed is restarted on its store first."""
+    for name in shared.names:
+        if not shared.brokers[name].running:
+            shared.restart(name)
+    return shared
+
+
 def test_sends_spread_round_robin_over_every_brokers_queues(cluster: LocalCluster) -> None:
     create_everywhere(cluster, "Spread")
     with Producer(namesrv=cluster.namesrv) as producer:
