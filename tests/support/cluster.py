@@ -62,6 +62,15 @@ def create_everywhere(cluster: LocalCluster, topic: str, queues: int = 8) -> Non
         ns.close()
 
 
+def all_brokers_running(cluster: LocalCluster) -> LocalCluster:
+    """``cluster`` with each of its brokers running: one that an earlier test of a module sharing the cluster killed
+    or stopped is restarted on its store (a cluster start costs seconds; a restart only when needed)."""
+    for name in cluster.names:
+        if not cluster.brokers[name].running:
+            cluster.restart(name)
+    return cluster
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A name server and three brokers, stopped at teardown (a suite's conftest imports it to offer it)."""

@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from broker.client import Admin, Message, Producer, PullConsumer
 from broker.errors import InvalidArgumentError
 from broker.server.broker_controller import BrokerController
+from tests.support.waiting import wait_until
 
 
 def sluice(endpoint: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -88,7 +88,8 @@ def test_consume_follow_waits_for_new_messages(broker: BrokerController, endpoin
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
-        time.sleep(3)  # the follower starts, reads the (empty) queues and holds its pulls
+        # The follower has taken its start offsets (latest) once it holds a pull: messages sent from then on are new.
+        wait_until(lambda: broker.hold.held_count() > 0, "the follower to hold a pull", timeout_s=60)
         assert follower.poll() is None, follower.stderr.read() if follower.stderr else ""
         with Producer(endpoint) as p:
             for i in range(3):

@@ -18,7 +18,13 @@ from broker.client.route import MessageQueue
 from broker.errors import BrokerError, BrokerUnreachableError
 from broker.namesrv.local_cluster import LocalCluster
 from broker.server.process import BrokerProcess
-from tests.support.cluster import create_everywhere, make_cluster, route_brokers, small_store_config
+from tests.support.cluster import (
+    all_brokers_running,
+    create_everywhere,
+    make_cluster,
+    route_brokers,
+    small_store_config,
+)
 from tests.support.waiting import wait_until
 
 
@@ -32,6 +38,19 @@ def stored_bodies(consumer: PullConsumer, topic: str) -> Counter[bytes]:
             found.update(m.body for m in r.messages)
             offset = r.next_begin_offset
     return found
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One cluster for the tests of spreading, ordered sends and moving on: each uses a topic of its own."""
+    with make_cluster(tmp_path_factory.mktemp("producer")) as c:
+        yield c
+
+
+@pytest.fixture
+def cluster(shared: LocalCluster) -> LocalCluster:
+    """The shared cluster with its three brokers running (one a test killed is restarted on its store first)."""
+    return all_brokers_running(shared)
 
 
 def test_sends_spread_round_robin_over_every_brokers_queues(cluster: LocalCluster) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,13 @@ from broker.client.namesrv_client import NameServerClient
 from broker.errors import BrokerUnreachableError, InvalidArgumentError, TopicNotExistError
 from broker.namesrv.local_cluster import LocalCluster
 from broker.server.process import BrokerProcess
-from tests.support.cluster import create_everywhere, make_cluster, route_brokers, small_store_config
+from tests.support.cluster import (
+    all_brokers_running,
+    create_everywhere,
+    make_cluster,
+    route_brokers,
+    small_store_config,
+)
 from tests.support.waiting import wait_until
 
 
@@ -30,6 +37,19 @@ def test_brokers_register_their_topics_at_once_and_a_clean_shutdown_unregisters(
         assert route_brokers(ns, "Routes") == {"broker-a", "broker-b"}
         assert [b.broker_name for b in ns.cluster_info().brokers] == ["broker-a", "broker-b"]
         ns.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One cluster for the tests of expiry, claims and auto-created topics: each uses a topic of its own."""
+    with make_cluster(tmp_path_factory.mktemp("routes")) as c:
+        yield c
+
+
+@pytest.fixture
+def cluster(shared: LocalCluster) -> LocalCluster:
+    """The shared cluster with its three brokers running (one a test killed is restarted on its store first)."""
+    return all_brokers_running(shared)
 
 
 def test_a_killed_broker_leaves_the_routes_after_the_expiry_time(cluster: LocalCluster) -> None:
