@@ -48,7 +48,14 @@ from typing import TypeVar
 
 from broker.client.coordinator import CoordinatorClient
 from broker.client.router import Router
-from broker.errors import BrokerError, NotMasterError, ServiceNotAvailableError
+from broker.errors import (
+    BrokerError,
+    BrokerUnreachableError,
+    FlushDiskTimeoutError,
+    FlushSlaveTimeoutError,
+    NotMasterError,
+    ServiceNotAvailableError,
+)
 from broker.format.txn_decision import Share, TxnDecision, make_decision
 from connector.auth_options import ANONYMOUS, AuthKeys
 from connector.failover import FAILOVER_WAIT_S, group_without_master
@@ -96,20 +103,29 @@ def live_masters(namesrv: str, tls: TlsFiles = PLAIN, auth: AuthKeys = ANONYMOUS
 
 
 def _retried(call: Callable[[], T], router: Router | None = None) -> T:
-    """``call()`` retried while a broker is unavailable: about 10 s, and past that up to FAILOVER_WAIT_S while a
-    master is moving: ``router`` shows a broker group without its master, or a broker registered as master says it
-    no longer is (NOT_MASTER; the name servers catch up with its successor's registration). The coordinator or a
-    participant of that group answers again once its new master registers."""
+    """``call()`` (recording a decision, ending a participant's share, asking what was decided: each may be made
+    again, the first decision recorded standing and an ended share reporting its outcome) retried while a broker
+    cannot do it now: about 10 s for a broker that does not answer, and up to FAILOVER_WAIT_S
+
+    * while a master is moving: ``router`` shows a broker group without its master, or a broker registered as
+      master says it no longer is (NOT_MASTER; the name servers catch up with its successor's registration);
+    * while a broker that answers refuses for now: its disk is full, too few replicas are in sync, its transactions
+      are being recovered (SERVICE_NOT_AVAILABLE and its kinds, from a live broker);
+    * after a call done on a master that its replicas or its disk did not confirm in time (FLUSH_SLAVE_TIMEOUT,
+      FLUSH_DISK_TIMEOUT): asked again, that master (or the next) says the outcome.
+
+    Past that the last error is raised: the broker is down, or its refusal is not for now."""
     started = time.monotonic()
     attempt = 0
     while True:
         time.sleep(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)])
         try:
             return call()
-        except ServiceNotAvailableError as e:
+        except (ServiceNotAvailableError, FlushSlaveTimeoutError, FlushDiskTimeoutError) as e:
             attempt += 1
-            moving = isinstance(e, NotMasterError) or (router is not None and group_without_master(router))
-            if attempt >= len(RETRY_DELAYS_S) and (not moving or time.monotonic() - started >= FAILOVER_WAIT_S):
+            waits = (not isinstance(e, BrokerUnreachableError) or isinstance(e, NotMasterError)
+                     or (router is not None and group_without_master(router)))
+            if attempt >= len(RETRY_DELAYS_S) and (not waits or time.monotonic() - started >= FAILOVER_WAIT_S):
                 raise
             log.warning("broker call failed (%s); retrying", e.message)
 
