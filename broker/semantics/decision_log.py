@@ -63,6 +63,7 @@ from broker.json_file import load_json, write_json_atomic
 from broker.proto import coordinator_pb2 as cpb
 from broker.proto.decision import from_pb, to_pb
 from broker.semantics.transaction import DEFAULT_OUTCOME_RETENTION_MS, TransactionError
+from broker.semantics.transaction_table import refused_record
 from broker.store import GetStatus, MessageStore, PutStatus
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,8 @@ class DecisionLog:
                 {Prop.TRANSACTION_ID: stamped.txn_id, Prop.TAGS: stamped.outcome}, wait_store_ok=True,
             )
             if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-                raise TransactionError(
-                    f"the decision of {stamped.txn_id!r} could not be stored ({res.status.name}: {res.error}); "
+                raise refused_record(
+                    res, f"the decision of {stamped.txn_id!r} could not be stored ({res.status.name}: {res.error}); "
                     "nothing is decided, record it again later"
                 )
             # In the table before the flush: the put is in the log, so a later question must get this decision

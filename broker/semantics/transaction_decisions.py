@@ -34,6 +34,7 @@ from broker.semantics.transaction_table import (
     TransactionError,
     TxnRecord,
     TxStatus,
+    refused_record,
 )
 from broker.semantics.txn_in_place import IN_PLACE, MESSAGES, split_slices
 from broker.store import PutResult, PutStatus
@@ -229,8 +230,8 @@ class Decisions(HalfPuts):
             props[COMMITTED_ATTEMPTS] = ",".join(attempts)
         res = self.store.put_message(TRANS_OP_HALF_TOPIC, 0, encode_offsets(halves), props, wait_store_ok=True)
         if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-            raise TransactionError(
-                f"transaction {txn.txn_id!r}: the decision could not be stored ({res.status.name}: {res.error}); "
+            raise refused_record(
+                res, f"transaction {txn.txn_id!r}: the decision could not be stored ({res.status.name}: {res.error}); "
                 "nothing changed, end it again later"
             )
         return res

@@ -25,7 +25,7 @@ from broker.format.transaction_codec import (
 )
 from broker.semantics.half_run import check_halves
 from broker.semantics.transaction_restore import CommitRestore
-from broker.semantics.transaction_table import DELAY_NAME, TransactionError, TxnRecord, TxStatus
+from broker.semantics.transaction_table import DELAY_NAME, TransactionError, TxnRecord, TxStatus, refused_record
 from broker.semantics.txn_in_place import check_attempt, slice_record_properties
 from broker.store import PutResult, PutStatus
 from broker.store.txn_visibility import mark_in_place
@@ -239,8 +239,8 @@ class HalfPuts(CommitRestore):
             props = slice_record_properties(txn.txn_id, txn.producer_group, attempt, coordinator)
             res = self.store.put_message(TRANS_HALF_TOPIC, 0, b"", props, wait_store_ok=False)
             if res.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
-                raise TransactionError(
-                    f"transaction {txn.txn_id!r}: the slice record of attempt {attempt!r} could not be stored "
+                raise refused_record(
+                    res, f"transaction {txn.txn_id!r}: the slice record of attempt {attempt!r} could not be stored "
                     f"({res.status.name}: {res.error}); nothing stored"
                 )
             handle = res.commitlog_offsets[0] + res.wrote_bytes  # the record's end: > 0 even at offset 0

@@ -19,6 +19,7 @@ from broker.format.message import I32, POS_SYS_FLAG, Prop, StoredMessage, SysFla
 from broker.format.transaction_codec import raw_property
 from broker.semantics.transaction_state_file import STATE_FILE, cut_back_state
 from broker.store import MessageStore
+from broker.store.store_results import CANNOT_WRITE_NOW, PutResult
 from broker.store.txn_visibility import OpenSlice
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 6_000
@@ -71,6 +72,12 @@ Resolver = Callable[[str, StoredMessage, bool], bool]
 
 class TransactionError(BrokerError):
     code = ResponseCode.TRANSACTION_FAILED
+
+
+def refused_record(res: PutResult, message: str) -> BrokerError:
+    """The error for a transaction's record (a decision, a slice) the store refused: SERVICE_NOT_AVAILABLE when it
+    cannot write now (a full disk: the caller tries again once space is back), else TRANSACTION_FAILED."""
+    return ServiceNotAvailableError(message) if res.status in CANNOT_WRITE_NOW else TransactionError(message)
 
 
 class HalvesGoneError(TransactionError):

@@ -32,7 +32,7 @@ from broker.semantics.timer import TimerService
 from broker.server.metrics import BrokerMetrics
 from broker.server.topic_config import TopicConfigManager
 from broker.store import MessageStore, PutStatus
-from broker.store.store_results import PutResult
+from broker.store.store_results import CANNOT_WRITE_NOW, PutResult
 
 # Put statuses that mean "stored, but durability not confirmed": answered with a SendStatus, not an error.
 STORED_STATUSES = {PutStatus.PUT_OK: "SEND_OK", PutStatus.FLUSH_DISK_TIMEOUT: "FLUSH_DISK_TIMEOUT"}
@@ -55,7 +55,7 @@ def raise_for_put(result: PutResult, what: str) -> None:
     detail = result.error or result.status.value
     if result.status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
         raise MessageIllegalError(f"{what} refused, nothing stored: {detail}")
-    if result.status in (PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.CREATE_MAPPED_FILE_FAILED, PutStatus.UNKNOWN_ERROR):
+    if result.status in CANNOT_WRITE_NOW:
         raise ServiceNotAvailableError(f"{what} refused, nothing stored: {detail}; retry later or free disk space")
     if result.status is PutStatus.FLUSH_DISK_TIMEOUT:
         raise FlushDiskTimeoutError(detail)

@@ -18,6 +18,12 @@ class PutStatus(enum.Enum):
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
 
 
+# A store that cannot write now (shut down, disk full, a file it cannot create, read-only after an I/O error): the
+# writer is answered SERVICE_NOT_AVAILABLE, to try again later or elsewhere; none of these is a broker bug.
+CANNOT_WRITE_NOW = frozenset({PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.CREATE_MAPPED_FILE_FAILED,
+                              PutStatus.UNKNOWN_ERROR})
+
+
 @dataclass
 class PutResult:
     status: PutStatus

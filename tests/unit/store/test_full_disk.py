@@ -269,3 +269,29 @@ def test_the_journal_falls_behind_on_a_full_disk_and_catches_up_by_a_checkpoint(
     again.recover(restored.append, lambda record: seen.append(record["n"]))
     again.close()
     assert restored == [{"applied": [0, 1, 2]}] and seen == [3]
+
+
+def test_a_decision_refused_by_a_full_disk_says_try_later_and_decides_nothing(
+    open_store: Callable[..., MessageStore], small_disk: Path
+) -> None:
+    """A coordinator's decision the full store refuses is SERVICE_NOT_AVAILABLE (the exactly-once sink waits that
+    out), not a failed transaction, and nothing is decided; once space is back the same decision is recorded."""
+    from broker.errors import ServiceNotAvailableError
+    from broker.format.txn_decision import Share, make_decision
+    from broker.semantics.decision_log import DecisionLog
+
+    s = open_store()
+    log = DecisionLog(s, str(small_disk / "config"))
+    log.start()
+    fill(small_disk, leave=COMMIT_LOG_FILE // 2)
+    while s.put_message("T", 0, BODY).ok:  # until the store says the disk is full
+        pass
+    decision = make_decision("spark:q:7:r1@b", True, [Share("a", ("a-att",), 3)])
+    with pytest.raises(ServiceNotAvailableError, match="could not be stored"):
+        log.record(decision)
+    assert log.get(decision.txn_id) is None
+    (small_disk / "filler").unlink()
+    assert s.cleanup is not None
+    s.cleanup.clean_once(clean=False)  # what the service does within DISK_PROBE_INTERVAL_S
+    assert log.record(decision).commit and log.get(decision.txn_id) is not None
+    log.shutdown()
