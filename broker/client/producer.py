@@ -56,6 +56,7 @@ from broker.client.router import Router, RouterClient, first_available
 from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
+    FlushSlaveTimeoutError,
     InvalidArgumentError,
     ResponseCode,
     SendOutcomeUnknownError,
@@ -183,6 +184,21 @@ def _stored_so_far(results: Sequence[SendResult | None], send: Callable[[], T]) 
         if not any(r is not None for r in results):
             raise
         raise PartialSendError(e, list(results)) from e
+
+
+def _confirmed(call: Callable[[], Any], broker_name: str, transaction_id: str) -> SendResults:
+    """``call()``, a SendBatch of a transaction, as its SendResults. Entries answered FLUSH_SLAVE_TIMEOUT are on
+    the master only, and a failover may take them away: their writer must not count them (a commit expecting them
+    would then find fewer and stay open for ever), so the answer is raised as the unknown outcome it is, as a call
+    without an answer: the writer sends its rows again under a new attempt, and the commit names only that one."""
+    results = SendResults(call(), broker_name)
+    if results.status is SendStatus.FLUSH_SLAVE_TIMEOUT:
+        raise FlushSlaveTimeoutError(
+            f"{len(results)} messages of transaction {transaction_id!r} were stored on the master of broker "
+            f"{results.broker_name!r} but its in-sync replicas did not confirm them in time: a failover may lose "
+            "them; send them again under a new attempt"
+        )
+    return results
 
 
 def readdress(buffer: bytes, queue_id: int) -> bytes:
@@ -447,7 +463,9 @@ class Producer(RouterClient):
         ``half_batch.to_half_batch``, unless it already is: ``encode_half_entry``): the broker copies them at the
         commit. Halves are bigger, so the buffer may go in several calls (each all-or-nothing).
 
-        Returns a lazy sequence of SendResult (one per entry, in order; for halves, the halves' positions)."""
+        Returns a lazy sequence of SendResult (one per entry, in order; for halves, the halves' positions). In a
+        transaction, entries the master stored but its in-sync replicas did not confirm in time raise
+        FlushSlaveTimeoutError (their outcome is unknown: a failover may take them away), never a result to count."""
         conn = self._connection(topic, broker_name)
         if not transaction_id:
             if as_halves or attempt or coordinator:
@@ -459,7 +477,8 @@ class Producer(RouterClient):
             head = pb.SendBatchRequest(producer_group=self.group, count=count, transaction_id=transaction_id,
                                        attempt=attempt, coordinator=coordinator)
             request = Framed(head, "entries", buffer)
-            return SendResults(conn.call(conn.stub.SendBatch, request, self.timeout_s), broker_name)
+            return _confirmed(functools.partial(conn.call, conn.stub.SendBatch, request, self.timeout_s),
+                              broker_name, transaction_id)
         if attempt or coordinator:
             raise InvalidArgumentError("half messages name their attempt and coordinator in their own properties")
         half = buffer if is_half_batch(buffer) else to_half_batch(buffer, self.group, transaction_id)
@@ -472,7 +491,7 @@ class Producer(RouterClient):
             # A transaction's halves are not retried after an unknown outcome: their commit names the attempts
             # whose halves it keeps, so a task that failed sends again under a new attempt instead.
             call = functools.partial(conn.call, conn.stub.SendBatch, request, self.timeout_s)
-            part = SendResults(_stored_so_far(done, call), broker_name)
+            part = _stored_so_far(done, functools.partial(_confirmed, call, broker_name, transaction_id))
             done += list(part)
             if results is None:
                 results = part
