@@ -103,6 +103,17 @@ def never_connected(details: str) -> bool:
     return any(s in lowered for s in _NEVER_CONNECTED)
 
 
+# What gRPC says of a call this process cancelled itself (a future's cancel, its channel closed): the caller meant
+# it. Any other CANCELLED is the broker's server ending the call unanswered (a master fenced by a partition restarts
+# in place, and its server's stop cancels the calls in flight): the request may have been carried out.
+_CANCELLED_HERE = ("locally cancelled", "channel closed")
+
+
+def cancelled_by_server(status: grpc.StatusCode, details: str) -> bool:
+    lowered = details.lower()
+    return status is grpc.StatusCode.CANCELLED and not any(s in lowered for s in _CANCELLED_HERE)
+
+
 def error_from_rpc(e: grpc.RpcError) -> BrokerError:
     """Rebuild the broker's error from a failed call; transport failures become SERVICE_NOT_AVAILABLE."""
     details = e.details() if isinstance(e, grpc.Call) else str(e)
@@ -114,6 +125,12 @@ def error_from_rpc(e: grpc.RpcError) -> BrokerError:
             return errors.BrokerUnreachableError(
                 f"broker unreachable or too slow ({status.name}: {details}); check the endpoint and that it runs",
                 request_sent=not (status is grpc.StatusCode.UNAVAILABLE and never_connected(details or "")),
+            )
+        if cancelled_by_server(status, details or ""):
+            return errors.BrokerUnreachableError(
+                f"the broker ended the call without an answer ({status.name}: {details}; it was stopping or "
+                "restarting): the request may or may not have been carried out",
+                request_sent=True,
             )
         return BrokerError(f"gRPC call failed ({status.name}): {details}")
     return error_for(raw_code, details)
