@@ -35,7 +35,8 @@ def test_tls_with_the_grpc_ports_settings(pki: Pki) -> None:
     tls = ServerTls(str(pki.server_cert), str(pki.server_key), str(pki.ca), "require")
     with RemotingServer({1: Echo()}, "127.0.0.1", 0, tls=tls) as server:
         with RemotingClient(server.address, ssl_context=client_context(pki, with_certificate=True)) as c:
-            assert c.invoke(RemotingCommand(1, body=b"over tls")).body == b"over tls"
+            # the first call waits for the TLS handshake too: the default 3 s was once too short on a loaded machine
+            assert c.invoke(RemotingCommand(1, body=b"over tls"), timeout_s=30).body == b"over tls"
         anonymous = client_context(pki, with_certificate=False)
         # mutual TLS: no certificate, no answer (the handshake or the first read fails, by TLS version)
         refused = (OSError, BrokerUnreachableError)
