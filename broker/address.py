@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import random
 import socket
+import threading
 
 from broker.errors import InvalidArgumentError, ServiceNotAvailableError
 
@@ -121,18 +122,30 @@ def check_port_free(host: str, port: int) -> None:
 # the local end of any outgoing connection, and the restart then fails with "address in use".
 FIXED_PORT_LOW, FIXED_PORT_HIGH = 20_000, 32_000
 FIXED_PORT_TRIES = 200
+# Drawn from a generator of their own: tests seed the module-level ``random`` (crash loops replay a seed), and a
+# seeded draw would hand a later test the ports an earlier one drew, perhaps still held by its processes.
+_FIXED_PORT_DRAWS = random.Random()
+# Every port handed out by this process: a group of replicas draws all its ports before any of them binds, so a
+# port only probed free could otherwise be handed to two of its listeners.
+_HANDED_OUT: set[tuple[str, int]] = set()
+_HANDED_OUT_LOCK = threading.Lock()
 
 
 def free_fixed_port(host: str = "127.0.0.1") -> int:
     """A port of ``host`` free now, outside the ephemeral range, for a listener that must get it again after a
-    restart. ServiceNotAvailableError when FIXED_PORT_TRIES random ports were all taken."""
+    restart; never one it handed out before in this process. ServiceNotAvailableError when FIXED_PORT_TRIES random
+    ports were all taken."""
     for _ in range(FIXED_PORT_TRIES):
-        port = random.randrange(FIXED_PORT_LOW, FIXED_PORT_HIGH)
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
+        port = _FIXED_PORT_DRAWS.randrange(FIXED_PORT_LOW, FIXED_PORT_HIGH)
+        with _HANDED_OUT_LOCK:
+            if (host, port) in _HANDED_OUT:
                 continue
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add((host, port))
             return port
     raise ServiceNotAvailableError(
         f"no free port in {FIXED_PORT_LOW}..{FIXED_PORT_HIGH - 1} on {host} after {FIXED_PORT_TRIES} tries"
