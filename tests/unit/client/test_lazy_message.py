@@ -19,7 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.client import Admin, Message, Producer, PullConsumer
-from broker.client.lazy_message import VECTOR_MIN_ENTRIES, LazyMessage, PulledMessages, decode_pulled
+from broker.client.lazy_message import (
+    VECTOR_MIN_ENTRIES,
+    DecodedMessage,
+    LazyMessage,
+    PulledMessages,
+    decode_pulled,
+)
 from broker.errors import CorruptionError
 from broker.format.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -241,3 +247,21 @@ def test_a_group_is_decoded_for_the_whole_answer_and_a_message_kept_alone_still_
     first = one[0].materialize()  # every group decoded for the answer, then the message lets go of it
     first.topic = "Other"
     assert one[1].topic == "T" and first.topic == "Other" and one[1:] == want[1:]
+
+
+@pytest.mark.parametrize("count", [1, 2 * VECTOR_MIN_ENTRIES])
+def test_an_answer_read_in_full_becomes_plain_decoded_messages(count: int) -> None:
+    raw = [encode_entry(b"T", 0, f"m{i}".encode(), encode_properties({"TAGS": "a", "i": str(i)}), queue_offset=i)
+           for i in range(count)]
+    buf, positions = answer(raw)
+    want = eager(buf, positions)
+    pulled = decode_pulled(buf, positions)
+    assert pulled[0].tags == "a" and pulled[-1].msg_id  # two of the three groups: still lazy
+    assert all(type(m) is LazyMessage for m in pulled)
+    assert pulled[0].topic == "T"  # the last group: every message of the answer is decoded now
+    assert all(type(m) is DecodedMessage and not hasattr(m, "_core") for m in pulled)
+    assert pulled == want and [repr(m) for m in pulled] == [repr(w) for w in want]
+    assert pickle.loads(pickle.dumps(pulled[0])) == want[0] and type(copy.copy(pulled[0])) is StoredMessage
+    assert pulled[0].materialize() is pulled[0]
+    with pytest.raises(AttributeError):
+        pulled[0].no_such_field  # type: ignore[attr-defined]  # noqa: B018 -- an unknown name still raises
