@@ -34,8 +34,8 @@ from broker.rmqv2.clients import ClientRegistry
 from broker.rmqv2.codes import Code, ProtocolError, status, status_of
 from broker.rmqv2.convert import Outgoing, message_id, millis, to_sluice, to_v2
 from broker.rmqv2.route_answers import RouteSource, assignments, message_queues, request_address
-from broker.semantics import SubscriptionGroupManager, TransactionService
-from broker.semantics.pop import PopRequest, PopService
+from broker.semantics import SubscriptionGroupManager
+from broker.semantics.pop import PopRequest
 from broker.semantics.subscription_group import SubscriptionGroupConfig
 from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
@@ -76,13 +76,10 @@ class Backend:
     sends: SendProcessor
     pulls: PullProcessor
     admin: AdminProcessor
-    pops: PopService
-    transactions: TransactionService
     groups: SubscriptionGroupManager
     consumers: ConsumerManager
     routes: RouteSource
-    # The operations every front calls (broker/server/*_processor.py); ``pops`` and ``transactions`` above serve
-    # what only this front does (releasing a client's deliveries, forwarding to the DLQ, check-back settings).
+    # The operations every front calls (broker/server/*_processor.py)
     pop_ops: PopProcessor
     transaction_ops: TransactionProcessor
     max_body_bytes: int
@@ -200,7 +197,7 @@ class MessagingService(v2g.MessagingServiceServicer):
         if request.HasField("group") and request.group.name:
             self.b.consumers.unregister(self._group(request.group.name), client_id)
         self.clients.terminate(client_id)
-        self.b.pops.release_client(client_id)
+        self.b.pop_ops.release_client(client_id)
         return v2s.NotifyClientTerminationResponse(status=status())
 
     def _check_settings(self, settings: Any, caller: Caller | None) -> None:
@@ -424,7 +421,7 @@ class MessagingService(v2g.MessagingServiceServicer):
             yield v2s.ReceiveMessageResponse(delivery_timestamp=_now_timestamp())
         finally:
             if sent < len(popped):  # the call ended before the client had them: visible again soon, as the proxy does
-                self.b.pops.release([(group, topic, p.handle) for p in popped[sent:]])
+                self.b.pop_ops.release(popped[sent:], group, topic)
 
     @_unary(v2s.AckMessageResponse)
     def AckMessage(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
@@ -449,7 +446,7 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic, group = self._topic(request.topic.name), self._group(request.group.name)
-        self.b.pops.forward_to_dlq(group, topic, request.receipt_handle)
+        self.b.pop_ops.forward_to_dlq(group, topic, request.receipt_handle)
         return v2s.ForwardMessageToDeadLetterQueueResponse(status=status())
 
     # ------------------------------------------------------------------------------------------ pull, offsets

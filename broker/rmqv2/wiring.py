@@ -71,8 +71,7 @@ def add_service(c: BrokerController, server: grpc.Server, sends: SendProcessor, 
     routes = RouteSource(cfg.broker_name or default_broker_name(), local, namesrv)
     assert c.service is not None and c.service.pops is not None and c.service.transactions is not None
     backend = Backend(
-        cfg, sends, pulls, c.admin, c.pops, c.transactions, c.groups, c.consumers, routes, c.service.pops,
-        c.service.transactions,
+        cfg, sends, pulls, c.admin, c.groups, c.consumers, routes, c.service.pops, c.service.transactions,
         max_body_bytes=c.store.config.max_message_size,
         retry_delays_ms=DelayLevels(cfg.message_delay_level).delays_ms, advertised_address=c.advertised_address,
         timers=c.timers,

@@ -1,5 +1,7 @@
 """Pop consumption, the operation every front calls (sluice.v1's PopMessage, AckMessage and ChangeInvisibleTime,
-the remoting front's codes 200050, 200051 and 200053): checks the request's names and bounds, then asks PopService.
+the remoting front's codes 200050, 200051 and 200053, RocketMQ 5's ReceiveMessage, AckMessage,
+ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue and a client's termination): checks the request's names
+and bounds, then asks PopService.
 
 Protocol-neutral: requests and answers are PopService's own (PopRequest, PopDelivery); each front translates its
 wire to them and back.
@@ -44,6 +46,19 @@ class PopProcessor:
         """The delivery with its new handle and invisible-until time."""
         validate_group(group)
         return self.pops.change_invisible(group, topic, handle, invisible_ms)
+
+    def forward_to_dlq(self, group: str, topic: str, handle: str) -> str:
+        """The message a current handle names stored in %DLQ%{group} and ended; the DLQ topic."""
+        validate_group(group)
+        return self.pops.forward_to_dlq(group, topic, handle)
+
+    def release(self, deliveries: list[PopDelivery], group: str, topic: str) -> None:
+        """Deliveries whose answer never reached the consumer (its call ended first): due again within a second."""
+        self.pops.release([(group, topic, d.handle) for d in deliveries])
+
+    def release_client(self, client_id: str) -> None:
+        """A client went away: the deliveries renewed on its behalf become due within a second."""
+        self.pops.release_client(client_id)
 
 
 __all__ = ["DEFAULT_POP_MSGS", "MAX_ACK_HANDLES", "PopDelivery", "PopProcessor", "PopRequest"]
