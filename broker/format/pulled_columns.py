@@ -42,8 +42,8 @@ from broker.format.message import (
 
 NAME_END = 1  # \x01 ends a property name
 PAIR_END = 2  # \x02 ends a property value
-_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
-_NIBBLE_SHIFTS = np.arange(60, -4, -4, dtype=np.int64)  # a 64-bit offset's 16 hexadecimal digits, high first
+OFFSET_DIGITS = 16  # a 64-bit commit-log offset in hexadecimal, as msg_id_at writes it
+_NEWLINE = ord("\n")  # ends each id's row: never a hexadecimal digit
 _BORN_IP_AT, _STORE_IP_AT = 48, 64  # ENTRY_HEADER's BORNHOST and STOREHOST addresses
 assert ENTRY_HEADER.unpack(bytes(range(88)))[9] == bytes(range(_BORN_IP_AT, _BORN_IP_AT + 4))
 assert ENTRY_HEADER.unpack(bytes(range(88)))[12] == bytes(range(_STORE_IP_AT, _STORE_IP_AT + 4))
@@ -106,26 +106,30 @@ def _host_of(key: int) -> str:
 
 def _msg_ids(buf: bytes, positions: np.ndarray, store_keys: np.ndarray, physical: np.ndarray) -> list[str]:
     """``make_msg_id`` of each entry: its store host's prefix and the commit-log offset in 16 hexadecimal digits.
-    The digits of all entries are made at once when they share one store host and no offset is negative (a
-    negative one is written with a sign, as ``msg_id_at`` writes it)."""
+    The ids of all entries are made at once when they share one store host and no offset is negative (a negative
+    one is written with a sign, as ``msg_id_at`` writes it): the offsets' big-endian bytes in hexadecimal
+    (``bytes.hex``), each row prefixed and ended by a newline, then one decode and one split (half the time of
+    numpy's digit lookup and a slice an id)."""
     n = len(physical)
     if n == 0:
         return []
-    first = int(positions[0])
     if not ((store_keys == store_keys[0]).all() and (physical >= 0).all()):
         out = []
         for p, offset in zip(positions.tolist(), physical.tolist(), strict=True):
             head = ENTRY_HEADER.unpack_from(buf, p)
             out.append(msg_id_at(msg_id_prefix_of(head[12], head[13]), offset))
         return out
-    head = ENTRY_HEADER.unpack_from(buf, first)
+    head = ENTRY_HEADER.unpack_from(buf, int(positions[0]))
     prefix = msg_id_prefix_of(head[12], head[13]).encode("ascii")
-    width = len(prefix) + 16
-    rows = np.empty((n, width), np.uint8)
-    rows[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
-    rows[:, len(prefix) :] = _HEX_DIGITS[(physical[:, None] >> _NIBBLE_SHIFTS) & 15]
-    text = rows.tobytes().decode("ascii")
-    return [text[i : i + width] for i in range(0, n * width, width)]
+    width = len(prefix)
+    rows = np.empty((n, width + OFFSET_DIGITS + 1), np.uint8)
+    rows[:, :width] = np.frombuffer(prefix, np.uint8)
+    digits = physical.astype(">u8").tobytes().hex().upper().encode("ascii")
+    rows[:, width:-1] = np.frombuffer(digits, np.uint8).reshape(n, OFFSET_DIGITS)
+    rows[:, -1] = _NEWLINE
+    ids = rows.tobytes().decode("ascii").split("\n")
+    ids.pop()  # after the last newline
+    return ids
 
 
 def topic_column(buf: bytes, tails: np.ndarray) -> list[str]:
