@@ -57,6 +57,7 @@ from broker.client.route import MessageQueue
 from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
+    FlushDiskTimeoutError,
     FlushSlaveTimeoutError,
     MessageIllegalError,
     ServiceNotAvailableError,
@@ -192,9 +193,10 @@ class _KeptRows:
 
 
 def _outcome_unknown(e: BrokerError) -> bool:
-    """A call of a transaction that may or may not have stored its rows (no answer, or stored on the master but
-    not confirmed by its replicas)."""
-    return (isinstance(e, BrokerUnreachableError) and e.request_sent) or isinstance(e, FlushSlaveTimeoutError)
+    """A call of a transaction that may or may not have stored its rows for good (no answer; or stored, but not
+    confirmed by the master's replicas or by its disk in time)."""
+    unconfirmed = isinstance(e, (FlushSlaveTimeoutError, FlushDiskTimeoutError))
+    return (isinstance(e, BrokerUnreachableError) and e.request_sent) or unconfirmed
 
 
 def _send_all(

@@ -56,6 +56,7 @@ from broker.client.router import Router, RouterClient, first_available
 from broker.errors import (
     BrokerError,
     BrokerUnreachableError,
+    FlushDiskTimeoutError,
     FlushSlaveTimeoutError,
     InvalidArgumentError,
     ResponseCode,
@@ -188,8 +189,9 @@ def _stored_so_far(results: Sequence[SendResult | None], send: Callable[[], T]) 
 
 def _confirmed(call: Callable[[], Any], broker_name: str, transaction_id: str) -> SendResults:
     """``call()``, a SendBatch of a transaction, as its SendResults. Entries answered FLUSH_SLAVE_TIMEOUT are on
-    the master only, and a failover may take them away: their writer must not count them (a commit expecting them
-    would then find fewer and stay open for ever), so the answer is raised as the unknown outcome it is, as a call
+    the master only, and a failover may take them away; entries answered FLUSH_DISK_TIMEOUT are not on disk yet,
+    and a crash of the machine may take them away. Their writer must not count them (a commit expecting them would
+    then find fewer and stay open for ever), so either answer is raised as the unknown outcome it is, as a call
     without an answer: the writer sends its rows again under a new attempt, and the commit names only that one."""
     results = SendResults(call(), broker_name)
     if results.status is SendStatus.FLUSH_SLAVE_TIMEOUT:
@@ -197,6 +199,12 @@ def _confirmed(call: Callable[[], Any], broker_name: str, transaction_id: str) -
             f"{len(results)} messages of transaction {transaction_id!r} were stored on the master of broker "
             f"{results.broker_name!r} but its in-sync replicas did not confirm them in time: a failover may lose "
             "them; send them again under a new attempt"
+        )
+    if results.status is SendStatus.FLUSH_DISK_TIMEOUT:
+        raise FlushDiskTimeoutError(
+            f"{len(results)} messages of transaction {transaction_id!r} were stored by broker "
+            f"{results.broker_name!r} but not flushed to its disk in time: a crash of its machine may lose them; "
+            "send them again under a new attempt"
         )
     return results
 
