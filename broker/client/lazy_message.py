@@ -39,6 +39,7 @@ Memory: a LazyMessage keeps a reference to its pull answer until every group of 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -67,6 +68,7 @@ VECTOR_MIN_ENTRIES = 32
 _V6_FLAGS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 _FIELDS = tuple(f.name for f in dataclasses.fields(StoredMessage))
 _SLOT = {name: StoredMessage.__dict__[name] for name in _FIELDS}  # the member descriptors: read without fallback
+_SETTLING = threading.Lock()
 assert HEADER_DTYPE.itemsize == ENTRY_HEADER.size
 
 
@@ -74,8 +76,9 @@ class PulledMessages(list[StoredMessage]):
     """The messages of one pull answer (a list): where its messages find one another to decode a group of fields
     for all of them at once. Pickled or copied, it is a plain list."""
 
-    __slots__ = ("__weakref__", "_core", "_done", "_members")
+    __slots__ = ("__weakref__", "_core", "_done", "_members", "_settled")
     _core: _Answer
+    _settled: bool  # its members are DecodedMessages (_settle)
     _members: tuple[LazyMessage, ...]  # its messages in answer order, whatever the list holds later
     _done: set[str]  # the groups decoded for every member
 
@@ -143,22 +146,28 @@ class LazyMessage(DecodedMessage):
         group = _GROUP.get(name)
         if group is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        answer = self._core.messages()
+        try:
+            core = _CORE_SLOT.__get__(self)
+        except AttributeError:  # another thread settled this message's answer meanwhile: every field is set
+            return _SLOT[name].__get__(self)
+        answer = core.messages()
         if answer is not None and group not in answer._done:
             _FILL[group](answer)
             answer._done.add(group)
             if len(answer._done) == len(_FILL):
                 _settle(answer)
         else:
-            _DECODE[group](self)
+            _DECODE[group](self, core)
         return _SLOT[name].__get__(self)
+
+
+_CORE_SLOT = DecodedMessage.__dict__["_core"]  # read without LazyMessage's fallback
 
 
 # ------------------------------------------------------------------------------------------ one message, a group
 
 
-def _decode_header(m: LazyMessage) -> None:
-    core = m._core
+def _decode_header(m: LazyMessage, core: _Answer) -> None:
     h = ENTRY_HEADER.unpack_from(core.buf, core.positions[m._i])
     (total, _, _, _, m.flag, _, physical, m.sys_flag, m.born_timestamp, born_ip, born_port, m.store_timestamp,
      store_ip, store_port, m.reconsume_times, m.prepared_transaction_offset, _) = h
@@ -168,14 +177,12 @@ def _decode_header(m: LazyMessage) -> None:
     m.msg_id = make_msg_id(store_ip, store_port, physical)
 
 
-def _decode_topic(m: LazyMessage) -> None:
-    core = m._core
+def _decode_topic(m: LazyMessage, core: _Answer) -> None:
     buf, tail = core.buf, core.tails[m._i]
     m.topic = buf[tail + 1 : tail + 1 + buf[tail]].decode("ascii", "replace")
 
 
-def _decode_properties(m: LazyMessage) -> None:
-    core = m._core
+def _decode_properties(m: LazyMessage, core: _Answer) -> None:
     buf, tail = core.buf, core.tails[m._i]
     props_len_at = tail + 1 + buf[tail]
     start = props_len_at + PROPS_LEN.size
@@ -189,7 +196,7 @@ def _fill_header(answer: PulledMessages) -> None:
     members, core = answer._members, answer._core
     if core.vectors is None:
         for m in members:
-            _decode_header(m)
+            _decode_header(m, core)
         return
     columns = header_columns(core.buf, core.vectors[0])
     for m, flag, sys_flag, born_ts, born_host, store_ts, store_host, reconsume, prepared, size, msg_id in zip(
@@ -204,7 +211,7 @@ def _fill_topic(answer: PulledMessages) -> None:
     members, core = answer._members, answer._core
     if core.vectors is None:
         for m in members:
-            _decode_topic(m)
+            _decode_topic(m, core)
         return
     for m, topic in zip(members, topic_column(core.buf, core.vectors[1]), strict=True):
         m.topic = topic
@@ -214,7 +221,7 @@ def _fill_properties(answer: PulledMessages) -> None:
     members, core = answer._members, answer._core
     if core.vectors is None:
         for m in members:
-            _decode_properties(m)
+            _decode_properties(m, core)
         return
     for m, props in zip(members, properties_column(core.buf, core.vectors[1]), strict=True):
         m.properties = props
@@ -223,7 +230,7 @@ def _fill_properties(answer: PulledMessages) -> None:
 _HEADER_FIELDS = ("flag", "sys_flag", "born_timestamp", "born_host", "store_timestamp", "store_host",
                   "reconsume_times", "prepared_transaction_offset", "store_size", "msg_id")
 _GROUP: dict[str, str] = {**dict.fromkeys(_HEADER_FIELDS, "header"), "topic": "topic", "properties": "properties"}
-_DECODE: dict[str, Callable[[LazyMessage], None]] = {
+_DECODE: dict[str, Callable[[LazyMessage, _Answer], None]] = {
     "header": _decode_header, "topic": _decode_topic, "properties": _decode_properties,
 }
 _FILL: dict[str, Callable[[PulledMessages], None]] = {
@@ -232,7 +239,12 @@ _FILL: dict[str, Callable[[PulledMessages], None]] = {
 
 
 def _settle(answer: PulledMessages) -> None:
-    """Every group decoded for every member: each becomes a DecodedMessage and lets go of the answer."""
+    """Every group decoded for every member: each becomes a DecodedMessage and lets go of the answer. Once: two
+    threads reading messages of one answer may both find its last group decoded."""
+    with _SETTLING:
+        if answer._settled:
+            return
+        answer._settled = True
     decoded: type[LazyMessage] = DecodedMessage  # type: ignore[assignment]  # the same layout: swapped in place
     for m in answer._members:
         m.__class__ = decoded
@@ -262,7 +274,7 @@ def _eager(buffer: bytes, positions: Sequence[int]) -> list[StoredMessage]:
 
 
 def _answer_of(out: PulledMessages, core: _Answer) -> PulledMessages:
-    out._core, out._done = core, set()
+    out._core, out._done, out._settled = core, set(), False
     out._members = cast("tuple[LazyMessage, ...]", tuple(out))  # only LazyMessages were appended
     return out
 

@@ -13,6 +13,8 @@ import itertools
 import operator
 import pickle
 import struct
+import sys
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -265,3 +267,38 @@ def test_an_answer_read_in_full_becomes_plain_decoded_messages(count: int) -> No
     assert pulled[0].materialize() is pulled[0]
     with pytest.raises(AttributeError):
         pulled[0].no_such_field  # type: ignore[attr-defined]  # noqa: B018 -- an unknown name still raises
+
+
+def test_threads_reading_one_answer_at_once_all_see_every_field() -> None:
+    """The last group's decode swaps every message's class and drops its answer: a thread inside a read of
+    another message of the same answer at that moment still gets its field."""
+    raw = [encode_entry(b"T", 0, f"m{i}".encode(), encode_properties({"TAGS": "a", "i": str(i)}), queue_offset=i)
+           for i in range(2 * VECTOR_MIN_ENTRIES)]
+    buf, positions = answer(raw)
+    want = eager(buf, positions)
+    assert not isinstance(want, str)
+    errors: list[BaseException] = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: reads interleave
+    try:
+        for _ in range(30):
+            pulled = decode_pulled(buf, positions)
+            orders = [FIELDS[k:] + FIELDS[:k] for k in range(0, len(FIELDS), 3)]
+
+            def read(order: list[str], pulled: list[StoredMessage] = pulled) -> None:
+                try:
+                    for m, w in zip(pulled, want, strict=True):
+                        for name in order:
+                            assert getattr(m, name) == getattr(w, name), name
+                except BaseException as e:  # noqa: BLE001 -- handed to the main thread, which fails the test
+                    errors.append(e)
+
+            threads = [threading.Thread(target=read, args=(order,)) for order in orders]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all(type(m) is DecodedMessage for m in pulled)
+    finally:
+        sys.setswitchinterval(switch)
+    assert errors == []
