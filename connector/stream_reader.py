@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -37,6 +38,7 @@ from connector.admission import AdmissionControl, default_read_limit
 from connector.auth_options import explains_refusals
 from connector.broker_link import BrokerLink, link_for, release_link, unknown_group
 from connector.data_loss import broker_gone, data_lost
+from connector.failover import FAILOVER_WAIT_S
 from connector.group_commit import GroupCommitter
 from connector.offset_resolver import (
     Snapshot,
@@ -46,7 +48,7 @@ from connector.offset_resolver import (
     starting_positions,
     uncommitted,
 )
-from connector.offsets import QueueKey, SourceOffset
+from connector.offsets import QueueKey, SourceOffset, describe
 from connector.options import SourceOptions
 from connector.partition_reader import SluicePartition, read_partition
 from connector.planning import OffsetRange, split_ranges
@@ -66,6 +68,9 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admission = AdmissionControl(options)
         self._committer = GroupCommitter(options.consumer_group)
         self._initial: dict | None = None  # initialOffset's answer, kept for Spark's second question
+        # cluster: queues showing less than the query read, and since when (monotonic s): held, not lost, while a
+        # failover may explain it (_settling)
+        self._behind_since: dict[QueueKey, float] = {}
 
     # ------------------------------------------------------------------------------------------------ offsets
 
@@ -117,7 +122,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         topics = sorted(set(current_topics(self.options, link)) | {t for t, _, _ in begin})
         self._snapshot = snap = snapshot(link, topics, tolerate_gone=self.options.cluster)
         begin = self._skip_lost(begin, snap, link)
-        latest = {k: hi for k, (_, hi) in snap.items()}
+        latest = {k: max(hi, begin.get(k, hi)) for k, (_, hi) in snap.items()}  # a queue held behind: nothing new
         if self._target is not None:
             latest = {k: min(hi, self._target[k]) for k, hi in latest.items() if k in self._target}
         # Queues that appeared since the last trigger (new topic, more queues, a broker that joined) start at their
@@ -219,9 +224,28 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 data_lost(self.options, key, off, f"from {lo_hi[0]}", lo_hi[0] - off)
                 out[key] = lo_hi[0]
             elif off > lo_hi[1]:
+                if self._settling(key, off, lo_hi[1]):
+                    continue  # held where it is: nothing is planned for it until it shows what was read
                 data_lost(self.options, key, off, f"up to {lo_hi[1]} (the queue went back)", 0)
                 out[key] = lo_hi[1]
+            else:
+                self._behind_since.pop(key, None)
         return out
+
+    def _settling(self, key: QueueKey, read_to: int, shown: int) -> bool:
+        """In a cluster, a queue that shows less than the query already read is held for up to the failover wait
+        before it counts as gone back: during a failover the replica that answers (one just elected, or one serving
+        reads while its group has no master) can show less than was confirmed until the in-sync replicas report
+        to it (cluster_link.py's SHORT_TAIL_RECHECK_S, the executors' side of the same wait)."""
+        if not self.options.cluster:
+            return False
+        since = self._behind_since.setdefault(key, time.monotonic())
+        if time.monotonic() - since >= FAILOVER_WAIT_S:
+            del self._behind_since[key]
+            return False
+        log.warning("%s shows offsets up to %d, below %d already read; held while its group may be failing over",
+                    describe(key), shown, read_to)
+        return True
 
     def _missing_in_cluster(
         self, missing: list[QueueKey], snap: Snapshot, link: BrokerLink
