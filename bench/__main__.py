@@ -13,7 +13,8 @@ import sys
 import time
 
 BENCHMARKS = ("crc", "dispatch", "store", "sync_ceiling", "server", "cluster", "replication", "rmqv2",
-              "spark_source", "spark_sink", "peers", "hops", "timeline", "security", "remoting_threads")
+              "spark_source", "spark_sink", "peers", "hops", "latency_queues", "timeline", "security",
+              "remoting_threads")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ It reads only what the benchmarks wrote; a missing file is skipped with a note, 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -18,8 +19,15 @@ def load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def run_date() -> str:
+    """The day a run is recorded under (UTC), as every results file's ``date`` reads."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+
+
 def save(path: Path, result: dict[str, Any], *, sort_keys: bool = False) -> None:
-    """Write a benchmark's result where this report reads it (indented JSON, its directory made) and say where."""
+    """Write a benchmark's result where this report reads it (indented JSON, its directory made, the run's ``date``
+    added when it has none) and say where."""
+    result.setdefault("date", run_date())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, sort_keys=sort_keys) + "\n")
     print(f"wrote {path}")

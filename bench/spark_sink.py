@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from bench.report import run_date
 from broker.client import Admin
 from broker.server.process import BrokerProcess
 from streaming_jobs.common import spark_session
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
         json.dumps(
-            {"machine": {"cpu_count": os.cpu_count()}, "body_bytes": BODY_BYTES, "rows": rows, "target_met": verdict,
+            {"date": run_date(),
+             "machine": {"cpu_count": os.cpu_count()}, "body_bytes": BODY_BYTES, "rows": rows, "target_met": verdict,
              "exactly_once_of_at_least_once": eo_of_alo, "bytes_per_row_ratio": bytes_ratio,
              "exactly_once_target_met": matched},
             indent=2,

@@ -33,6 +33,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 
+from bench.report import run_date
 from broker.client import Admin, Producer
 from broker.format.message import encode_entry
 from broker.server.process import BrokerProcess
@@ -192,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
           f"sluice {by['sluice']['rows_per_s']:,} rows/s (target >= {TARGET_ROWS_S:,})")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
-        "benchmark": "spark_source", "machine_cores": os.cpu_count(), "body_bytes": BODY_BYTES, "queues": QUEUES,
+        "benchmark": "spark_source", "date": run_date(), "machine_cores": os.cpu_count(), "body_bytes": BODY_BYTES,
+        "queues": QUEUES,
         "spark_master": "local[2]", "trigger": "availableNow", "sink": "noop", "results": results,
         "sluice_over_python_memory": round(ratio, 3),
         "targets": {"rows_per_s": TARGET_ROWS_S, "ratio_to_python_memory": TARGET_RATIO},

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from bench.report import run_date
 from broker.format.message import encode_entry
 from broker.server.thread_placement import ThreadPlacement, parse_python_cpus
 from broker.store import MessageStore, StoreConfig
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs("bench/results", exist_ok=True)
     with open("bench/results/store.json", "w") as f:
         meta = {
+            "date": run_date(),
             "quick": args.quick,
             "seconds_per_case": seconds,
             "cpus": os.cpu_count(),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -31,6 +30,7 @@ from bench.peers.spread import print_spread
 from bench.peers.sync_sender import SyncSender, measure_sync_senders, print_sync_senders
 from bench.peers.systems import SYSTEMS
 from bench.peers.table import limit_ratios, peer_ratios, print_table
+from bench.report import save
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "hops": [asdict(h) for h in hops],
         "server_cpu": [asdict(c) for c in server_cpu],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    save(args.out, report)
     if not args.no_charts:
         try:
             for path in write_charts(results, args.out.parent):

@@ -55,6 +55,12 @@ class LatencyConsumer:
             self._proc.kill()
             raise RuntimeError(f"latency consumer {fn.__name__} did not subscribe within {SERVER_START_TIMEOUT_S}s")
 
+    @property
+    def pid(self) -> int:
+        """The consumer process's id (bench.latency_queues reads its CPU time)."""
+        assert self._proc.pid is not None
+        return self._proc.pid
+
     def received(self) -> dict[int, float]:
         """Call when the producer is done: the consumer's {sequence: receive time}."""
         self._done.set()
