@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.address import free_fixed_port
 from broker.client import Message, Producer
 from broker.errors import BrokerError, SendOutcomeUnknownError
 from broker.ha.controller import GroupState
@@ -17,9 +18,14 @@ from tests.support.replicas import broker, brokers, caught_up, commit_log_bytes
 from tests.support.waiting import wait_until
 
 
-def _replica(tmp_path: Path, etcd: EtcdProcess, broker_id: int, port: int = 0, **settings: object) -> BrokerController:
+def _replica(tmp_path: Path, etcd: EtcdProcess, broker_id: int, ports: tuple[int, int] = (0, 0), /,
+             **settings: object) -> BrokerController:
+    """``ports``: (client, replication); a replica restarted on its ports needs both drawn outside the ephemeral
+    range (free_fixed_port), or an outgoing connection may hold one of them meanwhile."""
+    client, ha = ports
+    ha_listen = {"ha_listen": f"127.0.0.1:{ha}"} if ha else {}
     return broker(tmp_path / f"r{broker_id}", controller=etcd.url, broker_id=broker_id, ha_lease_ttl_s=2,
-                  listen=f"127.0.0.1:{port}", **settings)  # type: ignore[arg-type]
+                  listen=f"127.0.0.1:{client}", **ha_listen, **settings)  # type: ignore[arg-type]
 
 
 # Replica 2 stays in the in-sync set while it hears nothing (so it may be elected), and writes it does not confirm
@@ -45,7 +51,8 @@ def _has_master(bs: list[BrokerController]) -> bool:
 
 def test_a_diverged_replica_is_truncated_to_the_divergence_point(tmp_path: Path, etcd: EtcdProcess) -> None:
     with brokers() as bs:
-        a = _replica(tmp_path, etcd, 1, **LONG_LAG)
+        a_ports = (free_fixed_port(), free_fixed_port())  # replica 1 comes back on them
+        a = _replica(tmp_path, etcd, 1, a_ports, **LONG_LAG)
         bs.append(a)
         wait_until(lambda: _has_master([a]), "replica 1 elected")
         b = _replica(tmp_path, etcd, 2, **LONG_LAG)
@@ -63,7 +70,6 @@ def test_a_diverged_replica_is_truncated_to_the_divergence_point(tmp_path: Path,
                     p.send(Message("T", f"only-a-{i}".encode(), keys=f"only-a-{i}"), queue_id=0)
         diverged = a.store.max_phys_offset()
         assert diverged > agreed
-        a_port = a.port
         a.shutdown()  # its lease is revoked: replica 2, in sync, takes epoch 2 at the agreed offset
         bs.remove(a)
         wait_until(lambda: b.replication is not None and b.replication.is_master(), "replica 2 elected")
@@ -71,7 +77,7 @@ def test_a_diverged_replica_is_truncated_to_the_divergence_point(tmp_path: Path,
         with Producer(endpoint=b.address, timeout_s=5) as p:
             for i in range(20):
                 p.send(Message("T", f"epoch-2-{i}".encode()), queue_id=0)
-        a = _replica(tmp_path, etcd, 1, port=a_port, **LONG_LAG)  # returns from epoch 1
+        a = _replica(tmp_path, etcd, 1, a_ports, **LONG_LAG)  # returns from epoch 1
         bs.append(a)
         wait_until(lambda: caught_up(b, a) and a.store is not None and a.store.max_phys_offset() > agreed,
                    "replica 1 truncated and caught up")
