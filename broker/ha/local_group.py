@@ -13,6 +13,7 @@ replicas can reach). Replication endpoints off loopback need ``ha_secret_file`` 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections import deque
@@ -33,6 +34,7 @@ SMALL_STORE = {
     "max_hash_slot_num": 16_384, "max_index_num": 65_536,
 }
 START_WAIT_S = 60.0
+PAUSE_WAIT_S = 5.0  # a stop takes effect within a scheduling round; past this the caller goes on regardless
 OUTPUT_LINES = 3000  # of each replica's log kept for a failing test (a thread dump of a master runs to hundreds)
 
 
@@ -172,9 +174,14 @@ class ReplicaGroup:
         self.brokers[broker_id].stop()
 
     def pause(self, broker_id: int) -> None:
+        """SIGSTOP the replica and return once every thread of it has stopped: the signal only asks, and on a
+        loaded machine a thread already running (say, acknowledging a fetch) goes on until it is next scheduled."""
         proc = self.brokers[broker_id].proc
         assert proc is not None
         proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + PAUSE_WAIT_S
+        while time.monotonic() < deadline and not _all_threads_stopped(proc.pid):
+            time.sleep(0.005)
 
     def resume(self, broker_id: int) -> None:
         proc = self.brokers[broker_id].proc
@@ -205,3 +212,19 @@ class ReplicaGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T in /proc/PID/task/TID/stat); True when it is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tasks:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
