@@ -21,16 +21,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.hops import wait_push_ready
-from bench.peers.pacing import LatencyConsumer, paced, seq_of, stamp
-from bench.peers.settings import LATENCY_WARMUP_MSGS, SERVER_START_TIMEOUT_S
-from bench.peers.sluice import SluiceBroker
+from bench.peers.pacing import LatencyConsumer, paced, stamp
+from bench.peers.settings import LATENCY_WARMUP_MSGS
+from bench.peers.sluice import SluiceBroker, sluice_latency_consumer
 from bench.report import save
 
 RESULTS = Path(__file__).with_name("results") / "latency_queues.json"
@@ -43,25 +41,6 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def push_consumer(endpoint: str, topic: str, *, ready: Callable[[], None], more: Callable[[int], bool]) -> dict:
-    """In its own process: a PushConsumer's listener; {sequence: receive time}."""
-    from broker.client import FIRST, PushConsumer
-
-    received: dict[int, float] = {}
-
-    def listener(messages: list[Any]) -> None:
-        now = time.monotonic()
-        for m in messages:
-            received[seq_of(m.body)] = now
-
-    with PushConsumer(endpoint, f"group-{topic}", {topic: "*"}, listener, consume_from=FIRST) as consumer:
-        wait_push_ready(consumer, SERVER_START_TIMEOUT_S)
-        ready()
-        while more(len(received)):
-            time.sleep(0.01)
-    return received
-
-
 def one_run(broker: SluiceBroker, queues: int, rate: int, count: int, run: int) -> dict[str, float]:
     from broker.client import Admin, Message, Producer
 
@@ -69,7 +48,7 @@ def one_run(broker: SluiceBroker, queues: int, rate: int, count: int, run: int) 
     topic = f"latency-{queues}q-{run}"
     with Admin(broker.endpoint) as admin:
         admin.create_topic(topic, queues=queues)
-    consumer = LatencyConsumer(push_consumer, broker.endpoint, topic, count)
+    consumer = LatencyConsumer(sluice_latency_consumer, broker.endpoint, topic, count)  # bench.peers' own
     pids = {"broker": broker.server.proc.pid, "consumer": consumer.pid, "sender": os.getpid()}
     cpu_before = {k: process_cpu_s(p) for k, p in pids.items()}
     due_at: dict[int, float] = {}
