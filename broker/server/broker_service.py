@@ -37,7 +37,7 @@ from broker.server.pop_processor import PopProcessor
 from broker.server.pull_processor import PullProcessor, PullRequestArgs
 from broker.server.request_guard import refuse_if_malformed
 from broker.server.retry_processor import GROUP_SETTINGS, RetryProcessor, SendBack
-from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_uniq_keys
+from broker.server.send_dedup import SendDeduplicator, SendKey, batch_key, entry_keys
 from broker.server.send_processor import SendOutcome, SendProcessor
 from broker.server.topic_config import TopicConfig
 from broker.server.transaction_processor import EndTransaction, TransactionProcessor
@@ -198,7 +198,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.call_streams = CallStreams(max_streams=1 << 30)
 
     def _dedup(
-        self, key: SendKey | None, retry: bool, keys: Callable[[], list[str | None]]
+        self, key: SendKey | None, retry: bool, keys: Callable[[], list[SendKey | None]]
     ) -> AbstractContextManager[PutResult | None]:
         if key is None or self.dedup is None:
             return nullcontext(None)
@@ -220,7 +220,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         uniq = properties.get(Prop.UNIQ_KEY)
         plain = not (request.transactional or request.transaction_id)
         key = SendKey(request.topic, uniq) if uniq and plain and self.dedup is not None else None
-        with self._dedup(key, request.retry, lambda: [uniq]) as stored:
+        with self._dedup(key, request.retry, lambda: [key]) as stored:
             if stored is not None:
                 return _send_response(SendOutcome("SEND_OK", stored))
             outcome = self.sends.send_message(
@@ -256,8 +256,9 @@ class BrokerService(pb_grpc.BrokerServicer):
     def SendBatch(self, request: pb.SendBatchRequest, context: grpc.ServicerContext) -> pb.SendResponse:
         entries = request.entries
         key = batch_key(entries) if self.dedup is not None and not request.transaction_id else None
-        with self._dedup(key, request.retry, lambda: entry_uniq_keys(entries)) as stored:
+        with self._dedup(key, request.retry, lambda: entry_keys(entries)) as stored:
             if stored is not None:
+                self.sends.authorize_answered_batch(entries, request.count)  # the gate leaves a batch's topics to it
                 return _send_response(SendOutcome("SEND_OK", stored))
             outcome = self.sends.send_batch(entries, request.count, request.transaction_id, request.producer_group,
                                             attempt=request.attempt, coordinator=request.coordinator)

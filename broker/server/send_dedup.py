@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from broker.errors import SystemBusyError
-from broker.format.message import BODY_START, I32, POS_BODY_LENGTH, Prop
+from broker.format.message import BODY_START, I32, POS_BODY_LENGTH, Prop, StoredMessage
 from broker.format.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC
 from broker.format.transaction_codec import raw_property
 from broker.store import MessageStore, PutStatus
@@ -69,17 +69,26 @@ def batch_key(buffer: bytes) -> SendKey | None:
     return SendKey(topic, uniq)
 
 
-def entry_uniq_keys(buffer: bytes) -> list[str | None]:
-    """Every entry's UNIQ_KEY in a well-formed SendBatch buffer (only called on the retry path)."""
-    keys: list[str | None] = []
+def entry_keys(buffer: bytes) -> list[SendKey | None]:
+    """Every entry's key in a well-formed SendBatch buffer, None for an entry without UNIQ_KEY (only called on the
+    retry path)."""
+    keys: list[SendKey | None] = []
     pos = 0
     while pos + 4 <= len(buffer):
         size = I32.unpack_from(buffer, pos)[0]
         if size <= 0:
             break
-        keys.append(raw_property(buffer[pos : pos + size], Prop.UNIQ_KEY))
+        keys.append(batch_key(buffer[pos : pos + size]))
         pos += size
     return keys
+
+
+def _destination(msg: StoredMessage) -> str:
+    """The topic a stored message was sent to: a delayed or timer message waits in a system topic, its own in
+    REAL_TOPIC."""
+    if msg.topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
+        return msg.properties.get(Prop.REAL_TOPIC, "")
+    return msg.topic
 
 
 class SendDeduplicator:
@@ -112,7 +121,7 @@ class SendDeduplicator:
 
     @contextmanager
     def attempt(
-        self, key: SendKey | None, retry: bool, keys_of_request: Callable[[], list[str | None]]
+        self, key: SendKey | None, retry: bool, keys_of_request: Callable[[], list[SendKey | None]]
     ) -> Iterator[PutResult | None]:
         """Run a send inside: yields the stored result when this is a retry of a send stored already (write
         nothing then), else None (store it now, still inside, so no other attempt of the key runs meanwhile)."""
@@ -127,7 +136,7 @@ class SendDeduplicator:
                          key.topic, key.uniq_key)
             yield found
 
-    def _find(self, key: SendKey, uniq_keys: list[str | None]) -> PutResult | None:
+    def _find(self, key: SendKey, keys: list[SendKey | None]) -> PutResult | None:
         if self.store.index is None:
             return None
         if not self.store.wait_dispatched(WAIT_FIRST_ATTEMPT_S):
@@ -138,16 +147,21 @@ class SendDeduplicator:
             # unconfirmed copies too: the answer then waits for the in-sync replicas (broker/ha/replication_gate.py)
             hits = self.store.query_by_key(topic, key.uniq_key, max_num=1, begin_ms=begin_ms, confirmed_only=False)
             if hits:
-                return self._result_from(hits[0].commitlog_offset, uniq_keys)
+                return self._result_from(hits[0].commitlog_offset, keys)
         return None
 
-    def _result_from(self, first_offset: int, uniq_keys: list[str | None]) -> PutResult | None:
-        """The PutResult of the contiguous stored messages from ``first_offset`` whose UNIQ_KEYs are the request's."""
+    def _result_from(self, first_offset: int, keys: list[SendKey | None]) -> PutResult | None:
+        """The PutResult of the contiguous stored messages from ``first_offset`` whose UNIQ_KEYs and topics are the
+        request's: a message of another topic is no answer to this send, even under its UNIQ_KEY (the answer would
+        tell where a message the caller may not publish to is stored)."""
         result = PutResult(PutStatus.PUT_OK, msg_id_prefix=self.store.msg_id_prefix())
         offset = first_offset
-        for uniq in uniq_keys:
+        for key in keys:
             msg = self.store.lookup_message(offset)
-            if msg is None or (uniq is not None and msg.properties.get(Prop.UNIQ_KEY) != uniq):
+            if msg is None or (
+                key is not None
+                and (msg.properties.get(Prop.UNIQ_KEY) != key.uniq_key or _destination(msg) != key.topic)
+            ):
                 log.warning("a retried send's first message is stored at %d but the rest differ; storing it again",
                             first_offset)
                 return None

@@ -162,6 +162,12 @@ class SendProcessor:
                 result = self.store.put_batch(buffer, validated=validated)
             return self._finish(result, started, "SendBatch", created=_max_queue_ids(ranges))
 
+    def authorize_answered_batch(self, buffer: bytes, count: int) -> None:
+        """A retried SendBatch answered with the first attempt's result (send_dedup.py) needs what storing it
+        needs: the caller's Pub on every topic it names, for the answer says where those messages are stored."""
+        _, ranges = self._validated(buffer, count)
+        authorize(Operation.PUBLISH_BATCH, topics=ranges)
+
     def _send_in_place(
         self, validated: SmallBatch | ValidatedBatch, ranges: dict[str, tuple[int, int]], count: int,
         transaction_id: str, producer_group: str, attempt: str, coordinator: str, started: float,

@@ -6,6 +6,7 @@ attacker's retry and dead-letter topics hold nothing copied, the victim's pop st
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,30 @@ def test_no_send_path_writes_into_a_system_topic(broker: Secured) -> None:
     time.sleep(FIRST_LEVEL_S * 1.5)
     assert {t: broker.max_offset(t) for t in before} == before
     assert broker.max_offset(victim) == 0
+
+
+def test_a_retry_is_answered_only_with_messages_the_caller_may_publish_to(broker: Secured) -> None:
+    """A retried send is answered with where its first attempt was stored (broker/server/send_dedup.py): a batch
+    replayed under another user's UNIQ_KEYs is refused on that user's topic, and a send to one's own topic under the
+    UNIQ_KEY of another topic's delayed message (it waits in the schedule topic) is stored as a new message."""
+    victim, own = broker.topic(unique("VictimT")), broker.topic(unique("AttT"))
+    attacker = broker.user((f"Topic:{own}", "Pub"))
+    keys = [secrets.token_hex(16).upper() for _ in range(2)]
+    batch = b"".join(
+        encode_message(Message(victim, b"victim %d" % i, properties={Prop.UNIQ_KEY: k}), 0) for i, k in enumerate(keys)
+    )
+    broker.call("SendBatch", pb.SendBatchRequest(entries=batch, count=2))
+    with pytest.raises(NoPermissionError, match=f"lacks Pub on Topic:{victim}"):
+        broker.call("SendBatch", pb.SendBatchRequest(entries=batch, count=2, retry=True), attacker)
+    later = secrets.token_hex(16).upper()
+    delayed = {Prop.UNIQ_KEY: later, Prop.DELAY: "3"}  # the third level: 10 s in the schedule topic
+    stored = broker.call("SendMessage", pb.SendMessageRequest(topic=victim, queue_id=0, body=b"later",
+                                                              properties=delayed))
+    answer = broker.call("SendMessage", pb.SendMessageRequest(topic=own, queue_id=0, body=b"mine",
+                                                              properties={Prop.UNIQ_KEY: later}, retry=True), attacker)
+    assert list(answer.commitlog_offsets) != list(stored.commitlog_offsets)
+    assert broker.max_offset(own) == 1, "the attacker's send was answered with the victim's delayed message"
+    assert broker.max_offset(victim) == 2
 
 
 def test_a_transaction_cannot_commit_into_a_topic_its_producer_may_not_publish_to(broker: Secured) -> None:
