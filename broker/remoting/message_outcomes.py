@@ -37,6 +37,7 @@ from broker.auth.requirements import REMOTING, Row
 from broker.errors import BrokerError, InvalidArgumentError, NoPermissionError, ResponseCode, shown
 from broker.remoting.command import RemotingCommand
 from broker.remoting.processor import RequestContext
+from broker.server.metrics import Counter
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +143,17 @@ def _source(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
 
 
 class Access:
-    """Rights of remoting callers: ``accounts`` None means auth is off (every request passes, as over gRPC)."""
+    """Rights of remoting callers: ``accounts`` None means auth is off (every request passes, as over gRPC).
+    ``refusals``: the broker's ``sluice_auth_refusals_total``, counting each refusal (reason ``denied``) as the
+    gRPC gate counts its own."""
 
-    def __init__(self, accounts: Accounts | None) -> None:
+    def __init__(self, accounts: Accounts | None, refusals: Counter | None = None) -> None:
         self.accounts = accounts
+        self.refusals = refusals
+
+    def _refused(self, e: NoPermissionError) -> None:
+        if self.refusals is not None:
+            self.refusals.inc(labels=(("reason", "denied"),))
 
     def caller(self, context: RequestContext) -> Caller | None:
         if self.accounts is None:
@@ -154,7 +162,7 @@ class Access:
             raise NoPermissionError(
                 "this broker requires authentication: sign requests with an AccessKey and its Signature"
             )
-        return Caller(context.user, _source(context.peer.address), self.accounts)
+        return Caller(context.user, _source(context.peer.address), self.accounts, refused=self._refused)
 
     def check(self, context: RequestContext, code_name: str, *requests: Any) -> None:
         """NoPermissionError unless the caller may do each of ``requests`` (of one code) by the code's row."""

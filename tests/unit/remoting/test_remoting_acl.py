@@ -5,9 +5,12 @@ NOTIFY_CONSUMER_IDS_CHANGED reaching the other members of a group."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -47,7 +50,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     root: Path = tmp_path_factory.mktemp("remoting-acl")
     config = root / "broker.json"
     write_private(config, json.dumps({**SETTINGS, "remoting_listen": "127.0.0.1:0"}).encode())
-    proc = BrokerProcess(root / "store", config=config, log_level="WARNING").start()
+    proc = BrokerProcess(root / "store", config=config, metrics_port=0, log_level="WARNING").start()
     try:
         yield Secured(proc)
     finally:
@@ -169,6 +172,28 @@ def test_rights_on_one_topic_do_not_reach_another(secured: Secured) -> None:
         assert other_group.code == NO_PERMISSION
     assert secured.max_offset(b) == stored_b and committed(secured, group, b) is None
     assert committed(secured, group, a) == 1
+
+
+def denied_count(s: Secured) -> float:
+    """The broker's ``sluice_auth_refusals_total{reason="denied"}``, scraped as the root user."""
+    request = urllib.request.Request(f"http://127.0.0.1:{s.proc.metrics_port}/metrics")
+    request.add_header("Authorization", "Basic " + base64.b64encode(f"{ROOT.access_key}:{ROOT.secret_key}".encode())
+                       .decode())
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(r'^sluice_auth_refusals_total\{[^}]*reason="denied"[^}]*\} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_refusal_is_counted_as_the_grpc_fronts_count_theirs(secured: Secured) -> None:
+    """An operator watching ``sluice_auth_refusals_total`` sees a remoting client refused as a gRPC one."""
+    topic = secured.topic("AclCounted")
+    user = secured.user(("Topic:AclNothingHere", "Pub"))
+    before = denied_count(secured)
+    with client(secured, user) as c:
+        assert c.invoke(send_command(topic)).code == NO_PERMISSION
+        assert c.invoke(update_offset("AclCountedG", topic, 1)).code == NO_PERMISSION
+    assert denied_count(secured) == before + 2
 
 
 def test_heartbeats_and_consumer_lists_need_the_groups_rights(secured: Secured) -> None:
