@@ -41,7 +41,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-## make test: lint, then the whole suite (unit + integration)
+## make test: lint, then the whole suite: the unit suite, and beside it the short soak, then the integration suite
+## (scripts/test.sh says why two streams)
 test: lint
 	bash scripts/test.sh $(PYTEST_ARGS)
 
