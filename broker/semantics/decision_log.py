@@ -120,11 +120,11 @@ class DecisionLog:
             self._table = table
             self._forget(_now_ms())
             self._ids = sorted(self._table)
-        self.persist()
+        self._save_position()
         log.info("transaction decisions recovered: %d", len(table))
 
     def shutdown(self) -> None:
-        self.persist()
+        self._save_position()
 
     # ------------------------------------------------------------------------------------------ decisions
 
@@ -230,7 +230,18 @@ class DecisionLog:
 
     def _maybe_persist(self) -> None:
         if time.monotonic() >= self._next_persist:
+            self._save_position()
+
+    def _save_position(self) -> None:
+        """``persist``, or later when the disk cannot take the file now (full): a decision is recorded once its put
+        is stored, so a position not saved fails no decision, start or stop; the next start scans from the last one
+        saved, a little more."""
+        try:
             self.persist()
+        except OSError as e:
+            self._next_persist = time.monotonic() + PERSIST_INTERVAL_S
+            log.warning("the decision log's scan position could not be saved (%s); it is tried again in %.0f s",
+                        e, PERSIST_INTERVAL_S)
 
     def persist(self) -> None:
         """Forget expired decisions and save where the next start scans from: the earliest decision kept."""

@@ -295,3 +295,33 @@ def test_a_decision_refused_by_a_full_disk_says_try_later_and_decides_nothing(
     s.cleanup.clean_once(clean=False)  # what the service does within DISK_PROBE_INTERVAL_S
     assert log.record(decision).commit and log.get(decision.txn_id) is not None
     log.shutdown()
+
+
+def test_a_decision_stands_when_its_scan_position_cannot_be_saved(
+    open_store: Callable[..., MessageStore], small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator on a full disk answered a decision INTERNAL (`OSError: No space left on device`, seen in a
+    soak): the decision was in the log, and saving the decision log's scan position, a new file, failed. The decision
+    stands and is answered; stopping and starting on the full disk work and find every decision; the position is
+    saved once there is room."""
+    from broker.format.txn_decision import Share, make_decision
+    from broker.semantics import decision_log
+
+    monkeypatch.setattr(decision_log, "PERSIST_INTERVAL_S", 0.0)  # every decision saves the position
+    s = open_store(disk_usage_probe=lambda path: 0.0)  # the file system's ENOSPC alone refuses, not the ratio
+    log = decision_log.DecisionLog(s, str(small_disk / "config"))
+    log.start()
+    first = log.record(make_decision("spark:q:1:r1@b", True, [Share("a", ("a-att",), 3)]))
+    filler = fill(small_disk)
+    second = log.record(make_decision("spark:q:2:r1@b", False))
+    assert not second.commit and log.get(second.txn_id) == second
+    assert not (small_disk / "config" / f"{decision_log.STATE_FILE}.tmp").exists()  # no half-written copy left
+    log.shutdown()  # the disk still full: the position is not saved, and stopping does not fail
+    again = decision_log.DecisionLog(s, str(small_disk / "config"))
+    again.start()  # nor does starting
+    assert again.get(first.txn_id) == first and again.get(second.txn_id) == second
+    state = small_disk / "config" / decision_log.STATE_FILE
+    saved = state.stat().st_mtime_ns
+    filler.unlink()
+    again.shutdown()  # room again: saved
+    assert state.stat().st_mtime_ns > saved
