@@ -298,30 +298,33 @@ def test_a_decision_refused_by_a_full_disk_says_try_later_and_decides_nothing(
 
 
 def test_a_decision_stands_when_its_scan_position_cannot_be_saved(
-    open_store: Callable[..., MessageStore], small_disk: Path, monkeypatch: pytest.MonkeyPatch
+    open_store: Callable[..., MessageStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A coordinator on a full disk answered a decision INTERNAL (`OSError: No space left on device`, seen in a
     soak): the decision was in the log, and saving the decision log's scan position, a new file, failed. The decision
     stands and is answered; stopping and starting on the full disk work and find every decision; the position is
-    saved once there is room."""
+    saved once there is room. The position's directory is a file system of its own that fills, so that the store's
+    own flushes (which a full disk makes read-only) cannot refuse the decision first."""
     from broker.format.txn_decision import Share, make_decision
     from broker.semantics import decision_log
 
     monkeypatch.setattr(decision_log, "PERSIST_INTERVAL_S", 0.0)  # every decision saves the position
-    s = open_store(disk_usage_probe=lambda path: 0.0)  # the file system's ENOSPC alone refuses, not the ratio
-    log = decision_log.DecisionLog(s, str(small_disk / "config"))
-    log.start()
-    first = log.record(make_decision("spark:q:1:r1@b", True, [Share("a", ("a-att",), 3)]))
-    filler = fill(small_disk)
-    second = log.record(make_decision("spark:q:2:r1@b", False))
-    assert not second.commit and log.get(second.txn_id) == second
-    assert not (small_disk / "config" / f"{decision_log.STATE_FILE}.tmp").exists()  # no half-written copy left
-    log.shutdown()  # the disk still full: the position is not saved, and stopping does not fail
-    again = decision_log.DecisionLog(s, str(small_disk / "config"))
-    again.start()  # nor does starting
-    assert again.get(first.txn_id) == first and again.get(second.txn_id) == second
-    state = small_disk / "config" / decision_log.STATE_FILE
-    saved = state.stat().st_mtime_ns
-    filler.unlink()
-    again.shutdown()  # room again: saved
-    assert state.stat().st_mtime_ns > saved
+    s = open_store()
+    with tmpfs(tmp_path / "config-fs", 1) as config_fs:
+        config = config_fs / "config"
+        log = decision_log.DecisionLog(s, str(config))
+        log.start()
+        first = log.record(make_decision("spark:q:1:r1@b", True, [Share("a", ("a-att",), 3)]))
+        filler = fill(config_fs)
+        second = log.record(make_decision("spark:q:2:r1@b", False))
+        assert not second.commit and log.get(second.txn_id) == second
+        assert not (config / f"{decision_log.STATE_FILE}.tmp").exists()  # no half-written copy left
+        log.shutdown()  # the disk still full: the position is not saved, and stopping does not fail
+        again = decision_log.DecisionLog(s, str(config))
+        again.start()  # nor does starting
+        assert again.get(first.txn_id) == first and again.get(second.txn_id) == second
+        state = config / decision_log.STATE_FILE
+        saved = state.stat().st_mtime_ns
+        filler.unlink()
+        again.shutdown()  # room again: saved
+        assert state.stat().st_mtime_ns > saved
