@@ -100,6 +100,12 @@ class ServiceNotAvailableError(BrokerError):
 
     code = ResponseCode.SERVICE_NOT_AVAILABLE
 
+    @classmethod
+    def files_failed(cls, e: OSError) -> ServiceNotAvailableError:
+        """A request the broker's files failed (a full disk, say): not the request's fault, so the caller may ask
+        again; every front answers it so."""
+        return cls(f"the broker's files failed it ({e}); retry later")
+
 
 class BrokerUnreachableError(ServiceNotAvailableError):
     """No answer from the broker (connection refused or reset, deadline passed): the request may or may not have

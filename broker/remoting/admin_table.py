@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def admin_processors(controller: BrokerController, msg_ids: RemotingIds) -> dict[int, Processor]:
     service = controller.service
     assert service is not None, "build the processors of a started broker"
-    access = Access(controller.accounts if controller.config.auth_enabled else None, controller.metrics.auth_refusals)
+    access = Access.of(controller)
     broker_name = service.identity[1]
     table: dict[int, Processor] = {}
     table.update(QueryProcessors(service.admin, access, msg_ids).processors())

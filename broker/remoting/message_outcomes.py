@@ -29,15 +29,25 @@ import ipaddress
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.auth.accounts import Accounts
 from broker.auth.caller import Caller, current
 from broker.auth.requirements import REMOTING, Row
-from broker.errors import BrokerError, InvalidArgumentError, NoPermissionError, ResponseCode, shown
+from broker.errors import (
+    BrokerError,
+    InvalidArgumentError,
+    NoPermissionError,
+    ResponseCode,
+    ServiceNotAvailableError,
+    shown,
+)
 from broker.remoting.command import RemotingCommand
 from broker.remoting.processor import RequestContext
 from broker.server.metrics import Counter
+
+if TYPE_CHECKING:
+    from broker.server.broker_controller import BrokerController
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +124,7 @@ def failure(request: RemotingCommand, e: Exception) -> RemotingCommand:
     """The answer when the broker itself failed a request (not the request's fault)."""
     if isinstance(e, OSError):
         log.error("remoting request %d failed on an I/O error: %s", request.code, e)
-        remark = f"the broker's files failed it ({e}); retry later"[:MAX_REMARK_CHARS]
+        remark = ServiceNotAvailableError.files_failed(e).message[:MAX_REMARK_CHARS]
         return request.response(int(ResponseCode.SERVICE_NOT_AVAILABLE), remark=remark)
     log.exception("remoting request %d failed unexpectedly", request.code)
     return request.response(int(ResponseCode.SYSTEM_ERROR),
@@ -154,6 +164,11 @@ class Access:
     def _refused(self, e: NoPermissionError) -> None:
         if self.refusals is not None:
             self.refusals.inc(labels=(("reason", "denied"),))
+
+    @classmethod
+    def of(cls, controller: BrokerController) -> Access:
+        """The rights of a broker's remoting callers: its accounts when auth is on, its refusal counter."""
+        return cls(controller.accounts if controller.config.auth_enabled else None, controller.metrics.auth_refusals)
 
     def caller(self, context: RequestContext) -> Caller | None:
         if self.accounts is None:

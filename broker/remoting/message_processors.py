@@ -64,7 +64,7 @@ def message_processors(
     channels), wrapped here to learn the producer groups too; None: plain ones."""
     service = controller.service
     assert service is not None and service.retries is not None, "build the processors of a started broker"
-    access = Access(controller.accounts if controller.config.auth_enabled else None, controller.metrics.auth_refusals)
+    access = Access.of(controller)
     replication = GroupReplication(controller.gate)
     suspender = PullSuspender(service.pulls, controller.hold)
     sends = SendMessageProcessor(service.sends, access, replication, msg_ids)

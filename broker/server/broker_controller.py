@@ -287,7 +287,7 @@ class BrokerController:
         assert self.service is not None and self.store is not None
         consumers = self.service.consumers
         msg_ids = RemotingIds(self.store.msg_id_prefix())  # ids name the remoting address once it is bound
-        access = Access(self.accounts if cfg.auth_enabled else None, self.metrics.auth_refusals)
+        access = Access.of(self)
         clients = ClientProcessors(self.service, access)
         consumers.add_listener(clients.channels.changed)  # NOTIFY_CONSUMER_IDS_CHANGED to the group's clients
         self.remoting_messages = message_processors(self, subscription_of=consumers.subscription, msg_ids=msg_ids,

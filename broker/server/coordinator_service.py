@@ -52,7 +52,8 @@ def _answer(method: Callable[[Any, Any, grpc.ServicerContext], R]) -> Callable[[
             _abort(context, e.code, e.message)
         except OSError as e:  # the disk, not the request (a full one): the caller may ask again, as BrokerService's
             log.exception("%s failed on an I/O error", method.__name__)
-            _abort(context, ResponseCode.SERVICE_NOT_AVAILABLE, f"the broker's files failed it ({e}); retry later")
+            refused = ServiceNotAvailableError.files_failed(e)
+            _abort(context, refused.code, refused.message)
         except Exception as e:  # the last line of defence, as BrokerService's: logged, answered INTERNAL
             if isinstance(e, grpc.RpcError):
                 raise
