@@ -21,8 +21,9 @@ same run, the only comparison this machine allows (docs/benchmarks.md); the spre
 rounds' own ratios (each kind against plain text of the same round). Target: TLS + auth at least 0.8x plain text
 for SendBatch of 1 KiB, on the medians.
 
-Last, the gate alone, in this process: the time ``AuthGate`` spends authenticating and authorizing one SendBatch
-and one PullMessage request of the same user (no network, no TLS), split into its parts.
+Last, authorization alone, in this process: the time ``AuthGate`` spends authenticating one SendBatch and one
+PullMessage request of the same user and the operation's check of its rights (no network, no TLS), split into
+its parts.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ from broker.client.credentials import Credentials
 from broker.client.outgoing_message import encode_message
 from broker.format.signature import check_date_time, parse_header, signature_matches
 from broker.private_file import write_private
-from broker.proto import sluice_pb2 as pb
 from broker.server.metrics import Counter
 from broker.server.process import BrokerProcess
 
@@ -268,26 +268,26 @@ def per_call_us(fn: Callable[[], object], calls: int = GATE_CALLS) -> float:
     return statistics.median(timings) * 1e6
 
 
-def authorize_costs(gate: AuthGate, user: User, method: str, request: Any, msgs: int, context: Any,
-                    topics: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Microseconds the gate's authorization of ``request`` (of ``msgs`` messages, 0: a pull) takes, with its
-    parts: reading the request's needs, deciding them on the user's entries, and the check of ``topics`` a SendBatch
-    leaves to the send processor (broker/auth/operations.py's PUBLISH_BATCH), measured where the gate runs it."""
+def authorize_costs(gate: AuthGate, user: User, method: str, operation: Operation, objects: dict[str, Any],
+                    msgs: int, context: Any) -> dict[str, Any]:
+    """Microseconds the authorization of a call of ``method`` (of ``msgs`` messages, 0: a pull) takes: the gate's
+    own decision and the operation's check of the caller's rights on ``objects`` (broker/auth/operations.py's
+    ``authorize``, as the processor asks it), with its parts: the operation's needs, and deciding them on the user's
+    entries."""
     requirement = requirement_of(method)
     assert requirement is not None
-    gate_needs = getattr(requirement, "gate_needs", requirement)  # what the gate itself reads and decides
-    needs = gate_needs(request, gate.lookup)
+    needs = operations.needs_of(operation, **objects)
     entries, source = gate.accounts.entries(user.access_key), source_address(context.peer())
     caller_token = current.set(Caller(user.access_key, source, gate.accounts))  # as the gate's wrapper sets it
 
     def authorize() -> None:
-        gate.authorize(user, method, requirement, request, context)
-        operations.authorize(Operation.PUBLISH_BATCH, topics=topics)
+        gate.authorize(user, method, requirement)
+        operations.authorize(operation, **objects)
 
     out = {
         "messages_per_call": msgs,
         "authorize_us": per_call_us(authorize),
-        "requirement_us": per_call_us(lambda: gate_needs(request, gate.lookup)),
+        "needs_us": per_call_us(lambda: operations.needs_of(operation, **objects)),
         "decide_us": per_call_us(lambda: [allows(entries, n, source) for n in needs]),
     }
     current.reset(caller_token)
@@ -312,25 +312,18 @@ def gate_costs(workdir: Path) -> dict[str, Any]:
     out["parse_header_us"] = per_call_us(lambda: parse_header(metadata["authorization"]))
     out["check_date_time_us"] = per_call_us(lambda: check_date_time(date_time, now, 900))
     out["hmac_us"] = per_call_us(lambda: signature_matches(USER_SECRET_KEY, date_time, header.signature_hex))
-    requests: dict[str, tuple[str, Any, int, tuple[str, ...]]] = {}
+    requests: dict[str, tuple[str, Operation, dict[str, Any], int]] = {}
     for size in SIZES_BYTES:
-        per_call = SEND_BATCH_MSGS[size]
-        entries = batch(send_topic(size), size, 0, per_call)
         requests[case_name("send_batch", size)] = (
-            "/sluice.v1.Broker/SendBatch",
-            pb.SendBatchRequest(entries=entries, count=per_call),
-            per_call,
-            (send_topic(size),),
+            "/sluice.v1.Broker/SendBatch", Operation.PUBLISH_BATCH, {"topics": [send_topic(size)]},
+            SEND_BATCH_MSGS[size],
         )
     # A pull's answer holds as many messages as there are, up to its limits: its cost is per call only (0).
     requests["pull"] = (
-        "/sluice.v1.Broker/PullMessage",
-        pb.PullRequest(consumer_group=GROUP, topic=pull_topic(100)),
-        0,
-        (),
+        "/sluice.v1.Broker/PullMessage", Operation.CONSUME, {"group": GROUP, "topics": [pull_topic(100)]}, 0
     )
-    for name, (method, request, msgs, topics) in requests.items():
-        costs_of = authorize_costs(gate, user, method, request, msgs, context, topics)
+    for name, (method, operation, objects, msgs) in requests.items():
+        costs_of = authorize_costs(gate, user, method, operation, objects, msgs, context)
         costs_of["gate_us"] = out["authenticate_us"] + costs_of["authorize_us"]
         if msgs:
             costs_of["gate_us_per_msg"] = costs_of["gate_us"] / msgs
@@ -388,8 +381,8 @@ def render(report: dict[str, Any]) -> list[str]:
     for name in (*(case_name("send_batch", s) for s in SIZES_BYTES), "pull"):
         c = g[name]
         per_msg = f", {c['gate_us_per_msg']:.3f} us a message" if "gate_us_per_msg" in c else ""
-        lines.append(f"  {name.replace('_', ' ')}: authorize {c['authorize_us']:.1f} us (requirement "
-                     f"{c['requirement_us']:.1f}, decisions {c['decide_us']:.1f}); whole gate {c['gate_us']:.1f} us a "
+        lines.append(f"  {name.replace('_', ' ')}: authorize {c['authorize_us']:.1f} us (needs "
+                     f"{c['needs_us']:.1f}, decisions {c['decide_us']:.1f}); whole gate {c['gate_us']:.1f} us a "
                      f"call{per_msg}")
     return lines
 

@@ -1,11 +1,11 @@
-"""The authenticated caller of the call being served, for the checks a handler makes on what a request resolved to.
+"""The authenticated caller of the call being served, for the checks each operation makes on what it touches.
 
-The auth gate (gate.py) decides what a request's fields name before its handler runs. Some rights can only be
-decided inside the handler: a RocketMQ 5 ``Telemetry`` stream is admitted from its metadata alone, and the
-settings it carries arrive later; a check-back goes to whichever producer stream may receive it. The gate records
-the caller of each call it admitted here (``current``, a context variable of the gRPC worker thread serving the
-call), and a handler asks ``current_caller()`` or ``require(...)``. With auth off the gate is not installed: there
-is no caller, and every check passes, as every call does.
+The auth gate (gate.py) records the caller of each gRPC call it admitted here (``current``, a context variable of
+the worker thread serving the call), and the remoting port records the caller of each request it serves
+(broker/remoting/message_outcomes.py ``Access.as_caller``); each operation then asks ``require(...)`` (through
+operations.py's ``authorize``) on the objects it resolved, and a handler whose rights arrive later asks
+``current_caller()`` (a RocketMQ 5 ``Telemetry`` stream's settings; a check-back goes to whichever producer stream
+may receive it). With auth off no caller is set, and every check passes, as every call does.
 
 A ``Caller`` reads the user's entries from ``Accounts`` on each question, as the gate does on each call: a right
 revoked while a stream is open is gone for the stream's next settings or check-back. A handler that hands work to

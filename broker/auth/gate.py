@@ -12,35 +12,34 @@ Each call is authenticated first, from its metadata alone, before its body is pa
 * else UNAUTHENTICATED: nothing anonymous passes once authentication is on, except the methods the requirement
   table declares ``ANONYMOUS`` (a name server's route reads).
 
-Then authorized: super users pass; anyone else needs every right the method's row (requirements.py) names for
-this request, decided by policy.py on the user's entries and the caller's address. The operations a row marks
-resolved (ending or joining a transaction, a send-back) are decided later by the operation on what it found
-(operations.py): the gate leaves the caller for them in ``caller.current`` (caller.py). A refusal is
-PERMISSION_DENIED naming the first missing right. Both refusals carry their response code (UNAUTHENTICATED,
-NO_PERMISSION) like every other error, are counted in ``sluice_auth_refusals_total`` by reason, and are logged at
-most ``LOG_PER_SECOND`` times a second per access key (a client retrying in a loop must not flood the log).
+Then the gate hands the caller to the call: it leaves it in ``caller.current`` (caller.py), and each operation the
+call does asks for the caller's rights on the objects it touches, after resolving them and before it changes
+anything (operations.py, decided by policy.py on the user's entries and the caller's address): the gate does not
+read what a request names, so no protocol front decides a right on its own reading of a request. The gate decides
+only what needs no request: the methods the requirement table (requirements.py) reserves for super users, and
+those it has no row for (default deny). A refusal is PERMISSION_DENIED (or, in RocketMQ 5's answers, FORBIDDEN)
+naming the first missing right. Both refusals carry their response code (UNAUTHENTICATED, NO_PERMISSION) like
+every other error, are counted in ``sluice_auth_refusals_total`` by reason, and are logged at most
+``LOG_PER_SECOND`` times a second per access key (a client retrying in a loop must not flood the log).
 
 Nothing is cached across calls: a user's entries are read from ``Accounts`` on each call (dictionary lookups), so
 a revocation or a disabled user applies to the next request. The cost per call is two HMAC-SHA1 (before the body
-and with it, below) and a scan of the user's entries; bench/security.py measures one of each. A SendBatch's topics
-are decided where the batch is parsed (operations.py's PUBLISH_BATCH). A SendStream or PullStream is authenticated
-when it opens, and each of its requests is admitted as its unary call is, its signature checked again but not its
-date-time (server/call_streams.py).
+and with it, below) and a scan of the user's entries by the operation; bench/security.py measures one of each. A
+SendStream or PullStream is authenticated when it opens, and each of its requests is admitted as its unary call
+is, its signature checked again but not its date-time (server/call_streams.py).
 A stream counts against its user's share of the held worker threads while it is open (held_streams.py).
-The caller of each admitted call is readable inside its handler (caller.py), for the rights only the
-handler can decide (a RocketMQ 5 Telemetry stream's settings, which arrive after it opened).
 
 Before the body: gRPC hands a server interceptor the method and the metadata of a call before it reads the request
 (``intercept_service``), so the signature is checked there, and a call that fails gets a handler that refuses it
 without parsing its body (the bytes are read, never decoded): an unauthenticated caller reaches no protobuf parser
-of the broker. A call that passes is checked again by the wrapped handler, with its request, which authorization
-needs (a second HMAC, a few microseconds: the handler must not rely on having been reached through this one path).
+of the broker. A call that passes is checked again by the wrapped handler (a second HMAC, a few microseconds: the
+handler must not rely on having been reached through this one path).
 Two cases are decided in the wrapped handler only: a call with no header under mutual TLS (the client
 certificate's names are in the servicer context, which an interceptor does not get), and each request of a
 SendStream or PullStream (server/call_streams.py resolves those handlers once, for every request to come).
 
 A request that could not be parsed (request_guard.py) is authenticated and then passed to its handler, which
-refuses it as INVALID_ARGUMENT: its rights cannot be read from it, and it changes nothing.
+refuses it as INVALID_ARGUMENT: it reaches no operation, and changes nothing.
 """
 
 from __future__ import annotations
@@ -57,17 +56,10 @@ from typing import Any
 
 import grpc
 
-from broker.auth import operations
 from broker.auth.accounts import Accounts, User
 from broker.auth.caller import Caller, current
 from broker.auth.held_streams import HELD_ANSWER_STREAMS, UserStreams
-from broker.auth.requirements import (
-    Lookup,
-    Requirement,
-    is_anonymous,
-    is_super_only,
-    requirement_of,
-)
+from broker.auth.requirements import Lookup, Requirement, is_anonymous, is_super_only, requirement_of
 from broker.errors import AuthenticationError, BrokerError, NoPermissionError
 from broker.format.signature import (
     AUTHORIZATION_HEADER,
@@ -80,7 +72,6 @@ from broker.proto.status import RESPONSE_CODE_KEY, capped_details, grpc_code_for
 from broker.server.call_streams import StreamCallContext, StreamRequestDetails
 from broker.server.handler_cache import WrappedHandlers
 from broker.server.metrics import Counter
-from broker.server.request_guard import MalformedRequest
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +151,8 @@ class AuthGate(grpc.ServerInterceptor):
         self.settings = settings
         self.refusals = refusals
         self.clock = clock
-        self.lookup: Lookup = _NoLookup()  # the broker's, once its store runs
+        # The broker's, once its store runs: what a requirement row's preview of a call's needs asks (requirements.py)
+        self.lookup: Lookup = _NoLookup()
         self._log = _RefusalLog()
         self._wrapped = WrappedHandlers()
 
@@ -197,20 +189,14 @@ class AuthGate(grpc.ServerInterceptor):
             "certificate that names a user)"
         )
 
-    def authorize(self, user: User, method: str, requirement: Requirement | None, request: Any,
-                  context: grpc.ServicerContext) -> None:
-        if user.super_user:
-            return
-        if is_super_only(requirement):
+    @staticmethod
+    def authorize(user: User, method: str, requirement: Requirement | None) -> None:
+        """What the gate decides itself: the methods for super users only, and those without a row (default deny).
+        Every other right is asked by the operations the call does (module docstring)."""
+        if not user.super_user and is_super_only(requirement):
             raise NoPermissionError(
                 f"user {user.access_key!r} may not call {method.rsplit('/', 1)[-1]}: super users only"
             )
-        if isinstance(request, MalformedRequest):
-            return  # refused by its handler (module docstring)
-        assert requirement is not None
-        entries = self.accounts.entries(user.access_key)
-        gate_needs = getattr(requirement, "gate_needs", requirement)  # a Row's resolved operations come later
-        operations.check(user.access_key, entries, source_address(context.peer()), gate_needs(request, self.lookup))
 
     def _refuse(self, e: BrokerError, context: grpc.ServicerContext, who: str, method: str) -> None:
         reason = "unauthenticated" if isinstance(e, AuthenticationError) else "denied"
@@ -220,7 +206,7 @@ class AuthGate(grpc.ServerInterceptor):
         context.set_trailing_metadata(((RESPONSE_CODE_KEY, str(int(e.code))),))
         context.abort(grpc_code_for(e.code), capped_details(e.message))
 
-    def _admit(self, method: str, request: Any, context: grpc.ServicerContext) -> Caller | None:
+    def _admit(self, method: str, context: grpc.ServicerContext) -> Caller | None:
         """The caller, authenticated and authorized for ``method``; None for an anonymous method. Aborts the call
         (raises) when refused."""
         requirement = requirement_of(method)
@@ -231,8 +217,8 @@ class AuthGate(grpc.ServerInterceptor):
         try:
             user = self.authenticate(metadata, context)
             who = f"user {user.access_key!r}"
-            self.authorize(user, method, requirement, request, context)
-        except BrokerError as e:  # AuthenticationError, NoPermissionError, InvalidArgumentError from a requirement
+            self.authorize(user, method, requirement)
+        except BrokerError as e:  # AuthenticationError, NoPermissionError
             if who == "an anonymous caller":
                 who = _caller(metadata)
             self._refuse(e, context, who, method.rsplit("/", 1)[-1])
@@ -303,7 +289,7 @@ class AuthGate(grpc.ServerInterceptor):
             def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 caller_token = current.set(None)  # a worker thread's last call must not lend this one its caller
                 try:
-                    current.set(self._admit(method, request, context))
+                    current.set(self._admit(method, context))
                     return inner_uu(request, context)
                 finally:
                     current.reset(caller_token)
@@ -317,7 +303,7 @@ class AuthGate(grpc.ServerInterceptor):
             def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 current.set(None)
                 try:
-                    caller = self._admit(method, request, context)
+                    caller = self._admit(method, context)
                     current.set(caller)
                     release = self._hold_stream(caller, method, context) if held else _nothing
                     try:
@@ -334,7 +320,7 @@ class AuthGate(grpc.ServerInterceptor):
             def stream_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
                 current.set(None)
                 try:
-                    caller = self._admit(method, None, context)  # from metadata only: see these methods' requirement
+                    caller = self._admit(method, context)
                     current.set(caller)
                     release = self._hold_stream(caller, method, context)
                     try:
@@ -350,7 +336,7 @@ class AuthGate(grpc.ServerInterceptor):
         def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
             caller_token = current.set(None)
             try:
-                caller = self._admit(method, None, context)
+                caller = self._admit(method, context)
                 current.set(caller)
                 release = self._hold_stream(caller, method, context)
                 try:

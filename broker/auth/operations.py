@@ -2,24 +2,26 @@
 
 An operation is what a request does, whatever protocol carried it: publishing, consuming, ending a transaction,
 sending a message back for a retry... Each rule names the objects it is decided on and the rights it needs over
-them (policy.py decides each need against the caller's entries and address). Every protocol front maps its methods
-to these operations (requirements.py: the Sluice service, the transaction coordinator, RocketMQ 5's
-MessagingService, the name server), so the same operation needs the same rights whichever front it came through.
+them (policy.py decides each need against the caller's entries and address). The operation itself asks: each
+processor under the protocol fronts (broker/server/*_processor.py, the transaction service, the coordinator) calls
+``authorize`` with the objects it is about to touch, first, before it reads, creates or changes anything; a
+protocol front only translates its wire into those calls (requirements.py declares which operations each method
+of each front does), so the same operation needs the same rights whichever front it came through, and a front
+cannot decide a right on its own reading of a request.
 
-Two kinds of rule:
+Two kinds of object (``Rule.resolved``):
 
-* **From the request**: the objects are the ones the request names, and nothing else is touched (a pull reads the
-  queue of the topic it names for the group it names). The gate (gate.py) checks these before the handler runs.
-* **Resolved** (``Rule.resolved``): the operation acts on an object it finds first: the stored message a send-back
-  copies (its own topic, not a name in the request), the transaction an end or a half joins (the producer group
-  recorded when the transaction was opened). The gate only authenticates; the operation calls ``authorize`` with
-  what it found, before it changes anything. A request that names one object and touches another is refused on the
-  one it touches.
+* **Named**: the objects are the ones the request names, and nothing else is touched (a pull reads the queue of
+  the topic it names for the group it names).
+* **Resolved**: the operation acts on an object it finds first: the stored message a send-back copies (its own
+  topic, not a name in the request), the transaction an end or a half joins (the producer group recorded when the
+  transaction was opened). A request that names one object and touches another is refused on the one it touches.
 
-The caller of the running call lives in a context variable (caller.py's ``current``), set by the gate for each call
-it admitted and reset when the call ends; a super user's caller passes every check. With auth off and for the
-broker's own work (check-back answers recorded by a thread, recovery, the participant resolver), nothing is set and
-``authorize`` lets everything through: authorization never changes what an authorized caller sees.
+The caller of the running call lives in a context variable (caller.py's ``current``), set by the gate (gRPC) or
+the remoting port for each call it admitted and reset when the call ends; a super user's caller passes every
+check. With auth off and for the broker's own work (check-back answers recorded by a thread, recovery, the
+participant resolver, a closed connection's clients leaving their groups), nothing is set and ``authorize`` lets
+everything through: authorization never changes what an authorized caller sees.
 
 System topics (broker/format/system_topics.py) hold what the broker still owes; no client reads their messages through
 any read path whatever its rights (the processors refuse those reads for everyone); their offsets and routes are
@@ -33,11 +35,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.auth.caller import Address, current_caller, require
-from broker.auth.policy import CLUSTER, Action, Entry, Need, allows, need
+from broker.auth.caller import current_caller, require
+from broker.auth.policy import CLUSTER, Action, Need, need
 from broker.auth.policy import group as group_r
 from broker.auth.policy import topic as topic_r
-from broker.errors import NoPermissionError
 from broker.format.system_topics import is_system_topic
 
 PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST, ALL = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE,
@@ -80,8 +81,8 @@ class Operation(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """``needs(**objects)``: the rights over ``objects``; ``resolved``: decided by the operation on the objects
-    it found (module docstring), else by the gate on the objects the request names."""
+    """``needs(**objects)``: the rights over ``objects``; ``resolved``: the objects are ones the operation found,
+    not the ones its request names (module docstring)."""
 
     objects: tuple[str, ...]
     needs: Callable[..., list[Need]]
@@ -251,14 +252,6 @@ RULES: dict[Operation, Rule] = {
 
 def needs_of(operation: Operation, **objects: Any) -> list[Need]:
     return RULES[operation].needs(**objects)
-
-
-def check(access_key: str, entries: tuple[Entry, ...], source: Address | None, needs: Iterable[Need]) -> None:
-    """NoPermissionError naming the first of ``needs`` that ``entries`` do not allow from ``source`` (the gate's
-    check, on the rights a request names; the gate counts and logs its own refusals)."""
-    for n in needs:
-        if not allows(entries, n, source):
-            raise NoPermissionError(f"user {access_key!r} lacks {n.describe()}")
 
 
 def allowed(operation: Operation, **objects: Any) -> bool:

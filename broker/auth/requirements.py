@@ -1,15 +1,17 @@
 """What every RPC does, declared once: method name -> the operations it does (operations.py holds their rights).
 
 Every method of every service a broker serves has a row here (the Broker service, the transaction coordinator,
-RocketMQ 5's MessagingService, the name server); tests/unit/auth walk these tables against the services'
-descriptors, so a new RPC cannot be served without a declared row. A method missing here is refused for everyone
-but super users (default deny), never let through.
+RocketMQ 5's MessagingService, the name server, the remoting port's request codes); tests/unit/auth walk these
+tables against the services' descriptors, so a new RPC cannot be served without a declared row. A method missing
+here is refused for everyone but super users (default deny), never let through; the gate (gate.py) decides that,
+and the rows marked ``SUPER_ONLY`` and ``ANONYMOUS``, from the method alone.
 
-A row (``Row``) lists the operations of its method, each with the objects the request names. The gate (gate.py)
-checks the operations decided from the request before the handler runs; the resolved ones (a transaction's end
-or a half joining one, a send-back) are decided by the operation itself on what it found (operations.py). Called,
-a row gives every need of the call, the resolved ones previewed through the broker's ``Lookup`` (the group of a
-transaction named by id, the topic of a message named by id): what a caller must be granted, in tests and docs.
+Every other right is asked by the operation itself (the processors under each front call operations.py's
+``authorize`` on the objects they resolved, before they change anything), so a row decides nothing at run time:
+it declares which operations a call does and on which of its request's objects. Called, a row gives every need
+of a call, the operations on resolved objects previewed through the broker's ``Lookup`` (the group of a
+transaction named by id, the topic of a message named by id): what a caller must be granted, which the tests
+grant and check the operations against, and the docs list.
 
 The rules, the way RocketMQ 5.3 and Kafka put them:
 
@@ -33,8 +35,8 @@ The rules, the way RocketMQ 5.3 and Kafka put them:
   brokers and topics, never a message, and every client asks for routes before it knows which broker holds its
   users.
 
-An objects function gets the parsed request and the ``Lookup``. It raises InvalidArgumentError for a request it
-cannot read; it never needs the store's lock for more than a dictionary lookup.
+An objects function gets the parsed request and the ``Lookup``; it never needs the store's lock for more than a
+dictionary lookup.
 """
 
 from __future__ import annotations
@@ -42,13 +44,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from broker.auth.operations import RULES, Operation, needs_of
+from broker.auth.operations import Operation, needs_of
 from broker.auth.policy import Need
 from broker.errors import BrokerError
 from broker.format.message import Prop, iter_entries
 
-# Methods whose topic rights are decided where the request is parsed (the send processor: PUBLISH_BATCH).
-DEFERRED_TOPIC_CHECKS = frozenset({"/sluice.v1.Broker/SendBatch"})
 Op = Operation
 
 
@@ -66,14 +66,12 @@ Objects = Callable[[Any, Lookup], dict[str, Any]]
 
 class Row:
     """One method: the operations it does, each with its objects as the request (and the broker's ``Lookup``)
-    name them. Called, it gives every need of the call (the gate's and, previewed through the lookup, the resolved
-    operations' ones: what the tests grant and the docs list); ``gate_needs`` only those the gate checks."""
+    name them. Called, it gives every need of the call (module docstring)."""
 
-    __slots__ = ("gate_uses", "uses")
+    __slots__ = ("uses",)
 
     def __init__(self, *uses: tuple[Operation, Objects] | None) -> None:
         self.uses = tuple(u for u in uses if u is not None)
-        self.gate_uses = tuple((RULES[op].needs, objects) for op, objects in self.uses if not RULES[op].resolved)
 
     def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
         """The operations a call with ``request`` does (a send: transactional or not)."""
@@ -81,13 +79,6 @@ class Row:
 
     def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
         return [n for op, objects in self.uses for n in needs_of(op, **objects(request, lookup))]
-
-    def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
-        """On every call: prebuilt, one objects function and one rule a use."""
-        if len(self.gate_uses) == 1:
-            needs, objects = self.gate_uses[0]
-            return needs(**objects(request, lookup))
-        return [n for needs, objects in self.gate_uses for n in needs(**objects(request, lookup))]
 
 
 def on(operation: Operation, objects: Objects = lambda r, lookup: {}) -> tuple[Operation, Objects]:
@@ -141,11 +132,6 @@ class _Either(Row):
     def __call__(self, request: Any, lookup: Lookup) -> list[Need]:
         return self.other(request, lookup) if self.picks_other(request) else super().__call__(request, lookup)
 
-    def gate_needs(self, request: Any, lookup: Lookup) -> list[Need]:
-        if self.picks_other(request):
-            return self.other.gate_needs(request, lookup)
-        return super().gate_needs(request, lookup)
-
     def operations(self, request: Any, lookup: Lookup) -> tuple[Operation, ...]:
         return (
             self.other.operations(request, lookup) if self.picks_other(request) else super().operations(request, lookup)
@@ -153,15 +139,25 @@ class _Either(Row):
 
 
 def _batch_topics(entries: bytes) -> list[str]:
-    """The topics a SendBatch stores in (a half's real topic): only to preview its rows' needs (tests, docs); the
-    send processor decides them on its own validation of the batch."""
+    """The topics a SendBatch stores in (a half's real topic), for the preview (the send processor decides them on
+    its own validation of the batch)."""
     try:
         return list(dict.fromkeys(m.properties.get(Prop.REAL_TOPIC) or m.topic for m in iter_entries(entries)))
     except (BrokerError, ValueError, IndexError):  # a batch the processor refuses as malformed
         return []
 
 
-_OPEN = on(Op.OPEN_TRANSACTION, lambda r, _: {"producer_group": r.producer_group})
+def _opens(producer_group: Callable[[Any], str], txn_id_of: Callable[[Any], str]) -> tuple[Operation, Objects]:
+    """A transactional send opens a transaction under the group it names, unless its id names an open one, which it
+    joins instead (``_joined``): then the group it names is not touched."""
+    return on(
+        Op.OPEN_TRANSACTION,
+        lambda r, lookup: {"producer_group": None if txn_id_of(r) and lookup.transaction_group(txn_id_of(r), None)
+                           else producer_group(r)},
+    )
+
+
+_OPEN = _opens(lambda r: str(r.producer_group), lambda r: str(getattr(r, "transaction_id", "")))
 _SEND = on(Op.PUBLISH, lambda r, _: {"topics": [r.topic]})
 _SEND_BATCH = on(Op.PUBLISH_BATCH, lambda r, _: {"topics": _batch_topics(r.entries)})
 
@@ -182,7 +178,8 @@ def _v2_topics(r: Any) -> dict[str, Any]:
 _V2_SEND = _Either(
     Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r))),
     Row(on(Op.PUBLISH, lambda r, _: _v2_topics(r)),
-        on(Op.OPEN_TRANSACTION, lambda r, _: {"producer_group": _v2_name(_v2_transactional(r)[0].topic)}),
+        _opens(lambda r: _v2_name(_v2_transactional(r)[0].topic),
+               lambda r: str(_v2_transactional(r)[0].system_properties.message_id)),
         _joined(lambda r: _v2_transactional(r)[0].system_properties.message_id)),
     lambda r: any(m.system_properties.message_type == _V2_TRANSACTION for m in r.messages),
 )
@@ -295,15 +292,14 @@ NAMESRV: dict[str, Requirement] = {
 }
 
 # RocketMQ's remoting protocol (broker/remoting): request code name -> row, over the requests its processors parse
-# (``topic``, ``producer_group``, ``transactional``, ``consumer_group`` as the gRPC requests name them). A batch's
-# topics and a send-back's message are decided by the operations themselves, as over gRPC.
+# (``topic``, ``producer_group``, ``transactional``, ``consumer_group`` as the gRPC requests name them).
 REMOTING: dict[str, Requirement] = {
     "SEND_MESSAGE": _Either(Row(_SEND), Row(_SEND, _OPEN), lambda r: r.transactional),
     "SEND_BATCH_MESSAGE": Row(on(Op.PUBLISH_BATCH, lambda r, _: {"topics": [r.topic]})),
     "PULL_MESSAGE": Row(on(Op.CONSUME, lambda r, _: {"group": r.consumer_group, "topics": [r.topic]})),
     "CONSUMER_SEND_MSG_BACK": Row(on(Op.SEND_BACK, lambda r, _: {"group": r.consumer_group, "topic": ""})),
-    # Offsets and membership (broker/remoting/admission.py names their ``topic`` and ``consumer_group``; a
-    # heartbeat is decided once per consumer group it carries, over that group's subscriptions), as over gRPC.
+    # Offsets and membership, as over gRPC (a heartbeat is decided once per consumer group it carries, over that
+    # group's subscriptions).
     "GET_MAX_OFFSET": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
     "GET_MIN_OFFSET": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),
     "GET_EARLIEST_MSG_STORETIME": Row(on(Op.READ_TOPIC, lambda r, _: _names(r.topic))),

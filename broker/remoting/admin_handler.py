@@ -32,7 +32,7 @@ class Guarded:
     def process(self, request: RemotingCommand, context: RequestContext) -> Answer:
         try:
             parsed = self.parse(request)
-            with self.access.admitted(context, self.name, parsed):
+            with self.access.as_caller(context):
                 return self.handle(request, parsed)
         except BrokerError as e:
             code = error_code(e)

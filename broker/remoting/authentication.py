@@ -1,9 +1,9 @@
 """Who sent a remoting request: RocketMQ 4's ACL signature (signature.py) checked against Sluice's users.
 
 The transport (server.py) asks :meth:`Authenticator.user_of` for every request of a code it serves, on the worker
-thread, before the code's processor runs; the user goes into ``RequestContext.user`` and each processor then
-checks that user's rights through the same requirement table and policy as the gRPC fronts
-(broker/auth/requirements.py ``REMOTING``, message_outcomes.py ``Access``). A refusal here is an
+thread, before the code's processor runs; the user goes into ``RequestContext.user``, each processor runs as
+that caller (message_outcomes.py ``Access.as_caller``), and the operations it translates to ask for the caller's
+rights as they do for the gRPC fronts (broker/auth/operations.py). A refusal here is an
 ``AuthenticationError``, answered ``NO_PERMISSION`` (16, RocketMQ's ACL answer) with a remark saying what to fix;
 the processor never runs, so nothing is stored or changed (a one-way request is dropped unanswered).
 

@@ -14,8 +14,9 @@ calls too: the same checks, the same retry topic made for a clustering group, th
 
 Rights (with auth on): a heartbeat needs, for each consumer group it carries, what a gRPC heartbeat needs (Sub on
 the group and each topic subscribed), all checked before any is recorded; leaving needs Sub or Pub on the group;
-the consumer list Sub or Get on it (broker/auth/requirements.py ``REMOTING``). The connection each heartbeat came
-on is recorded (consumer_channels.py) so that the group's clients are told when its membership changes.
+the consumer list Sub or Get on it (broker/auth/operations.py, asked by the operations this translates to). The
+connection each heartbeat came on is recorded (consumer_channels.py) so that the group's clients are told when its
+membership changes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from broker.format.system_topics import RETRY_GROUP_TOPIC_PREFIX
 from broker.proto import sluice_pb2 as pb
 from broker.remoting import fastjson
 from broker.remoting import header_fields as f
-from broker.remoting.admission import Admitted
+from broker.remoting.admission import AsCaller
 from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.consumer_channels import ConsumerChannels
@@ -57,15 +58,13 @@ class ClientProcessors:
 
     def processors(self) -> dict[int, Processor]:
         return {
-            RequestCode.HEART_BEAT: ContextHandler(self.heartbeat),
-            RequestCode.UNREGISTER_CLIENT: Admitted(ContextHandler(self.unregister), self.access,
-                                                    RequestCode.UNREGISTER_CLIENT),
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP: Admitted(Handler(self.consumer_list), self.access,
-                                                             RequestCode.GET_CONSUMER_LIST_BY_GROUP),
+            RequestCode.HEART_BEAT: AsCaller(ContextHandler(self.heartbeat), self.access),
+            RequestCode.UNREGISTER_CLIENT: AsCaller(ContextHandler(self.unregister), self.access),
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: AsCaller(Handler(self.consumer_list), self.access),
         }
 
     def _leave(self, group: str, client_id: str) -> None:
-        self.service.heartbeat(pb.HeartbeatRequest(client_id=client_id, consumer_group=group, unregister=True))
+        self.service.leave(group, client_id)
 
     def heartbeat(self, request: RemotingCommand, context: RequestContext) -> RemotingCommand:
         try:
@@ -98,7 +97,8 @@ class ClientProcessors:
                 types[topic] = kind
             beats.append((pb.HeartbeatRequest(client_id=client_id, consumer_group=group, subscriptions=subscriptions,
                                               model=model), types))
-        self.access.check(context, "HEART_BEAT", *(beat for beat, _ in beats))  # every group, before any is recorded
+        for beat, _ in beats:  # every group's rights, before any is recorded
+            self.service.authorize_heartbeat(beat)
         for beat, types in beats:
             if beat.consumer_group:
                 self.channels.joined(beat.consumer_group, client_id, context.peer)
@@ -117,7 +117,7 @@ class ClientProcessors:
 
     def consumer_list(self, request: RemotingCommand) -> RemotingCommand:
         group = f.text(request, "consumerGroup")
-        ids, _version = self.service.consumers.consumer_ids(group)
+        ids, _version = self.service.admin.consumer_ids(group)
         if not ids:
             return request.response(WireCode.SYSTEM_ERROR, remark=f"no consumer for this group, {group}")
         return request.response(WireCode.SUCCESS, body=fastjson.dumps({"consumerIdList": ids}, standard=True))

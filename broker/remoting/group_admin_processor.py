@@ -137,7 +137,7 @@ class GroupAdminProcessors:
         return request.response(WireCode.SUCCESS)
 
     def connections(self, request: RemotingCommand, req: GroupRequest) -> RemotingCommand:
-        members = self.service.consumers.members(req.consumer_group)
+        members = self.admin.group_members(req.consumer_group)
         if not members:
             raise BrokerError(f"the consumer group {req.consumer_group} is not online",
                               ResponseCode.CONSUMER_NOT_ONLINE)
@@ -158,16 +158,7 @@ class GroupAdminProcessors:
         return request.response(WireCode.SUCCESS, body=body)
 
     def reset_offset(self, request: RemotingCommand, req: ResetRequest) -> RemotingCommand:
-        config = self.admin.topics.require(req.topic)
-        committed = self.admin.query_consumer_offsets(req.consumer_group, req.topic, -1)
-        offsets: dict[tuple[str, int], int] = {}
-        for q in range(config.read_queue_nums):
-            if req.timestamp == LAST_TIME:
-                target = self.admin.store.max_offset(req.topic, q)
-            else:
-                target = self.admin.search_offset(req.topic, q, req.timestamp)
-            current = committed.get(q, -1)
-            offsets[(req.topic, q)] = target if req.force or current < 0 or target < current else current
-        self.admin.reset_consumer_offsets(req.consumer_group, offsets)
+        offsets = self.admin.reset_to_time(req.consumer_group, req.topic,
+                                           None if req.timestamp == LAST_TIME else req.timestamp, req.force)
         body = reset_offset_body((Queue(t, self.broker_name, q), o) for (t, q), o in offsets.items())
         return request.response(WireCode.SUCCESS, body=body)

@@ -16,11 +16,10 @@ the codes only Sluice has are answered with the one a 4.x client acts on the sam
 | an I/O error (OSError)        | SERVICE_NOT_AVAILABLE (14) | the disk, not the request: retry later or elsewhere |
 | any other exception           | SYSTEM_ERROR (1), logged   | the last line: the broker keeps serving             |
 
-**Rights.** A processor runs ``admitted(...)`` around its work: with auth off nothing is decided; with auth on the
-caller is the user the transport authenticated (``RequestContext.user``; none: refused NO_PERMISSION), set as the
-running call's caller (broker/auth/caller.py) so that the operations that decide on what they find (a batch's
-topics, a send-back's message) decide as they do for gRPC, and the request's own needs are checked from its row in
-``broker.auth.requirements.REMOTING``.
+**Rights.** A processor runs its work ``as_caller(...)``: with auth off nothing is decided; with auth on the caller
+is the user the transport authenticated (``RequestContext.user``; none: refused NO_PERMISSION), set as the running
+call's caller (broker/auth/caller.py). The operations the processor translates to (broker/server's processors)
+then ask for the caller's rights on what they touch, as they do for every other front.
 """
 
 from __future__ import annotations
@@ -29,11 +28,10 @@ import ipaddress
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from broker.auth.accounts import Accounts
 from broker.auth.caller import Caller, current
-from broker.auth.requirements import REMOTING, Row
 from broker.errors import (
     BrokerError,
     InvalidArgumentError,
@@ -134,16 +132,6 @@ def failure(request: RemotingCommand, e: Exception) -> RemotingCommand:
 # ------------------------------------------------------------------------------------------------- rights
 
 
-class _RequestNamesOnly:
-    """Rows of remoting requests are decided on what the request names; resolved operations decide themselves."""
-
-    def transaction_group(self, txn_id: str, half_commitlog_offset: int | None) -> str | None:
-        return None
-
-    def message_topic(self, msg_id: str) -> str | None:
-        return None
-
-
 def _source(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     host = address.rpartition(":")[0].strip("[]") or address
     try:
@@ -179,25 +167,13 @@ class Access:
             )
         return Caller(context.user, _source(context.peer.address), self.accounts, refused=self._refused)
 
-    def check(self, context: RequestContext, code_name: str, *requests: Any) -> None:
-        """NoPermissionError unless the caller may do each of ``requests`` (of one code) by the code's row."""
-        caller = self.caller(context)
-        if caller is None:
-            return
-        row: Row = REMOTING[code_name]  # type: ignore[assignment]
-        for request in requests:
-            caller.require(*row.gate_needs(request, _RequestNamesOnly()))
-
     @contextmanager
-    def admitted(self, context: RequestContext, code_name: str, request: Any) -> Iterator[Caller | None]:
-        """Check the request's row, and make the caller the running call's for the work inside (NoPermissionError
-        when refused: nothing done)."""
+    def as_caller(self, context: RequestContext) -> Iterator[Caller | None]:
+        """The work inside runs as the request's caller (NoPermissionError when auth is on and the request was not
+        signed: nothing done). Each operation asks for its own rights (broker/auth/operations.py)."""
         caller = self.caller(context)
         token = current.set(caller)
         try:
-            if caller is not None:
-                row: Row = REMOTING[code_name]  # type: ignore[assignment]
-                caller.require(*row.gate_needs(request, _RequestNamesOnly()))
             yield caller
         finally:
             current.reset(token)

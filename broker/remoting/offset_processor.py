@@ -19,13 +19,13 @@ and its first message is in memory, a heuristic Sluice does not copy: the client
 
 Rights (with auth on), as the gRPC calls of the same reads and writes: a queue's offsets need Pub, Sub or Get on
 the topic; a group's committed offset, read or written, Sub on the group and on the topic (broker/auth/
-requirements.py ``REMOTING``, checked by admission.py before anything is read or stored).
+operations.py, asked by AdminProcessor's operations before anything is read or stored).
 """
 
 from __future__ import annotations
 
 from broker.remoting import header_fields as f
-from broker.remoting.admission import Admitted
+from broker.remoting.admission import AsCaller
 from broker.remoting.codes import RequestCode, WireCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.handler import Handler
@@ -48,7 +48,7 @@ class OffsetProcessors:
             RequestCode.QUERY_CONSUMER_OFFSET: Handler(self.query_consumer_offset),
             RequestCode.UPDATE_CONSUMER_OFFSET: Handler(self.update_consumer_offset),
         }
-        return {code: Admitted(handler, self.access, code) for code, handler in handlers.items()}
+        return {code: AsCaller(handler, self.access) for code, handler in handlers.items()}
 
     def _range(self, request: RemotingCommand) -> tuple[int, int]:
         topic, queue_id = f.text(request, "topic"), f.int32(request, "queueId")
@@ -69,8 +69,7 @@ class OffsetProcessors:
 
     def earliest_time(self, request: RemotingCommand) -> RemotingCommand:
         topic, queue_id = f.text(request, "topic"), f.int32(request, "queueId")
-        self.admin.topics.check_queue(topic, queue_id)
-        return self._offset(request, self.admin.store.earliest_message_time(topic, queue_id), "timestamp")
+        return self._offset(request, self.admin.earliest_time(topic, queue_id), "timestamp")
 
     def search(self, request: RemotingCommand) -> RemotingCommand:
         topic, queue_id, ts = f.text(request, "topic"), f.int32(request, "queueId"), f.int64(request, "timestamp")

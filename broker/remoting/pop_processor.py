@@ -119,7 +119,7 @@ class PopMessageProcessors:
     # ------------------------------------------------------------------------------------------------ pop
     def _pop(self, request: RemotingCommand, context: RequestContext) -> Answer:
         call = _pop_request(request)
-        with self.access.admitted(context, "POP_MESSAGE", call):
+        with self.access.as_caller(context):
             if call.poll_time_ms <= 0:
                 return self._popped(request, call)
             caller_context = contextvars.copy_context()  # the held pop runs as this request's caller too
@@ -172,8 +172,7 @@ class PopMessageProcessors:
     def _ack(self, request: RemotingCommand, context: RequestContext) -> RemotingCommand:
         group, topic, handle = f.text(request, "consumerGroup"), f.text(request, "topic"), f.text(request, "extraInfo")
         validate_group(group)
-        call = pb.AckMessageRequest(consumer_group=group, topic=topic, receipt_handles=[handle])
-        with self.access.admitted(context, "ACK_MESSAGE", call):
+        with self.access.as_caller(context):
             [refusal] = self.pops.ack(group, topic, [handle])
         if refusal is not None:
             raise refusal
@@ -184,7 +183,7 @@ class PopMessageProcessors:
             consumer_group=f.text(request, "consumerGroup"), topic=f.text(request, "topic"),
             receipt_handle=f.text(request, "extraInfo"), invisible_time_ms=f.int64(request, "invisibleTime"),
         )
-        with self.access.admitted(context, "CHANGE_MESSAGE_INVISIBLETIME", call):
+        with self.access.as_caller(context):
             changed = self.pops.change(call.consumer_group, call.topic, call.receipt_handle, call.invisible_time_ms)
         ext = {"popTime": str(changed.invisible_until_ms - call.invisible_time_ms),
                "invisibleTime": str(call.invisible_time_ms), "reviveQid": "0",

@@ -54,7 +54,7 @@ class SendBackProcessor:
         try:
             req = parse_send_back(request.ext_fields)
             validate_group(req.consumer_group)
-            with self.access.admitted(context, "CONSUMER_SEND_MSG_BACK", req):
+            with self.access.as_caller(context):
                 target = self.replication.before_write("CONSUMER_SEND_MSG_BACK")
                 self.retries.send_back(SendBack(
                     req.consumer_group, commitlog_offset=req.commitlog_offset, delay_level=req.delay_level,

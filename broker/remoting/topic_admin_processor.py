@@ -103,19 +103,7 @@ class TopicAdminProcessors:
             raise InvalidArgumentError(
                 f"perm {req.perm}: Sluice topics are readable and writable (perm 6); no other permission is kept"
             )
-        if req.queue_nums < 1:
-            raise InvalidArgumentError(f"a topic needs at least one queue, not {req.queue_nums}")
-        existing = self.admin.topics.get(req.topic)
-        if existing is None:
-            self.admin.create_topic(req.topic, req.queue_nums, if_not_exists=True)
-        elif req.queue_nums < existing.read_queue_nums:
-            raise InvalidArgumentError(
-                f"topic {req.topic!r} has {existing.read_queue_nums} queues; Sluice never lowers a topic's queue "
-                f"count (its queues keep their messages readable), so {req.queue_nums} is refused"
-            )
-        elif req.queue_nums > existing.read_queue_nums:
-            self.admin.create_topic(req.topic, req.queue_nums, if_not_exists=True)  # refuses system topics
-            self.admin.topics.grow(req.topic, req.queue_nums)
+        self.admin.create_or_grow_topic(req.topic, req.queue_nums)
         return request.response(WireCode.SUCCESS)
 
     def delete(self, request: RemotingCommand, req: TopicRequest) -> RemotingCommand:

@@ -86,7 +86,7 @@ class EndTransactionProcessor:
                 log.info("transaction of half at %s: producer %s does not know its state yet; it stays open",
                          request.ext_fields.get("commitLogOffset"), context.peer.address)
                 return request.response(int(WireCode.SUCCESS))
-            with self.access.admitted(context, "END_TRANSACTION", end):
+            with self.access.as_caller(context):
                 target = self.replication.before_write("END_TRANSACTION")
                 self.transactions.end(end_transaction_of(end))
             self.replication.after_write(target, "END_TRANSACTION")

@@ -1,10 +1,12 @@
 """``apache.rocketmq.v2.MessagingService``: each RPC translated to Sluice's processors (see the package docstring).
 
 Every answer carries a ``Status`` (codes.py); a refused request changes nothing. Every call must carry the client
-id header (``x-mq-client-id``), as the RocketMQ proxy requires. Credentials and rights are checked before any of
-this runs, by the broker's AuthGate interceptor (broker/auth/gate.py), as for every other service; what only
-arrives later is checked here, for the caller the gate admitted (broker/auth/caller.py): a Telemetry stream's
-settings as each arrives, the group a client leaves. A client id is its first user's (clients.py).
+id header (``x-mq-client-id``), as the RocketMQ proxy requires. Credentials are checked before any of this runs, by
+the broker's AuthGate interceptor (broker/auth/gate.py), as for every other service; rights are asked by the
+operations each call is translated to (the send, pull, pop, offset and transaction processors), for the caller the
+gate admitted (broker/auth/caller.py), and answered FORBIDDEN. What only this protocol does asks here, through the
+same table (broker/auth/operations.py): routes and assignments, a client's heartbeat and its leaving, a recall, and
+a Telemetry stream's settings as each arrives. A client id is its first user's (clients.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from rocketmq.grpc_protocol import service_pb2 as v2s
 from rocketmq.grpc_protocol import service_pb2_grpc as v2g
 
 from broker.auth.caller import Caller, current_caller
-from broker.auth.operations import Operation, needs_of
+from broker.auth.operations import Operation, authorize, needs_of
 from broker.config import BrokerConfig
 from broker.errors import BrokerError, MessageIllegalError, SystemBusyError
 from broker.format.message import Prop, decode_entry, java_string_hash, validate_topic
@@ -160,12 +162,14 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.QueryRouteResponse)
     def QueryRoute(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic = self._topic(request.topic.name)
+        authorize(Operation.READ_TOPIC, topics=[topic])
         brokers = self.b.routes.brokers(topic, request_address(request.endpoints) or self.b.advertised_address())
         return v2s.QueryRouteResponse(status=status(), message_queues=message_queues(topic, brokers))
 
     @_unary(v2s.QueryAssignmentResponse)
     def QueryAssignment(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic, group = self._topic(request.topic.name), self._group(request.group.name)
+        authorize(Operation.CONSUME, group=group, topics=[topic])  # before the lookup, which makes a group it lacks
         fifo = self.b.groups.get(group).consume_message_orderly
         brokers = self.b.routes.brokers(topic, request_address(request.endpoints) or self.b.advertised_address())
         found = assignments(topic, brokers, fifo)
@@ -181,6 +185,7 @@ class MessagingService(v2g.MessagingServiceServicer):
 
     @_unary(v2s.HeartbeatResponse)
     def Heartbeat(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
+        authorize(Operation.HEARTBEAT, group=request.group.name)  # its subscriptions: decided as its settings came
         if request.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER) and request.HasField("group"):
             group = self._group(request.group.name)
             settings = self.clients.settings(client_id)
@@ -193,9 +198,11 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         """Only the client's own user gets here (``_admit`` refuses another user's call naming the id); a group it
-        leaves needs Sub or Pub on it, as joining it did (operations.py's LEAVE_GROUP, checked by the gate)."""
+        leaves needs Sub or Pub on it, as joining it did (operations.py's LEAVE_GROUP)."""
         if request.HasField("group") and request.group.name:
-            self.b.consumers.unregister(self._group(request.group.name), client_id)
+            group = self._group(request.group.name)
+            authorize(Operation.LEAVE_GROUP, group=group)
+            self.b.consumers.unregister(group, client_id)
         self.clients.terminate(client_id)
         self.b.pop_ops.release_client(client_id)
         return v2s.NotifyClientTerminationResponse(status=status())
@@ -309,6 +316,7 @@ class MessagingService(v2g.MessagingServiceServicer):
         if len(request.messages) > MAX_SEND_MESSAGES:
             raise ProtocolError(Code.BAD_REQUEST, f"{len(request.messages)} messages; at most {MAX_SEND_MESSAGES}")
         topic = self._topic(request.messages[0].topic.name)
+        authorize(Operation.PUBLISH, topics=[topic])  # before this protocol's checks of the messages, as the proxy
         born_host = self._client_host(context)
         outgoing: list[Outgoing] = []
         for m in request.messages:
@@ -388,6 +396,7 @@ class MessagingService(v2g.MessagingServiceServicer):
             client_id = self._admit(context, "ReceiveMessage")
             _well_formed(request)
             topic, group = self._topic(request.message_queue.topic.name), self._group(request.group.name)
+            authorize(Operation.CONSUME, group=group, topics=[topic])  # before the polling time is checked
             expression = request.filter_expression
             kind = "SQL92" if expression.type == v2.SQL else "TAG"
             pop = PopRequest(
@@ -503,12 +512,14 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.RecallMessageResponse)
     def RecallMessage(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         topic = self._topic(request.topic.name)
+        authorize(Operation.PUBLISH, topics=[topic])
         if self.b.timers is None:
             return v2s.RecallMessageResponse(status=status(Code.UNSUPPORTED, "timer messages are not enabled"))
         return v2s.RecallMessageResponse(status=status(), message_id=self.b.timers.recall(topic, request.recall_handle))
 
     @_unary(v2s.SyncLiteSubscriptionResponse)
     def SyncLiteSubscription(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
+        authorize(Operation.CONSUME, group=request.group.name, topics=[request.topic.name])
         return v2s.SyncLiteSubscriptionResponse(status=status(Code.UNSUPPORTED, "lite topics are not supported"))
 
 

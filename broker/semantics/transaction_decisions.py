@@ -117,7 +117,7 @@ class Decisions(HalfPuts):
 
     def producer_group_of(self, txn_id: str, half_commitlog_offset: int | None = None) -> str | None:
         """The producer group of a transaction this broker holds (by id, or by a half's commit-log offset); None
-        when it holds none (authorization: broker/auth/requirements.py)."""
+        when it holds none (what a transaction's rights are decided on: broker/auth/operations.py)."""
         with self._lock:
             if half_commitlog_offset is not None:
                 txn_id = self._by_half_cl_offset.get(half_commitlog_offset, "")

@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from broker.auth.accounts_admin import AccountsAdmin
+from broker.auth.operations import Operation, authorize
 from broker.errors import BrokerError, InvalidArgumentError, ResponseCode, ServiceNotAvailableError
 from broker.format.message import Prop, validate_topic
 from broker.format.system_topics import refuse_system_topic
@@ -222,6 +223,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         key = SendKey(request.topic, uniq) if uniq and plain and self.dedup is not None else None
         with self._dedup(key, request.retry, lambda: [key]) as stored:
             if stored is not None:
+                self.sends.authorize_answered_send(request.topic)  # the answer says where it is stored
                 return _send_response(SendOutcome("SEND_OK", stored))
             outcome = self.sends.send_message(
                 request.topic, request.queue_id, request.body, properties, flag=request.flag,
@@ -258,7 +260,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         key = batch_key(entries) if self.dedup is not None and not request.transaction_id else None
         with self._dedup(key, request.retry, lambda: entry_keys(entries)) as stored:
             if stored is not None:
-                self.sends.authorize_answered_batch(entries, request.count)  # the gate leaves a batch's topics to it
+                self.sends.authorize_answered_batch(entries, request.count)  # the answer says where they are stored
                 return _send_response(SendOutcome("SEND_OK", stored))
             outcome = self.sends.send_batch(entries, request.count, request.transaction_id, request.producer_group,
                                             attempt=request.attempt, coordinator=request.coordinator)
@@ -342,7 +344,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @_answer
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
-        return pb.ListTopicsResponse(topics=[_topic_info(t, self.identity) for t in self.admin.topics.topics()])
+        return pb.ListTopicsResponse(topics=[_topic_info(t, self.identity) for t in self.admin.list_topics()])
 
     @_answer
     def GetTopicRoute(self, request: pb.GetTopicRouteRequest, context: grpc.ServicerContext) -> pb.TopicInfo:
@@ -357,6 +359,23 @@ class BrokerService(pb_grpc.BrokerServicer):
         """A consumer's heartbeat or leave (also the remoting front's HEART_BEAT and UNREGISTER_CLIENT): the group's
         version after it; 0 for a producer's, which records nothing yet. ``expression_types``: topic -> SQL92 for
         the subscriptions that are not tag expressions (a RocketMQ 4 heartbeat's; gRPC's are all tags)."""
+        self.authorize_heartbeat(request)
+        return self._record_heartbeat(request, expression_types)
+
+    @staticmethod
+    def authorize_heartbeat(request: pb.HeartbeatRequest) -> None:
+        """A heartbeat's rights: Sub on its group and on each topic it subscribes (its group then reports them).
+        The remoting front asks them of every group a heartbeat carries before it records any."""
+        authorize(Operation.HEARTBEAT, group=request.consumer_group, topics=list(request.subscriptions))
+
+    def leave(self, group: str, client_id: str) -> int:
+        """A client leaves ``group`` (the remoting front's UNREGISTER_CLIENT, and a closed connection's clients):
+        Sub or Pub on the group, as joining it took."""
+        authorize(Operation.LEAVE_GROUP, group=group)
+        return self._record_heartbeat(pb.HeartbeatRequest(client_id=client_id, consumer_group=group, unregister=True))
+
+    def _record_heartbeat(self, request: pb.HeartbeatRequest, expression_types: Mapping[str, str] | None = None
+                          ) -> int:
         if not request.consumer_group:  # a producer: nothing to track yet
             return 0
         validate_group(request.consumer_group)
@@ -381,8 +400,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     def GetConsumerList(
         self, request: pb.GetConsumerListRequest, context: grpc.ServicerContext
     ) -> pb.GetConsumerListResponse:
-        validate_group(request.consumer_group)
-        ids, version = self.consumers.consumer_ids(request.consumer_group)
+        ids, version = self.admin.consumer_ids(request.consumer_group)
         return pb.GetConsumerListResponse(client_ids=ids, group_version=version)
 
     @_answer
@@ -503,6 +521,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def lock_batch(self, request: pb.LockBatchRequest) -> pb.LockBatchResponse:
         """LockBatchMQ's work, for every front (the remoting port's LOCK_BATCH_MQ too)."""
+        authorize(Operation.CONSUME, group=request.consumer_group, topics=[q.topic for q in request.queues])
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         held = self._locks().lock_batch(request.consumer_group, self._lock_queues(request), request.client_id)
@@ -510,6 +529,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def unlock_batch(self, request: pb.LockBatchRequest) -> pb.LockBatchResponse:
         """UnlockBatchMQ's work, for every front."""
+        authorize(Operation.CONSUME, group=request.consumer_group, topics=[q.topic for q in request.queues])
         validate_group(request.consumer_group)
         _check_client_id(request.client_id)
         queues = self._lock_queues(request, existing=False)

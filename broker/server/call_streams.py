@@ -16,8 +16,8 @@ gate's wait for the in-sync replicas): one request of a stream is in the broker 
 
 Authentication happens once, when the stream opens (the auth gate's stream wrapper: the signature's date-time must
 be inside the window then). For each request the gate checks the stream's credentials again except the window (the
-user still exists and is enabled, the secret key unchanged) and the request's rights: a disabled user or a revoked
-right refuses the next request.
+user still exists and is enabled, the secret key unchanged), and the request's operation its rights: a disabled
+user or a revoked right refuses the next request.
 
 A held pull on a stream holds the stream's worker thread as a held pull call does and counts as a held pull; the
 stream's end (a consumer dropping its queue, or closing) ends the hold at once, as a cancelled call's does. The

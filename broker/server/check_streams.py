@@ -26,7 +26,7 @@ import grpc
 
 from broker.auth import policy
 from broker.auth.caller import Caller, current_caller
-from broker.auth.operations import Operation, needs_of
+from broker.auth.operations import Operation, authorize, needs_of
 from broker.auth.policy import Action, need
 from broker.errors import InvalidArgumentError, SystemBusyError, shown
 from broker.format.message import Prop, StoredMessage
@@ -137,7 +137,9 @@ class CheckHub:
 def open_check_stream(
     hub: CheckHub, request: pb.TransactionCheckSubscribe, context: grpc.ServicerContext
 ) -> Iterator[pb.TransactionCheckRequest]:
-    """Open the stream now (SystemBusyError past the limit, before any response), then serve it."""
+    """Open the stream now (SystemBusyError past the limit, before any response), then serve it. The caller
+    receives the check-backs of the producer group's transactions: Pub on the group."""
+    authorize(Operation.CHECK_TRANSACTIONS, producer_group=request.producer_group)
     validate_producer_group(request.producer_group)
     if len(request.client_id) > MAX_CLIENT_ID_CHARS:
         raise InvalidArgumentError(

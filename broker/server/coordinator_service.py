@@ -67,7 +67,7 @@ class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
     """``local_group``: the producer group a transaction was recorded under on this broker (None: this broker holds
     none of it). A decision ends a transaction: where this broker holds it, recording one (or an ABORT of an
     undecided one) is also decided as ending it through any other front (broker/auth/operations.py), so that an
-    entry denying its group stands here too; elsewhere the gate's right on the Cluster decides alone."""
+    entry denying its group stands here too; elsewhere the right on the Cluster decides alone."""
 
     def __init__(self, decisions: DecisionLog, local_group: Callable[[str], str | None] = lambda txn_id: None
                  ) -> None:
@@ -83,6 +83,7 @@ class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
     @_answer
     def RecordDecision(self, request: cpb.RecordDecisionRequest, context: grpc.ServicerContext
                        ) -> cpb.TransactionDecision:
+        authorize(Operation.RECORD_DECISION)
         decision = from_pb(request.decision)
         self._authorize_end([decision.txn_id])
         return to_pb(self.decisions.record(decision))
@@ -90,6 +91,7 @@ class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
     @_answer
     def QueryDecisions(self, request: cpb.QueryDecisionsRequest, context: grpc.ServicerContext
                        ) -> cpb.QueryDecisionsResponse:
+        authorize(Operation.QUERY_DECISIONS)
         if request.abort_undecided:  # decides the named undecided ones: ABORT
             self._authorize_end(list(request.transaction_ids))
         found = self.decisions.query(list(request.transaction_ids), request.prefix,

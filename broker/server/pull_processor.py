@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from broker.auth.operations import Operation, authorize
 from broker.errors import InvalidArgumentError
 from broker.format.message import StoredMessage, validate_topic
 from broker.format.subscription import parse_tags, tag_codes
@@ -125,6 +126,7 @@ class PullProcessor:
         """Answer one pull, holding it while nothing is new (long polling). ``on_call_end``: registers a function
         the server calls when the pull's call ends early (cancelled by the client, e.g. at its shutdown or a
         rebalance): the hold then ends at once instead of keeping a worker thread and a held-pull slot."""
+        authorize(Operation.CONSUME, group=req.group, topics=[req.topic])  # before admit, which may make the group
         self.validate(req)
         if self.admit is not None:
             self.admit(req.group, req.topic)

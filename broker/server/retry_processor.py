@@ -107,10 +107,12 @@ class RetryProcessor:
         return result
 
     def get_group(self, group: str) -> SubscriptionGroupConfig:
+        authorize(Operation.READ_GROUP_SETTINGS, name=group)  # before the lookup, which makes a group it lacks
         return self.groups.get(group)
 
     def update_group(self, group: str, changes: Mapping[GroupSetting, object]) -> SubscriptionGroupConfig:
         """``changes``: some of GROUP_SETTINGS, validated before anything is made."""
+        authorize(Operation.UPDATE_GROUP_SETTINGS, name=group)
         unknown = set(changes) - set(GROUP_SETTINGS)
         if unknown:
             raise InvalidArgumentError(f"not a subscription group setting: {', '.join(sorted(unknown))}")

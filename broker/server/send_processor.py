@@ -94,6 +94,7 @@ class SendProcessor:
         sys_flag: int = 0, born_timestamp: int = 0, reconsume_times: int = 0, producer_group: str = "",
         transactional: bool = False, transaction_id: str = "",
     ) -> SendOutcome:
+        authorize(Operation.PUBLISH, topics=[topic])  # a transaction's group: decided by the transaction service
         validate_topic(topic)
         if is_system_topic(topic):
             raise MessageIllegalError(f"topic {topic!r} is a system topic written by the broker only; send elsewhere")
@@ -161,6 +162,11 @@ class SendProcessor:
             else:
                 result = self.store.put_batch(buffer, validated=validated)
             return self._finish(result, started, "SendBatch", created=_max_queue_ids(ranges))
+
+    @staticmethod
+    def authorize_answered_send(topic: str) -> None:
+        """A retried send answered with the first attempt's result (send_dedup.py) needs what storing it needs."""
+        authorize(Operation.PUBLISH, topics=[topic])
 
     def authorize_answered_batch(self, buffer: bytes, count: int) -> None:
         """A retried SendBatch answered with the first attempt's result (send_dedup.py) needs what storing it

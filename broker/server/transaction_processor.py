@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from broker.auth.operations import Operation, authorize
 from broker.errors import InvalidArgumentError, shown
 from broker.format.send_checks import validate_producer_group
 from broker.semantics import EndResult, TransactionService, TransactionSummary, TxStatus
@@ -54,6 +55,7 @@ class TransactionProcessor:
 
     def list_transactions(self, prefix: str, status_name: str) -> list[TransactionSummary]:
         """``status_name`` empty: every status."""
+        authorize(Operation.LIST_TRANSACTIONS)
         status = None
         if status_name:
             try:
@@ -69,6 +71,8 @@ class TransactionProcessor:
         return found
 
     def end_many(self, commit: bool, prefix: str, txn_ids: Sequence[str]) -> list[EndResult]:
+        """Every transaction ended is decided as one end is too (the transaction service asks for each)."""
+        authorize(Operation.END_TRANSACTIONS)
         if not prefix and not txn_ids:
             raise InvalidArgumentError("EndTransactions: give a prefix or transaction ids (an empty prefix is refused)")
         if len(txn_ids) > MAX_END_MANY:
