@@ -122,9 +122,12 @@ class QueueWorker(threading.Thread):
         periodic commit. Orderly consumers pull after each answer, under the queue's lock."""
         if self.owner.orderly:
             return None
-        if self._ahead is None:
-            self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pull-ahead-{self.key}")
-        return time.monotonic(), self._ahead.submit(self._pull, offset)
+        try:
+            if self._ahead is None:
+                self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pull-ahead-{self.key}")
+            return time.monotonic(), self._ahead.submit(self._pull, offset)
+        except RuntimeError:  # the interpreter is exiting (no new threads): the loop pulls this one itself
+            return None
 
     def _initial_offset(self) -> int | None:
         """Where to start; asked again while the broker cannot answer (say it restarts), None once dropped."""

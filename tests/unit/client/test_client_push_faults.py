@@ -324,3 +324,34 @@ def test_a_periodic_commit_cannot_land_after_a_handed_over_queue_final_commit(en
         assert store.stored_offset("Cross", 0) == 37
     finally:
         conn.close()
+
+
+def test_a_worker_whose_pull_ahead_cannot_start_pulls_on_its_own(
+    broker: BrokerController, endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At interpreter exit no executor takes new work: the worker then pulls each answer itself, and neither dies
+    nor logs a traceback (it did, once per rebalance, for every queue of a consumer left running at exit)."""
+    with Admin(endpoint) as admin:
+        admin.create_topic("Ahead", 1)
+    with Producer(endpoint) as p:
+        for i in range(3):
+            p.send(Message("Ahead", f"{i}".encode()), queue_id=0)
+    got: list[bytes] = []
+
+    def listener(msgs: list[ReceivedMessage]) -> ConsumeStatus:
+        worker = cast(_QueueWorker, threading.current_thread())
+        if worker._ahead is not None:
+            worker._ahead.shutdown(wait=False)  # as at interpreter exit: no new work from here on
+        got.extend(m.body for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    with caplog.at_level(logging.ERROR, logger="broker.client.push_worker"), PushConsumer(
+        endpoint, "ahead", {"Ahead": "*"}, listener, consume_from=FIRST, **FAST
+    ):
+        wait_until(lambda: len(got) == 3, "the first three messages")
+        with Producer(endpoint) as p:
+            for i in range(3, 6):
+                p.send(Message("Ahead", f"{i}".encode()), queue_id=0)
+        wait_until(lambda: len(got) == 6, "the next three, pulled without a pull ahead")
+    assert got == [f"{i}".encode() for i in range(6)]
+    assert "died" not in caplog.text
