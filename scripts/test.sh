@@ -35,19 +35,30 @@ if names | grep -qxE 'tests/?'; then
   run_integration_beside=1
   args+=(--ignore tests/integration)
 fi
-# The stream beside the unit suite: each part writes its log and its exit status to $beside_dir.
+# The stream beside the unit suite. Each part writes its output to $beside_dir/<name>.log and its exit status to
+# $beside_dir/<name>.status; report shows the log (all of it, or its last lines) and makes a failure the run's.
+part() {
+  local name=$1 s=0
+  shift
+  "$@" >"$beside_dir/$name.log" 2>&1 || s=$?
+  echo "$s" >"$beside_dir/$name.status"
+}
+report() {
+  local name=$1 title=$2 lines=$3 s
+  echo "=== $title ==="
+  if [ "$lines" = all ]; then cat "$beside_dir/$name.log"; else tail -n "$lines" "$beside_dir/$name.log"; fi
+  s=$(cat "$beside_dir/$name.status" 2>/dev/null || echo 1)
+  [ "$s" -eq 0 ] || status=$s
+}
+integration() {
+  bash scripts/ensure-docker.sh && .venv/bin/python -m pytest -q -rfEs -p no:cacheprovider --durations=15 tests/integration
+}
 beside() {
   if [ "$run_soak" -eq 1 ]; then
-    local s=0
-    .venv/bin/python -m pytest -q -rfE -p no:cacheprovider "$soak" >"$beside_dir/soak.log" 2>&1 || s=$?
-    echo "$s" >"$beside_dir/soak.status"
+    part soak .venv/bin/python -m pytest -q -rfE -p no:cacheprovider "$soak"
   fi
   if [ "$run_integration_beside" -eq 1 ]; then
-    local s=0
-    { bash scripts/ensure-docker.sh \
-        && .venv/bin/python -m pytest -q -rfEs -p no:cacheprovider --durations=15 tests/integration; } \
-      >"$beside_dir/integration.log" 2>&1 || s=$?
-    echo "$s" >"$beside_dir/integration.status"
+    part integration integration
   fi
 }
 if [ "$run_soak" -eq 1 ] || [ "$run_integration_beside" -eq 1 ]; then
@@ -69,16 +80,10 @@ status=0
 if [ -n "$beside_pid" ]; then
   wait "$beside_pid" || true
   if [ "$run_soak" -eq 1 ]; then
-    echo "=== the short soak ($soak), run beside the unit suite ==="
-    tail -n 40 "$beside_dir/soak.log"
-    s=$(cat "$beside_dir/soak.status" 2>/dev/null || echo 1)
-    [ "$s" -eq 0 ] || status=$s
+    report soak "the short soak ($soak), run beside the unit suite" 40
   fi
   if [ "$run_integration_beside" -eq 1 ]; then
-    echo "=== the integration suite (tests/integration), run beside the unit suite after the soak ==="
-    cat "$beside_dir/integration.log"
-    s=$(cat "$beside_dir/integration.status" 2>/dev/null || echo 1)
-    [ "$s" -eq 0 ] || status=$s
+    report integration "the integration suite (tests/integration), run beside the unit suite after the soak" all
   fi
 fi
 rm -rf "$beside_dir"
