@@ -59,12 +59,17 @@ def test_deleted_topic_does_not_block_commits_of_the_others(
     assert any("Gone/0" in r.getMessage() and "refuses" in r.getMessage() for r in caplog.records)
 
 
+def send_numbered(endpoint: str, topic: str, numbers: range) -> None:
+    """A message to queue 0 of ``topic`` for each of ``numbers``, its body the number in decimal."""
+    with Producer(endpoint) as p:
+        for i in numbers:
+            p.send(Message(topic, f"{i}".encode()), queue_id=0)
+
+
 def test_shutdown_from_the_listener_commits_unregisters_and_closes(broker: BrokerController, endpoint: str) -> None:
     with Admin(endpoint) as admin:
         admin.create_topic("Stop", 1)
-    with Producer(endpoint) as p:
-        for i in range(5):
-            p.send(Message("Stop", f"{i}".encode()), queue_id=0)
+    send_numbered(endpoint, "Stop", range(5))
     got: list[bytes] = []
     shut_down = threading.Event()
     consumer: PushConsumer | None = None
@@ -333,9 +338,7 @@ def test_a_worker_whose_pull_ahead_cannot_start_pulls_on_its_own(
     nor logs a traceback (it did, once per rebalance, for every queue of a consumer left running at exit)."""
     with Admin(endpoint) as admin:
         admin.create_topic("Ahead", 1)
-    with Producer(endpoint) as p:
-        for i in range(3):
-            p.send(Message("Ahead", f"{i}".encode()), queue_id=0)
+    send_numbered(endpoint, "Ahead", range(3))
     got: list[bytes] = []
 
     def listener(msgs: list[ReceivedMessage]) -> ConsumeStatus:
@@ -349,9 +352,7 @@ def test_a_worker_whose_pull_ahead_cannot_start_pulls_on_its_own(
         endpoint, "ahead", {"Ahead": "*"}, listener, consume_from=FIRST, **FAST
     ):
         wait_until(lambda: len(got) == 3, "the first three messages")
-        with Producer(endpoint) as p:
-            for i in range(3, 6):
-                p.send(Message("Ahead", f"{i}".encode()), queue_id=0)
+        send_numbered(endpoint, "Ahead", range(3, 6))
         wait_until(lambda: len(got) == 6, "the next three, pulled without a pull ahead")
     assert got == [f"{i}".encode() for i in range(6)]
     assert "died" not in caplog.text
