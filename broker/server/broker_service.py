@@ -356,9 +356,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         return pb.HeartbeatResponse(group_version=self.heartbeat(request))
 
     def heartbeat(self, request: pb.HeartbeatRequest, expression_types: Mapping[str, str] | None = None) -> int:
-        """A consumer's heartbeat or leave (also the remoting front's HEART_BEAT and UNREGISTER_CLIENT): the group's
-        version after it; 0 for a producer's, which records nothing yet. ``expression_types``: topic -> SQL92 for
-        the subscriptions that are not tag expressions (a RocketMQ 4 heartbeat's; gRPC's are all tags)."""
+        """A consumer's heartbeat, or its leave (``unregister``), as sluice.v1 and the remoting front's HEART_BEAT send
+        them: the group's version after it; 0 for a producer's, which records nothing yet. ``expression_types``:
+        topic -> SQL92 for the subscriptions that are not tag expressions (a RocketMQ 4 heartbeat's; gRPC's are all
+        tags)."""
         self.authorize_heartbeat(request)
         return self._record_heartbeat(request, expression_types)
 
