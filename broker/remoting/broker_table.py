@@ -18,5 +18,6 @@ def broker_processors(service: BrokerService, access: Access | None = None,
     table: dict[int, Processor] = {}
     table.update(OffsetProcessors(service.admin, access).processors())
     table.update((clients or ClientProcessors(service, access)).processors())
-    table.update(BrokerRouteProcessor(service, auto_create=access is None or access.accounts is None).processors())
+    open_routes = access is None or access.accounts is None  # under --auth, anonymous route reads hold less
+    table.update(BrokerRouteProcessor(service, auto_create=open_routes, system_topics=open_routes).processors())
     return table

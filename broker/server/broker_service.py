@@ -221,9 +221,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         uniq = properties.get(Prop.UNIQ_KEY)
         plain = not (request.transactional or request.transaction_id)
         key = SendKey(request.topic, uniq) if uniq and plain and self.dedup is not None else None
+        if key is not None:  # before the key is held and a retry looked up among what is stored (it may wait)
+            self.sends.authorize_deduplicated_send(request.topic)
         with self._dedup(key, request.retry, lambda: [key]) as stored:
             if stored is not None:
-                self.sends.authorize_answered_send(request.topic)  # the answer says where it is stored
                 return _send_response(SendOutcome("SEND_OK", stored))
             outcome = self.sends.send_message(
                 request.topic, request.queue_id, request.body, properties, flag=request.flag,
@@ -258,9 +259,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     def SendBatch(self, request: pb.SendBatchRequest, context: grpc.ServicerContext) -> pb.SendResponse:
         entries = request.entries
         key = batch_key(entries) if self.dedup is not None and not request.transaction_id else None
+        if key is not None and request.retry:  # before a retry is looked up among what is stored (it may wait)
+            self.sends.authorize_deduplicated_batch(entries, request.count)
         with self._dedup(key, request.retry, lambda: entry_keys(entries)) as stored:
             if stored is not None:
-                self.sends.authorize_answered_batch(entries, request.count)  # the answer says where they are stored
                 return _send_response(SendOutcome("SEND_OK", stored))
             outcome = self.sends.send_batch(entries, request.count, request.transaction_id, request.producer_group,
                                             attempt=request.attempt, coordinator=request.coordinator)

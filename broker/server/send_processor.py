@@ -164,13 +164,15 @@ class SendProcessor:
             return self._finish(result, started, "SendBatch", created=_max_queue_ids(ranges))
 
     @staticmethod
-    def authorize_answered_send(topic: str) -> None:
-        """A retried send answered with the first attempt's result (send_dedup.py) needs what storing it needs."""
+    def authorize_deduplicated_send(topic: str) -> None:
+        """A send whose retries are answered with the first attempt's result (send_dedup.py) needs what storing it
+        needs, before its key is held and a retry looked up: the answer says where the message is stored."""
         authorize(Operation.PUBLISH, topics=[topic])
 
-    def authorize_answered_batch(self, buffer: bytes, count: int) -> None:
-        """A retried SendBatch answered with the first attempt's result (send_dedup.py) needs what storing it
-        needs: the caller's Pub on every topic it names, for the answer says where those messages are stored."""
+    def authorize_deduplicated_batch(self, buffer: bytes, count: int) -> None:
+        """A retried SendBatch, which may be answered with the first attempt's result (send_dedup.py), needs what
+        storing it needs before it is looked up: the caller's Pub on every topic it names, for the answer says
+        where those messages are stored."""
         _, ranges = self._validated(buffer, count)
         authorize(Operation.PUBLISH_BATCH, topics=ranges)
 

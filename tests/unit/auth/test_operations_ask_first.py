@@ -30,8 +30,8 @@ DECIDED_OTHERWISE = {
     "TransactionProcessor.end": "the transaction's recorded producer group, by the transaction service",
     "AdminProcessor.view_by_id": "the topic of the entry read (VIEW_MESSAGE)",
     # the rights checks themselves
-    "SendProcessor.authorize_answered_send": "is the check of a send answered from the deduplicator",
-    "SendProcessor.authorize_answered_batch": "is the check of a batch answered from the deduplicator",
+    "SendProcessor.authorize_deduplicated_send": "is the check of a send the deduplicator may answer",
+    "SendProcessor.authorize_deduplicated_batch": "is the check of a retried batch the deduplicator may answer",
     # the broker's own work, which no caller asks for
     "AdminProcessor.lags": "the metrics gauge's per (group, topic) lag; consumer_lag asks before it calls it",
     "PullProcessor.validate": "part of pull, after its check",

@@ -21,6 +21,7 @@ from message_wire_helpers import pull_header, v2_header
 from broker.auth.requirements import REMOTING, is_anonymous
 from broker.client.credentials import Credentials
 from broker.format.message import SysFlag
+from broker.format.system_topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC
 from broker.remoting import fastjson
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, WireCode
@@ -196,3 +197,24 @@ def test_every_code_needs_exactly_its_operations_rights(world: World) -> None:
 def test_the_matrix_covers_every_code_that_needs_a_right() -> None:
     needing = {name for name, row in REMOTING.items() if not is_anonymous(row)} - NOT_HERE
     assert needing == set(CASES), sorted(needing ^ set(CASES))
+
+
+def send_command_with_delay() -> RemotingCommand:
+    """A message to T delayed by one level: stored in the schedule topic until it is due."""
+    props = format_properties({"DELAY": "1"}).rstrip("\x02")
+    return RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=v2_header(T, props), body=b"later")
+
+
+def test_an_anonymous_route_read_answers_no_system_topic(world: World) -> None:
+    """Route reads need no credentials, so under auth they answer no system topic's route (super users' only)."""
+    assert world.root.invoke(send_command_with_delay()).code == WireCode.SUCCESS  # the schedule topic holds it
+    assert world.broker.store is not None and world.broker.store.wait_dispatched()
+    assert world.broker.store.max_offset(SCHEDULE_TOPIC, 0) > 0
+    with RemotingClient(world.broker.remoting_address()) as anonymous:
+        def route(topic: str) -> RemotingCommand:
+            return anonymous.invoke(RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields={"topic": topic}))
+
+        assert route(T).code == WireCode.SUCCESS
+        for topic in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC):
+            refused = route(topic)
+            assert refused.code == WireCode.NO_PERMISSION and "super users" in (refused.remark or ""), topic
