@@ -234,9 +234,11 @@ RULES: dict[Operation, Rule] = {
     ),
     Operation.SUPER_USER: Rule((), lambda: [need(CLUSTER, ALL)], False, "super users only"),
     Operation.READ_ROUTES: Rule((), lambda: [], False, "nothing: no credentials needed (name server routes)"),
+    # Kafka asks Read on the group of a LeaveGroup: a leave ends a member's share of the group's queues and its
+    # locks, which a right to publish under the group's name must not do.
     Operation.LEAVE_GROUP: Rule(
-        ("group",), lambda group: [need(group_r(group), SUB, PUB)] if group else [], False,
-        "Sub or Pub on the group a client leaves (if any), as joining it took",
+        ("group",), lambda group: [need(group_r(group), SUB)] if group else [], False,
+        "Sub on the group a client leaves (if any), as joining it took",
     ),
     # A RocketMQ 5 Telemetry stream's settings arrive after the stream opened: decided as each one arrives.
     Operation.PUBLISHER_SETTINGS: Rule(

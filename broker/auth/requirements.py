@@ -252,7 +252,9 @@ BROKER: dict[str, Requirement] = {
 
 COORDINATOR: dict[str, Requirement] = {
     "RecordDecision": Row(on(Op.RECORD_DECISION)),
-    "QueryDecisions": Row(on(Op.QUERY_DECISIONS)),
+    # Asked to abort the undecided ones it names, a query records decisions: what RecordDecision needs too.
+    "QueryDecisions": _Either(Row(on(Op.QUERY_DECISIONS)), Row(on(Op.QUERY_DECISIONS), on(Op.RECORD_DECISION)),
+                              lambda r: r.abort_undecided),
 }
 
 

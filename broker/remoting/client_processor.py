@@ -13,7 +13,7 @@ calls too: the same checks, the same retry topic made for a clustering group, th
   ``SYSTEM_ERROR``, as RocketMQ 4 brokers answer (clients then keep their current assignment).
 
 Rights (with auth on): a heartbeat needs, for each consumer group it carries, what a gRPC heartbeat needs (Sub on
-the group and each topic subscribed), all checked before any is recorded; leaving needs Sub or Pub on the group;
+the group and each topic subscribed), all checked before any is recorded; leaving needs Sub on the group;
 the consumer list Sub or Get on it (broker/auth/operations.py, asked by the operations this translates to). The
 connection each heartbeat came on is recorded (consumer_channels.py) so that the group's clients are told when its
 membership changes.

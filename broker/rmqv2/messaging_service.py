@@ -198,7 +198,7 @@ class MessagingService(v2g.MessagingServiceServicer):
     @_unary(v2s.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request: Any, context: grpc.ServicerContext, client_id: str) -> Any:
         """Only the client's own user gets here (``_admit`` refuses another user's call naming the id); a group it
-        leaves needs Sub or Pub on it, as joining it did (operations.py's LEAVE_GROUP)."""
+        leaves needs Sub on it, as joining it did (operations.py's LEAVE_GROUP)."""
         if request.HasField("group") and request.group.name:
             group = self._group(request.group.name)
             authorize(Operation.LEAVE_GROUP, group=group)

@@ -373,7 +373,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def leave(self, group: str, client_id: str) -> int:
         """A client leaves ``group`` (the remoting front's UNREGISTER_CLIENT, and a closed connection's clients):
-        Sub or Pub on the group, as joining it took."""
+        Sub on the group, as joining it took."""
         authorize(Operation.LEAVE_GROUP, group=group)
         return self._record_heartbeat(pb.HeartbeatRequest(client_id=client_id, consumer_group=group, unregister=True))
 

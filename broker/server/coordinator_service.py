@@ -93,6 +93,7 @@ class CoordinatorService(cpb_grpc.TransactionCoordinatorServicer):
                        ) -> cpb.QueryDecisionsResponse:
         authorize(Operation.QUERY_DECISIONS)
         if request.abort_undecided:  # decides the named undecided ones: ABORT
+            authorize(Operation.RECORD_DECISION)
             self._authorize_end(list(request.transaction_ids))
         found = self.decisions.query(list(request.transaction_ids), request.prefix,
                                      abort_undecided=request.abort_undecided)

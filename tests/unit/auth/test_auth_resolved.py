@@ -167,6 +167,26 @@ def test_the_coordinator_needs_its_cluster_right(broker: Secured) -> None:
     assert list(found.decisions) == []  # nothing recorded
 
 
+def test_a_query_that_aborts_undecided_transactions_needs_the_right_to_record_decisions(broker: Secured) -> None:
+    """Reading decisions takes Get on the Cluster; a query that aborts the undecided ids it names records
+    decisions, which the participants of those transactions then follow: Pub on the Cluster, as RecordDecision."""
+    from broker.proto import coordinator_pb2 as cpb
+
+    txn_id = unique("spark:q:2:")
+    reader = broker.user(("Cluster", "Get"))
+    assert list(broker.coordinator("QueryDecisions", cpb.QueryDecisionsRequest(transaction_ids=[txn_id]),
+                                   reader).decisions) == []
+    with pytest.raises(grpc.RpcError) as info:
+        broker.coordinator("QueryDecisions", cpb.QueryDecisionsRequest(transaction_ids=[txn_id], abort_undecided=True),
+                           reader)
+    assert "lacks Pub on Cluster" in info.value.details()  # type: ignore[attr-defined]
+    found = broker.coordinator("QueryDecisions", cpb.QueryDecisionsRequest(transaction_ids=[txn_id]), ROOT)
+    assert list(found.decisions) == []  # nothing decided
+    decided = broker.coordinator("QueryDecisions", cpb.QueryDecisionsRequest(
+        transaction_ids=[txn_id], abort_undecided=True), broker.user(("Cluster", "Pub")))
+    assert [d.outcome for d in decided.decisions] == ["ABORT"]
+
+
 def test_a_decision_on_a_transaction_this_broker_holds_is_an_end_of_it(broker: Secured) -> None:
     """The coordinator's right is the Cluster's; where the transaction lies here, an entry denying its group
     stands against a decision too, as against every other way of ending it."""

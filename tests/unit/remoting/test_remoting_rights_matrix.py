@@ -107,7 +107,7 @@ CASES: dict[str, tuple[Callable[[World], RemotingCommand], list[tuple[str, str]]
                                CONSUME),
     "HEART_BEAT": (_heartbeat, CONSUME),
     "UNREGISTER_CLIENT": (_ext(RequestCode.UNREGISTER_CLIENT, clientID="rmx@1", consumerGroup=G),
-                          [(f"Group:{G}", "Pub")]),
+                          [(f"Group:{G}", "Sub")]),
     "GET_CONSUMER_LIST_BY_GROUP": (_ext(RequestCode.GET_CONSUMER_LIST_BY_GROUP, consumerGroup=G),
                                    [(f"Group:{G}", "Get")]),
     "QUERY_MESSAGE": (_ext(RequestCode.QUERY_MESSAGE, topic=T, key="k", maxNum="1", beginTimestamp="0",
@@ -218,3 +218,10 @@ def test_an_anonymous_route_read_answers_no_system_topic(world: World) -> None:
         for topic in (SCHEDULE_TOPIC, TRANS_HALF_TOPIC):
             refused = route(topic)
             assert refused.code == WireCode.NO_PERMISSION and "super users" in (refused.remark or ""), topic
+
+
+def test_a_right_to_publish_under_a_groups_name_does_not_take_its_consumers_out(world: World) -> None:
+    """Leaving a group ends a member's share of its queues and its locks: Sub on the group, as joining takes."""
+    leave = RemotingCommand(RequestCode.UNREGISTER_CLIENT, ext_fields={"clientID": "rmx@1", "consumerGroup": G})
+    assert answer_of(world, leave, [(f"Group:{G}", "Pub")]).code == WireCode.NO_PERMISSION
+    assert answer_of(world, leave, [(f"Group:{G}", "Sub")]).code == WireCode.SUCCESS
