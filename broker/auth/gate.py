@@ -59,7 +59,7 @@ import grpc
 from broker.auth.accounts import Accounts, User
 from broker.auth.caller import Caller, current
 from broker.auth.held_streams import HELD_ANSWER_STREAMS, UserStreams
-from broker.auth.requirements import Lookup, Requirement, is_anonymous, is_super_only, requirement_of
+from broker.auth.requirements import Requirement, is_anonymous, is_super_only, requirement_of
 from broker.errors import AuthenticationError, BrokerError, NoPermissionError
 from broker.format.signature import (
     AUTHORIZATION_HEADER,
@@ -91,14 +91,6 @@ class BadCredentials(AuthenticationError):
     def __init__(self, access_key: str, cause: str) -> None:
         super().__init__(BAD_CREDENTIALS.format(key=access_key))
         self.cause = cause
-
-
-class _NoLookup:
-    def transaction_group(self, txn_id: str, half_commitlog_offset: int | None) -> str | None:
-        return None
-
-    def message_topic(self, msg_id: str) -> str | None:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +143,6 @@ class AuthGate(grpc.ServerInterceptor):
         self.settings = settings
         self.refusals = refusals
         self.clock = clock
-        # The broker's, once its store runs: what a requirement row's preview of a call's needs asks (requirements.py)
-        self.lookup: Lookup = _NoLookup()
         self._log = _RefusalLog()
         self._wrapped = WrappedHandlers()
 

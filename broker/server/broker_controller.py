@@ -63,7 +63,6 @@ from broker.semantics.participant_resolver import ParticipantResolver
 from broker.semantics.pop import PopService
 from broker.semantics.timer import TimerService
 from broker.server.admin_processor import AdminProcessor
-from broker.server.auth_lookup import BrokerLookup
 from broker.server.broker_gauges import register_broker_gauges
 from broker.server.broker_identity import BrokerIdentity, default_broker_name, load_store_id
 from broker.server.broker_service import BrokerService
@@ -563,8 +562,6 @@ class BrokerController:
         service.identity = (cfg.cluster_name, cfg.broker_name or default_broker_name())
         assert self.accounts is not None
         service.accounts = AccountsAdmin(self.accounts, cfg.auth_enabled)
-        if self.auth_gate is not None:
-            self.auth_gate.lookup = BrokerLookup(store, self.transactions)
         service.call_streams = self.call_streams
         service.send_one = through_interceptors(self._interceptors, SEND_MESSAGE_METHOD, service.SendMessage)
         service.pull_one = through_interceptors(self._interceptors, PULL_MESSAGE_METHOD, service.PullMessage)

@@ -60,8 +60,7 @@ def _answer(method: Handler[R]) -> Handler[R]:
             self._refuse(method.__name__, e, context)
         except OSError as e:  # the disk, not the request nor the broker's logic: the caller may retry later
             log.exception("%s failed on an I/O error", method.__name__)
-            self._refuse(method.__name__, ServiceNotAvailableError.files_failed(e),
-                         context)
+            self._refuse(method.__name__, ServiceNotAvailableError.files_failed(e), context)
         except Exception as e:  # the last line of defence: log it, answer INTERNAL, keep serving
             if isinstance(e, grpc.RpcError):  # context.abort's own exception
                 raise

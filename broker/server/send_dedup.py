@@ -17,9 +17,9 @@ answer survives a broker crash between storing and answering, and a failover.
   store.
 * A retry looks the key up in the index within ``window_ms`` after the dispatcher has indexed everything stored so
   far; when found (and the stored messages carry the request's UNIQ_KEYs, in order, and went to its topics) the
-  stored messages' offsets are the answer and nothing is written. Otherwise it is stored as a first attempt. A
-  batch answered so is authorized on its topics first, as storing it would be (the gRPC gate leaves a batch's
-  topics to the send processor).
+  stored messages' offsets are the answer and nothing is written. Otherwise it is stored as a first attempt. The
+  caller's rights on the request's topics are asked before its key is held (send_processor.py's
+  ``authorize_deduplicated_*``), as storing it would ask them.
 
 Not covered: a send without UNIQ_KEY (the producer always sets one; other writers are at-least-once), transactional
 halves (a transaction's own id names them), and retries after ``window_ms`` or with the index disabled. Waiting for a

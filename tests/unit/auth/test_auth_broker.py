@@ -41,6 +41,7 @@ from broker.proto import sluice_pb2 as pb
 from broker.proto import sluice_pb2_grpc as pb_grpc
 from broker.server.broker_controller import BrokerController
 from tests.support.auth_process import name_resources
+from tests.support.broker_lookup import BrokerLookup
 from tests.support.certs import Pki, tls_settings
 from tests.support.waiting import wait_until
 
@@ -428,8 +429,9 @@ def test_each_rpc_is_refused_without_its_right_and_admitted_with_it(ep: str, pki
     for path, name, method in every_method():
         requirement = TABLES[path][name]
         module = SERVICES[path][1]
-        assert secured.auth_gate is not None
-        needs = requirement(sample_request(getattr(module, method.input_type.name)), secured.auth_gate.lookup)
+        assert secured.store is not None and secured.transactions is not None
+        lookup = BrokerLookup(secured.store, secured.transactions)
+        needs = requirement(sample_request(getattr(module, method.input_type.name)), lookup)
         if needs:
             e = invoke(ep, pki, path, method, alice)
             assert e is not None and e.code() is grpc.StatusCode.PERMISSION_DENIED, (path, name, e)

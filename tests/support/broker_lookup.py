@@ -1,5 +1,6 @@
-"""What authorization asks the broker about a request (broker/auth/requirements.py's ``Lookup``): the producer group
-of a transaction named by id or half offset, and the topic of a message named by msgId."""
+"""A broker's answers to a requirement row's preview of a call's needs (broker/auth/requirements.py's ``Lookup``):
+the producer group of a transaction named by id or half offset, and the topic of a message named by msgId. The
+operations decide on what they resolve themselves; this is what a test grants a caller before it calls."""
 
 from __future__ import annotations
 
