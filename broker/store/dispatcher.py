@@ -38,7 +38,7 @@ from broker.format.message import (
 from broker.store.commit_log import CommitLog
 from broker.store.consume_queue import CQ_DTYPE, CQ_UNIT, ConsumeQueue
 from broker.store.consume_queue_table import ConsumeQueueTable
-from broker.store.index_file import IndexService
+from broker.store.index_file import IndexService, index_key, prefixed_key_hashes
 from broker.store.mapped_file import MappedFile
 from broker.store.property_scan import (
     INDEXED_NAME_ENDS,
@@ -92,6 +92,20 @@ class DispatchHint:
     run: EntryRun  # positions relative to the file, queue offsets and store time filled in
     key_ids: np.ndarray
     keys: list[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class ProducerKeys:
+    """A run's index keys when each message's only key is the UNIQ_KEY its producer appended (the common run): the
+    entries that carry one and their keys' characters, one row each (property_scan.UniqTails). The index hashes
+    the rows as they are (index_file.prefixed_key_hashes), where a (message, [key]) pair and a "topic#key" string
+    a message cost about a microsecond of Python each."""
+
+    entries: np.ndarray  # indexes into the run
+    chars: np.ndarray  # (len(entries), UNIQ_KEY_CHARS) uint8
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 class Dispatcher:
@@ -386,8 +400,14 @@ class Dispatcher:
         if self.txn is not None:
             self._decide(run, buf, key_ids, keys, phys)
         if self.index is not None and keyed:
-            at, times = phys.tolist(), run.store_timestamps.tolist()
-            self.index.put_many([(keys[int(key_ids[i])][0], ks, at[i], times[i]) for i, ks in keyed])
+            if isinstance(keyed, ProducerKeys):
+                e = keyed.entries
+                prefixes = [index_key(topic, "") for topic, _queue in keys]
+                hashes = prefixed_key_hashes(prefixes, key_ids[e], keyed.chars)
+                self.index.put_hashed(hashes, phys[e], run.store_timestamps[e].astype(np.int64))
+            else:
+                at, times = phys.tolist(), run.store_timestamps.tolist()
+                self.index.put_many([(keys[int(key_ids[i])][0], ks, at[i], times[i]) for i, ks in keyed])
         self.last_dispatched_timestamp = int(run.store_timestamps[-1])
 
     @staticmethod
@@ -438,7 +458,9 @@ class Dispatcher:
             self._tag_codes[tag] = code
         return code
 
-    def _tags_and_keyed(self, run: EntryRun, buf: Buffer) -> tuple[np.ndarray, list[tuple[int, list[str]]]]:
+    def _tags_and_keyed(
+        self, run: EntryRun, buf: Buffer
+    ) -> tuple[np.ndarray, list[tuple[int, list[str]]] | ProducerKeys]:
         """Tag code per entry, and (entry, properties) of the entries that may carry index keys.
 
         A batch usually repeats one properties string (same tag, no keys): when every entry's properties are the
@@ -465,11 +487,12 @@ class Dispatcher:
             return tags, keyed
         tailed = uniq_tails(buf, starts, lengths)
         if tailed is not None:  # a producer's batch: one shared prefix, then each message's own UNIQ_KEY
-            prefix, uniq_keys = tailed
-            tags[with_props] = self._tag_code(prefix)
+            tags[with_props] = self._tag_code(tailed.prefix)
             if want_keys:
-                shared = message_keys(prefix)
-                keyed = [(i, [*shared, u]) for i, u in zip(with_props.tolist(), uniq_keys, strict=True)]
+                shared = message_keys(tailed.prefix)
+                if not shared:  # the UNIQ_KEYs are the only keys: indexed from their bytes
+                    return tags, ProducerKeys(with_props, tailed.chars)
+                keyed = [(i, [*shared, u]) for i, u in zip(with_props.tolist(), tailed.keys(), strict=True)]
             return tags, keyed
         # Untagged, unkeyed messages with varied properties (the exactly-once sink's halves and commits): nothing
         # to parse. A body holding one of the names only sends the run down the per-entry path below.

@@ -140,6 +140,19 @@ def key_hashes(keys: list[str]) -> np.ndarray:
     return out
 
 
+def prefixed_key_hashes(prefixes: list[str], which: np.ndarray, chars: np.ndarray) -> np.ndarray:
+    """``key_hash(prefixes[which[i]] + chars[i] as text)`` for every row ``i`` of ``chars`` ((n, L) uint8, printable
+    ASCII: one UTF-16 unit a byte), as int64, without making the n strings: Java's hash of a concatenation is the
+    first part's hash times 31**L plus the second's (mod 2**32), so each prefix ("topic#") is hashed once and the
+    rows in one matrix product. How the dispatcher indexes a producer's UNIQ_KEYs (dispatcher.py)."""
+    length = chars.shape[1]
+    heads = np.array([java_string_hash(x) & 0xFFFFFFFF for x in prefixes], np.uint64)[which]
+    tails = chars.astype(np.uint64) @ _powers_of_31(length) if length else np.zeros(len(chars), np.uint64)
+    # uint64 arithmetic wraps mod 2**64, which keeps the value mod 2**32 that Java's int arithmetic keeps
+    h = (heads * np.uint64(pow(31, length, 1 << 32)) + tails).astype(np.uint32).view(np.int32).astype(np.int64)
+    return np.where(h == -(1 << 31), 0, np.abs(h))
+
+
 def _same_length_hashes(joined: bytes, count: int, length: int) -> np.ndarray:
     """``key_hash`` of ``count`` ASCII keys of ``length`` characters, back to back in ``joined``. A character is
     below 2**7 and a power of 31 mod 2**32 below 2**32, so a product is below 2**39 and a key's sum fits uint64
@@ -419,13 +432,7 @@ class IndexService:
         if len(owners) == len(set(owners)):  # one key a message (a UNIQ_KEY each: the common run): entry = message
             at = np.array([messages[m][2] for m in owners], np.int64)
             times = np.array([messages[m][3] for m in owners], np.int64)
-            with self.lock:
-                done = 0
-                while done < len(owners):
-                    f = self._writable(1)
-                    take = min(f.entries - f.header.index_count, len(owners) - done)
-                    f.put_entries(hashes[done : done + take], at[done : done + take], times[done : done + take])
-                    done += take
+            self._put_one_each(hashes, at, times)
             return
         all_hashes = hashes.tolist()
         # Per message: distinct hashes, in key order (a repeated key is one entry: check() counts distinct keys,
@@ -453,6 +460,29 @@ class IndexService:
                     taken += 1
                 f.put_entries(np.array(flat, np.int64), np.array(phys, np.int64), np.array(stamps, np.int64))
                 runs = runs[taken:]
+
+    def put_hashed(self, hashes: np.ndarray, phys: np.ndarray, store_ts: np.ndarray) -> None:
+        """Index messages of one key each, given as its hash (``key_hash`` of ``topic#key``), commit-log offset and
+        store time (int64 arrays, in commit-log order): the same files, byte for byte, as ``put_many`` of the same
+        messages. Messages at or below ``indexed_until`` are skipped."""
+        fresh = phys > self.indexed_until
+        if not fresh.all():
+            hashes, phys, store_ts = hashes[fresh], phys[fresh], store_ts[fresh]
+        if len(hashes) == 1:  # put_many's single key: the scalar path, no arrays
+            with self.lock:
+                self._writable(1).put_entries([int(hashes[0])], [int(phys[0])], [int(store_ts[0])])
+        elif len(hashes):
+            self._put_one_each(hashes, phys, store_ts)
+
+    def _put_one_each(self, hashes: np.ndarray, phys: np.ndarray, store_ts: np.ndarray) -> None:
+        """One entry a message, filling each file and going on in the next."""
+        with self.lock:
+            done = 0
+            while done < len(hashes):
+                f = self._writable(1)
+                take = min(f.entries - f.header.index_count, len(hashes) - done)
+                f.put_entries(hashes[done : done + take], phys[done : done + take], store_ts[done : done + take])
+                done += take
 
     def lookup(self, topic: str, key: str, limit: int, begin_ms: int, end_ms: int) -> list[int]:
         """Commit-log offsets whose key hash matches and that may be stored in the range, newest first: at most

@@ -9,6 +9,7 @@ without decoding the other pairs, because the dispatcher reads every message's t
 from __future__ import annotations
 
 import mmap
+from typing import NamedTuple
 
 import numpy as np
 
@@ -82,11 +83,24 @@ def names_may_occur(buf: Buffer, start: int, end: int, name_ends: np.ndarray) ->
     return found
 
 
-def uniq_tails(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> tuple[bytes, list[str]] | None:
-    """(shared prefix, UNIQ_KEY of each) when every properties section is one shared prefix followed by a UNIQ_KEY
-    of UNIQ_KEY_CHARS printable ASCII characters, last, as a Sluice producer appends it; else None. Then
-    ``message_keys`` of each section is the prefix's keys and its UNIQ_KEY (the prefix holds no UNIQ_KEY name, so
-    the tail's is the first), found with a few numpy comparisons instead of parsing every section."""
+class UniqTails(NamedTuple):
+    """A producer's run of properties sections: the prefix they share, and each one's UNIQ_KEY as a row of
+    UNIQ_KEY_CHARS printable ASCII bytes (one character each: the index hashes them without making strings)."""
+
+    prefix: bytes
+    chars: np.ndarray  # (sections, UNIQ_KEY_CHARS) uint8
+
+    def keys(self) -> list[str]:
+        """Each section's UNIQ_KEY as text."""
+        text = self.chars.tobytes().decode("ascii")
+        return [text[k : k + UNIQ_KEY_CHARS] for k in range(0, len(text), UNIQ_KEY_CHARS)]
+
+
+def uniq_tails(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> UniqTails | None:
+    """The shared prefix and each section's UNIQ_KEY when every properties section is one shared prefix followed by
+    a UNIQ_KEY of UNIQ_KEY_CHARS printable ASCII characters, last, as a Sluice producer appends it; else None.
+    Then ``message_keys`` of each section is the prefix's keys and its UNIQ_KEY (the prefix holds no UNIQ_KEY name,
+    so the tail's is the first), found with a few numpy comparisons instead of parsing every section."""
     prefix_lengths = lengths - _UNIQ_TAIL_BYTES
     if (prefix_lengths < 0).any():
         return None
@@ -105,8 +119,7 @@ def uniq_tails(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> tuple[by
         if same is None or not same.endswith(b"\x02") or same.startswith(UNIQ_NAME) or b"\x02" + UNIQ_NAME in same:
             return None
         prefix = same
-    text = values.tobytes().decode("ascii")
-    return prefix, [text[k : k + UNIQ_KEY_CHARS] for k in range(0, len(text), UNIQ_KEY_CHARS)]
+    return UniqTails(prefix, np.ascontiguousarray(values))
 
 
 def same_bytes(buf: Buffer, starts: np.ndarray, lengths: np.ndarray) -> bytes | None:

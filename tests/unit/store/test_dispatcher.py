@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from broker.store import dispatcher as dispatcher_module
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.property_scan import message_keys, names_may_occur, property_value
 from broker.store.store_results import PutStatus
+from tests.unit.store.conftest import small_config
 
 
 def _batch(n: int, start: int = 0) -> bytes:
@@ -334,7 +337,7 @@ def test_unique_key_tails_are_found_as_parsing_finds_them(prefix: dict[str, str]
         assert found is not None  # the shapes it is for are not declined
     if found is None:
         return
-    shared, keys = found
+    shared, keys = found.prefix, found.keys()
     for section, key in zip(sections, keys, strict=True):
         assert message_keys(section) == [*message_keys(shared), key]
         assert property_value(section, b"TAGS\x01") == property_value(shared, b"TAGS\x01")
@@ -362,3 +365,39 @@ def test_a_producers_batch_is_indexed_and_tagged_as_full_decoding(
     assert [m.body for m in s.query_by_key("Pb", uniq[23])] == [b"m23"]
     assert len(s.query_by_key("Pb", "order", max_num=1000)) == 60
     assert s.check() == []
+
+
+def test_a_producers_unique_keys_are_indexed_from_their_bytes_as_by_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer's batch whose only keys are the UNIQ_KEYs (the common batch) is indexed from the keys' bytes
+    (``ProducerKeys``): the same index files, byte for byte but the store times, as parsing every section writes,
+    and every message found by its key. Two topics in one run: each key is hashed under its own topic."""
+    from broker.client import Message
+    from broker.client.outgoing_message import encode_message
+
+    monkeypatch.setattr(dispatcher_module, "SCALAR_DISPATCH_BYTES", 0)  # the numpy pass, as for a large batch
+    uniq = [f"{i:032X}" for i in range(80)]
+    batch = b"".join(encode_message(Message("Pa" if i % 3 else "Pb", b"m%d" % i, tags="hot"), i % 2, 1, uniq_key=u)
+                     for i, u in enumerate(uniq))
+    hashed_runs: list[int] = []
+    real_hashes = dispatcher_module.prefixed_key_hashes
+    monkeypatch.setattr(dispatcher_module, "prefixed_key_hashes",
+                        lambda *a: hashed_runs.append(len(a[2])) or real_hashes(*a))
+    indexed: list[str] = []
+    for name, tails in (("from-bytes", dispatcher_module.uniq_tails), ("parsed", lambda *a: None)):
+        monkeypatch.setattr(dispatcher_module, "uniq_tails", tails)
+        store = MessageStore(small_config(str(tmp_path / name)))
+        store.start()
+        try:
+            assert store.put_batch(batch).ok and store.wait_dispatched()
+            for i in (0, 1, 2, 41, 79):
+                assert [m.body for m in store.query_by_key("Pa" if i % 3 else "Pb", uniq[i])] == [b"m%d" % i]
+            assert store.check() == []
+        finally:
+            store.shutdown()
+        directory = tmp_path / name / "index"
+        # past the header's two store times (each store stamps its own): slots, entries, offsets, counts
+        indexed.append("".join((directory / f).read_bytes()[16:].hex() for f in sorted(os.listdir(directory))))
+    assert indexed[0] == indexed[1]
+    assert sum(hashed_runs) == len(uniq)  # the first store took the keys' bytes, the second parsed

@@ -7,6 +7,7 @@ import os
 import struct
 from pathlib import Path
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from broker.store.index_file import (
     IndexService,
     key_hash,
     key_hashes,
+    prefixed_key_hashes,
 )
 
 Message = tuple[str, list[str], int, int]
@@ -148,3 +150,44 @@ def test_keys_of_one_length_hash_in_one_product_as_javas_string_hash(
     ascii_text = st.text(alphabet=st.characters(max_codepoint=127), min_size=length, max_size=length)
     keys = [data.draw(ascii_text) for _ in range(count)]
     assert key_hashes(keys).tolist() == [key_hash(k) for k in keys]
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefixes=st.lists(st.text(max_size=20).map(lambda t: t + "#"), min_size=1, max_size=4),
+       length=st.integers(0, 40), data=st.data())
+def test_prefixed_hashes_are_the_hash_of_the_whole_key(prefixes: list[str], length: int, data: st.DataObject) -> None:
+    """The dispatcher's UNIQ_KEY path: "topic#" hashed once, each key's printable ASCII bytes in one product; the
+    same as ``key_hash`` of the whole string, whatever the topic (even beyond ASCII: it is hashed in UTF-16)."""
+    printable = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=length,
+                        max_size=length)
+    keys = data.draw(st.lists(printable, min_size=1, max_size=30))
+    which = np.array(data.draw(st.lists(st.integers(0, len(prefixes) - 1), min_size=len(keys), max_size=len(keys))))
+    chars = np.frombuffer("".join(keys).encode("ascii"), np.uint8).reshape(len(keys), length)
+    expected = [key_hash(prefixes[w] + k) for w, k in zip(which.tolist(), keys, strict=True)]
+    assert prefixed_key_hashes(prefixes, which, chars).tolist() == expected
+
+
+def test_the_prefixed_hash_of_min_int_is_zero() -> None:
+    chars = np.frombuffer(b"ubricants", np.uint8).reshape(1, 9)
+    assert prefixed_key_hashes(["polygenel"], np.array([0]), chars).tolist() == [0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(count=st.integers(1, 3 * VECTOR_MIN_KEYS), slots=st.sampled_from([1, 7, 64]),
+       entries=st.sampled_from([3, 9, 1000]), skip=st.integers(0, 5))
+def test_hashed_runs_write_what_put_many_writes(
+    tmp_path_factory: object, count: int, slots: int, entries: int, skip: int
+) -> None:
+    """``put_hashed`` (one key a message, hashed by the caller) against ``put_many`` of the same messages, byte
+    for byte: file rolls, a single message, and a re-dispatch of messages already indexed."""
+    run = [("T", [f"{i:032X}"], 100 * (i + 1), 1_000 * (i + 1)) for i in range(count)]
+    by_key, hashed = (tmp_path_factory.mktemp(n) for n in ("by-key", "hashed"))  # type: ignore[attr-defined]
+    reference, index = service(by_key, slots, entries), service(hashed, slots, entries)
+    for target in (reference, index):
+        target.put_many(run[:skip])  # indexed before: put_hashed must skip them as put_many does
+    reference.put_many(run)
+    index.put_hashed(np.array([key_hash(f"T#{keys[0]}") for _t, keys, _p, _ts in run], np.int64),
+                     np.array([p for *_, p, _ts in run], np.int64), np.array([ts for *_, ts in run], np.int64))
+    assert written(hashed) == written(by_key) == reference_index(run, slots, entries)
+    reference.close()
+    index.close()
