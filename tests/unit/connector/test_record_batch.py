@@ -5,12 +5,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.errors import CorruptionError
-from broker.format.message import encode_entry, encode_properties, iter_entries
-from connector.record_batch import RowFilter, decode_entries
+from broker.format.message import POS_PHYSICAL_OFFSET, POS_STORE_HOST, encode_entry, encode_properties, iter_entries
+from connector.record_batch import RowFilter, _msg_ids, decode_entries
 from connector.schema import ARROW_SCHEMA
 
 TOPIC = "orders"
@@ -128,3 +131,14 @@ def test_topic_length_mismatch_is_corruption() -> None:
     buf, pos = make_buffer([{}])
     with pytest.raises(CorruptionError, match="topic length"):
         decode_entries(buf, pos, topic="other-topic", broker="b", include_properties=False, row_filter=ALL)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(min_size=88, max_size=88), min_size=1, max_size=64))
+def test_message_ids_are_the_store_host_and_offset_bytes_in_upper_case_hexadecimal(headers: list[bytes]) -> None:
+    """Every byte value of the store host, port and commit-log offset: the same text as ``bytes.hex().upper()``,
+    which is how ``make_msg_id`` writes a non-negative offset (the test above holds them together on real entries)."""
+    block = np.frombuffer(b"".join(headers), np.uint8).reshape(-1, 88)
+    host, offset = slice(POS_STORE_HOST, POS_STORE_HOST + 8), slice(POS_PHYSICAL_OFFSET, POS_PHYSICAL_OFFSET + 8)
+    expected = [(h[host] + h[offset]).hex().upper() for h in headers]
+    assert _msg_ids(block).to_pylist() == expected
