@@ -4,7 +4,8 @@
 A broker's Python threads share one GIL, so one broker uses about one CPU of Python; two brokers on two cores
 should take well past one. Each case starts a name server and its brokers (`LocalCluster`, real processes, fresh
 temporary stores), creates the topic on every broker, and runs two client processes that send pre-encoded batches
-(`Producer.send_encoded`, 1000 messages a call for 100 B, as many as fit in 1 MiB for 1 KiB) for the same time.
+(`Producer.send_encoded`, 1000 messages a call for 100 B, as many as fit in 1 MiB for 1 KiB; each message with its
+UNIQ_KEY as the Producer sends it: bench/batches.py) for the same time.
 In the one-broker case both clients send to it; with two brokers each client sends to one of them, through
 the cluster's route. Repetitions alternate the cases, so a slow stretch of the machine hits both.
 """
@@ -20,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.batches import producer_batches
 from bench.report import save
-from broker.client import Admin, Message, Producer
-from broker.client.outgoing_message import encode_message
+from broker.client import Admin, Producer
 from broker.namesrv.local_cluster import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cluster.json"
@@ -40,9 +41,10 @@ def _client(namesrv: str, broker_name: str, body_size: int, duration_s: float, s
 
     per_call = 1000 if body_size <= 100 else max(1, (1 << 20) // (body_size + 120))
     body = bytes(range(256)) * (body_size // 256 + 1)
-    batches = [encode_message(Message(TOPIC, body[:body_size]), q) * per_call for q in range(QUEUES)]
+    # each thread its own batches (bench/batches.py): two sends of one buffer at once would wait on its first key
+    batches = [producer_batches(TOPIC, body[:body_size], QUEUES, per_call) for _ in range(THREADS_PER_CLIENT)]
     producers = [Producer(namesrv=namesrv) for _ in range(THREADS_PER_CLIENT)]
-    producers[0].send_encoded(batches[0], per_call, broker_name=broker_name, topic=TOPIC)  # warm: route, channel
+    producers[0].send_encoded(batches[0][0], per_call, broker_name=broker_name, topic=TOPIC)  # warm: route, channel
     counts = [0] * THREADS_PER_CLIENT
     time.sleep(max(0.0, start_at - time.time()))
     stop = time.monotonic() + duration_s
@@ -50,7 +52,7 @@ def _client(namesrv: str, broker_name: str, body_size: int, duration_s: float, s
     def loop(i: int) -> None:
         n = 0
         while time.monotonic() < stop:
-            producers[i].send_encoded(batches[(n + i) % QUEUES], per_call, broker_name=broker_name, topic=TOPIC)
+            producers[i].send_encoded(batches[i][n % QUEUES], per_call, broker_name=broker_name, topic=TOPIC)
             n += 1
         counts[i] = n * per_call
 

@@ -3,7 +3,8 @@ prints two tables and writes bench/results/replication.json.
 
 1. SendBatch throughput, 100 B and 1 KiB messages, in one run: a broker without replication, an ASYNC_MASTER with
    one slave and a SYNC_MASTER with one slave (classic mode; broker processes on this machine, fresh temporary
-   stores). One client process sends pre-encoded batches (1000 messages a call for 100 B, 1 MiB for 1 KiB) from
+   stores). One client process sends pre-encoded batches (1000 messages a call for 100 B, 1 MiB for 1 KiB; each
+   message with its UNIQ_KEY as the Producer sends it: bench/batches.py) from
    CLIENT_THREADS threads to the master: a SYNC_MASTER answers a batch one replica round trip later, so its
    throughput depends on how many batches are in flight (RocketMQ's benchmark producers run dozens of threads).
    Cases alternate over the repetitions, so a slow stretch of the machine hits all of them. Target: SYNC_MASTER
@@ -26,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.batches import producer_batches
 from broker.client import Admin, Message, Producer
-from broker.client.outgoing_message import encode_message
 from broker.errors import BrokerError
 from broker.ha.local_group import ReplicaGroup
 
@@ -47,16 +48,17 @@ TARGET_FAILOVER_P99_S = 10.0
 def _client(endpoint: str, body_size: int, duration_s: float, out: Any) -> None:
     per_call = 1000 if body_size <= 100 else max(1, (1 << 20) // (body_size + 120))
     body = bytes(range(256)) * (body_size // 256 + 1)
-    batches = [encode_message(Message(TOPIC, body[:body_size]), q) * per_call for q in range(QUEUES)]
+    # each thread its own batches (bench/batches.py): two sends of one buffer at once would wait on its first key
+    batches = [producer_batches(TOPIC, body[:body_size], QUEUES, per_call) for _ in range(CLIENT_THREADS)]
     producers = [Producer(endpoint=endpoint) for _ in range(CLIENT_THREADS)]
-    producers[0].send_encoded(batches[0], per_call)  # warm: channel, topic
+    producers[0].send_encoded(batches[0][0], per_call)  # warm: channel, topic
     counts = [0] * CLIENT_THREADS
     stop = time.monotonic() + duration_s
 
     def loop(i: int) -> None:
         n = 0
         while time.monotonic() < stop:
-            producers[i].send_encoded(batches[(n + i) % QUEUES], per_call)
+            producers[i].send_encoded(batches[i][n % QUEUES], per_call)
             n += 1
         counts[i] = n * per_call
 

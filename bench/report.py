@@ -59,10 +59,12 @@ def server(d: dict[str, Any]) -> str:
 
 
 def spark_source(d: dict[str, Any]) -> str:
-    rows = [[r["source"], f"{r['rows']:,}", f"{r['best_s']:.2f}", f"{r['rows_per_s']:,.0f}"] for r in d["results"]]
+    rows = [[r["source"], f"{r['rows']:,}", f"{r['median_rows_per_s']:,}",
+             f"{r['min_rows_per_s']:,} - {r['max_rows_per_s']:,}"] for r in d["results"]]
+    ratio = d["sluice_over_python_memory"]
     return (
-        table(["source", "rows", "best s", "rows/s"], rows)
-        + f"\n\nsluice / python-memory: {d.get('sluice_over_python_memory', 0):.2f}"
+        table(["source", "rows", "rows/s, median of the rounds", "slowest - fastest"], rows)
+        + f"\n\nsluice / python-memory, round by round: {ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]"
     )
 
 

@@ -9,10 +9,11 @@ Three brokers, each a subprocess (`sluice broker`) on a fresh temporary store, o
   handful of Allow and Deny entries, so every call is authenticated (an HMAC-SHA1) and authorized (the request's
   needs decided on those entries).
 
-On each broker: SendBatch throughput with pre-encoded entries of 100 B (2000 a call) and 1 KiB (1000 a call) from
-two threads, as bench.server sends, and raw pull throughput of 100 B and 1 KiB messages (one thread reading
-preloaded queues from the start again and again, up to 4096 messages or 8 MiB a call). Each figure also has the
-broker's and this client process's CPU time per message, which says on which side the extra cost lands.
+On each broker: SendBatch throughput with pre-encoded entries of 100 B (2000 a call) and 1 KiB (1000 a call), each
+with its UNIQ_KEY as the Producer sends it (bench/batches.py), from two threads, as bench.server sends, and raw pull
+throughput of 100 B and 1 KiB messages (one thread reading preloaded queues from the start again and again, up to
+4096 messages or 8 MiB a call). Each figure also has the broker's and this client process's CPU time per message,
+which says on which side the extra cost lands.
 
 With ``--rounds N`` (at least three) the brokers take turns N times, each round in another order. Each figure is
 the median of its rounds, shown with the rounds' spread (lowest to highest): the best round alone would report the
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.batches import producer_batches
 from bench.report import save
 from bench.server import process_cpu_s, run_threads
 from broker.auth import operations
@@ -54,9 +56,8 @@ from broker.auth.gate import AuthGate, AuthSettings, source_address
 from broker.auth.operations import Operation
 from broker.auth.policy import allows
 from broker.auth.requirements import requirement_of
-from broker.client import Admin, Message, Producer, PullConsumer
+from broker.client import Admin, Producer, PullConsumer
 from broker.client.credentials import Credentials
-from broker.client.outgoing_message import encode_message
 from broker.format.signature import check_date_time, parse_header, signature_matches
 from broker.private_file import write_private
 from broker.server.metrics import Counter
@@ -166,9 +167,10 @@ def make_user(admin: Admin) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- cases
-def batch(topic: str, size: int, queue_id: int, count: int) -> bytes:
+def batches(topic: str, size: int, count: int) -> list[bytes]:
+    """One batch a queue, each message with its own UNIQ_KEY as the Producer sends it (bench/batches.py)."""
     body = bytes(range(256)) * (size // 256 + 1)
-    return encode_message(Message(topic, body[:size], tags="T"), queue_id) * count
+    return producer_batches(topic, body[:size], QUEUES, count, tags="T")
 
 
 def costs(msgs: int, seconds: float, broker_cpu_s: float, client_cpu_s: float) -> dict[str, float]:
@@ -180,16 +182,17 @@ def costs(msgs: int, seconds: float, broker_cpu_s: float, client_cpu_s: float) -
 def send_case(broker: BrokerProcess, client: dict[str, Any], size: int, duration_s: float) -> dict[str, float]:
     assert broker.proc is not None
     per_call = SEND_BATCH_MSGS[size]
-    batches = [batch(send_topic(size), size, q, per_call) for q in range(QUEUES)]
+    # each thread its own batches: two sends of one buffer at once would wait on its first message's key
+    mine = [batches(send_topic(size), size, per_call) for _ in range(SEND_THREADS)]
     producers = [Producer(broker.endpoint, **client) for _ in range(SEND_THREADS)]
     try:
-        for p in producers:  # warm: channel and TLS handshake
-            p.send_encoded(batches[0], per_call)
+        for p, own in zip(producers, mine, strict=True):  # warm: channel and TLS handshake
+            p.send_encoded(own[0], per_call)
         calls = [0] * SEND_THREADS
 
         def one(i: int) -> int:
             calls[i] += 1
-            producers[i].send_encoded(batches[(calls[i] + i) % QUEUES], per_call)
+            producers[i].send_encoded(mine[i][calls[i] % QUEUES], per_call)
             return per_call
 
         broker_cpu, client_cpu = process_cpu_s(broker.proc.pid), time.process_time()
@@ -203,9 +206,9 @@ def send_case(broker: BrokerProcess, client: dict[str, Any], size: int, duration
 def preload(broker: BrokerProcess, client: dict[str, Any], size: int) -> None:
     topic, per_queue = pull_topic(size), PULL_PRELOAD_PER_QUEUE[size]
     with Producer(broker.endpoint, **client) as producer:
-        for q in range(QUEUES):
-            for _ in range(per_queue // 1000):
-                producer.send_encoded(batch(topic, size, q, 1000), 1000)
+        for _ in range(per_queue // 1000):
+            for one_queue in batches(topic, size, 1000):
+                producer.send_encoded(one_queue, 1000)
     deadline = time.monotonic() + DISPATCH_TIMEOUT_S
     with Admin(broker.endpoint, **client) as admin:  # the dispatcher builds consume queues after a send returns
         while any(hi < per_queue for _lo, hi in admin.queue_offsets(topic).values()):
@@ -429,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_spread = {k: {c: (min(r := round_ratios(runs, k, c)), max(r)) for c in cases} for k in KINDS}
     report = {
         "date": dt.datetime.now(dt.UTC).date().isoformat(),
-        "command": "python -m bench.security " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python -m bench.security", *(argv if argv is not None else sys.argv[1:])]),
         "source": source_state(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_average_at_start": load_at_start,

@@ -1,7 +1,8 @@
 """Broker over gRPC on loopback: `python -m bench.server` prints a table and writes bench/results/server.json.
 
 Each case runs against a broker subprocess (`python -m broker broker`) in a fresh temporary store:
-SendBatch throughput (pre-encoded buffers through Producer.send_encoded, 100 B and 1 KiB bodies; 1 KiB twice: in
+SendBatch throughput (pre-encoded buffers through Producer.send_encoded, each message with its UNIQ_KEY as the
+Producer sends it: bench/batches.py; 100 B and 1 KiB bodies; 1 KiB twice: in
 calls of 1000 messages, about 1.1 MiB, and of as many as the store's 4 MiB batch limit takes), Producer.send_batch
 of Message objects (client encoding included; to one queue, and spread over eight as it is by default), single-send
 latency (ASYNC_FLUSH and SYNC_FLUSH brokers), raw pull throughput, and long-poll wake-up latency (send start to
@@ -20,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.batches import producer_batches
 from bench.report import save
 from broker.client import Message, Producer, PullConsumer
-from broker.client.outgoing_message import encode_message
 from broker.server.process import BrokerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "server.json"
@@ -46,14 +47,12 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
 
 
-def encoded_batches(body_size: int, batch_msgs: int, batches: int) -> list[bytes]:
+def encoded_batches(body_size: int, batch_msgs: int) -> list[bytes]:
+    """One pre-encoded batch a queue, each message with its own UNIQ_KEY as the Producer sends it (bench/batches.py).
+    Each sending thread takes batches of its own: two sends of one buffer at once would wait for each other on
+    the first message's key, as two attempts of one send do."""
     body = bytes(range(256)) * (body_size // 256 + 1)
-    out = []
-    for b in range(batches):
-        qid = b % QUEUES
-        entry = encode_message(Message(TOPIC, body[:body_size], tags="T"), qid)
-        out.append(entry * batch_msgs)
-    return out
+    return producer_batches(TOPIC, body[:body_size], QUEUES, batch_msgs, tags="T")
 
 
 def run_threads(n: int, fn: Callable[[int], int], duration_s: float) -> tuple[int, float]:
@@ -85,14 +84,14 @@ def bench_send_batch(
 ) -> dict[str, Any]:
     endpoint = broker.endpoint
     assert broker.proc is not None
-    batches = encoded_batches(body_size, batch_msgs, QUEUES)
+    batches = [encoded_batches(body_size, batch_msgs) for _ in range(threads)]
     producers = [Producer(endpoint) for _ in range(threads)]
-    producers[0].send_encoded(batches[0], batch_msgs)  # warm up: topic auto-created, channels connected
+    producers[0].send_encoded(encoded_batches(body_size, batch_msgs)[0], batch_msgs)  # warm up: topic, channels
     counter = [0] * threads
 
     def one(i: int) -> int:
         counter[i] += 1
-        producers[i].send_encoded(batches[counter[i] % len(batches)], batch_msgs)
+        producers[i].send_encoded(batches[i][counter[i] % QUEUES], batch_msgs)
         return batch_msgs
 
     cpu_before = process_cpu_s(broker.proc.pid)
@@ -100,7 +99,7 @@ def bench_send_batch(
     broker_cpu = process_cpu_s(broker.proc.pid) - cpu_before
     for p in producers:
         p.close()
-    entry_bytes = len(batches[0]) / batch_msgs
+    entry_bytes = len(batches[0][0]) / batch_msgs
     return {"msgs_per_s": msgs / seconds, "MB_per_s": msgs * body_size / seconds / 1e6,
             "entry_MB_per_s": msgs * entry_bytes / seconds / 1e6, "batch_msgs": batch_msgs,
             "threads": threads, "broker_cpu_us_per_msg": broker_cpu / msgs * 1e6,
@@ -133,7 +132,7 @@ def bench_single_send(endpoint: str, count: int) -> dict[str, float]:
 
 
 def bench_pull(endpoint: str, body_size: int, per_queue: int, max_msgs: int) -> dict[str, float]:
-    batches = encoded_batches(body_size, 1000, QUEUES)
+    batches = encoded_batches(body_size, 1000)
     with Producer(endpoint) as p:
         for _ in range(per_queue // 1000):
             for b in batches:
@@ -215,7 +214,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     results["send_batch_100B"] = with_broker_process("async", lambda b: bench_send_batch(b, 100, 2000, duration, 2))
     results["send_batch_1KiB"] = with_broker_process("async", lambda b: bench_send_batch(b, 1024, 1000, duration, 2))
-    max_msgs = MAX_BATCH_BYTES // len(encoded_batches(1024, 1, 1)[0])
+    max_msgs = MAX_BATCH_BYTES // len(encoded_batches(1024, 1)[0])
     results["send_batch_1KiB_max"] = with_broker_process(
         "async", lambda b: bench_send_batch(b, 1024, max_msgs, duration, 2)
     )

@@ -23,7 +23,8 @@ the application every field it exposes, as text where the application gets text:
 Two more rows say where the floor lies: **sluice pull, body only** (the same pulls reading the body alone, which
 Sluice decodes lazily: what the pull itself costs) and **python floor** (StoredMessages built from values already
 in hand and every field read, in this process without I/O: what handing an application such objects costs in
-CPython before anything is received or decoded). Sluice's every-field pull cannot beat the sum of the two.
+CPython before anything is received or decoded). Sluice's every-field pull cannot beat the sum of the two: the
+**serial floor** (``serial_floor``), given round by round beside Redis's XREAD and beside Sluice's pull.
 
 In-process figures follow (``decode_costs``: this thread's CPU time, the best of several answers, so less
 sensitive to other load): what making the pulled messages of one answer and reading their body, or every field,
@@ -113,6 +114,24 @@ def ratios_of(rows: dict[str, RateRow]) -> dict[str, dict[str, float]]:
             out[f"{mine} / {theirs}"] = {"median": round(statistics.median(per_round), 3),
                                          "min": round(min(per_round), 3), "max": round(max(per_round), 3)}
     return out
+
+
+def serial_floor(rows: dict[str, RateRow]) -> dict[str, Any]:
+    """What a Python client that pulls, then hands over the messages, can reach at best, round by round: a pull's
+    own cost (``sluice pull, body only``) plus building and reading the objects (``python floor``), one after the
+    other (1 / (1 / a + 1 / b) msgs/s). Beside it, that bound over Redis's XREAD (the most any pull could show
+    against it) and Sluice's every-field pull over the bound (how close it gets)."""
+    body, objects, redis, pull = (rows[n].rates for n in ("sluice pull, body only", "python floor", "redis XREAD",
+                                                          "sluice pull"))
+    bound = [1 / (1 / a + 1 / b) for a, b in zip(body, objects, strict=True)]
+
+    def spread(values: list[float], digits: int) -> dict[str, float]:
+        return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+                "max": round(max(values), digits)}
+
+    return {"msgs_s": spread(bound, 0),
+            "of_redis_xread": spread([f / x for f, x in zip(bound, redis, strict=True)], 3),
+            "sluice_pull_of_it": spread([m / f for m, f in zip(pull, bound, strict=True)], 3)}
 
 
 # ------------------------------------------------------------------------------------------------------- Sluice
@@ -383,7 +402,8 @@ def run_every_field(workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
                 print(f"  every field {size_b} B round {round_no + 1}: " + ", ".join(
                     f"{name} {rows[name].rates[-1]:,.0f}" for name in ROWS), flush=True)
             out["sizes"][str(size_b)] = {"rows": {name: row.to_json() for name, row in rows.items()},
-                                         "ratios": ratios_of(rows), "decode_us": decode_costs(size_b)}
+                                         "ratios": ratios_of(rows), "serial_floor": serial_floor(rows),
+                                         "decode_us": decode_costs(size_b)}
     finally:
         sluice.stop()
         peer.stop()
@@ -398,6 +418,10 @@ def print_every_field(found: dict[str, Any]) -> None:
                   f"({row['min_msgs_s']:,}..{row['max_msgs_s']:,})")
         for name, ratio in part["ratios"].items():
             print(f"  {size:>5} B {name:<45} {ratio['median']:5.2f} ({ratio['min']:.2f}..{ratio['max']:.2f})")
+        floor = part["serial_floor"]
+        print(f"  {size:>5} B serial floor (pull body only, then the python floor) {floor['msgs_s']['median']:>10,.0f}"
+              f" msgs/s: {floor['of_redis_xread']['median']:.2f} of Redis XREAD, Sluice's pull "
+              f"{floor['sluice_pull_of_it']['median']:.2f} of it")
         for name, us in part["decode_us"].items():
             print(f"  {size:>5} B in process, {name:<40} {us:6.2f} us a message")
 
