@@ -4,11 +4,12 @@ prints two tables and writes bench/results/replication.json.
 1. SendBatch throughput, 100 B and 1 KiB messages, in one run: a broker without replication, an ASYNC_MASTER with
    one slave and a SYNC_MASTER with one slave (classic mode; broker processes on this machine, fresh temporary
    stores). One client process sends pre-encoded batches (1000 messages a call for 100 B, 1 MiB for 1 KiB; each
-   message with its UNIQ_KEY as the Producer sends it: bench/batches.py) from
-   CLIENT_THREADS threads to the master: a SYNC_MASTER answers a batch one replica round trip later, so its
+   message with its UNIQ_KEY as the Producer sends it: bench/batches.py) from CLIENT_THREADS threads to the
+   master: a SYNC_MASTER answers a batch one replica round trip later, so its
    throughput depends on how many batches are in flight (RocketMQ's benchmark producers run dozens of threads).
-   Cases alternate over the repetitions, so a slow stretch of the machine hits all of them. Target: SYNC_MASTER
-   at least half the unreplicated throughput.
+   Cases alternate over the repetitions, so a slow stretch of the machine hits all of them. Each case also gives
+   each replica's CPU a message (its process's clock over the run). Target: SYNC_MASTER at least half the
+   unreplicated throughput.
 2. Failover time: a 3-replica group in controller mode with default settings (etcd lease 5 s), a client sending
    single messages through the name server all the time; the master is SIGKILLed, and the time to the first
    acknowledged send after the kill is measured, again and again (the killed replica is restarted and back in
@@ -21,6 +22,7 @@ import argparse
 import json
 import multiprocessing as mp
 import platform
+import statistics
 import tempfile
 import threading
 import time
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.batches import producer_batches
+from bench.server import process_cpu_s
 from broker.client import Admin, Message, Producer
 from broker.errors import BrokerError
 from broker.ha.local_group import ReplicaGroup
@@ -71,7 +74,8 @@ def _client(endpoint: str, body_size: int, duration_s: float, out: Any) -> None:
     out.put((sum(counts), time.monotonic() - started))
 
 
-def _throughput(name: str, body_size: int, duration_s: float) -> float:
+def _throughput(name: str, body_size: int, duration_s: float) -> tuple[float, list[float]]:
+    """Messages a second, and each replica's CPU a message (us; the master first) over the run."""
     replicas, settings = CASES[name]
     with tempfile.TemporaryDirectory(prefix="sluice-bench-repl-") as tmp:
         group = ReplicaGroup(Path(tmp), replicas, controller=False, settings=settings,
@@ -89,12 +93,16 @@ def _throughput(name: str, body_size: int, duration_s: float) -> float:
                         if admin.stats().get("ha_in_sync_replicas", 0) >= replicas:
                             break
                     time.sleep(0.1)
+            pids = [g.brokers[i].proc.pid for i in g.ids]  # type: ignore[union-attr]  # started: proc is set
+            cpu_before = [process_cpu_s(pid) for pid in pids]
             q: Any = mp.get_context("spawn").Queue()
             p = mp.get_context("spawn").Process(target=_client, args=(master, body_size, duration_s, q))
             p.start()
             count, elapsed = q.get(timeout=duration_s + 120)
             p.join()
-            return float(count / elapsed)
+            # the client's warm-up send and start-up fall in the window too: a few ms of each replica's CPU
+            cpu = [(process_cpu_s(pid) - before) / count * 1e6 for pid, before in zip(pids, cpu_before, strict=True)]
+            return float(count / elapsed), cpu
 
 
 def _failovers(kills: int) -> list[float]:
@@ -152,23 +160,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=10, help="failovers to time (0: skip)")
     args = ap.parse_args(argv)
     rates: dict[str, dict[str, list[float]]] = {}
+    cpus: dict[str, dict[str, list[list[float]]]] = {}  # each run's CPU a message, per replica
     for size in (100, 1024):
         for _ in range(args.repeat):
             for name in CASES:
-                rate = _throughput(name, size, args.duration)
+                rate, cpu = _throughput(name, size, args.duration)
                 rates.setdefault(f"{size} B", {}).setdefault(name, []).append(rate)
-                print(f"  {size} B {name}: {rate:,.0f} msgs/s", flush=True)
-    print("\nSendBatch throughput (median of the repetitions, msgs/s):")
-    print(f"{'size':<8}{'case':<26}{'msgs/s':>12}{'MB/s':>9}{'vs none':>9}")
-    table: dict[str, dict[str, dict[str, float]]] = {}
+                cpus.setdefault(f"{size} B", {}).setdefault(name, []).append(cpu)
+                print(f"  {size} B {name}: {rate:,.0f} msgs/s, CPU a message "
+                      + " / ".join(f"{c:.2f}" for c in cpu) + (" us (master / slave)" if len(cpu) > 1 else " us"),
+                      flush=True)
+    print("\nSendBatch throughput (median of the repetitions, msgs/s; CPU a message, master / slave):")
+    print(f"{'size':<8}{'case':<26}{'msgs/s':>12}{'MB/s':>9}{'vs none':>9}{'CPU us':>16}")
+    table: dict[str, dict[str, dict[str, Any]]] = {}
     for size_name, cases in rates.items():
         base = sorted(cases["no replica"])[len(cases["no replica"]) // 2]
         for name, values in cases.items():
             med = sorted(values)[len(values) // 2]
             size = int(size_name.split()[0])
+            per_replica = [statistics.median(c) for c in zip(*cpus[size_name][name], strict=True)]
             table.setdefault(size_name, {})[name] = {"msgs_per_s": med, "mb_per_s": med * size / 1e6,
-                                                     "ratio": med / base}
-            print(f"{size_name:<8}{name:<26}{med:>12,.0f}{med * size / 1e6:>9.1f}{med / base:>9.2f}")
+                                                     "ratio": med / base,
+                                                     "cpu_us_per_msg": [round(c, 2) for c in per_replica]}
+            shown = " / ".join(f"{c:.2f}" for c in per_replica)
+            print(f"{size_name:<8}{name:<26}{med:>12,.0f}{med * size / 1e6:>9.1f}{med / base:>9.2f}{shown:>16}")
     failover: dict[str, Any] = {}
     if args.kills:
         print(f"\nFailover time, {args.kills} SIGKILLs of the master (controller mode, default settings):")
