@@ -7,6 +7,7 @@ from bench.peers.every_field import (
     decode_costs,
     python_floor,
     ratios_of,
+    serial_floor,
     sluice_fill,
     sluice_pull,
     sluice_pull_body,
@@ -54,3 +55,19 @@ def test_the_in_process_costs_cover_each_way_of_reading() -> None:
     assert set(costs) == {"pull decode, body read", "pull decode, every field read", "decode_entry, every field read",
                           "python floor"}
     assert 0 < costs["pull decode, body read"] < costs["pull decode, every field read"]
+
+
+def test_the_serial_floor_is_the_pull_then_the_objects_round_by_round() -> None:
+    """1 / (1 / pull + 1 / objects) each round: a pull of 400/s and objects of 400/s allow 200/s one after the other;
+    beside Redis's XREAD and Sluice's pull of the same round."""
+    def row(name: str, rates: list[float]) -> RateRow:
+        return RateRow(name, 100, 10, rates)
+
+    rows = {"sluice pull, body only": row("sluice pull, body only", [400.0, 300.0, 600.0]),
+            "python floor": row("python floor", [400.0, 600.0, 300.0]),
+            "redis XREAD": row("redis XREAD", [100.0, 400.0, 200.0]),
+            "sluice pull": row("sluice pull", [100.0, 100.0, 150.0])}
+    floor = serial_floor(rows)
+    assert floor["msgs_s"] == {"median": 200.0, "min": 200.0, "max": 200.0}
+    assert floor["of_redis_xread"] == {"median": 1.0, "min": 0.5, "max": 2.0}
+    assert floor["sluice_pull_of_it"] == {"median": 0.5, "min": 0.5, "max": 0.75}
