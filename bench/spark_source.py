@@ -176,43 +176,38 @@ def outside_spark(broker: BrokerProcess, topic: str, rows: int, rounds: int) -> 
     (``read_partition``: the pulls, the pull-ahead thread, the Arrow batches), ``rounds`` times. Microseconds a row
     of this process's CPU and of the broker's, and of the pulls alone (``pull_raw``, nothing decoded): medians."""
     from bench.server import process_cpu_s
+    from broker.client import PullConsumer
     from connector.options import parse_options
     from connector.partition_reader import SluicePartition, read_partition
 
     assert broker.proc is not None
     options = parse_options({"endpoints": broker.endpoint, "topic": topic}, streaming=True)
     per_queue = rows // QUEUES
-    link_consumer: Any = None
+    with PullConsumer(broker.endpoint, "bench-outside-spark") as consumer:
 
-    def read_all() -> None:
-        for q in range(QUEUES):
-            for _batch in read_partition(options, SluicePartition(topic, q, 0, per_queue)):
-                pass
+        def read_all() -> None:
+            for q in range(QUEUES):
+                for _batch in read_partition(options, SluicePartition(topic, q, 0, per_queue)):
+                    pass
 
-    def pull_all() -> None:
-        nonlocal link_consumer
-        from broker.client import PullConsumer
+        def pull_all() -> None:
+            for q in range(QUEUES):
+                offset = 0
+                while offset < per_queue:
+                    offset = consumer.pull_raw(topic, q, offset, max_msgs=min(4096, per_queue - offset)
+                                               ).next_begin_offset
 
-        link_consumer = link_consumer or PullConsumer(broker.endpoint, "bench-outside-spark")
-        for q in range(QUEUES):
-            offset = 0
-            while offset < per_queue:
-                offset = link_consumer.pull_raw(topic, q, offset, max_msgs=min(4096, per_queue - offset)
-                                                ).next_begin_offset
-
-    found: dict[str, Any] = {}
-    for name, fn in (("read_partition", read_all), ("pull_raw only", pull_all)):
-        fn()  # warm: channels, first answers
-        mine, theirs = [], []
-        for _ in range(rounds):
-            cpu, broker_cpu = time.process_time(), process_cpu_s(broker.proc.pid)
-            fn()
-            mine.append((time.process_time() - cpu) / rows * 1e6)
-            theirs.append((process_cpu_s(broker.proc.pid) - broker_cpu) / rows * 1e6)
-        found[name] = {"reader_cpu_us_per_row": round(statistics.median(mine), 3),
-                       "broker_cpu_us_per_row": round(statistics.median(theirs), 3)}
-    if link_consumer is not None:
-        link_consumer.close()
+        found: dict[str, Any] = {}
+        for name, fn in (("read_partition", read_all), ("pull_raw only", pull_all)):
+            fn()  # warm: channels, first answers
+            mine, theirs = [], []
+            for _ in range(rounds):
+                cpu, broker_cpu = time.process_time(), process_cpu_s(broker.proc.pid)
+                fn()
+                mine.append((time.process_time() - cpu) / rows * 1e6)
+                theirs.append((process_cpu_s(broker.proc.pid) - broker_cpu) / rows * 1e6)
+            found[name] = {"reader_cpu_us_per_row": round(statistics.median(mine), 3),
+                           "broker_cpu_us_per_row": round(statistics.median(theirs), 3)}
     return found
 
 
